@@ -1,0 +1,91 @@
+//! The gRPC client: one connection, one call, one deadline.
+
+use std::{path::Path, time::Duration};
+
+use dipam_proto::v1::{CniReply, CniRequest, cni_client::CniClient, cni_reply::Outcome};
+use hyper_util::rt::TokioIo;
+use rscni_types::types::Cmd;
+use tonic::transport::{Endpoint, Uri};
+
+use crate::error::PluginError;
+
+/// Sends `req` for `cmd` and turns the reply into the result bytes (empty for verbs without
+/// output) or a [`PluginError`].
+pub fn call(
+    socket: &Path,
+    timeout: Duration,
+    cmd: Cmd,
+    req: CniRequest,
+) -> Result<Vec<u8>, PluginError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+        .map_err(|e| PluginError::Unreachable {
+            socket: socket.to_owned(),
+            reason: format!("cannot start the I/O runtime: {e}"),
+        })?;
+    let reply = rt.block_on(async {
+        match tokio::time::timeout(timeout, exchange(socket, cmd, req)).await {
+            Ok(r) => r,
+            Err(_) => Err(PluginError::Rpc {
+                socket: socket.to_owned(),
+                status: tonic::Status::deadline_exceeded(format!(
+                    "no answer within {:.0}s",
+                    timeout.as_secs_f64()
+                )),
+            }),
+        }
+    })?;
+    match reply.outcome {
+        Some(Outcome::Result(bytes)) => Ok(bytes),
+        Some(Outcome::Error(e)) => Err(PluginError::Cni {
+            code: e.code,
+            msg: e.msg,
+            details: e.details,
+        }),
+        None => Ok(Vec::new()),
+    }
+}
+
+async fn exchange(socket: &Path, cmd: Cmd, req: CniRequest) -> Result<CniReply, PluginError> {
+    let path = socket.to_owned();
+    // The URI is required by the API but never used: the connector dials the unix socket.
+    let channel = Endpoint::from_static("http://dipamd.invalid")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(stream))
+            }
+        }))
+        .await
+        .map_err(|e| PluginError::Unreachable {
+            socket: socket.to_owned(),
+            reason: root_cause(&e),
+        })?;
+    let mut client = CniClient::new(channel);
+    let reply = match cmd {
+        Cmd::Add => client.add(req).await,
+        Cmd::Del => client.del(req).await,
+        Cmd::Check => client.check(req).await,
+        Cmd::Gc => client.gc(req).await,
+        Cmd::Status | Cmd::Version => client.status(req).await,
+    };
+    reply
+        .map(tonic::Response::into_inner)
+        .map_err(|status| PluginError::Rpc {
+            socket: socket.to_owned(),
+            status,
+        })
+}
+
+/// The innermost error text ("No such file or directory (os error 2)"): what an operator
+/// needs, without tonic's "transport error" wrapping.
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
+}

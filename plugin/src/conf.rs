@@ -1,0 +1,212 @@
+//! The request configuration on stdin: validated here, forwarded to dipamd byte for byte.
+//!
+//! dipam reads only what it needs to reach dipamd (socket path, timeout, mode); the delegate's
+//! config is dipamd's business. Unknown keys are ignored (spec §1 "Other keys").
+
+use std::{path::PathBuf, time::Duration};
+
+use rscni_types::{
+    types::{Cmd, NetConf},
+    version::{PluginInfo, SpecVersion},
+};
+use serde_json::Value;
+
+use crate::error::PluginError;
+
+/// Where dipamd listens unless the config says otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/dipam/dipam.sock";
+
+/// How long the plugin waits for dipamd. Shorter than any runtime's CNI timeout (kubelet's
+/// runtime request timeout is 2 minutes), and longer than dipamd's own delegate timeout, so
+/// that a hung delegate is reported by dipamd with details rather than cut off here.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(55);
+
+/// How dipam was placed in the network config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `{"type":"ptp","ipam":{"type":"dipam","delegate":{...}}}`
+    Ipam,
+    /// `{"type":"dipam","ipam":{"type":"host-local",...}}`
+    Main,
+}
+
+/// What the plugin needs from the config.
+#[derive(Debug, Clone)]
+pub struct PluginConf {
+    /// The cniVersion string exactly as written: errors and results echo it.
+    pub cni_version: String,
+    pub version: SpecVersion,
+    pub name: String,
+    pub mode: Mode,
+    pub socket: PathBuf,
+    pub timeout: Duration,
+}
+
+/// The cniVersion to echo in an error: the config's own when it has one (spec §5 "Error").
+pub fn error_version(stdin: &[u8]) -> String {
+    serde_json::from_slice::<Value>(stdin)
+        .ok()
+        .and_then(|v| v.get("cniVersion")?.as_str().map(str::to_owned))
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| SpecVersion::CURRENT.to_string())
+}
+
+fn config_error(msg: impl Into<String>, details: impl Into<String>) -> PluginError {
+    PluginError::Config {
+        msg: msg.into(),
+        details: details.into(),
+    }
+}
+
+impl PluginConf {
+    /// Parses and validates stdin for `cmd`: JSON (code 6), network name (7), version and the
+    /// version floors CHECK >= 0.4.0, GC/STATUS >= 1.1.0 (1), dipam's own keys (7).
+    pub fn parse(stdin: &[u8], cmd: Cmd) -> Result<Self, PluginError> {
+        let raw: Value = serde_json::from_slice(stdin)
+            .map_err(|e| PluginError::Decode(format!("network config is not valid JSON: {e}")))?;
+        if !raw.is_object() {
+            return Err(PluginError::Decode(
+                "network config must be a JSON object".into(),
+            ));
+        }
+        let conf: NetConf = serde_json::from_value(raw.clone())
+            .map_err(|e| PluginError::Decode(format!("network config: {e}")))?;
+        conf.validate_name()?;
+        let version = PluginInfo::default().negotiate(&conf, cmd)?;
+
+        let ipam = raw.get("ipam");
+        let (mode, dipam_keys) = match ipam.and_then(|i| i.get("delegate")) {
+            Some(delegate) => {
+                if delegate.get("type").and_then(Value::as_str).is_none_or(str::is_empty) {
+                    return Err(config_error(
+                        "ipam.delegate.type is missing",
+                        "dipam as an IPAM plugin runs the IPAM named in ipam.delegate, e.g. \
+                         \"ipam\":{\"type\":\"dipam\",\"delegate\":{\"type\":\"host-local\",\
+                         \"ranges\":[[{\"subnet\":\"10.77.0.0/16\"}]]}}",
+                    ));
+                }
+                (Mode::Ipam, ipam)
+            }
+            None => {
+                let own_type = raw.get("type").and_then(Value::as_str).unwrap_or_default();
+                let ipam_type = ipam
+                    .and_then(|i| i.get("type"))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                if ipam_type.is_empty() || ipam_type == own_type || ipam_type == "dipam" {
+                    return Err(config_error(
+                        "no delegate IPAM configured",
+                        "as the IPAM of another plugin, set ipam.delegate to the real IPAM \
+                         (\"ipam\":{\"type\":\"dipam\",\"delegate\":{\"type\":\"host-local\",...}}); \
+                         as the main plugin, set ipam to the real IPAM \
+                         (\"type\":\"dipam\",\"ipam\":{\"type\":\"host-local\",...})",
+                    ));
+                }
+                (Mode::Main, Some(&raw))
+            }
+        };
+        let dipam_keys = dipam_keys.unwrap_or(&Value::Null);
+        let socket = match dipam_keys.get("socketPath") {
+            None | Some(Value::Null) => PathBuf::from(DEFAULT_SOCKET),
+            Some(Value::String(s)) if !s.is_empty() => PathBuf::from(s),
+            Some(other) => {
+                return Err(config_error(
+                    "socketPath must be a non-empty string",
+                    format!("got {other}"),
+                ));
+            }
+        };
+        let timeout = match dipam_keys.get("timeoutSeconds") {
+            None | Some(Value::Null) => DEFAULT_TIMEOUT,
+            Some(v) => match v.as_f64() {
+                Some(s) if s > 0.0 && s <= 3600.0 => Duration::from_secs_f64(s),
+                _ => {
+                    return Err(config_error(
+                        "timeoutSeconds must be a number of seconds between 0 and 3600",
+                        format!("got {v}"),
+                    ));
+                }
+            },
+        };
+        Ok(Self {
+            cni_version: conf.cni_version.clone(),
+            version,
+            name: conf.name,
+            mode,
+            socket,
+            timeout,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str, cmd: Cmd) -> Result<PluginConf, PluginError> {
+        PluginConf::parse(s.as_bytes(), cmd)
+    }
+
+    const IPAM: &str = r#"{"cniVersion":"1.0.0","name":"n","type":"ptp","ipam":{"type":"dipam","socketPath":"/tmp/s.sock","delegate":{"type":"host-local"}}}"#;
+
+    #[test]
+    fn ipam_mode_reads_socket_from_ipam() {
+        let c = parse(IPAM, Cmd::Add).unwrap();
+        assert_eq!(c.mode, Mode::Ipam);
+        assert_eq!(c.socket, PathBuf::from("/tmp/s.sock"));
+        assert_eq!(c.timeout, DEFAULT_TIMEOUT);
+        assert_eq!(c.cni_version, "1.0.0");
+    }
+
+    #[test]
+    fn main_mode_reads_socket_from_top_level() {
+        let c = parse(
+            r#"{"cniVersion":"0.4.0","name":"n","type":"dipam","ipam":{"type":"host-local"}}"#,
+            Cmd::Add,
+        )
+        .unwrap();
+        assert_eq!(c.mode, Mode::Main);
+        assert_eq!(c.socket, PathBuf::from(DEFAULT_SOCKET));
+    }
+
+    #[test]
+    fn codes_follow_the_spec() {
+        let code = |s: &str, cmd| parse(s, cmd).unwrap_err().to_cni(false).code;
+        assert_eq!(code("not json", Cmd::Add), 6);
+        assert_eq!(code("[1,2]", Cmd::Add), 6);
+        assert_eq!(
+            code(r#"{"cniVersion":"1.0.0","type":"ptp","ipam":{"type":"dipam","delegate":{"type":"host-local"}}}"#, Cmd::Add),
+            7
+        );
+        assert_eq!(
+            code(r#"{"cniVersion":"1.0.0","name":"bad/name","type":"ptp","ipam":{"type":"dipam","delegate":{"type":"x"}}}"#, Cmd::Add),
+            7
+        );
+        assert_eq!(
+            code(r#"{"cniVersion":"9.9.9","name":"n","type":"ptp","ipam":{"type":"dipam","delegate":{"type":"x"}}}"#, Cmd::Add),
+            1
+        );
+        let v031 = IPAM.replace("1.0.0", "0.3.1");
+        assert_eq!(code(&v031, Cmd::Check), 1);
+        assert_eq!(code(IPAM, Cmd::Gc), 1);
+        assert_eq!(code(IPAM, Cmd::Status), 1);
+        assert_eq!(
+            code(r#"{"cniVersion":"1.0.0","name":"n","type":"ptp","ipam":{"type":"dipam"}}"#, Cmd::Add),
+            7
+        );
+        assert_eq!(
+            code(r#"{"cniVersion":"1.0.0","name":"n","type":"ptp","ipam":{"type":"dipam","delegate":{}}}"#, Cmd::Add),
+            7
+        );
+        assert_eq!(
+            code(r#"{"cniVersion":"1.0.0","name":"n","type":"ptp","ipam":{"type":"dipam","socketPath":5,"delegate":{"type":"h"}}}"#, Cmd::Add),
+            7
+        );
+    }
+
+    #[test]
+    fn error_version_echoes_the_config() {
+        assert_eq!(error_version(br#"{"cniVersion":"0.4.0"}"#), "0.4.0");
+        assert_eq!(error_version(b"garbage"), "1.1.0");
+    }
+}

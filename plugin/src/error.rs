@@ -1,0 +1,209 @@
+//! The plugin's errors and the one place where they become CNI error codes
+//! (reference/cni-spec.md §3.2). Nothing else in the plugin picks a code.
+
+use std::path::PathBuf;
+
+use tonic::Code;
+
+/// dipam's own codes (the spec reserves 0-99; 100+ are plugin-specific). They start at 150 so
+/// they never collide with codes that dipamd passes through from a delegate (azure-vnet-ipam
+/// uses 100, Go's skel 999). The table is documented in docs/cfp.md and shared with dipamd.
+pub mod codes {
+    pub const INTERNAL: u32 = 150;
+    pub const PERMISSION_DENIED: u32 = 155;
+}
+
+/// Everything that can go wrong in the plugin before or while talking to dipamd.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    /// Required CNI_* variables are absent or empty (spec: empty == absent).
+    #[error("required env variables [{}] missing", .0.join(","))]
+    MissingEnv(Vec<&'static str>),
+    /// A CNI_* variable is present but invalid (bad command, container ID, ifname).
+    #[error("{0}")]
+    InvalidEnv(String),
+    /// stdin could not be read.
+    #[error("reading the network config from stdin: {0}")]
+    Stdin(#[source] std::io::Error),
+    /// stdin is not a JSON object of the expected shape.
+    #[error("{0}")]
+    Decode(String),
+    /// The network config is JSON but not valid for dipam.
+    #[error("{msg}")]
+    Config { msg: String, details: String },
+    /// The config's cniVersion is not supported, or too old for the command.
+    #[error("{0}")]
+    Version(String),
+    /// dipamd could not be reached at all.
+    #[error("dipamd is not reachable at {}", socket.display())]
+    Unreachable { socket: PathBuf, reason: String },
+    /// dipamd answered with a gRPC status instead of a CNI reply.
+    #[error("dipamd refused the request: {}", status.message())]
+    Rpc { socket: PathBuf, status: tonic::Status },
+    /// dipamd answered with a CNI error (its own, or the delegate's): passed on unchanged.
+    #[error("{msg}")]
+    Cni { code: u32, msg: String, details: String },
+}
+
+/// A CNI error as printed on stdout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CniError {
+    pub code: u32,
+    pub msg: String,
+    pub details: String,
+}
+
+impl PluginError {
+    /// The single mapping from plugin errors to CNI error codes. `status` is true for the
+    /// STATUS verb, whose "cannot serve" code is 50, not 11 (spec 1.1 §STATUS).
+    pub fn to_cni(&self, status: bool) -> CniError {
+        let unavailable = if status { 50 } else { 11 };
+        let (code, details) = match self {
+            Self::MissingEnv(_) | Self::InvalidEnv(_) => (4, String::new()),
+            Self::Stdin(e) => (5, e.to_string()),
+            Self::Decode(d) => (6, d.clone()),
+            Self::Config { details, .. } => (7, details.clone()),
+            Self::Version(d) => (1, d.clone()),
+            Self::Unreachable { socket, reason } => (
+                unavailable,
+                format!(
+                    "connect to {}: {reason}. Start dipamd (e.g. `systemctl start dipamd`) or \
+                     point socketPath in the network config at the socket dipamd listens on",
+                    socket.display()
+                ),
+            ),
+            Self::Rpc { socket, status } => {
+                let code = match status.code() {
+                    // Transient by nature: the runtime should retry.
+                    Code::Unavailable
+                    | Code::DeadlineExceeded
+                    | Code::ResourceExhausted
+                    | Code::Aborted
+                    | Code::Cancelled => unavailable,
+                    // dipamd no longer serves this plugin's protocol: the binary in the CNI
+                    // bin dir is older than the daemon supports.
+                    Code::FailedPrecondition => 1,
+                    Code::PermissionDenied | Code::Unauthenticated => codes::PERMISSION_DENIED,
+                    _ => codes::INTERNAL,
+                };
+                let hint = match status.code() {
+                    Code::DeadlineExceeded => {
+                        " (dipamd did not answer in time; see its logs for the request id)"
+                    }
+                    Code::FailedPrecondition => " (install the dipam plugin that matches dipamd)",
+                    Code::PermissionDenied => {
+                        " (the socket only accepts root or the configured allowlist)"
+                    }
+                    _ => "",
+                };
+                (
+                    code,
+                    format!(
+                        "{}: {:?}: {}{hint}",
+                        socket.display(),
+                        status.code(),
+                        status.message()
+                    ),
+                )
+            }
+            Self::Cni {
+                code,
+                msg,
+                details,
+            } => {
+                return CniError {
+                    code: *code,
+                    msg: msg.clone(),
+                    details: details.clone(),
+                };
+            }
+        };
+        CniError {
+            code,
+            msg: self.to_string(),
+            details,
+        }
+    }
+}
+
+impl From<rscni_types::error::Error> for PluginError {
+    fn from(e: rscni_types::error::Error) -> Self {
+        use rscni_types::error::Error as E;
+        match e {
+            E::IncompatibleVersion(d) => Self::Version(d),
+            E::FailedToDecode(d) => Self::Decode(d),
+            E::InvalidNetworkConfig(d) => Self::Config {
+                msg: d,
+                details: String::new(),
+            },
+            E::InvalidEnvValue(d) => Self::InvalidEnv(d),
+            other => Self::Cni {
+                code: u32::from(&other),
+                msg: other.msg().to_string(),
+                details: other.details().to_string(),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_unreachable_is_50_and_others_are_11() {
+        let e = PluginError::Unreachable {
+            socket: "/run/dipam/dipam.sock".into(),
+            reason: "No such file or directory".into(),
+        };
+        assert_eq!(e.to_cni(true).code, 50);
+        let add = e.to_cni(false);
+        assert_eq!(add.code, 11);
+        assert!(add.details.contains("/run/dipam/dipam.sock"), "{add:?}");
+        assert!(add.details.contains("socketPath"), "{add:?}");
+    }
+
+    #[test]
+    fn grpc_codes_map_by_code_not_text() {
+        let socket = PathBuf::from("/s");
+        let m = |code| {
+            PluginError::Rpc {
+                socket: socket.clone(),
+                status: tonic::Status::new(code, "anything at all"),
+            }
+            .to_cni(false)
+            .code
+        };
+        assert_eq!(m(Code::Unavailable), 11);
+        assert_eq!(m(Code::ResourceExhausted), 11);
+        assert_eq!(m(Code::DeadlineExceeded), 11);
+        assert_eq!(m(Code::FailedPrecondition), 1);
+        assert_eq!(m(Code::PermissionDenied), codes::PERMISSION_DENIED);
+        assert_eq!(m(Code::Internal), codes::INTERNAL);
+    }
+
+    #[test]
+    fn missing_env_names_every_variable() {
+        let e = PluginError::MissingEnv(vec!["CNI_NETNS", "CNI_IFNAME"]).to_cni(false);
+        assert_eq!(e.code, 4);
+        assert_eq!(e.msg, "required env variables [CNI_NETNS,CNI_IFNAME] missing");
+    }
+
+    #[test]
+    fn cni_errors_from_dipamd_pass_through_unchanged() {
+        let e = PluginError::Cni {
+            code: 999,
+            msg: "no IP addresses available".into(),
+            details: "range 10.0.0.0/30".into(),
+        }
+        .to_cni(false);
+        assert_eq!(
+            e,
+            CniError {
+                code: 999,
+                msg: "no IP addresses available".into(),
+                details: "range 10.0.0.0/30".into()
+            }
+        );
+    }
+}

@@ -1,0 +1,221 @@
+//! The dipam CNI plugin. It validates what the runtime sent (reference/cni-spec.md §2), answers
+//! VERSION itself, and forwards every other verb to dipamd over gRPC ("CNI over RPC"), which
+//! runs the delegated IPAM and records the attachment. See docs/cfp.md.
+//!
+//! Output discipline: stdout carries exactly one CNI result or error JSON; logs go to stderr.
+
+pub mod client;
+pub mod cmd;
+pub mod conf;
+pub mod env;
+pub mod error;
+
+use std::io::{Read, Write};
+
+use rscni_types::types::Cmd;
+use serde_json::json;
+
+use crate::{
+    cmd::Ctx,
+    conf::PluginConf,
+    env::CmdArgs,
+    error::{CniError, PluginError},
+};
+
+const HELP: &str = "\
+dipam: a delegated-IPAM CNI plugin.
+
+dipam is run by a container runtime (containerd, podman, CRI-O) through libcni, never by hand:
+the runtime sets CNI_COMMAND, CNI_CONTAINERID, CNI_NETNS, CNI_IFNAME, CNI_ARGS and CNI_PATH and
+writes the network config on stdin. dipam forwards ADD, DEL, CHECK, GC and STATUS to the dipamd
+daemon over a unix socket (default /run/dipam/dipam.sock); dipamd runs the delegated IPAM plugin
+(host-local, azure-vnet-ipam, ...) and records every attachment. VERSION is answered locally.
+
+Use it as the IPAM of another plugin:
+  {\"type\":\"ptp\",\"ipam\":{\"type\":\"dipam\",\"socketPath\":\"/run/dipam/dipam.sock\",
+   \"delegate\":{\"type\":\"host-local\",\"ranges\":[[{\"subnet\":\"10.77.0.0/16\"}]]}}}
+
+Config keys read by dipam (in ipam):
+  socketPath       where dipamd listens (default /run/dipam/dipam.sock)
+  timeoutSeconds   how long to wait for dipamd (default 55)
+  delegate         the real IPAM config, passed to it as the `ipam` object
+
+Try it: CNI_COMMAND=VERSION dipam
+Operate it: dipamctl status, dipamctl attachments";
+
+/// Runs one plugin invocation and returns the process exit code. Everything the process
+/// would read from its surroundings is injected so that tests drive it in memory.
+pub fn run(
+    argv: &[String],
+    getenv: &dyn Fn(&str) -> Option<String>,
+    stdin: &mut dyn Read,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> i32 {
+    if argv
+        .iter()
+        .skip(1)
+        .any(|a| a == "--help" || a == "-h" || a == "help")
+    {
+        let _ = writeln!(stdout, "{HELP}");
+        return 0;
+    }
+    if argv.iter().skip(1).any(|a| a == "--version" || a == "-V") {
+        let _ = writeln!(stdout, "dipam {}", env!("CARGO_PKG_VERSION"));
+        return 0;
+    }
+    let command = match env::command(getenv) {
+        Ok(Some(c)) => c,
+        // skel's "about" mode: no CNI_COMMAND prints what the plugin is, on stderr.
+        Ok(None) => {
+            let _ = writeln!(
+                stderr,
+                "dipam {}: CNI plugin forwarding to dipamd\nCNI protocol versions supported: \
+                 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0\n(run `dipam --help` for more)",
+                env!("CARGO_PKG_VERSION")
+            );
+            return 0;
+        }
+        Err(e) => return emit_error(stdout, "", &e.to_cni(false)),
+    };
+
+    let mut input = Vec::new();
+    let read = stdin.read_to_end(&mut input);
+    if command == Cmd::Version {
+        let _ = writeln!(stdout, "{}", cmd::version::reply(&input));
+        return 0;
+    }
+    let is_status = command == Cmd::Status;
+    let version = conf::error_version(&input);
+    let outcome = read
+        .map_err(PluginError::Stdin)
+        .and_then(|_| dispatch(command, getenv, &input));
+    match outcome {
+        Ok(out) => {
+            if !out.is_empty() {
+                let _ = stdout.write_all(&out);
+                let _ = stdout.write_all(b"\n");
+            }
+            let _ = stdout.flush();
+            0
+        }
+        Err(e) => emit_error(stdout, &version, &e.to_cni(is_status)),
+    }
+}
+
+fn dispatch(
+    command: Cmd,
+    getenv: &dyn Fn(&str) -> Option<String>,
+    stdin: &[u8],
+) -> Result<Vec<u8>, PluginError> {
+    // Order as in the reference skel: environment first, then the config.
+    let args = CmdArgs::from_env(command, getenv)?;
+    let conf = PluginConf::parse(stdin, command)?;
+    let request_id = request_id();
+    let ctx = Ctx {
+        args: &args,
+        conf: &conf,
+        stdin,
+        request_id: &request_id,
+    };
+    match command {
+        Cmd::Add => cmd::add::run(&ctx),
+        Cmd::Del => cmd::del::run(&ctx),
+        Cmd::Check => cmd::check::run(&ctx),
+        Cmd::Gc => cmd::gc::run(&ctx),
+        Cmd::Status => cmd::status::run(&ctx),
+        Cmd::Version => Ok(cmd::version::reply(stdin).to_string().into_bytes()),
+    }
+}
+
+/// Prints a CNI error on stdout (where libcni reads it) carrying the config's cniVersion
+/// (spec §5 "Error"), and returns the non-zero exit code.
+fn emit_error(stdout: &mut dyn Write, version: &str, e: &CniError) -> i32 {
+    let mut body = json!({ "code": e.code, "msg": e.msg });
+    if !version.is_empty() {
+        body["cniVersion"] = json!(version);
+    }
+    if !e.details.is_empty() {
+        body["details"] = json!(e.details);
+    }
+    let _ = writeln!(stdout, "{body}");
+    let _ = stdout.flush();
+    1
+}
+
+/// A per-invocation id that dipamd logs with everything it does for this call, so one grep
+/// follows a pod's ADD from the plugin through dipamd into the delegate exec.
+fn request_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!("{:08x}{:08x}", std::process::id(), (nanos & 0xffff_ffff) as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use serde_json::Value;
+
+    use super::*;
+
+    fn invoke(env: &[(&str, &str)], stdin: &str) -> (i32, Value) {
+        let map: HashMap<String, String> = env
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect();
+        let getenv = move |k: &str| map.get(k).cloned();
+        let mut out = Vec::new();
+        let mut err = Vec::new();
+        let code = run(
+            &["dipam".into()],
+            &getenv,
+            &mut stdin.as_bytes(),
+            &mut out,
+            &mut err,
+        );
+        let v = serde_json::from_slice(&out).unwrap_or(Value::Null);
+        (code, v)
+    }
+
+    #[test]
+    fn version_needs_no_daemon_and_no_stdin() {
+        let (code, v) = invoke(&[("CNI_COMMAND", "VERSION")], "");
+        assert_eq!(code, 0);
+        assert_eq!(v["supportedVersions"].as_array().map(Vec::len), Some(5));
+    }
+
+    #[test]
+    fn errors_carry_the_config_version_and_exit_non_zero() {
+        let (code, v) = invoke(
+            &[("CNI_COMMAND", "ADD"), ("CNI_CONTAINERID", "c1"), ("CNI_IFNAME", "eth0")],
+            r#"{"cniVersion":"0.4.0","name":"n"}"#,
+        );
+        assert_eq!(code, 1);
+        assert_eq!(v["code"], 4);
+        assert_eq!(v["cniVersion"], "0.4.0");
+        assert!(v["msg"].as_str().unwrap().contains("CNI_NETNS"), "{v}");
+    }
+
+    #[test]
+    fn unreachable_daemon_is_11_for_add_and_50_for_status() {
+        let conf = r#"{"cniVersion":"1.1.0","name":"n","type":"ptp","ipam":{"type":"dipam","socketPath":"/nonexistent/dipam.sock","delegate":{"type":"host-local"}}}"#;
+        let (code, v) = invoke(
+            &[
+                ("CNI_COMMAND", "ADD"),
+                ("CNI_CONTAINERID", "c1"),
+                ("CNI_IFNAME", "eth0"),
+                ("CNI_NETNS", "/var/run/netns/x"),
+            ],
+            conf,
+        );
+        assert_eq!(code, 1);
+        assert_eq!(v["code"], 11, "{v}");
+        assert!(v["details"].as_str().unwrap().contains("/nonexistent/dipam.sock"));
+        let (code, v) = invoke(&[("CNI_COMMAND", "STATUS")], conf);
+        assert_eq!(code, 1);
+        assert_eq!(v["code"], 50, "{v}");
+    }
+}

@@ -1,0 +1,14 @@
+//! Generates the dipam.v1 code. protoc comes from `protoc-bin-vendored`, so a fresh machine
+//! needs nothing but cargo (reference/crates.md §3.4).
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let proto = "dipam/v1/dipam.proto";
+    println!("cargo:rerun-if-changed={proto}");
+    let mut cfg = prost_build::Config::new();
+    cfg.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
+    tonic_prost_build::configure()
+        // The server half needs tonic's server feature; the plugin never builds it.
+        .build_server(std::env::var_os("CARGO_FEATURE_SERVER").is_some())
+        .compile_with_config(cfg, &[proto], &["."])?;
+    Ok(())
+}
