@@ -1,0 +1,385 @@
+//! Typed attachment records over any [`Store`]: the daemon's view of the ledger.
+//!
+//! One record per CNI attachment, keyed the way the CNI spec identifies an attachment
+//! (network name, container id, ifname), stored as JSON in [`Tree::Attachments`].
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Batch, Store, StoreError, Tree};
+
+/// Separator between key fields. Container ids and ifnames cannot contain it (CNI forbids it
+/// and so does the kernel), and [`AttachmentKey::encode`] refuses it anywhere.
+const SEP: u8 = 0;
+
+/// The identity of one attachment: (network name, container id, ifname).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct AttachmentKey {
+    /// The CNI network name (`name` in the conflist).
+    pub network: String,
+    /// `CNI_CONTAINERID`, or an agent-chosen id for agent-owned attachments.
+    pub container_id: String,
+    /// `CNI_IFNAME`.
+    pub ifname: String,
+}
+
+impl AttachmentKey {
+    /// Builds a key from its three parts.
+    pub fn new(
+        network: impl Into<String>,
+        container_id: impl Into<String>,
+        ifname: impl Into<String>,
+    ) -> Self {
+        Self {
+            network: network.into(),
+            container_id: container_id.into(),
+            ifname: ifname.into(),
+        }
+    }
+
+    /// The store key: `network \0 container_id \0 ifname`. Sorting by it groups a network's
+    /// attachments together, which [`Ledger::list`] relies on.
+    ///
+    /// Fails with [`StoreError::InvalidKey`] if any part contains NUL, since the key would
+    /// then be ambiguous.
+    pub fn encode(&self) -> Result<Vec<u8>, StoreError> {
+        for (field, value) in [
+            ("network", &self.network),
+            ("container_id", &self.container_id),
+            ("ifname", &self.ifname),
+        ] {
+            if value.as_bytes().contains(&SEP) {
+                return Err(StoreError::InvalidKey(format!(
+                    "{field} {:?} contains a NUL byte",
+                    value
+                )));
+            }
+        }
+        let mut out = Vec::with_capacity(
+            self.network.len() + self.container_id.len() + self.ifname.len() + 2,
+        );
+        out.extend_from_slice(self.network.as_bytes());
+        out.push(SEP);
+        out.extend_from_slice(self.container_id.as_bytes());
+        out.push(SEP);
+        out.extend_from_slice(self.ifname.as_bytes());
+        Ok(out)
+    }
+
+    /// Parses a key written by [`AttachmentKey::encode`].
+    pub fn decode(bytes: &[u8]) -> Result<Self, StoreError> {
+        let fail = |detail: &str| StoreError::Decode {
+            tree: Tree::Attachments.name(),
+            key: bytes.escape_ascii().to_string(),
+            detail: detail.to_string(),
+        };
+        let parts: Vec<&[u8]> = bytes.split(|b| *b == SEP).collect();
+        let [network, container_id, ifname] = parts.as_slice() else {
+            return Err(fail("expected three NUL-separated fields"));
+        };
+        let text = |b: &[u8]| {
+            std::str::from_utf8(b)
+                .map(str::to_string)
+                .map_err(|_| fail("field is not UTF-8"))
+        };
+        Ok(Self {
+            network: text(network)?,
+            container_id: text(container_id)?,
+            ifname: text(ifname)?,
+        })
+    }
+
+    /// The prefix shared by every key of `network`, for [`Store::scan_prefix`]. The trailing
+    /// separator keeps network "a" from matching network "ab".
+    fn network_prefix(network: &str) -> Result<Vec<u8>, StoreError> {
+        if network.as_bytes().contains(&SEP) {
+            return Err(StoreError::InvalidKey(format!(
+                "network {network:?} contains a NUL byte"
+            )));
+        }
+        let mut out = network.as_bytes().to_vec();
+        out.push(SEP);
+        Ok(out)
+    }
+}
+
+impl fmt::Display for AttachmentKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.network, self.container_id, self.ifname)
+    }
+}
+
+/// Who asked for an attachment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Owner {
+    /// A pod, through the CNI plugin; the runtime's GC may release it.
+    Pod,
+    /// The node agent itself (router, health, ingress addresses); never released by GC.
+    Agent {
+        /// What the agent uses it for, e.g. "router".
+        role: String,
+    },
+}
+
+impl Owner {
+    /// A short label for logs and metrics: `pod` or `agent:<role>`.
+    pub fn label(&self) -> String {
+        match self {
+            Owner::Pod => "pod".to_string(),
+            Owner::Agent { role } => format!("agent:{role}"),
+        }
+    }
+}
+
+/// Where an attachment is in its life. A record is written *before* the delegate is called,
+/// so a crash mid-call leaves an `Adding`/`Deleting` record to reconcile rather than a leak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttachmentState {
+    /// The delegate's ADD is in flight (or was, when dipamd died).
+    Adding,
+    /// The delegate's ADD succeeded and the result was returned.
+    Committed,
+    /// The delegate's DEL is in flight (or was, when dipamd died).
+    Deleting,
+}
+
+impl AttachmentState {
+    /// The serialized name: `adding`, `committed` or `deleting`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            AttachmentState::Adding => "adding",
+            AttachmentState::Committed => "committed",
+            AttachmentState::Deleting => "deleting",
+        }
+    }
+}
+
+/// Everything needed to answer CHECK, to replay DEL to the delegate exactly as ADD was sent,
+/// and to reconcile after a crash.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttachmentRecord {
+    /// The attachment's identity.
+    pub key: AttachmentKey,
+    /// Pod or agent.
+    pub owner: Owner,
+    /// Lifecycle state.
+    pub state: AttachmentState,
+    /// The delegate plugin's `type` (e.g. `host-local`).
+    pub delegate_type: String,
+    /// The cniVersion the delegate was called with.
+    pub delegate_version: String,
+    /// The exact JSON config sent to the delegate on ADD (replayed on DEL).
+    pub delegate_config: String,
+    /// `CNI_NETNS` at ADD time.
+    pub netns: String,
+    /// `CNI_ARGS` at ADD time.
+    pub cni_args: String,
+    /// `CNI_PATH` at ADD time.
+    pub cni_path: String,
+    /// The delegate's result, normalized; `None` until ADD succeeds.
+    pub result: Option<serde_json::Value>,
+    /// Digest of the network config, to notice a changed conflist.
+    pub config_digest: String,
+    /// The request that last wrote this record, for log correlation.
+    pub request_id: String,
+    /// Unix seconds when the record was first written.
+    pub created_at: u64,
+    /// Unix seconds of the last write.
+    pub updated_at: u64,
+}
+
+/// Typed access to the attachment records of a [`Store`].
+///
+/// Cheap to clone (it shares the store through an `Arc`), so each tokio task can hold its
+/// own. Every method blocks; call it from `spawn_blocking`.
+pub struct Ledger<S: Store> {
+    store: Arc<S>,
+}
+
+impl<S: Store> Clone for Ledger<S> {
+    fn clone(&self) -> Self {
+        Self {
+            store: Arc::clone(&self.store),
+        }
+    }
+}
+
+impl<S: Store + fmt::Debug> fmt::Debug for Ledger<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ledger")
+            .field("store", &self.store)
+            .finish()
+    }
+}
+
+impl<S: Store> Ledger<S> {
+    /// Wraps `store`.
+    pub fn new(store: S) -> Self {
+        Self {
+            store: Arc::new(store),
+        }
+    }
+
+    /// Wraps a store that is already shared.
+    pub fn from_arc(store: Arc<S>) -> Self {
+        Self { store }
+    }
+
+    /// The record for `key`, if any.
+    pub fn get(&self, key: &AttachmentKey) -> Result<Option<AttachmentRecord>, StoreError> {
+        let raw_key = key.encode()?;
+        self.store
+            .get(Tree::Attachments, &raw_key)?
+            .map(|value| decode_record(&raw_key, &value))
+            .transpose()
+    }
+
+    /// Inserts or replaces the record under `rec.key`; durable when it returns.
+    pub fn put(&self, rec: &AttachmentRecord) -> Result<(), StoreError> {
+        let raw_key = rec.key.encode()?;
+        let value = serde_json::to_vec(rec)
+            .map_err(|e| StoreError::Backend(format!("cannot encode record {}: {e}", rec.key)))?;
+        let mut batch = Batch::new();
+        batch.put(Tree::Attachments, raw_key, value);
+        self.store.commit(batch)
+    }
+
+    /// Removes the record for `key`; durable when it returns. Removing an absent key is `Ok`.
+    pub fn remove(&self, key: &AttachmentKey) -> Result<(), StoreError> {
+        let mut batch = Batch::new();
+        batch.delete(Tree::Attachments, key.encode()?);
+        self.store.commit(batch)
+    }
+
+    /// Every record, or only those of `network`, sorted by key.
+    pub fn list(&self, network: Option<&str>) -> Result<Vec<AttachmentRecord>, StoreError> {
+        let prefix = match network {
+            Some(n) => AttachmentKey::network_prefix(n)?,
+            None => Vec::new(),
+        };
+        self.store
+            .scan_prefix(Tree::Attachments, &prefix)?
+            .iter()
+            .map(|(k, v)| decode_record(k, v))
+            .collect()
+    }
+
+    /// Number of records.
+    pub fn count(&self) -> Result<usize, StoreError> {
+        self.store.len(Tree::Attachments)
+    }
+
+    /// The underlying store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+}
+
+/// Parses a record and checks that it is filed under its own key, so a record copied to the
+/// wrong key is reported instead of silently answering for another attachment.
+fn decode_record(raw_key: &[u8], value: &[u8]) -> Result<AttachmentRecord, StoreError> {
+    let fail = |detail: String| StoreError::Decode {
+        tree: Tree::Attachments.name(),
+        key: raw_key.escape_ascii().to_string(),
+        detail,
+    };
+    let rec: AttachmentRecord = serde_json::from_slice(value).map_err(|e| fail(e.to_string()))?;
+    let key = AttachmentKey::decode(raw_key)?;
+    if rec.key != key {
+        return Err(fail(format!("record says its key is {}", rec.key)));
+    }
+    Ok(rec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_round_trips_and_displays() {
+        let key = AttachmentKey::new("net-a", "ABC-def_1.2", "eth0");
+        let raw = key.encode().unwrap();
+        assert_eq!(raw, b"net-a\0ABC-def_1.2\0eth0");
+        assert_eq!(AttachmentKey::decode(&raw).unwrap(), key);
+        assert_eq!(key.to_string(), "net-a/ABC-def_1.2/eth0");
+
+        let empty = AttachmentKey::new("", "", "");
+        assert_eq!(
+            AttachmentKey::decode(&empty.encode().unwrap()).unwrap(),
+            empty
+        );
+    }
+
+    #[test]
+    fn key_with_nul_is_rejected() {
+        for key in [
+            AttachmentKey::new("a\0b", "c", "d"),
+            AttachmentKey::new("a", "b\0", "d"),
+            AttachmentKey::new("a", "b", "\0"),
+        ] {
+            assert!(
+                matches!(key.encode(), Err(StoreError::InvalidKey(_))),
+                "{key:?}"
+            );
+        }
+        // Without the check these two would collide as "a\0b\0c\0d".
+        assert!(AttachmentKey::new("a\0b", "c", "d").encode().is_err());
+        assert!(AttachmentKey::new("a", "b\0c", "d").encode().is_err());
+    }
+
+    #[test]
+    fn malformed_keys_do_not_decode() {
+        for raw in [
+            &b"only-one"[..],
+            b"two\0parts",
+            b"four\0parts\0are\0many",
+            b"bad\0utf8\0\xff",
+        ] {
+            let err = AttachmentKey::decode(raw).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    StoreError::Decode {
+                        tree: "attachments",
+                        ..
+                    }
+                ),
+                "{err:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn labels_and_serde_names() {
+        assert_eq!(Owner::Pod.label(), "pod");
+        assert_eq!(
+            Owner::Agent {
+                role: "router".into()
+            }
+            .label(),
+            "agent:router"
+        );
+        assert_eq!(serde_json::to_string(&Owner::Pod).unwrap(), r#""pod""#);
+        assert_eq!(
+            serde_json::to_string(&Owner::Agent {
+                role: "health".into()
+            })
+            .unwrap(),
+            r#"{"agent":{"role":"health"}}"#
+        );
+        for state in [
+            AttachmentState::Adding,
+            AttachmentState::Committed,
+            AttachmentState::Deleting,
+        ] {
+            assert_eq!(
+                serde_json::to_string(&state).unwrap(),
+                format!("\"{}\"", state.as_str())
+            );
+        }
+    }
+}

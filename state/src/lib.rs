@@ -1,0 +1,31 @@
+//! dipamd's ledger: what was asked of the delegated IPAM plugin, what it answered, and who
+//! owns each attachment.
+//!
+//! The crate has two layers:
+//!
+//! * [`Store`]: a tiny byte-level key/value interface (get, prefix scan, atomic multi-tree
+//!   batch commit). [`SledStore`] is the real one; [`MemStore`] is an in-memory twin for unit
+//!   tests of code above the store. sled is used only inside this crate and none of its types
+//!   appear in the public API, so the engine can be swapped without touching the daemon.
+//! * [`Ledger`]: typed attachment records ([`AttachmentRecord`] keyed by [`AttachmentKey`])
+//!   stored as JSON in the [`Tree::Attachments`] tree, generic over any [`Store`].
+//!
+//! Every write path ends in [`Store::commit`], which returns only once the change is durable.
+//! All calls block on disk I/O: call them from `spawn_blocking`, not directly on a tokio worker.
+
+mod error;
+mod ledger;
+mod mem;
+mod schema;
+mod sled_store;
+mod store;
+
+#[cfg(test)]
+mod suite;
+
+pub use error::StoreError;
+pub use ledger::{AttachmentKey, AttachmentRecord, AttachmentState, Ledger, Owner};
+pub use mem::MemStore;
+pub use schema::{SCHEMA_KEY, SCHEMA_VERSION, ensure_schema};
+pub use sled_store::SledStore;
+pub use store::{Batch, KeyValue, Store, Tree};

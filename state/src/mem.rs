@@ -1,0 +1,112 @@
+//! An in-memory [`Store`] with the same semantics as [`crate::SledStore`], for unit tests of
+//! code above the store (the ledger, the daemon's handlers).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::schema::{SCHEMA_KEY, SCHEMA_VERSION};
+use crate::store::Op;
+use crate::{Batch, KeyValue, Store, StoreError, Tree};
+
+type Map = BTreeMap<Vec<u8>, Vec<u8>>;
+
+/// A [`Store`] kept in a `Mutex<BTreeMap>` per tree. Nothing is persisted.
+///
+/// [`MemStore::default`] looks like a freshly opened store: the meta tree already records
+/// [`SCHEMA_VERSION`].
+#[derive(Debug)]
+pub struct MemStore {
+    trees: Mutex<HashMap<Tree, Map>>,
+    /// Number of upcoming commits that fail, for testing error paths above the store.
+    fail_commits: AtomicUsize,
+}
+
+impl Default for MemStore {
+    fn default() -> Self {
+        let mut meta = Map::new();
+        meta.insert(SCHEMA_KEY.to_vec(), SCHEMA_VERSION.to_string().into_bytes());
+        let mut trees = HashMap::new();
+        trees.insert(Tree::Meta, meta);
+        Self {
+            trees: Mutex::new(trees),
+            fail_commits: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl MemStore {
+    /// A fresh store (same as [`Default`]).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Makes the next `n` non-empty commits fail with [`StoreError::Backend`] without applying
+    /// anything, as a full disk would.
+    pub fn fail_next_commits(&self, n: usize) {
+        self.fail_commits.store(n, Ordering::SeqCst);
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, HashMap<Tree, Map>>, StoreError> {
+        // A poisoned lock means a panic mid-access; every commit applies fully under one lock
+        // hold and cannot panic half-way, so the data is still consistent, but report it rather
+        // than hide a bug in a test.
+        self.trees
+            .lock()
+            .map_err(|_| StoreError::Backend("MemStore mutex poisoned".into()))
+    }
+}
+
+impl Store for MemStore {
+    fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.lock()?.get(&tree).and_then(|m| m.get(key)).cloned())
+    }
+
+    fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<KeyValue>, StoreError> {
+        let trees = self.lock()?;
+        let Some(map) = trees.get(&tree) else {
+            return Ok(Vec::new());
+        };
+        Ok(map
+            .range(prefix.to_vec()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+
+    fn commit(&self, batch: Batch) -> Result<(), StoreError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let failed = self
+            .fail_commits
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if failed {
+            return Err(StoreError::Backend(
+                "MemStore: injected commit failure".into(),
+            ));
+        }
+        let mut trees = self.lock()?;
+        for op in batch.ops() {
+            match op {
+                Op::Put { tree, key, value } => {
+                    trees
+                        .entry(*tree)
+                        .or_default()
+                        .insert(key.clone(), value.clone());
+                }
+                Op::Delete { tree, key } => {
+                    if let Some(map) = trees.get_mut(tree) {
+                        map.remove(key);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn len(&self, tree: Tree) -> Result<usize, StoreError> {
+        Ok(self.lock()?.get(&tree).map_or(0, Map::len))
+    }
+}

@@ -1,0 +1,421 @@
+//! The real [`Store`]: sled 0.34 in one state directory, made power-loss durable.
+//!
+//! sled 0.34's `flush()` ends in `sync_file_range`, which survives a process crash but is not
+//! a durability barrier: it flushes neither the device write cache nor file metadata
+//! (measured in reference/crates.md §2.2). So every commit here is
+//! `transaction → flush → fdatasync`, and the files sled writes but never syncs (`conf`, the
+//! directory entries, large-value blob files) are synced by this module.
+//!
+//! sled 0.34 also does not report a damaged log: recovery stops at the first bad checksum and
+//! opens whatever came before, so a garbled `db` file opens as an older (or empty) store
+//! (measured: overwriting 4 KiB in the middle of a 200-record store reopened with 104 records
+//! and no error). To turn that silent loss into [`StoreError::Corrupt`], every commit carries a
+//! sequence number, and the last acknowledged number is also kept in a small witness file
+//! next to the store ([`WITNESS_FILE`]); on open, a store behind its witness is refused.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::fmt;
+use std::fs::{self, File};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::panic::{self, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use sled::Transactional;
+use sled::transaction::{ConflictableTransactionResult, TransactionError};
+
+use crate::schema::ensure_schema;
+use crate::store::Op;
+use crate::{Batch, KeyValue, Store, StoreError, Tree};
+
+/// sled's page cache size. The ledger holds one small record per attachment (a node has at
+/// most a few hundred), so sled's 1 GiB default would only be a way to grow dipamd's RSS.
+const CACHE_CAPACITY: u64 = 16 * 1024 * 1024;
+
+/// How often sled's background thread runs. We flush explicitly on every commit, so this is
+/// not about durability; the thread is kept (rather than disabled with `None`) because it is
+/// also the only place sled 0.34 reclaims log segments, and without it the file only grows.
+const BACKGROUND_FLUSH_MS: u64 = 1000;
+
+/// The file holding the sequence number of the last acknowledged commit (see the module doc).
+pub(crate) const WITNESS_FILE: &str = "dipam-commit-seq";
+
+/// The key, in sled's default tree (not one of [`Tree`], so the public trees behave exactly
+/// like [`crate::MemStore`]'s), of the sequence number of the last commit.
+const SEQ_KEY: &[u8] = b"dipam_commit_seq";
+
+/// The ledger on disk: a sled database in `dir` plus the handles needed to make its writes
+/// durable.
+///
+/// # Durability
+///
+/// [`Store::commit`] returns only after the batch is committed atomically across trees, sled
+/// has written its log (`flush`), and the data file has been `fdatasync`ed (plus any new blob
+/// files). An acknowledged commit therefore survives a process kill -9 (sled's log replay) and,
+/// thanks to fdatasync, a power loss or host crash as well, as long as the disk honours cache
+/// flushes.
+///
+/// # Single daemon
+///
+/// sled takes an exclusive `flock` on `<dir>/db` for the store's lifetime, and a second opener
+/// (another process, or a second `open` in the same process, since each open is a new file
+/// description) gets [`StoreError::Locked`]. The lock is released when the store is dropped or
+/// the process dies.
+///
+/// # Damage
+///
+/// A store that sled cannot read back, or that reads back older than the last commit this
+/// directory acknowledged (sled silently drops a damaged log tail), fails to open with
+/// [`StoreError::Corrupt`].
+pub struct SledStore {
+    dir: PathBuf,
+    db: sled::Db,
+    /// Indexed by [`Tree::index`]; the last element is sled's default tree, which holds
+    /// [`SEQ_KEY`].
+    trees: Vec<sled::Tree>,
+    /// The sequence number of the last committed transaction. Held across the transaction, so
+    /// commits are numbered in the order sled applies them.
+    seq: Mutex<u64>,
+    /// The witness file and the number last written to it.
+    witness: Mutex<(File, u64)>,
+    data_path: PathBuf,
+    /// A read-only handle on `<dir>/db`: fsync acts on the inode, so it syncs sled's writes.
+    data_file: File,
+    /// Blob files already synced, with the length they had when synced.
+    synced_blobs: Mutex<HashMap<OsString, u64>>,
+}
+
+impl fmt::Debug for SledStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SledStore")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SledStore {
+    /// Opens (creating if needed) the store in `dir`, checks its schema version and migrates
+    /// it if it is older.
+    ///
+    /// Errors: [`StoreError::Locked`] if another dipamd has it open, [`StoreError::Corrupt`] if
+    /// sled cannot read it back, [`StoreError::SchemaTooNew`] if a newer dipamd wrote it.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        fs::create_dir_all(dir).map_err(io_err(dir))?;
+
+        // Mode: LowSpace (sled's default) keeps the log compact; our write rate is a few
+        // commits per pod start, far from where HighThroughput would pay off.
+        let config = sled::Config::new()
+            .path(dir)
+            .cache_capacity(CACHE_CAPACITY)
+            .mode(sled::Mode::LowSpace)
+            .flush_every_ms(Some(BACKGROUND_FLUSH_MS));
+
+        // Damage that sled notices comes back as `Error::Corruption`; damage it does not is
+        // caught by the witness check below. sled 0.34 also has `unwrap`s and asserts on its
+        // recovery path, so a damaged file may panic instead: that is an unreadable store too,
+        // and the operator should get an error, not a backtrace.
+        let db = match panic::catch_unwind(AssertUnwindSafe(|| config.open())) {
+            Ok(Ok(db)) => db,
+            Ok(Err(e)) => return Err(map_sled(dir, e)),
+            Err(payload) => {
+                return Err(StoreError::Corrupt {
+                    path: dir.to_path_buf(),
+                    detail: format!(
+                        "sled panicked while recovering: {}",
+                        panic_message(&*payload)
+                    ),
+                });
+            }
+        };
+
+        let mut trees = Tree::ALL
+            .iter()
+            .map(|t| db.open_tree(t.name()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| map_sled(dir, e))?;
+        trees.push((*db).clone());
+
+        let seq = read_seq(&db, dir)?;
+        let witness_path = dir.join(WITNESS_FILE);
+        let acknowledged = read_witness(&witness_path)?;
+        if let Some(acknowledged) = acknowledged.filter(|a| *a > seq) {
+            return Err(StoreError::Corrupt {
+                path: dir.to_path_buf(),
+                detail: format!(
+                    "commits up to #{acknowledged} were acknowledged, but the store only holds \
+                     commits up to #{seq} (sled discards a damaged log without reporting it)"
+                ),
+            });
+        }
+        let witness = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&witness_path)
+            .map_err(io_err(&witness_path))?;
+        if acknowledged != Some(seq) {
+            // New, lost or unreadable witness: restart it from what the store holds. Losing
+            // the witness only weakens damage detection; it cannot make a good store fail.
+            write_witness(&witness, seq).map_err(io_err(&witness_path))?;
+            witness.sync_all().map_err(io_err(&witness_path))?;
+        }
+
+        let data_path = dir.join("db");
+        let data_file = File::open(&data_path).map_err(io_err(&data_path))?;
+
+        // sled writes `conf` without syncing it and never syncs the directories holding its
+        // files. Do it once here so the files a later fdatasync relies on are reachable.
+        sync_path(&dir.join("conf"))?;
+        // (The directory sync below also makes a newly created witness file reachable.)
+        sync_path(&dir.join("blobs"))?;
+        sync_path(dir)?;
+
+        let store = Self {
+            dir: dir.to_path_buf(),
+            db,
+            trees,
+            seq: Mutex::new(seq),
+            witness: Mutex::new((witness, seq)),
+            data_path,
+            data_file,
+            synced_blobs: Mutex::new(HashMap::new()),
+        };
+        store.sync_blobs()?;
+        ensure_schema(&store, dir)?;
+        Ok(store)
+    }
+
+    /// The state directory.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    fn tree(&self, tree: Tree) -> &sled::Tree {
+        &self.trees[tree.index()]
+    }
+
+    fn sled_err(&self) -> impl Fn(sled::Error) -> StoreError + '_ {
+        move |e| map_sled(&self.dir, e)
+    }
+
+    /// Applies `batch` plus the commit number `seq` in one sled transaction.
+    fn transact(&self, batch: &Batch, seq: u64) -> Result<(), StoreError> {
+        let seq_index = self.trees.len() - 1;
+        // Transact over every tree: simpler than collecting the touched ones, and the cost is
+        // one overlay per tree. sled may re-run this closure on conflict, so it only touches
+        // the transactional views (no I/O, no side effects).
+        let result = self.trees[..].transaction(
+            |txs| -> ConflictableTransactionResult<(), std::convert::Infallible> {
+                for op in batch.ops() {
+                    match op {
+                        Op::Put { tree, key, value } => {
+                            txs[tree.index()].insert(key.as_slice(), value.as_slice())?;
+                        }
+                        Op::Delete { tree, key } => {
+                            txs[tree.index()].remove(key.as_slice())?;
+                        }
+                    }
+                }
+                txs[seq_index].insert(SEQ_KEY, &seq.to_be_bytes()[..])?;
+                Ok(())
+            },
+        );
+        match result {
+            Ok(()) => Ok(()),
+            Err(TransactionError::Abort(never)) => match never {},
+            Err(TransactionError::Storage(e)) => Err(map_sled(&self.dir, e)),
+        }
+    }
+
+    /// fsyncs blob files (sled's out-of-line storage for values over ~128 KiB) that are new or
+    /// have grown since last synced, then their directory. sled writes them with plain
+    /// `write_all` and never syncs them. Ledger records are far smaller, so this is normally
+    /// one empty `readdir`.
+    fn sync_blobs(&self) -> Result<(), StoreError> {
+        let blobs = self.dir.join("blobs");
+        let entries = fs::read_dir(&blobs).map_err(io_err(&blobs))?;
+        let mut synced = lock(&self.synced_blobs)?;
+        let mut present = HashMap::new();
+        let mut any_new = false;
+        for entry in entries {
+            let entry = entry.map_err(io_err(&blobs))?;
+            let path = entry.path();
+            // The length is read before syncing, so a blob still being written when we look is
+            // synced again by the commit that wrote it (it will have grown).
+            let len = match entry.metadata() {
+                Ok(m) => m.len(),
+                // sled garbage-collects blobs concurrently.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(StoreError::Io { path, source: e }),
+            };
+            let name = entry.file_name();
+            if synced.get(&name) != Some(&len) {
+                match File::open(&path).and_then(|f| f.sync_all()) {
+                    Ok(()) => any_new = true,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(StoreError::Io { path, source: e }),
+                }
+            }
+            present.insert(name, len);
+        }
+        if any_new {
+            sync_path(&blobs)?;
+        }
+        *synced = present;
+        Ok(())
+    }
+}
+
+impl Store for SledStore {
+    fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self
+            .tree(tree)
+            .get(key)
+            .map_err(self.sled_err())?
+            .map(|v| v.to_vec()))
+    }
+
+    fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<KeyValue>, StoreError> {
+        self.tree(tree)
+            .scan_prefix(prefix)
+            .map(|kv| {
+                kv.map(|(k, v)| (k.to_vec(), v.to_vec()))
+                    .map_err(self.sled_err())
+            })
+            .collect()
+    }
+
+    /// Applies every op atomically (all or none, across trees) and returns only once durable:
+    /// a commit that returned `Ok` survives kill -9 and, thanks to fdatasync, power loss.
+    fn commit(&self, batch: Batch) -> Result<(), StoreError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let seq = {
+            let mut last = lock(&self.seq)?;
+            let seq = *last + 1;
+            self.transact(&batch, seq)?;
+            *last = seq;
+            seq
+        };
+
+        // Make it durable before acknowledging: flush writes sled's log (sync_file_range),
+        // then blobs and the data file are fdatasynced. Blobs first, so a durable log entry
+        // never points at a blob that a power cut could lose.
+        self.db.flush().map_err(self.sled_err())?;
+        self.sync_blobs()?;
+        self.data_file
+            .sync_data()
+            .map_err(io_err(&self.data_path))?;
+
+        // Only now may the witness claim `seq`. It is written but not synced: after a power
+        // cut it may lag behind the store (weaker detection, never a false alarm), and an
+        // fdatasync here would double the cost of every commit.
+        let mut witness = lock(&self.witness)?;
+        if seq > witness.1 {
+            write_witness(&witness.0, seq).map_err(io_err(&self.dir.join(WITNESS_FILE)))?;
+            witness.1 = seq;
+        }
+        Ok(())
+    }
+
+    fn len(&self, tree: Tree) -> Result<usize, StoreError> {
+        Ok(self.tree(tree).len())
+    }
+}
+
+/// Locks `m`. A poisoned mutex means a panic in this module while holding it; report it
+/// instead of guessing whether the state it guards is still right.
+fn lock<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>, StoreError> {
+    m.lock()
+        .map_err(|_| StoreError::Backend("SledStore mutex poisoned by an earlier panic".into()))
+}
+
+/// The number of the last commit recorded in the store; 0 for a store never committed to.
+fn read_seq(db: &sled::Db, dir: &Path) -> Result<u64, StoreError> {
+    let Some(raw) = db.get(SEQ_KEY).map_err(|e| map_sled(dir, e))? else {
+        return Ok(0);
+    };
+    let bytes: [u8; 8] = raw.as_ref().try_into().map_err(|_| StoreError::Corrupt {
+        path: dir.to_path_buf(),
+        detail: format!(
+            "commit sequence number has {} bytes instead of 8",
+            raw.len()
+        ),
+    })?;
+    Ok(u64::from_be_bytes(bytes))
+}
+
+/// Width of the zero-padded number in the witness file. Fixed, so each update is a single
+/// in-place `pwrite` of the same bytes range.
+const WITNESS_WIDTH: usize = 20;
+
+/// The number in the witness file, or `None` if the file is missing or unreadable.
+fn read_witness(path: &Path) -> Result<Option<u64>, StoreError> {
+    match fs::read_to_string(path) {
+        Ok(text) => Ok(text.trim().parse().ok()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        // Invalid UTF-8 (a torn write after a power cut) reads as "no witness".
+        Err(e) if e.kind() == io::ErrorKind::InvalidData => Ok(None),
+        Err(source) => Err(StoreError::Io {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+fn write_witness(file: &File, seq: u64) -> io::Result<()> {
+    file.write_all_at(format!("{seq:0WITNESS_WIDTH$}\n").as_bytes(), 0)
+}
+
+/// Maps a sled error to ours, recognising the lock conflict and corruption.
+fn map_sled(dir: &Path, e: sled::Error) -> StoreError {
+    match e {
+        // sled 0.34 wraps fs2's EWOULDBLOCK as `Other` with the message
+        // `could not acquire lock on "<dir>/db": ... WouldBlock ...`.
+        sled::Error::Io(source)
+            if source.kind() == io::ErrorKind::WouldBlock
+                || source.to_string().contains("could not acquire lock") =>
+        {
+            StoreError::Locked {
+                path: dir.to_path_buf(),
+            }
+        }
+        sled::Error::Io(source) => StoreError::Io {
+            path: dir.to_path_buf(),
+            source,
+        },
+        e @ sled::Error::Corruption { .. } => StoreError::Corrupt {
+            path: dir.to_path_buf(),
+            detail: e.to_string(),
+        },
+        other => StoreError::Backend(other.to_string()),
+    }
+}
+
+fn io_err(path: &Path) -> impl Fn(io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// fsyncs a file or directory by path (opening a directory read-only is allowed on Linux).
+fn sync_path(path: &Path) -> Result<(), StoreError> {
+    File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(io_err(path))
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_string()
+    }
+}

@@ -1,0 +1,132 @@
+//! The byte-level storage interface that the rest of dipamd programs against.
+
+use crate::StoreError;
+
+/// One `(key, value)` entry, as returned by [`Store::scan_prefix`].
+pub type KeyValue = (Vec<u8>, Vec<u8>);
+
+/// A named keyspace inside a store. Each variant is one sled tree (or one map in
+/// [`crate::MemStore`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Tree {
+    /// Store-level metadata such as the schema version.
+    Meta,
+    /// One [`crate::AttachmentRecord`] per (network, container id, ifname).
+    Attachments,
+    /// Reserved for an audit trail of finished attachments; unused for now.
+    History,
+}
+
+impl Tree {
+    /// Every tree, in a fixed order. A store opens all of them up front.
+    pub const ALL: [Tree; 3] = [Tree::Meta, Tree::Attachments, Tree::History];
+
+    /// The tree's on-disk name. Never change an existing name: it is part of the format.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Tree::Meta => "meta",
+            Tree::Attachments => "attachments",
+            Tree::History => "history",
+        }
+    }
+
+    /// Position in [`Tree::ALL`].
+    pub(crate) fn index(self) -> usize {
+        match self {
+            Tree::Meta => 0,
+            Tree::Attachments => 1,
+            Tree::History => 2,
+        }
+    }
+}
+
+/// One write inside a [`Batch`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Op {
+    Put {
+        tree: Tree,
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    Delete {
+        tree: Tree,
+        key: Vec<u8>,
+    },
+}
+
+/// A set of writes applied together by [`Store::commit`]. Ops apply in insertion order, so a
+/// later op on the same key wins.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Batch {
+    ops: Vec<Op>,
+}
+
+impl Batch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets `key` to `value` in `tree`.
+    pub fn put(
+        &mut self,
+        tree: Tree,
+        key: impl Into<Vec<u8>>,
+        value: impl Into<Vec<u8>>,
+    ) -> &mut Self {
+        self.ops.push(Op::Put {
+            tree,
+            key: key.into(),
+            value: value.into(),
+        });
+        self
+    }
+
+    /// Removes `key` from `tree`; removing an absent key is not an error.
+    pub fn delete(&mut self, tree: Tree, key: impl Into<Vec<u8>>) -> &mut Self {
+        self.ops.push(Op::Delete {
+            tree,
+            key: key.into(),
+        });
+        self
+    }
+
+    /// True when the batch holds no ops.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Number of ops.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    pub(crate) fn ops(&self) -> &[Op] {
+        &self.ops
+    }
+}
+
+/// A small transactional key/value store with several trees.
+///
+/// Every method blocks (the real implementation does disk I/O and fdatasync), so async callers
+/// should use `tokio::task::spawn_blocking`.
+pub trait Store: Send + Sync + 'static {
+    /// The value stored under `key`, if any.
+    fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Every entry whose key starts with `prefix`, sorted by key (bytewise). An empty prefix
+    /// returns the whole tree.
+    fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<KeyValue>, StoreError>;
+
+    /// Applies every op atomically (all or none, across trees) and returns only once durable.
+    /// An empty batch is a no-op.
+    fn commit(&self, batch: Batch) -> Result<(), StoreError>;
+
+    /// Number of entries in `tree`.
+    fn len(&self, tree: Tree) -> Result<usize, StoreError>;
+
+    /// True when `tree` has no entries.
+    fn is_empty(&self, tree: Tree) -> Result<bool, StoreError> {
+        Ok(self.len(tree)? == 0)
+    }
+}
