@@ -3,9 +3,7 @@
 use std::{path::Path, time::Duration};
 
 use dipam_proto::v1::{CniReply, CniRequest, cni_client::CniClient, cni_reply::Outcome};
-use hyper_util::rt::TokioIo;
 use rscni_types::types::Cmd;
-use tonic::transport::{Endpoint, Uri};
 
 use crate::error::PluginError;
 
@@ -49,16 +47,7 @@ pub fn call(
 }
 
 async fn exchange(socket: &Path, cmd: Cmd, req: CniRequest) -> Result<CniReply, PluginError> {
-    let path = socket.to_owned();
-    // The URI is required by the API but never used: the connector dials the unix socket.
-    let channel = Endpoint::from_static("http://dipamd.invalid")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                let stream = tokio::net::UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(TokioIo::new(stream))
-            }
-        }))
+    let channel = dipam_proto::connect(socket)
         .await
         .map_err(|e| PluginError::Unreachable {
             socket: socket.to_owned(),

@@ -77,7 +77,11 @@ impl PluginConf {
         let ipam = raw.get("ipam");
         let (mode, dipam_keys) = match ipam.and_then(|i| i.get("delegate")) {
             Some(delegate) => {
-                if delegate.get("type").and_then(Value::as_str).is_none_or(str::is_empty) {
+                if delegate
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
+                {
                     return Err(config_error(
                         "ipam.delegate.type is missing",
                         "dipam as an IPAM plugin runs the IPAM named in ipam.delegate, e.g. \
@@ -175,15 +179,24 @@ mod tests {
         assert_eq!(code("not json", Cmd::Add), 6);
         assert_eq!(code("[1,2]", Cmd::Add), 6);
         assert_eq!(
-            code(r#"{"cniVersion":"1.0.0","type":"ptp","ipam":{"type":"dipam","delegate":{"type":"host-local"}}}"#, Cmd::Add),
+            code(
+                r#"{"cniVersion":"1.0.0","type":"ptp","ipam":{"type":"dipam","delegate":{"type":"host-local"}}}"#,
+                Cmd::Add
+            ),
             7
         );
         assert_eq!(
-            code(r#"{"cniVersion":"1.0.0","name":"bad/name","type":"ptp","ipam":{"type":"dipam","delegate":{"type":"x"}}}"#, Cmd::Add),
+            code(
+                r#"{"cniVersion":"1.0.0","name":"bad/name","type":"ptp","ipam":{"type":"dipam","delegate":{"type":"x"}}}"#,
+                Cmd::Add
+            ),
             7
         );
         assert_eq!(
-            code(r#"{"cniVersion":"9.9.9","name":"n","type":"ptp","ipam":{"type":"dipam","delegate":{"type":"x"}}}"#, Cmd::Add),
+            code(
+                r#"{"cniVersion":"9.9.9","name":"n","type":"ptp","ipam":{"type":"dipam","delegate":{"type":"x"}}}"#,
+                Cmd::Add
+            ),
             1
         );
         let v031 = IPAM.replace("1.0.0", "0.3.1");
@@ -191,15 +204,24 @@ mod tests {
         assert_eq!(code(IPAM, Cmd::Gc), 1);
         assert_eq!(code(IPAM, Cmd::Status), 1);
         assert_eq!(
-            code(r#"{"cniVersion":"1.0.0","name":"n","type":"ptp","ipam":{"type":"dipam"}}"#, Cmd::Add),
+            code(
+                r#"{"cniVersion":"1.0.0","name":"n","type":"ptp","ipam":{"type":"dipam"}}"#,
+                Cmd::Add
+            ),
             7
         );
         assert_eq!(
-            code(r#"{"cniVersion":"1.0.0","name":"n","type":"ptp","ipam":{"type":"dipam","delegate":{}}}"#, Cmd::Add),
+            code(
+                r#"{"cniVersion":"1.0.0","name":"n","type":"ptp","ipam":{"type":"dipam","delegate":{}}}"#,
+                Cmd::Add
+            ),
             7
         );
         assert_eq!(
-            code(r#"{"cniVersion":"1.0.0","name":"n","type":"ptp","ipam":{"type":"dipam","socketPath":5,"delegate":{"type":"h"}}}"#, Cmd::Add),
+            code(
+                r#"{"cniVersion":"1.0.0","name":"n","type":"ptp","ipam":{"type":"dipam","socketPath":5,"delegate":{"type":"h"}}}"#,
+                Cmd::Add
+            ),
             7
         );
     }

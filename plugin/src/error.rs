@@ -39,10 +39,17 @@ pub enum PluginError {
     Unreachable { socket: PathBuf, reason: String },
     /// dipamd answered with a gRPC status instead of a CNI reply.
     #[error("dipamd refused the request: {}", status.message())]
-    Rpc { socket: PathBuf, status: tonic::Status },
+    Rpc {
+        socket: PathBuf,
+        status: tonic::Status,
+    },
     /// dipamd answered with a CNI error (its own, or the delegate's): passed on unchanged.
     #[error("{msg}")]
-    Cni { code: u32, msg: String, details: String },
+    Cni {
+        code: u32,
+        msg: String,
+        details: String,
+    },
 }
 
 /// A CNI error as printed on stdout.
@@ -106,11 +113,7 @@ impl PluginError {
                     ),
                 )
             }
-            Self::Cni {
-                code,
-                msg,
-                details,
-            } => {
+            Self::Cni { code, msg, details } => {
                 return CniError {
                     code: *code,
                     msg: msg.clone(),
@@ -186,7 +189,10 @@ mod tests {
     fn missing_env_names_every_variable() {
         let e = PluginError::MissingEnv(vec!["CNI_NETNS", "CNI_IFNAME"]).to_cni(false);
         assert_eq!(e.code, 4);
-        assert_eq!(e.msg, "required env variables [CNI_NETNS,CNI_IFNAME] missing");
+        assert_eq!(
+            e.msg,
+            "required env variables [CNI_NETNS,CNI_IFNAME] missing"
+        );
     }
 
     #[test]

@@ -150,7 +150,11 @@ fn request_id() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or_default();
-    format!("{:08x}{:08x}", std::process::id(), (nanos & 0xffff_ffff) as u32)
+    format!(
+        "{:08x}{:08x}",
+        std::process::id(),
+        (nanos & 0xffff_ffff) as u32
+    )
 }
 
 #[cfg(test)]
@@ -190,7 +194,11 @@ mod tests {
     #[test]
     fn errors_carry_the_config_version_and_exit_non_zero() {
         let (code, v) = invoke(
-            &[("CNI_COMMAND", "ADD"), ("CNI_CONTAINERID", "c1"), ("CNI_IFNAME", "eth0")],
+            &[
+                ("CNI_COMMAND", "ADD"),
+                ("CNI_CONTAINERID", "c1"),
+                ("CNI_IFNAME", "eth0"),
+            ],
             r#"{"cniVersion":"0.4.0","name":"n"}"#,
         );
         assert_eq!(code, 1);
@@ -213,7 +221,12 @@ mod tests {
         );
         assert_eq!(code, 1);
         assert_eq!(v["code"], 11, "{v}");
-        assert!(v["details"].as_str().unwrap().contains("/nonexistent/dipam.sock"));
+        assert!(
+            v["details"]
+                .as_str()
+                .unwrap()
+                .contains("/nonexistent/dipam.sock")
+        );
         let (code, v) = invoke(&[("CNI_COMMAND", "STATUS")], conf);
         assert_eq!(code, 1);
         assert_eq!(v["code"], 50, "{v}");

@@ -11,3 +11,21 @@ pub const MIN_PROTOCOL_VERSION: u32 = 1;
 pub mod v1 {
     tonic::include_proto!("dipam.v1");
 }
+
+/// Connects to dipamd's unix socket. Shared by the plugin and dipamctl so that both dial the
+/// daemon the same way.
+pub async fn connect(
+    socket: &std::path::Path,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let path = socket.to_owned();
+    // The URI is required by the API but never used: the connector dials the unix socket.
+    tonic::transport::Endpoint::from_static("http://dipamd.invalid")
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
+}

@@ -1,0 +1,221 @@
+//! dipamctl: the operator's view of dipamd. Every command prints a table for people or, with
+//! --json, one JSON document for scripts.
+
+use std::{io::Write, path::PathBuf};
+
+use clap::{Parser, Subcommand};
+use dipam_proto::v1::{ListAttachmentsRequest, StatusRequest, admin_client::AdminClient};
+use serde_json::json;
+
+/// dipamctl: inspect the dipam shim daemon (dipamd).
+#[derive(Debug, Parser)]
+#[command(name = "dipamctl", version, about, long_about)]
+pub struct Args {
+    /// dipamd's unix socket.
+    #[arg(
+        long,
+        global = true,
+        env = "DIPAM_SOCKET",
+        default_value = "/run/dipam/dipam.sock"
+    )]
+    pub socket: PathBuf,
+    /// Print JSON instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Is dipamd ready? Versions, uptime, state directory, attachment count, delegates seen.
+    Status,
+    /// Every attachment in the ledger: network, container, interface, owner, state, addresses.
+    Attachments {
+        /// Only this network.
+        #[arg(long)]
+        network: Option<String>,
+        /// Only this owner: "pod", "agent", or "agent:<role>".
+        #[arg(long)]
+        owner: Option<String>,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CtlError {
+    #[error("cannot reach dipamd at {}: {reason} (is dipamd running? is --socket right?)", socket.display())]
+    Unreachable { socket: PathBuf, reason: String },
+    #[error("dipamd: {}", .0.message())]
+    Rpc(tonic::Status),
+    #[error("writing output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
+    let channel = dipam_proto::connect(&args.socket)
+        .await
+        .map_err(|e| CtlError::Unreachable {
+            socket: args.socket.clone(),
+            reason: root_cause(&e),
+        })?;
+    let mut admin = AdminClient::new(channel);
+    match args.command {
+        Command::Status => {
+            let s = admin
+                .get_status(StatusRequest {
+                    protocol_version: dipam_proto::PROTOCOL_VERSION,
+                })
+                .await
+                .map_err(CtlError::Rpc)?
+                .into_inner();
+            if args.json {
+                let v = json!({
+                    "ready": s.ready,
+                    "notReady": s.not_ready,
+                    "daemonVersion": s.daemon_version,
+                    "protocol": {"daemon": s.protocol_version, "daemonMin": s.min_protocol_version, "client": dipam_proto::PROTOCOL_VERSION},
+                    "socket": s.socket,
+                    "stateDir": s.state_dir,
+                    "attachments": s.attachments,
+                    "uptimeSeconds": s.uptime_seconds,
+                    "delegates": s.delegates.iter().map(|d| json!({"type": d.r#type, "path": d.path, "supportedVersions": d.supported_versions})).collect::<Vec<_>>(),
+                });
+                writeln!(out, "{v:#}")?;
+            } else {
+                writeln!(
+                    out,
+                    "ready:        {}",
+                    if s.ready {
+                        "yes".to_string()
+                    } else {
+                        format!("no ({})", s.not_ready.join("; "))
+                    }
+                )?;
+                writeln!(
+                    out,
+                    "daemon:       dipamd {} (protocol v{}, serves v{}+; this client v{})",
+                    s.daemon_version,
+                    s.protocol_version,
+                    s.min_protocol_version,
+                    dipam_proto::PROTOCOL_VERSION
+                )?;
+                writeln!(out, "socket:       {}", s.socket)?;
+                writeln!(out, "state dir:    {}", s.state_dir)?;
+                writeln!(out, "attachments:  {}", s.attachments)?;
+                writeln!(out, "uptime:       {}s", s.uptime_seconds)?;
+                for d in &s.delegates {
+                    writeln!(
+                        out,
+                        "delegate:     {} at {} (CNI {})",
+                        d.r#type,
+                        d.path,
+                        d.supported_versions.join(", ")
+                    )?;
+                }
+            }
+        }
+        Command::Attachments { network, owner } => {
+            let list = admin
+                .list_attachments(ListAttachmentsRequest {
+                    protocol_version: dipam_proto::PROTOCOL_VERSION,
+                    network: network.unwrap_or_default(),
+                    owner: owner.unwrap_or_default(),
+                })
+                .await
+                .map_err(CtlError::Rpc)?
+                .into_inner();
+            if args.json {
+                let v: Vec<_> = list
+                    .attachments
+                    .iter()
+                    .map(|a| {
+                        json!({
+                            "network": a.network, "containerID": a.container_id, "ifname": a.ifname,
+                            "owner": a.owner, "state": a.state, "delegate": a.delegate_type,
+                            "ips": a.ips, "netns": a.netns, "configDigest": a.config_digest,
+                            "createdAt": a.created_at, "updatedAt": a.updated_at,
+                            "result": serde_json::from_str::<serde_json::Value>(&a.result_json).unwrap_or(serde_json::Value::Null),
+                        })
+                    })
+                    .collect();
+                writeln!(out, "{:#}", serde_json::Value::Array(v))?;
+            } else {
+                let rows: Vec<[String; 7]> = list
+                    .attachments
+                    .iter()
+                    .map(|a| {
+                        [
+                            a.network.clone(),
+                            short(&a.container_id),
+                            a.ifname.clone(),
+                            a.owner.clone(),
+                            a.state.clone(),
+                            a.delegate_type.clone(),
+                            a.ips.join(","),
+                        ]
+                    })
+                    .collect();
+                table(
+                    out,
+                    [
+                        "NETWORK",
+                        "CONTAINER",
+                        "IFNAME",
+                        "OWNER",
+                        "STATE",
+                        "DELEGATE",
+                        "IPS",
+                    ],
+                    &rows,
+                )?;
+                writeln!(out, "{} attachment(s)", rows.len())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Container IDs are 64 hex characters from containerd; 16 identify one on a node.
+fn short(id: &str) -> String {
+    if id.len() > 16 {
+        format!("{}…", &id[..16])
+    } else {
+        id.to_owned()
+    }
+}
+
+fn table<const N: usize>(
+    out: &mut dyn Write,
+    head: [&str; N],
+    rows: &[[String; N]],
+) -> std::io::Result<()> {
+    let mut width = head.map(|h| h.chars().count());
+    for r in rows {
+        for (w, c) in width.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        cells
+            .iter()
+            .zip(width)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_owned()
+    };
+    writeln!(out, "{}", line(head.to_vec()))?;
+    for r in rows {
+        writeln!(out, "{}", line(r.iter().map(String::as_str).collect()))?;
+    }
+    Ok(())
+}
+
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
+}

@@ -1,0 +1,262 @@
+//! The config a delegate receives, derived from the runtime's request.
+//!
+//! - IPAM mode (`{"type":"ptp","ipam":{"type":"dipam","delegate":{...}}}`): the request config
+//!   with `ipam` replaced by the `delegate` object. Everything else (name, cniVersion,
+//!   runtimeConfig, args, prevResult, capabilities) goes through as received.
+//! - Main mode (`{"type":"dipam","ipam":{...}}`): the request config unchanged, as a main
+//!   plugin hands it to its IPAM (spec §4).
+
+use std::net::IpAddr;
+
+use dipam_proto::v1::Mode;
+use rscni_types::version::SpecVersion;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::error::ShimError;
+
+/// A request config turned into a delegate config.
+#[derive(Debug, Clone)]
+pub struct DelegateConf {
+    /// The delegate's plugin type (its binary name).
+    pub kind: String,
+    pub network: String,
+    /// The request's cniVersion: results go back in exactly this version.
+    pub version: SpecVersion,
+    pub conf: Value,
+}
+
+fn config_error(msg: impl Into<String>, details: impl Into<String>) -> ShimError {
+    ShimError::Config {
+        msg: msg.into(),
+        details: details.into(),
+    }
+}
+
+impl DelegateConf {
+    pub fn from_request(stdin: &[u8], mode: Mode) -> Result<Self, ShimError> {
+        let mut conf: Value = serde_json::from_slice(stdin)
+            .map_err(|e| ShimError::Decode(format!("network config is not valid JSON: {e}")))?;
+        let Some(obj) = conf.as_object_mut() else {
+            return Err(ShimError::Decode(
+                "network config must be a JSON object".into(),
+            ));
+        };
+        let network = obj
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        crate::validate::network_name(&network)?;
+        let version = obj
+            .get("cniVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .parse::<SpecVersion>()
+            .map_err(|e| ShimError::Version(e.details().to_owned()))?;
+        if mode == Mode::Ipam {
+            let delegate = obj
+                .get("ipam")
+                .and_then(|i| i.get("delegate"))
+                .filter(|d| d.is_object())
+                .cloned()
+                .ok_or_else(|| {
+                    config_error(
+                        "ipam.delegate is missing",
+                        "dipam as an IPAM plugin needs the real IPAM config in ipam.delegate",
+                    )
+                })?;
+            obj.insert("ipam".into(), delegate);
+        }
+        let kind = conf
+            .get("ipam")
+            .and_then(|i| i.get("type"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        if kind.is_empty() {
+            return Err(config_error(
+                "the delegate IPAM has no type",
+                "set ipam.type (main mode) or ipam.delegate.type (IPAM mode) to the IPAM plugin \
+                 to run, e.g. host-local",
+            ));
+        }
+        Ok(Self {
+            kind,
+            network,
+            version,
+            conf,
+        })
+    }
+
+    /// A digest of what determines the allocation: the config without the parts that vary
+    /// between calls for the same attachment (prevResult, cniVersion). A repeated ADD with the
+    /// same digest gets the recorded result back (host-local would answer "duplicate").
+    pub fn digest(&self) -> String {
+        let mut c = self.conf.clone();
+        if let Some(o) = c.as_object_mut() {
+            o.remove("prevResult");
+            o.remove("cniVersion");
+        }
+        let mut canonical = String::new();
+        canonicalize(&c, &mut canonical);
+        let hash = Sha256::digest(canonical.as_bytes());
+        hash.iter().take(16).map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The bytes to send to the delegate at `send` (the version chosen for it).
+    pub fn bytes_for(&self, send: Option<SpecVersion>) -> Result<Vec<u8>, ShimError> {
+        let mut c = self.conf.clone();
+        if let Some(v) = send {
+            super::version::convert_config(&mut c, v)?;
+        }
+        serde_json::to_vec(&c).map_err(|e| ShimError::Internal(e.to_string()))
+    }
+
+    /// Delegates that cannot release an address from the container ID alone get what they need
+    /// from the recorded ADD result. azure-vnet-ipam's DEL fails with "pool id not found"
+    /// unless `ipam.subnet` (and `ipam.ipAddress`) are set, which Azure's own CNI injects
+    /// (reference/cni-spec.md §8).
+    pub fn inject_for_del(&mut self, recorded: Option<&Value>) {
+        if !matches!(self.kind.as_str(), "azure-vnet-ipam") {
+            return;
+        }
+        let Some(addr) = recorded
+            .and_then(|r| r.get("ips"))
+            .and_then(Value::as_array)
+            .and_then(|ips| ips.first())
+            .and_then(|ip| ip.get("address"))
+            .and_then(Value::as_str)
+            .and_then(|a| a.parse::<ipnet::IpNet>().ok())
+        else {
+            return;
+        };
+        if let Some(ipam) = self.conf.get_mut("ipam").and_then(Value::as_object_mut) {
+            ipam.entry("subnet")
+                .or_insert_with(|| Value::String(addr.trunc().to_string()));
+            ipam.entry("ipAddress")
+                .or_insert_with(|| Value::String(addr.addr().to_string()));
+        }
+    }
+}
+
+/// Deterministic JSON text with sorted keys.
+fn canonicalize(v: &Value, out: &mut String) {
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String((*k).clone()).to_string());
+                out.push(':');
+                canonicalize(&m[*k], out);
+            }
+            out.push('}');
+        }
+        Value::Array(a) => {
+            out.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                canonicalize(x, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+/// The addresses of a result (CIDR text), for comparisons and listings.
+pub fn result_ips(result: &Value) -> Vec<String> {
+    result
+        .get("ips")
+        .and_then(Value::as_array)
+        .map(|ips| {
+            ips.iter()
+                .filter_map(|ip| ip.get("address")?.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The bare addresses of a result, for matching regardless of prefix notation.
+pub fn result_addrs(result: &Value) -> Vec<IpAddr> {
+    result_ips(result)
+        .iter()
+        .filter_map(|a| a.parse::<ipnet::IpNet>().ok().map(|n| n.addr()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    const IPAM: &str = r#"{"cniVersion":"1.1.0","name":"net1","type":"ptp","runtimeConfig":{"ips":["10.77.0.9"]},
+        "ipam":{"type":"dipam","socketPath":"/s","delegate":{"type":"host-local","ranges":[[{"subnet":"10.77.0.0/16"}]]}}}"#;
+
+    #[test]
+    fn ipam_mode_swaps_in_the_delegate_and_keeps_the_rest() {
+        let d = DelegateConf::from_request(IPAM.as_bytes(), Mode::Ipam).unwrap();
+        assert_eq!(d.kind, "host-local");
+        assert_eq!(d.network, "net1");
+        assert_eq!(d.conf["ipam"]["ranges"][0][0]["subnet"], "10.77.0.0/16");
+        assert!(d.conf["ipam"].get("delegate").is_none());
+        assert_eq!(d.conf["runtimeConfig"]["ips"][0], "10.77.0.9");
+        assert_eq!(d.conf["type"], "ptp");
+    }
+
+    #[test]
+    fn main_mode_is_unchanged() {
+        let raw =
+            r#"{"cniVersion":"0.4.0","name":"n","type":"dipam","ipam":{"type":"host-local"}}"#;
+        let d = DelegateConf::from_request(raw.as_bytes(), Mode::Main).unwrap();
+        assert_eq!(d.conf, serde_json::from_str::<Value>(raw).unwrap());
+    }
+
+    #[test]
+    fn digest_ignores_prev_result_and_version_only() {
+        let a = DelegateConf::from_request(IPAM.as_bytes(), Mode::Ipam).unwrap();
+        let mut b = a.clone();
+        b.conf["prevResult"] = json!({"ips": []});
+        b.conf["cniVersion"] = json!("0.4.0");
+        assert_eq!(a.digest(), b.digest());
+        b.conf["ipam"]["ranges"][0][0]["subnet"] = json!("10.78.0.0/16");
+        assert_ne!(a.digest(), b.digest());
+    }
+
+    #[test]
+    fn azure_del_gets_subnet_and_address_from_the_record() {
+        let raw = r#"{"cniVersion":"1.0.0","name":"az","type":"ptp","ipam":{"type":"dipam","delegate":{"type":"azure-vnet-ipam"}}}"#;
+        let mut d = DelegateConf::from_request(raw.as_bytes(), Mode::Ipam).unwrap();
+        d.inject_for_del(Some(&json!({"ips":[{"address":"10.78.0.5/24"}]})));
+        assert_eq!(d.conf["ipam"]["subnet"], "10.78.0.0/24");
+        assert_eq!(d.conf["ipam"]["ipAddress"], "10.78.0.5");
+    }
+
+    #[test]
+    fn bad_requests_are_named() {
+        let code = |s: &str| match DelegateConf::from_request(s.as_bytes(), Mode::Ipam) {
+            Err(ShimError::Decode(_)) => 6,
+            Err(ShimError::Config { .. }) => 7,
+            Err(ShimError::Version(_)) => 1,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(code("nope"), 6);
+        assert_eq!(code(r#"{"cniVersion":"1.0.0","name":"n","ipam":{}}"#), 7);
+        assert_eq!(
+            code(r#"{"cniVersion":"1.0.0","name":"../x","ipam":{"delegate":{"type":"h"}}}"#),
+            7
+        );
+        assert_eq!(
+            code(r#"{"cniVersion":"x.y","name":"n","ipam":{"delegate":{"type":"h"}}}"#),
+            1
+        );
+    }
+}

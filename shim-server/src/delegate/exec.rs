@@ -1,0 +1,317 @@
+//! Runs a CNI plugin the way libcni does (pkg/invoke): the CNI_* environment, the config on
+//! stdin, stdout and stderr captured separately, a timeout, and a retry on "text file busy"
+//! (reference/cni-spec.md §3.1, §6).
+
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use tokio::{io::AsyncWriteExt, process::Command};
+use tracing::{debug, warn};
+
+use crate::error::{DelegateFailure, ShimError, excerpt};
+
+/// One call of a delegate: the CNI environment and stdin.
+#[derive(Debug, Clone, Default)]
+pub struct Invocation {
+    pub command: String,
+    pub container_id: String,
+    pub netns: String,
+    pub ifname: String,
+    pub args: String,
+    /// CNI_PATH for the delegate (colon-separated).
+    pub path: String,
+    pub stdin: Vec<u8>,
+}
+
+/// What the process did.
+#[derive(Debug)]
+pub struct Output {
+    pub status: std::process::ExitStatus,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub elapsed: Duration,
+}
+
+impl Output {
+    /// "exited with status 1" / "killed by signal 9": for error details.
+    pub fn describe_exit(&self) -> String {
+        use std::os::unix::process::ExitStatusExt;
+        match (self.status.code(), self.status.signal()) {
+            (Some(c), _) => format!("exited with status {c}"),
+            (None, Some(s)) => format!("killed by signal {s}"),
+            _ => "ended abnormally".into(),
+        }
+    }
+}
+
+/// libcni retries exec up to 6 times, 1 s apart, on ETXTBSY (a binary being replaced while
+/// it is exec'd, e.g. during a plugin upgrade). Shorter steps suffice here: the window is the
+/// installer's rename.
+const TEXT_BUSY_RETRIES: u32 = 6;
+const TEXT_BUSY_BACKOFF: Duration = Duration::from_millis(200);
+
+/// Finds `kind` as a regular file in `dirs`, in order (libcni `FindInPath`).
+pub fn find(kind: &str, dirs: &[PathBuf]) -> Result<PathBuf, ShimError> {
+    if kind.is_empty() || kind.contains('/') || kind == "." || kind == ".." {
+        return Err(ShimError::Config {
+            msg: format!("invalid delegate plugin type {kind:?}"),
+            details: "a plugin type is a file name in the CNI bin directories, without a path"
+                .into(),
+        });
+    }
+    dirs.iter()
+        .map(|d| d.join(kind))
+        .find(|p| p.metadata().is_ok_and(|m| m.is_file()))
+        .ok_or_else(|| ShimError::DelegateNotFound {
+            kind: kind.to_owned(),
+            searched: dirs.to_vec(),
+        })
+}
+
+/// Execs `binary` with `inv`, killing it after `timeout`.
+pub async fn run(
+    kind: &str,
+    binary: &Path,
+    inv: &Invocation,
+    timeout: Duration,
+) -> Result<Output, ShimError> {
+    let started = Instant::now();
+    let mut attempt = 0;
+    let mut child = loop {
+        let mut cmd = Command::new(binary);
+        // The delegate sees the CNI variables, as from a runtime, and a PATH to find helpers
+        // (host-local and iptables-based plugins shell out); nothing else of dipamd's
+        // environment leaks into it.
+        cmd.env_clear()
+            .env("CNI_COMMAND", &inv.command)
+            .env("CNI_CONTAINERID", &inv.container_id)
+            .env("CNI_NETNS", &inv.netns)
+            .env("CNI_IFNAME", &inv.ifname)
+            .env("CNI_ARGS", &inv.args)
+            .env("CNI_PATH", &inv.path)
+            .env(
+                "PATH",
+                std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into()),
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        match cmd.spawn() {
+            Ok(child) => break child,
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && attempt < TEXT_BUSY_RETRIES => {
+                attempt += 1;
+                warn!(delegate = kind, attempt, "text file busy; retrying exec");
+                tokio::time::sleep(TEXT_BUSY_BACKOFF).await;
+            }
+            Err(source) => {
+                return Err(ShimError::DelegateSpawn {
+                    kind: kind.to_owned(),
+                    path: binary.to_owned(),
+                    source,
+                });
+            }
+        }
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        let input = inv.stdin.clone();
+        // A delegate may exit without reading stdin; a broken pipe is then not our error.
+        tokio::spawn(async move {
+            let _ = stdin.write_all(&input).await;
+        });
+    }
+    let pid = child.id();
+    match tokio::time::timeout(timeout, child.wait_with_output()).await {
+        Ok(Ok(out)) => {
+            let elapsed = started.elapsed();
+            debug!(
+                delegate = kind,
+                command = %inv.command,
+                pid,
+                status = ?out.status,
+                elapsed_ms = elapsed.as_secs_f64() * 1e3,
+                "delegate exec finished"
+            );
+            Ok(Output {
+                status: out.status,
+                stdout: out.stdout,
+                stderr: out.stderr,
+                elapsed,
+            })
+        }
+        Ok(Err(source)) => Err(ShimError::DelegateSpawn {
+            kind: kind.to_owned(),
+            path: binary.to_owned(),
+            source,
+        }),
+        // Dropping the wait future drops the child, and kill_on_drop SIGKILLs it.
+        Err(_) => Err(ShimError::DelegateTimeout {
+            kind: kind.to_owned(),
+            command: inv.command.clone(),
+            timeout,
+            stderr: String::new(),
+        }),
+    }
+}
+
+/// Interprets a finished exec like libcni (pkg/invoke raw_exec): success is exit 0; a failure
+/// carries a CNI error JSON on stdout, or else its stderr text is the message.
+pub fn check(kind: &str, command: &str, out: &Output) -> Result<(), ShimError> {
+    if out.status.success() {
+        return Ok(());
+    }
+    #[derive(serde::Deserialize)]
+    struct CniErr {
+        #[serde(default)]
+        code: u32,
+        #[serde(default)]
+        msg: String,
+        #[serde(default)]
+        details: String,
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = stdout.trim();
+    if stdout.is_empty() {
+        let stderr = excerpt(&out.stderr);
+        if stderr.is_empty() {
+            return Err(ShimError::DelegateBadOutput {
+                kind: kind.into(),
+                command: command.into(),
+                exit: out.describe_exit(),
+                stdout: String::new(),
+                stderr: String::new(),
+            });
+        }
+        // libcni: "if stdout is empty, use stderr as the message".
+        return Err(ShimError::Delegate(Box::new(DelegateFailure {
+            kind: kind.into(),
+            command: command.into(),
+            code: crate::error::codes::DELEGATE_BAD_OUTPUT,
+            msg: stderr,
+            details: String::new(),
+            exit: out.describe_exit(),
+            stderr: String::new(),
+        })));
+    }
+    match serde_json::from_str::<CniErr>(stdout) {
+        Ok(e) if !e.msg.is_empty() || e.code != 0 => {
+            Err(ShimError::Delegate(Box::new(DelegateFailure {
+                kind: kind.into(),
+                command: command.into(),
+                code: e.code,
+                msg: e.msg,
+                details: e.details,
+                exit: out.describe_exit(),
+                stderr: excerpt(&out.stderr),
+            })))
+        }
+        _ => Err(ShimError::DelegateBadOutput {
+            kind: kind.into(),
+            command: command.into(),
+            exit: out.describe_exit(),
+            stdout: excerpt(&out.stdout),
+            stderr: excerpt(&out.stderr),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    }
+
+    #[test]
+    fn find_searches_in_order_and_rejects_paths() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let in_b = script(b.path(), "p", "true");
+        let dirs = vec![a.path().to_owned(), b.path().to_owned()];
+        assert_eq!(find("p", &dirs).unwrap(), in_b);
+        let in_a = script(a.path(), "p", "true");
+        assert_eq!(find("p", &dirs).unwrap(), in_a);
+        assert!(matches!(
+            find("missing", &dirs),
+            Err(ShimError::DelegateNotFound { .. })
+        ));
+        assert!(matches!(find("../p", &dirs), Err(ShimError::Config { .. })));
+    }
+
+    #[tokio::test]
+    async fn env_stdin_and_separate_streams() {
+        let d = tempfile::tempdir().unwrap();
+        let p = script(
+            d.path(),
+            "echo",
+            "cat; echo \" $CNI_COMMAND $CNI_CONTAINERID $CNI_IFNAME $CNI_NETNS\"; echo err >&2",
+        );
+        let inv = Invocation {
+            command: "ADD".into(),
+            container_id: "c1".into(),
+            ifname: "eth0".into(),
+            netns: "/ns".into(),
+            stdin: b"{\"x\":1}".to_vec(),
+            ..Invocation::default()
+        };
+        let out = run("echo", &p, &inv, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "{\"x\":1} ADD c1 eth0 /ns\n"
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stderr), "err\n");
+        check("echo", "ADD", &out).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_hung_delegate_is_killed_at_the_timeout() {
+        let d = tempfile::tempdir().unwrap();
+        let p = script(d.path(), "hang", "exec sleep 30");
+        let started = Instant::now();
+        let e = run(
+            "hang",
+            &p,
+            &Invocation::default(),
+            Duration::from_millis(300),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(e, ShimError::DelegateTimeout { .. }), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn failures_are_read_like_libcni() {
+        let d = tempfile::tempdir().unwrap();
+        let cases = [
+            (
+                "echo '{\"code\":999,\"msg\":\"dup\",\"details\":\"d\"}'; exit 1",
+                Some(999),
+            ),
+            ("echo 'not json'; echo reason >&2; exit 2", None),
+            ("echo 'only stderr' >&2; exit 1", Some(154)),
+            ("kill -9 $$", None),
+        ];
+        for (i, (body, want)) in cases.iter().enumerate() {
+            let p = script(d.path(), &format!("f{i}"), body);
+            let out = run("f", &p, &Invocation::default(), Duration::from_secs(5))
+                .await
+                .unwrap();
+            let e = check("f", "ADD", &out).unwrap_err();
+            match (want, &e) {
+                (Some(code), ShimError::Delegate(f)) => assert_eq!(*code, f.code),
+                (None, ShimError::DelegateBadOutput { .. }) => {}
+                _ => panic!("case {i}: {e:?}"),
+            }
+        }
+    }
+}

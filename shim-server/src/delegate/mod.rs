@@ -1,0 +1,161 @@
+//! The delegate executor: find a CNI IPAM plugin, learn its versions once, and run it.
+
+pub mod config;
+pub mod exec;
+pub mod version;
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    sync::Mutex,
+    time::{Duration, SystemTime},
+};
+
+use rscni_types::version::SpecVersion;
+use serde_json::Value;
+use tracing::{info, warn};
+
+pub use self::exec::{Invocation, Output};
+use crate::error::ShimError;
+
+/// What a delegate binary said about itself.
+#[derive(Debug, Clone)]
+pub struct Probe {
+    pub path: PathBuf,
+    pub supported: Vec<SpecVersion>,
+}
+
+/// Runs delegates. Cheap to share: the probe cache is the only state.
+#[derive(Debug)]
+pub struct Executor {
+    /// dipamd's --cni-path directories, searched after the request's CNI_PATH.
+    pub dirs: Vec<PathBuf>,
+    pub timeout: Duration,
+    /// VERSION answers by (path, mtime): a replaced binary is probed again.
+    probes: Mutex<HashMap<PathBuf, (SystemTime, Vec<SpecVersion>)>>,
+}
+
+impl Executor {
+    pub fn new(dirs: Vec<PathBuf>, timeout: Duration) -> Self {
+        Self {
+            dirs,
+            timeout,
+            probes: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The directories to search for a request: its CNI_PATH first (what the runtime would
+    /// use), then dipamd's own.
+    pub fn search_dirs(&self, cni_path: &str) -> Vec<PathBuf> {
+        let mut dirs: Vec<PathBuf> = cni_path
+            .split(':')
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from)
+            .collect();
+        for d in &self.dirs {
+            if !dirs.contains(d) {
+                dirs.push(d.clone());
+            }
+        }
+        dirs
+    }
+
+    /// CNI_PATH for the delegate: the runtime's when it sent one, else dipamd's directories.
+    pub fn delegate_cni_path(&self, cni_path: &str) -> String {
+        if cni_path.is_empty() {
+            self.dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(":")
+        } else {
+            cni_path.to_owned()
+        }
+    }
+
+    /// Finds `kind` and returns its VERSION answer, probing it once per binary version.
+    pub async fn probe(&self, kind: &str, cni_path: &str) -> Result<Probe, ShimError> {
+        let path = exec::find(kind, &self.search_dirs(cni_path))?;
+        let mtime = path
+            .metadata()
+            .and_then(|m| m.modified())
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        if let Ok(cache) = self.probes.lock()
+            && let Some((seen, supported)) = cache.get(&path)
+            && *seen == mtime
+        {
+            return Ok(Probe {
+                path,
+                supported: supported.clone(),
+            });
+        }
+        let supported = self.version_of(kind, &path).await;
+        if let Ok(mut cache) = self.probes.lock() {
+            cache.insert(path.clone(), (mtime, supported.clone()));
+        }
+        Ok(Probe { path, supported })
+    }
+
+    /// Every delegate probed so far, for status output.
+    pub fn probed(&self) -> Vec<Probe> {
+        self.probes
+            .lock()
+            .map(|c| {
+                c.iter()
+                    .map(|(path, (_, supported))| Probe {
+                        path: path.clone(),
+                        supported: supported.clone(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Runs VERSION the way libcni does (dummy netns and ifname). A delegate that fails it is
+    /// treated as "versions unknown": the config then goes to it unconverted.
+    async fn version_of(&self, kind: &str, path: &Path) -> Vec<SpecVersion> {
+        let inv = Invocation {
+            command: "VERSION".into(),
+            container_id: String::new(),
+            netns: "dummy".into(),
+            ifname: "dummy".into(),
+            args: String::new(),
+            path: "dummy".into(),
+            stdin: br#"{"cniVersion":"1.1.0"}"#.to_vec(),
+        };
+        let parsed = match exec::run(kind, path, &inv, self.timeout).await {
+            Ok(out) if out.status.success() => serde_json::from_slice::<Value>(&out.stdout)
+                .ok()
+                .and_then(|v| {
+                    v.get("supportedVersions")?.as_array().map(|a| {
+                        a.iter()
+                            .filter_map(|s| s.as_str()?.parse::<SpecVersion>().ok())
+                            .collect::<Vec<_>>()
+                    })
+                }),
+            _ => None,
+        };
+        match parsed {
+            Some(v) => {
+                info!(delegate = kind, path = %path.display(), versions = ?v.iter().map(ToString::to_string).collect::<Vec<_>>(), "probed delegate");
+                v
+            }
+            None => {
+                warn!(delegate = kind, path = %path.display(), "delegate VERSION gave no usable answer; sending configs unconverted");
+                Vec::new()
+            }
+        }
+    }
+
+    /// Runs `inv` against the probed delegate and checks its exit like libcni.
+    pub async fn call(
+        &self,
+        kind: &str,
+        probe: &Probe,
+        inv: &Invocation,
+    ) -> Result<Output, ShimError> {
+        let out = exec::run(kind, &probe.path, inv, self.timeout).await?;
+        exec::check(kind, &inv.command, &out)?;
+        Ok(out)
+    }
+}

@@ -1,0 +1,284 @@
+//! dipamd's errors and the one boundary where they become a CNI error (in-band, for the plugin
+//! to print) or a gRPC status (transport-level conditions the plugin maps back by code).
+
+use std::{path::PathBuf, time::Duration};
+
+use dipam_proto::v1::{CniError, CniReply, cni_reply::Outcome};
+use dipam_state::StoreError;
+
+/// dipam's own CNI codes, documented in docs/cfp.md. They start at 150 so they never collide
+/// with codes passed through from a delegate (azure-vnet-ipam uses 100, Go's skel 999).
+pub mod codes {
+    pub const INTERNAL: u32 = 150;
+    pub const EXISTS_WITH_OTHER_CONFIG: u32 = 151;
+    pub const DELEGATE_NOT_FOUND: u32 = 152;
+    pub const DELEGATE_TIMEOUT: u32 = 153;
+    pub const DELEGATE_BAD_OUTPUT: u32 = 154;
+    pub const NO_RECORD: u32 = 157;
+    pub const PREV_RESULT_MISMATCH: u32 = 158;
+}
+
+/// How much of a delegate's stderr or stdout an error quotes.
+const EXCERPT: usize = 600;
+
+/// The last `EXCERPT` bytes of `bytes` as text: the end of a Go plugin's stderr is where the
+/// reason usually is.
+pub fn excerpt(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let text = text.trim();
+    if text.len() <= EXCERPT {
+        return text.to_owned();
+    }
+    let mut start = text.len() - EXCERPT;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("...{}", &text[start..])
+}
+
+/// A delegate's own CNI error, with what dipamd saw of the exec.
+#[derive(Debug)]
+pub struct DelegateFailure {
+    pub kind: String,
+    pub command: String,
+    pub code: u32,
+    pub msg: String,
+    pub details: String,
+    pub exit: String,
+    pub stderr: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShimError {
+    /// The plugin speaks a protocol older than this daemon still serves.
+    #[error("plugin protocol v{client} is older than the oldest this dipamd serves (v{min})")]
+    ProtocolTooOld { client: u32, min: u32 },
+    /// A CNI_* value that the plugin should have rejected (defence in depth: these become
+    /// ledger keys and delegate arguments).
+    #[error("{0}")]
+    BadEnv(String),
+    #[error("{0}")]
+    Decode(String),
+    #[error("{msg}")]
+    Config { msg: String, details: String },
+    #[error("{0}")]
+    Version(String),
+    #[error("delegate IPAM plugin {kind:?} not found")]
+    DelegateNotFound {
+        kind: String,
+        searched: Vec<PathBuf>,
+    },
+    #[error("delegate IPAM plugin {kind} could not be started")]
+    DelegateSpawn {
+        kind: String,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("delegate IPAM plugin {kind} did not answer {command} within {}s", timeout.as_secs_f64())]
+    DelegateTimeout {
+        kind: String,
+        command: String,
+        timeout: Duration,
+        stderr: String,
+    },
+    #[error("delegate IPAM plugin {kind} failed {command} without a usable CNI error")]
+    DelegateBadOutput {
+        kind: String,
+        command: String,
+        exit: String,
+        stdout: String,
+        stderr: String,
+    },
+    /// The delegate answered with a well-formed CNI error: its code and message go to the
+    /// runtime unchanged, with dipamd's context added to the details.
+    #[error("{}", .0.msg)]
+    Delegate(Box<DelegateFailure>),
+    #[error("ledger: {0}")]
+    Store(#[from] StoreError),
+    #[error("{key} is already attached with a different configuration")]
+    ExistsWithOtherConfig { key: String },
+    #[error("no attachment recorded for {key}")]
+    NoRecord { key: String },
+    #[error("prevResult does not match the addresses recorded for {key}")]
+    PrevResultMismatch {
+        key: String,
+        recorded: Vec<String>,
+        prev: Vec<String>,
+    },
+    /// STATUS: dipamd cannot serve ADD right now.
+    #[error("dipamd is not ready")]
+    NotReady { missing: Vec<String> },
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ShimError {
+    fn code_and_details(&self) -> (u32, String) {
+        match self {
+            Self::ProtocolTooOld { .. } | Self::Internal(_) => (codes::INTERNAL, String::new()),
+            Self::BadEnv(_) => (4, String::new()),
+            Self::Decode(d) => (6, d.clone()),
+            Self::Config { details, .. } => (7, details.clone()),
+            Self::Version(d) => (1, d.clone()),
+            Self::DelegateNotFound { searched, .. } => (
+                codes::DELEGATE_NOT_FOUND,
+                format!(
+                    "searched {}; install the plugin there (Debian: apt-get install \
+                     containernetworking-plugins) or add its directory to dipamd --cni-path",
+                    searched
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ),
+            Self::DelegateSpawn { path, source, .. } => (
+                codes::DELEGATE_NOT_FOUND,
+                format!("exec {}: {source}", path.display()),
+            ),
+            Self::DelegateTimeout { stderr, .. } => (
+                codes::DELEGATE_TIMEOUT,
+                format!(
+                    "dipamd killed it; any partial allocation was rolled back. stderr: {}",
+                    or_none(stderr)
+                ),
+            ),
+            Self::DelegateBadOutput {
+                exit,
+                stdout,
+                stderr,
+                ..
+            } => (
+                codes::DELEGATE_BAD_OUTPUT,
+                format!(
+                    "{exit}; stdout: {}; stderr: {}",
+                    or_none(stdout),
+                    or_none(stderr)
+                ),
+            ),
+            Self::Delegate(f) => {
+                let DelegateFailure {
+                    kind,
+                    code,
+                    details,
+                    exit,
+                    stderr,
+                    ..
+                } = f.as_ref();
+                let mut d = details.clone();
+                if !d.is_empty() {
+                    d.push_str("; ");
+                }
+                d.push_str(&format!("delegate {kind} {exit}"));
+                if !stderr.is_empty() {
+                    d.push_str(&format!("; stderr: {stderr}"));
+                }
+                (*code, d)
+            }
+            Self::Store(e) => (
+                codes::INTERNAL,
+                format!("{e}; nothing was allocated by this request"),
+            ),
+            Self::ExistsWithOtherConfig { .. } => (
+                codes::EXISTS_WITH_OTHER_CONFIG,
+                "the runtime must DEL an attachment before adding it again with a changed \
+                 network config"
+                    .into(),
+            ),
+            Self::NoRecord { .. } => (
+                codes::NO_RECORD,
+                "dipamd has no ADD on record for this container and interface; it was never \
+                 added through dipam, or it was deleted"
+                    .into(),
+            ),
+            Self::PrevResultMismatch { recorded, prev, .. } => (
+                codes::PREV_RESULT_MISMATCH,
+                format!(
+                    "recorded [{}], prevResult has [{}]",
+                    recorded.join(", "),
+                    prev.join(", ")
+                ),
+            ),
+            Self::NotReady { missing } => (50, missing.join("; ")),
+        }
+    }
+
+    /// The boundary: every error a CNI RPC can produce leaves dipamd through here.
+    pub fn into_reply(self) -> Result<CniReply, tonic::Status> {
+        if let Self::ProtocolTooOld { .. } = self {
+            return Err(tonic::Status::failed_precondition(self.to_string()));
+        }
+        let (code, details) = self.code_and_details();
+        Ok(CniReply {
+            protocol_version: dipam_proto::PROTOCOL_VERSION,
+            outcome: Some(Outcome::Error(CniError {
+                code,
+                msg: self.to_string(),
+                details,
+            })),
+        })
+    }
+}
+
+impl ShimError {
+    /// The same boundary for the operator API, which has no CNI reply to carry an error in.
+    pub fn into_status(self) -> tonic::Status {
+        match self {
+            Self::ProtocolTooOld { .. } => tonic::Status::failed_precondition(self.to_string()),
+            Self::Store(_) | Self::Internal(_) => tonic::Status::internal(self.to_string()),
+            other => {
+                let (_, details) = other.code_and_details();
+                tonic::Status::failed_precondition(format!("{other}: {details}"))
+            }
+        }
+    }
+}
+
+fn or_none(s: &str) -> &str {
+    if s.is_empty() { "(empty)" } else { s }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(e: ShimError) -> CniError {
+        match e.into_reply().unwrap().outcome {
+            Some(Outcome::Error(e)) => e,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn delegate_errors_keep_code_and_msg_and_name_the_delegate() {
+        let e = err(ShimError::Delegate(Box::new(DelegateFailure {
+            kind: "host-local".into(),
+            command: "ADD".into(),
+            code: 999,
+            msg: "no IP addresses available in range set".into(),
+            details: String::new(),
+            exit: "exited with status 1".into(),
+            stderr: "boom".into(),
+        })));
+        assert_eq!(e.code, 999);
+        assert_eq!(e.msg, "no IP addresses available in range set");
+        assert!(e.details.contains("host-local"), "{}", e.details);
+        assert!(e.details.contains("boom"), "{}", e.details);
+    }
+
+    #[test]
+    fn old_protocol_is_a_grpc_status() {
+        let s = ShimError::ProtocolTooOld { client: 0, min: 1 }
+            .into_reply()
+            .unwrap_err();
+        assert_eq!(s.code(), tonic::Code::FailedPrecondition);
+    }
+
+    #[test]
+    fn excerpt_keeps_the_tail_on_a_char_boundary() {
+        let long = format!("{}é{}", "a".repeat(1000), "reason at the end");
+        let e = excerpt(long.as_bytes());
+        assert!(e.ends_with("reason at the end"));
+        assert!(e.len() <= EXCERPT + 3);
+    }
+}

@@ -1,0 +1,109 @@
+//! Per-attachment serialization: every operation on one (network, container ID, ifname) runs
+//! alone, while different attachments proceed in parallel. containerd sets up `lo` and `eth0`
+//! of one pod concurrently (reference/cni-spec.md §5), so the lock is per attachment, not per
+//! container.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+};
+
+use dipam_state::AttachmentKey;
+use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
+
+#[derive(Debug, Default)]
+pub struct KeyLocks {
+    map: Mutex<HashMap<AttachmentKey, Arc<AsyncMutex<()>>>>,
+}
+
+/// Held while one operation runs on a key; the entry is dropped from the map when nobody
+/// else waits for it, so the map stays as small as the set of keys in flight.
+pub struct KeyGuard<'a> {
+    locks: &'a KeyLocks,
+    key: AttachmentKey,
+    guard: Option<OwnedMutexGuard<()>>,
+}
+
+impl KeyLocks {
+    pub async fn lock(&self, key: &AttachmentKey) -> KeyGuard<'_> {
+        let m = {
+            let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+            Arc::clone(map.entry(key.clone()).or_default())
+        };
+        let guard = m.lock_owned().await;
+        KeyGuard {
+            locks: self,
+            key: key.clone(),
+            guard: Some(guard),
+        }
+    }
+
+    /// Keys with an operation in flight (held or awaited).
+    pub fn in_flight(&self) -> Vec<AttachmentKey> {
+        self.map
+            .lock()
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for KeyGuard<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut map = self.locks.map.lock().unwrap_or_else(|p| p.into_inner());
+        if map
+            .get(&self.key)
+            .is_some_and(|m| Arc::strong_count(m) == 1)
+        {
+            map.remove(&self.key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        sync::atomic::{AtomicUsize, Ordering},
+        time::Duration,
+    };
+
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn one_key_is_serialized_and_the_map_empties() {
+        let locks = Arc::new(KeyLocks::default());
+        let inside = Arc::new(AtomicUsize::new(0));
+        let max = Arc::new(AtomicUsize::new(0));
+        let key = AttachmentKey::new("n", "c", "eth0");
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let (locks, inside, max, key) =
+                    (locks.clone(), inside.clone(), max.clone(), key.clone());
+                tokio::spawn(async move {
+                    let _g = locks.lock(&key).await;
+                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    max.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(max.load(Ordering::SeqCst), 1);
+        assert!(locks.in_flight().is_empty());
+    }
+
+    #[tokio::test]
+    async fn different_keys_do_not_wait() {
+        let locks = KeyLocks::default();
+        let _a = locks.lock(&AttachmentKey::new("n", "a", "eth0")).await;
+        let b = tokio::time::timeout(
+            Duration::from_millis(200),
+            locks.lock(&AttachmentKey::new("n", "b", "eth0")),
+        )
+        .await;
+        assert!(b.is_ok());
+    }
+}

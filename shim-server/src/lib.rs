@@ -1,0 +1,15 @@
+//! dipamd and dipamctl: the CNI-over-gRPC shim that runs the delegated IPAM plugin like a
+//! runtime would and records every attachment in a durable ledger. See docs/cfp.md.
+
+pub mod ctl;
+pub mod daemon;
+pub mod delegate;
+pub mod error;
+pub mod keylock;
+pub mod logging;
+pub mod recovery;
+pub mod rpc;
+pub mod server;
+pub mod service;
+pub mod shim;
+pub mod validate;

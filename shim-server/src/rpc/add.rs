@@ -1,0 +1,129 @@
+//! ADD: record the intent, run the delegate, commit its result, answer in the config's version.
+//!
+//! Crash safety: the record is written in state `adding` (durably) before the delegate runs, so
+//! a daemon killed at any point leaves a trace that the next start turns into a delegate DEL
+//! (recovery.rs). The result is committed durably before the plugin sees it.
+
+use dipam_proto::v1::CniRequest;
+use dipam_state::{AttachmentRecord, AttachmentState, Owner, Store};
+use tracing::{info, warn};
+
+use crate::{
+    delegate::version,
+    error::ShimError,
+    shim::{Shim, now},
+};
+
+pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, ShimError> {
+    let p = shim.prepare(req, true)?;
+    let _guard = shim.locks.lock(&p.key).await;
+    let digest = p.dc.digest();
+
+    let key = p.key.clone();
+    if let Some(existing) = shim.ledger(move |l| l.get(&key)).await? {
+        match existing.state {
+            AttachmentState::Committed if existing.config_digest == digest => {
+                // A repeated ADD (a runtime retry after a timeout, F2): the same answer again,
+                // without a second delegate ADD that host-local would refuse as a duplicate.
+                info!(key = %p.key, "repeated ADD; answering from the ledger");
+                let result = existing
+                    .result
+                    .ok_or_else(|| ShimError::Internal(format!("{} has no result", p.key)))?;
+                let parsed = serde_json::from_value(result)
+                    .map_err(|e| ShimError::Internal(format!("recorded result: {e}")))?;
+                return version::render(p.dc.version, parsed);
+            }
+            AttachmentState::Committed => {
+                return Err(ShimError::ExistsWithOtherConfig {
+                    key: p.key.to_string(),
+                });
+            }
+            AttachmentState::Adding | AttachmentState::Deleting => {
+                // An earlier operation on this key was interrupted and its release failed;
+                // finish that release before allocating again, so nothing is held twice.
+                warn!(key = %p.key, state = existing.state.as_str(), "finishing an interrupted operation before ADD");
+                shim.release_recorded(&existing).await?;
+                let key = p.key.clone();
+                shim.ledger(move |l| l.remove(&key)).await?;
+            }
+        }
+    }
+
+    let (probe, send) = shim.resolve(&p.dc, &p.req.cni_path).await?;
+    let stdin = p.dc.bytes_for(send)?;
+    let t = now();
+    let mut rec = AttachmentRecord {
+        key: p.key.clone(),
+        owner: Owner::Pod,
+        state: AttachmentState::Adding,
+        delegate_type: p.dc.kind.clone(),
+        delegate_version: Shim::<S>::effective(&p.dc, send).to_string(),
+        delegate_config: String::from_utf8_lossy(&stdin).into_owned(),
+        netns: p.req.netns.clone(),
+        cni_args: p.req.cni_args.clone(),
+        cni_path: p.req.cni_path.clone(),
+        result: None,
+        config_digest: digest,
+        request_id: p.req.request_id.clone(),
+        created_at: t,
+        updated_at: t,
+    };
+    let intent = rec.clone();
+    shim.ledger(move |l| l.put(&intent)).await?;
+
+    let out = match shim.run_delegate(&p, &probe, "ADD", stdin).await {
+        Ok(out) => out,
+        Err(e) => {
+            // A clean CNI error means the delegate allocated nothing (host-local releases its
+            // partial work itself). A crash, hang or garbage may have left a reservation:
+            // release it before answering.
+            let clean = matches!(e, ShimError::Delegate(_));
+            rollback(shim, &rec, !clean).await;
+            return Err(e);
+        }
+    };
+    let parsed = match version::parse_result(&out.stdout) {
+        Ok(r) => r,
+        Err(detail) => {
+            rollback(shim, &rec, true).await;
+            return Err(ShimError::DelegateBadOutput {
+                kind: p.dc.kind.clone(),
+                command: "ADD".into(),
+                exit: format!("exited 0 but its result does not parse ({detail})"),
+                stdout: crate::error::excerpt(&out.stdout),
+                stderr: crate::error::excerpt(&out.stderr),
+            });
+        }
+    };
+    rec.result =
+        Some(serde_json::to_value(&parsed).map_err(|e| ShimError::Internal(e.to_string()))?);
+    rec.state = AttachmentState::Committed;
+    rec.updated_at = now();
+    let commit = rec.clone();
+    if let Err(e) = shim.ledger(move |l| l.put(&commit)).await {
+        rollback(shim, &rec, true).await;
+        return Err(e);
+    }
+    info!(
+        key = %p.key,
+        delegate = %p.dc.kind,
+        ips = ?crate::delegate::config::result_ips(rec.result.as_ref().unwrap_or(&serde_json::Value::Null)),
+        delegate_ms = out.elapsed.as_secs_f64() * 1e3,
+        "attachment added"
+    );
+    version::render(p.dc.version, parsed)
+}
+
+/// Undoes an ADD that will not be answered with success. With `release`, the delegate's
+/// allocation is freed first; if that fails, the record stays (state `adding`) so that the
+/// runtime's DEL or the next start frees it: never forgotten, never leaked.
+async fn rollback<S: Store>(shim: &Shim<S>, rec: &AttachmentRecord, release: bool) {
+    if release && let Err(e) = shim.release_recorded(rec).await {
+        warn!(key = %rec.key, error = %e, "rollback DEL failed; keeping the record for the next DEL or restart");
+        return;
+    }
+    let key = rec.key.clone();
+    if let Err(e) = shim.ledger(move |l| l.remove(&key)).await {
+        warn!(key = %rec.key, error = %e, "could not drop the record of a failed ADD");
+    }
+}

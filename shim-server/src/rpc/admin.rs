@@ -1,0 +1,75 @@
+//! The operator's RPCs (dipamctl): daemon status and the attachment listing.
+
+use dipam_proto::v1::{
+    Attachment, DelegateInfo, ListAttachmentsReply, ListAttachmentsRequest, StatusReply,
+};
+use dipam_state::Store;
+
+use crate::{delegate::config::result_ips, error::ShimError, shim::Shim};
+
+pub async fn status<S: Store>(shim: &Shim<S>) -> Result<StatusReply, ShimError> {
+    let attachments = shim.ledger(|l| l.count()).await? as u64;
+    Ok(StatusReply {
+        protocol_version: dipam_proto::PROTOCOL_VERSION,
+        min_protocol_version: dipam_proto::MIN_PROTOCOL_VERSION,
+        daemon_version: env!("CARGO_PKG_VERSION").into(),
+        ready: true,
+        not_ready: Vec::new(),
+        state_dir: shim.identity.state_dir.display().to_string(),
+        socket: shim.identity.socket.display().to_string(),
+        attachments,
+        uptime_seconds: shim.started.elapsed().as_secs(),
+        delegates: shim
+            .exec
+            .probed()
+            .into_iter()
+            .map(|p| DelegateInfo {
+                r#type: p
+                    .path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+                path: p.path.display().to_string(),
+                supported_versions: p.supported.iter().map(ToString::to_string).collect(),
+            })
+            .collect(),
+    })
+}
+
+pub async fn list<S: Store>(
+    shim: &Shim<S>,
+    req: ListAttachmentsRequest,
+) -> Result<ListAttachmentsReply, ShimError> {
+    let network = (!req.network.is_empty()).then(|| req.network.clone());
+    let records = shim.ledger(move |l| l.list(network.as_deref())).await?;
+    let attachments = records
+        .into_iter()
+        .filter(|r| {
+            req.owner.is_empty()
+                || r.owner.label() == req.owner
+                || r.owner.label().starts_with(&format!("{}:", req.owner))
+        })
+        .map(|r| Attachment {
+            ips: r.result.as_ref().map(result_ips).unwrap_or_default(),
+            result_json: r
+                .result
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default(),
+            network: r.key.network,
+            container_id: r.key.container_id,
+            ifname: r.key.ifname,
+            owner: r.owner.label(),
+            state: r.state.as_str().into(),
+            delegate_type: r.delegate_type,
+            config_digest: r.config_digest,
+            netns: r.netns,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        })
+        .collect();
+    Ok(ListAttachmentsReply {
+        protocol_version: dipam_proto::PROTOCOL_VERSION,
+        attachments,
+    })
+}

@@ -1,0 +1,62 @@
+//! CHECK: the ledger must hold a committed attachment that matches prevResult, and the
+//! delegate's own CHECK must pass where its version has one (spec §2.6: plugins SHOULD call
+//! CHECK on a delegated IPAM and pass its errors up).
+
+use std::collections::BTreeSet;
+
+use dipam_proto::v1::CniRequest;
+use dipam_state::{AttachmentState, Store};
+use rscni_types::version::SpecVersion;
+
+use crate::{delegate::config::result_addrs, error::ShimError, shim::Shim};
+
+pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, ShimError> {
+    let p = shim.prepare(req, true)?;
+    let _guard = shim.locks.lock(&p.key).await;
+
+    let prev =
+        p.dc.conf
+            .get("prevResult")
+            .filter(|v| !v.is_null())
+            .cloned()
+            .ok_or_else(|| ShimError::Config {
+                msg: "required prevResult missing".into(),
+                details: "CHECK compares the runtime's cached ADD result with the ledger; the \
+                      runtime sends it as prevResult"
+                    .into(),
+            })?;
+    let key = p.key.clone();
+    let rec = shim
+        .ledger(move |l| l.get(&key))
+        .await?
+        .filter(|r| r.state == AttachmentState::Committed)
+        .ok_or_else(|| ShimError::NoRecord {
+            key: p.key.to_string(),
+        })?;
+    let recorded: BTreeSet<_> = rec
+        .result
+        .as_ref()
+        .map(result_addrs)
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    let seen: BTreeSet<_> = result_addrs(&prev).into_iter().collect();
+    // Later plugins in a chain may add addresses; every recorded one must still be there.
+    if !recorded.is_subset(&seen) {
+        return Err(ShimError::PrevResultMismatch {
+            key: p.key.to_string(),
+            recorded: recorded.iter().map(ToString::to_string).collect(),
+            prev: seen.iter().map(ToString::to_string).collect(),
+        });
+    }
+
+    let (probe, send) = shim.resolve(&p.dc, &p.req.cni_path).await?;
+    let effective = Shim::<S>::effective(&p.dc, send);
+    if Shim::<S>::delegate_allows(&probe, effective, SpecVersion::new(0, 4, 0))
+        && effective >= SpecVersion::new(0, 4, 0)
+    {
+        let stdin = p.dc.bytes_for(send)?;
+        shim.run_delegate(&p, &probe, "CHECK", stdin).await?;
+    }
+    Ok(Vec::new())
+}

@@ -1,0 +1,46 @@
+//! DEL: release through the delegate, then forget the record.
+//!
+//! The record is marked `deleting` before the delegate runs, so an interrupted DEL is finished
+//! at the next start. DEL of a key dipamd does not know still runs the delegate's DEL: the
+//! runtime may know better (a ledger restored from backup, an ADD from before dipam), and the
+//! spec wants DEL to succeed when there is nothing to release (§2.5).
+
+use dipam_proto::v1::CniRequest;
+use dipam_state::{AttachmentState, Store};
+use tracing::info;
+
+use crate::{
+    error::ShimError,
+    shim::{Shim, now},
+};
+
+pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, ShimError> {
+    let mut p = shim.prepare(req, true)?;
+    let _guard = shim.locks.lock(&p.key).await;
+
+    let key = p.key.clone();
+    let existing = shim.ledger(move |l| l.get(&key)).await?;
+    if let Some(rec) = &existing {
+        p.dc.inject_for_del(rec.result.as_ref());
+        if rec.state != AttachmentState::Deleting {
+            let mut marked = rec.clone();
+            marked.state = AttachmentState::Deleting;
+            marked.updated_at = now();
+            marked.request_id = p.req.request_id.clone();
+            shim.ledger(move |l| l.put(&marked)).await?;
+        }
+    }
+
+    let (probe, send) = shim.resolve(&p.dc, &p.req.cni_path).await?;
+    let stdin = p.dc.bytes_for(send)?;
+    // On failure the record stays `deleting`: the address is still held by the delegate, and
+    // the runtime's retry (or the next start) releases it.
+    shim.run_delegate(&p, &probe, "DEL", stdin).await?;
+
+    if existing.is_some() {
+        let key = p.key.clone();
+        shim.ledger(move |l| l.remove(&key)).await?;
+    }
+    info!(key = %p.key, known = existing.is_some(), "attachment deleted");
+    Ok(Vec::new())
+}

@@ -1,0 +1,8 @@
+//! One module per RPC. Each returns the CNI outcome; service.rs turns it into a reply.
+
+pub mod add;
+pub mod admin;
+pub mod check;
+pub mod del;
+pub mod gc;
+pub mod status;

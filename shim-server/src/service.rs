@@ -1,0 +1,110 @@
+//! The tonic services: each RPC opens a tracing span with the plugin's request id, runs its
+//! module, and passes the outcome through the one error boundary (`ShimError::into_reply`).
+
+use std::{future::Future, sync::Arc, time::Instant};
+
+use dipam_proto::v1::{
+    CniReply, CniRequest, ListAttachmentsReply, ListAttachmentsRequest, StatusReply, StatusRequest,
+    admin_server::Admin, cni_reply::Outcome, cni_server::Cni,
+};
+use dipam_state::Store;
+use tonic::{Request, Response, Status};
+use tracing::{Instrument, info, info_span, warn};
+
+use crate::{error::ShimError, rpc, shim::Shim};
+
+pub struct Service<S: Store>(pub Arc<Shim<S>>);
+
+impl<S: Store> Clone for Service<S> {
+    fn clone(&self) -> Self {
+        Self(Arc::clone(&self.0))
+    }
+}
+
+/// The span every log line of one CNI call carries, keyed by the plugin's request id.
+fn span(command: &'static str, req: &CniRequest) -> tracing::Span {
+    info_span!(
+        "cni",
+        request_id = %req.request_id,
+        command,
+        container_id = %req.container_id,
+        ifname = %req.ifname,
+    )
+}
+
+async fn answer<F>(span: tracing::Span, f: F) -> Result<Response<CniReply>, Status>
+where
+    F: Future<Output = Result<Vec<u8>, ShimError>>,
+{
+    async move {
+        let started = Instant::now();
+        let outcome = f.await;
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        let reply = match outcome {
+            Ok(result) => {
+                info!(elapsed_ms = ms, "ok");
+                Ok(CniReply {
+                    protocol_version: dipam_proto::PROTOCOL_VERSION,
+                    outcome: Some(Outcome::Result(result)),
+                })
+            }
+            Err(e) => {
+                let reply = e.into_reply();
+                match &reply {
+                    Ok(CniReply { outcome: Some(Outcome::Error(err)), .. }) => {
+                        warn!(elapsed_ms = ms, code = err.code, msg = %err.msg, details = %err.details, "failed");
+                    }
+                    Err(status) => warn!(elapsed_ms = ms, status = ?status.code(), msg = status.message(), "refused"),
+                    _ => {}
+                }
+                reply
+            }
+        };
+        reply.map(Response::new)
+    }
+    .instrument(span)
+    .await
+}
+
+#[tonic::async_trait]
+impl<S: Store> Cni for Service<S> {
+    async fn add(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
+        let req = r.into_inner();
+        answer(span("ADD", &req), rpc::add::run(&self.0, req)).await
+    }
+    async fn del(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
+        let req = r.into_inner();
+        answer(span("DEL", &req), rpc::del::run(&self.0, req)).await
+    }
+    async fn check(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
+        let req = r.into_inner();
+        answer(span("CHECK", &req), rpc::check::run(&self.0, req)).await
+    }
+    async fn gc(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
+        let req = r.into_inner();
+        answer(span("GC", &req), rpc::gc::run(&self.0, req)).await
+    }
+    async fn status(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
+        let req = r.into_inner();
+        answer(span("STATUS", &req), rpc::status::run(&self.0, req)).await
+    }
+}
+
+#[tonic::async_trait]
+impl<S: Store> Admin for Service<S> {
+    async fn get_status(&self, _: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
+        rpc::admin::status(&self.0)
+            .await
+            .map(Response::new)
+            .map_err(ShimError::into_status)
+    }
+    async fn list_attachments(
+        &self,
+        r: Request<ListAttachmentsRequest>,
+    ) -> Result<Response<ListAttachmentsReply>, Status> {
+        rpc::admin::list(&self.0, r.into_inner())
+            .await
+            .map(Response::new)
+            .map_err(ShimError::into_status)
+    }
+}

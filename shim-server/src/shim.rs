@@ -1,0 +1,171 @@
+//! The shim's shared state: the ledger, the delegate executor and the per-key locks, plus the
+//! helpers every RPC uses (preparing a request, running the delegate, ledger I/O off the
+//! async workers).
+
+use std::{
+    path::PathBuf,
+    sync::Arc,
+    time::{Instant, SystemTime, UNIX_EPOCH},
+};
+
+use dipam_proto::v1::{CniRequest, Mode};
+use dipam_state::{AttachmentKey, AttachmentRecord, Ledger, Store, StoreError};
+use rscni_types::version::SpecVersion;
+
+use crate::{
+    delegate::{Executor, Invocation, Output, Probe, config::DelegateConf, version},
+    error::ShimError,
+    keylock::KeyLocks,
+    validate,
+};
+
+/// Static facts about this daemon, for status output.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub socket: PathBuf,
+    pub state_dir: PathBuf,
+}
+
+pub struct Shim<S: Store> {
+    pub ledger: Ledger<S>,
+    pub exec: Executor,
+    pub locks: KeyLocks,
+    pub started: Instant,
+    pub identity: Identity,
+}
+
+/// A CNI request, validated and turned into what the delegate needs.
+pub struct Prepared {
+    pub req: CniRequest,
+    pub dc: DelegateConf,
+    pub key: AttachmentKey,
+}
+
+pub fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default()
+}
+
+impl<S: Store> Shim<S> {
+    pub fn new(store: S, exec: Executor, identity: Identity) -> Arc<Self> {
+        Arc::new(Self {
+            ledger: Ledger::new(store),
+            exec,
+            locks: KeyLocks::default(),
+            started: Instant::now(),
+            identity,
+        })
+    }
+
+    /// Runs a ledger operation on the blocking pool: commits wait for fdatasync, which must not
+    /// stall a tokio worker that other requests share.
+    pub async fn ledger<T, F>(&self, f: F) -> Result<T, ShimError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Ledger<S>) -> Result<T, StoreError> + Send + 'static,
+    {
+        let ledger = self.ledger.clone();
+        tokio::task::spawn_blocking(move || f(&ledger))
+            .await
+            .map_err(|e| ShimError::Internal(format!("ledger task: {e}")))?
+            .map_err(ShimError::from)
+    }
+
+    /// Validates a request (defence in depth: these values become keys and exec arguments)
+    /// and derives the delegate config. `attachment` verbs need the container ID and ifname.
+    pub fn prepare(&self, req: CniRequest, attachment: bool) -> Result<Prepared, ShimError> {
+        if req.protocol_version < dipam_proto::MIN_PROTOCOL_VERSION {
+            return Err(ShimError::ProtocolTooOld {
+                client: req.protocol_version,
+                min: dipam_proto::MIN_PROTOCOL_VERSION,
+            });
+        }
+        if attachment {
+            validate::container_id(&req.container_id)?;
+            validate::ifname(&req.ifname)?;
+        }
+        let mode = Mode::try_from(req.mode).unwrap_or(Mode::Unspecified);
+        let mode = if mode == Mode::Unspecified {
+            Mode::Ipam
+        } else {
+            mode
+        };
+        let dc = DelegateConf::from_request(&req.stdin, mode)?;
+        let key = AttachmentKey::new(&dc.network, &req.container_id, &req.ifname);
+        Ok(Prepared { req, dc, key })
+    }
+
+    /// Finds and probes the delegate, and picks the version to send it.
+    pub async fn resolve(
+        &self,
+        dc: &DelegateConf,
+        cni_path: &str,
+    ) -> Result<(Probe, Option<SpecVersion>), ShimError> {
+        let probe = self.exec.probe(&dc.kind, cni_path).await?;
+        let send = version::choose(dc.version, &probe.supported);
+        Ok((probe, send))
+    }
+
+    /// The version a delegate is effectively spoken to in.
+    pub fn effective(dc: &DelegateConf, send: Option<SpecVersion>) -> SpecVersion {
+        send.unwrap_or(dc.version)
+    }
+
+    /// Whether the delegate supports `floor` (e.g. CHECK needs 0.4.0). Unknown versions count
+    /// as the config's own.
+    pub fn delegate_allows(probe: &Probe, effective: SpecVersion, floor: SpecVersion) -> bool {
+        if probe.supported.is_empty() {
+            effective >= floor
+        } else {
+            probe.supported.iter().any(|v| *v >= floor)
+        }
+    }
+
+    /// Runs `command` on the delegate for the attachment in `p`, with `stdin` as config.
+    pub async fn run_delegate(
+        &self,
+        p: &Prepared,
+        probe: &Probe,
+        command: &str,
+        stdin: Vec<u8>,
+    ) -> Result<Output, ShimError> {
+        let inv = Invocation {
+            command: command.into(),
+            container_id: p.req.container_id.clone(),
+            netns: p.req.netns.clone(),
+            ifname: p.req.ifname.clone(),
+            args: p.req.cni_args.clone(),
+            path: self.exec.delegate_cni_path(&p.req.cni_path),
+            stdin,
+        };
+        self.exec.call(&p.dc.kind, probe, &inv).await
+    }
+
+    /// Releases a recorded attachment with the config and environment recorded at ADD:
+    /// rollback, crash recovery, and cleanup of interrupted operations all go through here.
+    pub async fn release_recorded(&self, rec: &AttachmentRecord) -> Result<(), ShimError> {
+        let probe = self.exec.probe(&rec.delegate_type, &rec.cni_path).await?;
+        let mut conf: serde_json::Value = serde_json::from_str(&rec.delegate_config)
+            .map_err(|e| ShimError::Internal(format!("recorded config of {}: {e}", rec.key)))?;
+        let mut dc = DelegateConf {
+            kind: rec.delegate_type.clone(),
+            network: rec.key.network.clone(),
+            version: rec.delegate_version.parse().unwrap_or(SpecVersion::CURRENT),
+            conf: conf.take(),
+        };
+        dc.inject_for_del(rec.result.as_ref());
+        let inv = Invocation {
+            command: "DEL".into(),
+            container_id: rec.key.container_id.clone(),
+            netns: rec.netns.clone(),
+            ifname: rec.key.ifname.clone(),
+            args: rec.cni_args.clone(),
+            path: self.exec.delegate_cni_path(&rec.cni_path),
+            stdin: dc.bytes_for(None)?,
+        };
+        self.exec.call(&rec.delegate_type, &probe, &inv).await?;
+        Ok(())
+    }
+}
