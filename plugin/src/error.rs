@@ -81,8 +81,11 @@ impl PluginError {
             ),
             Self::Rpc { socket, status } => {
                 let code = match status.code() {
-                    // Transient by nature: the runtime should retry.
-                    Code::Unavailable
+                    // Transient by nature: the runtime should retry. tonic reports a
+                    // connection lost mid-call (dipamd killed or restarted) as Unknown; dipamd
+                    // itself never answers Unknown.
+                    Code::Unknown
+                    | Code::Unavailable
                     | Code::DeadlineExceeded
                     | Code::ResourceExhausted
                     | Code::Aborted
@@ -98,6 +101,7 @@ impl PluginError {
                         " (dipamd did not answer in time; see its logs for the request id)"
                     }
                     Code::FailedPrecondition => " (install the dipam plugin that matches dipamd)",
+                    Code::Unknown => " (the connection to dipamd was lost mid-request)",
                     Code::PermissionDenied => {
                         " (the socket only accepts root or the configured allowlist)"
                     }
@@ -178,6 +182,7 @@ mod tests {
             .code
         };
         assert_eq!(m(Code::Unavailable), 11);
+        assert_eq!(m(Code::Unknown), 11);
         assert_eq!(m(Code::ResourceExhausted), 11);
         assert_eq!(m(Code::DeadlineExceeded), 11);
         assert_eq!(m(Code::FailedPrecondition), 1);

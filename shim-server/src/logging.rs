@@ -8,9 +8,17 @@ pub enum LogFormat {
     Json,
 }
 
-/// `filter` uses tracing's syntax ("info", "dipam_shim=debug").
+/// `filter` uses tracing's syntax ("info", "dipam_shim=debug"). A bare level applies to
+/// dipam's own crates; the libraries underneath (h2, hyper) stay at `warn`, since their debug
+/// output drowns what an operator is looking for.
 pub fn init(format: LogFormat, filter: &str) {
-    let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
+    let directives = match filter {
+        "trace" | "debug" | "info" | "warn" | "error" => {
+            format!("warn,dipam_shim={filter},dipam_state={filter}")
+        }
+        other => other.to_owned(),
+    };
+    let filter = EnvFilter::try_new(directives).unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

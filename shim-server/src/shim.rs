@@ -155,7 +155,11 @@ impl<S: Store> Shim<S> {
             version: rec.delegate_version.parse().unwrap_or(SpecVersion::CURRENT),
             conf: conf.take(),
         };
-        dc.inject_for_del(rec.result.as_ref());
+        if !dc.inject_for_del(rec.result.as_ref()) {
+            // An intent whose ADD never produced a result: the delegate was not told which
+            // pool to release from, so ask with what the config has and let it answer.
+            tracing::debug!(key = %rec.key, "no recorded result to complete the DEL config");
+        }
         let inv = Invocation {
             command: "DEL".into(),
             container_id: rec.key.container_id.clone(),

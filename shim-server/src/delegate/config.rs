@@ -114,14 +114,17 @@ impl DelegateConf {
     }
 
     /// Delegates that cannot release an address from the container ID alone get what they need
-    /// from the recorded ADD result. azure-vnet-ipam's DEL fails with "pool id not found"
-    /// unless `ipam.subnet` (and `ipam.ipAddress`) are set, which Azure's own CNI injects
-    /// (reference/cni-spec.md §8).
-    pub fn inject_for_del(&mut self, recorded: Option<&Value>) {
+    /// from the ADD result: azure-vnet-ipam's DEL fails with "pool id not found" unless
+    /// `ipam.subnet` (and `ipam.ipAddress`) are set, which Azure's own CNI injects
+    /// (reference/cni-spec.md §8). `result` is the recorded result, else the runtime's
+    /// prevResult. Returns false when the delegate needs such data and none is available: it
+    /// could not release anything, and nothing dipam allocated is unaccounted for (every ADD
+    /// through dipam is recorded before the delegate runs).
+    pub fn inject_for_del(&mut self, result: Option<&Value>) -> bool {
         if !matches!(self.kind.as_str(), "azure-vnet-ipam") {
-            return;
+            return true;
         }
-        let Some(addr) = recorded
+        let Some(addr) = result
             .and_then(|r| r.get("ips"))
             .and_then(Value::as_array)
             .and_then(|ips| ips.first())
@@ -129,7 +132,7 @@ impl DelegateConf {
             .and_then(Value::as_str)
             .and_then(|a| a.parse::<ipnet::IpNet>().ok())
         else {
-            return;
+            return false;
         };
         if let Some(ipam) = self.conf.get_mut("ipam").and_then(Value::as_object_mut) {
             ipam.entry("subnet")
@@ -137,6 +140,7 @@ impl DelegateConf {
             ipam.entry("ipAddress")
                 .or_insert_with(|| Value::String(addr.addr().to_string()));
         }
+        true
     }
 }
 
@@ -235,7 +239,8 @@ mod tests {
     fn azure_del_gets_subnet_and_address_from_the_record() {
         let raw = r#"{"cniVersion":"1.0.0","name":"az","type":"ptp","ipam":{"type":"dipam","delegate":{"type":"azure-vnet-ipam"}}}"#;
         let mut d = DelegateConf::from_request(raw.as_bytes(), Mode::Ipam).unwrap();
-        d.inject_for_del(Some(&json!({"ips":[{"address":"10.78.0.5/24"}]})));
+        assert!(!d.clone().inject_for_del(None));
+        assert!(d.inject_for_del(Some(&json!({"ips":[{"address":"10.78.0.5/24"}]}))));
         assert_eq!(d.conf["ipam"]["subnet"], "10.78.0.0/24");
         assert_eq!(d.conf["ipam"]["ipAddress"], "10.78.0.5");
     }

@@ -20,8 +20,20 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
 
     let key = p.key.clone();
     let existing = shim.ledger(move |l| l.get(&key)).await?;
+    let prev =
+        p.dc.conf
+            .get("prevResult")
+            .filter(|v| !v.is_null())
+            .cloned();
+    let known = existing
+        .as_ref()
+        .and_then(|r| r.result.as_ref())
+        .or(prev.as_ref());
+    if !p.dc.inject_for_del(known) {
+        info!(key = %p.key, delegate = %p.dc.kind, "nothing recorded and no prevResult: the delegate has nothing dipam could release");
+        return Ok(Vec::new());
+    }
     if let Some(rec) = &existing {
-        p.dc.inject_for_del(rec.result.as_ref());
         if rec.state != AttachmentState::Deleting {
             let mut marked = rec.clone();
             marked.state = AttachmentState::Deleting;

@@ -1,0 +1,218 @@
+//! A real dipamd process on a temp socket and temp state directory. SIGKILLed on drop; its
+//! log is printed when the test that owns it fails.
+
+use std::{
+    fs::File,
+    os::unix::net::UnixStream,
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+use crate::bins;
+
+pub struct Dipamd {
+    pub dir: TempDir,
+    child: Option<Child>,
+    extra: Vec<String>,
+}
+
+impl Dipamd {
+    /// Starts dipamd and waits until it answers on its socket.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    pub fn start_with(extra: &[&str]) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("dipamd-")
+            .tempdir()
+            .expect("temp dir for dipamd");
+        let mut d = Self {
+            dir,
+            child: None,
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        d.spawn();
+        d
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("dipamd.sock")
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("dipamd.log")
+    }
+
+    /// The dipamd command line this guard uses, for tests that run a second instance.
+    pub fn command(&self) -> Command {
+        let mut cmd = Command::new(bins::bin("dipamd"));
+        cmd.arg("--socket")
+            .arg(self.socket())
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .arg("--cni-path")
+            .arg(bins::cni_path())
+            .args(["--log-level", "debug"])
+            .args(&self.extra);
+        cmd
+    }
+
+    fn spawn(&mut self) {
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("dipamd log file");
+        let child = self
+            .command()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn dipamd");
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if UnixStream::connect(self.socket()).is_ok() {
+                return;
+            }
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!("dipamd exited during start ({status}):\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("dipamd did not start serving within 20 s:\n{}", self.log());
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILL, as the OOM killer or a node crash would.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait for a clean exit; returns the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("dipamd is running");
+        // SAFETY: kill(2) with a pid we spawned and have not reaped yet.
+        unsafe {
+            libc::kill(c.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(Some(status)) = c.try_wait() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "dipamd ignored SIGTERM for 10 s:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Starts dipamd again on the same socket and state directory.
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "dipamd is still running");
+        self.spawn();
+    }
+
+    /// `dipamctl --socket S <args>`.
+    pub fn ctl(&self, args: &[&str]) -> Output {
+        Command::new(bins::bin("dipamctl"))
+            .arg("--socket")
+            .arg(self.socket())
+            .args(args)
+            .output()
+            .expect("run dipamctl")
+    }
+
+    /// The ledger, through `dipamctl attachments --json`.
+    pub fn ledger(&self) -> Vec<Value> {
+        let out = self.ctl(&["attachments", "--json"]);
+        assert!(
+            out.status.success(),
+            "dipamctl attachments: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).expect("dipamctl --json is JSON");
+        v.as_array().cloned().unwrap_or_default()
+    }
+
+    /// Ledger entries as (container ID, ifname, bare IP) triples, sorted.
+    pub fn ledger_ips(&self, network: &str) -> Vec<(String, String, String)> {
+        let mut out: Vec<_> = self
+            .ledger()
+            .iter()
+            .filter(|a| a["network"] == network)
+            .flat_map(|a| {
+                let cid = a["containerID"].as_str().unwrap_or_default().to_owned();
+                let ifname = a["ifname"].as_str().unwrap_or_default().to_owned();
+                a["ips"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(move |ip| {
+                        let ip = ip.as_str()?.split('/').next()?.to_owned();
+                        Some((cid.clone(), ifname.clone(), ip))
+                    })
+            })
+            .collect();
+        out.sort();
+        out
+    }
+}
+
+impl Drop for Dipamd {
+    fn drop(&mut self) {
+        self.kill9();
+        if std::thread::panicking() {
+            eprintln!(
+                "----- dipamd log ({}) -----\n{}\n----- end of dipamd log -----",
+                self.log_path().display(),
+                tail(&self.log(), 80)
+            );
+        }
+    }
+}
+
+fn tail(s: &str, lines: usize) -> String {
+    let all: Vec<&str> = s.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// True when nothing listens on `path` any more (and the file is gone).
+pub fn socket_gone(path: &Path) -> bool {
+    !path.exists() && UnixStream::connect(path).is_err()
+}

@@ -1,0 +1,163 @@
+//! The example conflists from `conflist/`, adjusted only where tests must not collide: the
+//! socket, the delegate's state directory, the subnet, and (per test) the cniVersion.
+
+use std::{
+    fs::OpenOptions,
+    io::Write,
+    path::{Path, PathBuf},
+};
+
+use serde_json::{Value, json};
+
+use crate::bins;
+
+/// A conflist loaded from `conflist/`.
+#[derive(Debug, Clone)]
+pub struct Fixture {
+    pub list: Value,
+}
+
+impl Fixture {
+    /// Loads `conflist/<name>`.
+    pub fn load(name: &str) -> Self {
+        let path = bins::workspace().join("conflist").join(name);
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        Self {
+            list: serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display())),
+        }
+    }
+
+    pub fn name(&self) -> String {
+        self.list["name"].as_str().unwrap_or_default().to_owned()
+    }
+
+    fn dipam_ipams(&mut self) -> impl Iterator<Item = &mut Value> {
+        self.list["plugins"]
+            .as_array_mut()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["ipam"]["type"] == "dipam")
+            .map(|p| &mut p["ipam"])
+    }
+
+    pub fn with_socket(mut self, socket: &Path) -> Self {
+        for ipam in self.dipam_ipams() {
+            ipam["socketPath"] = json!(socket);
+        }
+        self
+    }
+
+    /// Points the delegate's own store at `dir` (host-local `dataDir`, the azure stand-in's
+    /// `stateFile`).
+    pub fn with_delegate_state(mut self, dir: &Path) -> Self {
+        for ipam in self.dipam_ipams() {
+            match ipam["delegate"]["type"].as_str() {
+                Some("host-local") => ipam["delegate"]["dataDir"] = json!(dir),
+                Some("azure-vnet-ipam") => {
+                    ipam["delegate"]["stateFile"] = json!(dir.join("azure-vnet-ipam.json"));
+                }
+                _ => {}
+            }
+        }
+        self
+    }
+
+    pub fn with_subnet(mut self, subnet: &str) -> Self {
+        for ipam in self.dipam_ipams() {
+            match ipam["delegate"]["type"].as_str() {
+                Some("azure-vnet-ipam") => ipam["delegate"]["pool"] = json!(subnet),
+                _ => ipam["delegate"]["ranges"] = json!([[{ "subnet": subnet }]]),
+            }
+        }
+        self
+    }
+
+    pub fn with_version(mut self, version: &str) -> Self {
+        self.list["cniVersion"] = json!(version);
+        self
+    }
+
+    pub fn with_name(mut self, name: &str) -> Self {
+        self.list["name"] = json!(name);
+        self
+    }
+
+    /// Sets the network name so parallel tests never share host-local's per-network dir.
+    pub fn unique_name(self) -> Self {
+        let n = crate::unique(&self.name());
+        self.with_name(&n)
+    }
+
+    /// The delegate type of the first dipam plugin.
+    pub fn delegate(&self) -> String {
+        self.list["plugins"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["ipam"]["type"] == "dipam")
+            .and_then(|p| p["ipam"]["delegate"]["type"].as_str())
+            .unwrap_or_default()
+            .to_owned()
+    }
+}
+
+/// An IPv4 /24 that no other concurrently running test uses. Claims are files under
+/// /run/dipam-lifecycle (O_EXCL); a claim whose process is gone is taken over. Host routes
+/// (ptp adds one per pod) would collide if two tests used the same addresses.
+pub struct Subnet {
+    pub cidr: String,
+    pub index: u32,
+    claim: PathBuf,
+}
+
+impl Subnet {
+    /// Claims `<first_octets>.<n>.0/24`, e.g. `claim("10.77")`.
+    pub fn claim(prefix: &str) -> Self {
+        let dir = Path::new("/run/dipam-lifecycle");
+        std::fs::create_dir_all(dir).expect("create /run/dipam-lifecycle");
+        for index in 1..=250u32 {
+            let claim = dir.join(format!("{prefix}.{index}"));
+            let take = |p: &Path| {
+                OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(p)
+                    .and_then(|mut f| write!(f, "{}", std::process::id()))
+            };
+            let ok = take(&claim).is_ok() || {
+                let owner = std::fs::read_to_string(&claim)
+                    .ok()
+                    .and_then(|s| s.trim().parse::<u32>().ok());
+                let dead = owner.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists());
+                dead && std::fs::remove_file(&claim).is_ok() && take(&claim).is_ok()
+            };
+            if ok {
+                return Self {
+                    cidr: format!("{prefix}.{index}.0/24"),
+                    index,
+                    claim,
+                };
+            }
+        }
+        panic!("no free {prefix}.x.0/24 subnet for this test");
+    }
+
+    /// The gateway host-local assigns by default (network + 1).
+    pub fn gateway(&self) -> String {
+        let base = self.cidr.trim_end_matches(".0/24");
+        format!("{base}.1")
+    }
+
+    pub fn contains(&self, ip: &str) -> bool {
+        let base = self.cidr.trim_end_matches("0/24");
+        ip.starts_with(base)
+    }
+}
+
+impl Drop for Subnet {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.claim);
+    }
+}

@@ -1,0 +1,50 @@
+//! Reading the delegates' own stores, to compare them with dipamd's ledger.
+//!
+//! host-local keeps one file per reserved IP in `<dataDir>/<network>/`, named by the IP and
+//! holding `<containerID>\r\n<ifname>` (legacy files hold only the ID); `lock` and
+//! `last_reserved_ip.*` are bookkeeping (reference/cni-spec.md §7.2).
+
+use std::path::Path;
+
+/// (container ID, ifname, IP) for every reservation in host-local's network directory,
+/// sorted.
+pub fn reservations(data_dir: &Path, network: &str) -> Vec<(String, String, String)> {
+    let dir = data_dir.join(network);
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    let mut out: Vec<_> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name == "lock" || name.starts_with("last_reserved_ip") {
+                return None;
+            }
+            let content = std::fs::read_to_string(e.path()).ok()?;
+            let mut parts = content.split("\r\n");
+            let id = parts.next().unwrap_or_default().trim().to_owned();
+            let ifname = parts.next().unwrap_or_default().trim().to_owned();
+            Some((id, ifname, name))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The azure stand-in's allocations: (container ID, IP), sorted.
+pub fn azure_allocations(state_file: &Path) -> Vec<(String, String)> {
+    let Ok(text) = std::fs::read_to_string(state_file) else {
+        return Vec::new();
+    };
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    let mut out: Vec<_> = v["allocations"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, ip)| (k.clone(), ip.as_str().unwrap_or_default().to_owned()))
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}

@@ -1,0 +1,109 @@
+//! A test bench: one dipamd, one runtime, one conflist adjusted for isolation, one subnet and
+//! the delegate's own store in a temp dir; plus the invariant every test checks after every
+//! step: dipamd's ledger and the delegate's store agree exactly.
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+use crate::{Attachment, Dipamd, Fixture, NetNs, Runtime, Subnet, bins, hostlocal};
+
+pub struct Lab {
+    pub dipamd: Dipamd,
+    pub rt: Runtime,
+    pub fx: Fixture,
+    pub subnet: Subnet,
+    pub data: TempDir,
+}
+
+impl Lab {
+    /// Loads `conflist/<conflist>` and starts a dipamd for it.
+    pub fn new(conflist: &str) -> Self {
+        let raw = Fixture::load(conflist);
+        let prefix = if raw.delegate() == "azure-vnet-ipam" {
+            "10.78"
+        } else {
+            "10.77"
+        };
+        let subnet = Subnet::claim(prefix);
+        let dipamd = Dipamd::start();
+        let data = tempfile::Builder::new()
+            .prefix("delegate-store-")
+            .tempdir()
+            .expect("temp dir");
+        let fx = raw
+            .unique_name()
+            .with_socket(&dipamd.socket())
+            .with_delegate_state(data.path())
+            .with_subnet(&subnet.cidr);
+        Self {
+            dipamd,
+            rt: Runtime::new(bins::cni_path()),
+            fx,
+            subnet,
+            data,
+        }
+    }
+
+    pub fn with_version(mut self, v: &str) -> Self {
+        self.fx = self.fx.clone().with_version(v);
+        self
+    }
+
+    pub fn list(&self) -> &Value {
+        &self.fx.list
+    }
+
+    pub fn network(&self) -> String {
+        self.fx.name()
+    }
+
+    /// A fresh netns and the attachment a runtime would create in it.
+    pub fn pod(&self) -> (NetNs, Attachment) {
+        let ns = NetNs::new();
+        let att = Attachment::new(&crate::unique("pod"), &ns.path());
+        (ns, att)
+    }
+
+    pub fn azure_state(&self) -> PathBuf {
+        self.data.path().join("azure-vnet-ipam.json")
+    }
+
+    /// (container ID, IP) pairs in the delegate's own store.
+    pub fn delegate_store(&self) -> Vec<(String, String)> {
+        let mut v: Vec<_> = if self.fx.delegate() == "azure-vnet-ipam" {
+            hostlocal::azure_allocations(&self.azure_state())
+        } else {
+            hostlocal::reservations(self.data.path(), &self.network())
+                .into_iter()
+                .map(|(id, _, ip)| (id, ip))
+                .collect()
+        };
+        v.sort();
+        v
+    }
+
+    /// (container ID, IP) pairs in dipamd's ledger for this network.
+    pub fn ledger(&self) -> Vec<(String, String)> {
+        let mut v: Vec<_> = self
+            .dipamd
+            .ledger_ips(&self.network())
+            .into_iter()
+            .map(|(id, _, ip)| (id, ip))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The invariant: the ledger and the delegate's store hold exactly the same allocations.
+    #[track_caller]
+    pub fn assert_agree(&self) {
+        assert_eq!(
+            self.ledger(),
+            self.delegate_store(),
+            "ledger (left) and {} store (right) disagree",
+            self.fx.delegate()
+        );
+    }
+}

@@ -1,0 +1,51 @@
+//! The lifecycle harness: it acts as the container runtime. It owns network namespaces, temp
+//! directories and dipamd processes through guards that clean up on drop, and drives the
+//! built binaries (never the crates: it links no dipam library) with the conflists from
+//! `conflist/`, following libcni's semantics: chain order, prevResult, DEL in reverse order,
+//! and a result cache.
+
+pub mod bins;
+pub mod daemon;
+pub mod fixture;
+pub mod hostlocal;
+pub mod lab;
+pub mod netns;
+pub mod runtime;
+
+pub use daemon::Dipamd;
+pub use fixture::{Fixture, Subnet};
+pub use lab::Lab;
+pub use netns::NetNs;
+pub use runtime::{Attachment, CniError, Runtime};
+
+/// Lifecycle tests need root (network namespaces, veths). Elsewhere they say so loudly and
+/// pass without running; on CI (root) they always run.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Returns early from a test when not root, with a message that cannot be missed.
+#[macro_export]
+macro_rules! require_root {
+    () => {
+        if !$crate::is_root() {
+            eprintln!(
+                "\n*** SKIPPED {}: lifecycle tests need root (network namespaces) ***\n",
+                module_path!()
+            );
+            return;
+        }
+    };
+}
+
+/// A unique-enough suffix for names in this process (netns, container IDs).
+pub fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}

@@ -1,0 +1,291 @@
+//! A container runtime in miniature, with libcni's semantics (reference/cni-spec.md §5, §10.3):
+//! - ADD runs the chain in order, each plugin getting the previous result as prevResult, and
+//!   caches the final result;
+//! - CHECK runs in order with the cached result as prevResult (only for cniVersion >= 0.4.0,
+//!   which libcni enforces before exec);
+//! - DEL runs in reverse order with the cached result as prevResult (>= 0.4.0), then drops
+//!   the cache entry;
+//! - every call gets the six CNI_* variables, "" for the ones it does not use.
+
+use std::{
+    collections::HashMap,
+    io::Write,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::Mutex,
+};
+
+use serde_json::{Value, json};
+
+/// What a runtime knows about one attachment.
+#[derive(Debug, Clone)]
+pub struct Attachment {
+    pub container_id: String,
+    pub netns: String,
+    pub ifname: String,
+    pub args: String,
+}
+
+impl Attachment {
+    pub fn new(container_id: &str, netns: &str) -> Self {
+        Self {
+            container_id: container_id.into(),
+            netns: netns.into(),
+            ifname: "eth0".into(),
+            args: "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=lifecycle".into(),
+        }
+    }
+}
+
+/// A failed plugin call, as libcni reports it.
+#[derive(Debug, Clone)]
+pub struct CniError {
+    pub plugin: String,
+    pub exit: i32,
+    pub code: u64,
+    pub msg: String,
+    pub details: String,
+    /// The whole stdout, parsed.
+    pub json: Value,
+    pub stderr: String,
+}
+
+impl std::fmt::Display for CniError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} failed (exit {}): code {} {:?} details {:?}; stderr: {}",
+            self.plugin, self.exit, self.code, self.msg, self.details, self.stderr
+        )
+    }
+}
+
+/// The raw outcome of one exec.
+#[derive(Debug)]
+pub struct Exec {
+    pub status: std::process::ExitStatus,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+impl Exec {
+    pub fn into_result(self, plugin: &str) -> Result<Value, CniError> {
+        let stderr = String::from_utf8_lossy(&self.stderr).into_owned();
+        if self.status.success() {
+            if self.stdout.iter().all(u8::is_ascii_whitespace) {
+                return Ok(Value::Null);
+            }
+            return serde_json::from_slice(&self.stdout).map_err(|e| CniError {
+                plugin: plugin.into(),
+                exit: 0,
+                code: 0,
+                msg: format!("result is not JSON: {e}"),
+                details: String::from_utf8_lossy(&self.stdout).into_owned(),
+                json: Value::Null,
+                stderr,
+            });
+        }
+        let json: Value = serde_json::from_slice(&self.stdout).unwrap_or(Value::Null);
+        Err(CniError {
+            plugin: plugin.into(),
+            exit: self.status.code().unwrap_or(-1),
+            code: json["code"].as_u64().unwrap_or(0),
+            msg: json["msg"].as_str().unwrap_or_default().into(),
+            details: json["details"].as_str().unwrap_or_default().into(),
+            json,
+            stderr,
+        })
+    }
+}
+
+pub struct Runtime {
+    pub cni_path: String,
+    /// The result cache: (network, container ID, ifname) -> final ADD result.
+    cache: Mutex<HashMap<(String, String, String), Value>>,
+}
+
+fn version_at_least(v: &str, floor: (u32, u32)) -> bool {
+    let mut it = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let major = it.next().unwrap_or(0);
+    let minor = it.next().unwrap_or(0);
+    (major, minor) >= floor
+}
+
+impl Runtime {
+    pub fn new(cni_path: String) -> Self {
+        Self {
+            cni_path,
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Finds a plugin the way libcni does: the first regular file named `kind` in CNI_PATH.
+    pub fn find(&self, kind: &str) -> PathBuf {
+        self.cni_path
+            .split(':')
+            .map(|d| Path::new(d).join(kind))
+            .find(|p| p.is_file())
+            .unwrap_or_else(|| panic!("plugin {kind} not found in {}", self.cni_path))
+    }
+
+    /// Execs one plugin with `config` on stdin.
+    pub fn exec(&self, kind: &str, command: &str, att: &Attachment, config: &[u8]) -> Exec {
+        self.exec_env(kind, command, att, config, &[])
+    }
+
+    /// Execs with extra or overriding environment (for malformed-input tests).
+    pub fn exec_env(
+        &self,
+        kind: &str,
+        command: &str,
+        att: &Attachment,
+        config: &[u8],
+        env: &[(&str, &str)],
+    ) -> Exec {
+        let mut cmd = Command::new(self.find(kind));
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", &att.container_id)
+            .env("CNI_NETNS", &att.netns)
+            .env("CNI_IFNAME", &att.ifname)
+            .env("CNI_ARGS", &att.args)
+            .env("CNI_PATH", &self.cni_path);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("exec {kind}: {e}"));
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = stdin.write_all(config);
+        }
+        let out = child.wait_with_output().expect("wait for plugin");
+        Exec {
+            status: out.status,
+            stdout: out.stdout,
+            stderr: out.stderr,
+        }
+    }
+
+    /// The request config libcni derives for plugin `i` of `list` (spec §3): the plugin object
+    /// plus the list's name and cniVersion, and prevResult when given.
+    pub fn plugin_config(list: &Value, i: usize, prev: Option<&Value>) -> Value {
+        let mut conf = list["plugins"][i].clone();
+        conf["name"] = list["name"].clone();
+        conf["cniVersion"] = list["cniVersion"].clone();
+        if let Some(p) = prev.filter(|p| !p.is_null()) {
+            conf["prevResult"] = p.clone();
+        }
+        conf
+    }
+
+    fn key(list: &Value, att: &Attachment) -> (String, String, String) {
+        (
+            list["name"].as_str().unwrap_or_default().to_owned(),
+            att.container_id.clone(),
+            att.ifname.clone(),
+        )
+    }
+
+    pub fn cached(&self, list: &Value, att: &Attachment) -> Option<Value> {
+        self.cache
+            .lock()
+            .ok()
+            .and_then(|c| c.get(&Self::key(list, att)).cloned())
+    }
+
+    /// ADD through the whole chain; on success the result is cached.
+    pub fn add(&self, list: &Value, att: &Attachment) -> Result<Value, CniError> {
+        let mut prev: Option<Value> = None;
+        let n = list["plugins"].as_array().map_or(0, Vec::len);
+        for i in 0..n {
+            let conf = Self::plugin_config(list, i, prev.as_ref());
+            let kind = conf["type"].as_str().unwrap_or_default().to_owned();
+            let bytes = serde_json::to_vec(&conf).unwrap_or_default();
+            prev = Some(self.exec(&kind, "ADD", att, &bytes).into_result(&kind)?);
+        }
+        let result = prev.unwrap_or(Value::Null);
+        if let Ok(mut c) = self.cache.lock() {
+            c.insert(Self::key(list, att), result.clone());
+        }
+        Ok(result)
+    }
+
+    /// CHECK through the chain with the cached result (libcni refuses it below 0.4.0).
+    pub fn check(&self, list: &Value, att: &Attachment) -> Result<(), CniError> {
+        let version = list["cniVersion"].as_str().unwrap_or_default();
+        assert!(
+            version_at_least(version, (0, 4)),
+            "libcni never sends CHECK for cniVersion {version}"
+        );
+        let prev = self.cached(list, att);
+        let n = list["plugins"].as_array().map_or(0, Vec::len);
+        for i in 0..n {
+            let conf = Self::plugin_config(list, i, prev.as_ref());
+            let kind = conf["type"].as_str().unwrap_or_default().to_owned();
+            let bytes = serde_json::to_vec(&conf).unwrap_or_default();
+            self.exec(&kind, "CHECK", att, &bytes).into_result(&kind)?;
+        }
+        Ok(())
+    }
+
+    /// DEL in reverse order; the cache entry goes once the whole chain succeeded.
+    pub fn del(&self, list: &Value, att: &Attachment) -> Result<(), CniError> {
+        let version = list["cniVersion"].as_str().unwrap_or_default();
+        let prev = if version_at_least(version, (0, 4)) {
+            self.cached(list, att)
+        } else {
+            None
+        };
+        let n = list["plugins"].as_array().map_or(0, Vec::len);
+        for i in (0..n).rev() {
+            let conf = Self::plugin_config(list, i, prev.as_ref());
+            let kind = conf["type"].as_str().unwrap_or_default().to_owned();
+            let bytes = serde_json::to_vec(&conf).unwrap_or_default();
+            self.exec(&kind, "DEL", att, &bytes).into_result(&kind)?;
+        }
+        if let Ok(mut c) = self.cache.lock() {
+            c.remove(&Self::key(list, att));
+        }
+        Ok(())
+    }
+
+    /// Calls the `ipam` object of plugin `i` directly as a main plugin would call its IPAM:
+    /// the whole plugin config on stdin, exec'd by `ipam.type`. Used where no reference main
+    /// plugin supports the version under test (Debian's ptp stops at 1.0.0).
+    pub fn ipam(
+        &self,
+        list: &Value,
+        i: usize,
+        command: &str,
+        att: &Attachment,
+        prev: Option<&Value>,
+    ) -> Result<Value, CniError> {
+        let conf = Self::plugin_config(list, i, prev);
+        let kind = conf["ipam"]["type"].as_str().unwrap_or_default().to_owned();
+        let bytes = serde_json::to_vec(&conf).unwrap_or_default();
+        self.exec(&kind, command, att, &bytes).into_result(&kind)
+    }
+}
+
+/// The bare addresses in a result.
+pub fn result_ips(result: &Value) -> Vec<String> {
+    let mut ips: Vec<String> = result["ips"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|ip| ip["address"].as_str()?.split('/').next().map(str::to_owned))
+        .collect();
+    ips.sort();
+    ips
+}
+
+/// A GC attachment entry, as libcni writes it.
+pub fn gc_entry(att: &Attachment) -> Value {
+    json!({"containerID": att.container_id, "ifname": att.ifname})
+}
