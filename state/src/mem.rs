@@ -20,6 +20,8 @@ pub struct MemStore {
     trees: Mutex<HashMap<Tree, Map>>,
     /// Number of upcoming commits that fail, for testing error paths above the store.
     fail_commits: AtomicUsize,
+    /// Commits that still succeed before `fail_commits` starts counting.
+    pass_commits: AtomicUsize,
 }
 
 impl Default for MemStore {
@@ -31,6 +33,7 @@ impl Default for MemStore {
         Self {
             trees: Mutex::new(trees),
             fail_commits: AtomicUsize::new(0),
+            pass_commits: AtomicUsize::new(0),
         }
     }
 }
@@ -44,6 +47,13 @@ impl MemStore {
     /// Makes the next `n` non-empty commits fail with [`StoreError::Backend`] without applying
     /// anything, as a full disk would.
     pub fn fail_next_commits(&self, n: usize) {
+        self.fail_commits.store(n, Ordering::SeqCst);
+    }
+
+    /// Lets the next `pass` non-empty commits succeed, then fails `n`: reaches the second
+    /// commit of a two-commit operation (an intent, then its result).
+    pub fn fail_commits_after(&self, pass: usize, n: usize) {
+        self.pass_commits.store(pass, Ordering::SeqCst);
         self.fail_commits.store(n, Ordering::SeqCst);
     }
 
@@ -78,10 +88,15 @@ impl Store for MemStore {
         if batch.is_empty() {
             return Ok(());
         }
-        let failed = self
-            .fail_commits
+        let passed = self
+            .pass_commits
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
+        let failed = !passed
+            && self
+                .fail_commits
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
         if failed {
             return Err(StoreError::Backend(
                 "MemStore: injected commit failure".into(),

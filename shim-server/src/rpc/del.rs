@@ -29,18 +29,19 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
         .as_ref()
         .and_then(|r| r.result.as_ref())
         .or(prev.as_ref());
-    if !p.dc.inject_for_del(known) {
+    if !p.dc.inject_for_del(known) && existing.is_none() {
         info!(key = %p.key, delegate = %p.dc.kind, "nothing recorded and no prevResult: the delegate has nothing dipam could release");
         return Ok(Vec::new());
     }
-    if let Some(rec) = &existing {
-        if rec.state != AttachmentState::Deleting {
-            let mut marked = rec.clone();
-            marked.state = AttachmentState::Deleting;
-            marked.updated_at = now();
-            marked.request_id = p.req.request_id.clone();
-            shim.ledger(move |l| l.put(&marked)).await?;
-        }
+    if let Some(rec) = existing
+        .as_ref()
+        .filter(|r| r.state != AttachmentState::Deleting)
+    {
+        let mut marked = rec.clone();
+        marked.state = AttachmentState::Deleting;
+        marked.updated_at = now();
+        marked.request_id = p.req.request_id.clone();
+        shim.ledger(move |l| l.put(&marked)).await?;
     }
 
     let (probe, send) = shim.resolve(&p.dc, &p.req.cni_path).await?;

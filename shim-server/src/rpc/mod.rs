@@ -6,3 +6,6 @@ pub mod check;
 pub mod del;
 pub mod gc;
 pub mod status;
+
+#[cfg(test)]
+mod tests;

@@ -45,8 +45,6 @@ pub struct CniError {
     pub code: u64,
     pub msg: String,
     pub details: String,
-    /// The whole stdout, parsed.
-    pub json: Value,
     pub stderr: String,
 }
 
@@ -81,7 +79,6 @@ impl Exec {
                 code: 0,
                 msg: format!("result is not JSON: {e}"),
                 details: String::from_utf8_lossy(&self.stdout).into_owned(),
-                json: Value::Null,
                 stderr,
             });
         }
@@ -92,7 +89,6 @@ impl Exec {
             code: json["code"].as_u64().unwrap_or(0),
             msg: json["msg"].as_str().unwrap_or_default().into(),
             details: json["details"].as_str().unwrap_or_default().into(),
-            json,
             stderr,
         })
     }

@@ -1,6 +1,9 @@
 //! dipamd's process lifecycle: down, restarted, killed, refused; the plugin's behaviour
 //! around it; and that nothing is leaked on the way.
 
+// Tests: a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 use std::process::Stdio;
 
 use dipam_lifecycle::{Lab, daemon::socket_gone, require_root, runtime::result_ips};

@@ -1,6 +1,9 @@
 //! Hostile and malformed input: every case gets a CNI error JSON on stdout with the expected
 //! code, a non-zero exit, never a panic, and nothing allocated.
 
+// Tests: a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 use dipam_lifecycle::{Attachment, Fixture, Lab, Runtime, bins, require_root};
 use serde_json::{Value, json};
 

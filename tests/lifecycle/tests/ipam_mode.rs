@@ -2,6 +2,9 @@
 //! against the real host-local and the azure-vnet-ipam stand-in, with the ledger and the
 //! delegate's store compared after every step.
 
+// Tests: a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
 use dipam_lifecycle::{Lab, require_root, runtime::result_ips};
 use serde_json::Value;
 

@@ -1,0 +1,328 @@
+//! The RPC flows against the in-memory ledger and a scripted delegate (a shell script that
+//! records each call and answers as told), so every branch runs without root.
+
+use std::{os::unix::fs::PermissionsExt, path::Path, sync::Arc, time::Duration};
+
+use dipam_proto::v1::{CniRequest, Mode};
+use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, MemStore, Owner};
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+use super::{add, check, del};
+use crate::{
+    delegate::Executor,
+    error::ShimError,
+    recovery,
+    shim::{Identity, Shim},
+};
+
+const SCRIPT: &str = r#"#!/bin/sh
+d=$(dirname "$0")
+cat > "$d/stdin-$CNI_COMMAND"
+echo "$CNI_COMMAND $CNI_CONTAINERID" >> "$d/calls"
+case "$CNI_COMMAND" in
+VERSION) echo '{"cniVersion":"1.0.0","supportedVersions":["0.3.1","0.4.0","1.0.0"]}' ;;
+ADD)
+  if [ -f "$d/fail-add" ]; then cat "$d/fail-add"; exit 1; fi
+  if [ -f "$d/garbage-add" ]; then echo 'this is not json'; exit 0; fi
+  echo '{"cniVersion":"1.0.0","ips":[{"address":"10.9.0.2/24","gateway":"10.9.0.1"}],"dns":{}}' ;;
+DEL)
+  if [ -f "$d/fail-del" ]; then echo '{"code":999,"msg":"release failed"}'; exit 1; fi ;;
+esac
+"#;
+
+struct Bench {
+    dir: TempDir,
+    shim: Arc<Shim<MemStore>>,
+}
+
+impl Bench {
+    fn new() -> Self {
+        Self::with_store(MemStore::new())
+    }
+
+    fn with_store(store: MemStore) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("fake-ipam");
+        std::fs::write(&script, SCRIPT).unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let shim = Shim::new(
+            store,
+            Executor::new(vec![dir.path().to_owned()], Duration::from_secs(10)),
+            Identity {
+                socket: "/unused".into(),
+                state_dir: "/unused".into(),
+            },
+        );
+        Self { dir, shim }
+    }
+
+    fn path(&self, name: &str) -> std::path::PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.path("calls"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.starts_with("VERSION"))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn touch(&self, name: &str, content: &str) {
+        std::fs::write(self.path(name), content).unwrap();
+    }
+
+    fn record(&self, cid: &str) -> Option<AttachmentRecord> {
+        self.shim
+            .ledger
+            .get(&AttachmentKey::new("net", cid, "eth0"))
+            .unwrap()
+    }
+}
+
+fn request(cid: &str, version: &str, extra: Value) -> CniRequest {
+    let mut conf = json!({
+        "cniVersion": version, "name": "net", "type": "ptp",
+        "ipam": {"type": "dipam", "delegate": {"type": "fake-ipam", "subnet": "10.9.0.0/24"}}
+    });
+    if let (Some(c), Some(e)) = (conf.as_object_mut(), extra.as_object()) {
+        c.extend(e.clone());
+    }
+    CniRequest {
+        protocol_version: dipam_proto::PROTOCOL_VERSION,
+        request_id: "test".into(),
+        command: String::new(),
+        container_id: cid.into(),
+        netns: "/var/run/netns/x".into(),
+        ifname: "eth0".into(),
+        cni_args: String::new(),
+        cni_path: String::new(),
+        stdin: serde_json::to_vec(&conf).unwrap(),
+        mode: Mode::Ipam as i32,
+    }
+}
+
+fn json_of(bytes: &[u8]) -> Value {
+    serde_json::from_slice(bytes).unwrap()
+}
+
+fn read(p: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn add_commits_and_converts_to_the_config_version() {
+    let b = Bench::new();
+    let out = add::run(&b.shim, request("c1", "1.1.0", json!({})))
+        .await
+        .unwrap();
+    let v = json_of(&out);
+    assert_eq!(v["cniVersion"], "1.1.0");
+    assert_eq!(v["ips"][0]["address"], "10.9.0.2/24");
+    // The delegate stops at 1.0.0 and got 1.0.0, with ipam swapped for the delegate object.
+    let sent = read(&b.path("stdin-ADD"));
+    assert_eq!(sent["cniVersion"], "1.0.0");
+    assert_eq!(sent["ipam"]["type"], "fake-ipam");
+    let rec = b.record("c1").unwrap();
+    assert_eq!(rec.state, AttachmentState::Committed);
+    assert_eq!(rec.owner, Owner::Pod);
+    assert_eq!(rec.delegate_version, "1.0.0");
+
+    let legacy = json_of(
+        &add::run(&b.shim, request("c2", "0.4.0", json!({})))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(legacy["ips"][0]["version"], "4");
+}
+
+#[tokio::test]
+async fn repeated_add_answers_from_the_ledger_and_changed_config_is_refused() {
+    let b = Bench::new();
+    let first = add::run(&b.shim, request("c1", "1.0.0", json!({})))
+        .await
+        .unwrap();
+    let again = add::run(&b.shim, request("c1", "1.0.0", json!({})))
+        .await
+        .unwrap();
+    assert_eq!(first, again);
+    assert_eq!(b.calls(), vec!["ADD c1"]);
+    let changed = request(
+        "c1",
+        "1.0.0",
+        json!({"runtimeConfig": {"ips": ["10.9.0.7"]}}),
+    );
+    let e = add::run(&b.shim, changed).await.unwrap_err();
+    assert!(matches!(e, ShimError::ExistsWithOtherConfig { .. }), "{e}");
+    assert_eq!(b.calls(), vec!["ADD c1"]);
+}
+
+#[tokio::test]
+async fn delegate_error_passes_through_and_leaves_no_record() {
+    let b = Bench::new();
+    b.touch(
+        "fail-add",
+        r#"{"code":999,"msg":"no IP addresses available","details":"range full"}"#,
+    );
+    let e = add::run(&b.shim, request("c1", "1.0.0", json!({})))
+        .await
+        .unwrap_err();
+    let ShimError::Delegate(f) = &e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(f.code, 999);
+    assert_eq!(f.msg, "no IP addresses available");
+    assert!(b.record("c1").is_none());
+    // A clean CNI error means the delegate holds nothing: no rollback DEL.
+    assert_eq!(b.calls(), vec!["ADD c1"]);
+}
+
+#[tokio::test]
+async fn garbage_from_the_delegate_is_rolled_back() {
+    let b = Bench::new();
+    b.touch("garbage-add", "");
+    let e = add::run(&b.shim, request("c1", "1.0.0", json!({})))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ShimError::DelegateBadOutput { .. }), "{e:?}");
+    assert_eq!(b.calls(), vec!["ADD c1", "DEL c1"]);
+    assert!(b.record("c1").is_none());
+}
+
+#[tokio::test]
+async fn a_failed_commit_rolls_the_delegate_back() {
+    let b = Bench::new();
+    // The intent commits; committing the result fails (a full disk): the delegate's
+    // allocation is released and the intent dropped, so nothing is held that nobody knows of.
+    b.shim.ledger.store().fail_commits_after(1, 1);
+    let e = add::run(&b.shim, request("c1", "1.0.0", json!({})))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ShimError::Store(_)), "{e:?}");
+    assert_eq!(b.calls(), vec!["ADD c1", "DEL c1"]);
+    assert!(b.record("c1").is_none());
+
+    // The intent itself cannot be written: the delegate never runs.
+    b.shim.ledger.store().fail_commits_after(0, 1);
+    let e = add::run(&b.shim, request("c2", "1.0.0", json!({})))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ShimError::Store(_)), "{e:?}");
+    assert!(!b.calls().contains(&"ADD c2".to_string()));
+}
+
+#[tokio::test]
+async fn del_of_unknown_runs_the_delegate_and_failed_del_keeps_the_record() {
+    let b = Bench::new();
+    del::run(&b.shim, request("ghost", "1.0.0", json!({})))
+        .await
+        .unwrap();
+    assert_eq!(b.calls(), vec!["DEL ghost"]);
+
+    add::run(&b.shim, request("c1", "1.0.0", json!({})))
+        .await
+        .unwrap();
+    b.touch("fail-del", "");
+    let e = del::run(&b.shim, request("c1", "1.0.0", json!({})))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ShimError::Delegate(_)), "{e:?}");
+    assert_eq!(b.record("c1").unwrap().state, AttachmentState::Deleting);
+
+    std::fs::remove_file(b.path("fail-del")).unwrap();
+    del::run(&b.shim, request("c1", "1.0.0", json!({})))
+        .await
+        .unwrap();
+    assert!(b.record("c1").is_none());
+}
+
+#[tokio::test]
+async fn check_compares_prev_result_with_the_ledger() {
+    let b = Bench::new();
+    let res = json_of(
+        &add::run(&b.shim, request("c1", "1.0.0", json!({})))
+            .await
+            .unwrap(),
+    );
+    check::run(
+        &b.shim,
+        request("c1", "1.0.0", json!({ "prevResult": res })),
+    )
+    .await
+    .unwrap();
+    assert!(b.calls().contains(&"CHECK c1".to_string()));
+    let mut wrong = res.clone();
+    wrong["ips"][0]["address"] = json!("10.9.0.3/24");
+    let e = check::run(
+        &b.shim,
+        request("c1", "1.0.0", json!({ "prevResult": wrong })),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(e, ShimError::PrevResultMismatch { .. }), "{e:?}");
+    let e = check::run(
+        &b.shim,
+        request("c9", "1.0.0", json!({ "prevResult": res })),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(e, ShimError::NoRecord { .. }), "{e:?}");
+}
+
+#[tokio::test]
+async fn replay_releases_interrupted_operations_and_keeps_committed_ones() {
+    let b = Bench::new();
+    add::run(&b.shim, request("keep", "1.0.0", json!({})))
+        .await
+        .unwrap();
+    add::run(&b.shim, request("half", "1.0.0", json!({})))
+        .await
+        .unwrap();
+    let mut half = b.record("half").unwrap();
+    half.state = AttachmentState::Adding;
+    half.result = None;
+    b.shim.ledger.put(&half).unwrap();
+
+    let r = recovery::replay(&b.shim).await.unwrap();
+    assert_eq!(r.released, 1);
+    assert!(b.record("half").is_none());
+    assert!(b.record("keep").is_some());
+    assert_eq!(b.calls().last().map(String::as_str), Some("DEL half"));
+}
+
+#[tokio::test]
+async fn protocol_negotiation_serves_newer_and_refuses_older() {
+    let b = Bench::new();
+    let mut newer = request("c1", "1.0.0", json!({}));
+    newer.protocol_version = dipam_proto::PROTOCOL_VERSION + 5;
+    assert!(add::run(&b.shim, newer).await.is_ok());
+    let mut older = request("c2", "1.0.0", json!({}));
+    older.protocol_version = 0;
+    let e = add::run(&b.shim, older).await.unwrap_err();
+    assert_eq!(
+        e.into_reply().unwrap_err().code(),
+        tonic::Code::FailedPrecondition
+    );
+}
+
+#[tokio::test]
+async fn identifiers_are_validated_before_any_key_or_exec() {
+    let b = Bench::new();
+    for (cid, ifname) in [
+        ("../etc", "eth0"),
+        ("c1", "a/b"),
+        ("", "eth0"),
+        ("c\u{0}1", "eth0"),
+    ] {
+        let mut req = request(cid, "1.0.0", json!({}));
+        req.ifname = ifname.into();
+        let e = add::run(&b.shim, req).await.unwrap_err();
+        assert!(
+            matches!(e, ShimError::BadEnv(_)),
+            "{cid:?} {ifname:?}: {e:?}"
+        );
+    }
+    assert!(b.calls().is_empty());
+}
