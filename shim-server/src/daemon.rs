@@ -38,8 +38,10 @@ pub struct Args {
         default_value = "/opt/cni/bin:/usr/lib/cni"
     )]
     pub cni_path: String,
-    /// Kill a delegate exec that has not finished after this many seconds.
-    #[arg(long, env = "DIPAM_DELEGATE_TIMEOUT", default_value_t = 15.0)]
+    /// Kill a delegate exec that has not finished after this many seconds. One ADD may need
+    /// four execs (VERSION probe, cleanup of an interrupted operation, ADD, rollback DEL); the
+    /// default keeps even that within the plugin's 55 s wait.
+    #[arg(long, env = "DIPAM_DELEGATE_TIMEOUT", default_value_t = 10.0)]
     pub delegate_timeout: f64,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]

@@ -139,7 +139,8 @@ impl ShimError {
             Self::DelegateTimeout { stderr, .. } => (
                 codes::DELEGATE_TIMEOUT,
                 format!(
-                    "dipamd killed it; any partial allocation was rolled back. stderr: {}",
+                    "dipamd killed it (raise dipamd --delegate-timeout if the delegate is \
+                     legitimately slow); stderr: {}",
                     or_none(stderr)
                 ),
             ),

@@ -155,11 +155,7 @@ impl<S: Store> Shim<S> {
             version: rec.delegate_version.parse().unwrap_or(SpecVersion::CURRENT),
             conf: conf.take(),
         };
-        if !dc.inject_for_del(rec.result.as_ref()) {
-            // An intent whose ADD never produced a result: the delegate was not told which
-            // pool to release from, so ask with what the config has and let it answer.
-            tracing::debug!(key = %rec.key, "no recorded result to complete the DEL config");
-        }
+        let complete = dc.inject_for_del(rec.result.as_ref());
         let inv = Invocation {
             command: "DEL".into(),
             container_id: rec.key.container_id.clone(),
@@ -169,7 +165,17 @@ impl<S: Store> Shim<S> {
             path: self.exec.delegate_cni_path(&rec.cni_path),
             stdin: dc.bytes_for(None)?,
         };
-        self.exec.call(&rec.delegate_type, &probe, &inv).await?;
-        Ok(())
+        match self.exec.call(&rec.delegate_type, &probe, &inv).await {
+            Ok(_) => Ok(()),
+            // An interrupted ADD that never produced a result, for a delegate that cannot
+            // release without one (azure-vnet-ipam needs the pool): retrying can never
+            // succeed, and keeping the record would fail this key's DEL forever. Say so and
+            // let it go; the delegate's own reconcile owns what it may hold.
+            Err(e) if !complete => {
+                tracing::warn!(key = %rec.key, delegate = %rec.delegate_type, error = %e, "cannot release an interrupted ADD without its result; dropping the record");
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
     }
 }

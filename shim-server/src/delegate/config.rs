@@ -53,7 +53,7 @@ impl DelegateConf {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .parse::<SpecVersion>()
-            .map_err(|e| ShimError::Version(e.details().to_owned()))?;
+            .map_err(|e| ShimError::Decode(e.details().to_owned()))?;
         if mode == Mode::Ipam {
             let delegate = obj
                 .get("ipam")
@@ -261,7 +261,7 @@ mod tests {
         );
         assert_eq!(
             code(r#"{"cniVersion":"x.y","name":"n","ipam":{"delegate":{"type":"h"}}}"#),
-            1
+            6
         );
     }
 }

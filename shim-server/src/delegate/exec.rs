@@ -201,7 +201,8 @@ pub fn check(kind: &str, command: &str, out: &Output) -> Result<(), ShimError> {
             Err(ShimError::Delegate(Box::new(DelegateFailure {
                 kind: kind.into(),
                 command: command.into(),
-                code: e.code,
+                // Code 0 is reserved by the spec; Go's skel reports an untyped error as 999.
+                code: if e.code == 0 { 999 } else { e.code },
                 msg: e.msg,
                 details: e.details,
                 exit: out.describe_exit(),

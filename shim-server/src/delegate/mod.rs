@@ -90,7 +90,11 @@ impl Executor {
             });
         }
         let supported = self.version_of(kind, &path).await;
-        if let Ok(mut cache) = self.probes.lock() {
+        // A failed probe is not remembered: a delegate that was mid-upgrade or briefly broken
+        // is asked again on the next call instead of being spoken to unconverted for good.
+        if !supported.is_empty()
+            && let Ok(mut cache) = self.probes.lock()
+        {
             cache.insert(path.clone(), (mtime, supported.clone()));
         }
         Ok(Probe { path, supported })

@@ -74,11 +74,7 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
     let out = match shim.run_delegate(&p, &probe, "ADD", stdin).await {
         Ok(out) => out,
         Err(e) => {
-            // A clean CNI error means the delegate allocated nothing (host-local releases its
-            // partial work itself). A crash, hang or garbage may have left a reservation:
-            // release it before answering.
-            let clean = matches!(e, ShimError::Delegate(_));
-            rollback(shim, &rec, !clean).await;
+            rollback(shim, &rec, may_hold_allocation(&e)).await;
             return Err(e);
         }
     };
@@ -112,6 +108,18 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
         "attachment added"
     );
     version::render(p.dc.version, parsed)
+}
+
+/// Whether a failed delegate ADD may have left a reservation behind. A well-formed CNI error
+/// means the delegate refused cleanly (host-local releases its partial work itself); an exec
+/// that never started holds nothing. A crash, a hang, garbage, or a message only on stderr
+/// (a Go panic) may have reserved an address.
+fn may_hold_allocation(e: &ShimError) -> bool {
+    match e {
+        ShimError::Delegate(f) => f.code == crate::error::codes::DELEGATE_BAD_OUTPUT,
+        ShimError::DelegateNotFound { .. } | ShimError::DelegateSpawn { .. } => false,
+        _ => true,
+    }
 }
 
 /// Undoes an ADD that will not be answered with success. With `release`, the delegate's

@@ -3,7 +3,9 @@
 //! The record is marked `deleting` before the delegate runs, so an interrupted DEL is finished
 //! at the next start. DEL of a key dipamd does not know still runs the delegate's DEL: the
 //! runtime may know better (a ledger restored from backup, an ADD from before dipam), and the
-//! spec wants DEL to succeed when there is nothing to release (§2.5).
+//! spec wants DEL to succeed when there is nothing to release (§2.5). The one exception is a
+//! delegate that cannot release without data from the ADD result (azure-vnet-ipam's pool)
+//! when neither the ledger nor prevResult has it: then there is nothing it could release.
 
 use dipam_proto::v1::CniRequest;
 use dipam_state::{AttachmentState, Store};

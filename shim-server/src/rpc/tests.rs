@@ -25,6 +25,7 @@ VERSION) echo '{"cniVersion":"1.0.0","supportedVersions":["0.3.1","0.4.0","1.0.0
 ADD)
   if [ -f "$d/fail-add" ]; then cat "$d/fail-add"; exit 1; fi
   if [ -f "$d/garbage-add" ]; then echo 'this is not json'; exit 0; fi
+  if [ -f "$d/panic-add" ]; then echo 'panic: runtime error' >&2; exit 2; fi
   echo '{"cniVersion":"1.0.0","ips":[{"address":"10.9.0.2/24","gateway":"10.9.0.1"}],"dns":{}}' ;;
 DEL)
   if [ -f "$d/fail-del" ]; then echo '{"code":999,"msg":"release failed"}'; exit 1; fi ;;
@@ -189,6 +190,41 @@ async fn garbage_from_the_delegate_is_rolled_back() {
     assert!(matches!(e, ShimError::DelegateBadOutput { .. }), "{e:?}");
     assert_eq!(b.calls(), vec!["ADD c1", "DEL c1"]);
     assert!(b.record("c1").is_none());
+}
+
+#[tokio::test]
+async fn a_delegate_that_dies_with_only_stderr_is_rolled_back() {
+    let b = Bench::new();
+    b.touch("panic-add", "");
+    let e = add::run(&b.shim, request("c1", "1.0.0", json!({}))).await.unwrap_err();
+    let ShimError::Delegate(f) = &e else { panic!("{e:?}") };
+    assert!(f.msg.contains("panic"), "{e:?}");
+    assert_eq!(b.calls(), vec!["ADD c1", "DEL c1"]);
+    assert!(b.record("c1").is_none());
+}
+
+#[tokio::test]
+async fn a_missing_delegate_is_not_rolled_back() {
+    let b = Bench::new();
+    let mut req = request("c1", "1.0.0", json!({}));
+    req.stdin = serde_json::to_vec(&json!({
+        "cniVersion": "1.0.0", "name": "net", "type": "ptp",
+        "ipam": {"type": "dipam", "delegate": {"type": "not-installed"}}
+    }))
+    .unwrap();
+    let e = add::run(&b.shim, req).await.unwrap_err();
+    assert!(matches!(e, ShimError::DelegateNotFound { .. }), "{e:?}");
+    assert!(b.calls().is_empty());
+    assert!(b.record("c1").is_none());
+}
+
+#[tokio::test]
+async fn gc_without_a_list_is_refused() {
+    let b = Bench::new();
+    for extra in [json!({}), json!({"cni.dev/valid-attachments": null})] {
+        let e = super::gc::run(&b.shim, request("", "1.1.0", extra)).await.unwrap_err();
+        assert!(matches!(e, ShimError::Config { .. }), "{e:?}");
+    }
 }
 
 #[tokio::test]

@@ -32,11 +32,18 @@ impl Lab {
             .prefix("delegate-store-")
             .tempdir()
             .expect("temp dir");
-        let fx = raw
+        let mut fx = raw
             .unique_name()
             .with_socket(&dipamd.socket())
             .with_delegate_state(data.path())
             .with_subnet(&subnet.cidr);
+        // The bridge plugin keeps its bridge after DEL, with the gateway address of the subnet
+        // it was created for: each bench gets its own bridge, removed on drop.
+        for p in fx.list["plugins"].as_array_mut().into_iter().flatten() {
+            if p["type"] == "bridge" {
+                p["bridge"] = serde_json::json!(format!("dpb{}", subnet.index));
+            }
+        }
         Self {
             dipamd,
             rt: Runtime::new(bins::cni_path()),
@@ -105,5 +112,17 @@ impl Lab {
             "ledger (left) and {} store (right) disagree",
             self.fx.delegate()
         );
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for p in self.fx.list["plugins"].as_array().into_iter().flatten() {
+            if let Some(bridge) = p["bridge"].as_str() {
+                let _ = std::process::Command::new("ip")
+                    .args(["link", "del", bridge])
+                    .output();
+            }
+        }
     }
 }
