@@ -4,7 +4,10 @@
 use std::{io::Write, path::PathBuf};
 
 use clap::{Parser, Subcommand};
-use dipam_proto::v1::{ListAttachmentsRequest, StatusRequest, admin_client::AdminClient};
+use dipam_proto::v1::{
+    AgentListReply, AgentListRequest, AgentRoleRequest, ListAttachmentsRequest, StatusRequest,
+    admin_client::AdminClient, agent_client::AgentClient,
+};
 use serde_json::json;
 
 /// dipamctl: inspect the dipam shim daemon (dipamd).
@@ -39,6 +42,28 @@ pub enum Command {
         #[arg(long)]
         owner: Option<String>,
     },
+    /// The agent's own addresses (router, health, ingress).
+    #[command(subcommand)]
+    Agent(AgentCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AgentCommand {
+    /// Every agent address: role, family, IP, gateway, state.
+    List,
+    /// Enable a role now and wait for its addresses (kept across restarts until the
+    /// configured --agent-roles change).
+    Allocate {
+        /// router, health or ingress.
+        role: String,
+    },
+    /// Disable a role now and wait until its addresses are released.
+    Release {
+        /// router, health or ingress.
+        role: String,
+    },
+    /// Print the list now and again after every change, until interrupted.
+    Watch,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -58,8 +83,9 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
             socket: args.socket.clone(),
             reason: root_cause(&e),
         })?;
-    let mut admin = AdminClient::new(channel);
+    let mut admin = AdminClient::new(channel.clone());
     match args.command {
+        Command::Agent(cmd) => return agent(AgentClient::new(channel), cmd, args.json, out).await,
         Command::Status => {
             let s = admin
                 .get_status(StatusRequest {
@@ -78,6 +104,9 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
                     "stateDir": s.state_dir,
                     "attachments": s.attachments,
                     "uptimeSeconds": s.uptime_seconds,
+                    "conflist": s.conflist,
+                    "conflictsDetected": s.conflicts_detected,
+                    "agentReestablished": s.agent_reestablished,
                     "delegates": s.delegates.iter().map(|d| json!({"type": d.r#type, "path": d.path, "supportedVersions": d.supported_versions})).collect::<Vec<_>>(),
                 });
                 writeln!(out, "{v:#}")?;
@@ -102,6 +131,14 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
                 writeln!(out, "socket:       {}", s.socket)?;
                 writeln!(out, "state dir:    {}", s.state_dir)?;
                 writeln!(out, "attachments:  {}", s.attachments)?;
+                if !s.conflist.is_empty() {
+                    writeln!(out, "conflist:     {}", s.conflist)?;
+                }
+                writeln!(
+                    out,
+                    "conflicts:    {} refused, {} agent addresses re-established",
+                    s.conflicts_detected, s.agent_reestablished
+                )?;
                 writeln!(out, "uptime:       {}s", s.uptime_seconds)?;
                 for d in &s.delegates {
                     writeln!(
@@ -175,9 +212,106 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
     Ok(())
 }
 
-/// Container IDs are 64 hex characters from containerd; 16 identify one on a node.
+async fn agent(
+    mut client: AgentClient<tonic::transport::Channel>,
+    cmd: AgentCommand,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), CtlError> {
+    let v = dipam_proto::PROTOCOL_VERSION;
+    let reply = match cmd {
+        AgentCommand::List => {
+            client
+                .list(AgentListRequest {
+                    protocol_version: v,
+                })
+                .await
+        }
+        AgentCommand::Allocate { role } => {
+            client
+                .allocate(AgentRoleRequest {
+                    protocol_version: v,
+                    role,
+                })
+                .await
+        }
+        AgentCommand::Release { role } => {
+            client
+                .release(AgentRoleRequest {
+                    protocol_version: v,
+                    role,
+                })
+                .await
+        }
+        AgentCommand::Watch => {
+            let mut stream = client
+                .watch(AgentListRequest {
+                    protocol_version: v,
+                })
+                .await
+                .map_err(CtlError::Rpc)?
+                .into_inner();
+            while let Some(item) = stream.message().await.map_err(CtlError::Rpc)? {
+                print_agent(&item, json, out)?;
+                out.flush()?;
+            }
+            return Ok(());
+        }
+    };
+    let reply = reply.map_err(CtlError::Rpc)?.into_inner();
+    print_agent(&reply, json, out)?;
+    Ok(())
+}
+
+fn print_agent(r: &AgentListReply, json: bool, out: &mut dyn Write) -> std::io::Result<()> {
+    if json {
+        let v = json!({
+            "generation": r.generation,
+            "waiting": r.waiting,
+            "addresses": r.addresses.iter().map(|a| json!({
+                "role": a.role, "family": a.family, "ip": a.ip, "gateway": a.gateway,
+                "state": a.state, "network": a.network, "containerID": a.container_id,
+                "ifname": a.ifname, "message": a.message,
+            })).collect::<Vec<_>>(),
+        });
+        return writeln!(out, "{v}");
+    }
+    if !r.waiting.is_empty() {
+        writeln!(out, "{}", r.waiting)?;
+    }
+    let rows: Vec<[String; 6]> = r
+        .addresses
+        .iter()
+        .map(|a| {
+            [
+                a.role.clone(),
+                a.family.clone(),
+                if a.ip.is_empty() {
+                    "-".into()
+                } else {
+                    a.ip.clone()
+                },
+                if a.gateway.is_empty() {
+                    "-".into()
+                } else {
+                    a.gateway.clone()
+                },
+                a.state.clone(),
+                a.message.clone(),
+            ]
+        })
+        .collect();
+    table(
+        out,
+        ["ROLE", "FAMILY", "IP", "GATEWAY", "STATE", "MESSAGE"],
+        &rows,
+    )
+}
+
+/// Container IDs are 64 hex characters from containerd; 16 identify one on a node. Other IDs
+/// (dipam's agent slots, podman names) are shown whole.
 fn short(id: &str) -> String {
-    if id.len() > 16 {
+    if id.len() > 16 && id.chars().all(|c| c.is_ascii_hexdigit()) {
         format!("{}…", &id[..16])
     } else {
         id.to_owned()

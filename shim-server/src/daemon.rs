@@ -11,6 +11,7 @@ use dipam_state::SledStore;
 use tracing::{error, info};
 
 use crate::{
+    agent::{self, AgentConfig, Family, ROLES, conflist::Source},
     delegate::Executor,
     logging::{self, LogFormat},
     recovery, server,
@@ -43,6 +44,39 @@ pub struct Args {
     /// default keeps even that within the plugin's 55 s wait.
     #[arg(long, env = "DIPAM_DELEGATE_TIMEOUT", default_value_t = 10.0)]
     pub delegate_timeout: f64,
+    /// The network config that supplies the delegate for the agent's own addresses (a
+    /// .conflist or .conf file). It may appear after dipamd starts: dipamd waits and watches.
+    #[arg(long, env = "DIPAM_CONFLIST", conflicts_with = "conf_dir")]
+    pub conflist: Option<PathBuf>,
+    /// Instead of --conflist: the CNI config directory, searched for the network named by
+    /// --network (libcni order: lexical by file name).
+    #[arg(long, env = "DIPAM_CONF_DIR", requires = "network")]
+    pub conf_dir: Option<PathBuf>,
+    /// The network to take from --conf-dir.
+    #[arg(long, env = "DIPAM_NETWORK")]
+    pub network: Option<String>,
+    /// This node's name; part of the agent addresses' container IDs (dipam-<role>-<family>-<node>).
+    /// Defaults to the host name.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Agent roles to hold an address for, comma-separated: router, health, ingress. A role
+    /// removed here is released at the next start.
+    #[arg(long, env = "DIPAM_AGENT_ROLES", value_delimiter = ',')]
+    pub agent_roles: Vec<String>,
+    /// Address families for each agent role, comma-separated: ipv4, ipv6.
+    #[arg(
+        long,
+        env = "DIPAM_AGENT_FAMILIES",
+        value_delimiter = ',',
+        default_value = "ipv4"
+    )]
+    pub agent_families: Vec<String>,
+    /// K8S_POD_NAMESPACE given to the delegate for agent addresses.
+    #[arg(long, default_value = "kube-system")]
+    pub agent_namespace: String,
+    /// Seconds between checks that the delegate still holds the agent's addresses.
+    #[arg(long, default_value_t = 60.0)]
+    pub agent_check_interval: f64,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -82,6 +116,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
             args.state_dir.display()
         ))
     })?;
+    let agent = agent_config(&args)?;
     let store = SledStore::open(&args.state_dir)?;
     let shim = Shim::new(
         store,
@@ -90,6 +125,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
             socket: args.socket.clone(),
             state_dir: args.state_dir.clone(),
         },
+        agent,
     );
     let replay = recovery::replay(&shim).await?;
     let attachments = shim.ledger(|l| l.count()).await?;
@@ -101,10 +137,82 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         replay_failed = replay.failed,
         "ledger open"
     );
+    // The agent's addresses before the first pod, when the conflist is there: otherwise a pod
+    // could take the address the agent held before this restart.
+    agent::reconcile::init(&shim).await?;
+    agent::reconcile::pass(&shim).await?;
     let listener = server::bind(&args.socket).await?;
     info!(socket = %args.socket.display(), cni_path = %args.cni_path, "serving");
+    tokio::spawn(agent::reconcile::run(
+        std::sync::Arc::clone(&shim),
+        Duration::from_secs_f64(args.agent_check_interval.max(1.0)),
+    ));
     server::serve(shim, listener, &args.socket, shutdown_signal()).await?;
     Ok(())
+}
+
+/// The agent settings from the flags; `None` when no conflist source is configured.
+fn agent_config(args: &Args) -> Result<Option<AgentConfig>, DaemonError> {
+    let source = match (&args.conflist, &args.conf_dir, &args.network) {
+        (Some(p), _, _) => Source::File(p.clone()),
+        (None, Some(dir), Some(network)) => Source::Dir {
+            dir: dir.clone(),
+            network: network.clone(),
+        },
+        _ => {
+            if args.agent_roles.iter().any(|r| !r.is_empty()) {
+                return Err(DaemonError::Usage(
+                    "--agent-roles needs the network that supplies the delegate: --conflist \
+                     PATH, or --conf-dir DIR --network NAME"
+                        .into(),
+                ));
+            }
+            return Ok(None);
+        }
+    };
+    let mut roles = std::collections::BTreeSet::new();
+    for r in args
+        .agent_roles
+        .iter()
+        .map(|r| r.trim())
+        .filter(|r| !r.is_empty())
+    {
+        if !ROLES.contains(&r) {
+            return Err(DaemonError::Usage(format!(
+                "--agent-roles: unknown role {r:?} (roles: {})",
+                ROLES.join(", ")
+            )));
+        }
+        roles.insert(r.to_owned());
+    }
+    let mut families = Vec::new();
+    for f in &args.agent_families {
+        let fam = Family::parse(f.trim()).ok_or_else(|| {
+            DaemonError::Usage(format!("--agent-families: {f:?} is not ipv4 or ipv6"))
+        })?;
+        if !families.contains(&fam) {
+            families.push(fam);
+        }
+    }
+    let node = match &args.node_name {
+        Some(n) => n.clone(),
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default(),
+    };
+    if !agent::valid_node_name(&node) {
+        return Err(DaemonError::Usage(format!(
+            "--node-name {node:?} cannot be part of a CNI container ID (letters, digits, '_', \
+             '.', '-', starting with a letter or digit)"
+        )));
+    }
+    Ok(Some(AgentConfig {
+        node,
+        roles,
+        families,
+        source,
+        namespace: args.agent_namespace.clone(),
+    }))
 }
 
 /// Resolves on SIGTERM or SIGINT.

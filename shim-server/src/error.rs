@@ -14,6 +14,7 @@ pub mod codes {
     pub const DELEGATE_NOT_FOUND: u32 = 152;
     pub const DELEGATE_TIMEOUT: u32 = 153;
     pub const DELEGATE_BAD_OUTPUT: u32 = 154;
+    pub const AGENT_CONFLICT: u32 = 156;
     pub const NO_RECORD: u32 = 157;
     pub const PREV_RESULT_MISMATCH: u32 = 158;
 }
@@ -97,6 +98,13 @@ pub enum ShimError {
     Store(#[from] StoreError),
     #[error("{key} is already attached with a different configuration")]
     ExistsWithOtherConfig { key: String },
+    /// The delegate handed out an address that the ledger says belongs to someone else.
+    #[error("address {ip} for {key} is already held by {holder}")]
+    Conflict {
+        ip: String,
+        key: String,
+        holder: String,
+    },
     #[error("no attachment recorded for {key}")]
     NoRecord { key: String },
     #[error("prevResult does not match the addresses recorded for {key}")]
@@ -113,7 +121,7 @@ pub enum ShimError {
 }
 
 impl ShimError {
-    fn code_and_details(&self) -> (u32, String) {
+    pub(crate) fn code_and_details(&self) -> (u32, String) {
         match self {
             Self::ProtocolTooOld { .. } | Self::Internal(_) => (codes::INTERNAL, String::new()),
             Self::BadEnv(_) => (4, String::new()),
@@ -185,6 +193,15 @@ impl ShimError {
                 "the runtime must DEL an attachment before adding it again with a changed \
                  network config"
                     .into(),
+            ),
+            Self::Conflict { holder, .. } => (
+                codes::AGENT_CONFLICT,
+                format!(
+                    "the delegate IPAM handed out an address that dipamd records for {holder}; \
+                     the allocation was rolled back. Another IPAM may manage the same range, or \
+                     the delegate's state directory was wiped or is not the one dipamd sees \
+                     (check that /var/lib/cni is shared and persistent)"
+                ),
             ),
             Self::NoRecord { .. } => (
                 codes::NO_RECORD,

@@ -7,7 +7,9 @@ use std::{
     sync::Arc,
 };
 
-use dipam_proto::v1::{admin_server::AdminServer, cni_server::CniServer};
+use dipam_proto::v1::{
+    admin_server::AdminServer, agent_server::AgentServer, cni_server::CniServer,
+};
 use dipam_state::Store;
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
@@ -77,7 +79,8 @@ where
     let svc = Service(shim);
     let result = tonic::transport::Server::builder()
         .add_service(CniServer::new(svc.clone()))
-        .add_service(AdminServer::new(svc))
+        .add_service(AdminServer::new(svc.clone()))
+        .add_service(AgentServer::new(svc))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await;
     let _ = std::fs::remove_file(path);

@@ -4,8 +4,9 @@
 use std::{future::Future, sync::Arc, time::Instant};
 
 use dipam_proto::v1::{
-    CniReply, CniRequest, ListAttachmentsReply, ListAttachmentsRequest, StatusReply, StatusRequest,
-    admin_server::Admin, cni_reply::Outcome, cni_server::Cni,
+    AgentListReply, AgentListRequest, AgentRoleRequest, CniReply, CniRequest, ListAttachmentsReply,
+    ListAttachmentsRequest, StatusReply, StatusRequest, admin_server::Admin, agent_server::Agent,
+    cni_reply::Outcome, cni_server::Cni,
 };
 use dipam_state::Store;
 use tonic::{Request, Response, Status};
@@ -103,6 +104,64 @@ impl<S: Store> Admin for Service<S> {
         r: Request<ListAttachmentsRequest>,
     ) -> Result<Response<ListAttachmentsReply>, Status> {
         rpc::admin::list(&self.0, r.into_inner())
+            .await
+            .map(Response::new)
+            .map_err(ShimError::into_status)
+    }
+}
+
+#[tonic::async_trait]
+impl<S: Store> Agent for Service<S> {
+    type WatchStream = std::pin::Pin<
+        Box<dyn tokio_stream::Stream<Item = Result<AgentListReply, Status>> + Send + 'static>,
+    >;
+
+    async fn list(&self, _: Request<AgentListRequest>) -> Result<Response<AgentListReply>, Status> {
+        Ok(Response::new(rpc::agent::list(&self.0)))
+    }
+
+    async fn watch(
+        &self,
+        _: Request<AgentListRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        // The current list first, then every change: an agent that (re)connects never misses
+        // the state it must act on. The forwarding task ends when the watcher goes away.
+        let mut rx = self.0.agent.subscribe();
+        let (tx, out) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            loop {
+                let current = rx.borrow_and_update().clone();
+                if tx.send(Ok(current)).await.is_err() || rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(out),
+        )))
+    }
+
+    async fn allocate(
+        &self,
+        r: Request<AgentRoleRequest>,
+    ) -> Result<Response<AgentListReply>, Status> {
+        let role = r.into_inner().role;
+        let span = info_span!("agent", command = "allocate", role = %role);
+        rpc::agent::set_role(&self.0, &role, true)
+            .instrument(span)
+            .await
+            .map(Response::new)
+            .map_err(ShimError::into_status)
+    }
+
+    async fn release(
+        &self,
+        r: Request<AgentRoleRequest>,
+    ) -> Result<Response<AgentListReply>, Status> {
+        let role = r.into_inner().role;
+        let span = info_span!("agent", command = "release", role = %role);
+        rpc::agent::set_role(&self.0, &role, false)
+            .instrument(span)
             .await
             .map(Response::new)
             .map_err(ShimError::into_status)

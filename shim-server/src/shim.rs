@@ -9,11 +9,16 @@ use std::{
 };
 
 use dipam_proto::v1::{CniRequest, Mode};
-use dipam_state::{AttachmentKey, AttachmentRecord, Ledger, Store, StoreError};
+use dipam_state::{AttachmentKey, AttachmentRecord, Ledger, Owner, Store, StoreError};
 use rscni_types::version::SpecVersion;
 
 use crate::{
-    delegate::{Executor, Invocation, Output, Probe, config::DelegateConf, version},
+    agent::{Agent, AgentConfig},
+    delegate::{
+        Executor, Invocation, Output, Probe,
+        config::{DelegateConf, result_addrs},
+        version,
+    },
     error::ShimError,
     keylock::KeyLocks,
     validate,
@@ -28,6 +33,7 @@ pub struct Identity {
 
 pub struct Shim<S: Store> {
     pub ledger: Ledger<S>,
+    pub agent: Agent,
     pub exec: Executor,
     pub locks: KeyLocks,
     pub started: Instant,
@@ -49,9 +55,15 @@ pub fn now() -> u64 {
 }
 
 impl<S: Store> Shim<S> {
-    pub fn new(store: S, exec: Executor, identity: Identity) -> Arc<Self> {
+    pub fn new(
+        store: S,
+        exec: Executor,
+        identity: Identity,
+        agent: Option<AgentConfig>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             ledger: Ledger::new(store),
+            agent: Agent::new(agent),
             exec,
             locks: KeyLocks::default(),
             started: Instant::now(),
@@ -141,6 +153,42 @@ impl<S: Store> Shim<S> {
             stdin,
         };
         self.exec.call(&p.dc.kind, probe, &inv).await
+    }
+
+    /// Refuses a result whose addresses belong to someone else in the ledger. A pod's result
+    /// is checked against the agent's addresses (an in-memory index: no ledger scan on the pod
+    /// path); an agent's result against every other record.
+    pub async fn check_conflict(&self, rec: &AttachmentRecord) -> Result<(), ShimError> {
+        let ips = rec.result.as_ref().map(result_addrs).unwrap_or_default();
+        let holder = match &rec.owner {
+            Owner::Pod => ips
+                .iter()
+                .find_map(|ip| self.agent.owner_of(ip).map(|h| (*ip, h))),
+            Owner::Agent { .. } => {
+                let key = rec.key.clone();
+                let others = self.ledger(|l| l.list(None)).await?;
+                others.into_iter().filter(|o| o.key != key).find_map(|o| {
+                    let theirs = o.result.as_ref().map(result_addrs).unwrap_or_default();
+                    ips.iter()
+                        .find(|ip| theirs.contains(ip))
+                        .map(|ip| (*ip, format!("{} ({})", o.owner.label(), o.key)))
+                })
+            }
+        };
+        match holder {
+            None => Ok(()),
+            Some((ip, holder)) => {
+                self.agent.note_conflict();
+                tracing::error!(%ip, key = %rec.key, %holder, "address conflict: refusing the delegate's result");
+                // The agent's own address may be what the delegate lost: re-check it now.
+                self.agent.wake.notify_one();
+                Err(ShimError::Conflict {
+                    ip: ip.to_string(),
+                    key: rec.key.to_string(),
+                    holder,
+                })
+            }
+        }
     }
 
     /// Releases a recorded attachment with the config and environment recorded at ADD:

@@ -277,6 +277,47 @@ impl<S: Store> Ledger<S> {
     pub fn store(&self) -> &S {
         &self.store
     }
+
+    /// A small named setting kept beside the ledger (e.g. the last address an agent role
+    /// held), in the meta tree under `setting/<name>`.
+    pub fn setting(&self, name: &str) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .store
+            .get(Tree::Meta, &setting_key(name))?
+            .map(|v| String::from_utf8_lossy(&v).into_owned()))
+    }
+
+    /// Writes (`Some`) or clears (`None`) a setting, durably.
+    pub fn set_setting(&self, name: &str, value: Option<&str>) -> Result<(), StoreError> {
+        let mut batch = Batch::new();
+        match value {
+            Some(v) => batch.put(Tree::Meta, setting_key(name), v.as_bytes().to_vec()),
+            None => batch.delete(Tree::Meta, setting_key(name)),
+        };
+        self.store.commit(batch)
+    }
+
+    /// Every setting whose name starts with `prefix`, as (name, value).
+    pub fn settings(&self, prefix: &str) -> Result<Vec<(String, String)>, StoreError> {
+        let full = setting_key(prefix);
+        let strip = setting_key("").len();
+        Ok(self
+            .store
+            .scan_prefix(Tree::Meta, &full)?
+            .into_iter()
+            .map(|(k, v)| {
+                (
+                    String::from_utf8_lossy(&k[strip..]).into_owned(),
+                    String::from_utf8_lossy(&v).into_owned(),
+                )
+            })
+            .collect())
+    }
+}
+
+/// Settings live in the meta tree beside the schema version, under their own prefix.
+fn setting_key(name: &str) -> Vec<u8> {
+    format!("setting/{name}").into_bytes()
 }
 
 /// Parses a record and checks that it is filed under its own key, so a record copied to the
@@ -298,6 +339,29 @@ fn decode_record(raw_key: &[u8], value: &[u8]) -> Result<AttachmentRecord, Store
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn settings_round_trip_and_scan_by_prefix() {
+        let l = Ledger::new(crate::MemStore::new());
+        l.set_setting("agent/ip/a", Some("10.0.0.2")).unwrap();
+        l.set_setting("agent/ip/b", Some("10.0.0.3")).unwrap();
+        l.set_setting("other", Some("x")).unwrap();
+        assert_eq!(
+            l.setting("agent/ip/a").unwrap().as_deref(),
+            Some("10.0.0.2")
+        );
+        assert_eq!(
+            l.settings("agent/ip/").unwrap(),
+            vec![
+                ("agent/ip/a".to_string(), "10.0.0.2".to_string()),
+                ("agent/ip/b".to_string(), "10.0.0.3".to_string())
+            ]
+        );
+        l.set_setting("agent/ip/a", None).unwrap();
+        assert_eq!(l.setting("agent/ip/a").unwrap(), None);
+        // Settings are not attachments.
+        assert_eq!(l.count().unwrap(), 0);
+    }
 
     #[test]
     fn key_round_trips_and_displays() {

@@ -11,12 +11,22 @@ use tracing::{info, warn};
 use crate::{
     delegate::version,
     error::ShimError,
-    shim::{Shim, now},
+    shim::{Prepared, Shim, now},
 };
 
 pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, ShimError> {
     let p = shim.prepare(req, true)?;
     let _guard = shim.locks.lock(&p.key).await;
+    attach(shim, &p, Owner::Pod).await
+}
+
+/// The ADD flow for any owner (a runtime's pod, or the agent's own addresses). The caller
+/// holds the key's lock. Returns the result rendered in the request's version.
+pub async fn attach<S: Store>(
+    shim: &Shim<S>,
+    p: &Prepared,
+    owner: Owner,
+) -> Result<Vec<u8>, ShimError> {
     let digest = p.dc.digest();
 
     let key = p.key.clone();
@@ -54,7 +64,7 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
     let t = now();
     let mut rec = AttachmentRecord {
         key: p.key.clone(),
-        owner: Owner::Pod,
+        owner: owner.clone(),
         state: AttachmentState::Adding,
         delegate_type: p.dc.kind.clone(),
         delegate_version: Shim::<S>::effective(&p.dc, send).to_string(),
@@ -71,7 +81,7 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
     let intent = rec.clone();
     shim.ledger(move |l| l.put(&intent)).await?;
 
-    let out = match shim.run_delegate(&p, &probe, "ADD", stdin).await {
+    let out = match shim.run_delegate(p, &probe, "ADD", stdin).await {
         Ok(out) => out,
         Err(e) => {
             rollback(shim, &rec, may_hold_allocation(&e)).await;
@@ -93,6 +103,12 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
     };
     rec.result =
         Some(serde_json::to_value(&parsed).map_err(|e| ShimError::Internal(e.to_string()))?);
+    // An address that belongs to someone else in the ledger means two allocators share the
+    // range, or the delegate's store was wiped (cilium#46799): refuse it, never hand it out.
+    if let Err(e) = shim.check_conflict(&rec).await {
+        rollback(shim, &rec, true).await;
+        return Err(e);
+    }
     rec.state = AttachmentState::Committed;
     rec.updated_at = now();
     let commit = rec.clone();
@@ -100,6 +116,7 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
         rollback(shim, &rec, true).await;
         return Err(e);
     }
+    shim.agent.note_committed(&rec);
     info!(
         key = %p.key,
         delegate = %p.dc.kind,

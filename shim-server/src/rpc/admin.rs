@@ -9,12 +9,27 @@ use crate::{delegate::config::result_ips, error::ShimError, shim::Shim};
 
 pub async fn status<S: Store>(shim: &Shim<S>) -> Result<StatusReply, ShimError> {
     let attachments = shim.ledger(|l| l.count()).await? as u64;
+    let not_ready = shim.agent.not_ready();
     Ok(StatusReply {
         protocol_version: dipam_proto::PROTOCOL_VERSION,
         min_protocol_version: dipam_proto::MIN_PROTOCOL_VERSION,
         daemon_version: env!("CARGO_PKG_VERSION").into(),
-        ready: true,
-        not_ready: Vec::new(),
+        ready: not_ready.is_empty(),
+        not_ready,
+        conflicts_detected: shim
+            .agent
+            .conflicts
+            .load(std::sync::atomic::Ordering::Relaxed),
+        agent_reestablished: shim
+            .agent
+            .reestablished
+            .load(std::sync::atomic::Ordering::Relaxed),
+        conflist: shim
+            .agent
+            .config
+            .as_ref()
+            .map(|c| c.source.to_string())
+            .unwrap_or_default(),
         state_dir: shim.identity.state_dir.display().to_string(),
         socket: shim.identity.socket.display().to_string(),
         attachments,

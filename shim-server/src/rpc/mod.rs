@@ -2,6 +2,7 @@
 
 pub mod add;
 pub mod admin;
+pub mod agent;
 pub mod check;
 pub mod del;
 pub mod gc;

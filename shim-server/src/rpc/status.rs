@@ -10,6 +10,12 @@ use crate::{error::ShimError, shim::Shim};
 
 pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, ShimError> {
     let p = shim.prepare(req, false)?;
+    // The agent's addresses are part of readiness: until they are established a pod could be
+    // handed one of them by a second allocator, and the agent cannot run.
+    let missing = shim.agent.not_ready();
+    if !missing.is_empty() {
+        return Err(ShimError::NotReady { missing });
+    }
     let probe = match shim.exec.probe(&p.dc.kind, &p.req.cni_path).await {
         Ok(probe) => probe,
         Err(e) => {

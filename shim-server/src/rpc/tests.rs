@@ -54,6 +54,7 @@ impl Bench {
                 socket: "/unused".into(),
                 state_dir: "/unused".into(),
             },
+            None,
         );
         Self { dir, shim }
     }
@@ -196,8 +197,12 @@ async fn garbage_from_the_delegate_is_rolled_back() {
 async fn a_delegate_that_dies_with_only_stderr_is_rolled_back() {
     let b = Bench::new();
     b.touch("panic-add", "");
-    let e = add::run(&b.shim, request("c1", "1.0.0", json!({}))).await.unwrap_err();
-    let ShimError::Delegate(f) = &e else { panic!("{e:?}") };
+    let e = add::run(&b.shim, request("c1", "1.0.0", json!({})))
+        .await
+        .unwrap_err();
+    let ShimError::Delegate(f) = &e else {
+        panic!("{e:?}")
+    };
     assert!(f.msg.contains("panic"), "{e:?}");
     assert_eq!(b.calls(), vec!["ADD c1", "DEL c1"]);
     assert!(b.record("c1").is_none());
@@ -222,7 +227,9 @@ async fn a_missing_delegate_is_not_rolled_back() {
 async fn gc_without_a_list_is_refused() {
     let b = Bench::new();
     for extra in [json!({}), json!({"cni.dev/valid-attachments": null})] {
-        let e = super::gc::run(&b.shim, request("", "1.1.0", extra)).await.unwrap_err();
+        let e = super::gc::run(&b.shim, request("", "1.1.0", extra))
+            .await
+            .unwrap_err();
         assert!(matches!(e, ShimError::Config { .. }), "{e:?}");
     }
 }

@@ -27,17 +27,28 @@ impl Dipamd {
     }
 
     pub fn start_with(extra: &[&str]) -> Self {
+        let mut d = Self::unstarted(extra);
+        d.spawn();
+        d
+    }
+
+    /// A dipamd whose directory exists (to write a conflist into) but which is not running
+    /// yet: call `start_again`.
+    pub fn unstarted(extra: &[&str]) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("dipamd-")
             .tempdir()
             .expect("temp dir for dipamd");
-        let mut d = Self {
+        Self {
             dir,
             child: None,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
-        };
-        d.spawn();
-        d
+        }
+    }
+
+    /// Replaces the extra flags used by the next start.
+    pub fn set_flags(&mut self, extra: &[&str]) {
+        self.extra = extra.iter().map(|s| (*s).to_owned()).collect();
     }
 
     pub fn socket(&self) -> PathBuf {

@@ -4,6 +4,7 @@
 //! `conflist/`, following libcni's semantics: chain order, prevResult, DEL in reverse order,
 //! and a result cache.
 
+pub mod agentlab;
 pub mod bins;
 pub mod daemon;
 pub mod fixture;
@@ -12,6 +13,7 @@ pub mod lab;
 pub mod netns;
 pub mod runtime;
 
+pub use agentlab::AgentLab;
 pub use daemon::Dipamd;
 pub use fixture::{Fixture, Subnet};
 pub use lab::Lab;

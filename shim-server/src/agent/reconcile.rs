@@ -1,0 +1,490 @@
+//! The agent reconcile pass: make the ledger and the delegate hold exactly the agent addresses
+//! that are enabled, and nothing else.
+//!
+//! For each enabled (role, family):
+//! - with a committed record: CHECK it with the delegate (where its version has CHECK) and keep
+//!   it; if the delegate lost it (store wiped behind dipamd's back), release and ADD again,
+//!   asking for the same address, and report it;
+//! - without a record: DEL first (a previous life may have left a reservation under the same
+//!   key), then ADD, asking for the address this slot last held where the delegate supports
+//!   requested IPs (host-local: CNI_ARGS `IP=`; azure-vnet-ipam: `ipam.ipAddress`).
+//!
+//! Every agent record that is not enabled (a role turned off, a family dropped, the network
+//! renamed) is released, and retried on every pass until the delegate agrees: this closes the
+//! "feature turned off leaks its address" gap of the delegated-IPAM CFP.
+//!
+//! ADDs go through the same intent-before-exec path as pods (rpc::add::attach), so a crash at
+//! any point leaves a record that start-up replay or the next pass resolves.
+
+use std::{collections::BTreeSet, net::IpAddr, time::Duration};
+
+use dipam_proto::v1::{AgentAddress, CniRequest};
+use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, Owner, Store};
+use serde_json::Value;
+use tracing::{info, warn};
+
+use super::{AgentConfig, Family, ROLES, Slot, conflist::Base};
+use crate::{
+    delegate::{config::result_addrs, version},
+    error::ShimError,
+    rpc::add,
+    shim::{Prepared, Shim},
+};
+
+const ROLE_SETTING: &str = "agent/role/";
+const FLAGS_SETTING: &str = "agent/flags";
+const LAST_IP_SETTING: &str = "agent/last-ip/";
+
+/// At start: if the configured roles changed since the last start, the operator's new
+/// configuration wins over roles the agent allocated or released at runtime.
+pub async fn init<S: Store>(shim: &Shim<S>) -> Result<(), ShimError> {
+    let Some(cfg) = shim.agent.config.clone() else {
+        return Ok(());
+    };
+    let flags = cfg.roles.iter().cloned().collect::<Vec<_>>().join(",");
+    shim.ledger(move |l| {
+        if l.setting(FLAGS_SETTING)?.as_deref() != Some(flags.as_str()) {
+            for (name, _) in l.settings(ROLE_SETTING)? {
+                l.set_setting(&name, None)?;
+            }
+            l.set_setting(FLAGS_SETTING, Some(&flags))?;
+        }
+        Ok(())
+    })
+    .await?;
+    let records = shim.ledger(|l| l.list(None)).await?;
+    shim.agent.reindex(&records);
+    Ok(())
+}
+
+/// Enables (`on`) or disables a role at runtime; persists across restarts until the
+/// configured roles change.
+pub async fn set_role<S: Store>(shim: &Shim<S>, role: &str, on: bool) -> Result<(), ShimError> {
+    if !ROLES.contains(&role) {
+        return Err(ShimError::Config {
+            msg: format!("unknown agent role {role:?}"),
+            details: format!("roles are {}", ROLES.join(", ")),
+        });
+    }
+    if shim.agent.config.is_none() {
+        return Err(ShimError::Config {
+            msg: "agent addresses are not configured".into(),
+            details: "start dipamd with --conflist (or --conf-dir and --network) and --node-name"
+                .into(),
+        });
+    }
+    let name = format!("{ROLE_SETTING}{role}");
+    let value = if on { "on" } else { "off" };
+    shim.ledger(move |l| l.set_setting(&name, Some(value)))
+        .await
+}
+
+async fn effective_roles<S: Store>(
+    shim: &Shim<S>,
+    cfg: &AgentConfig,
+) -> Result<BTreeSet<String>, ShimError> {
+    let overrides = shim.ledger(|l| l.settings(ROLE_SETTING)).await?;
+    let mut roles = cfg.roles.clone();
+    for (name, value) in overrides {
+        let role = name.trim_start_matches(ROLE_SETTING).to_owned();
+        match value.as_str() {
+            "on" => {
+                roles.insert(role);
+            }
+            _ => {
+                roles.remove(&role);
+            }
+        }
+    }
+    Ok(roles)
+}
+
+/// One reconcile pass. Publishes the resulting list for List and Watch.
+pub async fn pass<S: Store>(shim: &Shim<S>) -> Result<(), ShimError> {
+    let Some(cfg) = shim.agent.config.clone() else {
+        return Ok(());
+    };
+    let _one = shim.agent.pass.lock().await;
+    let roles = effective_roles(shim, &cfg).await?;
+    let slots: Vec<Slot> = roles
+        .iter()
+        .flat_map(|r| cfg.families.iter().map(move |f| (r, *f)))
+        .map(|(r, f)| Slot::new(&cfg, r, f))
+        .collect();
+    let base = match cfg.source.load() {
+        Ok(b) => b,
+        Err(missing) => {
+            let waiting = missing.to_string();
+            if shim.agent.snapshot().waiting != waiting {
+                warn!("{waiting}; agent addresses wait, pod requests are served meanwhile");
+            }
+            let pending = slots
+                .iter()
+                .map(|s| address(s, "", None, "pending", &waiting))
+                .collect();
+            shim.agent.publish(pending, waiting);
+            return Ok(());
+        }
+    };
+
+    let records: Vec<AttachmentRecord> = shim
+        .ledger(|l| l.list(None))
+        .await?
+        .into_iter()
+        .filter(|r| matches!(r.owner, Owner::Agent { .. }))
+        .collect();
+    let mut addresses = Vec::new();
+    let mut wanted = Vec::new();
+    for slot in &slots {
+        let key = AttachmentKey::new(&base.network, &slot.container_id, &slot.ifname);
+        wanted.push(key.clone());
+        let existing = records.iter().find(|r| r.key == key).cloned();
+        let a = match establish(shim, &base, slot, &key, existing).await {
+            Ok(a) => a,
+            Err(e) => {
+                warn!(role = %slot.role, family = slot.family.as_str(), error = %e, "agent address not established; will retry");
+                address(slot, &base.network, None, "failed", &error_text(&e))
+            }
+        };
+        addresses.push(a);
+    }
+    for rec in records.iter().filter(|r| !wanted.contains(&r.key)) {
+        let _guard = shim.locks.lock(&rec.key).await;
+        match release(shim, rec).await {
+            Ok(()) => {
+                info!(key = %rec.key, owner = %rec.owner.label(), "agent address released (role disabled)")
+            }
+            Err(e) => {
+                warn!(key = %rec.key, error = %e, "agent address release failed; will retry");
+                let role = match &rec.owner {
+                    Owner::Agent { role } => role.clone(),
+                    Owner::Pod => String::new(),
+                };
+                let ips = rec.result.as_ref().map(result_addrs).unwrap_or_default();
+                addresses.push(AgentAddress {
+                    role,
+                    family: ips
+                        .first()
+                        .map(|ip| if ip.is_ipv4() { "ipv4" } else { "ipv6" })
+                        .unwrap_or_default()
+                        .into(),
+                    ip: rec
+                        .result
+                        .as_ref()
+                        .map(crate::delegate::config::result_ips)
+                        .and_then(|v| v.first().cloned())
+                        .unwrap_or_default(),
+                    state: "releasing".into(),
+                    network: rec.key.network.clone(),
+                    container_id: rec.key.container_id.clone(),
+                    ifname: rec.key.ifname.clone(),
+                    message: error_text(&e),
+                    ..AgentAddress::default()
+                });
+            }
+        }
+    }
+    let records = shim.ledger(|l| l.list(None)).await?;
+    shim.agent.reindex(&records);
+    shim.agent.publish(addresses, String::new());
+    Ok(())
+}
+
+/// The retry loop: passes until every address is established, then a periodic CHECK.
+pub async fn run<S: Store>(shim: std::sync::Arc<Shim<S>>, check_every: Duration) {
+    if shim.agent.config.is_none() {
+        return;
+    }
+    loop {
+        if let Err(e) = pass(&shim).await {
+            warn!(error = %e, "agent reconcile pass failed");
+        }
+        let snap = shim.agent.snapshot();
+        let delay = if !snap.waiting.is_empty() {
+            // Watching for the conflist: cheap (one stat), and the agent's addresses follow
+            // within half a second of the file appearing.
+            Duration::from_millis(500)
+        } else if snap.addresses.iter().any(|a| a.state != "ready") {
+            Duration::from_secs(3)
+        } else {
+            check_every
+        };
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = shim.agent.wake.notified() => {}
+        }
+    }
+}
+
+fn error_text(e: &ShimError) -> String {
+    match e.code_and_details() {
+        (_, d) if d.is_empty() => e.to_string(),
+        (_, d) => format!("{e}: {d}"),
+    }
+}
+
+fn address(
+    slot: &Slot,
+    network: &str,
+    rec: Option<&Value>,
+    state: &str,
+    message: &str,
+) -> AgentAddress {
+    let (ip, gateway) = rec
+        .and_then(|r| r.get("ips")?.as_array().cloned())
+        .and_then(|ips| {
+            ips.into_iter().find(|ip| {
+                ip["address"]
+                    .as_str()
+                    .and_then(|a| a.parse::<ipnet::IpNet>().ok())
+                    .is_some_and(|n| slot.family.matches(&n.addr()))
+            })
+        })
+        .map(|ip| {
+            (
+                ip["address"].as_str().unwrap_or_default().to_owned(),
+                ip["gateway"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .unwrap_or_default();
+    AgentAddress {
+        role: slot.role.clone(),
+        family: slot.family.as_str().into(),
+        ip,
+        gateway,
+        state: state.into(),
+        network: network.into(),
+        container_id: slot.container_id.clone(),
+        ifname: slot.ifname.clone(),
+        message: message.into(),
+    }
+}
+
+/// Builds the ADD/DEL/CHECK request for a slot, the way a runtime would call dipam.
+fn prepare<S: Store>(
+    shim: &Shim<S>,
+    base: &Base,
+    slot: &Slot,
+    command: &str,
+) -> Result<Prepared, ShimError> {
+    let req = CniRequest {
+        protocol_version: dipam_proto::PROTOCOL_VERSION,
+        request_id: format!("agent-{}-{}", slot.role, slot.family.as_str()),
+        command: command.into(),
+        container_id: slot.container_id.clone(),
+        netns: slot.netns.clone(),
+        ifname: slot.ifname.clone(),
+        cni_args: slot.args.clone(),
+        cni_path: String::new(),
+        stdin: serde_json::to_vec(&base.request).map_err(|e| ShimError::Internal(e.to_string()))?,
+        mode: base.mode as i32,
+    };
+    let mut p = shim.prepare(req, true)?;
+    // host-local hands out one address per range set: keep only this family's, so that
+    // each (role, family) holds exactly one address.
+    if p.dc.kind == "host-local"
+        && let Some(ranges) = p.dc.conf["ipam"]["ranges"].as_array().cloned()
+    {
+        let kept: Vec<Value> = ranges
+            .into_iter()
+            .filter(|set| {
+                set.get(0)
+                    .and_then(|r| r["subnet"].as_str())
+                    .and_then(|s| s.parse::<ipnet::IpNet>().ok())
+                    .is_some_and(|n| slot.family.matches(&n.addr()))
+            })
+            .collect();
+        if kept.is_empty() {
+            return Err(ShimError::Config {
+                msg: format!("the delegate config has no {} range", slot.family.as_str()),
+                details: format!(
+                    "{} lists no {} subnet in ipam ranges; drop that family from \
+                     --agent-families or add a range",
+                    base.path.display(),
+                    slot.family.as_str()
+                ),
+            });
+        }
+        p.dc.conf["ipam"]["ranges"] = Value::Array(kept);
+    }
+    Ok(p)
+}
+
+/// Asks the delegate for `ip` where it supports requested addresses.
+fn request_ip(p: &mut Prepared, ip: IpAddr) {
+    match p.dc.kind.as_str() {
+        "host-local" => p.req.cni_args.push_str(&format!(";IP={ip}")),
+        "azure-vnet-ipam" => p.dc.conf["ipam"]["ipAddress"] = Value::String(ip.to_string()),
+        _ => {}
+    }
+}
+
+/// Makes one enabled slot hold its address; returns what the agent should see.
+async fn establish<S: Store>(
+    shim: &Shim<S>,
+    base: &Base,
+    slot: &Slot,
+    key: &AttachmentKey,
+    existing: Option<AttachmentRecord>,
+) -> Result<AgentAddress, ShimError> {
+    let _guard = shim.locks.lock(key).await;
+    let owner = Owner::Agent {
+        role: slot.role.clone(),
+    };
+    let mut requested: Option<IpAddr> = None;
+    let mut message = String::new();
+    match existing {
+        Some(rec) if rec.state == AttachmentState::Committed => {
+            match verify(shim, base, slot, &rec).await {
+                Ok(()) => {
+                    return Ok(address(
+                        slot,
+                        &base.network,
+                        rec.result.as_ref(),
+                        "ready",
+                        "",
+                    ));
+                }
+                Err(why) => {
+                    requested = mine(&rec, slot.family);
+                    warn!(key = %key, reason = %error_text(&why), "the delegate no longer holds this agent address; re-establishing it");
+                    release(shim, &rec).await.ok();
+                    shim.agent
+                        .reestablished
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    message = format!(
+                        "re-established: the delegate had lost it ({})",
+                        error_text(&why)
+                    );
+                }
+            }
+        }
+        Some(rec) => {
+            requested = mine(&rec, slot.family);
+            release(shim, &rec).await?;
+        }
+        None => {
+            // A reservation from a previous life under the same key (ledger lost, or a crash
+            // before the intent of a much older version) would make host-local refuse the ADD
+            // as a duplicate: DEL first, ignoring "not found".
+            let p = prepare(shim, base, slot, "DEL")?;
+            let (probe, send) = shim.resolve(&p.dc, "").await?;
+            let mut dc = p.dc.clone();
+            if dc.inject_for_del(None) {
+                let _ = shim
+                    .run_delegate(&p, &probe, "DEL", dc.bytes_for(send)?)
+                    .await;
+            }
+        }
+    }
+    if requested.is_none() {
+        let name = format!("{LAST_IP_SETTING}{}", slot.container_id);
+        requested = shim
+            .ledger(move |l| l.setting(&name))
+            .await?
+            .and_then(|s| s.parse().ok());
+    }
+
+    let mut p = prepare(shim, base, slot, "ADD")?;
+    if let Some(ip) = requested {
+        request_ip(&mut p, ip);
+    }
+    let out = match add::attach(shim, &p, owner.clone()).await {
+        Ok(out) => out,
+        Err(e) if requested.is_some() && matches!(e, ShimError::Delegate(_)) => {
+            // The old address is taken (by a pod, while the agent's was not held): take
+            // another rather than go without; the agent learns the new one from Watch.
+            warn!(key = %key, requested = ?requested, error = %e, "the previous agent address is not available; taking another");
+            message = format!(
+                "address changed: {} was not available",
+                requested.map(|i| i.to_string()).unwrap_or_default()
+            );
+            let p = prepare(shim, base, slot, "ADD")?;
+            add::attach(shim, &p, owner.clone()).await?
+        }
+        Err(e) => return Err(e),
+    };
+    let result: Value =
+        serde_json::from_slice(&out).map_err(|e| ShimError::Internal(e.to_string()))?;
+    let Some(ip) = result_addrs(&result)
+        .into_iter()
+        .find(|ip| slot.family.matches(ip))
+    else {
+        // The delegate answered with another family only (a pool of the wrong family).
+        let key = key.clone();
+        if let Some(rec) = shim.ledger(move |l| l.get(&key)).await? {
+            release(shim, &rec).await.ok();
+        }
+        return Err(ShimError::Config {
+            msg: format!("the delegate gave no {} address", slot.family.as_str()),
+            details: format!("it answered {}", String::from_utf8_lossy(&out)),
+        });
+    };
+    let name = format!("{LAST_IP_SETTING}{}", slot.container_id);
+    let text = ip.to_string();
+    shim.ledger(move |l| l.set_setting(&name, Some(&text)))
+        .await?;
+    if message.is_empty() {
+        info!(key = %key, %ip, "agent address established");
+    } else {
+        warn!(key = %key, %ip, "{message}");
+    }
+    Ok(address(
+        slot,
+        &base.network,
+        Some(&result),
+        "ready",
+        &message,
+    ))
+}
+
+/// The record's address of `family`.
+fn mine(rec: &AttachmentRecord, family: Family) -> Option<IpAddr> {
+    rec.result
+        .as_ref()
+        .map(result_addrs)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|ip| family.matches(ip))
+}
+
+/// CHECKs a committed agent address with the delegate, where its version has CHECK.
+async fn verify<S: Store>(
+    shim: &Shim<S>,
+    base: &Base,
+    slot: &Slot,
+    rec: &AttachmentRecord,
+) -> Result<(), ShimError> {
+    let mut p = prepare(shim, base, slot, "CHECK")?;
+    let (probe, send) = shim.resolve(&p.dc, "").await?;
+    let effective = Shim::<S>::effective(&p.dc, send);
+    let floor = rscni_types::version::SpecVersion::new(0, 4, 0);
+    if !(Shim::<S>::delegate_allows(&probe, effective, floor) && effective >= floor) {
+        return Ok(());
+    }
+    let recorded = rec
+        .result
+        .clone()
+        .ok_or_else(|| ShimError::Internal(format!("{} has no result", rec.key)))?;
+    let parsed =
+        serde_json::from_value(recorded).map_err(|e| ShimError::Internal(e.to_string()))?;
+    p.dc.conf["prevResult"] = serde_json::from_slice(&version::render(p.dc.version, parsed)?)
+        .map_err(|e| ShimError::Internal(e.to_string()))?;
+    let stdin = p.dc.bytes_for(send)?;
+    shim.run_delegate(&p, &probe, "CHECK", stdin)
+        .await
+        .map(|_| ())
+}
+
+/// Releases a recorded agent address and forgets it (caller holds the key's lock).
+async fn release<S: Store>(shim: &Shim<S>, rec: &AttachmentRecord) -> Result<(), ShimError> {
+    if rec.state != AttachmentState::Deleting {
+        let mut marked = rec.clone();
+        marked.state = AttachmentState::Deleting;
+        shim.ledger(move |l| l.put(&marked)).await?;
+    }
+    shim.release_recorded(rec).await?;
+    let key = rec.key.clone();
+    shim.ledger(move |l| l.remove(&key)).await?;
+    Ok(())
+}

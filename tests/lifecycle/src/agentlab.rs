@@ -1,0 +1,183 @@
+//! A bench for the agent's own addresses: dipamd started with `--conflist` pointing at one of
+//! the example conflists (adjusted like in [`crate::Lab`]), a node name and roles.
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+use crate::{Dipamd, Fixture, Runtime, Subnet, bins, hostlocal};
+
+pub struct AgentLab {
+    pub dipamd: Dipamd,
+    pub rt: Runtime,
+    pub fx: Fixture,
+    pub subnet: Subnet,
+    pub data: TempDir,
+    pub node: String,
+}
+
+impl AgentLab {
+    /// Writes the conflist, then starts dipamd with `flags` added.
+    pub fn new(conflist: &str, roles: &str, flags: &[&str]) -> Self {
+        let mut lab = Self::unstarted(conflist);
+        lab.write_conflist();
+        lab.set_roles(roles, flags);
+        lab.dipamd.start_again();
+        lab
+    }
+
+    /// Everything but the conflist file and the running daemon.
+    pub fn unstarted(conflist: &str) -> Self {
+        let raw = Fixture::load(conflist);
+        let prefix = if raw.delegate() == "azure-vnet-ipam" {
+            "10.78"
+        } else {
+            "10.77"
+        };
+        let subnet = Subnet::claim(prefix);
+        let dipamd = Dipamd::unstarted(&[]);
+        let data = tempfile::Builder::new()
+            .prefix("delegate-store-")
+            .tempdir()
+            .expect("temp dir");
+        let fx = raw
+            .unique_name()
+            .with_socket(&dipamd.socket())
+            .with_delegate_state(data.path())
+            .with_subnet(&subnet.cidr);
+        let node = format!("node-{}", subnet.index);
+        Self {
+            dipamd,
+            rt: Runtime::new(bins::cni_path()),
+            fx,
+            subnet,
+            data,
+            node,
+        }
+    }
+
+    pub fn conflist_path(&self) -> PathBuf {
+        self.dipamd
+            .dir
+            .path()
+            .join("net.d")
+            .join("10-dipam.conflist")
+    }
+
+    pub fn write_conflist(&self) {
+        let path = self.conflist_path();
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("net.d");
+        // Written whole then renamed, as an installer DaemonSet should.
+        let tmp = path.with_extension("tmp");
+        std::fs::write(
+            &tmp,
+            serde_json::to_vec_pretty(&self.fx.list).expect("json"),
+        )
+        .expect("write conflist");
+        std::fs::rename(&tmp, &path).expect("rename conflist");
+    }
+
+    /// Sets the flags for the next start.
+    pub fn set_roles(&mut self, roles: &str, flags: &[&str]) {
+        let conflist = self.conflist_path().display().to_string();
+        let mut all: Vec<String> = vec![
+            "--conflist".into(),
+            conflist,
+            "--node-name".into(),
+            self.node.clone(),
+            "--agent-roles".into(),
+            roles.into(),
+        ];
+        all.extend(flags.iter().map(|s| (*s).to_owned()));
+        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+        self.dipamd.set_flags(&refs);
+    }
+
+    pub fn network(&self) -> String {
+        self.fx.name()
+    }
+
+    /// `dipamctl agent <args> --json`, parsed.
+    pub fn agent(&self, args: &[&str]) -> Value {
+        let mut all = vec!["agent"];
+        all.extend_from_slice(args);
+        all.push("--json");
+        let out = self.dipamd.ctl(&all);
+        assert!(
+            out.status.success(),
+            "dipamctl agent {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("dipamctl --json")
+    }
+
+    /// (role, family, ip, state) for every agent address, sorted.
+    pub fn addresses(&self) -> Vec<(String, String, String, String)> {
+        let v = self.agent(&["list"]);
+        let mut out: Vec<_> = v["addresses"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|a| {
+                let s = |k: &str| a[k].as_str().unwrap_or_default().to_owned();
+                (s("role"), s("family"), s("ip"), s("state"))
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// (container ID, IP) in the delegate's store.
+    pub fn delegate_store(&self) -> Vec<(String, String)> {
+        let mut v: Vec<_> = if self.fx.delegate() == "azure-vnet-ipam" {
+            hostlocal::azure_allocations(&self.data.path().join("azure-vnet-ipam.json"))
+        } else {
+            hostlocal::reservations(self.data.path(), &self.network())
+                .into_iter()
+                .map(|(id, _, ip)| (id, ip))
+                .collect()
+        };
+        v.sort();
+        v
+    }
+
+    /// (container ID, IP) in the ledger for this network.
+    pub fn ledger(&self) -> Vec<(String, String)> {
+        let mut v: Vec<_> = self
+            .dipamd
+            .ledger_ips(&self.network())
+            .into_iter()
+            .map(|(id, _, ip)| (id, ip))
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[track_caller]
+    pub fn assert_agree(&self) {
+        assert_eq!(
+            self.ledger(),
+            self.delegate_store(),
+            "ledger (left) vs delegate store (right)"
+        );
+    }
+
+    /// Waits until every agent address is ready, or panics with the list and the log.
+    pub fn wait_ready(&self, want: usize) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let a = self.addresses();
+            if a.len() == want && a.iter().all(|x| x.3 == "ready") {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "agent addresses not ready: {a:?}\n{}",
+                self.dipamd.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+}
