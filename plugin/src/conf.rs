@@ -1,12 +1,15 @@
 //! The request configuration on stdin: validated here, forwarded to dipamd byte for byte.
 //!
-//! dipam reads only what it needs to reach dipamd (socket path, timeout, mode); the delegate's
-//! config is dipamd's business. Unknown keys are ignored (spec §1 "Other keys").
+//! dipam reads only what it needs to reach dipamd (socket path, timeout, mode) and, as the main
+//! plugin, what shapes the pod's datapath (`mtu`, `dns`, `prevResult`); the delegate's config is
+//! dipamd's business. Unknown keys are ignored (spec §1 "Other keys"), and `runtimeConfig` is
+//! never interpreted: it goes to dipamd and on to the delegate byte for byte, whatever casing
+//! the runtime used (containerd sends `HostPort`, podman `hostPort`: reference/cni-spec.md §9).
 
 use std::{path::PathBuf, time::Duration};
 
 use rscni_types::{
-    types::{Cmd, NetConf},
+    types::{CNIResult, Cmd, Dns, NetConf},
     version::{PluginInfo, SpecVersion},
 };
 use serde_json::Value;
@@ -40,7 +43,19 @@ pub struct PluginConf {
     pub mode: Mode,
     pub socket: PathBuf,
     pub timeout: Duration,
+    /// Main mode: the MTU of both ends of the pod's veth (`mtu`); the kernel's default (1500)
+    /// when absent.
+    pub mtu: Option<u32>,
+    /// Main mode: DNS settings from the config (`dns`), which override the IPAM's when set, as
+    /// in the reference ptp plugin.
+    pub dns: Option<Dns>,
+    /// The previous result: the earlier plugin's for a chained ADD, the runtime's cached final
+    /// result for CHECK and DEL (spec §3).
+    pub prev_result: Option<CNIResult>,
 }
+
+/// The MTUs a veth accepts (ETH_MIN_MTU..=ETH_MAX_MTU in the kernel).
+const MTU_RANGE: std::ops::RangeInclusive<u64> = 68..=65535;
 
 /// The cniVersion to echo in an error: the config's own when it has one (spec §5 "Error").
 pub fn error_version(stdin: &[u8]) -> String {
@@ -69,7 +84,13 @@ impl PluginConf {
                 "network config must be a JSON object".into(),
             ));
         }
-        let conf: NetConf = serde_json::from_value(raw.clone())
+        // runtimeConfig is the runtime's and the delegate's business, in whatever key casing the
+        // runtime chose; typed parsing would reject containerd's capitalised portMappings.
+        let mut typed = raw.clone();
+        if let Some(obj) = typed.as_object_mut() {
+            obj.remove("runtimeConfig");
+        }
+        let conf: NetConf = serde_json::from_value(typed)
             .map_err(|e| PluginError::Decode(format!("network config: {e}")))?;
         conf.validate_name()?;
         let version = PluginInfo::default().negotiate(&conf, cmd)?;
@@ -132,6 +153,20 @@ impl PluginConf {
                 }
             },
         };
+        // In IPAM mode the top-level keys belong to the main plugin (ptp's own `mtu`).
+        let own = |key: &str| raw.get(key).filter(|_| mode == Mode::Main);
+        let mtu = match own("mtu") {
+            None | Some(Value::Null) => None,
+            Some(v) => match v.as_u64().filter(|m| MTU_RANGE.contains(m)) {
+                Some(m) => u32::try_from(m).ok(),
+                None => {
+                    return Err(config_error(
+                        "mtu must be a whole number between 68 and 65535",
+                        format!("got {v}; a veth accepts MTUs from 68 to 65535"),
+                    ));
+                }
+            },
+        };
         Ok(Self {
             cni_version: conf.cni_version.clone(),
             version,
@@ -139,6 +174,9 @@ impl PluginConf {
             mode,
             socket,
             timeout,
+            mtu,
+            dns: conf.dns.filter(|_| mode == Mode::Main),
+            prev_result: conf.prev_result,
         })
     }
 }
@@ -224,6 +262,44 @@ mod tests {
             ),
             7
         );
+    }
+
+    #[test]
+    fn main_mode_reads_mtu_dns_and_prev_result() {
+        let c = parse(
+            r#"{"cniVersion":"1.1.0","name":"n","type":"dipam","mtu":1400,
+                "dns":{"nameservers":["10.0.0.53"]},
+                "prevResult":{"cniVersion":"1.1.0","interfaces":[{"name":"lo"}]},
+                "ipam":{"type":"host-local"}}"#,
+            Cmd::Add,
+        )
+        .unwrap();
+        assert_eq!(c.mtu, Some(1400));
+        assert_eq!(c.dns.unwrap().nameservers, vec!["10.0.0.53".to_string()]);
+        assert_eq!(c.prev_result.unwrap().interfaces[0].name, "lo");
+        for bad in ["0", "67", "65536", "1500.5", "\"1500\"", "-1"] {
+            let conf = format!(
+                r#"{{"cniVersion":"1.1.0","name":"n","type":"dipam","mtu":{bad},"ipam":{{"type":"host-local"}}}}"#
+            );
+            let e = parse(&conf, Cmd::Add).unwrap_err().to_cni(false);
+            assert_eq!(e.code, 7, "mtu {bad}: {e:?}");
+        }
+    }
+
+    /// containerd's go-cni has no JSON tags on PortMapping: it sends `HostPort`. dipam must
+    /// pass that through, not refuse it (reference/cni-spec.md §9).
+    #[test]
+    fn runtime_config_in_any_casing_is_accepted() {
+        for rc in [
+            r#"{"portMappings":[{"HostPort":8080,"ContainerPort":80,"Protocol":"tcp","HostIP":""}]}"#,
+            r#"{"portMappings":[{"hostPort":8080,"containerPort":80,"protocol":"tcp"}]}"#,
+            r#"{"portMappings":"not even a list"}"#,
+        ] {
+            let conf = format!(
+                r#"{{"cniVersion":"1.0.0","name":"n","type":"dipam","capabilities":{{"portMappings":true}},"runtimeConfig":{rc},"ipam":{{"type":"host-local"}}}}"#
+            );
+            assert!(parse(&conf, Cmd::Add).is_ok(), "{rc}");
+        }
     }
 
     #[test]

@@ -7,10 +7,28 @@ use tonic::Code;
 
 /// dipam's own codes (the spec reserves 0-99; 100+ are plugin-specific). They start at 150 so
 /// they never collide with codes that dipamd passes through from a delegate (azure-vnet-ipam
-/// uses 100, Go's skel 999). The table is documented in docs/cfp.md and shared with dipamd.
+/// uses 100, Go's skel 999). The table is documented in docs/cfp.md and shared with dipamd:
+/// 150-158 are dipamd's (the plugin reuses 150 and 155 for the same meaning); 160-169 belong
+/// to the main-mode datapath, which only the plugin has.
+///
+/// | code | meaning | what to do |
+/// | --- | --- | --- |
+/// | 160 | CNI_IFNAME already exists in the container (spec §ADD: MUST error) | DEL the attachment first, or pick another ifname; dipam never touches an interface it did not create |
+/// | 161 | CNI_NETNS cannot be opened or entered, or is the plugin's own netns | the sandbox is gone or the runtime passed a wrong path |
+/// | 162 | a kernel (netlink, sysctl) step of the datapath failed; details name the step and errno | see details; ADD rolled back everything it did |
+/// | 163 | CHECK found the pod's datapath different from prevResult | the runtime should recreate the pod's network |
+/// | 164 | the IPAM result cannot be applied by a point-to-point datapath (no IPs, no gateway) | fix the IPAM config (host-local always sets a gateway) |
+///
+/// None of the well-known codes fit these: 4 and 7 say the input is wrong, while here the input
+/// is valid and the kernel state is not what it must be. Go plugins (ptp) report them as 999.
 pub mod codes {
     pub const INTERNAL: u32 = 150;
     pub const PERMISSION_DENIED: u32 = 155;
+    pub const INTERFACE_EXISTS: u32 = 160;
+    pub const NETNS: u32 = 161;
+    pub const DATAPATH: u32 = 162;
+    pub const CHECK_FAILED: u32 = 163;
+    pub const IPAM_RESULT: u32 = 164;
 }
 
 /// Everything that can go wrong in the plugin before or while talking to dipamd.
@@ -49,6 +67,28 @@ pub enum PluginError {
         code: u32,
         msg: String,
         details: String,
+    },
+    /// Main mode ADD: CNI_IFNAME is already taken inside the container.
+    #[error("interface {ifname} already exists in {netns}")]
+    InterfaceExists { ifname: String, netns: String },
+    /// Main mode: CNI_NETNS cannot be used.
+    #[error("cannot use network namespace {netns:?}")]
+    Netns { netns: String, reason: String },
+    /// Main mode: a kernel operation of the datapath failed.
+    #[error("{step} failed")]
+    Datapath { step: String, reason: String },
+    /// Main mode CHECK: what the kernel has differs from prevResult.
+    #[error("the pod's interface does not match prevResult")]
+    CheckFailed(Vec<String>),
+    /// Main mode ADD: the IPAM result cannot be applied.
+    #[error("the IPAM result cannot be applied")]
+    IpamResult(String),
+    /// An ADD failed after IPAM answered, and what it had done was undone (or not: `note`
+    /// says which). The code is the original error's.
+    #[error("{error}")]
+    RolledBack {
+        error: Box<PluginError>,
+        note: String,
     },
 }
 
@@ -124,6 +164,27 @@ impl PluginError {
                     details: details.clone(),
                 };
             }
+            Self::InterfaceExists { ifname, .. } => (
+                codes::INTERFACE_EXISTS,
+                format!(
+                    "CNI_IFNAME={ifname} is already in use inside the container, and the spec \
+                     requires ADD to fail rather than reuse it. Was the attachment added twice \
+                     without a DEL? dipam left the existing interface untouched"
+                ),
+            ),
+            Self::Netns { reason, .. } => (codes::NETNS, reason.clone()),
+            Self::Datapath { reason, .. } => (codes::DATAPATH, reason.clone()),
+            Self::CheckFailed(problems) => (codes::CHECK_FAILED, problems.join("; ")),
+            Self::IpamResult(d) => (codes::IPAM_RESULT, d.clone()),
+            Self::RolledBack { error, note } => {
+                let mut inner = error.to_cni(status);
+                inner.details = if inner.details.is_empty() {
+                    note.clone()
+                } else {
+                    format!("{}; {note}", inner.details)
+                };
+                return inner;
+            }
         };
         CniError {
             code,
@@ -197,6 +258,38 @@ mod tests {
         assert_eq!(
             e.msg,
             "required env variables [CNI_NETNS,CNI_IFNAME] missing"
+        );
+    }
+
+    #[test]
+    fn datapath_errors_have_their_own_codes_and_rollback_keeps_the_code() {
+        let exists = PluginError::InterfaceExists {
+            ifname: "eth0".into(),
+            netns: "/var/run/netns/x".into(),
+        };
+        let e = exists.to_cni(false);
+        assert_eq!(e.code, codes::INTERFACE_EXISTS);
+        assert_eq!(e.msg, "interface eth0 already exists in /var/run/netns/x");
+        assert!(e.details.contains("CNI_IFNAME=eth0"), "{e:?}");
+        let rolled = PluginError::RolledBack {
+            error: Box::new(PluginError::Datapath {
+                step: "adding route 0.0.0.0/0 via 10.0.0.1".into(),
+                reason: "Network is unreachable (os error 101)".into(),
+            }),
+            note: "rolled back: the IPAM allocation was released".into(),
+        }
+        .to_cni(false);
+        assert_eq!(rolled.code, codes::DATAPATH);
+        assert_eq!(rolled.msg, "adding route 0.0.0.0/0 via 10.0.0.1 failed");
+        assert_eq!(
+            rolled.details,
+            "Network is unreachable (os error 101); rolled back: the IPAM allocation was released"
+        );
+        assert_eq!(
+            PluginError::CheckFailed(vec!["a".into(), "b".into()])
+                .to_cni(false)
+                .details,
+            "a; b"
         );
     }
 

@@ -1,12 +1,14 @@
 //! The dipam CNI plugin. It validates what the runtime sent (reference/cni-spec.md §2), answers
 //! VERSION itself, and forwards every other verb to dipamd over gRPC ("CNI over RPC"), which
-//! runs the delegated IPAM and records the attachment. See docs/cfp.md.
+//! runs the delegated IPAM and records the attachment. As the main plugin it also builds the
+//! pod's datapath (a veth pair, addresses, routes: `datapath`). See docs/cfp.md.
 //!
 //! Output discipline: stdout carries exactly one CNI result or error JSON; logs go to stderr.
 
 pub mod client;
 pub mod cmd;
 pub mod conf;
+pub mod datapath;
 pub mod env;
 pub mod error;
 
@@ -31,14 +33,21 @@ writes the network config on stdin. dipam forwards ADD, DEL, CHECK, GC and STATU
 daemon over a unix socket (default /run/dipam/dipam.sock); dipamd runs the delegated IPAM plugin
 (host-local, azure-vnet-ipam, ...) and records every attachment. VERSION is answered locally.
 
-Use it as the IPAM of another plugin:
+Use it as the main plugin (dipam creates the pod's veth, addresses and routes):
+  {\"type\":\"dipam\",\"socketPath\":\"/run/dipam/dipam.sock\",\"mtu\":1500,
+   \"ipam\":{\"type\":\"host-local\",\"ranges\":[[{\"subnet\":\"10.77.0.0/16\"}]],
+           \"routes\":[{\"dst\":\"0.0.0.0/0\"}]}}
+
+or as the IPAM of another plugin:
   {\"type\":\"ptp\",\"ipam\":{\"type\":\"dipam\",\"socketPath\":\"/run/dipam/dipam.sock\",
    \"delegate\":{\"type\":\"host-local\",\"ranges\":[[{\"subnet\":\"10.77.0.0/16\"}]]}}}
 
-Config keys read by dipam (in ipam):
+Config keys read by dipam (top level in main mode, in ipam in IPAM mode):
   socketPath       where dipamd listens (default /run/dipam/dipam.sock)
   timeoutSeconds   how long to wait for dipamd (default 55)
-  delegate         the real IPAM config, passed to it as the `ipam` object
+  delegate         IPAM mode: the real IPAM config, passed to it as the `ipam` object
+  mtu              main mode: MTU of both ends of the pod's veth (68-65535)
+  dns              main mode: DNS for the result, overriding the IPAM's
 
 Try it: CNI_COMMAND=VERSION dipam
 Operate it: dipamctl status, dipamctl attachments";

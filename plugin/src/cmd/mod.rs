@@ -1,4 +1,6 @@
 //! One module per CNI verb. In IPAM mode every verb but VERSION is a plain forward to dipamd.
+//! In main mode ADD, DEL and CHECK also build, remove and verify the pod's datapath
+//! (crate::datapath) around that forward; GC and STATUS stay plain forwards.
 
 pub mod add;
 pub mod check;
@@ -8,10 +10,12 @@ pub mod status;
 pub mod version;
 
 use dipam_proto::v1::{CniRequest, Mode as WireMode};
+use rscni_types::types::Cmd;
 
 use crate::{
     client,
     conf::{Mode, PluginConf},
+    datapath::Attachment,
     env::CmdArgs,
     error::PluginError,
 };
@@ -25,12 +29,27 @@ pub struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
+    /// The attachment this call is about (main mode's datapath key).
+    pub fn attachment(&self) -> Attachment<'_> {
+        Attachment {
+            network: &self.conf.name,
+            container_id: &self.args.container_id,
+            ifname: &self.args.ifname,
+        }
+    }
+
     /// Sends this call to dipamd unchanged (CNI over RPC) and returns what it answered.
     pub fn forward(&self) -> Result<Vec<u8>, PluginError> {
+        self.forward_as(self.args.command)
+    }
+
+    /// Sends this call's config and environment to dipamd as `command`: a main-mode ADD that
+    /// fails after IPAM rolls back with a DEL of the same attachment (spec §4).
+    pub fn forward_as(&self, command: Cmd) -> Result<Vec<u8>, PluginError> {
         let req = CniRequest {
             protocol_version: dipam_proto::PROTOCOL_VERSION,
             request_id: self.request_id.to_owned(),
-            command: <&str>::from(self.args.command).to_owned(),
+            command: <&str>::from(command).to_owned(),
             container_id: self.args.container_id.clone(),
             netns: self.args.netns.clone(),
             ifname: self.args.ifname.clone(),
@@ -42,20 +61,6 @@ impl Ctx<'_> {
                 Mode::Main => WireMode::Main,
             } as i32,
         };
-        client::call(&self.conf.socket, self.conf.timeout, self.args.command, req)
-    }
-
-    /// The pod datapath (veth, addresses, routes) belongs to main-plugin mode; until this
-    /// build has it, say so rather than return an IPAM-only result to the runtime.
-    pub fn require_ipam_mode(&self) -> Result<(), PluginError> {
-        match self.conf.mode {
-            Mode::Ipam => Ok(()),
-            Mode::Main => Err(PluginError::Config {
-                msg: "dipam as the main plugin is not supported by this build".into(),
-                details: "use dipam as the IPAM of a main plugin: \
-                          {\"type\":\"ptp\",\"ipam\":{\"type\":\"dipam\",\"delegate\":{...}}}"
-                    .into(),
-            }),
-        }
+        client::call(&self.conf.socket, self.conf.timeout, command, req)
     }
 }

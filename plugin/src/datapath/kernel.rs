@@ -1,0 +1,514 @@
+//! The netlink side of the datapath: create, configure, inspect and delete the pod's veth.
+//! Every function runs on a netns thread (super::netns) with the handles it was given.
+
+use std::{net::IpAddr, os::fd::AsRawFd};
+
+use futures_util::TryStreamExt;
+use ipnet::IpNet;
+use nix::errno::Errno;
+use rtnetlink::{
+    Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder,
+    packet_route::{
+        address::{AddressAttribute, AddressFlags},
+        link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkInfo, LinkMessage},
+        route::{RouteAddress, RouteAttribute, RouteMessage, RouteMetric, RouteScope},
+    },
+};
+
+use crate::{
+    datapath::{
+        check::{LinkState, ObservedRoute},
+        netns::Handles,
+        plan::{Plan, RouteSpec, SCOPE_LINK},
+        result::{Created, CreatedLink},
+    },
+    error::PluginError,
+};
+
+/// The errno of a netlink error reply, if it is one.
+fn errno(e: &rtnetlink::Error) -> Option<Errno> {
+    match e {
+        rtnetlink::Error::NetlinkError(m) => Some(Errno::from_raw(-m.raw_code())),
+        _ => None,
+    }
+}
+
+fn failed(step: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> PluginError {
+    let step = step.into();
+    move |e| PluginError::Datapath {
+        reason: match &e {
+            rtnetlink::Error::NetlinkError(m) => {
+                let errno = Errno::from_raw(-m.raw_code());
+                format!("{} ({errno:?}) from the kernel", errno.desc())
+            }
+            other => other.to_string(),
+        },
+        step,
+    }
+}
+
+/// What a link is called on the wire of an error.
+fn invalid(step: &str, e: impl std::fmt::Display) -> PluginError {
+    PluginError::Datapath {
+        step: step.to_owned(),
+        reason: e.to_string(),
+    }
+}
+
+/// The link named `name`, or `None` (the kernel answers ENODEV for a missing name).
+async fn link_by_name(h: &Handle, name: &str) -> Result<Option<LinkMessage>, PluginError> {
+    match h
+        .link()
+        .get()
+        .match_name(name.to_owned())
+        .execute()
+        .try_next()
+        .await
+    {
+        Ok(link) => Ok(link),
+        Err(e) if errno(&e) == Some(Errno::ENODEV) => Ok(None),
+        Err(e) => Err(failed(format!("looking up link {name}"))(e)),
+    }
+}
+
+fn mac_of(link: &LinkMessage) -> String {
+    link.attributes
+        .iter()
+        .find_map(|a| match a {
+            LinkAttribute::Address(bytes) => Some(
+                bytes
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<Vec<_>>()
+                    .join(":"),
+            ),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+fn mtu_of(link: &LinkMessage) -> u32 {
+    link.attributes
+        .iter()
+        .find_map(|a| match a {
+            LinkAttribute::Mtu(m) => Some(*m),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+fn kind_of(link: &LinkMessage) -> String {
+    link.attributes
+        .iter()
+        .find_map(|a| match a {
+            LinkAttribute::LinkInfo(infos) => infos.iter().find_map(|i| match i {
+                LinkInfo::Kind(k) => Some(k.to_string()),
+                _ => None,
+            }),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+/// What ADD needs to know about the attachment.
+pub struct SetupRequest<'a> {
+    pub netns: &'a str,
+    pub ifname: &'a str,
+    pub host_name: &'a str,
+    pub host_alias: &'a str,
+    pub mtu: Option<u32>,
+}
+
+/// Creates the veth pair and installs `plan`. On failure, removes the pair again (the caller
+/// releases the IPAM allocation): nothing dipam made outlives a failed ADD. An interface that
+/// already had the name is never touched.
+pub async fn setup(
+    h: &Handles,
+    req: &SetupRequest<'_>,
+    plan: &Plan,
+) -> Result<Created, PluginError> {
+    let cont = h.container()?;
+    if link_by_name(cont, req.ifname).await?.is_some() {
+        return Err(PluginError::InterfaceExists {
+            ifname: req.ifname.to_owned(),
+            netns: req.netns.to_owned(),
+        });
+    }
+    create_veth(h, req).await?;
+    let Some(link) = link_by_name(cont, req.ifname).await? else {
+        return Err(invalid(
+            "creating the veth",
+            format!("{} vanished right after it was created", req.ifname),
+        ));
+    };
+    let index = link.header.index;
+    match configure(h, req, plan, &link).await {
+        Ok(created) => Ok(created),
+        Err(e) => {
+            // Deleting one end deletes the pair, with its addresses and routes.
+            if let Err(del) = cont.link().del(index).execute().await
+                && errno(&del) != Some(Errno::ENODEV)
+            {
+                eprintln!(
+                    "dipam: could not remove {} after a failed ADD: {del}",
+                    req.ifname
+                );
+            }
+            Err(e)
+        }
+    }
+}
+
+/// `ip link add <ifname> mtu M type veth peer name <host_name> mtu M netns <host>`, from inside
+/// the container netns: the peer is created directly in the host netns (crates.md §5).
+async fn create_veth(h: &Handles, req: &SetupRequest<'_>) -> Result<(), PluginError> {
+    let cont = h.container()?;
+    let message = || {
+        let mut peer = LinkMessageBuilder::<LinkUnspec>::new()
+            .name(req.host_name.to_owned())
+            .setns_by_fd(h.host_ns.as_raw_fd());
+        let mut veth = LinkMessageBuilder::<LinkVeth>::new_with_info_kind(InfoKind::Veth)
+            .name(req.ifname.to_owned());
+        if let Some(mtu) = req.mtu {
+            peer = peer.mtu(mtu);
+            veth = veth.mtu(mtu);
+        }
+        veth.set_info_data(InfoData::Veth(InfoVeth::Peer(peer.build())))
+            .build()
+    };
+    let step = format!("creating veth {} <-> {}", req.ifname, req.host_name);
+    match cont.link().add(message()).execute().await {
+        Ok(()) => Ok(()),
+        Err(e) if errno(&e) == Some(Errno::EEXIST) => {
+            // The container name was free a moment ago, so the host name is taken. It is
+            // derived from this very attachment: a leftover of an earlier ADD of it whose
+            // cleanup never ran (the plugin was killed). It carries nothing of value.
+            let Some(stale) = link_by_name(&h.host, req.host_name).await? else {
+                return Err(failed(step)(e));
+            };
+            if kind_of(&stale) != "veth" {
+                return Err(invalid(
+                    &step,
+                    format!(
+                        "host interface {} exists and is not a dipam veth; rename or remove it",
+                        req.host_name
+                    ),
+                ));
+            }
+            eprintln!(
+                "dipam: removing stale host veth {} left by an earlier ADD of this attachment",
+                req.host_name
+            );
+            h.host
+                .link()
+                .del(stale.header.index)
+                .execute()
+                .await
+                .map_err(failed(format!(
+                    "removing stale host veth {}",
+                    req.host_name
+                )))?;
+            cont.link()
+                .add(message())
+                .execute()
+                .await
+                .map_err(failed(step))
+        }
+        Err(e) => Err(failed(step)(e)),
+    }
+}
+
+/// Enables IPv6 on the container interface if the netns disabled it by default; ptp does the
+/// same (`ipam.ConfigureIface`). Runs in this thread's netns: /proc/sys/net shows the netns
+/// of the task that opens it.
+fn enable_ipv6(ifname: &str) -> Result<(), PluginError> {
+    let path = format!("/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6");
+    match std::fs::read_to_string(&path) {
+        Ok(v) if v.trim() == "0" => Ok(()),
+        Ok(_) => {
+            std::fs::write(&path, "0").map_err(|e| invalid(&format!("writing 0 to {path}"), e))
+        }
+        Err(e) => Err(invalid(
+            &format!("reading {path}"),
+            format!("{e}: IPv6 is not available in the pod's netns"),
+        )),
+    }
+}
+
+/// Adds `addr` to link `index`. The kernel's automatic prefix route is suppressed
+/// (plan.rs says why); IPv6 addresses skip duplicate address detection (`IFA_F_NODAD`): the
+/// IPAM handed the address to this pod alone and the link has exactly one other end (the
+/// host), so a duplicate cannot exist, while DAD would keep the address "tentative" for a
+/// second or more, during which the pod cannot use it and routes with it as source fail.
+/// ptp waits for DAD instead (up to 5 s per ADD).
+async fn add_addr(h: &Handle, index: u32, addr: IpNet, what: &str) -> Result<(), PluginError> {
+    let mut req = h.address().add(index, addr.addr(), addr.prefix_len());
+    let mut flags = AddressFlags::Noprefixroute;
+    if addr.addr().is_ipv6() {
+        flags |= AddressFlags::Nodad;
+    }
+    req.message_mut()
+        .attributes
+        .push(AddressAttribute::Flags(flags));
+    req.execute()
+        .await
+        .map_err(failed(format!("adding address {addr} to {what}")))
+}
+
+fn route_message(index: u32, r: &RouteSpec) -> Result<RouteMessage, PluginError> {
+    let step = r.describe();
+    let mut b = RouteMessageBuilder::<IpAddr>::new()
+        .destination_prefix(r.dst.addr(), r.dst.prefix_len())
+        .map_err(|e| invalid(&step, e))?
+        .output_interface(index)
+        .scope(RouteScope::from(r.scope));
+    if let Some(gw) = r.gw {
+        b = b.gateway(gw).map_err(|e| invalid(&step, e))?;
+    }
+    if let Some(src) = r.src {
+        b = b.pref_source(src).map_err(|e| invalid(&step, e))?;
+    }
+    if let Some(p) = r.priority {
+        b = b.priority(p);
+    }
+    if let Some(t) = r.table {
+        b = b.table_id(t);
+    }
+    let mut metrics = Vec::new();
+    if let Some(m) = r.mtu {
+        metrics.push(RouteMetric::Mtu(m));
+    }
+    if let Some(m) = r.advmss {
+        metrics.push(RouteMetric::Advmss(m));
+    }
+    if !metrics.is_empty() {
+        b.get_mut()
+            .attributes
+            .push(RouteAttribute::Metrics(metrics));
+    }
+    Ok(b.build())
+}
+
+/// Adds (or replaces) a route: the netns is the pod's and was empty of dipam's routes, so a
+/// same-destination route is one dipam's plan deliberately overrides; on the host, a route to
+/// this pod's address through a veth that no longer carries it (a leaked earlier pod) must
+/// give way to the live pod.
+async fn add_route(h: &Handle, index: u32, r: &RouteSpec, what: &str) -> Result<(), PluginError> {
+    let msg = route_message(index, r)?;
+    h.route()
+        .add(msg)
+        .replace()
+        .execute()
+        .await
+        .map_err(failed(format!("adding {} dev {what}", r.describe())))
+}
+
+async fn configure(
+    h: &Handles,
+    req: &SetupRequest<'_>,
+    plan: &Plan,
+    cont_link: &LinkMessage,
+) -> Result<Created, PluginError> {
+    let cont = h.container()?;
+    let cidx = cont_link.header.index;
+    let Some(host_link) = link_by_name(&h.host, req.host_name).await? else {
+        return Err(invalid(
+            "creating the veth",
+            format!(
+                "the host end {} did not appear in the host netns",
+                req.host_name
+            ),
+        ));
+    };
+    let hidx = host_link.header.index;
+
+    if plan.has_ipv6() {
+        enable_ipv6(req.ifname)?;
+    }
+    for addr in &plan.container_addrs {
+        add_addr(cont, cidx, *addr, req.ifname).await?;
+    }
+    cont.link()
+        .set(LinkUnspec::new_with_index(cidx).up().build())
+        .execute()
+        .await
+        .map_err(failed(format!("setting {} up", req.ifname)))?;
+    h.host
+        .link()
+        .set(
+            LinkUnspec::new_with_index(hidx)
+                .alias(req.host_alias.to_owned())
+                .up()
+                .build(),
+        )
+        .execute()
+        .await
+        .map_err(failed(format!("setting {} up", req.host_name)))?;
+    for addr in &plan.host_addrs {
+        add_addr(&h.host, hidx, *addr, req.host_name).await?;
+    }
+    // Routes after both ends are up: the kernel refuses a gateway route on a down link.
+    for r in &plan.container_routes {
+        add_route(cont, cidx, r, req.ifname).await?;
+    }
+    for dst in &plan.host_routes {
+        let mut r = RouteSpec {
+            dst: *dst,
+            gw: None,
+            src: None,
+            scope: SCOPE_LINK,
+            table: None,
+            priority: None,
+            mtu: None,
+            advmss: None,
+        };
+        r.dst = r.dst.trunc();
+        add_route(&h.host, hidx, &r, req.host_name).await?;
+    }
+    Ok(Created {
+        host: CreatedLink {
+            name: req.host_name.to_owned(),
+            mac: mac_of(&host_link),
+            mtu: mtu_of(&host_link),
+        },
+        container: CreatedLink {
+            name: req.ifname.to_owned(),
+            mac: mac_of(cont_link),
+            mtu: mtu_of(cont_link),
+        },
+    })
+}
+
+/// Deletes the veth whose host end is `name`, if there is one. Returns whether it existed.
+/// A link of that name that is not a veth is left alone (dipam did not make it).
+pub async fn delete_host_veth(host: &Handle, name: &str) -> Result<bool, PluginError> {
+    let Some(link) = link_by_name(host, name).await? else {
+        return Ok(false);
+    };
+    if kind_of(&link) != "veth" {
+        eprintln!("dipam: {name} is not a veth; leaving it alone");
+        return Ok(false);
+    }
+    match host.link().del(link.header.index).execute().await {
+        Ok(()) => Ok(true),
+        // Gone in between (the netns was being destroyed, taking the pair with it).
+        Err(e) if errno(&e) == Some(Errno::ENODEV) => Ok(true),
+        Err(e) => Err(failed(format!("deleting host veth {name}"))(e)),
+    }
+}
+
+/// Deletes `ifname` in the container netns if it is the veth prevResult describes (same MAC):
+/// DEL's fallback when the host end is not found by name. Returns whether it deleted.
+pub async fn delete_container_veth(
+    cont: &Handle,
+    ifname: &str,
+    mac: &str,
+) -> Result<bool, PluginError> {
+    let Some(link) = link_by_name(cont, ifname).await? else {
+        return Ok(false);
+    };
+    if kind_of(&link) != "veth" || !mac_of(&link).eq_ignore_ascii_case(mac) {
+        return Ok(false);
+    }
+    match cont.link().del(link.header.index).execute().await {
+        Ok(()) => Ok(true),
+        Err(e) if errno(&e) == Some(Errno::ENODEV) => Ok(true),
+        Err(e) => Err(failed(format!("deleting {ifname}"))(e)),
+    }
+}
+
+fn route_addr(a: &RouteAddress) -> Option<IpAddr> {
+    match a {
+        RouteAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
+        RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
+        _ => None,
+    }
+}
+
+/// Every IPv4 and IPv6 route of the handle's netns, in any table.
+async fn routes(h: &Handle) -> Result<Vec<ObservedRoute>, PluginError> {
+    let mut out = Vec::new();
+    for query in [
+        RouteMessageBuilder::<std::net::Ipv4Addr>::new().build(),
+        RouteMessageBuilder::<std::net::Ipv6Addr>::new().build(),
+    ] {
+        let v4 = query.header.address_family == rtnetlink::packet_route::AddressFamily::Inet;
+        let mut stream = h.route().get(query).execute();
+        while let Some(msg) = stream.try_next().await.map_err(failed("listing routes"))? {
+            let mut dst = None;
+            let mut gw = None;
+            let mut table = u32::from(msg.header.table);
+            let mut oif = None;
+            for attr in &msg.attributes {
+                match attr {
+                    RouteAttribute::Destination(a) => dst = route_addr(a),
+                    RouteAttribute::Gateway(a) => gw = route_addr(a),
+                    RouteAttribute::Table(t) => table = *t,
+                    RouteAttribute::Oif(i) => oif = Some(*i),
+                    _ => {}
+                }
+            }
+            let dst = dst.unwrap_or(if v4 {
+                IpAddr::from([0u8; 4])
+            } else {
+                IpAddr::from([0u16; 8])
+            });
+            if let Ok(dst) = IpNet::new(dst, msg.header.destination_prefix_length) {
+                out.push(ObservedRoute {
+                    dst,
+                    gw,
+                    table,
+                    oif,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The state of link `name`: kind, MAC, addresses, and routes (all of the netns's when
+/// `all_routes`, else only those through this link). `None` when it does not exist.
+pub async fn observe(
+    h: &Handle,
+    name: &str,
+    all_routes: bool,
+) -> Result<Option<LinkState>, PluginError> {
+    let Some(link) = link_by_name(h, name).await? else {
+        return Ok(None);
+    };
+    let index = link.header.index;
+    let mut addrs = Vec::new();
+    let mut stream = h.address().get().set_link_index_filter(index).execute();
+    while let Some(msg) = stream
+        .try_next()
+        .await
+        .map_err(failed(format!("listing addresses of {name}")))?
+    {
+        // IFA_LOCAL is the interface's own address (IFA_ADDRESS is the peer's on
+        // point-to-point links); IPv6 only sends IFA_ADDRESS.
+        let local = msg.attributes.iter().find_map(|a| match a {
+            AddressAttribute::Local(ip) => Some(*ip),
+            _ => None,
+        });
+        let address = msg.attributes.iter().find_map(|a| match a {
+            AddressAttribute::Address(ip) => Some(*ip),
+            _ => None,
+        });
+        if let Some(ip) = local.or(address)
+            && let Ok(net) = IpNet::new(ip, msg.header.prefix_len)
+        {
+            addrs.push(net);
+        }
+    }
+    let mut routes = routes(h).await?;
+    if !all_routes {
+        routes.retain(|r| r.oif == Some(index));
+    }
+    Ok(Some(LinkState {
+        index,
+        kind: kind_of(&link),
+        mac: mac_of(&link),
+        addrs,
+        routes,
+    }))
+}

@@ -1,0 +1,166 @@
+//! The pod datapath of main mode (`{"type":"dipam","ipam":{"type":"host-local",...}}`):
+//! dipam gets the addresses from the delegated IPAM through dipamd, then wires the pod itself.
+//!
+//! # Shape (the reference ptp plugin's; reference/cni-spec.md §6)
+//! - A veth pair per attachment: the container end is CNI_IFNAME inside CNI_NETNS, the host
+//!   end is `dp<11 hex>` derived from (network, container ID, ifname) (naming.rs), with an
+//!   alias naming the attachment.
+//! - Container: every IPAM address with its prefix, the gateway on-link, the subnet and every
+//!   IPAM route via the gateway (plan.rs). Host: the gateway as /32 (/128) on the host end and
+//!   a /32 (/128) route to each pod address. So all pod traffic is routed by the host, and two
+//!   pods of one subnet reach each other through it.
+//! - IPv4 (and, with IPv6 addresses, IPv6) forwarding is enabled on the host, as ptp does:
+//!   without it nothing beyond the host end is reachable.
+//! - IPv6 addresses are added without DAD (kernel.rs `add_addr` says why).
+//! - MTU: the config's `mtu` on both ends; the kernel default otherwise.
+//!
+//! # Threads
+//! Every operation inside a pod's netns runs on a dedicated thread that enters the netns,
+//! runs its own current-thread runtime for rtnetlink, and exits (netns.rs). The gRPC client
+//! runs on the main thread, which never leaves the host netns.
+//!
+//! # Concurrency
+//! Nothing here is shared between invocations: the names derive from the attachment, so a
+//! runtime that sets up several interfaces of one pod at once (containerd attaches all
+//! networks concurrently, reference/cni-spec.md §5) gets independent veths, addresses and
+//! routes; dipamd serialises per attachment, and the IPAM locks its own store.
+
+pub mod check;
+pub mod kernel;
+pub mod naming;
+pub mod netns;
+pub mod plan;
+pub mod result;
+
+use rscni_types::types::CNIResult;
+
+use crate::{
+    datapath::{
+        check::{Expected, Observed},
+        kernel::SetupRequest,
+        netns::Netns,
+        plan::Plan,
+        result::Created,
+    },
+    error::PluginError,
+};
+
+/// The attachment being wired: the key of every CNI operation (spec §2).
+#[derive(Debug, Clone, Copy)]
+pub struct Attachment<'a> {
+    pub network: &'a str,
+    pub container_id: &'a str,
+    pub ifname: &'a str,
+}
+
+impl Attachment<'_> {
+    pub fn host_ifname(&self) -> String {
+        naming::host_ifname(self.network, self.container_id, self.ifname)
+    }
+}
+
+/// Creates and configures the pod's veth for `plan` in `netns`. On error nothing of it is
+/// left; the caller releases the IPAM allocation.
+pub fn add(
+    att: Attachment<'_>,
+    netns: &Netns,
+    plan: &Plan,
+    mtu: Option<u32>,
+) -> Result<Created, PluginError> {
+    enable_forwarding(plan)?;
+    let host_name = att.host_ifname();
+    let host_alias = naming::host_alias(att.network, att.container_id, att.ifname);
+    let req = SetupRequest {
+        netns: netns.path(),
+        ifname: att.ifname,
+        host_name: &host_name,
+        host_alias: &host_alias,
+        mtu,
+    };
+    netns::run(Some(netns), |h| async move {
+        kernel::setup(&h, &req, plan).await
+    })
+}
+
+/// Removes the pod's veth, wherever it still is. Missing netns, empty CNI_NETNS and missing
+/// links are success (spec §DEL); repeated calls are no-ops.
+pub fn del(
+    att: Attachment<'_>,
+    netns_path: &str,
+    prev: Option<&CNIResult>,
+) -> Result<(), PluginError> {
+    let host_name = att.host_ifname();
+    // The host end is found by its derived name, without entering the netns: this works when
+    // the netns is gone and with no prevResult. Deleting it deletes the pair.
+    let removed = netns::run(None, |h| {
+        let host_name = &host_name;
+        async move { kernel::delete_host_veth(&h.host, host_name).await }
+    })?;
+    if removed {
+        return Ok(());
+    }
+    // Fallback: the host end is not where its name says (renamed by someone). Delete the
+    // container end only if prevResult shows dipam created it (same MAC): after a failed ADD
+    // the runtime DELs too, and an interface that was there before must survive.
+    let Some(mac) = prev.and_then(|p| {
+        p.interfaces
+            .iter()
+            .find(|i| i.name == att.ifname && i.sandbox.as_deref() == Some(netns_path))
+            .map(|i| i.mac.clone())
+            .filter(|m| !m.is_empty())
+    }) else {
+        return Ok(());
+    };
+    let Some(ns) = Netns::open_if_present(netns_path) else {
+        return Ok(());
+    };
+    netns::run(Some(&ns), |h| {
+        let mac = &mac;
+        async move { kernel::delete_container_veth(h.container()?, att.ifname, mac).await }
+    })
+    .map(|_| ())
+}
+
+/// Reads what the kernel has for the attachment `expected` describes.
+pub fn observe(
+    att: Attachment<'_>,
+    netns: &Netns,
+    expected: &Expected,
+) -> Result<Observed, PluginError> {
+    let host_name = expected
+        .host
+        .as_ref()
+        .map(|(name, _)| name.clone())
+        .unwrap_or_else(|| att.host_ifname());
+    netns::run(Some(netns), |h| {
+        let host_name = &host_name;
+        async move {
+            let container = kernel::observe(h.container()?, att.ifname, true).await?;
+            let host = kernel::observe(&h.host, host_name, false).await?;
+            Ok(Observed { container, host })
+        }
+    })
+}
+
+/// Turns on IP forwarding in the host netns for the families in `plan`, as ptp does
+/// (`ip.EnableForward`); already-enabled is left untouched. Runs on the calling thread, which
+/// is in the host netns.
+fn enable_forwarding(plan: &Plan) -> Result<(), PluginError> {
+    let mut knobs = Vec::new();
+    if plan.has_ipv4() {
+        knobs.push("/proc/sys/net/ipv4/ip_forward");
+    }
+    if plan.has_ipv6() {
+        knobs.push("/proc/sys/net/ipv6/conf/all/forwarding");
+    }
+    for knob in knobs {
+        let on = std::fs::read_to_string(knob).is_ok_and(|v| v.trim() == "1");
+        if !on {
+            std::fs::write(knob, "1").map_err(|e| PluginError::Datapath {
+                step: format!("enabling forwarding ({knob})"),
+                reason: e.to_string(),
+            })?;
+        }
+    }
+    Ok(())
+}

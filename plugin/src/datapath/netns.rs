@@ -1,0 +1,190 @@
+//! Entering a network namespace safely: on a dedicated thread that never goes back to a pool.
+//!
+//! `setns(CLONE_NEWNET)` moves only the calling thread, and a netlink socket belongs to the
+//! netns it was created in (reference/crates.md §5). So every netns operation runs on a fresh
+//! `std::thread` that: opens netlink in the host netns (still the thread's own), enters the
+//! target netns, opens a second netlink socket there, builds its own current-thread tokio
+//! runtime for rtnetlink, does the work, and exits. Because the thread ends, nothing needs to
+//! be restored, and no other code (the gRPC client's runtime, a tokio worker, a
+//! `spawn_blocking` pool thread) ever runs in a pod's netns. The same pattern as the Go
+//! plugins' `ns.Do` (containernetworking/plugins pkg/ns/README.md), without its
+//! LockOSThread subtleties.
+
+use std::{fs::File, future::Future, os::unix::fs::MetadataExt, path::Path};
+
+use nix::{
+    sched::{CloneFlags, setns},
+    sys::statfs::{NSFS_MAGIC, fstatfs},
+};
+use rtnetlink::Handle;
+
+use crate::error::PluginError;
+
+/// An open CNI_NETNS: holding the file keeps the namespace alive while dipam works in it.
+#[derive(Debug)]
+pub struct Netns {
+    path: String,
+    file: File,
+}
+
+fn netns_error(path: &str, reason: impl Into<String>) -> PluginError {
+    PluginError::Netns {
+        netns: path.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+impl Netns {
+    /// Opens CNI_NETNS and makes sure it is a network namespace other than the plugin's own
+    /// (code 161 otherwise). Done before the IPAM call, so that a bad path costs no address.
+    pub fn open(path: &str) -> Result<Self, PluginError> {
+        let file = File::open(path).map_err(|e| {
+            netns_error(
+                path,
+                format!(
+                    "open CNI_NETNS: {e}; the sandbox is gone or the runtime passed a wrong path"
+                ),
+            )
+        })?;
+        let fs = fstatfs(&file).map_err(|e| netns_error(path, format!("statfs: {e}")))?;
+        if fs.filesystem_type() != NSFS_MAGIC {
+            return Err(netns_error(
+                path,
+                "CNI_NETNS is not a namespace file (expected a bind mount like \
+                 /var/run/netns/<name> or /proc/<pid>/ns/net)",
+            ));
+        }
+        // skel >= 1.2 refuses CNI_NETNS == the plugin's own netns (code 8, after the fact):
+        // the veth's container end would land on the host. Refuse before doing anything.
+        let own = std::fs::metadata("/proc/self/ns/net");
+        let target = file.metadata();
+        if let (Ok(own), Ok(target)) = (own, target)
+            && own.dev() == target.dev()
+            && own.ino() == target.ino()
+        {
+            return Err(netns_error(
+                path,
+                "CNI_NETNS is the plugin's own (the host's) network namespace",
+            ));
+        }
+        Ok(Self {
+            path: path.to_owned(),
+            file,
+        })
+    }
+
+    /// For DEL: the namespace if it still exists; `None` when CNI_NETNS is empty or gone, which
+    /// DEL treats as "nothing left in there" (spec §DEL).
+    pub fn open_if_present(path: &str) -> Option<Self> {
+        if path.is_empty() || !Path::new(path).exists() {
+            return None;
+        }
+        Self::open(path).ok()
+    }
+
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+}
+
+/// Netlink handles of one datapath thread.
+pub struct Handles {
+    /// A socket in the host netns.
+    pub host: Handle,
+    /// A socket in the target netns, when one was given.
+    pub container: Option<Handle>,
+    /// The host netns, for moving a veth end there (`IFLA_NET_NS_FD`).
+    pub host_ns: File,
+}
+
+impl Handles {
+    pub fn container(&self) -> Result<&Handle, PluginError> {
+        self.container
+            .as_ref()
+            .ok_or_else(|| PluginError::Datapath {
+                step: "netlink in the container".into(),
+                reason: "no container netns was entered (a bug in dipam)".into(),
+            })
+    }
+}
+
+fn socket_error(where_: &str, e: std::io::Error) -> PluginError {
+    PluginError::Datapath {
+        step: format!("opening a netlink socket in the {where_} netns"),
+        reason: e.to_string(),
+    }
+}
+
+/// Runs `work` on a dedicated thread (module docs) with netlink handles for the host and,
+/// when given, for `target`. Blocks until the thread has finished and exited.
+pub fn run<T, F, Fut>(target: Option<&Netns>, work: F) -> Result<T, PluginError>
+where
+    T: Send,
+    F: FnOnce(Handles) -> Fut + Send,
+    Fut: Future<Output = Result<T, PluginError>>,
+{
+    std::thread::scope(|scope| {
+        let thread = std::thread::Builder::new()
+            .name("dipam-netns".into())
+            .spawn_scoped(scope, move || in_thread(target, work))
+            .map_err(|e| PluginError::Datapath {
+                step: "starting the netns thread".into(),
+                reason: e.to_string(),
+            })?;
+        thread.join().unwrap_or_else(|_| {
+            Err(PluginError::Datapath {
+                step: "the netns thread".into(),
+                reason: "panicked (a bug in dipam; its message is on stderr)".into(),
+            })
+        })
+    })
+}
+
+fn in_thread<T, F, Fut>(target: Option<&Netns>, work: F) -> Result<T, PluginError>
+where
+    F: FnOnce(Handles) -> Fut,
+    Fut: Future<Output = Result<T, PluginError>>,
+{
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .map_err(|e| PluginError::Datapath {
+            step: "starting the netlink runtime".into(),
+            reason: e.to_string(),
+        })?;
+    let (host_conn, host, container) = {
+        // Sockets register with this runtime's reactor, so they are made inside it.
+        let _entered = rt.enter();
+        // This thread was just spawned by one that never left the host netns.
+        let host_ns =
+            File::open("/proc/thread-self/ns/net").map_err(|e| PluginError::Datapath {
+                step: "opening the host netns".into(),
+                reason: e.to_string(),
+            })?;
+        let (host_conn, host, _) =
+            rtnetlink::new_connection().map_err(|e| socket_error("host", e))?;
+        let container = match target {
+            None => None,
+            Some(ns) => {
+                setns(&ns.file, CloneFlags::CLONE_NEWNET)
+                    .map_err(|e| netns_error(&ns.path, format!("setns: {e}")))?;
+                Some(rtnetlink::new_connection().map_err(|e| socket_error("container", e))?)
+            }
+        };
+        (host_conn, (host, host_ns), container)
+    };
+    rt.block_on(async move {
+        tokio::spawn(host_conn);
+        let container = container.map(|(conn, handle, _)| {
+            tokio::spawn(conn);
+            handle
+        });
+        let (host, host_ns) = host;
+        work(Handles {
+            host,
+            container,
+            host_ns,
+        })
+        .await
+    })
+}
