@@ -5,8 +5,8 @@ use std::{io::Write, path::PathBuf};
 
 use clap::{Parser, Subcommand};
 use dipam_proto::v1::{
-    AgentListReply, AgentListRequest, AgentRoleRequest, ListAttachmentsRequest, StatusRequest,
-    admin_client::AdminClient, agent_client::AgentClient,
+    AgentListReply, AgentListRequest, AgentRoleRequest, GcAttachment, GcRequest,
+    ListAttachmentsRequest, StatusRequest, admin_client::AdminClient, agent_client::AgentClient,
 };
 use serde_json::json;
 
@@ -45,6 +45,24 @@ pub enum Command {
     /// The agent's own addresses (router, health, ingress).
     #[command(subcommand)]
     Agent(AgentCommand),
+    /// Garbage-collect one network: free what is neither valid nor protected. Agent-owned,
+    /// in-flight and young attachments are always kept. Try --dry-run first.
+    Gc {
+        /// The network's conflist (default: dipamd's --conflist).
+        #[arg(long)]
+        conflist: Option<PathBuf>,
+        /// JSON file with the valid attachments, as a runtime sends them:
+        /// [{"containerID":"...","ifname":"eth0"}, ...].
+        #[arg(long, conflicts_with = "use_ledger")]
+        valid: Option<PathBuf>,
+        /// Treat everything in the ledger as valid: frees only reservations the delegate holds
+        /// that dipamd never recorded.
+        #[arg(long)]
+        use_ledger: bool,
+        /// Show what would be freed and why; free nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -72,6 +90,8 @@ pub enum CtlError {
     Unreachable { socket: PathBuf, reason: String },
     #[error("dipamd: {}", .0.message())]
     Rpc(tonic::Status),
+    #[error("{0}")]
+    Input(String),
     #[error("writing output: {0}")]
     Output(#[from] std::io::Error),
 }
@@ -86,6 +106,104 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
     let mut admin = AdminClient::new(channel.clone());
     match args.command {
         Command::Agent(cmd) => return agent(AgentClient::new(channel), cmd, args.json, out).await,
+        Command::Gc {
+            conflist,
+            valid,
+            use_ledger,
+            dry_run,
+        } => {
+            let (config, mode) = match &conflist {
+                Some(path) => {
+                    let text = std::fs::read(path)
+                        .map_err(|e| CtlError::Input(format!("{}: {e}", path.display())))?;
+                    let base = crate::agent::conflist::parse(path, &text, None)
+                        .map_err(|m| CtlError::Input(m.to_string()))?;
+                    let bytes = serde_json::to_vec(&base.request)
+                        .map_err(|e| CtlError::Input(e.to_string()))?;
+                    (bytes, base.mode)
+                }
+                None => (Vec::new(), dipam_proto::v1::Mode::Unspecified),
+            };
+            let valid = match &valid {
+                Some(path) => {
+                    let text = std::fs::read(path)
+                        .map_err(|e| CtlError::Input(format!("{}: {e}", path.display())))?;
+                    let v: serde_json::Value = serde_json::from_slice(&text)
+                        .map_err(|e| CtlError::Input(format!("{}: {e}", path.display())))?;
+                    crate::gc::valid_list(&json!({ "cni.dev/valid-attachments": v }))
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(container_id, ifname)| GcAttachment {
+                            container_id,
+                            ifname,
+                        })
+                        .collect()
+                }
+                None => Vec::new(),
+            };
+            let reply = admin
+                .gc(GcRequest {
+                    protocol_version: dipam_proto::PROTOCOL_VERSION,
+                    config,
+                    mode: mode as i32,
+                    valid,
+                    use_ledger,
+                    dry_run,
+                })
+                .await
+                .map_err(CtlError::Rpc)?
+                .into_inner();
+            if args.json {
+                let v = json!({
+                    "network": reply.network,
+                    "dryRun": dry_run,
+                    "refused": reply.refused,
+                    "items": reply.items.iter().map(|i| json!({
+                        "kind": i.kind, "containerID": i.container_id, "ifname": i.ifname,
+                        "ips": i.ips, "reason": i.reason, "outcome": i.outcome, "error": i.error,
+                    })).collect::<Vec<_>>(),
+                });
+                writeln!(out, "{v:#}")?;
+            } else if !reply.refused.is_empty() {
+                writeln!(out, "GC of {} refused: {}", reply.network, reply.refused)?;
+            } else {
+                let rows: Vec<[String; 6]> = reply
+                    .items
+                    .iter()
+                    .map(|i| {
+                        [
+                            i.kind.clone(),
+                            short(&i.container_id),
+                            i.ifname.clone(),
+                            i.ips.join(","),
+                            if i.error.is_empty() {
+                                i.outcome.clone()
+                            } else {
+                                format!("{}: {}", i.outcome, i.error)
+                            },
+                            i.reason.clone(),
+                        ]
+                    })
+                    .collect();
+                table(
+                    out,
+                    ["KIND", "CONTAINER", "IFNAME", "IPS", "OUTCOME", "REASON"],
+                    &rows,
+                )?;
+                writeln!(
+                    out,
+                    "{} {} in network {}",
+                    rows.len(),
+                    if dry_run {
+                        "would be freed"
+                    } else {
+                        "collected"
+                    },
+                    reply.network
+                )?;
+            }
+            return Ok(());
+        }
         Command::Status => {
             let s = admin
                 .get_status(StatusRequest {
@@ -106,6 +224,8 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
                     "uptimeSeconds": s.uptime_seconds,
                     "conflist": s.conflist,
                     "conflictsDetected": s.conflicts_detected,
+                    "divergence": {"missing": s.divergence_missing, "orphans": s.divergence_orphans},
+                    "gc": {"freed": s.gc_freed, "refused": s.gc_refused},
                     "agentReestablished": s.agent_reestablished,
                     "delegates": s.delegates.iter().map(|d| json!({"type": d.r#type, "path": d.path, "supportedVersions": d.supported_versions})).collect::<Vec<_>>(),
                 });
@@ -138,6 +258,17 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
                     out,
                     "conflicts:    {} refused, {} agent addresses re-established",
                     s.conflicts_detected, s.agent_reestablished
+                )?;
+                writeln!(
+                    out,
+                    "divergence:   {} recorded address(es) missing from the delegate's store, \
+                     {} unrecorded reservation(s)",
+                    s.divergence_missing, s.divergence_orphans
+                )?;
+                writeln!(
+                    out,
+                    "gc:           {} freed, {} refused",
+                    s.gc_freed, s.gc_refused
                 )?;
                 writeln!(out, "uptime:       {}s", s.uptime_seconds)?;
                 for d in &s.delegates {

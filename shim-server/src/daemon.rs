@@ -13,6 +13,8 @@ use tracing::{error, info};
 use crate::{
     agent::{self, AgentConfig, Family, ROLES, conflist::Source},
     delegate::Executor,
+    divergence,
+    gc::GcPolicy,
     logging::{self, LogFormat},
     recovery, server,
     shim::{Identity, Shim},
@@ -77,6 +79,23 @@ pub struct Args {
     /// Seconds between checks that the delegate still holds the agent's addresses.
     #[arg(long, default_value_t = 60.0)]
     pub agent_check_interval: f64,
+    /// GC never frees an attachment younger than this many seconds: a pod being created while
+    /// GC runs keeps its address.
+    #[arg(long, default_value_t = 60.0)]
+    pub gc_grace: f64,
+    /// GC refuses to free more than this share (0-1) of a network's pod attachments at once.
+    #[arg(long, default_value_t = 0.5)]
+    pub gc_max_free_share: f64,
+    /// Accept a GC whose valid list is empty, null or absent (it frees every pod of the network).
+    #[arg(long)]
+    pub gc_allow_empty: bool,
+    /// Seconds between comparisons of the ledger with the delegate's own store (0: never).
+    #[arg(long, default_value_t = 300.0)]
+    pub reconcile_interval: f64,
+    /// Let the reconcile free reservations the delegate holds that dipamd never recorded
+    /// (otherwise it only reports them).
+    #[arg(long)]
+    pub reconcile_free: bool,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -126,6 +145,11 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
             state_dir: args.state_dir.clone(),
         },
         agent,
+        GcPolicy {
+            grace: Duration::from_secs_f64(args.gc_grace.max(0.0)),
+            max_free_share: args.gc_max_free_share.clamp(0.0, 1.0),
+            allow_empty: args.gc_allow_empty,
+        },
     );
     let replay = recovery::replay(&shim).await?;
     let attachments = shim.ledger(|l| l.count()).await?;
@@ -146,6 +170,14 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     tokio::spawn(agent::reconcile::run(
         std::sync::Arc::clone(&shim),
         Duration::from_secs_f64(args.agent_check_interval.max(1.0)),
+    ));
+    if let Err(e) = divergence::round(&shim, false).await {
+        tracing::warn!(error = %e, "first ledger/store reconcile failed");
+    }
+    tokio::spawn(divergence::run(
+        std::sync::Arc::clone(&shim),
+        Duration::from_secs_f64(args.reconcile_interval.max(0.0)),
+        args.reconcile_free,
     ));
     server::serve(shim, listener, &args.socket, shutdown_signal()).await?;
     Ok(())

@@ -17,6 +17,9 @@ pub mod codes {
     pub const AGENT_CONFLICT: u32 = 156;
     pub const NO_RECORD: u32 = 157;
     pub const PREV_RESULT_MISMATCH: u32 = 158;
+    // 160-169 are the plugin's datapath codes (plugin/src/error.rs).
+    pub const GC_REFUSED: u32 = 170;
+    pub const GC_INCOMPLETE: u32 = 171;
 }
 
 /// How much of a delegate's stderr or stdout an error quotes.
@@ -113,6 +116,19 @@ pub enum ShimError {
         recorded: Vec<String>,
         prev: Vec<String>,
     },
+    /// A GC interlock refused the whole collection; nothing was freed.
+    #[error("GC of network {network} refused")]
+    GcRefused { network: String, reason: String },
+    /// GC ran, but some attachments could not be freed (it carried on past them).
+    #[error("GC of network {network} could not free {} attachment(s)", failed.len())]
+    GcIncomplete {
+        network: String,
+        freed: usize,
+        failed: Vec<String>,
+    },
+    /// STATUS: dipamd can serve, but existing pods may have limited connectivity.
+    #[error("existing pods may have limited connectivity")]
+    LimitedConnectivity { reasons: Vec<String> },
     /// STATUS: dipamd cannot serve ADD right now.
     #[error("dipamd is not ready")]
     NotReady { missing: Vec<String> },
@@ -218,6 +234,18 @@ impl ShimError {
                 ),
             ),
             Self::NotReady { missing } => (50, missing.join("; ")),
+            Self::LimitedConnectivity { reasons } => (51, reasons.join("; ")),
+            Self::GcRefused { reason, .. } => (
+                codes::GC_REFUSED,
+                format!(
+                    "{reason}; nothing was freed. Check the runtime's list of attachments, or \
+                     run `dipamctl gc --dry-run` to see what would go"
+                ),
+            ),
+            Self::GcIncomplete { freed, failed, .. } => (
+                codes::GC_INCOMPLETE,
+                format!("freed {freed}; failed: {}", failed.join("; ")),
+            ),
         }
     }
 

@@ -2,6 +2,9 @@
 //! alone, while different attachments proceed in parallel. containerd sets up `lo` and `eth0`
 //! of one pod concurrently (reference/cni-spec.md §5), so the lock is per attachment, not per
 //! container.
+//!
+//! GC of a network is exclusive with ADD and DEL on it (spec 1.1 §3 "Lifecycle"): every key
+//! lock also holds its network's lock shared, and GC takes it exclusively.
 
 use std::{
     collections::HashMap,
@@ -9,11 +12,15 @@ use std::{
 };
 
 use dipam_state::AttachmentKey;
-use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
+use tokio::sync::{
+    Mutex as AsyncMutex, OwnedMutexGuard, OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock,
+};
 
 #[derive(Debug, Default)]
 pub struct KeyLocks {
     map: Mutex<HashMap<AttachmentKey, Arc<AsyncMutex<()>>>>,
+    /// One per network; a node has a handful, so entries are never dropped.
+    nets: Mutex<HashMap<String, Arc<RwLock<()>>>>,
 }
 
 /// Held while one operation runs on a key; the entry is dropped from the map when nobody
@@ -22,10 +29,23 @@ pub struct KeyGuard<'a> {
     locks: &'a KeyLocks,
     key: AttachmentKey,
     guard: Option<OwnedMutexGuard<()>>,
+    _net: OwnedRwLockReadGuard<()>,
 }
 
 impl KeyLocks {
+    fn net(&self, network: &str) -> Arc<RwLock<()>> {
+        let mut nets = self.nets.lock().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(nets.entry(network.to_owned()).or_default())
+    }
+
+    /// Waits for every operation on `network` to finish and keeps new ones out while held.
+    /// Never take a key lock while holding this (it would wait for itself).
+    pub async fn exclusive(&self, network: &str) -> OwnedRwLockWriteGuard<()> {
+        self.net(network).write_owned().await
+    }
+
     pub async fn lock(&self, key: &AttachmentKey) -> KeyGuard<'_> {
+        let net = self.net(&key.network).read_owned().await;
         let m = {
             let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
             Arc::clone(map.entry(key.clone()).or_default())
@@ -35,6 +55,7 @@ impl KeyLocks {
             locks: self,
             key: key.clone(),
             guard: Some(guard),
+            _net: net,
         }
     }
 
@@ -93,6 +114,26 @@ mod tests {
         }
         assert_eq!(max.load(Ordering::SeqCst), 1);
         assert!(locks.in_flight().is_empty());
+    }
+
+    #[tokio::test]
+    async fn exclusive_waits_for_the_network_and_blocks_it() {
+        let locks = Arc::new(KeyLocks::default());
+        let k = AttachmentKey::new("n", "a", "eth0");
+        let held = locks.lock(&k).await;
+        let excl = tokio::time::timeout(Duration::from_millis(100), locks.exclusive("n")).await;
+        assert!(excl.is_err(), "GC must wait for the ADD in flight");
+        drop(held);
+        let g = locks.exclusive("n").await;
+        let other_net = tokio::time::timeout(
+            Duration::from_millis(100),
+            locks.lock(&AttachmentKey::new("m", "a", "eth0")),
+        )
+        .await;
+        assert!(other_net.is_ok(), "other networks are not blocked");
+        let same = tokio::time::timeout(Duration::from_millis(100), locks.lock(&k)).await;
+        assert!(same.is_err(), "ADD waits while GC runs");
+        drop(g);
     }
 
     #[tokio::test]

@@ -20,6 +20,7 @@ use crate::{
         version,
     },
     error::ShimError,
+    gc::{GcPolicy, GcStats},
     keylock::KeyLocks,
     validate,
 };
@@ -36,6 +37,12 @@ pub struct Shim<S: Store> {
     pub agent: Agent,
     pub exec: Executor,
     pub locks: KeyLocks,
+    pub gc: GcPolicy,
+    pub gc_stats: GcStats,
+    /// The delegate's own STATUS answers, briefly remembered: containerd 2.x calls STATUS on
+    /// every kubelet status poll, and each answer costs a delegate exec.
+    pub status_cache:
+        std::sync::Mutex<std::collections::HashMap<String, (Instant, Option<String>)>>,
     pub started: Instant,
     pub identity: Identity,
 }
@@ -60,12 +67,16 @@ impl<S: Store> Shim<S> {
         exec: Executor,
         identity: Identity,
         agent: Option<AgentConfig>,
+        gc: GcPolicy,
     ) -> Arc<Self> {
         Arc::new(Self {
             ledger: Ledger::new(store),
             agent: Agent::new(agent),
             exec,
             locks: KeyLocks::default(),
+            gc,
+            gc_stats: GcStats::default(),
+            status_cache: std::sync::Mutex::new(std::collections::HashMap::new()),
             started: Instant::now(),
             identity,
         })

@@ -2,6 +2,7 @@
 
 pub mod config;
 pub mod exec;
+pub mod store;
 pub mod version;
 
 use std::{

@@ -1,11 +1,17 @@
 //! The operator's RPCs (dipamctl): daemon status and the attachment listing.
 
 use dipam_proto::v1::{
-    Attachment, DelegateInfo, ListAttachmentsReply, ListAttachmentsRequest, StatusReply,
+    Attachment, CniRequest, DelegateInfo, GcReply, GcRequest, ListAttachmentsReply,
+    ListAttachmentsRequest, Mode, StatusReply,
 };
 use dipam_state::Store;
 
-use crate::{delegate::config::result_ips, error::ShimError, shim::Shim};
+use crate::{
+    delegate::config::result_ips,
+    error::ShimError,
+    gc::{self, Valid},
+    shim::Shim,
+};
 
 pub async fn status<S: Store>(shim: &Shim<S>) -> Result<StatusReply, ShimError> {
     let attachments = shim.ledger(|l| l.count()).await? as u64;
@@ -23,6 +29,22 @@ pub async fn status<S: Store>(shim: &Shim<S>) -> Result<StatusReply, ShimError> 
         agent_reestablished: shim
             .agent
             .reestablished
+            .load(std::sync::atomic::Ordering::Relaxed),
+        divergence_missing: shim
+            .gc_stats
+            .missing
+            .load(std::sync::atomic::Ordering::Relaxed),
+        divergence_orphans: shim
+            .gc_stats
+            .orphans
+            .load(std::sync::atomic::Ordering::Relaxed),
+        gc_refused: shim
+            .gc_stats
+            .refused
+            .load(std::sync::atomic::Ordering::Relaxed),
+        gc_freed: shim
+            .gc_stats
+            .freed
             .load(std::sync::atomic::Ordering::Relaxed),
         conflist: shim
             .agent
@@ -87,4 +109,77 @@ pub async fn list<S: Store>(
         protocol_version: dipam_proto::PROTOCOL_VERSION,
         attachments,
     })
+}
+
+/// `dipamctl gc`: one network, the operator's valid list or the ledger as the valid set, and
+/// a dry run that frees nothing.
+pub async fn gc<S: Store>(shim: &Shim<S>, req: GcRequest) -> Result<GcReply, ShimError> {
+    let (stdin, mode) = if req.config.is_empty() {
+        let base = shim
+            .agent
+            .config
+            .as_ref()
+            .ok_or_else(|| ShimError::Config {
+                msg: "no network config to collect".into(),
+                details: "pass the network's conflist (dipamctl gc --conflist FILE), or start \
+                          dipamd with --conflist"
+                    .into(),
+            })?
+            .source
+            .load()
+            .map_err(|m| ShimError::Config {
+                msg: m.to_string(),
+                details: String::new(),
+            })?;
+        (
+            serde_json::to_vec(&base.request).map_err(|e| ShimError::Internal(e.to_string()))?,
+            base.mode,
+        )
+    } else {
+        let mode = Mode::try_from(req.mode).unwrap_or(Mode::Ipam);
+        (req.config.clone(), mode)
+    };
+    let p = shim.prepare(
+        CniRequest {
+            protocol_version: req.protocol_version,
+            request_id: "dipamctl-gc".into(),
+            command: "GC".into(),
+            stdin,
+            mode: mode as i32,
+            ..CniRequest::default()
+        },
+        false,
+    )?;
+    let valid = if req.use_ledger {
+        Valid::Ledger
+    } else {
+        if req.valid.is_empty() && !shim.gc.allow_empty {
+            return Err(ShimError::GcRefused {
+                network: p.dc.network.clone(),
+                reason: "no valid attachments given; pass --valid FILE or --use-ledger".into(),
+            });
+        }
+        Valid::List(
+            req.valid
+                .iter()
+                .map(|a| (a.container_id.clone(), a.ifname.clone()))
+                .collect(),
+        )
+    };
+    let network = p.dc.network.clone();
+    match gc::collect(shim, &p.dc, "", valid, req.dry_run).await {
+        Ok(items) => Ok(GcReply {
+            protocol_version: dipam_proto::PROTOCOL_VERSION,
+            network,
+            items,
+            refused: String::new(),
+        }),
+        Err(ShimError::GcRefused { reason, .. }) => Ok(GcReply {
+            protocol_version: dipam_proto::PROTOCOL_VERSION,
+            network,
+            items: Vec::new(),
+            refused: reason,
+        }),
+        Err(e) => Err(e),
+    }
 }

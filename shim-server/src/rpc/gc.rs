@@ -1,47 +1,56 @@
-//! GC: forwarded to delegates that implement CNI 1.1 GC, with every attachment dipamd has in
-//! flight added to the valid list so that a GC racing an ADD never frees its address.
+//! CNI GC: the runtime's valid list, made safe (agent-owned, in-flight and young attachments
+//! added; an empty, null or absent list refused unless --gc-allow-empty; a list that would free
+//! too much refused), then collected (gc.rs): through the delegate's own GC where it has one,
+//! emulated where it has none.
 
 use dipam_proto::v1::CniRequest;
 use dipam_state::Store;
-use rscni_types::version::SpecVersion;
-use serde_json::{Value, json};
-use tracing::info;
 
-use crate::{error::ShimError, shim::Shim};
+use crate::{
+    error::ShimError,
+    gc::{self, Valid},
+    shim::Shim,
+};
 
 pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, ShimError> {
-    let mut p = shim.prepare(req, false)?;
-    // An absent or null list would tell the delegate that nothing is valid (cnitool sends
-    // none meaning "GC everything"); refuse rather than free every address on the node.
-    let Some(mut valid) =
-        p.dc.conf
-            .get("cni.dev/valid-attachments")
-            .or_else(|| p.dc.conf.get("cni.dev/attachments"))
-            .and_then(Value::as_array)
-            .cloned()
-    else {
-        return Err(ShimError::Config {
-            msg: "GC without a valid-attachments list refused".into(),
-            details: "cni.dev/valid-attachments is absent or null; dipamd will not free every \
-                      attachment of the network on that basis"
-                .into(),
-        });
-    };
-    let (probe, _) = shim.resolve(&p.dc, &p.req.cni_path).await?;
-    let gc = SpecVersion::new(1, 1, 0);
-    if !probe.supported.contains(&gc) {
-        info!(delegate = %p.dc.kind, "delegate does not implement GC; nothing forwarded");
-        return Ok(Vec::new());
-    }
-    let network = p.dc.network.clone();
-    for key in shim.locks.in_flight() {
-        if key.network == network {
-            valid.push(json!({"containerID": key.container_id, "ifname": key.ifname}));
+    let p = shim.prepare(req, false)?;
+    let list = gc::valid_list(&p.dc.conf);
+    // cnitool sends no list meaning "everything is stale"; libcni sends null for an empty
+    // one. Either would free every pod on the network: refuse unless the operator said so.
+    let list = match list {
+        Some(l) if !l.is_empty() || shim.gc.allow_empty => l,
+        Some(_) | None if shim.gc.allow_empty => Vec::new(),
+        other => {
+            shim.gc_stats
+                .refused
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return Err(ShimError::GcRefused {
+                network: p.dc.network.clone(),
+                reason: format!(
+                    "the valid-attachments list is {} (start dipamd with --gc-allow-empty to \
+                     accept that)",
+                    if other.is_some() {
+                        "empty"
+                    } else {
+                        "absent or null"
+                    }
+                ),
+            });
         }
+    };
+    let items = gc::collect(shim, &p.dc, &p.req.cni_path, Valid::List(list), false).await?;
+    let failed: Vec<String> = items
+        .iter()
+        .filter(|i| i.outcome == "failed")
+        .map(|i| format!("{}/{}: {}", i.container_id, i.ifname, i.error))
+        .collect();
+    if failed.is_empty() {
+        Ok(Vec::new())
+    } else {
+        Err(ShimError::GcIncomplete {
+            network: p.dc.network.clone(),
+            freed: items.iter().filter(|i| i.outcome == "freed").count(),
+            failed,
+        })
     }
-    p.dc.conf["cni.dev/valid-attachments"] = Value::Array(valid.clone());
-    p.dc.conf["cni.dev/attachments"] = Value::Array(valid);
-    let stdin = p.dc.bytes_for(None)?;
-    shim.run_delegate(&p, &probe, "GC", stdin).await?;
-    Ok(Vec::new())
 }

@@ -1,6 +1,19 @@
-//! STATUS: ready when the ledger is open (it is, or dipamd would not serve), the delegate binary
-//! is present and answered VERSION, and the delegate's own STATUS passes where it has one
-//! (spec §2.8: a plugin that depends on a delegated IPAM MUST send it STATUS).
+//! STATUS (spec 1.1 §STATUS): answers whether dipamd can serve ADD now.
+//!
+//! - 50 (not available): the delegate binary is missing or did not answer VERSION, the agent's
+//!   conflist is not there yet, or an agent address could not be established, or the
+//!   delegate's own STATUS failed (spec: a plugin that depends on a delegated IPAM MUST send it
+//!   STATUS and fail if it fails).
+//! - 51 (not available, and existing pods may have limited connectivity): the delegate's store
+//!   lacks addresses the ledger records for running pods (it was wiped, or dipamd does not see
+//!   the runtime's state directory), so those addresses may be handed out a second time and
+//!   two pods would answer for one IP.
+//!
+//! Cheap by design: containerd 2.x calls STATUS on every kubelet status poll. Everything here
+//! is in memory, the VERSION probe is cached, the divergence comes from the periodic
+//! reconcile, and the delegate's own STATUS answer is remembered for a few seconds.
+
+use std::time::{Duration, Instant};
 
 use dipam_proto::v1::CniRequest;
 use dipam_state::Store;
@@ -8,22 +21,35 @@ use rscni_types::version::SpecVersion;
 
 use crate::{error::ShimError, shim::Shim};
 
+const DELEGATE_STATUS_TTL: Duration = Duration::from_secs(5);
+
 pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, ShimError> {
     let p = shim.prepare(req, false)?;
-    // The agent's addresses are part of readiness: until they are established a pod could be
-    // handed one of them by a second allocator, and the agent cannot run.
-    let missing = shim.agent.not_ready();
-    if !missing.is_empty() {
-        return Err(ShimError::NotReady { missing });
+    let missing = shim
+        .gc_stats
+        .missing
+        .load(std::sync::atomic::Ordering::Relaxed);
+    if missing > 0 {
+        return Err(ShimError::LimitedConnectivity {
+            reasons: vec![format!(
+                "the delegate's store lacks {missing} address(es) the ledger records; they may \
+                 be handed out twice. Check that dipamd sees the runtime's delegate state \
+                 directory (host-local: /var/lib/cni/networks) and that it is persistent; \
+                 `dipamctl attachments` lists them"
+            )],
+        });
     }
-    let probe = match shim.exec.probe(&p.dc.kind, &p.req.cni_path).await {
-        Ok(probe) => probe,
-        Err(e) => {
-            return Err(ShimError::NotReady {
-                missing: vec![format!("{e}")],
-            });
-        }
-    };
+    let not_ready = shim.agent.not_ready();
+    if !not_ready.is_empty() {
+        return Err(ShimError::NotReady { missing: not_ready });
+    }
+    let probe = shim
+        .exec
+        .probe(&p.dc.kind, &p.req.cni_path)
+        .await
+        .map_err(|e| ShimError::NotReady {
+            missing: vec![e.to_string()],
+        })?;
     if probe.supported.is_empty() {
         return Err(ShimError::NotReady {
             missing: vec![format!(
@@ -34,8 +60,31 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
         });
     }
     if probe.supported.contains(&SpecVersion::new(1, 1, 0)) {
-        let stdin = p.dc.bytes_for(None)?;
-        shim.run_delegate(&p, &probe, "STATUS", stdin).await?;
+        let cached = shim.status_cache.lock().ok().and_then(|c| {
+            c.get(&p.dc.kind)
+                .filter(|(at, _)| at.elapsed() < DELEGATE_STATUS_TTL)
+                .map(|(_, r)| r.clone())
+        });
+        let failure = match cached {
+            Some(r) => r,
+            None => {
+                let stdin = p.dc.bytes_for(None)?;
+                let r = shim
+                    .run_delegate(&p, &probe, "STATUS", stdin)
+                    .await
+                    .err()
+                    .map(|e| e.to_string());
+                if let Ok(mut c) = shim.status_cache.lock() {
+                    c.insert(p.dc.kind.clone(), (Instant::now(), r.clone()));
+                }
+                r
+            }
+        };
+        if let Some(why) = failure {
+            return Err(ShimError::NotReady {
+                missing: vec![format!("delegate {} STATUS: {why}", p.dc.kind)],
+            });
+        }
     }
     Ok(Vec::new())
 }

@@ -55,6 +55,7 @@ impl Bench {
                 state_dir: "/unused".into(),
             },
             None,
+            crate::gc::GcPolicy::default(),
         );
         Self { dir, shim }
     }
@@ -226,12 +227,24 @@ async fn a_missing_delegate_is_not_rolled_back() {
 #[tokio::test]
 async fn gc_without_a_list_is_refused() {
     let b = Bench::new();
-    for extra in [json!({}), json!({"cni.dev/valid-attachments": null})] {
+    for extra in [
+        json!({}),
+        json!({"cni.dev/valid-attachments": null}),
+        json!({"cni.dev/valid-attachments": []}),
+    ] {
         let e = super::gc::run(&b.shim, request("", "1.1.0", extra))
             .await
             .unwrap_err();
-        assert!(matches!(e, ShimError::Config { .. }), "{e:?}");
+        assert!(matches!(e, ShimError::GcRefused { .. }), "{e:?}");
     }
+    assert_eq!(
+        b.shim
+            .gc_stats
+            .refused
+            .load(std::sync::atomic::Ordering::Relaxed),
+        3
+    );
+    assert!(b.calls().is_empty(), "a refused GC runs nothing");
 }
 
 #[tokio::test]

@@ -17,7 +17,9 @@ pub fn reservations(data_dir: &Path, network: &str) -> Vec<(String, String, Stri
         .filter_map(Result::ok)
         .filter_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            if name == "lock" || name.starts_with("last_reserved_ip") {
+            // Reservations are named by their address; everything else (lock,
+            // last_reserved_ip.*, a stand-in's gc.log) is bookkeeping.
+            if name.parse::<std::net::IpAddr>().is_err() {
                 return None;
             }
             let content = std::fs::read_to_string(e.path()).ok()?;

@@ -20,6 +20,11 @@ pub struct Lab {
 impl Lab {
     /// Loads `conflist/<conflist>` and starts a dipamd for it.
     pub fn new(conflist: &str) -> Self {
+        Self::with_flags(conflist, &[])
+    }
+
+    /// As [`Lab::new`], with extra dipamd flags.
+    pub fn with_flags(conflist: &str, flags: &[&str]) -> Self {
         let raw = Fixture::load(conflist);
         let prefix = if raw.delegate() == "azure-vnet-ipam" {
             "10.78"
@@ -27,7 +32,7 @@ impl Lab {
             "10.77"
         };
         let subnet = Subnet::claim(prefix);
-        let dipamd = Dipamd::start();
+        let dipamd = Dipamd::start_with(flags);
         let data = tempfile::Builder::new()
             .prefix("delegate-store-")
             .tempdir()

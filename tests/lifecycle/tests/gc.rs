@@ -1,0 +1,267 @@
+//! CNI 1.1 GC and STATUS: agent-owned attachments survive a list that lacks them, stale pods
+//! are freed through a delegate with native GC and by emulation against the real host-local,
+//! a concurrent ADD keeps its address, unsafe lists are refused, and STATUS tells down,
+//! starting and ready apart.
+
+// Tests: a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
+use dipam_lifecycle::{AgentLab, Attachment, CniError, Lab, require_root, runtime::result_ips};
+use serde_json::{Value, json};
+
+/// Runs CNI GC through the plugin (as libcni does: plugin config + name + cniVersion + both
+/// list keys, no container variables).
+fn gc(
+    rt: &dipam_lifecycle::Runtime,
+    list: &Value,
+    valid: Option<Value>,
+) -> Result<Value, CniError> {
+    let mut l = list.clone();
+    l["cniVersion"] = json!("1.1.0");
+    if let Some(v) = valid {
+        l["plugins"][0]["cni.dev/valid-attachments"] = v.clone();
+        l["plugins"][0]["cni.dev/attachments"] = v;
+    }
+    rt.ipam(&l, 0, "GC", &Attachment::new("", ""), None)
+}
+
+fn entry(a: &Attachment) -> Value {
+    json!({"containerID": a.container_id, "ifname": a.ifname})
+}
+
+fn add(lab_rt: &dipam_lifecycle::Runtime, list: &Value, a: &Attachment) -> String {
+    result_ips(&lab_rt.ipam(list, 0, "ADD", a, None).unwrap()).remove(0)
+}
+
+/// Agent-owned attachments are not in the runtime's list (the runtime does not know them);
+/// GC must never free them. Stale pods are freed by emulation (host-local has no GC).
+#[test]
+fn agent_addresses_survive_and_stale_pods_go_host_local() {
+    require_root!();
+    let lab = AgentLab::new(
+        "ptp-dipam-host-local.conflist",
+        "router,health",
+        &["--gc-grace", "0"],
+    );
+    lab.wait_ready(2);
+    let agent_ips = lab.addresses();
+    let ns = dipam_lifecycle::NetNs::new();
+    let keep = Attachment::new(&dipam_lifecycle::unique("keep"), &ns.path());
+    let stale = Attachment::new(&dipam_lifecycle::unique("stale"), &ns.path());
+    add(&lab.rt, &lab.fx.list, &keep);
+    let stale_ip = add(&lab.rt, &lab.fx.list, &stale);
+    assert_eq!(lab.delegate_store().len(), 4);
+
+    gc(&lab.rt, &lab.fx.list, Some(json!([entry(&keep)]))).unwrap_or_else(|e| panic!("{e}"));
+    let store = lab.delegate_store();
+    assert_eq!(store.len(), 3, "{store:?}");
+    assert!(!store.iter().any(|(_, ip)| *ip == stale_ip));
+    assert!(store.iter().any(|(id, _)| *id == keep.container_id));
+    assert_eq!(
+        lab.addresses(),
+        agent_ips,
+        "GC touched the agent's addresses"
+    );
+    lab.assert_agree();
+    assert!(lab.dipamd.log().contains("GC freed"));
+}
+
+/// host-local holds a reservation dipamd never recorded (made behind its back): emulated GC
+/// frees it by running host-local's DEL; dry-run shows it first and frees nothing.
+#[test]
+fn emulated_gc_frees_host_local_orphans_and_dry_run_frees_nothing() {
+    require_root!();
+    let lab = Lab::with_flags("ptp-dipam-host-local.conflist", &["--gc-grace", "0"]);
+    let (_ns, pod) = lab.pod();
+    lab.rt.ipam(lab.list(), 0, "ADD", &pod, None).unwrap();
+    // An allocation straight through host-local, as a second runtime would make it.
+    let mut direct = dipam_lifecycle::Runtime::plugin_config(lab.list(), 0, None);
+    direct["ipam"] = direct["ipam"]["delegate"].clone();
+    let orphan = Attachment::new("orphan-behind-dipams-back", "/var/run/netns/none");
+    let out = lab.rt.exec(
+        "host-local",
+        "ADD",
+        &orphan,
+        &serde_json::to_vec(&direct).unwrap(),
+    );
+    assert!(out.status.success());
+    assert_eq!(lab.delegate_store().len(), 2);
+
+    let path = lab.dipamd.dir.path().join("net.conflist");
+    std::fs::write(&path, serde_json::to_vec(lab.list()).unwrap()).unwrap();
+    let dry = lab.dipamd.ctl(&[
+        "gc",
+        "--conflist",
+        path.to_str().unwrap(),
+        "--use-ledger",
+        "--dry-run",
+        "--json",
+    ]);
+    assert!(
+        dry.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dry.stderr)
+    );
+    let plan: Value = serde_json::from_slice(&dry.stdout).unwrap();
+    let items = plan["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{plan}");
+    assert_eq!(items[0]["kind"], "orphan");
+    assert_eq!(items[0]["containerID"], "orphan-behind-dipams-back");
+    assert_eq!(items[0]["outcome"], "planned");
+    assert!(
+        items[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("unknown to dipamd")
+    );
+    assert_eq!(lab.delegate_store().len(), 2, "dry run freed something");
+
+    gc(&lab.rt, lab.list(), Some(json!([entry(&pod)]))).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(lab.delegate_store().len(), 1);
+    lab.assert_agree();
+}
+
+/// A delegate with native CNI 1.1 GC (the gc-ipam stand-in): dipamd runs its GC with the
+/// augmented list and drops the freed records from the ledger.
+#[test]
+fn native_gc_delegate_frees_stale_pods() {
+    require_root!();
+    let mut lab = Lab::with_flags("ptp-dipam-host-local.conflist", &["--gc-grace", "0"]);
+    lab.fx.list["plugins"][0]["ipam"]["delegate"]["type"] = json!("gc-ipam");
+    let lab = lab.with_version("1.1.0");
+    let (_a, keep) = lab.pod();
+    let (_b, stale) = lab.pod();
+    lab.rt.ipam(lab.list(), 0, "ADD", &keep, None).unwrap();
+    lab.rt.ipam(lab.list(), 0, "ADD", &stale, None).unwrap();
+    // A reservation made straight through gc-ipam, unknown to dipamd: only the delegate's
+    // own GC can know to free it.
+    let mut direct = dipam_lifecycle::Runtime::plugin_config(lab.list(), 0, None);
+    direct["ipam"] = direct["ipam"]["delegate"].clone();
+    let orphan = Attachment::new("orphan-in-gc-ipam", "/var/run/netns/none");
+    let out = lab.rt.exec(
+        "gc-ipam",
+        "ADD",
+        &orphan,
+        &serde_json::to_vec(&direct).unwrap(),
+    );
+    let orphan_ip = result_ips(&serde_json::from_slice(&out.stdout).unwrap()).remove(0);
+    assert_eq!(lab.delegate_store().len(), 3);
+
+    gc(&lab.rt, lab.list(), Some(json!([entry(&keep)]))).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(lab.delegate_store().len(), 1);
+    lab.assert_agree();
+    // gc-ipam's own GC ran with dipamd's list (it logs what it freed).
+    let gclog = std::fs::read_to_string(lab.data.path().join(lab.network()).join("gc.log"))
+        .unwrap_or_default();
+    assert!(gclog.contains(&orphan_ip), "{gclog}");
+    assert!(
+        lab.dipamd
+            .log()
+            .contains("delegate GC run with the augmented valid list")
+    );
+}
+
+/// An ADD racing a GC keeps its address: GC holds the network exclusively and never frees an
+/// attachment younger than the grace period.
+#[test]
+fn concurrent_add_during_gc_keeps_its_ip() {
+    require_root!();
+    let lab = Lab::new("ptp-dipam-host-local.conflist");
+    let (_ns, old) = lab.pod();
+    lab.rt.ipam(lab.list(), 0, "ADD", &old, None).unwrap();
+    for round in 0..5 {
+        let (_n, fresh) = lab.pod();
+        let list = lab.list().clone();
+        let old_entry = entry(&old);
+        std::thread::scope(|s| {
+            let g = s.spawn(|| gc(&lab.rt, &list, Some(json!([old_entry]))));
+            let a = s.spawn(|| lab.rt.ipam(&list, 0, "ADD", &fresh, None));
+            g.join()
+                .unwrap()
+                .unwrap_or_else(|e| panic!("round {round} GC: {e}"));
+            a.join()
+                .unwrap()
+                .unwrap_or_else(|e| panic!("round {round} ADD: {e}"));
+        });
+        assert!(
+            lab.delegate_store()
+                .iter()
+                .any(|(id, _)| *id == fresh.container_id),
+            "round {round}: GC freed the pod being added"
+        );
+        lab.assert_agree();
+    }
+}
+
+/// Empty, null and absent lists are refused, and so is a list that would free most pods;
+/// nothing is freed in either case.
+#[test]
+fn unsafe_lists_are_refused() {
+    require_root!();
+    let lab = Lab::with_flags("ptp-dipam-host-local.conflist", &["--gc-grace", "0"]);
+    let pods: Vec<_> = (0..4).map(|_| lab.pod()).collect();
+    for (_, p) in &pods {
+        lab.rt.ipam(lab.list(), 0, "ADD", p, None).unwrap();
+    }
+    for (what, valid) in [
+        ("empty", Some(json!([]))),
+        ("null", Some(Value::Null)),
+        ("absent", None),
+        ("one of four", Some(json!([entry(&pods[0].1)]))),
+    ] {
+        let e = gc(&lab.rt, lab.list(), valid).unwrap_err();
+        assert_eq!(e.code, 170, "{what}: {e}");
+        assert_eq!(lab.delegate_store().len(), 4, "{what} freed something");
+    }
+    let status: Value =
+        serde_json::from_slice(&lab.dipamd.ctl(&["status", "--json"]).stdout).unwrap();
+    assert_eq!(status["gc"]["refused"], 4, "{status}");
+}
+
+/// STATUS: dipamd down → 50; waiting for its conflist → 50 naming it; ready → success; the
+/// delegate's store wiped under running pods → 51.
+#[test]
+fn status_down_starting_ready_and_limited() {
+    require_root!();
+    let mut lab = AgentLab::unstarted("ptp-dipam-host-local.conflist");
+    lab.set_roles("router", &["--reconcile-interval", "1"]);
+    let mut list = lab.fx.list.clone();
+    list["cniVersion"] = json!("1.1.0");
+    let status = |lab: &AgentLab| {
+        lab.rt
+            .ipam(&list, 0, "STATUS", &Attachment::new("", ""), None)
+    };
+
+    let e = status(&lab).unwrap_err();
+    assert_eq!(e.code, 50, "down: {e}");
+    lab.dipamd.start_again();
+    let e = status(&lab).unwrap_err();
+    assert_eq!(e.code, 50, "starting: {e}");
+    assert!(e.details.contains("waiting for conflist"), "{e}");
+    lab.write_conflist();
+    lab.wait_ready(1);
+    status(&lab).unwrap_or_else(|e| panic!("ready: {e}"));
+
+    let ns = dipam_lifecycle::NetNs::new();
+    let pod = Attachment::new(&dipam_lifecycle::unique("pod"), &ns.path());
+    lab.rt.ipam(&lab.fx.list, 0, "ADD", &pod, None).unwrap();
+    let dir = lab.data.path().join(lab.network());
+    for e in std::fs::read_dir(&dir).unwrap() {
+        std::fs::remove_file(e.unwrap().path()).unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let e = loop {
+        match status(&lab) {
+            Err(e) if e.code == 51 => break e,
+            _ => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "no 51:\n{}",
+                    lab.dipamd.log()
+                );
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+        }
+    };
+    assert!(e.details.contains("may be handed out twice"), "{e}");
+}
