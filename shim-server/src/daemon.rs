@@ -96,6 +96,10 @@ pub struct Args {
     /// (otherwise it only reports them).
     #[arg(long)]
     pub reconcile_free: bool,
+    /// Fault injection (test builds only): SIGKILL dipamd the first time it reaches POINT.
+    #[cfg(feature = "fault-injection")]
+    #[arg(long, value_name = "POINT")]
+    pub crash_at: Option<String>,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -118,6 +122,10 @@ pub enum DaemonError {
 
 pub async fn run(args: Args) -> Result<(), DaemonError> {
     logging::init(args.log_format, &args.log_level);
+    #[cfg(feature = "fault-injection")]
+    if let Some(point) = &args.crash_at {
+        crate::fault::arm(point).map_err(DaemonError::Usage)?;
+    }
     if !(args.delegate_timeout > 0.0 && args.delegate_timeout <= 3600.0) {
         return Err(DaemonError::Usage(
             "--delegate-timeout must be between 0 and 3600 seconds".into(),

@@ -7,6 +7,7 @@ pub mod daemon;
 pub mod delegate;
 pub mod divergence;
 pub mod error;
+pub mod fault;
 pub mod gc;
 pub mod keylock;
 pub mod logging;

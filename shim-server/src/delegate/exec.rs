@@ -53,6 +53,29 @@ impl Output {
 const TEXT_BUSY_RETRIES: u32 = 6;
 const TEXT_BUSY_BACKOFF: Duration = Duration::from_millis(200);
 
+/// A delegate must not outlive a dipamd that is SIGKILLed mid-exec: an orphaned ADD that
+/// finished after the next start's replay DEL would hold an address nobody records (F1).
+/// PR_SET_PDEATHSIG fires when the spawning *thread* exits; delegates are spawned from tokio's
+/// worker threads, which live as long as the daemon.
+fn die_with_parent(cmd: &mut Command) {
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: the closure runs in the child between fork and exec and calls only the
+    // async-signal-safe prctl, getppid and _exit.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent died between fork and prctl: the signal will never come.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Finds `kind` as a regular file in `dirs`, in order (libcni `FindInPath`).
 pub fn find(kind: &str, dirs: &[PathBuf]) -> Result<PathBuf, ShimError> {
     if kind.is_empty() || kind.contains('/') || kind == "." || kind == ".." {
@@ -100,6 +123,7 @@ pub async fn run(
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
+        die_with_parent(&mut cmd);
         match cmd.spawn() {
             Ok(child) => break child,
             Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && attempt < TEXT_BUSY_RETRIES => {

@@ -80,6 +80,7 @@ pub async fn attach<S: Store>(
     };
     let intent = rec.clone();
     shim.ledger(move |l| l.put(&intent)).await?;
+    crate::fault::hit("add-after-intent");
 
     let out = match shim.run_delegate(p, &probe, "ADD", stdin).await {
         Ok(out) => out,
@@ -88,6 +89,7 @@ pub async fn attach<S: Store>(
             return Err(e);
         }
     };
+    crate::fault::hit("add-after-exec");
     let parsed = match version::parse_result(&out.stdout) {
         Ok(r) => r,
         Err(detail) => {
@@ -117,6 +119,7 @@ pub async fn attach<S: Store>(
         return Err(e);
     }
     shim.agent.note_committed(&rec);
+    crate::fault::hit("add-after-commit");
     info!(
         key = %p.key,
         delegate = %p.dc.kind,

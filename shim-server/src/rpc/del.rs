@@ -44,6 +44,7 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
         marked.updated_at = now();
         marked.request_id = p.req.request_id.clone();
         shim.ledger(move |l| l.put(&marked)).await?;
+        crate::fault::hit("del-after-mark");
     }
 
     let (probe, send) = shim.resolve(&p.dc, &p.req.cni_path).await?;
@@ -51,6 +52,7 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
     // On failure the record stays `deleting`: the address is still held by the delegate, and
     // the runtime's retry (or the next start) releases it.
     shim.run_delegate(&p, &probe, "DEL", stdin).await?;
+    crate::fault::hit("del-after-exec");
 
     if existing.is_some() {
         let key = p.key.clone();

@@ -37,6 +37,9 @@ pub fn dir() -> &'static Path {
                 "dipam-shim",
                 "-p",
                 "dipam-lifecycle",
+                // dipamd's crash points (`--crash-at`), for the fault-injection tests.
+                "--features",
+                "dipam-shim/fault-injection",
             ])
             .status()
             .expect("run cargo build for the binaries under test");

@@ -1,0 +1,45 @@
+//! Crash points for fault-injection tests, compiled in only with the `fault-injection` feature
+//! (the lifecycle tests build dipamd with it; release builds never contain it).
+//!
+//! `dipamd --crash-at POINT` makes the daemon SIGKILL itself the first time it reaches POINT:
+//! exactly what an OOM kill or a node crash at that instant would leave behind.
+
+/// The points, in the order an ADD or DEL passes them.
+pub const POINTS: &[&str] = &[
+    "add-after-intent",
+    "add-after-exec",
+    "add-after-commit",
+    "del-after-mark",
+    "del-after-exec",
+];
+
+#[cfg(feature = "fault-injection")]
+static ARMED: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Arms `point` (once per process).
+#[cfg(feature = "fault-injection")]
+pub fn arm(point: &str) -> Result<(), String> {
+    if !POINTS.contains(&point) {
+        return Err(format!(
+            "unknown crash point {point:?}; points: {}",
+            POINTS.join(", ")
+        ));
+    }
+    let _ = ARMED.set(point.to_owned());
+    Ok(())
+}
+
+/// Reached `point`: dies here if it is the armed one.
+#[inline]
+pub fn hit(point: &str) {
+    #[cfg(feature = "fault-injection")]
+    if ARMED.get().is_some_and(|p| p == point) {
+        tracing::error!(point, "fault injection: SIGKILL now");
+        // SAFETY: kill(2) on our own pid; SIGKILL cannot be caught, so nothing runs after it.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    }
+    #[cfg(not(feature = "fault-injection"))]
+    let _ = point;
+}

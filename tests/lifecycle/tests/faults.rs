@@ -1,0 +1,73 @@
+//! Crash points (dipamd built with the `fault-injection` feature): dipamd SIGKILLs itself at
+//! each point of an ADD and a DEL; after a restart, the ledger and host-local agree, nothing
+//! is leaked, and the runtime's follow-up (DEL after a failed ADD, a retried DEL) succeeds.
+
+// Tests: a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
+use dipam_lifecycle::{Lab, require_root};
+
+fn restart_clean(lab: &mut Lab) {
+    lab.dipamd.kill9(); // reaps the self-killed process
+    lab.dipamd.set_flags(&[]);
+    lab.dipamd.start_again();
+}
+
+#[test]
+fn every_add_crash_point_converges() {
+    require_root!();
+    for point in ["add-after-intent", "add-after-exec", "add-after-commit"] {
+        let mut lab = Lab::with_flags("ptp-dipam-host-local.conflist", &["--crash-at", point]);
+        let (_ns, pod) = lab.pod();
+        let e = lab.rt.ipam(lab.list(), 0, "ADD", &pod, None).unwrap_err();
+        assert_eq!(
+            e.code, 11,
+            "{point}: the runtime sees a retryable failure: {e}"
+        );
+        restart_clean(&mut lab);
+        lab.assert_agree();
+        if point == "add-after-commit" {
+            // The result was durable before the crash: the attachment is recorded and held.
+            assert_eq!(lab.ledger().len(), 1, "{point}");
+        } else {
+            // Never answered and never committed: replay released it.
+            assert!(
+                lab.delegate_store().is_empty(),
+                "{point}: leaked\n{}",
+                lab.dipamd.log()
+            );
+        }
+        // The runtime DELs after a failed ADD (spec §5), then may ADD again.
+        lab.rt.ipam(lab.list(), 0, "DEL", &pod, None).unwrap();
+        assert!(lab.delegate_store().is_empty(), "{point}");
+        lab.rt.ipam(lab.list(), 0, "ADD", &pod, None).unwrap();
+        lab.assert_agree();
+        lab.rt.ipam(lab.list(), 0, "DEL", &pod, None).unwrap();
+        lab.assert_agree();
+    }
+}
+
+#[test]
+fn every_del_crash_point_converges() {
+    require_root!();
+    for point in ["del-after-mark", "del-after-exec"] {
+        let mut lab = Lab::new("ptp-dipam-host-local.conflist");
+        let (_ns, pod) = lab.pod();
+        lab.rt.ipam(lab.list(), 0, "ADD", &pod, None).unwrap();
+        lab.dipamd.terminate();
+        lab.dipamd.set_flags(&["--crash-at", point]);
+        lab.dipamd.start_again();
+        let e = lab.rt.ipam(lab.list(), 0, "DEL", &pod, None);
+        assert!(e.is_err(), "{point}: DEL cannot have succeeded");
+        restart_clean(&mut lab);
+        // Replay finished the DEL before serving.
+        assert!(
+            lab.delegate_store().is_empty(),
+            "{point}\n{}",
+            lab.dipamd.log()
+        );
+        lab.assert_agree();
+        // The runtime's retry is still a success (DEL is idempotent).
+        lab.rt.ipam(lab.list(), 0, "DEL", &pod, None).unwrap();
+    }
+}
