@@ -43,6 +43,9 @@ pub struct PluginConf {
     pub mode: Mode,
     pub socket: PathBuf,
     pub timeout: Duration,
+    /// Where a DEL goes when dipamd cannot be reached (`spoolDir`); must be dipamd's
+    /// --spool-dir.
+    pub spool_dir: PathBuf,
     /// Main mode: the MTU of both ends of the pod's veth (`mtu`); the kernel's default (1500)
     /// when absent.
     pub mtu: Option<u32>,
@@ -141,6 +144,16 @@ impl PluginConf {
                 ));
             }
         };
+        let spool_dir = match dipam_keys.get("spoolDir") {
+            None | Some(Value::Null) => PathBuf::from(crate::spool::DEFAULT_DIR),
+            Some(Value::String(s)) if s.starts_with('/') => PathBuf::from(s),
+            Some(other) => {
+                return Err(config_error(
+                    "spoolDir must be an absolute path",
+                    format!("got {other}"),
+                ));
+            }
+        };
         let timeout = match dipam_keys.get("timeoutSeconds") {
             None | Some(Value::Null) => DEFAULT_TIMEOUT,
             Some(v) => match v.as_f64() {
@@ -174,6 +187,7 @@ impl PluginConf {
             mode,
             socket,
             timeout,
+            spool_dir,
             mtu,
             dns: conf.dns.filter(|_| mode == Mode::Main),
             prev_result: conf.prev_result,

@@ -61,6 +61,13 @@ pub enum PluginError {
         socket: PathBuf,
         status: tonic::Status,
     },
+    /// dipamd was unreachable for a DEL and the spool could not be written either.
+    #[error("dipamd is unreachable and the DEL could not be spooled to {}", dir.display())]
+    Spool {
+        dir: PathBuf,
+        cause: Box<PluginError>,
+        unreachable: String,
+    },
     /// dipamd answered with a CNI error (its own, or the delegate's): passed on unchanged.
     #[error("{msg}")]
     Cni {
@@ -101,6 +108,23 @@ pub struct CniError {
 }
 
 impl PluginError {
+    /// dipamd could not be reached, or the call was cut off without an answer: the request
+    /// may or may not have been carried out (a DEL is then spooled; DEL is idempotent).
+    pub fn daemon_unreachable(&self) -> bool {
+        match self {
+            Self::Unreachable { .. } => true,
+            Self::Rpc { status, .. } => matches!(
+                status.code(),
+                Code::Unknown
+                    | Code::Unavailable
+                    | Code::DeadlineExceeded
+                    | Code::Aborted
+                    | Code::Cancelled
+            ),
+            _ => false,
+        }
+    }
+
     /// The single mapping from plugin errors to CNI error codes. `status` is true for the
     /// STATUS verb, whose "cannot serve" code is 50, not 11 (spec 1.1 §STATUS).
     pub fn to_cni(&self, status: bool) -> CniError {
@@ -157,6 +181,21 @@ impl PluginError {
                     ),
                 )
             }
+            Self::Spool {
+                dir,
+                cause,
+                unreachable,
+            } => (
+                // The release is neither done nor queued: the runtime must retry.
+                unavailable,
+                format!(
+                    "{unreachable}; writing the spool in {} failed: {}. Check that the \
+                     directory is writable by the runtime and that spoolDir matches dipamd's \
+                     --spool-dir",
+                    dir.display(),
+                    cause.to_cni(false).details
+                ),
+            ),
             Self::Cni { code, msg, details } => {
                 return CniError {
                     code: *code,

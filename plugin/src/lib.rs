@@ -11,6 +11,7 @@ pub mod conf;
 pub mod datapath;
 pub mod env;
 pub mod error;
+pub mod spool;
 
 use std::io::{Read, Write};
 
@@ -126,6 +127,10 @@ fn dispatch(
         conf: &conf,
         stdin,
         request_id: &request_id,
+        issued_at_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or_default(),
     };
     match command {
         Cmd::Add => cmd::add::run(&ctx),
@@ -214,6 +219,37 @@ mod tests {
         assert_eq!(v["code"], 4);
         assert_eq!(v["cniVersion"], "0.4.0");
         assert!(v["msg"].as_str().unwrap().contains("CNI_NETNS"), "{v}");
+    }
+
+    #[test]
+    fn del_with_the_daemon_down_is_spooled_and_succeeds() {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = format!(
+            r#"{{"cniVersion":"1.0.0","name":"n","type":"ptp","ipam":{{"type":"dipam","socketPath":"/nonexistent/dipam.sock","spoolDir":"{}","delegate":{{"type":"host-local"}}}}}}"#,
+            dir.path().join("spool").display()
+        );
+        let env = [
+            ("CNI_COMMAND", "DEL"),
+            ("CNI_CONTAINERID", "c1"),
+            ("CNI_IFNAME", "eth0"),
+        ];
+        let (code, v) = invoke(&env, &conf);
+        assert_eq!(code, 0, "{v}");
+        let files: Vec<_> = std::fs::read_dir(dir.path().join("spool"))
+            .unwrap()
+            .collect();
+        assert_eq!(files.len(), 1);
+        // ADD is never spooled: it needs an answer.
+        let (code, _) = invoke(
+            &[
+                ("CNI_COMMAND", "ADD"),
+                ("CNI_CONTAINERID", "c1"),
+                ("CNI_IFNAME", "eth0"),
+                ("CNI_NETNS", "/x"),
+            ],
+            &conf,
+        );
+        assert_eq!(code, 1);
     }
 
     #[test]

@@ -18,6 +18,7 @@ use crate::{
     logging::{self, LogFormat},
     recovery, server,
     shim::{Identity, Shim},
+    spool,
 };
 
 /// dipamd: the dipam shim daemon.
@@ -34,6 +35,10 @@ pub struct Args {
     /// Where the ledger lives. It must persist across reboots (not tmpfs).
     #[arg(long, env = "DIPAM_STATE_DIR", default_value = "/var/lib/dipam")]
     pub state_dir: PathBuf,
+    /// Where the plugin spools DELs while dipamd is unreachable (the plugin's `spoolDir`);
+    /// drained before serving. Default: <state-dir>/spool.
+    #[arg(long, env = "DIPAM_SPOOL_DIR")]
+    pub spool_dir: Option<PathBuf>,
     /// Directories searched for delegate plugins after the request's CNI_PATH (colon-separated).
     #[arg(
         long,
@@ -160,6 +165,16 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         },
     );
     let replay = recovery::replay(&shim).await?;
+    // Releases the plugin could not deliver while dipamd was down, before any ADD can take
+    // their addresses' place (F3).
+    let spool_dir = args
+        .spool_dir
+        .clone()
+        .unwrap_or_else(|| args.state_dir.join("spool"));
+    let drained = spool::drain(&shim, &spool_dir).await;
+    if drained != spool::Drained::default() {
+        info!(released = drained.released, kept = drained.kept, failed = drained.failed, spool = %spool_dir.display(), "spooled DELs replayed");
+    }
     let attachments = shim.ledger(|l| l.count()).await?;
     info!(
         version = env!("CARGO_PKG_VERSION"),
@@ -182,6 +197,11 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     if let Err(e) = divergence::round(&shim, false).await {
         tracing::warn!(error = %e, "first ledger/store reconcile failed");
     }
+    tokio::spawn(spool::run(
+        std::sync::Arc::clone(&shim),
+        spool_dir,
+        Duration::from_secs(5),
+    ));
     tokio::spawn(divergence::run(
         std::sync::Arc::clone(&shim),
         Duration::from_secs_f64(args.reconcile_interval.max(0.0)),

@@ -108,6 +108,9 @@ pub enum ShimError {
         key: String,
         holder: String,
     },
+    /// An ADD issued before an already-processed DEL of the same attachment.
+    #[error("ADD for {key} was issued before its DEL, which is already done")]
+    StaleAdd { key: String },
     #[error("no attachment recorded for {key}")]
     NoRecord { key: String },
     #[error("prevResult does not match the addresses recorded for {key}")]
@@ -218,6 +221,13 @@ impl ShimError {
                      the delegate's state directory was wiped or is not the one dipamd sees \
                      (check that /var/lib/cni is shared and persistent)"
                 ),
+            ),
+            Self::StaleAdd { .. } => (
+                // Spec code 3: the container is gone, the runtime need not clean up.
+                3,
+                "the runtime deleted this attachment after this ADD was issued; nothing was \
+                 allocated"
+                    .into(),
             ),
             Self::NoRecord { .. } => (
                 codes::NO_RECORD,

@@ -16,4 +16,5 @@ pub mod rpc;
 pub mod server;
 pub mod service;
 pub mod shim;
+pub mod spool;
 pub mod validate;

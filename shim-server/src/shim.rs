@@ -39,6 +39,9 @@ pub struct Shim<S: Store> {
     pub locks: KeyLocks,
     pub gc: GcPolicy,
     pub gc_stats: GcStats,
+    /// Recent DELs by key: (issue time of the DEL, when to forget it). Bounded in time and
+    /// size; see `bury`.
+    tombstones: std::sync::Mutex<std::collections::HashMap<AttachmentKey, (u64, Instant)>>,
     /// The delegate's own STATUS answers, briefly remembered: containerd 2.x calls STATUS on
     /// every kubelet status poll, and each answer costs a delegate exec.
     pub status_cache:
@@ -52,6 +55,18 @@ pub struct Prepared {
     pub req: CniRequest,
     pub dc: DelegateConf,
     pub key: AttachmentKey,
+}
+
+/// How long a DEL is remembered against stale ADDs; longer than any runtime's CNI timeout.
+pub const TOMBSTONE_TTL: std::time::Duration = std::time::Duration::from_secs(600);
+/// The most tombstones kept: bounds memory under churn.
+pub const TOMBSTONE_MAX: usize = 65_536;
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
 }
 
 pub fn now() -> u64 {
@@ -76,6 +91,7 @@ impl<S: Store> Shim<S> {
             locks: KeyLocks::default(),
             gc,
             gc_stats: GcStats::default(),
+            tombstones: std::sync::Mutex::new(std::collections::HashMap::new()),
             status_cache: std::sync::Mutex::new(std::collections::HashMap::new()),
             started: Instant::now(),
             identity,
@@ -164,6 +180,38 @@ impl<S: Store> Shim<S> {
             stdin,
         };
         self.exec.call(&p.dc.kind, probe, &inv).await
+    }
+
+    /// Remembers that `key` was deleted by a DEL issued at `issued_ms` (0: now), so that an
+    /// older ADD arriving later cannot resurrect it. Tombstones live `TOMBSTONE_TTL` and at
+    /// most `TOMBSTONE_MAX` are kept (the oldest go first): a plugin older than that has long
+    /// been killed by its runtime's timeout.
+    pub fn bury(&self, key: &AttachmentKey, issued_ms: u64) {
+        let issued = if issued_ms == 0 { now_ms() } else { issued_ms };
+        let Ok(mut t) = self.tombstones.lock() else {
+            return;
+        };
+        let now = Instant::now();
+        t.retain(|_, (_, until)| *until > now);
+        if t.len() >= TOMBSTONE_MAX
+            && let Some(oldest) = t
+                .iter()
+                .min_by_key(|(_, (_, until))| *until)
+                .map(|(k, _)| k.clone())
+        {
+            t.remove(&oldest);
+        }
+        let entry = t.entry(key.clone()).or_insert((0, now));
+        entry.0 = entry.0.max(issued);
+        entry.1 = now + TOMBSTONE_TTL;
+    }
+
+    /// The issue time of the last DEL of `key`, if still remembered.
+    pub fn tombstone(&self, key: &AttachmentKey) -> Option<u64> {
+        let t = self.tombstones.lock().ok()?;
+        t.get(key)
+            .filter(|(_, until)| *until > Instant::now())
+            .map(|(issued, _)| *issued)
     }
 
     /// Refuses a result whose addresses belong to someone else in the ledger. A pod's result

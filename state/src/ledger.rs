@@ -190,6 +190,11 @@ pub struct AttachmentRecord {
     pub created_at: u64,
     /// Unix seconds of the last write.
     pub updated_at: u64,
+    /// When the plugin that sent the ADD started (Unix ms; 0 when unknown): a DEL issued
+    /// before it is stale and must not release this attachment. Absent in records written
+    /// before the field existed, which then default to 0 (no ordering check).
+    #[serde(default)]
+    pub issued_ms: u64,
 }
 
 /// Typed access to the attachment records of a [`Store`].

@@ -25,6 +25,7 @@ pub(crate) fn record(network: &str, container_id: &str, ifname: &str) -> Attachm
         request_id: "req-1".into(),
         created_at: 1_700_000_000,
         updated_at: 1_700_000_001,
+        issued_ms: 0,
     }
 }
 

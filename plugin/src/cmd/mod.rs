@@ -26,6 +26,8 @@ pub struct Ctx<'a> {
     pub conf: &'a PluginConf,
     pub stdin: &'a [u8],
     pub request_id: &'a str,
+    /// When this plugin process started (Unix ms): dipamd orders a key's operations by it.
+    pub issued_at_ms: u64,
 }
 
 impl Ctx<'_> {
@@ -60,7 +62,30 @@ impl Ctx<'_> {
                 Mode::Ipam => WireMode::Ipam,
                 Mode::Main => WireMode::Main,
             } as i32,
+            issued_at_ms: self.issued_at_ms,
         };
-        client::call(&self.conf.socket, self.conf.timeout, command, req)
+        match client::call(&self.conf.socket, self.conf.timeout, command, req.clone()) {
+            Err(e) if command == Cmd::Del && e.daemon_unreachable() => self.spool(req, &e),
+            other => other,
+        }
+    }
+
+    /// dipamd is down (or died mid-call): the release must not be lost, and the runtime may
+    /// not retry, so the DEL is spooled durably for dipamd to replay, and DEL succeeds.
+    fn spool(&self, req: CniRequest, cause: &PluginError) -> Result<Vec<u8>, PluginError> {
+        match crate::spool::write(&self.conf.spool_dir, &req) {
+            Ok(path) => {
+                eprintln!(
+                    "dipam: {cause}; DEL spooled to {} for dipamd to replay",
+                    path.display()
+                );
+                Ok(Vec::new())
+            }
+            Err(io) => Err(PluginError::Spool {
+                dir: self.conf.spool_dir.clone(),
+                cause: Box::new(PluginError::Stdin(io)),
+                unreachable: cause.to_string(),
+            }),
+        }
     }
 }

@@ -278,6 +278,7 @@ fn prepare<S: Store>(
         cni_path: String::new(),
         stdin: serde_json::to_vec(&base.request).map_err(|e| ShimError::Internal(e.to_string()))?,
         mode: base.mode as i32,
+        issued_at_ms: crate::shim::now_ms(),
     };
     let mut p = shim.prepare(req, true)?;
     // host-local hands out one address per range set: keep only this family's, so that

@@ -28,6 +28,16 @@ pub async fn attach<S: Store>(
     owner: Owner,
 ) -> Result<Vec<u8>, ShimError> {
     let digest = p.dc.digest();
+    // An ADD issued before a DEL of the same attachment that dipamd already processed (a slow
+    // or retried plugin, F4): it must not bring the attachment back.
+    if let Some(del_issued) = shim.tombstone(&p.key)
+        && p.req.issued_at_ms != 0
+        && p.req.issued_at_ms < del_issued
+    {
+        return Err(ShimError::StaleAdd {
+            key: p.key.to_string(),
+        });
+    }
 
     let key = p.key.clone();
     if let Some(existing) = shim.ledger(move |l| l.get(&key)).await? {
@@ -77,6 +87,7 @@ pub async fn attach<S: Store>(
         request_id: p.req.request_id.clone(),
         created_at: t,
         updated_at: t,
+        issued_ms: p.req.issued_at_ms,
     };
     let intent = rec.clone();
     shim.ledger(move |l| l.put(&intent)).await?;

@@ -22,6 +22,16 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
 
     let key = p.key.clone();
     let existing = shim.ledger(move |l| l.get(&key)).await?;
+    // A DEL issued before the ADD that made the current attachment belongs to an earlier
+    // incarnation of this key (reordered, or replayed late from the spool): releasing now
+    // would take the newer attachment's address away.
+    if let Some(rec) = &existing
+        && p.req.issued_at_ms != 0
+        && p.req.issued_at_ms < rec.issued_ms
+    {
+        info!(key = %p.key, "DEL issued before the current ADD; ignoring it as stale");
+        return Ok(Vec::new());
+    }
     let prev =
         p.dc.conf
             .get("prevResult")
@@ -58,6 +68,7 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
         let key = p.key.clone();
         shim.ledger(move |l| l.remove(&key)).await?;
     }
+    shim.bury(&p.key, p.req.issued_at_ms);
     info!(key = %p.key, known = existing.is_some(), "attachment deleted");
     Ok(Vec::new())
 }

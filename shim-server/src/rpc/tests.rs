@@ -104,6 +104,7 @@ fn request(cid: &str, version: &str, extra: Value) -> CniRequest {
         cni_path: String::new(),
         stdin: serde_json::to_vec(&conf).unwrap(),
         mode: Mode::Ipam as i32,
+        issued_at_ms: crate::shim::now_ms(),
     }
 }
 
@@ -381,4 +382,55 @@ async fn identifiers_are_validated_before_any_key_or_exec() {
         );
     }
     assert!(b.calls().is_empty());
+}
+
+#[tokio::test]
+async fn a_stale_add_cannot_resurrect_and_a_stale_del_cannot_release() {
+    let b = Bench::new();
+    let at = |ms: u64| {
+        let mut r = request("c1", "1.0.0", json!({}));
+        r.issued_at_ms = ms;
+        r
+    };
+    add::run(&b.shim, at(1_000)).await.unwrap();
+    // A DEL issued before that ADD (replayed late from the spool) leaves it alone.
+    del::run(&b.shim, at(500)).await.unwrap();
+    assert!(b.record("c1").is_some());
+    assert_eq!(b.calls(), vec!["ADD c1"]);
+    // The real DEL, then an ADD that had been issued before it arrives late: refused (3).
+    del::run(&b.shim, at(2_000)).await.unwrap();
+    let e = add::run(&b.shim, at(1_500)).await.unwrap_err();
+    assert!(matches!(e, ShimError::StaleAdd { .. }), "{e:?}");
+    assert!(b.record("c1").is_none());
+    // A new ADD issued after the DEL is an ordinary ADD.
+    add::run(&b.shim, at(3_000)).await.unwrap();
+    assert!(b.record("c1").is_some());
+    // Plugins before the ordering field (0) are never judged stale.
+    del::run(&b.shim, at(0)).await.unwrap();
+    assert!(b.record("c1").is_none());
+}
+
+#[tokio::test]
+async fn spooled_dels_are_drained_and_unusable_ones_quarantined() {
+    let b = Bench::new();
+    add::run(&b.shim, request("c1", "1.0.0", json!({})))
+        .await
+        .unwrap();
+    let spool = b.path("spool");
+    std::fs::create_dir_all(&spool).unwrap();
+    let req = request("c1", "1.0.0", json!({}));
+    let good = json!({
+        "format": 1, "requestId": "r", "issuedAtMs": crate::shim::now_ms(), "command": "DEL",
+        "containerId": "c1", "netns": "", "ifname": "eth0", "cniArgs": "", "cniPath": "",
+        "mode": 1, "stdin": String::from_utf8(req.stdin).unwrap(),
+    });
+    std::fs::write(spool.join("0001-a.json"), good.to_string()).unwrap();
+    std::fs::write(spool.join("0002-b.json"), "{ not json").unwrap();
+    std::fs::write(spool.join(".tmp-0003-c.json"), "partial").unwrap();
+    let d = crate::spool::drain(&b.shim, &spool).await;
+    assert_eq!(d.released, 1);
+    assert_eq!(d.failed, 1);
+    assert!(b.record("c1").is_none());
+    assert!(crate::spool::pending(&spool).is_empty());
+    assert!(spool.join("failed").join("0002-b.json").exists());
 }

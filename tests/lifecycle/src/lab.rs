@@ -44,7 +44,15 @@ impl Lab {
             .with_subnet(&subnet.cidr);
         // The bridge plugin keeps its bridge after DEL, with the gateway address of the subnet
         // it was created for: each bench gets its own bridge, removed on drop.
+        let spool = dipamd.state_dir().join("spool");
         for p in fx.list["plugins"].as_array_mut().into_iter().flatten() {
+            // DELs spooled by the plugin while dipamd is down must land where this dipamd
+            // drains them (its default: <state-dir>/spool).
+            if p["ipam"]["type"] == "dipam" {
+                p["ipam"]["spoolDir"] = serde_json::json!(spool);
+            } else if p["type"] == "dipam" {
+                p["spoolDir"] = serde_json::json!(spool);
+            }
             if p["type"] == "bridge" {
                 p["bridge"] = serde_json::json!(format!("dpb{}", subnet.index));
             }
@@ -76,6 +84,17 @@ impl Lab {
         let ns = NetNs::new();
         let att = Attachment::new(&crate::unique("pod"), &ns.path());
         (ns, att)
+    }
+
+    /// DELs waiting in the spool.
+    pub fn spooled(&self) -> usize {
+        std::fs::read_dir(self.dipamd.state_dir().join("spool"))
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+                    .count()
+            })
+            .unwrap_or(0)
     }
 
     pub fn azure_state(&self) -> PathBuf {

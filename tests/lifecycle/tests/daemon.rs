@@ -251,3 +251,67 @@ fn killed_mid_add_is_released_at_the_next_start() {
             .contains("replayed an interrupted operation")
     );
 }
+
+/// F3: a DEL while dipamd is down is not lost. The plugin spools it durably and reports
+/// success (the runtime may never retry); dipamd replays it before serving the next ADD.
+#[test]
+fn del_while_daemon_down_is_spooled_and_replayed() {
+    require_root!();
+    for conflist in ["ptp-dipam-host-local.conflist", "ptp-dipam-azure.conflist"] {
+        let mut lab = Lab::new(conflist);
+        let (_a, a) = lab.pod();
+        let (_b, b) = lab.pod();
+        let ra = lab.rt.ipam(lab.list(), 0, "ADD", &a, None).unwrap();
+        lab.rt.ipam(lab.list(), 0, "ADD", &b, None).unwrap();
+        lab.dipamd.kill9();
+        lab.rt
+            .ipam(lab.list(), 0, "DEL", &a, Some(&ra))
+            .unwrap_or_else(|e| panic!("{conflist}: DEL with dipamd down must succeed: {e}"));
+        assert_eq!(lab.spooled(), 1);
+        assert_eq!(lab.delegate_store().len(), 2, "nothing released yet");
+        lab.dipamd.start_again();
+        assert_eq!(lab.spooled(), 0, "{}", lab.dipamd.log());
+        assert_eq!(
+            lab.delegate_store().len(),
+            1,
+            "{conflist}: the spooled DEL was not replayed"
+        );
+        lab.assert_agree();
+        assert!(lab.dipamd.log().contains("spooled DEL replayed"));
+    }
+}
+
+/// F4: operations on one attachment arriving out of order. A DEL issued before the current
+/// ADD (replayed late) does not release it; an ADD issued before an already-processed DEL
+/// does not bring it back.
+#[test]
+fn stale_operations_cannot_undo_newer_ones() {
+    require_root!();
+    let mut lab = Lab::new("ptp-dipam-host-local.conflist");
+    let (_ns, pod) = lab.pod();
+    let r = lab.rt.ipam(lab.list(), 0, "ADD", &pod, None).unwrap();
+    // A DEL that was spooled long ago (issued before this ADD), replayed at the next start.
+    lab.dipamd.kill9();
+    let spool = lab.dipamd.state_dir().join("spool");
+    std::fs::create_dir_all(&spool).unwrap();
+    let conf = dipam_lifecycle::Runtime::plugin_config(lab.list(), 0, Some(&r));
+    let stale = serde_json::json!({
+        "format": 1, "requestId": "stale", "issuedAtMs": 1, "command": "DEL",
+        "containerId": pod.container_id, "netns": "", "ifname": pod.ifname,
+        "cniArgs": "", "cniPath": "", "mode": 1, "stdin": conf.to_string(),
+    });
+    std::fs::write(
+        spool.join("0000000000000001-1-stale.json"),
+        stale.to_string(),
+    )
+    .unwrap();
+    lab.dipamd.start_again();
+    assert_eq!(lab.spooled(), 0);
+    assert_eq!(
+        lab.delegate_store().len(),
+        1,
+        "a stale DEL released a newer attachment"
+    );
+    assert!(lab.dipamd.log().contains("ignoring it as stale"));
+    lab.assert_agree();
+}
