@@ -90,7 +90,8 @@ pub fn run(
     };
 
     let mut input = Vec::new();
-    let read = stdin.read_to_end(&mut input);
+    // A network config is a few KiB; refuse to hold (and send) more than dipamd accepts.
+    let read = stdin.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut input);
     if command == Cmd::Version {
         let _ = writeln!(stdout, "{}", cmd::version::reply(&input));
         return 0;
@@ -113,11 +114,20 @@ pub fn run(
     }
 }
 
+/// The largest network config the plugin reads (dipamd's request limit is the same).
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
 fn dispatch(
     command: Cmd,
     getenv: &dyn Fn(&str) -> Option<String>,
     stdin: &[u8],
 ) -> Result<Vec<u8>, PluginError> {
+    if stdin.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(PluginError::Config {
+            msg: "network config larger than 1 MiB".into(),
+            details: "a network config is a few KiB; check what the runtime writes on stdin".into(),
+        });
+    }
     // Order as in the reference skel: environment first, then the config.
     let args = CmdArgs::from_env(command, getenv)?;
     let conf = PluginConf::parse(stdin, command)?;

@@ -105,6 +105,18 @@ pub struct Args {
     #[cfg(feature = "fault-injection")]
     #[arg(long, value_name = "POINT")]
     pub crash_at: Option<String>,
+    /// Give the socket this group (name or gid) and mode 0660 instead of root-only 0600.
+    #[arg(long)]
+    pub socket_group: Option<String>,
+    /// Also accept requests from these uids (SO_PEERCRED), besides root; repeatable.
+    #[arg(long = "allow-uid")]
+    pub allow_uids: Vec<u32>,
+    /// Operations run at once (a quarter is held for DEL, CHECK and GC).
+    #[arg(long, default_value_t = 16)]
+    pub max_concurrent: usize,
+    /// Requests allowed to wait for a slot; beyond that dipamd answers "try again later".
+    #[arg(long, default_value_t = 256)]
+    pub max_queue: usize,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -163,6 +175,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
             max_free_share: args.gc_max_free_share.clamp(0.0, 1.0),
             allow_empty: args.gc_allow_empty,
         },
+        crate::access::Admission::new(args.max_concurrent, args.max_queue, Duration::from_secs(10)),
     );
     let replay = recovery::replay(&shim).await?;
     // Releases the plugin could not deliver while dipamd was down, before any ADD can take
@@ -188,7 +201,11 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     // could take the address the agent held before this restart.
     agent::reconcile::init(&shim).await?;
     agent::reconcile::pass(&shim).await?;
-    let listener = server::bind(&args.socket).await?;
+    let group = match &args.socket_group {
+        None => None,
+        Some(g) => Some(server::resolve_group(g).map_err(DaemonError::Usage)?),
+    };
+    let listener = server::bind(&args.socket, group).await?;
     info!(socket = %args.socket.display(), cni_path = %args.cni_path, "serving");
     tokio::spawn(agent::reconcile::run(
         std::sync::Arc::clone(&shim),
@@ -207,7 +224,10 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         Duration::from_secs_f64(args.reconcile_interval.max(0.0)),
         args.reconcile_free,
     ));
-    server::serve(shim, listener, &args.socket, shutdown_signal()).await?;
+    let peers = crate::access::PeerCheck {
+        allow_uids: args.allow_uids.clone(),
+    };
+    server::serve(shim, listener, &args.socket, peers, shutdown_signal()).await?;
     Ok(())
 }
 

@@ -137,12 +137,16 @@ pub enum ShimError {
     NotReady { missing: Vec<String> },
     #[error("internal error: {0}")]
     Internal(String),
+    /// Saturated: answered at once rather than queued forever.
+    #[error("dipamd is busy: {0}")]
+    Busy(String),
 }
 
 impl ShimError {
     pub(crate) fn code_and_details(&self) -> (u32, String) {
         match self {
             Self::ProtocolTooOld { .. } | Self::Internal(_) => (codes::INTERNAL, String::new()),
+            Self::Busy(_) => (11, "retry shortly".into()),
             Self::BadEnv(_) => (4, String::new()),
             Self::Decode(d) => (6, d.clone()),
             Self::Config { details, .. } => (7, details.clone()),
@@ -261,8 +265,13 @@ impl ShimError {
 
     /// The boundary: every error a CNI RPC can produce leaves dipamd through here.
     pub fn into_reply(self) -> Result<CniReply, tonic::Status> {
-        if let Self::ProtocolTooOld { .. } = self {
-            return Err(tonic::Status::failed_precondition(self.to_string()));
+        match self {
+            Self::ProtocolTooOld { .. } => {
+                return Err(tonic::Status::failed_precondition(self.to_string()));
+            }
+            // The plugin maps RESOURCE_EXHAUSTED to 11, "try again later".
+            Self::Busy(_) => return Err(tonic::Status::resource_exhausted(self.to_string())),
+            _ => {}
         }
         let (code, details) = self.code_and_details();
         Ok(CniReply {
@@ -281,6 +290,7 @@ impl ShimError {
     pub fn into_status(self) -> tonic::Status {
         match self {
             Self::ProtocolTooOld { .. } => tonic::Status::failed_precondition(self.to_string()),
+            Self::Busy(_) => tonic::Status::resource_exhausted(self.to_string()),
             Self::Store(_) | Self::Internal(_) => tonic::Status::internal(self.to_string()),
             other => {
                 let (_, details) = other.code_and_details();

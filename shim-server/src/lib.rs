@@ -1,6 +1,7 @@
 //! dipamd and dipamctl: the CNI-over-gRPC shim that runs the delegated IPAM plugin like a
 //! runtime would and records every attachment in a durable ledger. See docs/cfp.md.
 
+pub mod access;
 pub mod agent;
 pub mod ctl;
 pub mod daemon;

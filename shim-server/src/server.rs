@@ -15,7 +15,12 @@ use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 use tracing::info;
 
-use crate::{service::Service, shim::Shim};
+use crate::{
+    access::{MAX_REQUEST_BYTES, PeerCheck},
+    service::Service,
+    shim::Shim,
+};
+use tonic::service::interceptor::InterceptedService;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -39,7 +44,7 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> ServeError + '_ {
 /// Binds `path`: creates its directory, removes a stale socket (one nobody answers on), and
 /// restricts it to root (mode 0600). Called after the store is open, so a second dipamd on
 /// the same state directory has already been refused.
-pub async fn bind(path: &Path) -> Result<UnixListener, ServeError> {
+pub async fn bind(path: &Path, group: Option<u32>) -> Result<UnixListener, ServeError> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
     }
@@ -62,8 +67,27 @@ pub async fn bind(path: &Path) -> Result<UnixListener, ServeError> {
         Err(e) => return Err(io_err(path)(e)),
     }
     let listener = UnixListener::bind(path).map_err(io_err(path))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io_err(path))?;
+    let mode = match group {
+        Some(gid) => {
+            std::os::unix::fs::chown(path, Some(0), Some(gid)).map_err(io_err(path))?;
+            0o660
+        }
+        None => 0o600,
+    };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io_err(path))?;
     Ok(listener)
+}
+
+/// A group name or numeric gid.
+pub fn resolve_group(g: &str) -> Result<u32, String> {
+    if let Ok(gid) = g.parse::<u32>() {
+        return Ok(gid);
+    }
+    match nix::unistd::Group::from_name(g) {
+        Ok(Some(group)) => Ok(group.gid.as_raw()),
+        Ok(None) => Err(format!("--socket-group: no group named {g:?}")),
+        Err(e) => Err(format!("--socket-group {g:?}: {e}")),
+    }
 }
 
 /// Serves until `shutdown` resolves, then unlinks the socket.
@@ -71,16 +95,27 @@ pub async fn serve<S: Store, F>(
     shim: Arc<Shim<S>>,
     listener: UnixListener,
     path: &Path,
+    peers: PeerCheck,
     shutdown: F,
 ) -> Result<(), ServeError>
 where
     F: std::future::Future<Output = ()> + Send,
 {
     let svc = Service(shim);
+    let check = move |req| peers.check(req);
     let result = tonic::transport::Server::builder()
-        .add_service(CniServer::new(svc.clone()))
-        .add_service(AdminServer::new(svc.clone()))
-        .add_service(AgentServer::new(svc))
+        .add_service(InterceptedService::new(
+            CniServer::new(svc.clone()).max_decoding_message_size(MAX_REQUEST_BYTES),
+            check.clone(),
+        ))
+        .add_service(InterceptedService::new(
+            AdminServer::new(svc.clone()).max_decoding_message_size(MAX_REQUEST_BYTES),
+            check.clone(),
+        ))
+        .add_service(InterceptedService::new(
+            AgentServer::new(svc).max_decoding_message_size(MAX_REQUEST_BYTES),
+            check,
+        ))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await;
     let _ = std::fs::remove_file(path);

@@ -12,7 +12,7 @@ use dipam_state::Store;
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, info, info_span, warn};
 
-use crate::{error::ShimError, rpc, shim::Shim};
+use crate::{access::Class, error::ShimError, rpc, shim::Shim};
 
 pub struct Service<S: Store>(pub Arc<Shim<S>>);
 
@@ -71,19 +71,39 @@ where
 impl<S: Store> Cni for Service<S> {
     async fn add(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
         let req = r.into_inner();
-        answer(span("ADD", &req), rpc::add::run(&self.0, req)).await
+        let shim = &self.0;
+        answer(span("ADD", &req), async move {
+            let _slot = shim.admission.admit(Class::Add).await?;
+            rpc::add::run(shim, req).await
+        })
+        .await
     }
     async fn del(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
         let req = r.into_inner();
-        answer(span("DEL", &req), rpc::del::run(&self.0, req)).await
+        let shim = &self.0;
+        answer(span("DEL", &req), async move {
+            let _slot = shim.admission.admit(Class::Other).await?;
+            rpc::del::run(shim, req).await
+        })
+        .await
     }
     async fn check(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
         let req = r.into_inner();
-        answer(span("CHECK", &req), rpc::check::run(&self.0, req)).await
+        let shim = &self.0;
+        answer(span("CHECK", &req), async move {
+            let _slot = shim.admission.admit(Class::Other).await?;
+            rpc::check::run(shim, req).await
+        })
+        .await
     }
     async fn gc(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
         let req = r.into_inner();
-        answer(span("GC", &req), rpc::gc::run(&self.0, req)).await
+        let shim = &self.0;
+        answer(span("GC", &req), async move {
+            let _slot = shim.admission.admit(Class::Other).await?;
+            rpc::gc::run(shim, req).await
+        })
+        .await
     }
     async fn status(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
         let req = r.into_inner();

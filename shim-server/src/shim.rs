@@ -38,6 +38,7 @@ pub struct Shim<S: Store> {
     pub exec: Executor,
     pub locks: KeyLocks,
     pub gc: GcPolicy,
+    pub admission: crate::access::Admission,
     pub gc_stats: GcStats,
     /// Recent DELs by key: (issue time of the DEL, when to forget it). Bounded in time and
     /// size; see `bury`.
@@ -83,6 +84,7 @@ impl<S: Store> Shim<S> {
         identity: Identity,
         agent: Option<AgentConfig>,
         gc: GcPolicy,
+        admission: crate::access::Admission,
     ) -> Arc<Self> {
         Arc::new(Self {
             ledger: Ledger::new(store),
@@ -90,6 +92,7 @@ impl<S: Store> Shim<S> {
             exec,
             locks: KeyLocks::default(),
             gc,
+            admission,
             gc_stats: GcStats::default(),
             tombstones: std::sync::Mutex::new(std::collections::HashMap::new()),
             status_cache: std::sync::Mutex::new(std::collections::HashMap::new()),

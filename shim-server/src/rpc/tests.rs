@@ -56,6 +56,7 @@ impl Bench {
             },
             None,
             crate::gc::GcPolicy::default(),
+            crate::access::Admission::default(),
         );
         Self { dir, shim }
     }
