@@ -14,12 +14,14 @@ fn main() {
     } else {
         Box::new(stdin.lock())
     };
+    // stderr is not locked for the whole run: the datapath's netns threads log to it while
+    // this thread waits for them (a held lock would deadlock the first such message).
     let code = dipam_plugin::run(
         &args,
         &getenv,
         &mut input,
         &mut std::io::stdout().lock(),
-        &mut std::io::stderr().lock(),
+        &mut std::io::stderr(),
     );
     std::process::exit(code);
 }

@@ -26,8 +26,10 @@ pub fn run(ctx: &Ctx<'_>) -> Result<Vec<u8>, PluginError> {
 
 fn main_mode(ctx: &Ctx<'_>) -> Result<Vec<u8>, PluginError> {
     let att = ctx.attachment();
-    // Before the IPAM call: a sandbox that cannot be used must not cost an address.
+    // Before the IPAM call: a sandbox that cannot be used, or an interface name already taken
+    // (a repeated ADD), must not cost an address, nor roll back the one in use.
     let netns = Netns::open(&ctx.args.netns)?;
+    datapath::ensure_absent(att, &netns)?;
     let raw = ctx.forward()?;
     let wired = serde_json::from_slice::<CNIResult>(&raw)
         .map_err(|e| PluginError::IpamResult(format!("dipamd's IPAM result does not parse: {e}")))

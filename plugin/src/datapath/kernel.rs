@@ -110,6 +110,17 @@ fn kind_of(link: &LinkMessage) -> String {
         .unwrap_or_default()
 }
 
+/// Code 160 when `ifname` exists in the handle's netns.
+pub async fn ensure_absent(cont: &Handle, ifname: &str, netns: &str) -> Result<(), PluginError> {
+    match link_by_name(cont, ifname).await? {
+        None => Ok(()),
+        Some(_) => Err(PluginError::InterfaceExists {
+            ifname: ifname.to_owned(),
+            netns: netns.to_owned(),
+        }),
+    }
+}
+
 /// What ADD needs to know about the attachment.
 pub struct SetupRequest<'a> {
     pub netns: &'a str,
@@ -128,12 +139,8 @@ pub async fn setup(
     plan: &Plan,
 ) -> Result<Created, PluginError> {
     let cont = h.container()?;
-    if link_by_name(cont, req.ifname).await?.is_some() {
-        return Err(PluginError::InterfaceExists {
-            ifname: req.ifname.to_owned(),
-            netns: req.netns.to_owned(),
-        });
-    }
+    // Checked before IPAM too (super::ensure_absent); again here, where it counts.
+    ensure_absent(cont, req.ifname, req.netns).await?;
     create_veth(h, req).await?;
     let Some(link) = link_by_name(cont, req.ifname).await? else {
         return Err(invalid(

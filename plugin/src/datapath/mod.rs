@@ -59,6 +59,16 @@ impl Attachment<'_> {
     }
 }
 
+/// Fails with code 160 when CNI_IFNAME already exists in `netns` (spec §ADD: MUST error).
+/// Called before the IPAM call: a repeated ADD of a live attachment is answered by dipamd from
+/// its ledger with the *same* allocation, so if its failure were only noticed afterwards, the
+/// rollback DEL would release the address the existing interface still uses.
+pub fn ensure_absent(att: Attachment<'_>, netns: &Netns) -> Result<(), PluginError> {
+    netns::run(Some(netns), |h| async move {
+        kernel::ensure_absent(h.container()?, att.ifname, netns.path()).await
+    })
+}
+
 /// Creates and configures the pod's veth for `plan` in `netns`. On error nothing of it is
 /// left; the caller releases the IPAM allocation.
 pub fn add(
