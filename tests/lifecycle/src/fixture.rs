@@ -33,18 +33,39 @@ impl Fixture {
         self.list["name"].as_str().unwrap_or_default().to_owned()
     }
 
-    fn dipam_ipams(&mut self) -> impl Iterator<Item = &mut Value> {
+    /// Where dipam's own keys (socketPath, ...) live in each plugin dipam serves: the `ipam`
+    /// object in IPAM mode (`{"type":"ptp","ipam":{"type":"dipam",...}}`), the plugin object
+    /// itself in main mode (`{"type":"dipam",...}`).
+    fn dipam_keys(&mut self) -> impl Iterator<Item = &mut Value> {
         self.list["plugins"]
             .as_array_mut()
             .into_iter()
             .flatten()
-            .filter(|p| p["ipam"]["type"] == "dipam")
-            .map(|p| &mut p["ipam"])
+            .filter(|p| p["type"] == "dipam" || p["ipam"]["type"] == "dipam")
+            .map(|p| {
+                if p["type"] == "dipam" {
+                    p
+                } else {
+                    &mut p["ipam"]
+                }
+            })
+    }
+
+    /// The delegate IPAM's config in each plugin dipam serves: `ipam.delegate` in IPAM mode,
+    /// `ipam` in main mode.
+    fn delegates(&mut self) -> impl Iterator<Item = &mut Value> {
+        self.dipam_keys().map(|keys| {
+            if keys.get("delegate").is_some() {
+                &mut keys["delegate"]
+            } else {
+                &mut keys["ipam"]
+            }
+        })
     }
 
     pub fn with_socket(mut self, socket: &Path) -> Self {
-        for ipam in self.dipam_ipams() {
-            ipam["socketPath"] = json!(socket);
+        for keys in self.dipam_keys() {
+            keys["socketPath"] = json!(socket);
         }
         self
     }
@@ -52,11 +73,11 @@ impl Fixture {
     /// Points the delegate's own store at `dir` (host-local `dataDir`, the azure stand-in's
     /// `stateFile`).
     pub fn with_delegate_state(mut self, dir: &Path) -> Self {
-        for ipam in self.dipam_ipams() {
-            match ipam["delegate"]["type"].as_str() {
-                Some("host-local") => ipam["delegate"]["dataDir"] = json!(dir),
+        for delegate in self.delegates() {
+            match delegate["type"].as_str() {
+                Some("host-local" | "gc-ipam") => delegate["dataDir"] = json!(dir),
                 Some("azure-vnet-ipam") => {
-                    ipam["delegate"]["stateFile"] = json!(dir.join("azure-vnet-ipam.json"));
+                    delegate["stateFile"] = json!(dir.join("azure-vnet-ipam.json"));
                 }
                 _ => {}
             }
@@ -65,11 +86,27 @@ impl Fixture {
     }
 
     pub fn with_subnet(mut self, subnet: &str) -> Self {
-        for ipam in self.dipam_ipams() {
-            match ipam["delegate"]["type"].as_str() {
-                Some("azure-vnet-ipam") => ipam["delegate"]["pool"] = json!(subnet),
-                _ => ipam["delegate"]["ranges"] = json!([[{ "subnet": subnet }]]),
+        for delegate in self.delegates() {
+            match delegate["type"].as_str() {
+                Some("azure-vnet-ipam") => delegate["pool"] = json!(subnet),
+                _ => delegate["ranges"] = json!([[{ "subnet": subnet }]]),
             }
+        }
+        self
+    }
+
+    /// Sets the delegate's `ranges` (host-local) to `ranges`, e.g. a dual-stack pair.
+    pub fn with_ranges(mut self, ranges: Value) -> Self {
+        for delegate in self.delegates() {
+            delegate["ranges"] = ranges.clone();
+        }
+        self
+    }
+
+    /// Sets the delegate's `routes` (host-local).
+    pub fn with_routes(mut self, routes: Value) -> Self {
+        for delegate in self.delegates() {
+            delegate["routes"] = routes.clone();
         }
         self
     }
@@ -96,10 +133,26 @@ impl Fixture {
             .as_array()
             .into_iter()
             .flatten()
-            .find(|p| p["ipam"]["type"] == "dipam")
-            .and_then(|p| p["ipam"]["delegate"]["type"].as_str())
+            .find_map(|p| {
+                if p["type"] == "dipam" {
+                    p["ipam"]["type"].as_str()
+                } else if p["ipam"]["type"] == "dipam" {
+                    p["ipam"]["delegate"]["type"].as_str()
+                } else {
+                    None
+                }
+            })
             .unwrap_or_default()
             .to_owned()
+    }
+
+    /// Whether the first dipam plugin is the main plugin (`"type":"dipam"`).
+    pub fn is_main_mode(&self) -> bool {
+        self.list["plugins"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|p| p["type"] == "dipam")
     }
 }
 

@@ -5,7 +5,10 @@
 //!   which libcni enforces before exec);
 //! - DEL runs in reverse order with the cached result as prevResult (>= 0.4.0), then drops
 //!   the cache entry;
-//! - every call gets the six CNI_* variables, "" for the ones it does not use.
+//! - every call gets the six CNI_* variables, "" for the ones it does not use;
+//! - `runtimeConfig` carries the attachment's capability args, for each plugin only the
+//!   capabilities it declares `true` in `capabilities` (libcni `injectRuntimeConfig`,
+//!   reference/cni-spec.md §2.2).
 
 use std::{
     collections::HashMap,
@@ -24,6 +27,9 @@ pub struct Attachment {
     pub netns: String,
     pub ifname: String,
     pub args: String,
+    /// What the runtime offers for capabilities (`portMappings`, `dns`, ...), by name, in the
+    /// runtime's own JSON (containerd capitalises keys, podman does not).
+    pub capability_args: serde_json::Map<String, Value>,
 }
 
 impl Attachment {
@@ -33,7 +39,19 @@ impl Attachment {
             netns: netns.into(),
             ifname: "eth0".into(),
             args: "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=lifecycle".into(),
+            capability_args: serde_json::Map::new(),
         }
+    }
+
+    pub fn with_ifname(mut self, ifname: &str) -> Self {
+        self.ifname = ifname.into();
+        self
+    }
+
+    /// Offers `value` for capability `cap` (e.g. `portMappings`).
+    pub fn with_capability(mut self, cap: &str, value: Value) -> Self {
+        self.capability_args.insert(cap.into(), value);
+        self
     }
 }
 
@@ -179,6 +197,27 @@ impl Runtime {
         conf
     }
 
+    /// `plugin_config` plus `runtimeConfig` for the ADD/CHECK/DEL of `att`: a capability's
+    /// value goes in only when plugin `i` declares it and the runtime has one; the key is left
+    /// out when nothing matches (libcni `injectRuntimeConfig`).
+    pub fn request_config(list: &Value, i: usize, prev: Option<&Value>, att: &Attachment) -> Value {
+        let mut conf = Self::plugin_config(list, i, prev);
+        let mut rc = serde_json::Map::new();
+        if let Some(caps) = conf["capabilities"].as_object() {
+            for (cap, on) in caps {
+                if on.as_bool() == Some(true)
+                    && let Some(v) = att.capability_args.get(cap)
+                {
+                    rc.insert(cap.clone(), v.clone());
+                }
+            }
+        }
+        if !rc.is_empty() {
+            conf["runtimeConfig"] = Value::Object(rc);
+        }
+        conf
+    }
+
     fn key(list: &Value, att: &Attachment) -> (String, String, String) {
         (
             list["name"].as_str().unwrap_or_default().to_owned(),
@@ -199,7 +238,7 @@ impl Runtime {
         let mut prev: Option<Value> = None;
         let n = list["plugins"].as_array().map_or(0, Vec::len);
         for i in 0..n {
-            let conf = Self::plugin_config(list, i, prev.as_ref());
+            let conf = Self::request_config(list, i, prev.as_ref(), att);
             let kind = conf["type"].as_str().unwrap_or_default().to_owned();
             let bytes = serde_json::to_vec(&conf).unwrap_or_default();
             prev = Some(self.exec(&kind, "ADD", att, &bytes).into_result(&kind)?);
@@ -221,7 +260,7 @@ impl Runtime {
         let prev = self.cached(list, att);
         let n = list["plugins"].as_array().map_or(0, Vec::len);
         for i in 0..n {
-            let conf = Self::plugin_config(list, i, prev.as_ref());
+            let conf = Self::request_config(list, i, prev.as_ref(), att);
             let kind = conf["type"].as_str().unwrap_or_default().to_owned();
             let bytes = serde_json::to_vec(&conf).unwrap_or_default();
             self.exec(&kind, "CHECK", att, &bytes).into_result(&kind)?;
@@ -239,7 +278,7 @@ impl Runtime {
         };
         let n = list["plugins"].as_array().map_or(0, Vec::len);
         for i in (0..n).rev() {
-            let conf = Self::plugin_config(list, i, prev.as_ref());
+            let conf = Self::request_config(list, i, prev.as_ref(), att);
             let kind = conf["type"].as_str().unwrap_or_default().to_owned();
             let bytes = serde_json::to_vec(&conf).unwrap_or_default();
             self.exec(&kind, "DEL", att, &bytes).into_result(&kind)?;
