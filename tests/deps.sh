@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
 # Installs what dipam's demo and test suite need on Debian: the reference CNI plugins
-# (host-local, ptp, bridge in /usr/lib/cni) and iproute2 (ip netns). Idempotent; a no-op when
-# everything is present.
+# (host-local, ptp, bridge, portmap in /usr/lib/cni; portmap pulls in iptables), iproute2
+# (ip netns), and a real container runtime for tests/lifecycle/tests/podman.rs: podman 4.3
+# with its CNI backend, runc (podman's own default here, crun, is not used by the tests) and
+# busybox-static (the tests build their image offline from it: there is no registry).
+# Idempotent; a no-op when everything is present.
 set -euo pipefail
 need=()
 [ -x /usr/lib/cni/host-local ] || need+=(containernetworking-plugins)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v iptables >/dev/null 2>&1 || need+=(iptables)
+command -v podman >/dev/null 2>&1 || need+=(podman)
+command -v runc >/dev/null 2>&1 || need+=(runc)
+dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "missing: ${need[*]}; run as root (or: sudo apt-get install -y ${need[*]})" >&2
@@ -14,5 +21,6 @@ if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
+  # runc named explicitly so that podman's "crun | runc" dependency is met by runc.
   apt-get install -y -qq --no-install-recommends "${need[@]}"
 fi
