@@ -19,7 +19,7 @@ use crate::{
     datapath::{
         check::{LinkState, ObservedRoute},
         netns::Handles,
-        plan::{Plan, RouteSpec, SCOPE_LINK},
+        plan::{Plan, RouteSpec},
         result::{Created, CreatedLink},
     },
     error::PluginError,
@@ -47,7 +47,7 @@ fn failed(step: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> PluginErr
     }
 }
 
-/// What a link is called on the wire of an error.
+/// A datapath error that did not come from a netlink reply.
 fn invalid(step: &str, e: impl std::fmt::Display) -> PluginError {
     PluginError::Datapath {
         step: step.to_owned(),
@@ -359,18 +359,7 @@ async fn configure(
         add_route(cont, cidx, r, req.ifname).await?;
     }
     for dst in &plan.host_routes {
-        let mut r = RouteSpec {
-            dst: *dst,
-            gw: None,
-            src: None,
-            scope: SCOPE_LINK,
-            table: None,
-            priority: None,
-            mtu: None,
-            advmss: None,
-        };
-        r.dst = r.dst.trunc();
-        add_route(&h.host, hidx, &r, req.host_name).await?;
+        add_route(&h.host, hidx, &RouteSpec::on_link(*dst), req.host_name).await?;
     }
     Ok(Created {
         host: CreatedLink {

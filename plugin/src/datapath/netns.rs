@@ -152,7 +152,7 @@ where
             step: "starting the netlink runtime".into(),
             reason: e.to_string(),
         })?;
-    let (host_conn, host, container) = {
+    let (host_conn, host, host_ns, container) = {
         // Sockets register with this runtime's reactor, so they are made inside it.
         let _entered = rt.enter();
         // This thread was just spawned by one that never left the host netns.
@@ -168,10 +168,11 @@ where
             Some(ns) => {
                 setns(&ns.file, CloneFlags::CLONE_NEWNET)
                     .map_err(|e| netns_error(&ns.path, format!("setns: {e}")))?;
+                // From here on this thread is in the pod's netns, until it exits.
                 Some(rtnetlink::new_connection().map_err(|e| socket_error("container", e))?)
             }
         };
-        (host_conn, (host, host_ns), container)
+        (host_conn, host, host_ns, container)
     };
     rt.block_on(async move {
         tokio::spawn(host_conn);
@@ -179,7 +180,6 @@ where
             tokio::spawn(conn);
             handle
         });
-        let (host, host_ns) = host;
         work(Handles {
             host,
             container,

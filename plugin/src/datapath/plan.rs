@@ -58,6 +58,13 @@ impl RouteSpec {
         }
     }
 
+    /// `dst` directly on the link (`ip route add <dst> dev <link> scope link`).
+    pub fn on_link(dst: IpNet) -> Self {
+        let mut r = Self::new(dst);
+        r.scope = SCOPE_LINK;
+        r
+    }
+
     /// A route is identified by destination and table: a second one replaces the first.
     fn same_slot(&self, other: &Self) -> bool {
         self.dst == other.dst
@@ -126,8 +133,7 @@ impl Plan {
                 )));
             }
             plan.container_addrs.push(ip.address);
-            let mut on_link = RouteSpec::new(host_prefix(gw));
-            on_link.scope = SCOPE_LINK;
+            let mut on_link = RouteSpec::on_link(host_prefix(gw));
             on_link.src = Some(addr);
             push_route(&mut plan.container_routes, on_link);
             if ip.address.prefix_len() < ip.address.max_prefix_len() {
