@@ -162,9 +162,16 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     })?;
     let agent = agent_config(&args)?;
     let store = SledStore::open(&args.state_dir)?;
+    // Delegates a killed predecessor left running finish (or die) before anything is
+    // replayed, so none can complete after the replay's DEL.
+    let tracker =
+        crate::delegate::orphans::Tracker::new(crate::delegate::orphans::dir_in(&args.state_dir));
+    tracker.settle(Duration::from_secs_f64(args.delegate_timeout));
+    let mut executor = Executor::new(dirs, Duration::from_secs_f64(args.delegate_timeout));
+    executor.tracker = Some(tracker);
     let shim = Shim::new(
         store,
-        Executor::new(dirs, Duration::from_secs_f64(args.delegate_timeout)),
+        executor,
         Identity {
             socket: args.socket.clone(),
             state_dir: args.state_dir.clone(),

@@ -53,29 +53,6 @@ impl Output {
 const TEXT_BUSY_RETRIES: u32 = 6;
 const TEXT_BUSY_BACKOFF: Duration = Duration::from_millis(200);
 
-/// A delegate must not outlive a dipamd that is SIGKILLed mid-exec: an orphaned ADD that
-/// finished after the next start's replay DEL would hold an address nobody records (F1).
-/// PR_SET_PDEATHSIG fires when the spawning *thread* exits; delegates are spawned from tokio's
-/// worker threads, which live as long as the daemon.
-fn die_with_parent(cmd: &mut Command) {
-    // SAFETY: getpid has no preconditions.
-    let parent = unsafe { libc::getpid() };
-    // SAFETY: the closure runs in the child between fork and exec and calls only the
-    // async-signal-safe prctl, getppid and _exit.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // The parent died between fork and prctl: the signal will never come.
-            if libc::getppid() != parent {
-                libc::_exit(1);
-            }
-            Ok(())
-        });
-    }
-}
-
 /// Finds `kind` as a regular file in `dirs`, in order (libcni `FindInPath`).
 pub fn find(kind: &str, dirs: &[PathBuf]) -> Result<PathBuf, ShimError> {
     if kind.is_empty() || kind.contains('/') || kind == "." || kind == ".." {
@@ -100,6 +77,7 @@ pub async fn run(
     binary: &Path,
     inv: &Invocation,
     timeout: Duration,
+    tracker: Option<&super::orphans::Tracker>,
 ) -> Result<Output, ShimError> {
     let started = Instant::now();
     let mut attempt = 0;
@@ -123,7 +101,6 @@ pub async fn run(
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        die_with_parent(&mut cmd);
         match cmd.spawn() {
             Ok(child) => break child,
             Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && attempt < TEXT_BUSY_RETRIES => {
@@ -148,6 +125,8 @@ pub async fn run(
         });
     }
     let pid = child.id();
+    // Noted while it runs, so that a dipamd killed now makes its successor wait for it.
+    let _noted = pid.zip(tracker).map(|(pid, t)| t.note(pid));
     match tokio::time::timeout(timeout, child.wait_with_output()).await {
         Ok(Ok(out)) => {
             let elapsed = started.elapsed();
@@ -288,7 +267,9 @@ mod tests {
             stdin: b"{\"x\":1}".to_vec(),
             ..Invocation::default()
         };
-        let out = run("echo", &p, &inv, Duration::from_secs(5)).await.unwrap();
+        let out = run("echo", &p, &inv, Duration::from_secs(5), None)
+            .await
+            .unwrap();
         assert_eq!(
             String::from_utf8_lossy(&out.stdout),
             "{\"x\":1} ADD c1 eth0 /ns\n"
@@ -307,6 +288,7 @@ mod tests {
             &p,
             &Invocation::default(),
             Duration::from_millis(300),
+            None,
         )
         .await
         .unwrap_err();
@@ -328,9 +310,15 @@ mod tests {
         ];
         for (i, (body, want)) in cases.iter().enumerate() {
             let p = script(d.path(), &format!("f{i}"), body);
-            let out = run("f", &p, &Invocation::default(), Duration::from_secs(5))
-                .await
-                .unwrap();
+            let out = run(
+                "f",
+                &p,
+                &Invocation::default(),
+                Duration::from_secs(5),
+                None,
+            )
+            .await
+            .unwrap();
             let e = check("f", "ADD", &out).unwrap_err();
             match (want, &e) {
                 (Some(code), ShimError::Delegate(f)) => assert_eq!(*code, f.code),

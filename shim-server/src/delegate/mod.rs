@@ -2,6 +2,7 @@
 
 pub mod config;
 pub mod exec;
+pub mod orphans;
 pub mod store;
 pub mod version;
 
@@ -32,6 +33,8 @@ pub struct Executor {
     /// dipamd's --cni-path directories, searched after the request's CNI_PATH.
     pub dirs: Vec<PathBuf>,
     pub timeout: Duration,
+    /// Notes running delegates for the next start (daemon only; tests run without).
+    pub tracker: Option<orphans::Tracker>,
     /// VERSION answers by (path, mtime): a replaced binary is probed again.
     probes: Mutex<HashMap<PathBuf, (SystemTime, Vec<SpecVersion>)>>,
 }
@@ -41,6 +44,7 @@ impl Executor {
         Self {
             dirs,
             timeout,
+            tracker: None,
             probes: Mutex::new(HashMap::new()),
         }
     }
@@ -128,7 +132,7 @@ impl Executor {
             path: "dummy".into(),
             stdin: br#"{"cniVersion":"1.1.0"}"#.to_vec(),
         };
-        let parsed = match exec::run(kind, path, &inv, self.timeout).await {
+        let parsed = match exec::run(kind, path, &inv, self.timeout, self.tracker.as_ref()).await {
             Ok(out) if out.status.success() => serde_json::from_slice::<Value>(&out.stdout)
                 .ok()
                 .and_then(|v| {
@@ -159,7 +163,7 @@ impl Executor {
         probe: &Probe,
         inv: &Invocation,
     ) -> Result<Output, ShimError> {
-        let out = exec::run(kind, &probe.path, inv, self.timeout).await?;
+        let out = exec::run(kind, &probe.path, inv, self.timeout, self.tracker.as_ref()).await?;
         exec::check(kind, &inv.command, &out)?;
         Ok(out)
     }

@@ -1,0 +1,160 @@
+//! The chaos test: at least 1,000 ADDs and DELs at 8-way concurrency while dipamd is SIGKILLed
+//! at random moments and restarted about 20 times. The harness behaves like a runtime: an ADD
+//! that failed is followed by DELs until one succeeds (spec §5), and "try again later" (11) is
+//! retried. At the end three records agree exactly: dipamd's ledger, host-local's directory
+//! and the harness's own list of live pods; no address is leaked or held twice.
+
+// Tests: a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
+use std::{
+    collections::BTreeSet,
+    sync::{
+        Mutex,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use dipam_lifecycle::{Attachment, Lab, require_root};
+
+const OPS: usize = 1_000;
+const RESTARTS: usize = 20;
+const WORKERS: usize = 8;
+
+/// xorshift64: enough randomness for scheduling, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Self(seed | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+#[test]
+fn sigkill_chaos_leaves_ledger_store_and_runtime_in_agreement() {
+    require_root!();
+    let mut lab = Lab::with_flags("ptp-dipam-host-local.conflist", &["--max-queue", "1024"]);
+    // A /16-sized pool is not needed: live pods stay well below the /24's 253 addresses.
+    let list = lab.list().clone();
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    eprintln!("chaos seed {seed}");
+    let live: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    let ops = AtomicUsize::new(0);
+    let restarts = AtomicUsize::new(0);
+    let done = AtomicBool::new(false);
+    let rt = &lab.rt;
+    let dipamd = &mut lab.dipamd;
+
+    let del_until_ok = |a: &Attachment| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match rt.ipam(&list, 0, "DEL", a, None) {
+                Ok(_) => return,
+                Err(e) if e.code == 11 && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => panic!("DEL {}: {e}", a.container_id),
+            }
+        }
+    };
+
+    /// Ends the workers however the killer leaves the scope (a panic included).
+    struct Done<'a>(&'a AtomicBool);
+    impl Drop for Done<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    std::thread::scope(|s| {
+        for w in 0..WORKERS {
+            let (live, ops, done, list) = (&live, &ops, &done, &list);
+            let del_until_ok = &del_until_ok;
+            s.spawn(move || {
+                let mut rng = Rng::new(seed.wrapping_add(w as u64 * 7919));
+                let mut mine: Vec<Attachment> = Vec::new();
+                let mut n = 0;
+                while !done.load(Ordering::SeqCst) {
+                    ops.fetch_add(1, Ordering::SeqCst);
+                    if !mine.is_empty() && (mine.len() > 12 || rng.below(2) == 0) {
+                        let i = rng.below(mine.len() as u64) as usize;
+                        let a = mine.swap_remove(i);
+                        del_until_ok(&a);
+                        live.lock().unwrap().remove(&a.container_id);
+                    } else {
+                        n += 1;
+                        let a = Attachment::new(&format!("chaos-{w}-{n}"), "/var/run/netns/none");
+                        match rt.ipam(list, 0, "ADD", &a, None) {
+                            Ok(_) => {
+                                live.lock().unwrap().insert(a.container_id.clone());
+                                mine.push(a);
+                            }
+                            // Whatever the failure, the runtime tears the attachment down,
+                            // then backs off before the next sandbox, as kubelet does.
+                            Err(_) => {
+                                del_until_ok(&a);
+                                std::thread::sleep(Duration::from_millis(10 + rng.below(40)));
+                            }
+                        }
+                    }
+                }
+                // Leave the survivors live: they must be exactly what the ledger holds.
+            });
+        }
+        let _done = Done(&done);
+        let mut rng = Rng::new(seed ^ 0xdead_beef);
+        while ops.load(Ordering::SeqCst) < OPS || restarts.load(Ordering::SeqCst) < RESTARTS {
+            std::thread::sleep(Duration::from_millis(50 + rng.below(150)));
+            if restarts.load(Ordering::SeqCst) < RESTARTS {
+                dipamd.kill9();
+                std::thread::sleep(Duration::from_millis(rng.below(80)));
+                dipamd.start_again();
+                restarts.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        done.store(true, Ordering::SeqCst);
+    });
+    // Everything spooled while dipamd was down is replayed by a last restart.
+    lab.dipamd.restart();
+    assert_eq!(lab.spooled(), 0, "{}", lab.dipamd.log());
+
+    let want: Vec<String> = live.into_inner().unwrap().into_iter().collect();
+    let ledger: Vec<String> = lab.ledger().into_iter().map(|(id, _)| id).collect();
+    let store = lab.delegate_store();
+    let mut store_ids: Vec<String> = store.iter().map(|(id, _)| id.clone()).collect();
+    store_ids.sort();
+    let mut ips: Vec<&String> = store.iter().map(|(_, ip)| ip).collect();
+    ips.sort();
+    let before = ips.len();
+    ips.dedup();
+    eprintln!(
+        "chaos: {} ops, {} restarts, {} live pods",
+        ops.load(Ordering::SeqCst),
+        restarts.load(Ordering::SeqCst),
+        want.len()
+    );
+    assert!(ops.load(Ordering::SeqCst) >= OPS);
+    assert_eq!(ips.len(), before, "an address is held twice");
+    assert_eq!(
+        ledger, want,
+        "ledger (left) vs the runtime's live pods (right), seed {seed}"
+    );
+    assert_eq!(
+        store_ids, want,
+        "host-local (left) vs live pods (right), seed {seed}"
+    );
+    lab.assert_agree();
+}
