@@ -5,7 +5,7 @@ use std::{io::Write, path::PathBuf};
 
 use clap::{Parser, Subcommand};
 use dipam_proto::v1::{
-    AgentListReply, AgentListRequest, AgentRoleRequest, GcAttachment, GcRequest,
+    AgentListReply, AgentListRequest, AgentRoleRequest, DoctorRequest, GcAttachment, GcRequest,
     ListAttachmentsRequest, StatusRequest, admin_client::AdminClient, agent_client::AgentClient,
 };
 use serde_json::json;
@@ -42,6 +42,9 @@ pub enum Command {
         #[arg(long)]
         owner: Option<String>,
     },
+    /// Every check of dipamd's configuration and state, with what to fix; exits non-zero when
+    /// one fails.
+    Doctor,
     /// The agent's own addresses (router, health, ingress).
     #[command(subcommand)]
     Agent(AgentCommand),
@@ -92,6 +95,8 @@ pub enum CtlError {
     Rpc(tonic::Status),
     #[error("{0}")]
     Input(String),
+    #[error("{0}")]
+    Failed(String),
     #[error("writing output: {0}")]
     Output(#[from] std::io::Error),
 }
@@ -106,6 +111,42 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
     let mut admin = AdminClient::new(channel.clone());
     match args.command {
         Command::Agent(cmd) => return agent(AgentClient::new(channel), cmd, args.json, out).await,
+        Command::Doctor => {
+            let reply = admin
+                .doctor(DoctorRequest {
+                    protocol_version: dipam_proto::PROTOCOL_VERSION,
+                })
+                .await
+                .map_err(CtlError::Rpc)?
+                .into_inner();
+            let failed = reply.checks.iter().filter(|c| !c.ok).count();
+            if args.json {
+                let v: Vec<_> = reply
+                    .checks
+                    .iter()
+                    .map(|c| json!({"name": c.name, "ok": c.ok, "detail": c.detail, "fix": c.fix}))
+                    .collect();
+                writeln!(out, "{:#}", serde_json::Value::Array(v))?;
+            } else {
+                for c in &reply.checks {
+                    writeln!(
+                        out,
+                        "{} {}: {}",
+                        if c.ok { "ok  " } else { "FAIL" },
+                        c.name,
+                        c.detail
+                    )?;
+                    if !c.ok && !c.fix.is_empty() {
+                        writeln!(out, "       fix: {}", c.fix)?;
+                    }
+                }
+                writeln!(out, "{} check(s), {failed} failed", reply.checks.len())?;
+            }
+            if failed > 0 {
+                return Err(CtlError::Failed(format!("{failed} doctor check(s) failed")));
+            }
+            return Ok(());
+        }
         Command::Gc {
             conflist,
             valid,

@@ -161,6 +161,10 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         ))
     })?;
     let agent = agent_config(&args)?;
+    let spool_dir = args
+        .spool_dir
+        .clone()
+        .unwrap_or_else(|| args.state_dir.join("spool"));
     let store = SledStore::open(&args.state_dir)?;
     // Delegates a killed predecessor left running finish (or die) before anything is
     // replayed, so none can complete after the replay's DEL.
@@ -175,6 +179,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         Identity {
             socket: args.socket.clone(),
             state_dir: args.state_dir.clone(),
+            spool_dir: spool_dir.clone(),
         },
         agent,
         GcPolicy {
@@ -187,10 +192,6 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     let replay = recovery::replay(&shim).await?;
     // Releases the plugin could not deliver while dipamd was down, before any ADD can take
     // their addresses' place (F3).
-    let spool_dir = args
-        .spool_dir
-        .clone()
-        .unwrap_or_else(|| args.state_dir.join("spool"));
     let drained = spool::drain(&shim, &spool_dir).await;
     if drained != spool::Drained::default() {
         info!(released = drained.released, kept = drained.kept, failed = drained.failed, spool = %spool_dir.display(), "spooled DELs replayed");
@@ -208,6 +209,10 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     // could take the address the agent held before this restart.
     agent::reconcile::init(&shim).await?;
     agent::reconcile::pass(&shim).await?;
+    // Before the first ADD: a delegate store that cannot be trusted must refuse it.
+    if let Err(e) = divergence::round(&shim, false).await {
+        tracing::warn!(error = %e, "first ledger/store reconcile failed");
+    }
     let group = match &args.socket_group {
         None => None,
         Some(g) => Some(server::resolve_group(g).map_err(DaemonError::Usage)?),
@@ -218,9 +223,6 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         std::sync::Arc::clone(&shim),
         Duration::from_secs_f64(args.agent_check_interval.max(1.0)),
     ));
-    if let Err(e) = divergence::round(&shim, false).await {
-        tracing::warn!(error = %e, "first ledger/store reconcile failed");
-    }
     tokio::spawn(spool::run(
         std::sync::Arc::clone(&shim),
         spool_dir,

@@ -28,11 +28,31 @@ pub struct Divergence {
     pub missing: Vec<String>,
     /// Reservations the ledger does not know.
     pub orphans: Vec<String>,
+    /// Set when dipamd must not serve pod ADDs on this network: what is wrong and which
+    /// mount to fix.
+    pub misconfigured: Option<String>,
+}
+
+/// tmpfs's statfs magic.
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+/// Whether `path` (or its nearest existing ancestor) is on tmpfs.
+pub fn on_tmpfs(path: &std::path::Path) -> bool {
+    let mut p = Some(path);
+    while let Some(cur) = p {
+        if cur.exists() {
+            return nix::sys::statfs::statfs(cur)
+                .map(|s| s.filesystem_type().0 == TMPFS_MAGIC)
+                .unwrap_or(false);
+        }
+        p = cur.parent();
+    }
+    false
 }
 
 /// The delegate configs of every network dipamd knows: the agent's conflist, and one recorded
 /// config per network in the ledger.
-async fn networks<S: Store>(shim: &Shim<S>) -> Result<Vec<DelegateConf>, ShimError> {
+pub async fn networks<S: Store>(shim: &Shim<S>) -> Result<Vec<DelegateConf>, ShimError> {
     let mut out: Vec<DelegateConf> = Vec::new();
     if let Some(cfg) = &shim.agent.config
         && let Ok(base) = cfg.source.load()
@@ -90,6 +110,45 @@ pub async fn check<S: Store>(
             }
         }
     }
+    // The CFP's worst case (F22, F7): dipamd's view of the delegate's state directory is not
+    // the runtime's, or it does not survive a reboot. Every pod address the ledger records is
+    // gone from it, or it is on tmpfs while the ledger is not: serving ADD would hand out
+    // addresses running pods hold.
+    let pod_ips = records
+        .iter()
+        .filter(|r| r.state == AttachmentState::Committed && r.owner == dipam_state::Owner::Pod)
+        .count();
+    let pod_missing = records
+        .iter()
+        .filter(|r| r.state == AttachmentState::Committed && r.owner == dipam_state::Owner::Pod)
+        .filter(|r| {
+            r.result
+                .as_ref()
+                .map(result_addrs)
+                .unwrap_or_default()
+                .iter()
+                .any(|ip| !held_pairs.contains(&(r.key.container_id.clone(), *ip)))
+        })
+        .count();
+    if pod_ips > 0 && pod_missing == pod_ips {
+        d.misconfigured = Some(format!(
+            "{} holds none of the {pod_ips} pod address(es) the ledger records for network {}: \
+             dipamd does not see the runtime's delegate state directory, or it was not \
+             persistent. Mount the host's directory into dipamd at the same path (host-local: \
+             hostPath /var/lib/cni/networks), or set ipam dataDir to a persistent directory \
+             both see; `dipamctl doctor` shows every check",
+            dir.display(),
+            dc.network
+        ));
+    } else if on_tmpfs(&dir) && !on_tmpfs(&shim.identity.state_dir) {
+        d.misconfigured = Some(format!(
+            "{} is on tmpfs while dipamd's ledger ({}) persists: after a reboot the ledger \
+             would list addresses host-local forgot, and they would be handed out twice. \
+             Put host-local's dataDir on persistent storage",
+            dir.display(),
+            shim.identity.state_dir.display()
+        ));
+    }
     for r in &held {
         let ours = if r.ifname.is_empty() {
             known_ids.contains(r.container_id.as_str())
@@ -107,10 +166,15 @@ pub async fn check<S: Store>(
 /// One reconcile round over every known network; updates the status counters.
 pub async fn round<S: Store>(shim: &Shim<S>, free: bool) -> Result<(), ShimError> {
     let (mut missing, mut orphans) = (0u64, 0u64);
+    let mut refused = std::collections::HashMap::new();
     for dc in networks(shim).await? {
         let Some(d) = check(shim, &dc).await? else {
             continue;
         };
+        if let Some(why) = &d.misconfigured {
+            tracing::error!(network = %dc.network, "{why}; pod ADDs on this network are refused until it is fixed");
+            refused.insert(dc.network.clone(), why.clone());
+        }
         if !d.missing.is_empty() {
             warn!(network = %dc.network, missing = ?d.missing, "the delegate's store lacks addresses the ledger records: it was wiped, or dipamd and the runtime do not see the same state directory; these addresses may be handed out twice");
         }
@@ -124,6 +188,9 @@ pub async fn round<S: Store>(shim: &Shim<S>, free: bool) -> Result<(), ShimError
         }
         missing += d.missing.len() as u64;
         orphans += d.orphans.len() as u64;
+    }
+    if let Ok(mut m) = shim.misconfigured.lock() {
+        *m = refused;
     }
     shim.gc_stats.missing.store(missing, Ordering::Relaxed);
     shim.gc_stats.orphans.store(orphans, Ordering::Relaxed);

@@ -17,6 +17,7 @@ pub mod codes {
     pub const AGENT_CONFLICT: u32 = 156;
     pub const NO_RECORD: u32 = 157;
     pub const PREV_RESULT_MISMATCH: u32 = 158;
+    pub const MISCONFIGURED: u32 = 159;
     // 160-169 are the plugin's datapath codes (plugin/src/error.rs).
     pub const GC_REFUSED: u32 = 170;
     pub const GC_INCOMPLETE: u32 = 171;
@@ -137,6 +138,11 @@ pub enum ShimError {
     NotReady { missing: Vec<String> },
     #[error("internal error: {0}")]
     Internal(String),
+    /// The delegate's state directory cannot be trusted; pod ADDs are refused.
+    #[error(
+        "dipamd refuses ADD on network {network}: the delegate's state directory is misconfigured"
+    )]
+    Misconfigured { network: String, why: String },
     /// Saturated: answered at once rather than queued forever.
     #[error("dipamd is busy: {0}")]
     Busy(String),
@@ -147,6 +153,7 @@ impl ShimError {
         match self {
             Self::ProtocolTooOld { .. } | Self::Internal(_) => (codes::INTERNAL, String::new()),
             Self::Busy(_) => (11, "retry shortly".into()),
+            Self::Misconfigured { why, .. } => (codes::MISCONFIGURED, why.clone()),
             Self::BadEnv(_) => (4, String::new()),
             Self::Decode(d) => (6, d.clone()),
             Self::Config { details, .. } => (7, details.clone()),

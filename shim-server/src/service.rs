@@ -4,9 +4,9 @@
 use std::{future::Future, sync::Arc, time::Instant};
 
 use dipam_proto::v1::{
-    AgentListReply, AgentListRequest, AgentRoleRequest, CniReply, CniRequest, GcReply, GcRequest,
-    ListAttachmentsReply, ListAttachmentsRequest, StatusReply, StatusRequest, admin_server::Admin,
-    agent_server::Agent, cni_reply::Outcome, cni_server::Cni,
+    AgentListReply, AgentListRequest, AgentRoleRequest, CniReply, CniRequest, DoctorReply,
+    DoctorRequest, GcReply, GcRequest, ListAttachmentsReply, ListAttachmentsRequest, StatusReply,
+    StatusRequest, admin_server::Admin, agent_server::Agent, cni_reply::Outcome, cni_server::Cni,
 };
 use dipam_state::Store;
 use tonic::{Request, Response, Status};
@@ -119,6 +119,13 @@ impl<S: Store> Admin for Service<S> {
             .map(Response::new)
             .map_err(ShimError::into_status)
     }
+    async fn doctor(&self, _: Request<DoctorRequest>) -> Result<Response<DoctorReply>, Status> {
+        rpc::doctor::run(&self.0)
+            .await
+            .map(Response::new)
+            .map_err(ShimError::into_status)
+    }
+
     async fn gc(&self, r: Request<GcRequest>) -> Result<Response<GcReply>, Status> {
         let span = info_span!("admin", command = "gc");
         rpc::admin::gc(&self.0, r.into_inner())

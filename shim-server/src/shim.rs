@@ -30,6 +30,7 @@ use crate::{
 pub struct Identity {
     pub socket: PathBuf,
     pub state_dir: PathBuf,
+    pub spool_dir: PathBuf,
 }
 
 pub struct Shim<S: Store> {
@@ -40,6 +41,9 @@ pub struct Shim<S: Store> {
     pub gc: GcPolicy,
     pub admission: crate::access::Admission,
     pub gc_stats: GcStats,
+    /// Networks whose delegate store dipamd must not trust (divergence.rs), with the reason:
+    /// pod ADDs there are refused.
+    pub misconfigured: std::sync::Mutex<std::collections::HashMap<String, String>>,
     /// Recent DELs by key: (issue time of the DEL, when to forget it). Bounded in time and
     /// size; see `bury`.
     tombstones: std::sync::Mutex<std::collections::HashMap<AttachmentKey, (u64, Instant)>>,
@@ -94,6 +98,7 @@ impl<S: Store> Shim<S> {
             gc,
             admission,
             gc_stats: GcStats::default(),
+            misconfigured: std::sync::Mutex::new(std::collections::HashMap::new()),
             tombstones: std::sync::Mutex::new(std::collections::HashMap::new()),
             status_cache: std::sync::Mutex::new(std::collections::HashMap::new()),
             started: Instant::now(),

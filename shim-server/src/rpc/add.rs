@@ -16,6 +16,17 @@ use crate::{
 
 pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, ShimError> {
     let p = shim.prepare(req, true)?;
+    if let Some(why) = shim
+        .misconfigured
+        .lock()
+        .ok()
+        .and_then(|m| m.get(&p.dc.network).cloned())
+    {
+        return Err(ShimError::Misconfigured {
+            network: p.dc.network.clone(),
+            why,
+        });
+    }
     let _guard = shim.locks.lock(&p.key).await;
     attach(shim, &p, Owner::Pod).await
 }

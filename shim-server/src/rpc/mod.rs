@@ -5,6 +5,7 @@ pub mod admin;
 pub mod agent;
 pub mod check;
 pub mod del;
+pub mod doctor;
 pub mod gc;
 pub mod status;
 

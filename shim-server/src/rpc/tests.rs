@@ -53,6 +53,7 @@ impl Bench {
             Identity {
                 socket: "/unused".into(),
                 state_dir: "/unused".into(),
+                spool_dir: "/unused".into(),
             },
             None,
             crate::gc::GcPolicy::default(),

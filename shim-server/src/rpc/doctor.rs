@@ -1,0 +1,167 @@
+//! `dipamctl doctor`: every check of dipamd's configuration and state, each with what was
+//! found and what to do. The misconfigurations the delegated-IPAM CFP warns about come first.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+use dipam_proto::v1::{DoctorCheck, DoctorReply};
+use dipam_state::Store;
+
+use crate::{
+    delegate::store,
+    divergence::{self, on_tmpfs},
+    error::ShimError,
+    shim::Shim,
+    spool,
+};
+
+fn check(name: impl Into<String>, ok: bool, detail: impl Into<String>, fix: &str) -> DoctorCheck {
+    DoctorCheck {
+        name: name.into(),
+        ok,
+        detail: detail.into(),
+        fix: if ok { String::new() } else { fix.to_owned() },
+    }
+}
+
+pub async fn run<S: Store>(shim: &Shim<S>) -> Result<DoctorReply, ShimError> {
+    let id = &shim.identity;
+    let mut checks = Vec::new();
+
+    let state_tmpfs = on_tmpfs(&id.state_dir);
+    checks.push(check(
+        "ledger is persistent",
+        !state_tmpfs,
+        format!(
+            "{} is {}",
+            id.state_dir.display(),
+            if state_tmpfs {
+                "on tmpfs"
+            } else {
+                "not on tmpfs"
+            }
+        ),
+        "run dipamd with --state-dir on persistent storage (hostPath /var/lib/dipam)",
+    ));
+
+    let (mode, gid) = std::fs::metadata(&id.socket)
+        .map(|m| (m.permissions().mode() & 0o777, m.gid()))
+        .unwrap_or((0, 0));
+    checks.push(check(
+        "socket is private",
+        mode == 0o600 || mode == 0o660,
+        format!("{} mode {mode:o} group {gid}", id.socket.display()),
+        "only root (or --socket-group) may reach the socket; check who changed its mode",
+    ));
+
+    for dc in divergence::networks(shim).await? {
+        let net = &dc.network;
+        match shim.exec.probe(&dc.kind, "").await {
+            Ok(p) => checks.push(check(
+                format!("network {net}: delegate {}", dc.kind),
+                !p.supported.is_empty(),
+                format!(
+                    "{} supports CNI {}",
+                    p.path.display(),
+                    p.supported
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                "the delegate binary did not answer VERSION; run it by hand with CNI_COMMAND=VERSION",
+            )),
+            Err(e) => checks.push(check(
+                format!("network {net}: delegate {}", dc.kind),
+                false,
+                e.to_string(),
+                "install the delegate plugin or add its directory to dipamd --cni-path",
+            )),
+        }
+        let Some(dir) = store::readable_dir(&dc.kind, &dc.conf, net) else {
+            checks.push(check(
+                format!("network {net}: delegate store"),
+                true,
+                format!("{}'s store is not readable by dipamd; not checked", dc.kind),
+                "",
+            ));
+            continue;
+        };
+        let tmpfs = on_tmpfs(&dir);
+        checks.push(check(
+            format!("network {net}: delegate store is persistent"),
+            !tmpfs || state_tmpfs,
+            format!(
+                "{} is {}",
+                dir.display(),
+                if tmpfs { "on tmpfs" } else { "not on tmpfs" }
+            ),
+            "put the delegate's dataDir on persistent storage, as dipamd's ledger is",
+        ));
+        if let Some(d) = divergence::check(shim, &dc).await? {
+            checks.push(check(
+                format!("network {net}: delegate store agrees with the ledger"),
+                d.missing.is_empty(),
+                if d.missing.is_empty() {
+                    format!("{}: every recorded address is held", dir.display())
+                } else {
+                    format!(
+                        "{}: {} recorded address(es) missing: {}",
+                        dir.display(),
+                        d.missing.len(),
+                        d.missing.join(", ")
+                    )
+                },
+                "dipamd and the runtime must see the same persistent directory: mount the \
+                 host's /var/lib/cni/networks into dipamd at the same path",
+            ));
+            checks.push(check(
+                format!("network {net}: no unrecorded reservations"),
+                d.orphans.is_empty(),
+                format!("{} orphan(s): {}", d.orphans.len(), d.orphans.join(", ")),
+                "`dipamctl gc --use-ledger --dry-run` shows them; without --dry-run it frees them",
+            ));
+            if let Some(why) = d.misconfigured {
+                checks.push(check(
+                    format!("network {net}: serving ADD"),
+                    false,
+                    why,
+                    "fix the mount, then restart dipamd (or wait for the next reconcile)",
+                ));
+            }
+        }
+    }
+
+    if let Some(cfg) = &shim.agent.config {
+        let snap = shim.agent.snapshot();
+        checks.push(check(
+            "agent conflist",
+            snap.waiting.is_empty(),
+            if snap.waiting.is_empty() {
+                format!("{} found", cfg.source)
+            } else {
+                snap.waiting.clone()
+            },
+            "install the network's conflist (dipamd watches for it)",
+        ));
+        for a in &snap.addresses {
+            checks.push(check(
+                format!("agent {} {} address", a.role, a.family),
+                a.state == "ready",
+                format!("{} {} {}", a.state, a.ip, a.message),
+                "see dipamd's log for this role",
+            ));
+        }
+    }
+
+    let pending = spool::pending(&id.spool_dir).len();
+    checks.push(check(
+        "DEL spool drained",
+        pending == 0,
+        format!("{pending} spooled DEL(s) in {}", id.spool_dir.display()),
+        "they are replayed every few seconds; if they stay, see dipamd's log",
+    ));
+    Ok(DoctorReply {
+        protocol_version: dipam_proto::PROTOCOL_VERSION,
+        checks,
+    })
+}
