@@ -45,6 +45,22 @@ pub enum Command {
     /// Every check of dipamd's configuration and state, with what to fix; exits non-zero when
     /// one fails.
     Doctor,
+    /// Offline: rebuild the ledger from host-local's own store, with dipamd stopped. A corrupt
+    /// ledger is moved aside (never deleted); a healthy one is only added to, with --force.
+    Recover {
+        /// dipamd's --state-dir.
+        #[arg(long, default_value = "/var/lib/dipam")]
+        state_dir: PathBuf,
+        /// The network's conflist (says how host-local is configured, and where its store is).
+        #[arg(long)]
+        conflist: PathBuf,
+        /// Where to find the delegate plugin (colon-separated).
+        #[arg(long, default_value = "/opt/cni/bin:/usr/lib/cni")]
+        cni_path: String,
+        /// Add to a ledger that opens fine.
+        #[arg(long)]
+        force: bool,
+    },
     /// The agent's own addresses (router, health, ingress).
     #[command(subcommand)]
     Agent(AgentCommand),
@@ -102,6 +118,42 @@ pub enum CtlError {
 }
 
 pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
+    if let Command::Recover {
+        state_dir,
+        conflist,
+        cni_path,
+        force,
+    } = &args.command
+    {
+        let dirs = cni_path
+            .split(':')
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from)
+            .collect();
+        let r = crate::recover::run(state_dir, conflist, dirs, *force)
+            .await
+            .map_err(CtlError::Failed)?;
+        if args.json {
+            let v = json!({
+                "movedAside": r.moved_aside.as_ref().map(|p| p.display().to_string()),
+                "pods": r.pods, "agent": r.agent, "skipped": r.skipped,
+            });
+            writeln!(out, "{v:#}")?;
+        } else {
+            if let Some(p) = &r.moved_aside {
+                writeln!(out, "old ledger moved to {}", p.display())?;
+            }
+            writeln!(
+                out,
+                "recovered {} pod and {} agent attachment(s)",
+                r.pods, r.agent
+            )?;
+            for s in &r.skipped {
+                writeln!(out, "skipped: {s}")?;
+            }
+        }
+        return Ok(());
+    }
     let channel = dipam_proto::connect(&args.socket)
         .await
         .map_err(|e| CtlError::Unreachable {
@@ -110,6 +162,7 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
         })?;
     let mut admin = AdminClient::new(channel.clone());
     match args.command {
+        Command::Recover { .. } => return Ok(()),
         Command::Agent(cmd) => return agent(AgentClient::new(channel), cmd, args.json, out).await,
         Command::Doctor => {
             let reply = admin

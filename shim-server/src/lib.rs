@@ -12,6 +12,7 @@ pub mod fault;
 pub mod gc;
 pub mod keylock;
 pub mod logging;
+pub mod recover;
 pub mod recovery;
 pub mod rpc;
 pub mod server;

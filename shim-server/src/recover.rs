@@ -1,0 +1,229 @@
+//! `dipamctl recover`: rebuilds the ledger from the delegate's own store, offline, when the
+//! ledger is lost or refused as corrupt. host-local's directory says which (container ID,
+//! ifname) holds which address; the network's conflist says how the delegate is configured.
+//! A corrupt ledger is moved aside (never deleted); a healthy one is only added to, and only
+//! with --force.
+
+use std::{
+    collections::BTreeMap,
+    net::IpAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use dipam_state::{
+    AttachmentKey, AttachmentRecord, AttachmentState, Ledger, Owner, SledStore, Store, StoreError,
+};
+use serde_json::{Value, json};
+
+use crate::{
+    agent::{ROLES, conflist},
+    delegate::{Executor, config::DelegateConf, store, version},
+    shim::now,
+};
+
+/// What recovery did.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub moved_aside: Option<PathBuf>,
+    pub pods: usize,
+    pub agent: usize,
+    pub skipped: Vec<String>,
+}
+
+fn fail(msg: impl Into<String>) -> String {
+    msg.into()
+}
+
+/// The prefix length and gateway of `ip` under host-local's `ranges`.
+fn placement(conf: &Value, ip: IpAddr) -> Option<(u8, String)> {
+    conf["ipam"]["ranges"]
+        .as_array()?
+        .iter()
+        .flatten_sets()
+        .find_map(|r| {
+            let net: ipnet::IpNet = r["subnet"].as_str()?.parse().ok()?;
+            if !net.contains(&ip) {
+                return None;
+            }
+            let gw =
+                r["gateway"]
+                    .as_str()
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| match net.network() {
+                        IpAddr::V4(n) => std::net::Ipv4Addr::from(u32::from(n) + 1).to_string(),
+                        IpAddr::V6(n) => std::net::Ipv6Addr::from(u128::from(n) + 1).to_string(),
+                    });
+            Some((net.prefix_len(), gw))
+        })
+}
+
+trait FlattenSets<'a> {
+    fn flatten_sets(self) -> Box<dyn Iterator<Item = &'a Value> + 'a>;
+}
+
+impl<'a, I: Iterator<Item = &'a Value> + 'a> FlattenSets<'a> for I {
+    fn flatten_sets(self) -> Box<dyn Iterator<Item = &'a Value> + 'a> {
+        Box::new(self.flat_map(|set| set.as_array().into_iter().flatten()))
+    }
+}
+
+/// The agent role of a container ID dipamd gave an agent address, if it is one.
+fn agent_role(container_id: &str) -> Option<String> {
+    let rest = container_id.strip_prefix("dipam-")?;
+    ROLES.iter().find_map(|r| {
+        let tail = rest.strip_prefix(r)?.strip_prefix('-')?;
+        (tail.starts_with("ipv4-") || tail.starts_with("ipv6-")).then(|| (*r).to_owned())
+    })
+}
+
+pub async fn run(
+    state_dir: &Path,
+    conflist_path: &Path,
+    cni_dirs: Vec<PathBuf>,
+    force: bool,
+) -> Result<Report, String> {
+    let mut report = Report::default();
+    let store = match SledStore::open(state_dir) {
+        Ok(s) => {
+            let n = s
+                .len(dipam_state::Tree::Attachments)
+                .map_err(|e| e.to_string())?;
+            if n > 0 && !force {
+                return Err(fail(format!(
+                    "the ledger in {} opens and holds {n} attachment(s); pass --force to add \
+                     what the delegate holds that it lacks",
+                    state_dir.display()
+                )));
+            }
+            s
+        }
+        Err(StoreError::Locked { .. }) => {
+            return Err(fail(format!(
+                "dipamd is running on {}; stop it first",
+                state_dir.display()
+            )));
+        }
+        Err(e) => {
+            let aside = PathBuf::from(format!("{}.corrupt-{}", state_dir.display(), now()));
+            std::fs::rename(state_dir, &aside)
+                .map_err(|io| fail(format!("moving {} aside: {io}", state_dir.display())))?;
+            eprintln!("dipamctl: {e}; moved the old ledger to {}", aside.display());
+            report.moved_aside = Some(aside);
+            std::fs::create_dir_all(state_dir).map_err(|e| e.to_string())?;
+            SledStore::open(state_dir).map_err(|e| e.to_string())?
+        }
+    };
+    let text = std::fs::read(conflist_path)
+        .map_err(|e| fail(format!("{}: {e}", conflist_path.display())))?;
+    let base = conflist::parse(conflist_path, &text, None).map_err(|m| m.to_string())?;
+    let request = serde_json::to_vec(&base.request).map_err(|e| e.to_string())?;
+    let dc = DelegateConf::from_request(&request, base.mode).map_err(|e| e.to_string())?;
+    let dir = store::readable_dir(&dc.kind, &dc.conf, &dc.network).ok_or_else(|| {
+        fail(format!(
+            "dipamd cannot read {}'s store; only host-local's can be recovered from",
+            dc.kind
+        ))
+    })?;
+    let exec = Executor::new(cni_dirs, Duration::from_secs(10));
+    let probe = exec.probe(&dc.kind, "").await.map_err(|e| e.to_string())?;
+    let send = version::choose(dc.version, &probe.supported);
+    let delegate_config = String::from_utf8(dc.bytes_for(send).map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    let delegate_version = send.unwrap_or(dc.version).to_string();
+
+    let mut groups: BTreeMap<(String, String), Vec<IpAddr>> = BTreeMap::new();
+    for r in store::reservations(&dir).map_err(|e| fail(format!("{}: {e}", dir.display())))? {
+        if r.ifname.is_empty() {
+            report.skipped.push(format!(
+                "{} ({}): a legacy id-only file names no interface",
+                r.ip, r.container_id
+            ));
+            continue;
+        }
+        groups
+            .entry((r.container_id, r.ifname))
+            .or_default()
+            .push(r.ip);
+    }
+    let ledger = Ledger::new(store);
+    let t = now();
+    for ((cid, ifname), ips) in groups {
+        let key = AttachmentKey::new(&dc.network, &cid, &ifname);
+        if ledger.get(&key).map_err(|e| e.to_string())?.is_some() {
+            continue;
+        }
+        let mut entries = Vec::new();
+        for ip in &ips {
+            match placement(&dc.conf, *ip) {
+                Some((prefix, gw)) => {
+                    entries.push(json!({"address": format!("{ip}/{prefix}"), "gateway": gw}))
+                }
+                None => report
+                    .skipped
+                    .push(format!("{ip} ({cid}): outside every configured range")),
+            }
+        }
+        if entries.is_empty() {
+            continue;
+        }
+        let owner = match agent_role(&cid) {
+            Some(role) => {
+                report.agent += 1;
+                Owner::Agent { role }
+            }
+            None => {
+                report.pods += 1;
+                Owner::Pod
+            }
+        };
+        let rec = AttachmentRecord {
+            key,
+            owner,
+            state: AttachmentState::Committed,
+            delegate_type: dc.kind.clone(),
+            delegate_version: delegate_version.clone(),
+            delegate_config: delegate_config.clone(),
+            netns: String::new(),
+            cni_args: String::new(),
+            cni_path: String::new(),
+            result: Some(json!({ "ips": entries })),
+            config_digest: dc.digest(),
+            request_id: "dipamctl-recover".into(),
+            created_at: t,
+            updated_at: t,
+            issued_ms: 0,
+        };
+        ledger.put(&rec).map_err(|e| e.to_string())?;
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_ids_and_placement() {
+        assert_eq!(
+            agent_role("dipam-router-ipv4-node1").as_deref(),
+            Some("router")
+        );
+        assert_eq!(
+            agent_role("dipam-health-ipv6-n.x").as_deref(),
+            Some("health")
+        );
+        assert_eq!(agent_role("dipam-routerx-ipv4-n"), None);
+        assert_eq!(agent_role("abc"), None);
+        let conf = json!({"ipam":{"ranges":[[{"subnet":"10.1.0.0/24"}],[{"subnet":"fd00::/64","gateway":"fd00::fe"}]]}});
+        assert_eq!(
+            placement(&conf, "10.1.0.9".parse().unwrap()),
+            Some((24, "10.1.0.1".into()))
+        );
+        assert_eq!(
+            placement(&conf, "fd00::5".parse().unwrap()),
+            Some((64, "fd00::fe".into()))
+        );
+        assert_eq!(placement(&conf, "10.2.0.1".parse().unwrap()), None);
+    }
+}
