@@ -5,8 +5,9 @@ use std::{io::Write, path::PathBuf};
 
 use clap::{Parser, Subcommand};
 use dipam_proto::v1::{
-    AgentListReply, AgentListRequest, AgentRoleRequest, DoctorRequest, GcAttachment, GcRequest,
-    ListAttachmentsRequest, StatusRequest, admin_client::AdminClient, agent_client::AgentClient,
+    AgentListReply, AgentListRequest, AgentRoleRequest, DoctorRequest, ExplainRequest,
+    GcAttachment, GcRequest, ListAttachmentsRequest, StatusRequest, admin_client::AdminClient,
+    agent_client::AgentClient,
 };
 use serde_json::json;
 
@@ -45,6 +46,13 @@ pub enum Command {
     /// Every check of dipamd's configuration and state, with what to fix; exits non-zero when
     /// one fails.
     Doctor,
+    /// A container's attachments and the full history of what dipamd did for it: every
+    /// request with its outcome, every delegate exec with argv, environment, exit status,
+    /// stderr excerpt and duration.
+    Explain {
+        /// The container ID (CNI_CONTAINERID).
+        container_id: String,
+    },
     /// Offline: rebuild the ledger from host-local's own store, with dipamd stopped. A corrupt
     /// ledger is moved aside (never deleted); a healthy one is only added to, with --force.
     Recover {
@@ -164,6 +172,91 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
     match args.command {
         Command::Recover { .. } => return Ok(()),
         Command::Agent(cmd) => return agent(AgentClient::new(channel), cmd, args.json, out).await,
+        Command::Explain { container_id } => {
+            let r = admin
+                .explain(ExplainRequest {
+                    protocol_version: dipam_proto::PROTOCOL_VERSION,
+                    container_id: container_id.clone(),
+                })
+                .await
+                .map_err(CtlError::Rpc)?
+                .into_inner();
+            let events: Vec<serde_json::Value> = r
+                .events
+                .iter()
+                .filter_map(|e| serde_json::from_str(e).ok())
+                .collect();
+            if args.json {
+                let v = json!({
+                    "containerID": container_id,
+                    "attachments": r.attachments.iter().map(|a| json!({
+                        "network": a.network, "ifname": a.ifname, "owner": a.owner,
+                        "state": a.state, "ips": a.ips, "delegate": a.delegate_type,
+                    })).collect::<Vec<_>>(),
+                    "events": events,
+                    "eventsDropped": r.events_dropped,
+                });
+                writeln!(out, "{v:#}")?;
+                return Ok(());
+            }
+            writeln!(out, "container {container_id}")?;
+            if r.attachments.is_empty() {
+                writeln!(out, "  no attachment in the ledger now")?;
+            }
+            for a in &r.attachments {
+                writeln!(
+                    out,
+                    "  {}/{}: {} {} via {} ({})",
+                    a.network,
+                    a.ifname,
+                    a.state,
+                    a.ips.join(","),
+                    a.delegate_type,
+                    a.owner
+                )?;
+            }
+            writeln!(out, "history ({} event(s), oldest first):", events.len())?;
+            for e in &events {
+                let at = e["atMs"].as_u64().unwrap_or_default();
+                let ms = e["durationMs"].as_f64().unwrap_or_default();
+                match e["kind"].as_str() {
+                    Some("exec") => {
+                        writeln!(
+                            out,
+                            "  {at} exec {} {} ({:.1} ms): {}{}",
+                            e["argv"][0].as_str().unwrap_or_default(),
+                            e["env"]["CNI_COMMAND"].as_str().unwrap_or_default(),
+                            ms,
+                            e["exit"]
+                                .as_str()
+                                .or(e["error"].as_str())
+                                .unwrap_or_default(),
+                            e["stderr"]
+                                .as_str()
+                                .filter(|s| !s.is_empty())
+                                .map(|s| format!("; stderr: {s}"))
+                                .unwrap_or_default()
+                        )?;
+                        writeln!(out, "      env: {}", e["env"])?;
+                    }
+                    _ => writeln!(
+                        out,
+                        "  {at} {} {}/{} request {} ({:.1} ms): {}{}",
+                        e["op"].as_str().unwrap_or_default(),
+                        e["network"].as_str().unwrap_or_default(),
+                        e["ifname"].as_str().unwrap_or_default(),
+                        e["requestId"].as_str().unwrap_or_default(),
+                        ms,
+                        e["outcome"].as_str().unwrap_or_default(),
+                        e["msg"]
+                            .as_str()
+                            .map(|m| format!(" (code {}: {m})", e["code"]))
+                            .unwrap_or_default()
+                    )?,
+                }
+            }
+            return Ok(());
+        }
         Command::Doctor => {
             let reply = admin
                 .doctor(DoctorRequest {

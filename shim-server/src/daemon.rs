@@ -189,6 +189,10 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         },
         crate::access::Admission::new(args.max_concurrent, args.max_queue, Duration::from_secs(10)),
     );
+    let _ = shim
+        .exec
+        .history
+        .set(crate::history::start(shim.ledger.clone()));
     let replay = recovery::replay(&shim).await?;
     // Releases the plugin could not deliver while dipamd was down, before any ADD can take
     // their addresses' place (F3).

@@ -10,6 +10,7 @@ pub mod divergence;
 pub mod error;
 pub mod fault;
 pub mod gc;
+pub mod history;
 pub mod keylock;
 pub mod logging;
 pub mod recover;

@@ -5,8 +5,9 @@ use std::{future::Future, sync::Arc, time::Instant};
 
 use dipam_proto::v1::{
     AgentListReply, AgentListRequest, AgentRoleRequest, CniReply, CniRequest, DoctorReply,
-    DoctorRequest, GcReply, GcRequest, ListAttachmentsReply, ListAttachmentsRequest, StatusReply,
-    StatusRequest, admin_server::Admin, agent_server::Agent, cni_reply::Outcome, cni_server::Cni,
+    DoctorRequest, ExplainReply, ExplainRequest, GcReply, GcRequest, ListAttachmentsReply,
+    ListAttachmentsRequest, StatusReply, StatusRequest, admin_server::Admin, agent_server::Agent,
+    cni_reply::Outcome, cni_server::Cni,
 };
 use dipam_state::Store;
 use tonic::{Request, Response, Status};
@@ -22,28 +23,61 @@ impl<S: Store> Clone for Service<S> {
     }
 }
 
-/// The span every log line of one CNI call carries, keyed by the plugin's request id.
-fn span(command: &'static str, req: &CniRequest) -> tracing::Span {
-    info_span!(
-        "cni",
-        request_id = %req.request_id,
-        command,
-        container_id = %req.container_id,
-        ifname = %req.ifname,
-    )
+/// What one CNI call is about: for its log span and its history event.
+struct Call {
+    command: &'static str,
+    request_id: String,
+    container_id: String,
+    ifname: String,
+    network: String,
 }
 
-async fn answer<F>(span: tracing::Span, f: F) -> Result<Response<CniReply>, Status>
+impl Call {
+    fn of(command: &'static str, req: &CniRequest) -> Self {
+        Self {
+            command,
+            request_id: req.request_id.clone(),
+            container_id: req.container_id.clone(),
+            ifname: req.ifname.clone(),
+            network: serde_json::from_slice::<serde_json::Value>(&req.stdin)
+                .ok()
+                .and_then(|v| v.get("name")?.as_str().map(str::to_owned))
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The span every log line of one CNI call carries, keyed by the plugin's request id.
+    fn span(&self) -> tracing::Span {
+        info_span!(
+            "cni",
+            request_id = %self.request_id,
+            command = self.command,
+            container_id = %self.container_id,
+            ifname = %self.ifname,
+        )
+    }
+}
+
+async fn answer<S: Store, F>(shim: &Shim<S>, call: Call, f: F) -> Result<Response<CniReply>, Status>
 where
     F: Future<Output = Result<Vec<u8>, ShimError>>,
 {
+    let span = call.span();
     async move {
         let started = Instant::now();
         let outcome = f.await;
         let ms = started.elapsed().as_secs_f64() * 1e3;
+        let mut event = serde_json::json!({
+            "kind": "request", "op": call.command, "requestId": call.request_id,
+            "network": call.network, "ifname": call.ifname, "durationMs": ms,
+        });
         let reply = match outcome {
             Ok(result) => {
                 info!(elapsed_ms = ms, "ok");
+                event["outcome"] = "ok".into();
+                if !result.is_empty() {
+                    event["result"] = serde_json::from_slice(&result).unwrap_or_default();
+                }
                 Ok(CniReply {
                     protocol_version: dipam_proto::PROTOCOL_VERSION,
                     outcome: Some(Outcome::Result(result)),
@@ -52,15 +86,29 @@ where
             Err(e) => {
                 let reply = e.into_reply();
                 match &reply {
-                    Ok(CniReply { outcome: Some(Outcome::Error(err)), .. }) => {
+                    Ok(CniReply {
+                        outcome: Some(Outcome::Error(err)),
+                        ..
+                    }) => {
                         warn!(elapsed_ms = ms, code = err.code, msg = %err.msg, details = %err.details, "failed");
+                        event["outcome"] = "error".into();
+                        event["code"] = err.code.into();
+                        event["msg"] = err.msg.clone().into();
+                        event["details"] = err.details.clone().into();
                     }
-                    Err(status) => warn!(elapsed_ms = ms, status = ?status.code(), msg = status.message(), "refused"),
+                    Err(status) => {
+                        warn!(elapsed_ms = ms, status = ?status.code(), msg = status.message(), "refused");
+                        event["outcome"] = "refused".into();
+                        event["msg"] = status.message().into();
+                    }
                     _ => {}
                 }
                 reply
             }
         };
+        if let Some(h) = shim.exec.history.get() {
+            h.record(&call.container_id, event);
+        }
         reply.map(Response::new)
     }
     .instrument(span)
@@ -72,7 +120,7 @@ impl<S: Store> Cni for Service<S> {
     async fn add(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
         let req = r.into_inner();
         let shim = &self.0;
-        answer(span("ADD", &req), async move {
+        answer(shim, Call::of("ADD", &req), async move {
             let _slot = shim.admission.admit(Class::Add).await?;
             rpc::add::run(shim, req).await
         })
@@ -81,7 +129,7 @@ impl<S: Store> Cni for Service<S> {
     async fn del(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
         let req = r.into_inner();
         let shim = &self.0;
-        answer(span("DEL", &req), async move {
+        answer(shim, Call::of("DEL", &req), async move {
             let _slot = shim.admission.admit(Class::Other).await?;
             rpc::del::run(shim, req).await
         })
@@ -90,7 +138,7 @@ impl<S: Store> Cni for Service<S> {
     async fn check(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
         let req = r.into_inner();
         let shim = &self.0;
-        answer(span("CHECK", &req), async move {
+        answer(shim, Call::of("CHECK", &req), async move {
             let _slot = shim.admission.admit(Class::Other).await?;
             rpc::check::run(shim, req).await
         })
@@ -99,7 +147,7 @@ impl<S: Store> Cni for Service<S> {
     async fn gc(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
         let req = r.into_inner();
         let shim = &self.0;
-        answer(span("GC", &req), async move {
+        answer(shim, Call::of("GC", &req), async move {
             let _slot = shim.admission.admit(Class::Other).await?;
             rpc::gc::run(shim, req).await
         })
@@ -107,7 +155,12 @@ impl<S: Store> Cni for Service<S> {
     }
     async fn status(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
         let req = r.into_inner();
-        answer(span("STATUS", &req), rpc::status::run(&self.0, req)).await
+        answer(
+            &self.0,
+            Call::of("STATUS", &req),
+            rpc::status::run(&self.0, req),
+        )
+        .await
     }
 }
 
@@ -119,6 +172,13 @@ impl<S: Store> Admin for Service<S> {
             .map(Response::new)
             .map_err(ShimError::into_status)
     }
+    async fn explain(&self, r: Request<ExplainRequest>) -> Result<Response<ExplainReply>, Status> {
+        rpc::admin::explain(&self.0, r.into_inner())
+            .await
+            .map(Response::new)
+            .map_err(ShimError::into_status)
+    }
+
     async fn doctor(&self, _: Request<DoctorRequest>) -> Result<Response<DoctorReply>, Status> {
         rpc::doctor::run(&self.0)
             .await

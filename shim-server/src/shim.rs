@@ -186,6 +186,8 @@ impl<S: Store> Shim<S> {
             args: p.req.cni_args.clone(),
             path: self.exec.delegate_cni_path(&p.req.cni_path),
             stdin,
+            request_id: p.req.request_id.clone(),
+            network: p.key.network.clone(),
         };
         self.exec.call(&p.dc.kind, probe, &inv).await
     }
@@ -279,6 +281,8 @@ impl<S: Store> Shim<S> {
             args: rec.cni_args.clone(),
             path: self.exec.delegate_cni_path(&rec.cni_path),
             stdin: dc.bytes_for(None)?,
+            request_id: rec.request_id.clone(),
+            network: rec.key.network.clone(),
         };
         match self.exec.call(&rec.delegate_type, &probe, &inv).await {
             Ok(_) => Ok(()),

@@ -24,6 +24,9 @@ pub struct Invocation {
     /// CNI_PATH for the delegate (colon-separated).
     pub path: String,
     pub stdin: Vec<u8>,
+    /// For the history only: which request and network this exec serves.
+    pub request_id: String,
+    pub network: String,
 }
 
 /// What the process did.

@@ -35,6 +35,8 @@ pub struct Executor {
     pub timeout: Duration,
     /// Notes running delegates for the next start (daemon only; tests run without).
     pub tracker: Option<orphans::Tracker>,
+    /// Where each exec is recorded for `dipamctl explain` (set once the daemon runs).
+    pub history: std::sync::OnceLock<crate::history::Sink>,
     /// VERSION answers by (path, mtime): a replaced binary is probed again.
     probes: Mutex<HashMap<PathBuf, (SystemTime, Vec<SpecVersion>)>>,
 }
@@ -45,6 +47,7 @@ impl Executor {
             dirs,
             timeout,
             tracker: None,
+            history: std::sync::OnceLock::new(),
             probes: Mutex::new(HashMap::new()),
         }
     }
@@ -131,6 +134,7 @@ impl Executor {
             args: String::new(),
             path: "dummy".into(),
             stdin: br#"{"cniVersion":"1.1.0"}"#.to_vec(),
+            ..Invocation::default()
         };
         let parsed = match exec::run(kind, path, &inv, self.timeout, self.tracker.as_ref()).await {
             Ok(out) if out.status.success() => serde_json::from_slice::<Value>(&out.stdout)
@@ -163,8 +167,48 @@ impl Executor {
         probe: &Probe,
         inv: &Invocation,
     ) -> Result<Output, ShimError> {
-        let out = exec::run(kind, &probe.path, inv, self.timeout, self.tracker.as_ref()).await?;
-        exec::check(kind, &inv.command, &out)?;
-        Ok(out)
+        let started = std::time::Instant::now();
+        let outcome = exec::run(kind, &probe.path, inv, self.timeout, self.tracker.as_ref())
+            .await
+            .and_then(|out| exec::check(kind, &inv.command, &out).map(|()| out));
+        self.record(kind, probe, inv, started.elapsed(), &outcome);
+        outcome
+    }
+
+    /// One history event per exec: what was run, with what, and how it ended.
+    fn record(
+        &self,
+        kind: &str,
+        probe: &Probe,
+        inv: &Invocation,
+        took: Duration,
+        outcome: &Result<Output, ShimError>,
+    ) {
+        let mut ev = serde_json::json!({
+            "kind": "exec",
+            "requestId": inv.request_id,
+            "network": inv.network,
+            "delegate": kind,
+            "argv": [probe.path.display().to_string()],
+            "env": {
+                "CNI_COMMAND": inv.command, "CNI_CONTAINERID": inv.container_id,
+                "CNI_NETNS": inv.netns, "CNI_IFNAME": inv.ifname, "CNI_ARGS": inv.args,
+                "CNI_PATH": inv.path,
+            },
+            "durationMs": took.as_secs_f64() * 1e3,
+        });
+        match outcome {
+            Ok(out) => {
+                ev["exit"] = out.describe_exit().into();
+                ev["stderr"] = crate::error::excerpt(&out.stderr).into();
+            }
+            Err(e) => {
+                ev["error"] = e.to_string().into();
+                ev["details"] = e.code_and_details().1.into();
+            }
+        }
+        if let Some(h) = self.history.get() {
+            h.record(&inv.container_id, ev);
+        }
     }
 }

@@ -1,8 +1,8 @@
 //! The operator's RPCs (dipamctl): daemon status and the attachment listing.
 
 use dipam_proto::v1::{
-    Attachment, CniRequest, DelegateInfo, GcReply, GcRequest, ListAttachmentsReply,
-    ListAttachmentsRequest, Mode, StatusReply,
+    Attachment, CniRequest, DelegateInfo, ExplainReply, ExplainRequest, GcReply, GcRequest,
+    ListAttachmentsReply, ListAttachmentsRequest, Mode, StatusReply,
 };
 use dipam_state::Store;
 
@@ -73,18 +73,56 @@ pub async fn status<S: Store>(shim: &Shim<S>) -> Result<StatusReply, ShimError> 
     })
 }
 
+/// `dipamctl explain`: the container's ledger records and its recorded history.
+pub async fn explain<S: Store>(
+    shim: &Shim<S>,
+    req: ExplainRequest,
+) -> Result<ExplainReply, ShimError> {
+    crate::validate::container_id(&req.container_id)?;
+    let cid = req.container_id.clone();
+    let (records, events) = shim
+        .ledger(move |l| {
+            let records: Vec<_> = l
+                .list(None)?
+                .into_iter()
+                .filter(|r| r.key.container_id == cid)
+                .collect();
+            Ok((records, crate::history::read(l, &cid)?))
+        })
+        .await?;
+    let all = list_from(records, "");
+    Ok(ExplainReply {
+        protocol_version: dipam_proto::PROTOCOL_VERSION,
+        attachments: all,
+        events: events.iter().map(ToString::to_string).collect(),
+        events_dropped: shim
+            .exec
+            .history
+            .get()
+            .map_or(0, crate::history::Sink::dropped),
+    })
+}
+
 pub async fn list<S: Store>(
     shim: &Shim<S>,
     req: ListAttachmentsRequest,
 ) -> Result<ListAttachmentsReply, ShimError> {
     let network = (!req.network.is_empty()).then(|| req.network.clone());
     let records = shim.ledger(move |l| l.list(network.as_deref())).await?;
-    let attachments = records
+    Ok(ListAttachmentsReply {
+        protocol_version: dipam_proto::PROTOCOL_VERSION,
+        attachments: list_from(records, &req.owner),
+    })
+}
+
+/// Ledger records as wire attachments, filtered by owner ("" for all; "agent" for every role).
+fn list_from(records: Vec<dipam_state::AttachmentRecord>, owner: &str) -> Vec<Attachment> {
+    records
         .into_iter()
         .filter(|r| {
-            req.owner.is_empty()
-                || r.owner.label() == req.owner
-                || r.owner.label().starts_with(&format!("{}:", req.owner))
+            owner.is_empty()
+                || r.owner.label() == owner
+                || r.owner.label().starts_with(&format!("{owner}:"))
         })
         .map(|r| Attachment {
             ips: r.result.as_ref().map(result_ips).unwrap_or_default(),
@@ -104,11 +142,7 @@ pub async fn list<S: Store>(
             created_at: r.created_at,
             updated_at: r.updated_at,
         })
-        .collect();
-    Ok(ListAttachmentsReply {
-        protocol_version: dipam_proto::PROTOCOL_VERSION,
-        attachments,
-    })
+        .collect()
 }
 
 /// `dipamctl gc`: one network, the operator's valid list or the ledger as the valid set, and

@@ -1,0 +1,178 @@
+//! A bounded history of what dipamd did for each container, for `dipamctl explain`: every CNI
+//! request with its outcome, and every delegate exec with its argv, environment, exit status,
+//! an excerpt of its stderr and its duration (aws-vpc-cni#111: "why did ADD fail?").
+//!
+//! Events go through a bounded channel to one task that writes them to the ledger's history
+//! tree in batches (one durable commit per second at most), so the request path never waits
+//! for history. At most `PER_CONTAINER` events are kept per container; a full channel drops
+//! events (and counts them) rather than grow without bound. A crash loses at most the last
+//! second of history, never an allocation.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use dipam_state::{Batch, Ledger, Store, Tree};
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+/// Events kept per container.
+pub const PER_CONTAINER: usize = 64;
+/// Events waiting to be written; beyond that new ones are dropped.
+const QUEUE: usize = 4096;
+
+/// One event; `body` is its JSON (kind, times, details).
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub container_id: String,
+    pub body: Value,
+}
+
+/// Where events are sent. Cheap to clone; a no-op when history is off.
+#[derive(Debug, Clone, Default)]
+pub struct Sink {
+    tx: Option<mpsc::Sender<Event>>,
+    dropped: Arc<AtomicU64>,
+    seq: Arc<AtomicU64>,
+}
+
+impl Sink {
+    /// Records `body` for `container_id` (empty IDs, as in GC and STATUS, are not recorded).
+    pub fn record(&self, container_id: &str, mut body: Value) {
+        let Some(tx) = &self.tx else { return };
+        if container_id.is_empty() {
+            return;
+        }
+        body["atMs"] = Value::from(crate::shim::now_ms());
+        body["seq"] = Value::from(self.seq.fetch_add(1, Ordering::Relaxed));
+        let ev = Event {
+            container_id: container_id.to_owned(),
+            body,
+        };
+        if tx.try_send(ev).is_err() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+fn key(container_id: &str, body: &Value) -> Vec<u8> {
+    format!(
+        "{container_id}\0{:016}{:012}",
+        body["atMs"].as_u64().unwrap_or_default(),
+        body["seq"].as_u64().unwrap_or_default()
+    )
+    .into_bytes()
+}
+
+fn prefix(container_id: &str) -> Vec<u8> {
+    format!("{container_id}\0").into_bytes()
+}
+
+/// Starts the writer; returns the sink to record with.
+pub fn start<S: Store>(ledger: Ledger<S>) -> Sink {
+    let (tx, mut rx) = mpsc::channel::<Event>(QUEUE);
+    tokio::spawn(async move {
+        loop {
+            let Some(first) = rx.recv().await else { return };
+            let mut batch = vec![first];
+            // Gather what arrives within a second into one commit.
+            let deadline = tokio::time::sleep(Duration::from_secs(1));
+            tokio::pin!(deadline);
+            while batch.len() < 512 {
+                tokio::select! {
+                    ev = rx.recv() => match ev {
+                        Some(ev) => batch.push(ev),
+                        None => break,
+                    },
+                    () = &mut deadline => break,
+                }
+            }
+            let ledger = ledger.clone();
+            let _ = tokio::task::spawn_blocking(move || write(&ledger, &batch)).await;
+        }
+    });
+    Sink {
+        tx: Some(tx),
+        ..Sink::default()
+    }
+}
+
+fn write<S: Store>(ledger: &Ledger<S>, events: &[Event]) -> Result<(), dipam_state::StoreError> {
+    let store = ledger.store();
+    let mut batch = Batch::new();
+    let mut touched: Vec<&str> = Vec::new();
+    for ev in events {
+        batch.put(
+            Tree::History,
+            key(&ev.container_id, &ev.body),
+            ev.body.to_string().into_bytes(),
+        );
+        if !touched.contains(&ev.container_id.as_str()) {
+            touched.push(&ev.container_id);
+        }
+    }
+    store.commit(batch)?;
+    let mut prune = Batch::new();
+    for cid in touched {
+        let all = store.scan_prefix(Tree::History, &prefix(cid))?;
+        if all.len() > PER_CONTAINER {
+            for (k, _) in &all[..all.len() - PER_CONTAINER] {
+                prune.delete(Tree::History, k.clone());
+            }
+        }
+    }
+    if !prune.is_empty() {
+        store.commit(prune)?;
+    }
+    Ok(())
+}
+
+/// Every recorded event of `container_id`, oldest first.
+pub fn read<S: Store>(
+    ledger: &Ledger<S>,
+    container_id: &str,
+) -> Result<Vec<Value>, dipam_state::StoreError> {
+    Ok(ledger
+        .store()
+        .scan_prefix(Tree::History, &prefix(container_id))?
+        .into_iter()
+        .filter_map(|(_, v)| serde_json::from_slice(&v).ok())
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use dipam_state::MemStore;
+    use serde_json::json;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn events_are_written_in_order_and_bounded_per_container() {
+        let ledger = Ledger::new(MemStore::new());
+        let sink = start(ledger.clone());
+        for i in 0..(PER_CONTAINER + 10) {
+            sink.record("c1", json!({"kind": "request", "i": i}));
+        }
+        sink.record("c2", json!({"kind": "exec"}));
+        sink.record("", json!({"kind": "ignored"}));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let c1 = read(&ledger, "c1").unwrap();
+        assert_eq!(c1.len(), PER_CONTAINER);
+        assert_eq!(c1.last().unwrap()["i"], PER_CONTAINER + 9);
+        assert_eq!(c1[0]["i"], 10, "the oldest go first");
+        assert_eq!(read(&ledger, "c2").unwrap().len(), 1);
+        // "c1" must not see "c10"'s events: the prefix ends at the separator.
+        sink.record("c10", json!({"kind": "x"}));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(read(&ledger, "c1").unwrap().len(), PER_CONTAINER);
+    }
+}
