@@ -117,6 +117,16 @@ pub struct Args {
     /// Requests allowed to wait for a slot; beyond that dipamd answers "try again later".
     #[arg(long, default_value_t = 256)]
     pub max_queue: usize,
+    /// Serve Prometheus metrics on this address (HOST:PORT). Off by default; only loopback
+    /// addresses unless --metrics-allow-remote.
+    #[arg(long)]
+    pub metrics_address: Option<std::net::SocketAddr>,
+    /// Accept a non-loopback --metrics-address.
+    #[arg(long)]
+    pub metrics_allow_remote: bool,
+    /// Serve Prometheus metrics on this unix socket (mode 0600) instead of, or as well as, TCP.
+    #[arg(long)]
+    pub metrics_socket: Option<PathBuf>,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -160,6 +170,16 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
             args.state_dir.display()
         ))
     })?;
+    // No TCP listener beyond this node unless explicitly asked for.
+    if let Some(addr) = args.metrics_address
+        && !addr.ip().is_loopback()
+        && !args.metrics_allow_remote
+    {
+        return Err(DaemonError::Usage(format!(
+            "--metrics-address {addr} is not loopback; pass --metrics-allow-remote to expose \
+             metrics beyond this node"
+        )));
+    }
     let agent = agent_config(&args)?;
     let spool_dir = args
         .spool_dir
@@ -194,6 +214,9 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         .history
         .set(crate::history::start(shim.ledger.clone()));
     let replay = recovery::replay(&shim).await?;
+    shim.metrics
+        .intents_replayed
+        .store(replay.released as u64, std::sync::atomic::Ordering::Relaxed);
     // Releases the plugin could not deliver while dipamd was down, before any ADD can take
     // their addresses' place (F3).
     let drained = spool::drain(&shim, &spool_dir).await;
@@ -227,6 +250,16 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         std::sync::Arc::clone(&shim),
         Duration::from_secs_f64(args.agent_check_interval.max(1.0)),
     ));
+    if let Some(addr) = args.metrics_address {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| DaemonError::Usage(format!("--metrics-address {addr}: {e}")))?;
+        tokio::spawn(crate::metrics::serve_tcp(std::sync::Arc::clone(&shim), l));
+    }
+    if let Some(path) = &args.metrics_socket {
+        let l = server::bind(path, None).await?;
+        tokio::spawn(crate::metrics::serve_unix(std::sync::Arc::clone(&shim), l));
+    }
     tokio::spawn(spool::run(
         std::sync::Arc::clone(&shim),
         spool_dir,

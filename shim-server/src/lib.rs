@@ -3,6 +3,7 @@
 
 pub mod access;
 pub mod agent;
+pub mod completions;
 pub mod ctl;
 pub mod daemon;
 pub mod delegate;
@@ -11,8 +12,10 @@ pub mod error;
 pub mod fault;
 pub mod gc;
 pub mod history;
+pub mod install;
 pub mod keylock;
 pub mod logging;
+pub mod metrics;
 pub mod recover;
 pub mod recovery;
 pub mod rpc;

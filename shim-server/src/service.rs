@@ -106,6 +106,23 @@ where
                 reply
             }
         };
+        let code = match &reply {
+            Ok(CniReply {
+                outcome: Some(Outcome::Error(err)),
+                ..
+            }) => err.code.to_string(),
+            Ok(_) => "0".to_owned(),
+            Err(status) => format!("grpc:{:?}", status.code()),
+        };
+        shim.metrics.inc(
+            "dipam_requests_total",
+            &[("op", call.command), ("code", code.as_str())],
+        );
+        shim.metrics.observe(
+            "dipam_request_duration_seconds",
+            &[("op", call.command)],
+            ms / 1e3,
+        );
         if let Some(h) = shim.exec.history.get() {
             h.record(&call.container_id, event);
         }

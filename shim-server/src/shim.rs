@@ -39,6 +39,7 @@ pub struct Shim<S: Store> {
     pub exec: Executor,
     pub locks: KeyLocks,
     pub gc: GcPolicy,
+    pub metrics: crate::metrics::Metrics,
     pub admission: crate::access::Admission,
     pub gc_stats: GcStats,
     /// Networks whose delegate store dipamd must not trust (divergence.rs), with the reason:
@@ -96,6 +97,7 @@ impl<S: Store> Shim<S> {
             exec,
             locks: KeyLocks::default(),
             gc,
+            metrics: crate::metrics::Metrics::default(),
             admission,
             gc_stats: GcStats::default(),
             misconfigured: std::sync::Mutex::new(std::collections::HashMap::new()),

@@ -35,6 +35,8 @@ pub struct Executor {
     pub timeout: Duration,
     /// Notes running delegates for the next start (daemon only; tests run without).
     pub tracker: Option<orphans::Tracker>,
+    /// Exec latency by delegate and command, for the metrics endpoint.
+    pub metrics: crate::metrics::Metrics,
     /// Where each exec is recorded for `dipamctl explain` (set once the daemon runs).
     pub history: std::sync::OnceLock<crate::history::Sink>,
     /// VERSION answers by (path, mtime): a replaced binary is probed again.
@@ -48,6 +50,7 @@ impl Executor {
             timeout,
             tracker: None,
             history: std::sync::OnceLock::new(),
+            metrics: crate::metrics::Metrics::default(),
             probes: Mutex::new(HashMap::new()),
         }
     }
@@ -184,6 +187,11 @@ impl Executor {
         took: Duration,
         outcome: &Result<Output, ShimError>,
     ) {
+        self.metrics.observe(
+            "dipam_delegate_exec_duration_seconds",
+            &[("delegate", kind), ("command", inv.command.as_str())],
+            took.as_secs_f64(),
+        );
         let mut ev = serde_json::json!({
             "kind": "exec",
             "requestId": inv.request_id,
