@@ -1,0 +1,708 @@
+//! `dipamctl install`: puts the `dipam` plugin into the CNI bin directory and, optionally, a
+//! network config into the CNI config directory, so that a container runtime never sees
+//! either of them half-written.
+//!
+//! Both files are written the same way: a temporary file in the target directory, fsync,
+//! the final mode, rename over the old file, fsync of the directory. A runtime that execs
+//! `dipam` while it is replaced runs either the old binary or the new one (never a torn
+//! one, and never ETXTBSY: the running old binary keeps its inode); one that lists the config
+//! directory sees either no conflist or the whole one. The temporary names start with a dot
+//! and end in `.tmp`, which libcni never loads as a network config.
+//!
+//! The plugin is installed first and the conflist second: the moment the conflist appears,
+//! the runtime may use the network, and its `"type": "dipam"` must then already be there.
+
+use std::{
+    fs::{self, File, OpenOptions},
+    io::{self, Write},
+    os::unix::fs::{OpenOptionsExt, PermissionsExt},
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use serde_json::{Value, json};
+
+/// Where container runtimes look for plugins unless configured otherwise.
+pub const DEFAULT_CNI_BIN_DIR: &str = "/opt/cni/bin";
+/// Where container runtimes look for network configs unless configured otherwise.
+pub const DEFAULT_CONF_DIR: &str = "/etc/cni/net.d";
+/// The conflist's file name: runtimes take the lexically first network in the directory.
+pub const DEFAULT_NAME: &str = "10-dipam.conflist";
+/// The plugin's file name: the `"type"` a conflist names, so it is not configurable.
+pub const PLUGIN_NAME: &str = "dipam";
+
+/// The cniVersions the plugin accepts (plugin/src/conf.rs); anything else fails every ADD
+/// with code 1, so it is refused here, before a runtime sees it.
+const SUPPORTED_VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+
+/// What `dipamctl install` was asked to do.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The CNI bin directory (the runtime's CNI_PATH).
+    pub cni_bin_dir: PathBuf,
+    /// The CNI config directory.
+    pub conf_dir: PathBuf,
+    /// A conflist to install; none installs only the plugin.
+    pub conflist: Option<PathBuf>,
+    /// The conflist's file name in `conf_dir`.
+    pub name: String,
+    /// The plugin binary to copy; none means the `dipam` next to the running executable
+    /// (dipam, dipamd and dipamctl are shipped together).
+    pub plugin: Option<PathBuf>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            cni_bin_dir: DEFAULT_CNI_BIN_DIR.into(),
+            conf_dir: DEFAULT_CONF_DIR.into(),
+            conflist: None,
+            name: DEFAULT_NAME.into(),
+            plugin: None,
+        }
+    }
+}
+
+/// One file put in place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placed {
+    pub path: PathBuf,
+    /// False when the target already held exactly these bytes and was left alone.
+    pub changed: bool,
+}
+
+/// What an install did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    pub plugin: Placed,
+    /// The plugin's own `--version` line, e.g. "dipam 0.1.0".
+    pub plugin_version: String,
+    /// The conflist and the network it defines, when one was installed.
+    pub conflist: Option<(Placed, String)>,
+}
+
+/// `dipamctl install`: installs, then prints what was done (a table line per file, or one
+/// JSON document).
+pub fn run(opts: &Options, json: bool, out: &mut dyn Write) -> Result<(), String> {
+    let r = install(opts)?;
+    let state = |p: &Placed| if p.changed { "installed" } else { "unchanged" };
+    let printed = if json {
+        let v = json!({
+            "plugin": {
+                "path": r.plugin.path,
+                "version": r.plugin_version,
+                "changed": r.plugin.changed,
+            },
+            "conflist": r.conflist.as_ref().map(|(p, network)| json!({
+                "path": p.path, "network": network, "changed": p.changed,
+            })),
+        });
+        writeln!(out, "{v:#}")
+    } else {
+        writeln!(
+            out,
+            "plugin:    {} ({}) {}",
+            r.plugin.path.display(),
+            r.plugin_version,
+            state(&r.plugin)
+        )
+        .and_then(|()| match &r.conflist {
+            Some((p, network)) => writeln!(
+                out,
+                "conflist:  {} (network {network}) {}",
+                p.path.display(),
+                state(p)
+            ),
+            None => Ok(()),
+        })
+    };
+    printed.map_err(|e| format!("writing output: {e}"))
+}
+
+/// Validates everything first (so a bad conflist leaves the node untouched), then installs
+/// the plugin, then the conflist.
+pub fn install(opts: &Options) -> Result<Report, String> {
+    validate_file_name(&opts.name)?;
+    let source = match &opts.plugin {
+        Some(p) => p.clone(),
+        None => default_plugin()?,
+    };
+    let plugin_version = plugin_version(&source)?;
+    let binary =
+        fs::read(&source).map_err(|e| format!("reading the plugin {}: {e}", source.display()))?;
+    let conflist = match &opts.conflist {
+        Some(path) => {
+            let bytes = fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+            let network =
+                validate_conflist(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+            Some((bytes, network))
+        }
+        None => None,
+    };
+
+    let plugin =
+        replace_atomically(&opts.cni_bin_dir, PLUGIN_NAME, &binary, 0o755).map_err(|e| {
+            format!(
+                "installing the plugin into {}: {e}",
+                opts.cni_bin_dir.display()
+            )
+        })?;
+    let conflist = match conflist {
+        Some((bytes, network)) => {
+            let placed =
+                replace_atomically(&opts.conf_dir, &opts.name, &bytes, 0o644).map_err(|e| {
+                    format!(
+                        "installing {} into {}: {e}",
+                        opts.name,
+                        opts.conf_dir.display()
+                    )
+                })?;
+            Some((placed, network))
+        }
+        None => None,
+    };
+    Ok(Report {
+        plugin,
+        plugin_version,
+        conflist,
+    })
+}
+
+/// The `dipam` shipped next to the running executable.
+fn default_plugin() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot find the running executable to locate dipam: {e}"))?;
+    let dir = exe.parent().unwrap_or_else(|| Path::new("/"));
+    Ok(dir.join(PLUGIN_NAME))
+}
+
+/// Runs `plugin --version` and expects "dipam <version>": it proves the file is the dipam
+/// plugin (not dipamd or dipamctl given by mistake) and that it runs on this machine
+/// (architecture, loader) before the runtime finds out on a pod.
+fn plugin_version(plugin: &Path) -> Result<String, String> {
+    // A binary written moments ago may still be open for writing in a child forked
+    // meanwhile (ETXTBSY until that child execs); libcni retries the same way.
+    let mut attempt = 0;
+    let out = loop {
+        match Command::new(plugin).arg("--version").output() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && attempt < 5 => {
+                attempt += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            other => break other,
+        }
+    }
+    .map_err(|e| {
+        format!(
+            "cannot run the plugin {}: {e} (pass the dipam binary built for this machine \
+             with --plugin)",
+            plugin.display()
+        )
+    })?;
+    let line = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    if !out.status.success() || !line.starts_with("dipam ") {
+        return Err(format!(
+            "{} is not the dipam plugin: `--version` printed {line:?} ({})",
+            plugin.display(),
+            out.status
+        ));
+    }
+    Ok(line)
+}
+
+/// A conflist's file name: a plain name that libcni loads as a list.
+fn validate_file_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.contains('/') || name.starts_with('.') {
+        return Err(format!(
+            "--name {name:?} must be a plain file name, e.g. {DEFAULT_NAME}"
+        ));
+    }
+    // libcni loads *.conf and *.json as a single plugin's config, which a list is not.
+    if !name.ends_with(".conflist") {
+        return Err(format!(
+            "--name {name:?} must end in .conflist: runtimes read other extensions as a \
+             single plugin's config"
+        ));
+    }
+    Ok(())
+}
+
+/// libcni's network name rule.
+fn valid_network_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+}
+
+/// Checks a conflist the way a runtime and the dipam plugin will, so that a mistake is
+/// refused at install time instead of failing every pod. Returns the network name.
+pub fn validate_conflist(bytes: &[u8]) -> Result<String, String> {
+    let v: Value = serde_json::from_slice(bytes).map_err(|e| format!("not valid JSON: {e}"))?;
+    let obj = v.as_object().ok_or("a conflist must be a JSON object")?;
+    let text = |key: &str| {
+        obj.get(key)
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+    };
+    let version = text("cniVersion").ok_or("cniVersion is missing")?;
+    if !SUPPORTED_VERSIONS.contains(&version) {
+        return Err(format!(
+            "cniVersion {version:?} is not one dipam accepts ({})",
+            SUPPORTED_VERSIONS.join(", ")
+        ));
+    }
+    let name = text("name").ok_or("name is missing")?;
+    if !valid_network_name(name) {
+        return Err(format!(
+            "network name {name:?} is invalid (letters, digits, '_', '.', '-', starting with \
+             a letter or digit)"
+        ));
+    }
+    let plugins = obj
+        .get("plugins")
+        .and_then(Value::as_array)
+        .filter(|p| !p.is_empty())
+        .ok_or("plugins is missing or empty (is this a single plugin's .conf?)")?;
+    let mut uses_dipam = false;
+    for (i, p) in plugins.iter().enumerate() {
+        let kind = p
+            .get("type")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| format!("plugins[{i}].type is missing"))?;
+        let ipam = p.get("ipam");
+        let ipam_type = ipam
+            .and_then(|i| i.get("type"))
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let keys = if kind == PLUGIN_NAME {
+            if ipam_type.is_empty() || ipam_type == PLUGIN_NAME {
+                return Err(format!(
+                    "plugins[{i}]: dipam as the main plugin needs ipam.type: the real IPAM \
+                     (host-local, azure-vnet-ipam, ...)"
+                ));
+            }
+            p
+        } else if ipam_type == PLUGIN_NAME {
+            let delegate = ipam
+                .and_then(|i| i.get("delegate"))
+                .and_then(|d| d.get("type"))
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            if delegate.is_empty() {
+                return Err(format!(
+                    "plugins[{i}]: dipam as the IPAM of {kind} needs ipam.delegate.type: the \
+                     real IPAM (host-local, azure-vnet-ipam, ...)"
+                ));
+            }
+            ipam.unwrap_or(p)
+        } else {
+            continue;
+        };
+        uses_dipam = true;
+        check_dipam_keys(i, keys)?;
+    }
+    if !uses_dipam {
+        return Err(
+            "no plugin uses dipam: set \"type\": \"dipam\" (dipam as the main plugin) or \
+             \"ipam\": {\"type\": \"dipam\", \"delegate\": {...}} (the IPAM of another plugin)"
+                .into(),
+        );
+    }
+    Ok(name.to_owned())
+}
+
+/// dipam's own keys, as the plugin checks them (code 7 at runtime otherwise).
+fn check_dipam_keys(i: usize, keys: &Value) -> Result<(), String> {
+    match keys.get("socketPath") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if !s.is_empty() => {}
+        Some(other) => {
+            return Err(format!(
+                "plugins[{i}]: socketPath must be a non-empty string, got {other}"
+            ));
+        }
+    }
+    match keys.get("spoolDir") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s.starts_with('/') => {}
+        Some(other) => {
+            return Err(format!(
+                "plugins[{i}]: spoolDir must be an absolute path, got {other}"
+            ));
+        }
+    }
+    match keys.get("timeoutSeconds") {
+        None | Some(Value::Null) => {}
+        Some(v) if v.as_f64().is_some_and(|s| s > 0.0 && s <= 3600.0) => {}
+        Some(other) => {
+            return Err(format!(
+                "plugins[{i}]: timeoutSeconds must be a number of seconds between 0 and 3600, \
+                 got {other}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Puts `bytes` at `dir/name` with `mode`, atomically and durably; leaves an identical file
+/// alone.
+fn replace_atomically(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> io::Result<Placed> {
+    let target = dir.join(name);
+    if fs::read(&target).is_ok_and(|old| old == bytes)
+        && fs::metadata(&target).is_ok_and(|m| m.permissions().mode() & 0o7777 == mode)
+    {
+        return Ok(Placed {
+            path: target,
+            changed: false,
+        });
+    }
+    if !dir.is_dir() {
+        fs::create_dir_all(dir)?;
+        if let Some(parent) = dir.parent() {
+            sync_dir(parent)?;
+        }
+    }
+    // Unique per process and call, so two installers never write into one temporary file; a
+    // crash leaves a dot file behind that no runtime loads or execs.
+    let tmp = dir.join(format!(
+        ".{name}.{}.{}.tmp",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default()
+    ));
+    let written = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            // Not executable until complete: nothing may run a partial binary.
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.set_permissions(fs::Permissions::from_mode(mode))?;
+        f.sync_all()?;
+        drop(f);
+        fs::rename(&tmp, &target)?;
+        sync_dir(dir)
+    })();
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(Placed {
+        path: target,
+        changed: true,
+    })
+}
+
+/// Makes a rename or a new entry in `dir` durable.
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in for the plugin: answers `--version` as dipam does.
+    fn fake_plugin(dir: &Path, version: &str) -> PathBuf {
+        let p = dir.join(format!("dipam-{version}"));
+        fs::write(&p, format!("#!/bin/sh\necho \"dipam {version}\"\n")).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    }
+
+    const MAIN: &str = r#"{"cniVersion":"1.0.0","name":"podnet","plugins":[
+        {"type":"dipam","socketPath":"/run/dipam/dipam.sock","ipam":{"type":"host-local"}},
+        {"type":"portmap","capabilities":{"portMappings":true}}]}"#;
+
+    struct Node {
+        _tmp: tempfile::TempDir,
+        src: PathBuf,
+        opts: Options,
+    }
+
+    fn node() -> Node {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        fs::create_dir(&src).unwrap();
+        let opts = Options {
+            cni_bin_dir: tmp.path().join("opt/cni/bin"),
+            conf_dir: tmp.path().join("etc/cni/net.d"),
+            conflist: None,
+            name: DEFAULT_NAME.into(),
+            plugin: Some(fake_plugin(&src, "1.0.0")),
+        };
+        Node {
+            _tmp: tmp,
+            src,
+            opts,
+        }
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn installs_plugin_and_conflist_with_their_modes_and_nothing_else() {
+        let mut n = node();
+        let list = n.src.join("in.conflist");
+        fs::write(&list, MAIN).unwrap();
+        n.opts.conflist = Some(list);
+        let r = install(&n.opts).unwrap();
+
+        let plugin = n.opts.cni_bin_dir.join("dipam");
+        assert_eq!(
+            r.plugin,
+            Placed {
+                path: plugin.clone(),
+                changed: true
+            }
+        );
+        assert_eq!(r.plugin_version, "dipam 1.0.0");
+        assert_eq!(
+            fs::read(&plugin).unwrap(),
+            fs::read(n.opts.plugin.as_ref().unwrap()).unwrap()
+        );
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&plugin), 0o755);
+        let conf = n.opts.conf_dir.join(DEFAULT_NAME);
+        assert_eq!(fs::read_to_string(&conf).unwrap(), MAIN);
+        assert_eq!(mode(&conf), 0o644);
+        assert_eq!(
+            r.conflist,
+            Some((
+                Placed {
+                    path: conf,
+                    changed: true
+                },
+                "podnet".into()
+            ))
+        );
+        // No temporary file is left behind.
+        assert_eq!(names(&n.opts.cni_bin_dir), ["dipam"]);
+        assert_eq!(names(&n.opts.conf_dir), [DEFAULT_NAME]);
+    }
+
+    #[test]
+    fn a_second_install_changes_nothing_and_a_new_plugin_replaces_the_old() {
+        let mut n = node();
+        assert!(install(&n.opts).unwrap().plugin.changed);
+        assert!(!install(&n.opts).unwrap().plugin.changed);
+
+        // A process still running the old binary keeps it: the new one is a new inode.
+        use std::os::unix::fs::MetadataExt;
+        let target = n.opts.cni_bin_dir.join("dipam");
+        let running = File::open(&target).unwrap();
+        let old_inode = running.metadata().unwrap().ino();
+        n.opts.plugin = Some(fake_plugin(&n.src, "2.0.0"));
+        let r = install(&n.opts).unwrap();
+        assert!(r.plugin.changed);
+        assert_eq!(r.plugin_version, "dipam 2.0.0");
+        assert_ne!(fs::metadata(&target).unwrap().ino(), old_inode);
+        assert!(
+            String::from_utf8(fs::read(&target).unwrap())
+                .unwrap()
+                .contains("2.0.0")
+        );
+        let out = spawn(
+            Command::new(&target)
+                .arg("--version")
+                .stdout(std::process::Stdio::piped()),
+        )
+        .wait_with_output()
+        .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "dipam 2.0.0");
+    }
+
+    /// Spawns `cmd`, retrying ETXTBSY: another test thread may have forked while a file
+    /// this test just wrote was still open (the child holds it until it execs).
+    fn spawn(cmd: &mut Command) -> std::process::Child {
+        for _ in 0..50 {
+            match cmd.spawn() {
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                other => return other.unwrap(),
+            }
+        }
+        panic!("{cmd:?}: text file busy for a second");
+    }
+
+    #[test]
+    fn replaces_a_binary_that_is_running() {
+        // Writing into a running executable fails with ETXTBSY; a rename does not. A real
+        // ELF binary: a script's text is not what the kernel keeps busy.
+        let n = node();
+        fs::create_dir_all(&n.opts.cni_bin_dir).unwrap();
+        let target = n.opts.cni_bin_dir.join("dipam");
+        fs::copy("/bin/sleep", &target).unwrap();
+        let mut child = spawn(Command::new(&target).arg("30"));
+        let busy = OpenOptions::new().write(true).open(&target).unwrap_err();
+        assert_eq!(busy.raw_os_error(), Some(libc::ETXTBSY));
+        let r = install(&n.opts);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(r.unwrap().plugin.changed);
+        assert!(String::from_utf8_lossy(&fs::read(&target).unwrap()).contains("dipam 1.0.0"));
+    }
+
+    #[test]
+    fn a_bad_conflist_leaves_the_node_untouched() {
+        let mut n = node();
+        let list = n.src.join("bad.conflist");
+        fs::write(
+            &list,
+            r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"ptp"}]}"#,
+        )
+        .unwrap();
+        n.opts.conflist = Some(list);
+        let e = install(&n.opts).unwrap_err();
+        assert!(e.contains("no plugin uses dipam"), "{e}");
+        assert!(!n.opts.cni_bin_dir.exists());
+        assert!(!n.opts.conf_dir.exists());
+    }
+
+    #[test]
+    fn refuses_what_is_not_the_dipam_plugin() {
+        let mut n = node();
+        let other = n.src.join("dipamd");
+        fs::write(&other, "#!/bin/sh\necho \"dipamd 1.0.0\"\n").unwrap();
+        fs::set_permissions(&other, fs::Permissions::from_mode(0o755)).unwrap();
+        n.opts.plugin = Some(other);
+        let e = install(&n.opts).unwrap_err();
+        assert!(e.contains("is not the dipam plugin"), "{e}");
+        n.opts.plugin = Some(n.src.join("missing"));
+        let e = install(&n.opts).unwrap_err();
+        assert!(e.contains("cannot run the plugin"), "{e}");
+        assert!(!n.opts.cni_bin_dir.exists());
+    }
+
+    #[test]
+    fn file_names_libcni_would_misread_are_refused() {
+        for bad in [
+            "",
+            "a/b.conflist",
+            ".hidden.conflist",
+            "10-dipam.conf",
+            "x.json",
+        ] {
+            assert!(validate_file_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(validate_file_name("99-x.conflist").is_ok());
+    }
+
+    #[test]
+    fn conflist_validation_follows_the_plugin() {
+        let ok = |s: &str| validate_conflist(s.as_bytes());
+        assert_eq!(ok(MAIN).unwrap(), "podnet");
+        // IPAM mode, and the repository's own examples.
+        assert_eq!(
+            ok(r#"{"cniVersion":"0.4.0","name":"n","plugins":[{"type":"ptp","ipam":{"type":"dipam","delegate":{"type":"host-local"}}}]}"#)
+                .unwrap(),
+            "n"
+        );
+        let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../conflist");
+        for e in fs::read_dir(&examples).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "conflist") {
+                validate_conflist(&fs::read(&p).unwrap())
+                    .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            }
+        }
+        // The deliberately broken examples: all refused, except the one whose only fault is
+        // a delegate missing on the node, which install cannot know.
+        for e in fs::read_dir(examples.join("bad")).unwrap() {
+            let p = e.unwrap().path();
+            let r = validate_conflist(&fs::read(&p).unwrap());
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            assert_eq!(
+                r.is_ok(),
+                name == "delegate-not-installed.conflist",
+                "{name}: {r:?}"
+            );
+        }
+        for (bad, why) in [
+            ("not json", "not valid JSON"),
+            ("[]", "JSON object"),
+            (
+                r#"{"name":"n","plugins":[{"type":"dipam","ipam":{"type":"host-local"}}]}"#,
+                "cniVersion",
+            ),
+            (
+                r#"{"cniVersion":"2.0.0","name":"n","plugins":[{"type":"dipam","ipam":{"type":"host-local"}}]}"#,
+                "cniVersion \"2.0.0\"",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","plugins":[{"type":"dipam","ipam":{"type":"host-local"}}]}"#,
+                "name is missing",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","name":"a/b","plugins":[{"type":"dipam","ipam":{"type":"host-local"}}]}"#,
+                "network name",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","name":"n","type":"dipam","ipam":{"type":"host-local"}}"#,
+                "plugins is missing",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"ipam":{"type":"dipam"}}]}"#,
+                "plugins[0].type",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"dipam"}]}"#,
+                "ipam.type",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"dipam","ipam":{"type":"dipam"}}]}"#,
+                "ipam.type",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"ptp","ipam":{"type":"dipam"}}]}"#,
+                "ipam.delegate.type",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"dipam","socketPath":5,"ipam":{"type":"host-local"}}]}"#,
+                "socketPath",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"dipam","spoolDir":"spool","ipam":{"type":"host-local"}}]}"#,
+                "spoolDir",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"ptp","ipam":{"type":"dipam","timeoutSeconds":0,"delegate":{"type":"host-local"}}}]}"#,
+                "timeoutSeconds",
+            ),
+        ] {
+            let e = ok(bad).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn run_prints_a_line_per_file_or_json() {
+        let mut n = node();
+        let list = n.src.join("in.conflist");
+        fs::write(&list, MAIN).unwrap();
+        n.opts.conflist = Some(list);
+        let mut out = Vec::new();
+        run(&n.opts, false, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("(dipam 1.0.0) installed"), "{text}");
+        assert!(text.contains("(network podnet) installed"), "{text}");
+        let mut out = Vec::new();
+        run(&n.opts, true, &mut out).unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["plugin"]["changed"], false);
+        assert_eq!(v["conflist"]["network"], "podnet");
+    }
+}
