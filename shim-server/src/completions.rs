@@ -12,9 +12,13 @@ const BIN: &str = "dipamctl";
 
 /// Writes the completion script for `shell`, e.g. for
 /// `dipamctl completions bash > /etc/bash_completion.d/dipamctl`.
-pub fn write(shell: Shell, out: &mut dyn Write) {
+pub fn write(shell: Shell, out: &mut dyn Write) -> std::io::Result<()> {
     let mut cmd = crate::ctl::Args::command();
-    clap_complete::generate(shell, &mut cmd, BIN, out);
+    // Generated into memory first: clap_complete panics on a failed write (`| head`), and a
+    // write error is the caller's to report.
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut cmd, BIN, &mut script);
+    out.write_all(&script)
 }
 
 #[cfg(test)]
@@ -31,7 +35,7 @@ mod tests {
             Shell::PowerShell,
         ] {
             let mut out = Vec::new();
-            write(shell, &mut out);
+            write(shell, &mut out).unwrap();
             let text = String::from_utf8(out).unwrap();
             // Flags without dashes: fish spells them `-l socket`.
             for word in [BIN, "attachments", "doctor", "socket", "json"] {
