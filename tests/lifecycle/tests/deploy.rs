@@ -1,0 +1,1024 @@
+//! The packaging in deploy/ agrees with the binaries it runs: the DaemonSet manifest parses,
+//! mounts exactly the host directories the CFP says must be shared, each at the path dipamd
+//! and the plugin use on the host; and every flag the manifest and the systemd unit pass
+//! exists (a renamed flag breaks this test, not a node). No root needed.
+
+// Tests: a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use dipam_lifecycle::bins;
+use serde_json::Value;
+
+/// The host directories a dipam node needs, and nothing else: the CNI plugins, the CNI
+/// configs, the delegate's store (host-local), dipamd's socket and dipamd's ledger + spool.
+const HOST_DIRS: [&str; 5] = [
+    "/opt/cni/bin",
+    "/etc/cni/net.d",
+    "/var/lib/cni",
+    "/run/dipam",
+    "/var/lib/dipam",
+];
+
+/// Where host-local keeps its store unless `dataDir` says otherwise.
+const HOST_LOCAL_STORE: &str = "/var/lib/cni/networks";
+
+fn manifest() -> Vec<Value> {
+    let path = bins::workspace().join("deploy/kubernetes/dipam.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    yaml::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn kind<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    let found: Vec<_> = docs.iter().filter(|d| d["kind"] == kind).collect();
+    assert_eq!(found.len(), 1, "expected one {kind} in the manifest");
+    found[0]
+}
+
+fn pod_spec(docs: &[Value]) -> &Value {
+    &kind(docs, "DaemonSet")["spec"]["template"]["spec"]
+}
+
+fn container<'a>(docs: &'a [Value], list: &str, name: &str) -> &'a Value {
+    pod_spec(docs)[list]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == name))
+        .unwrap_or_else(|| panic!("no {list} entry named {name}"))
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| s.as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// A container's argv: command then args.
+fn argv(c: &Value) -> Vec<String> {
+    let mut v = strings(&c["command"]);
+    v.extend(strings(&c["args"]));
+    v
+}
+
+/// The `--flag value` and `--flag=value` pairs of an argv (bare flags get "").
+fn flags(argv: &[String]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut it = argv.iter().peekable();
+    while let Some(a) = it.next() {
+        let Some(flag) = a.strip_prefix("--") else {
+            continue;
+        };
+        if let Some((f, v)) = flag.split_once('=') {
+            out.push((format!("--{f}"), v.to_owned()));
+        } else if it.peek().is_some_and(|n| !n.starts_with("--")) {
+            out.push((a.clone(), it.next().unwrap().clone()));
+        } else {
+            out.push((a.clone(), String::new()));
+        }
+    }
+    out
+}
+
+fn flag<'a>(flags: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    flags
+        .iter()
+        .find(|(f, _)| f == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// `path` is `dir` or inside it (component-wise, so /var/lib/cnix is not in /var/lib/cni).
+fn within(path: &Path, dir: &Path) -> bool {
+    path.starts_with(dir)
+}
+
+/// The hostPath of each volume, by volume name.
+fn host_paths(docs: &[Value]) -> Vec<(String, String)> {
+    pod_spec(docs)["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| !v["hostPath"].is_null())
+        .map(|v| {
+            (
+                v["name"].as_str().unwrap().to_owned(),
+                v["hostPath"]["path"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Where `path` (as the container sees it) is on the host: through the container's mount of
+/// a hostPath volume that holds it, or `None` when no hostPath mount holds it.
+fn on_host(docs: &[Value], c: &Value, path: &Path) -> Option<PathBuf> {
+    let hosts = host_paths(docs);
+    c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| {
+            let mount = Path::new(m["mountPath"].as_str()?);
+            let (_, host) = hosts.iter().find(|(n, _)| m["name"] == n.as_str())?;
+            let rest = path.strip_prefix(mount).ok()?;
+            Some((mount.components().count(), Path::new(host).join(rest)))
+        })
+        // The innermost mount wins, as in the kernel.
+        .max_by_key(|(depth, _)| *depth)
+        .map(|(_, p)| p)
+}
+
+/// The mount that holds `path` is a hostPath mounted at the host's own path, writable when
+/// `rw`: dipamd sees exactly what the plugin and the runtime see on the host.
+#[track_caller]
+fn assert_same_path_on_host(docs: &[Value], c: &Value, path: &Path, rw: bool, what: &str) {
+    assert_eq!(
+        on_host(docs, c, path).as_deref(),
+        Some(path),
+        "{what}: {} must be the host's {} (a hostPath mounted at the same path)",
+        path.display(),
+        path.display()
+    );
+    if rw {
+        let mount = c["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| within(path, Path::new(m["mountPath"].as_str().unwrap())))
+            .max_by_key(|m| m["mountPath"].as_str().unwrap().len())
+            .unwrap();
+        assert_ne!(
+            mount["readOnly"],
+            true,
+            "{what}: {} must be writable",
+            path.display()
+        );
+    }
+}
+
+/// The dipam plugin object of a conflist, and where its own keys live (IPAM or main mode).
+fn dipam_keys(list: &Value) -> (&Value, &Value) {
+    let p = list["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["type"] == "dipam" || p["ipam"]["type"] == "dipam")
+        .expect("a plugin that uses dipam");
+    if p["type"] == "dipam" {
+        (p, &p["ipam"])
+    } else {
+        (&p["ipam"], &p["ipam"]["delegate"])
+    }
+}
+
+#[test]
+fn manifest_parses_into_a_configmap_and_a_daemonset_in_kube_system() {
+    let docs = manifest();
+    assert_eq!(docs.len(), 2, "{docs:#?}");
+    for d in &docs {
+        assert!(d["apiVersion"].is_string(), "{d:#}");
+        assert_eq!(d["metadata"]["namespace"], "kube-system", "{d:#}");
+    }
+    let ds = kind(&docs, "DaemonSet");
+    assert_eq!(ds["apiVersion"], "apps/v1");
+    let selector = ds["spec"]["selector"]["matchLabels"].as_object().unwrap();
+    for (k, v) in selector {
+        assert_eq!(&ds["spec"]["template"]["metadata"]["labels"][k], v);
+    }
+    let spec = pod_spec(&docs);
+    assert_eq!(spec["hostNetwork"], true);
+    assert_eq!(
+        container(&docs, "containers", "dipamd")["securityContext"]["privileged"],
+        true
+    );
+    // The node's network depends on dipam: it must run on tainted and NotReady nodes.
+    assert!(
+        spec["tolerations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["operator"] == "Exists" && t.get("key").is_none()),
+        "{:#}",
+        spec["tolerations"]
+    );
+}
+
+#[test]
+fn host_paths_are_the_shared_directories_mounted_where_dipamd_uses_them() {
+    let docs = manifest();
+    let hosts: BTreeSet<String> = host_paths(&docs).into_iter().map(|(_, p)| p).collect();
+    assert_eq!(
+        hosts,
+        HOST_DIRS.iter().map(|s| (*s).to_owned()).collect(),
+        "hostPath volumes"
+    );
+
+    let d = container(&docs, "containers", "dipamd");
+    let argv = argv(d);
+    assert_eq!(argv[0], "dipamd");
+    let f = flags(&argv);
+    let need =
+        |name: &str| PathBuf::from(flag(&f, name).unwrap_or_else(|| panic!("dipamd needs {name}")));
+    let state = need("--state-dir");
+    let socket = need("--socket");
+    let conflist = need("--conflist");
+    let spool = flag(&f, "--spool-dir").map_or_else(|| state.join("spool"), PathBuf::from);
+    assert_same_path_on_host(&docs, d, &state, true, "--state-dir (the ledger)");
+    assert_same_path_on_host(&docs, d, &spool, true, "--spool-dir");
+    assert_same_path_on_host(
+        &docs,
+        d,
+        socket.parent().unwrap(),
+        true,
+        "--socket's directory",
+    );
+    assert_same_path_on_host(
+        &docs,
+        d,
+        conflist.parent().unwrap(),
+        false,
+        "--conflist's directory",
+    );
+    for dir in flag(&f, "--cni-path").unwrap().split(':') {
+        assert_same_path_on_host(&docs, d, Path::new(dir), false, "--cni-path");
+    }
+    // The CFP's worst case: host-local's store must be the host's, at the same path.
+    assert_same_path_on_host(
+        &docs,
+        d,
+        Path::new(HOST_LOCAL_STORE),
+        true,
+        "host-local's store",
+    );
+    // Every hostPath dipamd mounts is at the host's path: nothing is shared under another
+    // name, where the runtime and dipamd would see different files.
+    for m in d["volumeMounts"].as_array().unwrap() {
+        if let Some((_, host)) = host_paths(&docs).into_iter().find(|(n, _)| m["name"] == *n) {
+            assert_eq!(m["mountPath"].as_str().unwrap(), host, "{m}");
+        }
+    }
+    // The node name comes from the downward API.
+    assert_eq!(flag(&f, "--node-name"), Some("$(NODE_NAME)"));
+    let env = d["env"].as_array().unwrap();
+    let node = env.iter().find(|e| e["name"] == "NODE_NAME").unwrap();
+    assert_eq!(node["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
+
+    // The probes ask the dipamd this container runs.
+    for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+        let cmd = strings(&d[probe]["exec"]["command"]).join(" ");
+        assert!(cmd.contains("dipamctl"), "{probe}: {cmd}");
+        assert!(
+            cmd.contains(&format!("--socket {}", socket.display())),
+            "{probe}: {cmd}"
+        );
+        assert!(cmd.contains(" status"), "{probe}: {cmd}");
+    }
+    // `dipamctl status` exits 0 even when not ready: readiness must look at the answer.
+    let ready = strings(&d["readinessProbe"]["exec"]["command"]).join(" ");
+    assert!(
+        ready.contains("--json") && ready.contains("\"ready\""),
+        "{ready}"
+    );
+}
+
+#[test]
+fn init_container_installs_the_conflist_dipamd_reads_and_the_plugin_it_serves() {
+    let docs = manifest();
+    let init = container(&docs, "initContainers", "install");
+    let init_argv = argv(init);
+    assert_eq!(init_argv[..2], ["dipamctl", "install"]);
+    let f = flags(&init_argv);
+    let bin_dir = on_host(&docs, init, Path::new(flag(&f, "--cni-bin-dir").unwrap()))
+        .expect("--cni-bin-dir is on a hostPath");
+    assert_eq!(bin_dir, Path::new("/opt/cni/bin"));
+    let conf_dir = on_host(&docs, init, Path::new(flag(&f, "--conf-dir").unwrap()))
+        .expect("--conf-dir is on a hostPath");
+    let name = flag(&f, "--name").unwrap();
+    let d = flags(&argv(container(&docs, "containers", "dipamd")));
+    assert_eq!(
+        conf_dir.join(name),
+        Path::new(flag(&d, "--conflist").unwrap()),
+        "dipamd must read the conflist the init container installs"
+    );
+    // The runtime's CNI_PATH (the host's /opt/cni/bin) is where the plugin goes, and where
+    // dipamd finds the delegates.
+    assert!(
+        flag(&d, "--cni-path")
+            .unwrap()
+            .split(':')
+            .any(|p| p == "/opt/cni/bin")
+    );
+
+    // The conflist comes from the ConfigMap, mounted whole.
+    let source = Path::new(flag(&f, "--conflist").unwrap());
+    let mount = init["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| within(source, Path::new(m["mountPath"].as_str().unwrap())))
+        .expect("--conflist is on a mount");
+    let volume = pod_spec(&docs)["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    let cm = kind(&docs, "ConfigMap");
+    assert_eq!(volume["configMap"]["name"], cm["metadata"]["name"]);
+    let key = source.file_name().unwrap().to_str().unwrap();
+    let text = cm["data"][key]
+        .as_str()
+        .unwrap_or_else(|| panic!("ConfigMap has no {key}"));
+    let list: Value = serde_json::from_str(text).expect("the ConfigMap's conflist is JSON");
+
+    // Its dipam keys name dipamd's socket and spool; its delegate keeps its store where the
+    // host's is.
+    let (keys, delegate) = dipam_keys(&list);
+    assert_eq!(
+        keys["socketPath"].as_str(),
+        flag(&d, "--socket"),
+        "socketPath must be dipamd's --socket"
+    );
+    let spool = keys["spoolDir"].as_str().unwrap_or("/var/lib/dipam/spool");
+    let dipamd_spool = flag(&d, "--spool-dir")
+        .map(str::to_owned)
+        .unwrap_or_else(|| format!("{}/spool", flag(&d, "--state-dir").unwrap()));
+    assert_eq!(spool, dipamd_spool, "spoolDir must be dipamd's --spool-dir");
+    if delegate["type"] == "host-local" {
+        let store = delegate["dataDir"].as_str().unwrap_or(HOST_LOCAL_STORE);
+        assert!(
+            within(Path::new(store), Path::new("/var/lib/cni")),
+            "{store}"
+        );
+    }
+}
+
+/// `<bin> --help`, which must succeed.
+fn help(bin: &str, args: &[&str]) -> String {
+    let out = Command::new(bins::bin(bin))
+        .args(args)
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{bin} {} --help: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `help` names `flag` as a whole word (so `--socket` does not match `--socket-group`).
+#[track_caller]
+fn assert_mentions(help: &str, flag: &str, who: &str) {
+    let found = help.match_indices(flag).any(|(i, _)| {
+        !help[i + flag.len()..]
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    });
+    assert!(
+        found,
+        "{who} passes {flag}, which --help does not list:\n{help}"
+    );
+}
+
+/// Runs `argv` with `--help` appended: clap parses every argument before it (rejecting an
+/// unknown flag or a bad value such as `--log-format jsn`) and then prints help instead of
+/// starting anything.
+#[track_caller]
+fn assert_parses(bin: &str, argv: &[String], who: &str) {
+    let out = Command::new(bins::bin(bin))
+        .args(argv)
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{who}: {bin} rejects {argv:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The systemd unit's ExecStart (continuation lines joined), split into words.
+fn exec_start() -> Vec<String> {
+    let unit =
+        std::fs::read_to_string(bins::workspace().join("deploy/systemd/dipamd.service")).unwrap();
+    let joined = unit.replace("\\\n", " ");
+    let line = joined
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .expect("ExecStart=");
+    line.split_whitespace().map(str::to_owned).collect()
+}
+
+#[test]
+fn every_flag_the_manifest_and_the_unit_pass_exists() {
+    let docs = manifest();
+    let dipamd_help = help("dipamd", &[]);
+
+    let d = argv(container(&docs, "containers", "dipamd"));
+    for (f, _) in flags(&d) {
+        assert_mentions(&dipamd_help, &f, "the DaemonSet");
+    }
+    assert_parses("dipamd", &d[1..], "the DaemonSet");
+
+    let unit = exec_start();
+    assert!(unit[0].ends_with("/dipamd"), "{unit:?}");
+    // $DIPAMD_OPTS is the operator's, from /etc/default/dipamd.
+    let unit: Vec<String> = unit.into_iter().filter(|w| !w.starts_with('$')).collect();
+    for (f, _) in flags(&unit) {
+        assert_mentions(&dipamd_help, &f, "dipamd.service");
+    }
+    assert_parses("dipamd", &unit[1..], "dipamd.service");
+
+    let init = argv(container(&docs, "initContainers", "install"));
+    let install_help = help("dipamctl", &["install"]);
+    for (f, _) in flags(&init) {
+        assert_mentions(&install_help, &f, "the init container");
+    }
+    assert_parses("dipamctl", &init[1..], "the init container");
+
+    let status_help = help("dipamctl", &["status"]);
+    let d = container(&docs, "containers", "dipamd");
+    for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+        let cmd = strings(&d[probe]["exec"]["command"]);
+        let words: Vec<String> = cmd
+            .join(" ")
+            .split_whitespace()
+            .filter(|w| w.starts_with("--"))
+            .map(str::to_owned)
+            .collect();
+        for w in words {
+            assert_mentions(&status_help, &w, probe);
+        }
+    }
+}
+
+#[test]
+fn the_unit_can_write_where_dipamd_and_its_delegates_write() {
+    let text =
+        std::fs::read_to_string(bins::workspace().join("deploy/systemd/dipamd.service")).unwrap();
+    let values = |key: &str| -> Vec<String> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix(&format!("{key}=")))
+            .flat_map(|v| v.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+            .collect()
+    };
+    assert_eq!(values("Type"), ["simple"]);
+    assert_eq!(values("Restart"), ["always"]);
+    assert_eq!(values("ProtectSystem"), ["strict"]);
+    // Delegates in flight are not killed with dipamd (see the unit's comment).
+    assert_eq!(values("KillMode"), ["process"]);
+    let mut writable: Vec<PathBuf> = values("ReadWritePaths")
+        .iter()
+        .map(|p| PathBuf::from(p.trim_start_matches('-')))
+        .collect();
+    writable.extend(
+        values("StateDirectory")
+            .iter()
+            .map(|d| Path::new("/var/lib").join(d)),
+    );
+    writable.extend(
+        values("RuntimeDirectory")
+            .iter()
+            .map(|d| Path::new("/run").join(d)),
+    );
+
+    let unit = exec_start();
+    let f = flags(&unit);
+    let state = PathBuf::from(flag(&f, "--state-dir").unwrap_or("/var/lib/dipam"));
+    let spool = flag(&f, "--spool-dir").map_or_else(|| state.join("spool"), PathBuf::from);
+    let socket = PathBuf::from(flag(&f, "--socket").unwrap_or("/run/dipam/dipam.sock"));
+    for (what, path) in [
+        ("--state-dir", state.as_path()),
+        ("--spool-dir", spool.as_path()),
+        ("--socket's directory", socket.parent().unwrap()),
+        ("host-local's store", Path::new(HOST_LOCAL_STORE)),
+    ] {
+        assert!(
+            writable.iter().any(|w| within(path, w)),
+            "{what} {} is read-only under ProtectSystem=strict; writable: {writable:?}",
+            path.display()
+        );
+    }
+}
+
+/// The long flags a `--help` text lists (option lines start with spaces, then `-x, --flag`
+/// or `--flag`).
+fn listed_flags(help: &str) -> Vec<String> {
+    help.lines()
+        .map(str::trim_start)
+        .filter(|l| l.starts_with('-'))
+        .filter_map(|l| {
+            l.split([' ', ','])
+                .find(|w| w.starts_with("--"))
+                .map(|w| w.split('=').next().unwrap_or(w).to_owned())
+        })
+        .filter(|f| !["--help", "--version"].contains(&f.as_str()))
+        .collect()
+}
+
+/// The subcommands a clap `--help` text lists under "Commands:".
+fn listed_commands(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .map(str::to_owned)
+        .collect()
+}
+
+/// docs/configuration.md is the reference for every flag and command: one added to a
+/// binary without a line there fails here.
+#[test]
+fn configuration_reference_names_every_flag_command_and_key() {
+    let doc = std::fs::read_to_string(bins::workspace().join("docs/configuration.md")).unwrap();
+    let word_char = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    // A flag anywhere as a whole word (tables and synopses both count).
+    let flag_named = |flag: &str| {
+        doc.match_indices(flag).any(|(i, m)| {
+            !doc[..i].chars().next_back().is_some_and(word_char)
+                && !doc[i + m.len()..].chars().next().is_some_and(word_char)
+        })
+    };
+    // A command or key as the start of a code span: prose may use the same word.
+    let named = |word: &str| {
+        doc.match_indices(&format!("`{word}"))
+            .any(|(i, m)| !doc[i + m.len()..].chars().next().is_some_and(word_char))
+    };
+    // Test builds have dipamd's crash points; release builds, which the doc describes, do not.
+    for flag in listed_flags(&help("dipamd", &[])) {
+        assert!(
+            flag == "--crash-at" || flag_named(&flag),
+            "docs/configuration.md does not describe dipamd {flag}"
+        );
+    }
+    let top = help("dipamctl", &[]);
+    for flag in listed_flags(&top) {
+        assert!(flag_named(&flag), "docs/configuration.md: dipamctl {flag}");
+    }
+    for cmd in listed_commands(&top) {
+        assert!(named(&cmd), "docs/configuration.md: dipamctl {cmd}");
+        let sub = help("dipamctl", &[&cmd]);
+        for flag in listed_flags(&sub) {
+            assert!(
+                flag_named(&flag),
+                "docs/configuration.md: dipamctl {cmd} {flag}"
+            );
+        }
+        for subcmd in listed_commands(&sub) {
+            assert!(
+                named(&format!("{cmd} {subcmd}")),
+                "docs/configuration.md: dipamctl {cmd} {subcmd}"
+            );
+        }
+    }
+    // The plugin's keys, as its own help lists them, plus the spool key it shares with
+    // dipamd.
+    let plugin = Command::new(bins::bin("dipam"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let plugin = String::from_utf8(plugin.stdout).unwrap();
+    let keys: Vec<&str> = plugin
+        .lines()
+        .skip_while(|l| !l.starts_with("Config keys"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .chain(["spoolDir"])
+        .collect();
+    assert!(keys.len() > 3, "{plugin}");
+    for key in keys {
+        assert!(named(key), "docs/configuration.md: plugin key {key}");
+    }
+}
+
+#[test]
+fn yaml_subset_parser_reads_what_it_knows_and_refuses_the_rest() {
+    let text = r#"# comment
+---
+a: 1
+b: "two: 2" # trailing comment
+c: 'it''s'
+d:
+  - x
+  - k: v
+    l: [p, "q r", 3]
+  -
+    - nested
+e: |
+  line one
+    indented
+
+  after blank
+f: |-
+  stripped
+g: {}
+h: []
+i: true
+j: null
+k:
+- same-indent sequence
+---
+second: doc
+"#;
+    let docs = yaml::parse(text).unwrap();
+    assert_eq!(
+        docs,
+        vec![
+            serde_json::json!({
+                "a": 1, "b": "two: 2", "c": "it's",
+                "d": ["x", {"k": "v", "l": ["p", "q r", 3]}, ["nested"]],
+                "e": "line one\n  indented\n\nafter blank\n",
+                "f": "stripped",
+                "g": {}, "h": [], "i": true, "j": null,
+                "k": ["same-indent sequence"],
+            }),
+            serde_json::json!({"second": "doc"}),
+        ]
+    );
+    for bad in [
+        "a: &anchor 1",
+        "a: *alias",
+        "a: !tag x",
+        "a: >\n  folded",
+        "a: |+\n  kept\n",
+        "a: {b: c}",
+        "a: b: c",
+        "a: yes",
+        "a: 1\na: 2",
+        "a:\n  b\n  c",
+        "a: 1\n   b: 2",
+        "\ta: 1",
+        "a: \"unterminated",
+    ] {
+        assert!(yaml::parse(bad).is_err(), "accepted {bad:?}");
+    }
+}
+
+/// A strict parser for the YAML subset Kubernetes manifests are written in: block mappings
+/// and sequences, plain, single- and double-quoted scalars, `|` block scalars, flow
+/// sequences of scalars, `{}`, comments and `---` documents. Anything else (anchors, tags,
+/// folded scalars, flow mappings, multi-line plain scalars, YAML 1.1's yes/no booleans) is an
+/// error rather than a guess, so "it parses here" means "every YAML parser reads it the
+/// same way". It saves the workspace a YAML dependency for one test file.
+mod yaml {
+    use serde_json::{Map, Value};
+
+    pub fn parse(text: &str) -> Result<Vec<Value>, String> {
+        let mut docs = Vec::new();
+        let mut current: Vec<String> = Vec::new();
+        let mut first = 0;
+        for (n, line) in text.lines().enumerate() {
+            if line.trim_end() == "---" || line.starts_with("--- #") {
+                docs.push((first, std::mem::take(&mut current)));
+                first = n + 1;
+            } else {
+                current.push(line.to_owned());
+            }
+        }
+        docs.push((first, current));
+        let mut out = Vec::new();
+        for (first, lines) in docs {
+            let mut p = Parser {
+                lines,
+                pos: 0,
+                first,
+            };
+            let Some((indent, _)) = p.peek()? else {
+                continue;
+            };
+            if indent != 0 {
+                return Err(p.err("a document must start at column 0"));
+            }
+            let v = p.block(0)?;
+            if p.peek()?.is_some() {
+                return Err(p.err("unexpected indentation"));
+            }
+            out.push(v);
+        }
+        Ok(out)
+    }
+
+    struct Parser {
+        lines: Vec<String>,
+        pos: usize,
+        /// The document's first line number in the file, for messages.
+        first: usize,
+    }
+
+    impl Parser {
+        fn err(&self, msg: &str) -> String {
+            format!(
+                "line {}: {msg}: {:?}",
+                self.first + self.pos + 1,
+                self.lines.get(self.pos).map_or("", String::as_str)
+            )
+        }
+
+        /// The next line with content, as (indent, text without its comment); skips blank
+        /// and comment lines.
+        fn peek(&mut self) -> Result<Option<(usize, String)>, String> {
+            while let Some(line) = self.lines.get(self.pos) {
+                let body = line.trim_start_matches(' ');
+                if body.starts_with('\t') {
+                    return Err(self.err("tab in indentation"));
+                }
+                let text = strip_comment(body);
+                if text.is_empty() {
+                    self.pos += 1;
+                    continue;
+                }
+                return Ok(Some((line.len() - body.len(), text)));
+            }
+            Ok(None)
+        }
+
+        /// A block node whose first line is at `indent`.
+        fn block(&mut self, indent: usize) -> Result<Value, String> {
+            match self.peek()? {
+                Some((_, t)) if t == "-" || t.starts_with("- ") => self.seq(indent),
+                _ => self.map(indent),
+            }
+        }
+
+        /// The value under `key:` (nothing after the colon), whose parent is at `indent`.
+        fn nested(&mut self, indent: usize) -> Result<Value, String> {
+            match self.peek()? {
+                Some((i, _)) if i > indent => self.block(i),
+                // "key:\n- item": a sequence may sit at its key's indentation.
+                Some((i, t)) if i == indent && (t == "-" || t.starts_with("- ")) => {
+                    self.seq(indent)
+                }
+                _ => Ok(Value::Null),
+            }
+        }
+
+        fn seq(&mut self, indent: usize) -> Result<Value, String> {
+            let mut items = Vec::new();
+            while let Some((i, text)) = self.peek()? {
+                if i < indent {
+                    break;
+                }
+                if i > indent {
+                    return Err(self.err("unexpected indentation"));
+                }
+                if !(text == "-" || text.starts_with("- ")) {
+                    break;
+                }
+                let rest = text[1..].trim_start().to_owned();
+                if rest.is_empty() {
+                    self.pos += 1;
+                    items.push(self.nested(indent)?);
+                } else if rest.starts_with("- ") || key_split(&rest)?.is_some() {
+                    // "- key: v": a mapping (or sequence) whose first line is this one, at
+                    // the column after "- ".
+                    let col = indent + (text.len() - rest.len());
+                    self.lines[self.pos] = format!("{}{rest}", " ".repeat(col));
+                    items.push(self.block(col)?);
+                } else {
+                    let v = self.value(indent, &rest)?;
+                    items.push(v);
+                }
+            }
+            Ok(Value::Array(items))
+        }
+
+        fn map(&mut self, indent: usize) -> Result<Value, String> {
+            let mut map = Map::new();
+            while let Some((i, text)) = self.peek()? {
+                if i < indent || (i == indent && (text == "-" || text.starts_with("- "))) {
+                    break;
+                }
+                if i > indent {
+                    return Err(self.err("unexpected indentation"));
+                }
+                let Some((key, rest)) = key_split(&text)? else {
+                    return Err(self.err("expected `key: value`"));
+                };
+                if map.contains_key(&key) {
+                    return Err(self.err("duplicate key"));
+                }
+                let v = if rest.is_empty() {
+                    self.pos += 1;
+                    self.nested(indent)?
+                } else {
+                    self.value(indent, &rest)?
+                };
+                map.insert(key, v);
+            }
+            Ok(Value::Object(map))
+        }
+
+        /// The inline value on the current line (consumed), or a block scalar after it.
+        fn value(&mut self, indent: usize, text: &str) -> Result<Value, String> {
+            self.pos += 1;
+            if text == "|" || text == "|-" {
+                return self.literal(indent, text == "|-");
+            }
+            scalar(text).map_err(|e| {
+                self.pos -= 1;
+                self.err(&e)
+            })
+        }
+
+        /// A `|` block scalar: every following line indented deeper than `indent` (and the
+        /// blank lines among them), with the first line's indentation removed.
+        fn literal(&mut self, indent: usize, strip_newline: bool) -> Result<Value, String> {
+            let mut lines: Vec<&str> = Vec::new();
+            let mut strip = None;
+            let mut end = self.pos;
+            for line in &self.lines[self.pos..] {
+                let body = line.trim_start_matches(' ');
+                let col = line.len() - body.len();
+                if body.is_empty() {
+                    lines.push("");
+                } else if col > indent && strip.is_none_or(|s| col >= s) {
+                    let s = *strip.get_or_insert(col);
+                    lines.push(&line[s..]);
+                } else {
+                    break;
+                }
+                end += 1;
+            }
+            // Trailing blank lines are not content ("clip" and "strip" chomping; "|+",
+            // which keeps them, is outside the subset).
+            while lines.last() == Some(&"") {
+                lines.pop();
+                end -= 1;
+            }
+            let mut s = lines.join("\n");
+            if !strip_newline && !s.is_empty() {
+                s.push('\n');
+            }
+            self.pos = end;
+            Ok(Value::String(s))
+        }
+    }
+
+    /// `text` without a trailing comment (`#` after whitespace, outside quotes). A quote
+    /// opens a quoted scalar only where a token starts, so the apostrophe in a plain
+    /// `don't` does not hide a comment after it.
+    fn strip_comment(text: &str) -> String {
+        let mut quote: Option<char> = None;
+        let mut escaped = false;
+        let mut prev = ' ';
+        for (i, c) in text.char_indices() {
+            match quote {
+                Some('"') if escaped => escaped = false,
+                Some('"') if c == '\\' => escaped = true,
+                Some(q) if c == q => quote = None,
+                Some(_) => {}
+                None if matches!(c, '"' | '\'') && matches!(prev, ' ' | '[' | ',' | ':') => {
+                    quote = Some(c);
+                }
+                None if c == '#' && prev == ' ' => return text[..i].trim_end().to_owned(),
+                None => {}
+            }
+            prev = c;
+        }
+        text.trim_end().to_owned()
+    }
+
+    /// Splits `key: value` (or `key:`) at the first `:` followed by a space or the end,
+    /// outside quotes; `None` when the line is not a mapping entry.
+    fn key_split(text: &str) -> Result<Option<(String, String)>, String> {
+        let (key, rest) = if text.starts_with('"') || text.starts_with('\'') {
+            let end = quoted_end(text).ok_or("unterminated quoted key")?;
+            let after = &text[end..];
+            match after.strip_prefix(':') {
+                Some(r) if r.is_empty() || r.starts_with(' ') => {
+                    (scalar(&text[..end])?, r.trim().to_owned())
+                }
+                _ => return Ok(None),
+            }
+        } else {
+            let Some(i) = text
+                .match_indices(':')
+                .map(|(i, _)| i)
+                .find(|&i| text[i + 1..].is_empty() || text[i + 1..].starts_with(' '))
+            else {
+                return Ok(None);
+            };
+            (
+                Value::String(text[..i].trim().to_owned()),
+                text[i + 1..].trim().to_owned(),
+            )
+        };
+        match key {
+            Value::String(k) if !k.is_empty() => Ok(Some((k, rest))),
+            _ => Err("keys must be non-empty strings".into()),
+        }
+    }
+
+    /// The byte index just past the closing quote of the quoted scalar `text` starts with.
+    fn quoted_end(text: &str) -> Option<usize> {
+        let q = text.chars().next()?;
+        let mut chars = text.char_indices().skip(1).peekable();
+        while let Some((i, c)) = chars.next() {
+            if q == '"' && c == '\\' {
+                chars.next();
+            } else if c == q {
+                if q == '\'' && chars.peek().is_some_and(|&(_, n)| n == '\'') {
+                    chars.next();
+                } else {
+                    return Some(i + 1);
+                }
+            }
+        }
+        None
+    }
+
+    fn scalar(text: &str) -> Result<Value, String> {
+        let text = text.trim();
+        match text.chars().next() {
+            Some('"') => {
+                let end = quoted_end(text).ok_or("unterminated double-quoted scalar")?;
+                if end != text.len() {
+                    return Err("text after a quoted scalar".into());
+                }
+                let mut s = String::new();
+                let mut chars = text[1..end - 1].chars();
+                while let Some(c) = chars.next() {
+                    if c != '\\' {
+                        s.push(c);
+                        continue;
+                    }
+                    s.push(match chars.next() {
+                        Some('n') => '\n',
+                        Some('t') => '\t',
+                        Some(c @ ('"' | '\\' | '/')) => c,
+                        other => return Err(format!("unsupported escape \\{other:?}")),
+                    });
+                }
+                Ok(Value::String(s))
+            }
+            Some('\'') => {
+                let end = quoted_end(text).ok_or("unterminated single-quoted scalar")?;
+                if end != text.len() {
+                    return Err("text after a quoted scalar".into());
+                }
+                Ok(Value::String(text[1..end - 1].replace("''", "'")))
+            }
+            Some('[') => {
+                let inner = text
+                    .strip_prefix('[')
+                    .and_then(|t| t.strip_suffix(']'))
+                    .ok_or("a flow sequence must end on its line")?;
+                let mut items = Vec::new();
+                let mut rest = inner.trim();
+                while !rest.is_empty() {
+                    let end = if rest.starts_with('"') || rest.starts_with('\'') {
+                        quoted_end(rest).ok_or("unterminated quoted item")?
+                    } else {
+                        rest.find(',').unwrap_or(rest.len())
+                    };
+                    let item = rest[..end].trim();
+                    if item.starts_with(['[', '{']) {
+                        return Err("nested flow collections are not supported".into());
+                    }
+                    items.push(scalar(item)?);
+                    rest = rest[end..].trim_start();
+                    rest = match rest.strip_prefix(',') {
+                        Some(r) => r.trim_start(),
+                        None if rest.is_empty() => rest,
+                        None => return Err("expected ',' in a flow sequence".into()),
+                    };
+                }
+                Ok(Value::Array(items))
+            }
+            Some('{') if text == "{}" => Ok(Value::Object(Map::new())),
+            Some(c @ ('{' | '&' | '*' | '!' | '>' | '|' | '%' | '@' | '`')) => {
+                Err(format!("'{c}' is outside the supported YAML subset"))
+            }
+            _ => {
+                if text.contains(": ") || text.ends_with(':') {
+                    return Err("a plain scalar cannot contain \": \"; quote it".into());
+                }
+                // YAML 1.1 (which some Kubernetes tooling follows) reads these as booleans.
+                let lower = text.to_ascii_lowercase();
+                if ["yes", "no", "on", "off", "y", "n"].contains(&lower.as_str()) {
+                    return Err(format!("{text:?} is a boolean to YAML 1.1; quote it"));
+                }
+                Ok(match text {
+                    "true" => Value::Bool(true),
+                    "false" => Value::Bool(false),
+                    "null" | "~" => Value::Null,
+                    _ => text
+                        .parse::<i64>()
+                        .map(Value::from)
+                        .unwrap_or_else(|_| Value::String(text.to_owned())),
+                })
+            }
+        }
+    }
+}
