@@ -17,9 +17,17 @@ pub fn workspace() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
+static DIR: OnceLock<PathBuf> = OnceLock::new();
+
+/// Chooses the binaries' directory for this process (e.g. a benchmark's release build),
+/// instead of `DIPAM_BIN_DIR` or a cargo build: no process environment to mutate. Returns
+/// false when the directory was already chosen (set, or used by [`dir`]), which then stays.
+pub fn set_dir(dir: PathBuf) -> bool {
+    DIR.set(dir).is_ok()
+}
+
 /// The directory holding `dipam`, `dipamd`, `dipamctl` and the `azure-vnet-ipam` stand-in.
 pub fn dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         if let Some(d) = std::env::var_os("DIPAM_BIN_DIR") {
             return PathBuf::from(d);

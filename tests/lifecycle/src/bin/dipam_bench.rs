@@ -1,0 +1,1710 @@
+//! `dipam-bench`: dipam against the reference chain it replaces, in one run on one machine.
+//!
+//! What it measures (issue 7; the numbers and their reading are in docs/performance.md):
+//!
+//! - **Latency**: ADD, CHECK and DEL (p50/p90/p99) of one pod in a fresh network namespace,
+//!   driven through the harness's runtime emulation (libcni semantics, [`Runtime`]) for
+//!   (a) Debian's `ptp` + `host-local`, (b) dipam as the main plugin + `host-local`, and
+//!   (c) `ptp` + dipam in IPAM mode + `host-local`. The three alternate round-robin per pod, in
+//!   a rotating order, so that whatever the machine does meanwhile (other builds, the kernel
+//!   tearing down the previous namespace) hits all three alike. Sequential pods/s is
+//!   `pods / Σ(ADD + DEL)`.
+//! - **Throughput at N-way concurrency** (default 8): per round and configuration, `N`
+//!   threads take pods from a shared queue, first all ADDs, then all DELs; pods/s is
+//!   `pods / (ADD wall time + DEL wall time)`. Rounds rotate the configurations too.
+//! - **Cold start**: `/bin/true`, dipam VERSION (answered by the plugin alone), `host-local`
+//!   ADD/DEL called directly (the delegate's floor), and dipam ADD/DEL in IPAM mode called
+//!   directly (the way ptp calls it) with dipamd warm; medians of many round-robin iterations,
+//!   all spawned through the same [`Runtime::exec`] path. `--alt-plugin FILE` adds a second
+//!   dipam binary to the same rotation, to compare two builds (say, a build-profile change)
+//!   under the same machine noise.
+//! - **Breakdown** of every dipam request the runtime timed (the direct calls above, and the
+//!   dipam exec of every sequential pod of (b) and (c)), split at four clocks both sides see:
+//!   the runtime's spawn; the plugin's request id, which embeds the wall clock right after
+//!   the plugin parsed its input (`<pid:08x><ns mod 2^32:08x>`, `request_id` in
+//!   plugin/src/lib.rs); the start and end of dipamd's handler (timestamp and `elapsed_ms` of
+//!   its `ok` log line, JSON format); and the runtime's reap. dipamd's `delegate exec
+//!   finished` lines (debug level, which the harness runs it at) split the handler into the
+//!   delegate exec and the rest: ledger commits and bookkeeping. In main mode the parts around
+//!   the handler also hold the datapath (interface check before, veth and routes after).
+//! - **Scale**: dipamd's RSS (VmRSS from /proc) fresh and with 1,000 attachments, and the
+//!   time of one CNI GC that frees 1,000 stale attachments (a second dipamd with
+//!   `--gc-grace 0 --gc-max-free-share 1`; the valid list names one attachment).
+//!   `--scale-rounds N` repeats that round on the same dipamd, for its RSS under churn.
+//!
+//! Binaries: by default a release build (`cargo build --release --bins -p dipam-plugin -p
+//! dipam-shim -p dipam-lifecycle`) from `target/release`; `--bin-dir DIR` uses prebuilt ones.
+//! Everything it creates (namespaces, veths through them, dipamd processes, temp dirs, subnet
+//! claims) is owned by the harness's guards and goes away on return, on error, on panic, and
+//! on SIGINT/SIGTERM (a flag the loops check, so the guards still run). Progress goes to
+//! stderr, the report to stdout, and `--json FILE` writes every number.
+//!
+//! It needs root (network namespaces) and Debian's containernetworking-plugins. It is not
+//! part of the test suite: run it by hand, e.g. `cargo run --release -p dipam-lifecycle
+//! --bin dipam-bench -- --json bench.json`, or `--quick` for a smoke run.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    process::{Command, ExitCode},
+    sync::{
+        Mutex,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use dipam_lifecycle::{
+    Attachment, Dipamd, Fixture, NetNs, Runtime, Subnet, bins, hostlocal, is_root, unique,
+};
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+type Res<T> = Result<T, String>;
+
+/// Bench subnets come from 10.74.x.0/24: no example conflist and no test uses that prefix,
+/// and `Subnet::claim` keeps concurrent runs apart.
+const PREFIX: &str = "10.74";
+
+/// Every configuration speaks 1.0.0: Debian's ptp stops there, and host-local then gets the
+/// same version from dipamd as from ptp (no conversion on either path).
+const CNI_VERSION: &str = "1.0.0";
+
+// ---------------------------------------------------------------------------------------
+// Options
+
+#[derive(Debug, Clone)]
+struct Opts {
+    bin_dir: Option<PathBuf>,
+    alt_plugin: Option<PathBuf>,
+    pods: usize,
+    concurrency: usize,
+    concurrent_pods: usize,
+    rounds: usize,
+    cold_iters: usize,
+    attachments: usize,
+    scale_rounds: usize,
+    warmup: usize,
+    json: Option<PathBuf>,
+    quick: bool,
+    sections: Vec<String>,
+}
+
+const SECTIONS: [&str; 4] = ["latency", "concurrency", "cold", "scale"];
+
+const USAGE: &str = "\
+dipam-bench: dipam against ptp + host-local, in one run (needs root).
+
+Options:
+  --bin-dir DIR          use prebuilt dipam, dipamd, dipamctl from DIR (default: cargo build
+                         --release and target/release)
+  --alt-plugin FILE      also time this dipam binary in the cold-start section, interleaved
+                         with the one under test (to compare two builds in one run)
+  --pods N               sequential pods per configuration (default 200)
+  --concurrency N        threads for the throughput phase (default 8)
+  --concurrent-pods N    pods per configuration in the throughput phase (default: --pods)
+  --rounds N             throughput rounds, configurations rotated (default 4)
+  --cold-iters N         iterations of the cold-start section (default 500)
+  --attachments N        stale attachments for the RSS and GC section (default 1000)
+  --scale-rounds N       repeat that section's ADD-all-then-GC round N times on one dipamd,
+                         to see its RSS under churn (default 1)
+  --sections LIST        comma-separated subset of latency,concurrency,cold,scale
+  --json FILE            write every number as JSON
+  --quick                small numbers, for a smoke run
+  -h, --help             this text";
+
+fn parse_args(args: &[String]) -> Res<Opts> {
+    let mut o = Opts {
+        bin_dir: None,
+        alt_plugin: None,
+        pods: 200,
+        concurrency: 8,
+        concurrent_pods: 0,
+        rounds: 4,
+        cold_iters: 500,
+        attachments: 1000,
+        scale_rounds: 1,
+        warmup: 3,
+        json: None,
+        quick: false,
+        sections: SECTIONS.iter().map(|s| (*s).to_owned()).collect(),
+    };
+    // Explicit numbers win over --quick, whatever the order.
+    let mut explicit: Vec<&str> = Vec::new();
+    let mut it = args.iter().skip(1);
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{name} needs a value\n\n{USAGE}"))
+        };
+        let number = |name: &str, v: String| {
+            v.parse::<usize>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| format!("{name}: {v:?} is not a positive number"))
+        };
+        match a.as_str() {
+            "-h" | "--help" => return Err(USAGE.to_owned()),
+            "--bin-dir" => o.bin_dir = Some(PathBuf::from(value(a)?)),
+            "--alt-plugin" => o.alt_plugin = Some(PathBuf::from(value(a)?)),
+            "--json" => o.json = Some(PathBuf::from(value(a)?)),
+            "--quick" => o.quick = true,
+            "--pods" => {
+                o.pods = number(a, value(a)?)?;
+                explicit.push("pods");
+            }
+            "--concurrency" => o.concurrency = number(a, value(a)?)?,
+            "--concurrent-pods" => {
+                o.concurrent_pods = number(a, value(a)?)?;
+                explicit.push("concurrent-pods");
+            }
+            "--rounds" => {
+                o.rounds = number(a, value(a)?)?;
+                explicit.push("rounds");
+            }
+            "--cold-iters" => {
+                o.cold_iters = number(a, value(a)?)?;
+                explicit.push("cold-iters");
+            }
+            "--scale-rounds" => o.scale_rounds = number(a, value(a)?)?,
+            "--attachments" => {
+                o.attachments = number(a, value(a)?)?;
+                explicit.push("attachments");
+            }
+            "--sections" => {
+                let v = value(a)?;
+                let list: Vec<String> = v.split(',').map(|s| s.trim().to_owned()).collect();
+                if let Some(bad) = list.iter().find(|s| !SECTIONS.contains(&s.as_str())) {
+                    return Err(format!(
+                        "--sections: unknown section {bad:?} (sections: {})",
+                        SECTIONS.join(",")
+                    ));
+                }
+                o.sections = list;
+            }
+            other => return Err(format!("unknown argument {other:?}\n\n{USAGE}")),
+        }
+    }
+    if o.quick {
+        let set = |name: &str, field: &mut usize, n: usize| {
+            if !explicit.contains(&name) {
+                *field = n;
+            }
+        };
+        set("pods", &mut o.pods, 10);
+        set("concurrent-pods", &mut o.concurrent_pods, 16);
+        set("rounds", &mut o.rounds, 2);
+        set("cold-iters", &mut o.cold_iters, 20);
+        set("attachments", &mut o.attachments, 50);
+        o.warmup = 1;
+    }
+    if o.concurrent_pods == 0 {
+        o.concurrent_pods = o.pods;
+    }
+    o.rounds = o.rounds.min(o.concurrent_pods);
+    Ok(o)
+}
+
+impl Opts {
+    fn runs(&self, section: &str) -> bool {
+        self.sections.iter().any(|s| s == section)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Interruption: SIGINT/SIGTERM only set a flag; the loops check it and return an error, so
+// that every guard (netns, dipamd, temp dirs, subnet claims) runs as on any other error.
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    // Only an atomic store: async-signal-safe.
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: a zeroed sigaction is a valid "no flags, empty mask" value; the handler only
+        // stores to an atomic, which is async-signal-safe, and lives for the whole process.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as *const () as libc::sighandler_t;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+fn check_stop() -> Res<()> {
+    if STOP.load(Ordering::SeqCst) {
+        Err("interrupted; cleaning up".into())
+    } else {
+        Ok(())
+    }
+}
+
+macro_rules! progress {
+    ($($arg:tt)*) => { eprintln!("[dipam-bench] {}", format!($($arg)*)) };
+}
+
+// ---------------------------------------------------------------------------------------
+// Statistics
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Summary {
+    n: usize,
+    p50: f64,
+    p90: f64,
+    p99: f64,
+    mean: f64,
+    min: f64,
+    max: f64,
+}
+
+/// Nearest-rank percentiles of `samples` (milliseconds).
+fn summarize(samples: &[f64]) -> Summary {
+    if samples.is_empty() {
+        return Summary::default();
+    }
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    let rank = |p: f64| s[((p / 100.0 * s.len() as f64).ceil() as usize).clamp(1, s.len()) - 1];
+    Summary {
+        n: s.len(),
+        p50: rank(50.0),
+        p90: rank(90.0),
+        p99: rank(99.0),
+        mean: s.iter().sum::<f64>() / s.len() as f64,
+        min: s[0],
+        max: s[s.len() - 1],
+    }
+}
+
+fn median(samples: &[f64]) -> f64 {
+    summarize(samples).p50
+}
+
+impl Summary {
+    fn json(&self) -> Value {
+        json!({"n": self.n, "p50_ms": r3(self.p50), "p90_ms": r3(self.p90), "p99_ms": r3(self.p99),
+               "mean_ms": r3(self.mean), "min_ms": r3(self.min), "max_ms": r3(self.max)})
+    }
+}
+
+fn r3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn epoch_ns(t: SystemTime) -> i128 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i128)
+        .unwrap_or_default()
+}
+
+fn ratio(num: f64, den: f64) -> f64 {
+    if den > 0.0 { num / den } else { f64::NAN }
+}
+
+// ---------------------------------------------------------------------------------------
+// The configurations
+
+/// One network under test, with its own subnet and host-local data directory.
+struct Net {
+    key: &'static str,
+    label: &'static str,
+    list: Value,
+    /// Container IDs start with this, so dipamd's log lines can be told apart per network.
+    prefix: &'static str,
+    data: TempDir,
+    _subnets: Vec<Subnet>,
+}
+
+impl Net {
+    fn network(&self) -> String {
+        self.list["name"].as_str().unwrap_or_default().to_owned()
+    }
+
+    fn attachment(&self, netns: &str) -> Attachment {
+        Attachment::new(&unique(self.prefix), netns)
+    }
+
+    /// The concurrent phase's pods get their own prefix, so that the server-side stats of
+    /// the sequential run (read from dipamd's log by prefix) stay unloaded.
+    fn concurrent_attachment(&self, netns: &str) -> Attachment {
+        Attachment::new(&unique(&format!("c{}", self.prefix)), netns)
+    }
+}
+
+fn data_dir(key: &str) -> Res<TempDir> {
+    tempfile::Builder::new()
+        .prefix(&format!("dipam-bench-{key}-"))
+        .tempdir()
+        .map_err(|e| format!("temp dir: {e}"))
+}
+
+/// `conflist/<file>` adjusted like the harness's `Lab` does, on subnets of its own.
+fn dipam_net(
+    file: &str,
+    socket: &Path,
+    key: &'static str,
+    label: &'static str,
+    prefix: &'static str,
+    subnets: usize,
+) -> Res<Net> {
+    let claimed: Vec<Subnet> = (0..subnets).map(|_| Subnet::claim(PREFIX)).collect();
+    let data = data_dir(key)?;
+    let ranges: Vec<Value> = claimed.iter().map(|s| json!({"subnet": s.cidr})).collect();
+    let fx = Fixture::load(file)
+        .with_name(&unique(&format!("bench-{key}")))
+        .with_socket(socket)
+        .with_delegate_state(data.path())
+        .with_ranges(json!([ranges]))
+        .with_version(CNI_VERSION);
+    Ok(Net {
+        key,
+        label,
+        list: fx.list,
+        prefix,
+        data,
+        _subnets: claimed,
+    })
+}
+
+/// The reference chain: the IPAM-mode example with dipam taken out, so ptp's settings and
+/// host-local's config are exactly those of (c).
+fn reference_net(key: &'static str, label: &'static str, prefix: &'static str) -> Res<Net> {
+    // No dipamd behind this one: its socketPath goes away with dipam's keys below.
+    let mut net = dipam_net(
+        "ptp-dipam-host-local.conflist",
+        Path::new("/nonexistent"),
+        key,
+        label,
+        prefix,
+        1,
+    )?;
+    let ipam = &mut net.list["plugins"][0]["ipam"];
+    let delegate = ipam["delegate"].take();
+    if delegate["type"] != "host-local" {
+        return Err(format!(
+            "unexpected delegate in the IPAM-mode example: {delegate}"
+        ));
+    }
+    *ipam = delegate;
+    Ok(net)
+}
+
+// ---------------------------------------------------------------------------------------
+// Binaries
+
+fn prepare_bins(opts: &Opts) -> Res<PathBuf> {
+    let dir = match &opts.bin_dir {
+        Some(d) => d.clone(),
+        None => {
+            progress!(
+                "building release binaries (cargo build --release --bins -p dipam-plugin -p dipam-shim -p dipam-lifecycle)"
+            );
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let status = Command::new(cargo)
+                .current_dir(bins::workspace())
+                .args([
+                    "build",
+                    "--release",
+                    "--bins",
+                    "-p",
+                    "dipam-plugin",
+                    "-p",
+                    "dipam-shim",
+                    "-p",
+                    "dipam-lifecycle",
+                ])
+                .status()
+                .map_err(|e| format!("run cargo: {e}"))?;
+            if !status.success() {
+                return Err("cargo build --release failed".into());
+            }
+            std::env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| bins::workspace().join("target"))
+                .join("release")
+        }
+    };
+    let dir = dir
+        .canonicalize()
+        .map_err(|e| format!("--bin-dir {}: {e}", dir.display()))?;
+    for b in ["dipam", "dipamd", "dipamctl"] {
+        if !dir.join(b).is_file() {
+            return Err(format!("{} is missing", dir.join(b).display()));
+        }
+    }
+    if !bins::set_dir(dir.clone()) {
+        return Err("the harness's binary directory was already chosen".into());
+    }
+    Ok(dir)
+}
+
+fn preflight() -> Res<()> {
+    if !is_root() {
+        return Err("dipam-bench needs root (network namespaces, veths)".into());
+    }
+    for p in ["ptp", "host-local"] {
+        let path = Path::new(bins::REFERENCE_PLUGINS).join(p);
+        if !path.is_file() {
+            return Err(format!(
+                "{} is missing: apt-get install containernetworking-plugins",
+                path.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn file_size(p: &Path) -> u64 {
+    std::fs::metadata(p).map(|m| m.len()).unwrap_or_default()
+}
+
+/// VmRSS and VmHWM of `pid`, in KiB.
+fn rss_kib(pid: Option<u32>) -> (u64, u64) {
+    let Some(pid) = pid else { return (0, 0) };
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or_default()
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+// ---------------------------------------------------------------------------------------
+// dipamd's log
+
+/// What dipamd logged about one (container ID, verb).
+#[derive(Debug, Default, Clone)]
+struct ServerSide {
+    /// The handler's own time (`elapsed_ms` of the "ok" line).
+    server_ms: Option<f64>,
+    /// When the "ok" line was written (ns since the epoch).
+    done_ns: Option<i128>,
+    request_id: String,
+    /// Every delegate exec of the request (`delegate exec finished`, debug level).
+    delegate_ms: f64,
+    delegate_execs: u32,
+}
+
+fn parse_log(text: &str) -> HashMap<(String, String), ServerSide> {
+    let mut out: HashMap<(String, String), ServerSide> = HashMap::new();
+    for line in text.lines() {
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        let span = &v["span"];
+        let (Some(cid), Some(verb)) = (span["container_id"].as_str(), span["command"].as_str())
+        else {
+            continue;
+        };
+        let fields = &v["fields"];
+        let entry = out.entry((cid.to_owned(), verb.to_owned())).or_default();
+        match fields["message"].as_str() {
+            Some("ok") => {
+                entry.server_ms = fields["elapsed_ms"].as_f64();
+                entry.done_ns = v["timestamp"].as_str().and_then(parse_rfc3339);
+                entry.request_id = span["request_id"].as_str().unwrap_or_default().to_owned();
+            }
+            Some("delegate exec finished") => {
+                entry.delegate_ms += fields["elapsed_ms"].as_f64().unwrap_or_default();
+                entry.delegate_execs += 1;
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// `2026-11-22T08:52:02.596330Z` (tracing-subscriber's UTC timestamps) to ns since the epoch.
+fn parse_rfc3339(s: &str) -> Option<i128> {
+    let s = s.strip_suffix('Z')?;
+    let (date, time) = s.split_once('T')?;
+    let mut d = date.split('-').map(|p| p.parse::<i64>());
+    let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
+    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let mut t = hms.split(':').map(|p| p.parse::<i64>());
+    let (hh, mm, ss) = (t.next()?.ok()?, t.next()?.ok()?, t.next()?.ok()?);
+    let frac_ns: i64 = format!("{frac:0<9}").get(..9)?.parse().ok()?;
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + hh * 3600 + mm * 60 + ss;
+    Some(secs as i128 * 1_000_000_000 + frac_ns as i128)
+}
+
+/// When the plugin made its request id: the id is `<pid:08x><ns since the epoch mod 2^32:08x>`
+/// (plugin/src/lib.rs), taken right after the environment and config were parsed. Resolved
+/// against the exec's start; `None` if it does not fall inside the exec (a changed format).
+fn request_id_time(id: &str, started_ns: i128, ended_ns: i128) -> Option<i128> {
+    let low = i128::from(u32::from_str_radix(id.get(8..16)?, 16).ok()?);
+    let wrap = 1i128 << 32;
+    let mut t = (started_ns & !(wrap - 1)) | low;
+    if t < started_ns {
+        t += wrap;
+    }
+    (t <= ended_ns).then_some(t)
+}
+
+// ---------------------------------------------------------------------------------------
+// Sections
+
+#[derive(Default)]
+struct Latency {
+    add: Vec<f64>,
+    check: Vec<f64>,
+    del: Vec<f64>,
+}
+
+/// The wall clock of every timed exec, by (container ID, verb): lined up with dipamd's log
+/// for the breakdown.
+type Spans = HashMap<(String, String), Span>;
+
+/// One pod through ADD, CHECK and DEL in a fresh namespace; times in ms.
+fn pod_cycle(rt: &Runtime, net: &Net, warmup: bool, spans: &mut Spans) -> Res<(f64, f64, f64)> {
+    let ns = NetNs::new();
+    // Warm-up pods carry their own prefix, so that they stay out of the server-side stats
+    // (the first dipam request also probes host-local's VERSION).
+    let att = if warmup {
+        Attachment::new(&unique("warmup"), &ns.path())
+    } else {
+        net.attachment(&ns.path())
+    };
+    let mut step = |verb: &str, f: &dyn Fn() -> Result<(), dipam_lifecycle::CniError>| {
+        let (r, took, span) = timed(f);
+        r.map_err(|e| format!("{} {verb}: {e}", net.label))?;
+        spans.insert((att.container_id.clone(), verb.to_owned()), span);
+        Ok::<f64, String>(took)
+    };
+    let add = step("ADD", &|| rt.add(&net.list, &att).map(|_| ()))?;
+    let check = step("CHECK", &|| rt.check(&net.list, &att))?;
+    let del = step("DEL", &|| rt.del(&net.list, &att))?;
+    drop(ns);
+    Ok((add, check, del))
+}
+
+/// The order of the configurations in iteration `i`: rotated, so no configuration always
+/// runs right after the same one (e.g. after a namespace teardown of a particular kind).
+fn order(n: usize, i: usize) -> impl Iterator<Item = usize> {
+    (0..n).map(move |k| (k + i) % n)
+}
+
+fn latency(rt: &Runtime, nets: &[Net], opts: &Opts, spans: &mut Spans) -> Res<Vec<Latency>> {
+    progress!("latency: {} warm-up pod(s) per configuration", opts.warmup);
+    let mut ignored = Spans::new();
+    for i in 0..opts.warmup {
+        for k in order(nets.len(), i) {
+            check_stop()?;
+            pod_cycle(rt, &nets[k], true, &mut ignored)?;
+        }
+    }
+    let mut out: Vec<Latency> = nets.iter().map(|_| Latency::default()).collect();
+    let started = Instant::now();
+    for i in 0..opts.pods {
+        for k in order(nets.len(), i) {
+            check_stop()?;
+            let (a, c, d) = pod_cycle(rt, &nets[k], false, spans)?;
+            out[k].add.push(a);
+            out[k].check.push(c);
+            out[k].del.push(d);
+        }
+        if (i + 1) % 25 == 0 || i + 1 == opts.pods {
+            progress!(
+                "latency: {}/{} pods per configuration ({:.0} s)",
+                i + 1,
+                opts.pods,
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
+    Ok(out)
+}
+
+#[derive(Default)]
+struct Throughput {
+    pods: usize,
+    add_wall: f64,
+    del_wall: f64,
+    add: Vec<f64>,
+    del: Vec<f64>,
+}
+
+impl Throughput {
+    fn pods_per_s(&self) -> f64 {
+        ratio(self.pods as f64 * 1e3, self.add_wall + self.del_wall)
+    }
+}
+
+/// Runs `op` on every attachment with `threads` workers; returns the wall time and each
+/// call's latency (ms).
+fn fan_out<F>(atts: &[Attachment], threads: usize, op: F) -> Res<(f64, Vec<f64>)>
+where
+    F: Fn(&Attachment) -> Result<(), String> + Sync,
+{
+    let next = AtomicUsize::new(0);
+    let times = Mutex::new(Vec::with_capacity(atts.len()));
+    let errors = Mutex::new(Vec::new());
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                loop {
+                    if STOP.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(att) = atts.get(i) else { return };
+                    let t = Instant::now();
+                    let r = op(att);
+                    let took = ms(t.elapsed());
+                    match r {
+                        Ok(()) => {
+                            if let Ok(mut v) = times.lock() {
+                                v.push(took);
+                            }
+                        }
+                        Err(e) => {
+                            if let Ok(mut v) = errors.lock() {
+                                v.push(e);
+                            }
+                            // One failure ends the phase: the guards clean up.
+                            STOP.store(true, Ordering::SeqCst);
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let wall = ms(t.elapsed());
+    let errors = errors.into_inner().unwrap_or_default();
+    if let Some(e) = errors.first() {
+        return Err(format!("{e} ({} failure(s) in this phase)", errors.len()));
+    }
+    check_stop()?;
+    Ok((wall, times.into_inner().unwrap_or_default()))
+}
+
+fn concurrency(rt: &Runtime, nets: &[Net], opts: &Opts) -> Res<Vec<Throughput>> {
+    let mut out: Vec<Throughput> = nets.iter().map(|_| Throughput::default()).collect();
+    let per_round = opts.concurrent_pods.div_ceil(opts.rounds);
+    for round in 0..opts.rounds {
+        for k in order(nets.len(), round) {
+            check_stop()?;
+            let net = &nets[k];
+            let namespaces: Vec<NetNs> = (0..per_round).map(|_| NetNs::new()).collect();
+            let atts: Vec<Attachment> = namespaces
+                .iter()
+                .map(|ns| net.concurrent_attachment(&ns.path()))
+                .collect();
+            let (add_wall, add) = fan_out(&atts, opts.concurrency, |a| {
+                rt.add(&net.list, a)
+                    .map(|_| ())
+                    .map_err(|e| format!("{} ADD: {e}", net.label))
+            })?;
+            let (del_wall, del) = fan_out(&atts, opts.concurrency, |a| {
+                rt.del(&net.list, a)
+                    .map_err(|e| format!("{} DEL: {e}", net.label))
+            })?;
+            let t = &mut out[k];
+            t.pods += atts.len();
+            t.add_wall += add_wall;
+            t.del_wall += del_wall;
+            t.add.extend(add);
+            t.del.extend(del);
+            drop(namespaces);
+            progress!(
+                "concurrency: round {}/{} {}: {} pods, ADD {:.0} ms, DEL {:.0} ms wall",
+                round + 1,
+                opts.rounds,
+                net.key,
+                atts.len(),
+                add_wall,
+                del_wall
+            );
+            // Let the kernel finish tearing the namespaces down before the next timed phase.
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+    Ok(out)
+}
+
+/// One exec's wall clock, for the breakdown.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    start_ns: i128,
+    end_ns: i128,
+}
+
+/// The cold-start samples (ms). `dipam` holds one entry per plugin binary: the one under
+/// test, and `--alt-plugin` when given, so that two builds are compared in the same run.
+#[derive(Default)]
+struct Cold {
+    true_ms: Vec<f64>,
+    hl_add: Vec<f64>,
+    hl_del: Vec<f64>,
+    dipam: Vec<PluginCold>,
+}
+
+#[derive(Default)]
+struct PluginCold {
+    label: String,
+    version: Vec<f64>,
+    add: Vec<f64>,
+    del: Vec<f64>,
+}
+
+/// Times one call and records its wall clock.
+fn timed<T>(f: impl FnOnce() -> T) -> (T, f64, Span) {
+    let start = SystemTime::now();
+    let t = Instant::now();
+    let out = f();
+    let took = ms(t.elapsed());
+    let end = SystemTime::now();
+    (
+        out,
+        took,
+        Span {
+            start_ns: epoch_ns(start),
+            end_ns: epoch_ns(end),
+        },
+    )
+}
+
+/// A runtime that finds `plugin` as `dipam` first in CNI_PATH (through a symlink in a temp
+/// dir), for `--alt-plugin`.
+fn alt_runtime(plugin: &Path) -> Res<(Runtime, TempDir)> {
+    let dir = data_dir("alt-plugin")?;
+    let plugin = plugin
+        .canonicalize()
+        .map_err(|e| format!("--alt-plugin {}: {e}", plugin.display()))?;
+    std::os::unix::fs::symlink(&plugin, dir.path().join("dipam"))
+        .map_err(|e| format!("symlink to {}: {e}", plugin.display()))?;
+    let rt = Runtime::new(format!("{}:{}", dir.path().display(), bins::cni_path()));
+    Ok((rt, dir))
+}
+
+fn cold(rt: &Runtime, hl: &Net, ipam: &Net, opts: &Opts, spans: &mut Spans) -> Res<Cold> {
+    let sys = Runtime::new("/bin:/usr/bin".into());
+    let alt = opts.alt_plugin.as_deref().map(alt_runtime).transpose()?;
+    // The plugins under test: (label, runtime that finds it, container ID prefix).
+    let mut plugins = vec![("dipam".to_owned(), rt, "colddipam")];
+    if let Some((alt_rt, _)) = &alt {
+        plugins.push(("alt".to_owned(), alt_rt, "coldalt"));
+    }
+    let mut c = Cold {
+        dipam: plugins
+            .iter()
+            .map(|(label, _, _)| PluginCold {
+                label: label.clone(),
+                ..PluginCold::default()
+            })
+            .collect(),
+        ..Cold::default()
+    };
+    let dummy_ns = "/var/run/netns/dipam-bench-none";
+    let version_conf = format!(r#"{{"cniVersion":"{CNI_VERSION}"}}"#);
+    let none = Attachment::new("", "");
+    let ok = |e: dipam_lifecycle::runtime::Exec, what: &str| {
+        if e.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{what}: {} {}",
+                String::from_utf8_lossy(&e.stdout),
+                String::from_utf8_lossy(&e.stderr)
+            ))
+        }
+    };
+    // Warm-up (page cache, dipamd's VERSION probe of host-local), not counted.
+    let total = opts.cold_iters + opts.warmup.max(3);
+    let kinds = 2 + 2 * plugins.len();
+    let started = Instant::now();
+    for i in 0..total {
+        check_stop()?;
+        let counted = i >= total - opts.cold_iters;
+        // Rotated like the other sections, over every kind of exec.
+        for k in order(kinds, i) {
+            match k {
+                0 => {
+                    let (e, t, _) = timed(|| sys.exec("true", "VERSION", &none, b""));
+                    ok(e, "/bin/true")?;
+                    if counted {
+                        c.true_ms.push(t);
+                    }
+                }
+                1 => {
+                    let att = hl.attachment(dummy_ns);
+                    let (r, add, _) = timed(|| rt.ipam(&hl.list, 0, "ADD", &att, None));
+                    let result = r.map_err(|e| format!("host-local ADD: {e}"))?;
+                    let (r, del, _) = timed(|| rt.ipam(&hl.list, 0, "DEL", &att, Some(&result)));
+                    r.map_err(|e| format!("host-local DEL: {e}"))?;
+                    if counted {
+                        c.hl_add.push(add);
+                        c.hl_del.push(del);
+                    }
+                }
+                k if k % 2 == 0 => {
+                    let (label, prt, _) = &plugins[k / 2 - 1];
+                    let (e, t, _) =
+                        timed(|| prt.exec("dipam", "VERSION", &none, version_conf.as_bytes()));
+                    ok(e, &format!("{label} VERSION"))?;
+                    if counted {
+                        c.dipam[k / 2 - 1].version.push(t);
+                    }
+                }
+                k => {
+                    let (label, prt, prefix) = &plugins[k / 2 - 1];
+                    let att = Attachment::new(&unique(prefix), dummy_ns);
+                    let (r, add, s_add) = timed(|| prt.ipam(&ipam.list, 0, "ADD", &att, None));
+                    let result = r.map_err(|e| format!("{label} ADD: {e}"))?;
+                    let (r, del, s_del) =
+                        timed(|| prt.ipam(&ipam.list, 0, "DEL", &att, Some(&result)));
+                    r.map_err(|e| format!("{label} DEL: {e}"))?;
+                    if counted {
+                        let p = &mut c.dipam[k / 2 - 1];
+                        p.add.push(add);
+                        p.del.push(del);
+                        spans.insert((att.container_id.clone(), "ADD".into()), s_add);
+                        spans.insert((att.container_id.clone(), "DEL".into()), s_del);
+                    }
+                }
+            }
+        }
+        if (i + 1) % 100 == 0 || i + 1 == total {
+            progress!(
+                "cold start: {}/{} iterations ({:.0} s)",
+                i + 1,
+                total,
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
+    Ok(c)
+}
+
+/// One dipam request split at the points both sides can see: the runtime's spawn and reap,
+/// the plugin's request id, and the start and end of dipamd's handler (ms each).
+#[derive(Default)]
+struct Parts {
+    /// spawn -> request id: exec, start-up, config parsing (for (c) also ptp's start and its
+    /// exec of dipam).
+    startup: Vec<f64>,
+    /// request id -> handler start: pre-RPC work (main mode: open the netns, check the
+    /// interface is free), tokio runtime, connect, HTTP/2, request.
+    to_server: Vec<f64>,
+    delegate: Vec<f64>,
+    /// The handler minus the delegate exec: ledger commits, locks, parsing, rendering.
+    ledger: Vec<f64>,
+    /// handler end -> reaped: reply, post-RPC work (main mode: the datapath; (c): ptp's
+    /// datapath), exit.
+    back: Vec<f64>,
+    total: Vec<f64>,
+    execs: Vec<f64>,
+}
+
+/// The split of every timed request whose container ID starts with `prefix-`.
+fn breakdown(
+    spans: &Spans,
+    log: &HashMap<(String, String), ServerSide>,
+    prefix: &str,
+    verb: &str,
+) -> Parts {
+    let mut p = Parts::default();
+    let prefix = format!("{prefix}-");
+    for ((cid, v), span) in spans {
+        if v != verb || !cid.starts_with(&prefix) {
+            continue;
+        }
+        let Some(s) = log.get(&(cid.clone(), v.clone())) else {
+            continue;
+        };
+        let (Some(server), Some(done)) = (s.server_ms, s.done_ns) else {
+            continue;
+        };
+        let Some(rid) = request_id_time(&s.request_id, span.start_ns, span.end_ns) else {
+            continue;
+        };
+        let server_start = done - (server * 1e6) as i128;
+        let to_ms = |ns: i128| ns as f64 / 1e6;
+        p.startup.push(to_ms(rid - span.start_ns));
+        p.to_server.push(to_ms(server_start - rid));
+        p.delegate.push(s.delegate_ms);
+        p.ledger.push(server - s.delegate_ms);
+        p.back.push(to_ms(span.end_ns - done));
+        p.total.push(to_ms(span.end_ns - span.start_ns));
+        p.execs.push(f64::from(s.delegate_execs));
+    }
+    p
+}
+
+/// Server-side medians of the chain runs, per configuration prefix and verb.
+fn server_stats(log: &HashMap<(String, String), ServerSide>, prefix: &str, verb: &str) -> Value {
+    let mine: Vec<&ServerSide> = log
+        .iter()
+        .filter(|((cid, v), _)| v == verb && cid.starts_with(&format!("{prefix}-")))
+        .map(|(_, s)| s)
+        .collect();
+    let server: Vec<f64> = mine.iter().filter_map(|s| s.server_ms).collect();
+    let delegate: Vec<f64> = mine.iter().map(|s| s.delegate_ms).collect();
+    let rest: Vec<f64> = mine
+        .iter()
+        .filter_map(|s| Some(s.server_ms? - s.delegate_ms))
+        .collect();
+    let execs: Vec<f64> = mine.iter().map(|s| f64::from(s.delegate_execs)).collect();
+    json!({
+        "requests": mine.len(),
+        "server_ms": summarize(&server).json(),
+        "delegate_exec_ms": summarize(&delegate).json(),
+        "ledger_and_bookkeeping_ms": summarize(&rest).json(),
+        "delegate_execs_per_request_mean": r3(summarize(&execs).mean),
+    })
+}
+
+struct Scale {
+    attachments: usize,
+    idle_kib: u64,
+    rounds: Vec<ScaleRound>,
+    hwm_kib: u64,
+}
+
+/// One round: `attachments + 1` ADDs, then a GC that frees all but one, then its DEL.
+struct ScaleRound {
+    loaded_kib: u64,
+    after_gc_kib: u64,
+    create_wall_ms: f64,
+    gc_ms: f64,
+    freed_logged: usize,
+    left_in_ledger: usize,
+    left_in_store: usize,
+}
+
+/// dipamd's RSS fresh, with `attachments + 1` attachments, and after one CNI GC that frees
+/// all but one; `--scale-rounds` repeats the round on the same dipamd, to show how its RSS
+/// evolves under churn.
+fn scale(rt: &Runtime, opts: &Opts) -> Res<Scale> {
+    let d = Dipamd::start_with(&[
+        "--log-format",
+        "json",
+        "--gc-grace",
+        "0",
+        "--gc-max-free-share",
+        "1",
+    ]);
+    // IPAM-mode calls need no namespace: ptp is not involved, and dipamd only records the
+    // path. host-local keeps 253 addresses per /24, so enough /24s go into one range set.
+    let n = opts.attachments + 1;
+    let subnets = n.div_ceil(250) + 1;
+    let net = dipam_net(
+        "ptp-dipam-host-local.conflist",
+        &d.socket(),
+        "s",
+        "scale",
+        "scale",
+        subnets,
+    )?;
+    std::thread::sleep(Duration::from_secs(1));
+    let (idle_kib, _) = rss_kib(d.pid());
+    progress!("scale: dipamd idle RSS {:.1} MiB", mib(idle_kib));
+    let mut rounds = Vec::new();
+    for round in 1..=opts.scale_rounds {
+        check_stop()?;
+        let atts: Vec<Attachment> = (0..n)
+            .map(|_| net.attachment("/var/run/netns/dipam-bench-none"))
+            .collect();
+        let (create_wall_ms, _) = fan_out(&atts, opts.concurrency, |a| {
+            rt.ipam(&net.list, 0, "ADD", a, None)
+                .map(|_| ())
+                .map_err(|e| format!("scale ADD: {e}"))
+        })?;
+        std::thread::sleep(Duration::from_secs(1));
+        let (loaded_kib, _) = rss_kib(d.pid());
+
+        let keep = &atts[0];
+        let mut l = net.list.clone();
+        l["cniVersion"] = json!("1.1.0");
+        let valid = json!([{"containerID": keep.container_id, "ifname": keep.ifname}]);
+        l["plugins"][0]["cni.dev/valid-attachments"] = valid.clone();
+        l["plugins"][0]["cni.dev/attachments"] = valid;
+        let t = Instant::now();
+        rt.ipam(&l, 0, "GC", &Attachment::new("", ""), None)
+            .map_err(|e| format!("GC: {e}"))?;
+        let gc_ms = ms(t.elapsed());
+        let (after_gc_kib, _) = rss_kib(d.pid());
+        let left_in_ledger = d.ledger_ips(&net.network()).len();
+        let left_in_store = hostlocal::reservations(net.data.path(), &net.network()).len();
+        let freed_logged = d
+            .log()
+            .lines()
+            .filter(|l| l.contains("\"GC freed\""))
+            .count()
+            - rounds
+                .iter()
+                .map(|r: &ScaleRound| r.freed_logged)
+                .sum::<usize>();
+        progress!(
+            "scale: round {round}/{}: {n} attachments in {:.1} s (RSS {:.1} MiB), GC {:.1} s \
+             (RSS {:.1} MiB); {left_in_ledger} left in the ledger, {left_in_store} in host-local",
+            opts.scale_rounds,
+            create_wall_ms / 1e3,
+            mib(loaded_kib),
+            gc_ms / 1e3,
+            mib(after_gc_kib),
+        );
+        if left_in_ledger != 1 || left_in_store != 1 {
+            return Err(format!(
+                "GC left {left_in_ledger} in the ledger and {left_in_store} in host-local, \
+                 expected 1 each"
+            ));
+        }
+        rt.ipam(&net.list, 0, "DEL", keep, None)
+            .map_err(|e| format!("scale DEL: {e}"))?;
+        rounds.push(ScaleRound {
+            loaded_kib,
+            after_gc_kib,
+            create_wall_ms,
+            gc_ms,
+            freed_logged,
+            left_in_ledger,
+            left_in_store,
+        });
+    }
+    let (_, hwm_kib) = rss_kib(d.pid());
+    Ok(Scale {
+        attachments: n - 1,
+        idle_kib,
+        rounds,
+        hwm_kib,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Report: a text table on stdout, everything in JSON, and the issue's targets.
+
+fn machine() -> Value {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    let cpus = std::thread::available_parallelism().map_or(0, usize::from);
+    json!({"cpu": cpu, "cpus": cpus, "kernel": kernel})
+}
+
+/// The 1, 5 and 15 minute load averages: worth knowing when reading the numbers of a
+/// machine that other work shares.
+fn loadavg() -> Vec<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .filter_map(|v| v.parse().ok())
+        .collect()
+}
+
+fn parts_json(p: &Parts) -> Value {
+    json!({
+        "requests": p.total.len(),
+        "spawn_to_request_id": summarize(&p.startup).json(),
+        "request_id_to_handler": summarize(&p.to_server).json(),
+        "delegate_exec": summarize(&p.delegate).json(),
+        "ledger_and_bookkeeping": summarize(&p.ledger).json(),
+        "handler_done_to_reaped": summarize(&p.back).json(),
+        "total": summarize(&p.total).json(),
+        "delegate_execs_per_request_mean": r3(summarize(&p.execs).mean),
+    })
+}
+
+fn cell(s: &Summary) -> String {
+    format!("{:6.2} {:6.2} {:6.2}", s.p50, s.p90, s.p99)
+}
+
+struct Target {
+    name: String,
+    value: String,
+    goal: String,
+    pass: bool,
+}
+
+/// A part of a [`Parts`], for the breakdown's rows.
+type PartOf = fn(&Parts) -> &Vec<f64>;
+
+#[derive(Default)]
+struct Report {
+    text: String,
+    json: serde_json::Map<String, Value>,
+    targets: Vec<Target>,
+}
+
+impl Report {
+    fn line(&mut self, s: impl AsRef<str>) {
+        self.text.push_str(s.as_ref());
+        self.text.push('\n');
+    }
+
+    fn target(&mut self, name: impl Into<String>, value: String, goal: &str, pass: bool) {
+        self.targets.push(Target {
+            name: name.into(),
+            value,
+            goal: goal.into(),
+            pass,
+        });
+    }
+
+    fn latency(&mut self, nets: &[Net], lat: &[Latency], pods: usize) {
+        self.line(format!(
+            "\nLatency, {pods} sequential pods per configuration, one fresh netns each, \
+             cniVersion {CNI_VERSION} (ms)"
+        ));
+        self.line(format!(
+            "{:<31} {:^20}   {:^20}   {:^20}   {:>8}",
+            "", "ADD p50/p90/p99", "CHECK p50/p90/p99", "DEL p50/p90/p99", "pods/s"
+        ));
+        let mut out = serde_json::Map::new();
+        let pods_per_s = |l: &Latency| {
+            let total: f64 = l.add.iter().sum::<f64>() + l.del.iter().sum::<f64>();
+            ratio(l.add.len() as f64 * 1e3, total)
+        };
+        for (net, l) in nets.iter().zip(lat) {
+            let (a, c, d) = (summarize(&l.add), summarize(&l.check), summarize(&l.del));
+            let pps = pods_per_s(l);
+            self.line(format!(
+                "{:<31} {}   {}   {}   {:>8.1}",
+                net.label,
+                cell(&a),
+                cell(&c),
+                cell(&d),
+                pps
+            ));
+            out.insert(
+                net.key.into(),
+                json!({"label": net.label, "add": a.json(), "check": c.json(), "del": d.json(),
+                       "sequential_pods_per_s": r3(pps)}),
+            );
+        }
+        let r = |x: &[f64], y: &[f64]| ratio(median(x), median(y));
+        for (k, name) in [(1, "b/a"), (2, "c/a")] {
+            let (l, a) = (&lat[k], &lat[0]);
+            let (add, check, del) = (r(&l.add, &a.add), r(&l.check, &a.check), r(&l.del, &a.del));
+            let pps = ratio(pods_per_s(l), pods_per_s(a));
+            self.line(format!(
+                "{:<31} {add:>6.2} {:>13}   {check:>6.2} {:>13}   {del:>6.2} {:>13}   {pps:>8.2}",
+                format!("ratio {name} (p50; pods/s)"),
+                "",
+                "",
+                ""
+            ));
+            out.insert(
+                format!("ratio_{}", name.replace('/', "_")),
+                json!({"add_p50": r3(add), "check_p50": r3(check), "del_p50": r3(del),
+                       "sequential_pods_per_s": r3(pps)}),
+            );
+        }
+        self.json.insert("latency".into(), Value::Object(out));
+        let (b, a) = (&lat[1], &lat[0]);
+        for (verb, bv, av, goal) in [("ADD", &b.add, &a.add, 0.7), ("DEL", &b.del, &a.del, 0.8)] {
+            let (x, y) = (median(bv), median(av));
+            self.target(
+                format!("{verb} p50, dipam main (b) / ptp + host-local (a)"),
+                format!("{:.2}x ({x:.2} vs {y:.2} ms)", x / y),
+                &format!("<= {goal:.2}x"),
+                x <= goal * y,
+            );
+        }
+    }
+
+    fn throughput(&mut self, nets: &[Net], thr: &[Throughput], opts: &Opts) {
+        self.line(format!(
+            "\nThroughput, {} pods per configuration, {} threads, ADD all then DEL all, {} rounds",
+            opts.concurrent_pods, opts.concurrency, opts.rounds
+        ));
+        self.line(format!(
+            "{:<31} {:>8} {:>10} {:>10}   {:^20}   {:^20}",
+            "", "pods/s", "ADD/s", "DEL/s", "ADD p50/p90/p99", "DEL p50/p90/p99"
+        ));
+        let mut out = serde_json::Map::new();
+        for (net, t) in nets.iter().zip(thr) {
+            let add_s = ratio(t.pods as f64 * 1e3, t.add_wall);
+            let del_s = ratio(t.pods as f64 * 1e3, t.del_wall);
+            let (a, d) = (summarize(&t.add), summarize(&t.del));
+            self.line(format!(
+                "{:<31} {:>8.1} {add_s:>10.1} {del_s:>10.1}   {}   {}",
+                net.label,
+                t.pods_per_s(),
+                cell(&a),
+                cell(&d)
+            ));
+            out.insert(
+                net.key.into(),
+                json!({"label": net.label, "pods": t.pods, "pods_per_s": r3(t.pods_per_s()),
+                       "add_per_s": r3(add_s), "del_per_s": r3(del_s),
+                       "add_wall_ms": r3(t.add_wall), "del_wall_ms": r3(t.del_wall),
+                       "add": a.json(), "del": d.json()}),
+            );
+        }
+        for (k, name, label) in [(1, "b/a", "dipam main (b)"), (2, "c/a", "ptp + dipam (c)")] {
+            let (x, y) = (thr[k].pods_per_s(), thr[0].pods_per_s());
+            self.line(format!("{:<31} {:>8.2}", format!("ratio {name}"), x / y));
+            out.insert(
+                format!("ratio_{}", name.replace('/', "_")),
+                json!(r3(x / y)),
+            );
+            self.target(
+                format!("{}-way pods/s, {label} / (a)", opts.concurrency),
+                format!("{:.2}x ({x:.1} vs {y:.1})", x / y),
+                ">= 1.00x",
+                x >= y,
+            );
+        }
+        self.json.insert("concurrency".into(), Value::Object(out));
+    }
+
+    /// dipamd's handler per request, from its log, for the sequential and concurrent pods.
+    fn server_side(&mut self, log: &HashMap<(String, String), ServerSide>) {
+        let mut out = serde_json::Map::new();
+        let mut rows = Vec::new();
+        for (prefix, key, name) in [
+            ("main", "b", "(b) main, sequential"),
+            ("ipam", "c", "(c) IPAM, sequential"),
+            ("cmain", "b_concurrent", "(b) main, concurrent"),
+            ("cipam", "c_concurrent", "(c) IPAM, concurrent"),
+        ] {
+            let mut per = serde_json::Map::new();
+            for verb in ["ADD", "CHECK", "DEL"] {
+                let s = server_stats(log, prefix, verb);
+                if s["requests"].as_u64().unwrap_or_default() > 0 {
+                    rows.push((format!("{name} {verb}"), s.clone()));
+                }
+                per.insert(verb.into(), s);
+            }
+            out.insert(key.into(), Value::Object(per));
+        }
+        self.json
+            .insert("dipamd_server_side".into(), Value::Object(out));
+        if rows.is_empty() {
+            return;
+        }
+        self.line(
+            "\ndipamd's handler per request (p50 ms, from its log; execs: mean delegate execs)",
+        );
+        self.line(format!(
+            "{:<36} {:>8} {:>10} {:>10} {:>7}",
+            "", "handler", "delegate", "the rest", "execs"
+        ));
+        let p50 = |v: &Value, k: &str| v[k]["p50_ms"].as_f64().unwrap_or(f64::NAN);
+        for (name, s) in rows {
+            self.line(format!(
+                "{name:<36} {:>8.2} {:>10.2} {:>10.2} {:>7.2}",
+                p50(&s, "server_ms"),
+                p50(&s, "delegate_exec_ms"),
+                p50(&s, "ledger_and_bookkeeping_ms"),
+                s["delegate_execs_per_request_mean"]
+                    .as_f64()
+                    .unwrap_or(f64::NAN),
+            ));
+        }
+    }
+
+    fn cold(&mut self, c: &Cold, iters: usize, alt: Option<&Path>) {
+        let t = summarize(&c.true_ms);
+        let (ha, hd) = (summarize(&c.hl_add), summarize(&c.hl_del));
+        self.line(format!(
+            "\nCold start, {iters} round-robin iterations, one spawn path for all (ms)"
+        ));
+        self.line(format!("{:<44} {:^20}   {:>7}", "", "p50/p90/p99", "-true"));
+        let mut rows = vec![
+            ("/bin/true".to_owned(), t),
+            ("host-local ADD (the delegate's floor)".to_owned(), ha),
+            ("host-local DEL".to_owned(), hd),
+        ];
+        let mut plugins = Vec::new();
+        for p in &c.dipam {
+            let (v, a, d) = (summarize(&p.version), summarize(&p.add), summarize(&p.del));
+            rows.push((format!("{} VERSION", p.label), v));
+            rows.push((format!("{} ADD, IPAM mode, dipamd warm", p.label), a));
+            rows.push((format!("{} DEL, IPAM mode, dipamd warm", p.label), d));
+            plugins.push(json!({
+                "label": p.label, "version": v.json(), "add": a.json(), "del": d.json(),
+                "overhead_add_p50_ms": r3(a.p50 - ha.p50), "overhead_del_p50_ms": r3(d.p50 - hd.p50),
+            }));
+        }
+        for (name, s) in &rows {
+            self.line(format!("{name:<44} {}   {:>7.2}", cell(s), s.p50 - t.p50));
+        }
+        if let Some(alt) = alt {
+            self.line(format!("alt = {}", alt.display()));
+        }
+        for p in &c.dipam {
+            let (oa, od) = (median(&p.add) - ha.p50, median(&p.del) - hd.p50);
+            self.line(format!(
+                "{:<44} {oa:>6.2} ADD, {od:>6.2} DEL (p50 differences)",
+                format!("{}'s overhead over host-local", p.label)
+            ));
+        }
+        self.json.insert(
+            "cold_start".into(),
+            json!({"true": t.json(), "host_local_add": ha.json(), "host_local_del": hd.json(),
+                   "plugins": plugins}),
+        );
+        if let Some(p) = c.dipam.first() {
+            let (oa, od) = (median(&p.add) - ha.p50, median(&p.del) - hd.p50);
+            self.target(
+                "dipam's overhead over the delegate, ADD p50",
+                format!("{oa:.2} ms"),
+                "<= 3 ms",
+                oa <= 3.0,
+            );
+            self.target(
+                "dipam's overhead over the delegate, DEL p50",
+                format!("{od:.2} ms"),
+                "<= 3 ms",
+                od <= 3.0,
+            );
+        }
+    }
+
+    /// Where the time of every dipam request the runtime timed went.
+    fn breakdown(&mut self, spans: &Spans, log: &HashMap<(String, String), ServerSide>) {
+        let columns: Vec<(&str, Parts)> = [
+            ("direct ADD", "colddipam", "ADD"),
+            ("direct DEL", "colddipam", "DEL"),
+            ("alt ADD", "coldalt", "ADD"),
+            ("alt DEL", "coldalt", "DEL"),
+            ("(b) ADD", "main", "ADD"),
+            ("(b) CHECK", "main", "CHECK"),
+            ("(b) DEL", "main", "DEL"),
+            ("(c) ADD", "ipam", "ADD"),
+            ("(c) DEL", "ipam", "DEL"),
+        ]
+        .into_iter()
+        .map(|(name, prefix, verb)| (name, breakdown(spans, log, prefix, verb)))
+        .filter(|(_, p)| !p.total.is_empty())
+        .collect();
+        if columns.is_empty() {
+            return;
+        }
+        let out = columns
+            .iter()
+            .map(|(name, p)| ((*name).to_owned(), parts_json(p)))
+            .collect();
+        self.json.insert("breakdown".into(), Value::Object(out));
+        self.line(
+            "\nWhere a dipam request's time goes (p50 of each part, ms; the parts' p50s need not \
+             add up to the total's)\ndirect: dipam exec'd as IPAM, dipamd warm (cold-start \
+             section); (b), (c): the sequential pods",
+        );
+        let mut header = format!("{:<38}", "");
+        for (name, _) in &columns {
+            header.push_str(&format!(" {name:>10}"));
+        }
+        self.line(header);
+        let rows: [(&str, PartOf); 6] = [
+            ("spawn -> plugin's request id", |p| &p.startup),
+            ("request id -> dipamd handler", |p| &p.to_server),
+            ("dipamd: delegate exec", |p| &p.delegate),
+            ("dipamd: ledger commits + bookkeeping", |p| &p.ledger),
+            ("dipamd handler done -> reaped", |p| &p.back),
+            ("total (spawn -> reaped)", |p| &p.total),
+        ];
+        for (name, get) in rows {
+            let mut row = format!("{name:<38}");
+            for (_, p) in &columns {
+                row.push_str(&format!(" {:>10.2}", median(get(p))));
+            }
+            self.line(row);
+        }
+    }
+
+    fn rss(&mut self, fresh_kib: u64, after_kib: u64, hwm_kib: u64) {
+        self.line(format!(
+            "\ndipamd RSS: {:.1} MiB fresh, {:.1} MiB idle after the runs above (peak {:.1} MiB)",
+            mib(fresh_kib),
+            mib(after_kib),
+            mib(hwm_kib)
+        ));
+        self.json.insert(
+            "rss".into(),
+            json!({"fresh_kib": fresh_kib, "idle_after_runs_kib": after_kib, "peak_kib": hwm_kib}),
+        );
+        let idle = mib(fresh_kib.max(after_kib));
+        self.target(
+            "dipamd idle RSS (the larger of fresh, after the runs)",
+            format!("{idle:.1} MiB"),
+            "<= 20 MiB",
+            idle <= 20.0,
+        );
+    }
+
+    fn scale(&mut self, s: &Scale, threads: usize) {
+        let n = s.attachments + 1;
+        let Some(first) = s.rounds.first() else {
+            return;
+        };
+        self.line(format!(
+            "dipamd RSS with {n} attachments: {:.1} MiB (fresh {:.1}, after GC {:.1}); created \
+             at {:.0}/s ({threads} threads, IPAM mode, no netns)",
+            mib(first.loaded_kib),
+            mib(s.idle_kib),
+            mib(first.after_gc_kib),
+            ratio(n as f64 * 1e3, first.create_wall_ms),
+        ));
+        self.line(format!(
+            "GC freeing {} stale attachments: {:.2} s ({:.2} ms each); {} logged freed, \
+             {} left in the ledger, {} in host-local",
+            s.attachments,
+            first.gc_ms / 1e3,
+            first.gc_ms / s.attachments as f64,
+            first.freed_logged,
+            first.left_in_ledger,
+            first.left_in_store
+        ));
+        if s.rounds.len() > 1 {
+            let after: Vec<String> = s
+                .rounds
+                .iter()
+                .map(|r| format!("{:.1}", mib(r.after_gc_kib)))
+                .collect();
+            self.line(format!(
+                "dipamd RSS after each of {} rounds (MiB): {}; peak {:.1} MiB",
+                s.rounds.len(),
+                after.join(", "),
+                mib(s.hwm_kib)
+            ));
+        }
+        if let Some(last) = s.rounds.last() {
+            // Idle too: the GC is over and nothing else runs; what a daemon with that much
+            // history costs.
+            let idle = mib(last.after_gc_kib);
+            self.target(
+                format!(
+                    "dipamd idle RSS after {} x {n} attachments came and went",
+                    s.rounds.len()
+                ),
+                format!("{idle:.1} MiB"),
+                "<= 20 MiB",
+                idle <= 20.0,
+            );
+        }
+        let rounds: Vec<Value> = s
+            .rounds
+            .iter()
+            .map(|r| {
+                json!({
+                    "loaded_kib": r.loaded_kib, "after_gc_kib": r.after_gc_kib,
+                    "create_wall_ms": r3(r.create_wall_ms),
+                    "gc": {"stale": s.attachments, "ms": r3(r.gc_ms),
+                           "ms_per_attachment": r3(r.gc_ms / s.attachments as f64),
+                           "freed_logged": r.freed_logged, "left_in_ledger": r.left_in_ledger,
+                           "left_in_host_local": r.left_in_store},
+                })
+            })
+            .collect();
+        self.json.insert(
+            "scale".into(),
+            json!({"attachments": n, "fresh_kib": s.idle_kib, "peak_kib": s.hwm_kib,
+                   "rounds": rounds}),
+        );
+    }
+
+    fn finish(&mut self) {
+        self.line("\nTargets (issue 7; medians of this run)");
+        let lines: Vec<String> = self
+            .targets
+            .iter()
+            .map(|t| {
+                format!(
+                    "  [{}] {:<54} {:<28} target {}",
+                    if t.pass { "PASS" } else { "MISS" },
+                    t.name,
+                    t.value,
+                    t.goal
+                )
+            })
+            .collect();
+        for l in lines {
+            self.line(l);
+        }
+        let targets = self
+            .targets
+            .iter()
+            .map(|t| json!({"name": t.name, "value": t.value, "target": t.goal, "pass": t.pass}))
+            .collect();
+        self.json.insert("targets".into(), Value::Array(targets));
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    let opts = match parse_args(&args) {
+        Ok(o) => o,
+        // Asked-for help goes to stdout; a usage error to stderr.
+        Err(e) if args.iter().any(|a| a == "-h" || a == "--help") => {
+            println!("{e}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    install_signal_handlers();
+    match run(&opts) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dipam-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(opts: &Opts) -> Res<()> {
+    preflight()?;
+    let dir = prepare_bins(opts)?;
+    progress!("binaries from {}", dir.display());
+    let rt = Runtime::new(bins::cni_path());
+    let reference = Path::new(bins::REFERENCE_PLUGINS);
+    let mut rep = Report::default();
+    rep.json.insert(
+        "run".into(),
+        json!({
+            "command": std::env::args().collect::<Vec<_>>().join(" "),
+            "machine": machine(),
+            "loadavg_start": loadavg(),
+            "bin_dir": dir,
+            "binary_bytes": {
+                "dipam": file_size(&dir.join("dipam")),
+                "dipamd": file_size(&dir.join("dipamd")),
+                "ptp": file_size(&reference.join("ptp")),
+                "host-local": file_size(&reference.join("host-local")),
+            },
+            "cni_version": CNI_VERSION,
+            "options": {
+                "pods": opts.pods, "concurrency": opts.concurrency,
+                "concurrent_pods": opts.concurrent_pods, "rounds": opts.rounds,
+                "cold_iters": opts.cold_iters, "attachments": opts.attachments,
+                "scale_rounds": opts.scale_rounds,
+                "warmup": opts.warmup, "quick": opts.quick, "sections": opts.sections,
+            },
+        }),
+    );
+    let mut spans = Spans::new();
+
+    // The dipamd that (b) and (c) share, as the harness starts it (debug level, which logs
+    // every delegate exec's time), with JSON logs for the breakdown.
+    let dipamd = Dipamd::start_with(&["--log-format", "json"]);
+    std::thread::sleep(Duration::from_millis(500));
+    let (fresh_kib, _) = rss_kib(dipamd.pid());
+    let socket = dipamd.socket();
+    let nets = vec![
+        reference_net("a", "(a) ptp + host-local", "ref")?,
+        dipam_net(
+            "dipam-host-local.conflist",
+            &socket,
+            "b",
+            "(b) dipam main + host-local",
+            "main",
+            1,
+        )?,
+        dipam_net(
+            "ptp-dipam-host-local.conflist",
+            &socket,
+            "c",
+            "(c) ptp + dipam + host-local",
+            "ipam",
+            1,
+        )?,
+    ];
+
+    let lat = if opts.runs("latency") {
+        Some(latency(&rt, &nets, opts, &mut spans)?)
+    } else {
+        None
+    };
+    let thr = if opts.runs("concurrency") {
+        progress!(
+            "concurrency: {} pods per configuration, {} threads, {} rounds",
+            opts.concurrent_pods,
+            opts.concurrency,
+            opts.rounds
+        );
+        Some(concurrency(&rt, &nets, opts)?)
+    } else {
+        None
+    };
+    let cold_res = if opts.runs("cold") {
+        let hl = reference_net("d", "host-local direct", "coldhl")?;
+        let ipam = dipam_net(
+            "ptp-dipam-host-local.conflist",
+            &socket,
+            "e",
+            "dipam direct",
+            "colddipam",
+            1,
+        )?;
+        progress!("cold start: {} iterations", opts.cold_iters);
+        Some(cold(&rt, &hl, &ipam, opts, &mut spans)?)
+    } else {
+        None
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let (after_kib, hwm_kib) = rss_kib(dipamd.pid());
+    let log = parse_log(&dipamd.log());
+    drop(dipamd);
+
+    if let Some(lat) = &lat {
+        rep.latency(&nets, lat, opts.pods);
+    }
+    if let Some(thr) = &thr {
+        rep.throughput(&nets, thr, opts);
+    }
+    rep.server_side(&log);
+    if let Some(c) = &cold_res {
+        rep.cold(c, opts.cold_iters, opts.alt_plugin.as_deref());
+    }
+    rep.breakdown(&spans, &log);
+    rep.rss(fresh_kib, after_kib, hwm_kib);
+    if opts.runs("scale") {
+        let s = scale(&rt, opts)?;
+        rep.scale(&s, opts.concurrency);
+    }
+    let end = loadavg();
+    rep.line(format!(
+        "load average (1, 5, 15 min) at the end: {end:?} on {} CPUs",
+        std::thread::available_parallelism().map_or(0, usize::from)
+    ));
+    rep.json.insert("loadavg_end".into(), json!(end));
+    rep.finish();
+    println!("{}", rep.text);
+    if let Some(path) = &opts.json {
+        let body =
+            serde_json::to_vec_pretty(&Value::Object(rep.json)).map_err(|e| e.to_string())?;
+        std::fs::write(path, body).map_err(|e| format!("write {}: {e}", path.display()))?;
+        progress!("wrote {}", path.display());
+    }
+    Ok(())
+}
