@@ -33,7 +33,11 @@ pub struct Args {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Is dipamd ready? Versions, uptime, state directory, attachment count, delegates seen.
-    Status,
+    Status {
+        /// Exit non-zero unless dipamd is ready (for readiness probes).
+        #[arg(long)]
+        ready: bool,
+    },
     /// Every attachment in the ledger: network, container, interface, owner, state, addresses.
     Attachments {
         /// Only this network.
@@ -90,6 +94,33 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Put the dipam plugin into the CNI bin directory and, with --conflist, a network config
+    /// into the CNI config directory, each atomically (temporary file, fsync, rename), plugin
+    /// first. A conflist that dipam would refuse is refused here. Needs no dipamd.
+    Install {
+        /// The CNI bin directory (the runtime's CNI_PATH).
+        #[arg(long, default_value = crate::install::DEFAULT_CNI_BIN_DIR)]
+        cni_bin_dir: PathBuf,
+        /// The CNI config directory.
+        #[arg(long, default_value = crate::install::DEFAULT_CONF_DIR)]
+        conf_dir: PathBuf,
+        /// The conflist to validate and install; without it only the plugin is installed.
+        #[arg(long)]
+        conflist: Option<PathBuf>,
+        /// The conflist's file name in --conf-dir (runtimes use the lexically first network).
+        #[arg(long, default_value = crate::install::DEFAULT_NAME)]
+        name: String,
+        /// The plugin binary to install (default: the dipam next to this dipamctl).
+        #[arg(long)]
+        plugin: Option<PathBuf>,
+    },
+    /// Print dipamctl's completion script for a shell, e.g.
+    /// `dipamctl completions bash > /etc/bash_completion.d/dipamctl`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        #[arg(value_enum)]
+        shell: crate::completions::Shell,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -126,6 +157,30 @@ pub enum CtlError {
 }
 
 pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
+    // Local commands: install runs in an init container before any dipamd exists.
+    match &args.command {
+        Command::Install {
+            cni_bin_dir,
+            conf_dir,
+            conflist,
+            name,
+            plugin,
+        } => {
+            let opts = crate::install::Options {
+                cni_bin_dir: cni_bin_dir.clone(),
+                conf_dir: conf_dir.clone(),
+                conflist: conflist.clone(),
+                name: name.clone(),
+                plugin: plugin.clone(),
+            };
+            return crate::install::run(&opts, args.json, out).map_err(CtlError::Failed);
+        }
+        Command::Completions { shell } => {
+            crate::completions::write(*shell, out)?;
+            return Ok(());
+        }
+        _ => {}
+    }
     if let Command::Recover {
         state_dir,
         conflist,
@@ -170,7 +225,9 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
         })?;
     let mut admin = AdminClient::new(channel.clone());
     match args.command {
-        Command::Recover { .. } => return Ok(()),
+        Command::Recover { .. } | Command::Install { .. } | Command::Completions { .. } => {
+            return Ok(());
+        }
         Command::Agent(cmd) => return agent(AgentClient::new(channel), cmd, args.json, out).await,
         Command::Explain { container_id } => {
             let r = admin
@@ -391,7 +448,7 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
             }
             return Ok(());
         }
-        Command::Status => {
+        Command::Status { ready } => {
             let s = admin
                 .get_status(StatusRequest {
                     protocol_version: dipam_proto::PROTOCOL_VERSION,
@@ -404,7 +461,7 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
                     "ready": s.ready,
                     "notReady": s.not_ready,
                     "daemonVersion": s.daemon_version,
-                    "protocol": {"daemon": s.protocol_version, "daemonMin": s.min_protocol_version, "client": dipam_proto::PROTOCOL_VERSION},
+                    "protocol": {"daemon": s.protocol_version, "daemonMin": s.min_protocol_version, "client": dipam_proto::PROTOCOL_VERSION, "plugins": s.plugin_protocols},
                     "socket": s.socket,
                     "stateDir": s.state_dir,
                     "attachments": s.attachments,
@@ -435,6 +492,17 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
                     s.min_protocol_version,
                     dipam_proto::PROTOCOL_VERSION
                 )?;
+                if !s.plugin_protocols.is_empty() {
+                    writeln!(
+                        out,
+                        "plugins:      protocol {} seen since start",
+                        s.plugin_protocols
+                            .iter()
+                            .map(|v| format!("v{v}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )?;
+                }
                 writeln!(out, "socket:       {}", s.socket)?;
                 writeln!(out, "state dir:    {}", s.state_dir)?;
                 writeln!(out, "attachments:  {}", s.attachments)?;
@@ -467,6 +535,12 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
                         d.supported_versions.join(", ")
                     )?;
                 }
+            }
+            if ready && !s.ready {
+                return Err(CtlError::Failed(format!(
+                    "dipamd is not ready: {}",
+                    s.not_ready.join("; ")
+                )));
             }
         }
         Command::Attachments { network, owner } => {

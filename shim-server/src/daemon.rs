@@ -244,7 +244,16 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         None => None,
         Some(g) => Some(server::resolve_group(g).map_err(DaemonError::Usage)?),
     };
-    let listener = server::bind(&args.socket, group).await?;
+    let getenv = |k: &str| std::env::var(k).ok();
+    let activated = crate::activation::listener(&getenv).map_err(DaemonError::Usage)?;
+    let unlink = activated.is_none();
+    let listener = match activated {
+        Some(l) => {
+            info!("using the socket systemd passed (socket activation)");
+            l
+        }
+        None => server::bind(&args.socket, group).await?,
+    };
     info!(socket = %args.socket.display(), cni_path = %args.cni_path, "serving");
     tokio::spawn(agent::reconcile::run(
         std::sync::Arc::clone(&shim),
@@ -273,7 +282,15 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     let peers = crate::access::PeerCheck {
         allow_uids: args.allow_uids.clone(),
     };
-    server::serve(shim, listener, &args.socket, peers, shutdown_signal()).await?;
+    server::serve(
+        shim,
+        listener,
+        &args.socket,
+        peers,
+        unlink,
+        shutdown_signal(),
+    )
+    .await?;
     Ok(())
 }
 

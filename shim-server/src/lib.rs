@@ -2,6 +2,7 @@
 //! runtime would and records every attachment in a durable ledger. See docs/cfp.md.
 
 pub mod access;
+pub mod activation;
 pub mod agent;
 pub mod completions;
 pub mod ctl;

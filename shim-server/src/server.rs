@@ -96,6 +96,7 @@ pub async fn serve<S: Store, F>(
     listener: UnixListener,
     path: &Path,
     peers: PeerCheck,
+    unlink: bool,
     shutdown: F,
 ) -> Result<(), ServeError>
 where
@@ -118,7 +119,11 @@ where
         ))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await;
-    let _ = std::fs::remove_file(path);
-    info!(socket = %path.display(), "socket removed; dipamd stopped");
+    if unlink {
+        let _ = std::fs::remove_file(path);
+        info!(socket = %path.display(), "socket removed; dipamd stopped");
+    } else {
+        info!(socket = %path.display(), "dipamd stopped; the socket stays with systemd");
+    }
     result.map_err(ServeError::from)
 }

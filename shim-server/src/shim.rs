@@ -40,6 +40,8 @@ pub struct Shim<S: Store> {
     pub locks: KeyLocks,
     pub gc: GcPolicy,
     pub metrics: crate::metrics::Metrics,
+    /// Protocol versions seen from plugins since start (bit n = version n, up to 63).
+    pub plugin_protocols: std::sync::atomic::AtomicU64,
     pub admission: crate::access::Admission,
     pub gc_stats: GcStats,
     /// Networks whose delegate store dipamd must not trust (divergence.rs), with the reason:
@@ -98,6 +100,7 @@ impl<S: Store> Shim<S> {
             locks: KeyLocks::default(),
             gc,
             metrics: crate::metrics::Metrics::default(),
+            plugin_protocols: std::sync::atomic::AtomicU64::new(0),
             admission,
             gc_stats: GcStats::default(),
             misconfigured: std::sync::Mutex::new(std::collections::HashMap::new()),
@@ -125,6 +128,12 @@ impl<S: Store> Shim<S> {
     /// Validates a request (defence in depth: these values become keys and exec arguments)
     /// and derives the delegate config. `attachment` verbs need the container ID and ifname.
     pub fn prepare(&self, req: CniRequest, attachment: bool) -> Result<Prepared, ShimError> {
+        if req.protocol_version < 64 {
+            self.plugin_protocols.fetch_or(
+                1 << req.protocol_version,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
         if req.protocol_version < dipam_proto::MIN_PROTOCOL_VERSION {
             return Err(ShimError::ProtocolTooOld {
                 client: req.protocol_version,

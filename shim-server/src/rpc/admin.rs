@@ -46,6 +46,12 @@ pub async fn status<S: Store>(shim: &Shim<S>) -> Result<StatusReply, ShimError> 
             .gc_stats
             .freed
             .load(std::sync::atomic::Ordering::Relaxed),
+        plugin_protocols: {
+            let bits = shim
+                .plugin_protocols
+                .load(std::sync::atomic::Ordering::Relaxed);
+            (0..64).filter(|v| bits & (1 << v) != 0).collect()
+        },
         conflist: shim
             .agent
             .config
