@@ -4,6 +4,7 @@ use clap::Parser;
 
 fn main() -> std::process::ExitCode {
     let args = dipam_shim::daemon::Args::parse();
+    dipam_shim::daemon::tune_allocator();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
