@@ -131,28 +131,12 @@ impl AgentLab {
 
     /// (container ID, IP) in the delegate's store.
     pub fn delegate_store(&self) -> Vec<(String, String)> {
-        let mut v: Vec<_> = if self.fx.delegate() == "azure-vnet-ipam" {
-            hostlocal::azure_allocations(&self.data.path().join("azure-vnet-ipam.json"))
-        } else {
-            hostlocal::reservations(self.data.path(), &self.network())
-                .into_iter()
-                .map(|(id, _, ip)| (id, ip))
-                .collect()
-        };
-        v.sort();
-        v
+        hostlocal::store_pairs(&self.fx.delegate(), self.data.path(), &self.network())
     }
 
     /// (container ID, IP) in the ledger for this network.
     pub fn ledger(&self) -> Vec<(String, String)> {
-        let mut v: Vec<_> = self
-            .dipamd
-            .ledger_ips(&self.network())
-            .into_iter()
-            .map(|(id, _, ip)| (id, ip))
-            .collect();
-        v.sort();
-        v
+        self.dipamd.ledger_pairs(&self.network())
     }
 
     #[track_caller]

@@ -180,6 +180,17 @@ impl Dipamd {
         v.as_array().cloned().unwrap_or_default()
     }
 
+    /// Ledger entries of `network` as (container ID, bare IP) pairs, sorted.
+    pub fn ledger_pairs(&self, network: &str) -> Vec<(String, String)> {
+        let mut v: Vec<_> = self
+            .ledger_ips(network)
+            .into_iter()
+            .map(|(id, _, ip)| (id, ip))
+            .collect();
+        v.sort();
+        v
+    }
+
     /// Ledger entries as (container ID, ifname, bare IP) triples, sorted.
     pub fn ledger_ips(&self, network: &str) -> Vec<(String, String, String)> {
         let mut out: Vec<_> = self

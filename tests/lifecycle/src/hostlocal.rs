@@ -50,3 +50,19 @@ pub fn azure_allocations(state_file: &Path) -> Vec<(String, String)> {
     out.sort();
     out
 }
+
+/// (container ID, IP) pairs in the store of `delegate` whose state lives under `data_dir`
+/// (host-local's and gc-ipam's per-network directory, or the azure stand-in's state file),
+/// sorted: what every bench compares with the ledger.
+pub fn store_pairs(delegate: &str, data_dir: &Path, network: &str) -> Vec<(String, String)> {
+    let mut v: Vec<_> = if delegate == "azure-vnet-ipam" {
+        azure_allocations(&data_dir.join("azure-vnet-ipam.json"))
+    } else {
+        reservations(data_dir, network)
+            .into_iter()
+            .map(|(id, _, ip)| (id, ip))
+            .collect()
+    };
+    v.sort();
+    v
+}

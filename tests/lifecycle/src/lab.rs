@@ -103,28 +103,12 @@ impl Lab {
 
     /// (container ID, IP) pairs in the delegate's own store.
     pub fn delegate_store(&self) -> Vec<(String, String)> {
-        let mut v: Vec<_> = if self.fx.delegate() == "azure-vnet-ipam" {
-            hostlocal::azure_allocations(&self.azure_state())
-        } else {
-            hostlocal::reservations(self.data.path(), &self.network())
-                .into_iter()
-                .map(|(id, _, ip)| (id, ip))
-                .collect()
-        };
-        v.sort();
-        v
+        hostlocal::store_pairs(&self.fx.delegate(), self.data.path(), &self.network())
     }
 
     /// (container ID, IP) pairs in dipamd's ledger for this network.
     pub fn ledger(&self) -> Vec<(String, String)> {
-        let mut v: Vec<_> = self
-            .dipamd
-            .ledger_ips(&self.network())
-            .into_iter()
-            .map(|(id, _, ip)| (id, ip))
-            .collect();
-        v.sort();
-        v
+        self.dipamd.ledger_pairs(&self.network())
     }
 
     /// The invariant: the ledger and the delegate's store hold exactly the same allocations.
