@@ -3,5 +3,5 @@
 # ptp + dipam + host-local in a fresh network namespace, the ledger shown at each step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash tests/deps.sh
+bash tests/deps.sh demo
 cargo run --quiet -p dipam-lifecycle --bin dipam-demo

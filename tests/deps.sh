@@ -10,9 +10,12 @@ need=()
 [ -x /usr/lib/cni/host-local ] || need+=(containernetworking-plugins)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v iptables >/dev/null 2>&1 || need+=(iptables)
-command -v podman >/dev/null 2>&1 || need+=(podman)
-command -v runc >/dev/null 2>&1 || need+=(runc)
-dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
+# The demo needs only the reference plugins (`deps.sh demo`); the test suite also a runtime.
+if [ "${1:-}" != "demo" ]; then
+  command -v podman >/dev/null 2>&1 || need+=(podman)
+  command -v runc >/dev/null 2>&1 || need+=(runc)
+  dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "missing: ${need[*]}; run as root (or: sudo apt-get install -y ${need[*]})" >&2
