@@ -12,6 +12,7 @@ pub mod hostlocal;
 pub mod lab;
 pub mod netns;
 pub mod runtime;
+pub mod standin;
 
 pub use agentlab::AgentLab;
 pub use daemon::Dipamd;

@@ -8,10 +8,10 @@
 //! CNI boundary. Only the points below are promised.
 //!
 //! # Environment
-//! - Env vars come in through the `getenv` closure given to [`run`]; `main` passes
-//!   `std::env::var`. The process environment is never changed. An empty value
-//!   counts as absent, because libcni sets every `CNI_*` var and uses `""` for the
-//!   ones that do not apply.
+//! - Env vars come in through the `getenv` closure given to `standin::run`;
+//!   `main` passes `std::env::var`. The process environment is never changed. An
+//!   empty value counts as absent, because libcni sets every `CNI_*` var and uses
+//!   `""` for the ones that do not apply.
 //! - `CNI_COMMAND`: `ADD`, `DEL`, `CHECK` or `VERSION`. Any other value, `GC` and
 //!   `STATUS` included, → code 4 `unknown CNI_COMMAND: X`. An absent value → code 4
 //!   `required env variables [CNI_COMMAND] missing`.
@@ -96,17 +96,18 @@
 //! parent directories are created.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::AsRawFd;
+use std::fs;
+use std::io::{self, Read};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::thread;
-use std::time::{Duration, Instant};
 
+use dipam_lifecycle::standin::{
+    self, CniError, ERR_INVALID_CONFIG, Env, FileLock, IpConfig, LockStep, Pool, missing_env,
+    object_field, string_field,
+};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Map;
 
 const SUPPORTED_VERSIONS: [&str; 6] = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0"];
 const VERSION_OUTPUT: &str = r#"{"cniVersion":"1.0.0","supportedVersions":["0.1.0","0.2.0","0.3.0","0.3.1","0.4.0","1.0.0"]}"#;
@@ -114,37 +115,9 @@ const DEFAULT_POOL: &str = "10.240.0.0/24";
 const DEFAULT_STATE_FILE: &str = "/run/azure-vnet-ipam-standin.json";
 /// Azure's virtual public IP for DNS (what the real pool reports as its DNS server).
 const AZURE_DNS: &str = "168.63.129.16";
-/// The real plugin gives up on its store lock after 10 s on Linux.
-const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
-const LOCK_POLL: Duration = Duration::from_millis(10);
 
-const ERR_INCOMPATIBLE_VERSION: u32 = 1;
-const ERR_INVALID_ENV: u32 = 4;
-const ERR_IO: u32 = 5;
-const ERR_DECODE: u32 = 6;
-const ERR_INVALID_CONFIG: u32 = 7;
-const ERR_TRY_AGAIN_LATER: u32 = 11;
 /// azure-vnet-ipam reports its own failures as `ErrRuntime` (100).
 const ERR_RUNTIME: u32 = 100;
-
-/// CNI error object, shaped like Go's `types.Error` (no `cniVersion` key).
-#[derive(Debug, Serialize)]
-struct CniError {
-    code: u32,
-    msg: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
-    details: String,
-}
-
-impl CniError {
-    fn new(code: u32, msg: impl Into<String>, details: impl Into<String>) -> Self {
-        Self {
-            code,
-            msg: msg.into(),
-            details: details.into(),
-        }
-    }
-}
 
 // STATE FORMAT
 // The state file is one JSON object:
@@ -178,209 +151,75 @@ struct Config {
     pool: String,
 }
 
-/// Runs one CNI invocation and returns the process exit status.
-///
-/// `getenv` supplies the environment (`CNI_COMMAND`, `CNI_CONTAINERID`, ...).
-/// The result or error JSON goes to `stdout`.
-pub fn run<G, R, W>(getenv: G, mut stdin: R, mut stdout: W) -> i32
-where
-    G: Fn(&str) -> Option<String>,
-    R: Read,
-    W: Write,
-{
-    let (text, status) = match dispatch(&getenv, &mut stdin) {
-        Ok(out) => (out, 0),
-        Err(err) => {
-            let text = serde_json::to_string(&err).unwrap_or_else(|_| {
-                format!(
-                    r#"{{"code":{},"msg":"error serialisation failed"}}"#,
-                    err.code
-                )
-            });
-            (Some(text), 1)
-        }
-    };
-    if let Some(text) = text
-        && writeln!(stdout, "{text}").is_err()
-    {
-        return 1;
-    }
-    if stdout.flush().is_err() {
-        return 1;
-    }
-    status
-}
-
 fn main() {
-    let status = run(
-        |key: &str| std::env::var(key).ok(),
-        io::stdin().lock(),
-        io::stdout().lock(),
-    );
-    std::process::exit(status);
+    standin::main(VERSION_OUTPUT, dispatch)
 }
 
+/// Every command but `VERSION`, which `standin::run` answers with [`VERSION_OUTPUT`].
 fn dispatch(
-    getenv: &dyn Fn(&str) -> Option<String>,
+    command: &str,
+    env: &Env<'_>,
     stdin: &mut dyn Read,
 ) -> Result<Option<String>, CniError> {
-    let env = |key: &str| getenv(key).filter(|v| !v.is_empty());
-
-    let command = match env("CNI_COMMAND").as_deref() {
-        None => return Err(missing_env("CNI_COMMAND")),
-        Some("VERSION") => return Ok(Some(VERSION_OUTPUT.to_owned())),
-        Some("ADD") => Command::Add,
-        Some("DEL") => Command::Del,
-        Some("CHECK") => Command::Check,
-        Some(other) => {
-            return Err(CniError::new(
-                ERR_INVALID_ENV,
-                format!("unknown CNI_COMMAND: {other}"),
-                "",
-            ));
-        }
+    let command = match command {
+        "ADD" => Command::Add,
+        "DEL" => Command::Del,
+        "CHECK" => Command::Check,
+        other => return Err(standin::unknown_command(other)),
     };
 
-    let container_id = env("CNI_CONTAINERID");
-    if let Some(id) = &container_id
-        && !valid_container_id(id)
-    {
-        return Err(CniError::new(
-            ERR_INVALID_ENV,
-            "invalid characters in containerID",
-            id.clone(),
-        ));
+    let container_id = env.get("CNI_CONTAINERID");
+    if let Some(id) = &container_id {
+        standin::check_container_id(id)?;
     }
     // CNI_NETNS, CNI_IFNAME, CNI_ARGS, CNI_PATH: ignored (see the module docs).
 
-    let mut raw = Vec::new();
-    stdin
-        .read_to_end(&mut raw)
-        .map_err(|e| CniError::new(ERR_IO, "error reading from stdin", e.to_string()))?;
-    let conf = parse_config(&raw)?;
+    let conf = parse_config(&standin::read_stdin(stdin)?)?;
 
     match command {
         Command::Check => {
-            if matches!(
-                conf.cni_version.as_str(),
-                "0.1.0" | "0.2.0" | "0.3.0" | "0.3.1"
-            ) {
-                return Err(CniError::new(
-                    ERR_INCOMPATIBLE_VERSION,
-                    "config version does not allow CHECK",
-                    format!(
-                        "config is {:?}; CHECK needs 0.4.0 or later",
-                        conf.cni_version
-                    ),
-                ));
-            }
+            // Every supported version from 0.4.0 on (libcni skel's rule).
+            standin::require_version(
+                &conf.cni_version,
+                "CHECK",
+                &["0.4.0", "1.0.0"],
+                "0.4.0 or later",
+            )?;
             Ok(None)
         }
         Command::Add => {
-            let id = container_id.ok_or_else(|| missing_env("CNI_CONTAINERID"))?;
+            let id = container_id.ok_or_else(|| missing_env(&["CNI_CONTAINERID"]))?;
             cmd_add(&conf, &id).map(Some)
         }
         Command::Del => {
-            let id = container_id.ok_or_else(|| missing_env("CNI_CONTAINERID"))?;
+            let id = container_id.ok_or_else(|| missing_env(&["CNI_CONTAINERID"]))?;
             cmd_del(&conf, &id).map(|()| None)
         }
     }
-}
-
-fn missing_env(name: &str) -> CniError {
-    CniError::new(
-        ERR_INVALID_ENV,
-        format!("required env variables [{name}] missing"),
-        "",
-    )
-}
-
-/// libcni's rule: `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`.
-fn valid_container_id(id: &str) -> bool {
-    let mut chars = id.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphanumeric())
-        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
 }
 
 // ---------------------------------------------------------------------------
 // Config
 // ---------------------------------------------------------------------------
 
-/// Looks up `key`, preferring an exact match and falling back to a
-/// case-insensitive one (Go `encoding/json` semantics).
-fn field<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
-    obj.get(key).or_else(|| {
-        obj.iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(key))
-            .map(|(_, v)| v)
-    })
-}
-
-/// A string field; `null`, absent and `""` all read as `None`.
-fn string_field(
-    obj: &Map<String, Value>,
-    key: &str,
-    path: &str,
-) -> Result<Option<String>, CniError> {
-    match field(obj, key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) if s.is_empty() => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(other) => Err(CniError::new(
-            ERR_DECODE,
-            "failed to decode network configuration",
-            format!("{path} must be a string, got {other}"),
-        )),
-    }
-}
-
 fn parse_config(raw: &[u8]) -> Result<Config, CniError> {
-    let value: Value = serde_json::from_slice(raw).map_err(|e| {
-        CniError::new(
-            ERR_DECODE,
-            "failed to decode network configuration",
-            e.to_string(),
-        )
-    })?;
-    let Value::Object(top) = value else {
-        return Err(CniError::new(
-            ERR_DECODE,
-            "failed to decode network configuration",
-            "stdin must be a JSON object",
-        ));
-    };
+    let top = standin::parse_object(raw)?;
 
     let cni_version = match string_field(&top, "cniVersion", "cniVersion")? {
         None => {
-            return Err(CniError::new(
-                ERR_INCOMPATIBLE_VERSION,
-                "incompatible CNI versions",
+            return Err(standin::incompatible_version(
                 "config has no cniVersion; this stand-in requires one (the real \
                  azure-vnet-ipam would assume \"0.2.0\")",
             ));
         }
         Some(v) if !SUPPORTED_VERSIONS.contains(&v.as_str()) => {
-            return Err(CniError::new(
-                ERR_INCOMPATIBLE_VERSION,
-                "incompatible CNI versions",
-                format!("config is {v:?}, plugin supports {SUPPORTED_VERSIONS:?}"),
-            ));
+            return Err(standin::unsupported_version(&v, &SUPPORTED_VERSIONS));
         }
         Some(v) => v,
     };
 
     let empty = Map::new();
-    let ipam = match field(&top, "ipam") {
-        None | Some(Value::Null) => &empty,
-        Some(Value::Object(m)) => m,
-        Some(other) => {
-            return Err(CniError::new(
-                ERR_DECODE,
-                "failed to decode network configuration",
-                format!("ipam must be an object, got {other}"),
-            ));
-        }
-    };
+    let ipam = object_field(&top, "ipam", "ipam")?.unwrap_or(&empty);
     // Checked for type only, like a Go struct decode; their values are not used.
     string_field(ipam, "type", "ipam.type")?;
     string_field(ipam, "environment", "ipam.environment")?;
@@ -397,93 +236,20 @@ fn parse_config(raw: &[u8]) -> Result<Config, CniError> {
     })
 }
 
-// ---------------------------------------------------------------------------
-// Pool arithmetic (addresses as u128 so IPv4 and IPv6 share one code path)
-// ---------------------------------------------------------------------------
-
-#[derive(Debug, Clone, Copy)]
-struct Pool {
-    /// Canonical network (host bits cleared).
-    net: IpNet,
-    gateway: IpAddr,
-    /// Inclusive range of assignable addresses.
-    first: u128,
-    last: u128,
-}
-
-impl Pool {
-    fn parse(text: &str) -> Result<Self, CniError> {
-        let net: IpNet = text.parse().map_err(|e| {
-            CniError::new(
-                ERR_INVALID_CONFIG,
-                "invalid ipam.pool",
-                format!("{text:?} is not a CIDR: {e}"),
-            )
-        })?;
-        let net = net.trunc();
-        let width: u8 = if net.addr().is_ipv4() { 32 } else { 128 };
-        let host_bits = width.saturating_sub(net.prefix_len());
-        if host_bits < 2 {
-            return Err(CniError::new(
-                ERR_INVALID_CONFIG,
-                "invalid ipam.pool",
-                format!(
-                    "pool {net} is too small: it needs a network address, a gateway and at \
-                     least one assignable address (IPv4 ≤ /30, IPv6 ≤ /126)"
-                ),
-            ));
-        }
-        let base = ip_to_u128(net.network());
-        let host_mask = if host_bits >= 128 {
-            u128::MAX
-        } else {
-            (1u128 << host_bits) - 1
-        };
-        let top = base | host_mask;
-        let gateway = base + 1;
-        // IPv4 loses its broadcast address; IPv6 has none.
-        let last = if net.addr().is_ipv4() { top - 1 } else { top };
-        Ok(Self {
-            net,
-            gateway: u128_to_ip(net.addr().is_ipv6(), gateway),
-            first: base + 2,
-            last,
-        })
-    }
-
-    fn is_ipv6(&self) -> bool {
-        self.net.addr().is_ipv6()
-    }
-
-    /// True if `ip` is in the pool and is neither network, gateway nor broadcast.
-    fn is_assignable(&self, ip: IpAddr) -> bool {
-        ip.is_ipv6() == self.is_ipv6() && (self.first..=self.last).contains(&ip_to_u128(ip))
-    }
-
-    fn capacity(&self) -> u128 {
-        (self.last - self.first).saturating_add(1)
-    }
-
-    fn lowest_free(&self, taken: &HashMap<IpAddr, &str>) -> Option<IpAddr> {
-        (self.first..=self.last)
-            .map(|n| u128_to_ip(self.is_ipv6(), n))
-            .find(|ip| !taken.contains_key(ip))
-    }
-}
-
-fn ip_to_u128(ip: IpAddr) -> u128 {
-    match ip {
-        IpAddr::V4(v4) => u128::from(u32::from(v4)),
-        IpAddr::V6(v6) => u128::from(v6),
-    }
-}
-
-fn u128_to_ip(v6: bool, n: u128) -> IpAddr {
-    if v6 {
-        IpAddr::V6(Ipv6Addr::from(n))
-    } else {
-        IpAddr::V4(Ipv4Addr::from((n & u128::from(u32::MAX)) as u32))
-    }
+/// The pool from `ipam.pool`: any CIDR (host bits are dropped) with room for a network
+/// address, a gateway and one assignable address.
+fn parse_pool(text: &str) -> Result<Pool, CniError> {
+    let invalid = |details: String| CniError::new(ERR_INVALID_CONFIG, "invalid ipam.pool", details);
+    let net: IpNet = text
+        .parse()
+        .map_err(|e| invalid(format!("{text:?} is not a CIDR: {e}")))?;
+    let net = net.trunc();
+    Pool::new(net).ok_or_else(|| {
+        invalid(format!(
+            "pool {net} is too small: it needs a network address, a gateway and at \
+             least one assignable address (IPv4 ≤ /30, IPv6 ≤ /126)"
+        ))
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -499,7 +265,7 @@ fn not_available(requested: &str, why: impl Into<String>) -> CniError {
 }
 
 fn cmd_add(conf: &Config, id: &str) -> Result<String, CniError> {
-    let pool = Pool::parse(&conf.pool)?;
+    let pool = parse_pool(&conf.pool)?;
     let requested = match &conf.ip_address {
         None => None,
         Some(text) => {
@@ -517,7 +283,6 @@ fn cmd_add(conf: &Config, id: &str) -> Result<String, CniError> {
     })?;
     render_result(&conf.cni_version, &pool, ip)
 }
-
 /// Allocation under the lock. Returns the address and whether the state changed.
 fn allocate(
     state: &mut State,
@@ -584,23 +349,26 @@ fn allocate(
             }
             req
         }
-        None => pool.lowest_free(&taken).ok_or_else(|| {
-            CniError::new(
-                ERR_RUNTIME,
-                format!("no addresses available in pool {}", pool.net),
-                format!(
-                    "all {} assignable addresses are allocated; release one with DEL",
-                    pool.capacity()
-                ),
-            )
-        })?,
+        None => pool
+            .addresses()
+            .find(|ip| !taken.contains_key(ip))
+            .ok_or_else(|| {
+                CniError::new(
+                    ERR_RUNTIME,
+                    format!("no addresses available in pool {}", pool.net),
+                    format!(
+                        "all {} assignable addresses are allocated; release one with DEL",
+                        pool.capacity()
+                    ),
+                )
+            })?,
     };
     state.allocations.insert(id.to_owned(), ip.to_string());
     Ok((ip, true))
 }
 
 fn cmd_del(conf: &Config, id: &str) -> Result<(), CniError> {
-    let pool = Pool::parse(&conf.pool)?;
+    let pool = parse_pool(&conf.pool)?;
     let pool_not_found = |details: String| {
         CniError::new(
             ERR_RUNTIME,
@@ -645,14 +413,6 @@ struct Dns {
     nameservers: Vec<String>,
 }
 
-#[derive(Serialize)]
-struct IpConfig {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    version: Option<&'static str>,
-    address: String,
-    gateway: String,
-}
-
 /// 0.3.x / 0.4.0 / 1.0.0 result (IPAM-abbreviated: no `interfaces`).
 #[derive(Serialize)]
 struct CurrentResult {
@@ -684,20 +444,19 @@ struct LegacyResult {
 
 fn render_result(cni_version: &str, pool: &Pool, ip: IpAddr) -> Result<String, CniError> {
     let v6 = pool.is_ipv6();
-    let address = format!("{ip}/{}", pool.net.prefix_len());
-    let gateway = pool.gateway.to_string();
+    let ip_config = IpConfig::new(cni_version, pool, ip);
     let route = Route {
         dst: if v6 { "::/0" } else { "0.0.0.0/0" }.to_owned(),
-        gw: gateway.clone(),
+        gw: ip_config.gateway.clone(),
     };
     let dns = Dns {
         nameservers: vec![AZURE_DNS.to_owned()],
     };
-    let json = match cni_version {
+    match cni_version {
         "0.1.0" | "0.2.0" => {
             let cfg = LegacyIpConfig {
-                ip: address,
-                gateway,
+                ip: ip_config.address,
+                gateway: ip_config.gateway,
                 routes: vec![route],
             };
             let (ip4, ip6) = if v6 {
@@ -705,31 +464,24 @@ fn render_result(cni_version: &str, pool: &Pool, ip: IpAddr) -> Result<String, C
             } else {
                 (Some(cfg), None)
             };
-            serde_json::to_string(&LegacyResult {
+            let result = LegacyResult {
                 cni_version: cni_version.to_owned(),
                 ip4,
                 ip6,
                 dns,
-            })
+            };
+            standin::encode_result(&result, ERR_RUNTIME)
         }
         _ => {
-            let version = match cni_version {
-                "0.3.0" | "0.3.1" | "0.4.0" => Some(if v6 { "6" } else { "4" }),
-                _ => None,
-            };
-            serde_json::to_string(&CurrentResult {
+            let result = CurrentResult {
                 cni_version: cni_version.to_owned(),
-                ips: vec![IpConfig {
-                    version,
-                    address,
-                    gateway,
-                }],
+                ips: vec![ip_config],
                 routes: vec![route],
                 dns,
-            })
+            };
+            standin::encode_result(&result, ERR_RUNTIME)
         }
-    };
-    json.map_err(|e| CniError::new(ERR_RUNTIME, "failed to encode result", e.to_string()))
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -744,54 +496,23 @@ fn state_err(what: &str, path: &Path, err: impl std::fmt::Display) -> CniError {
     )
 }
 
-/// Holds the exclusive flock until dropped (closing the fd releases it).
-struct StateLock {
-    _file: File,
-}
-
-impl StateLock {
-    fn acquire(state_path: &Path) -> Result<Self, CniError> {
-        let mut lock_path = state_path.as_os_str().to_owned();
-        lock_path.push(".lock");
-        let lock_path = PathBuf::from(lock_path);
-        if let Some(parent) = state_path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            fs::create_dir_all(parent).map_err(|e| state_err("create directory for", parent, e))?;
-        }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&lock_path)
-            .map_err(|e| state_err("open lock for", &lock_path, e))?;
-        let deadline = Instant::now() + LOCK_TIMEOUT;
-        loop {
-            // SAFETY: `file` is an open `File` owned by this frame, so its descriptor
-            // stays valid for the whole call; flock(2) takes no pointers and only
-            // touches the lock attached to that open file description.
-            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-            if rc == 0 {
-                return Ok(Self { _file: file });
-            }
-            let err = io::Error::last_os_error();
-            let retry = matches!(err.raw_os_error(),
-                Some(e) if e == libc::EWOULDBLOCK || e == libc::EAGAIN || e == libc::EINTR);
-            if !retry {
-                return Err(state_err("lock", &lock_path, err));
-            }
-            if Instant::now() >= deadline {
-                return Err(CniError::new(
-                    ERR_TRY_AGAIN_LATER,
-                    "timed out waiting for the state file lock",
-                    format!(
-                        "{} held for more than {LOCK_TIMEOUT:?}",
-                        lock_path.display()
-                    ),
-                ));
-            }
-            thread::sleep(LOCK_POLL);
-        }
+/// Takes the exclusive flock on `<stateFile>.lock` (held until the guard drops),
+/// creating missing parent directories first.
+fn lock_state(state_path: &Path) -> Result<FileLock, CniError> {
+    let mut lock_path = state_path.as_os_str().to_owned();
+    lock_path.push(".lock");
+    let lock_path = PathBuf::from(lock_path);
+    if let Some(parent) = state_path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        fs::create_dir_all(parent).map_err(|e| state_err("create directory for", parent, e))?;
     }
+    // 0o666 is `OpenOptions`' default: the umask decides.
+    FileLock::acquire(&lock_path, 0o666, "state file", |step, e| {
+        let what = match step {
+            LockStep::Open => "open lock for",
+            LockStep::Lock => "lock",
+        };
+        state_err(what, &lock_path, e)
+    })
 }
 
 fn read_state(path: &Path) -> Result<State, CniError> {
@@ -807,26 +528,11 @@ fn read_state(path: &Path) -> Result<State, CniError> {
 }
 
 fn write_state(path: &Path, state: &State) -> Result<(), CniError> {
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".azure-vnet-ipam-standin.")
-        .suffix(".tmp")
-        .tempfile_in(dir)
-        .map_err(|e| state_err("create temp file for", path, e))?;
-    serde_json::to_writer_pretty(&mut tmp, state).map_err(|e| state_err("encode", path, e))?;
-    tmp.write_all(b"\n")
-        .and_then(|()| tmp.as_file().sync_all())
-        .map_err(|e| state_err("write", path, e))?;
-    tmp.persist(path)
-        .map_err(|e| state_err("replace", path, e.error))?;
-    // Best effort: make the rename itself durable.
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
+    let mut data = serde_json::to_vec_pretty(state).map_err(|e| state_err("encode", path, e))?;
+    data.push(b'\n');
+    standin::write_atomic(path, ".azure-vnet-ipam-standin.", &data, |what, e| {
+        state_err(what, path, e)
+    })
 }
 
 /// Runs `f` on the state under the exclusive lock and writes the state back
@@ -835,7 +541,7 @@ fn with_state<T>(
     path: &Path,
     f: impl FnOnce(&mut State) -> Result<(T, bool), CniError>,
 ) -> Result<T, CniError> {
-    let _lock = StateLock::acquire(path)?;
+    let _lock = lock_state(path)?;
     let mut state = read_state(path)?;
     let (out, changed) = f(&mut state)?;
     if changed {
@@ -851,7 +557,7 @@ fn with_state<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     struct Fixture {
         _dir: tempfile::TempDir,
@@ -896,7 +602,13 @@ mod tests {
         env.insert("CNI_PATH", "/opt/cni/bin".to_owned());
         env.insert("CNI_ARGS", "IgnoreUnknown=1".to_owned());
         let mut out = Vec::new();
-        let code = run(|k: &str| env.get(k).cloned(), stdin.as_bytes(), &mut out);
+        let code = standin::run(
+            VERSION_OUTPUT,
+            dispatch,
+            |k: &str| env.get(k).cloned(),
+            stdin.as_bytes(),
+            &mut out,
+        );
         (code, String::from_utf8(out).unwrap())
     }
 

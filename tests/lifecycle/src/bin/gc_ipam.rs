@@ -9,10 +9,10 @@
 //! (§2.8). Only the points below are promised.
 //!
 //! # Environment
-//! - Env vars come in through the `getenv` closure given to [`run`]; `main` passes
-//!   `std::env::var`. The process environment is never changed. An empty value
-//!   counts as absent, because libcni sets every `CNI_*` var and uses `""` for the
-//!   ones that do not apply.
+//! - Env vars come in through the `getenv` closure given to `standin::run`;
+//!   `main` passes `std::env::var`. The process environment is never changed. An
+//!   empty value counts as absent, because libcni sets every `CNI_*` var and uses
+//!   `""` for the ones that do not apply.
 //! - `CNI_COMMAND`: `ADD`, `DEL`, `CHECK`, `GC`, `STATUS` or `VERSION`. An absent value
 //!   → code 4 `required env variables [CNI_COMMAND] missing`. Any other value → code 4
 //!   `unknown CNI_COMMAND: X`.
@@ -126,15 +126,16 @@
 //! never panics on any input.
 
 use std::collections::{BTreeSet, HashSet};
-use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::fs::{self, DirBuilder, OpenOptions};
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::AsRawFd;
+use std::net::IpAddr;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::thread;
-use std::time::{Duration, Instant};
 
+use dipam_lifecycle::standin::{
+    self, CniError, ERR_INVALID_CONFIG, ERR_INVALID_ENV, Env, FileLock, IpConfig, LockStep, Pool,
+    array_field, decode_err, missing_env, object_field, string_field,
+};
 use ipnet::IpNet;
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -153,37 +154,10 @@ const STATUS_FAIL_MARKER: &str = "status-fail";
 const LINE_BREAK: &str = "\r\n";
 const VALID_ATTACHMENTS_KEY: &str = "cni.dev/valid-attachments";
 const LEGACY_ATTACHMENTS_KEY: &str = "cni.dev/attachments";
-const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
-const LOCK_POLL: Duration = Duration::from_millis(10);
 
-const ERR_INCOMPATIBLE_VERSION: u32 = 1;
-const ERR_INVALID_ENV: u32 = 4;
-const ERR_IO: u32 = 5;
-const ERR_DECODE: u32 = 6;
-const ERR_INVALID_CONFIG: u32 = 7;
-const ERR_TRY_AGAIN_LATER: u32 = 11;
 const ERR_NOT_AVAILABLE: u32 = 50;
 /// Go's `types.ErrInternal`: what skel reports for a plugin's plain errors.
 const ERR_INTERNAL: u32 = 999;
-
-/// CNI error object, shaped like Go's `types.Error` (no `cniVersion` key).
-#[derive(Debug, Serialize)]
-struct CniError {
-    code: u32,
-    msg: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
-    details: String,
-}
-
-impl CniError {
-    fn new(code: u32, msg: impl Into<String>, details: impl Into<String>) -> Self {
-        Self {
-            code,
-            msg: msg.into(),
-            details: details.into(),
-        }
-    }
-}
 
 /// The (container ID, ifname) pair a reservation belongs to.
 #[derive(Debug, Clone)]
@@ -226,76 +200,26 @@ impl Config {
     }
 }
 
-/// Runs one CNI invocation and returns the process exit status.
-///
-/// `getenv` supplies the environment (`CNI_COMMAND`, `CNI_CONTAINERID`, ...).
-/// The result or error JSON goes to `stdout`.
-pub fn run<G, R, W>(getenv: G, mut stdin: R, mut stdout: W) -> i32
-where
-    G: Fn(&str) -> Option<String>,
-    R: Read,
-    W: Write,
-{
-    let (text, status) = match dispatch(&getenv, &mut stdin) {
-        Ok(out) => (out, 0),
-        Err(err) => {
-            let text = serde_json::to_string(&err).unwrap_or_else(|_| {
-                format!(
-                    r#"{{"code":{},"msg":"error serialisation failed"}}"#,
-                    err.code
-                )
-            });
-            (Some(text), 1)
-        }
-    };
-    if let Some(text) = text
-        && writeln!(stdout, "{text}").is_err()
-    {
-        return 1;
-    }
-    if stdout.flush().is_err() {
-        return 1;
-    }
-    status
-}
-
 fn main() {
-    let status = run(
-        |key: &str| std::env::var(key).ok(),
-        io::stdin().lock(),
-        io::stdout().lock(),
-    );
-    std::process::exit(status);
+    standin::main(VERSION_OUTPUT, dispatch)
 }
 
+/// Every command but `VERSION`, which `standin::run` answers with [`VERSION_OUTPUT`].
 fn dispatch(
-    getenv: &dyn Fn(&str) -> Option<String>,
+    command: &str,
+    env: &Env<'_>,
     stdin: &mut dyn Read,
 ) -> Result<Option<String>, CniError> {
-    let env = |key: &str| getenv(key).filter(|v| !v.is_empty());
-
-    let command = match env("CNI_COMMAND").as_deref() {
-        None => return Err(missing_env(&["CNI_COMMAND"])),
-        Some("VERSION") => return Ok(Some(VERSION_OUTPUT.to_owned())),
-        Some("ADD") => Command::Add(attachment_from_env(&env)?),
-        Some("DEL") => Command::Del(attachment_from_env(&env)?),
-        Some("CHECK") => Command::Check(attachment_from_env(&env)?),
-        Some("GC") => Command::Gc,
-        Some("STATUS") => Command::Status,
-        Some(other) => {
-            return Err(CniError::new(
-                ERR_INVALID_ENV,
-                format!("unknown CNI_COMMAND: {other}"),
-                "",
-            ));
-        }
+    let command = match command {
+        "ADD" => Command::Add(attachment_from_env(env)?),
+        "DEL" => Command::Del(attachment_from_env(env)?),
+        "CHECK" => Command::Check(attachment_from_env(env)?),
+        "GC" => Command::Gc,
+        "STATUS" => Command::Status,
+        other => return Err(standin::unknown_command(other)),
     };
 
-    let mut raw = Vec::new();
-    stdin
-        .read_to_end(&mut raw)
-        .map_err(|e| CniError::new(ERR_IO, "error reading from stdin", e.to_string()))?;
-    let conf = parse_config(&raw)?;
+    let conf = parse_config(&standin::read_stdin(stdin)?)?;
 
     match command {
         Command::Add(att) => cmd_add(&conf, &att).map(Some),
@@ -306,17 +230,9 @@ fn dispatch(
     }
 }
 
-fn missing_env(names: &[&str]) -> CniError {
-    CniError::new(
-        ERR_INVALID_ENV,
-        format!("required env variables [{}] missing", names.join(",")),
-        "",
-    )
-}
-
-fn attachment_from_env(env: &dyn Fn(&str) -> Option<String>) -> Result<Attachment, CniError> {
-    let id = env("CNI_CONTAINERID");
-    let ifname = env("CNI_IFNAME");
+fn attachment_from_env(env: &Env<'_>) -> Result<Attachment, CniError> {
+    let id = env.get("CNI_CONTAINERID");
+    let ifname = env.get("CNI_IFNAME");
     let (id, ifname) = match (id, ifname) {
         (Some(id), Some(ifname)) => (id, ifname),
         (id, ifname) => {
@@ -330,13 +246,7 @@ fn attachment_from_env(env: &dyn Fn(&str) -> Option<String>) -> Result<Attachmen
             return Err(missing_env(&missing));
         }
     };
-    if !valid_identifier(&id) {
-        return Err(CniError::new(
-            ERR_INVALID_ENV,
-            "invalid characters in containerID",
-            id,
-        ));
-    }
+    standin::check_container_id(&id)?;
     if let Err(why) = validate_ifname(&ifname) {
         return Err(CniError::new(
             ERR_INVALID_ENV,
@@ -345,13 +255,6 @@ fn attachment_from_env(env: &dyn Fn(&str) -> Option<String>) -> Result<Attachmen
         ));
     }
     Ok(Attachment { id, ifname })
-}
-
-/// libcni's container-ID (and network-name) rule: `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`.
-fn valid_identifier(id: &str) -> bool {
-    let mut chars = id.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphanumeric())
-        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
 }
 
 /// libcni's interface-name rule.
@@ -375,69 +278,8 @@ fn validate_ifname(ifname: &str) -> Result<(), &'static str> {
 // Config
 // ---------------------------------------------------------------------------
 
-fn decode_err(details: impl Into<String>) -> CniError {
-    CniError::new(
-        ERR_DECODE,
-        "failed to decode network configuration",
-        details,
-    )
-}
-
-/// Looks up `key`, preferring an exact match and falling back to a
-/// case-insensitive one (Go `encoding/json` semantics).
-fn field<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
-    obj.get(key).or_else(|| {
-        obj.iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(key))
-            .map(|(_, v)| v)
-    })
-}
-
-/// A string field; `null`, absent and `""` all read as `None`.
-fn string_field(
-    obj: &Map<String, Value>,
-    key: &str,
-    path: &str,
-) -> Result<Option<String>, CniError> {
-    match field(obj, key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) if s.is_empty() => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(other) => Err(decode_err(format!("{path} must be a string, got {other}"))),
-    }
-}
-
-/// An object field; `null` and absent read as `None`.
-fn object_field<'a>(
-    obj: &'a Map<String, Value>,
-    key: &str,
-    path: &str,
-) -> Result<Option<&'a Map<String, Value>>, CniError> {
-    match field(obj, key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Object(m)) => Ok(Some(m)),
-        Some(other) => Err(decode_err(format!("{path} must be an object, got {other}"))),
-    }
-}
-
-/// An array field; `null` and absent read as `None`.
-fn array_field<'a>(
-    obj: &'a Map<String, Value>,
-    key: &str,
-    path: &str,
-) -> Result<Option<&'a Vec<Value>>, CniError> {
-    match field(obj, key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Array(a)) => Ok(Some(a)),
-        Some(other) => Err(decode_err(format!("{path} must be an array, got {other}"))),
-    }
-}
-
 fn parse_config(raw: &[u8]) -> Result<Config, CniError> {
-    let value: Value = serde_json::from_slice(raw).map_err(|e| decode_err(e.to_string()))?;
-    let Value::Object(top) = value else {
-        return Err(decode_err("stdin must be a JSON object"));
-    };
+    let top = standin::parse_object(raw)?;
 
     let cni_version = string_field(&top, "cniVersion", "cniVersion")?;
     let name = string_field(&top, "name", "name")?;
@@ -457,7 +299,7 @@ fn parse_config(raw: &[u8]) -> Result<Config, CniError> {
             "",
         ));
     };
-    if !valid_identifier(&name) {
+    if !standin::valid_identifier(&name) {
         return Err(CniError::new(
             ERR_INVALID_CONFIG,
             "invalid characters found in network name",
@@ -467,13 +309,9 @@ fn parse_config(raw: &[u8]) -> Result<Config, CniError> {
     let cni_version = match cni_version {
         Some(v) if SUPPORTED_VERSIONS.contains(&v.as_str()) => v,
         other => {
-            return Err(CniError::new(
-                ERR_INCOMPATIBLE_VERSION,
-                "incompatible CNI versions",
-                format!(
-                    "config is {:?}, plugin supports {SUPPORTED_VERSIONS:?}",
-                    other.unwrap_or_default()
-                ),
+            return Err(standin::unsupported_version(
+                &other.unwrap_or_default(),
+                &SUPPORTED_VERSIONS,
             ));
         }
     };
@@ -512,94 +350,37 @@ fn first_subnet(ipam: &Map<String, Value>) -> Result<Option<String>, CniError> {
 }
 
 fn require_version(conf: &Config, op: &str, ok: &[&str], needs: &str) -> Result<(), CniError> {
-    if ok.contains(&conf.cni_version.as_str()) {
-        return Ok(());
-    }
-    Err(CniError::new(
-        ERR_INCOMPATIBLE_VERSION,
-        format!("config version does not allow {op}"),
-        format!("config is {:?}; {op} needs {needs}", conf.cni_version),
-    ))
+    standin::require_version(&conf.cni_version, op, ok, needs)
 }
 
 // ---------------------------------------------------------------------------
-// Subnet arithmetic (addresses as u128 so IPv4 and IPv6 share one code path)
+// Subnet
 // ---------------------------------------------------------------------------
 
-#[derive(Debug, Clone, Copy)]
-struct Pool {
-    net: IpNet,
-    gateway: IpAddr,
-    /// Inclusive range of allocatable addresses (gateway excluded).
-    first: u128,
-    last: u128,
-}
-
-impl Pool {
-    fn parse(text: Option<&str>) -> Result<Self, CniError> {
-        let invalid =
-            |details: String| CniError::new(ERR_INVALID_CONFIG, "invalid ipam subnet", details);
-        let Some(text) = text else {
-            return Err(invalid(
-                "ADD needs ipam.ranges[0][0].subnet (e.g. \"10.88.0.0/24\")".to_owned(),
-            ));
-        };
-        let net: IpNet = text
-            .parse()
-            .map_err(|e| invalid(format!("{text:?} is not a CIDR: {e}")))?;
-        if net.trunc() != net {
-            return Err(invalid(format!(
-                "{text:?} has host bits set; the network address is {}",
-                net.trunc()
-            )));
-        }
-        let v6 = net.addr().is_ipv6();
-        let width: u8 = if v6 { 128 } else { 32 };
-        let host_bits = width.saturating_sub(net.prefix_len());
-        if host_bits < 2 {
-            return Err(invalid(format!(
-                "subnet {net} is too small (IPv4 needs ≤ /30, IPv6 ≤ /126)"
-            )));
-        }
-        let base = ip_to_u128(net.network());
-        let host_mask = if host_bits >= 128 {
-            u128::MAX
-        } else {
-            (1u128 << host_bits) - 1
-        };
-        let top = base | host_mask;
-        // host-local's last usable address: broadcast − 1 for IPv4, all-ones for IPv6.
-        let last = if v6 { top } else { top - 1 };
-        Ok(Self {
-            net,
-            gateway: u128_to_ip(v6, base + 1),
-            first: base + 2,
-            last,
-        })
+/// The pool from `ipam.ranges[0][0].subnet`: a CIDR without host bits, with room for
+/// a network address, a gateway and one allocatable address.
+fn parse_subnet(text: Option<&str>) -> Result<Pool, CniError> {
+    let invalid =
+        |details: String| CniError::new(ERR_INVALID_CONFIG, "invalid ipam subnet", details);
+    let Some(text) = text else {
+        return Err(invalid(
+            "ADD needs ipam.ranges[0][0].subnet (e.g. \"10.88.0.0/24\")".to_owned(),
+        ));
+    };
+    let net: IpNet = text
+        .parse()
+        .map_err(|e| invalid(format!("{text:?} is not a CIDR: {e}")))?;
+    if net.trunc() != net {
+        return Err(invalid(format!(
+            "{text:?} has host bits set; the network address is {}",
+            net.trunc()
+        )));
     }
-
-    fn is_ipv6(&self) -> bool {
-        self.net.addr().is_ipv6()
-    }
-
-    fn contains(&self, ip: IpAddr) -> bool {
-        self.net.contains(&ip)
-    }
-}
-
-fn ip_to_u128(ip: IpAddr) -> u128 {
-    match ip {
-        IpAddr::V4(v4) => u128::from(u32::from(v4)),
-        IpAddr::V6(v6) => u128::from(v6),
-    }
-}
-
-fn u128_to_ip(v6: bool, n: u128) -> IpAddr {
-    if v6 {
-        IpAddr::V6(Ipv6Addr::from(n))
-    } else {
-        IpAddr::V4(Ipv4Addr::from((n & u128::from(u32::MAX)) as u32))
-    }
+    Pool::new(net).ok_or_else(|| {
+        invalid(format!(
+            "subnet {net} is too small (IPv4 needs ≤ /30, IPv6 ≤ /126)"
+        ))
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -614,57 +395,22 @@ fn store_err(what: &str, path: &Path, err: impl std::fmt::Display) -> CniError {
     )
 }
 
-/// Holds the exclusive flock on `<store dir>/lock` until dropped (closing the fd
-/// releases it).
-struct StoreLock {
-    _file: File,
-}
-
-impl StoreLock {
-    /// Creates the store directory if needed and locks it.
-    fn acquire(dir: &Path) -> Result<Self, CniError> {
-        DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(dir)
-            .map_err(|e| store_err("create store directory", dir, e))?;
-        let lock_path = dir.join(LOCK_FILE);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o644)
-            .open(&lock_path)
-            .map_err(|e| store_err("open lock file", &lock_path, e))?;
-        let deadline = Instant::now() + LOCK_TIMEOUT;
-        loop {
-            // SAFETY: `file` is an open `File` owned by this frame, so its descriptor
-            // stays valid for the whole call; flock(2) takes no pointers and only
-            // touches the lock attached to that open file description.
-            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-            if rc == 0 {
-                return Ok(Self { _file: file });
-            }
-            let err = io::Error::last_os_error();
-            let retry = matches!(err.raw_os_error(),
-                Some(e) if e == libc::EWOULDBLOCK || e == libc::EAGAIN || e == libc::EINTR);
-            if !retry {
-                return Err(store_err("lock", &lock_path, err));
-            }
-            if Instant::now() >= deadline {
-                return Err(CniError::new(
-                    ERR_TRY_AGAIN_LATER,
-                    "timed out waiting for the store lock",
-                    format!(
-                        "{} held for more than {LOCK_TIMEOUT:?}",
-                        lock_path.display()
-                    ),
-                ));
-            }
-            thread::sleep(LOCK_POLL);
-        }
-    }
+/// Creates the store directory if needed and takes the exclusive flock on
+/// `<store dir>/lock` (held until the guard drops).
+fn lock_store(dir: &Path) -> Result<FileLock, CniError> {
+    DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)
+        .map_err(|e| store_err("create store directory", dir, e))?;
+    let lock_path = dir.join(LOCK_FILE);
+    FileLock::acquire(&lock_path, 0o644, "store", |step, e| {
+        let what = match step {
+            LockStep::Open => "open lock file",
+            LockStep::Lock => "lock",
+        };
+        store_err(what, &lock_path, e)
+    })
 }
 
 /// One reservation file.
@@ -746,24 +492,12 @@ fn reserve(dir: &Path, ip: IpAddr, att: &Attachment) -> Result<bool, CniError> {
     Ok(true)
 }
 
-/// Replaces `path` atomically: temp file in the same directory, fsync, rename, then
-/// a best-effort fsync of the directory.
+/// Replaces `<dir>/<name>` atomically (see [`standin::write_atomic`]).
 fn write_atomic(dir: &Path, name: &str, data: &[u8]) -> Result<(), CniError> {
     let path = dir.join(name);
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".gc-ipam.")
-        .suffix(".tmp")
-        .tempfile_in(dir)
-        .map_err(|e| store_err("create temp file for", &path, e))?;
-    tmp.write_all(data)
-        .and_then(|()| tmp.as_file().sync_all())
-        .map_err(|e| store_err("write", &path, e))?;
-    tmp.persist(&path)
-        .map_err(|e| store_err("replace", &path, e.error))?;
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
+    standin::write_atomic(&path, ".gc-ipam.", data, |what, e| {
+        store_err(what, &path, e)
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -771,14 +505,14 @@ fn write_atomic(dir: &Path, name: &str, data: &[u8]) -> Result<(), CniError> {
 // ---------------------------------------------------------------------------
 
 fn cmd_add(conf: &Config, att: &Attachment) -> Result<String, CniError> {
-    let pool = Pool::parse(conf.subnet.as_deref())?;
+    let pool = parse_subnet(conf.subnet.as_deref())?;
     let dir = conf.store_dir();
-    let _lock = StoreLock::acquire(&dir)?;
+    let _lock = lock_store(&dir)?;
     let existing = scan(&dir)?;
 
     if let Some(held) = existing
         .iter()
-        .find(|r| pool.contains(r.ip) && (r.is_exact(att) || r.is_legacy(att)))
+        .find(|r| pool.net.contains(&r.ip) && (r.is_exact(att) || r.is_legacy(att)))
     {
         return Err(CniError::new(
             ERR_INTERNAL,
@@ -791,8 +525,7 @@ fn cmd_add(conf: &Config, att: &Attachment) -> Result<String, CniError> {
     }
 
     let taken: HashSet<IpAddr> = existing.iter().map(|r| r.ip).collect();
-    for n in pool.first..=pool.last {
-        let ip = u128_to_ip(pool.is_ipv6(), n);
+    for ip in pool.addresses() {
         if taken.contains(&ip) || !reserve(&dir, ip, att)? {
             continue;
         }
@@ -804,7 +537,7 @@ fn cmd_add(conf: &Config, att: &Attachment) -> Result<String, CniError> {
         format!(
             "no IP addresses available in range set: {}-{}",
             pool.gateway,
-            u128_to_ip(pool.is_ipv6(), pool.last)
+            pool.last_address()
         ),
         format!("every address of {} is reserved", pool.net),
     ))
@@ -812,7 +545,7 @@ fn cmd_add(conf: &Config, att: &Attachment) -> Result<String, CniError> {
 
 fn cmd_del(conf: &Config, att: &Attachment) -> Result<(), CniError> {
     let dir = conf.store_dir();
-    let _lock = StoreLock::acquire(&dir)?;
+    let _lock = lock_store(&dir)?;
     let existing = scan(&dir)?;
     let mut doomed: Vec<&Reservation> = existing.iter().filter(|r| r.is_exact(att)).collect();
     if doomed.is_empty() {
@@ -849,7 +582,7 @@ fn cmd_check(conf: &Config, att: &Attachment) -> Result<(), CniError> {
         "0.4.0 or later",
     )?;
     let dir = conf.store_dir();
-    let _lock = StoreLock::acquire(&dir)?;
+    let _lock = lock_store(&dir)?;
     let existing = scan(&dir)?;
     if existing.iter().any(|r| r.is_exact(att)) || existing.iter().any(|r| r.is_legacy(att)) {
         return Ok(());
@@ -905,7 +638,7 @@ fn cmd_gc(conf: &Config) -> Result<(), CniError> {
     let keep_ids: HashSet<&str> = valid.iter().map(|a| a.id.trim()).collect();
 
     let dir = conf.store_dir();
-    let _lock = StoreLock::acquire(&dir)?;
+    let _lock = lock_store(&dir)?;
     let mut freed = BTreeSet::new();
     let mut errors = Vec::new();
     for r in scan(&dir)? {
@@ -1011,14 +744,6 @@ fn check_writable(dir: &Path) -> Result<(), String> {
 // Results
 // ---------------------------------------------------------------------------
 
-#[derive(Serialize)]
-struct IpConfig {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    version: Option<&'static str>,
-    address: String,
-    gateway: String,
-}
-
 /// IPAM-abbreviated result: no `interfaces`, `routes` or `dns`.
 #[derive(Serialize)]
 struct IpamResult {
@@ -1028,19 +753,11 @@ struct IpamResult {
 }
 
 fn render_result(cni_version: &str, pool: &Pool, ip: IpAddr) -> Result<String, CniError> {
-    let version = match cni_version {
-        "0.3.0" | "0.3.1" | "0.4.0" => Some(if pool.is_ipv6() { "6" } else { "4" }),
-        _ => None,
-    };
-    serde_json::to_string(&IpamResult {
+    let result = IpamResult {
         cni_version: cni_version.to_owned(),
-        ips: vec![IpConfig {
-            version,
-            address: format!("{ip}/{}", pool.net.prefix_len()),
-            gateway: pool.gateway.to_string(),
-        }],
-    })
-    .map_err(|e| CniError::new(ERR_INTERNAL, "failed to encode result", e.to_string()))
+        ips: vec![IpConfig::new(cni_version, pool, ip)],
+    };
+    standin::encode_result(&result, ERR_INTERNAL)
 }
 
 // ---------------------------------------------------------------------------
@@ -1115,7 +832,13 @@ mod tests {
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
         let mut out = Vec::new();
-        let code = run(|k: &str| env.get(k).cloned(), stdin.as_bytes(), &mut out);
+        let code = standin::run(
+            VERSION_OUTPUT,
+            dispatch,
+            |k: &str| env.get(k).cloned(),
+            stdin.as_bytes(),
+            &mut out,
+        );
         (code, String::from_utf8(out).unwrap())
     }
 
