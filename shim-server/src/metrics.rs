@@ -86,7 +86,7 @@ impl Metrics {
                 let _ = writeln!(out, "# TYPE {name} counter");
                 last = name;
             }
-            let _ = writeln!(out, "{name}{{{l}}} {v}");
+            let _ = writeln!(out, "{name}{} {v}", braces(l));
         }
         let hists = self.hists.lock().map(|h| h.clone()).unwrap_or_default();
         let mut last = "";
@@ -100,9 +100,18 @@ impl Metrics {
                 let _ = writeln!(out, "{name}_bucket{{{l}{sep}le=\"{b}\"}} {}", h.counts[i]);
             }
             let _ = writeln!(out, "{name}_bucket{{{l}{sep}le=\"+Inf\"}} {}", h.count);
-            let _ = writeln!(out, "{name}_sum{{{l}}} {}", h.sum);
-            let _ = writeln!(out, "{name}_count{{{l}}} {}", h.count);
+            let _ = writeln!(out, "{name}_sum{} {}", braces(l), h.sum);
+            let _ = writeln!(out, "{name}_count{} {}", braces(l), h.count);
         }
+    }
+}
+
+/// `{labels}`, or nothing for a series without labels.
+fn braces(l: &str) -> String {
+    if l.is_empty() {
+        String::new()
+    } else {
+        format!("{{{l}}}")
     }
 }
 
@@ -305,5 +314,13 @@ mod tests {
         assert!(out.contains("dipam_request_duration_seconds_bucket{op=\"ADD\",le=\"0.005\"} 1"));
         assert!(out.contains("dipam_request_duration_seconds_count{op=\"ADD\"} 1"));
         assert_eq!(labels(&[("a", "q\"x")]), "a=\"q\\\"x\"");
+        m.observe("dipam_ledger_op_duration_seconds", &[], 0.0004);
+        let mut out = String::new();
+        m.render_into(&mut out);
+        assert!(out.contains("dipam_ledger_op_duration_seconds_bucket{le=\"0.001\"} 1"));
+        assert!(
+            out.contains("dipam_ledger_op_duration_seconds_count 1"),
+            "{out}"
+        );
     }
 }

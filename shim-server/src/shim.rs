@@ -119,10 +119,19 @@ impl<S: Store> Shim<S> {
         F: FnOnce(&Ledger<S>) -> Result<T, StoreError> + Send + 'static,
     {
         let ledger = self.ledger.clone();
-        tokio::task::spawn_blocking(move || f(&ledger))
+        let started = Instant::now();
+        let out = tokio::task::spawn_blocking(move || f(&ledger))
             .await
             .map_err(|e| ShimError::Internal(format!("ledger task: {e}")))?
-            .map_err(ShimError::from)
+            .map_err(ShimError::from);
+        // Ledger time (commits wait for fdatasync) is one of the parts of a request's latency
+        // that the logs alone cannot separate from lock waits and delegate execs.
+        self.metrics.observe(
+            "dipam_ledger_op_duration_seconds",
+            &[],
+            started.elapsed().as_secs_f64(),
+        );
+        out
     }
 
     /// Validates a request (defence in depth: these values become keys and exec arguments)
