@@ -58,14 +58,29 @@ impl Call {
     }
 }
 
-async fn answer<S: Store, F>(shim: &Shim<S>, call: Call, f: F) -> Result<Response<CniReply>, Status>
+/// Runs one CNI call: admission (`class`; STATUS takes none: it must stay cheap and answer
+/// even when dipamd is saturated), the RPC module, then logs, metrics, history and the one
+/// error boundary.
+async fn answer<S: Store, F>(
+    shim: &Shim<S>,
+    call: Call,
+    class: Option<Class>,
+    f: F,
+) -> Result<Response<CniReply>, Status>
 where
     F: Future<Output = Result<Vec<u8>, ShimError>>,
 {
     let span = call.span();
     async move {
         let started = Instant::now();
-        let outcome = f.await;
+        let outcome = match class {
+            // The slot is held until the operation is done.
+            Some(c) => match shim.admission.admit(c).await {
+                Ok(_slot) => f.await,
+                Err(e) => Err(e),
+            },
+            None => f.await,
+        };
         let ms = started.elapsed().as_secs_f64() * 1e3;
         let mut event = serde_json::json!({
             "kind": "request", "op": call.command, "requestId": call.request_id,
@@ -136,38 +151,40 @@ where
 impl<S: Store> Cni for Service<S> {
     async fn add(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
         let req = r.into_inner();
-        let shim = &self.0;
-        answer(shim, Call::of("ADD", &req), async move {
-            let _slot = shim.admission.admit(Class::Add).await?;
-            rpc::add::run(shim, req).await
-        })
-        .await
+        let call = Call::of("ADD", &req);
+        answer(&self.0, call, Some(Class::Add), rpc::add::run(&self.0, req)).await
     }
     async fn del(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
         let req = r.into_inner();
-        let shim = &self.0;
-        answer(shim, Call::of("DEL", &req), async move {
-            let _slot = shim.admission.admit(Class::Other).await?;
-            rpc::del::run(shim, req).await
-        })
+        let call = Call::of("DEL", &req);
+        answer(
+            &self.0,
+            call,
+            Some(Class::Other),
+            rpc::del::run(&self.0, req),
+        )
         .await
     }
     async fn check(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
         let req = r.into_inner();
-        let shim = &self.0;
-        answer(shim, Call::of("CHECK", &req), async move {
-            let _slot = shim.admission.admit(Class::Other).await?;
-            rpc::check::run(shim, req).await
-        })
+        let call = Call::of("CHECK", &req);
+        answer(
+            &self.0,
+            call,
+            Some(Class::Other),
+            rpc::check::run(&self.0, req),
+        )
         .await
     }
     async fn gc(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
         let req = r.into_inner();
-        let shim = &self.0;
-        answer(shim, Call::of("GC", &req), async move {
-            let _slot = shim.admission.admit(Class::Other).await?;
-            rpc::gc::run(shim, req).await
-        })
+        let call = Call::of("GC", &req);
+        answer(
+            &self.0,
+            call,
+            Some(Class::Other),
+            rpc::gc::run(&self.0, req),
+        )
         .await
     }
     async fn status(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
@@ -175,6 +192,7 @@ impl<S: Store> Cni for Service<S> {
         answer(
             &self.0,
             Call::of("STATUS", &req),
+            None,
             rpc::status::run(&self.0, req),
         )
         .await

@@ -32,34 +32,36 @@ pub fn dir() -> &'static Path {
         if let Some(d) = std::env::var_os("DIPAM_BIN_DIR") {
             return PathBuf::from(d);
         }
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let status = Command::new(cargo)
-            .current_dir(workspace())
-            .args([
-                "build",
-                "--quiet",
-                "--bins",
-                "-p",
-                "dipam-plugin",
-                "-p",
-                "dipam-shim",
-                "-p",
-                "dipam-lifecycle",
-                // dipamd's crash points (`--crash-at`), for the fault-injection tests.
-                "--features",
-                "dipam-shim/fault-injection",
-            ])
-            .status()
-            .expect("run cargo build for the binaries under test");
-        assert!(
-            status.success(),
-            "cargo build of the binaries under test failed"
-        );
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| workspace().join("target"));
-        target.join("debug")
+        // dipamd's crash points (`--crash-at`), for the fault-injection tests.
+        build(false, &["--features", "dipam-shim/fault-injection"])
+            .unwrap_or_else(|e| panic!("building the binaries under test: {e}"))
     })
+}
+
+/// Builds dipam's binaries (plugin, daemon, CLI, test doubles) with cargo, debug or release,
+/// and returns the directory they are in.
+pub fn build(release: bool, extra: &[&str]) -> Result<PathBuf, String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut args = vec!["build", "--quiet", "--bins"];
+    if release {
+        args.push("--release");
+    }
+    for p in ["dipam-plugin", "dipam-shim", "dipam-lifecycle"] {
+        args.extend(["-p", p]);
+    }
+    args.extend_from_slice(extra);
+    let status = Command::new(cargo)
+        .current_dir(workspace())
+        .args(&args)
+        .status()
+        .map_err(|e| format!("run cargo: {e}"))?;
+    if !status.success() {
+        return Err(format!("cargo {} failed", args.join(" ")));
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target"));
+    Ok(target.join(if release { "release" } else { "debug" }))
 }
 
 pub fn bin(name: &str) -> PathBuf {

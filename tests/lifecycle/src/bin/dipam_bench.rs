@@ -46,7 +46,7 @@
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
-    process::{Command, ExitCode},
+    process::ExitCode,
     sync::{
         Mutex,
         atomic::{AtomicBool, AtomicUsize, Ordering},
@@ -408,29 +408,7 @@ fn prepare_bins(opts: &Opts) -> Res<PathBuf> {
             progress!(
                 "building release binaries (cargo build --release --bins -p dipam-plugin -p dipam-shim -p dipam-lifecycle)"
             );
-            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-            let status = Command::new(cargo)
-                .current_dir(bins::workspace())
-                .args([
-                    "build",
-                    "--release",
-                    "--bins",
-                    "-p",
-                    "dipam-plugin",
-                    "-p",
-                    "dipam-shim",
-                    "-p",
-                    "dipam-lifecycle",
-                ])
-                .status()
-                .map_err(|e| format!("run cargo: {e}"))?;
-            if !status.success() {
-                return Err("cargo build --release failed".into());
-            }
-            std::env::var_os("CARGO_TARGET_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| bins::workspace().join("target"))
-                .join("release")
+            bins::build(true, &[])?
         }
     };
     let dir = dir
