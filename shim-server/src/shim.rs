@@ -198,6 +198,22 @@ impl<S: Store> Shim<S> {
         command: &str,
         stdin: Vec<u8>,
     ) -> Result<Output, ShimError> {
+        self.run_delegate_gated(p, probe, command, stdin, std::future::ready(Ok(())))
+            .await
+            .and_then(|out| out)
+    }
+
+    /// [`Self::run_delegate`] with the ledger write `gate` made durable while the delegate
+    /// starts (delegate::exec::run_gated). Outer error: the gate failed, the delegate did
+    /// nothing.
+    pub async fn run_delegate_gated(
+        &self,
+        p: &Prepared,
+        probe: &Probe,
+        command: &str,
+        stdin: Vec<u8>,
+        gate: impl std::future::Future<Output = Result<(), ShimError>>,
+    ) -> Result<Result<Output, ShimError>, ShimError> {
         let inv = Invocation {
             command: command.into(),
             container_id: p.req.container_id.clone(),
@@ -209,7 +225,7 @@ impl<S: Store> Shim<S> {
             request_id: p.req.request_id.clone(),
             network: p.key.network.clone(),
         };
-        self.exec.call(&p.dc.kind, probe, &inv).await
+        self.exec.call_gated(&p.dc.kind, probe, &inv, gate).await
     }
 
     /// Remembers that `key` was deleted by a DEL issued at `issued_ms` (0: now), so that an

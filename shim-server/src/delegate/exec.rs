@@ -82,6 +82,39 @@ pub async fn run(
     timeout: Duration,
     tracker: Option<&super::orphans::Tracker>,
 ) -> Result<Output, ShimError> {
+    run_gated(
+        kind,
+        binary,
+        inv,
+        timeout,
+        tracker,
+        std::future::ready(Ok(())),
+    )
+    .await
+    .and_then(|out| out)
+}
+
+/// Like [`run`], but the delegate gets its config on stdin only once `gate` has succeeded.
+///
+/// Why: a CNI plugin can do nothing before it has read its config (skel reads all of stdin
+/// before dispatching; the config names the store, the ranges, everything), yet a Go
+/// delegate spends most of its ~2.5 ms exec starting its runtime. So dipamd spawns the
+/// delegate first and makes its write-ahead intent durable meanwhile (`gate`), instead of
+/// paying the commit's fdatasync and the exec one after the other. The ordering that crash
+/// safety rests on is kept: no delegate acts before its intent is durable. If `gate` fails
+/// the delegate is killed without ever seeing its config, and if dipamd dies before writing
+/// it, the delegate reads EOF and exits without acting.
+///
+/// The outer error is the gate's (the delegate never got its config); the inner result is
+/// the exec's, as from [`run`].
+pub async fn run_gated(
+    kind: &str,
+    binary: &Path,
+    inv: &Invocation,
+    timeout: Duration,
+    tracker: Option<&super::orphans::Tracker>,
+    gate: impl std::future::Future<Output = Result<(), ShimError>>,
+) -> Result<Result<Output, ShimError>, ShimError> {
     let started = Instant::now();
     let mut attempt = 0;
     let mut child = loop {
@@ -112,14 +145,26 @@ pub async fn run(
                 tokio::time::sleep(TEXT_BUSY_BACKOFF).await;
             }
             Err(source) => {
-                return Err(ShimError::DelegateSpawn {
+                // The gate still decides what the caller sees first: an intent that could
+                // not be written is the caller's error, whatever the exec would have done.
+                gate.await?;
+                return Ok(Err(ShimError::DelegateSpawn {
                     kind: kind.to_owned(),
                     path: binary.to_owned(),
                     source,
-                });
+                }));
             }
         }
     };
+    let pid = child.id();
+    // Noted while it runs, so that a dipamd killed now makes its successor wait for it.
+    let _noted = pid.zip(tracker).map(|(pid, t)| t.note(pid));
+    if let Err(e) = gate.await {
+        // It has not read a byte of config: killing it cannot leave anything half-done.
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+        return Err(e);
+    }
     if let Some(mut stdin) = child.stdin.take() {
         let input = inv.stdin.clone();
         // A delegate may exit without reading stdin; a broken pipe is then not our error.
@@ -127,40 +172,40 @@ pub async fn run(
             let _ = stdin.write_all(&input).await;
         });
     }
-    let pid = child.id();
-    // Noted while it runs, so that a dipamd killed now makes its successor wait for it.
-    let _noted = pid.zip(tracker).map(|(pid, t)| t.note(pid));
-    match tokio::time::timeout(timeout, child.wait_with_output()).await {
-        Ok(Ok(out)) => {
-            let elapsed = started.elapsed();
-            debug!(
-                delegate = kind,
-                command = %inv.command,
-                pid,
-                status = ?out.status,
-                elapsed_ms = elapsed.as_secs_f64() * 1e3,
-                "delegate exec finished"
-            );
-            Ok(Output {
-                status: out.status,
-                stdout: out.stdout,
-                stderr: out.stderr,
-                elapsed,
-            })
-        }
-        Ok(Err(source)) => Err(ShimError::DelegateSpawn {
-            kind: kind.to_owned(),
-            path: binary.to_owned(),
-            source,
-        }),
-        // Dropping the wait future drops the child, and kill_on_drop SIGKILLs it.
-        Err(_) => Err(ShimError::DelegateTimeout {
-            kind: kind.to_owned(),
-            command: inv.command.clone(),
-            timeout,
-            stderr: String::new(),
-        }),
-    }
+    let remaining = timeout.saturating_sub(started.elapsed());
+    Ok(
+        match tokio::time::timeout(remaining, child.wait_with_output()).await {
+            Ok(Ok(out)) => {
+                let elapsed = started.elapsed();
+                debug!(
+                    delegate = kind,
+                    command = %inv.command,
+                    pid,
+                    status = ?out.status,
+                    elapsed_ms = elapsed.as_secs_f64() * 1e3,
+                    "delegate exec finished"
+                );
+                Ok(Output {
+                    status: out.status,
+                    stdout: out.stdout,
+                    stderr: out.stderr,
+                    elapsed,
+                })
+            }
+            Ok(Err(source)) => Err(ShimError::DelegateSpawn {
+                kind: kind.to_owned(),
+                path: binary.to_owned(),
+                source,
+            }),
+            // Dropping the wait future drops the child, and kill_on_drop SIGKILLs it.
+            Err(_) => Err(ShimError::DelegateTimeout {
+                kind: kind.to_owned(),
+                command: inv.command.clone(),
+                timeout,
+                stderr: String::new(),
+            }),
+        },
+    )
 }
 
 /// Interprets a finished exec like libcni (pkg/invoke raw_exec): success is exit 0; a failure
@@ -279,6 +324,63 @@ mod tests {
         );
         assert_eq!(String::from_utf8_lossy(&out.stderr), "err\n");
         check("echo", "ADD", &out).unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_config_is_withheld_until_the_gate_succeeds() {
+        let d = tempfile::tempdir().unwrap();
+        let gate_done = d.path().join("gate-done");
+        // The delegate reports whether the gate had finished when its config arrived.
+        let p = script(
+            d.path(),
+            "probe",
+            &format!(
+                "cat >/dev/null; if [ -e {0} ]; then echo after; else echo before; fi",
+                gate_done.display()
+            ),
+        );
+        let gate = async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            std::fs::write(&gate_done, b"").unwrap();
+            Ok(())
+        };
+        let out = run_gated(
+            "probe",
+            &p,
+            &Invocation::default(),
+            Duration::from_secs(5),
+            None,
+            gate,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "after\n");
+    }
+
+    #[tokio::test]
+    async fn a_failed_gate_kills_the_delegate_before_it_reads_its_config() {
+        let d = tempfile::tempdir().unwrap();
+        let acted = d.path().join("acted");
+        let p = script(
+            d.path(),
+            "act",
+            &format!("read line; echo \"$line\" > {}", acted.display()),
+        );
+        let inv = Invocation {
+            stdin: b"{}\n".to_vec(),
+            ..Invocation::default()
+        };
+        let gate = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Err(ShimError::Internal("intent not durable".into()))
+        };
+        let e = run_gated("act", &p, &inv, Duration::from_secs(5), None, gate)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ShimError::Internal(_)), "{e}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!acted.exists(), "the delegate acted without its config");
     }
 
     #[tokio::test]

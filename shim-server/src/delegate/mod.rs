@@ -170,12 +170,34 @@ impl Executor {
         probe: &Probe,
         inv: &Invocation,
     ) -> Result<Output, ShimError> {
-        let started = std::time::Instant::now();
-        let outcome = exec::run(kind, &probe.path, inv, self.timeout, self.tracker.as_ref())
+        self.call_gated(kind, probe, inv, std::future::ready(Ok(())))
             .await
-            .and_then(|out| exec::check(kind, &inv.command, &out).map(|()| out));
+            .and_then(|out| out)
+    }
+
+    /// [`Self::call`], with the config withheld from the delegate until `gate` succeeds
+    /// ([`exec::run_gated`] says why). The outer error is the gate's: the delegate was
+    /// killed before it read its config, so it did nothing.
+    pub async fn call_gated(
+        &self,
+        kind: &str,
+        probe: &Probe,
+        inv: &Invocation,
+        gate: impl std::future::Future<Output = Result<(), ShimError>>,
+    ) -> Result<Result<Output, ShimError>, ShimError> {
+        let started = std::time::Instant::now();
+        let outcome = exec::run_gated(
+            kind,
+            &probe.path,
+            inv,
+            self.timeout,
+            self.tracker.as_ref(),
+            gate,
+        )
+        .await?
+        .and_then(|out| exec::check(kind, &inv.command, &out).map(|()| out));
         self.record(kind, probe, inv, started.elapsed(), &outcome);
-        outcome
+        Ok(outcome)
     }
 
     /// One history event per exec: what was run, with what, and how it ended.

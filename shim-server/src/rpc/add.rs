@@ -101,10 +101,17 @@ pub async fn attach<S: Store>(
         issued_ms: p.req.issued_at_ms,
     };
     let intent = rec.clone();
-    shim.ledger(move |l| l.put(&intent)).await?;
-    crate::fault::hit("add-after-intent");
-
-    let out = match shim.run_delegate(p, &probe, "ADD", stdin).await {
+    // The intent is made durable while the delegate starts; it reads its config only after
+    // (exec::run_gated): write-ahead without paying the commit and the exec in sequence.
+    let gate = async {
+        shim.ledger(move |l| l.put(&intent)).await?;
+        crate::fault::hit("add-after-intent");
+        Ok(())
+    };
+    let out = match shim
+        .run_delegate_gated(p, &probe, "ADD", stdin, gate)
+        .await?
+    {
         Ok(out) => out,
         Err(e) => {
             rollback(shim, &rec, may_hold_allocation(&e)).await;

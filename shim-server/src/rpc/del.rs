@@ -45,23 +45,31 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
         info!(key = %p.key, delegate = %p.dc.kind, "nothing recorded and no prevResult: the delegate has nothing dipam could release");
         return Ok(Vec::new());
     }
-    if let Some(rec) = existing
-        .as_ref()
-        .filter(|r| r.state != AttachmentState::Deleting)
-    {
-        let mut marked = rec.clone();
-        marked.state = AttachmentState::Deleting;
-        marked.updated_at = now();
-        marked.request_id = p.req.request_id.clone();
-        shim.ledger(move |l| l.put(&marked)).await?;
-        crate::fault::hit("del-after-mark");
-    }
-
     let (probe, send) = shim.resolve(&p.dc, &p.req.cni_path).await?;
     let stdin = p.dc.bytes_for(send)?;
+    // The record is marked `deleting` while the delegate starts; it reads its config (and so
+    // releases anything) only once the mark is durable (exec::run_gated).
+    let mark = existing
+        .as_ref()
+        .filter(|r| r.state != AttachmentState::Deleting)
+        .map(|rec| {
+            let mut marked = rec.clone();
+            marked.state = AttachmentState::Deleting;
+            marked.updated_at = now();
+            marked.request_id = p.req.request_id.clone();
+            marked
+        });
+    let gate = async {
+        if let Some(marked) = mark {
+            shim.ledger(move |l| l.put(&marked)).await?;
+            crate::fault::hit("del-after-mark");
+        }
+        Ok(())
+    };
     // On failure the record stays `deleting`: the address is still held by the delegate, and
     // the runtime's retry (or the next start) releases it.
-    shim.run_delegate(&p, &probe, "DEL", stdin).await?;
+    shim.run_delegate_gated(&p, &probe, "DEL", stdin, gate)
+        .await??;
     crate::fault::hit("del-after-exec");
 
     if existing.is_some() {
