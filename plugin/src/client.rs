@@ -8,13 +8,13 @@ use rscni_types::types::Cmd;
 use crate::error::PluginError;
 
 /// Sends `req` for `cmd` and turns the reply into the result bytes (empty for verbs without
-/// output) or a [`PluginError`].
-pub fn call(
+/// output) and the reply's `retired_link_taken`, or a [`PluginError`].
+pub fn call_reply(
     socket: &Path,
     timeout: Duration,
     cmd: Cmd,
     req: CniRequest,
-) -> Result<Vec<u8>, PluginError> {
+) -> Result<(Vec<u8>, bool), PluginError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
@@ -35,14 +35,15 @@ pub fn call(
             }),
         }
     })?;
+    let taken = reply.retired_link_taken;
     match reply.outcome {
-        Some(Outcome::Result(bytes)) => Ok(bytes),
+        Some(Outcome::Result(bytes)) => Ok((bytes, taken)),
         Some(Outcome::Error(e)) => Err(PluginError::Cni {
             code: e.code,
             msg: e.msg,
             details: e.details,
         }),
-        None => Ok(Vec::new()),
+        None => Ok((Vec::new(), taken)),
     }
 }
 

@@ -1,4 +1,5 @@
-//! The dipam.v1 wire contract, generated from `dipam/v1/dipam.proto`. Nothing else lives here.
+//! The dipam.v1 wire contract, generated from `dipam/v1/dipam.proto`, and the few constants
+//! the plugin and dipamd must agree on outside the messages. Nothing else lives here.
 
 /// The protocol version this build speaks. Bump it when a request or reply gains meaning
 /// that an older peer must know about; never remove support for an older version silently.
@@ -6,6 +7,18 @@ pub const PROTOCOL_VERSION: u32 = 1;
 
 /// The oldest client protocol a daemon built from this crate still serves.
 pub const MIN_PROTOCOL_VERSION: u32 = 1;
+
+/// How a pod's host veth is marked once its DEL has begun ("retired"): down, with this alias
+/// prefix and in this link group, until dipamd deletes it (see `RetiredLink` in the proto).
+/// The alias tells dipamd's sweep which links are dipam's to delete (also after a crash); the
+/// group lets it delete many in one `RTM_DELLINK`, so that they share one RCU wait.
+pub mod retired {
+    /// Prefix of a retired link's alias: "dipam-gone <network> <container id> <ifname>".
+    pub const ALIAS_PREFIX: &str = "dipam-gone ";
+    /// The link group ("dipa" in ASCII). dipamd deletes by group only after checking that
+    /// every link in it is a retired dipam veth.
+    pub const GROUP: u32 = 0x6469_7061;
+}
 
 #[allow(clippy::all, clippy::pedantic, clippy::unwrap_used, missing_docs)]
 pub mod v1 {

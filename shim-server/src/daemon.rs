@@ -213,6 +213,16 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         .exec
         .history
         .set(crate::history::start(shim.ledger.clone()));
+    // Without the worker, main-mode plugins simply delete their veths themselves (slower
+    // DEL, same outcome), so a failure here is a warning, not a reason not to serve.
+    match crate::teardown::Teardown::start() {
+        Ok(td) => {
+            let _ = shim.teardown.set(td);
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot start the veth teardown worker; plugins will delete pod veths themselves")
+        }
+    }
     let replay = recovery::replay(&shim).await?;
     shim.metrics
         .intents_replayed

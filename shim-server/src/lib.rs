@@ -24,4 +24,5 @@ pub mod server;
 pub mod service;
 pub mod shim;
 pub mod spool;
+pub mod teardown;
 pub mod validate;

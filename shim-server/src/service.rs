@@ -96,6 +96,7 @@ where
                 Ok(CniReply {
                     protocol_version: dipam_proto::PROTOCOL_VERSION,
                     outcome: Some(Outcome::Result(result)),
+                    retired_link_taken: false,
                 })
             }
             Err(e) => {
@@ -157,13 +158,23 @@ impl<S: Store> Cni for Service<S> {
     async fn del(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
         let req = r.into_inner();
         let call = Call::of("DEL", &req);
-        answer(
+        let retired = req.retired_link.clone();
+        let mut reply = answer(
             &self.0,
             call,
             Some(Class::Other),
             rpc::del::run(&self.0, req),
         )
-        .await
+        .await?;
+        // The address is released: the retired veth can go whenever the worker gets to it.
+        if let (Some(link), Some(td), Some(Outcome::Result(_))) = (
+            retired.as_ref(),
+            self.0.teardown.get(),
+            reply.get_ref().outcome.as_ref(),
+        ) {
+            reply.get_mut().retired_link_taken = td.take(link);
+        }
+        Ok(reply)
     }
     async fn check(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
         let req = r.into_inner();

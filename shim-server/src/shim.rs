@@ -56,6 +56,9 @@ pub struct Shim<S: Store> {
         std::sync::Mutex<std::collections::HashMap<String, (Instant, Option<String>)>>,
     pub started: Instant,
     pub identity: Identity,
+    /// Deletes the pod veths main-mode DELs retired (teardown.rs); set by the daemon, absent
+    /// in tests that run without netlink.
+    pub teardown: std::sync::OnceLock<crate::teardown::Teardown>,
 }
 
 /// A CNI request, validated and turned into what the delegate needs.
@@ -108,6 +111,7 @@ impl<S: Store> Shim<S> {
             status_cache: std::sync::Mutex::new(std::collections::HashMap::new()),
             started: Instant::now(),
             identity,
+            teardown: std::sync::OnceLock::new(),
         })
     }
 

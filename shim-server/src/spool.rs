@@ -122,6 +122,7 @@ pub async fn drain<S: Store>(shim: &Shim<S>, dir: &Path) -> Drained {
             stdin: s.stdin.into_bytes(),
             mode: s.mode,
             issued_at_ms: s.issued_at_ms,
+            retired_link: None,
         };
         let what = format!("{}/{}", req.container_id, req.ifname);
         // Every ADD through dipamd is recorded before its delegate runs, and start-up replay

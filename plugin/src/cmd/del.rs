@@ -1,11 +1,19 @@
 //! CNI DEL.
 //!
 //! - IPAM mode: forwarded to dipamd, which runs the delegate and keeps the ledger.
-//! - Main mode: the IPAM allocation is released first, then the veth is removed (ptp's order:
-//!   the address is the scarce resource, reference/cni-spec.md §6). The veth is removed even
-//!   when the release failed, so that a retried DEL has only the release left to do; the
-//!   release's error is what the runtime sees. A missing netns, an empty CNI_NETNS and a
-//!   missing link are success, and DEL can repeat (spec §DEL).
+//! - Main mode: the host veth is retired first (set down, which removes its routes at once,
+//!   and marked), then the IPAM allocation is released (ptp's order: the address is the
+//!   scarce resource, reference/cni-spec.md §6), handing the veth's deletion to dipamd along
+//!   with the release. Deleting a veth waits ~25 ms for the kernel's RCU teardown; dipamd
+//!   does it off the runtime's critical path and in batches (shim-server teardown.rs). When
+//!   dipamd does not take it (spooled DEL, dipamd in another netns, an older dipamd), the
+//!   plugin deletes it itself before answering. The veth goes even when the release failed,
+//!   so that a retried DEL has only the release left to do; the release's error is what the
+//!   runtime sees. A missing netns, an empty CNI_NETNS and a missing link are success, and DEL
+//!   can repeat (spec §DEL).
+
+use dipam_proto::v1::RetiredLink;
+use rscni_types::types::Cmd;
 
 use crate::{cmd::Ctx, conf::Mode, datapath, error::PluginError};
 
@@ -13,16 +21,31 @@ pub fn run(ctx: &Ctx<'_>) -> Result<Vec<u8>, PluginError> {
     if ctx.conf.mode == Mode::Ipam {
         return ctx.forward();
     }
-    let released = ctx.forward();
-    let removed = datapath::del(
-        ctx.attachment(),
-        &ctx.args.netns,
-        ctx.conf.prev_result.as_ref(),
-    );
+    let att = ctx.attachment();
+    // A failure to retire (netlink refused) is not fatal: the old order, release then delete,
+    // still works.
+    let retired = datapath::retire(att).unwrap_or_else(|e| {
+        eprintln!("dipam: could not retire the host veth ({e}); deleting it after the release");
+        None
+    });
+    let handoff = retired.as_ref().map(|r| RetiredLink {
+        ifindex: r.index,
+        name: r.name.clone(),
+        netns_inode: datapath::own_netns_inode(),
+    });
+    let (released, taken) = match ctx.forward_with(Cmd::Del, handoff) {
+        Ok((_, taken)) => (Ok(()), taken),
+        Err(e) => (Err(e), false),
+    };
+    let removed = match &retired {
+        Some(_) if taken => Ok(()),
+        Some(r) => datapath::delete_retired(r),
+        None => datapath::del(att, &ctx.args.netns, ctx.conf.prev_result.as_ref()),
+    };
     match (released, removed) {
-        (Ok(_), Ok(())) => Ok(Vec::new()),
+        (Ok(()), Ok(())) => Ok(Vec::new()),
         (Err(e), Ok(())) => Err(e),
-        (Ok(_), Err(e)) => Err(e),
+        (Ok(()), Err(e)) => Err(e),
         (Err(release), Err(remove)) => {
             let remove = remove.to_cni(false);
             Err(PluginError::RolledBack {

@@ -9,7 +9,7 @@ pub mod gc;
 pub mod status;
 pub mod version;
 
-use dipam_proto::v1::{CniRequest, Mode as WireMode};
+use dipam_proto::v1::{CniRequest, Mode as WireMode, RetiredLink};
 use rscni_types::types::Cmd;
 
 use crate::{
@@ -48,6 +48,17 @@ impl Ctx<'_> {
     /// Sends this call's config and environment to dipamd as `command`: a main-mode ADD that
     /// fails after IPAM rolls back with a DEL of the same attachment (spec §4).
     pub fn forward_as(&self, command: Cmd) -> Result<Vec<u8>, PluginError> {
+        self.forward_with(command, None).map(|(result, _)| result)
+    }
+
+    /// [`Self::forward_as`] for a main-mode DEL that retired the pod's host veth: hands its
+    /// deletion to dipamd. Also returns whether dipamd took it (false when spooled, or from a
+    /// dipamd that cannot: the caller then deletes it).
+    pub fn forward_with(
+        &self,
+        command: Cmd,
+        retired_link: Option<RetiredLink>,
+    ) -> Result<(Vec<u8>, bool), PluginError> {
         let req = CniRequest {
             protocol_version: dipam_proto::PROTOCOL_VERSION,
             request_id: self.request_id.to_owned(),
@@ -63,9 +74,14 @@ impl Ctx<'_> {
                 Mode::Main => WireMode::Main,
             } as i32,
             issued_at_ms: self.issued_at_ms,
+            retired_link,
         };
-        match client::call(&self.conf.socket, self.conf.timeout, command, req.clone()) {
-            Err(e) if command == Cmd::Del && e.daemon_unreachable() => self.spool(req, &e),
+        match client::call_reply(&self.conf.socket, self.conf.timeout, command, req.clone()) {
+            Err(e) if command == Cmd::Del && e.daemon_unreachable() => {
+                let mut spooled = req;
+                spooled.retired_link = None;
+                self.spool(spooled, &e).map(|r| (r, false))
+            }
             other => other,
         }
     }

@@ -110,15 +110,39 @@ fn kind_of(link: &LinkMessage) -> String {
         .unwrap_or_default()
 }
 
-/// Code 160 when `ifname` exists in the handle's netns.
-pub async fn ensure_absent(cont: &Handle, ifname: &str, netns: &str) -> Result<(), PluginError> {
-    match link_by_name(cont, ifname).await? {
-        None => Ok(()),
-        Some(_) => Err(PluginError::InterfaceExists {
-            ifname: ifname.to_owned(),
-            netns: netns.to_owned(),
-        }),
+/// Code 160 when `ifname` exists in the container netns. One exception: the container end of
+/// a veth whose host end a DEL retired (a netns that outlived its DEL, as with `podman network
+/// disconnect` then `connect`): dipamd deletes it shortly, and this ADD deletes it now.
+pub async fn ensure_absent(h: &Handles, ifname: &str, netns: &str) -> Result<(), PluginError> {
+    let cont = h.container()?;
+    let Some(link) = link_by_name(cont, ifname).await? else {
+        return Ok(());
+    };
+    if kind_of(&link) == "veth"
+        && let Some(peer) = link.attributes.iter().find_map(|a| match a {
+            LinkAttribute::Link(i) => Some(*i),
+            _ => None,
+        })
+        && let Ok(Some(host_end)) = h
+            .host
+            .link()
+            .get()
+            .match_index(peer)
+            .execute()
+            .try_next()
+            .await
+        && is_retired(&host_end)
+    {
+        match cont.link().del(link.header.index).execute().await {
+            Ok(()) => return Ok(()),
+            Err(e) if errno(&e) == Some(Errno::ENODEV) => return Ok(()),
+            Err(e) => return Err(failed(format!("removing the retired {ifname}"))(e)),
+        }
     }
+    Err(PluginError::InterfaceExists {
+        ifname: ifname.to_owned(),
+        netns: netns.to_owned(),
+    })
 }
 
 /// What ADD needs to know about the attachment.
@@ -140,7 +164,7 @@ pub async fn setup(
 ) -> Result<Created, PluginError> {
     let cont = h.container()?;
     // Checked before IPAM too (super::ensure_absent); again here, where it counts.
-    ensure_absent(cont, req.ifname, req.netns).await?;
+    ensure_absent(h, req.ifname, req.netns).await?;
     create_veth(h, req).await?;
     let Some(link) = link_by_name(cont, req.ifname).await? else {
         return Err(invalid(
@@ -372,6 +396,80 @@ async fn configure(
             mac: mac_of(cont_link),
             mtu: mtu_of(cont_link),
         },
+    })
+}
+
+/// A host veth retired by DEL: down and marked (`dipam_proto::retired`), awaiting deletion.
+#[derive(Debug, Clone)]
+pub struct Retired {
+    pub index: u32,
+    pub name: String,
+}
+
+/// Retires the veth whose host end is `name` (DEL's first step): sets it down, which drops
+/// its routes at once, so the pod's address can be released and reused right after; and
+/// marks it with the retired alias and group, so that dipamd's sweep deletes it even if the
+/// hand-off is lost. `None` when there is no such veth (a link of that name that is not a
+/// veth is left alone: dipam did not make it).
+pub async fn retire_host_veth(
+    host: &Handle,
+    name: &str,
+    alias: &str,
+) -> Result<Option<Retired>, PluginError> {
+    let Some(link) = link_by_name(host, name).await? else {
+        return Ok(None);
+    };
+    if kind_of(&link) != "veth" {
+        eprintln!("dipam: {name} is not a veth; leaving it alone");
+        return Ok(None);
+    }
+    let index = link.header.index;
+    let msg = LinkUnspec::new_with_index(index)
+        .down()
+        .alias(alias.to_owned())
+        .link_group(dipam_proto::retired::GROUP)
+        .build();
+    match host.link().set(msg).execute().await {
+        Ok(()) => Ok(Some(Retired {
+            index,
+            name: name.to_owned(),
+        })),
+        // Gone in between (the netns was being destroyed, taking the pair with it).
+        Err(e) if errno(&e) == Some(Errno::ENODEV) => Ok(None),
+        Err(e) => Err(failed(format!("retiring host veth {name}"))(e)),
+    }
+}
+
+/// Deletes a retired veth by index, if it is still there and still retired (an index is
+/// never that of another link while this one exists, and the alias check covers a link
+/// deleted and an index reused meanwhile).
+pub async fn delete_retired(host: &Handle, r: &Retired) -> Result<(), PluginError> {
+    let link = match host
+        .link()
+        .get()
+        .match_index(r.index)
+        .execute()
+        .try_next()
+        .await
+    {
+        Ok(Some(link)) => link,
+        Ok(None) => return Ok(()),
+        Err(e) if errno(&e) == Some(Errno::ENODEV) => return Ok(()),
+        Err(e) => return Err(failed(format!("looking up retired veth {}", r.name))(e)),
+    };
+    if !is_retired(&link) {
+        return Ok(());
+    }
+    match host.link().del(r.index).execute().await {
+        Ok(()) => Ok(()),
+        Err(e) if errno(&e) == Some(Errno::ENODEV) => Ok(()),
+        Err(e) => Err(failed(format!("deleting host veth {}", r.name))(e)),
+    }
+}
+
+fn is_retired(link: &LinkMessage) -> bool {
+    link.attributes.iter().any(|a| {
+        matches!(a, LinkAttribute::IfAlias(s) if s.starts_with(dipam_proto::retired::ALIAS_PREFIX))
     })
 }
 

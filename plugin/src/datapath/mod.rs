@@ -65,7 +65,7 @@ impl Attachment<'_> {
 /// rollback DEL would release the address the existing interface still uses.
 pub fn ensure_absent(att: Attachment<'_>, netns: &Netns) -> Result<(), PluginError> {
     netns::run(Some(netns), |h| async move {
-        kernel::ensure_absent(h.container()?, att.ifname, netns.path()).await
+        kernel::ensure_absent(&h, att.ifname, netns.path()).await
     })
 }
 
@@ -90,6 +90,32 @@ pub fn add(
     netns::run(Some(netns), |h| async move {
         kernel::setup(&h, &req, plan).await
     })
+}
+
+/// DEL's first step: retires the pod's host veth (kernel::retire_host_veth), found by its
+/// derived name without entering the netns. `None` when it is not there.
+pub fn retire(att: Attachment<'_>) -> Result<Option<kernel::Retired>, PluginError> {
+    let host_name = att.host_ifname();
+    let alias = naming::retired_alias(att.network, att.container_id, att.ifname);
+    netns::run(None, |h| {
+        let (host_name, alias) = (&host_name, &alias);
+        async move { kernel::retire_host_veth(&h.host, host_name, alias).await }
+    })
+}
+
+/// Deletes a retired host veth now (and with it the pair): when dipamd did not take it over.
+pub fn delete_retired(r: &kernel::Retired) -> Result<(), PluginError> {
+    netns::run(
+        None,
+        |h| async move { kernel::delete_retired(&h.host, r).await },
+    )
+}
+
+/// The inode of the plugin's network namespace, which dipamd compares with its own before it
+/// takes over a retired veth (ifindexes are per-namespace). 0 when unreadable: never taken.
+pub fn own_netns_inode() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/net").map_or(0, |m| m.ino())
 }
 
 /// Removes the pod's veth, wherever it still is. Missing netns, empty CNI_NETNS and missing

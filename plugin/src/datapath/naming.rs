@@ -36,6 +36,16 @@ pub fn host_alias(network: &str, container_id: &str, ifname: &str) -> String {
     alias.chars().take(255).collect()
 }
 
+/// The alias of a host veth retired by DEL (kernel::retire_host_veth): the retired prefix
+/// dipamd's sweep looks for, then the attachment, for operators.
+pub fn retired_alias(network: &str, container_id: &str, ifname: &str) -> String {
+    let alias = format!(
+        "{}{network} {container_id} {ifname}",
+        dipam_proto::retired::ALIAS_PREFIX
+    );
+    alias.chars().take(255).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,5 +79,9 @@ mod tests {
     fn alias_names_the_attachment() {
         assert_eq!(host_alias("n", "c", "eth0"), "dipam n c eth0");
         assert_eq!(host_alias(&"x".repeat(300), "c", "eth0").len(), 255);
+        let retired = retired_alias("n", "c", "eth0");
+        assert!(retired.starts_with(dipam_proto::retired::ALIAS_PREFIX));
+        assert!(retired.ends_with("n c eth0"));
+        assert_eq!(retired_alias(&"x".repeat(300), "c", "eth0").len(), 255);
     }
 }

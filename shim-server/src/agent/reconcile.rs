@@ -279,6 +279,7 @@ fn prepare<S: Store>(
         stdin: serde_json::to_vec(&base.request).map_err(|e| ShimError::Internal(e.to_string()))?,
         mode: base.mode as i32,
         issued_at_ms: crate::shim::now_ms(),
+        retired_link: None,
     };
     let mut p = shim.prepare(req, true)?;
     // host-local hands out one address per range set: keep only this family's, so that

@@ -107,6 +107,7 @@ fn request(cid: &str, version: &str, extra: Value) -> CniRequest {
         stdin: serde_json::to_vec(&conf).unwrap(),
         mode: Mode::Ipam as i32,
         issued_at_ms: crate::shim::now_ms(),
+        retired_link: None,
     }
 }
 

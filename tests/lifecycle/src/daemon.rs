@@ -18,6 +18,8 @@ pub struct Dipamd {
     pub dir: TempDir,
     child: Option<Child>,
     extra: Vec<String>,
+    /// Run dipamd inside this named netns (`ip netns exec`) instead of the test's own.
+    netns: Option<String>,
 }
 
 impl Dipamd {
@@ -43,6 +45,7 @@ impl Dipamd {
             dir,
             child: None,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            netns: None,
         }
     }
 
@@ -63,9 +66,22 @@ impl Dipamd {
         self.dir.path().join("dipamd.log")
     }
 
+    /// Starts the next dipamd inside the named netns (its socket stays a path the test's
+    /// processes reach): a daemon that does not share the plugin's netns.
+    pub fn run_in_netns(&mut self, name: &str) {
+        self.netns = Some(name.to_owned());
+    }
+
     /// The dipamd command line this guard uses, for tests that run a second instance.
     pub fn command(&self) -> Command {
-        let mut cmd = Command::new(bins::bin("dipamd"));
+        let mut cmd = match &self.netns {
+            None => Command::new(bins::bin("dipamd")),
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(bins::bin("dipamd"));
+                c
+            }
+        };
         cmd.arg("--socket")
             .arg(self.socket())
             .arg("--state-dir")

@@ -37,6 +37,34 @@ fn host_link_exists(name: &str) -> bool {
     ip(&["link", "show", "dev", name]).status.success()
 }
 
+/// After a DEL: the host end is gone, or retired (down, so no route through it is left, and
+/// marked for dipamd), and dipamd deletes it moments later (shim-server teardown.rs).
+fn assert_torn_down(host: &str) {
+    let shown = ip(&["-d", "link", "show", "dev", host]);
+    if shown.status.success() {
+        let t = text(&shown);
+        assert!(
+            t.contains(&format!("alias {}", dipam_proto::retired::ALIAS_PREFIX)),
+            "{host} survived DEL without being retired: {t}"
+        );
+        let flags = t.split(['<', '>']).nth(1).unwrap_or_default();
+        assert!(
+            !flags.split(',').any(|f| f == "UP"),
+            "{host} is retired but still up: {t}"
+        );
+        let routes = text(&ip(&["route", "show", "dev", host]));
+        assert!(routes.trim().is_empty(), "routes left on {host}: {routes}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while host_link_exists(host) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        !host_link_exists(host),
+        "dipamd did not delete the retired {host}"
+    );
+}
+
 /// One ICMP echo from inside the pod to `addr`.
 fn ping(ns: &NetNs, addr: &str) -> bool {
     let out = ns.exec(&["busybox", "ping", "-c", "1", "-W", "2", addr]);
@@ -160,7 +188,7 @@ fn lifecycle(conflist: &str, version: &str) {
     lab.rt
         .del(lab.list(), &att)
         .unwrap_or_else(|e| panic!("{version} DEL: {e}"));
-    assert!(!host_link_exists(&host), "{host} survived DEL");
+    assert_torn_down(&host);
     let left = text(&ns.exec(&["ip", "-o", "link", "show"]));
     assert!(!left.contains(&att.ifname), "{left}");
     assert!(lab.ledger().is_empty());
@@ -391,6 +419,7 @@ fn a_stale_host_veth_of_the_same_attachment_is_replaced() {
     let first = lab.rt.add(lab.list(), &att).unwrap();
     let name = host_end(&first);
     lab.rt.del(lab.list(), &att).unwrap();
+    assert_torn_down(&name);
     let peer = format!("dpst{}", lab.subnet.index);
     let made = ip(&["link", "add", &name, "type", "veth", "peer", "name", &peer]);
     assert!(
@@ -527,7 +556,7 @@ fn sixteen_pods_in_parallel() {
     assert!(lab.delegate_store().is_empty());
     lab.assert_agree();
     for (result, _) in &results {
-        assert!(!host_link_exists(&host_end(result)));
+        assert_torn_down(&host_end(result));
     }
 }
 
@@ -666,7 +695,7 @@ fn portmap_after_dipam_both_casings() {
             nat_rules_for(&att.container_id).is_empty(),
             "{casing}: portmap left rules behind"
         );
-        assert!(!host_link_exists(&host_end(&result)));
+        assert_torn_down(&host_end(&result));
         lab.assert_agree();
     }
 }

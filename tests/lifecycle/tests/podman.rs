@@ -263,18 +263,31 @@ fn run_on(conflist: &str) {
     assert_no_host_veths(&net);
 }
 
-/// No host veth of this network is left (main mode names its host ends in their alias).
+/// No host veth of this network is left (main mode names its host ends in their alias): none
+/// live, and the ones DEL retired are deleted by dipamd moments later.
 fn assert_no_host_veths(network: &str) {
-    let out = Command::new("ip")
-        .args(["-o", "-d", "link", "show"])
-        .output()
-        .unwrap();
-    let links = String::from_utf8_lossy(&out.stdout);
-    let left: Vec<&str> = links
-        .lines()
-        .filter(|l| l.contains(&format!("alias dipam {network} ")))
-        .collect();
-    assert!(left.is_empty(), "{left:#?}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let out = Command::new("ip")
+            .args(["-o", "-d", "link", "show"])
+            .output()
+            .unwrap();
+        let links = String::from_utf8_lossy(&out.stdout).into_owned();
+        let live: Vec<&str> = links
+            .lines()
+            .filter(|l| l.contains(&format!("alias dipam {network} ")))
+            .collect();
+        assert!(live.is_empty(), "{live:#?}");
+        let retired = format!("alias {}{network} ", dipam_proto::retired::ALIAS_PREFIX);
+        if !links.lines().any(|l| l.contains(&retired)) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "retired veths of {network} outlived 5 s:\n{links}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 #[test]

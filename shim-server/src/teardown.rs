@@ -1,0 +1,229 @@
+//! Deleting retired pod veths off the runtime's critical path.
+//!
+//! Deleting a veth costs ~25 ms of wall time, nearly all of it the kernel waiting for RCU
+//! (`RTM_DELLINK` returns only after `netdev_run_todo`'s `rcu_barrier`), and the reference
+//! `ptp` makes every pod DEL wait for it. In main mode the plugin instead *retires* the host
+//! end before releasing the address: it sets it down, which removes its routes at once, and
+//! marks it with [`dipam_proto::retired`]'s alias and group. It then hands the deletion to
+//! dipamd along with the DEL (`CniRequest.retired_link`), and the runtime gets its answer as
+//! soon as the address is released. This worker deletes the retired links:
+//!
+//! - on a dedicated thread, because the `RTM_DELLINK` syscall itself blocks for the RCU wait
+//!   and must not stall a tokio worker;
+//! - by *sweeping*: each pass lists the links and deletes every retired one, so a link whose
+//!   hand-off was lost (a plugin killed after retiring it, a dipamd killed before deleting it)
+//!   goes with the next pass: at start, after every DEL that hands one over, and every
+//!   [`SWEEP_EVERY`];
+//! - in batches: when several are waiting, one `RTM_DELLINK` by link group deletes them all
+//!   with a single RCU wait, but only after checking that every link in the group is a
+//!   retired dipam veth (an administrator's own use of the group is never touched).
+//!
+//! A retired link carries no address of the pod's anymore as far as the host is concerned:
+//! it is down (no routes), and the pod's IP is released only after it was retired, so a new
+//! pod that gets the IP installs its routes on its own veth without conflict.
+
+use std::{
+    os::unix::fs::MetadataExt,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+        mpsc,
+    },
+    time::{Duration, Instant},
+};
+
+use dipam_proto::{retired, v1::RetiredLink};
+use futures_util::TryStreamExt;
+use rtnetlink::{
+    Handle,
+    packet_route::link::{LinkAttribute, LinkMessage},
+};
+use tracing::{debug, info, warn};
+
+/// How often the worker sweeps without being asked: the bound on how long a retired link
+/// whose hand-off was lost can linger.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// Counters for status and metrics.
+#[derive(Debug, Default)]
+pub struct TeardownStats {
+    pub deleted: AtomicU64,
+    pub batches: AtomicU64,
+    pub failures: AtomicU64,
+}
+
+/// The handle the DEL path uses to hand a retired link over.
+#[derive(Debug)]
+pub struct Teardown {
+    wake: mpsc::Sender<()>,
+    /// The inode of dipamd's own network namespace: a link is taken only from a plugin in it.
+    netns_inode: u64,
+    pub stats: Arc<TeardownStats>,
+}
+
+impl Teardown {
+    /// Starts the worker thread; it sweeps once right away (leftovers of a previous run).
+    pub fn start() -> std::io::Result<Self> {
+        let netns_inode = own_netns_inode()?;
+        let (wake, rx) = mpsc::channel();
+        let stats = Arc::new(TeardownStats::default());
+        let worker_stats = stats.clone();
+        std::thread::Builder::new()
+            .name("dipam-teardown".into())
+            .spawn(move || worker(&rx, &worker_stats))?;
+        Ok(Self {
+            wake,
+            netns_inode,
+            stats,
+        })
+    }
+
+    /// Takes over deleting `link` if it lives in dipamd's netns. Returns whether it did; if
+    /// not, the plugin deletes it itself.
+    pub fn take(&self, link: &RetiredLink) -> bool {
+        if link.netns_inode != self.netns_inode || link.ifindex == 0 {
+            return false;
+        }
+        self.wake.send(()).is_ok()
+    }
+}
+
+fn own_netns_inode() -> std::io::Result<u64> {
+    Ok(std::fs::metadata("/proc/thread-self/ns/net")?.ino())
+}
+
+fn worker(rx: &mpsc::Receiver<()>, stats: &TeardownStats) {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            warn!(error = %e, "teardown worker: cannot start its runtime; retired veths will not be deleted");
+            return;
+        }
+    };
+    let handle = {
+        let _entered = rt.enter();
+        match rtnetlink::new_connection() {
+            Ok((conn, handle, _)) => {
+                rt.spawn(conn);
+                handle
+            }
+            Err(e) => {
+                warn!(error = %e, "teardown worker: cannot open netlink; retired veths will not be deleted");
+                return;
+            }
+        }
+    };
+    loop {
+        rt.block_on(sweep(&handle, stats));
+        match rx.recv_timeout(SWEEP_EVERY) {
+            // Everything handed over meanwhile is in the next pass.
+            Ok(()) => while rx.try_recv().is_ok() {},
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        }
+    }
+}
+
+fn alias_of(link: &LinkMessage) -> Option<&str> {
+    link.attributes.iter().find_map(|a| match a {
+        LinkAttribute::IfAlias(s) => Some(s.as_str()),
+        _ => None,
+    })
+}
+
+fn group_of(link: &LinkMessage) -> u32 {
+    link.attributes
+        .iter()
+        .find_map(|a| match a {
+            LinkAttribute::Group(g) => Some(*g),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+fn is_retired(link: &LinkMessage) -> bool {
+    alias_of(link).is_some_and(|a| a.starts_with(retired::ALIAS_PREFIX))
+}
+
+/// One pass: delete every retired link in this netns.
+async fn sweep(h: &Handle, stats: &TeardownStats) {
+    let started = Instant::now();
+    let links: Vec<LinkMessage> = match h.link().get().execute().try_collect().await {
+        Ok(l) => l,
+        Err(e) => {
+            stats.failures.fetch_add(1, Ordering::Relaxed);
+            warn!(error = %e, "teardown: listing links failed; retrying at the next pass");
+            return;
+        }
+    };
+    let retired_links: Vec<&LinkMessage> = links.iter().filter(|l| is_retired(l)).collect();
+    if retired_links.is_empty() {
+        return;
+    }
+    // One RTM_DELLINK for the whole group shares one RCU wait among all of them, but only if
+    // nothing else is in the group.
+    let group_is_ours = links
+        .iter()
+        .filter(|l| group_of(l) == retired::GROUP)
+        .all(|l| is_retired(l));
+    let in_group = retired_links
+        .iter()
+        .filter(|l| group_of(l) == retired::GROUP)
+        .count();
+    let mut deleted = 0u64;
+    let mut by_index: Vec<&LinkMessage> = retired_links.clone();
+    if in_group > 1 && group_is_ours {
+        match delete_group(h).await {
+            Ok(()) => {
+                deleted += in_group as u64;
+                by_index.retain(|l| group_of(l) != retired::GROUP);
+            }
+            Err(e) => debug!(error = %e, "teardown: group delete failed; deleting one by one"),
+        }
+    } else if in_group > 1 {
+        warn!(
+            group = retired::GROUP,
+            "teardown: the link group holds links that are not retired dipam veths; deleting \
+             one by one (give them another group)"
+        );
+    }
+    for link in by_index {
+        match h.link().del(link.header.index).execute().await {
+            Ok(()) => deleted += 1,
+            Err(e) if gone(&e) => {}
+            Err(e) => {
+                stats.failures.fetch_add(1, Ordering::Relaxed);
+                warn!(ifindex = link.header.index, alias = alias_of(link).unwrap_or_default(), error = %e, "teardown: deleting a retired veth failed; retrying at the next pass");
+            }
+        }
+    }
+    stats.deleted.fetch_add(deleted, Ordering::Relaxed);
+    stats.batches.fetch_add(1, Ordering::Relaxed);
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    if ms > 1000.0 {
+        info!(deleted, elapsed_ms = ms, "teardown: deleted retired veths");
+    } else {
+        debug!(deleted, elapsed_ms = ms, "teardown: deleted retired veths");
+    }
+}
+
+/// `ip link delete group <retired::GROUP>`.
+async fn delete_group(h: &Handle) -> Result<(), rtnetlink::Error> {
+    let mut msg = LinkMessage::default();
+    msg.attributes.push(LinkAttribute::Group(retired::GROUP));
+    match rtnetlink::LinkDelRequest::new_with_message(h.clone(), msg)
+        .execute()
+        .await
+    {
+        Err(e) if gone(&e) => Ok(()),
+        other => other,
+    }
+}
+
+/// ENODEV: already gone (the pod's netns was destroyed, taking the pair with it).
+fn gone(e: &rtnetlink::Error) -> bool {
+    matches!(e, rtnetlink::Error::NetlinkError(m) if -m.raw_code() == libc::ENODEV)
+}

@@ -1,0 +1,216 @@
+//! Main mode's DEL hands the pod veth's deletion to dipamd (shim-server teardown.rs): the
+//! runtime's DEL returns once the address is released and the host end is retired (down, no
+//! routes, marked), and dipamd deletes it moments later, in batches. These tests hold that to
+//! account with real veths: the link does go, a leftover of a crash goes at the next start,
+//! an administrator's link sharing the group survives, a re-ADD into a netns that outlived
+//! its DEL works, and a dipamd that cannot take the deletion leaves it to the plugin.
+
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use dipam_lifecycle::{Lab, NetNs, require_root};
+use dipam_proto::retired;
+use serde_json::Value;
+
+fn ip(args: &[&str]) -> std::process::Output {
+    Command::new("ip").args(args).output().expect("run ip")
+}
+
+fn link_exists(name: &str) -> bool {
+    ip(&["link", "show", "dev", name]).status.success()
+}
+
+fn gone_within(name: &str, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while link_exists(name) {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
+fn host_end(result: &Value) -> String {
+    result["interfaces"][0]["name"]
+        .as_str()
+        .expect("host interface")
+        .to_owned()
+}
+
+/// A veth pair on the host retired the way the plugin does it (down, alias, group), as a
+/// plugin or dipamd killed mid-DEL would leave it.
+fn make_retired(name: &str, peer: &str, group: bool) {
+    let made = ip(&["link", "add", name, "type", "veth", "peer", "name", peer]);
+    assert!(made.status.success(), "{made:?}");
+    let alias = format!("{}net {name} eth0", retired::ALIAS_PREFIX);
+    let mut args = vec!["link", "set", "dev", name, "down", "alias", &alias];
+    let g = retired::GROUP.to_string();
+    if group {
+        args.extend(["group", &g]);
+    }
+    assert!(ip(&args).status.success());
+}
+
+/// Deletes the named host links when the test ends, however it ends.
+struct Links(Vec<String>);
+
+impl Drop for Links {
+    fn drop(&mut self) {
+        for name in &self.0 {
+            let _ = ip(&["link", "del", name]);
+        }
+    }
+}
+
+#[test]
+fn del_returns_before_the_veth_is_deleted_and_dipamd_deletes_it() {
+    require_root!();
+    let lab = Lab::new("dipam-host-local.conflist");
+    let pods: Vec<_> = (0..6).map(|_| lab.pod()).collect();
+    let mut hosts = Vec::new();
+    for (_, att) in &pods {
+        let result = lab
+            .rt
+            .add(lab.list(), att)
+            .unwrap_or_else(|e| panic!("{e}"));
+        hosts.push((host_end(&result), result));
+    }
+    // Six DELs back to back: their veths are deleted by dipamd, several per kernel call.
+    for (_, att) in &pods {
+        lab.rt
+            .del(lab.list(), att)
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    assert!(lab.ledger().is_empty());
+    lab.assert_agree();
+    for (host, result) in &hosts {
+        // At once: no route to the released address is left on the host.
+        for ip_addr in dipam_lifecycle::runtime::result_ips(result) {
+            let addr = ip_addr.split('/').next().unwrap().to_owned();
+            let routes =
+                String::from_utf8_lossy(&ip(&["route", "show", &addr]).stdout).into_owned();
+            assert!(
+                !routes.contains(host.as_str()),
+                "route to {addr} via {host} left: {routes}"
+            );
+        }
+        assert!(
+            gone_within(host, Duration::from_secs(5)),
+            "dipamd did not delete {host}:\n{}",
+            lab.dipamd.log()
+        );
+    }
+    for (ns, att) in &pods {
+        let left =
+            String::from_utf8_lossy(&ns.exec(&["ip", "-o", "link", "show"]).stdout).into_owned();
+        assert!(!left.contains(&att.ifname), "{left}");
+    }
+}
+
+#[test]
+fn retired_veths_left_by_a_crash_go_at_the_next_start_and_foreign_links_stay() {
+    require_root!();
+    let mut lab = Lab::new("dipam-host-local.conflist");
+    lab.dipamd.kill9();
+    let i = lab.subnet.index;
+    let (a, b, admin) = (format!("dprA{i}"), format!("dprB{i}"), format!("dprX{i}"));
+    let _cleanup = Links(vec![a.clone(), b.clone(), admin.clone()]);
+    make_retired(&a, &format!("dprAp{i}"), true);
+    make_retired(&b, &format!("dprBp{i}"), false);
+    // An administrator's own link in the same group, not retired: it must survive, and it
+    // makes dipamd delete the retired ones one by one instead of by group.
+    let admin_peer = format!("dprXp{i}");
+    assert!(
+        ip(&[
+            "link",
+            "add",
+            &admin,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &admin_peer
+        ])
+        .status
+        .success()
+    );
+    assert!(
+        ip(&[
+            "link",
+            "set",
+            "dev",
+            &admin,
+            "group",
+            &retired::GROUP.to_string()
+        ])
+        .status
+        .success()
+    );
+    lab.dipamd.start_again();
+    let a_gone = gone_within(&a, Duration::from_secs(5));
+    let b_gone = gone_within(&b, Duration::from_secs(5));
+    let admin_left = link_exists(&admin);
+    assert!(
+        a_gone && b_gone,
+        "retired veths outlived the start:\n{}",
+        lab.dipamd.log()
+    );
+    assert!(admin_left, "dipamd deleted a link it does not own");
+}
+
+#[test]
+fn a_netns_that_outlives_its_del_takes_the_same_interface_again() {
+    require_root!();
+    let lab = Lab::new("dipam-host-local.conflist");
+    let (ns, att) = lab.pod();
+    for round in 0..5 {
+        let result = lab
+            .rt
+            .add(lab.list(), &att)
+            .unwrap_or_else(|e| panic!("round {round} ADD: {e}"));
+        let out = ns.exec(&["ip", "-o", "addr", "show", "dev", &att.ifname]);
+        let shown = String::from_utf8_lossy(&out.stdout).into_owned();
+        for addr in dipam_lifecycle::runtime::result_ips(&result) {
+            assert!(
+                shown.contains(&addr),
+                "round {round}: {addr} not on {}: {shown}",
+                att.ifname
+            );
+        }
+        lab.rt
+            .del(lab.list(), &att)
+            .unwrap_or_else(|e| panic!("round {round} DEL: {e}"));
+    }
+    assert!(lab.ledger().is_empty());
+    lab.assert_agree();
+}
+
+#[test]
+fn a_dipamd_in_another_netns_leaves_the_deletion_to_the_plugin() {
+    require_root!();
+    let mut lab = Lab::new("dipam-host-local.conflist");
+    let elsewhere = NetNs::new();
+    lab.dipamd.kill9();
+    lab.dipamd.run_in_netns(&elsewhere.name);
+    lab.dipamd.start_again();
+    let (_ns, att) = lab.pod();
+    let result = lab
+        .rt
+        .add(lab.list(), &att)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let host = host_end(&result);
+    lab.rt
+        .del(lab.list(), &att)
+        .unwrap_or_else(|e| panic!("{e}"));
+    // dipamd cannot see the host's links from its netns, so it must not take the deletion:
+    // the plugin deleted the veth before answering.
+    assert!(
+        !link_exists(&host),
+        "{host} outlived DEL with dipamd elsewhere"
+    );
+    assert!(lab.ledger().is_empty());
+    lab.assert_agree();
+}
