@@ -13,7 +13,7 @@ use rscni_types::types::{CNIResult, Cmd};
 use crate::{
     cmd::Ctx,
     conf::Mode,
-    datapath::{self, netns::Netns, plan::Plan, result},
+    datapath::{self, AddError, netns::Netns, plan::Plan, result},
     error::PluginError,
 };
 
@@ -27,18 +27,25 @@ pub fn run(ctx: &Ctx<'_>) -> Result<Vec<u8>, PluginError> {
 fn main_mode(ctx: &Ctx<'_>) -> Result<Vec<u8>, PluginError> {
     let att = ctx.attachment();
     // Before the IPAM call: a sandbox that cannot be used, or an interface name already taken
-    // (a repeated ADD), must not cost an address, nor roll back the one in use.
+    // (a repeated ADD), must not cost an address, nor roll back the one in use (add_during
+    // checks the name before it lets the IPAM call start).
     let netns = Netns::open(&ctx.args.netns)?;
-    datapath::ensure_absent(att, &netns)?;
-    let raw = ctx.forward()?;
-    let wired = serde_json::from_slice::<CNIResult>(&raw)
-        .map_err(|e| PluginError::IpamResult(format!("dipamd's IPAM result does not parse: {e}")))
-        .and_then(|ipam| {
-            let plan = Plan::new(&ipam)?;
-            let created = datapath::add(att, &netns, &plan, ctx.conf.mtu)?;
-            Ok((ipam, created))
+    // The IPAM call and the veth's creation run side by side (datapath::add_during).
+    let ipam = || {
+        let raw = ctx.forward()?;
+        // From here on an address is allocated: a failure must release it.
+        let ipam = serde_json::from_slice::<CNIResult>(&raw).map_err(|e| {
+            PluginError::IpamResult(format!("dipamd's IPAM result does not parse: {e}"))
         });
-    let (ipam, created) = wired.map_err(|e| rollback(ctx, e))?;
+        let planned = ipam.and_then(|ipam| Plan::new(&ipam).map(|plan| (ipam, plan)));
+        planned.map_err(|e| rollback(ctx, e))
+    };
+    let (ipam, created) = match datapath::add_during(att, &netns, ctx.conf.mtu, ipam) {
+        Ok(v) => v,
+        // Nothing allocated, or already released by the closure.
+        Err(AddError::BeforeIpam(e) | AddError::Ipam(e)) => return Err(e),
+        Err(AddError::AfterIpam(e)) => return Err(rollback(ctx, e)),
+    };
     let out = result::assemble(
         ctx.conf.prev_result.as_ref(),
         &ipam,

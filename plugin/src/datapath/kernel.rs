@@ -154,14 +154,10 @@ pub struct SetupRequest<'a> {
     pub mtu: Option<u32>,
 }
 
-/// Creates the veth pair and installs `plan`. On failure, removes the pair again (the caller
-/// releases the IPAM allocation): nothing dipam made outlives a failed ADD. An interface that
+/// Creates the veth pair (ADD's first datapath step, which needs no address and so runs
+/// while dipamd is still allocating one). Returns the container end. An interface that
 /// already had the name is never touched.
-pub async fn setup(
-    h: &Handles,
-    req: &SetupRequest<'_>,
-    plan: &Plan,
-) -> Result<Created, PluginError> {
+pub async fn create(h: &Handles, req: &SetupRequest<'_>) -> Result<LinkMessage, PluginError> {
     let cont = h.container()?;
     // Checked before IPAM too (super::ensure_absent); again here, where it counts.
     ensure_absent(h, req.ifname, req.netns).await?;
@@ -172,21 +168,37 @@ pub async fn setup(
             format!("{} vanished right after it was created", req.ifname),
         ));
     };
-    let index = link.header.index;
-    match configure(h, req, plan, &link).await {
+    Ok(link)
+}
+
+/// Installs `plan` on the veth [`create`] made. On failure, removes the pair again (the caller
+/// releases the IPAM allocation): nothing dipam made outlives a failed ADD.
+pub async fn finish(
+    h: &Handles,
+    req: &SetupRequest<'_>,
+    plan: &Plan,
+    link: &LinkMessage,
+) -> Result<Created, PluginError> {
+    match configure(h, req, plan, link).await {
         Ok(created) => Ok(created),
         Err(e) => {
-            // Deleting one end deletes the pair, with its addresses and routes.
-            if let Err(del) = cont.link().del(index).execute().await
-                && errno(&del) != Some(Errno::ENODEV)
-            {
-                eprintln!(
-                    "dipam: could not remove {} after a failed ADD: {del}",
-                    req.ifname
-                );
-            }
+            remove(h, req, link).await;
             Err(e)
         }
+    }
+}
+
+/// Deletes the pair [`create`] made, for an ADD that will not succeed. Deleting one end
+/// deletes the pair, with its addresses and routes.
+pub async fn remove(h: &Handles, req: &SetupRequest<'_>, link: &LinkMessage) {
+    let Ok(cont) = h.container() else { return };
+    if let Err(del) = cont.link().del(link.header.index).execute().await
+        && errno(&del) != Some(Errno::ENODEV)
+    {
+        eprintln!(
+            "dipam: could not remove {} after a failed ADD: {del}",
+            req.ifname
+        );
     }
 }
 

@@ -59,25 +59,24 @@ impl Attachment<'_> {
     }
 }
 
-/// Fails with code 160 when CNI_IFNAME already exists in `netns` (spec §ADD: MUST error).
-/// Called before the IPAM call: a repeated ADD of a live attachment is answered by dipamd from
-/// its ledger with the *same* allocation, so if its failure were only noticed afterwards, the
-/// rollback DEL would release the address the existing interface still uses.
-pub fn ensure_absent(att: Attachment<'_>, netns: &Netns) -> Result<(), PluginError> {
-    netns::run(Some(netns), |h| async move {
-        kernel::ensure_absent(&h, att.ifname, netns.path()).await
-    })
-}
-
-/// Creates and configures the pod's veth for `plan` in `netns`. On error nothing of it is
-/// left; the caller releases the IPAM allocation.
-pub fn add(
+/// ADD's datapath, overlapped with the IPAM call. On a netns thread: check that CNI_IFNAME is
+/// free (code 160 otherwise, spec §ADD: before `ipam` runs, because a repeated ADD of a live
+/// attachment is answered by dipamd from its ledger with the *same* allocation, and a failure
+/// noticed only afterwards would roll back the address the existing interface still uses),
+/// then create the veth pair, which needs no address,
+/// while `ipam` runs on the calling thread (the RPC to dipamd, ~4-5 ms, most of it the
+/// delegate's exec); then install the plan made from its answer. If `ipam` fails, the pair
+/// is removed and its error returned. On any error nothing of the datapath is left; after
+/// `ipam` succeeded, the caller releases the allocation.
+pub fn add_during<R, F>(
     att: Attachment<'_>,
     netns: &Netns,
-    plan: &Plan,
     mtu: Option<u32>,
-) -> Result<Created, PluginError> {
-    enable_forwarding(plan)?;
+    ipam: F,
+) -> Result<(R, Created), AddError>
+where
+    F: FnOnce() -> Result<(R, Plan), PluginError>,
+{
     let host_name = att.host_ifname();
     let host_alias = naming::host_alias(att.network, att.container_id, att.ifname);
     let req = SetupRequest {
@@ -87,9 +86,68 @@ pub fn add(
         host_alias: &host_alias,
         mtu,
     };
-    netns::run(Some(netns), |h| async move {
-        kernel::setup(&h, &req, plan).await
+    let (absent_tx, absent_rx) = std::sync::mpsc::channel::<Result<(), PluginError>>();
+    let (plan_tx, plan_rx) = tokio::sync::oneshot::channel::<Plan>();
+    std::thread::scope(|scope| {
+        let req = &req;
+        let thread = netns::spawn(scope, Some(netns), move |h| async move {
+            let absent = kernel::ensure_absent(&h, att.ifname, netns.path()).await;
+            let go = absent.is_ok();
+            let _ = absent_tx.send(absent);
+            if !go {
+                return Ok(None);
+            }
+            let link = kernel::create(&h, req).await?;
+            // A dropped sender: the IPAM call failed; undo the pair.
+            let Ok(plan) = plan_rx.await else {
+                kernel::remove(&h, req, &link).await;
+                return Ok(None);
+            };
+            kernel::finish(&h, req, &plan, &link).await.map(Some)
+        })
+        .map_err(AddError::BeforeIpam)?;
+        let absent = absent_rx.recv().unwrap_or_else(|_| {
+            Err(PluginError::Datapath {
+                step: "checking the interface name".into(),
+                reason: "the netns thread ended early (a bug in dipam)".into(),
+            })
+        });
+        if let Err(e) = absent {
+            let _ = netns::join(thread);
+            return Err(AddError::BeforeIpam(e));
+        }
+        let (answer, plan) = match ipam() {
+            Ok(v) => v,
+            Err(e) => {
+                drop(plan_tx);
+                let _ = netns::join(thread);
+                return Err(AddError::Ipam(e));
+            }
+        };
+        let forwarding = enable_forwarding(&plan);
+        let _ = plan_tx.send(plan);
+        let created = netns::join(thread).map_err(AddError::AfterIpam)?;
+        forwarding.map_err(AddError::AfterIpam)?;
+        match created {
+            Some(created) => Ok((answer, created)),
+            None => Err(AddError::AfterIpam(PluginError::Datapath {
+                step: "creating the veth".into(),
+                reason: "the netns thread gave up without an error (a bug in dipam)".into(),
+            })),
+        }
     })
+}
+
+/// Where [`add_during`] failed: the caller must release the allocation only after the IPAM
+/// answered.
+#[derive(Debug)]
+pub enum AddError {
+    /// Before the IPAM call (bad netns, interface exists): nothing was allocated.
+    BeforeIpam(PluginError),
+    /// The IPAM call itself failed: its error, as dipamd reported it.
+    Ipam(PluginError),
+    /// After the IPAM answered: the datapath is undone, the allocation must be released.
+    AfterIpam(PluginError),
 }
 
 /// DEL's first step: retires the pod's host veth (kernel::retire_host_veth), found by its

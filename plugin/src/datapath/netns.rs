@@ -123,19 +123,38 @@ where
     F: FnOnce(Handles) -> Fut + Send,
     Fut: Future<Output = Result<T, PluginError>>,
 {
-    std::thread::scope(|scope| {
-        let thread = std::thread::Builder::new()
-            .name("dipam-netns".into())
-            .spawn_scoped(scope, move || in_thread(target, work))
-            .map_err(|e| PluginError::Datapath {
-                step: "starting the netns thread".into(),
-                reason: e.to_string(),
-            })?;
-        thread.join().unwrap_or_else(|_| {
-            Err(PluginError::Datapath {
-                step: "the netns thread".into(),
-                reason: "panicked (a bug in dipam; its message is on stderr)".into(),
-            })
+    std::thread::scope(|scope| join(spawn(scope, target, work)?))
+}
+
+/// [`run`] without the wait: starts `work` on its netns thread inside `scope`, so that the
+/// caller can do something else meanwhile (ADD's IPAM call), then [`join`]s it.
+pub fn spawn<'scope, 'env, T, F, Fut>(
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    target: Option<&'env Netns>,
+    work: F,
+) -> Result<std::thread::ScopedJoinHandle<'scope, Result<T, PluginError>>, PluginError>
+where
+    T: Send + 'scope,
+    F: FnOnce(Handles) -> Fut + Send + 'scope,
+    Fut: Future<Output = Result<T, PluginError>>,
+{
+    std::thread::Builder::new()
+        .name("dipam-netns".into())
+        .spawn_scoped(scope, move || in_thread(target, work))
+        .map_err(|e| PluginError::Datapath {
+            step: "starting the netns thread".into(),
+            reason: e.to_string(),
+        })
+}
+
+/// Waits for a thread [`spawn`] started and returns what its work returned.
+pub fn join<T>(
+    thread: std::thread::ScopedJoinHandle<'_, Result<T, PluginError>>,
+) -> Result<T, PluginError> {
+    thread.join().unwrap_or_else(|_| {
+        Err(PluginError::Datapath {
+            step: "the netns thread".into(),
+            reason: "panicked (a bug in dipam; its message is on stderr)".into(),
         })
     })
 }
