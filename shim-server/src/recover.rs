@@ -193,6 +193,7 @@ pub async fn run(
             created_at: t,
             updated_at: t,
             issued_ms: 0,
+            delegate_key: None,
         };
         ledger.put(&rec).map_err(|e| e.to_string())?;
     }

@@ -264,13 +264,13 @@ impl<S: Store> Shim<S> {
             .map(|(issued, _)| *issued)
     }
 
-    /// Refuses a result whose addresses belong to someone else in the ledger. A pod's result
-    /// is checked against the agent's addresses (an in-memory index: no ledger scan on the pod
-    /// path); an agent's result against every other record.
+    /// Refuses a result whose addresses belong to someone else in the ledger. A pod's (or a
+    /// warm-pool entry's) result is checked against the agent's addresses (an in-memory index:
+    /// no ledger scan on the pod path); an agent's result against every other record.
     pub async fn check_conflict(&self, rec: &AttachmentRecord) -> Result<(), ShimError> {
         let ips = rec.result.as_ref().map(result_addrs).unwrap_or_default();
         let holder = match &rec.owner {
-            Owner::Pod => ips
+            Owner::Pod | Owner::Pool => ips
                 .iter()
                 .find_map(|ip| self.agent.owner_of(ip).map(|h| (*ip, h))),
             Owner::Agent { .. } => {

@@ -122,6 +122,9 @@ pub enum Owner {
         /// What the agent uses it for, e.g. "router".
         role: String,
     },
+    /// dipamd's warm pool: an address allocated ahead of time under dipamd's own key, waiting
+    /// to be handed to a pod's ADD; never released by GC.
+    Pool,
 }
 
 impl Owner {
@@ -130,6 +133,7 @@ impl Owner {
         match self {
             Owner::Pod => "pod".to_string(),
             Owner::Agent { role } => format!("agent:{role}"),
+            Owner::Pool => "pool".to_string(),
         }
     }
 }
@@ -156,6 +160,25 @@ impl AttachmentState {
             AttachmentState::Deleting => "deleting",
         }
     }
+}
+
+/// The identity under which the delegate holds an attachment, when it is not the record's
+/// own key: a pod that got its address from the warm pool is known to the delegate by the
+/// pool entry's container ID and ifname (and was allocated with the pool's CNI_NETNS and
+/// CNI_ARGS). Every delegate call for the record (DEL, CHECK, GC's valid set, replay) uses
+/// it. The network is always the record's own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DelegateKey {
+    /// `CNI_CONTAINERID` the delegate saw at ADD.
+    pub container_id: String,
+    /// `CNI_IFNAME` the delegate saw at ADD.
+    pub ifname: String,
+    /// `CNI_NETNS` the delegate saw at ADD.
+    #[serde(default)]
+    pub netns: String,
+    /// `CNI_ARGS` the delegate saw at ADD.
+    #[serde(default)]
+    pub cni_args: String,
 }
 
 /// Everything needed to answer CHECK, to replay DEL to the delegate exactly as ADD was sent,
@@ -195,6 +218,29 @@ pub struct AttachmentRecord {
     /// before the field existed, which then default to 0 (no ordering check).
     #[serde(default)]
     pub issued_ms: u64,
+    /// Set when the delegate knows this attachment under another key (a pod served from the
+    /// warm pool). Absent in every other record, and in records written before the field
+    /// existed; not written when absent, so such records keep their exact bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delegate_key: Option<DelegateKey>,
+}
+
+impl AttachmentRecord {
+    /// The (container ID, ifname) the delegate holds this attachment under.
+    pub fn delegate_ids(&self) -> (&str, &str) {
+        match &self.delegate_key {
+            Some(d) => (&d.container_id, &d.ifname),
+            None => (&self.key.container_id, &self.key.ifname),
+        }
+    }
+
+    /// The CNI_NETNS and CNI_ARGS the delegate saw at ADD.
+    pub fn delegate_env(&self) -> (&str, &str) {
+        match &self.delegate_key {
+            Some(d) => (&d.netns, &d.cni_args),
+            None => (&self.netns, &self.cni_args),
+        }
+    }
 }
 
 /// Typed access to the attachment records of a [`Store`].
@@ -249,6 +295,23 @@ impl<S: Store> Ledger<S> {
         let value = serde_json::to_vec(rec)
             .map_err(|e| StoreError::Backend(format!("cannot encode record {}: {e}", rec.key)))?;
         let mut batch = Batch::new();
+        batch.put(Tree::Attachments, raw_key, value);
+        self.store.commit(batch)
+    }
+
+    /// Writes `rec` and removes the record under `gone` in one atomic, durable commit: both
+    /// happen or neither does. The warm pool hands an entry to a pod this way, so there is no
+    /// moment at which the address belongs to both or to neither.
+    pub fn put_removing(
+        &self,
+        rec: &AttachmentRecord,
+        gone: &AttachmentKey,
+    ) -> Result<(), StoreError> {
+        let raw_key = rec.key.encode()?;
+        let value = serde_json::to_vec(rec)
+            .map_err(|e| StoreError::Backend(format!("cannot encode record {}: {e}", rec.key)))?;
+        let mut batch = Batch::new();
+        batch.delete(Tree::Attachments, gone.encode()?);
         batch.put(Tree::Attachments, raw_key, value);
         self.store.commit(batch)
     }
@@ -423,6 +486,49 @@ mod tests {
     }
 
     #[test]
+    fn records_without_a_delegate_key_keep_their_bytes_and_old_ones_decode() {
+        let rec = crate::suite::record("n", "c", "eth0");
+        let text = serde_json::to_string(&rec).unwrap();
+        assert!(!text.contains("delegate_key"), "{text}");
+        // A record as written before the field existed.
+        let old: AttachmentRecord = serde_json::from_str(&text).unwrap();
+        assert_eq!(old.delegate_key, None);
+        assert_eq!(old.delegate_ids(), ("c", "eth0"));
+        assert_eq!(old.delegate_env(), ("/var/run/netns/x", "K8S_POD_NAME=p"));
+
+        let mut pooled = rec.clone();
+        pooled.delegate_key = Some(DelegateKey {
+            container_id: "dipam-pool-n1-7".into(),
+            ifname: "eth0".into(),
+            netns: "/run/dipam/pool-netns/dipam-pool-n1-7".into(),
+            cni_args: "IgnoreUnknown=1".into(),
+        });
+        let back: AttachmentRecord =
+            serde_json::from_str(&serde_json::to_string(&pooled).unwrap()).unwrap();
+        assert_eq!(back, pooled);
+        assert_eq!(back.delegate_ids(), ("dipam-pool-n1-7", "eth0"));
+        assert_eq!(
+            back.delegate_env(),
+            ("/run/dipam/pool-netns/dipam-pool-n1-7", "IgnoreUnknown=1")
+        );
+    }
+
+    #[test]
+    fn put_removing_is_one_commit() {
+        let l = Ledger::new(crate::MemStore::new());
+        let entry = crate::suite::record("n", "dipam-pool-x-1", "eth0");
+        l.put(&entry).unwrap();
+        let pod = crate::suite::record("n", "pod", "eth0");
+        l.store().fail_next_commits(1);
+        assert!(l.put_removing(&pod, &entry.key).is_err());
+        assert_eq!(l.get(&entry.key).unwrap(), Some(entry.clone()));
+        assert_eq!(l.get(&pod.key).unwrap(), None);
+        l.put_removing(&pod, &entry.key).unwrap();
+        assert_eq!(l.get(&entry.key).unwrap(), None);
+        assert_eq!(l.get(&pod.key).unwrap(), Some(pod));
+    }
+
+    #[test]
     fn labels_and_serde_names() {
         assert_eq!(Owner::Pod.label(), "pod");
         assert_eq!(
@@ -433,6 +539,8 @@ mod tests {
             "agent:router"
         );
         assert_eq!(serde_json::to_string(&Owner::Pod).unwrap(), r#""pod""#);
+        assert_eq!(Owner::Pool.label(), "pool");
+        assert_eq!(serde_json::to_string(&Owner::Pool).unwrap(), r#""pool""#);
         assert_eq!(
             serde_json::to_string(&Owner::Agent {
                 role: "health".into()

@@ -158,7 +158,7 @@ pub async fn pass<S: Store>(shim: &Shim<S>) -> Result<(), ShimError> {
                 warn!(key = %rec.key, error = %e, "agent address release failed; will retry");
                 let role = match &rec.owner {
                     Owner::Agent { role } => role.clone(),
-                    Owner::Pod => String::new(),
+                    Owner::Pod | Owner::Pool => String::new(),
                 };
                 let ips = rec.result.as_ref().map(result_addrs).unwrap_or_default();
                 addresses.push(AgentAddress {

@@ -99,6 +99,7 @@ pub async fn attach<S: Store>(
         created_at: t,
         updated_at: t,
         issued_ms: p.req.issued_at_ms,
+        delegate_key: None,
     };
     let intent = rec.clone();
     // The intent is made durable while the delegate starts; it reads its config only after
