@@ -43,7 +43,7 @@ pub enum Command {
         /// Only this network.
         #[arg(long)]
         network: Option<String>,
-        /// Only this owner: "pod", "agent", or "agent:<role>".
+        /// Only this owner: "pod", "agent", "agent:<role>", or "pool" (the warm pool's entries).
         #[arg(long)]
         owner: Option<String>,
     },
@@ -249,6 +249,10 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
                     "attachments": r.attachments.iter().map(|a| json!({
                         "network": a.network, "ifname": a.ifname, "owner": a.owner,
                         "state": a.state, "ips": a.ips, "delegate": a.delegate_type,
+                        "containerID": a.container_id,
+                        "delegateKey": (!a.delegate_container_id.is_empty()).then(|| json!({
+                            "containerID": a.delegate_container_id, "ifname": a.delegate_ifname,
+                        })),
                     })).collect::<Vec<_>>(),
                     "events": events,
                     "eventsDropped": r.events_dropped,
@@ -261,15 +265,26 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
                 writeln!(out, "  no attachment in the ledger now")?;
             }
             for a in &r.attachments {
+                // A warm-pool ID finds the pod its address went to.
+                let mut note = String::new();
+                if a.container_id != container_id {
+                    note.push_str(&format!(", container {}", a.container_id));
+                }
+                if !a.delegate_container_id.is_empty() {
+                    note.push_str(&format!(
+                        ", held by the delegate as {}/{} (warm pool)",
+                        a.delegate_container_id, a.delegate_ifname
+                    ));
+                }
                 writeln!(
                     out,
-                    "  {}/{}: {} {} via {} ({})",
+                    "  {}/{}: {} {} via {} ({}){note}",
                     a.network,
                     a.ifname,
                     a.state,
                     a.ips.join(","),
                     a.delegate_type,
-                    a.owner
+                    a.owner,
                 )?;
             }
             writeln!(out, "history ({} event(s), oldest first):", events.len())?;
@@ -471,6 +486,16 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
                     "divergence": {"missing": s.divergence_missing, "orphans": s.divergence_orphans},
                     "gc": {"freed": s.gc_freed, "refused": s.gc_refused},
                     "agentReestablished": s.agent_reestablished,
+                    "warmPool": {
+                        "size": s.warm_pool, "hits": s.pool_hits, "misses": s.pool_misses,
+                        "bypassed": s.pool_bypassed,
+                        "pools": s.pools.iter().map(|p| json!({
+                            "network": p.network, "configDigest": p.config_digest,
+                            "ready": p.ready, "target": p.target, "hits": p.hits,
+                            "misses": p.misses, "refillFailures": p.refill_failures,
+                            "lastError": p.last_error, "source": p.source,
+                        })).collect::<Vec<_>>(),
+                    },
                     "delegates": s.delegates.iter().map(|d| json!({"type": d.r#type, "path": d.path, "supportedVersions": d.supported_versions})).collect::<Vec<_>>(),
                 });
                 writeln!(out, "{v:#}")?;
@@ -525,6 +550,37 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
                     "gc:           {} freed, {} refused",
                     s.gc_freed, s.gc_refused
                 )?;
+                if s.warm_pool > 0 || !s.pools.is_empty() {
+                    writeln!(
+                        out,
+                        "warm pool:    {} per network; {} ADDs served from it, {} found it empty, \
+                         {} bypassed it (own addresses)",
+                        s.warm_pool, s.pool_hits, s.pool_misses, s.pool_bypassed
+                    )?;
+                    for p in &s.pools {
+                        writeln!(
+                            out,
+                            "  {}: {}/{} ready (config {}, from {}){}",
+                            p.network,
+                            p.ready,
+                            p.target,
+                            p.config_digest.get(..12).unwrap_or(&p.config_digest),
+                            if p.source.is_empty() {
+                                "an older config: releasing"
+                            } else {
+                                p.source.as_str()
+                            },
+                            if p.refill_failures > 0 {
+                                format!(
+                                    "; refill failed {} time(s), retrying: {}",
+                                    p.refill_failures, p.last_error
+                                )
+                            } else {
+                                String::new()
+                            }
+                        )?;
+                    }
+                }
                 writeln!(out, "uptime:       {}s", s.uptime_seconds)?;
                 for d in &s.delegates {
                     writeln!(
@@ -563,6 +619,9 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
                             "owner": a.owner, "state": a.state, "delegate": a.delegate_type,
                             "ips": a.ips, "netns": a.netns, "configDigest": a.config_digest,
                             "createdAt": a.created_at, "updatedAt": a.updated_at,
+                            "delegateKey": (!a.delegate_container_id.is_empty()).then(|| json!({
+                                "containerID": a.delegate_container_id, "ifname": a.delegate_ifname,
+                            })),
                             "result": serde_json::from_str::<serde_json::Value>(&a.result_json).unwrap_or(serde_json::Value::Null),
                         })
                     })
@@ -579,7 +638,14 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
                             a.ifname.clone(),
                             a.owner.clone(),
                             a.state.clone(),
-                            a.delegate_type.clone(),
+                            if a.delegate_container_id.is_empty() {
+                                a.delegate_type.clone()
+                            } else {
+                                format!(
+                                    "{} as {}/{}",
+                                    a.delegate_type, a.delegate_container_id, a.delegate_ifname
+                                )
+                            },
                             a.ips.join(","),
                         ]
                     })

@@ -62,8 +62,8 @@ pub struct Args {
     /// The network to take from --conf-dir.
     #[arg(long, env = "DIPAM_NETWORK")]
     pub network: Option<String>,
-    /// This node's name; part of the agent addresses' container IDs (dipam-<role>-<family>-<node>).
-    /// Defaults to the host name.
+    /// This node's name; part of the agent addresses' container IDs (dipam-<role>-<family>-<node>)
+    /// and the warm pool's (dipam-pool-<node>-<n>). Defaults to the host name.
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
     /// Agent roles to hold an address for, comma-separated: router, health, ingress. A role
@@ -101,6 +101,20 @@ pub struct Args {
     /// (otherwise it only reports them).
     #[arg(long)]
     pub reconcile_free: bool,
+    /// Keep this many addresses per network allocated ahead of time (the warm pool; 0: off).
+    ///
+    /// dipamd takes them from the delegate under its own keys (container ID
+    /// dipam-pool-<node>-<n>), and a pod's ADD gets one with a single ledger commit and no
+    /// delegate exec; a background refiller keeps N ready for each network dipamd has seen (a
+    /// pod's ADD, or --conflist). The trade-off: the delegate sees the pool's keys, not the
+    /// pods' IDs. host-local's files name dipam-pool-..., CNI_ARGS such as K8S_POD_NAME are
+    /// the pool's, a DEL sent to the delegate directly with a pod's ID finds nothing, and N
+    /// addresses per network stay held while idle. Use it only with delegates whose addresses
+    /// are local and plentiful, such as host-local; not with cloud IPAMs. Lowering N (or 0)
+    /// releases the surplus at the next start. Pods that ask for particular addresses
+    /// (runtimeConfig.ips, args.cni.ips, CNI_ARGS IP=) bypass the pool.
+    #[arg(long, env = "DIPAM_WARM_POOL", default_value_t = 0, value_name = "N")]
+    pub warm_pool: usize,
     /// Fault injection (test builds only): SIGKILL dipamd the first time it reaches POINT.
     #[cfg(feature = "fault-injection")]
     #[arg(long, value_name = "POINT")]
@@ -181,6 +195,19 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         )));
     }
     let agent = agent_config(&args)?;
+    if args.warm_pool > crate::pool::MAX_SIZE {
+        return Err(DaemonError::Usage(format!(
+            "--warm-pool {} is more than {} addresses per network",
+            args.warm_pool,
+            crate::pool::MAX_SIZE
+        )));
+    }
+    // Only a pool that fills needs a node name (its entries' IDs carry it).
+    let pool_node = if args.warm_pool > 0 {
+        node_name(&args)?
+    } else {
+        String::new()
+    };
     let spool_dir = args
         .spool_dir
         .clone()
@@ -209,6 +236,11 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         },
         crate::access::Admission::new(args.max_concurrent, args.max_queue, Duration::from_secs(10)),
     );
+    shim.pool.configure(crate::pool::PoolConfig {
+        size: args.warm_pool,
+        node: pool_node,
+        namespace: args.agent_namespace.clone(),
+    });
     let _ = shim
         .exec
         .history
@@ -242,6 +274,9 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         replay_failed = replay.failed,
         "ledger open"
     );
+    // After the replay: entries it could not release, and every entry when the pool is off,
+    // are released by the refiller; the rest are ready to hand out.
+    crate::pool::init(&shim).await?;
     // The agent's addresses before the first pod, when the conflist is there: otherwise a pod
     // could take the address the agent held before this restart.
     agent::reconcile::init(&shim).await?;
@@ -279,6 +314,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         let l = server::bind(path, None).await?;
         tokio::spawn(crate::metrics::serve_unix(std::sync::Arc::clone(&shim), l));
     }
+    tokio::spawn(crate::pool::run(std::sync::Arc::clone(&shim)));
     tokio::spawn(spool::run(
         std::sync::Arc::clone(&shim),
         spool_dir,
@@ -358,6 +394,18 @@ fn agent_config(args: &Args) -> Result<Option<AgentConfig>, DaemonError> {
             families.push(fam);
         }
     }
+    let node = node_name(args)?;
+    Ok(Some(AgentConfig {
+        node,
+        roles,
+        families,
+        source,
+        namespace: args.agent_namespace.clone(),
+    }))
+}
+
+/// `--node-name`, or the host name; it becomes part of container IDs, so it is checked.
+fn node_name(args: &Args) -> Result<String, DaemonError> {
     let node = match &args.node_name {
         Some(n) => n.clone(),
         None => std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -370,13 +418,7 @@ fn agent_config(args: &Args) -> Result<Option<AgentConfig>, DaemonError> {
              '.', '-', starting with a letter or digit)"
         )));
     }
-    Ok(Some(AgentConfig {
-        node,
-        roles,
-        families,
-        source,
-        namespace: args.agent_namespace.clone(),
-    }))
+    Ok(node)
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -94,9 +94,14 @@ pub async fn check<S: Store>(
         .iter()
         .map(|r| (r.container_id.clone(), r.ip))
         .collect();
+    // The delegate holds each attachment under its delegate key (a pod served from the warm
+    // pool: the pool entry's), which is what its store names.
     let known: HashSet<(String, String)> = records
         .iter()
-        .map(|r| (r.key.container_id.clone(), r.key.ifname.clone()))
+        .map(|r| {
+            let (c, i) = r.delegate_ids();
+            (c.to_owned(), i.to_owned())
+        })
         .collect();
     let known_ids: HashSet<&str> = known.iter().map(|(c, _)| c.as_str()).collect();
     let mut d = Divergence::default();
@@ -105,7 +110,7 @@ pub async fn check<S: Store>(
         .filter(|r| r.state == AttachmentState::Committed)
     {
         for ip in r.result.as_ref().map(result_addrs).unwrap_or_default() {
-            if !held_pairs.contains(&(r.key.container_id.clone(), ip)) {
+            if !held_pairs.contains(&(r.delegate_ids().0.to_owned(), ip)) {
                 d.missing.push(format!("{ip} ({})", r.key));
             }
         }
@@ -127,7 +132,7 @@ pub async fn check<S: Store>(
                 .map(result_addrs)
                 .unwrap_or_default()
                 .iter()
-                .any(|ip| !held_pairs.contains(&(r.key.container_id.clone(), *ip)))
+                .any(|ip| !held_pairs.contains(&(r.delegate_ids().0.to_owned(), *ip)))
         })
         .count();
     if pod_ips > 0 && pod_missing == pod_ips {

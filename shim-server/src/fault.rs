@@ -4,13 +4,15 @@
 //! `dipamd --crash-at POINT` makes the daemon SIGKILL itself the first time it reaches POINT:
 //! exactly what an OOM kill or a node crash at that instant would leave behind.
 
-/// The points, in the order an ADD or DEL passes them.
+/// The points, in the order an ADD or DEL passes them; then the warm pool's take (right after
+/// the commit that hands an entry to a pod). A pool entry's fill passes the ADD points.
 pub const POINTS: &[&str] = &[
     "add-after-intent",
     "add-after-exec",
     "add-after-commit",
     "del-after-mark",
     "del-after-exec",
+    "pool-after-take",
 ];
 
 #[cfg(feature = "fault-injection")]

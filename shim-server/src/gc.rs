@@ -16,6 +16,11 @@
 //!
 //! Interlocks: a GC that would free more than `max_free_share` of the network's pod
 //! attachments is refused whole (calico#5044: a bad list once freed every healthy pod).
+//!
+//! The warm pool's entries are always valid, like the agent's. A pod served from the pool is
+//! matched against the runtime's list under its own key, but the delegate knows it by the
+//! pool entry's key: the valid set handed to the delegate's GC, and the one its store is
+//! compared with, name that key.
 
 use std::{
     collections::HashSet,
@@ -134,7 +139,7 @@ pub async fn collect<S: Store>(
             .collect(),
     };
     let protected = |r: &AttachmentRecord| {
-        matches!(r.owner, Owner::Agent { .. })
+        matches!(r.owner, Owner::Agent { .. } | Owner::Pool)
             || r.state != AttachmentState::Committed
             || t.saturating_sub(r.created_at) < grace
     };
@@ -146,6 +151,22 @@ pub async fn collect<S: Store>(
     let stale: Vec<&AttachmentRecord> = records
         .iter()
         .filter(|r| !keep.contains(&(r.key.container_id.clone(), r.key.ifname.clone())))
+        .collect();
+    // What the delegate is told to keep, and its store compared with: `keep` plus the
+    // delegate's key of every kept record (a pod served from the warm pool).
+    let delegate_pair = |r: &AttachmentRecord| {
+        let (c, i) = r.delegate_ids();
+        (c.to_owned(), i.to_owned())
+    };
+    let delegate_keep: HashSet<(String, String)> = keep
+        .iter()
+        .cloned()
+        .chain(
+            records
+                .iter()
+                .filter(|r| keep.contains(&(r.key.container_id.clone(), r.key.ifname.clone())))
+                .map(delegate_pair),
+        )
         .collect();
     let pods = records
         .iter()
@@ -174,8 +195,15 @@ pub async fn collect<S: Store>(
                 &r.key.ifname,
                 r.result.as_ref().map(result_ips).unwrap_or_default(),
                 format!(
-                    "not in the valid list; added {} ago",
-                    age(t.saturating_sub(r.created_at))
+                    "not in the valid list; added {} ago{}",
+                    age(t.saturating_sub(r.created_at)),
+                    r.delegate_key
+                        .as_ref()
+                        .map(|d| format!(
+                            "; {} holds it as {}/{}",
+                            r.delegate_type, d.container_id, d.ifname
+                        ))
+                        .unwrap_or_default()
                 ),
             )
         })
@@ -186,13 +214,10 @@ pub async fn collect<S: Store>(
     // Orphans: in the delegate's own store, unknown to the ledger and to the valid set.
     let mut orphans = Vec::new();
     if !native_gc && let Some(dir) = store::readable_dir(&dc.kind, &dc.conf, &network) {
-        let known: HashSet<(String, String)> = records
-            .iter()
-            .map(|r| (r.key.container_id.clone(), r.key.ifname.clone()))
-            .collect();
+        let known: HashSet<(String, String)> = records.iter().map(delegate_pair).collect();
         let known_ids: HashSet<&str> = known
             .iter()
-            .chain(keep.iter())
+            .chain(delegate_keep.iter())
             .map(|(c, _)| c.as_str())
             .collect();
         let reservations = store::reservations(&dir)
@@ -202,7 +227,7 @@ pub async fn collect<S: Store>(
             let held = if r.ifname.is_empty() {
                 known_ids.contains(r.container_id.as_str())
             } else {
-                known.contains(&pair) || keep.contains(&pair)
+                known.contains(&pair) || delegate_keep.contains(&pair)
             };
             let young = r
                 .modified
@@ -247,7 +272,7 @@ pub async fn collect<S: Store>(
     }
     if native_gc {
         let mut conf = dc.conf.clone();
-        let list: Vec<Value> = keep
+        let list: Vec<Value> = delegate_keep
             .iter()
             .map(|(c, i)| json!({"containerID": c, "ifname": i}))
             .collect();
@@ -260,7 +285,7 @@ pub async fn collect<S: Store>(
             ..Invocation::default()
         };
         shim.exec.call(&dc.kind, &probe, &inv).await?;
-        info!(network = %network, delegate = %dc.kind, kept = keep.len(), "delegate GC run with the augmented valid list");
+        info!(network = %network, delegate = %dc.kind, kept = delegate_keep.len(), "delegate GC run with the augmented valid list");
     }
     for (r, it) in orphans.iter().zip(items.iter_mut().skip(n)) {
         let mut conf = dc.conf.clone();

@@ -17,6 +17,7 @@ pub mod install;
 pub mod keylock;
 pub mod logging;
 pub mod metrics;
+pub mod pool;
 pub mod recover;
 pub mod recovery;
 pub mod rpc;

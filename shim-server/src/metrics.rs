@@ -4,8 +4,9 @@
 //! Hand-rolled rather than the `metrics` crates: a few counters and histograms, rendered on
 //! scrape, need no recorder, registry or HTTP stack of their own (and no extra build time on a
 //! 2-core node); the listener answers one GET per connection, as Prometheus scrapes.
-//! Counters and histograms are updated on the request path; gauges (attachments, agent
-//! addresses, spool depth, divergence) are computed from dipamd's state at scrape time.
+//! Counters and histograms are updated on the request path (`dipam_pool_requests_total` by
+//! outcome: hit, miss, bypass); gauges (attachments, agent addresses, warm pool, spool depth,
+//! divergence) are computed from dipamd's state at scrape time.
 
 use std::{
     collections::BTreeMap,
@@ -159,6 +160,27 @@ pub async fn render<S: Store>(shim: &Shim<S>) -> String {
         "Agent-owned addresses by state.",
         &agent.into_iter().collect::<Vec<_>>(),
     );
+    let (mut ready, mut target) = (Vec::new(), Vec::new());
+    for p in shim.pool.status() {
+        let l = labels(&[
+            ("network", p.network.as_str()),
+            ("digest", p.config_digest.as_str()),
+        ]);
+        ready.push((l.clone(), u64::from(p.ready)));
+        target.push((l, u64::from(p.target)));
+    }
+    gauge(
+        &mut out,
+        "dipam_pool_ready",
+        "Warm-pool entries ready to hand out, by network and config digest.",
+        &ready,
+    );
+    gauge(
+        &mut out,
+        "dipam_pool_target",
+        "Warm-pool entries the refiller keeps (0: surplus being released).",
+        &target,
+    );
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let single = |out: &mut String, name: &str, kind: &str, help: &str, v: u64| {
         let _ = writeln!(
@@ -200,6 +222,13 @@ pub async fn render<S: Store>(shim: &Shim<S>) -> String {
         "counter",
         "Interrupted operations released at start.",
         load(&shim.metrics.intents_replayed),
+    );
+    single(
+        &mut out,
+        "dipam_pool_refill_failures_total",
+        "counter",
+        "Warm-pool refills that failed (retried with backoff).",
+        load(&shim.pool.refill_failures),
     );
     single(
         &mut out,

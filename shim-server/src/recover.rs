@@ -3,6 +3,12 @@
 //! ifname) holds which address; the network's conflist says how the delegate is configured.
 //! A corrupt ledger is moved aside (never deleted); a healthy one is only added to, and only
 //! with --force.
+//!
+//! Reservations under the warm pool's IDs are not recovered: the lost ledger was the only
+//! record of whether each was still the pool's or had been handed to a pod (which the
+//! delegate never learns). Recording one as the pool's could hand a running pod's address
+//! to a second pod, and recording it as a pod's would let GC free it; so it stays reserved
+//! in the delegate, unrecorded, and the report says how to free it.
 
 use std::{
     collections::BTreeMap,
@@ -149,6 +155,16 @@ pub async fn run(
     let ledger = Ledger::new(store);
     let t = now();
     for ((cid, ifname), ips) in groups {
+        if crate::pool::reserved(&cid) {
+            for ip in &ips {
+                report.skipped.push(format!(
+                    "{ip} ({cid}): a warm-pool entry, possibly handed to a running pod; it stays \
+                     reserved in {}. Once no pod uses it, free it with `dipamctl gc --use-ledger`",
+                    dc.kind
+                ));
+            }
+            continue;
+        }
         let key = AttachmentKey::new(&dc.network, &cid, &ifname);
         if ledger.get(&key).map_err(|e| e.to_string())?.is_some() {
             continue;

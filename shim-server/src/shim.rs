@@ -44,6 +44,8 @@ pub struct Shim<S: Store> {
     pub plugin_protocols: std::sync::atomic::AtomicU64,
     pub admission: crate::access::Admission,
     pub gc_stats: GcStats,
+    /// The warm pool (pool.rs): off unless dipamd configures it.
+    pub pool: crate::pool::Pool,
     /// Networks whose delegate store dipamd must not trust (divergence.rs), with the reason:
     /// pod ADDs there are refused.
     pub misconfigured: std::sync::Mutex<std::collections::HashMap<String, String>>,
@@ -106,6 +108,7 @@ impl<S: Store> Shim<S> {
             plugin_protocols: std::sync::atomic::AtomicU64::new(0),
             admission,
             gc_stats: GcStats::default(),
+            pool: crate::pool::Pool::default(),
             misconfigured: std::sync::Mutex::new(std::collections::HashMap::new()),
             tombstones: std::sync::Mutex::new(std::collections::HashMap::new()),
             status_cache: std::sync::Mutex::new(std::collections::HashMap::new()),
@@ -302,6 +305,8 @@ impl<S: Store> Shim<S> {
 
     /// Releases a recorded attachment with the config and environment recorded at ADD:
     /// rollback, crash recovery, and cleanup of interrupted operations all go through here.
+    /// The delegate is called under the key it knows the attachment by (a pod served from the
+    /// warm pool: the pool entry's container ID, ifname, netns and args).
     pub async fn release_recorded(&self, rec: &AttachmentRecord) -> Result<(), ShimError> {
         let probe = self.exec.probe(&rec.delegate_type, &rec.cni_path).await?;
         let mut conf: serde_json::Value = serde_json::from_str(&rec.delegate_config)
@@ -313,12 +318,14 @@ impl<S: Store> Shim<S> {
             conf: conf.take(),
         };
         let complete = dc.inject_for_del(rec.result.as_ref());
+        let (container_id, ifname) = rec.delegate_ids();
+        let (netns, args) = rec.delegate_env();
         let inv = Invocation {
             command: "DEL".into(),
-            container_id: rec.key.container_id.clone(),
-            netns: rec.netns.clone(),
-            ifname: rec.key.ifname.clone(),
-            args: rec.cni_args.clone(),
+            container_id: container_id.to_owned(),
+            netns: netns.to_owned(),
+            ifname: ifname.to_owned(),
+            args: args.to_owned(),
             path: self.exec.delegate_cni_path(&rec.cni_path),
             stdin: dc.bytes_for(None)?,
             request_id: rec.request_id.clone(),

@@ -16,6 +16,7 @@ use crate::{
 
 pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, ShimError> {
     let p = shim.prepare(req, true)?;
+    crate::pool::refuse_reserved(&p)?;
     if let Some(why) = shim
         .misconfigured
         .lock()
@@ -28,6 +29,10 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
         });
     }
     let _guard = shim.locks.lock(&p.key).await;
+    // With the warm pool on: one commit hands a ready entry to the pod, no delegate exec.
+    if let Some(result) = crate::pool::take(shim, &p).await? {
+        return Ok(result);
+    }
     attach(shim, &p, Owner::Pod).await
 }
 

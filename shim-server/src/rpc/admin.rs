@@ -46,6 +46,14 @@ pub async fn status<S: Store>(shim: &Shim<S>) -> Result<StatusReply, ShimError> 
             .gc_stats
             .freed
             .load(std::sync::atomic::Ordering::Relaxed),
+        warm_pool: shim.pool.size() as u32,
+        pool_hits: shim.pool.hits.load(std::sync::atomic::Ordering::Relaxed),
+        pool_misses: shim.pool.misses.load(std::sync::atomic::Ordering::Relaxed),
+        pool_bypassed: shim
+            .pool
+            .bypassed
+            .load(std::sync::atomic::Ordering::Relaxed),
+        pools: shim.pool.status(),
         plugin_protocols: {
             let bits = shim
                 .plugin_protocols
@@ -79,7 +87,8 @@ pub async fn status<S: Store>(shim: &Shim<S>) -> Result<StatusReply, ShimError> 
     })
 }
 
-/// `dipamctl explain`: the container's ledger records and its recorded history.
+/// `dipamctl explain`: the container's ledger records and its recorded history. A warm-pool ID
+/// also finds the pod its address went to (the delegate's executions are recorded under it).
 pub async fn explain<S: Store>(
     shim: &Shim<S>,
     req: ExplainRequest,
@@ -91,7 +100,7 @@ pub async fn explain<S: Store>(
             let records: Vec<_> = l
                 .list(None)?
                 .into_iter()
-                .filter(|r| r.key.container_id == cid)
+                .filter(|r| r.key.container_id == cid || r.delegate_ids().0 == cid)
                 .collect();
             Ok((records, crate::history::read(l, &cid)?))
         })
@@ -121,7 +130,8 @@ pub async fn list<S: Store>(
     })
 }
 
-/// Ledger records as wire attachments, filtered by owner ("" for all; "agent" for every role).
+/// Ledger records as wire attachments, filtered by owner ("" for all; "agent" for every role;
+/// "pool" for the warm pool's entries).
 fn list_from(records: Vec<dipam_state::AttachmentRecord>, owner: &str) -> Vec<Attachment> {
     records
         .into_iter()
@@ -131,6 +141,16 @@ fn list_from(records: Vec<dipam_state::AttachmentRecord>, owner: &str) -> Vec<At
                 || r.owner.label().starts_with(&format!("{owner}:"))
         })
         .map(|r| Attachment {
+            delegate_container_id: r
+                .delegate_key
+                .as_ref()
+                .map(|d| d.container_id.clone())
+                .unwrap_or_default(),
+            delegate_ifname: r
+                .delegate_key
+                .as_ref()
+                .map(|d| d.ifname.clone())
+                .unwrap_or_default(),
             ips: r.result.as_ref().map(result_ips).unwrap_or_default(),
             result_json: r
                 .result

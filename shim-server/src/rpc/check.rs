@@ -11,7 +11,8 @@ use rscni_types::version::SpecVersion;
 use crate::{delegate::config::result_addrs, error::ShimError, shim::Shim};
 
 pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, ShimError> {
-    let p = shim.prepare(req, true)?;
+    let mut p = shim.prepare(req, true)?;
+    crate::pool::refuse_reserved(&p)?;
     let _guard = shim.locks.lock(&p.key).await;
 
     let prev =
@@ -50,6 +51,8 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
         });
     }
 
+    // A pod served from the warm pool is known to the delegate by the pool entry's key.
+    crate::pool::redirect(&mut p, &rec)?;
     let (probe, send) = shim.resolve(&p.dc, &p.req.cni_path).await?;
     let effective = Shim::<S>::effective(&p.dc, send);
     if Shim::<S>::delegate_allows(&probe, effective, SpecVersion::new(0, 4, 0))

@@ -18,6 +18,12 @@ use crate::{
 
 pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, ShimError> {
     let mut p = shim.prepare(req, true)?;
+    // The warm pool's IDs are never a pod's (their ADD is refused): a runtime's DEL of one
+    // must not release what the pool, or a pod served from it, holds.
+    if crate::pool::reserved(&p.req.container_id) {
+        info!(key = %p.key, "DEL of a container ID reserved for the warm pool; nothing of a pod's to release");
+        return Ok(Vec::new());
+    }
     let _guard = shim.locks.lock(&p.key).await;
 
     let key = p.key.clone();
@@ -31,6 +37,10 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
     {
         info!(key = %p.key, "DEL issued before the current ADD; ignoring it as stale");
         return Ok(Vec::new());
+    }
+    // A pod served from the warm pool is known to the delegate by the pool entry's key.
+    if let Some(rec) = &existing {
+        crate::pool::redirect(&mut p, rec)?;
     }
     let prev =
         p.dc.conf
