@@ -154,21 +154,66 @@ pub struct SetupRequest<'a> {
     pub mtu: Option<u32>,
 }
 
-/// Creates the veth pair (ADD's first datapath step, which needs no address and so runs
-/// while dipamd is still allocating one). Returns the container end. An interface that
-/// already had the name is never touched.
-pub async fn create(h: &Handles, req: &SetupRequest<'_>) -> Result<LinkMessage, PluginError> {
+/// The veth pair [`create`] made: both ends, up, the host end with its alias.
+pub struct Made {
+    cont: LinkMessage,
+    host: LinkMessage,
+}
+
+/// Creates the veth pair and brings both ends up, the host end with its alias: everything of
+/// ADD's datapath that needs no address, so it runs while dipamd is still allocating one.
+/// An interface that already had the name is never touched. On failure nothing is left.
+pub async fn create(h: &Handles, req: &SetupRequest<'_>) -> Result<Made, PluginError> {
     let cont = h.container()?;
-    // Checked before IPAM too (super::ensure_absent); again here, where it counts.
-    ensure_absent(h, req.ifname, req.netns).await?;
     create_veth(h, req).await?;
-    let Some(link) = link_by_name(cont, req.ifname).await? else {
+    let Some(cont_link) = link_by_name(cont, req.ifname).await? else {
         return Err(invalid(
             "creating the veth",
             format!("{} vanished right after it was created", req.ifname),
         ));
     };
-    Ok(link)
+    let made = async {
+        let Some(host) = link_by_name(&h.host, req.host_name).await? else {
+            return Err(invalid(
+                "creating the veth",
+                format!(
+                    "the host end {} did not appear in the host netns",
+                    req.host_name
+                ),
+            ));
+        };
+        cont.link()
+            .set(
+                LinkUnspec::new_with_index(cont_link.header.index)
+                    .up()
+                    .build(),
+            )
+            .execute()
+            .await
+            .map_err(failed(format!("setting {} up", req.ifname)))?;
+        h.host
+            .link()
+            .set(
+                LinkUnspec::new_with_index(host.header.index)
+                    .alias(req.host_alias.to_owned())
+                    .up()
+                    .build(),
+            )
+            .execute()
+            .await
+            .map_err(failed(format!("setting {} up", req.host_name)))?;
+        Ok(host)
+    };
+    match made.await {
+        Ok(host) => Ok(Made {
+            cont: cont_link,
+            host,
+        }),
+        Err(e) => {
+            remove_index(h, req, cont_link.header.index).await;
+            Err(e)
+        }
+    }
 }
 
 /// Installs `plan` on the veth [`create`] made. On failure, removes the pair again (the caller
@@ -177,12 +222,12 @@ pub async fn finish(
     h: &Handles,
     req: &SetupRequest<'_>,
     plan: &Plan,
-    link: &LinkMessage,
+    made: &Made,
 ) -> Result<Created, PluginError> {
-    match configure(h, req, plan, link).await {
+    match configure(h, req, plan, made).await {
         Ok(created) => Ok(created),
         Err(e) => {
-            remove(h, req, link).await;
+            remove(h, req, made).await;
             Err(e)
         }
     }
@@ -190,9 +235,13 @@ pub async fn finish(
 
 /// Deletes the pair [`create`] made, for an ADD that will not succeed. Deleting one end
 /// deletes the pair, with its addresses and routes.
-pub async fn remove(h: &Handles, req: &SetupRequest<'_>, link: &LinkMessage) {
+pub async fn remove(h: &Handles, req: &SetupRequest<'_>, made: &Made) {
+    remove_index(h, req, made.cont.header.index).await;
+}
+
+async fn remove_index(h: &Handles, req: &SetupRequest<'_>, index: u32) {
     let Ok(cont) = h.container() else { return };
-    if let Err(del) = cont.link().del(link.header.index).execute().await
+    if let Err(del) = cont.link().del(index).execute().await
         && errno(&del) != Some(Errno::ENODEV)
     {
         eprintln!(
@@ -346,57 +395,43 @@ async fn add_route(h: &Handle, index: u32, r: &RouteSpec, what: &str) -> Result<
         .map_err(failed(format!("adding {} dev {what}", r.describe())))
 }
 
+/// Installs the plan on a pair [`create`] brought up. The two sides are independent (two
+/// netlink sockets, two netns), so they are configured concurrently: the part of ADD that
+/// waits for the address costs the longer side's round trips, not the sum.
 async fn configure(
     h: &Handles,
     req: &SetupRequest<'_>,
     plan: &Plan,
-    cont_link: &LinkMessage,
+    made: &Made,
 ) -> Result<Created, PluginError> {
     let cont = h.container()?;
-    let cidx = cont_link.header.index;
-    let Some(host_link) = link_by_name(&h.host, req.host_name).await? else {
-        return Err(invalid(
-            "creating the veth",
-            format!(
-                "the host end {} did not appear in the host netns",
-                req.host_name
-            ),
-        ));
-    };
-    let hidx = host_link.header.index;
+    let (cont_link, host_link) = (&made.cont, &made.host);
+    let (cidx, hidx) = (cont_link.header.index, host_link.header.index);
 
     if plan.has_ipv6() {
         enable_ipv6(req.ifname)?;
     }
-    for addr in &plan.container_addrs {
-        add_addr(cont, cidx, *addr, req.ifname).await?;
-    }
-    cont.link()
-        .set(LinkUnspec::new_with_index(cidx).up().build())
-        .execute()
-        .await
-        .map_err(failed(format!("setting {} up", req.ifname)))?;
-    h.host
-        .link()
-        .set(
-            LinkUnspec::new_with_index(hidx)
-                .alias(req.host_alias.to_owned())
-                .up()
-                .build(),
-        )
-        .execute()
-        .await
-        .map_err(failed(format!("setting {} up", req.host_name)))?;
-    for addr in &plan.host_addrs {
-        add_addr(&h.host, hidx, *addr, req.host_name).await?;
-    }
-    // Routes after both ends are up: the kernel refuses a gateway route on a down link.
-    for r in &plan.container_routes {
-        add_route(cont, cidx, r, req.ifname).await?;
-    }
-    for dst in &plan.host_routes {
-        add_route(&h.host, hidx, &RouteSpec::on_link(*dst), req.host_name).await?;
-    }
+    // Within a side, in order: the container's gateway route is on-link before the routes
+    // via the gateway (the kernel checks a gateway's reachability on insert).
+    let container = async {
+        for addr in &plan.container_addrs {
+            add_addr(cont, cidx, *addr, req.ifname).await?;
+        }
+        for r in &plan.container_routes {
+            add_route(cont, cidx, r, req.ifname).await?;
+        }
+        Ok::<(), PluginError>(())
+    };
+    let host = async {
+        for addr in &plan.host_addrs {
+            add_addr(&h.host, hidx, *addr, req.host_name).await?;
+        }
+        for dst in &plan.host_routes {
+            add_route(&h.host, hidx, &RouteSpec::on_link(*dst), req.host_name).await?;
+        }
+        Ok::<(), PluginError>(())
+    };
+    futures_util::future::try_join(container, host).await?;
     Ok(Created {
         host: CreatedLink {
             name: req.host_name.to_owned(),

@@ -97,13 +97,13 @@ where
             if !go {
                 return Ok(None);
             }
-            let link = kernel::create(&h, req).await?;
+            let made = kernel::create(&h, req).await?;
             // A dropped sender: the IPAM call failed; undo the pair.
             let Ok(plan) = plan_rx.await else {
-                kernel::remove(&h, req, &link).await;
+                kernel::remove(&h, req, &made).await;
                 return Ok(None);
             };
-            kernel::finish(&h, req, &plan, &link).await.map(Some)
+            kernel::finish(&h, req, &plan, &made).await.map(Some)
         })
         .map_err(AddError::BeforeIpam)?;
         let absent = absent_rx.recv().unwrap_or_else(|_| {
