@@ -300,6 +300,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         None => server::bind(&args.socket, group).await?,
     };
     info!(socket = %args.socket.display(), cni_path = %args.cni_path, "serving");
+    tokio::spawn(crate::trim::run());
     tokio::spawn(agent::reconcile::run(
         std::sync::Arc::clone(&shim),
         Duration::from_secs_f64(args.agent_check_interval.max(1.0)),

@@ -26,4 +26,5 @@ pub mod service;
 pub mod shim;
 pub mod spool;
 pub mod teardown;
+pub mod trim;
 pub mod validate;

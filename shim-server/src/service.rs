@@ -82,6 +82,7 @@ where
             None => f.await,
         };
         let ms = started.elapsed().as_secs_f64() * 1e3;
+        crate::trim::touch();
         let mut event = serde_json::json!({
             "kind": "request", "op": call.command, "requestId": call.request_id,
             "network": call.network, "ifname": call.ifname, "durationMs": ms,
