@@ -388,6 +388,7 @@ fn add_failure_before_the_veth_releases_the_azure_address() {
     let first = lab.rt.add(lab.list(), &att).unwrap();
     let name = host_end(&first);
     lab.rt.del(lab.list(), &att).unwrap();
+    assert_torn_down(&name);
     assert!(
         ip(&["link", "add", &name, "type", "bridge"])
             .status
