@@ -9,15 +9,11 @@ pub const PROTOCOL_VERSION: u32 = 1;
 pub const MIN_PROTOCOL_VERSION: u32 = 1;
 
 /// How a pod's host veth is marked once its DEL has begun ("retired"): down, with this alias
-/// prefix and in this link group, until dipamd deletes it (see `RetiredLink` in the proto).
-/// The alias tells dipamd's sweep which links are dipam's to delete (also after a crash); the
-/// group lets it delete many in one `RTM_DELLINK`, so that they share one RCU wait.
+/// prefix, until dipamd deletes it (see `RetiredLink` in the proto). The alias tells dipamd's
+/// sweep which links are dipam's to delete, also after a crash.
 pub mod retired {
     /// Prefix of a retired link's alias: "dipam-gone <network> <container id> <ifname>".
     pub const ALIAS_PREFIX: &str = "dipam-gone ";
-    /// The link group ("dipa" in ASCII). dipamd deletes by group only after checking that
-    /// every link in it is a retired dipam veth.
-    pub const GROUP: u32 = 0x6469_7061;
 }
 
 #[allow(clippy::all, clippy::pedantic, clippy::unwrap_used, missing_docs)]

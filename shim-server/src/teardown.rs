@@ -14,9 +14,10 @@
 //!   hand-off was lost (a plugin killed after retiring it, a dipamd killed before deleting it)
 //!   goes with the next pass: at start, after every DEL that hands one over, and every
 //!   [`SWEEP_EVERY`];
-//! - in batches: when several are waiting, one `RTM_DELLINK` by link group deletes them all
-//!   with a single RCU wait, but only after checking that every link in the group is a
-//!   retired dipam veth (an administrator's own use of the group is never touched).
+//! - in batches: when several are waiting, dipamd moves them into a link group no link uses at
+//!   that moment (chosen per pass) and deletes the group with one `RTM_DELLINK`, so they share
+//!   a single RCU wait. The group is dipamd's own choice and set by dipamd on links it has just
+//!   seen retired, so an administrator's links are never in it.
 //!
 //! A retired link carries no address of the pod's anymore as far as the host is concerned:
 //! it is down (no routes), and the pod's IP is released only after it was retired, so a new
@@ -163,34 +164,38 @@ async fn sweep(h: &Handle, stats: &TeardownStats) {
     if retired_links.is_empty() {
         return;
     }
-    // One RTM_DELLINK for the whole group shares one RCU wait among all of them, but only if
-    // nothing else is in the group.
-    let group_is_ours = links
-        .iter()
-        .filter(|l| group_of(l) == retired::GROUP)
-        .all(|l| is_retired(l));
-    let in_group = retired_links
-        .iter()
-        .filter(|l| group_of(l) == retired::GROUP)
-        .count();
+    let mut left: Vec<&LinkMessage> = retired_links.clone();
     let mut deleted = 0u64;
-    let mut by_index: Vec<&LinkMessage> = retired_links.clone();
-    if in_group > 1 && group_is_ours {
-        match delete_group(h).await {
-            Ok(()) => {
-                deleted += in_group as u64;
-                by_index.retain(|l| group_of(l) != retired::GROUP);
+    if retired_links.len() > 1 {
+        // One RTM_DELLINK for a whole group shares one RCU wait among all of them. The group
+        // is one no link uses right now, chosen per pass and set by dipamd itself on links it
+        // has just seen retired, so the delete can take nothing else.
+        let used: std::collections::HashSet<u32> = links.iter().map(group_of).collect();
+        let batch = batch_group(&used);
+        let mut grouped = Vec::new();
+        for link in &retired_links {
+            let msg = rtnetlink::LinkUnspec::new_with_index(link.header.index)
+                .link_group(batch)
+                .build();
+            match h.link().set(msg).execute().await {
+                Ok(()) => grouped.push(link.header.index),
+                Err(e) if gone(&e) => left.retain(|l| l.header.index != link.header.index),
+                Err(e) => {
+                    debug!(ifindex = link.header.index, error = %e, "teardown: could not group a retired veth")
+                }
             }
-            Err(e) => debug!(error = %e, "teardown: group delete failed; deleting one by one"),
         }
-    } else if in_group > 1 {
-        warn!(
-            group = retired::GROUP,
-            "teardown: the link group holds links that are not retired dipam veths; deleting \
-             one by one (give them another group)"
-        );
+        if grouped.len() > 1 {
+            match delete_group(h, batch).await {
+                Ok(()) => {
+                    deleted += grouped.len() as u64;
+                    left.retain(|l| !grouped.contains(&l.header.index));
+                }
+                Err(e) => debug!(error = %e, "teardown: group delete failed; deleting one by one"),
+            }
+        }
     }
-    for link in by_index {
+    for link in left {
         match h.link().del(link.header.index).execute().await {
             Ok(()) => deleted += 1,
             Err(e) if gone(&e) => {}
@@ -210,10 +215,24 @@ async fn sweep(h: &Handle, stats: &TeardownStats) {
     }
 }
 
-/// `ip link delete group <retired::GROUP>`.
-async fn delete_group(h: &Handle) -> Result<(), rtnetlink::Error> {
+/// A link group number no link in `used` has (nor the default group 0), varied per pass.
+fn batch_group(used: &std::collections::HashSet<u32>) -> u32 {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(1)
+        ^ std::process::id().rotate_left(16);
+    let mut g = seed | 0x8000_0000;
+    while used.contains(&g) {
+        g = g.wrapping_add(1) | 0x8000_0000;
+    }
+    g
+}
+
+/// `ip link delete group <group>`.
+async fn delete_group(h: &Handle, group: u32) -> Result<(), rtnetlink::Error> {
     let mut msg = LinkMessage::default();
-    msg.attributes.push(LinkAttribute::Group(retired::GROUP));
+    msg.attributes.push(LinkAttribute::Group(group));
     match rtnetlink::LinkDelRequest::new_with_message(h.clone(), msg)
         .execute()
         .await

@@ -123,20 +123,32 @@ pub async fn ensure_absent(h: &Handles, ifname: &str, netns: &str) -> Result<(),
             LinkAttribute::Link(i) => Some(*i),
             _ => None,
         })
-        && let Ok(Some(host_end)) = h
+    {
+        let host_end = h
             .host
             .link()
             .get()
             .match_index(peer)
             .execute()
             .try_next()
-            .await
-        && is_retired(&host_end)
-    {
-        match cont.link().del(link.header.index).execute().await {
-            Ok(()) => return Ok(()),
-            Err(e) if errno(&e) == Some(Errno::ENODEV) => return Ok(()),
-            Err(e) => return Err(failed(format!("removing the retired {ifname}"))(e)),
+            .await;
+        match host_end {
+            Ok(Some(host_end)) if is_retired(&host_end) => {
+                return match cont.link().del(link.header.index).execute().await {
+                    Ok(()) => Ok(()),
+                    // dipamd's sweep got there first.
+                    Err(e) if errno(&e) == Some(Errno::ENODEV) => Ok(()),
+                    Err(e) => Err(failed(format!("removing the retired {ifname}"))(e)),
+                };
+            }
+            Ok(Some(_)) => {}
+            // The peer is gone: the pair is being deleted right now (a veth pair goes in one
+            // kernel operation), so the name is free if it is gone on this side too.
+            Ok(None) | Err(_) => {
+                if link_by_name(cont, ifname).await?.is_none() {
+                    return Ok(());
+                }
+            }
         }
     }
     Err(PluginError::InterfaceExists {
@@ -291,15 +303,17 @@ async fn create_veth(h: &Handles, req: &SetupRequest<'_>) -> Result<(), PluginEr
                 "dipam: removing stale host veth {} left by an earlier ADD of this attachment",
                 req.host_name
             );
-            h.host
-                .link()
-                .del(stale.header.index)
-                .execute()
-                .await
-                .map_err(failed(format!(
-                    "removing stale host veth {}",
-                    req.host_name
-                )))?;
+            match h.host.link().del(stale.header.index).execute().await {
+                Ok(()) => {}
+                // A retired one that dipamd's sweep deleted meanwhile.
+                Err(e) if errno(&e) == Some(Errno::ENODEV) => {}
+                Err(e) => {
+                    return Err(failed(format!(
+                        "removing stale host veth {}",
+                        req.host_name
+                    ))(e));
+                }
+            }
             cont.link()
                 .add(message())
                 .execute()
@@ -455,7 +469,7 @@ pub struct Retired {
 
 /// Retires the veth whose host end is `name` (DEL's first step): sets it down, which drops
 /// its routes at once, so the pod's address can be released and reused right after; and
-/// marks it with the retired alias and group, so that dipamd's sweep deletes it even if the
+/// marks it with the retired alias, so that dipamd's sweep deletes it even if the
 /// hand-off is lost. `None` when there is no such veth (a link of that name that is not a
 /// veth is left alone: dipam did not make it).
 pub async fn retire_host_veth(
@@ -474,7 +488,6 @@ pub async fn retire_host_veth(
     let msg = LinkUnspec::new_with_index(index)
         .down()
         .alias(alias.to_owned())
-        .link_group(dipam_proto::retired::GROUP)
         .build();
     match host.link().set(msg).execute().await {
         Ok(()) => Ok(Some(Retired {

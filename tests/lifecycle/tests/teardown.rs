@@ -2,7 +2,7 @@
 //! runtime's DEL returns once the address is released and the host end is retired (down, no
 //! routes, marked), and dipamd deletes it moments later, in batches. These tests hold that to
 //! account with real veths: the link does go, a leftover of a crash goes at the next start,
-//! an administrator's link sharing the group survives, a re-ADD into a netns that outlived
+//! links that are not retired survive, a re-ADD into a netns that outlived
 //! its DEL works, and a dipamd that cannot take the deletion leaves it to the plugin.
 
 use std::{
@@ -40,18 +40,17 @@ fn host_end(result: &Value) -> String {
         .to_owned()
 }
 
-/// A veth pair on the host retired the way the plugin does it (down, alias, group), as a
-/// plugin or dipamd killed mid-DEL would leave it.
-fn make_retired(name: &str, peer: &str, group: bool) {
+/// A veth pair on the host retired the way the plugin does it (down, alias), as a plugin or
+/// dipamd killed mid-DEL would leave it.
+fn make_retired(name: &str, peer: &str) {
     let made = ip(&["link", "add", name, "type", "veth", "peer", "name", peer]);
     assert!(made.status.success(), "{made:?}");
     let alias = format!("{}net {name} eth0", retired::ALIAS_PREFIX);
-    let mut args = vec!["link", "set", "dev", name, "down", "alias", &alias];
-    let g = retired::GROUP.to_string();
-    if group {
-        args.extend(["group", &g]);
-    }
-    assert!(ip(&args).status.success());
+    assert!(
+        ip(&["link", "set", "dev", name, "down", "alias", &alias])
+            .status
+            .success()
+    );
 }
 
 /// Deletes the named host links when the test ends, however it ends.
@@ -116,49 +115,47 @@ fn retired_veths_left_by_a_crash_go_at_the_next_start_and_foreign_links_stay() {
     let mut lab = Lab::new("dipam-host-local.conflist");
     lab.dipamd.kill9();
     let i = lab.subnet.index;
-    let (a, b, admin) = (format!("dprA{i}"), format!("dprB{i}"), format!("dprX{i}"));
-    let _cleanup = Links(vec![a.clone(), b.clone(), admin.clone()]);
-    make_retired(&a, &format!("dprAp{i}"), true);
-    make_retired(&b, &format!("dprBp{i}"), false);
-    // An administrator's own link in the same group, not retired: it must survive, and it
-    // makes dipamd delete the retired ones one by one instead of by group.
-    let admin_peer = format!("dprXp{i}");
+    let retired_names: Vec<String> = (0..3).map(|n| format!("dpr{n}x{i}")).collect();
+    let (admin, live) = (format!("dprX{i}"), format!("dprL{i}"));
+    let mut all = retired_names.clone();
+    all.extend([admin.clone(), live.clone()]);
+    let _cleanup = Links(all);
+    for (n, name) in retired_names.iter().enumerate() {
+        make_retired(name, &format!("dpr{n}p{i}"));
+    }
+    // An administrator's link in a group of its own, and a live (not retired) dipam veth:
+    // neither is dipamd's to delete, batch or not.
+    for (name, peer) in [(&admin, format!("dprXp{i}")), (&live, format!("dprLp{i}"))] {
+        let made = ip(&["link", "add", name, "type", "veth", "peer", "name", &peer]);
+        assert!(made.status.success(), "{made:?}");
+    }
     assert!(
-        ip(&[
-            "link",
-            "add",
-            &admin,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &admin_peer
-        ])
-        .status
-        .success()
+        ip(&["link", "set", "dev", &admin, "group", "7"])
+            .status
+            .success()
     );
+    let alias = format!("dipam net {live} eth0");
     assert!(
-        ip(&[
-            "link",
-            "set",
-            "dev",
-            &admin,
-            "group",
-            &retired::GROUP.to_string()
-        ])
-        .status
-        .success()
+        ip(&["link", "set", "dev", &live, "alias", &alias])
+            .status
+            .success()
     );
+
     lab.dipamd.start_again();
-    let a_gone = gone_within(&a, Duration::from_secs(5));
-    let b_gone = gone_within(&b, Duration::from_secs(5));
-    let admin_left = link_exists(&admin);
+    let gone: Vec<bool> = retired_names
+        .iter()
+        .map(|n| gone_within(n, Duration::from_secs(5)))
+        .collect();
     assert!(
-        a_gone && b_gone,
-        "retired veths outlived the start:\n{}",
+        gone.iter().all(|g| *g),
+        "retired veths outlived the start ({gone:?}):\n{}",
         lab.dipamd.log()
     );
-    assert!(admin_left, "dipamd deleted a link it does not own");
+    assert!(
+        link_exists(&admin),
+        "dipamd deleted an administrator's link"
+    );
+    assert!(link_exists(&live), "dipamd deleted a live veth");
 }
 
 #[test]
