@@ -78,7 +78,7 @@ pub struct Args {
         default_value = "ipv4"
     )]
     pub agent_families: Vec<String>,
-    /// K8S_POD_NAMESPACE given to the delegate for agent addresses.
+    /// K8S_POD_NAMESPACE given to the delegate for agent addresses and warm-pool entries.
     #[arg(long, default_value = "kube-system")]
     pub agent_namespace: String,
     /// Seconds between checks that the delegate still holds the agent's addresses.

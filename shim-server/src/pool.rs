@@ -13,7 +13,9 @@
 //!   pool's: an entry serves a pod whose config has the same digest once stripped alike. The
 //!   template is kept in the ledger's settings, so a restarted dipamd refills at once.
 //! - **The take** ([`take`]), under the pod's key lock: an entry of the request's network and
-//!   digest is claimed in memory, then ONE commit writes the pod's record (committed, the
+//!   digest is claimed in memory and, in the same blocking-pool step as the commit, checked
+//!   against the ledger (the pod's key has no record; the entry is there as the pool holds
+//!   it); then ONE commit writes the pod's record (committed, the
 //!   entry's result, `delegate_key` = the entry's key, netns and args) and deletes the entry.
 //!   Before that commit the address is the pool's, after it the pod's. A failed commit puts
 //!   the entry back. Requests that ask for particular addresses (`runtimeConfig.ips`,
@@ -118,8 +120,9 @@ struct State {
     templates: HashMap<String, Template>,
     /// The template digest last written to the settings, per network.
     persisted: HashMap<String, String>,
-    /// Committed entries ready to hand out, per (network, digest), oldest first.
-    ready: HashMap<(String, String), VecDeque<AttachmentKey>>,
+    /// Committed entries ready to hand out, per (network, digest), oldest first, as the
+    /// ledger holds them (the take checks that it still does).
+    ready: HashMap<(String, String), VecDeque<AttachmentRecord>>,
     /// Entries to release (surplus, stale config, pool off, a release that failed).
     doomed: Vec<AttachmentKey>,
     release_retry_at: Option<Instant>,
@@ -258,19 +261,19 @@ impl Pool {
 
     /// Claims the oldest ready entry of (network, digest); nobody else can take or release it
     /// until it is handed back with [`Pool::unclaim`] or gone.
-    fn claim(&self, network: &str, digest: &str) -> Option<AttachmentKey> {
+    fn claim(&self, network: &str, digest: &str) -> Option<AttachmentRecord> {
         self.lock()
             .ready
             .get_mut(&(network.to_owned(), digest.to_owned()))?
             .pop_front()
     }
 
-    fn unclaim(&self, digest: &str, key: AttachmentKey) {
+    fn unclaim(&self, digest: &str, entry: AttachmentRecord) {
         self.lock()
             .ready
-            .entry((key.network.clone(), digest.to_owned()))
+            .entry((entry.key.network.clone(), digest.to_owned()))
             .or_default()
-            .push_front(key);
+            .push_front(entry);
     }
 
     fn count(&self, network: &str, digest: &str, hit: bool) {
@@ -350,7 +353,7 @@ pub async fn init<S: Store>(shim: &Shim<S>) -> Result<(), ShimError> {
     let records = shim.ledger(|l| l.list(None)).await?;
     let settings = shim.ledger(|l| l.settings(TEMPLATE_SETTING)).await?;
     let mut max_id = 0;
-    let mut entries: Vec<&AttachmentRecord> = Vec::new();
+    let mut entries: Vec<AttachmentRecord> = Vec::new();
     let mut doomed = Vec::new();
     for r in &records {
         for id in [r.key.container_id.as_str(), r.delegate_ids().0] {
@@ -360,7 +363,7 @@ pub async fn init<S: Store>(shim: &Shim<S>) -> Result<(), ShimError> {
         }
         if r.owner == Owner::Pool {
             if r.state == AttachmentState::Committed && size > 0 {
-                entries.push(r);
+                entries.push(r.clone());
             } else {
                 doomed.push(r.key.clone());
             }
@@ -397,7 +400,7 @@ pub async fn init<S: Store>(shim: &Shim<S>) -> Result<(), ShimError> {
         st.ready
             .entry((r.key.network.clone(), r.config_digest.clone()))
             .or_default()
-            .push_back(r.key.clone());
+            .push_back(r);
     }
     st.templates = templates;
     st.persisted = persisted;
@@ -440,28 +443,8 @@ pub async fn take<S: Store>(shim: &Shim<S>, p: &Prepared) -> Result<Option<Vec<u
         return Ok(None);
     }
     loop {
-        let claimed = shim.pool.claim(&p.key.network, &digest);
-        // One trip to the ledger for both: the pod's own record, and the claimed entry.
-        let (key, k) = (p.key.clone(), claimed.clone());
-        let read = shim
-            .ledger(move |l| Ok((l.get(&key)?, k.map(|k| l.get(&k)).transpose()?.flatten())))
-            .await;
-        let (existing, entry) = match read {
-            Ok(v) => v,
-            Err(e) => {
-                if let Some(k) = claimed {
-                    shim.pool.unclaim(&digest, k);
-                }
-                return Err(e);
-            }
-        };
-        if existing.is_some() {
-            if let Some(k) = claimed {
-                shim.pool.unclaim(&digest, k);
-            }
-            return Ok(None);
-        }
-        let Some(entry_key) = claimed else {
+        let Some(entry) = shim.pool.claim(&p.key.network, &digest) else {
+            // The normal path also handles a key that has a record (repeated, interrupted).
             shim.pool.misses.fetch_add(1, Ordering::Relaxed);
             shim.pool.count(&p.key.network, &digest, false);
             shim.metrics
@@ -469,15 +452,9 @@ pub async fn take<S: Store>(shim: &Shim<S>, p: &Prepared) -> Result<Option<Vec<u
             shim.pool.wake.notify_one();
             return Ok(None);
         };
-        let Some((entry, result)) = entry
-            .filter(|e| {
-                e.owner == Owner::Pool
-                    && e.state == AttachmentState::Committed
-                    && e.config_digest == digest
-            })
-            .and_then(|e| e.result.clone().map(|r| (e, r)))
-        else {
-            warn!(entry = %entry_key, "warm pool: the ledger no longer holds this entry as ready; skipping it");
+        let Some(result) = entry.result.clone() else {
+            warn!(entry = %entry.key, "warm pool: an entry without a result; releasing it");
+            shim.pool.lock().doomed.push(entry.key);
             continue;
         };
         let t = now();
@@ -508,16 +485,41 @@ pub async fn take<S: Store>(shim: &Shim<S>, p: &Prepared) -> Result<Option<Vec<u
         };
         // An entry whose address the agent holds must never reach a pod: release it instead.
         if shim.check_conflict(&rec).await.is_err() {
-            shim.pool.lock().doomed.push(entry_key);
+            shim.pool.lock().doomed.push(entry.key);
             shim.pool.wake.notify_one();
             continue;
         }
-        let commit = rec.clone();
-        let gone = entry_key.clone();
-        if let Err(e) = shim.ledger(move |l| l.put_removing(&commit, &gone)).await {
-            // Nothing was written: the entry is still the pool's.
-            shim.pool.unclaim(&digest, entry_key);
-            return Err(e);
+        // One trip to the blocking pool: the pod's key must have no record (else the normal
+        // path answers), the entry must still be in the ledger exactly as the pool knows it,
+        // and then the one commit.
+        let (commit, expected) = (rec.clone(), entry.clone());
+        let outcome = shim
+            .ledger(move |l| {
+                if l.get(&commit.key)?.is_some() {
+                    return Ok(Take::KeyTaken);
+                }
+                if l.get(&expected.key)?.as_ref() != Some(&expected) {
+                    return Ok(Take::EntryChanged);
+                }
+                l.put_removing(&commit, &expected.key)?;
+                Ok(Take::Done)
+            })
+            .await;
+        match outcome {
+            Ok(Take::Done) => {}
+            Ok(Take::KeyTaken) => {
+                shim.pool.unclaim(&digest, entry);
+                return Ok(None);
+            }
+            Ok(Take::EntryChanged) => {
+                warn!(entry = %entry.key, "warm pool: the ledger no longer holds this entry as the pool knew it; skipping it");
+                continue;
+            }
+            Err(e) => {
+                // Nothing was written: the entry is still the pool's.
+                shim.pool.unclaim(&digest, entry);
+                return Err(e);
+            }
         }
         crate::fault::hit("pool-after-take");
         shim.pool.hits.fetch_add(1, Ordering::Relaxed);
@@ -527,14 +529,23 @@ pub async fn take<S: Store>(shim: &Shim<S>, p: &Prepared) -> Result<Option<Vec<u
         shim.pool.wake.notify_one();
         info!(
             key = %p.key,
-            pool_key = %entry_key,
+            pool_key = %entry.key,
             ips = ?result_ips(&result),
             "attachment added from the warm pool"
         );
         let parsed = serde_json::from_value(result)
-            .map_err(|e| ShimError::Internal(format!("recorded result of {entry_key}: {e}")))?;
+            .map_err(|e| ShimError::Internal(format!("recorded result of {}: {e}", entry.key)))?;
         return version::render(p.dc.version, parsed).map(Some);
     }
+}
+
+/// How the take's ledger step went.
+enum Take {
+    Done,
+    /// The pod's key has a record: the normal path answers.
+    KeyTaken,
+    /// The entry is gone or differs from what the pool holds in memory.
+    EntryChanged,
 }
 
 /// Points a request for a pod served from the pool at the delegate's key, before DEL or CHECK
@@ -668,8 +679,8 @@ async fn release_surplus<S: Store>(shim: &Shim<S>, wait: &mut Duration) {
                 _ => size,
             };
             while q.len() > keep {
-                if let Some(k) = q.pop_back() {
-                    todo.push(k);
+                if let Some(e) = q.pop_back() {
+                    todo.push(e.key);
                 }
             }
         }
@@ -755,7 +766,7 @@ async fn fill<S: Store>(shim: &Shim<S>, wait: &mut Duration) {
             let mut st = shim.pool.lock();
             let f = st.fill.entry(network.clone()).or_default();
             match outcome {
-                Ok(key) => {
+                Ok(entry) => {
                     if f.failures > 0 {
                         info!(network = %network, "warm pool: refill works again");
                     }
@@ -765,7 +776,7 @@ async fn fill<S: Store>(shim: &Shim<S>, wait: &mut Duration) {
                     st.ready
                         .entry((network.clone(), t.digest.clone()))
                         .or_default()
-                        .push_back(key);
+                        .push_back(entry);
                 }
                 Err(e) => {
                     f.failures += 1;
@@ -807,12 +818,13 @@ fn skip_unrecorded_ids<S: Store>(shim: &Shim<S>, network: &str, t: &Template) {
     }
 }
 
-/// Allocates one entry for `network` with template `t`, through the normal ADD path.
+/// Allocates one entry for `network` with template `t`, through the normal ADD path; returns
+/// its committed record.
 async fn fill_one<S: Store>(
     shim: &Shim<S>,
     network: &str,
     t: &Template,
-) -> Result<AttachmentKey, ShimError> {
+) -> Result<AttachmentRecord, ShimError> {
     let cfg = shim
         .pool
         .config
@@ -866,7 +878,12 @@ async fn fill_one<S: Store>(
     };
     let _guard = shim.locks.lock(&p.key).await;
     crate::rpc::add::attach(shim, &p, Owner::Pool).await?;
-    Ok(p.key)
+    // The committed record, as the take will find it in the ledger.
+    let key = p.key.clone();
+    shim.ledger(move |l| l.get(&key))
+        .await?
+        .filter(|r| r.owner == Owner::Pool && r.state == AttachmentState::Committed)
+        .ok_or_else(|| ShimError::Internal(format!("pool entry {} vanished after its ADD", p.key)))
 }
 
 #[cfg(test)]
