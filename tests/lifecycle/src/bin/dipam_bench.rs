@@ -5,13 +5,19 @@
 //! - **Latency**: ADD, CHECK and DEL (p50/p90/p99) of one pod in a fresh network namespace,
 //!   driven through the harness's runtime emulation (libcni semantics, [`Runtime`]) for
 //!   (a) Debian's `ptp` + `host-local`, (b) dipam as the main plugin + `host-local`, and
-//!   (c) `ptp` + dipam in IPAM mode + `host-local`. The three alternate round-robin per pod, in
-//!   a rotating order, so that whatever the machine does meanwhile (other builds, the kernel
-//!   tearing down the previous namespace) hits all three alike. Sequential pods/s is
+//!   (c) `ptp` + dipam in IPAM mode + `host-local`, and (d) dipam as the main plugin with its
+//!   own dipamd running a warm pool (`--warm-pool N`), on (b)'s conflist. The four alternate
+//!   round-robin per pod, in a rotating order, so that whatever the machine does meanwhile
+//!   (other builds, the kernel tearing down the previous namespace) hits all alike. After each
+//!   of (d)'s ADDs, and after its pod, the bench waits (untimed) until the refiller has
+//!   brought the pool back to N, so no timed ADD finds it empty and no refill runs into
+//!   another configuration's timing; the hits and misses are reported. Sequential pods/s is
 //!   `pods / Σ(ADD + DEL)`.
 //! - **Throughput at N-way concurrency** (default 8): per round and configuration, `N`
 //!   threads take pods from a shared queue, first all ADDs, then all DELs; pods/s is
-//!   `pods / (ADD wall time + DEL wall time)`. Rounds rotate the configurations too.
+//!   `pods / (ADD wall time + DEL wall time)`. Rounds rotate the configurations too. (d)'s
+//!   pool holds at least a round's pods, is full when its round starts, and refills (untimed)
+//!   before the next configuration runs; its refiller does run during (d)'s own ADDs and DELs.
 //! - **Cold start**: `/bin/true`, dipam VERSION (answered by the plugin alone), `host-local`
 //!   ADD/DEL called directly (the delegate's floor), and dipam ADD/DEL in IPAM mode called
 //!   directly (the way ptp calls it) with dipamd warm; medians of many round-robin iterations,
@@ -322,6 +328,8 @@ struct Net {
     prefix: &'static str,
     data: TempDir,
     _subnets: Vec<Subnet>,
+    /// (d) only: its dipamd's socket and pool size, to wait for the refiller.
+    pool: Option<(PathBuf, u64)>,
 }
 
 impl Net {
@@ -372,7 +380,64 @@ fn dipam_net(
         prefix,
         data,
         _subnets: claimed,
+        pool: None,
     })
+}
+
+/// (d)'s warm pool as dipamd reports it (`dipamctl status --json`, `warmPool`).
+fn pool_status(socket: &Path) -> Res<Value> {
+    let out = std::process::Command::new(bins::bin("dipamctl"))
+        .arg("--socket")
+        .arg(socket)
+        .args(["status", "--json"])
+        .output()
+        .map_err(|e| format!("dipamctl: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "dipamctl status: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+    Ok(v["warmPool"].clone())
+}
+
+/// Waits (untimed) until the pool of `net` is back to its size, when `net` has one.
+fn refilled(net: &Net) -> Res<()> {
+    let Some((socket, size)) = &net.pool else {
+        return Ok(());
+    };
+    let network = net.network();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        check_stop()?;
+        let s = pool_status(socket)?;
+        let ready = s["pools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["network"] == network.as_str() && p["target"] == *size)
+            .find_map(|p| p["ready"].as_u64());
+        if ready.is_some_and(|r| r >= *size) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{}: the warm pool did not refill: {s}", net.label));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// (d)'s pool counters (hits, misses) now.
+fn pool_counts(net: &Net) -> Res<(u64, u64)> {
+    let Some((socket, _)) = &net.pool else {
+        return Ok((0, 0));
+    };
+    let s = pool_status(socket)?;
+    Ok((
+        s["hits"].as_u64().unwrap_or_default(),
+        s["misses"].as_u64().unwrap_or_default(),
+    ))
 }
 
 /// The reference chain: the IPAM-mode example with dipam taken out, so ptp's settings and
@@ -550,6 +615,9 @@ struct Latency {
     add: Vec<f64>,
     check: Vec<f64>,
     del: Vec<f64>,
+    /// (d): timed ADDs served from the warm pool, and those that found it empty.
+    pool_hits: u64,
+    pool_misses: u64,
 }
 
 /// The wall clock of every timed exec, by (container ID, verb): lined up with dipamd's log
@@ -573,9 +641,12 @@ fn pod_cycle(rt: &Runtime, net: &Net, warmup: bool, spans: &mut Spans) -> Res<(f
         Ok::<f64, String>(took)
     };
     let add = step("ADD", &|| rt.add(&net.list, &att).map(|_| ()))?;
+    // (d): the refill after the take stays out of CHECK's and DEL's time.
+    refilled(net)?;
     let check = step("CHECK", &|| rt.check(&net.list, &att))?;
     let del = step("DEL", &|| rt.del(&net.list, &att))?;
     drop(ns);
+    refilled(net)?;
     Ok((add, check, del))
 }
 
@@ -595,6 +666,7 @@ fn latency(rt: &Runtime, nets: &[Net], opts: &Opts, spans: &mut Spans) -> Res<Ve
         }
     }
     let mut out: Vec<Latency> = nets.iter().map(|_| Latency::default()).collect();
+    let before: Vec<(u64, u64)> = nets.iter().map(pool_counts).collect::<Res<_>>()?;
     let started = Instant::now();
     for i in 0..opts.pods {
         for k in order(nets.len(), i) {
@@ -613,6 +685,10 @@ fn latency(rt: &Runtime, nets: &[Net], opts: &Opts, spans: &mut Spans) -> Res<Ve
             );
         }
     }
+    for ((l, net), (h0, m0)) in out.iter_mut().zip(nets).zip(before) {
+        let (h, m) = pool_counts(net)?;
+        (l.pool_hits, l.pool_misses) = (h - h0, m - m0);
+    }
     Ok(out)
 }
 
@@ -623,6 +699,9 @@ struct Throughput {
     del_wall: f64,
     add: Vec<f64>,
     del: Vec<f64>,
+    /// (d): ADDs served from the warm pool, and those that found it empty.
+    pool_hits: u64,
+    pool_misses: u64,
 }
 
 impl Throughput {
@@ -688,6 +767,9 @@ fn concurrency(rt: &Runtime, nets: &[Net], opts: &Opts) -> Res<Vec<Throughput>> 
         for k in order(nets.len(), round) {
             check_stop()?;
             let net = &nets[k];
+            // (d) starts its round with a full pool.
+            refilled(net)?;
+            let (h0, m0) = pool_counts(net)?;
             let namespaces: Vec<NetNs> = (0..per_round).map(|_| NetNs::new()).collect();
             let atts: Vec<Attachment> = namespaces
                 .iter()
@@ -702,13 +784,18 @@ fn concurrency(rt: &Runtime, nets: &[Net], opts: &Opts) -> Res<Vec<Throughput>> 
                 rt.del(&net.list, a)
                     .map_err(|e| format!("{} DEL: {e}", net.label))
             })?;
+            let (h, m) = pool_counts(net)?;
             let t = &mut out[k];
+            t.pool_hits += h - h0;
+            t.pool_misses += m - m0;
             t.pods += atts.len();
             t.add_wall += add_wall;
             t.del_wall += del_wall;
             t.add.extend(add);
             t.del.extend(del);
             drop(namespaces);
+            // (d)'s refill stays out of the next configuration's round.
+            refilled(net)?;
             progress!(
                 "concurrency: round {}/{} {}: {} pods, ADD {:.0} ms, DEL {:.0} ms wall",
                 round + 1,
@@ -1186,7 +1273,10 @@ impl Report {
             );
         }
         let r = |x: &[f64], y: &[f64]| ratio(median(x), median(y));
-        for (k, name) in [(1, "b/a"), (2, "c/a")] {
+        for (k, name) in [(1, "b/a"), (2, "c/a"), (3, "d/a")] {
+            if k >= lat.len() {
+                continue;
+            }
             let (l, a) = (&lat[k], &lat[0]);
             let (add, check, del) = (r(&l.add, &a.add), r(&l.check, &a.check), r(&l.del, &a.del));
             let pps = ratio(pods_per_s(l), pods_per_s(a));
@@ -1201,6 +1291,26 @@ impl Report {
                 format!("ratio_{}", name.replace('/', "_")),
                 json!({"add_p50": r3(add), "check_p50": r3(check), "del_p50": r3(del),
                        "sequential_pods_per_s": r3(pps)}),
+            );
+        }
+        if let (Some(net), Some(d)) = (nets.get(3), lat.get(3)) {
+            self.line(format!(
+                "{}: {} of {} timed ADDs served from the warm pool, {} found it empty",
+                net.label,
+                d.pool_hits,
+                d.add.len(),
+                d.pool_misses
+            ));
+            out.insert(
+                "warm_pool".into(),
+                json!({"hits": d.pool_hits, "misses": d.pool_misses}),
+            );
+            let (x, y) = (median(&d.add), median(&lat[0].add));
+            self.target(
+                "ADD p50, dipam main + warm pool (d) / (a)",
+                format!("{:.2}x ({x:.2} vs {y:.2} ms)", x / y),
+                "<= 0.40x",
+                x <= 0.4 * y,
             );
         }
         self.json.insert("latency".into(), Value::Object(out));
@@ -1259,6 +1369,25 @@ impl Report {
                 x >= y,
             );
         }
+        if let (Some(net), Some(d)) = (nets.get(3), thr.get(3)) {
+            let (x, y) = (d.pods_per_s(), thr[0].pods_per_s());
+            let add_ratio = ratio(thr[0].add_wall, d.add_wall);
+            self.line(format!(
+                "{:<31} {:>8.2}   (ADD/s {add_ratio:.2}x)",
+                "ratio d/a",
+                x / y
+            ));
+            self.line(format!(
+                "{}: {} of {} ADDs served from the warm pool, {} found it empty",
+                net.label, d.pool_hits, d.pods, d.pool_misses
+            ));
+            out.insert("ratio_d_a".into(), json!(r3(x / y)));
+            out.insert("ratio_d_a_add_per_s".into(), json!(r3(add_ratio)));
+            out.insert(
+                "warm_pool".into(),
+                json!({"hits": d.pool_hits, "misses": d.pool_misses}),
+            );
+        }
         self.json.insert("concurrency".into(), Value::Object(out));
     }
 
@@ -1271,6 +1400,8 @@ impl Report {
             ("ipam", "c", "(c) IPAM, sequential"),
             ("cmain", "b_concurrent", "(b) main, concurrent"),
             ("cipam", "c_concurrent", "(c) IPAM, concurrent"),
+            ("pool", "d", "(d) pool, sequential"),
+            ("cpool", "d_concurrent", "(d) pool, concurrent"),
         ] {
             let mut per = serde_json::Map::new();
             for verb in ["ADD", "CHECK", "DEL"] {
@@ -1378,6 +1509,8 @@ impl Report {
             ("(b) DEL", "main", "DEL"),
             ("(c) ADD", "ipam", "ADD"),
             ("(c) DEL", "ipam", "DEL"),
+            ("(d) ADD", "pool", "ADD"),
+            ("(d) DEL", "pool", "DEL"),
         ]
         .into_iter()
         .map(|(name, prefix, verb)| (name, breakdown(spans, log, prefix, verb)))
@@ -1598,7 +1731,7 @@ fn run(opts: &Opts) -> Res<()> {
     std::thread::sleep(Duration::from_millis(500));
     let (fresh_kib, _) = rss_kib(dipamd.pid());
     let socket = dipamd.socket();
-    let nets = vec![
+    let mut nets = vec![
         reference_net("a", "(a) ptp + host-local", "ref")?,
         dipam_net(
             "dipam-host-local.conflist",
@@ -1617,6 +1750,39 @@ fn run(opts: &Opts) -> Res<()> {
             1,
         )?,
     ];
+    // (d): (b)'s conflist on a dipamd of its own with a warm pool that holds at least the
+    // pods of one throughput round (all in flight at once), so that no ADD finds it empty.
+    let pool_size = opts
+        .concurrent_pods
+        .div_ceil(opts.rounds)
+        .max(opts.concurrency);
+    let pool_arg = pool_size.to_string();
+    let pool_dipamd = Dipamd::start_with(&[
+        "--log-format",
+        "json",
+        "--warm-pool",
+        &pool_arg,
+        "--node-name",
+        "bench",
+    ]);
+    // The pool's entries and a round's pods hold addresses at the same time.
+    let pool_subnets = (2 * pool_size + 16).div_ceil(250);
+    let mut pooled = dipam_net(
+        "dipam-host-local.conflist",
+        &pool_dipamd.socket(),
+        "d",
+        "(d) dipam main + warm pool",
+        "pool",
+        pool_subnets,
+    )?;
+    pooled.pool = Some((pool_dipamd.socket(), pool_size as u64));
+    // One untimed pod shows dipamd the network (the pool fills for the config it brings).
+    pod_cycle(&rt, &pooled, true, &mut Spans::new())?;
+    nets.push(pooled);
+    rep.json.insert(
+        "warm_pool".into(),
+        json!({"size": pool_size, "dipamd": "its own, with --warm-pool", "subnets": pool_subnets}),
+    );
 
     let lat = if opts.runs("latency") {
         Some(latency(&rt, &nets, opts, &mut spans)?)
@@ -1651,8 +1817,11 @@ fn run(opts: &Opts) -> Res<()> {
     };
     std::thread::sleep(Duration::from_millis(500));
     let (after_kib, hwm_kib) = rss_kib(dipamd.pid());
-    let log = parse_log(&dipamd.log());
+    let mut log = parse_log(&dipamd.log());
     drop(dipamd);
+    // (d)'s dipamd logs its own pods (prefixes pool-, cpool-): one map for the breakdown.
+    log.extend(parse_log(&pool_dipamd.log()));
+    drop(pool_dipamd);
 
     if let Some(lat) = &lat {
         rep.latency(&nets, lat, opts.pods);
