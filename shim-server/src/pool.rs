@@ -127,6 +127,8 @@ struct State {
     doomed: Vec<AttachmentKey>,
     release_retry_at: Option<Instant>,
     fill: HashMap<String, Fill>,
+    /// The network of the agent's conflist, once read.
+    conflist_network: Option<String>,
     /// Networks whose delegate store was searched for pool IDs the ledger does not know.
     scanned: std::collections::HashSet<String>,
     /// (hits, misses) per (network, digest).
@@ -607,12 +609,27 @@ fn seed_from_conflist<S: Store>(shim: &Shim<S>, wait: &mut Duration) {
     let Some(cfg) = &shim.agent.config else {
         return;
     };
+    {
+        // Once the conflist's network has a template, there is nothing to read.
+        let st = shim.pool.lock();
+        if st
+            .conflist_network
+            .as_ref()
+            .is_some_and(|n| st.templates.contains_key(n))
+        {
+            return;
+        }
+    }
     let Ok(base) = cfg.source.load() else {
         *wait = (*wait).min(SEED_POLL);
         return;
     };
-    if shim.pool.lock().templates.contains_key(&base.network) {
-        return;
+    {
+        let mut st = shim.pool.lock();
+        st.conflist_network = Some(base.network.clone());
+        if st.templates.contains_key(&base.network) {
+            return;
+        }
     }
     let Ok(stdin) = serde_json::to_vec(&base.request) else {
         return;
