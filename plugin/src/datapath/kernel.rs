@@ -449,8 +449,8 @@ async fn configure(
     Ok(Created {
         host: CreatedLink {
             name: req.host_name.to_owned(),
-            mac: mac_of(&host_link),
-            mtu: mtu_of(&host_link),
+            mac: mac_of(host_link),
+            mtu: mtu_of(host_link),
         },
         container: CreatedLink {
             name: req.ifname.to_owned(),
