@@ -21,14 +21,21 @@ pub fn touch() {
     ACTIVITY.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Trims the heap after each burst, forever.
+/// How often the activity counter is looked at.
+const TICK: Duration = Duration::from_secs(1);
+
+/// Trims the heap after each burst, forever: between IDLE and IDLE + TICK after its last
+/// request.
 pub async fn run() {
     let mut seen = ACTIVITY.load(Ordering::Relaxed);
     let mut trimmed_at = seen;
+    let mut quiet_since = tokio::time::Instant::now();
     loop {
-        tokio::time::sleep(IDLE).await;
+        tokio::time::sleep(TICK).await;
         let now = ACTIVITY.load(Ordering::Relaxed);
-        if now == seen && now != trimmed_at {
+        if now != seen {
+            quiet_since = tokio::time::Instant::now();
+        } else if now != trimmed_at && quiet_since.elapsed() >= IDLE {
             // malloc_trim walks the heap; keep it off the async workers.
             let _ = tokio::task::spawn_blocking(|| {
                 // SAFETY: malloc_trim only releases free memory to the OS; it is thread-safe.
