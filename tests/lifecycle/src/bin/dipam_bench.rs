@@ -1049,7 +1049,13 @@ struct Scale {
     idle_kib: u64,
     rounds: Vec<ScaleRound>,
     hwm_kib: u64,
+    /// After the last round and IDLE_WAIT without requests.
+    settled_kib: u64,
 }
+
+/// How long the bench leaves dipamd idle before it reads an "idle" RSS: dipamd returns freed
+/// heap to the system after 10 s without requests (shim-server trim.rs).
+const IDLE_WAIT: Duration = Duration::from_secs(12);
 
 /// One round: `attachments + 1` ADDs, then a GC that frees all but one, then its DEL.
 struct ScaleRound {
@@ -1153,11 +1159,20 @@ fn scale(rt: &Runtime, opts: &Opts) -> Res<Scale> {
         });
     }
     let (_, hwm_kib) = rss_kib(d.pid());
+    // Idle means idle: dipamd hands freed heap back after IDLE_WAIT without requests.
+    std::thread::sleep(IDLE_WAIT);
+    let (settled_kib, _) = rss_kib(d.pid());
+    progress!(
+        "scale: dipamd RSS {:.1} MiB after {} s idle",
+        mib(settled_kib),
+        IDLE_WAIT.as_secs()
+    );
     Ok(Scale {
         attachments: n - 1,
         idle_kib,
         rounds,
         hwm_kib,
+        settled_kib,
     })
 }
 
@@ -1607,10 +1622,15 @@ impl Report {
                 mib(s.hwm_kib)
             ));
         }
-        if let Some(last) = s.rounds.last() {
-            // Idle too: the GC is over and nothing else runs; what a daemon with that much
-            // history costs.
-            let idle = mib(last.after_gc_kib);
+        self.line(format!(
+            "dipamd RSS idle ({} s after the last GC): {:.1} MiB",
+            IDLE_WAIT.as_secs(),
+            mib(s.settled_kib)
+        ));
+        if !s.rounds.is_empty() {
+            // The GC is over and nothing else runs: what a daemon with that much history
+            // costs.
+            let idle = mib(s.settled_kib);
             self.target(
                 format!(
                     "dipamd idle RSS after {} x {n} attachments came and went",
@@ -1638,7 +1658,7 @@ impl Report {
         self.json.insert(
             "scale".into(),
             json!({"attachments": n, "fresh_kib": s.idle_kib, "peak_kib": s.hwm_kib,
-                   "rounds": rounds}),
+                   "idle_after_rounds_kib": s.settled_kib, "rounds": rounds}),
         );
     }
 
@@ -1815,7 +1835,7 @@ fn run(opts: &Opts) -> Res<()> {
     } else {
         None
     };
-    std::thread::sleep(Duration::from_millis(500));
+    std::thread::sleep(IDLE_WAIT);
     let (after_kib, hwm_kib) = rss_kib(dipamd.pid());
     let mut log = parse_log(&dipamd.log());
     drop(dipamd);
