@@ -7,14 +7,24 @@ use rscni_types::types::Cmd;
 
 use crate::error::PluginError;
 
-/// Sends `req` for `cmd` and turns the reply into the result bytes (empty for verbs without
-/// output) and the reply's `retired_link_taken`, or a [`PluginError`].
+/// What dipamd answered, when it answered with success.
+#[derive(Debug, Default)]
+pub struct Answer {
+    /// The result bytes (empty for verbs without output).
+    pub result: Vec<u8>,
+    /// DEL: dipamd took over deleting the request's retired link.
+    pub retired_link_taken: bool,
+    /// ADD: answered from the ledger (a repeated ADD); `None` from daemons that do not say.
+    pub replayed: Option<bool>,
+}
+
+/// Sends `req` for `cmd` and turns the reply into an [`Answer`] or a [`PluginError`].
 pub fn call_reply(
     socket: &Path,
     timeout: Duration,
     cmd: Cmd,
     req: CniRequest,
-) -> Result<(Vec<u8>, bool), PluginError> {
+) -> Result<Answer, PluginError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
@@ -35,15 +45,20 @@ pub fn call_reply(
             }),
         }
     })?;
-    let taken = reply.retired_link_taken;
+    let (retired_link_taken, replayed) = (reply.retired_link_taken, reply.replayed);
+    let answer = |result| Answer {
+        result,
+        retired_link_taken,
+        replayed,
+    };
     match reply.outcome {
-        Some(Outcome::Result(bytes)) => Ok((bytes, taken)),
+        Some(Outcome::Result(bytes)) => Ok(answer(bytes)),
         Some(Outcome::Error(e)) => Err(PluginError::Cni {
             code: e.code,
             msg: e.msg,
             details: e.details,
         }),
-        None => Ok((Vec::new(), taken)),
+        None => Ok(answer(Vec::new())),
     }
 }
 

@@ -98,6 +98,7 @@ where
                     protocol_version: dipam_proto::PROTOCOL_VERSION,
                     outcome: Some(Outcome::Result(result)),
                     retired_link_taken: false,
+                    replayed: None,
                 })
             }
             Err(e) => {
@@ -154,7 +155,18 @@ impl<S: Store> Cni for Service<S> {
     async fn add(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
         let req = r.into_inner();
         let call = Call::of("ADD", &req);
-        answer(&self.0, call, Some(Class::Add), rpc::add::run(&self.0, req)).await
+        let (reply, replayed) = rpc::add::REPLAYED
+            .scope(std::cell::Cell::new(false), async {
+                let reply =
+                    answer(&self.0, call, Some(Class::Add), rpc::add::run(&self.0, req)).await;
+                (reply, rpc::add::REPLAYED.with(std::cell::Cell::get))
+            })
+            .await;
+        let mut reply = reply?;
+        if matches!(reply.get_ref().outcome, Some(Outcome::Result(_))) {
+            reply.get_mut().replayed = Some(replayed);
+        }
+        Ok(reply)
     }
     async fn del(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
         let req = r.into_inner();

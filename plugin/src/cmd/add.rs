@@ -26,25 +26,29 @@ pub fn run(ctx: &Ctx<'_>) -> Result<Vec<u8>, PluginError> {
 
 fn main_mode(ctx: &Ctx<'_>) -> Result<Vec<u8>, PluginError> {
     let att = ctx.attachment();
-    // Before the IPAM call: a sandbox that cannot be used, or an interface name already taken
-    // (a repeated ADD), must not cost an address, nor roll back the one in use (add_during
-    // checks the name before it lets the IPAM call start).
+    // Before the IPAM call: a sandbox that cannot be used must not cost an address.
     let netns = Netns::open(&ctx.args.netns)?;
-    // The IPAM call and the veth's creation run side by side (datapath::add_during).
+    // The IPAM call and the interface check, veth creation and bring-up run side by side
+    // (datapath::add_during).
     let ipam = || {
-        let raw = ctx.forward()?;
-        // From here on an address is allocated: a failure must release it.
-        let ipam = serde_json::from_slice::<CNIResult>(&raw).map_err(|e| {
+        let answer = ctx.forward_with(Cmd::Add, None)?;
+        let replayed = answer.replayed;
+        // From here on an address is allocated: a failure must release it, unless it is the
+        // live attachment's.
+        let ipam = serde_json::from_slice::<CNIResult>(&answer.result).map_err(|e| {
             PluginError::IpamResult(format!("dipamd's IPAM result does not parse: {e}"))
         });
-        let planned = ipam.and_then(|ipam| Plan::new(&ipam).map(|plan| (ipam, plan)));
-        planned.map_err(|e| rollback(ctx, e))
+        let planned = ipam.and_then(|ipam| Plan::new(&ipam).map(|plan| ((ipam, replayed), plan)));
+        planned.map_err(|e| undo(ctx, replayed, e))
     };
-    let (ipam, created) = match datapath::add_during(att, &netns, ctx.conf.mtu, ipam) {
+    let ((ipam, replayed), created) = match datapath::add_during(att, &netns, ctx.conf.mtu, ipam) {
         Ok(v) => v,
-        // Nothing allocated, or already released by the closure.
-        Err(AddError::BeforeIpam(e) | AddError::Ipam(e)) => return Err(e),
-        Err(AddError::AfterIpam(e)) => return Err(rollback(ctx, e)),
+        // Nothing allocated, or already undone by the closure.
+        Err(AddError::BeforeIpam(e)) => return Err(e),
+        Err(AddError::AfterIpam {
+            error,
+            answer: (_, replayed),
+        }) => return Err(undo(ctx, replayed, error)),
     };
     let out = result::assemble(
         ctx.conf.prev_result.as_ref(),
@@ -58,8 +62,24 @@ fn main_mode(ctx: &Ctx<'_>) -> Result<Vec<u8>, PluginError> {
         // Practically unreachable (serializing plain data), but a result never printed is an
         // ADD that failed: undo it all.
         let _ = datapath::del(att, netns.path(), None);
-        rollback(ctx, e)
+        undo(ctx, replayed, e)
     })
+}
+
+/// A failed main-mode ADD after dipamd answered: release the allocation (rollback) if it was
+/// made for this ADD. If dipamd answered from its ledger (a repeated ADD of a committed
+/// attachment), the address is the live attachment's, typically the one whose interface made
+/// this ADD fail with 160: it stays, and so it does when an older dipamd does not say
+/// (`replayed` absent); the runtime's DEL after the failed ADD decides (spec §ADD).
+fn undo(ctx: &Ctx<'_>, replayed: Option<bool>, error: PluginError) -> PluginError {
+    if replayed == Some(false) {
+        return rollback(ctx, error);
+    }
+    PluginError::RolledBack {
+        error: Box::new(error),
+        note: "the address dipamd gave belongs to the attachment's earlier ADD and was kept"
+            .to_owned(),
+    }
 }
 
 /// Releases the IPAM allocation of a failed ADD through dipamd (a DEL with the same config

@@ -34,7 +34,7 @@ pub fn run(ctx: &Ctx<'_>) -> Result<Vec<u8>, PluginError> {
         netns_inode: datapath::own_netns_inode(),
     });
     let (released, taken) = match ctx.forward_with(Cmd::Del, handoff) {
-        Ok((_, taken)) => (Ok(()), taken),
+        Ok(answer) => (Ok(()), answer.retired_link_taken),
         Err(e) => (Err(e), false),
     };
     let removed = match &retired {

@@ -48,17 +48,17 @@ impl Ctx<'_> {
     /// Sends this call's config and environment to dipamd as `command`: a main-mode ADD that
     /// fails after IPAM rolls back with a DEL of the same attachment (spec §4).
     pub fn forward_as(&self, command: Cmd) -> Result<Vec<u8>, PluginError> {
-        self.forward_with(command, None).map(|(result, _)| result)
+        self.forward_with(command, None).map(|a| a.result)
     }
 
-    /// [`Self::forward_as`] for a main-mode DEL that retired the pod's host veth: hands its
-    /// deletion to dipamd. Also returns whether dipamd took it (false when spooled, or from a
-    /// dipamd that cannot: the caller then deletes it).
+    /// [`Self::forward_as`], returning all of dipamd's answer; for a main-mode DEL that
+    /// retired the pod's host veth, also hands its deletion to dipamd (`retired_link_taken`
+    /// is false when spooled, or from a dipamd that cannot: the caller then deletes it).
     pub fn forward_with(
         &self,
         command: Cmd,
         retired_link: Option<RetiredLink>,
-    ) -> Result<(Vec<u8>, bool), PluginError> {
+    ) -> Result<client::Answer, PluginError> {
         let req = CniRequest {
             protocol_version: dipam_proto::PROTOCOL_VERSION,
             request_id: self.request_id.to_owned(),
@@ -80,7 +80,10 @@ impl Ctx<'_> {
             Err(e) if command == Cmd::Del && e.daemon_unreachable() => {
                 let mut spooled = req;
                 spooled.retired_link = None;
-                self.spool(spooled, &e).map(|r| (r, false))
+                self.spool(spooled, &e).map(|result| client::Answer {
+                    result,
+                    ..client::Answer::default()
+                })
             }
             other => other,
         }

@@ -59,21 +59,20 @@ impl Attachment<'_> {
     }
 }
 
-/// ADD's datapath, overlapped with the IPAM call. On a netns thread: check that CNI_IFNAME is
-/// free (code 160 otherwise, spec §ADD: before `ipam` runs, because a repeated ADD of a live
-/// attachment is answered by dipamd from its ledger with the *same* allocation, and a failure
-/// noticed only afterwards would roll back the address the existing interface still uses),
-/// then create the veth pair, which needs no address,
-/// while `ipam` runs on the calling thread (the RPC to dipamd, ~4-5 ms, most of it the
-/// delegate's exec); then install the plan made from its answer. If `ipam` fails, the pair
-/// is removed and its error returned. On any error nothing of the datapath is left; after
-/// `ipam` succeeded, the caller releases the allocation.
+/// ADD's datapath, overlapped with the IPAM call: on a netns thread, check that CNI_IFNAME is
+/// free (spec §ADD: code 160 otherwise), create the veth pair and bring it up, all of which
+/// needs no address, while `ipam` runs on the calling thread (the RPC to dipamd: ~4-5 ms, most
+/// of it the delegate's exec; ~1.5 ms from the warm pool); then install the plan made from
+/// its answer. If `ipam` fails, the pair is removed and its error returned. On any error
+/// nothing of the datapath is left. After `ipam` succeeded, the error comes with its answer:
+/// the caller decides whether to release it (not when dipamd answered from its ledger: an
+/// interface that exists then is the live attachment's, and so is the address).
 pub fn add_during<R, F>(
     att: Attachment<'_>,
     netns: &Netns,
     mtu: Option<u32>,
     ipam: F,
-) -> Result<(R, Created), AddError>
+) -> Result<(R, Created), AddError<R>>
 where
     F: FnOnce() -> Result<(R, Plan), PluginError>,
 {
@@ -86,68 +85,59 @@ where
         host_alias: &host_alias,
         mtu,
     };
-    let (absent_tx, absent_rx) = std::sync::mpsc::channel::<Result<(), PluginError>>();
     let (plan_tx, plan_rx) = tokio::sync::oneshot::channel::<Plan>();
     std::thread::scope(|scope| {
         let req = &req;
+        // Ok(Err(_)): the name is taken (or unreadable), nothing was made.
         let thread = netns::spawn(scope, Some(netns), move |h| async move {
-            let absent = kernel::ensure_absent(&h, att.ifname, netns.path()).await;
-            let go = absent.is_ok();
-            let _ = absent_tx.send(absent);
-            if !go {
-                return Ok(None);
+            if let Err(e) = kernel::ensure_absent(&h, att.ifname, netns.path()).await {
+                return Ok(Err(e));
             }
             let made = kernel::create(&h, req).await?;
             // A dropped sender: the IPAM call failed; undo the pair.
             let Ok(plan) = plan_rx.await else {
                 kernel::remove(&h, req, &made).await;
-                return Ok(None);
+                return Err(PluginError::Datapath {
+                    step: "waiting for the IPAM result".into(),
+                    reason: "the IPAM call failed".into(),
+                });
             };
-            kernel::finish(&h, req, &plan, &made).await.map(Some)
+            kernel::finish(&h, req, &plan, &made).await.map(Ok)
         })
         .map_err(AddError::BeforeIpam)?;
-        let absent = absent_rx.recv().unwrap_or_else(|_| {
-            Err(PluginError::Datapath {
-                step: "checking the interface name".into(),
-                reason: "the netns thread ended early (a bug in dipam)".into(),
-            })
-        });
-        if let Err(e) = absent {
-            let _ = netns::join(thread);
-            return Err(AddError::BeforeIpam(e));
-        }
         let (answer, plan) = match ipam() {
             Ok(v) => v,
             Err(e) => {
                 drop(plan_tx);
-                let _ = netns::join(thread);
-                return Err(AddError::Ipam(e));
+                // A taken name is the clearer error of the two: nothing was allocated.
+                return Err(match netns::join(thread) {
+                    Ok(Err(taken)) => AddError::BeforeIpam(taken),
+                    _ => AddError::BeforeIpam(e),
+                });
             }
         };
         let forwarding = enable_forwarding(&plan);
         let _ = plan_tx.send(plan);
-        let created = netns::join(thread).map_err(AddError::AfterIpam)?;
-        forwarding.map_err(AddError::AfterIpam)?;
-        match created {
-            Some(created) => Ok((answer, created)),
-            None => Err(AddError::AfterIpam(PluginError::Datapath {
-                step: "creating the veth".into(),
-                reason: "the netns thread gave up without an error (a bug in dipam)".into(),
-            })),
+        let created = match netns::join(thread) {
+            Ok(Ok(created)) => created,
+            Ok(Err(error)) | Err(error) => return Err(AddError::AfterIpam { error, answer }),
+        };
+        if let Err(error) = forwarding {
+            return Err(AddError::AfterIpam { error, answer });
         }
+        Ok((answer, created))
     })
 }
 
-/// Where [`add_during`] failed: the caller must release the allocation only after the IPAM
-/// answered.
+/// Where [`add_during`] failed.
 #[derive(Debug)]
-pub enum AddError {
-    /// Before the IPAM call (bad netns, interface exists): nothing was allocated.
+pub enum AddError<R> {
+    /// Nothing is allocated: the IPAM call failed (its error as dipamd reported it), or the
+    /// thread could not start.
     BeforeIpam(PluginError),
-    /// The IPAM call itself failed: its error, as dipamd reported it.
-    Ipam(PluginError),
-    /// After the IPAM answered: the datapath is undone, the allocation must be released.
-    AfterIpam(PluginError),
+    /// After the IPAM answered (`answer`): the datapath is undone, the allocation is the
+    /// caller's to release or keep.
+    AfterIpam { error: PluginError, answer: R },
 }
 
 /// DEL's first step: retires the pod's host veth (kernel::retire_host_veth), found by its

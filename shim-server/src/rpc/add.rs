@@ -14,6 +14,12 @@ use crate::{
     shim::{Prepared, Shim, now},
 };
 
+tokio::task_local! {
+    /// Set when this ADD was answered from the ledger (CniReply.replayed); read by the service
+    /// once the handler is done (service.rs).
+    pub static REPLAYED: std::cell::Cell<bool>;
+}
+
 pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, ShimError> {
     let p = shim.prepare(req, true)?;
     crate::pool::refuse_reserved(&p)?;
@@ -62,6 +68,7 @@ pub async fn attach<S: Store>(
                 // A repeated ADD (a runtime retry after a timeout, F2): the same answer again,
                 // without a second delegate ADD that host-local would refuse as a duplicate.
                 info!(key = %p.key, "repeated ADD; answering from the ledger");
+                let _ = REPLAYED.try_with(|r| r.set(true));
                 let result = existing
                     .result
                     .ok_or_else(|| ShimError::Internal(format!("{} has no result", p.key)))?;

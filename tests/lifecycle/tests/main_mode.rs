@@ -455,7 +455,11 @@ fn repeated_add_keeps_the_first() {
     let first = lab.rt.add(lab.list(), &att).unwrap();
     let e = lab.rt.add(lab.list(), &att).unwrap_err();
     assert_eq!(e.code, 160, "{e}");
+    // dipamd answered from its ledger (CniReply.replayed), so the plugin kept the address of
+    // the live attachment instead of rolling it back.
+    assert!(e.details.contains("was kept"), "{e}");
     assert_eq!(lab.delegate_store().len(), 1);
+    assert_eq!(lab.ledger().len(), 1);
     lab.assert_agree();
     assert_wired(&ns, &att, &first);
     lab.rt.del(lab.list(), &att).unwrap();
