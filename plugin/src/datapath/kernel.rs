@@ -11,7 +11,7 @@ use rtnetlink::{
     packet_route::{
         address::{AddressAttribute, AddressFlags},
         link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkInfo, LinkMessage},
-        route::{RouteAddress, RouteAttribute, RouteMessage, RouteMetric, RouteScope},
+        route::{RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteMetric, RouteScope},
     },
 };
 
@@ -177,32 +177,27 @@ pub struct Made {
 /// An interface that already had the name is never touched. On failure nothing is left.
 pub async fn create(h: &Handles, req: &SetupRequest<'_>) -> Result<Made, PluginError> {
     let cont = h.container()?;
+    // The container end is created up (create_veth); what is left are the indexes and MACs,
+    // and the host end's alias and bring-up, on each side's socket concurrently.
     create_veth(h, req).await?;
-    let Some(cont_link) = link_by_name(cont, req.ifname).await? else {
-        return Err(invalid(
-            "creating the veth",
-            format!("{} vanished right after it was created", req.ifname),
-        ));
+    let container = async {
+        link_by_name(cont, req.ifname).await?.ok_or_else(|| {
+            invalid(
+                "creating the veth",
+                format!("{} vanished right after it was created", req.ifname),
+            )
+        })
     };
-    let made = async {
-        let Some(host) = link_by_name(&h.host, req.host_name).await? else {
-            return Err(invalid(
+    let host = async {
+        let host = link_by_name(&h.host, req.host_name).await?.ok_or_else(|| {
+            invalid(
                 "creating the veth",
                 format!(
                     "the host end {} did not appear in the host netns",
                     req.host_name
                 ),
-            ));
-        };
-        cont.link()
-            .set(
-                LinkUnspec::new_with_index(cont_link.header.index)
-                    .up()
-                    .build(),
             )
-            .execute()
-            .await
-            .map_err(failed(format!("setting {} up", req.ifname)))?;
+        })?;
         h.host
             .link()
             .set(
@@ -216,13 +211,17 @@ pub async fn create(h: &Handles, req: &SetupRequest<'_>) -> Result<Made, PluginE
             .map_err(failed(format!("setting {} up", req.host_name)))?;
         Ok(host)
     };
-    match made.await {
-        Ok(host) => Ok(Made {
-            cont: cont_link,
-            host,
-        }),
-        Err(e) => {
-            remove_index(h, req, cont_link.header.index).await;
+    match futures_util::future::join(container, host).await {
+        (Ok(cont), Ok(host)) => Ok(Made { cont, host }),
+        (Ok(cont), Err(e)) => {
+            remove_index(h, req, cont.header.index).await;
+            Err(e)
+        }
+        (Err(e), _) => {
+            // Deleting the container end by name deletes the pair, wherever the host end is.
+            if let Ok(Some(cont)) = link_by_name(cont, req.ifname).await {
+                remove_index(h, req, cont.header.index).await;
+            }
             Err(e)
         }
     }
@@ -268,11 +267,15 @@ async fn remove_index(h: &Handles, req: &SetupRequest<'_>, index: u32) {
 async fn create_veth(h: &Handles, req: &SetupRequest<'_>) -> Result<(), PluginError> {
     let cont = h.container()?;
     let message = || {
+        // The container end is created up (IFF_UP in its ifinfomsg): one round trip fewer.
+        // The peer cannot be: the kernel configures it before the pair is linked, and opening
+        // a veth without its peer fails (ENOTCONN); create() brings it up with its alias.
         let mut peer = LinkMessageBuilder::<LinkUnspec>::new()
             .name(req.host_name.to_owned())
             .setns_by_fd(h.host_ns.as_raw_fd());
         let mut veth = LinkMessageBuilder::<LinkVeth>::new_with_info_kind(InfoKind::Veth)
-            .name(req.ifname.to_owned());
+            .name(req.ifname.to_owned())
+            .up();
         if let Some(mtu) = req.mtu {
             peer = peer.mtu(mtu);
             veth = veth.mtu(mtu);
@@ -379,6 +382,9 @@ fn route_message(index: u32, r: &RouteSpec) -> Result<RouteMessage, PluginError>
     }
     if let Some(t) = r.table {
         b = b.table_id(t);
+    }
+    if r.onlink {
+        b.get_mut().header.flags |= RouteFlags::Onlink;
     }
     let mut metrics = Vec::new();
     if let Some(m) = r.mtu {

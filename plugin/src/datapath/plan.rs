@@ -42,6 +42,11 @@ pub struct RouteSpec {
     pub priority: Option<u32>,
     pub mtu: Option<u32>,
     pub advmss: Option<u32>,
+    /// The gateway is this veth's other end (`RTNH_F_ONLINK`): the kernel need not find a
+    /// route to it. Without it, a second interface of the pod on the same subnet, whose own
+    /// gateway /32 replaces this one's, makes the routes via the gateway fail
+    /// (ENETUNREACH) while the two are set up concurrently.
+    pub onlink: bool,
 }
 
 impl RouteSpec {
@@ -55,6 +60,7 @@ impl RouteSpec {
             priority: None,
             mtu: None,
             advmss: None,
+            onlink: false,
         }
     }
 
@@ -140,6 +146,7 @@ impl Plan {
                 let mut subnet = RouteSpec::new(ip.address.trunc());
                 subnet.gw = Some(gw);
                 subnet.src = Some(addr);
+                subnet.onlink = true;
                 push_route(&mut plan.container_routes, subnet);
             }
             if !plan.host_addrs.contains(&host_prefix(gw)) {
@@ -177,6 +184,9 @@ impl Plan {
             spec.priority = r.priority;
             spec.mtu = r.mtu;
             spec.advmss = r.advmss;
+            // A route via one of the pod's own gateways goes through its veth; any other
+            // gateway must be reachable, and the kernel says so if it is not.
+            spec.onlink = ipam.ips.iter().any(|ip| ip.gateway == Some(gw));
             // The IPAM's word wins over the routes derived above (e.g. its own subnet route).
             push_route(&mut plan.container_routes, spec);
         }
