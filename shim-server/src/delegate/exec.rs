@@ -157,9 +157,22 @@ pub async fn run_gated(
         }
     };
     let pid = child.id();
-    // Noted while it runs, so that a dipamd killed now makes its successor wait for it.
-    let _noted = pid.zip(tracker).map(|(pid, t)| t.note(pid));
-    if let Err(e) = gate.await {
+    // Noted while it runs, so that a dipamd killed now makes its successor wait for it; and
+    // noted before it gets its config, so before it can act. Noting reads the child's start
+    // time from /proc/<pid>/stat, which waits for the exec in progress (measured: ~1 ms), so
+    // it runs on the blocking pool alongside the gate rather than before it on this worker.
+    let noting = pid.zip(tracker).map(|(pid, t)| {
+        let t = t.clone();
+        tokio::task::spawn_blocking(move || t.note(pid))
+    });
+    let noted = async {
+        match noting {
+            Some(task) => task.await.ok(),
+            None => None,
+        }
+    };
+    let (gate, _noted) = tokio::join!(gate, noted);
+    if let Err(e) = gate {
         // It has not read a byte of config: killing it cannot leave anything half-done.
         let _ = child.start_kill();
         let _ = child.wait().await;
