@@ -32,7 +32,10 @@ use crate::{Batch, KeyValue, Store, StoreError, Tree};
 
 /// sled's page cache size. The ledger holds one small record per attachment (a node has at
 /// most a few hundred), so sled's 1 GiB default would only be a way to grow dipamd's RSS.
-const CACHE_CAPACITY: u64 = 16 * 1024 * 1024;
+/// The cache fills with the history tree (`dipamctl explain`) as pods come and go: at 16 MiB
+/// dipamd sat at ~20 MiB idle after the bench's concurrent rounds, at 8 MiB at ~15.5, with the
+/// same throughput (docs/performance.md).
+const CACHE_CAPACITY: u64 = 8 * 1024 * 1024;
 
 /// How often sled's background thread runs. We flush explicitly on every commit, so this is
 /// not about durability; the thread is kept (rather than disabled with `None`) because it is
