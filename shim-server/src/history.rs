@@ -4,9 +4,12 @@
 //!
 //! Events go through a bounded channel to one task that writes them to the ledger's history
 //! tree in batches (one durable commit per second at most), so the request path never waits
-//! for history. At most `PER_CONTAINER` events are kept per container; a full channel drops
-//! events (and counts them) rather than grow without bound. A crash loses at most the last
-//! second of history, never an allocation.
+//! for history. At most `PER_CONTAINER` events are kept per container, and for at most
+//! `MAX_CONTAINERS` containers (those with the oldest last event go first): without the second
+//! bound the tree grew with every pod the node ever ran, and sled's memory with it (dipamd's
+//! idle RSS crept up by ~6 MiB per few thousand pods, docs/performance.md). A full channel
+//! drops events (and counts them) rather than grow without bound. A crash loses at most the
+//! last second of history, never an allocation.
 
 use std::{
     sync::{
@@ -22,6 +25,8 @@ use tokio::sync::mpsc;
 
 /// Events kept per container.
 pub const PER_CONTAINER: usize = 64;
+/// Containers whose history is kept.
+pub const MAX_CONTAINERS: usize = 1024;
 /// Events waiting to be written; beyond that new ones are dropped.
 const QUEUE: usize = 4096;
 
@@ -78,8 +83,59 @@ fn prefix(container_id: &str) -> Vec<u8> {
 
 /// Starts the writer; returns the sink to record with.
 pub fn start<S: Store>(ledger: Ledger<S>) -> Sink {
+    start_bounded(ledger, MAX_CONTAINERS)
+}
+
+/// The time of each container's last event (from its keys), to know whose history goes
+/// first when there are more than `max`. Built from the tree's keys on the first write.
+#[derive(Default)]
+struct Index {
+    built: bool,
+    last: std::collections::HashMap<String, Vec<u8>>,
+}
+
+impl Index {
+    fn note(&mut self, key: &[u8]) {
+        let Some(sep) = key.iter().position(|b| *b == 0) else {
+            return;
+        };
+        let (cid, at) = (String::from_utf8_lossy(&key[..sep]), &key[sep + 1..]);
+        match self.last.get_mut(cid.as_ref()) {
+            Some(last) if last.as_slice() >= at => {}
+            Some(last) => *last = at.to_vec(),
+            None => {
+                self.last.insert(cid.into_owned(), at.to_vec());
+            }
+        }
+    }
+
+    /// The containers beyond `max`, oldest last event first; forgotten here.
+    fn evict(&mut self, max: usize) -> Vec<String> {
+        if self.last.len() <= max {
+            return Vec::new();
+        }
+        let mut by_age: Vec<(Vec<u8>, String)> = self
+            .last
+            .iter()
+            .map(|(cid, at)| (at.clone(), cid.clone()))
+            .collect();
+        by_age.sort();
+        let out: Vec<String> = by_age
+            .into_iter()
+            .take(self.last.len() - max)
+            .map(|(_, cid)| cid)
+            .collect();
+        for cid in &out {
+            self.last.remove(cid);
+        }
+        out
+    }
+}
+
+fn start_bounded<S: Store>(ledger: Ledger<S>, max_containers: usize) -> Sink {
     let (tx, mut rx) = mpsc::channel::<Event>(QUEUE);
     tokio::spawn(async move {
+        let mut index = Some(Index::default());
         loop {
             let Some(first) = rx.recv().await else { return };
             let mut batch = vec![first];
@@ -96,7 +152,13 @@ pub fn start<S: Store>(ledger: Ledger<S>) -> Sink {
                 }
             }
             let ledger = ledger.clone();
-            let _ = tokio::task::spawn_blocking(move || write(&ledger, &batch)).await;
+            let mut idx = index.take().unwrap_or_default();
+            index = tokio::task::spawn_blocking(move || {
+                let _ = write(&ledger, &batch, &mut idx, max_containers);
+                idx
+            })
+            .await
+            .ok();
         }
     });
     Sink {
@@ -105,16 +167,25 @@ pub fn start<S: Store>(ledger: Ledger<S>) -> Sink {
     }
 }
 
-fn write<S: Store>(ledger: &Ledger<S>, events: &[Event]) -> Result<(), dipam_state::StoreError> {
+fn write<S: Store>(
+    ledger: &Ledger<S>,
+    events: &[Event],
+    index: &mut Index,
+    max_containers: usize,
+) -> Result<(), dipam_state::StoreError> {
     let store = ledger.store();
+    if !index.built {
+        for k in store.scan_keys(Tree::History, b"")? {
+            index.note(&k);
+        }
+        index.built = true;
+    }
     let mut batch = Batch::new();
     let mut touched: Vec<&str> = Vec::new();
     for ev in events {
-        batch.put(
-            Tree::History,
-            key(&ev.container_id, &ev.body),
-            ev.body.to_string().into_bytes(),
-        );
+        let k = key(&ev.container_id, &ev.body);
+        index.note(&k);
+        batch.put(Tree::History, k, ev.body.to_string().into_bytes());
         if !touched.contains(&ev.container_id.as_str()) {
             touched.push(&ev.container_id);
         }
@@ -122,11 +193,16 @@ fn write<S: Store>(ledger: &Ledger<S>, events: &[Event]) -> Result<(), dipam_sta
     store.commit(batch)?;
     let mut prune = Batch::new();
     for cid in touched {
-        let all = store.scan_prefix(Tree::History, &prefix(cid))?;
+        let all = store.scan_keys(Tree::History, &prefix(cid))?;
         if all.len() > PER_CONTAINER {
-            for (k, _) in &all[..all.len() - PER_CONTAINER] {
+            for k in &all[..all.len() - PER_CONTAINER] {
                 prune.delete(Tree::History, k.clone());
             }
+        }
+    }
+    for cid in index.evict(max_containers) {
+        for k in store.scan_keys(Tree::History, &prefix(&cid))? {
+            prune.delete(Tree::History, k);
         }
     }
     if !prune.is_empty() {
@@ -174,5 +250,31 @@ mod tests {
         sink.record("c10", json!({"kind": "x"}));
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert_eq!(read(&ledger, "c1").unwrap().len(), PER_CONTAINER);
+    }
+
+    #[tokio::test]
+    async fn only_the_most_recent_containers_keep_their_history() {
+        let ledger = Ledger::new(MemStore::new());
+        // History an earlier run left: the index is built from the tree's keys.
+        let old = Event {
+            container_id: "old".into(),
+            body: json!({"atMs": 1, "seq": 0}),
+        };
+        let mut idx = Index::default();
+        write(&ledger, &[old], &mut idx, 100).unwrap();
+        let sink = start_bounded(ledger.clone(), 3);
+        for (i, cid) in ["a", "b", "c", "d"].iter().enumerate() {
+            sink.record(cid, json!({"kind": "request", "i": i}));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(
+            read(&ledger, "old").unwrap().is_empty(),
+            "the oldest went first"
+        );
+        assert!(read(&ledger, "a").unwrap().is_empty());
+        for cid in ["b", "c", "d"] {
+            assert_eq!(read(&ledger, cid).unwrap().len(), 1, "{cid}");
+        }
     }
 }

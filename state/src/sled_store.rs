@@ -325,6 +325,14 @@ impl Store for SledStore {
         Ok(())
     }
 
+    fn scan_keys(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
+        self.tree(tree)
+            .scan_prefix(prefix)
+            .keys()
+            .map(|k| k.map(|k| k.to_vec()).map_err(self.sled_err()))
+            .collect()
+    }
+
     fn len(&self, tree: Tree) -> Result<usize, StoreError> {
         Ok(self.tree(tree).len())
     }

@@ -122,6 +122,16 @@ pub trait Store: Send + Sync + 'static {
     /// An empty batch is a no-op.
     fn commit(&self, batch: Batch) -> Result<(), StoreError>;
 
+    /// The keys (only) of every entry whose key starts with `prefix`, sorted: for bookkeeping
+    /// over a large tree without reading its values.
+    fn scan_keys(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
+        Ok(self
+            .scan_prefix(tree, prefix)?
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect())
+    }
+
     /// Number of entries in `tree`.
     fn len(&self, tree: Tree) -> Result<usize, StoreError>;
 

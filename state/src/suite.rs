@@ -157,6 +157,16 @@ fn scan_prefix_is_sorted_and_isolated<S: Store>(store: S, _path: &Path) {
         keys(&store.scan_prefix(Tree::History, b"a").unwrap()),
         [&b"a\0zz"[..]]
     );
+    // Keys only: the same keys, in the same order, as the full scan.
+    for prefix in [&b"a\0"[..], b"", b"c"] {
+        assert_eq!(
+            store.scan_keys(Tree::Attachments, prefix).unwrap(),
+            keys(&store.scan_prefix(Tree::Attachments, prefix).unwrap())
+                .into_iter()
+                .map(<[u8]>::to_vec)
+                .collect::<Vec<_>>()
+        );
+    }
 }
 
 fn ledger_round_trips_records<S: Store>(store: S, _path: &Path) {
