@@ -1000,24 +1000,12 @@ esac
         }
     }
 
+    /// The RPC tests' request, with a netns and request id of the pod's own.
     fn request(cid: &str, version: &str, extra: Value) -> CniRequest {
-        let mut conf = json!({
-            "cniVersion": version, "name": "net", "type": "ptp",
-            "ipam": {"type": "dipam", "delegate": {"type": "fake-ipam", "subnet": "10.9.0.0/24"}}
-        });
-        if let (Some(c), Some(e)) = (conf.as_object_mut(), extra.as_object()) {
-            c.extend(e.clone());
-        }
         CniRequest {
-            protocol_version: dipam_proto::PROTOCOL_VERSION,
             request_id: format!("req-{cid}"),
-            container_id: cid.into(),
             netns: format!("/var/run/netns/{cid}"),
-            ifname: "eth0".into(),
-            stdin: serde_json::to_vec(&conf).unwrap(),
-            mode: Mode::Ipam as i32,
-            issued_at_ms: now_ms(),
-            ..CniRequest::default()
+            ..crate::rpc::tests::request(cid, version, extra)
         }
     }
 

@@ -10,4 +10,4 @@ pub mod gc;
 pub mod status;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

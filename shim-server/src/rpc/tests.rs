@@ -87,7 +87,9 @@ impl Bench {
     }
 }
 
-fn request(cid: &str, version: &str, extra: Value) -> CniRequest {
+/// An IPAM-mode request for `cid` through the scripted `fake-ipam` delegate, with `extra`
+/// merged into the config. Shared with the pool's tests.
+pub(crate) fn request(cid: &str, version: &str, extra: Value) -> CniRequest {
     let mut conf = json!({
         "cniVersion": version, "name": "net", "type": "ptp",
         "ipam": {"type": "dipam", "delegate": {"type": "fake-ipam", "subnet": "10.9.0.0/24"}}
