@@ -905,7 +905,7 @@ async fn fill_one<S: Store>(
 
 #[cfg(test)]
 mod tests {
-    use std::{os::unix::fs::PermissionsExt, time::Duration};
+    use std::time::Duration;
 
     use dipam_proto::v1::Mode;
     use dipam_state::MemStore;
@@ -916,7 +916,6 @@ mod tests {
     use crate::{
         delegate::Executor,
         rpc::{add, check, del},
-        shim::Identity,
     };
 
     /// A delegate that records each call and hands out 10.9.0.2, .3, ... in turn.
@@ -939,22 +938,7 @@ esac
 
     impl Bench {
         fn new(size: usize) -> Self {
-            let dir = tempfile::tempdir().unwrap();
-            let script = dir.path().join("fake-ipam");
-            std::fs::write(&script, SCRIPT).unwrap();
-            std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-            let shim = Shim::new(
-                MemStore::new(),
-                Executor::new(vec![dir.path().to_owned()], Duration::from_secs(10)),
-                Identity {
-                    socket: "/unused".into(),
-                    state_dir: "/unused".into(),
-                    spool_dir: "/unused".into(),
-                },
-                None,
-                crate::gc::GcPolicy::default(),
-                crate::access::Admission::default(),
-            );
+            let (dir, shim) = crate::rpc::tests::scripted_shim(SCRIPT, MemStore::new());
             shim.pool.configure(PoolConfig {
                 size,
                 node: "n1".into(),

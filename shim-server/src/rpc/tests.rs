@@ -37,28 +37,35 @@ struct Bench {
     shim: Arc<Shim<MemStore>>,
 }
 
+/// A shim on `store` whose only delegate is `script`, installed as `fake-ipam` in the returned
+/// temp dir (where the scripts keep their call logs). Shared with the pool's tests.
+pub(crate) fn scripted_shim(script: &str, store: MemStore) -> (TempDir, Arc<Shim<MemStore>>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fake-ipam");
+    std::fs::write(&path, script).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let shim = Shim::new(
+        store,
+        Executor::new(vec![dir.path().to_owned()], Duration::from_secs(10)),
+        Identity {
+            socket: "/unused".into(),
+            state_dir: "/unused".into(),
+            spool_dir: "/unused".into(),
+        },
+        None,
+        crate::gc::GcPolicy::default(),
+        crate::access::Admission::default(),
+    );
+    (dir, shim)
+}
+
 impl Bench {
     fn new() -> Self {
         Self::with_store(MemStore::new())
     }
 
     fn with_store(store: MemStore) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let script = dir.path().join("fake-ipam");
-        std::fs::write(&script, SCRIPT).unwrap();
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let shim = Shim::new(
-            store,
-            Executor::new(vec![dir.path().to_owned()], Duration::from_secs(10)),
-            Identity {
-                socket: "/unused".into(),
-                state_dir: "/unused".into(),
-                spool_dir: "/unused".into(),
-            },
-            None,
-            crate::gc::GcPolicy::default(),
-            crate::access::Admission::default(),
-        );
+        let (dir, shim) = scripted_shim(SCRIPT, store);
         Self { dir, shim }
     }
 
