@@ -55,19 +55,34 @@ fn invalid(step: &str, e: impl std::fmt::Display) -> PluginError {
     }
 }
 
-/// The link named `name`, or `None` (the kernel answers ENODEV for a missing name).
-async fn link_by_name(h: &Handle, name: &str) -> Result<Option<LinkMessage>, PluginError> {
-    match h
-        .link()
-        .get()
-        .match_name(name.to_owned())
-        .execute()
-        .try_next()
-        .await
-    {
+/// The link `get` asks for, or `None` (the kernel answers ENODEV for a missing link).
+async fn lookup(
+    get: rtnetlink::LinkGetRequest,
+    what: impl std::fmt::Display,
+) -> Result<Option<LinkMessage>, PluginError> {
+    match get.execute().try_next().await {
         Ok(link) => Ok(link),
         Err(e) if errno(&e) == Some(Errno::ENODEV) => Ok(None),
-        Err(e) => Err(failed(format!("looking up link {name}"))(e)),
+        Err(e) => Err(failed(format!("looking up link {what}"))(e)),
+    }
+}
+
+/// The link named `name`, or `None`.
+async fn link_by_name(h: &Handle, name: &str) -> Result<Option<LinkMessage>, PluginError> {
+    lookup(h.link().get().match_name(name.to_owned()), name).await
+}
+
+/// The link with ifindex `index`, or `None`.
+async fn link_by_index(h: &Handle, index: u32) -> Result<Option<LinkMessage>, PluginError> {
+    lookup(h.link().get().match_index(index), format!("#{index}")).await
+}
+
+/// Deletes link `index` (and with a veth, the pair). Already gone is success: the pod's netns
+/// was destroyed meanwhile, or dipamd's sweep deleted a retired link first.
+async fn delete_link(h: &Handle, index: u32) -> Result<(), rtnetlink::Error> {
+    match h.link().del(index).execute().await {
+        Err(e) if errno(&e) == Some(Errno::ENODEV) => Ok(()),
+        other => other,
     }
 }
 
@@ -124,22 +139,11 @@ pub async fn ensure_absent(h: &Handles, ifname: &str, netns: &str) -> Result<(),
             _ => None,
         })
     {
-        let host_end = h
-            .host
-            .link()
-            .get()
-            .match_index(peer)
-            .execute()
-            .try_next()
-            .await;
-        match host_end {
+        match link_by_index(&h.host, peer).await {
             Ok(Some(host_end)) if is_retired(&host_end) => {
-                return match cont.link().del(link.header.index).execute().await {
-                    Ok(()) => Ok(()),
-                    // dipamd's sweep got there first.
-                    Err(e) if errno(&e) == Some(Errno::ENODEV) => Ok(()),
-                    Err(e) => Err(failed(format!("removing the retired {ifname}"))(e)),
-                };
+                return delete_link(cont, link.header.index)
+                    .await
+                    .map_err(failed(format!("removing the retired {ifname}")));
             }
             Ok(Some(_)) => {}
             // The peer is gone: the pair is being deleted right now (a veth pair goes in one
@@ -252,9 +256,7 @@ pub async fn remove(h: &Handles, req: &SetupRequest<'_>, made: &Made) {
 
 async fn remove_index(h: &Handles, req: &SetupRequest<'_>, index: u32) {
     let Ok(cont) = h.container() else { return };
-    if let Err(del) = cont.link().del(index).execute().await
-        && errno(&del) != Some(Errno::ENODEV)
-    {
+    if let Err(del) = delete_link(cont, index).await {
         eprintln!(
             "dipam: could not remove {} after a failed ADD: {del}",
             req.ifname
@@ -306,17 +308,12 @@ async fn create_veth(h: &Handles, req: &SetupRequest<'_>) -> Result<(), PluginEr
                 "dipam: removing stale host veth {} left by an earlier ADD of this attachment",
                 req.host_name
             );
-            match h.host.link().del(stale.header.index).execute().await {
-                Ok(()) => {}
-                // A retired one that dipamd's sweep deleted meanwhile.
-                Err(e) if errno(&e) == Some(Errno::ENODEV) => {}
-                Err(e) => {
-                    return Err(failed(format!(
-                        "removing stale host veth {}",
-                        req.host_name
-                    ))(e));
-                }
-            }
+            delete_link(&h.host, stale.header.index)
+                .await
+                .map_err(failed(format!(
+                    "removing stale host veth {}",
+                    req.host_name
+                )))?;
             cont.link()
                 .add(message())
                 .execute()
@@ -510,26 +507,11 @@ pub async fn retire_host_veth(
 /// never that of another link while this one exists, and the alias check covers a link
 /// deleted and an index reused meanwhile).
 pub async fn delete_retired(host: &Handle, r: &Retired) -> Result<(), PluginError> {
-    let link = match host
-        .link()
-        .get()
-        .match_index(r.index)
-        .execute()
-        .try_next()
-        .await
-    {
-        Ok(Some(link)) => link,
-        Ok(None) => return Ok(()),
-        Err(e) if errno(&e) == Some(Errno::ENODEV) => return Ok(()),
-        Err(e) => return Err(failed(format!("looking up retired veth {}", r.name))(e)),
-    };
-    if !is_retired(&link) {
-        return Ok(());
-    }
-    match host.link().del(r.index).execute().await {
-        Ok(()) => Ok(()),
-        Err(e) if errno(&e) == Some(Errno::ENODEV) => Ok(()),
-        Err(e) => Err(failed(format!("deleting host veth {}", r.name))(e)),
+    match link_by_index(host, r.index).await? {
+        Some(link) if is_retired(&link) => delete_link(host, r.index)
+            .await
+            .map_err(failed(format!("deleting host veth {}", r.name))),
+        _ => Ok(()),
     }
 }
 
@@ -549,12 +531,10 @@ pub async fn delete_host_veth(host: &Handle, name: &str) -> Result<bool, PluginE
         eprintln!("dipam: {name} is not a veth; leaving it alone");
         return Ok(false);
     }
-    match host.link().del(link.header.index).execute().await {
-        Ok(()) => Ok(true),
-        // Gone in between (the netns was being destroyed, taking the pair with it).
-        Err(e) if errno(&e) == Some(Errno::ENODEV) => Ok(true),
-        Err(e) => Err(failed(format!("deleting host veth {name}"))(e)),
-    }
+    delete_link(host, link.header.index)
+        .await
+        .map(|()| true)
+        .map_err(failed(format!("deleting host veth {name}")))
 }
 
 /// Deletes `ifname` in the container netns if it is the veth prevResult describes (same MAC):
@@ -570,11 +550,10 @@ pub async fn delete_container_veth(
     if kind_of(&link) != "veth" || !mac_of(&link).eq_ignore_ascii_case(mac) {
         return Ok(false);
     }
-    match cont.link().del(link.header.index).execute().await {
-        Ok(()) => Ok(true),
-        Err(e) if errno(&e) == Some(Errno::ENODEV) => Ok(true),
-        Err(e) => Err(failed(format!("deleting {ifname}"))(e)),
-    }
+    delete_link(cont, link.header.index)
+        .await
+        .map(|()| true)
+        .map_err(failed(format!("deleting {ifname}")))
 }
 
 fn route_addr(a: &RouteAddress) -> Option<IpAddr> {
