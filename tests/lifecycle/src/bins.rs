@@ -40,9 +40,18 @@ pub fn dir() -> &'static Path {
 
 /// Builds dipam's binaries (plugin, daemon, CLI, test doubles) with cargo, debug or release,
 /// and returns the directory they are in.
+///
+/// The directory is the one cargo reports for the plugin it built, not a guess: the workspace
+/// builds for an explicit target (`.cargo/config.toml`: static binaries), so it is
+/// `target/<host triple>/<profile>`, and a `CARGO_TARGET_DIR` or `--target` moves it again.
 pub fn build(release: bool, extra: &[&str]) -> Result<PathBuf, String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut args = vec!["build", "--quiet", "--bins"];
+    let mut args = vec![
+        "build",
+        "--quiet",
+        "--bins",
+        "--message-format=json-render-diagnostics",
+    ];
     if release {
         args.push("--release");
     }
@@ -50,18 +59,30 @@ pub fn build(release: bool, extra: &[&str]) -> Result<PathBuf, String> {
         args.extend(["-p", p]);
     }
     args.extend_from_slice(extra);
-    let status = Command::new(cargo)
+    // Diagnostics still reach the terminal (stderr); stdout is cargo's JSON messages.
+    let out = Command::new(cargo)
         .current_dir(workspace())
         .args(&args)
-        .status()
+        .stderr(std::process::Stdio::inherit())
+        .output()
         .map_err(|e| format!("run cargo: {e}"))?;
-    if !status.success() {
+    if !out.status.success() {
         return Err(format!("cargo {} failed", args.join(" ")));
     }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target"));
-    Ok(target.join(if release { "release" } else { "debug" }))
+    plugin_dir(&String::from_utf8_lossy(&out.stdout))
+        .ok_or_else(|| format!("cargo {} did not report the dipam binary", args.join(" ")))
+}
+
+/// The directory of the `dipam` executable in cargo's `--message-format=json` output.
+fn plugin_dir(messages: &str) -> Option<PathBuf> {
+    messages
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "dipam")
+        .find_map(|m| {
+            let exe = Path::new(m["executable"].as_str()?);
+            exe.parent().map(Path::to_path_buf)
+        })
 }
 
 pub fn bin(name: &str) -> PathBuf {
@@ -83,4 +104,29 @@ pub fn cni_path() -> String {
         hl.display()
     );
     format!("{}:{REFERENCE_PLUGINS}", dir().display())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plugin_dir_is_where_cargo_put_the_plugin() {
+        let messages = [
+            r#"{"reason":"compiler-artifact","target":{"name":"dipamd","kind":["bin"]},"executable":"/w/target/x86_64-unknown-linux-gnu/release/dipamd"}"#,
+            r#"{"reason":"compiler-artifact","target":{"name":"dipam_plugin","kind":["lib"]},"executable":null}"#,
+            "not json",
+            r#"{"reason":"compiler-artifact","target":{"name":"dipam","kind":["bin"]},"executable":"/w/target/x86_64-unknown-linux-gnu/release/dipam"}"#,
+            r#"{"reason":"build-finished","success":true}"#,
+        ]
+        .join("\n");
+        assert_eq!(
+            plugin_dir(&messages),
+            Some(PathBuf::from("/w/target/x86_64-unknown-linux-gnu/release"))
+        );
+        assert_eq!(
+            plugin_dir(r#"{"reason":"build-finished","success":true}"#),
+            None
+        );
+    }
 }

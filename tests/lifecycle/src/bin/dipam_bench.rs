@@ -39,7 +39,8 @@
 //!   `--scale-rounds N` repeats that round on the same dipamd, for its RSS under churn.
 //!
 //! Binaries: by default a release build (`cargo build --release --bins -p dipam-plugin -p
-//! dipam-shim -p dipam-lifecycle`) from `target/release`; `--bin-dir DIR` uses prebuilt ones.
+//! dipam-shim -p dipam-lifecycle`), from where cargo put them; `--bin-dir DIR` uses prebuilt
+//! ones.
 //! Everything it creates (namespaces, veths through them, dipamd processes, temp dirs, subnet
 //! claims) is owned by the harness's guards and goes away on return, on error, on panic, and
 //! on SIGINT/SIGTERM (a flag the loops check, so the guards still run). Progress goes to
@@ -103,7 +104,7 @@ dipam-bench: dipam against ptp + host-local, in one run (needs root).
 
 Options:
   --bin-dir DIR          use prebuilt dipam, dipamd, dipamctl from DIR (default: cargo build
-                         --release and target/release)
+                         --release, and the binaries it built)
   --alt-plugin FILE      also time this dipam binary in the cold-start section, interleaved
                          with the one under test (to compare two builds in one run)
   --pods N               sequential pods per configuration (default 200)
