@@ -1,6 +1,9 @@
 //! The gRPC client: one connection, one call, one deadline.
 
-use std::{path::Path, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
 
 use dipam_proto::v1::{CniReply, CniRequest, cni_client::CniClient, cni_reply::Outcome};
 use rscni_types::types::Cmd;
@@ -25,26 +28,134 @@ pub fn call_reply(
     cmd: Cmd,
     req: CniRequest,
 ) -> Result<Answer, PluginError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
+    let rt = runtime(socket)?;
+    let reply = rt.block_on(within(socket, timeout, exchange(socket, cmd, req)))?;
+    outcome(reply)
+}
+
+/// What a main-mode ADD (`AddEarly`) got first from dipamd.
+pub enum Early {
+    /// The ADD's outcome: a replayed or pooled answer (durable already), any error, or the
+    /// answer of an older dipamd (plain `Add`).
+    Done(Answer),
+    /// A fresh result whose commit is still running: configure the pod with it, but print it
+    /// only once [`Pending::finish`] says the ADD succeeded.
+    Pending(Answer, Box<Pending>),
+}
+
+/// The rest of an `AddEarly` stream: its last reply, the ADD's outcome.
+pub struct Pending {
+    rt: tokio::runtime::Runtime,
+    stream: tonic::Streaming<CniReply>,
+    socket: PathBuf,
+    deadline: Instant,
+}
+
+impl Pending {
+    /// Waits for the ADD's outcome. A stream that ends without it (dipamd died before or
+    /// during the commit) is a failure the runtime should retry: whatever was configured
+    /// with the early result must be undone.
+    pub fn finish(mut self) -> Result<Answer, PluginError> {
+        let socket = self.socket.clone();
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        let last = self.rt.block_on(within(&socket, left, async {
+            self.stream
+                .message()
+                .await
+                .map_err(|status| PluginError::Rpc {
+                    socket: socket.clone(),
+                    status,
+                })
+        }))?;
+        match last {
+            Some(reply) => outcome(reply),
+            None => Err(PluginError::Rpc {
+                socket,
+                status: tonic::Status::unavailable(
+                    "dipamd ended the ADD without its outcome (it stopped during the commit)",
+                ),
+            }),
+        }
+    }
+}
+
+/// Sends a main-mode ADD as `AddEarly`, falling back to `Add` on a dipamd that predates it.
+pub fn call_add_early(
+    socket: &Path,
+    timeout: Duration,
+    req: CniRequest,
+) -> Result<Early, PluginError> {
+    let deadline = Instant::now() + timeout;
+    let rt = runtime(socket)?;
+    let first = rt.block_on(within(socket, timeout, async {
+        let mut client = connect(socket).await?;
+        let rpc = |status| PluginError::Rpc {
+            socket: socket.to_owned(),
+            status,
+        };
+        match client.add_early(req.clone()).await {
+            Ok(stream) => {
+                let mut stream = stream.into_inner();
+                match stream.message().await.map_err(rpc)? {
+                    Some(reply) => Ok((reply, Some(stream))),
+                    None => Err(rpc(tonic::Status::unavailable(
+                        "dipamd ended the ADD without an answer",
+                    ))),
+                }
+            }
+            Err(status) if status.code() == tonic::Code::Unimplemented => {
+                let reply = client.add(req).await.map_err(rpc)?;
+                Ok((reply.into_inner(), None))
+            }
+            Err(status) => Err(rpc(status)),
+        }
+    }))?;
+    match first {
+        (reply, Some(stream)) if reply.pending_commit => Ok(Early::Pending(
+            outcome(reply)?,
+            Box::new(Pending {
+                rt,
+                stream,
+                socket: socket.to_owned(),
+                deadline,
+            }),
+        )),
+        (reply, _) => outcome(reply).map(Early::Done),
+    }
+}
+
+/// The plugin's I/O runtime: one thread, this one.
+fn runtime(socket: &Path) -> Result<tokio::runtime::Runtime, PluginError> {
+    tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
         .build()
         .map_err(|e| PluginError::Unreachable {
             socket: socket.to_owned(),
             reason: format!("cannot start the I/O runtime: {e}"),
-        })?;
-    let reply = rt.block_on(async {
-        match tokio::time::timeout(timeout, exchange(socket, cmd, req)).await {
-            Ok(r) => r,
-            Err(_) => Err(PluginError::Rpc {
-                socket: socket.to_owned(),
-                status: tonic::Status::deadline_exceeded(format!(
-                    "no answer within {:.0}s",
-                    timeout.as_secs_f64()
-                )),
-            }),
-        }
-    })?;
+        })
+}
+
+/// `f`, or a deadline error after `timeout`.
+async fn within<T>(
+    socket: &Path,
+    timeout: Duration,
+    f: impl std::future::Future<Output = Result<T, PluginError>>,
+) -> Result<T, PluginError> {
+    match tokio::time::timeout(timeout, f).await {
+        Ok(r) => r,
+        Err(_) => Err(PluginError::Rpc {
+            socket: socket.to_owned(),
+            status: tonic::Status::deadline_exceeded(format!(
+                "no answer within {:.0}s",
+                timeout.as_secs_f64()
+            )),
+        }),
+    }
+}
+
+/// A reply as an [`Answer`], or its CNI error.
+fn outcome(reply: CniReply) -> Result<Answer, PluginError> {
     let (retired_link_taken, replayed) = (reply.retired_link_taken, reply.replayed);
     let answer = |result| Answer {
         result,
@@ -62,14 +173,18 @@ pub fn call_reply(
     }
 }
 
-async fn exchange(socket: &Path, cmd: Cmd, req: CniRequest) -> Result<CniReply, PluginError> {
+async fn connect(socket: &Path) -> Result<CniClient<tonic::transport::Channel>, PluginError> {
     let channel = dipam_proto::connect(socket)
         .await
         .map_err(|e| PluginError::Unreachable {
             socket: socket.to_owned(),
             reason: root_cause(&e),
         })?;
-    let mut client = CniClient::new(channel);
+    Ok(CniClient::new(channel))
+}
+
+async fn exchange(socket: &Path, cmd: Cmd, req: CniRequest) -> Result<CniReply, PluginError> {
+    let mut client = connect(socket).await?;
     let reply = match cmd {
         Cmd::Add => client.add(req).await,
         Cmd::Del => client.del(req).await,

@@ -283,6 +283,7 @@ impl ShimError {
         let (code, details) = self.code_and_details();
         Ok(CniReply {
             retired_link_taken: false,
+            pending_commit: false,
             replayed: None,
             protocol_version: dipam_proto::PROTOCOL_VERSION,
             outcome: Some(Outcome::Error(CniError {

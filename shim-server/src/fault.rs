@@ -9,6 +9,7 @@
 pub const POINTS: &[&str] = &[
     "add-after-intent",
     "add-after-exec",
+    "add-before-commit",
     "add-after-commit",
     "del-after-mark",
     "del-after-exec",
@@ -29,6 +30,18 @@ pub fn arm(point: &str) -> Result<(), String> {
     }
     let _ = ARMED.set(point.to_owned());
     Ok(())
+}
+
+/// Whether `point` is the armed one: for a point that first lets something else happen (see
+/// `add-before-commit` in rpc/add.rs).
+pub fn armed(point: &str) -> bool {
+    #[cfg(feature = "fault-injection")]
+    return ARMED.get().is_some_and(|p| p == point);
+    #[cfg(not(feature = "fault-injection"))]
+    {
+        let _ = point;
+        false
+    }
 }
 
 /// Reached `point`: dies here if it is the armed one.

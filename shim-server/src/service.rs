@@ -99,6 +99,7 @@ where
                     outcome: Some(Outcome::Result(result)),
                     retired_link_taken: false,
                     replayed: None,
+                    pending_commit: false,
                 })
             }
             Err(e) => {
@@ -150,23 +151,67 @@ where
     .await
 }
 
+/// One ADD, answered as `Add` answers it (with `replayed` set on success).
+async fn add<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<CniReply, Status> {
+    let call = Call::of("ADD", &req);
+    let (reply, replayed) = rpc::add::REPLAYED
+        .scope(std::cell::Cell::new(false), async {
+            let reply = answer(shim, call, Some(Class::Add), rpc::add::run(shim, req)).await;
+            (reply, rpc::add::REPLAYED.with(std::cell::Cell::get))
+        })
+        .await;
+    let mut reply = reply?.into_inner();
+    if matches!(reply.outcome, Some(Outcome::Result(_))) {
+        reply.replayed = Some(replayed);
+    }
+    Ok(reply)
+}
+
+type ReplyStream =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<CniReply, Status>> + Send + 'static>>;
+
 #[tonic::async_trait]
 impl<S: Store> Cni for Service<S> {
     async fn add(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
+        add(&self.0, r.into_inner()).await.map(Response::new)
+    }
+
+    type AddEarlyStream = ReplyStream;
+
+    /// The ADD runs in a task of its own: it goes on to its commit (or its rollback) even if
+    /// the plugin disconnects mid-stream, as any ADD whose caller died; the runtime's DEL
+    /// after the failed ADD then releases it.
+    async fn add_early(
+        &self,
+        r: Request<CniRequest>,
+    ) -> Result<Response<Self::AddEarlyStream>, Status> {
         let req = r.into_inner();
-        let call = Call::of("ADD", &req);
-        let (reply, replayed) = rpc::add::REPLAYED
-            .scope(std::cell::Cell::new(false), async {
-                let reply =
-                    answer(&self.0, call, Some(Class::Add), rpc::add::run(&self.0, req)).await;
-                (reply, rpc::add::REPLAYED.with(std::cell::Cell::get))
-            })
-            .await;
-        let mut reply = reply?;
-        if matches!(reply.get_ref().outcome, Some(Outcome::Result(_))) {
-            reply.get_mut().replayed = Some(replayed);
-        }
-        Ok(reply)
+        let shim = Arc::clone(&self.0);
+        let (tx, out) = tokio::sync::mpsc::channel(2);
+        tokio::spawn(async move {
+            let (early_tx, early_rx) = tokio::sync::oneshot::channel::<Vec<u8>>();
+            // Sends the early result, if the ADD offers one; done when it does, or when the
+            // ADD ends without (its sender dropped with the scope).
+            let forward = async {
+                if let Ok(result) = early_rx.await {
+                    let early = CniReply {
+                        protocol_version: dipam_proto::PROTOCOL_VERSION,
+                        outcome: Some(Outcome::Result(result)),
+                        retired_link_taken: false,
+                        replayed: Some(false),
+                        pending_commit: true,
+                    };
+                    let _ = tx.send(Ok(early)).await;
+                }
+            };
+            let handler =
+                rpc::add::EARLY.scope(std::cell::RefCell::new(Some(early_tx)), add(&shim, req));
+            let (last, ()) = tokio::join!(handler, forward);
+            let _ = tx.send(last).await;
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(out),
+        )))
     }
     async fn del(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
         let req = r.into_inner();

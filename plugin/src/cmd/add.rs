@@ -11,6 +11,7 @@
 use rscni_types::types::{CNIResult, Cmd};
 
 use crate::{
+    client::{Early, Pending},
     cmd::Ctx,
     conf::Mode,
     datapath::{self, AddError, netns::Netns, plan::Plan, result},
@@ -30,26 +31,44 @@ fn main_mode(ctx: &Ctx<'_>) -> Result<Vec<u8>, PluginError> {
     let netns = Netns::open(&ctx.args.netns)?;
     // The IPAM call and the interface check, veth creation and bring-up run side by side
     // (datapath::add_during).
+    // dipamd sends a fresh result before its commit is durable (AddEarly): the addresses and
+    // routes go in while it commits, and the ADD succeeds only once it says the commit did.
     let ipam = || {
-        let answer = ctx.forward_with(Cmd::Add, None)?;
+        let (answer, mut pending) = match ctx.forward_add_early()? {
+            Early::Done(answer) => (answer, None),
+            Early::Pending(answer, pending) => (answer, Some(*pending)),
+        };
         let replayed = answer.replayed;
         // From here on an address is allocated: a failure must release it, unless it is the
         // live attachment's.
         let ipam = serde_json::from_slice::<CNIResult>(&answer.result).map_err(|e| {
             PluginError::IpamResult(format!("dipamd's IPAM result does not parse: {e}"))
         });
-        let planned = ipam.and_then(|ipam| Plan::new(&ipam).map(|plan| ((ipam, replayed), plan)));
-        planned.map_err(|e| undo(ctx, replayed, e))
+        match ipam.and_then(|ipam| Plan::new(&ipam).map(|plan| (ipam, plan))) {
+            Ok((ipam, plan)) => Ok(((ipam, replayed, pending), plan)),
+            Err(e) => {
+                // Let the ADD finish first, so that the rollback's DEL finds its record.
+                if let Some(p) = pending.take() {
+                    let _ = p.finish();
+                }
+                Err(undo(ctx, replayed, e))
+            }
+        }
     };
-    let ((ipam, replayed), created) = match datapath::add_during(att, &netns, ctx.conf.mtu, ipam) {
-        Ok(v) => v,
-        // Nothing allocated, or already undone by the closure.
-        Err(AddError::BeforeIpam(e)) => return Err(e),
-        Err(AddError::AfterIpam {
-            error,
-            answer: (_, replayed),
-        }) => return Err(undo(ctx, replayed, error)),
+    let confirm = |answer: &mut (CNIResult, Option<bool>, Option<Pending>)| match answer.2.take() {
+        Some(pending) => pending.finish().map(drop),
+        None => Ok(()),
     };
+    let ((ipam, replayed, _), created) =
+        match datapath::add_during(att, &netns, ctx.conf.mtu, ipam, confirm) {
+            Ok(v) => v,
+            // Nothing allocated, or already undone by the closure.
+            Err(AddError::BeforeIpam(e)) => return Err(e),
+            Err(AddError::AfterIpam {
+                error,
+                answer: (_, replayed, _),
+            }) => return Err(undo(ctx, replayed, error)),
+        };
     let out = result::assemble(
         ctx.conf.prev_result.as_ref(),
         &ipam,

@@ -59,7 +59,32 @@ impl Ctx<'_> {
         command: Cmd,
         retired_link: Option<RetiredLink>,
     ) -> Result<client::Answer, PluginError> {
-        let req = CniRequest {
+        let req = self.request(command, retired_link);
+        match client::call_reply(&self.conf.socket, self.conf.timeout, command, req.clone()) {
+            Err(e) if command == Cmd::Del && e.daemon_unreachable() => {
+                let mut spooled = req;
+                spooled.retired_link = None;
+                self.spool(spooled, &e).map(|result| client::Answer {
+                    result,
+                    ..client::Answer::default()
+                })
+            }
+            other => other,
+        }
+    }
+
+    /// A main-mode ADD: the result as early as dipamd has it (client::call_add_early).
+    pub fn forward_add_early(&self) -> Result<client::Early, PluginError> {
+        client::call_add_early(
+            &self.conf.socket,
+            self.conf.timeout,
+            self.request(Cmd::Add, None),
+        )
+    }
+
+    /// This call's config and environment as a request for `command`.
+    fn request(&self, command: Cmd, retired_link: Option<RetiredLink>) -> CniRequest {
+        CniRequest {
             protocol_version: dipam_proto::PROTOCOL_VERSION,
             request_id: self.request_id.to_owned(),
             command: <&str>::from(command).to_owned(),
@@ -75,17 +100,6 @@ impl Ctx<'_> {
             } as i32,
             issued_at_ms: self.issued_at_ms,
             retired_link,
-        };
-        match client::call_reply(&self.conf.socket, self.conf.timeout, command, req.clone()) {
-            Err(e) if command == Cmd::Del && e.daemon_unreachable() => {
-                let mut spooled = req;
-                spooled.retired_link = None;
-                self.spool(spooled, &e).map(|result| client::Answer {
-                    result,
-                    ..client::Answer::default()
-                })
-            }
-            other => other,
         }
     }
 

@@ -67,14 +67,20 @@ impl Attachment<'_> {
 /// nothing of the datapath is left. After `ipam` succeeded, the error comes with its answer:
 /// the caller decides whether to release it (not when dipamd answered from its ledger: an
 /// interface that exists then is the live attachment's, and so is the address).
-pub fn add_during<R, F>(
+///
+/// `confirm` runs on the calling thread while the netns thread installs the plan: for an
+/// answer that came before dipamd's commit (AddEarly), it waits for the ADD's outcome. If it
+/// fails, the pair is removed like on any other error after the IPAM call.
+pub fn add_during<R, F, C>(
     att: Attachment<'_>,
     netns: &Netns,
     mtu: Option<u32>,
     ipam: F,
+    confirm: C,
 ) -> Result<(R, Created), AddError<R>>
 where
     F: FnOnce() -> Result<(R, Plan), PluginError>,
+    C: FnOnce(&mut R) -> Result<(), PluginError>,
 {
     let host_name = att.host_ifname();
     let host_alias = naming::host_alias(att.network, att.container_id, att.ifname);
@@ -105,7 +111,7 @@ where
             kernel::finish(&h, req, &plan, &made).await.map(Ok)
         })
         .map_err(AddError::BeforeIpam)?;
-        let (answer, plan) = match ipam() {
+        let (mut answer, plan) = match ipam() {
             Ok(v) => v,
             Err(e) => {
                 drop(plan_tx);
@@ -118,11 +124,14 @@ where
         };
         let forwarding = enable_forwarding(&plan);
         let _ = plan_tx.send(plan);
+        let confirmed = confirm(&mut answer);
         let created = match netns::join(thread) {
             Ok(Ok(created)) => created,
             Ok(Err(error)) | Err(error) => return Err(AddError::AfterIpam { error, answer }),
         };
-        if let Err(error) = forwarding {
+        if let Err(error) = confirmed.and(forwarding) {
+            // The pair is complete but must not stay; deleting the host end deletes it all.
+            let _ = del(att, netns.path(), None);
             return Err(AddError::AfterIpam { error, answer });
         }
         Ok((answer, created))

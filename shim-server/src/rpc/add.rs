@@ -2,7 +2,9 @@
 //!
 //! Crash safety: the record is written in state `adding` (durably) before the delegate runs, so
 //! a daemon killed at any point leaves a trace that the next start turns into a delegate DEL
-//! (recovery.rs). The result is committed durably before the plugin sees it.
+//! (recovery.rs). The result is committed durably before the plugin may use it: a main-mode
+//! plugin (AddEarly) gets it while the commit runs, to configure the pod meanwhile, but prints
+//! it only once the stream's last reply says the commit is done ([`EARLY`]).
 
 use dipam_proto::v1::CniRequest;
 use dipam_state::{AttachmentRecord, AttachmentState, Owner, Store};
@@ -18,6 +20,22 @@ tokio::task_local! {
     /// Set when this ADD was answered from the ledger (CniReply.replayed); read by the service
     /// once the handler is done (service.rs).
     pub static REPLAYED: std::cell::Cell<bool>;
+
+    /// Set by AddEarly (service.rs): where a fresh result goes the moment it is known, before
+    /// its commit, so that the plugin's netlink work overlaps the commit's fdatasync (~0.5 ms
+    /// of every main-mode ADD, docs/performance.md). Only the result of the pod's own
+    /// delegate call goes here; a replayed or pooled answer is already durable and is simply
+    /// the stream's one reply.
+    pub static EARLY: std::cell::RefCell<Option<tokio::sync::oneshot::Sender<Vec<u8>>>>;
+}
+
+/// Hands `result` to an AddEarly stream, if this ADD is one.
+fn offer_early(result: &[u8]) {
+    let _ = EARLY.try_with(|early| {
+        if let Some(tx) = early.borrow_mut().take() {
+            let _ = tx.send(result.to_vec());
+        }
+    });
 }
 
 pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, ShimError> {
@@ -155,6 +173,22 @@ pub async fn attach<S: Store>(
     }
     rec.state = AttachmentState::Committed;
     rec.updated_at = now();
+    // Rendered before the commit, so that a result that cannot be rendered is rolled back
+    // rather than committed for a pod that never gets it.
+    let rendered = match version::render(p.dc.version, parsed) {
+        Ok(r) => r,
+        Err(e) => {
+            rollback(shim, &rec, true).await;
+            return Err(e);
+        }
+    };
+    offer_early(&rendered);
+    if crate::fault::armed("add-before-commit") {
+        // The worst instant of an early answer: the plugin has had the result long enough to
+        // configure the pod with it, and it is not durable yet.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    crate::fault::hit("add-before-commit");
     let commit = rec.clone();
     if let Err(e) = shim.ledger(move |l| l.put(&commit)).await {
         rollback(shim, &rec, true).await;
@@ -169,7 +203,7 @@ pub async fn attach<S: Store>(
         delegate_ms = out.elapsed.as_secs_f64() * 1e3,
         "attachment added"
     );
-    version::render(p.dc.version, parsed)
+    Ok(rendered)
 }
 
 /// Whether a failed delegate ADD may have left a reservation behind. A well-formed CNI error

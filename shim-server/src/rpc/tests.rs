@@ -446,3 +446,65 @@ async fn spooled_dels_are_drained_and_unusable_ones_quarantined() {
     assert!(crate::spool::pending(&spool).is_empty());
     assert!(spool.join("failed").join("0002-b.json").exists());
 }
+
+/// AddEarly (main mode): a fresh result comes first, marked pending, then the ADD's outcome;
+/// answers that are durable already, and errors, are the one reply.
+#[tokio::test]
+async fn add_early_sends_the_result_before_its_commit_and_then_the_outcome() {
+    use dipam_proto::v1::{CniReply, cni_reply::Outcome, cni_server::Cni};
+    use tokio_stream::StreamExt;
+
+    let b = Bench::new();
+    let svc = crate::service::Service(Arc::clone(&b.shim));
+    let replies = |cid: &'static str| {
+        let svc = svc.clone();
+        async move {
+            let req = tonic::Request::new(request(cid, "1.0.0", json!({})));
+            let stream = svc.add_early(req).await.unwrap().into_inner();
+            stream
+                .collect::<Vec<Result<CniReply, tonic::Status>>>()
+                .await
+                .into_iter()
+                .map(Result::unwrap)
+                .collect::<Vec<_>>()
+        }
+    };
+    let result_of = |r: &CniReply| match &r.outcome {
+        Some(Outcome::Result(bytes)) => json_of(bytes),
+        other => panic!("not a result: {other:?}"),
+    };
+
+    let fresh = replies("c1").await;
+    assert_eq!(fresh.len(), 2, "{fresh:?}");
+    assert!(fresh[0].pending_commit);
+    assert_eq!(result_of(&fresh[0])["ips"][0]["address"], "10.9.0.2/24");
+    assert!(!fresh[1].pending_commit);
+    assert_eq!(result_of(&fresh[1]), result_of(&fresh[0]));
+    assert_eq!(fresh[1].replayed, Some(false));
+    assert_eq!(b.record("c1").unwrap().state, AttachmentState::Committed);
+
+    // Repeated: answered from the ledger, durable already.
+    let again = replies("c1").await;
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert!(!again[0].pending_commit);
+    assert_eq!(again[0].replayed, Some(true));
+
+    // The commit fails after the early result went out: the outcome is the error, and the
+    // delegate's allocation is released, so the plugin's undo leaves nothing anywhere.
+    b.shim.ledger.store().fail_commits_after(1, 1);
+    let failed = replies("c2").await;
+    assert_eq!(failed.len(), 2, "{failed:?}");
+    assert!(failed[0].pending_commit);
+    assert!(
+        matches!(&failed[1].outcome, Some(Outcome::Error(e)) if e.code != 0),
+        "{failed:?}"
+    );
+    assert!(b.calls().contains(&"DEL c2".to_string()), "{:?}", b.calls());
+    assert!(b.record("c2").is_none());
+
+    // A delegate error is the one reply: nothing was early.
+    b.touch("fail-add", r#"{"code":7,"msg":"no free address"}"#);
+    let refused = replies("c3").await;
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert!(matches!(&refused[0].outcome, Some(Outcome::Error(e)) if e.code == 7));
+}

@@ -75,3 +75,48 @@ fn every_del_crash_point_converges() {
         lab.rt.ipam(lab.list(), 0, "DEL", &pod, None).unwrap();
     }
 }
+
+/// Main mode gets a fresh result before dipamd's commit is durable (AddEarly) and configures
+/// the pod with it meanwhile. dipamd killed in that window (it waits there 200 ms first, so
+/// the plugin has wired the pod): the ADD fails as retryable, the pod's veth is removed
+/// again, and the restart releases the allocation that was never committed.
+#[test]
+fn main_mode_crash_between_early_result_and_commit_converges() {
+    require_root!();
+    let mut lab = Lab::with_flags(
+        "dipam-host-local.conflist",
+        &["--crash-at", "add-before-commit"],
+    );
+    let (ns, att) = lab.pod();
+    let e = lab.rt.add(lab.list(), &att).unwrap_err();
+    assert_eq!(e.code, 11, "the runtime sees a retryable failure: {e}");
+    let links =
+        String::from_utf8_lossy(&ns.exec(&["ip", "-o", "link", "show"]).stdout).into_owned();
+    assert!(
+        !links.contains("eth0"),
+        "the pod kept its interface: {links}"
+    );
+    let host = std::process::Command::new("ip")
+        .args(["-o", "-d", "link", "show"])
+        .output()
+        .unwrap();
+    let host = String::from_utf8_lossy(&host.stdout);
+    assert!(
+        !host.contains(&att.container_id),
+        "the host end stayed: {host}"
+    );
+    restart_clean(&mut lab);
+    assert!(
+        lab.delegate_store().is_empty(),
+        "leaked\n{}",
+        lab.dipamd.log()
+    );
+    assert!(lab.ledger().is_empty(), "{:?}", lab.ledger());
+    lab.assert_agree();
+    // The runtime's DEL after the failed ADD, then a retry that works.
+    lab.rt.del(lab.list(), &att).unwrap();
+    lab.rt.add(lab.list(), &att).unwrap();
+    lab.assert_agree();
+    lab.rt.del(lab.list(), &att).unwrap();
+    lab.assert_agree();
+}

@@ -198,3 +198,137 @@ fn status_shows_the_protocol_versions() {
         assert!(daemon.contains(&part), "{part:?} not in {daemon:?}");
     }
 }
+
+/// A dipamd from before `AddEarly`: a server without the method answers it UNIMPLEMENTED;
+/// every other call is passed to the real dipamd. It serves on its own socket, from a thread
+/// of its own, until dropped.
+struct OlderDaemon {
+    socket: std::path::PathBuf,
+    early_calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+struct Older {
+    upstream: std::path::PathBuf,
+    early_calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Older {
+    async fn client(&self) -> Result<CniClient<tonic::transport::Channel>, tonic::Status> {
+        let channel = dipam_proto::connect(&self.upstream)
+            .await
+            .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        Ok(CniClient::new(channel))
+    }
+}
+
+type Reply = Result<tonic::Response<CniReply>, tonic::Status>;
+
+#[tonic::async_trait]
+impl dipam_proto::v1::cni_server::Cni for Older {
+    async fn add(&self, r: tonic::Request<CniRequest>) -> Reply {
+        self.client().await?.add(r.into_inner()).await
+    }
+    type AddEarlyStream = std::pin::Pin<
+        Box<dyn tokio_stream::Stream<Item = Result<CniReply, tonic::Status>> + Send + 'static>,
+    >;
+    async fn add_early(
+        &self,
+        _: tonic::Request<CniRequest>,
+    ) -> Result<tonic::Response<Self::AddEarlyStream>, tonic::Status> {
+        self.early_calls
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Err(tonic::Status::unimplemented(""))
+    }
+    async fn del(&self, r: tonic::Request<CniRequest>) -> Reply {
+        self.client().await?.del(r.into_inner()).await
+    }
+    async fn check(&self, r: tonic::Request<CniRequest>) -> Reply {
+        self.client().await?.check(r.into_inner()).await
+    }
+    async fn gc(&self, r: tonic::Request<CniRequest>) -> Reply {
+        self.client().await?.gc(r.into_inner()).await
+    }
+    async fn status(&self, r: tonic::Request<CniRequest>) -> Reply {
+        self.client().await?.status(r.into_inner()).await
+    }
+}
+
+impl OlderDaemon {
+    fn start(upstream: std::path::PathBuf) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("older.sock");
+        let early_calls = std::sync::Arc::default();
+        let older = Older {
+            upstream,
+            early_calls: std::sync::Arc::clone(&early_calls),
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (ready_tx, ready) = std::sync::mpsc::channel();
+        let path = socket.clone();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::UnixListener::bind(&path).unwrap();
+                ready_tx.send(()).unwrap();
+                tonic::transport::Server::builder()
+                    .add_service(dipam_proto::v1::cni_server::CniServer::new(older))
+                    .serve_with_incoming_shutdown(
+                        tokio_stream::wrappers::UnixListenerStream::new(listener),
+                        async {
+                            let _ = stopped.await;
+                        },
+                    )
+                    .await
+                    .unwrap();
+            });
+        });
+        ready.recv().unwrap();
+        Self {
+            socket,
+            early_calls,
+            stop: Some(stop),
+            thread: Some(thread),
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for OlderDaemon {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// This plugin against a dipamd from before `AddEarly`: a main-mode ADD asks for it, falls
+/// back to `Add` on the same connection, and the pod is wired; CHECK and DEL as usual.
+#[test]
+fn this_plugin_works_against_a_daemon_without_add_early() {
+    require_root!();
+    let mut lab = Lab::new("dipam-host-local.conflist");
+    let older = OlderDaemon::start(lab.dipamd.socket());
+    lab.fx = lab.fx.clone().with_socket(&older.socket);
+    let (_ns, att) = lab.pod();
+    let result = lab.rt.add(lab.list(), &att).unwrap();
+    assert_eq!(
+        older.early_calls.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the plugin did not try AddEarly first"
+    );
+    assert_eq!(result_ips(&result).len(), 1, "{result}");
+    lab.assert_agree();
+    lab.rt.check(lab.list(), &att).unwrap();
+    lab.rt.del(lab.list(), &att).unwrap();
+    lab.assert_agree();
+    assert!(lab.ledger().is_empty());
+}
