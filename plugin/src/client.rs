@@ -35,8 +35,8 @@ pub fn call_reply(
 
 /// What a main-mode ADD (`AddEarly`) got first from dipamd.
 pub enum Early {
-    /// The ADD's outcome: a replayed or pooled answer (durable already), any error, or the
-    /// answer of an older dipamd (plain `Add`).
+    /// The ADD's outcome: a replayed answer (durable already), any error, or the answer of
+    /// an older dipamd (plain `Add`).
     Done(Answer),
     /// A fresh result whose commit is still running: configure the pod with it, but print it
     /// only once [`Pending::finish`] says the ADD succeeded.

@@ -491,29 +491,39 @@ pub async fn take<S: Store>(shim: &Shim<S>, p: &Prepared) -> Result<Option<Vec<u
             shim.pool.wake.notify_one();
             continue;
         }
+        let parsed = serde_json::from_value(result.clone())
+            .map_err(|e| ShimError::Internal(format!("recorded result of {}: {e}", entry.key)))?;
+        let rendered = version::render(p.dc.version, parsed)?;
         // One trip to the blocking pool: the pod's key must have no record (else the normal
         // path answers), the entry must still be in the ledger exactly as the pool knows it,
-        // and then the one commit.
+        // and then the one commit. A main-mode plugin (AddEarly) gets the result between the
+        // checks and the commit, to wire the pod while it runs (rpc/add.rs EARLY).
         let (commit, expected) = (rec.clone(), entry.clone());
+        let (mut early, answer) = (crate::rpc::add::take_early(), rendered.clone());
         let outcome = shim
             .ledger(move |l| {
                 if l.get(&commit.key)?.is_some() {
-                    return Ok(Take::KeyTaken);
+                    return Ok((Take::KeyTaken, early));
                 }
                 if l.get(&expected.key)?.as_ref() != Some(&expected) {
-                    return Ok(Take::EntryChanged);
+                    return Ok((Take::EntryChanged, early));
+                }
+                if let Some(tx) = early.take() {
+                    let _ = tx.send(answer);
                 }
                 l.put_removing(&commit, &expected.key)?;
-                Ok(Take::Done)
+                Ok((Take::Done, None))
             })
             .await;
         match outcome {
-            Ok(Take::Done) => {}
-            Ok(Take::KeyTaken) => {
+            Ok((Take::Done, _)) => {}
+            Ok((Take::KeyTaken, unused)) => {
+                crate::rpc::add::restore_early(unused);
                 shim.pool.unclaim(&digest, entry);
                 return Ok(None);
             }
-            Ok(Take::EntryChanged) => {
+            Ok((Take::EntryChanged, unused)) => {
+                crate::rpc::add::restore_early(unused);
                 warn!(entry = %entry.key, "warm pool: the ledger no longer holds this entry as the pool knew it; skipping it");
                 continue;
             }
@@ -535,9 +545,7 @@ pub async fn take<S: Store>(shim: &Shim<S>, p: &Prepared) -> Result<Option<Vec<u
             ips = ?result_ips(&result),
             "attachment added from the warm pool"
         );
-        let parsed = serde_json::from_value(result)
-            .map_err(|e| ShimError::Internal(format!("recorded result of {}: {e}", entry.key)))?;
-        return version::render(p.dc.version, parsed).map(Some);
+        return Ok(Some(rendered));
     }
 }
 
@@ -1072,6 +1080,49 @@ esac
             .unwrap();
         let d = b.record("pod").unwrap().delegate_key.unwrap();
         assert_eq!(d.container_id, entries[0].key.container_id);
+    }
+
+    /// A main-mode plugin (AddEarly) gets a pooled result before the take's commit, then the
+    /// outcome; when that commit fails, the outcome is the error and the entry stays.
+    #[tokio::test]
+    async fn an_early_take_answers_before_its_commit() {
+        use dipam_proto::v1::{CniReply, cni_reply::Outcome, cni_server::Cni};
+        use tokio_stream::StreamExt;
+
+        let b = filled(2).await;
+        let svc = crate::service::Service(Arc::clone(&b.shim));
+        let replies = |cid: &'static str| {
+            let svc = svc.clone();
+            async move {
+                let req = tonic::Request::new(request(cid, "1.0.0", json!({})));
+                let stream = svc.add_early(req).await.unwrap().into_inner();
+                stream
+                    .collect::<Vec<Result<CniReply, tonic::Status>>>()
+                    .await
+                    .into_iter()
+                    .map(Result::unwrap)
+                    .collect::<Vec<_>>()
+            }
+        };
+        let entries = b.entries();
+        b.shim.ledger.store().fail_next_commits(1);
+        let failed = replies("pod").await;
+        assert_eq!(failed.len(), 2, "{failed:?}");
+        assert!(failed[0].pending_commit);
+        assert!(
+            matches!(failed[1].outcome, Some(Outcome::Error(_))),
+            "{failed:?}"
+        );
+        assert!(b.record("pod").is_none());
+        assert_eq!(b.entries(), entries, "the pool lost or changed an entry");
+
+        let before = b.calls();
+        let taken = replies("pod").await;
+        assert_eq!(taken.len(), 2, "{taken:?}");
+        assert!(taken[0].pending_commit && !taken[1].pending_commit);
+        assert_eq!(taken[0].outcome, taken[1].outcome);
+        assert_eq!(b.calls(), before, "the pod's ADD ran the delegate");
+        assert!(b.record("pod").unwrap().delegate_key.is_some());
     }
 
     #[tokio::test]

@@ -23,19 +23,34 @@ tokio::task_local! {
 
     /// Set by AddEarly (service.rs): where a fresh result goes the moment it is known, before
     /// its commit, so that the plugin's netlink work overlaps the commit's fdatasync (~0.5 ms
-    /// of every main-mode ADD, docs/performance.md). Only the result of the pod's own
-    /// delegate call goes here; a replayed or pooled answer is already durable and is simply
-    /// the stream's one reply.
+    /// of every main-mode ADD, docs/performance.md). A fresh result (the delegate's, or a
+    /// warm pool entry's before the take's commit) goes here; a replayed answer is durable
+    /// already and is simply the stream's one reply.
     pub static EARLY: std::cell::RefCell<Option<tokio::sync::oneshot::Sender<Vec<u8>>>>;
 }
 
 /// Hands `result` to an AddEarly stream, if this ADD is one.
 fn offer_early(result: &[u8]) {
-    let _ = EARLY.try_with(|early| {
-        if let Some(tx) = early.borrow_mut().take() {
-            let _ = tx.send(result.to_vec());
-        }
-    });
+    if let Some(tx) = take_early() {
+        let _ = tx.send(result.to_vec());
+    }
+}
+
+/// This AddEarly's sender, for a step that offers its result off this task (the warm pool's
+/// take, between its checks and its commit on the blocking pool); [`restore_early`] gives an
+/// unused one back.
+pub(crate) fn take_early() -> Option<tokio::sync::oneshot::Sender<Vec<u8>>> {
+    EARLY
+        .try_with(|early| early.borrow_mut().take())
+        .ok()
+        .flatten()
+}
+
+/// Puts back a sender [`take_early`] took and did not use.
+pub(crate) fn restore_early(tx: Option<tokio::sync::oneshot::Sender<Vec<u8>>>) {
+    if let Some(tx) = tx {
+        let _ = EARLY.try_with(|early| *early.borrow_mut() = Some(tx));
+    }
 }
 
 pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, ShimError> {
