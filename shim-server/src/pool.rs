@@ -1086,23 +1086,11 @@ esac
     /// outcome; when that commit fails, the outcome is the error and the entry stays.
     #[tokio::test]
     async fn an_early_take_answers_before_its_commit() {
-        use dipam_proto::v1::{CniReply, cni_reply::Outcome, cni_server::Cni};
-        use tokio_stream::StreamExt;
+        use dipam_proto::v1::cni_reply::Outcome;
 
         let b = filled(2).await;
-        let svc = crate::service::Service(Arc::clone(&b.shim));
         let replies = |cid: &'static str| {
-            let svc = svc.clone();
-            async move {
-                let req = tonic::Request::new(request(cid, "1.0.0", json!({})));
-                let stream = svc.add_early(req).await.unwrap().into_inner();
-                stream
-                    .collect::<Vec<Result<CniReply, tonic::Status>>>()
-                    .await
-                    .into_iter()
-                    .map(Result::unwrap)
-                    .collect::<Vec<_>>()
-            }
+            crate::rpc::tests::add_early_replies(&b.shim, request(cid, "1.0.0", json!({})))
         };
         let entries = b.entries();
         b.shim.ledger.store().fail_next_commits(1);

@@ -447,28 +447,36 @@ async fn spooled_dels_are_drained_and_unusable_ones_quarantined() {
     assert!(spool.join("failed").join("0002-b.json").exists());
 }
 
+/// Every reply of one AddEarly for `req`, through the service as a plugin sees it. Shared
+/// with the pool's tests.
+pub(crate) async fn add_early_replies(
+    shim: &Arc<Shim<MemStore>>,
+    req: CniRequest,
+) -> Vec<dipam_proto::v1::CniReply> {
+    use dipam_proto::v1::cni_server::Cni;
+    use tokio_stream::StreamExt;
+    let svc = crate::service::Service(Arc::clone(shim));
+    let stream = svc
+        .add_early(tonic::Request::new(req))
+        .await
+        .unwrap()
+        .into_inner();
+    stream
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect()
+}
+
 /// AddEarly (main mode): a fresh result comes first, marked pending, then the ADD's outcome;
 /// answers that are durable already, and errors, are the one reply.
 #[tokio::test]
 async fn add_early_sends_the_result_before_its_commit_and_then_the_outcome() {
-    use dipam_proto::v1::{CniReply, cni_reply::Outcome, cni_server::Cni};
-    use tokio_stream::StreamExt;
+    use dipam_proto::v1::{CniReply, cni_reply::Outcome};
 
     let b = Bench::new();
-    let svc = crate::service::Service(Arc::clone(&b.shim));
-    let replies = |cid: &'static str| {
-        let svc = svc.clone();
-        async move {
-            let req = tonic::Request::new(request(cid, "1.0.0", json!({})));
-            let stream = svc.add_early(req).await.unwrap().into_inner();
-            stream
-                .collect::<Vec<Result<CniReply, tonic::Status>>>()
-                .await
-                .into_iter()
-                .map(Result::unwrap)
-                .collect::<Vec<_>>()
-        }
-    };
+    let replies = |cid: &'static str| add_early_replies(&b.shim, request(cid, "1.0.0", json!({})));
     let result_of = |r: &CniReply| match &r.outcome {
         Some(Outcome::Result(bytes)) => json_of(bytes),
         other => panic!("not a result: {other:?}"),
