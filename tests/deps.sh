@@ -4,8 +4,18 @@
 # (ip netns), and a real container runtime for tests/lifecycle/tests/podman.rs: podman 4.3
 # with its CNI backend, runc (podman's own default here, crun, is not used by the tests) and
 # busybox-static (the tests build their image offline from it: there is no registry).
+# Also the Rust standard library for musl, which the plugin is built against
+# (tests/lifecycle/src/bins.rs says why); without it the plugin is built against glibc.
 # Idempotent; a no-op when everything is present.
 set -euo pipefail
+host=$(rustc -vV | sed -n 's/^host: //p')
+musl=${host/-linux-gnu/-linux-musl}
+if [ "$musl" != "$host" ] && command -v rustup >/dev/null 2>&1 &&
+  ! rustup target list --installed | grep -qx "$musl"; then
+  echo "installing: Rust target $musl"
+  rustup target add "$musl" ||
+    echo "note: could not add the Rust target $musl; the plugin is built against glibc" >&2
+fi
 need=()
 [ -x /usr/lib/cni/host-local ] || need+=(containernetworking-plugins)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
