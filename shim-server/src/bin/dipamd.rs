@@ -15,9 +15,15 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match rt.block_on(dipam_shim::daemon::run(args)) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+    // On a worker, not on this thread: the server's accept loop then hands each connection to
+    // the worker it runs on, instead of waking another thread (~0.15 ms per request, measured).
+    match rt.block_on(async { tokio::spawn(dipam_shim::daemon::run(args)).await }) {
+        Ok(Ok(())) => std::process::ExitCode::SUCCESS,
         Err(e) => {
+            eprintln!("dipamd: {e}");
+            std::process::ExitCode::FAILURE
+        }
+        Ok(Err(e)) => {
             eprintln!("dipamd: {e}");
             std::process::ExitCode::FAILURE
         }
