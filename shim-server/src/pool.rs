@@ -44,7 +44,9 @@ use std::{
 };
 
 use dipam_proto::v1::{CniRequest, PoolStatus};
-use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, DelegateKey, Owner, Store};
+use dipam_state::{
+    AttachmentKey, AttachmentRecord, AttachmentState, DelegateKey, Durability, Owner, Store,
+};
 use rscni_types::version::SpecVersion;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -511,7 +513,9 @@ pub async fn take<S: Store>(shim: &Shim<S>, p: &Prepared) -> Result<Option<Vec<u
                 if let Some(tx) = early.take() {
                     let _ = tx.send(answer);
                 }
-                l.put_removing(&commit, &expected.key)?;
+                // In the kernel is enough (Durability::Process): a power cut that loses the take
+                // gives the entry back to the pool, and the pod died with the node.
+                l.put_removing(&commit, &expected.key, Durability::Process)?;
                 Ok((Take::Done, None))
             })
             .await;
@@ -1021,6 +1025,8 @@ esac
         assert!(before[1].starts_with("ADD dipam-pool-n1-0 eth0 IgnoreUnknown=1;"));
         assert!(before[1].contains("K8S_POD_NAME=dipam-pool-n1-0"));
 
+        // Only the first pod's result skipped the disk; the pool's own entries are on it.
+        assert_eq!(b.shim.ledger.store().process_commits(), 1);
         let out = add::run(&b.shim, request("pod", "1.1.0", json!({})))
             .await
             .unwrap();
@@ -1028,6 +1034,8 @@ esac
         assert_eq!(v["cniVersion"], "1.1.0");
         assert_eq!(v["ips"][0]["address"], "10.9.0.3/24");
         assert_eq!(b.calls(), before, "the pod's ADD ran the delegate");
+        // The take, only into the kernel (Durability).
+        assert_eq!(b.shim.ledger.store().process_commits(), 2);
 
         let rec = b.record("pod").unwrap();
         assert_eq!(rec.owner, Owner::Pod);

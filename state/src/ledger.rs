@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Batch, Store, StoreError, Tree};
+use crate::{Batch, Durability, Store, StoreError, Tree};
 
 /// Separator between key fields. Container ids and ifnames cannot contain it (CNI forbids it
 /// and so does the kernel), and [`AttachmentKey::encode`] refuses it anywhere.
@@ -289,23 +289,34 @@ impl<S: Store> Ledger<S> {
             .transpose()
     }
 
-    /// Inserts or replaces the record under `rec.key`; durable when it returns.
+    /// Inserts or replaces the record under `rec.key`; durable (on the disk) when it returns.
     pub fn put(&self, rec: &AttachmentRecord) -> Result<(), StoreError> {
+        self.put_with(rec, Durability::Disk)
+    }
+
+    /// [`Ledger::put`], as durable as `durability` says (see [`Durability`] for when the disk
+    /// may wait).
+    pub fn put_with(
+        &self,
+        rec: &AttachmentRecord,
+        durability: Durability,
+    ) -> Result<(), StoreError> {
         let raw_key = rec.key.encode()?;
         let value = serde_json::to_vec(rec)
             .map_err(|e| StoreError::Backend(format!("cannot encode record {}: {e}", rec.key)))?;
         let mut batch = Batch::new();
         batch.put(Tree::Attachments, raw_key, value);
-        self.store.commit(batch)
+        self.store.commit_with(batch, durability)
     }
 
-    /// Writes `rec` and removes the record under `gone` in one atomic, durable commit: both
-    /// happen or neither does. The warm pool hands an entry to a pod this way, so there is no
-    /// moment at which the address belongs to both or to neither.
+    /// Writes `rec` and removes the record under `gone` in one atomic commit, as durable as
+    /// `durability` says: both happen or neither does. The warm pool hands an entry to a pod
+    /// this way, so there is no moment at which the address belongs to both or to neither.
     pub fn put_removing(
         &self,
         rec: &AttachmentRecord,
         gone: &AttachmentKey,
+        durability: Durability,
     ) -> Result<(), StoreError> {
         let raw_key = rec.key.encode()?;
         let value = serde_json::to_vec(rec)
@@ -313,7 +324,7 @@ impl<S: Store> Ledger<S> {
         let mut batch = Batch::new();
         batch.delete(Tree::Attachments, gone.encode()?);
         batch.put(Tree::Attachments, raw_key, value);
-        self.store.commit(batch)
+        self.store.commit_with(batch, durability)
     }
 
     /// Removes the record for `key`; durable when it returns. Removing an absent key is `Ok`.
@@ -520,10 +531,14 @@ mod tests {
         l.put(&entry).unwrap();
         let pod = crate::suite::record("n", "pod", "eth0");
         l.store().fail_next_commits(1);
-        assert!(l.put_removing(&pod, &entry.key).is_err());
+        assert!(
+            l.put_removing(&pod, &entry.key, Durability::Process)
+                .is_err()
+        );
         assert_eq!(l.get(&entry.key).unwrap(), Some(entry.clone()));
         assert_eq!(l.get(&pod.key).unwrap(), None);
-        l.put_removing(&pod, &entry.key).unwrap();
+        l.put_removing(&pod, &entry.key, Durability::Process)
+            .unwrap();
         assert_eq!(l.get(&entry.key).unwrap(), None);
         assert_eq!(l.get(&pod.key).unwrap(), Some(pod));
     }

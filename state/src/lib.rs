@@ -28,4 +28,4 @@ pub use ledger::{AttachmentKey, AttachmentRecord, AttachmentState, DelegateKey, 
 pub use mem::MemStore;
 pub use schema::{SCHEMA_KEY, SCHEMA_VERSION, ensure_schema};
 pub use sled_store::SledStore;
-pub use store::{Batch, KeyValue, Store, Tree};
+pub use store::{Batch, Durability, KeyValue, Store, Tree};

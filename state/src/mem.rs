@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::schema::{SCHEMA_KEY, SCHEMA_VERSION};
 use crate::store::Op;
-use crate::{Batch, KeyValue, Store, StoreError, Tree};
+use crate::{Batch, Durability, KeyValue, Store, StoreError, Tree};
 
 type Map = BTreeMap<Vec<u8>, Vec<u8>>;
 
@@ -22,6 +22,8 @@ pub struct MemStore {
     fail_commits: AtomicUsize,
     /// Commits that still succeed before `fail_commits` starts counting.
     pass_commits: AtomicUsize,
+    /// Commits made with [`Durability::Process`], for tests of which commits may skip the disk.
+    process_commits: AtomicUsize,
 }
 
 impl Default for MemStore {
@@ -34,6 +36,7 @@ impl Default for MemStore {
             trees: Mutex::new(trees),
             fail_commits: AtomicUsize::new(0),
             pass_commits: AtomicUsize::new(0),
+            process_commits: AtomicUsize::new(0),
         }
     }
 }
@@ -55,6 +58,11 @@ impl MemStore {
     pub fn fail_commits_after(&self, pass: usize, n: usize) {
         self.pass_commits.store(pass, Ordering::SeqCst);
         self.fail_commits.store(n, Ordering::SeqCst);
+    }
+
+    /// How many commits so far asked only for [`Durability::Process`].
+    pub fn process_commits(&self) -> usize {
+        self.process_commits.load(Ordering::SeqCst)
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, HashMap<Tree, Map>>, StoreError> {
@@ -84,7 +92,12 @@ impl Store for MemStore {
             .collect())
     }
 
-    fn commit(&self, batch: Batch) -> Result<(), StoreError> {
+    /// In memory every commit is as durable as it gets, so `durability` is only counted
+    /// ([`MemStore::process_commits`]).
+    fn commit_with(&self, batch: Batch, durability: Durability) -> Result<(), StoreError> {
+        if durability == Durability::Process {
+            self.process_commits.fetch_add(1, Ordering::SeqCst);
+        }
         if batch.is_empty() {
             return Ok(());
         }

@@ -106,6 +106,21 @@ impl Batch {
     }
 }
 
+/// How far a commit has gone when it returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// On the disk (fdatasync): survives a power cut or a host crash. The default, and what
+    /// every write-ahead intent needs, since the delegate acts on it.
+    Disk,
+    /// In the kernel: survives the process being killed, not a power cut. It reaches the disk
+    /// with the next `Disk` commit, which covers every earlier one, or the kernel's writeback.
+    /// For a commit whose loss in a power cut leaves a state the next start already
+    /// reconciles: a pod's ADD result after its durable intent (the pod died with the node,
+    /// and start-up replay releases the intent), a pod's take from the warm pool (the entry
+    /// is the pool's again).
+    Process,
+}
+
 /// A small transactional key/value store with several trees.
 ///
 /// Every method blocks (the real implementation does disk I/O and fdatasync), so async callers
@@ -118,9 +133,14 @@ pub trait Store: Send + Sync + 'static {
     /// returns the whole tree.
     fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<KeyValue>, StoreError>;
 
-    /// Applies every op atomically (all or none, across trees) and returns only once durable.
-    /// An empty batch is a no-op.
-    fn commit(&self, batch: Batch) -> Result<(), StoreError>;
+    /// Applies every op atomically (all or none, across trees) and returns only once durable
+    /// (on the disk). An empty batch is a no-op.
+    fn commit(&self, batch: Batch) -> Result<(), StoreError> {
+        self.commit_with(batch, Durability::Disk)
+    }
+
+    /// [`Store::commit`], returning once the commit is as durable as `durability` says.
+    fn commit_with(&self, batch: Batch, durability: Durability) -> Result<(), StoreError>;
 
     /// The keys (only) of every entry whose key starts with `prefix`, sorted: for bookkeeping
     /// over a large tree without reading its values.

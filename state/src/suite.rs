@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use crate::{
-    AttachmentKey, AttachmentRecord, AttachmentState, Batch, Ledger, MemStore, Owner, SCHEMA_KEY,
-    SCHEMA_VERSION, SledStore, Store, StoreError, Tree, ensure_schema,
+    AttachmentKey, AttachmentRecord, AttachmentState, Batch, Durability, Ledger, MemStore, Owner,
+    SCHEMA_KEY, SCHEMA_VERSION, SledStore, Store, StoreError, Tree, ensure_schema,
 };
 
 pub(crate) fn record(network: &str, container_id: &str, ifname: &str) -> AttachmentRecord {
@@ -548,6 +548,38 @@ mod sled_only {
         );
     }
 
+    /// The witness claims only commits that reached the disk: a power cut may lose a Process
+    /// commit, and a store that lost one must not be refused as damaged. The next Disk commit
+    /// covers it (its fdatasync covers every earlier write) and is claimed.
+    #[test]
+    fn process_commits_are_not_claimed_by_the_witness() {
+        let dir = closed_store(1);
+        let witness = dir.path().join(crate::sled_store::WITNESS_FILE);
+        let claimed = || {
+            std::fs::read_to_string(&witness)
+                .unwrap()
+                .trim()
+                .parse::<u64>()
+                .unwrap()
+        };
+        // 1 schema commit + 1 record.
+        assert_eq!(claimed(), 2);
+        let ledger = Ledger::new(SledStore::open(dir.path()).unwrap());
+        ledger
+            .put_with(&record("net", "p1", "eth0"), Durability::Process)
+            .unwrap();
+        assert_eq!(claimed(), 2, "a Process commit was claimed");
+        ledger.put(&record("net", "p2", "eth0")).unwrap();
+        assert_eq!(claimed(), 4, "a Disk commit claims its own number");
+        drop(ledger);
+        assert_eq!(
+            Ledger::new(SledStore::open(dir.path()).unwrap())
+                .count()
+                .unwrap(),
+            3
+        );
+    }
+
     /// Env var naming the directory the crash child writes to. Its presence is what makes
     /// [`crash_child`] do anything.
     const CRASH_DIR_ENV: &str = "DIPAM_STATE_CRASH_DIR";
@@ -585,14 +617,21 @@ mod sled_only {
                     serde_json::to_vec(&rec).unwrap(),
                 )
                 .put(Tree::History, key, container.clone());
-            store.commit(batch).unwrap();
+            // Every other commit only into the kernel: a kill must not lose those either.
+            let durability = if i % 2 == 0 {
+                Durability::Disk
+            } else {
+                Durability::Process
+            };
+            store.commit_with(batch, durability).unwrap();
             writeln!(out, "ACK {container}").unwrap();
             out.flush().unwrap();
         }
     }
 
     /// kill -9 at an arbitrary point of a commit loop loses nothing that was acknowledged,
-    /// and never leaves half a batch. Three rounds on one directory, so recovery of an
+    /// whether the commit went to the disk or only to the kernel (`Durability::Process`), and
+    /// never leaves half a batch. Three rounds on one directory, so recovery of an
     /// already-recovered store is covered too.
     #[test]
     fn kill_9_loses_no_acknowledged_commit() {

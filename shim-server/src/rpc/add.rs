@@ -7,7 +7,7 @@
 //! it only once the stream's last reply says the commit is done ([`EARLY`]).
 
 use dipam_proto::v1::CniRequest;
-use dipam_state::{AttachmentRecord, AttachmentState, Owner, Store};
+use dipam_state::{AttachmentRecord, AttachmentState, Durability, Owner, Store};
 use tracing::{info, warn};
 
 use crate::{
@@ -205,7 +205,15 @@ pub async fn attach<S: Store>(
     }
     crate::fault::hit("add-before-commit");
     let commit = rec.clone();
-    if let Err(e) = shim.ledger(move |l| l.put(&commit)).await {
+    // A pod's result needs to survive a dipamd kill, not a power cut (Durability::Process):
+    // the intent is on the disk, so a cut that loses this commit leaves `adding`, which the
+    // next start releases through the delegate, and the pod died with the node. The agent's
+    // addresses must outlive a reboot (the agent comes back expecting them): on the disk.
+    let durability = match owner {
+        Owner::Pod => Durability::Process,
+        _ => Durability::Disk,
+    };
+    if let Err(e) = shim.ledger(move |l| l.put_with(&commit, durability)).await {
         rollback(shim, &rec, true).await;
         return Err(e);
     }

@@ -145,6 +145,8 @@ async fn add_commits_and_converts_to_the_config_version() {
     assert_eq!(rec.state, AttachmentState::Committed);
     assert_eq!(rec.owner, Owner::Pod);
     assert_eq!(rec.delegate_version, "1.0.0");
+    // The intent went to the disk, the pod's result only into the kernel (Durability).
+    assert_eq!(b.shim.ledger.store().process_commits(), 1);
 
     let legacy = json_of(
         &add::run(&b.shim, request("c2", "0.4.0", json!({})))
@@ -152,6 +154,22 @@ async fn add_commits_and_converts_to_the_config_version() {
             .unwrap(),
     );
     assert_eq!(legacy["ips"][0]["version"], "4");
+}
+
+#[tokio::test]
+async fn the_agents_result_goes_to_the_disk() {
+    let b = Bench::new();
+    let p = b
+        .shim
+        .prepare(request("agent", "1.0.0", json!({})), true)
+        .unwrap();
+    let owner = Owner::Agent {
+        role: "router".into(),
+    };
+    add::attach(&b.shim, &p, owner.clone()).await.unwrap();
+    assert_eq!(b.record("agent").unwrap().owner, owner);
+    // It must outlive a reboot (the agent comes back expecting it): no Process commit.
+    assert_eq!(b.shim.ledger.store().process_commits(), 0);
 }
 
 #[tokio::test]
