@@ -267,6 +267,14 @@ impl<S: Store + fmt::Debug> fmt::Debug for Ledger<S> {
     }
 }
 
+/// Adds `rec`, encoded, to `batch` under its key.
+fn put_record(batch: &mut Batch, rec: &AttachmentRecord) -> Result<(), StoreError> {
+    let value = serde_json::to_vec(rec)
+        .map_err(|e| StoreError::Backend(format!("cannot encode record {}: {e}", rec.key)))?;
+    batch.put(Tree::Attachments, rec.key.encode()?, value);
+    Ok(())
+}
+
 impl<S: Store> Ledger<S> {
     /// Wraps `store`.
     pub fn new(store: S) -> Self {
@@ -301,11 +309,8 @@ impl<S: Store> Ledger<S> {
         rec: &AttachmentRecord,
         durability: Durability,
     ) -> Result<(), StoreError> {
-        let raw_key = rec.key.encode()?;
-        let value = serde_json::to_vec(rec)
-            .map_err(|e| StoreError::Backend(format!("cannot encode record {}: {e}", rec.key)))?;
         let mut batch = Batch::new();
-        batch.put(Tree::Attachments, raw_key, value);
+        put_record(&mut batch, rec)?;
         self.store.commit_with(batch, durability)
     }
 
@@ -318,12 +323,9 @@ impl<S: Store> Ledger<S> {
         gone: &AttachmentKey,
         durability: Durability,
     ) -> Result<(), StoreError> {
-        let raw_key = rec.key.encode()?;
-        let value = serde_json::to_vec(rec)
-            .map_err(|e| StoreError::Backend(format!("cannot encode record {}: {e}", rec.key)))?;
         let mut batch = Batch::new();
         batch.delete(Tree::Attachments, gone.encode()?);
-        batch.put(Tree::Attachments, raw_key, value);
+        put_record(&mut batch, rec)?;
         self.store.commit_with(batch, durability)
     }
 
