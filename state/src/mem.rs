@@ -95,9 +95,6 @@ impl Store for MemStore {
     /// In memory every commit is as durable as it gets, so `durability` is only counted
     /// ([`MemStore::process_commits`]).
     fn commit_with(&self, batch: Batch, durability: Durability) -> Result<(), StoreError> {
-        if durability == Durability::Process {
-            self.process_commits.fetch_add(1, Ordering::SeqCst);
-        }
         if batch.is_empty() {
             return Ok(());
         }
@@ -114,6 +111,9 @@ impl Store for MemStore {
             return Err(StoreError::Backend(
                 "MemStore: injected commit failure".into(),
             ));
+        }
+        if durability == Durability::Process {
+            self.process_commits.fetch_add(1, Ordering::SeqCst);
         }
         let mut trees = self.lock()?;
         for op in batch.ops() {

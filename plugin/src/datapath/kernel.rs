@@ -200,9 +200,7 @@ pub async fn create(h: &Handles, req: &SetupRequest<'_>) -> Result<Made, PluginE
         .execute()
         .await
     {
-        if let Ok(Some(made)) = link_by_name(cont, req.ifname).await {
-            remove_index(h, req, made.header.index).await;
-        }
+        remove_container_end(h, req).await;
         return Err(failed(format!("setting {} up", req.host_name))(e));
     }
     let container = async {
@@ -231,12 +229,18 @@ pub async fn create(h: &Handles, req: &SetupRequest<'_>) -> Result<Made, PluginE
             Err(e)
         }
         (Err(e), _) => {
-            // Deleting the container end by name deletes the pair, wherever the host end is.
-            if let Ok(Some(cont)) = link_by_name(cont, req.ifname).await {
-                remove_index(h, req, cont.header.index).await;
-            }
+            remove_container_end(h, req).await;
             Err(e)
         }
+    }
+}
+
+/// Deletes the pair by its container end's name, for a [`create`] that failed before it knew
+/// the end's index: deleting that end deletes the pair, wherever the host end is.
+async fn remove_container_end(h: &Handles, req: &SetupRequest<'_>) {
+    let Ok(cont) = h.container() else { return };
+    if let Ok(Some(made)) = link_by_name(cont, req.ifname).await {
+        remove_index(h, req, made.header.index).await;
     }
 }
 
