@@ -141,6 +141,22 @@ impl<S: Store> Shim<S> {
         out
     }
 
+    /// The record of `key`, read on the calling task. A point read is served from the store's
+    /// cache and never waits for a disk sync, so it does not take [`Self::ledger`]'s trip to
+    /// the blocking pool: on the ADD path that trip was two thread wake-ups before the
+    /// delegate could start, and the woken worker could land on the CPU where the plugin was
+    /// creating the pod's veth (0.1-0.5 ms, docs/performance.md run 8).
+    pub fn lookup(&self, key: &AttachmentKey) -> Result<Option<AttachmentRecord>, ShimError> {
+        let started = Instant::now();
+        let out = self.ledger.get(key).map_err(ShimError::from);
+        self.metrics.observe(
+            "dipam_ledger_op_duration_seconds",
+            &[],
+            started.elapsed().as_secs_f64(),
+        );
+        out
+    }
+
     /// Validates a request (defence in depth: these values become keys and exec arguments)
     /// and derives the delegate config. `attachment` verbs need the container ID and ifname.
     pub fn prepare(&self, req: CniRequest, attachment: bool) -> Result<Prepared, ShimError> {

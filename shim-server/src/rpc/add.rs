@@ -94,8 +94,7 @@ pub async fn attach<S: Store>(
         });
     }
 
-    let key = p.key.clone();
-    if let Some(existing) = shim.ledger(move |l| l.get(&key)).await? {
+    if let Some(existing) = shim.lookup(&p.key)? {
         match existing.state {
             AttachmentState::Committed if existing.config_digest == digest => {
                 // A repeated ADD (a runtime retry after a timeout, F2): the same answer again,

@@ -26,10 +26,8 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
                       runtime sends it as prevResult"
                     .into(),
             })?;
-    let key = p.key.clone();
     let rec = shim
-        .ledger(move |l| l.get(&key))
-        .await?
+        .lookup(&p.key)?
         .filter(|r| r.state == AttachmentState::Committed)
         .ok_or_else(|| ShimError::NoRecord {
             key: p.key.to_string(),

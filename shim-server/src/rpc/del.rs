@@ -26,8 +26,7 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
     }
     let _guard = shim.locks.lock(&p.key).await;
 
-    let key = p.key.clone();
-    let existing = shim.ledger(move |l| l.get(&key)).await?;
+    let existing = shim.lookup(&p.key)?;
     // A DEL issued before the ADD that made the current attachment belongs to an earlier
     // incarnation of this key (reordered, or replayed late from the spool): releasing now
     // would take the newer attachment's address away.
