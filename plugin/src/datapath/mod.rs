@@ -91,43 +91,51 @@ where
         host_alias: &host_alias,
         mtu,
     };
-    let (plan_tx, plan_rx) = tokio::sync::oneshot::channel::<Plan>();
     std::thread::scope(|scope| {
         let req = &req;
-        // Ok(Err(_)): the name is taken (or unreadable), nothing was made.
+        // Ok(Err(_)): the name is taken (or unreadable), nothing was made. The socket it
+        // returns lets this thread finish the pair in the pod's netns without entering it.
         let thread = netns::spawn(scope, Some(netns), move |h| async move {
             if let Err(e) = kernel::ensure_absent(&h, att.ifname, netns.path()).await {
                 return Ok(Err(e));
             }
-            let made = kernel::create(&h, req).await?;
-            // A dropped sender: the IPAM call failed; undo the pair.
-            let Ok(plan) = plan_rx.await else {
-                kernel::remove(&h, req, &made).await;
-                return Err(PluginError::Datapath {
-                    step: "waiting for the IPAM result".into(),
-                    reason: "the IPAM call failed".into(),
-                });
-            };
-            kernel::finish(&h, req, &plan, &made).await.map(Ok)
+            let pod = netns::PodSocket::open()?;
+            Ok(Ok((kernel::create(&h, req).await?, pod)))
         })
         .map_err(AddError::BeforeIpam)?;
-        let (mut answer, plan) = match ipam() {
+        let ipam = ipam();
+        // The pair is made in ~0.5 ms, the IPAM call takes several: the thread is done.
+        let made = netns::join(thread);
+        let (mut answer, plan) = match ipam {
             Ok(v) => v,
             Err(e) => {
-                drop(plan_tx);
-                // A taken name is the clearer error of the two: nothing was allocated.
-                return Err(match netns::join(thread) {
-                    Ok(Err(taken)) => AddError::BeforeIpam(taken),
-                    _ => AddError::BeforeIpam(e),
-                });
+                return Err(AddError::BeforeIpam(match made {
+                    Ok(Ok((made, pod))) => {
+                        let _ = netns::run_here(pod, |h| async move {
+                            kernel::remove(&h, req, &made).await;
+                            Ok(())
+                        });
+                        e
+                    }
+                    // A taken name is the clearer error of the two: nothing was allocated.
+                    Ok(Err(taken)) => taken,
+                    Err(_) => e,
+                }));
             }
         };
-        let forwarding = enable_forwarding(&plan);
-        let _ = plan_tx.send(plan);
-        let confirmed = confirm(&mut answer);
-        let created = match netns::join(thread) {
-            Ok(Ok(created)) => created,
+        let (made, pod) = match made {
+            Ok(Ok(v)) => v,
             Ok(Err(error)) | Err(error) => return Err(AddError::AfterIpam { error, answer }),
+        };
+        let forwarding = enable_forwarding(&plan);
+        let created = netns::run_here(pod, |h| async move {
+            kernel::finish(&h, req, &plan, &made).await
+        });
+        // dipamd's commit ran while the addresses went in.
+        let confirmed = confirm(&mut answer);
+        let created = match created {
+            Ok(created) => created,
+            Err(error) => return Err(AddError::AfterIpam { error, answer }),
         };
         if let Err(error) = confirmed.and(forwarding) {
             // The pair is complete but must not stay; deleting the host end deletes it all.

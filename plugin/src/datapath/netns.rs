@@ -164,6 +164,81 @@ where
     F: FnOnce(Handles) -> Fut,
     Fut: Future<Output = Result<T, PluginError>>,
 {
+    // This thread was just spawned by one that never left the host netns.
+    with_handles(
+        || match target {
+            None => Ok(None),
+            Some(ns) => {
+                setns(&ns.file, CloneFlags::CLONE_NEWNET)
+                    .map_err(|e| netns_error(&ns.path, format!("setns: {e}")))?;
+                // From here on this thread is in the pod's netns, until it exits.
+                rtnetlink::new_connection()
+                    .map(|(conn, handle, _)| Some((conn, handle)))
+                    .map_err(|e| socket_error("container", e))
+            }
+        },
+        work,
+    )
+}
+
+/// A netlink socket opened inside a pod's netns, for use from a thread that stays in the host
+/// netns: a socket keeps the netns it was created in, whoever uses it (crates.md §5).
+pub struct PodSocket(rtnetlink::sys::Socket);
+
+impl PodSocket {
+    /// Opens one in the calling thread's netns: call it on a netns thread, inside the pod's.
+    pub fn open() -> Result<Self, PluginError> {
+        rtnetlink::sys::Socket::new(rtnetlink::sys::protocols::NETLINK_ROUTE)
+            .map(Self)
+            .map_err(|e| socket_error("container", e))
+    }
+}
+
+/// Runs `work` on the calling thread, with netlink handles for the host and, through `pod`,
+/// for a pod's netns, which no thread enters. The calling thread must be in the host netns
+/// (the plugin's main thread never leaves it).
+///
+/// Why: ADD's last step (addresses and routes, once dipamd answered) ran on the netns thread
+/// that had created the veth, so the answer went from the thread that received it to that
+/// one and the outcome back: two thread wake-ups, each ~0.1-0.25 ms on a 2-vCPU VM
+/// (docs/performance.md run 8). The thread that receives the answer now does it.
+pub fn run_here<T, F, Fut>(pod: PodSocket, work: F) -> Result<T, PluginError>
+where
+    F: FnOnce(Handles) -> Fut,
+    Fut: Future<Output = Result<T, PluginError>>,
+{
+    with_handles(
+        move || {
+            use std::os::fd::{FromRawFd, IntoRawFd};
+            pod.0
+                .set_non_blocking(true)
+                .map_err(|e| socket_error("container", e))?;
+            // SAFETY: the descriptor is the socket's own, released by into_raw_fd, so it is
+            // owned exactly once; from_raw_fd registers it with the current runtime's
+            // reactor, which with_handles has entered.
+            let socket =
+                unsafe { rtnetlink::sys::TokioSocket::from_raw_fd(pod.0.into_raw_fd()) };
+            let (conn, handle, _) = rtnetlink::from_socket(socket);
+            Ok(Some((conn, handle)))
+        },
+        work,
+    )
+}
+
+type Conn = rtnetlink::proto::Connection<
+    rtnetlink::packet_route::RouteNetlinkMessage,
+    rtnetlink::sys::TokioSocket,
+>;
+
+/// Builds a current-thread runtime on the calling thread (in the host netns), opens the host
+/// socket, lets `container` open the pod's (which may move the thread into the pod's netns),
+/// and runs `work` with both.
+fn with_handles<T, C, F, Fut>(container: C, work: F) -> Result<T, PluginError>
+where
+    C: FnOnce() -> Result<Option<(Conn, Handle)>, PluginError>,
+    F: FnOnce(Handles) -> Fut,
+    Fut: Future<Output = Result<T, PluginError>>,
+{
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()
@@ -174,7 +249,6 @@ where
     let (host_conn, host, host_ns, container) = {
         // Sockets register with this runtime's reactor, so they are made inside it.
         let _entered = rt.enter();
-        // This thread was just spawned by one that never left the host netns.
         let host_ns =
             File::open("/proc/thread-self/ns/net").map_err(|e| PluginError::Datapath {
                 step: "opening the host netns".into(),
@@ -182,20 +256,11 @@ where
             })?;
         let (host_conn, host, _) =
             rtnetlink::new_connection().map_err(|e| socket_error("host", e))?;
-        let container = match target {
-            None => None,
-            Some(ns) => {
-                setns(&ns.file, CloneFlags::CLONE_NEWNET)
-                    .map_err(|e| netns_error(&ns.path, format!("setns: {e}")))?;
-                // From here on this thread is in the pod's netns, until it exits.
-                Some(rtnetlink::new_connection().map_err(|e| socket_error("container", e))?)
-            }
-        };
-        (host_conn, host, host_ns, container)
+        (host_conn, host, host_ns, container()?)
     };
     rt.block_on(async move {
         tokio::spawn(host_conn);
-        let container = container.map(|(conn, handle, _)| {
+        let container = container.map(|(conn, handle)| {
             tokio::spawn(conn);
             handle
         });
