@@ -19,7 +19,7 @@ use std::{
     time::Duration,
 };
 
-use dipam_state::{Batch, Ledger, Store, Tree};
+use dipam_state::{Batch, Durability, Ledger, Store, Tree};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -190,7 +190,11 @@ fn write<S: Store>(
             touched.push(&ev.container_id);
         }
     }
-    store.commit(batch)?;
+    // Into the kernel, not onto the disk (Durability::Process): the history explains what
+    // happened and survives a dipamd kill; a power cut may lose its last second, which is no
+    // attachment's state. A synced batch, once a second, held up the commit of whichever ADD
+    // came next by its fdatasync (docs/performance.md run 8).
+    store.commit_with(batch, Durability::Process)?;
     let mut prune = Batch::new();
     for cid in touched {
         let all = store.scan_keys(Tree::History, &prefix(cid))?;
@@ -206,7 +210,7 @@ fn write<S: Store>(
         }
     }
     if !prune.is_empty() {
-        store.commit(prune)?;
+        store.commit_with(prune, Durability::Process)?;
     }
     Ok(())
 }
