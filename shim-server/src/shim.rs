@@ -221,7 +221,7 @@ impl<S: Store> Shim<S> {
         command: &str,
         stdin: Vec<u8>,
     ) -> Result<Output, ShimError> {
-        self.run_delegate_gated(p, probe, command, stdin, std::future::ready(Ok(())))
+        self.run_delegate_gated(p, probe, command, stdin, std::future::ready(Ok(())), None)
             .await
             .and_then(|out| out)
     }
@@ -236,6 +236,7 @@ impl<S: Store> Shim<S> {
         command: &str,
         stdin: Vec<u8>,
         gate: impl std::future::Future<Output = Result<(), ShimError>>,
+        peek: Option<crate::delegate::exec::Peek>,
     ) -> Result<Result<Output, ShimError>, ShimError> {
         let inv = Invocation {
             command: command.into(),
@@ -248,7 +249,9 @@ impl<S: Store> Shim<S> {
             request_id: p.req.request_id.clone(),
             network: p.key.network.clone(),
         };
-        self.exec.call_gated(&p.dc.kind, probe, &inv, gate).await
+        self.exec
+            .call_gated(&p.dc.kind, probe, &inv, gate, peek)
+            .await
     }
 
     /// Remembers that `key` was deleted by a DEL issued at `issued_ms` (0: now), so that an

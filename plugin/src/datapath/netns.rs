@@ -216,8 +216,7 @@ where
             // SAFETY: the descriptor is the socket's own, released by into_raw_fd, so it is
             // owned exactly once; from_raw_fd registers it with the current runtime's
             // reactor, which with_handles has entered.
-            let socket =
-                unsafe { rtnetlink::sys::TokioSocket::from_raw_fd(pod.0.into_raw_fd()) };
+            let socket = unsafe { rtnetlink::sys::TokioSocket::from_raw_fd(pod.0.into_raw_fd()) };
             let (conn, handle, _) = rtnetlink::from_socket(socket);
             Ok(Some((conn, handle)))
         },

@@ -8,7 +8,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::{io::AsyncWriteExt, process::Command};
+use tokio::{
+    io::{AsyncRead, AsyncReadExt, AsyncWriteExt},
+    process::{Child, Command},
+};
 use tracing::{debug, warn};
 
 use crate::error::{DelegateFailure, ShimError, excerpt};
@@ -89,6 +92,7 @@ pub async fn run(
         timeout,
         tracker,
         std::future::ready(Ok(())),
+        None,
     )
     .await
     .and_then(|out| out)
@@ -105,6 +109,9 @@ pub async fn run(
 /// the delegate is killed without ever seeing its config, and if dipamd dies before writing
 /// it, the delegate reads EOF and exits without acting.
 ///
+/// With `peek`, the delegate's stdout is sent there the moment it holds one complete JSON
+/// document ([`collect`]), typically its result, while the delegate is still exiting.
+///
 /// The outer error is the gate's (the delegate never got its config); the inner result is
 /// the exec's, as from [`run`].
 pub async fn run_gated(
@@ -114,6 +121,7 @@ pub async fn run_gated(
     timeout: Duration,
     tracker: Option<&super::orphans::Tracker>,
     gate: impl std::future::Future<Output = Result<(), ShimError>>,
+    peek: Option<Peek>,
 ) -> Result<Result<Output, ShimError>, ShimError> {
     let started = Instant::now();
     let mut attempt = 0;
@@ -187,7 +195,7 @@ pub async fn run_gated(
     }
     let remaining = timeout.saturating_sub(started.elapsed());
     Ok(
-        match tokio::time::timeout(remaining, child.wait_with_output()).await {
+        match tokio::time::timeout(remaining, collect(child, peek)).await {
             Ok(Ok(out)) => {
                 let elapsed = started.elapsed();
                 debug!(
@@ -219,6 +227,50 @@ pub async fn run_gated(
             }),
         },
     )
+}
+
+/// Where a delegate's stdout goes the moment it holds one complete JSON document.
+pub type Peek = tokio::sync::oneshot::Sender<Vec<u8>>;
+
+/// `Child::wait_with_output`, which also hands stdout to `peek` as soon as it parses as one
+/// complete JSON document.
+///
+/// Why: a CNI plugin writes its result and then exits, and a Go delegate's exit (tearing
+/// down its threads and its address space) takes another 0.2-0.3 ms on the benchmark
+/// machine before its stdout reaches EOF and its status can be reaped (perf sched,
+/// docs/performance.md run 8). An ADD can use the result meanwhile; it still succeeds only
+/// on exit 0 with the same stdout (rpc/add.rs). A document that parses cannot be a prefix
+/// of a longer one (serde_json refuses trailing non-whitespace), so a partial write is
+/// never peeked.
+async fn collect(mut child: Child, peek: Option<Peek>) -> std::io::Result<std::process::Output> {
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let (status, stdout, stderr) =
+        tokio::try_join!(child.wait(), read_all(stdout, peek), read_all(stderr, None))?;
+    Ok(std::process::Output {
+        status,
+        stdout,
+        stderr,
+    })
+}
+
+async fn read_all(
+    pipe: Option<impl AsyncRead + Unpin>,
+    mut peek: Option<Peek>,
+) -> std::io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    let Some(mut pipe) = pipe else {
+        return Ok(buf);
+    };
+    loop {
+        buf.reserve(4096);
+        if pipe.read_buf(&mut buf).await? == 0 {
+            return Ok(buf);
+        }
+        if peek.is_some() && serde_json::from_slice::<serde::de::IgnoredAny>(&buf).is_ok() {
+            let _ = peek.take().map(|tx| tx.send(buf.clone()));
+        }
+    }
 }
 
 /// Interprets a finished exec like libcni (pkg/invoke raw_exec): success is exit 0; a failure
@@ -364,11 +416,53 @@ mod tests {
             Duration::from_secs(5),
             None,
             gate,
+            None,
         )
         .await
         .unwrap()
         .unwrap();
         assert_eq!(String::from_utf8_lossy(&out.stdout), "after\n");
+    }
+
+    /// stdout is peeked once it holds a whole document, written in pieces, and before the
+    /// delegate has exited; the output is still all of it.
+    #[tokio::test]
+    async fn a_complete_document_is_peeked_before_the_exit() {
+        let d = tempfile::tempdir().unwrap();
+        let p = script(
+            d.path(),
+            "slow",
+            "printf '{\"ips\":'; sleep 0.2; printf '[]}\\n'; sleep 0.5; echo bye >&2",
+        );
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let inv = Invocation::default();
+        let started = Instant::now();
+        let run = run_gated(
+            "slow",
+            &p,
+            &inv,
+            Duration::from_secs(5),
+            None,
+            std::future::ready(Ok(())),
+            Some(tx),
+        );
+        let peeked = async {
+            let doc = rx.await.unwrap();
+            (doc, started.elapsed())
+        };
+        let (out, (doc, at)) = tokio::join!(run, peeked);
+        let out = out.unwrap().unwrap();
+        assert_eq!(
+            doc, b"{\"ips\":[]}\n",
+            "a partial write was peeked, or none"
+        );
+        assert!(
+            at + Duration::from_millis(300) < out.elapsed,
+            "peeked at {at:?}, the exec took {:?}",
+            out.elapsed
+        );
+        assert_eq!(out.stdout, doc);
+        assert_eq!(out.stderr, b"bye\n");
     }
 
     #[tokio::test]
@@ -388,7 +482,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(100)).await;
             Err(ShimError::Internal("intent not durable".into()))
         };
-        let e = run_gated("act", &p, &inv, Duration::from_secs(5), None, gate)
+        let e = run_gated("act", &p, &inv, Duration::from_secs(5), None, gate, None)
             .await
             .unwrap_err();
         assert!(matches!(e, ShimError::Internal(_)), "{e}");

@@ -179,7 +179,7 @@ impl Executor {
         probe: &Probe,
         inv: &Invocation,
     ) -> Result<Output, ShimError> {
-        self.call_gated(kind, probe, inv, std::future::ready(Ok(())))
+        self.call_gated(kind, probe, inv, std::future::ready(Ok(())), None)
             .await
             .and_then(|out| out)
     }
@@ -193,6 +193,7 @@ impl Executor {
         probe: &Probe,
         inv: &Invocation,
         gate: impl std::future::Future<Output = Result<(), ShimError>>,
+        peek: Option<exec::Peek>,
     ) -> Result<Result<Output, ShimError>, ShimError> {
         let started = std::time::Instant::now();
         let outcome = exec::run_gated(
@@ -202,6 +203,7 @@ impl Executor {
             self.timeout,
             self.tracker.as_ref(),
             gate,
+            peek,
         )
         .await?
         .and_then(|out| exec::check(kind, &inv.command, &out).map(|()| out));

@@ -127,7 +127,7 @@ pub async fn attach<S: Store>(
     let (probe, send) = shim.resolve(&p.dc, &p.req.cni_path).await?;
     let stdin = p.dc.bytes_for(send)?;
     let t = now();
-    let mut rec = AttachmentRecord {
+    let rec = AttachmentRecord {
         key: p.key.clone(),
         owner: owner.clone(),
         state: AttachmentState::Adding,
@@ -153,19 +153,51 @@ pub async fn attach<S: Store>(
         crate::fault::hit("add-after-intent");
         Ok(())
     };
-    let out = match shim
-        .run_delegate_gated(p, &probe, "ADD", stdin, gate)
-        .await?
-    {
+    // The result is taken up the moment the delegate has written it, while it is still
+    // exiting (exec::collect): checked, rendered, offered to an AddEarly plugin and
+    // committed, so that the commit overlaps the delegate's exit. The ADD succeeds only if
+    // the delegate then exits 0 having written nothing else; otherwise it is rolled back like
+    // a failed commit.
+    let (peek, peeked) = tokio::sync::oneshot::channel();
+    let exec = shim.run_delegate_gated(p, &probe, "ADD", stdin, gate, Some(peek));
+    let early = async {
+        let stdout = peeked.await.ok()?;
+        // A CNI error is a JSON document too (spec §6: `code`, `msg`); it waits for the exit.
+        let doc = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&stdout);
+        if doc.map_or(true, |d| d.contains_key("code")) {
+            return None;
+        }
+        Some((take_up(shim, p, &rec, &owner, &stdout).await, stdout))
+    };
+    let (out, early) = tokio::join!(exec, early);
+    let out = match out? {
         Ok(out) => out,
         Err(e) => {
-            rollback(shim, &rec, may_hold_allocation(&e)).await;
+            // A delegate that wrote a result holds an address, whatever its exit says.
+            let release = may_hold_allocation(&e) || matches!(early, Some((Ok(_), _)));
+            rollback(shim, &rec, release).await;
             return Err(e);
         }
     };
-    crate::fault::hit("add-after-exec");
-    let parsed = match version::parse_result(&out.stdout) {
-        Ok(r) => r,
+    let taken = match early {
+        Some((taken, peeked)) if peeked.trim_ascii() == out.stdout.trim_ascii() => taken,
+        // Offered, then contradicted: the plugin may be configuring the pod with a result
+        // the delegate did not stand by.
+        Some((Ok(_), _)) => Ok(Err(ShimError::DelegateBadOutput {
+            kind: p.dc.kind.clone(),
+            command: "ADD".into(),
+            exit: "wrote more after its result".into(),
+            stdout: crate::error::excerpt(&out.stdout),
+            stderr: crate::error::excerpt(&out.stderr),
+        })),
+        Some((Err(_), _)) | None => take_up(shim, p, &rec, &owner, &out.stdout).await,
+    };
+    let (rec, rendered) = match taken {
+        Ok(Ok(taken)) => taken,
+        Ok(Err(e)) => {
+            rollback(shim, &rec, true).await;
+            return Err(e);
+        }
         Err(detail) => {
             rollback(shim, &rec, true).await;
             return Err(ShimError::DelegateBadOutput {
@@ -177,13 +209,40 @@ pub async fn attach<S: Store>(
             });
         }
     };
-    rec.result =
-        Some(serde_json::to_value(&parsed).map_err(|e| ShimError::Internal(e.to_string()))?);
+    shim.agent.note_committed(&rec);
+    info!(
+        key = %p.key,
+        delegate = %p.dc.kind,
+        ips = ?crate::delegate::config::result_ips(rec.result.as_ref().unwrap_or(&serde_json::Value::Null)),
+        delegate_ms = out.elapsed.as_secs_f64() * 1e3,
+        "attachment added"
+    );
+    Ok(rendered)
+}
+
+/// Takes up a delegate's ADD stdout for the intent `rec`: parses it, refuses addresses held by
+/// someone else, renders it in the request's version, offers it to an AddEarly plugin and
+/// commits the attachment. Returns the committed record and the bytes to answer. Outer
+/// error: stdout does not parse as a result (the detail); inner: the result was refused, or
+/// the commit failed. Either way the caller rolls back.
+async fn take_up<S: Store>(
+    shim: &Shim<S>,
+    p: &Prepared,
+    rec: &AttachmentRecord,
+    owner: &Owner,
+    stdout: &[u8],
+) -> Result<Result<(AttachmentRecord, Vec<u8>), ShimError>, String> {
+    crate::fault::hit("add-after-exec");
+    let parsed = version::parse_result(stdout)?;
+    let mut rec = rec.clone();
+    rec.result = match serde_json::to_value(&parsed) {
+        Ok(v) => Some(v),
+        Err(e) => return Ok(Err(ShimError::Internal(e.to_string()))),
+    };
     // An address that belongs to someone else in the ledger means two allocators share the
     // range, or the delegate's store was wiped (cilium#46799): refuse it, never hand it out.
     if let Err(e) = shim.check_conflict(&rec).await {
-        rollback(shim, &rec, true).await;
-        return Err(e);
+        return Ok(Err(e));
     }
     rec.state = AttachmentState::Committed;
     rec.updated_at = now();
@@ -191,10 +250,7 @@ pub async fn attach<S: Store>(
     // rather than committed for a pod that never gets it.
     let rendered = match version::render(p.dc.version, parsed) {
         Ok(r) => r,
-        Err(e) => {
-            rollback(shim, &rec, true).await;
-            return Err(e);
-        }
+        Err(e) => return Ok(Err(e)),
     };
     offer_early(&rendered);
     if crate::fault::armed("add-before-commit") {
@@ -213,19 +269,10 @@ pub async fn attach<S: Store>(
         _ => Durability::Disk,
     };
     if let Err(e) = shim.ledger(move |l| l.put_with(&commit, durability)).await {
-        rollback(shim, &rec, true).await;
-        return Err(e);
+        return Ok(Err(e));
     }
-    shim.agent.note_committed(&rec);
     crate::fault::hit("add-after-commit");
-    info!(
-        key = %p.key,
-        delegate = %p.dc.kind,
-        ips = ?crate::delegate::config::result_ips(rec.result.as_ref().unwrap_or(&serde_json::Value::Null)),
-        delegate_ms = out.elapsed.as_secs_f64() * 1e3,
-        "attachment added"
-    );
-    Ok(rendered)
+    Ok(Ok((rec, rendered)))
 }
 
 /// Whether a failed delegate ADD may have left a reservation behind. A well-formed CNI error

@@ -77,7 +77,7 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
     };
     // On failure the record stays `deleting`: the address is still held by the delegate, and
     // the runtime's retry (or the next start) releases it.
-    shim.run_delegate_gated(&p, &probe, "DEL", stdin, gate)
+    shim.run_delegate_gated(&p, &probe, "DEL", stdin, gate, None)
         .await??;
     crate::fault::hit("del-after-exec");
 

@@ -26,7 +26,10 @@ ADD)
   if [ -f "$d/fail-add" ]; then cat "$d/fail-add"; exit 1; fi
   if [ -f "$d/garbage-add" ]; then echo 'this is not json'; exit 0; fi
   if [ -f "$d/panic-add" ]; then echo 'panic: runtime error' >&2; exit 2; fi
-  echo '{"cniVersion":"1.0.0","ips":[{"address":"10.9.0.2/24","gateway":"10.9.0.1"}],"dns":{}}' ;;
+  echo '{"cniVersion":"1.0.0","ips":[{"address":"10.9.0.2/24","gateway":"10.9.0.1"}],"dns":{}}'
+  if [ -f "$d/linger-add" ]; then sleep 0.5; touch "$d/exited"; fi
+  if [ -f "$d/more-add" ]; then sleep 0.1; echo 'and one more thing'; fi
+  if [ -f "$d/exit-add" ]; then sleep 0.1; exit 1; fi ;;
 DEL)
   if [ -f "$d/fail-del" ]; then echo '{"code":999,"msg":"release failed"}'; exit 1; fi ;;
 esac
@@ -211,6 +214,53 @@ async fn delegate_error_passes_through_and_leaves_no_record() {
     assert!(b.record("c1").is_none());
     // A clean CNI error means the delegate holds nothing: no rollback DEL.
     assert_eq!(b.calls(), vec!["ADD c1"]);
+}
+
+/// The result is taken up as soon as the delegate has written it (delegate::exec::collect):
+/// committed while the delegate is still exiting.
+#[tokio::test]
+async fn the_result_is_committed_while_the_delegate_exits() {
+    let b = Bench::new();
+    b.touch("linger-add", "");
+    let shim = b.shim.clone();
+    let adding =
+        tokio::spawn(async move { add::run(&shim, request("c1", "1.0.0", json!({}))).await });
+    let started = std::time::Instant::now();
+    while b
+        .record("c1")
+        .is_none_or(|r| r.state != AttachmentState::Committed)
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "never committed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        !b.path("exited").exists(),
+        "committed only after the delegate exited"
+    );
+    let out: Value = serde_json::from_slice(&adding.await.unwrap().unwrap()).unwrap();
+    assert_eq!(out["ips"][0]["address"], "10.9.0.2/24");
+    assert!(b.path("exited").exists());
+    assert_eq!(b.calls(), vec!["ADD c1"]);
+}
+
+/// A result is success only with exit 0 and nothing else written: a delegate that wrote a
+/// result and then failed, or kept writing, holds an address it never stood by. Released,
+/// even though the result was already committed.
+#[tokio::test]
+async fn a_result_the_delegate_does_not_stand_by_is_rolled_back() {
+    for (flag, expect) in [("exit-add", "status 1"), ("more-add", "wrote more")] {
+        let b = Bench::new();
+        b.touch(flag, "");
+        let e = add::run(&b.shim, request("c1", "1.0.0", json!({})))
+            .await
+            .unwrap_err();
+        assert!(format!("{e:?}").contains(expect), "{flag}: {e:?}");
+        assert_eq!(b.calls(), vec!["ADD c1", "DEL c1"], "{flag}");
+        assert!(b.record("c1").is_none(), "{flag}");
+    }
 }
 
 #[tokio::test]
