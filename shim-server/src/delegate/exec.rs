@@ -189,9 +189,14 @@ pub async fn run_gated(
     if let Some(mut stdin) = child.stdin.take() {
         let input = inv.stdin.clone();
         // A delegate may exit without reading stdin; a broken pipe is then not our error.
-        tokio::spawn(async move {
+        let mut write = Box::pin(async move {
             let _ = stdin.write_all(&input).await;
         });
+        // A config fits the pipe's buffer (64 KiB): written here and now. A task of its own
+        // (for a larger one) may wake the other worker, a hand-off the delegate's start pays.
+        if futures_util::FutureExt::now_or_never(write.as_mut()).is_none() {
+            tokio::spawn(write);
+        }
     }
     let remaining = timeout.saturating_sub(started.elapsed());
     Ok(
