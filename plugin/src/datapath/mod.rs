@@ -17,7 +17,8 @@
 //! # Threads
 //! Every operation inside a pod's netns runs on a dedicated thread that enters the netns,
 //! runs its own current-thread runtime for rtnetlink, and exits (netns.rs). The gRPC client
-//! runs on the main thread, which never leaves the host netns.
+//! runs on the main thread, which never leaves the host netns; ADD's last step runs there
+//! too, through a socket its netns thread opened in the pod's netns (netns::run_here).
 //!
 //! # Concurrency
 //! Nothing here is shared between invocations: the names derive from the attachment, so a
@@ -63,13 +64,14 @@ impl Attachment<'_> {
 /// free (spec §ADD: code 160 otherwise), create the veth pair and bring it up, all of which
 /// needs no address, while `ipam` runs on the calling thread (the RPC to dipamd: ~4-5 ms, most
 /// of it the delegate's exec; ~1.5 ms from the warm pool); then install the plan made from
-/// its answer. If `ipam` fails, the pair is removed and its error returned. On any error
+/// its answer, on the calling thread, through a socket the netns thread opened in the pod's
+/// netns (netns::run_here says why). If `ipam` fails, the pair is removed and its error returned. On any error
 /// nothing of the datapath is left. After `ipam` succeeded, the error comes with its answer:
 /// the caller decides whether to release it (not when dipamd answered from its ledger: an
 /// interface that exists then is the live attachment's, and so is the address).
 ///
-/// `confirm` runs on the calling thread while the netns thread installs the plan: for an
-/// answer that came before dipamd's commit (AddEarly), it waits for the ADD's outcome. If it
+/// `confirm` runs once the plan is installed (dipamd's commit ran meanwhile): for an answer
+/// that came before dipamd's commit (AddEarly), it waits for the ADD's outcome. If it
 /// fails, the pair is removed like on any other error after the IPAM call.
 pub fn add_during<R, F, C>(
     att: Attachment<'_>,

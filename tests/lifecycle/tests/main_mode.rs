@@ -346,6 +346,40 @@ fn add_fails_when_the_interface_exists() {
     lab.assert_agree();
 }
 
+/// The IPAM refuses (its range is full) while the veth is being made beside the call: the
+/// pair is removed again, nothing is recorded, the error is the IPAM's, and the pod that
+/// holds the range's one address keeps its interface.
+#[test]
+fn an_ipam_refusal_removes_the_veth_made_meanwhile() {
+    require_root!();
+    let mut lab = Lab::new("dipam-host-local.conflist");
+    let only = format!("{}.2", lab.subnet.cidr.trim_end_matches(".0/24"));
+    lab.fx = lab
+        .fx
+        .clone()
+        .with_ranges(json!([[{"subnet": lab.subnet.cidr, "rangeStart": only, "rangeEnd": only}]]));
+    let (ns1, first) = lab.pod();
+    let held = lab.rt.add(lab.list(), &first).unwrap();
+    let (ns2, second) = lab.pod();
+    let e = lab.rt.add(lab.list(), &second).unwrap_err();
+    assert!(e.msg.contains("no IP addresses available"), "{e}");
+    let links = text(&ns2.exec(&["ip", "-o", "link", "show"]));
+    assert!(
+        !links.contains("eth0"),
+        "the refused pod kept eth0: {links}"
+    );
+    let host = text(&ip(&["-o", "-d", "link", "show"]));
+    assert!(
+        !host.contains(&second.container_id),
+        "the refused pod's host end stayed: {host}"
+    );
+    assert_eq!(lab.ledger().len(), 1, "{:?}", lab.ledger());
+    assert_wired(&ns1, &first, &held);
+    lab.rt.del(lab.list(), &second).unwrap();
+    lab.rt.del(lab.list(), &first).unwrap();
+    lab.assert_agree();
+}
+
 /// A failure after the veth exists and the IPAM allocated (an IPAM route the kernel refuses:
 /// its gateway is not reachable): the veth is removed, the allocation released through
 /// dipamd, and the error is the kernel's, with the rollback noted.
