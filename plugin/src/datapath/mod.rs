@@ -65,8 +65,8 @@ impl Attachment<'_> {
 /// needs no address, while `ipam` runs on the calling thread (the RPC to dipamd: ~4-5 ms, most
 /// of it the delegate's exec; ~1.5 ms from the warm pool); then install the plan made from
 /// its answer, on the calling thread, through a socket the netns thread opened in the pod's
-/// netns (netns::run_here says why). If `ipam` fails, the pair is removed and its error returned. On any error
-/// nothing of the datapath is left. After `ipam` succeeded, the error comes with its answer:
+/// netns (netns::run_here says why). If `ipam` fails, the pair is removed and its error
+/// returned. On any error nothing of the datapath is left. After `ipam` succeeded, the error comes with its answer:
 /// the caller decides whether to release it (not when dipamd answered from its ledger: an
 /// interface that exists then is the live attachment's, and so is the address).
 ///
@@ -96,7 +96,7 @@ where
     std::thread::scope(|scope| {
         let req = &req;
         // Ok(Err(_)): the name is taken (or unreadable), nothing was made. The socket it
-        // returns lets this thread finish the pair in the pod's netns without entering it.
+        // returns lets the calling thread finish the pair without entering the pod's netns.
         let thread = netns::spawn(scope, Some(netns), move |h| async move {
             if let Err(e) = kernel::ensure_absent(&h, att.ifname, netns.path()).await {
                 return Ok(Err(e));
@@ -113,10 +113,14 @@ where
             Err(e) => {
                 return Err(AddError::BeforeIpam(match made {
                     Ok(Ok((made, pod))) => {
-                        let _ = netns::run_here(pod, |h| async move {
+                        let removed = netns::run_here(pod, |h| async move {
                             kernel::remove(&h, req, &made).await;
                             Ok(())
                         });
+                        if removed.is_err() {
+                            // The socket could not be used: by the host end's name instead.
+                            let _ = del(att, netns.path(), None);
+                        }
                         e
                     }
                     // A taken name is the clearer error of the two: nothing was allocated.
@@ -137,7 +141,12 @@ where
         let confirmed = confirm(&mut answer);
         let created = match created {
             Ok(created) => created,
-            Err(error) => return Err(AddError::AfterIpam { error, answer }),
+            Err(error) => {
+                // finish() removes the pair when a step fails; this covers a socket or a
+                // runtime that never started. Deleting the host end deletes the pair.
+                let _ = del(att, netns.path(), None);
+                return Err(AddError::AfterIpam { error, answer });
+            }
         };
         if let Err(error) = confirmed.and(forwarding) {
             // The pair is complete but must not stay; deleting the host end deletes it all.
