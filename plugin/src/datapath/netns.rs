@@ -2,10 +2,10 @@
 //!
 //! `setns(CLONE_NEWNET)` moves only the calling thread, and a netlink socket belongs to the
 //! netns it was created in (reference/crates.md §5), whichever thread uses it: a socket such a
-//! thread opens in a pod's netns ([`PodSocket`]) serves the main thread too ([`run_here`]). So every netns operation runs on a fresh
-//! `std::thread` that: opens netlink in the host netns (still the thread's own), enters the
-//! target netns, opens a second netlink socket there, builds its own current-thread tokio
-//! runtime for rtnetlink, does the work, and exits. Because the thread ends, nothing needs to
+//! thread opens in a pod's netns ([`PodSocket`]) serves the main thread too ([`run_here`]).
+//! So every netns operation runs on a fresh `std::thread` that: opens netlink in the host
+//! netns (still the thread's own), enters the target netns, opens a second netlink socket
+//! there, builds its own current-thread tokio runtime for rtnetlink, does the work, and exits. Because the thread ends, nothing needs to
 //! be restored, and no other code (the gRPC client's runtime, a tokio worker, a
 //! `spawn_blocking` pool thread) ever runs in a pod's netns. The same pattern as the Go
 //! plugins' `ns.Do` (containernetworking/plugins pkg/ns/README.md), without its
@@ -214,10 +214,20 @@ where
             pod.0
                 .set_non_blocking(true)
                 .map_err(|e| socket_error("container", e))?;
-            // SAFETY: the descriptor is the socket's own, released by into_raw_fd, so it is
-            // owned exactly once; from_raw_fd registers it with the current runtime's
-            // reactor, which with_handles has entered.
-            let socket = unsafe { rtnetlink::sys::TokioSocket::from_raw_fd(pod.0.into_raw_fd()) };
+            let fd = pod.0.into_raw_fd();
+            // from_raw_fd unwraps its registration with the runtime's reactor (netlink-sys
+            // 0.9): a refusal (ENOMEM) is an error of this ADD, not a panic of the plugin.
+            let socket = std::panic::catch_unwind(|| {
+                // SAFETY: the descriptor is the socket's own, released by into_raw_fd, so it
+                // is owned exactly once; the reactor is the one with_handles has entered.
+                unsafe { rtnetlink::sys::TokioSocket::from_raw_fd(fd) }
+            })
+            .map_err(|_| {
+                socket_error(
+                    "container",
+                    std::io::Error::other("registering it with the netlink runtime failed"),
+                )
+            })?;
             let (conn, handle, _) = rtnetlink::from_socket(socket);
             Ok(Some((conn, handle)))
         },
