@@ -738,8 +738,7 @@ async fn release_surplus<S: Store>(shim: &Shim<S>, wait: &mut Duration) {
 /// (durable), the delegate's DEL with the recorded config, then dropped.
 async fn release_entry<S: Store>(shim: &Shim<S>, key: &AttachmentKey) -> Result<(), ShimError> {
     let _guard = shim.locks.lock(key).await;
-    let k = key.clone();
-    let Some(rec) = shim.ledger(move |l| l.get(&k)).await? else {
+    let Some(rec) = shim.lookup(key)? else {
         return Ok(());
     };
     if rec.owner != Owner::Pool {
@@ -908,9 +907,7 @@ async fn fill_one<S: Store>(
     let _guard = shim.locks.lock(&p.key).await;
     crate::rpc::add::attach(shim, &p, Owner::Pool).await?;
     // The committed record, as the take will find it in the ledger.
-    let key = p.key.clone();
-    shim.ledger(move |l| l.get(&key))
-        .await?
+    shim.lookup(&p.key)?
         .filter(|r| r.owner == Owner::Pool && r.state == AttachmentState::Committed)
         .ok_or_else(|| ShimError::Internal(format!("pool entry {} vanished after its ADD", p.key)))
 }

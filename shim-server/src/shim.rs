@@ -131,14 +131,18 @@ impl<S: Store> Shim<S> {
             .await
             .map_err(|e| ShimError::Internal(format!("ledger task: {e}")))?
             .map_err(ShimError::from);
-        // Ledger time (commits wait for fdatasync) is one of the parts of a request's latency
-        // that the logs alone cannot separate from lock waits and delegate execs.
+        self.observe_ledger(started);
+        out
+    }
+
+    /// Ledger time (commits wait for fdatasync) is one of the parts of a request's latency
+    /// that the logs alone cannot separate from lock waits and delegate execs.
+    fn observe_ledger(&self, started: Instant) {
         self.metrics.observe(
             "dipam_ledger_op_duration_seconds",
             &[],
             started.elapsed().as_secs_f64(),
         );
-        out
     }
 
     /// The record of `key`, read on the calling task. A point read is served from the store's
@@ -149,11 +153,7 @@ impl<S: Store> Shim<S> {
     pub fn lookup(&self, key: &AttachmentKey) -> Result<Option<AttachmentRecord>, ShimError> {
         let started = Instant::now();
         let out = self.ledger.get(key).map_err(ShimError::from);
-        self.metrics.observe(
-            "dipam_ledger_op_duration_seconds",
-            &[],
-            started.elapsed().as_secs_f64(),
-        );
+        self.observe_ledger(started);
         out
     }
 

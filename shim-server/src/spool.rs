@@ -130,14 +130,13 @@ pub async fn drain<S: Store>(shim: &Shim<S>, dir: &Path) -> Drained {
         // hold has nothing dipamd allocated to release. Skipping the delegate exec keeps the
         // drain (which runs before serving) fast even after a runtime retried ADDs in a tight
         // loop while dipamd was down.
-        if let Ok(p) = shim.prepare(req.clone(), true) {
-            let key = p.key.clone();
-            if let Ok(None) = shim.ledger(move |l| l.get(&key)).await {
-                remove_durably(dir, &file);
-                tracing::debug!(attachment = %what, "spooled DEL for an attachment dipamd does not hold");
-                out.released += 1;
-                continue;
-            }
+        if let Ok(p) = shim.prepare(req.clone(), true)
+            && let Ok(None) = shim.lookup(&p.key)
+        {
+            remove_durably(dir, &file);
+            tracing::debug!(attachment = %what, "spooled DEL for an attachment dipamd does not hold");
+            out.released += 1;
+            continue;
         }
         match rpc::del::run(shim, req).await {
             Ok(_) => {

@@ -413,8 +413,7 @@ async fn establish<S: Store>(
         .find(|ip| slot.family.matches(ip))
     else {
         // The delegate answered with another family only (a pool of the wrong family).
-        let key = key.clone();
-        if let Some(rec) = shim.ledger(move |l| l.get(&key)).await? {
+        if let Some(rec) = shim.lookup(key)? {
             release(shim, &rec).await.ok();
         }
         return Err(ShimError::Config {

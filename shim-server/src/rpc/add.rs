@@ -179,17 +179,18 @@ pub async fn attach<S: Store>(
             return Err(e);
         }
     };
+    let bad_output = |exit: String| ShimError::DelegateBadOutput {
+        kind: p.dc.kind.clone(),
+        command: "ADD".into(),
+        exit,
+        stdout: crate::error::excerpt(&out.stdout),
+        stderr: crate::error::excerpt(&out.stderr),
+    };
     let taken = match early {
         Some((taken, peeked)) if peeked.trim_ascii() == out.stdout.trim_ascii() => taken,
         // Offered, then contradicted: the plugin may be configuring the pod with a result
         // the delegate did not stand by.
-        Some((Ok(_), _)) => Ok(Err(ShimError::DelegateBadOutput {
-            kind: p.dc.kind.clone(),
-            command: "ADD".into(),
-            exit: "wrote more after its result".into(),
-            stdout: crate::error::excerpt(&out.stdout),
-            stderr: crate::error::excerpt(&out.stderr),
-        })),
+        Some((Ok(_), _)) => Ok(Err(bad_output("wrote more after its result".into()))),
         Some((Err(_), _)) | None => take_up(shim, p, &rec, &owner, &out.stdout).await,
     };
     let (rec, rendered) = match taken {
@@ -200,13 +201,9 @@ pub async fn attach<S: Store>(
         }
         Err(detail) => {
             rollback(shim, &rec, true).await;
-            return Err(ShimError::DelegateBadOutput {
-                kind: p.dc.kind.clone(),
-                command: "ADD".into(),
-                exit: format!("exited 0 but its result does not parse ({detail})"),
-                stdout: crate::error::excerpt(&out.stdout),
-                stderr: crate::error::excerpt(&out.stderr),
-            });
+            return Err(bad_output(format!(
+                "exited 0 but its result does not parse ({detail})"
+            )));
         }
     };
     shim.agent.note_committed(&rec);
