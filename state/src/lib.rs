@@ -14,6 +14,7 @@
 //! All calls block on disk I/O: call them from `spawn_blocking`, not directly on a tokio worker.
 
 mod error;
+mod journal;
 mod ledger;
 mod mem;
 mod schema;

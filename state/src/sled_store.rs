@@ -1,9 +1,15 @@
-//! The real [`Store`]: sled 0.34 in one state directory, made power-loss durable.
+//! The real [`Store`]: sled 0.34 in one state directory, with a commit journal, made
+//! power-loss durable.
 //!
 //! sled 0.34's `flush()` ends in `sync_file_range`, which survives a process crash but is not
 //! a durability barrier: it flushes neither the device write cache nor file metadata
-//! (measured in reference/crates.md §2.2). So every commit here is
-//! `transaction → flush → fdatasync`, and the files sled writes but never syncs (`conf`, the
+//! (measured in reference/crates.md §2.2). It is also slow on the path of a pod's ADD: it
+//! wakes sled's whole I/O pool and waits for the device (docs/performance.md). So a commit
+//! here is the sled transaction (in memory) plus one append to the commit journal
+//! (journal.rs), fdatasynced when the commit must survive a power cut; sled writes its log
+//! in the background, and a checkpoint (sled flush, fdatasync of sled's files, journal
+//! emptied) runs when the journal has grown past a bound, when the store closes, and after
+//! an open replayed the journal. The files sled writes but never syncs (`conf`, the
 //! directory entries, large-value blob files) are synced by this module.
 //!
 //! sled 0.34 also does not report a damaged log: recovery stops at the first bad checksum and
@@ -11,7 +17,8 @@
 //! (measured: overwriting 4 KiB in the middle of a 200-record store reopened with 104 records
 //! and no error). To turn that silent loss into [`StoreError::Corrupt`], every commit carries a
 //! sequence number, and the last acknowledged number is also kept in a small witness file
-//! next to the store ([`WITNESS_FILE`]); on open, a store behind its witness is refused.
+//! next to the store ([`WITNESS_FILE`]); on open, a store behind its witness (after the
+//! journal's replay) is refused.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -26,6 +33,7 @@ use std::sync::Mutex;
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionResult, TransactionError};
 
+use crate::journal::{CHECKPOINT_BYTES, JOURNAL_FILE, Journal};
 use crate::schema::ensure_schema;
 use crate::store::Op;
 use crate::{Batch, Durability, KeyValue, Store, StoreError, Tree};
@@ -37,9 +45,10 @@ use crate::{Batch, Durability, KeyValue, Store, StoreError, Tree};
 /// same throughput (docs/performance.md).
 const CACHE_CAPACITY: u64 = 8 * 1024 * 1024;
 
-/// How often sled's background thread runs. We flush explicitly on every commit, so this is
-/// not about durability; the thread is kept (rather than disabled with `None`) because it is
-/// also the only place sled 0.34 reclaims log segments, and without it the file only grows.
+/// How often sled's background thread writes its log. Durability comes from the commit
+/// journal, so this only bounds how much sled holds in memory only; the thread is kept
+/// (rather than disabled with `None`) because it is also the only place sled 0.34 reclaims
+/// log segments, and without it the file only grows.
 const BACKGROUND_FLUSH_MS: u64 = 1000;
 
 /// The file holding the sequence number of the last acknowledged commit (see the module doc).
@@ -54,11 +63,15 @@ const SEQ_KEY: &[u8] = b"dipam_commit_seq";
 ///
 /// # Durability
 ///
-/// [`Store::commit`] returns only after the batch is committed atomically across trees, sled
-/// has written its log (`flush`), and the data file has been `fdatasync`ed (plus any new blob
-/// files). An acknowledged commit therefore survives a process kill -9 (sled's log replay) and,
-/// thanks to fdatasync, a power loss or host crash as well, as long as the disk honours cache
-/// flushes.
+/// [`Store::commit`] returns only after the batch is committed atomically across trees (in
+/// sled's memory) and appended to the commit journal, and the journal has been
+/// `fdatasync`ed. An acknowledged commit therefore survives a process kill -9 and a power
+/// loss or host crash, as long as the disk honours cache flushes: the next open replays the
+/// journal's commits that sled's log lacks. A [`Durability::Process`] commit skips the
+/// fdatasync: it survives a kill (the journal's page cache does), not a power cut.
+///
+/// If the journal cannot be written (a full disk, say), commits fall back to sled's own
+/// flush plus an fdatasync of sled's data file, for as long as this store stays open.
 ///
 /// # Single daemon
 ///
@@ -78,9 +91,13 @@ pub struct SledStore {
     /// Indexed by [`Tree::index`]; the last element is sled's default tree, which holds
     /// [`SEQ_KEY`].
     trees: Vec<sled::Tree>,
-    /// The sequence number of the last committed transaction. Held across the transaction, so
-    /// commits are numbered in the order sled applies them.
-    seq: Mutex<u64>,
+    /// The commit lock: the number of the last commit and the journal. Held across the
+    /// transaction and the append, so commits are numbered, and journaled, in the order sled
+    /// applies them.
+    commits: Mutex<Commits>,
+    /// A second handle on the journal, to fdatasync it outside the commit lock.
+    journal_file: File,
+    journal_path: PathBuf,
     /// The witness file and the number last written to it.
     witness: Mutex<(File, u64)>,
     data_path: PathBuf,
@@ -88,6 +105,17 @@ pub struct SledStore {
     data_file: File,
     /// Blob files already synced, with the length they had when synced.
     synced_blobs: Mutex<HashMap<OsString, u64>>,
+}
+
+/// What the commit lock guards.
+struct Commits {
+    /// The sequence number of the last committed transaction.
+    seq: u64,
+    /// `None` once an append failed: a later record behind a missing one would never be
+    /// read back (the journal's numbering must be unbroken), so every later commit of this
+    /// store goes through sled's flush instead. The next open replays what is there and
+    /// starts a fresh journal.
+    journal: Option<Journal>,
 }
 
 impl fmt::Debug for SledStore {
@@ -140,17 +168,34 @@ impl SledStore {
             .map_err(|e| map_sled(dir, e))?;
         trees.push((*db).clone());
 
-        let seq = read_seq(&db, dir)?;
+        let mut seq = read_seq(&db, dir)?;
+        let journal_path = dir.join(JOURNAL_FILE);
+        let (journal, entries) = Journal::open(dir).map_err(io_err(&journal_path))?;
+        // The journal's commits that sled's log lacks: those after sled's last, if they
+        // continue its numbering. A journal that starts further on (sled lost commits it had
+        // made durable before the journal's last checkpoint) replays nothing, and the witness
+        // below then refuses the store.
+        let replay: Vec<_> = entries.into_iter().filter(|e| e.seq > seq).collect();
+        let replay = if replay.first().is_some_and(|e| e.seq == seq + 1) {
+            replay
+        } else {
+            Vec::new()
+        };
+        let replayed_to = replay.last().map_or(seq, |e| e.seq);
         let witness_path = dir.join(WITNESS_FILE);
         let acknowledged = read_witness(&witness_path)?;
-        if let Some(acknowledged) = acknowledged.filter(|a| *a > seq) {
+        if let Some(acknowledged) = acknowledged.filter(|a| *a > replayed_to) {
             return Err(StoreError::Corrupt {
                 path: dir.to_path_buf(),
                 detail: format!(
                     "commits up to #{acknowledged} were acknowledged, but the store only holds \
-                     commits up to #{seq} (sled discards a damaged log without reporting it)"
+                     commits up to #{replayed_to} (sled discards a damaged log without reporting it)"
                 ),
             });
+        }
+        for entry in &replay {
+            transact(&trees, dir, &entry.batch, entry.seq)?;
+            seq = entry.seq;
         }
         let witness = fs::OpenOptions::new()
             .read(true)
@@ -176,17 +221,26 @@ impl SledStore {
         sync_path(&dir.join("blobs"))?;
         sync_path(dir)?;
 
+        let journal_file = journal.sync_handle().map_err(io_err(&journal_path))?;
         let store = Self {
             dir: dir.to_path_buf(),
             db,
             trees,
-            seq: Mutex::new(seq),
+            commits: Mutex::new(Commits {
+                seq,
+                journal: Some(journal),
+            }),
+            journal_file,
+            journal_path,
             witness: Mutex::new((witness, seq)),
             data_path,
             data_file,
             synced_blobs: Mutex::new(HashMap::new()),
         };
         store.sync_blobs()?;
+        // What was replayed goes into sled's files, and the journal starts empty: its
+        // records must continue sled's durable numbering (see the replay above).
+        store.checkpoint()?;
         ensure_schema(&store, dir)?;
         Ok(store)
     }
@@ -204,33 +258,35 @@ impl SledStore {
         move |e| map_sled(&self.dir, e)
     }
 
-    /// Applies `batch` plus the commit number `seq` in one sled transaction.
-    fn transact(&self, batch: &Batch, seq: u64) -> Result<(), StoreError> {
-        let seq_index = self.trees.len() - 1;
-        // Transact over every tree: simpler than collecting the touched ones, and the cost is
-        // one overlay per tree. sled may re-run this closure on conflict, so it only touches
-        // the transactional views (no I/O, no side effects).
-        let result = self.trees[..].transaction(
-            |txs| -> ConflictableTransactionResult<(), std::convert::Infallible> {
-                for op in batch.ops() {
-                    match op {
-                        Op::Put { tree, key, value } => {
-                            txs[tree.index()].insert(key.as_slice(), value.as_slice())?;
-                        }
-                        Op::Delete { tree, key } => {
-                            txs[tree.index()].remove(key.as_slice())?;
-                        }
-                    }
-                }
-                txs[seq_index].insert(SEQ_KEY, &seq.to_be_bytes()[..])?;
-                Ok(())
-            },
-        );
-        match result {
-            Ok(()) => Ok(()),
-            Err(TransactionError::Abort(never)) => match never {},
-            Err(TransactionError::Storage(e)) => Err(map_sled(&self.dir, e)),
+    /// Makes sled durable and empties the journal: sled's log written (`flush`), its data
+    /// and blob files fdatasynced, then the journal zeroed. Holds the commit lock, so no
+    /// commit lands between the flush and the reset. Every commit so far is then on the
+    /// disk, which the witness may claim.
+    fn checkpoint(&self) -> Result<(), StoreError> {
+        let mut commits = lock(&self.commits)?;
+        let Commits { seq, journal } = &mut *commits;
+        let Some(journal) = journal.as_mut().filter(|j| j.is_dirty()) else {
+            return Ok(());
+        };
+        self.db.flush().map_err(self.sled_err())?;
+        self.sync_blobs()?;
+        self.data_file
+            .sync_data()
+            .map_err(io_err(&self.data_path))?;
+        journal.reset().map_err(io_err(&self.journal_path))?;
+        self.claim(*seq)
+    }
+
+    /// Records in the witness that every commit up to `seq` is on the disk. Written but not
+    /// synced: after a power cut it may lag behind the store (weaker detection, never a false
+    /// alarm), and an fdatasync here would double the cost of every commit.
+    fn claim(&self, seq: u64) -> Result<(), StoreError> {
+        let mut witness = lock(&self.witness)?;
+        if seq > witness.1 {
+            write_witness(&witness.0, seq).map_err(io_err(&self.dir.join(WITNESS_FILE)))?;
+            witness.1 = seq;
         }
+        Ok(())
     }
 
     /// fsyncs blob files (sled's out-of-line storage for values over ~128 KiB) that are new or
@@ -298,37 +354,56 @@ impl Store for SledStore {
         if batch.is_empty() {
             return Ok(());
         }
-        let seq = {
-            let mut last = lock(&self.seq)?;
-            let seq = *last + 1;
-            self.transact(&batch, seq)?;
-            *last = seq;
-            seq
+        let (seq, journaled) = {
+            let mut commits = lock(&self.commits)?;
+            let seq = commits.seq + 1;
+            transact(&self.trees, &self.dir, &batch, seq)?;
+            commits.seq = seq;
+            let appended = commits
+                .journal
+                .as_mut()
+                .map(|j| j.append(seq, &batch).map(|()| j.len()));
+            match appended {
+                Some(Ok(len)) => (seq, Some(len)),
+                Some(Err(_)) => {
+                    // From now on sled's flush makes commits durable (see `Commits`).
+                    commits.journal = None;
+                    (seq, None)
+                }
+                None => (seq, None),
+            }
         };
 
-        // Make it durable before acknowledging: flush writes sled's log (sync_file_range),
-        // then blobs and the data file are fdatasynced. Blobs first, so a durable log entry
-        // never points at a blob that a power cut could lose.
-        self.db.flush().map_err(self.sled_err())?;
-        if durability == Durability::Process {
-            // In the kernel, which is all a process kill needs. Not claimed by the witness: a
-            // power cut may lose it, and a store that lost an unsynced tail is not damaged. The
-            // next Disk commit's fdatasync and blob sync cover it, and that commit's number
-            // is the witness's.
-            return Ok(());
+        match journaled {
+            Some(_) if durability == Durability::Process => {}
+            // The fdatasync covers this record and every earlier one.
+            Some(_) => self
+                .journal_file
+                .sync_data()
+                .map_err(io_err(&self.journal_path))?,
+            None => {
+                // Without the journal: flush writes sled's log (sync_file_range), then blobs
+                // and the data file are fdatasynced. Blobs first, so a durable log entry never
+                // points at a blob that a power cut could lose.
+                self.db.flush().map_err(self.sled_err())?;
+                if durability == Durability::Disk {
+                    self.sync_blobs()?;
+                    self.data_file
+                        .sync_data()
+                        .map_err(io_err(&self.data_path))?;
+                }
+            }
         }
-        self.sync_blobs()?;
-        self.data_file
-            .sync_data()
-            .map_err(io_err(&self.data_path))?;
-
-        // Only now may the witness claim `seq`. It is written but not synced: after a power
-        // cut it may lag behind the store (weaker detection, never a false alarm), and an
-        // fdatasync here would double the cost of every commit.
-        let mut witness = lock(&self.witness)?;
-        if seq > witness.1 {
-            write_witness(&witness.0, seq).map_err(io_err(&self.dir.join(WITNESS_FILE)))?;
-            witness.1 = seq;
+        if durability == Durability::Disk {
+            // A Process commit is in the kernel only and not claimed: a power cut may lose
+            // it, and a store that lost an unsynced tail is not damaged. The next Disk
+            // commit's fdatasync covers it, and that commit's number is the witness's.
+            self.claim(seq)?;
+        }
+        if journaled.is_some_and(|len| len >= CHECKPOINT_BYTES) {
+            // This commit is durable already; a failed checkpoint is retried by the next
+            // commit, and the journal simply grows meanwhile.
+            let _ = self.checkpoint();
         }
         Ok(())
     }
@@ -343,6 +418,44 @@ impl Store for SledStore {
 
     fn len(&self, tree: Tree) -> Result<usize, StoreError> {
         Ok(self.tree(tree).len())
+    }
+}
+
+impl Drop for SledStore {
+    /// A store closed cleanly leaves an empty journal and a witness that claims every commit:
+    /// the next open has nothing to replay, and damage to sled's files is refused (by the
+    /// witness) instead of patched over with this run's journal.
+    fn drop(&mut self) {
+        let _ = self.checkpoint();
+    }
+}
+
+/// Applies `batch` plus the commit number `seq` in one sled transaction.
+fn transact(trees: &[sled::Tree], dir: &Path, batch: &Batch, seq: u64) -> Result<(), StoreError> {
+    let seq_index = trees.len() - 1;
+    // Transact over every tree: simpler than collecting the touched ones, and the cost is
+    // one overlay per tree. sled may re-run this closure on conflict, so it only touches
+    // the transactional views (no I/O, no side effects).
+    let result = trees.transaction(
+        |txs| -> ConflictableTransactionResult<(), std::convert::Infallible> {
+            for op in batch.ops() {
+                match op {
+                    Op::Put { tree, key, value } => {
+                        txs[tree.index()].insert(key.as_slice(), value.as_slice())?;
+                    }
+                    Op::Delete { tree, key } => {
+                        txs[tree.index()].remove(key.as_slice())?;
+                    }
+                }
+            }
+            txs[seq_index].insert(SEQ_KEY, &seq.to_be_bytes()[..])?;
+            Ok(())
+        },
+    );
+    match result {
+        Ok(()) => Ok(()),
+        Err(TransactionError::Abort(never)) => match never {},
+        Err(TransactionError::Storage(e)) => Err(map_sled(dir, e)),
     }
 }
 

@@ -13,7 +13,7 @@ pub enum Tree {
     Meta,
     /// One [`crate::AttachmentRecord`] per (network, container id, ifname).
     Attachments,
-    /// Reserved for an audit trail of finished attachments; unused for now.
+    /// What happened to recent containers (dipamd's history, `dipamctl explain`).
     History,
 }
 
@@ -37,6 +37,11 @@ impl Tree {
             Tree::Attachments => 1,
             Tree::History => 2,
         }
+    }
+
+    /// The tree at `index` in [`Tree::ALL`] (the commit journal's encoding).
+    pub(crate) fn from_index(index: u8) -> Option<Tree> {
+        Tree::ALL.get(usize::from(index)).copied()
     }
 }
 

@@ -580,6 +580,126 @@ mod sled_only {
         );
     }
 
+    /// The number of the last commit of a closed store: a clean close claims every commit.
+    fn last_seq(dir: &Path) -> u64 {
+        std::fs::read_to_string(dir.join(crate::sled_store::WITNESS_FILE))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    /// Appends commit `seq` to the journal of a closed store, as a run killed before sled
+    /// wrote that commit to its own log would have left it.
+    fn journal_commit(dir: &Path, seq: u64, batch: &Batch) {
+        let (mut journal, _) = crate::journal::Journal::open(dir).unwrap();
+        journal.append(seq, batch).unwrap();
+    }
+
+    fn one_put(key: &str, value: &str) -> Batch {
+        let mut batch = Batch::new();
+        batch.put(Tree::History, key, value);
+        batch
+    }
+
+    /// A commit that reached the journal and not sled's log (a kill before sled's background
+    /// flush) is there after the next open, and the witness then claims it.
+    #[test]
+    fn an_open_replays_what_only_the_journal_holds() {
+        let dir = closed_store(2);
+        let seq = last_seq(dir.path());
+        assert!(
+            crate::journal::read(dir.path()).is_empty(),
+            "a clean close empties it"
+        );
+        journal_commit(dir.path(), seq + 1, &one_put("a", "1"));
+        journal_commit(dir.path(), seq + 2, &one_put("b", "2"));
+        {
+            let store = SledStore::open(dir.path()).unwrap();
+            assert_eq!(store.get(Tree::History, b"a").unwrap(), Some(b"1".to_vec()));
+            assert_eq!(store.get(Tree::History, b"b").unwrap(), Some(b"2".to_vec()));
+            // Replayed into sled's files: the journal is empty again, numbering goes on.
+            assert!(crate::journal::read(dir.path()).is_empty());
+            put(&store, Tree::History, "c", "3");
+        }
+        assert_eq!(last_seq(dir.path()), seq + 3);
+        let store = SledStore::open(dir.path()).unwrap();
+        assert_eq!(store.len(Tree::History).unwrap(), 3);
+        assert_eq!(store.len(Tree::Attachments).unwrap(), 2);
+    }
+
+    /// Commits the journal holds that sled already has are not applied twice, and records
+    /// that do not continue sled's numbering are not applied at all: there is a hole.
+    #[test]
+    fn an_open_replays_only_what_continues_sled() {
+        let dir = closed_store(1);
+        let seq = last_seq(dir.path());
+        // Already in sled (a delete of a key sled holds would otherwise remove it).
+        let mut stale = Batch::new();
+        stale.delete(
+            Tree::Attachments,
+            AttachmentKey::new("net", "c000", "eth0").encode().unwrap(),
+        );
+        journal_commit(dir.path(), seq, &stale);
+        journal_commit(dir.path(), seq + 1, &one_put("next", "1"));
+        {
+            let store = SledStore::open(dir.path()).unwrap();
+            assert_eq!(
+                store.len(Tree::Attachments).unwrap(),
+                1,
+                "{seq} was applied again"
+            );
+            assert_eq!(
+                store.get(Tree::History, b"next").unwrap(),
+                Some(b"1".to_vec())
+            );
+        }
+        let seq = last_seq(dir.path());
+        journal_commit(dir.path(), seq + 2, &one_put("after-a-hole", "1"));
+        let store = SledStore::open(dir.path()).unwrap();
+        assert_eq!(store.get(Tree::History, b"after-a-hole").unwrap(), None);
+    }
+
+    /// A journal is no way to patch over a damaged sled: when sled lost commits older than
+    /// the journal's first record, the store is refused as before.
+    #[test]
+    fn a_journal_does_not_hide_damage() {
+        let dir = closed_store(200);
+        let seq = last_seq(dir.path());
+        journal_commit(dir.path(), seq + 1, &one_put("later", "1"));
+        let db = dir.path().join("db");
+        let len = std::fs::metadata(&db).unwrap().len();
+        garble(&db, len / 2, 4096);
+        expect_corrupt(dir.path(), "sled garbled, journal ahead of it");
+        // Refused without replaying anything into sled: still refused.
+        expect_corrupt(dir.path(), "sled garbled, journal ahead of it");
+        assert_eq!(crate::journal::read(dir.path()).len(), 1);
+    }
+
+    /// Past its bound the journal is checkpointed (sled made durable, journal emptied), so an
+    /// open never replays more than that; nothing is lost on the way.
+    #[test]
+    fn the_journal_is_checkpointed_past_its_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let value = "v".repeat(16 * 1024);
+        let commits = (crate::journal::CHECKPOINT_BYTES / value.len() as u64) as usize + 20;
+        let store = SledStore::open(dir.path()).unwrap();
+        for i in 0..commits {
+            let mut batch = Batch::new();
+            batch.put(Tree::History, format!("k{i:05}"), value.as_str());
+            store.commit_with(batch, Durability::Process).unwrap();
+        }
+        let journaled = crate::journal::read(dir.path());
+        assert!(
+            !journaled.is_empty() && journaled.len() < 30,
+            "{} records in the journal after {commits} commits",
+            journaled.len()
+        );
+        drop(store);
+        let store = SledStore::open(dir.path()).unwrap();
+        assert_eq!(store.len(Tree::History).unwrap(), commits);
+    }
+
     /// Env var naming the directory the crash child writes to. Its presence is what makes
     /// [`crash_child`] do anything.
     const CRASH_DIR_ENV: &str = "DIPAM_STATE_CRASH_DIR";
@@ -678,6 +798,12 @@ mod sled_only {
             );
         }
 
+        // What the kills left in the journal is what sled's log may lack; the open replays it.
+        let journaled = crate::journal::read(dir.path());
+        assert!(
+            !journaled.is_empty(),
+            "the last round's commits are not in the journal"
+        );
         let store = SledStore::open(dir.path()).unwrap();
         for container in &acked {
             let key = AttachmentKey::new("crash", container.as_str(), "eth0")
