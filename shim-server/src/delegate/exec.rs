@@ -125,6 +125,8 @@ pub async fn run_gated(
 ) -> Result<Result<Output, ShimError>, ShimError> {
     let started = Instant::now();
     let mut attempt = 0;
+    // The clock tick the delegate starts at or after, for its note (orphans.rs).
+    let mut since = 0;
     let mut child = loop {
         let mut cmd = Command::new(binary);
         // The delegate sees the CNI variables, as from a runtime, and a PATH to find helpers
@@ -145,6 +147,9 @@ pub async fn run_gated(
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
+        if tracker.is_some() {
+            since = super::orphans::ticks_now();
+        }
         match cmd.spawn() {
             Ok(child) => break child,
             Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && attempt < TEXT_BUSY_RETRIES => {
@@ -164,22 +169,11 @@ pub async fn run_gated(
             }
         }
     };
-    let pid = child.id();
     // Noted while it runs, so that a dipamd killed now makes its successor wait for it; and
-    // noted before it gets its config, so before it can act. Noting reads the child's start
-    // time from /proc/<pid>/stat, which waits for the exec in progress (measured: ~1 ms), so
-    // it runs on the blocking pool alongside the gate rather than before it on this worker.
-    let noting = pid.zip(tracker).map(|(pid, t)| {
-        let t = t.clone();
-        tokio::task::spawn_blocking(move || t.note(pid))
-    });
-    let noted = async {
-        match noting {
-            Some(task) => task.await.ok(),
-            None => None,
-        }
-    };
-    let (gate, _noted) = tokio::join!(gate, noted);
+    // noted before it gets its config, so before it can act. One pwrite, on this task.
+    let pid = child.id();
+    let _noted = pid.zip(tracker).map(|(pid, t)| t.note(pid, since));
+    let gate = gate.await;
     if let Err(e) = gate {
         // It has not read a byte of config: killing it cannot leave anything half-done.
         let _ = child.start_kill();
