@@ -17,6 +17,7 @@ mod error;
 mod journal;
 mod ledger;
 mod mem;
+mod pending;
 mod schema;
 mod sled_store;
 mod store;

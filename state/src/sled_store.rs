@@ -28,12 +28,16 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
 
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionResult, TransactionError};
 
 use crate::journal::{CHECKPOINT_BYTES, JOURNAL_FILE, Journal};
+use crate::pending::{Pending, merge};
 use crate::schema::ensure_schema;
 use crate::store::Op;
 use crate::{Batch, Durability, KeyValue, Store, StoreError, Tree};
@@ -63,15 +67,20 @@ const SEQ_KEY: &[u8] = b"dipam_commit_seq";
 ///
 /// # Durability
 ///
-/// [`Store::commit`] returns only after the batch is committed atomically across trees (in
-/// sled's memory) and appended to the commit journal, and the journal has been
-/// `fdatasync`ed. An acknowledged commit therefore survives a process kill -9 and a power
-/// loss or host crash, as long as the disk honours cache flushes: the next open replays the
-/// journal's commits that sled's log lacks. A [`Durability::Process`] commit skips the
-/// fdatasync: it survives a kill (the journal's page cache does), not a power cut.
+/// [`Store::commit`] returns only after the batch is appended to the commit journal and the
+/// journal has been `fdatasync`ed; reads see it from then on. An acknowledged commit
+/// therefore survives a process kill -9 and a power loss or host crash, as long as the disk
+/// honours cache flushes: the next open replays the journal's commits that sled's log lacks.
+/// A [`Durability::Process`] commit skips the fdatasync: it survives a kill (the journal's
+/// page cache does), not a power cut.
 ///
-/// If the journal cannot be written (a full disk, say), commits fall back to sled's own
-/// flush plus an fdatasync of sled's data file, for as long as this store stays open.
+/// sled itself gets the commits a few milliseconds later, from the store's applier thread:
+/// every commit of a burst in one sled transaction, so all or none of each (pending.rs says
+/// why). Until then reads lay the pending commits over what sled returns.
+///
+/// If the journal cannot be written (a full disk, say), commits fall back to a sled
+/// transaction, sled's own flush and an fdatasync of sled's data file, for as long as this
+/// store stays open.
 ///
 /// # Single daemon
 ///
@@ -86,15 +95,39 @@ const SEQ_KEY: &[u8] = b"dipam_commit_seq";
 /// directory acknowledged (sled silently drops a damaged log tail), fails to open with
 /// [`StoreError::Corrupt`].
 pub struct SledStore {
+    pub(crate) inner: Arc<Inner>,
+    /// Writes pending commits into sled (see [`Inner::apply_pending`]).
+    applier: Option<thread::JoinHandle<()>>,
+}
+
+/// How long the applier waits after the last commit before it writes pending commits into
+/// sled: a pod's ADD commits its intent and, ~3 ms later, its result, and the sled
+/// transaction should come after both, off the ADD's path.
+const APPLY_QUIET: Duration = Duration::from_millis(10);
+/// The longest a commit stays pending while commits keep coming (a busy node), so that what
+/// reads lay over sled stays small.
+const APPLY_AT_MOST: Duration = Duration::from_millis(100);
+/// The wait before the applier tries again after sled refused a transaction.
+const APPLY_RETRY: Duration = Duration::from_millis(500);
+
+pub(crate) struct Inner {
     dir: PathBuf,
-    db: sled::Db,
+    pub(crate) db: sled::Db,
     /// Indexed by [`Tree::index`]; the last element is sled's default tree, which holds
     /// [`SEQ_KEY`].
-    trees: Vec<sled::Tree>,
+    pub(crate) trees: Vec<sled::Tree>,
     /// The commit lock: the number of the last commit and the journal. Held across the
-    /// transaction and the append, so commits are numbered, and journaled, in the order sled
-    /// applies them.
+    /// append and the hand-over to `pending`, so commits are numbered, journaled and applied
+    /// in one order.
     commits: Mutex<Commits>,
+    /// Commits in the journal and not yet in sled.
+    pub(crate) pending: Mutex<Pending>,
+    /// Wakes the applier: a first pending commit, or the store closing.
+    wake: Condvar,
+    closing: AtomicBool,
+    /// Held while pending commits are written into sled, by the applier or a checkpoint, so
+    /// that two writes of the same commits never race.
+    applying: Mutex<()>,
     /// A second handle on the journal, to fdatasync it outside the commit lock.
     journal_file: File,
     journal_path: PathBuf,
@@ -121,7 +154,7 @@ struct Commits {
 impl fmt::Debug for SledStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SledStore")
-            .field("dir", &self.dir)
+            .field("dir", &self.inner.dir)
             .finish_non_exhaustive()
     }
 }
@@ -222,7 +255,7 @@ impl SledStore {
         sync_path(dir)?;
 
         let journal_file = journal.sync_handle().map_err(io_err(&journal_path))?;
-        let store = Self {
+        let inner = Arc::new(Inner {
             dir: dir.to_path_buf(),
             db,
             trees,
@@ -230,26 +263,43 @@ impl SledStore {
                 seq,
                 journal: Some(journal),
             }),
+            pending: Mutex::new(Pending::default()),
+            wake: Condvar::new(),
+            closing: AtomicBool::new(false),
+            applying: Mutex::new(()),
             journal_file,
             journal_path,
             witness: Mutex::new((witness, seq)),
             data_path,
             data_file,
             synced_blobs: Mutex::new(HashMap::new()),
-        };
-        store.sync_blobs()?;
+        });
+        inner.sync_blobs()?;
         // What was replayed goes into sled's files, and the journal starts empty: its
         // records must continue sled's durable numbering (see the replay above).
-        store.checkpoint()?;
+        inner.checkpoint()?;
+        let applier = thread::Builder::new()
+            .name("dipam-ledger".into())
+            .spawn({
+                let inner = inner.clone();
+                move || inner.run_applier()
+            })
+            .map_err(io_err(dir))?;
+        let store = Self {
+            inner,
+            applier: Some(applier),
+        };
         ensure_schema(&store, dir)?;
         Ok(store)
     }
 
     /// The state directory.
     pub fn path(&self) -> &Path {
-        &self.dir
+        &self.inner.dir
     }
+}
 
+impl Inner {
     fn tree(&self, tree: Tree) -> &sled::Tree {
         &self.trees[tree.index()]
     }
@@ -258,16 +308,17 @@ impl SledStore {
         move |e| map_sled(&self.dir, e)
     }
 
-    /// Makes sled durable and empties the journal: sled's log written (`flush`), its data
-    /// and blob files fdatasynced, then the journal zeroed. Holds the commit lock, so no
-    /// commit lands between the flush and the reset. Every commit so far is then on the
-    /// disk, which the witness may claim.
+    /// Makes sled durable and empties the journal: pending commits written into sled,
+    /// sled's log written (`flush`), its data and blob files fdatasynced, then the journal
+    /// zeroed. Holds the commit lock, so no commit lands in between. Every commit so far is
+    /// then on the disk, which the witness may claim.
     fn checkpoint(&self) -> Result<(), StoreError> {
         let mut commits = lock(&self.commits)?;
         let Commits { seq, journal } = &mut *commits;
         let Some(journal) = journal.as_mut().filter(|j| j.is_dirty()) else {
             return Ok(());
         };
+        self.apply_pending()?;
         self.db.flush().map_err(self.sled_err())?;
         self.sync_blobs()?;
         self.data_file
@@ -275,6 +326,59 @@ impl SledStore {
             .map_err(io_err(&self.data_path))?;
         journal.reset().map_err(io_err(&self.journal_path))?;
         self.claim(*seq)
+    }
+
+    /// Writes every pending commit into sled, in one transaction that also records the last
+    /// one's number, then forgets them. Readers see them throughout: in `pending` until they
+    /// are in sled, since they are forgotten only after.
+    fn apply_pending(&self) -> Result<(), StoreError> {
+        let _applying = lock(&self.applying)?;
+        let Some(snapshot) = lock(&self.pending)?.snapshot() else {
+            return Ok(());
+        };
+        transact(&self.trees, &self.dir, &snapshot.ops, snapshot.upto)?;
+        lock(&self.pending)?.applied(snapshot.upto);
+        Ok(())
+    }
+
+    /// The applier thread: once commits are pending, waits until none has come for
+    /// [`APPLY_QUIET`] (at most [`APPLY_AT_MOST`] after the oldest), then writes them into
+    /// sled. Ends when the store closes; the close's checkpoint writes what is left.
+    fn run_applier(&self) {
+        let Ok(mut pending) = self.pending.lock() else {
+            return;
+        };
+        loop {
+            if self.closing.load(Ordering::Acquire) {
+                return;
+            }
+            let Some((last, oldest)) = pending.times() else {
+                pending = match self.wake.wait(pending) {
+                    Ok(p) => p,
+                    Err(_) => return,
+                };
+                continue;
+            };
+            let due = (last + APPLY_QUIET).min(oldest + APPLY_AT_MOST);
+            let now = Instant::now();
+            if now < due {
+                pending = match self.wake.wait_timeout(pending, due - now) {
+                    Ok((p, _)) => p,
+                    Err(_) => return,
+                };
+                continue;
+            }
+            drop(pending);
+            let retry = self.apply_pending().is_err();
+            if retry {
+                // The commits stay pending (and in the journal); reads still see them.
+                thread::sleep(APPLY_RETRY);
+            }
+            pending = match self.pending.lock() {
+                Ok(p) => p,
+                Err(_) => return,
+            };
+        }
     }
 
     /// Records in the witness that every commit up to `seq` is on the disk. Written but not
@@ -328,8 +432,11 @@ impl SledStore {
     }
 }
 
-impl Store for SledStore {
+impl Inner {
     fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        if let Some(pending) = lock(&self.pending)?.get(tree, key) {
+            return Ok(pending);
+        }
         Ok(self
             .tree(tree)
             .get(key)
@@ -338,18 +445,49 @@ impl Store for SledStore {
     }
 
     fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<KeyValue>, StoreError> {
-        self.tree(tree)
+        // The overlay first: a commit applied meanwhile is then in sled, with the same value.
+        let overlay = lock(&self.pending)?.overlay(tree, prefix);
+        let base = self
+            .tree(tree)
             .scan_prefix(prefix)
             .map(|kv| {
                 kv.map(|(k, v)| (k.to_vec(), v.to_vec()))
                     .map_err(self.sled_err())
             })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(merge(base, overlay))
+    }
+
+    fn scan_keys(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
+        let overlay = lock(&self.pending)?.overlay(tree, prefix);
+        if !overlay.is_empty() {
+            return Ok(self
+                .scan_prefix(tree, prefix)?
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect());
+        }
+        self.tree(tree)
+            .scan_prefix(prefix)
+            .keys()
+            .map(|k| k.map(|k| k.to_vec()).map_err(self.sled_err()))
             .collect()
     }
 
-    /// Applies every op atomically (all or none, across trees) and returns only once durable:
-    /// a commit that returned `Ok` survives kill -9 and, with [`Durability::Disk`] (thanks to
-    /// fdatasync), power loss.
+    fn len(&self, tree: Tree) -> Result<usize, StoreError> {
+        let overlay = lock(&self.pending)?.overlay(tree, b"");
+        let sled = self.tree(tree);
+        let mut len = sled.len();
+        for (key, value) in overlay {
+            match (sled.contains_key(&key).map_err(self.sled_err())?, value) {
+                (false, Some(_)) => len += 1,
+                (true, None) => len -= 1,
+                _ => {}
+            }
+        }
+        Ok(len)
+    }
+
     fn commit_with(&self, batch: Batch, durability: Durability) -> Result<(), StoreError> {
         if batch.is_empty() {
             return Ok(());
@@ -357,21 +495,28 @@ impl Store for SledStore {
         let (seq, journaled) = {
             let mut commits = lock(&self.commits)?;
             let seq = commits.seq + 1;
-            transact(&self.trees, &self.dir, &batch, seq)?;
-            commits.seq = seq;
             let appended = commits
                 .journal
                 .as_mut()
                 .map(|j| j.append(seq, &batch).map(|()| j.len()));
-            match appended {
-                Some(Ok(len)) => (seq, Some(len)),
-                Some(Err(_)) => {
-                    // From now on sled's flush makes commits durable (see `Commits`).
-                    commits.journal = None;
-                    (seq, None)
+            let journaled = match appended {
+                Some(Ok(len)) => {
+                    if lock(&self.pending)?.add(seq, batch) {
+                        self.wake.notify_one();
+                    }
+                    Some(len)
                 }
-                None => (seq, None),
-            }
+                Some(Err(_)) | None => {
+                    // From now on sled's flush makes commits durable (see `Commits`); what
+                    // is pending goes into sled first, to keep the order.
+                    commits.journal = None;
+                    self.apply_pending()?;
+                    transact(&self.trees, &self.dir, &batch, seq)?;
+                    None
+                }
+            };
+            commits.seq = seq;
+            (seq, journaled)
         };
 
         match journaled {
@@ -407,17 +552,30 @@ impl Store for SledStore {
         }
         Ok(())
     }
+}
+
+impl Store for SledStore {
+    fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.get(tree, key)
+    }
+
+    fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<KeyValue>, StoreError> {
+        self.inner.scan_prefix(tree, prefix)
+    }
+
+    /// Applies every op atomically (all or none, across trees) and returns only once durable:
+    /// a commit that returned `Ok` survives kill -9 and, with [`Durability::Disk`] (thanks to
+    /// fdatasync), power loss.
+    fn commit_with(&self, batch: Batch, durability: Durability) -> Result<(), StoreError> {
+        self.inner.commit_with(batch, durability)
+    }
 
     fn scan_keys(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
-        self.tree(tree)
-            .scan_prefix(prefix)
-            .keys()
-            .map(|k| k.map(|k| k.to_vec()).map_err(self.sled_err()))
-            .collect()
+        self.inner.scan_keys(tree, prefix)
     }
 
     fn len(&self, tree: Tree) -> Result<usize, StoreError> {
-        Ok(self.tree(tree).len())
+        self.inner.len(tree)
     }
 }
 
@@ -426,7 +584,16 @@ impl Drop for SledStore {
     /// the next open has nothing to replay, and damage to sled's files is refused (by the
     /// witness) instead of patched over with this run's journal.
     fn drop(&mut self) {
-        let _ = self.checkpoint();
+        self.inner.closing.store(true, Ordering::Release);
+        if let Ok(_pending) = self.inner.pending.lock() {
+            // Under the lock, so the applier is either waiting (and wakes) or will see
+            // `closing` before it waits again.
+            self.inner.wake.notify_all();
+        }
+        if let Some(applier) = self.applier.take() {
+            let _ = applier.join();
+        }
+        let _ = self.inner.checkpoint();
     }
 }
 
@@ -467,7 +634,7 @@ fn lock<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>, StoreError> {
 }
 
 /// The number of the last commit recorded in the store; 0 for a store never committed to.
-fn read_seq(db: &sled::Db, dir: &Path) -> Result<u64, StoreError> {
+pub(crate) fn read_seq(db: &sled::Db, dir: &Path) -> Result<u64, StoreError> {
     let Some(raw) = db.get(SEQ_KEY).map_err(|e| map_sled(dir, e))? else {
         return Ok(0);
     };

@@ -109,6 +109,10 @@ impl Batch {
     pub(crate) fn ops(&self) -> &[Op] {
         &self.ops
     }
+
+    pub(crate) fn into_ops(self) -> Vec<Op> {
+        self.ops
+    }
 }
 
 /// How far a commit has gone when it returns.

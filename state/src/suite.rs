@@ -377,6 +377,7 @@ mod sled_only {
     use std::process::{Command, Stdio};
 
     use super::*;
+    use crate::sled_store::read_seq;
 
     #[test]
     fn data_survives_reopen() {
@@ -698,6 +699,59 @@ mod sled_only {
         drop(store);
         let store = SledStore::open(dir.path()).unwrap();
         assert_eq!(store.len(Tree::History).unwrap(), commits);
+    }
+
+    /// What reads return while commits are pending (in the journal, not yet in sled) and
+    /// after the applier wrote them into sled is the same, for every kind of read.
+    #[test]
+    fn reads_are_the_same_before_and_after_the_applier() {
+        let dir = closed_store(3);
+        let store = SledStore::open(dir.path()).unwrap();
+        let key = |c: &str| AttachmentKey::new("net", c, "eth0").encode().unwrap();
+        let mut batch = Batch::new();
+        batch
+            .delete(Tree::Attachments, key("c001"))
+            .put(Tree::Attachments, key("c007"), b"new".to_vec())
+            .put(Tree::Attachments, key("c000"), b"changed".to_vec())
+            .put(Tree::History, "h", "1");
+        store.commit_with(batch, Durability::Process).unwrap();
+        let read = |store: &SledStore| {
+            (
+                store.get(Tree::Attachments, &key("c000")).unwrap(),
+                store.get(Tree::Attachments, &key("c001")).unwrap(),
+                store.scan_prefix(Tree::Attachments, b"").unwrap(),
+                store.scan_keys(Tree::Attachments, b"").unwrap(),
+                store.len(Tree::Attachments).unwrap(),
+                store.len(Tree::History).unwrap(),
+            )
+        };
+        let pending = read(&store);
+        assert!(
+            !store.inner.pending.lock().unwrap().is_empty(),
+            "the commit went into sled at once"
+        );
+        assert_eq!(pending.0.as_deref(), Some(&b"changed"[..]));
+        assert_eq!(pending.1, None);
+        assert_eq!(pending.3.len(), 3);
+        assert_eq!((pending.4, pending.5), (3, 1));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !store.inner.pending.lock().unwrap().is_empty() {
+            assert!(std::time::Instant::now() < deadline, "never applied");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(read(&store), pending);
+        // In sled itself now, with its number.
+        assert_eq!(
+            store.inner.trees[Tree::History.index()]
+                .get("h")
+                .unwrap()
+                .as_deref(),
+            Some(&b"1"[..])
+        );
+        assert_eq!(
+            read_seq(&store.inner.db, dir.path()).unwrap(),
+            last_seq(dir.path()) + 1
+        );
     }
 
     /// Env var naming the directory the crash child writes to. Its presence is what makes
