@@ -107,6 +107,8 @@ const APPLY_QUIET: Duration = Duration::from_millis(10);
 /// The longest a commit stays pending while commits keep coming (a busy node), so that what
 /// reads lay over sled stays small.
 const APPLY_AT_MOST: Duration = Duration::from_millis(100);
+/// How long an open retries sled's lock (see [`SledStore::open`]).
+const LOCK_RETRY: Duration = Duration::from_millis(500);
 /// The wait before the applier tries again after sled refused a transaction.
 const APPLY_RETRY: Duration = Duration::from_millis(500);
 
@@ -125,6 +127,9 @@ pub(crate) struct Inner {
     /// Wakes the applier: a first pending commit, or the store closing.
     wake: Condvar,
     closing: AtomicBool,
+    /// Set by a commit that took the journal past [`CHECKPOINT_BYTES`]: the applier
+    /// checkpoints after its next apply.
+    journal_full: AtomicBool,
     /// Held while pending commits are written into sled, by the applier or a checkpoint, so
     /// that two writes of the same commits never race.
     applying: Mutex<()>,
@@ -180,7 +185,23 @@ impl SledStore {
         // caught by the witness check below. sled 0.34 also has `unwrap`s and asserts on its
         // recovery path, so a damaged file may panic instead: that is an unreadable store too,
         // and the operator should get an error, not a backtrace.
-        let db = match panic::catch_unwind(AssertUnwindSafe(|| config.open())) {
+        //
+        // A store this process has just closed may keep sled's lock for a moment: the last
+        // write job in sled's I/O pool holds the file until it returns. So a lock conflict is
+        // retried briefly before it is reported (another dipamd holds it for good).
+        let locked_until = Instant::now() + LOCK_RETRY;
+        let db = loop {
+            match panic::catch_unwind(AssertUnwindSafe(|| config.open())) {
+                Ok(Err(e)) => match map_sled(dir, e) {
+                    StoreError::Locked { .. } if Instant::now() < locked_until => {
+                        thread::sleep(Duration::from_millis(10));
+                    }
+                    e => return Err(e),
+                },
+                other => break other,
+            }
+        };
+        let db = match db {
             Ok(Ok(db)) => db,
             Ok(Err(e)) => return Err(map_sled(dir, e)),
             Err(payload) => {
@@ -266,6 +287,7 @@ impl SledStore {
             pending: Mutex::new(Pending::default()),
             wake: Condvar::new(),
             closing: AtomicBool::new(false),
+            journal_full: AtomicBool::new(false),
             applying: Mutex::new(()),
             journal_file,
             journal_path,
@@ -343,7 +365,8 @@ impl Inner {
 
     /// The applier thread: once commits are pending, waits until none has come for
     /// [`APPLY_QUIET`] (at most [`APPLY_AT_MOST`] after the oldest), then writes them into
-    /// sled. Ends when the store closes; the close's checkpoint writes what is left.
+    /// sled, and checkpoints when the journal has passed its bound. Ends when the store
+    /// closes; the close's checkpoint writes what is left.
     fn run_applier(&self) {
         let Ok(mut pending) = self.pending.lock() else {
             return;
@@ -369,7 +392,15 @@ impl Inner {
                 continue;
             }
             drop(pending);
-            let retry = self.apply_pending().is_err();
+            let mut retry = self.apply_pending().is_err();
+            if !retry && self.journal_full.swap(false, Ordering::AcqRel) {
+                // A failed checkpoint is retried after the next apply; the journal simply
+                // grows meanwhile.
+                retry = self.checkpoint().is_err();
+                if retry {
+                    self.journal_full.store(true, Ordering::Release);
+                }
+            }
             if retry {
                 // The commits stay pending (and in the journal); reads still see them.
                 thread::sleep(APPLY_RETRY);
@@ -546,9 +577,9 @@ impl Inner {
             self.claim(seq)?;
         }
         if journaled.is_some_and(|len| len >= CHECKPOINT_BYTES) {
-            // This commit is durable already; a failed checkpoint is retried by the next
-            // commit, and the journal simply grows meanwhile.
-            let _ = self.checkpoint();
+            // The applier checkpoints once it has written this commit into sled: off this
+            // request's path, which must not pay two fdatasyncs and a 2 MiB write.
+            self.journal_full.store(true, Ordering::Release);
         }
         Ok(())
     }
