@@ -80,6 +80,9 @@ pub(crate) struct Journal {
     end: u64,
     /// Bytes that may hold records of this or an earlier generation: what a reset zeroes.
     dirty: u64,
+    /// Tests: the next append fails as a full disk would, after writing half its record.
+    #[cfg(test)]
+    pub fail_next_append: bool,
 }
 
 impl Journal {
@@ -104,6 +107,8 @@ impl Journal {
             file,
             end: end as u64,
             dirty: dirty.max(end) as u64,
+            #[cfg(test)]
+            fail_next_append: false,
         };
         if bytes.len() < PREALLOCATED as usize {
             journal.preallocate(bytes.len() as u64)?;
@@ -147,6 +152,11 @@ impl Journal {
         let at = self.end;
         self.end += record.len() as u64;
         self.dirty = self.dirty.max(self.end);
+        #[cfg(test)]
+        if std::mem::take(&mut self.fail_next_append) {
+            self.file.write_all_at(&record[..record.len() / 2], at)?;
+            return Err(io::Error::from_raw_os_error(28)); // ENOSPC
+        }
         self.file.write_all_at(&record, at)
     }
 

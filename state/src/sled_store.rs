@@ -121,7 +121,7 @@ pub(crate) struct Inner {
     /// The commit lock: the number of the last commit and the journal. Held across the
     /// append and the hand-over to `pending`, so commits are numbered, journaled and applied
     /// in one order.
-    commits: Mutex<Commits>,
+    pub(crate) commits: Mutex<Commits>,
     /// Commits in the journal and not yet in sled.
     pub(crate) pending: Mutex<Pending>,
     /// Wakes the applier: a first pending commit, or the store closing.
@@ -146,14 +146,14 @@ pub(crate) struct Inner {
 }
 
 /// What the commit lock guards.
-struct Commits {
+pub(crate) struct Commits {
     /// The sequence number of the last committed transaction.
     seq: u64,
     /// `None` once an append failed: a later record behind a missing one would never be
     /// read back (the journal's numbering must be unbroken), so every later commit of this
     /// store goes through sled's flush instead. The next open replays what is there and
     /// starts a fresh journal.
-    journal: Option<Journal>,
+    pub(crate) journal: Option<Journal>,
 }
 
 impl fmt::Debug for SledStore {

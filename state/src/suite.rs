@@ -761,6 +761,59 @@ mod sled_only {
         );
     }
 
+    /// A journal that cannot be written (a full disk) does not fail commits: the store falls
+    /// back to sled's own transaction, flush and fdatasync, in commit order, and the next
+    /// open has everything.
+    #[test]
+    fn a_failed_journal_append_falls_back_to_sled() {
+        let dir = closed_store(1);
+        let store = SledStore::open(dir.path()).unwrap();
+        put(&store, Tree::History, "before", "1");
+        store
+            .inner
+            .commits
+            .lock()
+            .unwrap()
+            .journal
+            .as_mut()
+            .unwrap()
+            .fail_next_append = true;
+        put(&store, Tree::History, "failed-append", "2");
+        assert!(store.inner.commits.lock().unwrap().journal.is_none());
+        // Pending commits went into sled before the first one without the journal.
+        assert!(store.inner.pending.lock().unwrap().is_empty());
+        store
+            .commit_with(one_put("after", "3"), Durability::Process)
+            .unwrap();
+        let mut del = Batch::new();
+        del.delete(Tree::History, "before");
+        store.commit(del).unwrap();
+        let expect = |store: &SledStore| {
+            assert_eq!(store.get(Tree::History, b"before").unwrap(), None);
+            assert_eq!(
+                store.get(Tree::History, b"failed-append").unwrap(),
+                Some(b"2".to_vec())
+            );
+            assert_eq!(
+                store.get(Tree::History, b"after").unwrap(),
+                Some(b"3".to_vec())
+            );
+            assert_eq!(store.len(Tree::Attachments).unwrap(), 1);
+        };
+        expect(&store);
+        let seq = read_seq(&store.inner.db, dir.path()).unwrap();
+        drop(store);
+        assert_eq!(
+            last_seq(dir.path()),
+            seq,
+            "the witness claims the last commit"
+        );
+        let store = SledStore::open(dir.path()).unwrap();
+        expect(&store);
+        // A fresh journal again.
+        assert!(store.inner.commits.lock().unwrap().journal.is_some());
+    }
+
     /// Env var naming the directory the crash child writes to. Its presence is what makes
     /// [`crash_child`] do anything.
     const CRASH_DIR_ENV: &str = "DIPAM_STATE_CRASH_DIR";
