@@ -478,6 +478,16 @@ impl Inner {
     fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<KeyValue>, StoreError> {
         // The overlay first: a commit applied meanwhile is then in sled, with the same value.
         let overlay = lock(&self.pending)?.overlay(tree, prefix);
+        self.scan_under(tree, prefix, overlay)
+    }
+
+    /// sled's entries under `prefix`, with `overlay` (pending ops read before) laid over them.
+    fn scan_under(
+        &self,
+        tree: Tree,
+        prefix: &[u8],
+        overlay: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    ) -> Result<Vec<KeyValue>, StoreError> {
         let base = self
             .tree(tree)
             .scan_prefix(prefix)
@@ -492,12 +502,10 @@ impl Inner {
     fn scan_keys(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
         let overlay = lock(&self.pending)?.overlay(tree, prefix);
         if !overlay.is_empty() {
-            return Ok(self
-                .scan_prefix(tree, prefix)?
-                .into_iter()
-                .map(|(k, _)| k)
-                .collect());
+            let entries = self.scan_under(tree, prefix, overlay)?;
+            return Ok(entries.into_iter().map(|(k, _)| k).collect());
         }
+        // Nothing pending here: sled's keys alone, without reading the values.
         self.tree(tree)
             .scan_prefix(prefix)
             .keys()
