@@ -83,16 +83,21 @@ pub enum Command {
         #[arg(long)]
         conflist: Option<PathBuf>,
         /// JSON file with the valid attachments, as a runtime sends them:
-        /// [{"containerID":"...","ifname":"eth0"}, ...].
+        /// [{"containerID":"...","ifname":"eth0"}, ...]. Each entry must have exactly these
+        /// two keys (case-sensitive); any other entry refuses the whole GC.
         #[arg(long, conflicts_with = "use_ledger")]
         valid: Option<PathBuf>,
         /// Treat everything in the ledger as valid: frees only reservations the delegate holds
         /// that dipamd never recorded.
         #[arg(long)]
         use_ledger: bool,
-        /// Show what would be freed and why; free nothing.
+        /// Show what would be freed and what is kept, and why; free nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Run even if it would free more than dipamd's --gc-max-free-share of the network's
+        /// pods (e.g. the only pod of a network). Check the list with --dry-run first.
+        #[arg(long)]
+        force: bool,
     },
     /// Put the dipam plugin into the CNI bin directory and, with --conflist, a network config
     /// into the CNI config directory, each atomically (temporary file, fsync, rename), plugin
@@ -370,6 +375,7 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
             valid,
             use_ledger,
             dry_run,
+            force,
         } => {
             let (config, mode) = match &conflist {
                 Some(path) => {
@@ -389,8 +395,11 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
                         .map_err(|e| CtlError::Input(format!("{}: {e}", path.display())))?;
                     let v: serde_json::Value = serde_json::from_slice(&text)
                         .map_err(|e| CtlError::Input(format!("{}: {e}", path.display())))?;
-                    crate::gc::valid_list(&json!({ "cni.dev/valid-attachments": v }))
-                        .unwrap_or_default()
+                    // Checked here, entry by entry, so that the operator sees which entry
+                    // is wrong before anything reaches dipamd (which checks again).
+                    let source = path.display().to_string();
+                    crate::gc::parse_list(&v, &source)
+                        .map_err(|e| CtlError::Input(format!("{}; {}", e.msg, e.details)))?
                         .into_iter()
                         .map(|(container_id, ifname)| GcAttachment {
                             container_id,
@@ -408,26 +417,36 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
                     valid,
                     use_ledger,
                     dry_run,
+                    force,
                 })
                 .await
                 .map_err(CtlError::Rpc)?
                 .into_inner();
+            let fields = |i: &dipam_proto::v1::GcItem| {
+                json!({
+                    "kind": i.kind, "containerID": i.container_id, "ifname": i.ifname,
+                    "ips": i.ips, "reason": i.reason, "outcome": i.outcome, "error": i.error,
+                    "keep": i.keep,
+                })
+            };
             if args.json {
                 let v = json!({
                     "network": reply.network,
                     "dryRun": dry_run,
                     "refused": reply.refused,
-                    "items": reply.items.iter().map(|i| json!({
-                        "kind": i.kind, "containerID": i.container_id, "ifname": i.ifname,
-                        "ips": i.ips, "reason": i.reason, "outcome": i.outcome, "error": i.error,
-                    })).collect::<Vec<_>>(),
+                    "items": reply.items.iter().map(fields).collect::<Vec<_>>(),
+                    "kept": reply.kept.iter().map(fields).collect::<Vec<_>>(),
                 });
                 writeln!(out, "{v:#}")?;
-            } else if !reply.refused.is_empty() {
-                writeln!(out, "GC of {} refused: {}", reply.network, reply.refused)?;
-            } else {
-                let rows: Vec<[String; 6]> = reply
-                    .items
+            } else if reply.refused.is_empty() {
+                // A dry run lists what stays too, so that an operator can see why a pod is not
+                // freed (or that one the runtime still runs is missing from the list).
+                let shown = if dry_run {
+                    reply.items.iter().chain(reply.kept.iter()).collect()
+                } else {
+                    reply.items.iter().collect::<Vec<_>>()
+                };
+                let rows: Vec<[String; 6]> = shown
                     .iter()
                     .map(|i| {
                         [
@@ -451,15 +470,22 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
                 )?;
                 writeln!(
                     out,
-                    "{} {} in network {}",
-                    rows.len(),
+                    "{} {}, {} kept in network {}",
+                    reply.items.len(),
                     if dry_run {
                         "would be freed"
                     } else {
                         "collected"
                     },
+                    reply.kept.len(),
                     reply.network
                 )?;
+            }
+            if !reply.refused.is_empty() {
+                return Err(CtlError::Failed(format!(
+                    "GC of {} refused: {}",
+                    reply.network, reply.refused
+                )));
             }
             return Ok(());
         }

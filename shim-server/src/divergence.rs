@@ -186,8 +186,8 @@ pub async fn round<S: Store>(shim: &Shim<S>, free: bool) -> Result<(), ShimError
         if !d.orphans.is_empty() {
             warn!(network = %dc.network, orphans = ?d.orphans, "the delegate's store holds reservations dipamd never recorded");
             if free {
-                let items = gc::collect(shim, &dc, "", Valid::Ledger, false).await?;
-                let freed = items.iter().filter(|i| i.outcome == "freed").count();
+                let plan = gc::collect(shim, &dc, "", Valid::Ledger, false, false).await?;
+                let freed = plan.items.iter().filter(|i| i.outcome == "freed").count();
                 info!(network = %dc.network, freed, "reconcile freed orphaned reservations");
             }
         }

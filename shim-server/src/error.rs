@@ -146,6 +146,17 @@ pub enum ShimError {
     /// Saturated: answered at once rather than queued forever.
     #[error("dipamd is busy: {0}")]
     Busy(String),
+    /// A runtime's ADD, CHECK or DEL of one of dipamd's own keys (keys.rs).
+    #[error("container ID {container_id} is reserved for {family}; a runtime may not {command} it")]
+    Reserved {
+        command: String,
+        container_id: String,
+        family: crate::keys::Internal,
+    },
+    /// A GC's list of valid attachments that is not exactly what the spec defines; nothing
+    /// was freed (gc.rs).
+    #[error("{}", .0.msg)]
+    GcInput(crate::gc::InputError),
 }
 
 impl ShimError {
@@ -155,6 +166,17 @@ impl ShimError {
             Self::Busy(_) => (11, "retry shortly".into()),
             Self::Misconfigured { why, .. } => (codes::MISCONFIGURED, why.clone()),
             Self::BadEnv(_) => (4, String::new()),
+            Self::Reserved { .. } => (
+                4,
+                format!(
+                    "container IDs starting with \"{}\" name the addresses dipamd holds for \
+                     itself (the agent's, the warm pool's); no runtime makes such IDs, and \
+                     dipamd refuses ADD, CHECK and DEL of them so that no pod can take or \
+                     release those addresses. Nothing was allocated or released",
+                    crate::keys::PREFIX
+                ),
+            ),
+            Self::GcInput(e) => (7, e.details.clone()),
             Self::Decode(d) => (6, d.clone()),
             Self::Config { details, .. } => (7, details.clone()),
             Self::Version(d) => (1, d.clone()),
@@ -302,6 +324,9 @@ impl ShimError {
             Self::ProtocolTooOld { .. } => tonic::Status::failed_precondition(self.to_string()),
             Self::Busy(_) => tonic::Status::resource_exhausted(self.to_string()),
             Self::Store(_) | Self::Internal(_) => tonic::Status::internal(self.to_string()),
+            Self::GcInput(e) => {
+                tonic::Status::invalid_argument(format!("{}: {}", e.msg, e.details))
+            }
             other => {
                 let (_, details) = other.code_and_details();
                 tonic::Status::failed_precondition(format!("{other}: {details}"))

@@ -15,6 +15,7 @@ pub mod gc;
 pub mod history;
 pub mod install;
 pub mod keylock;
+pub mod keys;
 pub mod logging;
 pub mod metrics;
 pub mod pool;

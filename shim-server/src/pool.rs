@@ -62,8 +62,9 @@ use crate::{
     shim::{Prepared, Shim, now, now_ms},
 };
 
-/// Every pool entry's container ID starts with this; the runtime may not use such IDs.
-pub const ID_PREFIX: &str = "dipam-pool-";
+/// Every pool entry's container ID starts with this; the runtime may not use such IDs
+/// (keys.rs reserves them, with every other key dipamd makes for itself).
+pub const ID_PREFIX: &str = crate::keys::POOL_PREFIX;
 /// The ifname of every pool entry.
 pub const IFNAME: &str = "eth0";
 /// The most entries per network `--warm-pool` accepts.
@@ -150,23 +151,6 @@ pub struct Pool {
     pub bypassed: AtomicU64,
     pub refill_failures: AtomicU64,
     next_id: AtomicU64,
-}
-
-/// Whether `container_id` is in the pool's reserved namespace.
-pub fn reserved(container_id: &str) -> bool {
-    container_id.starts_with(ID_PREFIX)
-}
-
-/// Refuses a runtime's ADD or CHECK for a container ID in the pool's namespace: the pool's
-/// entries, and the addresses of pods served from them, are held under such IDs.
-pub fn refuse_reserved(p: &Prepared) -> Result<(), ShimError> {
-    if reserved(&p.req.container_id) {
-        return Err(ShimError::BadEnv(format!(
-            "container ID {} is reserved for dipamd's warm pool (IDs starting with {ID_PREFIX})",
-            p.req.container_id
-        )));
-    }
-    Ok(())
 }
 
 /// A config without what differs between pods of one network: the runtime's per-pod values
@@ -870,7 +854,7 @@ async fn fill_one<S: Store>(
         });
     }
     let n = shim.pool.next_id.fetch_add(1, Ordering::Relaxed);
-    let id = format!("{ID_PREFIX}{}-{n}", cfg.node);
+    let id = crate::keys::pool_id(&cfg.node, n);
     crate::validate::container_id(&id)?;
     let version: SpecVersion = t
         .version
@@ -1182,9 +1166,10 @@ esac
             .await
             .unwrap_err();
         assert_eq!(e.code_and_details().0, 4, "{e}");
-        del::run(&b.shim, request("dipam-pool-n1-0", "1.0.0", json!({})))
+        let e = del::run(&b.shim, request("dipam-pool-n1-0", "1.0.0", json!({})))
             .await
-            .unwrap();
+            .unwrap_err();
+        assert_eq!(e.code_and_details().0, 4, "{e}");
         assert_eq!(b.calls().len(), calls, "a runtime reached the pool's key");
         assert_eq!(b.entries().len(), 1);
     }
@@ -1304,6 +1289,9 @@ esac
         assert_eq!(entry_number("dipam-pool-n1-17", "n1"), Some(17));
         assert_eq!(entry_number("dipam-pool-n1-x", "n1"), None);
         assert_eq!(entry_number("dipam-pool-n2-1", "n1"), None);
-        assert!(reserved("dipam-pool-anything") && !reserved("dipam-router-ipv4-n1"));
+        assert_eq!(
+            crate::keys::internal("dipam-pool-anything"),
+            Some(crate::keys::Internal::Pool)
+        );
     }
 }

@@ -23,7 +23,7 @@ use dipam_state::{
 use serde_json::{Value, json};
 
 use crate::{
-    agent::{ROLES, conflist},
+    agent::conflist,
     delegate::{Executor, config::DelegateConf, store, version},
     shim::now,
 };
@@ -76,11 +76,10 @@ impl<'a, I: Iterator<Item = &'a Value> + 'a> FlattenSets<'a> for I {
 
 /// The agent role of a container ID dipamd gave an agent address, if it is one.
 fn agent_role(container_id: &str) -> Option<String> {
-    let rest = container_id.strip_prefix("dipam-")?;
-    ROLES.iter().find_map(|r| {
-        let tail = rest.strip_prefix(r)?.strip_prefix('-')?;
-        (tail.starts_with("ipv4-") || tail.starts_with("ipv6-")).then(|| (*r).to_owned())
-    })
+    match crate::keys::internal(container_id)? {
+        crate::keys::Internal::Agent { role } => Some(role),
+        _ => None,
+    }
 }
 
 pub async fn run(
@@ -155,7 +154,7 @@ pub async fn run(
     let ledger = Ledger::new(store);
     let t = now();
     for ((cid, ifname), ips) in groups {
-        if crate::pool::reserved(&cid) {
+        if crate::keys::internal(&cid) == Some(crate::keys::Internal::Pool) {
             for ip in &ips {
                 report.skipped.push(format!(
                     "{ip} ({cid}): a warm-pool entry, possibly handed to a running pod; it stays \

@@ -148,6 +148,7 @@ pub async fn drain<S: Store>(shim: &Shim<S>, dir: &Path) -> Drained {
                 e @ (ShimError::Decode(_)
                 | ShimError::Config { .. }
                 | ShimError::BadEnv(_)
+                | ShimError::Reserved { .. }
                 | ShimError::Version(_)),
             ) => {
                 quarantine(dir, &file, &e.to_string());

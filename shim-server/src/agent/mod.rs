@@ -85,7 +85,7 @@ pub struct Slot {
 
 impl Slot {
     pub fn new(cfg: &AgentConfig, role: &str, family: Family) -> Self {
-        let container_id = format!("dipam-{role}-{}-{}", family.as_str(), cfg.node);
+        let container_id = crate::keys::agent_id(role, family.as_str(), &cfg.node);
         Self {
             role: role.to_owned(),
             family,

@@ -55,7 +55,7 @@ pub(crate) fn restore_early(tx: Option<tokio::sync::oneshot::Sender<Vec<u8>>>) {
 
 pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, ShimError> {
     let p = shim.prepare(req, true)?;
-    crate::pool::refuse_reserved(&p)?;
+    crate::keys::refuse_runtime("ADD", &p.req.container_id)?;
     if let Some(why) = shim
         .misconfigured
         .lock()

@@ -213,32 +213,43 @@ pub async fn gc<S: Store>(shim: &Shim<S>, req: GcRequest) -> Result<GcReply, Shi
     let valid = if req.use_ledger {
         Valid::Ledger
     } else {
-        if req.valid.is_empty() && !shim.gc.allow_empty {
-            return Err(ShimError::GcRefused {
-                network: p.dc.network.clone(),
-                reason: "no valid attachments given; pass --valid FILE or --use-ledger".into(),
-            });
-        }
-        Valid::List(
+        // dipamctl checked the file; any local root process may call this RPC, so the entries
+        // are checked again, by the same rule as a runtime's list.
+        let entries = serde_json::Value::Array(
             req.valid
                 .iter()
-                .map(|a| (a.container_id.clone(), a.ifname.clone()))
+                .map(|a| serde_json::json!({"containerID": a.container_id, "ifname": a.ifname}))
                 .collect(),
-        )
+        );
+        let list = gc::parse_list(&entries, "valid").map_err(ShimError::GcInput)?;
+        if list.is_empty() && !shim.gc.allow_empty {
+            shim.gc_stats
+                .refused
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return Err(ShimError::GcRefused {
+                network: p.dc.network.clone(),
+                reason: "no valid attachments given, which would free every pod of the \
+                         network; pass --valid FILE or --use-ledger"
+                    .into(),
+            });
+        }
+        Valid::List(list)
     };
     let network = p.dc.network.clone();
-    match gc::collect(shim, &p.dc, "", valid, req.dry_run).await {
-        Ok(items) => Ok(GcReply {
+    match gc::collect(shim, &p.dc, "", valid, req.dry_run, req.force).await {
+        Ok(plan) => Ok(GcReply {
             protocol_version: dipam_proto::PROTOCOL_VERSION,
             network,
-            items,
+            items: plan.items,
             refused: String::new(),
+            kept: plan.kept,
         }),
         Err(ShimError::GcRefused { reason, .. }) => Ok(GcReply {
             protocol_version: dipam_proto::PROTOCOL_VERSION,
             network,
             items: Vec::new(),
             refused: reason,
+            kept: Vec::new(),
         }),
         Err(e) => Err(e),
     }

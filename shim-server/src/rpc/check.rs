@@ -12,7 +12,7 @@ use crate::{delegate::config::result_addrs, error::ShimError, shim::Shim};
 
 pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, ShimError> {
     let mut p = shim.prepare(req, true)?;
-    crate::pool::refuse_reserved(&p)?;
+    crate::keys::refuse_runtime("CHECK", &p.req.container_id)?;
     let _guard = shim.locks.lock(&p.key).await;
 
     let prev =

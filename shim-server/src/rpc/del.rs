@@ -18,12 +18,9 @@ use crate::{
 
 pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, ShimError> {
     let mut p = shim.prepare(req, true)?;
-    // The warm pool's IDs are never a pod's (their ADD is refused): a runtime's DEL of one
-    // must not release what the pool, or a pod served from it, holds.
-    if crate::pool::reserved(&p.req.container_id) {
-        info!(key = %p.key, "DEL of a container ID reserved for the warm pool; nothing of a pod's to release");
-        return Ok(Vec::new());
-    }
+    // dipamd's own keys (the agent's, the warm pool's) are never a pod's: a runtime's DEL of
+    // one must not release what the agent, the pool, or a pod served from it holds.
+    crate::keys::refuse_runtime("DEL", &p.req.container_id)?;
     let _guard = shim.locks.lock(&p.key).await;
 
     let existing = shim.lookup(&p.key)?;

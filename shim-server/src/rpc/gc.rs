@@ -1,45 +1,61 @@
-//! CNI GC: the runtime's valid list, made safe (agent-owned, in-flight and young attachments
-//! added; an empty, null or absent list refused unless --gc-allow-empty; a list that would free
-//! too much refused), then collected (gc.rs): through the delegate's own GC where it has one,
-//! emulated where it has none.
+//! CNI GC: the runtime's valid list, checked and made safe, then collected (gc.rs): through
+//! the delegate's own GC where it has one, emulated where it has none.
+//!
+//! - Every entry of the list must be exactly `{containerID, ifname}`; one that is not refuses
+//!   the whole GC with code 7, naming the entry (gc::valid_input).
+//! - A list that names nothing (empty, null, or absent) is refused with code 170 unless
+//!   dipamd runs with --gc-allow-empty: cnitool sends no list meaning "everything is stale",
+//!   libcni sends null for a runtime's empty GCArgs (CRI-O, for a network without pods), and
+//!   either would free every pod of the network.
+//! - Agent-owned, warm-pool, in-flight and young attachments are added to the valid set, and a
+//!   GC that would free more than the allowed share of the network's pods is refused (170).
 
 use dipam_proto::v1::CniRequest;
 use dipam_state::Store;
 
 use crate::{
     error::ShimError,
-    gc::{self, Valid},
+    gc::{self, Valid, ValidInput},
     shim::Shim,
 };
 
 pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, ShimError> {
     let p = shim.prepare(req, false)?;
-    let list = gc::valid_list(&p.dc.conf);
-    // cnitool sends no list meaning "everything is stale"; libcni sends null for an empty
-    // one. Either would free every pod on the network: refuse unless the operator said so.
-    let list = match list {
-        Some(l) if !l.is_empty() || shim.gc.allow_empty => l,
-        Some(_) | None if shim.gc.allow_empty => Vec::new(),
+    let refused = || {
+        shim.gc_stats
+            .refused
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    };
+    let input = gc::valid_input(&p.dc.conf).map_err(|e| {
+        refused();
+        ShimError::GcInput(e)
+    })?;
+    let list = match input {
+        ValidInput::List(l) if !l.is_empty() => l,
+        _ if shim.gc.allow_empty => Vec::new(),
         other => {
-            shim.gc_stats
-                .refused
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            refused();
             return Err(ShimError::GcRefused {
                 network: p.dc.network.clone(),
                 reason: format!(
-                    "the valid-attachments list is {} (start dipamd with --gc-allow-empty to \
-                     accept that)",
-                    if other.is_some() {
-                        "empty"
-                    } else {
-                        "absent or null"
-                    }
+                    "the valid-attachments list is {}, which would free every pod of the \
+                     network (start dipamd with --gc-allow-empty to accept that)",
+                    other.describe()
                 ),
             });
         }
     };
-    let items = gc::collect(shim, &p.dc, &p.req.cni_path, Valid::List(list), false).await?;
-    let failed: Vec<String> = items
+    let plan = gc::collect(
+        shim,
+        &p.dc,
+        &p.req.cni_path,
+        Valid::List(list),
+        false,
+        false,
+    )
+    .await?;
+    let failed: Vec<String> = plan
+        .items
         .iter()
         .filter(|i| i.outcome == "failed")
         .map(|i| format!("{}/{}: {}", i.container_id, i.ifname, i.error))
@@ -49,7 +65,7 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
     } else {
         Err(ShimError::GcIncomplete {
             network: p.dc.network.clone(),
-            freed: items.iter().filter(|i| i.outcome == "freed").count(),
+            freed: plan.items.iter().filter(|i| i.outcome == "freed").count(),
             failed,
         })
     }
