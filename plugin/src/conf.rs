@@ -89,9 +89,14 @@ impl PluginConf {
         }
         // runtimeConfig is the runtime's and the delegate's business, in whatever key casing the
         // runtime chose; typed parsing would reject containerd's capitalised portMappings.
+        // GC's valid list is dipamd's to check, entry by entry, with an error that names the
+        // entry (code 7); typed parsing would answer some shapes with a bare serde message and
+        // let others (an extra key) through.
         let mut typed = raw.clone();
         if let Some(obj) = typed.as_object_mut() {
             obj.remove("runtimeConfig");
+            obj.remove("cni.dev/valid-attachments");
+            obj.remove("cni.dev/attachments");
         }
         let conf: NetConf = serde_json::from_value(typed)
             .map_err(|e| PluginError::Decode(format!("network config: {e}")))?;

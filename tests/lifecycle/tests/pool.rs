@@ -513,7 +513,7 @@ fn own_addresses_bypass_the_pool_and_its_ids_are_reserved() {
     assert_eq!(status(&lab.dipamd)["warmPool"]["bypassed"], 2);
     assert_agree(&lab.dipamd, data, &net);
 
-    // The pool's IDs are not a runtime's: ADD is refused, DEL does nothing.
+    // The pool's IDs are not a runtime's: ADD and DEL are refused (code 4).
     let taken = pool_before[0]["containerID"].as_str().unwrap();
     let intruder = Attachment::new(taken, &ns.path());
     let e = lab
@@ -521,7 +521,11 @@ fn own_addresses_bypass_the_pool_and_its_ids_are_reserved() {
         .ipam(lab.list(), 0, "ADD", &intruder, None)
         .unwrap_err();
     assert_eq!(e.code, 4, "{e}");
-    lab.rt.ipam(lab.list(), 0, "DEL", &intruder, None).unwrap();
+    let e = lab
+        .rt
+        .ipam(lab.list(), 0, "DEL", &intruder, None)
+        .unwrap_err();
+    assert_eq!(e.code, 4, "{e}");
     assert_eq!(entries(&lab.dipamd, &net), pool_before);
     assert_agree(&lab.dipamd, data, &net);
 }
