@@ -88,7 +88,8 @@ pub struct Args {
     /// GC runs keeps its address.
     #[arg(long, default_value_t = 60.0)]
     pub gc_grace: f64,
-    /// GC refuses to free more than this share (0-1) of a network's pod attachments at once.
+    /// GC refuses to free more than this share (0-1) of a network's pod attachments at once, at
+    /// any size (the only pod of a network too); `dipamctl gc --force` overrides it once.
     #[arg(long, default_value_t = 0.5)]
     pub gc_max_free_share: f64,
     /// Accept a GC whose valid list is empty, null or absent (it frees every pod of the network).
