@@ -221,7 +221,12 @@ pub async fn gc<S: Store>(shim: &Shim<S>, req: GcRequest) -> Result<GcReply, Shi
                 .map(|a| serde_json::json!({"containerID": a.container_id, "ifname": a.ifname}))
                 .collect(),
         );
-        let list = gc::parse_list(&entries, "valid").map_err(ShimError::GcInput)?;
+        let list = gc::parse_list(&entries, "valid").map_err(|e| {
+            shim.gc_stats
+                .refused
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            ShimError::GcInput(e)
+        })?;
         if list.is_empty() && !shim.gc.allow_empty {
             shim.gc_stats
                 .refused

@@ -142,6 +142,46 @@ fn malformed_runtime_lists_refuse_the_whole_gc() {
     lab.assert_agree();
 }
 
+/// The same check when dipam is the main plugin (`"type": "dipam"`): its GC reaches dipamd
+/// the same way, and a wrong-case key refuses it whole.
+#[test]
+fn main_mode_gc_checks_the_list_too() {
+    require_root!();
+    let lab = Lab::with_flags("dipam-host-local.conflist", &["--gc-grace", "0"]);
+    let pods: Vec<_> = (0..2).map(|_| lab.pod()).collect();
+    for (_, p) in &pods {
+        lab.rt.add(lab.list(), p).unwrap();
+    }
+    let before = lab.delegate_store();
+    assert_eq!(before.len(), 2);
+    let list = json!([
+        gc_entry(&pods[0].1),
+        {"containerId": pods[1].1.container_id, "ifname": "eth0"}
+    ]);
+    let mut conf = dipam_lifecycle::Runtime::plugin_config(lab.list(), 0, None);
+    conf["cniVersion"] = json!("1.1.0");
+    conf[VALID] = list.clone();
+    conf[LEGACY] = list;
+    let e = lab
+        .rt
+        .exec(
+            "dipam",
+            "GC",
+            &Attachment::new("", ""),
+            &serde_json::to_vec(&conf).unwrap(),
+        )
+        .into_result("dipam")
+        .unwrap_err();
+    assert_eq!(e.code, 7, "{e}");
+    assert!(e.msg.contains("[1]"), "{e}");
+    assert_eq!(lab.delegate_store(), before);
+    lab.assert_agree();
+    for (_, p) in &pods {
+        lab.rt.del(lab.list(), p).unwrap();
+    }
+    assert!(lab.delegate_store().is_empty());
+}
+
 fn conflist_file(lab: &Lab) -> PathBuf {
     let path = lab.dipamd.dir.path().join("net.conflist");
     std::fs::write(&path, serde_json::to_vec(lab.list()).unwrap()).unwrap();
