@@ -396,8 +396,8 @@ pub async fn collect<S: Store>(
             network,
             reason: format!(
                 "it would free {} of the network's {pods} pod attachments, more than the \
-                 allowed share {:.0}% (dipamd --gc-max-free-share; an operator who has checked \
-                 the list can run `dipamctl gc --force`)",
+                 allowed share {:.0}% (dipamd --gc-max-free-share; `dipamctl gc --force \
+                 --dry-run` shows what it would free, and without --dry-run frees it)",
                 stale.len(),
                 shim.gc.max_free_share * 100.0
             ),
