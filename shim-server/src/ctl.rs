@@ -144,7 +144,14 @@ pub enum AgentCommand {
         role: String,
     },
     /// Print the list now and again after every change, until interrupted.
-    Watch,
+    ///
+    /// When dipamd stops or restarts, the watch reconnects (a note goes to stderr) and prints
+    /// the new dipamd's full list first; with --no-reconnect it exits non-zero instead.
+    Watch {
+        /// Exit (status 1, with the reason) when dipamd ends the watch or goes away.
+        #[arg(long)]
+        no_reconnect: bool,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -232,6 +239,9 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
     match args.command {
         Command::Recover { .. } | Command::Install { .. } | Command::Completions { .. } => {
             return Ok(());
+        }
+        Command::Agent(AgentCommand::Watch { no_reconnect }) => {
+            return watch(&args.socket, channel, no_reconnect, args.json, out).await;
         }
         Command::Agent(cmd) => return agent(AgentClient::new(channel), cmd, args.json, out).await,
         Command::Explain { container_id } => {
@@ -523,6 +533,13 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
                         })).collect::<Vec<_>>(),
                     },
                     "delegates": s.delegates.iter().map(|d| json!({"type": d.r#type, "path": d.path, "supportedVersions": d.supported_versions})).collect::<Vec<_>>(),
+                    "teardown": {
+                        "by": s.teardown, "deleted": s.teardown_deleted,
+                        "failures": s.teardown_failures, "lastError": s.teardown_last_error,
+                    },
+                    "privilegeFailures": {
+                        "count": s.privilege_failures, "lastError": s.privilege_last_error,
+                    },
                 });
                 writeln!(out, "{v:#}")?;
             } else {
@@ -607,6 +624,28 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
                         )?;
                     }
                 }
+                writeln!(
+                    out,
+                    "veths:        deleted by {}; {} deleted, {} failed{}",
+                    s.teardown,
+                    s.teardown_deleted,
+                    s.teardown_failures,
+                    if s.teardown_last_error.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (last: {})", s.teardown_last_error)
+                    }
+                )?;
+                writeln!(
+                    out,
+                    "privileges:   {} operation(s) not permitted{}",
+                    s.privilege_failures,
+                    if s.privilege_last_error.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (last: {})", s.privilege_last_error)
+                    }
+                )?;
                 writeln!(out, "uptime:       {}s", s.uptime_seconds)?;
                 for d in &s.delegates {
                     writeln!(
@@ -727,24 +766,86 @@ async fn agent(
                 })
                 .await
         }
-        AgentCommand::Watch => {
-            let mut stream = client
-                .watch(AgentListRequest {
-                    protocol_version: v,
-                })
-                .await
-                .map_err(CtlError::Rpc)?
-                .into_inner();
-            while let Some(item) = stream.message().await.map_err(CtlError::Rpc)? {
-                print_agent(&item, json, out)?;
-                out.flush()?;
-            }
-            return Ok(());
-        }
+        AgentCommand::Watch { .. } => return Ok(()),
     };
     let reply = reply.map_err(CtlError::Rpc)?.into_inner();
     print_agent(&reply, json, out)?;
     Ok(())
+}
+
+/// The longest pause between two attempts to reach dipamd again during a watch.
+const WATCH_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `dipamctl agent watch`: prints every list the watch delivers. dipamd ends a watch with
+/// UNAVAILABLE when it stops (gRPC's "try again"), and a restart is routine (every upgrade,
+/// every `systemctl restart`), so the watch reconnects by default, announcing it on stderr,
+/// and the new dipamd's first message is its full list. Any other status ends the watch.
+async fn watch(
+    socket: &std::path::Path,
+    first: tonic::transport::Channel,
+    no_reconnect: bool,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), CtlError> {
+    let mut channel = Some(first);
+    let mut pause = std::time::Duration::from_millis(100);
+    loop {
+        let ch = match channel.take() {
+            Some(ch) => ch,
+            None => match dipam_proto::connect(socket).await {
+                Ok(ch) => ch,
+                Err(e) => {
+                    if no_reconnect {
+                        return Err(CtlError::Unreachable {
+                            socket: socket.to_owned(),
+                            reason: root_cause(&e),
+                        });
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(WATCH_RETRY_MAX);
+                    continue;
+                }
+            },
+        };
+        let ended = watch_once(AgentClient::new(ch), json, out).await?;
+        pause = std::time::Duration::from_millis(100);
+        if ended.code() != tonic::Code::Unavailable || no_reconnect {
+            return Err(CtlError::Rpc(ended));
+        }
+        eprintln!(
+            "dipamctl: the watch ended ({}); reconnecting to {}",
+            ended.message(),
+            socket.display()
+        );
+    }
+}
+
+/// One watch stream, until it ends: the status it ended with (a stream that ends without
+/// one counts as UNAVAILABLE: dipamd went away).
+async fn watch_once(
+    mut client: AgentClient<tonic::transport::Channel>,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<tonic::Status, CtlError> {
+    let mut stream = match client
+        .watch(AgentListRequest {
+            protocol_version: dipam_proto::PROTOCOL_VERSION,
+        })
+        .await
+    {
+        Ok(r) => r.into_inner(),
+        Err(s) => return Ok(s),
+    };
+    loop {
+        match stream.message().await {
+            Ok(Some(item)) => {
+                print_agent(&item, json, out)?;
+                out.flush()?;
+            }
+            Ok(None) => return Ok(tonic::Status::unavailable("dipamd closed the watch")),
+            Err(s) => return Ok(s),
+        }
+    }
 }
 
 fn print_agent(r: &AgentListReply, json: bool, out: &mut dyn Write) -> std::io::Result<()> {

@@ -142,6 +142,11 @@ pub struct Args {
     /// Serve Prometheus metrics on this unix socket (mode 0600) instead of, or as well as, TCP.
     #[arg(long)]
     pub metrics_socket: Option<PathBuf>,
+    /// After SIGTERM (or SIGINT), let the requests in flight finish for at most this many
+    /// seconds, then exit. Agent watches end at once with UNAVAILABLE. Keep systemd's
+    /// TimeoutStopSec and the DaemonSet's terminationGracePeriodSeconds above it.
+    #[arg(long, env = "DIPAM_SHUTDOWN_TIMEOUT", default_value_t = server::DEFAULT_DRAIN.as_secs_f64())]
+    pub shutdown_timeout: f64,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -171,6 +176,11 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     if !(args.delegate_timeout > 0.0 && args.delegate_timeout <= 3600.0) {
         return Err(DaemonError::Usage(
             "--delegate-timeout must be between 0 and 3600 seconds".into(),
+        ));
+    }
+    if !(args.shutdown_timeout >= 0.0 && args.shutdown_timeout <= 3600.0) {
+        return Err(DaemonError::Usage(
+            "--shutdown-timeout must be between 0 and 3600 seconds".into(),
         ));
     }
     let dirs: Vec<PathBuf> = args
@@ -248,7 +258,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         .set(crate::history::start(shim.ledger.clone()));
     // Without the worker, main-mode plugins simply delete their veths themselves (slower
     // DEL, same outcome), so a failure here is a warning, not a reason not to serve.
-    match crate::teardown::Teardown::start() {
+    match crate::teardown::Teardown::start(shim.denials.clone()) {
         Ok(td) => {
             let _ = shim.teardown.set(td);
         }
@@ -336,11 +346,18 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         &args.socket,
         peers,
         unlink,
+        Duration::from_secs_f64(args.shutdown_timeout),
         shutdown_signal(),
     )
     .await?;
     Ok(())
 }
+
+/// After the server has stopped, how long dipamd's exit waits for work still running on
+/// blocking threads (a ledger commit, a delegate exec cut short by the drain) before the
+/// process ends anyway. Either is safe to abandon: a commit is atomic and a delegate is
+/// waited for by the next start.
+pub const EXIT_WAIT: Duration = Duration::from_secs(1);
 
 /// One malloc arena instead of glibc's one per core-thread: dipamd's work is small and bursty,
 /// and per-thread arenas let its RSS creep from ~17 to ~27 MiB over thousands of attachments

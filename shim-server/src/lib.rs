@@ -19,6 +19,7 @@ pub mod keys;
 pub mod logging;
 pub mod metrics;
 pub mod pool;
+pub mod privilege;
 pub mod recover;
 pub mod recovery;
 pub mod rpc;

@@ -230,6 +230,28 @@ pub async fn render<S: Store>(shim: &Shim<S>) -> String {
         "Warm-pool refills that failed (retried with backoff).",
         load(&shim.pool.refill_failures),
     );
+    let teardown = shim.teardown.get();
+    single(
+        &mut out,
+        "dipam_teardown_deleted_total",
+        "counter",
+        "Retired pod veths (main mode) dipamd deleted.",
+        teardown.map_or(0, |t| load(&t.stats.deleted)),
+    );
+    single(
+        &mut out,
+        "dipam_teardown_failures_total",
+        "counter",
+        "Retired pod veths dipamd failed to delete (and link listings that failed).",
+        teardown.map_or(0, |t| load(&t.stats.failures)),
+    );
+    single(
+        &mut out,
+        "dipam_privilege_failures_total",
+        "counter",
+        "Operations that failed for lack of a privilege (EPERM, EACCES).",
+        shim.denials.count(),
+    );
     single(
         &mut out,
         "dipam_spool_depth",

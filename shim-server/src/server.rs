@@ -5,6 +5,7 @@ use std::{
     os::unix::fs::{FileTypeExt, PermissionsExt},
     path::{Path, PathBuf},
     sync::Arc,
+    time::Duration,
 };
 
 use dipam_proto::v1::{
@@ -13,7 +14,7 @@ use dipam_proto::v1::{
 use dipam_state::Store;
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::{
     access::{MAX_REQUEST_BYTES, PeerCheck},
@@ -90,21 +91,47 @@ pub fn resolve_group(g: &str) -> Result<u32, String> {
     }
 }
 
-/// Serves until `shutdown` resolves, then unlinks the socket.
+/// How long dipamd lets the requests in flight finish after SIGTERM before it exits anyway
+/// (`--shutdown-timeout`). Short on purpose: while dipamd drains, its socket accepts nothing,
+/// so every pod ADD on the node waits (and DELs are spooled) until the next dipamd serves.
+/// Cutting a request short is safe: each one is recorded as an intent before its delegate
+/// runs, and the next start completes or releases it exactly as after a crash, waiting first
+/// for a delegate still running (delegate/orphans.rs). systemd's `TimeoutStopSec` and the
+/// DaemonSet's `terminationGracePeriodSeconds` must exceed it (deploy/README.md), or the
+/// drain ends in SIGKILL.
+pub const DEFAULT_DRAIN: Duration = Duration::from_secs(5);
+
+/// The message of the UNAVAILABLE that ends every `Agent.Watch` when dipamd stops.
+pub const STOPPING: &str =
+    "dipamd is shutting down; reconnect: the next dipamd sends the full list first";
+
+/// Serves until `shutdown` resolves, then stops accepting, ends every agent watch with
+/// UNAVAILABLE, lets the requests in flight finish for at most `drain`, and unlinks the
+/// socket.
 pub async fn serve<S: Store, F>(
     shim: Arc<Shim<S>>,
     listener: UnixListener,
     path: &Path,
     peers: PeerCheck,
     unlink: bool,
+    drain: Duration,
     shutdown: F,
 ) -> Result<(), ServeError>
 where
     F: std::future::Future<Output = ()> + Send,
 {
-    let svc = Service(shim);
+    let svc = Service(shim.clone());
     let check = move |req| peers.check(req);
-    let result = tonic::transport::Server::builder()
+    let (draining_tx, draining) = tokio::sync::oneshot::channel::<()>();
+    let stopping = shim.clone();
+    // What the server awaits before its graceful shutdown: the signal, then the end of every
+    // watch (a stream that never ends would hold the drain until SIGKILL).
+    let signal = async move {
+        shutdown.await;
+        stopping.agent.close_watches();
+        let _ = draining_tx.send(());
+    };
+    let server = tonic::transport::Server::builder()
         .add_service(InterceptedService::new(
             CniServer::new(svc.clone()).max_decoding_message_size(MAX_REQUEST_BYTES),
             check.clone(),
@@ -117,8 +144,30 @@ where
             AgentServer::new(svc).max_decoding_message_size(MAX_REQUEST_BYTES),
             check,
         ))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
-        .await;
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), signal);
+    tokio::pin!(server);
+    let deadline = async {
+        if draining.await.is_err() {
+            // The server ended before any signal: nothing to bound.
+            return std::future::pending().await;
+        }
+        info!(
+            drain_seconds = drain.as_secs_f64(),
+            "no longer accepting; letting the requests in flight finish"
+        );
+        tokio::time::sleep(drain).await;
+    };
+    let result = tokio::select! {
+        r = &mut server => r,
+        () = deadline => {
+            warn!(
+                drain_seconds = drain.as_secs_f64(),
+                "requests still in flight after the shutdown drain; exiting anyway (the next \
+                 start completes or releases them, as after a crash)"
+            );
+            Ok(())
+        }
+    };
     if unlink {
         let _ = std::fs::remove_file(path);
         info!(socket = %path.display(), "socket removed; dipamd stopped");

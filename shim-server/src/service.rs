@@ -103,6 +103,7 @@ where
                 })
             }
             Err(e) => {
+                shim.denials.note_error(call.command, &e);
                 let reply = e.into_reply();
                 match &reply {
                     Ok(CniReply {
@@ -325,14 +326,28 @@ impl<S: Store> Agent for Service<S> {
         _: Request<AgentListRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         // The current list first, then every change: an agent that (re)connects never misses
-        // the state it must act on. The forwarding task ends when the watcher goes away.
-        let mut rx = self.0.agent.subscribe();
+        // the state it must act on. The forwarding task ends when the watcher goes away, or
+        // with UNAVAILABLE when dipamd stops: the stream must end for the server to drain,
+        // and UNAVAILABLE is the code that tells a gRPC client to reconnect (the next dipamd
+        // sends the full list first).
+        let shim = self.0.clone();
+        let mut rx = shim.agent.subscribe();
         let (tx, out) = tokio::sync::mpsc::channel(4);
         tokio::spawn(async move {
+            let closed = shim.agent.watches_closed();
+            tokio::pin!(closed);
             loop {
                 let current = rx.borrow_and_update().clone();
-                if tx.send(Ok(current)).await.is_err() || rx.changed().await.is_err() {
-                    return;
+                let next = async {
+                    tx.send(Ok(current)).await.is_ok() && rx.changed().await.is_ok()
+                };
+                tokio::select! {
+                    biased;
+                    () = &mut closed => {
+                        let _ = tx.send(Err(Status::unavailable(crate::server::STOPPING))).await;
+                        return;
+                    }
+                    more = next => if !more { return },
                 }
             }
         });

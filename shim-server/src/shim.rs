@@ -61,6 +61,8 @@ pub struct Shim<S: Store> {
     /// Deletes the pod veths main-mode DELs retired (teardown.rs); set by the daemon, absent
     /// in tests that run without netlink.
     pub teardown: std::sync::OnceLock<crate::teardown::Teardown>,
+    /// Operations that failed for lack of a privilege (privilege.rs), for status and doctor.
+    pub denials: Arc<crate::privilege::Denials>,
 }
 
 /// A CNI request, validated and turned into what the delegate needs.
@@ -115,6 +117,7 @@ impl<S: Store> Shim<S> {
             started: Instant::now(),
             identity,
             teardown: std::sync::OnceLock::new(),
+            denials: Arc::default(),
         })
     }
 

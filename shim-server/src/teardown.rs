@@ -26,8 +26,8 @@
 use std::{
     os::unix::fs::MetadataExt,
     sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering},
         mpsc,
     },
     time::{Duration, Instant},
@@ -41,16 +41,62 @@ use rtnetlink::{
 };
 use tracing::{debug, info, warn};
 
+use crate::privilege::Denials;
+
 /// How often the worker sweeps without being asked: the bound on how long a retired link
 /// whose hand-off was lost can linger.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// How long the start waits for the worker's first answer (netlink open, privilege probe).
+const PROBE_WAIT: Duration = Duration::from_secs(5);
 
 /// Counters for status and metrics.
 #[derive(Debug, Default)]
 pub struct TeardownStats {
     pub deleted: AtomicU64,
     pub batches: AtomicU64,
+    /// Links that could not be deleted (and link listings that failed), since start.
     pub failures: AtomicU64,
+    /// Whether the last pass left a retired link it could not delete.
+    pub failing: AtomicBool,
+    /// The last failure's message; empty while there was none.
+    pub last_error: Mutex<String>,
+    /// Set when a delete was refused for lack of a privilege: from then on the plugins
+    /// delete their own veths, as they do when dipamd cannot take them at all.
+    pub refused: AtomicBool,
+}
+
+impl TeardownStats {
+    fn failed(&self, message: String) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut last) = self.last_error.lock() {
+            *last = message;
+        }
+    }
+
+    pub fn last_error(&self) -> String {
+        self.last_error
+            .lock()
+            .map(|l| l.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// Why the worker did not start: the plugins then delete their veths themselves.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// The kernel refused a link change (the probe): dipamd lacks CAP_NET_ADMIN in the
+    /// network namespace the pods' host ends live in.
+    #[error(
+        "deleting retired pod veths needs CAP_NET_ADMIN in dipamd's network namespace, and \
+         the kernel refused it ({0}); the plugin deletes each pod's veth itself (a slower DEL). \
+         Give dipamd CAP_NET_ADMIN (deploy/README.md)"
+    )]
+    Denied(String),
+    #[error("teardown worker: {0}")]
+    Worker(String),
 }
 
 /// The handle the DEL path uses to hand a retired link over.
@@ -63,29 +109,65 @@ pub struct Teardown {
 }
 
 impl Teardown {
-    /// Starts the worker thread; it sweeps once right away (leftovers of a previous run).
-    pub fn start() -> std::io::Result<Self> {
+    /// Starts the worker thread once it has proven it may change links; it then sweeps once
+    /// right away (leftovers of a previous run). A denied probe is recorded in `denials`.
+    pub fn start(denials: Arc<Denials>) -> Result<Self, StartError> {
         let netns_inode = own_netns_inode()?;
         let (wake, rx) = mpsc::channel();
+        let (ready_tx, ready) = mpsc::channel();
         let stats = Arc::new(TeardownStats::default());
         let worker_stats = stats.clone();
         std::thread::Builder::new()
             .name("dipam-teardown".into())
-            .spawn(move || worker(&rx, &worker_stats))?;
-        Ok(Self {
-            wake,
-            netns_inode,
-            stats,
-        })
+            .spawn(move || worker(&rx, &worker_stats, &denials, &ready_tx))?;
+        match ready.recv_timeout(PROBE_WAIT) {
+            Ok(Ok(())) => Ok(Self {
+                wake,
+                netns_inode,
+                stats,
+            }),
+            Ok(Err(e)) => Err(e),
+            Err(e) => Err(StartError::Worker(format!("no answer from the worker: {e}"))),
+        }
     }
 
     /// Takes over deleting `link` if it lives in dipamd's netns. Returns whether it did; if
     /// not, the plugin deletes it itself.
     pub fn take(&self, link: &RetiredLink) -> bool {
-        if link.netns_inode != self.netns_inode || link.ifindex == 0 {
+        if link.netns_inode != self.netns_inode
+            || link.ifindex == 0
+            || self.stats.refused.load(Ordering::Relaxed)
+        {
             return false;
         }
         self.wake.send(()).is_ok()
+    }
+}
+
+/// Whether this process may change links, asked of the kernel itself: a capability in the
+/// bounding set is not enough (a user namespace that does not own the network namespace, an
+/// LSM). An `RTM_DELLINK` that names no link: the kernel checks CAP_NET_ADMIN on every
+/// request that changes something before it looks at the request (EPERM), and otherwise
+/// answers EINVAL (no link given). Nothing is ever deleted.
+async fn probe(h: &Handle) -> Result<(), StartError> {
+    match h.link().del(0).execute().await {
+        Err(e) if errno(&e).is_some_and(crate::privilege::is_denial) => {
+            Err(StartError::Denied(e.to_string()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Who deletes retired veths, for status: "dipamd", or "off: <why>" when the plugins do.
+pub fn who(t: Option<&Teardown>) -> String {
+    match t {
+        None => "off: the teardown worker did not start (see dipamd's log); the plugins delete \
+                 their own veths"
+            .into(),
+        Some(t) if t.stats.refused.load(Ordering::Relaxed) => {
+            "off: a delete was not permitted; the plugins delete their own veths".into()
+        }
+        Some(_) => "dipamd".into(),
     }
 }
 
@@ -93,14 +175,19 @@ fn own_netns_inode() -> std::io::Result<u64> {
     Ok(std::fs::metadata("/proc/thread-self/ns/net")?.ino())
 }
 
-fn worker(rx: &mpsc::Receiver<()>, stats: &TeardownStats) {
+fn worker(
+    rx: &mpsc::Receiver<()>,
+    stats: &TeardownStats,
+    denials: &Denials,
+    ready: &mpsc::Sender<Result<(), StartError>>,
+) {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()
     {
         Ok(rt) => rt,
         Err(e) => {
-            warn!(error = %e, "teardown worker: cannot start its runtime; retired veths will not be deleted");
+            let _ = ready.send(Err(StartError::Worker(format!("cannot start its runtime: {e}"))));
             return;
         }
     };
@@ -112,13 +199,24 @@ fn worker(rx: &mpsc::Receiver<()>, stats: &TeardownStats) {
                 handle
             }
             Err(e) => {
-                warn!(error = %e, "teardown worker: cannot open netlink; retired veths will not be deleted");
+                if e.raw_os_error().is_some_and(crate::privilege::is_denial) {
+                    denials.note("opening netlink for the veth teardown", &e);
+                }
+                let _ = ready.send(Err(StartError::Worker(format!("cannot open netlink: {e}"))));
                 return;
             }
         }
     };
+    if let Err(e) = rt.block_on(probe(&handle)) {
+        if matches!(e, StartError::Denied(_)) {
+            denials.note("deleting retired pod veths", &e);
+        }
+        let _ = ready.send(Err(e));
+        return;
+    }
+    let _ = ready.send(Ok(()));
     loop {
-        rt.block_on(sweep(&handle, stats));
+        rt.block_on(sweep(&handle, stats, denials));
         match rx.recv_timeout(SWEEP_EVERY) {
             // Everything handed over meanwhile is in the next pass.
             Ok(()) => while rx.try_recv().is_ok() {},
@@ -150,17 +248,19 @@ fn is_retired(link: &LinkMessage) -> bool {
 }
 
 /// One pass: delete every retired link in this netns.
-async fn sweep(h: &Handle, stats: &TeardownStats) {
+async fn sweep(h: &Handle, stats: &TeardownStats, denials: &Denials) {
     let started = Instant::now();
     let links: Vec<LinkMessage> = match h.link().get().execute().try_collect().await {
         Ok(l) => l,
         Err(e) => {
-            stats.failures.fetch_add(1, Ordering::Relaxed);
+            stats.failed(format!("listing links: {e}"));
+            stats.failing.store(true, Ordering::Relaxed);
             warn!(error = %e, "teardown: listing links failed; retrying at the next pass");
             return;
         }
     };
     let retired_links: Vec<&LinkMessage> = links.iter().filter(|l| is_retired(l)).collect();
+    stats.failing.store(false, Ordering::Relaxed);
     if retired_links.is_empty() {
         return;
     }
@@ -200,8 +300,19 @@ async fn sweep(h: &Handle, stats: &TeardownStats) {
             Ok(()) => deleted += 1,
             Err(e) if gone(&e) => {}
             Err(e) => {
-                stats.failures.fetch_add(1, Ordering::Relaxed);
-                warn!(ifindex = link.header.index, alias = alias_of(link).unwrap_or_default(), error = %e, "teardown: deleting a retired veth failed; retrying at the next pass");
+                let alias = alias_of(link).unwrap_or_default();
+                stats.failed(format!(
+                    "deleting retired veth {alias:?} (ifindex {}): {e}",
+                    link.header.index
+                ));
+                stats.failing.store(true, Ordering::Relaxed);
+                if errno(&e).is_some_and(crate::privilege::is_denial) {
+                    // Not a passing fault: every later delete would fail the same way. The
+                    // plugins take their veths back; this one goes with its pod's netns.
+                    stats.refused.store(true, Ordering::Relaxed);
+                    denials.note(&format!("deleting retired veth {alias:?}"), &e);
+                }
+                warn!(ifindex = link.header.index, alias, error = %e, "teardown: deleting a retired veth failed; retrying at the next pass");
             }
         }
     }
@@ -244,5 +355,13 @@ async fn delete_group(h: &Handle, group: u32) -> Result<(), rtnetlink::Error> {
 
 /// ENODEV: already gone (the pod's netns was destroyed, taking the pair with it).
 fn gone(e: &rtnetlink::Error) -> bool {
-    matches!(e, rtnetlink::Error::NetlinkError(m) if -m.raw_code() == libc::ENODEV)
+    errno(e) == Some(libc::ENODEV)
+}
+
+/// The errno the kernel answered with, if the error is the kernel's.
+fn errno(e: &rtnetlink::Error) -> Option<i32> {
+    match e {
+        rtnetlink::Error::NetlinkError(m) => Some(-m.raw_code()),
+        _ => None,
+    }
 }

@@ -123,6 +123,10 @@ pub struct Agent {
     pub wake: Notify,
     /// One reconcile pass at a time.
     pub pass: tokio::sync::Mutex<()>,
+    /// Set once dipamd stops: every `Agent.Watch` stream ends with UNAVAILABLE, so that the
+    /// server can drain (an open watch would otherwise hold the shutdown forever) and the
+    /// agent knows to reconnect.
+    closing: watch::Sender<bool>,
 }
 
 impl Agent {
@@ -139,7 +143,20 @@ impl Agent {
             snapshot,
             wake: Notify::new(),
             pass: tokio::sync::Mutex::new(()),
+            closing: watch::channel(false).0,
         }
+    }
+
+    /// Ends every watch, now and for any that starts later (dipamd is stopping).
+    pub fn close_watches(&self) {
+        self.closing.send_replace(true);
+    }
+
+    /// Resolves once [`Agent::close_watches`] was called (at once if it already was).
+    pub async fn watches_closed(&self) {
+        let mut rx = self.closing.subscribe();
+        // The sender lives as long as `self`, so this only ends when closing is set.
+        let _ = rx.wait_for(|closing| *closing).await;
     }
 
     /// The agent role owning `ip`, if any.

@@ -36,12 +36,50 @@ pub const SLOTS_FILE: &str = "slots";
 /// when free.
 const SLOT: usize = 64;
 
+/// What /proc/<pid>/stat says about a process: its state letter (field 3) and the kernel's
+/// start time (clock ticks since boot, field 22).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stat {
+    state: char,
+    start: u64,
+}
+
+impl Stat {
+    /// Whether the process can still run code. A zombie (Z) has exited and only waits for
+    /// its parent to reap it, which may never happen (a container whose PID 1 does not
+    /// reap); X (and x, on older kernels) is a process being torn down. Neither can still
+    /// write a reservation, so neither is worth waiting for, and SIGKILL changes nothing
+    /// about them.
+    fn runs(self) -> bool {
+        !matches!(self.state, 'Z' | 'X' | 'x')
+    }
+}
+
+/// Parses the text of /proc/<pid>/stat. The command name (field 2) is in parentheses and may
+/// itself contain spaces and parentheses (a process may name itself anything up to 15 bytes,
+/// `prctl(PR_SET_NAME)`), so the fields are counted from the *last* `)`: nothing after it
+/// can contain one.
+fn parse_stat(text: &str) -> Option<Stat> {
+    let rest = text.get(text.rfind(')')? + 1..)?;
+    let mut fields = rest.split_ascii_whitespace();
+    let mut state_field = fields.next()?.chars();
+    let state = state_field.next()?;
+    if state_field.next().is_some() {
+        return None;
+    }
+    // Fields 4..=21 lie between the state and the start time.
+    let start = fields.nth(18)?.parse().ok()?;
+    Some(Stat { state, start })
+}
+
+fn stat(pid: u32) -> Option<Stat> {
+    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
 /// The kernel's start time of `pid` (clock ticks since boot), field 22 of /proc/<pid>/stat.
+#[cfg(test)]
 fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) is in parentheses and may contain spaces.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    stat(pid).map(|s| s.start)
 }
 
 /// The clock /proc/<pid>/stat's start time is counted in: CLOCK_BOOTTIME, in clock ticks
@@ -176,10 +214,21 @@ fn parse_slot(slot: &[u8]) -> Option<(u32, u64, u64)> {
     Some((pid, since, until))
 }
 
-fn wait_or_kill(pid: u32, started: std::ops::RangeInclusive<u64>, timeout: Duration) {
-    let alive = || start_time(pid).is_some_and(|t| started.contains(&t));
+/// How long to wait for a delegate to disappear after SIGKILL. The kernel ends a killed
+/// process at once unless it is stuck in an uninterruptible sleep (state D, e.g. on a hung
+/// NFS mount); a start must not wait on that forever. A delegate still running after it is
+/// left alone: its note is dropped and its late result, if any, is what the start-up replay
+/// and the periodic reconcile exist for.
+pub const KILL_WAIT: Duration = Duration::from_secs(2);
+
+/// Waits (at most `timeout`, then [`KILL_WAIT`] after a SIGKILL) for the delegate noted as
+/// `pid`, started within `started`, to stop running. Returns whether it is gone.
+fn wait_or_kill(pid: u32, started: std::ops::RangeInclusive<u64>, timeout: Duration) -> bool {
+    // A reused pid (start time outside the window) is someone else's process; a zombie is a
+    // delegate that has finished (see [`Stat::runs`]).
+    let alive = || stat(pid).is_some_and(|s| started.contains(&s.start) && s.runs());
     if !alive() {
-        return;
+        return true;
     }
     info!(
         pid,
@@ -189,16 +238,27 @@ fn wait_or_kill(pid: u32, started: std::ops::RangeInclusive<u64>, timeout: Durat
     while alive() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
     }
-    if alive() {
-        warn!(pid, "delegate outlived the delegate timeout; killing it");
-        // SAFETY: kill(2) on a pid whose start time is that of the delegate we noted.
-        unsafe {
-            libc::kill(pid as libc::pid_t, libc::SIGKILL);
-        }
-        while alive() {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+    if !alive() {
+        return true;
     }
+    warn!(pid, "delegate outlived the delegate timeout; killing it");
+    // SAFETY: kill(2) on a pid whose start time is that of the delegate we noted.
+    unsafe {
+        libc::kill(pid as libc::pid_t, libc::SIGKILL);
+    }
+    let deadline = Instant::now() + KILL_WAIT;
+    while alive() {
+        if Instant::now() >= deadline {
+            warn!(
+                pid,
+                state = stat(pid).map(|s| s.state.to_string()).unwrap_or_default(),
+                "delegate still running after SIGKILL; starting without it"
+            );
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    true
 }
 
 /// Frees its slot on drop.
@@ -316,5 +376,113 @@ mod tests {
         let reaper = std::thread::spawn(move || child.wait());
         settle_as_successor(&dir, Duration::from_millis(100));
         assert!(!reaper.join().unwrap().unwrap().success());
+    }
+
+    /// A /proc/<pid>/stat line with `comm` and `state`, start time 4242 (field 22).
+    fn stat_line(comm: &str, state: char) -> String {
+        let mut fields: Vec<String> = (4..=52).map(|n| n.to_string()).collect();
+        fields[22 - 4] = "4242".into();
+        format!("1234 ({comm}) {state} {}\n", fields.join(" "))
+    }
+
+    #[test]
+    fn stat_parsing_survives_any_command_name() {
+        for comm in [
+            "host-local",
+            "a b c",
+            "(sd-pam)",
+            ") Z 1 2 3",
+            "x) (y",
+            "((((",
+            "))))",
+            "",
+        ] {
+            for state in ['S', 'R', 'D', 'Z', 'X'] {
+                assert_eq!(
+                    parse_stat(&stat_line(comm, state)),
+                    Some(Stat { state, start: 4242 }),
+                    "comm {comm:?} state {state}"
+                );
+            }
+        }
+        // What the kernel writes for this very process parses, and says it runs.
+        let me = stat(std::process::id()).unwrap();
+        assert!(me.runs() && me.start > 0, "{me:?}");
+    }
+
+    #[test]
+    fn stat_parsing_refuses_what_is_not_a_stat_line() {
+        for bad in [
+            "",
+            "1234",
+            "1234 (comm",
+            "1234 (comm) S 1 2",
+            "1234 (comm) SZ 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22",
+            "1234 (comm) S 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 x",
+        ] {
+            assert_eq!(parse_stat(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn zombies_and_dead_processes_do_not_run() {
+        for (state, runs) in [
+            ('R', true),
+            ('S', true),
+            ('D', true),
+            ('T', true),
+            ('t', true),
+            ('I', true),
+            ('Z', false),
+            ('X', false),
+            ('x', false),
+        ] {
+            assert_eq!(Stat { state, start: 1 }.runs(), runs, "state {state}");
+        }
+    }
+
+    /// Runs `f` on a thread and fails the test if it has not returned within `limit` (a
+    /// regression here is a hang, not a slow test).
+    fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(limit)
+            .expect("settle did not return: it waits on a process that can never run again")
+    }
+
+    #[test]
+    fn an_unreaped_zombie_is_not_waited_for() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("exec");
+        let (mut child, since) = sleeper("0");
+        std::mem::forget(Tracker::new(dir.clone()).note(child.id(), since));
+        // Not reaped: it stays a zombie (state Z) until the wait below.
+        let pid = child.id();
+        while stat(pid).is_some_and(Stat::runs) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(stat(pid).map(|s| s.state), Some('Z'));
+        // A delegate timeout no test would sit through: only not waiting passes.
+        let waited = within(Duration::from_secs(30), move || {
+            settle_as_successor(&dir, Duration::from_secs(3600))
+        });
+        assert!(waited < Duration::from_secs(30));
+        assert!(child.wait().unwrap().success());
+    }
+
+    #[test]
+    fn the_wait_after_the_kill_ends_even_if_nobody_reaps() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("exec");
+        let (mut child, since) = sleeper("30");
+        std::mem::forget(Tracker::new(dir.clone()).note(child.id(), since));
+        // Nobody reaps it until settle returns: after SIGKILL it is a zombie, which the
+        // old loop counted as alive forever.
+        within(Duration::from_secs(20), move || {
+            settle_as_successor(&dir, Duration::from_millis(100))
+        });
+        assert!(!child.wait().unwrap().success());
     }
 }

@@ -54,6 +54,20 @@ pub async fn status<S: Store>(shim: &Shim<S>) -> Result<StatusReply, ShimError> 
             .bypassed
             .load(std::sync::atomic::Ordering::Relaxed),
         pools: shim.pool.status(),
+        teardown_deleted: shim.teardown.get().map_or(0, |t| {
+            t.stats.deleted.load(std::sync::atomic::Ordering::Relaxed)
+        }),
+        teardown_failures: shim.teardown.get().map_or(0, |t| {
+            t.stats.failures.load(std::sync::atomic::Ordering::Relaxed)
+        }),
+        teardown_last_error: shim
+            .teardown
+            .get()
+            .map(|t| t.stats.last_error())
+            .unwrap_or_default(),
+        teardown: crate::teardown::who(shim.teardown.get()),
+        privilege_failures: shim.denials.count(),
+        privilege_last_error: shim.denials.last(),
         plugin_protocols: {
             let bits = shim
                 .plugin_protocols

@@ -153,6 +153,24 @@ pub async fn run<S: Store>(shim: &Shim<S>) -> Result<DoctorReply, ShimError> {
         }
     }
 
+    checks.push(teardown_check(shim.teardown.get()));
+    let denied = shim.denials.count();
+    checks.push(check(
+        "no operation lacked a privilege",
+        denied == 0,
+        if denied == 0 {
+            "every operation dipamd tried was permitted".to_owned()
+        } else {
+            format!(
+                "{denied} operation(s) not permitted since start; last: {}",
+                shim.denials.last()
+            )
+        },
+        "dipamd lacks a capability it needs: give it the set deploy/systemd/dipamd.service \
+         (CapabilityBoundingSet) or deploy/kubernetes/dipam.yaml (capabilities) ships, and \
+         check SELinux/AppArmor denials; then restart dipamd",
+    ));
+
     let pending = spool::pending(&id.spool_dir).len();
     checks.push(check(
         "DEL spool drained",
@@ -164,4 +182,31 @@ pub async fn run<S: Store>(shim: &Shim<S>) -> Result<DoctorReply, ShimError> {
         protocol_version: dipam_proto::PROTOCOL_VERSION,
         checks,
     })
+}
+
+/// Retired pod veths (main mode): dipamd deletes them, or has handed that back to the plugins.
+fn teardown_check(t: Option<&crate::teardown::Teardown>) -> DoctorCheck {
+    use std::sync::atomic::Ordering;
+    let by = crate::teardown::who(t);
+    let Some(t) = t else {
+        return check("retired veths are deleted", true, by, "");
+    };
+    let failing = t.stats.failing.load(Ordering::Relaxed);
+    let failures = t.stats.failures.load(Ordering::Relaxed);
+    check(
+        "retired veths are deleted",
+        !failing,
+        format!(
+            "deleted by {by}: {} deleted, {failures} failed since start{}",
+            t.stats.deleted.load(Ordering::Relaxed),
+            if failures == 0 {
+                String::new()
+            } else {
+                format!("; last: {}", t.stats.last_error())
+            }
+        ),
+        "pod veths dipamd could not delete stay on the host until their pod's netns goes; see \
+         dipamd's log (teardown), and `ip -d link show` for links whose alias starts with \
+         \"dipam-gone\"",
+    )
 }

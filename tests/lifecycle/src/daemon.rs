@@ -20,6 +20,8 @@ pub struct Dipamd {
     extra: Vec<String>,
     /// Run dipamd inside this named netns (`ip netns exec`) instead of the test's own.
     netns: Option<String>,
+    /// Run dipamd through this command (e.g. `setpriv --bounding-set ...`), which execs it.
+    wrapper: Vec<String>,
 }
 
 impl Dipamd {
@@ -46,7 +48,16 @@ impl Dipamd {
             child: None,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
             netns: None,
+            wrapper: Vec::new(),
         }
+    }
+
+    /// Starts the next dipamd through `argv` (a program that execs the rest of its command
+    /// line, such as `setpriv` with a capability set): dipamd then runs with exactly the
+    /// restrictions a deployment gives it.
+    pub fn run_under(&mut self, argv: &[String]) {
+        assert!(self.netns.is_none(), "run_under and run_in_netns do not combine");
+        self.wrapper = argv.to_vec();
     }
 
     /// Replaces the extra flags used by the next start.
@@ -75,6 +86,11 @@ impl Dipamd {
     /// The dipamd command line this guard uses, for tests that run a second instance.
     pub fn command(&self) -> Command {
         let mut cmd = match &self.netns {
+            None if !self.wrapper.is_empty() => {
+                let mut c = Command::new(&self.wrapper[0]);
+                c.args(&self.wrapper[1..]).arg(bins::bin("dipamd"));
+                c
+            }
             None => Command::new(bins::bin("dipamd")),
             Some(ns) => {
                 let mut c = Command::new("ip");
@@ -144,21 +160,30 @@ impl Dipamd {
 
     /// SIGTERM and wait for a clean exit; returns the exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
+        self.terminate_within(Duration::from_secs(10))
+    }
+
+    /// SIGTERM, and panic (after a SIGKILL, as systemd's stop timeout would) unless dipamd
+    /// exits within `limit`; returns the exit status.
+    pub fn terminate_within(&mut self, limit: Duration) -> std::process::ExitStatus {
         let mut c = self.child.take().expect("dipamd is running");
         // SAFETY: kill(2) with a pid we spawned and have not reaped yet.
         unsafe {
             libc::kill(c.id() as libc::pid_t, libc::SIGTERM);
         }
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + limit;
         loop {
             if let Ok(Some(status)) = c.try_wait() {
                 return status;
             }
-            assert!(
-                Instant::now() < deadline,
-                "dipamd ignored SIGTERM for 10 s:\n{}",
-                self.log()
-            );
+            if Instant::now() >= deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!(
+                    "dipamd did not exit within {limit:?} of SIGTERM:\n{}",
+                    tail(&self.log(), 40)
+                );
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
     }

@@ -13,6 +13,7 @@ pub mod lab;
 pub mod netns;
 pub mod runtime;
 pub mod standin;
+pub mod yaml;
 
 pub use agentlab::AgentLab;
 pub use daemon::Dipamd;
