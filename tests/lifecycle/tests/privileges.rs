@@ -1,0 +1,488 @@
+//! dipamd under the restrictions it ships with. The capability lines of
+//! deploy/systemd/dipamd.service (`CapabilityBoundingSet`, `AmbientCapabilities`,
+//! `NoNewPrivileges`) and the DaemonSet's `securityContext` in deploy/kubernetes/dipam.yaml
+//! (`capabilities.add/drop`, `allowPrivilegeEscalation`) are parsed, and dipamd runs under
+//! exactly that set through `setpriv`. It then takes main-mode and IPAM-mode pods through ADD,
+//! CHECK, DEL and GC beside the agent's addresses: each host veth is gone after its DEL, the
+//! ledger and host-local agree, and no operation was refused.
+//!
+//! What these tests cannot reproduce in-process: the unit's mount sandbox (ProtectSystem=,
+//! ReadWritePaths=, PrivateTmp=, ...), its system-call filter and address-family restriction,
+//! and a container runtime's seccomp/AppArmor/SELinux profiles. deploy.rs checks the unit's
+//! paths against dipamd's flags instead.
+
+// Tests: a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
+use std::{
+    collections::BTreeSet,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use dipam_lifecycle::{AgentLab, Attachment, NetNs, bins, require_root, yaml};
+use serde_json::{Value, json};
+
+/// Linux capability numbers (include/uapi/linux/capability.h), by name without `CAP_`.
+const CAPS: [&str; 41] = [
+    "chown",
+    "dac_override",
+    "dac_read_search",
+    "fowner",
+    "fsetid",
+    "kill",
+    "setgid",
+    "setuid",
+    "setpcap",
+    "linux_immutable",
+    "net_bind_service",
+    "net_broadcast",
+    "net_admin",
+    "net_raw",
+    "ipc_lock",
+    "ipc_owner",
+    "sys_module",
+    "sys_rawio",
+    "sys_chroot",
+    "sys_ptrace",
+    "sys_pacct",
+    "sys_admin",
+    "sys_boot",
+    "sys_nice",
+    "sys_resource",
+    "sys_time",
+    "sys_tty_config",
+    "mknod",
+    "lease",
+    "audit_write",
+    "audit_control",
+    "setfcap",
+    "mac_override",
+    "mac_admin",
+    "syslog",
+    "wake_alarm",
+    "block_suspend",
+    "audit_read",
+    "perfmon",
+    "bpf",
+    "checkpoint_restore",
+];
+
+/// What containerd (and CRI-O, Docker) give a non-privileged container unless told otherwise
+/// (containerd's oci.defaultUnixCaps).
+const RUNTIME_DEFAULT_CAPS: [&str; 14] = [
+    "chown",
+    "dac_override",
+    "fsetid",
+    "fowner",
+    "mknod",
+    "net_raw",
+    "setgid",
+    "setuid",
+    "setfcap",
+    "setpcap",
+    "net_bind_service",
+    "sys_chroot",
+    "kill",
+    "audit_write",
+];
+
+/// The restrictions a deployment puts on dipamd that a test can apply to a process.
+#[derive(Debug)]
+struct Restrictions {
+    /// Capability names, lower case, without `cap_`.
+    bounding: BTreeSet<String>,
+    ambient: BTreeSet<String>,
+    no_new_privs: bool,
+}
+
+impl Restrictions {
+    /// `setpriv` with these restrictions, execing what follows.
+    fn setpriv(&self) -> Vec<String> {
+        let list = |set: &BTreeSet<String>| {
+            std::iter::once("-all".to_owned())
+                .chain(set.iter().map(|c| format!("+{c}")))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let mut argv = vec![
+            "setpriv".to_owned(),
+            "--bounding-set".into(),
+            list(&self.bounding),
+            // Ambient capabilities must be inheritable too.
+            "--inh-caps".into(),
+            list(&self.ambient),
+            "--ambient-caps".into(),
+            list(&self.ambient),
+        ];
+        if self.no_new_privs {
+            argv.push("--no-new-privs".into());
+        }
+        argv
+    }
+
+    /// The capability mask a root process has under these restrictions (after exec, root's
+    /// permitted and effective sets are its bounding set).
+    fn mask(&self) -> u64 {
+        self.bounding.iter().fold(0, |m, c| m | 1 << cap_bit(c))
+    }
+}
+
+fn cap_bit(name: &str) -> usize {
+    CAPS.iter()
+        .position(|c| *c == name)
+        .unwrap_or_else(|| panic!("unknown capability {name:?}"))
+}
+
+/// `CAP_NET_ADMIN` or `NET_ADMIN` -> `net_admin`.
+fn cap_name(word: &str) -> String {
+    let lower = word.to_ascii_lowercase();
+    let name = lower.strip_prefix("cap_").unwrap_or(&lower).to_owned();
+    cap_bit(&name);
+    name
+}
+
+/// The restrictions of a systemd unit's [Service] section. Several lines of one setting add
+/// up, an empty one resets it (systemd.exec(5)); an inverted list (`~`) is refused, so the
+/// test never guesses.
+fn unit_restrictions(text: &str) -> Restrictions {
+    let mut bounding: Option<BTreeSet<String>> = None;
+    let mut ambient = BTreeSet::new();
+    let mut no_new_privs = false;
+    for line in text.lines().map(str::trim) {
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        let words = || -> BTreeSet<String> {
+            assert!(
+                !value.trim_start().starts_with('~'),
+                "{key}=~ (an inverted list) is not handled by this test"
+            );
+            value.split_whitespace().map(cap_name).collect()
+        };
+        match key.trim() {
+            "CapabilityBoundingSet" if value.trim().is_empty() => {
+                bounding = Some(BTreeSet::new());
+            }
+            "CapabilityBoundingSet" => bounding.get_or_insert_default().extend(words()),
+            "AmbientCapabilities" if value.trim().is_empty() => ambient.clear(),
+            "AmbientCapabilities" => ambient.extend(words()),
+            "NoNewPrivileges" => no_new_privs = value.trim() == "yes" || value.trim() == "true",
+            _ => {}
+        }
+    }
+    Restrictions {
+        bounding: bounding.expect("the unit must bound dipamd's capabilities"),
+        ambient,
+        no_new_privs,
+    }
+}
+
+fn shipped_unit() -> Restrictions {
+    let path = bins::workspace().join("deploy/systemd/dipamd.service");
+    unit_restrictions(&std::fs::read_to_string(path).unwrap())
+}
+
+/// The restrictions of the DaemonSet's dipamd container: the runtime's default set minus
+/// `drop` (ALL: everything) plus `add`; `allowPrivilegeEscalation: false` is no_new_privs.
+fn daemonset_restrictions() -> Restrictions {
+    let path = bins::workspace().join("deploy/kubernetes/dipam.yaml");
+    let docs = yaml::parse(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+    let c = ds["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "dipamd")
+        .unwrap();
+    let sc = &c["securityContext"];
+    assert_ne!(
+        sc["privileged"], true,
+        "a privileged dipamd has every capability: nothing to test, nothing bounded"
+    );
+    let names = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .map(|s| s.as_str().unwrap().to_owned())
+            .collect()
+    };
+    let drop = names(&sc["capabilities"]["drop"]);
+    let mut bounding: BTreeSet<String> = if drop.iter().any(|d| d == "ALL") {
+        BTreeSet::new()
+    } else {
+        let dropped: BTreeSet<String> = drop.iter().map(|d| cap_name(d)).collect();
+        RUNTIME_DEFAULT_CAPS
+            .iter()
+            .map(|c| (*c).to_owned())
+            .filter(|c| !dropped.contains(c))
+            .collect()
+    };
+    bounding.extend(names(&sc["capabilities"]["add"]).iter().map(|a| cap_name(a)));
+    Restrictions {
+        bounding,
+        ambient: BTreeSet::new(),
+        no_new_privs: sc["allowPrivilegeEscalation"] == false,
+    }
+}
+
+/// The capability lines dipamd shipped with before CAP_NET_ADMIN was added: one short.
+fn one_short() -> Restrictions {
+    unit_restrictions(
+        "NoNewPrivileges=yes\n\
+         CapabilityBoundingSet=CAP_CHOWN CAP_DAC_OVERRIDE CAP_DAC_READ_SEARCH CAP_FOWNER\n",
+    )
+}
+
+/// dipamd really runs under `r`: the kernel's view of its capability sets.
+fn assert_runs_under(lab: &AgentLab, r: &Restrictions) {
+    let pid = lab.dipamd.pid().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+            .unwrap_or_else(|| panic!("{name} in {status}"))
+            .to_owned()
+    };
+    let hex = |name: &str| u64::from_str_radix(&field(name), 16).unwrap();
+    for set in ["CapBnd:", "CapPrm:", "CapEff:"] {
+        assert_eq!(hex(set), r.mask(), "{set} of dipamd ({r:?})");
+    }
+    assert_eq!(field("NoNewPrivs:") == "1", r.no_new_privs);
+}
+
+fn status(lab: &AgentLab) -> Value {
+    let out = lab.dipamd.ctl(&["status", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// doctor's check named `name`.
+fn doctor_check(lab: &AgentLab, name: &str) -> Value {
+    let out = lab.dipamd.ctl(&["doctor", "--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("doctor --json: {e}: {out:?}"));
+    v.as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no doctor check {name:?} in {v:#}"))
+}
+
+fn link_exists(name: &str) -> bool {
+    Command::new("ip")
+        .args(["link", "show", "dev", name])
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+#[track_caller]
+fn assert_gone(lab: &AgentLab, host: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while link_exists(host) {
+        assert!(
+            Instant::now() < deadline,
+            "host veth {host} outlived its DEL:\n{}",
+            lab.dipamd.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// CNI GC through the plugin, as libcni sends it (gc.rs).
+fn gc(lab: &AgentLab, keep: &[&Attachment]) {
+    let mut l = lab.fx.list.clone();
+    l["cniVersion"] = json!("1.1.0");
+    let valid: Vec<Value> = keep
+        .iter()
+        .map(|a| json!({"containerID": a.container_id, "ifname": a.ifname}))
+        .collect();
+    let i = l["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|p| p["type"] == "dipam" || p["ipam"]["type"] == "dipam")
+        .unwrap();
+    l["plugins"][i]["cni.dev/valid-attachments"] = json!(valid);
+    l["plugins"][i]["cni.dev/attachments"] = json!(valid);
+    let plugin = dipam_lifecycle::Runtime::plugin_config(&l, i, None);
+    let kind = plugin["type"].as_str().unwrap().to_owned();
+    let out = if kind == "dipam" {
+        lab.rt.exec(
+            "dipam",
+            "GC",
+            &Attachment::new("", ""),
+            &serde_json::to_vec(&plugin).unwrap(),
+        )
+    } else {
+        return lab
+            .rt
+            .ipam(&l, i, "GC", &Attachment::new("", ""), None)
+            .map(drop)
+            .unwrap_or_else(|e| panic!("GC: {e}"));
+    };
+    out.into_result("dipam")
+        .unwrap_or_else(|e| panic!("GC: {e}"));
+}
+
+/// One shape (main or IPAM mode) under `r`: the agent's addresses, then pods through ADD,
+/// CHECK, DEL and GC; the host veth of each DEL'd main-mode pod goes; the ledger and
+/// host-local agree throughout. Returns the bench for the caller's own checks.
+fn exercise(conflist: &str, r: &Restrictions) -> AgentLab {
+    let mut lab = AgentLab::unstarted(conflist);
+    lab.write_conflist();
+    lab.set_roles(
+        "router,health",
+        &["--gc-grace", "0", "--gc-max-free-share", "1"],
+    );
+    lab.dipamd.run_under(&r.setpriv());
+    lab.dipamd.start_again();
+    assert_runs_under(&lab, r);
+    lab.wait_ready(2);
+    let agent = lab.addresses();
+    let main = lab.fx.is_main_mode();
+
+    let pods: Vec<(NetNs, Attachment)> = (0..3)
+        .map(|_| {
+            let ns = NetNs::new();
+            let att = Attachment::new(&dipam_lifecycle::unique("pod"), &ns.path());
+            (ns, att)
+        })
+        .collect();
+    let mut hosts = Vec::new();
+    for (_, att) in &pods {
+        let result = lab
+            .rt
+            .add(&lab.fx.list, att)
+            .unwrap_or_else(|e| panic!("ADD: {e}\n{}", lab.dipamd.log()));
+        hosts.push(result["interfaces"][0]["name"].as_str().map(str::to_owned));
+        lab.rt
+            .check(&lab.fx.list, att)
+            .unwrap_or_else(|e| panic!("CHECK: {e}"));
+    }
+    lab.assert_agree();
+    assert_eq!(lab.ledger().len(), 2 + pods.len());
+
+    // DEL the first: its host veth goes (main mode: deleted by dipamd, or by the plugin
+    // when dipamd cannot).
+    lab.rt
+        .del(&lab.fx.list, &pods[0].1)
+        .unwrap_or_else(|e| panic!("DEL: {e}"));
+    if main {
+        assert_gone(&lab, hosts[0].as_deref().expect("main mode names the host veth"));
+    }
+    lab.assert_agree();
+
+    // GC with only the second valid: the third is freed, the agent's addresses stay.
+    gc(&lab, &[&pods[1].1]);
+    let left: Vec<String> = lab.ledger().into_iter().map(|(id, _)| id).collect();
+    assert!(left.contains(&pods[1].1.container_id), "{left:?}");
+    assert!(!left.contains(&pods[2].1.container_id), "GC kept {left:?}");
+    assert_eq!(lab.addresses(), agent, "GC or a DEL touched the agent's addresses");
+    lab.assert_agree();
+
+    for (_, att) in &pods[1..] {
+        lab.rt
+            .del(&lab.fx.list, att)
+            .unwrap_or_else(|e| panic!("DEL: {e}"));
+    }
+    if main {
+        assert_gone(&lab, hosts[1].as_deref().unwrap());
+    }
+    assert_eq!(lab.ledger().len(), 2, "only the agent's addresses are left");
+    lab.assert_agree();
+    lab
+}
+
+/// Under the set it ships with, dipamd refuses nothing and deletes the retired veths itself.
+#[track_caller]
+fn assert_nothing_refused(lab: &AgentLab) {
+    let s = status(lab);
+    assert_eq!(s["privilegeFailures"]["count"], 0, "{s:#}");
+    assert_eq!(s["teardown"]["by"], "dipamd", "{s:#}");
+    assert_eq!(s["teardown"]["failures"], 0, "{s:#}");
+    for name in ["no operation lacked a privilege", "retired veths are deleted"] {
+        let c = doctor_check(lab, name);
+        assert_eq!(c["ok"], true, "{c:#}");
+    }
+}
+
+#[test]
+fn the_systemd_units_capabilities_parse_as_expected() {
+    let r = unit_restrictions(
+        "[Service]\nCapabilityBoundingSet=CAP_CHOWN\nCapabilityBoundingSet=CAP_NET_ADMIN \
+         cap_kill\nAmbientCapabilities=CAP_KILL\nNoNewPrivileges=yes\n",
+    );
+    assert_eq!(
+        r.bounding.into_iter().collect::<Vec<_>>(),
+        ["chown", "kill", "net_admin"]
+    );
+    assert_eq!(r.ambient.into_iter().collect::<Vec<_>>(), ["kill"]);
+    assert!(r.no_new_privs);
+    let shipped = shipped_unit();
+    assert!(shipped.bounding.contains("net_admin"), "{shipped:?}");
+    assert!(shipped.no_new_privs);
+    // The DaemonSet and the unit give dipamd the same capabilities.
+    assert_eq!(daemonset_restrictions().bounding, shipped.bounding);
+}
+
+#[test]
+fn main_mode_under_the_systemd_units_capabilities() {
+    require_root!();
+    let lab = exercise("dipam-host-local.conflist", &shipped_unit());
+    assert_nothing_refused(&lab);
+    let s = status(&lab);
+    assert!(s["teardown"]["deleted"].as_u64().unwrap() >= 2, "{s:#}");
+}
+
+#[test]
+fn ipam_mode_under_the_systemd_units_capabilities() {
+    require_root!();
+    let lab = exercise("ptp-dipam-host-local.conflist", &shipped_unit());
+    assert_nothing_refused(&lab);
+}
+
+#[test]
+fn main_mode_under_the_daemonsets_security_context() {
+    require_root!();
+    let lab = exercise("dipam-host-local.conflist", &daemonset_restrictions());
+    assert_nothing_refused(&lab);
+}
+
+#[test]
+fn ipam_mode_under_the_daemonsets_security_context() {
+    require_root!();
+    let lab = exercise("ptp-dipam-host-local.conflist", &daemonset_restrictions());
+    assert_nothing_refused(&lab);
+}
+
+/// The set dipamd shipped with before: no CAP_NET_ADMIN. dipamd must not take a deletion it
+/// cannot do (the plugin deletes its veth itself, so the veth still goes), and it says so in
+/// status, doctor and the metrics instead of only in its log.
+#[test]
+fn one_capability_short_the_veths_still_go_and_doctor_says_why() {
+    require_root!();
+    let lab = exercise("dipam-host-local.conflist", &one_short());
+    let s = status(&lab);
+    assert!(s["privilegeFailures"]["count"].as_u64().unwrap() >= 1, "{s:#}");
+    let last = s["privilegeFailures"]["lastError"].as_str().unwrap();
+    assert!(last.contains("CAP_NET_ADMIN"), "{last}");
+    assert!(
+        s["teardown"]["by"].as_str().unwrap().starts_with("off"),
+        "{s:#}"
+    );
+    let c = doctor_check(&lab, "no operation lacked a privilege");
+    assert_eq!(c["ok"], false, "{c:#}");
+    assert!(c["detail"].as_str().unwrap().contains("CAP_NET_ADMIN"), "{c:#}");
+    let doctor = lab.dipamd.ctl(&["doctor"]);
+    assert!(!doctor.status.success(), "doctor passed one capability short");
+    assert!(
+        !lab.dipamd.log().contains("deleting a retired veth failed"),
+        "dipamd still tried to delete veths it may not"
+    );
+}
