@@ -75,7 +75,10 @@ mod tests {
         let d = Denials::default();
         assert_eq!((d.count(), d.last()), (0, String::new()));
         d.note("a", "first");
-        d.note("deleting a veth", std::io::Error::from_raw_os_error(libc::EPERM));
+        d.note(
+            "deleting a veth",
+            std::io::Error::from_raw_os_error(libc::EPERM),
+        );
         assert_eq!(d.count(), 2);
         assert!(d.last().starts_with("deleting a veth: "), "{}", d.last());
         assert!(d.last().contains("not permitted"), "{}", d.last());

@@ -338,9 +338,8 @@ impl<S: Store> Agent for Service<S> {
             tokio::pin!(closed);
             loop {
                 let current = rx.borrow_and_update().clone();
-                let next = async {
-                    tx.send(Ok(current)).await.is_ok() && rx.changed().await.is_ok()
-                };
+                let next =
+                    async { tx.send(Ok(current)).await.is_ok() && rx.changed().await.is_ok() };
                 tokio::select! {
                     biased;
                     () = &mut closed => {

@@ -127,7 +127,9 @@ impl Teardown {
                 stats,
             }),
             Ok(Err(e)) => Err(e),
-            Err(e) => Err(StartError::Worker(format!("no answer from the worker: {e}"))),
+            Err(e) => Err(StartError::Worker(format!(
+                "no answer from the worker: {e}"
+            ))),
         }
     }
 
@@ -187,7 +189,9 @@ fn worker(
     {
         Ok(rt) => rt,
         Err(e) => {
-            let _ = ready.send(Err(StartError::Worker(format!("cannot start its runtime: {e}"))));
+            let _ = ready.send(Err(StartError::Worker(format!(
+                "cannot start its runtime: {e}"
+            ))));
             return;
         }
     };

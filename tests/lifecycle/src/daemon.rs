@@ -56,7 +56,10 @@ impl Dipamd {
     /// line, such as `setpriv` with a capability set): dipamd then runs with exactly the
     /// restrictions a deployment gives it.
     pub fn run_under(&mut self, argv: &[String]) {
-        assert!(self.netns.is_none(), "run_under and run_in_netns do not combine");
+        assert!(
+            self.netns.is_none(),
+            "run_under and run_in_netns do not combine"
+        );
         self.wrapper = argv.to_vec();
     }
 

@@ -91,9 +91,7 @@ impl Parser {
         match self.peek()? {
             Some((i, _)) if i > indent => self.block(i),
             // "key:\n- item": a sequence may sit at its key's indentation.
-            Some((i, t)) if i == indent && (t == "-" || t.starts_with("- ")) => {
-                self.seq(indent)
-            }
+            Some((i, t)) if i == indent && (t == "-" || t.starts_with("- ")) => self.seq(indent),
             _ => Ok(Value::Null),
         }
     }

@@ -194,7 +194,11 @@ fn manifest_parses_into_a_configmap_and_a_daemonset_in_kube_system() {
     // Not privileged: a bounded capability set, which tests/privileges.rs runs dipamd under.
     let sc = &container(&docs, "containers", "dipamd")["securityContext"];
     assert_eq!(sc["privileged"], false, "{sc:#}");
-    assert_eq!(sc["capabilities"]["drop"], serde_json::json!(["ALL"]), "{sc:#}");
+    assert_eq!(
+        sc["capabilities"]["drop"],
+        serde_json::json!(["ALL"]),
+        "{sc:#}"
+    );
     // The node's network depends on dipam: it must run on tainted and NotReady nodes.
     assert!(
         spec["tolerations"]
@@ -507,6 +511,52 @@ fn the_unit_can_write_where_dipamd_and_its_delegates_write() {
             path.display()
         );
     }
+}
+
+/// dipamd's shutdown drain for `argv`: its --shutdown-timeout, or the default --help shows.
+fn shutdown_drain(argv: &[String]) -> f64 {
+    if let Some(v) = flag(&flags(argv), "--shutdown-timeout") {
+        return v.parse().unwrap();
+    }
+    let help = help("dipamd", &[]);
+    let at = help
+        .find("--shutdown-timeout")
+        .expect("dipamd --shutdown-timeout");
+    let rest = &help[at..];
+    let default = &rest[rest.find("[default: ").unwrap() + "[default: ".len()..];
+    default[..default.find(']').unwrap()].parse().unwrap()
+}
+
+/// dipamd exits at most this long after its drain (daemon::EXIT_WAIT).
+const EXIT_WAIT_SECONDS: f64 = 1.0;
+
+/// systemd and the kubelet send SIGKILL when a stop outlasts their timeout: both must leave
+/// dipamd its whole drain, or a routine restart cuts requests short for nothing.
+#[test]
+fn stop_timeouts_exceed_the_shutdown_drain() {
+    let text =
+        std::fs::read_to_string(bins::workspace().join("deploy/systemd/dipamd.service")).unwrap();
+    let stop: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("TimeoutStopSec="))
+        .expect("the unit sets TimeoutStopSec")
+        .trim()
+        .parse()
+        .unwrap();
+    let drain = shutdown_drain(&exec_start());
+    assert!(
+        stop > drain + EXIT_WAIT_SECONDS,
+        "TimeoutStopSec={stop} does not exceed dipamd's drain of {drain} s"
+    );
+    let docs = manifest();
+    let grace = pod_spec(&docs)["terminationGracePeriodSeconds"]
+        .as_f64()
+        .expect("the DaemonSet sets terminationGracePeriodSeconds");
+    let drain = shutdown_drain(&argv(container(&docs, "containers", "dipamd")));
+    assert!(
+        grace > drain + EXIT_WAIT_SECONDS,
+        "terminationGracePeriodSeconds {grace} does not exceed dipamd's drain of {drain} s"
+    );
 }
 
 /// The long flags a `--help` text lists (option lines start with spaces, then `-x, --flag`

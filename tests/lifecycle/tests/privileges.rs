@@ -218,7 +218,11 @@ fn daemonset_restrictions() -> Restrictions {
             .filter(|c| !dropped.contains(c))
             .collect()
     };
-    bounding.extend(names(&sc["capabilities"]["add"]).iter().map(|a| cap_name(a)));
+    bounding.extend(
+        names(&sc["capabilities"]["add"])
+            .iter()
+            .map(|a| cap_name(a)),
+    );
     Restrictions {
         bounding,
         ambient: BTreeSet::new(),
@@ -374,7 +378,10 @@ fn exercise(conflist: &str, r: &Restrictions) -> AgentLab {
         .del(&lab.fx.list, &pods[0].1)
         .unwrap_or_else(|e| panic!("DEL: {e}"));
     if main {
-        assert_gone(&lab, hosts[0].as_deref().expect("main mode names the host veth"));
+        assert_gone(
+            &lab,
+            hosts[0].as_deref().expect("main mode names the host veth"),
+        );
     }
     lab.assert_agree();
 
@@ -383,7 +390,11 @@ fn exercise(conflist: &str, r: &Restrictions) -> AgentLab {
     let left: Vec<String> = lab.ledger().into_iter().map(|(id, _)| id).collect();
     assert!(left.contains(&pods[1].1.container_id), "{left:?}");
     assert!(!left.contains(&pods[2].1.container_id), "GC kept {left:?}");
-    assert_eq!(lab.addresses(), agent, "GC or a DEL touched the agent's addresses");
+    assert_eq!(
+        lab.addresses(),
+        agent,
+        "GC or a DEL touched the agent's addresses"
+    );
     lab.assert_agree();
 
     for (_, att) in &pods[1..] {
@@ -406,7 +417,10 @@ fn assert_nothing_refused(lab: &AgentLab) {
     assert_eq!(s["privilegeFailures"]["count"], 0, "{s:#}");
     assert_eq!(s["teardown"]["by"], "dipamd", "{s:#}");
     assert_eq!(s["teardown"]["failures"], 0, "{s:#}");
-    for name in ["no operation lacked a privilege", "retired veths are deleted"] {
+    for name in [
+        "no operation lacked a privilege",
+        "retired veths are deleted",
+    ] {
         let c = doctor_check(lab, name);
         assert_eq!(c["ok"], true, "{c:#}");
     }
@@ -469,7 +483,10 @@ fn one_capability_short_the_veths_still_go_and_doctor_says_why() {
     require_root!();
     let lab = exercise("dipam-host-local.conflist", &one_short());
     let s = status(&lab);
-    assert!(s["privilegeFailures"]["count"].as_u64().unwrap() >= 1, "{s:#}");
+    assert!(
+        s["privilegeFailures"]["count"].as_u64().unwrap() >= 1,
+        "{s:#}"
+    );
     let last = s["privilegeFailures"]["lastError"].as_str().unwrap();
     assert!(last.contains("CAP_NET_ADMIN"), "{last}");
     assert!(
@@ -478,9 +495,15 @@ fn one_capability_short_the_veths_still_go_and_doctor_says_why() {
     );
     let c = doctor_check(&lab, "no operation lacked a privilege");
     assert_eq!(c["ok"], false, "{c:#}");
-    assert!(c["detail"].as_str().unwrap().contains("CAP_NET_ADMIN"), "{c:#}");
+    assert!(
+        c["detail"].as_str().unwrap().contains("CAP_NET_ADMIN"),
+        "{c:#}"
+    );
     let doctor = lab.dipamd.ctl(&["doctor"]);
-    assert!(!doctor.status.success(), "doctor passed one capability short");
+    assert!(
+        !doctor.status.success(),
+        "doctor passed one capability short"
+    );
     assert!(
         !lab.dipamd.log().contains("deleting a retired veth failed"),
         "dipamd still tried to delete veths it may not"

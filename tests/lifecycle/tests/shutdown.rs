@@ -29,10 +29,7 @@ const DRAIN: Duration = Duration::from_secs(3);
 const EXIT_SLACK: Duration = Duration::from_secs(4);
 
 fn drain_flag() -> [String; 2] {
-    [
-        "--shutdown-timeout".into(),
-        DRAIN.as_secs_f64().to_string(),
-    ]
+    ["--shutdown-timeout".into(), DRAIN.as_secs_f64().to_string()]
 }
 
 /// (role, family, ip, state) of a watch message, sorted: what the agent acts on.
@@ -319,7 +316,11 @@ fn slow_runtime(dir: &Path) -> Runtime {
 fn wait_for(path: &Path) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !path.exists() {
-        assert!(Instant::now() < deadline, "{} never appeared", path.display());
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -377,16 +378,28 @@ fn a_request_that_outlasts_the_drain_is_cut_short_and_converges() {
     lab.assert_agree();
 }
 
+/// The parent of an unreaped zombie; killed (which lets init reap both) on drop.
+struct ZombieParent(Child);
+
+impl Drop for ZombieParent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A process that has exited but is never reaped: `sh` starts `true` in the background and
 /// execs `sleep`, which never waits for it. Returns (the parent, the zombie's pid).
-fn unreaped_zombie() -> (Child, u32) {
-    let mut parent = Command::new("sh")
-        .args(["-c", "true & echo $!; exec sleep 600"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+fn unreaped_zombie() -> (ZombieParent, u32) {
+    let mut parent = ZombieParent(
+        Command::new("sh")
+            .args(["-c", "true & echo $!; exec sleep 600"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let mut line = String::new();
-    BufReader::new(parent.stdout.take().unwrap())
+    BufReader::new(parent.0.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
     let pid: u32 = line.trim().parse().unwrap();
@@ -397,7 +410,10 @@ fn unreaped_zombie() -> (Child, u32) {
         if state == 'Z' {
             return (parent, pid);
         }
-        assert!(Instant::now() < deadline, "{pid} never became a zombie: {stat}");
+        assert!(
+            Instant::now() < deadline,
+            "{pid} never became a zombie: {stat}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -424,7 +440,7 @@ fn a_zombie_delegate_left_by_a_killed_dipamd_does_not_hold_the_next_start() {
         &["--delegate-timeout", "600"],
     );
     lab.dipamd.kill9();
-    let (mut parent, zombie) = unreaped_zombie();
+    let (_parent, zombie) = unreaped_zombie();
     // What dipamd notes for a running delegate (delegate/orphans.rs: one 64-byte slot,
     // "<pid> <first tick> <last tick>"), as a dipamd killed mid-exec leaves it.
     let ticks = start_ticks(zombie);
@@ -447,6 +463,4 @@ fn a_zombie_delegate_left_by_a_killed_dipamd_does_not_hold_the_next_start() {
     let (_ns, pod) = lab.pod();
     lab.rt.ipam(lab.list(), 0, "ADD", &pod, None).unwrap();
     lab.assert_agree();
-    let _ = parent.kill();
-    let _ = parent.wait();
 }
