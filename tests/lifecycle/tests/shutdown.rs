@@ -388,12 +388,13 @@ impl Drop for ZombieParent {
     }
 }
 
-/// A process that has exited but is never reaped: `sh` starts `true` in the background and
-/// execs `sleep`, which never waits for it. Returns (the parent, the zombie's pid).
+/// A process that has exited but is never reaped: `sh` starts a short `sleep` in the
+/// background and execs a long one, which never waits for it (the short one outlives the
+/// exec, so `sh` cannot reap it first). Returns (the parent, the zombie's pid).
 fn unreaped_zombie() -> (ZombieParent, u32) {
     let mut parent = ZombieParent(
         Command::new("sh")
-            .args(["-c", "true & echo $!; exec sleep 600"])
+            .args(["-c", "sleep 0.3 & echo $!; exec sleep 600"])
             .stdout(Stdio::piped())
             .spawn()
             .unwrap(),
@@ -406,8 +407,11 @@ fn unreaped_zombie() -> (ZombieParent, u32) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        let state = stat[stat.rfind(')').unwrap() + 2..].chars().next().unwrap();
-        if state == 'Z' {
+        let mut fields = stat[stat.rfind(')').unwrap() + 2..].split_whitespace();
+        let state = fields.next().unwrap();
+        let ppid = fields.next().unwrap();
+        let parent_comm = std::fs::read_to_string(format!("/proc/{ppid}/comm")).unwrap();
+        if state == "Z" && parent_comm.trim() == "sleep" {
             return (parent, pid);
         }
         assert!(
