@@ -4,7 +4,9 @@
 //! (`capabilities.add/drop`, `allowPrivilegeEscalation`) are parsed, and dipamd runs under
 //! exactly that set through `setpriv`. It then takes main-mode and IPAM-mode pods through ADD,
 //! CHECK, DEL and GC beside the agent's addresses: each host veth is gone after its DEL, the
-//! ledger and host-local agree, and no operation was refused.
+//! ledger and host-local agree, and no operation was refused. One capability short, and with
+//! every capability in a user namespace that does not own the network namespace, the veths
+//! still go and `dipamctl status`/`doctor` say what was refused.
 //!
 //! What these tests cannot reproduce in-process: the unit's mount sandbox (ProtectSystem=,
 //! ReadWritePaths=, PrivateTmp=, ...), its system-call filter and address-family restriction,
@@ -507,5 +509,39 @@ fn one_capability_short_the_veths_still_go_and_doctor_says_why() {
     assert!(
         !lab.dipamd.log().contains("deleting a retired veth failed"),
         "dipamd still tried to delete veths it may not"
+    );
+}
+
+/// Every capability, but in a user namespace that does not own the host's network namespace
+/// (a rootless or user-namespaced container): the kernel refuses link changes although the
+/// capability sets say otherwise. dipamd asks the kernel, not its capability sets, so it
+/// behaves as one capability short: the veths still go, and doctor says why.
+#[test]
+fn every_capability_in_a_user_namespace_is_still_refused_and_said() {
+    require_root!();
+    let mut lab = AgentLab::unstarted("dipam-host-local.conflist");
+    lab.write_conflist();
+    lab.set_roles("router,health", &[]);
+    lab.dipamd
+        .run_under(&["unshare".into(), "--user".into(), "--map-root-user".into()]);
+    lab.dipamd.start_again();
+    lab.wait_ready(2);
+    let ns = NetNs::new();
+    let att = Attachment::new(&dipam_lifecycle::unique("pod"), &ns.path());
+    let result = lab
+        .rt
+        .add(&lab.fx.list, &att)
+        .unwrap_or_else(|e| panic!("ADD: {e}"));
+    let host = result["interfaces"][0]["name"].as_str().unwrap().to_owned();
+    lab.rt
+        .del(&lab.fx.list, &att)
+        .unwrap_or_else(|e| panic!("DEL: {e}"));
+    assert_gone(&lab, &host);
+    lab.assert_agree();
+    let c = doctor_check(&lab, "no operation lacked a privilege");
+    assert_eq!(c["ok"], false, "{c:#}");
+    assert!(
+        c["detail"].as_str().unwrap().contains("CAP_NET_ADMIN"),
+        "{c:#}"
     );
 }
