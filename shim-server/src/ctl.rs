@@ -774,12 +774,13 @@ async fn agent(
 }
 
 /// The longest pause between two attempts to reach dipamd again during a watch.
-const WATCH_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+const WATCH_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// `dipamctl agent watch`: prints every list the watch delivers. dipamd ends a watch with
 /// UNAVAILABLE when it stops (gRPC's "try again"), and a restart is routine (every upgrade,
 /// every `systemctl restart`), so the watch reconnects by default, announcing it on stderr,
-/// and the new dipamd's first message is its full list. Any other status ends the watch.
+/// and the new dipamd's first message is its full list; so it does when the connection
+/// breaks (dipamd killed). Any other status from dipamd ends the watch.
 async fn watch(
     socket: &std::path::Path,
     first: tonic::transport::Channel,
@@ -809,12 +810,26 @@ async fn watch(
         };
         let ended = watch_once(AgentClient::new(ch), json, out).await?;
         pause = std::time::Duration::from_millis(100);
-        if ended.code() != tonic::Code::Unavailable || no_reconnect {
-            return Err(CtlError::Rpc(ended));
+        // A status with a local cause never came from dipamd: the connection broke (dipamd
+        // was killed, or crashed). Like UNAVAILABLE, that calls for a reconnect.
+        let lost = std::error::Error::source(&ended).is_some();
+        if !(ended.code() == tonic::Code::Unavailable || lost) || no_reconnect {
+            return Err(if lost {
+                CtlError::Failed(format!(
+                    "the connection to dipamd was lost ({})",
+                    ended.message()
+                ))
+            } else {
+                CtlError::Rpc(ended)
+            });
         }
         eprintln!(
             "dipamctl: the watch ended ({}); reconnecting to {}",
-            ended.message(),
+            if lost {
+                format!("the connection to dipamd was lost: {}", ended.message())
+            } else {
+                ended.message().to_owned()
+            },
             socket.display()
         );
     }

@@ -234,6 +234,19 @@ fn sigterm_ends_dipamd_with_a_watch_open_and_the_watch_comes_back_whole() {
         addrs,
         "the reconnected watch did not get the full list"
     );
+    // A crash ends no watch politely: the connection just breaks. dipamctl reconnects then
+    // too, and the next dipamd's list is whole again.
+    lab.dipamd.kill9();
+    lab.dipamd.start_again();
+    assert_eq!(
+        addresses_of(&watch.next("after a kill -9 and a start")),
+        addrs
+    );
+    assert!(
+        watch.stderr().contains("connection to dipamd was lost"),
+        "{:?}",
+        watch.stderr()
+    );
     lab.assert_agree();
 }
 
