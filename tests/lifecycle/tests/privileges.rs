@@ -339,13 +339,12 @@ fn gc(lab: &AgentLab, keep: &[&Attachment]) {
 /// One shape (main or IPAM mode) under `r`: the agent's addresses, then pods through ADD,
 /// CHECK, DEL and GC; the host veth of each DEL'd main-mode pod goes; the ledger and
 /// host-local agree throughout. Returns the bench for the caller's own checks.
-fn exercise(conflist: &str, r: &Restrictions) -> AgentLab {
+fn exercise(conflist: &str, r: &Restrictions, extra: &[&str]) -> AgentLab {
     let mut lab = AgentLab::unstarted(conflist);
     lab.write_conflist();
-    lab.set_roles(
-        "router,health",
-        &["--gc-grace", "0", "--gc-max-free-share", "1"],
-    );
+    let mut flags = vec!["--gc-grace", "0", "--gc-max-free-share", "1"];
+    flags.extend_from_slice(extra);
+    lab.set_roles("router,health", &flags);
     lab.dipamd.run_under(&r.setpriv());
     lab.dipamd.start_again();
     assert_runs_under(&lab, r);
@@ -450,7 +449,7 @@ fn the_systemd_units_capabilities_parse_as_expected() {
 #[test]
 fn main_mode_under_the_systemd_units_capabilities() {
     require_root!();
-    let lab = exercise("dipam-host-local.conflist", &shipped_unit());
+    let lab = exercise("dipam-host-local.conflist", &shipped_unit(), &[]);
     assert_nothing_refused(&lab);
     let s = status(&lab);
     assert!(s["teardown"]["deleted"].as_u64().unwrap() >= 2, "{s:#}");
@@ -459,21 +458,25 @@ fn main_mode_under_the_systemd_units_capabilities() {
 #[test]
 fn ipam_mode_under_the_systemd_units_capabilities() {
     require_root!();
-    let lab = exercise("ptp-dipam-host-local.conflist", &shipped_unit());
+    let lab = exercise("ptp-dipam-host-local.conflist", &shipped_unit(), &[]);
     assert_nothing_refused(&lab);
 }
 
 #[test]
 fn main_mode_under_the_daemonsets_security_context() {
     require_root!();
-    let lab = exercise("dipam-host-local.conflist", &daemonset_restrictions());
+    let lab = exercise("dipam-host-local.conflist", &daemonset_restrictions(), &[]);
     assert_nothing_refused(&lab);
 }
 
 #[test]
 fn ipam_mode_under_the_daemonsets_security_context() {
     require_root!();
-    let lab = exercise("ptp-dipam-host-local.conflist", &daemonset_restrictions());
+    let lab = exercise(
+        "ptp-dipam-host-local.conflist",
+        &daemonset_restrictions(),
+        &[],
+    );
     assert_nothing_refused(&lab);
 }
 
@@ -483,7 +486,13 @@ fn ipam_mode_under_the_daemonsets_security_context() {
 #[test]
 fn one_capability_short_the_veths_still_go_and_doctor_says_why() {
     require_root!();
-    let lab = exercise("dipam-host-local.conflist", &one_short());
+    let metrics_dir = tempfile::tempdir().unwrap();
+    let metrics = metrics_dir.path().join("metrics.sock");
+    let lab = exercise(
+        "dipam-host-local.conflist",
+        &one_short(),
+        &["--metrics-socket", metrics.to_str().unwrap()],
+    );
     let s = status(&lab);
     assert!(
         s["privilegeFailures"]["count"].as_u64().unwrap() >= 1,
@@ -510,6 +519,27 @@ fn one_capability_short_the_veths_still_go_and_doctor_says_why() {
         !lab.dipamd.log().contains("deleting a retired veth failed"),
         "dipamd still tried to delete veths it may not"
     );
+    let text = scrape(&metrics);
+    assert!(
+        text.contains("\ndipam_privilege_failures_total 1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\ndipam_teardown_failures_total 0\n"),
+        "{text}"
+    );
+}
+
+/// GET /metrics on dipamd's metrics socket.
+fn scrape(path: &std::path::Path) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(path).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: dipamd\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
+    out
 }
 
 /// Every capability, but in a user namespace that does not own the host's network namespace
