@@ -3,6 +3,13 @@
 //! (SO_PEERCRED, taken by the kernel at connect) must be root or an allowed uid: a DEL from
 //! any local process would otherwise free a pod's address (aws-vpc-cni#3739, F20).
 //!
+//! An allowed uid is not root (docs/cfp.md, "Threat model"): dipamd runs as root and execs
+//! delegates, so a non-root caller's requests are confined. Its `CNI_PATH` is ignored for the
+//! exec (only dipamd's own `--cni-path` directories are searched), only the delegate types in
+//! `--non-root-delegate` run for it, it may CHECK and DEL only the attachments it created
+//! (the ledger records the creator's uid), it lists only those, and it may not send GC. The
+//! Admin and Agent services answer root and `--admin-uid` only.
+//!
 //! Load: at most --max-concurrent operations run at once, of which some are held for DEL (a
 //! burst of ADDs cannot starve cleanup); at most --max-queue wait, each at most a few seconds.
 //! Beyond that dipamd answers RESOURCE_EXHAUSTED at once (the plugin's code 11, "try again
@@ -18,25 +25,113 @@ use tonic::{Request, Status, transport::server::UdsConnectInfo};
 
 use crate::error::ShimError;
 
-/// The largest request dipamd decodes. A network config is a few KiB; this bounds what one
-/// request can make dipamd hold.
-pub const MAX_REQUEST_BYTES: usize = 1 << 20;
+/// The largest request dipamd decodes: a network config of up to 1 MiB (the plugin's own
+/// limit) plus the CNI_* values within their limits (validate.rs). Bounds what one request
+/// can make dipamd hold; a larger one is refused by tonic before any handler runs, and that
+/// refusal leaves dipamd as RESOURCE_EXHAUSTED (server.rs).
+pub const MAX_REQUEST_BYTES: usize = 2 << 20;
 
-/// Peer credential check, as a tonic interceptor.
+/// Who sent a request, from the kernel's peer credentials (never from the request itself).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    pub uid: u32,
+    /// Root, or a uid given with --admin-uid: may use the Admin and Agent services.
+    pub admin: bool,
+}
+
+impl Caller {
+    /// dipamd's own operations (start-up replay, spool, agent, warm pool) and root peers.
+    pub const ROOT: Caller = Caller {
+        uid: 0,
+        admin: true,
+    };
+    /// A request whose peer is not known: treated as the least trusted caller there is.
+    pub const UNKNOWN: Caller = Caller {
+        uid: u32::MAX,
+        admin: false,
+    };
+
+    pub fn is_root(&self) -> bool {
+        self.uid == 0
+    }
+
+    /// The caller the peer check attached to `req` (UNKNOWN when none did: fail closed).
+    pub fn of<T>(req: &Request<T>) -> Caller {
+        req.extensions()
+            .get::<Caller>()
+            .copied()
+            .unwrap_or(Caller::UNKNOWN)
+    }
+
+    /// The creator uid to record: none for root, so that records written before the field
+    /// existed (all by root) and root's records read the same.
+    pub fn recorded_uid(&self) -> Option<u32> {
+        (!self.is_root()).then_some(self.uid)
+    }
+
+    /// Whether this caller may act on a record created by `creator` (None: root).
+    pub fn owns(&self, creator: Option<u32>) -> bool {
+        self.is_root() || creator == Some(self.uid)
+    }
+
+    /// Refuses the Admin and Agent services to callers that are neither root nor
+    /// --admin-uid: they expose and change every attachment and the agent's addresses.
+    pub fn require_admin(&self, what: &str) -> Result<(), Status> {
+        if self.admin {
+            return Ok(());
+        }
+        tracing::warn!(
+            uid = self.uid,
+            what,
+            "request refused: not root and not in --admin-uid"
+        );
+        Err(Status::permission_denied(format!(
+            "uid {} may not use {what} (root only, or dipamd --admin-uid)",
+            self.uid
+        )))
+    }
+}
+
+tokio::task_local! {
+    /// The caller of the CNI request being served, set by the service around each request
+    /// (service.rs) and read where the request is prepared (`Shim::prepare`). Outside a
+    /// request (dipamd's own replays and refills) it is unset, and that is root.
+    pub static CALLER: Caller;
+}
+
+/// The caller of the CNI request this task serves; [`Caller::ROOT`] for dipamd's own work.
+pub fn current_caller() -> Caller {
+    CALLER.try_with(|c| *c).unwrap_or(Caller::ROOT)
+}
+
+/// Peer credential check, as a tonic interceptor. It attaches the [`Caller`] to the request.
 #[derive(Debug, Clone, Default)]
 pub struct PeerCheck {
     /// uids allowed besides root.
     pub allow_uids: Vec<u32>,
+    /// uids allowed the Admin and Agent services besides root (and the socket as well).
+    pub admin_uids: Vec<u32>,
 }
 
 impl PeerCheck {
-    pub fn check(&self, req: Request<()>) -> Result<Request<()>, Status> {
+    pub fn check(&self, mut req: Request<()>) -> Result<Request<()>, Status> {
         let cred = req
             .extensions()
             .get::<UdsConnectInfo>()
             .and_then(|i| i.peer_cred);
         match cred {
-            Some(c) if c.uid() == 0 || self.allow_uids.contains(&c.uid()) => Ok(req),
+            Some(c)
+                if c.uid() == 0
+                    || self.allow_uids.contains(&c.uid())
+                    || self.admin_uids.contains(&c.uid()) =>
+            {
+                let uid = c.uid();
+                req.extensions_mut().insert(Caller {
+                    uid,
+                    admin: uid == 0 || self.admin_uids.contains(&uid),
+                });
+                Ok(req)
+            }
             other => {
                 let who = other.map_or_else(
                     || "unknown peer".to_owned(),
@@ -44,7 +139,7 @@ impl PeerCheck {
                 );
                 tracing::warn!(peer = %who, "request refused: not root and not in --allow-uid");
                 Err(Status::permission_denied(format!(
-                    "{who} may not use dipamd (root only, or --allow-uid)"
+                    "{who} may not use dipamd (root only, or --allow-uid / --admin-uid)"
                 )))
             }
         }

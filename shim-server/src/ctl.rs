@@ -684,6 +684,7 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
                             "owner": a.owner, "state": a.state, "delegate": a.delegate_type,
                             "ips": a.ips, "netns": a.netns, "configDigest": a.config_digest,
                             "createdAt": a.created_at, "updatedAt": a.updated_at,
+                            "creatorUid": a.creator_uid,
                             "delegateKey": (!a.delegate_container_id.is_empty()).then(|| json!({
                                 "containerID": a.delegate_container_id, "ifname": a.delegate_ifname,
                             })),

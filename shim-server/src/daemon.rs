@@ -123,9 +123,25 @@ pub struct Args {
     /// Give the socket this group (name or gid) and mode 0660 instead of root-only 0600.
     #[arg(long)]
     pub socket_group: Option<String>,
-    /// Also accept requests from these uids (SO_PEERCRED), besides root; repeatable.
+    /// Also accept requests from these uids (SO_PEERCRED), besides root; repeatable. Such a
+    /// caller is confined (docs/cfp.md, "Threat model"): the delegate is searched only in
+    /// --cni-path, only --non-root-delegate types run for it, it may CHECK, DEL and list only
+    /// the attachments it added, and it may not send GC or use the Admin and Agent services.
     #[arg(long = "allow-uid")]
     pub allow_uids: Vec<u32>,
+    /// Also allow these uids the Admin and Agent services (dipamctl, the network agent),
+    /// besides root; repeatable. They see every attachment. Implies --allow-uid.
+    #[arg(long = "admin-uid")]
+    pub admin_uids: Vec<u32>,
+    /// Delegate types dipamd runs for a non-root caller (repeatable, or comma-separated).
+    /// dipamd runs every delegate as root with the caller's config, so only IPAM plugins
+    /// that touch nothing but their own store belong here.
+    #[arg(
+        long = "non-root-delegate",
+        value_delimiter = ',',
+        default_value = "host-local"
+    )]
+    pub non_root_delegates: Vec<String>,
     /// Operations run at once (a quarter is held for DEL, CHECK and GC).
     #[arg(long, default_value_t = 16)]
     pub max_concurrent: usize,
@@ -189,12 +205,14 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         .filter(|s| !s.is_empty())
         .map(PathBuf::from)
         .collect();
-    std::fs::create_dir_all(&args.state_dir).map_err(|e| {
-        DaemonError::Usage(format!(
-            "cannot create --state-dir {}: {e}",
-            args.state_dir.display()
-        ))
-    })?;
+    crate::perms::private_state_dir(&args.state_dir, spool_dir_of(&args).as_path()).map_err(
+        |e| {
+            DaemonError::Usage(format!(
+                "cannot create --state-dir {}: {e}",
+                args.state_dir.display()
+            ))
+        },
+    )?;
     // No TCP listener beyond this node unless explicitly asked for.
     if let Some(addr) = args.metrics_address
         && !addr.ip().is_loopback()
@@ -219,10 +237,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     } else {
         String::new()
     };
-    let spool_dir = args
-        .spool_dir
-        .clone()
-        .unwrap_or_else(|| args.state_dir.join("spool"));
+    let spool_dir = spool_dir_of(&args);
     let store = SledStore::open(&args.state_dir)?;
     // Delegates a killed predecessor left running finish (or die) before anything is
     // replayed, so none can complete after the replay's DEL.
@@ -230,6 +245,12 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         crate::delegate::orphans::Tracker::new(crate::delegate::orphans::dir_in(&args.state_dir));
     tracker.settle(Duration::from_secs_f64(args.delegate_timeout));
     let mut executor = Executor::new(dirs, Duration::from_secs_f64(args.delegate_timeout));
+    executor.non_root_kinds = args
+        .non_root_delegates
+        .iter()
+        .map(|k| k.trim().to_owned())
+        .filter(|k| !k.is_empty())
+        .collect();
     executor.tracker = Some(tracker);
     let shim = Shim::new(
         store,
@@ -339,6 +360,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     ));
     let peers = crate::access::PeerCheck {
         allow_uids: args.allow_uids.clone(),
+        admin_uids: args.admin_uids.clone(),
     };
     server::serve(
         shim,
@@ -359,6 +381,13 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
 /// waited for by the next start.
 pub const EXIT_WAIT: Duration = Duration::from_secs(1);
 
+/// Files dipamd creates are its own: the ledger, the journal and the history name every
+/// pod's container ID, netns path and addresses, which are no other local user's business
+/// (docs/cfp.md, "Threat model"). Call before any thread starts: the umask is per process.
+pub fn private_umask() {
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+}
+
 /// One malloc arena instead of glibc's one per core-thread: dipamd's work is small and bursty,
 /// and per-thread arenas let its RSS creep from ~17 to ~27 MiB over thousands of attachments
 /// (measured in docs/performance.md). Call before any thread starts.
@@ -368,6 +397,12 @@ pub fn tune_allocator() {
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 1);
     }
+}
+
+fn spool_dir_of(args: &Args) -> PathBuf {
+    args.spool_dir
+        .clone()
+        .unwrap_or_else(|| args.state_dir.join("spool"))
 }
 
 /// The agent settings from the flags; `None` when no conflist source is configured.

@@ -14,6 +14,9 @@ pub mod codes {
     pub const DELEGATE_NOT_FOUND: u32 = 152;
     pub const DELEGATE_TIMEOUT: u32 = 153;
     pub const DELEGATE_BAD_OUTPUT: u32 = 154;
+    /// The caller may not do this: dipamd's in-band refusal of a non-root caller, and the
+    /// plugin's mapping of a PERMISSION_DENIED status (docs/cfp.md §9).
+    pub const PERMISSION_DENIED: u32 = 155;
     pub const AGENT_CONFLICT: u32 = 156;
     pub const NO_RECORD: u32 = 157;
     pub const PREV_RESULT_MISMATCH: u32 = 158;
@@ -157,6 +160,21 @@ pub enum ShimError {
     /// was freed (gc.rs).
     #[error("{}", .0.msg)]
     GcInput(crate::gc::InputError),
+    /// The caller may not do this (a non-root caller outside what it is allowed).
+    #[error("{msg}")]
+    Forbidden { msg: String, details: String },
+    /// An operator or agent request names something that does not exist (an unknown role).
+    #[error("{msg}")]
+    Invalid { msg: String, details: String },
+    /// A request value beyond its limit (validate.rs); never echoed back.
+    #[error("{what} is {len} bytes, more than the {limit} dipamd accepts")]
+    TooLarge {
+        what: &'static str,
+        len: usize,
+        limit: usize,
+        /// The CNI code: 4 for a CNI_* variable, 7 for the network config.
+        code: u32,
+    },
 }
 
 impl ShimError {
@@ -164,6 +182,13 @@ impl ShimError {
         match self {
             Self::ProtocolTooOld { .. } | Self::Internal(_) => (codes::INTERNAL, String::new()),
             Self::Busy(_) => (11, "retry shortly".into()),
+            Self::Forbidden { details, .. } => (codes::PERMISSION_DENIED, details.clone()),
+            Self::TooLarge { code, .. } => (
+                *code,
+                "the value was not used and nothing was allocated; check what the runtime \
+                 sends"
+                    .into(),
+            ),
             Self::Misconfigured { why, .. } => (codes::MISCONFIGURED, why.clone()),
             Self::BadEnv(_) => (4, String::new()),
             Self::Reserved { .. } => (
@@ -178,7 +203,7 @@ impl ShimError {
             ),
             Self::GcInput(e) => (7, e.details.clone()),
             Self::Decode(d) => (6, d.clone()),
-            Self::Config { details, .. } => (7, details.clone()),
+            Self::Config { details, .. } | Self::Invalid { details, .. } => (7, details.clone()),
             Self::Version(d) => (1, d.clone()),
             Self::DelegateNotFound { searched, .. } => (
                 codes::DELEGATE_NOT_FOUND,
@@ -322,10 +347,24 @@ impl ShimError {
     pub fn into_status(self) -> tonic::Status {
         match self {
             Self::ProtocolTooOld { .. } => tonic::Status::failed_precondition(self.to_string()),
-            Self::Busy(_) => tonic::Status::resource_exhausted(self.to_string()),
+            Self::Busy(_) | Self::TooLarge { .. } => {
+                tonic::Status::resource_exhausted(self.to_string())
+            }
             Self::Store(_) | Self::Internal(_) => tonic::Status::internal(self.to_string()),
             Self::GcInput(e) => {
                 tonic::Status::invalid_argument(format!("{}: {}", e.msg, e.details))
+            }
+            Self::Forbidden { msg, details } => {
+                tonic::Status::permission_denied(format!("{msg}: {details}"))
+            }
+            // Bad input to the operator API: the caller must change the request.
+            Self::BadEnv(_) | Self::Decode(_) | Self::Invalid { .. } | Self::Version(_) => {
+                let (_, details) = self.code_and_details();
+                if details.is_empty() {
+                    tonic::Status::invalid_argument(self.to_string())
+                } else {
+                    tonic::Status::invalid_argument(format!("{self}: {details}"))
+                }
             }
             other => {
                 let (_, details) = other.code_and_details();

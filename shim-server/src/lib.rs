@@ -18,6 +18,7 @@ pub mod keylock;
 pub mod keys;
 pub mod logging;
 pub mod metrics;
+pub mod perms;
 pub mod pool;
 pub mod privilege;
 pub mod recover;

@@ -411,7 +411,10 @@ pub async fn init<S: Store>(shim: &Shim<S>) -> Result<(), ShimError> {
 /// A pod's ADD from the pool, if it can be served from it; `None` sends the request down the
 /// normal path. The caller holds the pod key's lock.
 pub async fn take<S: Store>(shim: &Shim<S>, p: &Prepared) -> Result<Option<Vec<u8>>, ShimError> {
-    if shim.pool.size() == 0 {
+    // Root's pods only: a non-root caller's config must not become the template dipamd
+    // fills the network's pool with, as root, in the background (docs/cfp.md, "Threat
+    // model"); its ADDs take the normal path, recorded under its uid.
+    if shim.pool.size() == 0 || !p.caller.is_root() {
         return Ok(None);
     }
     let digest = pool_digest(&p.dc);
@@ -470,6 +473,7 @@ pub async fn take<S: Store>(shim: &Shim<S>, p: &Prepared) -> Result<Option<Vec<u
                 netns: entry.netns.clone(),
                 cni_args: entry.cni_args.clone(),
             }),
+            creator_uid: p.caller.recorded_uid(),
         };
         // An entry whose address the agent holds must never reach a pod: release it instead.
         if shim.check_conflict(&rec).await.is_err() {
@@ -879,6 +883,7 @@ async fn fill_one<S: Store>(
         ..CniRequest::default()
     };
     let p = Prepared {
+        caller: crate::access::Caller::ROOT,
         key: AttachmentKey::new(network, &id, IFNAME),
         dc: DelegateConf {
             kind: t.kind.clone(),
@@ -1278,7 +1283,12 @@ esac
             req.cni_args = args.into();
             let dc = DelegateConf::from_request(&req.stdin, Mode::Ipam).unwrap();
             let key = AttachmentKey::new("net", "x", "eth0");
-            wants_own_ips(&Prepared { req, dc, key })
+            wants_own_ips(&Prepared {
+                req,
+                caller: crate::access::Caller::ROOT,
+                dc,
+                key,
+            })
         };
         assert!(!p(json!({}), "IgnoreUnknown=1;K8S_POD_NAME=a"));
         assert!(p(json!({}), "IgnoreUnknown=1;IP=10.0.0.5"));

@@ -209,6 +209,7 @@ pub async fn run(
             updated_at: t,
             issued_ms: 0,
             delegate_key: None,
+            creator_uid: None,
         };
         ledger.put(&rec).map_err(|e| e.to_string())?;
     }

@@ -105,6 +105,24 @@ pub const DEFAULT_DRAIN: Duration = Duration::from_secs(5);
 pub const STOPPING: &str =
     "dipamd is shutting down; reconnect: the next dipamd sends the full list first";
 
+/// tonic refuses a request above the decode limit with OUT_OF_RANGE, before any handler
+/// runs; gRPC's own servers say RESOURCE_EXHAUSTED for that, and so does dipamd for every
+/// other oversized value (validate.rs). dipamd's handlers never answer OUT_OF_RANGE, so the
+/// code alone identifies tonic's refusal. Its message names only the sizes.
+fn oversize_is_resource_exhausted<B>(
+    mut res: tonic::codegen::http::Response<B>,
+) -> tonic::codegen::http::Response<B> {
+    use tonic::codegen::http::HeaderValue;
+    let out_of_range = HeaderValue::from(tonic::Code::OutOfRange as i32);
+    if res.headers().get("grpc-status") == Some(&out_of_range) {
+        res.headers_mut().insert(
+            "grpc-status",
+            HeaderValue::from(tonic::Code::ResourceExhausted as i32),
+        );
+    }
+    res
+}
+
 /// Serves until `shutdown` resolves, then stops accepting, ends every agent watch with
 /// UNAVAILABLE, lets the requests in flight finish for at most `drain`, and unlinks the
 /// socket.
@@ -132,6 +150,9 @@ where
         let _ = draining_tx.send(());
     };
     let server = tonic::transport::Server::builder()
+        .layer(tower::util::MapResponseLayer::new(
+            oversize_is_resource_exhausted,
+        ))
         .add_service(InterceptedService::new(
             CniServer::new(svc.clone()).max_decoding_message_size(MAX_REQUEST_BYTES),
             check.clone(),

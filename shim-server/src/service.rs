@@ -13,7 +13,12 @@ use dipam_state::Store;
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, info, info_span, warn};
 
-use crate::{access::Class, error::ShimError, rpc, shim::Shim};
+use crate::{
+    access::{CALLER, Caller, Class},
+    error::ShimError,
+    rpc,
+    shim::Shim,
+};
 
 pub struct Service<S: Store>(pub Arc<Shim<S>>);
 
@@ -60,9 +65,11 @@ impl Call {
 
 /// Runs one CNI call: admission (`class`; STATUS takes none: it must stay cheap and answer
 /// even when dipamd is saturated), the RPC module, then logs, metrics, history and the one
-/// error boundary.
+/// error boundary. The RPC runs with `caller` in [`CALLER`]: what it may do is decided where
+/// the request is prepared (`Shim::prepare`).
 async fn answer<S: Store, F>(
     shim: &Shim<S>,
+    caller: Caller,
     call: Call,
     class: Option<Class>,
     f: F,
@@ -71,6 +78,7 @@ where
     F: Future<Output = Result<Vec<u8>, ShimError>>,
 {
     let span = call.span();
+    let f = CALLER.scope(caller, f);
     async move {
         let started = Instant::now();
         let outcome = match class {
@@ -153,11 +161,22 @@ where
 }
 
 /// One ADD, answered as `Add` answers it (with `replayed` set on success).
-async fn add<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<CniReply, Status> {
+async fn add<S: Store>(
+    shim: &Shim<S>,
+    caller: Caller,
+    req: CniRequest,
+) -> Result<CniReply, Status> {
     let call = Call::of("ADD", &req);
     let (reply, replayed) = rpc::add::REPLAYED
         .scope(std::cell::Cell::new(false), async {
-            let reply = answer(shim, call, Some(Class::Add), rpc::add::run(shim, req)).await;
+            let reply = answer(
+                shim,
+                caller,
+                call,
+                Some(Class::Add),
+                rpc::add::run(shim, req),
+            )
+            .await;
             (reply, rpc::add::REPLAYED.with(std::cell::Cell::get))
         })
         .await;
@@ -174,7 +193,10 @@ type ReplyStream =
 #[tonic::async_trait]
 impl<S: Store> Cni for Service<S> {
     async fn add(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
-        add(&self.0, r.into_inner()).await.map(Response::new)
+        let caller = Caller::of(&r);
+        add(&self.0, caller, r.into_inner())
+            .await
+            .map(Response::new)
     }
 
     type AddEarlyStream = ReplyStream;
@@ -186,6 +208,7 @@ impl<S: Store> Cni for Service<S> {
         &self,
         r: Request<CniRequest>,
     ) -> Result<Response<Self::AddEarlyStream>, Status> {
+        let caller = Caller::of(&r);
         let req = r.into_inner();
         let shim = Arc::clone(&self.0);
         let (tx, out) = tokio::sync::mpsc::channel(2);
@@ -205,8 +228,10 @@ impl<S: Store> Cni for Service<S> {
                     let _ = tx.send(Ok(early)).await;
                 }
             };
-            let handler =
-                rpc::add::EARLY.scope(std::cell::RefCell::new(Some(early_tx)), add(&shim, req));
+            let handler = rpc::add::EARLY.scope(
+                std::cell::RefCell::new(Some(early_tx)),
+                add(&shim, caller, req),
+            );
             let (last, ()) = tokio::join!(handler, forward);
             let _ = tx.send(last).await;
         });
@@ -215,11 +240,13 @@ impl<S: Store> Cni for Service<S> {
         )))
     }
     async fn del(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
+        let caller = Caller::of(&r);
         let req = r.into_inner();
         let call = Call::of("DEL", &req);
         let retired = req.retired_link.clone();
         let mut reply = answer(
             &self.0,
+            caller,
             call,
             Some(Class::Other),
             rpc::del::run(&self.0, req),
@@ -236,10 +263,12 @@ impl<S: Store> Cni for Service<S> {
         Ok(reply)
     }
     async fn check(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
+        let caller = Caller::of(&r);
         let req = r.into_inner();
         let call = Call::of("CHECK", &req);
         answer(
             &self.0,
+            caller,
             call,
             Some(Class::Other),
             rpc::check::run(&self.0, req),
@@ -247,10 +276,12 @@ impl<S: Store> Cni for Service<S> {
         .await
     }
     async fn gc(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
+        let caller = Caller::of(&r);
         let req = r.into_inner();
         let call = Call::of("GC", &req);
         answer(
             &self.0,
+            caller,
             call,
             Some(Class::Other),
             rpc::gc::run(&self.0, req),
@@ -258,9 +289,11 @@ impl<S: Store> Cni for Service<S> {
         .await
     }
     async fn status(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
+        let caller = Caller::of(&r);
         let req = r.into_inner();
         answer(
             &self.0,
+            caller,
             Call::of("STATUS", &req),
             None,
             rpc::status::run(&self.0, req),
@@ -271,20 +304,23 @@ impl<S: Store> Cni for Service<S> {
 
 #[tonic::async_trait]
 impl<S: Store> Admin for Service<S> {
-    async fn get_status(&self, _: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
+    async fn get_status(&self, r: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
+        Caller::of(&r).require_admin("dipamd's status")?;
         rpc::admin::status(&self.0)
             .await
             .map(Response::new)
             .map_err(ShimError::into_status)
     }
     async fn explain(&self, r: Request<ExplainRequest>) -> Result<Response<ExplainReply>, Status> {
+        Caller::of(&r).require_admin("explain")?;
         rpc::admin::explain(&self.0, r.into_inner())
             .await
             .map(Response::new)
             .map_err(ShimError::into_status)
     }
 
-    async fn doctor(&self, _: Request<DoctorRequest>) -> Result<Response<DoctorReply>, Status> {
+    async fn doctor(&self, r: Request<DoctorRequest>) -> Result<Response<DoctorReply>, Status> {
+        Caller::of(&r).require_admin("doctor")?;
         rpc::doctor::run(&self.0)
             .await
             .map(Response::new)
@@ -292,6 +328,7 @@ impl<S: Store> Admin for Service<S> {
     }
 
     async fn gc(&self, r: Request<GcRequest>) -> Result<Response<GcReply>, Status> {
+        Caller::of(&r).require_admin("the operator's GC")?;
         let span = info_span!("admin", command = "gc");
         rpc::admin::gc(&self.0, r.into_inner())
             .instrument(span)
@@ -304,7 +341,9 @@ impl<S: Store> Admin for Service<S> {
         &self,
         r: Request<ListAttachmentsRequest>,
     ) -> Result<Response<ListAttachmentsReply>, Status> {
-        rpc::admin::list(&self.0, r.into_inner())
+        // Not admin-only: a non-root caller sees the attachments it created, and only those.
+        let caller = Caller::of(&r);
+        rpc::admin::list(&self.0, caller, r.into_inner())
             .await
             .map(Response::new)
             .map_err(ShimError::into_status)
@@ -317,14 +356,16 @@ impl<S: Store> Agent for Service<S> {
         Box<dyn tokio_stream::Stream<Item = Result<AgentListReply, Status>> + Send + 'static>,
     >;
 
-    async fn list(&self, _: Request<AgentListRequest>) -> Result<Response<AgentListReply>, Status> {
+    async fn list(&self, r: Request<AgentListRequest>) -> Result<Response<AgentListReply>, Status> {
+        Caller::of(&r).require_admin("the Agent service")?;
         Ok(Response::new(rpc::agent::list(&self.0)))
     }
 
     async fn watch(
         &self,
-        _: Request<AgentListRequest>,
+        r: Request<AgentListRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        Caller::of(&r).require_admin("the Agent service")?;
         // The current list first, then every change: an agent that (re)connects never misses
         // the state it must act on. The forwarding task ends when the watcher goes away, or
         // with UNAVAILABLE when dipamd stops: the stream must end for the server to drain,
@@ -359,7 +400,8 @@ impl<S: Store> Agent for Service<S> {
         &self,
         r: Request<AgentRoleRequest>,
     ) -> Result<Response<AgentListReply>, Status> {
-        let role = r.into_inner().role;
+        Caller::of(&r).require_admin("the Agent service")?;
+        let role = agent_role(r.into_inner().role)?;
         let span = info_span!("agent", command = "allocate", role = %role);
         rpc::agent::set_role(&self.0, &role, true)
             .instrument(span)
@@ -372,7 +414,8 @@ impl<S: Store> Agent for Service<S> {
         &self,
         r: Request<AgentRoleRequest>,
     ) -> Result<Response<AgentListReply>, Status> {
-        let role = r.into_inner().role;
+        Caller::of(&r).require_admin("the Agent service")?;
+        let role = agent_role(r.into_inner().role)?;
         let span = info_span!("agent", command = "release", role = %role);
         rpc::agent::set_role(&self.0, &role, false)
             .instrument(span)
@@ -380,4 +423,16 @@ impl<S: Store> Agent for Service<S> {
             .map(Response::new)
             .map_err(ShimError::into_status)
     }
+}
+
+/// A role from the Agent service, bounded before it reaches a log span or an error message.
+fn agent_role(role: String) -> Result<String, Status> {
+    crate::validate::bounded(
+        "the role",
+        role.as_bytes(),
+        crate::validate::limits::NAME,
+        7,
+    )
+    .map_err(ShimError::into_status)?;
+    Ok(role)
 }

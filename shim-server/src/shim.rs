@@ -67,9 +67,33 @@ pub struct Shim<S: Store> {
 
 /// A CNI request, validated and turned into what the delegate needs.
 pub struct Prepared {
+    /// Its `cni_path` is what the caller may use (`Executor::confine_cni_path`).
     pub req: CniRequest,
+    /// Who sent it (root for dipamd's own requests).
+    pub caller: crate::access::Caller,
     pub dc: DelegateConf,
     pub key: AttachmentKey,
+}
+
+impl Prepared {
+    /// Refuses `op` on `rec` unless this request's caller created it (root may act on
+    /// every record): a non-root caller must not release, check or replay another pod's
+    /// attachment (docs/cfp.md, "Threat model").
+    pub fn authorize(&self, rec: &AttachmentRecord, op: &str) -> Result<(), ShimError> {
+        if self.caller.owns(rec.creator_uid) {
+            return Ok(());
+        }
+        tracing::warn!(uid = self.caller.uid, key = %rec.key, op, "refused: the attachment belongs to another caller");
+        Err(ShimError::Forbidden {
+            msg: format!(
+                "uid {} may not {op} {}: another caller created it",
+                self.caller.uid, rec.key
+            ),
+            details: "a non-root caller may CHECK and DEL only the attachments it added; \
+                      nothing was changed"
+                .into(),
+        })
+    }
 }
 
 /// How long a DEL is remembered against stale ADDs; longer than any runtime's CNI timeout.
@@ -175,6 +199,7 @@ impl<S: Store> Shim<S> {
                 min: dipam_proto::MIN_PROTOCOL_VERSION,
             });
         }
+        validate::request_sizes(&req)?;
         if attachment {
             validate::container_id(&req.container_id)?;
             validate::ifname(&req.ifname)?;
@@ -186,8 +211,17 @@ impl<S: Store> Shim<S> {
             mode
         };
         let dc = DelegateConf::from_request(&req.stdin, mode)?;
+        let caller = crate::access::current_caller();
+        self.exec.allow_kind(&dc.kind, caller)?;
+        let mut req = req;
+        req.cni_path = self.exec.confine_cni_path(&req.cni_path, caller);
         let key = AttachmentKey::new(&dc.network, &req.container_id, &req.ifname);
-        Ok(Prepared { req, dc, key })
+        Ok(Prepared {
+            req,
+            caller,
+            dc,
+            key,
+        })
     }
 
     /// Finds and probes the delegate, and picks the version to send it.

@@ -223,6 +223,11 @@ pub struct AttachmentRecord {
     /// existed; not written when absent, so such records keep their exact bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delegate_key: Option<DelegateKey>,
+    /// The uid of a non-root caller that created this attachment (SO_PEERCRED); such a caller
+    /// may CHECK, DEL and list only its own. Absent for root and dipamd's own records, and in
+    /// records written before the field existed (all root's); not written when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creator_uid: Option<u32>,
 }
 
 impl AttachmentRecord {

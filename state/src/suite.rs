@@ -27,6 +27,7 @@ pub(crate) fn record(network: &str, container_id: &str, ifname: &str) -> Attachm
         updated_at: 1_700_000_001,
         issued_ms: 0,
         delegate_key: None,
+        creator_uid: None,
     }
 }
 

@@ -61,8 +61,10 @@ pub async fn init<S: Store>(shim: &Shim<S>) -> Result<(), ShimError> {
 /// configured roles change.
 pub async fn set_role<S: Store>(shim: &Shim<S>, role: &str, on: bool) -> Result<(), ShimError> {
     if !ROLES.contains(&role) {
-        return Err(ShimError::Config {
-            msg: format!("unknown agent role {role:?}"),
+        // Never the role itself in full: a 1 MiB role echoed into the status message broke
+        // the client's HTTP/2 header limit.
+        return Err(ShimError::Invalid {
+            msg: format!("unknown agent role {}", crate::validate::shown(role)),
             details: format!("roles are {}", ROLES.join(", ")),
         });
     }

@@ -5,6 +5,7 @@ use clap::Parser;
 fn main() -> std::process::ExitCode {
     let args = dipam_shim::daemon::Args::parse();
     dipam_shim::daemon::tune_allocator();
+    dipam_shim::daemon::private_umask();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -74,6 +74,12 @@ impl DelegateConf {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_owned();
+        crate::validate::bounded(
+            "the delegate type",
+            kind.as_bytes(),
+            crate::validate::limits::NAME,
+            7,
+        )?;
         if kind.is_empty() {
             return Err(config_error(
                 "the delegate IPAM has no type",

@@ -32,6 +32,10 @@ pub struct Probe {
 pub struct Executor {
     /// dipamd's --cni-path directories, searched after the request's CNI_PATH.
     pub dirs: Vec<PathBuf>,
+    /// The delegate types a non-root caller may have dipamd run (--non-root-delegate). Any
+    /// other binary in `dirs` (bridge, host-device, ...) would run as root with that caller's
+    /// config and netns.
+    pub non_root_kinds: Vec<String>,
     pub timeout: Duration,
     /// Notes running delegates for the next start (daemon only; tests run without).
     pub tracker: Option<orphans::Tracker>,
@@ -51,6 +55,7 @@ impl Executor {
     pub fn new(dirs: Vec<PathBuf>, timeout: Duration) -> Self {
         Self {
             dirs,
+            non_root_kinds: vec!["host-local".to_owned()],
             timeout,
             tracker: None,
             history: std::sync::OnceLock::new(),
@@ -58,6 +63,48 @@ impl Executor {
             probes: Mutex::new(HashMap::new()),
             probing: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// The CNI_PATH a request may use. Root's is used as sent. A non-root caller's keeps only
+    /// the entries that are dipamd's own directories, so that the delegate is found there and
+    /// nowhere else (empty: dipamd's directories): dipamd runs it as root, and a directory
+    /// the caller can write would let it pick the binary (docs/cfp.md, "Threat model"). The
+    /// result is what the ledger records, so replays as root later use it too.
+    pub fn confine_cni_path(&self, cni_path: &str, caller: crate::access::Caller) -> String {
+        if caller.is_root() {
+            return cni_path.to_owned();
+        }
+        let kept: Vec<&str> = cni_path
+            .split(':')
+            .filter(|s| !s.is_empty() && self.dirs.iter().any(|d| d == Path::new(s)))
+            .collect();
+        if kept.len() != cni_path.split(':').filter(|s| !s.is_empty()).count() {
+            warn!(
+                uid = caller.uid,
+                "a non-root caller's CNI_PATH names directories that are not dipamd's \
+                 --cni-path; the delegate is searched in dipamd's directories only"
+            );
+        }
+        kept.join(":")
+    }
+
+    /// Refuses a delegate type a non-root caller may not have run as root.
+    pub fn allow_kind(&self, kind: &str, caller: crate::access::Caller) -> Result<(), ShimError> {
+        if caller.is_root() || self.non_root_kinds.iter().any(|k| k == kind) {
+            return Ok(());
+        }
+        Err(ShimError::Forbidden {
+            msg: format!(
+                "uid {} may not have dipamd run the delegate type {}",
+                caller.uid,
+                crate::validate::shown(kind)
+            ),
+            details: format!(
+                "dipamd runs delegates as root; for non-root callers it runs only {} \
+                 (dipamd --non-root-delegate)",
+                self.non_root_kinds.join(", ")
+            ),
+        })
     }
 
     /// The directories to search for a request: its CNI_PATH first (what the runtime would

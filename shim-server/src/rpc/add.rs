@@ -68,11 +68,52 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
         });
     }
     let _guard = shim.locks.lock(&p.key).await;
+    if !p.caller.is_root() {
+        refuse_foreign_container_id(shim, &p).await?;
+    }
     // With the warm pool on: one commit hands a ready entry to the pod, no delegate exec.
     if let Some(result) = crate::pool::take(shim, &p).await? {
         return Ok(result);
     }
     attach(shim, &p, Owner::Pod).await
+}
+
+/// Refuses a non-root caller's ADD under a container ID that another caller's attachment
+/// uses, in any network. Delegates release by container ID (host-local frees every
+/// reservation of that ID and ifname in its directory, azure-vnet-ipam keys by the ID
+/// alone), and the caller chooses the delegate's config: its own attachment under a root
+/// pod's ID, DELed with a config pointing at that pod's store, would free the pod's address.
+/// Container IDs are not secret (`ps` shows them), so this is checked, not assumed.
+async fn refuse_foreign_container_id<S: Store>(
+    shim: &Shim<S>,
+    p: &Prepared,
+) -> Result<(), ShimError> {
+    let cid = p.req.container_id.clone();
+    let others = shim
+        .ledger(move |l| {
+            Ok(l.list(None)?
+                .into_iter()
+                .filter(|r| r.key.container_id == cid || r.delegate_ids().0 == cid)
+                .collect::<Vec<_>>())
+        })
+        .await?;
+    match others.iter().find(|r| !p.caller.owns(r.creator_uid)) {
+        None => Ok(()),
+        Some(r) => {
+            warn!(uid = p.caller.uid, key = %p.key, other = %r.key, "refused: container ID in use by another caller");
+            Err(ShimError::Forbidden {
+                msg: format!(
+                    "uid {} may not ADD under container ID {}: another caller's attachment \
+                     uses it",
+                    p.caller.uid,
+                    crate::validate::shown(&p.req.container_id)
+                ),
+                details: "a non-root caller's container IDs must not be another caller's; \
+                          nothing was allocated"
+                    .into(),
+            })
+        }
+    }
 }
 
 /// The ADD flow for any owner (a runtime's pod, or the agent's own addresses). The caller
@@ -95,6 +136,7 @@ pub async fn attach<S: Store>(
     }
 
     if let Some(existing) = shim.lookup(&p.key)? {
+        p.authorize(&existing, "ADD")?;
         match existing.state {
             AttachmentState::Committed if existing.config_digest == digest => {
                 // A repeated ADD (a runtime retry after a timeout, F2): the same answer again,
@@ -144,6 +186,7 @@ pub async fn attach<S: Store>(
         updated_at: t,
         issued_ms: p.req.issued_at_ms,
         delegate_key: None,
+        creator_uid: p.caller.recorded_uid(),
     };
     let intent = rec.clone();
     // The intent is made durable while the delegate starts; it reads its config only after

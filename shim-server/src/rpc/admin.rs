@@ -132,12 +132,26 @@ pub async fn explain<S: Store>(
     })
 }
 
+/// The ledger's attachments. Root and --admin-uid see all; another caller only those it
+/// created (their netns paths and results are no one else's business).
 pub async fn list<S: Store>(
     shim: &Shim<S>,
+    caller: crate::access::Caller,
     req: ListAttachmentsRequest,
 ) -> Result<ListAttachmentsReply, ShimError> {
+    use crate::validate::{bounded, limits};
+    bounded(
+        "the network filter",
+        req.network.as_bytes(),
+        limits::NETWORK,
+        7,
+    )?;
+    bounded("the owner filter", req.owner.as_bytes(), limits::NAME, 7)?;
     let network = (!req.network.is_empty()).then(|| req.network.clone());
-    let records = shim.ledger(move |l| l.list(network.as_deref())).await?;
+    let mut records = shim.ledger(move |l| l.list(network.as_deref())).await?;
+    if !caller.admin {
+        records.retain(|r| caller.owns(r.creator_uid));
+    }
     Ok(ListAttachmentsReply {
         protocol_version: dipam_proto::PROTOCOL_VERSION,
         attachments: list_from(records, &req.owner),
@@ -181,6 +195,7 @@ fn list_from(records: Vec<dipam_state::AttachmentRecord>, owner: &str) -> Vec<At
             netns: r.netns,
             created_at: r.created_at,
             updated_at: r.updated_at,
+            creator_uid: r.creator_uid,
         })
         .collect()
 }

@@ -32,6 +32,7 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
         .ok_or_else(|| ShimError::NoRecord {
             key: p.key.to_string(),
         })?;
+    p.authorize(&rec, "CHECK")?;
     let recorded: BTreeSet<_> = rec
         .result
         .as_ref()

@@ -24,6 +24,17 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
     let _guard = shim.locks.lock(&p.key).await;
 
     let existing = shim.lookup(&p.key)?;
+    match &existing {
+        Some(rec) => p.authorize(rec, "DEL")?,
+        // Everything a non-root caller added is recorded before its delegate ran, so a key
+        // with no record holds nothing of its: the delegate's DEL, with a config the caller
+        // chose, could only release someone else's reservation.
+        None if !p.caller.is_root() => {
+            info!(key = %p.key, uid = p.caller.uid, "DEL from a non-root caller of a key with no record; nothing of its to release");
+            return Ok(Vec::new());
+        }
+        None => {}
+    }
     // A DEL issued before the ADD that made the current attachment belongs to an earlier
     // incarnation of this key (reordered, or replayed late from the spool): releasing now
     // would take the newer attachment's address away.

@@ -21,6 +21,15 @@ use crate::{
 
 pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, ShimError> {
     let p = shim.prepare(req, false)?;
+    // GC frees every attachment of the network that is not in the list: every caller's.
+    if !p.caller.is_root() {
+        return Err(ShimError::Forbidden {
+            msg: format!("uid {} may not send GC", p.caller.uid),
+            details: "GC frees the attachments of every caller on the network; only root may \
+                      send it. Nothing was freed"
+                .into(),
+        });
+    }
     let refused = || {
         shim.gc_stats
             .refused

@@ -10,4 +10,6 @@ pub mod gc;
 pub mod status;
 
 #[cfg(test)]
+mod access_tests;
+#[cfg(test)]
 pub(crate) mod tests;

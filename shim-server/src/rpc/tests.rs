@@ -524,11 +524,9 @@ pub(crate) async fn add_early_replies(
     use dipam_proto::v1::cni_server::Cni;
     use tokio_stream::StreamExt;
     let svc = crate::service::Service(Arc::clone(shim));
-    let stream = svc
-        .add_early(tonic::Request::new(req))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut req = tonic::Request::new(req);
+    req.extensions_mut().insert(crate::access::Caller::ROOT);
+    let stream = svc.add_early(req).await.unwrap().into_inner();
     stream
         .collect::<Vec<_>>()
         .await

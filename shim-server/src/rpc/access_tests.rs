@@ -1,0 +1,365 @@
+//! Non-root callers against the RPC flows (docs/cfp.md, "Threat model"): what they may exec,
+//! which records they may touch and see, and what the services refuse them. The lifecycle
+//! test `security.rs` runs the same as a real uid against a real dipamd.
+
+use std::{os::unix::fs::PermissionsExt, sync::Arc, time::Duration};
+
+use dipam_proto::v1::ListAttachmentsRequest;
+use dipam_state::{AttachmentKey, AttachmentRecord, MemStore};
+use serde_json::json;
+use tempfile::TempDir;
+
+use super::{add, admin, check, del, gc, tests::request};
+use crate::{
+    access::{CALLER, Caller},
+    delegate::Executor,
+    error::{ShimError, codes},
+    shim::{Identity, Shim},
+};
+
+/// Records each call in `calls` next to itself, tagged with its directory's `tag`.
+const SCRIPT: &str = r#"#!/bin/sh
+d=$(dirname "$0")
+echo "$(cat "$d/tag") $CNI_COMMAND $CNI_CONTAINERID" >> "$d/../calls"
+case "$CNI_COMMAND" in
+VERSION) echo '{"cniVersion":"1.0.0","supportedVersions":["0.4.0","1.0.0"]}' ;;
+ADD) echo '{"cniVersion":"1.0.0","ips":[{"address":"10.9.0.2/24"}]}' ;;
+esac
+"#;
+
+const USER: Caller = Caller {
+    uid: 1000,
+    admin: false,
+};
+const OTHER: Caller = Caller {
+    uid: 1001,
+    admin: false,
+};
+
+struct Bench {
+    dir: TempDir,
+    shim: Arc<Shim<MemStore>>,
+}
+
+/// dipamd's own directory `trusted/` and a caller's `mine/`, each with a `fake-ipam`.
+fn bench() -> Bench {
+    let dir = tempfile::tempdir().unwrap();
+    for tag in ["trusted", "mine"] {
+        let d = dir.path().join(tag);
+        std::fs::create_dir(&d).unwrap();
+        std::fs::write(d.join("tag"), tag).unwrap();
+        std::fs::write(d.join("fake-ipam"), SCRIPT).unwrap();
+        std::fs::set_permissions(d.join("fake-ipam"), std::fs::Permissions::from_mode(0o755))
+            .unwrap();
+    }
+    let mut exec = Executor::new(vec![dir.path().join("trusted")], Duration::from_secs(10));
+    exec.non_root_kinds = vec!["fake-ipam".into()];
+    let shim = Shim::new(
+        MemStore::new(),
+        exec,
+        Identity {
+            socket: "/unused".into(),
+            state_dir: "/unused".into(),
+            spool_dir: "/unused".into(),
+        },
+        None,
+        crate::gc::GcPolicy::default(),
+        crate::access::Admission::default(),
+    );
+    Bench { dir, shim }
+}
+
+impl Bench {
+    fn calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.path().join("calls"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.contains("VERSION"))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn record(&self, network: &str, cid: &str) -> Option<AttachmentRecord> {
+        self.shim
+            .ledger
+            .get(&AttachmentKey::new(network, cid, "eth0"))
+            .unwrap()
+    }
+
+    fn mine(&self) -> String {
+        self.dir.path().join("mine").display().to_string()
+    }
+}
+
+fn forbidden(e: ShimError) -> String {
+    assert!(matches!(e, ShimError::Forbidden { .. }), "{e:?}");
+    let (code, details) = e.code_and_details();
+    assert_eq!(code, codes::PERMISSION_DENIED);
+    assert!(!details.is_empty());
+    e.to_string()
+}
+
+/// Point 1 of the threat model: a non-root caller's CNI_PATH never chooses the binary root
+/// runs, nor what the ledger keeps for replays; root's still does.
+#[tokio::test]
+async fn a_non_root_callers_cni_path_never_picks_the_binary() {
+    let b = bench();
+    let mut req = request("u1", "1.0.0", json!({}));
+    req.cni_path = format!("{}:/nonexistent", b.mine());
+    CALLER.scope(USER, add::run(&b.shim, req)).await.unwrap();
+    assert_eq!(b.calls(), vec!["trusted ADD u1"]);
+    let rec = b.record("net", "u1").unwrap();
+    assert_eq!(rec.creator_uid, Some(1000));
+    assert_eq!(
+        rec.cni_path, "",
+        "the caller's directories are not recorded"
+    );
+
+    // dipamd's own directory named in CNI_PATH is kept.
+    let trusted = b.dir.path().join("trusted").display().to_string();
+    let mut req = request("u2", "1.0.0", json!({}));
+    req.cni_path = format!("{}:{trusted}", b.mine());
+    CALLER.scope(USER, add::run(&b.shim, req)).await.unwrap();
+    assert_eq!(b.record("net", "u2").unwrap().cni_path, trusted);
+
+    // Root's CNI_PATH is the runtime's, used as sent.
+    let mut req = request("r1", "1.0.0", json!({}));
+    req.cni_path = b.mine();
+    add::run(&b.shim, req).await.unwrap();
+    assert_eq!(b.calls().last().unwrap(), "mine ADD r1");
+    assert_eq!(b.record("net", "r1").unwrap().creator_uid, None);
+}
+
+#[tokio::test]
+async fn a_non_root_caller_runs_only_the_allowed_delegate_types() {
+    let b = bench();
+    let req = request(
+        "u1",
+        "1.0.0",
+        json!({"ipam": {"type": "dipam", "delegate": {"type": "host-device"}}}),
+    );
+    let msg = forbidden(
+        CALLER
+            .scope(USER, add::run(&b.shim, req))
+            .await
+            .unwrap_err(),
+    );
+    assert!(msg.contains("host-device"), "{msg}");
+    assert!(b.calls().is_empty());
+}
+
+/// A non-root caller touches only what it created: root's attachments and other callers'
+/// stay, whatever verb it sends.
+#[tokio::test]
+async fn a_non_root_caller_may_check_and_del_only_its_own() {
+    let b = bench();
+    let prev = json!({"prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "10.9.0.2/24"}]}});
+    add::run(&b.shim, request("root1", "1.0.0", json!({})))
+        .await
+        .unwrap();
+
+    forbidden(
+        CALLER
+            .scope(
+                USER,
+                del::run(&b.shim, request("root1", "1.0.0", json!({}))),
+            )
+            .await
+            .unwrap_err(),
+    );
+    forbidden(
+        CALLER
+            .scope(
+                USER,
+                check::run(&b.shim, request("root1", "1.0.0", prev.clone())),
+            )
+            .await
+            .unwrap_err(),
+    );
+    // Its own ADD under root's key: refused, not answered with root's result.
+    forbidden(
+        CALLER
+            .scope(
+                USER,
+                add::run(&b.shim, request("root1", "1.0.0", json!({}))),
+            )
+            .await
+            .unwrap_err(),
+    );
+    // Under root's container ID in another network: refused too (delegates release by ID).
+    let other_net = request("root1", "1.0.0", json!({"name": "net2"}));
+    let msg = forbidden(
+        CALLER
+            .scope(USER, add::run(&b.shim, other_net))
+            .await
+            .unwrap_err(),
+    );
+    assert!(msg.contains("container ID"), "{msg}");
+    assert!(b.record("net2", "root1").is_none());
+    assert_eq!(b.calls(), vec!["trusted ADD root1"]);
+    assert!(b.record("net", "root1").is_some());
+
+    // A key with no record: nothing of the caller's, the delegate is not run.
+    CALLER
+        .scope(
+            USER,
+            del::run(&b.shim, request("ghost", "1.0.0", json!({}))),
+        )
+        .await
+        .unwrap();
+    assert_eq!(b.calls().len(), 1);
+
+    // Its own: CHECK and DEL work, and no one else's uid may.
+    CALLER
+        .scope(USER, add::run(&b.shim, request("u1", "1.0.0", json!({}))))
+        .await
+        .unwrap();
+    forbidden(
+        CALLER
+            .scope(OTHER, del::run(&b.shim, request("u1", "1.0.0", json!({}))))
+            .await
+            .unwrap_err(),
+    );
+    CALLER
+        .scope(USER, check::run(&b.shim, request("u1", "1.0.0", prev)))
+        .await
+        .unwrap();
+    CALLER
+        .scope(USER, del::run(&b.shim, request("u1", "1.0.0", json!({}))))
+        .await
+        .unwrap();
+    assert!(b.record("net", "u1").is_none());
+    // Root may act on anyone's.
+    CALLER
+        .scope(USER, add::run(&b.shim, request("u2", "1.0.0", json!({}))))
+        .await
+        .unwrap();
+    del::run(&b.shim, request("u2", "1.0.0", json!({})))
+        .await
+        .unwrap();
+    assert!(b.record("net", "u2").is_none());
+}
+
+#[tokio::test]
+async fn gc_is_roots_and_the_listing_shows_a_caller_its_own() {
+    let b = bench();
+    add::run(&b.shim, request("root1", "1.0.0", json!({})))
+        .await
+        .unwrap();
+    CALLER
+        .scope(USER, add::run(&b.shim, request("u1", "1.0.0", json!({}))))
+        .await
+        .unwrap();
+    let mut gc_req = request("", "1.1.0", json!({"cni.dev/valid-attachments": []}));
+    gc_req.container_id.clear();
+    forbidden(
+        CALLER
+            .scope(USER, gc::run(&b.shim, gc_req))
+            .await
+            .unwrap_err(),
+    );
+    assert!(b.record("net", "root1").is_some());
+
+    let listed = |c: Caller| {
+        let shim = Arc::clone(&b.shim);
+        async move {
+            let mut ids: Vec<_> = admin::list(&shim, c, ListAttachmentsRequest::default())
+                .await
+                .unwrap()
+                .attachments
+                .into_iter()
+                .map(|a| (a.container_id, a.creator_uid))
+                .collect();
+            ids.sort();
+            ids
+        }
+    };
+    assert_eq!(listed(USER).await, vec![("u1".to_owned(), Some(1000))]);
+    assert!(listed(OTHER).await.is_empty());
+    let admin = Caller {
+        uid: 1002,
+        admin: true,
+    };
+    assert_eq!(listed(admin).await.len(), 2);
+    assert_eq!(listed(Caller::ROOT).await.len(), 2);
+}
+
+/// The services: Admin and Agent for root and --admin-uid only; a request that carries no
+/// peer credentials is the least trusted caller, never root.
+#[tokio::test]
+async fn admin_and_agent_services_need_an_admin() {
+    use dipam_proto::v1::{
+        AgentListRequest, AgentRoleRequest, StatusRequest, admin_server::Admin, agent_server::Agent,
+    };
+    let b = bench();
+    let svc = crate::service::Service(Arc::clone(&b.shim));
+    let with = |c: Option<Caller>| {
+        let mut r = tonic::Request::new(StatusRequest::default());
+        if let Some(c) = c {
+            r.extensions_mut().insert(c);
+        }
+        r
+    };
+    for c in [None, Some(USER)] {
+        let e = svc.get_status(with(c)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+        let mut r = tonic::Request::new(AgentListRequest::default());
+        if let Some(c) = c {
+            r.extensions_mut().insert(c);
+        }
+        let e = Agent::list(&svc, r).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    }
+    let admin = Caller {
+        uid: 1002,
+        admin: true,
+    };
+    svc.get_status(with(Some(admin))).await.unwrap();
+
+    // Bad and oversized input to the Agent service: the right code, never the input echoed.
+    let role = |role: String| {
+        let mut r = tonic::Request::new(AgentRoleRequest {
+            role,
+            ..Default::default()
+        });
+        r.extensions_mut().insert(Caller::ROOT);
+        r
+    };
+    let e = svc.allocate(role("x".repeat(1 << 20))).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().len() < 200, "{}", e.message().len());
+    let e = svc.allocate(role("y".repeat(200))).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().len() < 300, "{}", e.message());
+}
+
+/// Records written before the creator's uid existed are root's, and root's records keep
+/// their exact bytes (the field is not written when absent).
+#[test]
+fn records_without_a_creator_are_roots() {
+    let key = AttachmentKey::new("net", "c1", "eth0");
+    let rec = AttachmentRecord {
+        key,
+        owner: dipam_state::Owner::Pod,
+        state: dipam_state::AttachmentState::Committed,
+        delegate_type: "host-local".into(),
+        delegate_version: "1.0.0".into(),
+        delegate_config: "{}".into(),
+        netns: String::new(),
+        cni_args: String::new(),
+        cni_path: String::new(),
+        result: None,
+        config_digest: String::new(),
+        request_id: String::new(),
+        created_at: 0,
+        updated_at: 0,
+        issued_ms: 0,
+        delegate_key: None,
+        creator_uid: None,
+    };
+    let text = serde_json::to_value(&rec).unwrap();
+    assert!(text.get("creator_uid").is_none(), "{text}");
+    let back: AttachmentRecord = serde_json::from_value(text).unwrap();
+    assert!(USER.owns(Some(1000)) && !USER.owns(back.creator_uid));
+    assert!(Caller::ROOT.owns(Some(1000)));
+}
