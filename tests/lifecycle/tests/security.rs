@@ -75,11 +75,11 @@ fn non_root_peers_are_refused_unless_allowed() {
     assert_eq!(v["code"], 155, "{v}");
     assert!(d.ledger().is_empty());
 
-    // Allowed explicitly: served.
+    // Allowed explicitly: served (its own attachments; status is for --admin-uid, non_root.rs).
     let allowed = Dipamd::start_with(&["--socket-group", NOBODY, "--allow-uid", NOBODY]);
     open_dir(&allowed);
     let sock = allowed.socket().display().to_string();
-    let out = as_nobody(&[&ctl, "--socket", &sock, "status"], &[], "");
+    let out = as_nobody(&[&ctl, "--socket", &sock, "attachments"], &[], "");
     assert!(
         out.status.success(),
         "{}",
