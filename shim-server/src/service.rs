@@ -38,15 +38,19 @@ struct Call {
 }
 
 impl Call {
+    /// The values as sent, cut to their limits: they go into every log line of the call and
+    /// key its history before the request is validated, and a 1 MiB container ID must not
+    /// become a 1 MiB history key (the request itself is refused, validate.rs).
     fn of(command: &'static str, req: &CniRequest) -> Self {
+        use crate::validate::{clip, limits};
         Self {
             command,
-            request_id: req.request_id.clone(),
-            container_id: req.container_id.clone(),
-            ifname: req.ifname.clone(),
+            request_id: clip(&req.request_id, limits::REQUEST_ID),
+            container_id: clip(&req.container_id, limits::CONTAINER_ID),
+            ifname: clip(&req.ifname, limits::NAME),
             network: serde_json::from_slice::<serde_json::Value>(&req.stdin)
                 .ok()
-                .and_then(|v| v.get("name")?.as_str().map(str::to_owned))
+                .and_then(|v| v.get("name")?.as_str().map(|n| clip(n, limits::NETWORK)))
                 .unwrap_or_default(),
         }
     }

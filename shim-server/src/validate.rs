@@ -17,6 +17,15 @@ pub fn shown(s: &str) -> String {
     }
 }
 
+/// At most `limit` bytes of `s`, cut at a character boundary.
+pub fn clip(s: &str, limit: usize) -> String {
+    let mut end = s.len().min(limit);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}
+
 /// Limits per request field. The CNI values come from the runtime's environment: a
 /// container ID is 64 hex digits in practice, a netns a path (PATH_MAX), CNI_ARGS a few
 /// key=value pairs. The config is bounded by the plugin's own 1 MiB limit.

@@ -60,11 +60,19 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
         });
     }
     if probe.supported.contains(&SpecVersion::new(1, 1, 0)) {
-        let cached = shim.status_cache.lock().ok().and_then(|c| {
-            c.get(&p.dc.kind)
-                .filter(|(at, _)| at.elapsed() < DELEGATE_STATUS_TTL)
-                .map(|(_, r)| r.clone())
-        });
+        // A non-root caller's config is its own (docs/cfp.md §8.3): its answer must not
+        // stand for root's network for the next few seconds, nor root's for its.
+        let shared = p.caller.is_root();
+        let cached = shim
+            .status_cache
+            .lock()
+            .ok()
+            .filter(|_| shared)
+            .and_then(|c| {
+                c.get(&p.dc.kind)
+                    .filter(|(at, _)| at.elapsed() < DELEGATE_STATUS_TTL)
+                    .map(|(_, r)| r.clone())
+            });
         let failure = match cached {
             Some(r) => r,
             None => {
@@ -74,7 +82,9 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
                     .await
                     .err()
                     .map(|e| e.to_string());
-                if let Ok(mut c) = shim.status_cache.lock() {
+                if let Ok(mut c) = shim.status_cache.lock()
+                    && shared
+                {
                     c.insert(p.dc.kind.clone(), (Instant::now(), r.clone()));
                 }
                 r

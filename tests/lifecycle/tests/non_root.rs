@@ -433,4 +433,7 @@ fn oversized_fields_are_refused_without_echo() {
     });
     assert!(lab.dipamd.ledger().is_empty());
     assert!(lab.delegate_store().is_empty());
+    // Nor did any of it reach the log whole (a request's values key its log span).
+    let log = std::fs::metadata(lab.dipamd.log_path()).unwrap().len();
+    assert!(log < 256 << 10, "dipamd's log grew to {log} bytes");
 }
