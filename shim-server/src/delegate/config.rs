@@ -51,9 +51,14 @@ impl DelegateConf {
         let version = obj
             .get("cniVersion")
             .and_then(Value::as_str)
-            .unwrap_or_default()
-            .parse::<SpecVersion>()
-            .map_err(|e| ShimError::Decode(e.details().to_owned()))?;
+            .unwrap_or_default();
+        // Not the parser's message: it quotes the whole value, which can be 1 MiB.
+        let version = version.parse::<SpecVersion>().map_err(|_| {
+            ShimError::Decode(format!(
+                "invalid version format: {}",
+                crate::validate::shown(version)
+            ))
+        })?;
         if mode == Mode::Ipam {
             let delegate = obj
                 .get("ipam")
@@ -269,5 +274,16 @@ mod tests {
             code(r#"{"cniVersion":"x.y","name":"n","ipam":{"delegate":{"type":"h"}}}"#),
             6
         );
+        // Nothing quoted whole.
+        let huge = "9".repeat(1 << 20);
+        for conf in [
+            json!({"cniVersion": huge, "name": "n", "ipam": {"delegate": {"type": "h"}}}),
+            json!({"cniVersion": "1.0.0", "name": huge, "ipam": {"delegate": {"type": "h"}}}),
+            json!({"cniVersion": "1.0.0", "name": "n", "ipam": {"delegate": {"type": huge}}}),
+        ] {
+            let e =
+                DelegateConf::from_request(conf.to_string().as_bytes(), Mode::Ipam).unwrap_err();
+            assert!(e.to_string().len() < 200, "{}", e.to_string().len());
+        }
     }
 }
