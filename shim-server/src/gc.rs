@@ -748,6 +748,7 @@ esac
             updated_at: created_at,
             issued_ms: 0,
             delegate_key: None,
+            creator_uid: None,
         }
     }
 
