@@ -243,7 +243,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     // replayed, so none can complete after the replay's DEL.
     let tracker =
         crate::delegate::orphans::Tracker::new(crate::delegate::orphans::dir_in(&args.state_dir));
-    tracker.settle(Duration::from_secs_f64(args.delegate_timeout));
+    let kills_denied = tracker.settle(Duration::from_secs_f64(args.delegate_timeout));
     let mut executor = Executor::new(dirs, Duration::from_secs_f64(args.delegate_timeout));
     executor.non_root_kinds = args
         .non_root_delegates
@@ -268,6 +268,9 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         },
         crate::access::Admission::new(args.max_concurrent, args.max_queue, Duration::from_secs(10)),
     );
+    for denied in kills_denied {
+        shim.denials.note("start-up", denied);
+    }
     shim.pool.configure(crate::pool::PoolConfig {
         size: args.warm_pool,
         node: pool_node,

@@ -171,8 +171,17 @@ impl Tracker {
     }
 
     /// Waits for every delegate a previous dipamd left running, killing those that outlive
-    /// `timeout`, then forgets them.
-    pub fn settle(&self, timeout: Duration) {
+    /// `timeout`, then forgets them. Returns the kills the kernel refused for lack of a
+    /// privilege (a delegate running as another user, and no CAP_KILL), for status and doctor.
+    pub fn settle(&self, timeout: Duration) -> Vec<String> {
+        let mut denied = Vec::new();
+        let mut wait = |pid, started, timeout| {
+            if let Err(e) = wait_or_kill(pid, started, timeout) {
+                denied.push(format!(
+                    "killing delegate pid {pid} left by the previous dipamd: {e}"
+                ));
+            }
+        };
         if let Some(file) = &self.inner.slots {
             let path = self.inner.dir.join(SLOTS_FILE);
             for (pid, since, until) in std::fs::read(&path)
@@ -180,12 +189,12 @@ impl Tracker {
                 .chunks(SLOT)
                 .filter_map(parse_slot)
             {
-                wait_or_kill(pid, since..=until, timeout);
+                wait(pid, since..=until, timeout);
             }
             let _ = file.set_len(0);
         }
         let Ok(entries) = std::fs::read_dir(&self.inner.dir) else {
-            return;
+            return denied;
         };
         // One file per pid, holding its start time: what dipamd wrote before the slots.
         for e in entries.filter_map(Result::ok) {
@@ -197,10 +206,11 @@ impl Tracker {
                 .ok()
                 .and_then(|s| s.trim().parse().ok());
             if let Some(noted) = noted {
-                wait_or_kill(pid, noted..=noted, timeout);
+                wait(pid, noted..=noted, timeout);
             }
             let _ = std::fs::remove_file(&path);
         }
+        denied
     }
 }
 
@@ -222,13 +232,18 @@ fn parse_slot(slot: &[u8]) -> Option<(u32, u64, u64)> {
 pub const KILL_WAIT: Duration = Duration::from_secs(2);
 
 /// Waits (at most `timeout`, then [`KILL_WAIT`] after a SIGKILL) for the delegate noted as
-/// `pid`, started within `started`, to stop running. Returns whether it is gone.
-fn wait_or_kill(pid: u32, started: std::ops::RangeInclusive<u64>, timeout: Duration) -> bool {
+/// `pid`, started within `started`, to stop running. Fails only when the kernel refused the
+/// kill for lack of a privilege; a delegate that outlives every bound is logged and left.
+fn wait_or_kill(
+    pid: u32,
+    started: std::ops::RangeInclusive<u64>,
+    timeout: Duration,
+) -> Result<(), std::io::Error> {
     // A reused pid (start time outside the window) is someone else's process; a zombie is a
     // delegate that has finished (see [`Stat::runs`]).
     let alive = || stat(pid).is_some_and(|s| started.contains(&s.start) && s.runs());
     if !alive() {
-        return true;
+        return Ok(());
     }
     info!(
         pid,
@@ -239,12 +254,17 @@ fn wait_or_kill(pid: u32, started: std::ops::RangeInclusive<u64>, timeout: Durat
         std::thread::sleep(Duration::from_millis(10));
     }
     if !alive() {
-        return true;
+        return Ok(());
     }
     warn!(pid, "delegate outlived the delegate timeout; killing it");
     // SAFETY: kill(2) on a pid whose start time is that of the delegate we noted.
-    unsafe {
-        libc::kill(pid as libc::pid_t, libc::SIGKILL);
+    if unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) } != 0 {
+        let e = std::io::Error::last_os_error();
+        warn!(pid, error = %e, "cannot kill the delegate; starting without waiting for it");
+        return match e.raw_os_error() {
+            Some(errno) if crate::privilege::is_denial(errno) => Err(e),
+            _ => Ok(()),
+        };
     }
     let deadline = Instant::now() + KILL_WAIT;
     while alive() {
@@ -254,11 +274,11 @@ fn wait_or_kill(pid: u32, started: std::ops::RangeInclusive<u64>, timeout: Durat
                 state = stat(pid).map(|s| s.state.to_string()).unwrap_or_default(),
                 "delegate still running after SIGKILL; starting without it"
             );
-            return false;
+            return Ok(());
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    true
+    Ok(())
 }
 
 /// Frees its slot on drop.

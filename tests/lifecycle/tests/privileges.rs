@@ -575,3 +575,78 @@ fn every_capability_in_a_user_namespace_is_still_refused_and_said() {
         "{c:#}"
     );
 }
+
+/// The azure-vnet-ipam stand-in (its documented contract: a state file and a lock) as the
+/// delegate, under the unit's set: a delegate that keeps its store elsewhere than host-local.
+#[test]
+fn azure_ipam_under_the_systemd_units_capabilities() {
+    require_root!();
+    let lab = exercise("ptp-dipam-azure.conflist", &shipped_unit(), &[]);
+    assert_nothing_refused(&lab);
+}
+
+/// The unit gives no CAP_KILL: the delegates a restarted dipamd may have to kill run as root,
+/// as it does. One that runs as another user cannot be killed then; dipamd must not wait on
+/// it past its bounds, and must say so in status instead of only in its log.
+#[test]
+fn a_delegate_it_may_not_kill_is_reported_and_does_not_hold_the_start() {
+    require_root!();
+    let mut lab = AgentLab::unstarted("ptp-dipam-host-local.conflist");
+    lab.write_conflist();
+    lab.set_roles("router", &["--delegate-timeout", "0.5"]);
+    lab.dipamd.run_under(&shipped_unit().setpriv());
+    // A "delegate" left by a killed predecessor, running as nobody.
+    let since = boot_ticks();
+    let mut other = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sleep",
+            "60",
+        ])
+        .spawn()
+        .unwrap();
+    let until = boot_ticks() + 1;
+    let reap = Reap(&mut other);
+    let mut slot = format!("{} {since} {until}", reap.0.id()).into_bytes();
+    slot.resize(63, b' ');
+    slot.push(b'\n');
+    let exec = lab.dipamd.state_dir().join("exec");
+    std::fs::create_dir_all(&exec).unwrap();
+    std::fs::write(exec.join("slots"), &slot).unwrap();
+
+    lab.dipamd.start_again();
+    lab.wait_ready(1);
+    let s = status(&lab);
+    assert_eq!(s["privilegeFailures"]["count"], 1, "{s:#}");
+    let last = s["privilegeFailures"]["lastError"].as_str().unwrap();
+    assert!(last.contains("killing delegate pid"), "{last}");
+    assert_eq!(
+        doctor_check(&lab, "no operation lacked a privilege")["ok"],
+        false
+    );
+    assert!(
+        reap.0.try_wait().unwrap().is_none(),
+        "it was killed after all"
+    );
+}
+
+/// CLOCK_BOOTTIME in clock ticks, the clock /proc/<pid>/stat's start time counts in.
+fn boot_ticks() -> u64 {
+    let uptime = std::fs::read_to_string("/proc/uptime").unwrap();
+    let secs: f64 = uptime.split_whitespace().next().unwrap().parse().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (secs * hz) as u64
+}
+
+/// Kills and reaps the child on drop.
+struct Reap<'a>(&'a mut std::process::Child);
+
+impl Drop for Reap<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
