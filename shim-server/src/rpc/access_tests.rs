@@ -199,7 +199,10 @@ async fn a_non_root_caller_may_check_and_del_only_its_own() {
     assert_eq!(b.calls(), vec!["trusted ADD root1"]);
     assert!(b.record("net", "root1").is_some());
 
-    // A key with no record: nothing of the caller's, the delegate is not run.
+    // A key with no record: nothing of the caller's, the delegate is not run; an ADD issued
+    // before that DEL still cannot bring the key back.
+    let earlier_add = request("ghost", "1.0.0", json!({}));
+    tokio::time::sleep(Duration::from_millis(2)).await;
     CALLER
         .scope(
             USER,
@@ -207,6 +210,12 @@ async fn a_non_root_caller_may_check_and_del_only_its_own() {
         )
         .await
         .unwrap();
+    assert_eq!(b.calls().len(), 1);
+    let e = CALLER
+        .scope(USER, add::run(&b.shim, earlier_add))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ShimError::StaleAdd { .. }), "{e:?}");
     assert_eq!(b.calls().len(), 1);
 
     // Its own: CHECK and DEL work, and no one else's uid may.
