@@ -43,9 +43,10 @@ pub struct PluginConf {
     pub mode: Mode,
     pub socket: PathBuf,
     pub timeout: Duration,
-    /// Where a DEL goes when dipamd cannot be reached (`spoolDir`); must be dipamd's
-    /// --spool-dir.
-    pub spool_dir: PathBuf,
+    /// The config's `spoolDir`, if any. Not where a DEL goes: that is the spool dipamd
+    /// publishes beside `socket` (crate::spool); a `spoolDir` naming another directory is
+    /// only reported.
+    pub spool_dir: Option<PathBuf>,
     /// Main mode: the MTU of both ends of the pod's veth (`mtu`); the kernel's default (1500)
     /// when absent.
     pub mtu: Option<u32>,
@@ -150,8 +151,8 @@ impl PluginConf {
             }
         };
         let spool_dir = match dipam_keys.get("spoolDir") {
-            None | Some(Value::Null) => PathBuf::from(crate::spool::DEFAULT_DIR),
-            Some(Value::String(s)) if s.starts_with('/') => PathBuf::from(s),
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if s.starts_with('/') => Some(PathBuf::from(s)),
             Some(other) => {
                 return Err(config_error(
                     "spoolDir must be an absolute path",

@@ -61,11 +61,11 @@ pub enum PluginError {
         socket: PathBuf,
         status: tonic::Status,
     },
-    /// dipamd was unreachable for a DEL and the spool could not be written either.
-    #[error("dipamd is unreachable and the DEL could not be spooled to {}", dir.display())]
+    /// dipamd was unreachable for a DEL, and no spool that dipamd reads could be written.
+    #[error("dipamd is unreachable and the DEL could not be spooled")]
     Spool {
-        dir: PathBuf,
-        cause: Box<PluginError>,
+        socket: PathBuf,
+        reason: String,
         unreachable: String,
     },
     /// dipamd answered with a CNI error (its own, or the delegate's): passed on unchanged.
@@ -182,18 +182,17 @@ impl PluginError {
                 )
             }
             Self::Spool {
-                dir,
-                cause,
+                socket,
+                reason,
                 unreachable,
             } => (
-                // The release is neither done nor queued: the runtime must retry.
+                // The release is neither done nor queued: the runtime must retry, and the
+                // DEL succeeds once dipamd serves the socket again.
                 unavailable,
                 format!(
-                    "{unreachable}; writing the spool in {} failed: {}. Check that the \
-                     directory is writable by the runtime and that spoolDir matches dipamd's \
-                     --spool-dir",
-                    dir.display(),
-                    cause.to_cni(false).details
+                    "{unreachable}; {reason}. The runtime retries the DEL; it succeeds once \
+                     dipamd serves {} again (`dipamctl doctor` checks the spool)",
+                    socket.display()
                 ),
             ),
             Self::Cni { code, msg, details } => {

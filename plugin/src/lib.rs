@@ -46,6 +46,8 @@ or as the IPAM of another plugin:
 Config keys read by dipam (top level in main mode, in ipam in IPAM mode):
   socketPath       where dipamd listens (default /run/dipam/dipam.sock)
   timeoutSeconds   how long to wait for dipamd (default 55)
+  spoolDir         not needed: a DEL made while dipamd is down goes to the spool dipamd
+                   publishes beside its socket (SOCKET.spool); without one it fails with 11
   delegate         IPAM mode: the real IPAM config, passed to it as the `ipam` object
   mtu              main mode: MTU of both ends of the pod's veth (68-65535)
   dns              main mode: DNS for the result, overriding the IPAM's
@@ -232,22 +234,44 @@ mod tests {
     }
 
     #[test]
-    fn del_with_the_daemon_down_is_spooled_and_succeeds() {
+    fn del_with_the_daemon_down_is_spooled_where_dipamd_drains_or_fails_with_11() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("dipam.sock");
         let conf = format!(
-            r#"{{"cniVersion":"1.0.0","name":"n","type":"ptp","ipam":{{"type":"dipam","socketPath":"/nonexistent/dipam.sock","spoolDir":"{}","delegate":{{"type":"host-local"}}}}}}"#,
-            dir.path().join("spool").display()
+            r#"{{"cniVersion":"1.0.0","name":"n","type":"ptp","ipam":{{"type":"dipam","socketPath":"{}","delegate":{{"type":"host-local"}}}}}}"#,
+            socket.display()
         );
         let env = [
             ("CNI_COMMAND", "DEL"),
             ("CNI_CONTAINERID", "c1"),
             ("CNI_IFNAME", "eth0"),
         ];
+        // No dipamd ever served this socket: nothing would replay a spooled DEL.
+        let (code, v) = invoke(&env, &conf);
+        assert_eq!(code, 1);
+        assert_eq!(v["code"], 11, "{v}");
+        assert!(
+            v["details"]
+                .as_str()
+                .unwrap()
+                .contains("no dipamd has published a spool"),
+            "{v}"
+        );
+        // dipamd published its spool beside the socket (and is down now).
+        let spool = dir.path().join("state").join("spool");
+        std::fs::create_dir_all(&spool).unwrap();
+        std::fs::set_permissions(&spool, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let m = std::fs::metadata(&spool).unwrap();
+        let pointer = dipam_proto::spool::Pointer {
+            dir: spool.clone(),
+            dev: m.dev(),
+            ino: m.ino(),
+        };
+        std::fs::write(dipam_proto::spool::pointer_path(&socket), pointer.to_json()).unwrap();
         let (code, v) = invoke(&env, &conf);
         assert_eq!(code, 0, "{v}");
-        let files: Vec<_> = std::fs::read_dir(dir.path().join("spool"))
-            .unwrap()
-            .collect();
+        let files: Vec<_> = std::fs::read_dir(&spool).unwrap().collect();
         assert_eq!(files.len(), 1);
         // ADD is never spooled: it needs an answer.
         let (code, _) = invoke(

@@ -104,19 +104,24 @@ impl Ctx<'_> {
     }
 
     /// dipamd is down (or died mid-call): the release must not be lost, and the runtime may
-    /// not retry, so the DEL is spooled durably for dipamd to replay, and DEL succeeds.
+    /// not retry, so the DEL is spooled durably for dipamd to replay, and DEL succeeds; but
+    /// only into the spool the dipamd of this socket published (crate::spool). Otherwise the
+    /// DEL fails with code 11 and the runtime retries it.
     fn spool(&self, req: CniRequest, cause: &PluginError) -> Result<Vec<u8>, PluginError> {
-        match crate::spool::write(&self.conf.spool_dir, &req) {
-            Ok(path) => {
+        match crate::spool::write(&self.conf.socket, self.conf.spool_dir.as_deref(), &req) {
+            Ok(spooled) => {
+                if let Some(w) = &spooled.warning {
+                    eprintln!("dipam: {w}");
+                }
                 eprintln!(
                     "dipam: {cause}; DEL spooled to {} for dipamd to replay",
-                    path.display()
+                    spooled.path.display()
                 );
                 Ok(Vec::new())
             }
-            Err(io) => Err(PluginError::Spool {
-                dir: self.conf.spool_dir.clone(),
-                cause: Box::new(PluginError::Stdin(io)),
+            Err(reason) => Err(PluginError::Spool {
+                socket: self.conf.socket.clone(),
+                reason,
                 unreachable: cause.to_string(),
             }),
         }
