@@ -206,6 +206,15 @@ fn open_child_dir(parent: &OwnedFd, child: &OsStr, path: &Path) -> Result<OwnedF
     .map_err(io(path))
 }
 
+/// Opens the directory `name` inside `parent` (at `parent_path`) without following a link,
+/// if it meets the rule strictly: the quarantine inside the spool.
+pub fn open_subdir(parent: &OwnedFd, parent_path: &Path, name: &str) -> Result<OwnedFd, Untrusted> {
+    let path = parent_path.join(name);
+    let fd = open_child_dir(parent, OsStr::new(name), &path)?;
+    check(&fstat(&fd).map_err(io(&path))?, &path, true, true)?;
+    Ok(fd)
+}
+
 /// Opens the absolute directory `dir` one component at a time without following links,
 /// checking each on its descriptor: every directory above must be root's and not writable by
 /// group or others (unless sticky), and `dir` itself must meet the rule strictly.

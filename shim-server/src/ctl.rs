@@ -540,6 +540,12 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
                     "privilegeFailures": {
                         "count": s.privilege_failures, "lastError": s.privilege_last_error,
                     },
+                    "spool": s.spool.as_ref().map(|p| json!({
+                        "dir": p.dir, "pointer": p.pointer, "depth": p.depth,
+                        "quarantined": p.quarantined, "untrusted": p.untrusted,
+                        "unpublished": p.unpublished, "mismatched": p.mismatched,
+                        "inherited": p.inherited,
+                    })),
                 });
                 writeln!(out, "{v:#}")?;
             } else {
@@ -574,6 +580,30 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
                 writeln!(out, "socket:       {}", s.socket)?;
                 writeln!(out, "state dir:    {}", s.state_dir)?;
                 writeln!(out, "attachments:  {}", s.attachments)?;
+                if let Some(p) = &s.spool {
+                    writeln!(
+                        out,
+                        "spool:        {} ({} DEL(s) waiting, {} quarantined since start; \
+                         published in {})",
+                        p.dir, p.depth, p.quarantined, p.pointer
+                    )?;
+                    for problem in [&p.untrusted, &p.unpublished]
+                        .into_iter()
+                        .filter(|x| !x.is_empty())
+                    {
+                        writeln!(out, "  problem: {problem}")?;
+                    }
+                    for m in &p.mismatched {
+                        writeln!(
+                            out,
+                            "  mismatch: network {m} names a spoolDir dipamd does not drain \
+                             (the plugin ignores it)"
+                        )?;
+                    }
+                    for i in &p.inherited {
+                        writeln!(out, "  inherited: {i} (a previous dipamd's spool)")?;
+                    }
+                }
                 if !s.conflist.is_empty() {
                     writeln!(out, "conflist:     {}", s.conflist)?;
                 }

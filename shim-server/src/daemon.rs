@@ -35,8 +35,9 @@ pub struct Args {
     /// Where the ledger lives. It must persist across reboots (not tmpfs).
     #[arg(long, env = "DIPAM_STATE_DIR", default_value = "/var/lib/dipam")]
     pub state_dir: PathBuf,
-    /// Where the plugin spools DELs while dipamd is unreachable (the plugin's `spoolDir`);
-    /// drained before serving. Default: <state-dir>/spool.
+    /// Where the plugin spools DELs while dipamd is unreachable; drained before serving.
+    /// dipamd publishes it beside the socket (<socket>.spool), where the plugin finds it:
+    /// the conflist needs no spoolDir. Default: <state-dir>/spool.
     #[arg(long, env = "DIPAM_SPOOL_DIR")]
     pub spool_dir: Option<PathBuf>,
     /// Directories searched for delegate plugins after the request's CNI_PATH (colon-separated).
@@ -238,7 +239,45 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         String::new()
     };
     let spool_dir = spool_dir_of(&args);
+    // The spool is published beside the socket before the ledger is opened: a dipamd that
+    // cannot open its ledger (and restarts until an operator acts) still takes DELs into the
+    // spool it will drain, instead of leaving the plugin to fail them. Only the dipamd that
+    // holds the socket's lock publishes, so a second one (other state directory, same
+    // socket) cannot divert the DELs of the one serving.
+    let socket_lock = spool::lock_socket(&args.socket).map_err(|e| {
+        DaemonError::Usage(format!(
+            "cannot lock {}: {e}",
+            dipam_proto::spool::lock_path(&args.socket).display()
+        ))
+    })?;
+    let spool_dir = spool::create(&spool_dir).map_err(|e| {
+        DaemonError::Usage(format!(
+            "cannot create --spool-dir {}: {e}",
+            spool_dir.display()
+        ))
+    })?;
+    let (inherited, unpublished) = match &socket_lock {
+        None => (None, None),
+        Some(_) => match spool::publish(&args.socket, &spool_dir) {
+            Ok(prev) => (prev, None),
+            Err(e) => {
+                let why = format!(
+                    "cannot publish the spool in {}: {e}",
+                    dipam_proto::spool::pointer_path(&args.socket).display()
+                );
+                tracing::error!("{why}; DELs made while dipamd is down will fail with code 11");
+                (None, Some(why))
+            }
+        },
+    };
     let store = SledStore::open(&args.state_dir)?;
+    // Held until dipamd exits.
+    let Some(_socket_lock) = socket_lock else {
+        return Err(server::ServeError::InUse {
+            path: args.socket.clone(),
+        }
+        .into());
+    };
     // Delegates a killed predecessor left running finish (or die) before anything is
     // replayed, so none can complete after the replay's DEL.
     let tracker =
@@ -290,13 +329,22 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
             tracing::warn!(error = %e, "cannot start the veth teardown worker; plugins will delete pod veths themselves")
         }
     }
+    if let Ok(mut u) = shim.spool.unpublished.lock() {
+        *u = unpublished;
+    }
+    if let Some(prev) = inherited
+        && let Ok(mut i) = shim.spool.inherited.lock()
+    {
+        info!(previous = %prev.display(), spool = %spool_dir.display(), "a previous dipamd of this socket published another spool; its DELs are taken over");
+        i.push(prev);
+    }
     let replay = recovery::replay(&shim).await?;
     shim.metrics
         .intents_replayed
         .store(replay.released as u64, std::sync::atomic::Ordering::Relaxed);
     // Releases the plugin could not deliver while dipamd was down, before any ADD can take
     // their addresses' place (F3).
-    let drained = spool::drain(&shim, &spool_dir).await;
+    let drained = spool::drain_all(&shim, &spool_dir).await;
     if drained != spool::Drained::default() {
         info!(released = drained.released, kept = drained.kept, failed = drained.failed, spool = %spool_dir.display(), "spooled DELs replayed");
     }
@@ -334,7 +382,13 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         }
         None => server::bind(&args.socket, group).await?,
     };
-    info!(socket = %args.socket.display(), cni_path = %args.cni_path, "serving");
+    // DELs the plugin spooled during the start (it could not connect until now) are released
+    // before the first ADD is accepted; connections wait in the backlog meanwhile.
+    let late = spool::drain_all(&shim, &spool_dir).await;
+    if late != spool::Drained::default() {
+        info!(released = late.released, kept = late.kept, failed = late.failed, spool = %spool_dir.display(), "DELs spooled during start replayed");
+    }
+    info!(socket = %args.socket.display(), spool = %spool_dir.display(), cni_path = %args.cni_path, "serving");
     tokio::spawn(crate::trim::run());
     tokio::spawn(agent::reconcile::run(
         std::sync::Arc::clone(&shim),

@@ -257,7 +257,28 @@ pub async fn render<S: Store>(shim: &Shim<S>) -> String {
         "dipam_spool_depth",
         "gauge",
         "Spooled DELs waiting to be replayed.",
-        crate::spool::pending(&shim.identity.spool_dir).len() as u64,
+        crate::spool::depth(&shim.identity.spool_dir) as u64,
+    );
+    single(
+        &mut out,
+        "dipam_spool_quarantined_total",
+        "counter",
+        "Spooled DELs moved to failed/ (unusable, or failing the spool rule) since start.",
+        load(&shim.spool.quarantined),
+    );
+    single(
+        &mut out,
+        "dipam_spool_untrusted",
+        "gauge",
+        "1 when the spool directory fails the spool rule and nothing in it is replayed.",
+        u64::from(shim.spool.untrusted().is_some()),
+    );
+    single(
+        &mut out,
+        "dipam_spool_mismatched_networks",
+        "gauge",
+        "Networks whose config names a spoolDir other than dipamd's spool.",
+        shim.spool.mismatched().len() as u64,
     );
     single(
         &mut out,

@@ -63,6 +63,8 @@ pub struct Shim<S: Store> {
     pub teardown: std::sync::OnceLock<crate::teardown::Teardown>,
     /// Operations that failed for lack of a privilege (privilege.rs), for status and doctor.
     pub denials: Arc<crate::privilege::Denials>,
+    /// The DEL spool's condition, for status, doctor and metrics (spool.rs).
+    pub spool: crate::spool::SpoolState,
 }
 
 /// A CNI request, validated and turned into what the delegate needs.
@@ -142,6 +144,7 @@ impl<S: Store> Shim<S> {
             identity,
             teardown: std::sync::OnceLock::new(),
             denials: Arc::default(),
+            spool: crate::spool::SpoolState::default(),
         })
     }
 
@@ -215,6 +218,8 @@ impl<S: Store> Shim<S> {
         self.exec.allow_kind(&dc.kind, caller)?;
         let mut req = req;
         req.cni_path = self.exec.confine_cni_path(&req.cni_path, caller);
+        self.spool
+            .note_config(&req.stdin, &dc.network, &self.identity.spool_dir);
         let key = AttachmentKey::new(&dc.network, &req.container_id, &req.ifname);
         Ok(Prepared {
             req,

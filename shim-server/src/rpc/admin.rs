@@ -68,6 +68,7 @@ pub async fn status<S: Store>(shim: &Shim<S>) -> Result<StatusReply, ShimError> 
         teardown: crate::teardown::who(shim.teardown.get()),
         privilege_failures: shim.denials.count(),
         privilege_last_error: shim.denials.last(),
+        spool: Some(crate::spool::status(shim)),
         plugin_protocols: {
             let bits = shim
                 .plugin_protocols

@@ -23,6 +23,79 @@ fn check(name: impl Into<String>, ok: bool, detail: impl Into<String>, fix: &str
     }
 }
 
+/// The DEL spool: published where the plugin finds it, meeting the trust rule, drained, and
+/// agreeing with every config that names a spoolDir.
+fn spool_checks<S: Store>(shim: &Shim<S>, checks: &mut Vec<DoctorCheck>) {
+    let id = &shim.identity;
+    let st = spool::status(shim);
+    let published = dipam_proto::spool::read_pointer(&id.socket);
+    let names_ours = published.as_ref().is_ok_and(|p| {
+        std::fs::metadata(&id.spool_dir).is_ok_and(|m| m.dev() == p.dev && m.ino() == p.ino)
+    });
+    checks.push(check(
+        "DEL spool published",
+        names_ours,
+        match &published {
+            Ok(p) => format!("{} names {}", st.pointer, p.dir.display()),
+            Err(_) if !st.unpublished.is_empty() => st.unpublished.clone(),
+            Err(e) => e.to_string(),
+        },
+        "the plugin finds the spool through this file beside the socket, and fails a DEL with \
+         code 11 while it is missing or wrong; restart dipamd, and check that nothing else \
+         writes beside the socket",
+    ));
+    checks.push(check(
+        "DEL spool meets the spool rule",
+        st.untrusted.is_empty(),
+        if st.untrusted.is_empty() {
+            format!(
+                "{} and every directory above it are root's and not writable by others",
+                st.dir
+            )
+        } else {
+            format!("{}; nothing in it is replayed", st.untrusted)
+        },
+        "chown root:root the directory and chmod 0700 it (no symbolic links on the way), then \
+         review the files in it: dipamd replays only regular files owned by root, mode 0600",
+    ));
+    checks.push(check(
+        "DEL spool drained",
+        st.depth == 0,
+        format!("{} spooled DEL(s) in {}", st.depth, st.dir),
+        "they are replayed every few seconds; if they stay, see dipamd's log",
+    ));
+    let (in_quarantine, problem) = spool::quarantine_state(&id.spool_dir);
+    checks.push(check(
+        "DEL spool quarantine",
+        in_quarantine == 0 && problem.is_none(),
+        match &problem {
+            Some(p) => format!("{p} (moved aside unread at the next quarantine)"),
+            None => format!(
+                "{in_quarantine} file(s) in {}/{}",
+                st.dir,
+                dipam_proto::spool::QUARANTINE
+            ),
+        },
+        "these spooled DELs were not replayed (dipamd's log says why for each: not a DEL, \
+         unreadable, a link, not owned by root, writable by others); release their addresses \
+         with a DEL if the pods are gone, then remove the files",
+    ));
+    checks.push(check(
+        "network configs name no other spool",
+        st.mismatched.is_empty(),
+        if st.mismatched.is_empty() {
+            "no config names a spoolDir other than dipamd's".to_owned()
+        } else {
+            format!(
+                "spoolDir is not dipamd's spool in: {} (the plugin ignores it and spools to {})",
+                st.mismatched.join(", "),
+                st.dir
+            )
+        },
+        "remove spoolDir from these configs: the plugin finds dipamd's spool beside the socket",
+    ));
+}
+
 pub async fn run<S: Store>(shim: &Shim<S>) -> Result<DoctorReply, ShimError> {
     let id = &shim.identity;
     let mut checks = Vec::new();
@@ -199,13 +272,7 @@ pub async fn run<S: Store>(shim: &Shim<S>) -> Result<DoctorReply, ShimError> {
          check SELinux/AppArmor denials; then restart dipamd",
     ));
 
-    let pending = spool::pending(&id.spool_dir).len();
-    checks.push(check(
-        "DEL spool drained",
-        pending == 0,
-        format!("{pending} spooled DEL(s) in {}", id.spool_dir.display()),
-        "they are replayed every few seconds; if they stay, see dipamd's log",
-    ));
+    spool_checks(shim, &mut checks);
     Ok(DoctorReply {
         protocol_version: dipam_proto::PROTOCOL_VERSION,
         checks,

@@ -515,6 +515,101 @@ async fn spooled_dels_are_drained_and_unusable_ones_quarantined() {
     assert!(spool.join("failed").join("0002-b.json").exists());
 }
 
+/// Issue 17.2 and the "start fresh" case of issue 16: only root's regular files are
+/// replayed, a link at `failed` is moved aside and never written through, and a DEL for a key
+/// the ledger lacks still reaches the delegate (whose store dipamd cannot read here).
+#[tokio::test]
+async fn spool_replays_only_roots_files_and_releases_keys_the_ledger_lacks() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root (spool files owned by root)");
+        return;
+    }
+    let b = Bench::new();
+    let spool = b.path("spool");
+    std::fs::create_dir(&spool).unwrap();
+    std::fs::set_permissions(&spool, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let del = |cid: &str| {
+        let req = request(cid, "1.0.0", json!({}));
+        json!({
+            "format": 1, "requestId": "r", "issuedAtMs": crate::shim::now_ms(), "command": "DEL",
+            "containerId": cid, "netns": "", "ifname": "eth0", "cniArgs": "",
+            "cniPath": "", "mode": 1, "stdin": String::from_utf8(req.stdin).unwrap(),
+        })
+        .to_string()
+    };
+    std::fs::write(spool.join("0001-gone.json"), del("gone")).unwrap();
+    let outside = b.path("outside.json");
+    std::fs::write(&outside, del("viaLink")).unwrap();
+    std::os::unix::fs::symlink(&outside, spool.join("0002-link.json")).unwrap();
+    std::fs::write(spool.join("0003-nobody.json"), del("nobody")).unwrap();
+    std::os::unix::fs::chown(spool.join("0003-nobody.json"), Some(65534), Some(65534)).unwrap();
+    std::fs::write(spool.join("0004-loose.json"), del("loose")).unwrap();
+    std::fs::set_permissions(
+        spool.join("0004-loose.json"),
+        std::fs::Permissions::from_mode(0o666),
+    )
+    .unwrap();
+    let elsewhere = b.path("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, spool.join("failed")).unwrap();
+
+    let d = crate::spool::drain(&b.shim, &spool).await;
+    assert_eq!((d.released, d.failed, d.kept), (1, 3, 0), "{d:?}");
+    assert_eq!(
+        b.calls(),
+        vec!["DEL gone"],
+        "only root's own file reached the delegate"
+    );
+    assert_eq!(
+        std::fs::read_dir(&elsewhere).unwrap().count(),
+        0,
+        "the link was followed"
+    );
+    let failed = spool.join("failed");
+    assert!(std::fs::symlink_metadata(&failed).unwrap().is_dir());
+    let mut q: Vec<String> = std::fs::read_dir(&failed)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    q.sort();
+    assert_eq!(q, ["0002-link.json", "0003-nobody.json", "0004-loose.json"]);
+    assert!(
+        std::fs::symlink_metadata(failed.join("0002-link.json"))
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "the link itself is quarantined, not its target"
+    );
+    assert!(outside.exists());
+    assert!(std::fs::read_dir(&spool).unwrap().any(|e| {
+        e.unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with(".untrusted-failed-")
+    }));
+    assert_eq!(
+        b.shim
+            .spool
+            .quarantined
+            .load(std::sync::atomic::Ordering::Relaxed),
+        3
+    );
+
+    // A spool directory writable by others is not read at all.
+    std::fs::write(spool.join("0005-later.json"), del("later")).unwrap();
+    std::fs::set_permissions(&spool, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let d = crate::spool::drain(&b.shim, &spool).await;
+    assert_eq!(d, crate::spool::Drained::default());
+    assert!(
+        b.shim
+            .spool
+            .untrusted()
+            .unwrap()
+            .contains("writable by group or others")
+    );
+    assert_eq!(b.calls(), vec!["DEL gone"]);
+}
+
 /// Every reply of one AddEarly for `req`, through the service as a plugin sees it. Shared
 /// with the pool's tests.
 pub(crate) async fn add_early_replies(
