@@ -46,8 +46,7 @@ or as the IPAM of another plugin:
 Config keys read by dipam (top level in main mode, in ipam in IPAM mode):
   socketPath       where dipamd listens (default /run/dipam/dipam.sock)
   timeoutSeconds   how long to wait for dipamd (default 55)
-  spoolDir         not needed: a DEL made while dipamd is down goes to the spool dipamd
-                   publishes beside its socket (SOCKET.spool); without one it fails with 11
+  spoolDir         not needed (a DEL while dipamd is down goes to the spool it publishes)
   delegate         IPAM mode: the real IPAM config, passed to it as the `ipam` object
   mtu              main mode: MTU of both ends of the pod's veth (68-65535)
   dns              main mode: DNS for the result, overriding the IPAM's

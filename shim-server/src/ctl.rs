@@ -211,12 +211,20 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
         if args.json {
             let v = json!({
                 "movedAside": r.moved_aside.as_ref().map(|p| p.display().to_string()),
+                "spoolKept": r.spool_kept,
                 "pods": r.pods, "agent": r.agent, "skipped": r.skipped,
             });
             writeln!(out, "{v:#}")?;
         } else {
             if let Some(p) = &r.moved_aside {
                 writeln!(out, "old ledger moved to {}", p.display())?;
+            }
+            if r.spool_kept {
+                writeln!(
+                    out,
+                    "DEL spool kept in {}: dipamd replays it at its next start",
+                    state_dir.join("spool").display()
+                )?;
             }
             writeln!(
                 out,

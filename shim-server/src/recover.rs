@@ -1,8 +1,8 @@
 //! `dipamctl recover`: rebuilds the ledger from the delegate's own store, offline, when the
 //! ledger is lost or refused as corrupt. host-local's directory says which (container ID,
 //! ifname) holds which address; the network's conflist says how the delegate is configured.
-//! A corrupt ledger is moved aside (never deleted); a healthy one is only added to, and only
-//! with --force.
+//! A corrupt ledger is moved aside (never deleted), its DEL spool kept in place for the next
+//! dipamd to replay; a healthy one is only added to, and only with --force.
 //!
 //! Reservations under the warm pool's IDs are not recovered: the lost ledger was the only
 //! record of whether each was still the pool's or had been handed to a pod (which the
@@ -13,6 +13,7 @@
 use std::{
     collections::BTreeMap,
     net::IpAddr,
+    os::unix::fs::DirBuilderExt,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -32,6 +33,8 @@ use crate::{
 #[derive(Debug, Default)]
 pub struct Report {
     pub moved_aside: Option<PathBuf>,
+    /// The DEL spool inside the state directory was kept in place (not moved aside).
+    pub spool_kept: bool,
     pub pods: usize,
     pub agent: usize,
     pub skipped: Vec<String>,
@@ -114,8 +117,27 @@ pub async fn run(
             std::fs::rename(state_dir, &aside)
                 .map_err(|io| fail(format!("moving {} aside: {io}", state_dir.display())))?;
             eprintln!("dipamctl: {e}; moved the old ledger to {}", aside.display());
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(state_dir)
+                .map_err(|e| e.to_string())?;
+            // The DEL spool (default <state-dir>/spool) stays where dipamd publishes it: moved
+            // aside with the ledger, the DELs in it would never be replayed. A rename keeps
+            // the directory's identity, which the pointer beside the socket names, so plugins
+            // keep spooling into it while dipamd is stopped.
+            let old_spool = aside.join("spool");
+            if old_spool.is_dir() {
+                std::fs::rename(&old_spool, state_dir.join("spool")).map_err(|io| {
+                    fail(format!(
+                        "moving the DEL spool {} back into {}: {io}",
+                        old_spool.display(),
+                        state_dir.display()
+                    ))
+                })?;
+                report.spool_kept = true;
+            }
             report.moved_aside = Some(aside);
-            std::fs::create_dir_all(state_dir).map_err(|e| e.to_string())?;
             SledStore::open(state_dir).map_err(|e| e.to_string())?
         }
     };

@@ -224,9 +224,26 @@ pub fn publish(socket: &Path, dir: &Path) -> std::io::Result<Option<PathBuf>> {
         pointer.to_json().as_bytes(),
         0o644,
     )?;
-    Ok(previous
-        .filter(|p| !(p.dev == pointer.dev && p.ino == pointer.ino))
-        .map(|p| p.dir))
+    // The previous spool counts only while its path still leads to that very directory.
+    // One that is gone from its path (a state directory moved aside with its spool inside)
+    // cannot be found: say so, since DELs may wait in it.
+    Ok(previous.and_then(|p| {
+        if p.dev == pointer.dev && p.ino == pointer.ino {
+            return None;
+        }
+        match spool::open_dir(&p.dir).and_then(|fd| {
+            spool::identity(&fd).map_err(|e| spool::Untrusted::Io {
+                path: p.dir.clone(),
+                source: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+            })
+        }) {
+            Ok((dev, ino)) if dev == p.dev && ino == p.ino => Some(p.dir),
+            _ => {
+                error!(previous = %p.dir.display(), "the spool the previous dipamd of this socket published is no longer at its path (moved aside with its state directory?); DELs spooled there are not replayed until its *.json files are moved into this dipamd's spool");
+                None
+            }
+        }
+    }))
 }
 
 /// Opens `dir` by the rule, recording the outcome for status/doctor/metrics.

@@ -19,8 +19,9 @@ pub enum StoreError {
     /// The store exists but cannot be read back consistently.
     #[error(
         "state store at {} is unreadable: {detail}; dipamd refuses to start rather than guess which \
-         attachments exist (restore the directory from a backup, or move it aside to start with an \
-         empty ledger, which forgets every recorded attachment)",
+         attachments exist (restore the directory from a backup, or, with dipamd stopped, rebuild \
+         the ledger from the delegate's store with `dipamctl recover --state-dir DIR --conflist \
+         FILE`, which moves the damaged ledger aside and keeps the DEL spool)",
         path.display()
     )]
     Corrupt {

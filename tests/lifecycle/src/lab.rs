@@ -43,16 +43,10 @@ impl Lab {
             .with_delegate_state(data.path())
             .with_subnet(&subnet.cidr);
         // The bridge plugin keeps its bridge after DEL, with the gateway address of the subnet
-        // it was created for: each bench gets its own bridge, removed on drop.
-        let spool = dipamd.state_dir().join("spool");
+        // it was created for: each bench gets its own bridge, removed on drop. The conflist
+        // gets no spoolDir, as none of conflist/ has one: the plugin must find the spool of
+        // this dipamd (whose --state-dir is not the default) by itself.
         for p in fx.list["plugins"].as_array_mut().into_iter().flatten() {
-            // DELs spooled by the plugin while dipamd is down must land where this dipamd
-            // drains them (its default: <state-dir>/spool).
-            if p["ipam"]["type"] == "dipam" {
-                p["ipam"]["spoolDir"] = serde_json::json!(spool);
-            } else if p["type"] == "dipam" {
-                p["spoolDir"] = serde_json::json!(spool);
-            }
             if p["type"] == "bridge" {
                 p["bridge"] = serde_json::json!(format!("dpb{}", subnet.index));
             }
@@ -64,6 +58,18 @@ impl Lab {
             subnet,
             data,
         }
+    }
+
+    /// Sets the dipam plugin's `spoolDir` key in the conflist (older configs carry one).
+    pub fn with_spool_dir_key(mut self, dir: &std::path::Path) -> Self {
+        for p in self.fx.list["plugins"].as_array_mut().into_iter().flatten() {
+            if p["ipam"]["type"] == "dipam" {
+                p["ipam"]["spoolDir"] = serde_json::json!(dir);
+            } else if p["type"] == "dipam" {
+                p["spoolDir"] = serde_json::json!(dir);
+            }
+        }
+        self
     }
 
     pub fn with_version(mut self, v: &str) -> Self {

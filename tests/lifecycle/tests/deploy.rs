@@ -339,19 +339,19 @@ fn init_container_installs_the_conflist_dipamd_reads_and_the_plugin_it_serves() 
         .unwrap_or_else(|| panic!("ConfigMap has no {key}"));
     let list: Value = serde_json::from_str(text).expect("the ConfigMap's conflist is JSON");
 
-    // Its dipam keys name dipamd's socket and spool; its delegate keeps its store where the
-    // host's is.
+    // Its dipam keys name dipamd's socket, and no spool: the plugin finds the spool dipamd
+    // publishes beside the socket (both mounted at the host's paths, checked above). Its
+    // delegate keeps its store where the host's is.
     let (keys, delegate) = dipam_keys(&list);
     assert_eq!(
         keys["socketPath"].as_str(),
         flag(&d, "--socket"),
         "socketPath must be dipamd's --socket"
     );
-    let spool = keys["spoolDir"].as_str().unwrap_or("/var/lib/dipam/spool");
-    let dipamd_spool = flag(&d, "--spool-dir")
-        .map(str::to_owned)
-        .unwrap_or_else(|| format!("{}/spool", flag(&d, "--state-dir").unwrap()));
-    assert_eq!(spool, dipamd_spool, "spoolDir must be dipamd's --spool-dir");
+    assert!(
+        keys.get("spoolDir").is_none(),
+        "the conflist needs no spoolDir (the plugin finds dipamd's spool beside the socket)"
+    );
     if delegate["type"] == "host-local" {
         let store = delegate["dataDir"].as_str().unwrap_or(HOST_LOCAL_STORE);
         assert!(
