@@ -140,9 +140,11 @@ impl SpoolState {
         let Ok(v) = serde_json::from_slice::<serde_json::Value>(stdin) else {
             return;
         };
+        // A path longer than PATH_MAX names nothing; it is not kept either.
         let Some(dir) = v["spoolDir"]
             .as_str()
             .or_else(|| v["ipam"]["spoolDir"].as_str())
+            .filter(|d| d.len() <= 4096)
         else {
             return;
         };
