@@ -64,6 +64,9 @@ fn metrics_on_a_unix_socket_and_loopback_only() {
         "dipam_gc_refused_total 0",
         "dipam_conflicts_total 0",
         "dipam_spool_depth 0",
+        "dipam_spool_quarantined_total 0",
+        "dipam_spool_untrusted 0",
+        "dipam_spool_mismatched_networks 0",
         "dipam_intents_replayed_total 0",
     ] {
         assert!(text.contains(want), "missing {want:?} in:\n{text}");
