@@ -348,3 +348,35 @@ fn a_fresh_or_recovered_ledger_still_releases_spooled_dels() {
     assert_eq!(held, vec![b.container_id.clone()]);
     lab.assert_agree();
 }
+
+/// A dipamd restarted with another `--spool-dir` (or `--state-dir`) takes over the spool its
+/// predecessor on the socket published: DELs spooled there while dipamd was down are
+/// released, not stranded in a directory nobody drains any more.
+#[test]
+fn a_spool_published_by_the_previous_dipamd_is_taken_over() {
+    require_root!();
+    let mut lab = Lab::new(CONFLIST);
+    let (_a, a) = lab.pod();
+    let ra = lab.rt.ipam(lab.list(), 0, "ADD", &a, None).unwrap();
+    lab.dipamd.kill9();
+    lab.rt.ipam(lab.list(), 0, "DEL", &a, Some(&ra)).unwrap();
+    assert_eq!(lab.spooled(), 1);
+    let moved = lab.dipamd.dir.path().join("other-spool");
+    let flag = moved.display().to_string();
+    lab.dipamd.set_flags(&["--spool-dir", &flag]);
+    lab.dipamd.start_again();
+    assert_eq!(lab.spooled(), 0, "{}", lab.dipamd.log());
+    assert!(files(&moved).iter().all(|n| !n.ends_with(".json")));
+    assert!(
+        lab.delegate_store().is_empty(),
+        "the inherited DEL was not replayed"
+    );
+    lab.assert_agree();
+    let s = status(&lab);
+    assert_eq!(s["spool"]["dir"], flag, "{s}");
+    assert_eq!(
+        s["spool"]["inherited"][0],
+        spool_dir(&lab).display().to_string(),
+        "{s}"
+    );
+}
