@@ -58,6 +58,15 @@ fn spool_checks<S: Store>(shim: &Shim<S>, checks: &mut Vec<DoctorCheck>) {
         "chown root:root the directory and chmod 0700 it (no symbolic links on the way), then \
          review the files in it: dipamd replays only regular files owned by root, mode 0600",
     ));
+    // Spooled DELs carry pods' container IDs, netns paths and configs: dipamd creates the
+    // spool 0700, and a looser mode means someone changed it.
+    let mode = std::fs::metadata(&id.spool_dir).map_or(0, |m| m.permissions().mode() & 0o777);
+    checks.push(check(
+        "DEL spool is private",
+        mode & 0o077 == 0,
+        format!("{} mode {mode:04o}", st.dir),
+        "chmod 0700 the spool: only root needs it",
+    ));
     checks.push(check(
         "DEL spool drained",
         st.depth == 0,

@@ -114,6 +114,7 @@ fn del_while_dipamd_is_down_reaches_a_non_default_state_dir_without_spool_dir() 
     );
     let (ok, text) = doctor(&lab, "DEL spool published");
     assert!(ok && text.contains(&spool.display().to_string()), "{text}");
+    assert!(doctor(&lab, "DEL spool is private").0);
 }
 
 /// A DEL that cannot be spooled anywhere dipamd reads fails with 11; the address stays held
@@ -153,6 +154,7 @@ fn a_del_that_cannot_be_spooled_fails_with_11_and_a_stray_spool_dir_cannot_diver
     lab.dipamd.start_again();
     let (ok, text) = doctor(&lab, "DEL spool meets the spool rule");
     assert!(!ok && text.contains("0777"), "{text}");
+    assert!(!doctor(&lab, "DEL spool is private").0);
     std::fs::set_permissions(&spool, std::fs::Permissions::from_mode(0o700)).unwrap();
     // The runtime's retry, dipamd serving: released.
     lab.rt.ipam(lab.list(), 0, "DEL", &a, Some(&ra)).unwrap();
