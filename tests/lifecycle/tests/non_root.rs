@@ -54,6 +54,44 @@ fn lab(extra: &[&str]) -> Lab {
     lab
 }
 
+/// Restarts the lab's dipamd under the capability bounding set and no-new-privs of the
+/// shipped systemd unit (`setpriv`), the shape a node runs it in (privileges.rs runs every
+/// verb so; here the non-root rules and the state directory's modes are checked under it).
+fn under_shipped_unit(lab: &mut Lab) {
+    let unit =
+        std::fs::read_to_string(bins::workspace().join("deploy/systemd/dipamd.service")).unwrap();
+    let caps: Vec<String> = unit
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("CapabilityBoundingSet="))
+        .flat_map(|v| v.split_whitespace())
+        .map(|c| format!("+{}", c.to_ascii_lowercase().trim_start_matches("cap_")))
+        .collect();
+    assert!(!caps.is_empty(), "the unit bounds dipamd's capabilities");
+    let mut argv = vec![
+        "setpriv".to_owned(),
+        "--bounding-set".to_owned(),
+        format!("-all,{}", caps.join(",")),
+    ];
+    if unit.lines().any(|l| l.trim() == "NoNewPrivileges=yes") {
+        argv.push("--no-new-privs".into());
+    }
+    lab.dipamd.kill9();
+    lab.dipamd.run_under(&argv);
+    lab.dipamd.start_again();
+    let pid = lab.dipamd.pid().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let bnd = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapBnd:"))
+        .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+        .unwrap();
+    assert_eq!(
+        bnd & (1 << 21),
+        0,
+        "dipamd still has CAP_SYS_ADMIN: {bnd:x}"
+    );
+}
+
 /// The dipam plugin invoked as the IPAM plugin (as ptp would) by nobody, for `cid`.
 fn nobody_ipam(command: &str, cid: &str, conf: &Value, cni_path: &str) -> Value {
     let dipam = bins::bin("dipam").display().to_string();
@@ -119,14 +157,16 @@ fn ran(dir: &Path) -> String {
     std::fs::read_to_string(dir.join("ran")).unwrap_or_default()
 }
 
-/// The acceptance test of the exec rule: a non-root caller whose CNI_PATH names its own
+/// The acceptance test of the exec rule, with dipamd under the shipped unit's capabilities: a
+/// non-root caller whose CNI_PATH names its own
 /// directory first, holding its own `host-local`, gets its address from dipamd's host-local
 /// (recorded under its uid), and its binary never runs, as root or at all. A delegate type
 /// outside --non-root-delegate is refused with 155, even one only its directory holds.
 #[test]
 fn a_non_root_callers_own_host_local_never_runs_as_root() {
     require_root!();
-    let lab = lab(&[]);
+    let mut lab = lab(&[]);
+    under_shipped_unit(&mut lab);
     let evil = attackers_dir();
     let cni_path = format!("{}:{}", evil.path().display(), bins::cni_path());
     let conf = Runtime::plugin_config(lab.list(), 0, None);
@@ -302,6 +342,8 @@ fn admin_and_agent_services_need_admin_uid() {
 fn the_state_directory_is_private_and_doctor_flags_a_chmod() {
     require_root!();
     let mut lab = lab(&[]);
+    // Narrowing its own files needs no CAP_FOWNER: the unit's set is enough.
+    under_shipped_unit(&mut lab);
     let (_ns, pod) = lab.pod();
     lab.rt.add(lab.list(), &pod).unwrap();
     let state = lab.dipamd.state_dir();
