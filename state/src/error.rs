@@ -2,6 +2,7 @@
 //! dipamd's startup log, since most of these stop the daemon.
 
 use std::path::PathBuf;
+use std::time::SystemTime;
 
 /// Everything that can go wrong reading or writing the ledger.
 #[derive(Debug, thiserror::Error)]
@@ -16,12 +17,15 @@ pub enum StoreError {
         path: PathBuf,
     },
 
-    /// The store exists but cannot be read back consistently.
+    /// The store exists but cannot be proven to hold every commit it acknowledged.
     #[error(
-        "state store at {} is unreadable: {detail}; dipamd refuses to start rather than guess which \
-         attachments exist (restore the directory from a backup, or, with dipamd stopped, rebuild \
-         the ledger from the delegate's store with `dipamctl recover --state-dir DIR --conflist \
-         FILE`, which moves the damaged ledger aside and keeps the DEL spool)",
+        "state store at {} cannot be trusted: {detail}; dipamd refuses to start rather than guess \
+         which attachments exist, since releasing an address a running pod holds, or keeping \
+         one nobody holds, would follow. With dipamd stopped, rebuild the ledger from the \
+         delegate's store with `dipamctl recover --state-dir {} --conflist FILE`, which moves \
+         the damaged ledger aside and keeps the DEL spool, or restore the directory from a \
+         backup",
+        path.display(),
         path.display()
     )]
     Corrupt {
@@ -44,6 +48,49 @@ pub enum StoreError {
         found: u32,
         /// [`crate::SCHEMA_VERSION`] of this build.
         supported: u32,
+    },
+
+    /// The file system holding the store lacks the free space an open needs.
+    #[error(
+        "state directory {} has {available} bytes free ({}), but opening the ledger needs at \
+         least {needed} ({}): sled rewrites part of its log at open and the commit journal is \
+         preallocated. Free space on that file system (or give --state-dir a larger one) and \
+         start dipamd again",
+        path.display(),
+        crate::space::human(*available),
+        crate::space::human(*needed)
+    )]
+    NoSpace {
+        /// The state directory.
+        path: PathBuf,
+        /// Bytes available (as `df` shows them).
+        available: u64,
+        /// Bytes an open needs.
+        needed: u64,
+    },
+
+    /// Writes to the store have been failing (a full disk, say); every commit fails at once
+    /// with this until the store has been reopened, which is retried in the background.
+    #[error(
+        "the ledger in {} cannot be written ({}s ago): {cause}; dipamd keeps retrying and \
+         serves again as soon as it can{}",
+        path.display(),
+        since.elapsed().map_or(0, |d| d.as_secs()),
+        if *disk_full {
+            " (the file system is full: free space under the state directory)"
+        } else {
+            ""
+        }
+    )]
+    Unavailable {
+        /// The state directory.
+        path: PathBuf,
+        /// When the first write failed.
+        since: SystemTime,
+        /// The first failure.
+        cause: String,
+        /// The failure was ENOSPC.
+        disk_full: bool,
     },
 
     /// An operating-system I/O error on the store's files.
@@ -74,4 +121,18 @@ pub enum StoreError {
     /// Any other failure of the storage engine.
     #[error("state store error: {0}")]
     Backend(String),
+}
+
+impl StoreError {
+    /// True when the error is (or was caused by) a full file system, ENOSPC.
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            StoreError::Io { source, .. } => {
+                source.raw_os_error() == Some(28) || source.kind() == std::io::ErrorKind::StorageFull
+            }
+            StoreError::NoSpace { .. } => true,
+            StoreError::Unavailable { disk_full, .. } => *disk_full,
+            _ => false,
+        }
+    }
 }

@@ -21,16 +21,37 @@
 //! A sequence of records from offset 0, each
 //!
 //! ```text
-//! magic u32 | payload length u32 | crc32 u32 (of seq and payload) | seq u64 | payload
+//! magic u32 "DPJ2" | payload length u32 | seq u64 | head crc32 u32 (of length and seq)
+//!   | body crc32 u32 (of seq and payload) | payload | end u32 "DPJe"
 //! payload = ops; op = kind u8 (0 put, 1 delete) | tree u8 | key length u32 | key
 //!                     [| value length u32 | value]   (put only)
 //! ```
 //!
 //! little-endian. `seq` is the store's commit number; records follow each other with
-//! consecutive numbers. Reading stops at the first record that is incomplete, fails its
-//! checksum or does not continue the numbering: a torn append (the process was killed inside
-//! `pwrite`, or a power cut kept part of an unsynced tail), the zeros of the preallocation,
-//! or leftovers of an earlier generation. Everything before that point is whole.
+//! consecutive numbers. Reading stops at the first record that is incomplete, fails a
+//! checksum or does not continue the numbering. Everything before that point is whole.
+//!
+//! # What follows the last whole record
+//!
+//! After the last whole record the file must hold zeros (the preallocation, and what a
+//! checkpoint zeroed), or one **torn append**: the prefix of a record whose header is whole
+//! (its own checksum passes) and whose end marker never reached the file, followed by zeros
+//! (or only a prefix of a header). That is what a write cut short leaves: the process killed
+//! inside `pwrite` (Linux copies a write page by page and stops at a fatal signal), a full
+//! disk past the preallocated size, or a power cut that kept part of a tail never
+//! fdatasynced. None of these was acknowledged as on the disk, and a kernel-only commit cut
+//! by a power cut is one the [`crate::Durability::Process`] contract may lose.
+//!
+//! Anything else there (a whole-length record that fails its checksum, a header that fails
+//! its own, a record that breaks the numbering, stray bytes) is **damage**: it may be a
+//! commit that was acknowledged and has since been garbled, so the store cannot prove what it
+//! holds, and refuses to open ([`Tail::Damaged`]). Why the end marker and the header
+//! checksum: without them a record whose last payload bytes are zeros, or whose length field
+//! was garbled, would look torn, and a garbled acknowledged commit would be dropped as if it
+//! had never been made.
+//!
+//! Records written by earlier builds ("DPJ1": no head checksum, no end marker) are still
+//! read; a damaged tail of them is damage.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -43,11 +64,23 @@ use crate::{Batch, Tree};
 /// The journal's file name in the state directory. Part of the on-disk format.
 pub(crate) const JOURNAL_FILE: &str = "dipam-journal";
 
-/// Marks the start of a record ("DPJ1"), so that zeros and stray bytes never parse as one.
-const MAGIC: u32 = u32::from_le_bytes(*b"DPJ1");
+/// Marks the start of a record ("DPJ2"), so that zeros and stray bytes never parse as one.
+const MAGIC: u32 = u32::from_le_bytes(*b"DPJ2");
+/// The start of a record written by builds before the end marker ("DPJ1"); read, never
+/// written.
+const MAGIC_V1: u32 = u32::from_le_bytes(*b"DPJ1");
+/// Ends every record: a whole record's last bytes are never zeros, so a record whose end
+/// reads as zeros was cut short (see the module doc).
+const END: u32 = u32::from_le_bytes(*b"DPJe");
 
-/// magic, length, crc, seq.
-const HEADER: usize = 4 + 4 + 4 + 8;
+/// magic, length, seq, head crc, body crc.
+const HEADER: usize = 4 + 4 + 8 + 4 + 4;
+/// magic, length, crc, seq (the "DPJ1" layout).
+const HEADER_V1: usize = 4 + 4 + 4 + 8;
+/// The end marker.
+const TRAILER: usize = 4;
+/// Chunk in which a reset zeroes the file, from its end backwards (see [`Journal::reset`]).
+const ZERO_CHUNK: usize = 64 * 1024;
 
 /// How far the journal may grow before the store checkpoints (makes sled durable and empties
 /// the journal). A pod's ADD writes two records of ~1 KiB (its intent and its result), so
@@ -57,7 +90,7 @@ pub(crate) const CHECKPOINT_BYTES: u64 = 2 * 1024 * 1024;
 
 /// The size the file is preallocated to: the checkpoint bound plus room for the record that
 /// crosses it. A record past the end still works; its fdatasync just also commits the size.
-const PREALLOCATED: u64 = CHECKPOINT_BYTES + 256 * 1024;
+pub(crate) const PREALLOCATED: u64 = CHECKPOINT_BYTES + 256 * 1024;
 
 /// Refuses to read a record claiming more than this (a damaged length field), instead of
 /// trusting it.
@@ -68,6 +101,25 @@ const MAX_PAYLOAD: usize = 64 * 1024 * 1024;
 pub(crate) struct Entry {
     pub seq: u64,
     pub batch: Batch,
+}
+
+/// What the file holds after its last whole record (see the module doc).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Tail {
+    /// Zeros only.
+    Clean,
+    /// One append cut short, then zeros: never acknowledged as on the disk.
+    Torn {
+        /// Where it starts.
+        at: u64,
+    },
+    /// Bytes that are neither: an acknowledged commit may have been garbled.
+    Damaged {
+        /// Where the first bad byte is.
+        at: u64,
+        /// What is wrong there.
+        detail: String,
+    },
 }
 
 /// The open journal. Appends are serialised by the caller (the store's commit lock), which is
@@ -89,7 +141,7 @@ impl Journal {
     /// Opens (creating and preallocating if needed) the journal in `dir` and reads back its
     /// records. The caller replays what sled does not hold yet and then calls [`Journal::reset`]:
     /// until then appends would go after the records read.
-    pub fn open(dir: &Path) -> io::Result<(Self, Vec<Entry>)> {
+    pub fn open(dir: &Path) -> io::Result<(Self, Vec<Entry>, Tail)> {
         let path = dir.join(JOURNAL_FILE);
         let file = OpenOptions::new()
             .read(true)
@@ -99,6 +151,7 @@ impl Journal {
             .open(&path)?;
         let bytes = std::fs::read(&path)?;
         let (entries, end) = parse(&bytes);
+        let tail = tail(&bytes, end, entries.last().map(|e| e.seq));
         // A reset must zero every byte that could still look like a record: leftovers of an
         // earlier generation behind the records read, or a torn append.
         let dirty = bytes.iter().rposition(|b| *b != 0).map_or(0, |i| i + 1);
@@ -113,7 +166,7 @@ impl Journal {
         if bytes.len() < PREALLOCATED as usize {
             journal.preallocate(bytes.len() as u64)?;
         }
-        Ok((journal, entries))
+        Ok((journal, entries, tail))
     }
 
     /// Writes zeros from `from` to the preallocated size and makes them durable, with the
@@ -169,8 +222,17 @@ impl Journal {
     /// patched up from a journal of another time.
     pub fn reset(&mut self) -> io::Result<()> {
         if self.dirty > 0 {
-            let zeros = vec![0u8; self.dirty as usize];
-            self.file.write_all_at(&zeros, 0)?;
+            // From the end backwards, a chunk per write: a process killed in between leaves
+            // whole records, then at most one whose end is zeroed, then zeros, which reads
+            // as a journal with a torn last append (records sled already holds), never as
+            // damage. Zeroing from the front would leave later records behind a hole.
+            let zeros = vec![0u8; ZERO_CHUNK];
+            let mut to = self.dirty as usize;
+            while to > 0 {
+                let from = to.saturating_sub(ZERO_CHUNK);
+                self.file.write_all_at(&zeros[..to - from], from as u64)?;
+                to = from;
+            }
             self.file.sync_data()?;
         }
         self.end = 0;
@@ -204,18 +266,28 @@ fn encode(seq: u64, batch: &Batch) -> Vec<u8> {
             }
         }
     }
-    let mut record = Vec::with_capacity(HEADER + payload.len());
+    let len = (payload.len() as u32).to_le_bytes();
+    let mut record = Vec::with_capacity(HEADER + payload.len() + TRAILER);
     record.extend_from_slice(&MAGIC.to_le_bytes());
-    record.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    record.extend_from_slice(&checksum(seq, &payload).to_le_bytes());
+    record.extend_from_slice(&len);
     record.extend_from_slice(&seq.to_le_bytes());
+    record.extend_from_slice(&head_checksum(&len, seq).to_le_bytes());
+    record.extend_from_slice(&checksum(seq, &payload).to_le_bytes());
     record.extend_from_slice(&payload);
+    record.extend_from_slice(&END.to_le_bytes());
     record
 }
 
 fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
     out.extend_from_slice(bytes);
+}
+
+fn head_checksum(len: &[u8; 4], seq: u64) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(len);
+    h.update(&seq.to_le_bytes());
+    h.finalize()
 }
 
 fn checksum(seq: u64, payload: &[u8]) -> u32 {
@@ -226,7 +298,7 @@ fn checksum(seq: u64, payload: &[u8]) -> u32 {
 }
 
 /// The whole records at the start of `bytes`, numbered consecutively, and where they end.
-fn parse(bytes: &[u8]) -> (Vec<Entry>, usize) {
+pub(crate) fn parse(bytes: &[u8]) -> (Vec<Entry>, usize) {
     let mut entries: Vec<Entry> = Vec::new();
     let mut at = 0;
     while let Some((entry, len)) = parse_one(&bytes[at..]) {
@@ -241,8 +313,53 @@ fn parse(bytes: &[u8]) -> (Vec<Entry>, usize) {
 
 /// One record at the start of `bytes`, and its length.
 fn parse_one(bytes: &[u8]) -> Option<(Entry, usize)> {
+    let magic = Reader(bytes).u32()?;
+    if magic == MAGIC_V1 {
+        return parse_v1(bytes);
+    }
+    let head = header(bytes)?;
+    let mut r = Reader(&bytes[HEADER..]);
+    let payload = r.take(head.len)?;
+    let end = r.u32()?;
+    if end != END || checksum(head.seq, payload) != head.body_crc {
+        return None;
+    }
+    Some((
+        Entry {
+            seq: head.seq,
+            batch: decode(payload)?,
+        },
+        HEADER + head.len + TRAILER,
+    ))
+}
+
+/// A "DPJ2" header whose own checksum passes: its length and number can be trusted.
+struct Header {
+    len: usize,
+    seq: u64,
+    body_crc: u32,
+}
+
+fn header(bytes: &[u8]) -> Option<Header> {
     let mut r = Reader(bytes);
     if r.u32()? != MAGIC {
+        return None;
+    }
+    let len: [u8; 4] = r.take(4)?.try_into().ok()?;
+    let seq = r.u64()?;
+    let head_crc = r.u32()?;
+    let body_crc = r.u32()?;
+    if head_checksum(&len, seq) != head_crc {
+        return None;
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    (len <= MAX_PAYLOAD).then_some(Header { len, seq, body_crc })
+}
+
+/// A record in the "DPJ1" layout of earlier builds.
+fn parse_v1(bytes: &[u8]) -> Option<(Entry, usize)> {
+    let mut r = Reader(bytes);
+    if r.u32()? != MAGIC_V1 {
         return None;
     }
     let len = r.u32()? as usize;
@@ -260,8 +377,58 @@ fn parse_one(bytes: &[u8]) -> Option<(Entry, usize)> {
             seq,
             batch: decode(payload)?,
         },
-        HEADER + len,
+        HEADER_V1 + len,
     ))
+}
+
+/// Classifies what follows the whole records, which end at `end` (the module doc says why
+/// each shape is what it is). `last` is the number of the last whole record.
+pub(crate) fn tail(bytes: &[u8], end: usize, last: Option<u64>) -> Tail {
+    let rest = &bytes[end.min(bytes.len())..];
+    let Some(z) = rest.iter().rposition(|b| *b != 0).map(|i| i + 1) else {
+        return Tail::Clean;
+    };
+    let at = end as u64;
+    let damaged = |detail: String| Tail::Damaged { at, detail };
+    let magic = MAGIC.to_le_bytes();
+    if z < HEADER {
+        // Only part of a header was written: it must be the start of one.
+        let seen = &rest[..z.min(4)];
+        return if seen == &magic[..seen.len()] {
+            Tail::Torn { at }
+        } else {
+            damaged(format!(
+                "{z} byte(s) that do not start a record, after the last whole one"
+            ))
+        };
+    }
+    let Some(head) = header(rest) else {
+        return damaged(format!(
+            "{z} byte(s) after the last whole record, starting with no valid record header"
+        ));
+    };
+    if last.is_some_and(|l| head.seq != l + 1) {
+        return damaged(format!(
+            "a record numbered #{} where #{} was due",
+            head.seq,
+            last.map_or(0, |l| l + 1)
+        ));
+    }
+    let whole = HEADER + head.len + TRAILER;
+    if z < whole {
+        // Its end marker, at least, was never written: cut short.
+        Tail::Torn { at }
+    } else {
+        damaged(format!(
+            "record #{} is whole-length but fails its checksum or end marker{}",
+            head.seq,
+            if z > whole {
+                ", and more bytes follow it"
+            } else {
+                ""
+            }
+        ))
+    }
 }
 
 fn decode(payload: &[u8]) -> Option<Batch> {
@@ -346,10 +513,113 @@ mod tests {
     fn reading_stops_at_a_torn_record() {
         let whole = records(1..4);
         let third = encode(3, &batch(3)).len();
-        // Every cut inside the last record: the first two stay, the third is never half-read.
-        for cut in whole.len() - third..whole.len() {
-            assert_eq!(seqs(&whole[..cut]), [1, 2], "cut at {cut}");
+        // Every cut inside the last record, followed by the zeros of the preallocation: the
+        // first two stay, the third is never half-read, and the cut reads as torn.
+        for cut in whole.len() - third + 1..whole.len() {
+            let mut bytes = whole[..cut].to_vec();
+            bytes.extend_from_slice(&[0; 512]);
+            assert_eq!(seqs(&bytes), [1, 2], "cut at {cut}");
+            let (entries, end) = parse(&bytes);
+            assert_eq!(
+                tail(&bytes, end, entries.last().map(|e| e.seq)),
+                Tail::Torn {
+                    at: (whole.len() - third) as u64
+                },
+                "cut at {cut}"
+            );
         }
+        let mut bytes = whole.clone();
+        bytes.extend_from_slice(&[0; 512]);
+        assert_eq!(tail(&bytes, whole.len(), Some(3)), Tail::Clean);
+    }
+
+    /// A garbled byte anywhere in the last record (header, payload, end marker) is damage,
+    /// never a torn append: the record may have been acknowledged.
+    #[test]
+    fn a_garbled_last_record_is_damage_not_a_tear() {
+        let mut empty_value = Batch::new();
+        // Ends in zeros before the end marker (an empty value's length): the marker, not
+        // the last payload byte, is what tells whole from cut short.
+        empty_value.put(Tree::Meta, b"m".to_vec(), Vec::new());
+        for last in [encode(3, &batch(3)), encode(3, &empty_value)] {
+            let mut whole = records(1..3);
+            let start = whole.len();
+            whole.extend_from_slice(&last);
+            whole.extend_from_slice(&[0; 512]);
+            for i in 0..last.len() {
+                for flip in [0x01u8, 0x80] {
+                    let mut bytes = whole.clone();
+                    bytes[start + i] ^= flip;
+                    let (entries, end) = parse(&bytes);
+                    assert_eq!(entries.len(), 2, "byte {i} flipped");
+                    match tail(&bytes, end, entries.last().map(|e| e.seq)) {
+                        Tail::Damaged { at, .. } => assert_eq!(at, start as u64),
+                        other => panic!("byte {i} ^ {flip:#x}: {other:?}"),
+                    }
+                }
+            }
+        }
+        // A stray byte in the zeros after the last record, and a record out of sequence.
+        let mut bytes = records(1..3);
+        let end = bytes.len();
+        bytes.extend_from_slice(&[0; 100]);
+        bytes[end + 50] = 7;
+        assert!(matches!(tail(&bytes, end, Some(2)), Tail::Damaged { .. }));
+        let mut bytes = records(1..3);
+        bytes.extend(records(5..6));
+        let (entries, end) = parse(&bytes);
+        assert!(matches!(
+            tail(&bytes, end, entries.last().map(|e| e.seq)),
+            Tail::Damaged { .. }
+        ));
+    }
+
+    /// A reset interrupted at any chunk leaves whole records, at most one cut short, and
+    /// zeros: never damage.
+    #[test]
+    fn an_interrupted_reset_reads_as_torn_never_damaged() {
+        let value = vec![b'v'; 40 * 1024];
+        let mut bytes = Vec::new();
+        for s in 1..10u64 {
+            let mut b = Batch::new();
+            b.put(Tree::History, s.to_le_bytes().to_vec(), value.clone());
+            bytes.extend(encode(s, &b));
+        }
+        let dirty = bytes.len();
+        bytes.extend_from_slice(&[0; 4096]);
+        // Zero from the end backwards, as reset does, stopping after each chunk.
+        let mut to = dirty;
+        while to > 0 {
+            let from = to.saturating_sub(ZERO_CHUNK);
+            bytes[from..to].fill(0);
+            to = from;
+            let (entries, end) = parse(&bytes);
+            let t = tail(&bytes, end, entries.last().map(|e| e.seq));
+            assert!(
+                matches!(t, Tail::Clean | Tail::Torn { .. }),
+                "zeroed down to {to}: {t:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn records_of_earlier_builds_are_read() {
+        let mut b = batch(1);
+        b.put(Tree::History, b"h".to_vec(), b"x".to_vec());
+        let mut payload = encode(7, &b);
+        // Rebuild it in the DPJ1 layout: magic | len | crc | seq | payload.
+        let len = payload.len() - HEADER - TRAILER;
+        let body = payload[HEADER..HEADER + len].to_vec();
+        payload.clear();
+        payload.extend_from_slice(&MAGIC_V1.to_le_bytes());
+        payload.extend_from_slice(&(len as u32).to_le_bytes());
+        payload.extend_from_slice(&checksum(7, &body).to_le_bytes());
+        payload.extend_from_slice(&7u64.to_le_bytes());
+        payload.extend_from_slice(&body);
+        payload.extend(encode(8, &batch(8)));
+        let (entries, _) = parse(&payload);
+        assert_eq!(entries.iter().map(|e| e.seq).collect::<Vec<_>>(), [7, 8]);
+        assert_eq!(entries[0].batch, b);
     }
 
     #[test]
@@ -389,8 +659,9 @@ mod tests {
     #[test]
     fn appends_read_back_and_reset_forgets_them() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut j, entries) = Journal::open(dir.path()).unwrap();
+        let (mut j, entries, tail) = Journal::open(dir.path()).unwrap();
         assert!(entries.is_empty());
+        assert_eq!(tail, Tail::Clean);
         assert_eq!(
             std::fs::metadata(dir.path().join(JOURNAL_FILE))
                 .unwrap()
@@ -401,13 +672,14 @@ mod tests {
         for s in 1..=3 {
             j.append(s, &batch(s as u8)).unwrap();
         }
-        let (mut j, entries) = Journal::open(dir.path()).unwrap();
+        let (mut j, entries, _) = Journal::open(dir.path()).unwrap();
         assert_eq!(entries.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3]);
         assert_eq!(entries[2].batch, batch(3));
         j.reset().unwrap();
         j.append(4, &batch(4)).unwrap();
         // After a reset only the new generation is there, from offset 0.
-        let (_, entries) = Journal::open(dir.path()).unwrap();
+        let (_, entries, tail) = Journal::open(dir.path()).unwrap();
+        assert_eq!(tail, Tail::Clean);
         assert_eq!(entries.iter().map(|e| e.seq).collect::<Vec<_>>(), [4]);
         assert_eq!(
             std::fs::metadata(dir.path().join(JOURNAL_FILE))

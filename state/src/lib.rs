@@ -20,6 +20,7 @@ mod mem;
 mod pending;
 mod schema;
 mod sled_store;
+mod space;
 mod store;
 
 #[cfg(test)]
@@ -30,4 +31,5 @@ pub use ledger::{AttachmentKey, AttachmentRecord, AttachmentState, DelegateKey, 
 pub use mem::MemStore;
 pub use schema::{SCHEMA_KEY, SCHEMA_VERSION, ensure_schema};
 pub use sled_store::SledStore;
+pub use space::{OPEN_MARGIN, needed_to_open};
 pub use store::{Batch, Durability, KeyValue, Store, Tree};

@@ -1,24 +1,47 @@
 //! The real [`Store`]: sled 0.34 in one state directory, with a commit journal, made
-//! power-loss durable.
+//! power-loss durable, refusing damage it cannot rule out, and recovering from a full disk
+//! without a restart.
 //!
 //! sled 0.34's `flush()` ends in `sync_file_range`, which survives a process crash but is not
-//! a durability barrier: it flushes neither the device write cache nor file metadata
-//! (measured in reference/crates.md §2.2). It is also slow on the path of a pod's ADD: it
-//! wakes sled's whole I/O pool and waits for the device (docs/performance.md). So a commit
-//! here is the sled transaction (in memory) plus one append to the commit journal
-//! (journal.rs), fdatasynced when the commit must survive a power cut; sled writes its log
-//! in the background, and a checkpoint (sled flush, fdatasync of sled's files, journal
+//! a durability barrier: it flushes neither the device write cache nor file metadata. It is
+//! also slow on the path of a pod's ADD: it wakes sled's whole I/O pool and waits for the
+//! device (docs/performance.md). So a commit here is one append to the commit journal
+//! (journal.rs), fdatasynced when the commit must survive a power cut, and an in-memory
+//! overlay that reads lay over sled; the applier thread writes the overlay into sled a few
+//! milliseconds later, and a checkpoint (sled flush, fdatasync of sled's files, journal
 //! emptied) runs when the journal has grown past a bound, when the store closes, and after
 //! an open replayed the journal. The files sled writes but never syncs (`conf`, the
 //! directory entries, large-value blob files) are synced by this module.
 //!
-//! sled 0.34 also does not report a damaged log: recovery stops at the first bad checksum and
+//! # Integrity (docs/cfp.md §7.5)
+//!
+//! sled 0.34 does not report a damaged log: recovery stops at the first bad checksum and
 //! opens whatever came before, so a garbled `db` file opens as an older (or empty) store
 //! (measured: overwriting 4 KiB in the middle of a 200-record store reopened with 104 records
-//! and no error). To turn that silent loss into [`StoreError::Corrupt`], every commit carries a
-//! sequence number, and the last acknowledged number is also kept in a small witness file
-//! next to the store ([`WITNESS_FILE`]); on open, a store behind its witness (after the
-//! journal's replay) is refused.
+//! and no error). Every commit therefore carries a sequence number, and a small witness file
+//! next to the store ([`WITNESS_FILE`]) records the last commit acknowledged to the kernel
+//! (with the boot it was made in) and the last one acknowledged as on the disk. An open
+//! refuses ([`StoreError::Corrupt`]) a store that, after replaying the journal, holds less
+//! than the witness proves was acknowledged: everything acknowledged in this boot (the page
+//! cache survived), every disk commit after a reboot.
+//!
+//! The store's existence is recorded in three places: sled's own files, the witness and the
+//! journal. A store any of them shows existed must have the witness and the journal, or it is
+//! refused: deleting one witness must not turn "cannot prove" into "looks fresh". A garbled
+//! journal tail is refused too, unless it is provably a torn append (journal.rs).
+//!
+//! # A full disk (docs/cfp.md §7.5, "Writes that fail")
+//!
+//! sled 0.34 makes any failed write of its log sticky: every later write, and reads that
+//! need a page from the file, fail with that error until the database is reopened (its
+//! "global error"). And `sled::Tree::len` counts an iterator that, under that error, yields
+//! the same error forever without advancing: one `len` spun at 100% CPU and grew dipamd's
+//! memory until the OOM killer ended it. So: `len` here counts itself and stops at the first
+//! error; the first failed write puts the store in a fault state ([`Store::fault`]) in which
+//! commits fail at once with that cause; and the applier thread retries, with a bounded
+//! backoff, a full in-process reopen (sled reopened, the journal replayed, a checkpoint),
+//! which is what clears sled's error. Once space returns the next attempt succeeds and
+//! commits are served again, without a restart.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -29,14 +52,14 @@ use std::os::unix::fs::FileExt;
 use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionResult, TransactionError};
 
-use crate::journal::{CHECKPOINT_BYTES, JOURNAL_FILE, Journal};
+use crate::journal::{CHECKPOINT_BYTES, JOURNAL_FILE, Journal, Tail};
 use crate::pending::{Pending, merge};
 use crate::schema::ensure_schema;
 use crate::store::Op;
@@ -55,12 +78,16 @@ const CACHE_CAPACITY: u64 = 8 * 1024 * 1024;
 /// log segments, and without it the file only grows.
 const BACKGROUND_FLUSH_MS: u64 = 1000;
 
-/// The file holding the sequence number of the last acknowledged commit (see the module doc).
+/// The file holding what the store acknowledged (see the module doc and [`Witness`]).
 pub(crate) const WITNESS_FILE: &str = "dipam-commit-seq";
 
 /// The key, in sled's default tree (not one of [`Tree`], so the public trees behave exactly
 /// like [`crate::MemStore`]'s), of the sequence number of the last commit.
 const SEQ_KEY: &[u8] = b"dipam_commit_seq";
+
+/// Where the kernel keeps the id of the current boot: a witness claim made in this boot is
+/// binding for kernel-only commits too, since the page cache that holds them survived.
+const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 
 /// The ledger on disk: a sled database in `dir` plus the handles needed to make its writes
 /// durable.
@@ -78,9 +105,9 @@ const SEQ_KEY: &[u8] = b"dipam_commit_seq";
 /// every commit of a burst in one sled transaction, so all or none of each (pending.rs says
 /// why). Until then reads lay the pending commits over what sled returns.
 ///
-/// If the journal cannot be written (a full disk, say), commits fall back to a sled
-/// transaction, sled's own flush and an fdatasync of sled's data file, for as long as this
-/// store stays open.
+/// If the journal cannot be written, commits fall back to a sled transaction, sled's own
+/// flush and an fdatasync of sled's data file, until the applier has reopened the store
+/// (which starts a fresh journal).
 ///
 /// # Single daemon
 ///
@@ -91,12 +118,13 @@ const SEQ_KEY: &[u8] = b"dipam_commit_seq";
 ///
 /// # Damage
 ///
-/// A store that sled cannot read back, or that reads back older than the last commit this
-/// directory acknowledged (sled silently drops a damaged log tail), fails to open with
-/// [`StoreError::Corrupt`].
+/// A store that sled cannot read back, that reads back older than what its witness proves
+/// was acknowledged, that lost its witness or its journal, or whose journal is garbled,
+/// fails to open with [`StoreError::Corrupt`].
 pub struct SledStore {
     pub(crate) inner: Arc<Inner>,
-    /// Writes pending commits into sled (see [`Inner::apply_pending`]).
+    /// Writes pending commits into sled (see [`Inner::apply_pending`]) and reopens the store
+    /// after a failed write (see [`Inner::reopen`]).
     applier: Option<thread::JoinHandle<()>>,
 }
 
@@ -109,40 +137,74 @@ const APPLY_QUIET: Duration = Duration::from_millis(10);
 const APPLY_AT_MOST: Duration = Duration::from_millis(100);
 /// How long an open retries sled's lock (see [`SledStore::open`]).
 const LOCK_RETRY: Duration = Duration::from_millis(500);
-/// The wait before the applier tries again after sled refused a transaction.
-const APPLY_RETRY: Duration = Duration::from_millis(500);
+/// The first wait before the applier tries to reopen a store whose writes failed; it doubles
+/// after every failed attempt, up to [`REOPEN_BACKOFF_MAX`]: a full disk costs one reopen
+/// attempt every few seconds, never a busy loop, and a freed disk is noticed within that.
+const REOPEN_BACKOFF_MIN: Duration = Duration::from_millis(250);
+/// The longest wait between two reopen attempts.
+const REOPEN_BACKOFF_MAX: Duration = Duration::from_secs(4);
+/// The journal's size beyond which commits are refused while checkpoints fail: every
+/// journaled commit is also held in memory until sled has it, so this bounds that memory
+/// whatever the disk does.
+const JOURNAL_HARD_LIMIT: u64 = 4 * CHECKPOINT_BYTES;
 
-pub(crate) struct Inner {
-    dir: PathBuf,
+/// The sled database and the handles that go with it; replaced whole by a reopen.
+pub(crate) struct Engine {
     pub(crate) db: sled::Db,
     /// Indexed by [`Tree::index`]; the last element is sled's default tree, which holds
     /// [`SEQ_KEY`].
     pub(crate) trees: Vec<sled::Tree>,
+    /// A read-only handle on `<dir>/db`: fsync acts on the inode, so it syncs sled's writes.
+    data_file: File,
+}
+
+impl Engine {
+    fn tree(&self, tree: Tree) -> &sled::Tree {
+        &self.trees[tree.index()]
+    }
+}
+
+/// Why commits are failing, for [`Store::fault`] and the error every commit gets meanwhile.
+#[derive(Debug, Clone)]
+struct Fault {
+    since: SystemTime,
+    cause: String,
+    disk_full: bool,
+    /// The store cannot prove what it holds any more: no reopen is attempted; a restart
+    /// runs the start-up checks.
+    permanent: bool,
+}
+
+pub(crate) struct Inner {
+    dir: PathBuf,
+    /// `None` while a reopen has not succeeded (reads fail with the fault).
+    pub(crate) engine: RwLock<Option<Engine>>,
     /// The commit lock: the number of the last commit and the journal. Held across the
     /// append and the hand-over to `pending`, so commits are numbered, journaled and applied
     /// in one order.
     pub(crate) commits: Mutex<Commits>,
     /// Commits in the journal and not yet in sled.
     pub(crate) pending: Mutex<Pending>,
-    /// Wakes the applier: a first pending commit, or the store closing.
+    /// Wakes the applier: a first pending commit, a failed write, or the store closing.
     wake: Condvar,
     closing: AtomicBool,
     /// Set by a commit that took the journal past [`CHECKPOINT_BYTES`]: the applier
     /// checkpoints after its next apply.
     journal_full: AtomicBool,
+    /// Set when a write failed or the journal was given up: the applier reopens the store.
+    needs_reopen: AtomicBool,
     /// Held while pending commits are written into sled, by the applier or a checkpoint, so
     /// that two writes of the same commits never race.
     applying: Mutex<()>,
     /// A second handle on the journal, to fdatasync it outside the commit lock.
     journal_file: File,
     journal_path: PathBuf,
-    /// The witness file and the number last written to it.
-    witness: Mutex<(File, u64)>,
+    /// The witness file and what it claims.
+    witness: Mutex<Witness>,
     data_path: PathBuf,
-    /// A read-only handle on `<dir>/db`: fsync acts on the inode, so it syncs sled's writes.
-    data_file: File,
     /// Blob files already synced, with the length they had when synced.
     synced_blobs: Mutex<HashMap<OsString, u64>>,
+    fault: Mutex<Option<Fault>>,
 }
 
 /// What the commit lock guards.
@@ -150,9 +212,8 @@ pub(crate) struct Commits {
     /// The sequence number of the last committed transaction.
     seq: u64,
     /// `None` once an append failed: a later record behind a missing one would never be
-    /// read back (the journal's numbering must be unbroken), so every later commit of this
-    /// store goes through sled's flush instead. The next open replays what is there and
-    /// starts a fresh journal.
+    /// read back (the journal's numbering must be unbroken), so commits go through sled's
+    /// flush instead until the applier reopens the store, which starts a fresh journal.
     pub(crate) journal: Option<Journal>,
 }
 
@@ -164,142 +225,248 @@ impl fmt::Debug for SledStore {
     }
 }
 
-impl SledStore {
-    /// Opens (creating if needed) the store in `dir`, checks its schema version and migrates
-    /// it if it is older.
-    ///
-    /// Errors: [`StoreError::Locked`] if another dipamd has it open, [`StoreError::Corrupt`] if
-    /// sled cannot read it back, [`StoreError::SchemaTooNew`] if a newer dipamd wrote it.
-    pub fn open(dir: &Path) -> Result<Self, StoreError> {
-        fs::create_dir_all(dir).map_err(io_err(dir))?;
-
-        // Mode: LowSpace (sled's default) keeps the log compact; our write rate is a few
-        // commits per pod start, far from where HighThroughput would pay off.
-        let config = sled::Config::new()
-            .path(dir)
-            .cache_capacity(CACHE_CAPACITY)
-            .mode(sled::Mode::LowSpace)
-            .flush_every_ms(Some(BACKGROUND_FLUSH_MS));
-
-        // Damage that sled notices comes back as `Error::Corruption`; damage it does not is
-        // caught by the witness check below. sled 0.34 also has `unwrap`s and asserts on its
-        // recovery path, so a damaged file may panic instead: that is an unreadable store too,
-        // and the operator should get an error, not a backtrace.
-        //
-        // A store this process has just closed may keep sled's lock for a moment: the last
-        // write job in sled's I/O pool holds the file until it returns. So a lock conflict is
-        // retried briefly before it is reported (another dipamd holds it for good).
-        let locked_until = Instant::now() + LOCK_RETRY;
-        let db = loop {
-            match panic::catch_unwind(AssertUnwindSafe(|| config.open())) {
-                Ok(Err(e)) => match map_sled(dir, e) {
-                    StoreError::Locked { .. } if Instant::now() < locked_until => {
-                        thread::sleep(Duration::from_millis(10));
-                    }
-                    e => return Err(e),
-                },
-                other => break other,
-            }
-        };
-        let db = match db {
-            Ok(Ok(db)) => db,
-            Ok(Err(e)) => return Err(map_sled(dir, e)),
-            Err(payload) => {
-                return Err(StoreError::Corrupt {
-                    path: dir.to_path_buf(),
-                    detail: format!(
-                        "sled panicked while recovering: {}",
-                        panic_message(&*payload)
-                    ),
-                });
-            }
-        };
-
-        let mut trees = Tree::ALL
-            .iter()
-            .map(|t| db.open_tree(t.name()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| map_sled(dir, e))?;
-        trees.push((*db).clone());
-
-        let mut seq = read_seq(&db, dir)?;
-        let journal_path = dir.join(JOURNAL_FILE);
-        let (journal, entries) = Journal::open(dir).map_err(io_err(&journal_path))?;
-        // The journal's commits that sled's log lacks: those after sled's last, if they
-        // continue its numbering. A journal that starts further on (sled lost commits it had
-        // made durable before the journal's last checkpoint) replays nothing, and the witness
-        // below then refuses the store.
-        let replay: Vec<_> = entries.into_iter().filter(|e| e.seq > seq).collect();
-        let replay = if replay.first().is_some_and(|e| e.seq == seq + 1) {
-            replay
-        } else {
-            Vec::new()
-        };
-        let replayed_to = replay.last().map_or(seq, |e| e.seq);
-        let witness_path = dir.join(WITNESS_FILE);
-        let acknowledged = read_witness(&witness_path)?;
-        if let Some(acknowledged) = acknowledged.filter(|a| *a > replayed_to) {
+/// Opens sled in `dir` with the trees, retrying a lock the same process just released.
+///
+/// Damage that sled notices comes back as `Error::Corruption`; damage it does not is caught
+/// by the witness. sled 0.34 also has `unwrap`s and asserts on its recovery path, so a
+/// damaged file may panic instead: that is an unreadable store too, and the operator should
+/// get an error, not a backtrace.
+///
+/// A store this process has just closed may keep sled's lock for a moment: the last write
+/// job in sled's I/O pool holds the file until it returns. So a lock conflict is retried
+/// briefly before it is reported (another dipamd holds it for good).
+fn open_engine(dir: &Path) -> Result<Engine, StoreError> {
+    // Mode: LowSpace (sled's default) keeps the log compact; our write rate is a few
+    // commits per pod start, far from where HighThroughput would pay off.
+    let config = sled::Config::new()
+        .path(dir)
+        .cache_capacity(CACHE_CAPACITY)
+        .mode(sled::Mode::LowSpace)
+        .flush_every_ms(Some(BACKGROUND_FLUSH_MS));
+    let locked_until = Instant::now() + LOCK_RETRY;
+    let db = loop {
+        match panic::catch_unwind(AssertUnwindSafe(|| config.open())) {
+            Ok(Err(e)) => match map_sled(dir, e) {
+                StoreError::Locked { .. } if Instant::now() < locked_until => {
+                    thread::sleep(Duration::from_millis(10));
+                }
+                e => return Err(e),
+            },
+            other => break other,
+        }
+    };
+    let db = match db {
+        Ok(Ok(db)) => db,
+        Ok(Err(e)) => return Err(map_sled(dir, e)),
+        Err(payload) => {
             return Err(StoreError::Corrupt {
                 path: dir.to_path_buf(),
                 detail: format!(
-                    "commits up to #{acknowledged} were acknowledged, but the store only holds \
-                     commits up to #{replayed_to} (sled discards a damaged log without reporting it)"
+                    "sled panicked while recovering: {}",
+                    panic_message(&*payload)
                 ),
             });
         }
-        for entry in &replay {
-            transact(&trees, dir, &entry.batch, entry.seq)?;
-            seq = entry.seq;
-        }
-        let witness = fs::OpenOptions::new()
+    };
+    let mut trees = Tree::ALL
+        .iter()
+        .map(|t| db.open_tree(t.name()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| map_sled(dir, e))?;
+    trees.push((*db).clone());
+    let data_path = dir.join("db");
+    let data_file = File::open(&data_path).map_err(io_err(&data_path))?;
+    Ok(Engine {
+        db,
+        trees,
+        data_file,
+    })
+}
+
+/// The commits an open replays from the journal: those after sled's last (`seq`), which must
+/// continue its numbering. A journal that starts further on means sled lost commits it had
+/// made durable before the journal's last checkpoint.
+fn to_replay(
+    dir: &Path,
+    seq: u64,
+    entries: Vec<crate::journal::Entry>,
+) -> Result<Vec<crate::journal::Entry>, StoreError> {
+    let replay: Vec<_> = entries.into_iter().filter(|e| e.seq > seq).collect();
+    match replay.first() {
+        Some(first) if first.seq != seq + 1 => Err(StoreError::Corrupt {
+            path: dir.to_path_buf(),
+            detail: format!(
+                "the commit journal continues from #{}, but the store only holds commits up to \
+                 #{seq} (sled discards a damaged log without reporting it)",
+                first.seq
+            ),
+        }),
+        _ => Ok(replay),
+    }
+}
+
+impl SledStore {
+    /// Opens (creating if needed) the store in `dir`, checks its integrity and schema version
+    /// and migrates it if it is older.
+    ///
+    /// Errors: [`StoreError::Locked`] if another dipamd has it open, [`StoreError::Corrupt`] if
+    /// it cannot be proven to hold every acknowledged commit, [`StoreError::SchemaTooNew`] if
+    /// a newer dipamd wrote it, [`StoreError::NoSpace`] if the file system lacks the room an
+    /// open needs.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        fs::create_dir_all(dir).map_err(io_err(dir))?;
+        crate::space::check(dir)?;
+
+        // What says the store existed, read before anything is created.
+        let witness_path = dir.join(WITNESS_FILE);
+        let journal_path = dir.join(JOURNAL_FILE);
+        let claimed = read_witness(&witness_path)?;
+        let journal_existed = journal_path.exists();
+
+        let engine = open_engine(dir)?;
+        let mut seq = read_seq(&engine.db, dir)?;
+        let sled_has_commits = seq > 0
+            || engine
+                .trees
+                .iter()
+                .any(|t| t.first().map(|kv| kv.is_some()).unwrap_or(true));
+        let boot = boot_id();
+        let required = match &claimed {
+            WitnessRead::Missing | WitnessRead::Unreadable(_)
+                if sled_has_commits || journal_existed =>
+            {
+                let what = match &claimed {
+                    WitnessRead::Unreadable(why) => format!("is unreadable ({why})"),
+                    _ => "is missing".to_string(),
+                };
+                return Err(StoreError::Corrupt {
+                    path: dir.to_path_buf(),
+                    detail: format!(
+                        "the commit witness {} {what}, yet the store exists ({}): nothing \
+                         proves it still holds every commit it acknowledged",
+                        witness_path.display(),
+                        if sled_has_commits {
+                            format!("sled holds commits up to #{seq}")
+                        } else {
+                            "its commit journal is there".to_string()
+                        }
+                    ),
+                });
+            }
+            WitnessRead::Missing | WitnessRead::Unreadable(_) => 0,
+            WitnessRead::Legacy(disk) => *disk,
+            WitnessRead::Claims(w) => {
+                if !journal_existed && w.kernel.max(w.disk) > 0 {
+                    return Err(StoreError::Corrupt {
+                        path: dir.to_path_buf(),
+                        detail: format!(
+                            "the commit journal {} is missing, yet the witness says commits up \
+                             to #{} were acknowledged: the journal may have held some that sled \
+                             never wrote",
+                            journal_path.display(),
+                            w.kernel.max(w.disk)
+                        ),
+                    });
+                }
+                if boot.as_deref() == Some(w.boot.as_str()) {
+                    w.kernel.max(w.disk)
+                } else {
+                    w.disk
+                }
+            }
+        };
+
+        // The witness is created before the journal: a journal without a witness is then
+        // never a fresh store's leftover.
+        let file = fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .open(&witness_path)
             .map_err(io_err(&witness_path))?;
-        if acknowledged != Some(seq) {
-            // New, lost or unreadable witness: restart it from what the store holds. Losing
-            // the witness only weakens damage detection; it cannot make a good store fail.
-            write_witness(&witness, seq).map_err(io_err(&witness_path))?;
-            witness.sync_all().map_err(io_err(&witness_path))?;
+        let witness = Witness {
+            file,
+            disk: 0,
+            kernel: 0,
+            boot: boot.unwrap_or_default(),
+        };
+        if matches!(claimed, WitnessRead::Missing) {
+            witness.write().map_err(io_err(&witness_path))?;
+            witness.file.sync_all().map_err(io_err(&witness_path))?;
+            sync_path(dir)?;
         }
+        Self::open_checked(dir, engine, witness, &mut seq, required, journal_path)
+    }
 
-        let data_path = dir.join("db");
-        let data_file = File::open(&data_path).map_err(io_err(&data_path))?;
+    /// The rest of [`SledStore::open`], once the witness is settled: the journal's replay and
+    /// checks, the handles, the checkpoint, the applier and the schema.
+    fn open_checked(
+        dir: &Path,
+        engine: Engine,
+        mut witness: Witness,
+        seq: &mut u64,
+        required: u64,
+        journal_path: PathBuf,
+    ) -> Result<Self, StoreError> {
+        let (journal, entries, tail) = Journal::open(dir).map_err(io_err(&journal_path))?;
+        check_tail(dir, &journal_path, &tail)?;
+        let replay = to_replay(dir, *seq, entries)?;
+        let replayed_to = replay.last().map_or(*seq, |e| e.seq);
+        if required > replayed_to {
+            return Err(StoreError::Corrupt {
+                path: dir.to_path_buf(),
+                detail: format!(
+                    "commits up to #{required} were acknowledged, but the store only holds \
+                     commits up to #{replayed_to} (sled discards a damaged log without reporting \
+                     it)"
+                ),
+            });
+        }
+        for entry in &replay {
+            transact(&engine.trees, dir, &entry.batch, entry.seq)?;
+            *seq = entry.seq;
+        }
 
         // sled writes `conf` without syncing it and never syncs the directories holding its
         // files. Do it once here so the files a later fdatasync relies on are reachable.
         sync_path(&dir.join("conf"))?;
-        // (The directory sync below also makes a newly created witness file reachable.)
         sync_path(&dir.join("blobs"))?;
         sync_path(dir)?;
 
+        witness.disk = *seq;
+        witness.kernel = *seq;
         let journal_file = journal.sync_handle().map_err(io_err(&journal_path))?;
         let inner = Arc::new(Inner {
             dir: dir.to_path_buf(),
-            db,
-            trees,
+            engine: RwLock::new(Some(engine)),
             commits: Mutex::new(Commits {
-                seq,
+                seq: *seq,
                 journal: Some(journal),
             }),
             pending: Mutex::new(Pending::default()),
             wake: Condvar::new(),
             closing: AtomicBool::new(false),
             journal_full: AtomicBool::new(false),
+            needs_reopen: AtomicBool::new(false),
             applying: Mutex::new(()),
             journal_file,
             journal_path,
-            witness: Mutex::new((witness, seq)),
-            data_path,
-            data_file,
+            witness: Mutex::new(witness),
+            data_path: dir.join("db"),
             synced_blobs: Mutex::new(HashMap::new()),
+            fault: Mutex::new(None),
         });
         inner.sync_blobs()?;
         // What was replayed goes into sled's files, and the journal starts empty: its
-        // records must continue sled's durable numbering (see the replay above).
+        // records must continue sled's durable numbering (see the replay above). The witness
+        // then claims everything, in this boot.
         inner.checkpoint()?;
+        {
+            let w = lock(&inner.witness)?;
+            w.write().map_err(io_err(&dir.join(WITNESS_FILE)))?;
+            w.file.sync_data().map_err(io_err(&dir.join(WITNESS_FILE)))?;
+        }
         let applier = thread::Builder::new()
             .name("dipam-ledger".into())
             .spawn({
@@ -321,13 +488,79 @@ impl SledStore {
     }
 }
 
-impl Inner {
-    fn tree(&self, tree: Tree) -> &sled::Tree {
-        &self.trees[tree.index()]
+/// Refuses a journal whose tail is damaged (journal.rs says what that means).
+fn check_tail(dir: &Path, journal_path: &Path, tail: &Tail) -> Result<(), StoreError> {
+    match tail {
+        Tail::Clean | Tail::Torn { .. } => Ok(()),
+        Tail::Damaged { at, detail } => Err(StoreError::Corrupt {
+            path: dir.to_path_buf(),
+            detail: format!(
+                "the commit journal {} is damaged at byte {at}: {detail}; it may have held a \
+                 commit that was acknowledged, so the store cannot prove what it holds",
+                journal_path.display()
+            ),
+        }),
     }
+}
 
+impl Inner {
     fn sled_err(&self) -> impl Fn(sled::Error) -> StoreError + '_ {
         move |e| map_sled(&self.dir, e)
+    }
+
+    /// The engine, or the fault that took it away.
+    fn engine(&self) -> Result<RwLockReadGuard<'_, Option<Engine>>, StoreError> {
+        let engine = self
+            .engine
+            .read()
+            .map_err(|_| StoreError::Backend("SledStore lock poisoned by an earlier panic".into()))?;
+        if engine.is_none() {
+            return Err(self.unavailable());
+        }
+        Ok(engine)
+    }
+
+    /// The error a commit (or a read without sled) gets while the store is in a fault.
+    fn unavailable(&self) -> StoreError {
+        let fault = self.fault.lock().ok().and_then(|f| f.clone());
+        StoreError::Unavailable {
+            path: self.dir.clone(),
+            since: fault.as_ref().map_or_else(SystemTime::now, |f| f.since),
+            disk_full: fault.as_ref().is_some_and(|f| f.disk_full),
+            cause: fault.map_or_else(|| "the ledger is being reopened".into(), |f| f.cause),
+        }
+    }
+
+    /// Records a failed write: commits fail from now on with its cause, and the applier
+    /// reopens the store. The first cause stays until a reopen succeeds.
+    fn fail(&self, e: &StoreError, permanent: bool) {
+        self.record_fault(e, permanent);
+        if let Ok(_pending) = self.pending.lock() {
+            self.wake.notify_all();
+        }
+    }
+
+    /// [`Inner::fail`] without waking the applier: for the applier itself, which holds the
+    /// lock the wake-up needs.
+    fn record_fault(&self, e: &StoreError, permanent: bool) {
+        if let Ok(mut fault) = self.fault.lock() {
+            match fault.as_mut() {
+                Some(f) => f.permanent |= permanent,
+                None => {
+                    *fault = Some(Fault {
+                        since: SystemTime::now(),
+                        cause: e.to_string(),
+                        disk_full: e.is_disk_full(),
+                        permanent,
+                    })
+                }
+            }
+        }
+        self.needs_reopen.store(true, Ordering::Release);
+    }
+
+    fn faulted(&self) -> bool {
+        self.fault.lock().map(|f| f.is_some()).unwrap_or(true)
     }
 
     /// Makes sled durable and empties the journal: pending commits written into sled,
@@ -341,13 +574,18 @@ impl Inner {
             return Ok(());
         };
         self.apply_pending()?;
-        self.db.flush().map_err(self.sled_err())?;
-        self.sync_blobs()?;
-        self.data_file
-            .sync_data()
-            .map_err(io_err(&self.data_path))?;
+        {
+            let engine = self.engine()?;
+            let engine = engine.as_ref().expect("checked by engine()");
+            engine.db.flush().map_err(self.sled_err())?;
+            self.sync_blobs()?;
+            engine
+                .data_file
+                .sync_data()
+                .map_err(io_err(&self.data_path))?;
+        }
         journal.reset().map_err(io_err(&self.journal_path))?;
-        self.claim(*seq)
+        self.claim(*seq, Durability::Disk)
     }
 
     /// Writes every pending commit into sled, in one transaction that also records the last
@@ -358,22 +596,120 @@ impl Inner {
         let Some(snapshot) = lock(&self.pending)?.snapshot() else {
             return Ok(());
         };
-        transact(&self.trees, &self.dir, &snapshot.ops, snapshot.upto)?;
+        {
+            let engine = self.engine()?;
+            let engine = engine.as_ref().expect("checked by engine()");
+            transact(&engine.trees, &self.dir, &snapshot.ops, snapshot.upto)?;
+        }
         lock(&self.pending)?.applied(snapshot.upto);
+        Ok(())
+    }
+
+    /// Closes sled and opens it again, replays the journal and checkpoints: what clears
+    /// sled's sticky write error once the disk has room again (see the module doc). Every
+    /// commit acknowledged so far is in the journal (or, after the journal was given up, in
+    /// sled's flushed log), so the reopened store must hold every one the witness claims;
+    /// if it does not, it cannot prove what it holds and stays refused until a restart runs
+    /// the start-up checks.
+    fn reopen(&self) -> Result<(), StoreError> {
+        let mut commits = lock(&self.commits)?;
+        let _applying = lock(&self.applying)?;
+        let mut slot = self
+            .engine
+            .write()
+            .map_err(|_| StoreError::Backend("SledStore lock poisoned by an earlier panic".into()))?;
+        // Dropped first: sled's lock on `db` goes with it, and the open below needs it.
+        *slot = None;
+        let engine = open_engine(&self.dir)?;
+        let sled_seq = read_seq(&engine.db, &self.dir)?;
+        let (mut journal, entries, tail) =
+            Journal::open(&self.dir).map_err(io_err(&self.journal_path))?;
+        let permanent = |e: StoreError| {
+            self.fail(&e, true);
+            e
+        };
+        check_tail(&self.dir, &self.journal_path, &tail).map_err(permanent)?;
+        let replay = to_replay(&self.dir, sled_seq, entries).map_err(permanent)?;
+        let replayed_to = replay.last().map_or(sled_seq, |e| e.seq);
+        let claimed = {
+            let w = lock(&self.witness)?;
+            w.kernel.max(w.disk)
+        };
+        if claimed > replayed_to {
+            return Err(permanent(StoreError::Corrupt {
+                path: self.dir.clone(),
+                detail: format!(
+                    "reopened after a failed write, the store holds commits up to \
+                     #{replayed_to}, but commits up to #{claimed} were acknowledged"
+                ),
+            }));
+        }
+        for entry in &replay {
+            transact(&engine.trees, &self.dir, &entry.batch, entry.seq)?;
+        }
+        // Everything pending was journaled before it was pending: it is in sled now.
+        *lock(&self.pending)? = Pending::default();
+        engine.db.flush().map_err(self.sled_err())?;
+        self.sync_blobs()?;
+        engine
+            .data_file
+            .sync_data()
+            .map_err(io_err(&self.data_path))?;
+        journal.reset().map_err(io_err(&self.journal_path))?;
+        commits.seq = replayed_to;
+        commits.journal = Some(journal);
+        *slot = Some(engine);
+        drop(slot);
+        self.claim(replayed_to, Durability::Disk)?;
+        self.journal_full.store(false, Ordering::Release);
         Ok(())
     }
 
     /// The applier thread: once commits are pending, waits until none has come for
     /// [`APPLY_QUIET`] (at most [`APPLY_AT_MOST`] after the oldest), then writes them into
-    /// sled, and checkpoints when the journal has passed its bound. Ends when the store
-    /// closes; the close's checkpoint writes what is left.
+    /// sled, and checkpoints when the journal has passed its bound. After a failed write it
+    /// reopens the store, retrying with a backoff. Ends when the store closes; the close's
+    /// checkpoint writes what is left.
     fn run_applier(&self) {
         let Ok(mut pending) = self.pending.lock() else {
             return;
         };
+        let mut backoff = REOPEN_BACKOFF_MIN;
         loop {
             if self.closing.load(Ordering::Acquire) {
                 return;
+            }
+            if self.needs_reopen.load(Ordering::Acquire) {
+                let permanent = self
+                    .fault
+                    .lock()
+                    .map(|f| f.as_ref().is_some_and(|f| f.permanent))
+                    .unwrap_or(true);
+                if !permanent {
+                    drop(pending);
+                    let reopened = self.reopen();
+                    pending = match self.pending.lock() {
+                        Ok(p) => p,
+                        Err(_) => return,
+                    };
+                    match reopened {
+                        Ok(()) => {
+                            self.needs_reopen.store(false, Ordering::Release);
+                            if let Ok(mut f) = self.fault.lock() {
+                                *f = None;
+                            }
+                            backoff = REOPEN_BACKOFF_MIN;
+                            continue;
+                        }
+                        Err(e) => self.record_fault(&e, false),
+                    }
+                }
+                pending = match self.wake.wait_timeout(pending, backoff) {
+                    Ok((p, _)) => p,
+                    Err(_) => return,
+                };
+                backoff = (backoff * 2).min(REOPEN_BACKOFF_MAX);
+                continue;
             }
             let Some((last, oldest)) = pending.times() else {
                 pending = match self.wake.wait(pending) {
@@ -392,18 +728,16 @@ impl Inner {
                 continue;
             }
             drop(pending);
-            let mut retry = self.apply_pending().is_err();
-            if !retry && self.journal_full.swap(false, Ordering::AcqRel) {
-                // A failed checkpoint is retried after the next apply; the journal simply
-                // grows meanwhile.
-                retry = self.checkpoint().is_err();
-                if retry {
+            let mut result = self.apply_pending();
+            if result.is_ok() && self.journal_full.swap(false, Ordering::AcqRel) {
+                result = self.checkpoint();
+                if result.is_err() {
                     self.journal_full.store(true, Ordering::Release);
                 }
             }
-            if retry {
-                // The commits stay pending (and in the journal); reads still see them.
-                thread::sleep(APPLY_RETRY);
+            if let Err(e) = result {
+                // The commits stay pending (and in the journal); the reopen replays them.
+                self.fail(&e, false);
             }
             pending = match self.pending.lock() {
                 Ok(p) => p,
@@ -412,14 +746,22 @@ impl Inner {
         }
     }
 
-    /// Records in the witness that every commit up to `seq` is on the disk. Written but not
-    /// synced: after a power cut it may lag behind the store (weaker detection, never a false
-    /// alarm), and an fdatasync here would double the cost of every commit.
-    fn claim(&self, seq: u64) -> Result<(), StoreError> {
+    /// Records in the witness that every commit up to `seq` is in the kernel and, for
+    /// [`Durability::Disk`], on the disk. Written but not synced: after a power cut it may
+    /// lag behind the store (weaker detection, never a false alarm: the disk claim is written
+    /// only after the fdatasync, and the kernel claim binds only in the boot that wrote it),
+    /// and an fdatasync here would double the cost of every commit.
+    fn claim(&self, seq: u64, durability: Durability) -> Result<(), StoreError> {
         let mut witness = lock(&self.witness)?;
-        if seq > witness.1 {
-            write_witness(&witness.0, seq).map_err(io_err(&self.dir.join(WITNESS_FILE)))?;
-            witness.1 = seq;
+        let disk = durability == Durability::Disk && seq > witness.disk;
+        if seq > witness.kernel || disk {
+            witness.kernel = witness.kernel.max(seq);
+            if disk {
+                witness.disk = seq;
+            }
+            witness
+                .write()
+                .map_err(io_err(&self.dir.join(WITNESS_FILE)))?;
         }
         Ok(())
     }
@@ -468,7 +810,9 @@ impl Inner {
         if let Some(pending) = lock(&self.pending)?.get(tree, key) {
             return Ok(pending);
         }
-        Ok(self
+        let engine = self.engine()?;
+        let engine = engine.as_ref().expect("checked by engine()");
+        Ok(engine
             .tree(tree)
             .get(key)
             .map_err(self.sled_err())?
@@ -488,7 +832,9 @@ impl Inner {
         prefix: &[u8],
         overlay: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     ) -> Result<Vec<KeyValue>, StoreError> {
-        let base = self
+        let engine = self.engine()?;
+        let engine = engine.as_ref().expect("checked by engine()");
+        let base = engine
             .tree(tree)
             .scan_prefix(prefix)
             .map(|kv| {
@@ -506,7 +852,10 @@ impl Inner {
             return Ok(entries.into_iter().map(|(k, _)| k).collect());
         }
         // Nothing pending here: sled's keys alone, without reading the values.
-        self.tree(tree)
+        let engine = self.engine()?;
+        let engine = engine.as_ref().expect("checked by engine()");
+        engine
+            .tree(tree)
             .scan_prefix(prefix)
             .keys()
             .map(|k| k.map(|k| k.to_vec()).map_err(self.sled_err()))
@@ -515,8 +864,16 @@ impl Inner {
 
     fn len(&self, tree: Tree) -> Result<usize, StoreError> {
         let overlay = lock(&self.pending)?.overlay(tree, b"");
-        let sled = self.tree(tree);
-        let mut len = sled.len();
+        let engine = self.engine()?;
+        let engine = engine.as_ref().expect("checked by engine()");
+        let sled = engine.tree(tree);
+        // Not `sled::Tree::len`: it counts an iterator that, after a failed write, yields the
+        // same error forever (see the module doc). The first error ends the count here.
+        let mut len = 0;
+        for key in sled.iter().keys() {
+            key.map_err(self.sled_err())?;
+            len += 1;
+        }
         for (key, value) in overlay {
             match (sled.contains_key(&key).map_err(self.sled_err())?, value) {
                 (false, Some(_)) => len += 1,
@@ -531,9 +888,32 @@ impl Inner {
         if batch.is_empty() {
             return Ok(());
         }
+        if self.faulted() {
+            return Err(self.unavailable());
+        }
+        let result = self.commit_inner(batch, durability);
+        if let Err(e) = &result {
+            self.fail(e, false);
+        }
+        result
+    }
+
+    fn commit_inner(&self, batch: Batch, durability: Durability) -> Result<(), StoreError> {
         let (seq, journaled) = {
             let mut commits = lock(&self.commits)?;
             let seq = commits.seq + 1;
+            if let Some(j) = commits.journal.as_ref()
+                && j.len() >= JOURNAL_HARD_LIMIT
+            {
+                return Err(StoreError::Io {
+                    path: self.journal_path.clone(),
+                    source: io::Error::other(format!(
+                        "the commit journal has reached {} MiB because sled could not take \
+                         its commits (checkpoints failing)",
+                        j.len() >> 20
+                    )),
+                });
+            }
             let appended = commits
                 .journal
                 .as_mut()
@@ -547,10 +927,18 @@ impl Inner {
                 }
                 Some(Err(_)) | None => {
                     // From now on sled's flush makes commits durable (see `Commits`); what
-                    // is pending goes into sled first, to keep the order.
-                    commits.journal = None;
+                    // is pending goes into sled first, to keep the order. The applier
+                    // reopens the store, which starts a fresh journal.
+                    if commits.journal.take().is_some() {
+                        self.needs_reopen.store(true, Ordering::Release);
+                        if let Ok(_p) = self.pending.lock() {
+                            self.wake.notify_all();
+                        }
+                    }
                     self.apply_pending()?;
-                    transact(&self.trees, &self.dir, &batch, seq)?;
+                    let engine = self.engine()?;
+                    let engine = engine.as_ref().expect("checked by engine()");
+                    transact(&engine.trees, &self.dir, &batch, seq)?;
                     None
                 }
             };
@@ -569,27 +957,41 @@ impl Inner {
                 // Without the journal: flush writes sled's log (sync_file_range), then blobs
                 // and the data file are fdatasynced. Blobs first, so a durable log entry never
                 // points at a blob that a power cut could lose.
-                self.db.flush().map_err(self.sled_err())?;
+                let engine = self.engine()?;
+                let engine = engine.as_ref().expect("checked by engine()");
+                engine.db.flush().map_err(self.sled_err())?;
                 if durability == Durability::Disk {
                     self.sync_blobs()?;
-                    self.data_file
+                    engine
+                        .data_file
                         .sync_data()
                         .map_err(io_err(&self.data_path))?;
                 }
             }
         }
-        if durability == Durability::Disk {
-            // A Process commit is in the kernel only and not claimed: a power cut may lose
-            // it, and a store that lost an unsynced tail is not damaged. The next Disk
-            // commit's fdatasync covers it, and that commit's number is the witness's.
-            self.claim(seq)?;
-        }
+        // A Process commit is claimed in the kernel only: a power cut may lose it, and a
+        // store that lost an unsynced tail after a reboot is not damaged. The next Disk
+        // commit's fdatasync covers it.
+        self.claim(seq, durability)?;
         if journaled.is_some_and(|len| len >= CHECKPOINT_BYTES) {
             // The applier checkpoints once it has written this commit into sled: off this
             // request's path, which must not pay two fdatasyncs and a 2 MiB write.
             self.journal_full.store(true, Ordering::Release);
         }
         Ok(())
+    }
+
+    fn fault(&self) -> Option<String> {
+        let f = self.fault.lock().ok()?.clone()?;
+        Some(
+            StoreError::Unavailable {
+                path: self.dir.clone(),
+                since: f.since,
+                cause: f.cause,
+                disk_full: f.disk_full,
+            }
+            .to_string(),
+        )
     }
 }
 
@@ -616,6 +1018,10 @@ impl Store for SledStore {
     fn len(&self, tree: Tree) -> Result<usize, StoreError> {
         self.inner.len(tree)
     }
+
+    fn fault(&self) -> Option<String> {
+        self.inner.fault()
+    }
 }
 
 impl Drop for SledStore {
@@ -632,8 +1038,66 @@ impl Drop for SledStore {
         if let Some(applier) = self.applier.take() {
             let _ = applier.join();
         }
-        let _ = self.inner.checkpoint();
+        if !self.inner.faulted() {
+            let _ = self.inner.checkpoint();
+        }
     }
+}
+
+/// What the witness file says (see [`Witness`]).
+enum WitnessRead {
+    Missing,
+    /// Present but not a witness: a garbled file proves nothing.
+    Unreadable(String),
+    /// An earlier build's witness: the last disk commit only.
+    Legacy(u64),
+    Claims(Witness0),
+}
+
+/// The claims of a witness read back.
+struct Witness0 {
+    disk: u64,
+    kernel: u64,
+    boot: String,
+}
+
+/// The witness file: `v2 <disk> <kernel> <boot id>`, numbers zero-padded so every update is
+/// one in-place `pwrite` of the same byte range. `disk`: the last commit known to be on the
+/// disk (its fdatasync returned). `kernel`: the last commit acknowledged at all, binding
+/// only in the boot `boot`, since a power cut may take back what was only in the kernel.
+pub(crate) struct Witness {
+    file: File,
+    disk: u64,
+    kernel: u64,
+    boot: String,
+}
+
+/// Width of the zero-padded numbers and of the boot id in the witness file.
+const WITNESS_WIDTH: usize = 20;
+const BOOT_WIDTH: usize = 36;
+
+impl Witness {
+    fn write(&self) -> io::Result<()> {
+        let boot = format!("{:-<BOOT_WIDTH$}", self.boot);
+        self.file.write_all_at(
+            format!(
+                "v2 {:0WITNESS_WIDTH$} {:0WITNESS_WIDTH$} {}\n",
+                self.disk,
+                self.kernel,
+                &boot[..BOOT_WIDTH.min(boot.len())]
+            )
+            .as_bytes(),
+            0,
+        )
+    }
+}
+
+/// The id of the running boot, if the kernel says.
+fn boot_id() -> Option<String> {
+    fs::read_to_string(BOOT_ID)
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
 }
 
 /// Applies `batch` plus the commit number `seq` in one sled transaction.
@@ -687,26 +1151,39 @@ pub(crate) fn read_seq(db: &sled::Db, dir: &Path) -> Result<u64, StoreError> {
     Ok(u64::from_be_bytes(bytes))
 }
 
-/// Width of the zero-padded number in the witness file. Fixed, so each update is a single
-/// in-place `pwrite` of the same bytes range.
-const WITNESS_WIDTH: usize = 20;
-
-/// The number in the witness file, or `None` if the file is missing or unreadable.
-fn read_witness(path: &Path) -> Result<Option<u64>, StoreError> {
-    match fs::read_to_string(path) {
-        Ok(text) => Ok(text.trim().parse().ok()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        // Invalid UTF-8 (a torn write after a power cut) reads as "no witness".
-        Err(e) if e.kind() == io::ErrorKind::InvalidData => Ok(None),
-        Err(source) => Err(StoreError::Io {
-            path: path.to_path_buf(),
-            source,
-        }),
-    }
-}
-
-fn write_witness(file: &File, seq: u64) -> io::Result<()> {
-    file.write_all_at(format!("{seq:0WITNESS_WIDTH$}\n").as_bytes(), 0)
+/// What the witness file at `path` says.
+fn read_witness(path: &Path) -> Result<WitnessRead, StoreError> {
+    let text = match fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(WitnessRead::Missing),
+        Err(source) => {
+            return Err(StoreError::Io {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    };
+    let Ok(text) = std::str::from_utf8(&text) else {
+        return Ok(WitnessRead::Unreadable("not text".into()));
+    };
+    let fields: Vec<&str> = text.split_whitespace().collect();
+    let number = |s: &str| s.parse::<u64>().ok();
+    Ok(match fields.as_slice() {
+        [n] => match number(n) {
+            Some(n) => WitnessRead::Legacy(n),
+            None => WitnessRead::Unreadable(format!("{:?}", text.trim())),
+        },
+        ["v2", disk, kernel, boot] => match (number(disk), number(kernel)) {
+            (Some(disk), Some(kernel)) => WitnessRead::Claims(Witness0 {
+                disk,
+                kernel,
+                boot: boot.trim_end_matches('-').to_string(),
+            }),
+            _ => WitnessRead::Unreadable(format!("{:?}", text.trim())),
+        },
+        [] => WitnessRead::Unreadable("empty".into()),
+        _ => WitnessRead::Unreadable(format!("{:?}", text.trim())),
+    })
 }
 
 /// Maps a sled error to ours, recognising the lock conflict and corruption.

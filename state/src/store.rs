@@ -168,4 +168,11 @@ pub trait Store: Send + Sync + 'static {
     fn is_empty(&self, tree: Tree) -> Result<bool, StoreError> {
         Ok(self.len(tree)? == 0)
     }
+
+    /// Why commits are failing right now (a full disk, say), for health reports: `None` when
+    /// the store takes commits. While it is `Some`, every commit fails at once with
+    /// [`StoreError::Unavailable`], and the store retries in the background.
+    fn fault(&self) -> Option<String> {
+        None
+    }
 }
