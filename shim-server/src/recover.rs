@@ -112,6 +112,9 @@ pub async fn run(
                 state_dir.display()
             )));
         }
+        // A full file system is no damage: moving the ledger aside would forget it for
+        // nothing (and the rebuilt one would not fit either).
+        Err(e @ StoreError::NoSpace { .. }) => return Err(e.to_string()),
         Err(e) => {
             let aside = PathBuf::from(format!("{}.corrupt-{}", state_dir.display(), now()));
             std::fs::rename(state_dir, &aside)

@@ -24,6 +24,8 @@ pub struct MemStore {
     pass_commits: AtomicUsize,
     /// Commits made with [`Durability::Process`], for tests of which commits may skip the disk.
     process_commits: AtomicUsize,
+    /// What [`Store::fault`] reports, for tests of health reports.
+    fault: Mutex<Option<String>>,
 }
 
 impl Default for MemStore {
@@ -37,6 +39,7 @@ impl Default for MemStore {
             fail_commits: AtomicUsize::new(0),
             pass_commits: AtomicUsize::new(0),
             process_commits: AtomicUsize::new(0),
+            fault: Mutex::new(None),
         }
     }
 }
@@ -58,6 +61,15 @@ impl MemStore {
     pub fn fail_commits_after(&self, pass: usize, n: usize) {
         self.pass_commits.store(pass, Ordering::SeqCst);
         self.fail_commits.store(n, Ordering::SeqCst);
+    }
+
+    /// Makes [`Store::fault`] report `fault` (`None`: healthy), as a
+    /// [`crate::SledStore`] whose writes fail would. Commits are not affected: combine with
+    /// [`MemStore::fail_next_commits`].
+    pub fn set_fault(&self, fault: Option<&str>) {
+        if let Ok(mut f) = self.fault.lock() {
+            *f = fault.map(str::to_owned);
+        }
     }
 
     /// How many commits so far asked only for [`Durability::Process`].
@@ -136,5 +148,9 @@ impl Store for MemStore {
 
     fn len(&self, tree: Tree) -> Result<usize, StoreError> {
         Ok(self.lock()?.get(&tree).map_or(0, Map::len))
+    }
+
+    fn fault(&self) -> Option<String> {
+        self.fault.lock().ok()?.clone()
     }
 }

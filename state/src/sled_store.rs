@@ -146,7 +146,7 @@ const REOPEN_BACKOFF_MAX: Duration = Duration::from_secs(4);
 /// The journal's size beyond which commits are refused while checkpoints fail: every
 /// journaled commit is also held in memory until sled has it, so this bounds that memory
 /// whatever the disk does.
-const JOURNAL_HARD_LIMIT: u64 = 4 * CHECKPOINT_BYTES;
+const JOURNAL_HARD_LIMIT: u64 = 2 * CHECKPOINT_BYTES;
 
 /// The sled database and the handles that go with it; replaced whole by a reopen.
 pub(crate) struct Engine {

@@ -1060,6 +1060,15 @@ mod sled_only {
             other => panic!("expected Unavailable, got {other:?}"),
         }
 
+        // A start on this file system is refused, saying how much it needs.
+        match SledStore::open(&fs.path().join("other")) {
+            Err(e @ StoreError::NoSpace { .. }) => {
+                assert!(e.is_disk_full());
+                assert!(e.to_string().contains("needs at least"), "{e}");
+            }
+            other => panic!("expected NoSpace, got {other:?}"),
+        }
+
         std::fs::remove_file(&filler).unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         while store.fault().is_some() {

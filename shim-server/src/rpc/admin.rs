@@ -14,8 +14,19 @@ use crate::{
 };
 
 pub async fn status<S: Store>(shim: &Shim<S>) -> Result<StatusReply, ShimError> {
-    let attachments = shim.ledger(|l| l.count()).await? as u64;
-    let not_ready = shim.agent.not_ready();
+    let mut not_ready = shim.agent.not_ready();
+    // A ledger that cannot take commits (a full disk) fails every ADD and DEL: that is the
+    // first thing status must say, and counting must not fail the whole report.
+    if let Some(fault) = shim.ledger.store().fault() {
+        not_ready.insert(0, fault);
+    }
+    let attachments = match shim.ledger(|l| l.count()).await {
+        Ok(n) => n as u64,
+        Err(e) => {
+            not_ready.push(format!("cannot count the attachments: {e}"));
+            0
+        }
+    };
     Ok(StatusReply {
         protocol_version: dipam_proto::PROTOCOL_VERSION,
         min_protocol_version: dipam_proto::MIN_PROTOCOL_VERSION,

@@ -125,6 +125,15 @@ pub async fn run<S: Store>(shim: &Shim<S>) -> Result<DoctorReply, ShimError> {
         "run dipamd with --state-dir on persistent storage (hostPath /var/lib/dipam)",
     ));
 
+    let fault = shim.ledger.store().fault();
+    checks.push(check(
+        "ledger takes commits",
+        fault.is_none(),
+        fault.unwrap_or_else(|| format!("{}: commits succeed", id.state_dir.display())),
+        "free space on the file system holding --state-dir (`df -h` it); dipamd retries by \
+         itself and serves again without a restart",
+    ));
+
     let (mode, gid) = std::fs::metadata(&id.socket)
         .map(|m| (m.permissions().mode() & 0o777, m.gid()))
         .unwrap_or((0, 0));

@@ -1,6 +1,7 @@
 //! STATUS (spec 1.1 §STATUS): answers whether dipamd can serve ADD now.
 //!
-//! - 50 (not available): the delegate binary is missing or did not answer VERSION, the agent's
+//! - 50 (not available): the ledger cannot take commits (a full disk: every ADD and DEL
+//!   would fail until it can again), the delegate binary is missing or did not answer VERSION, the agent's
 //!   conflist is not there yet, or an agent address could not be established, or the
 //!   delegate's own STATUS failed (spec: a plugin that depends on a delegated IPAM MUST send it
 //!   STATUS and fail if it fails).
@@ -25,6 +26,11 @@ const DELEGATE_STATUS_TTL: Duration = Duration::from_secs(5);
 
 pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, ShimError> {
     let p = shim.prepare(req, false)?;
+    if let Some(fault) = shim.ledger.store().fault() {
+        return Err(ShimError::NotReady {
+            missing: vec![fault],
+        });
+    }
     let missing = shim
         .gc_stats
         .missing

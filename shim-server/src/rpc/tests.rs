@@ -328,6 +328,46 @@ async fn gc_without_a_list_is_refused() {
     assert!(b.calls().is_empty(), "a refused GC runs nothing");
 }
 
+/// While the ledger cannot take commits (a full disk), CNI STATUS answers 50 with the cause,
+/// dipamctl status is not ready and says why (and still answers), and doctor fails a check;
+/// once commits succeed again all three say so.
+#[tokio::test]
+async fn a_ledger_that_cannot_commit_is_reported_everywhere() {
+    let b = Bench::new();
+    let full = "the ledger in /var/lib/dipam cannot be written (3s ago): No space left on device \
+                (os error 28); dipamd keeps retrying (the file system is full)";
+    b.shim.ledger.store().set_fault(Some(full));
+    let e = super::status::run(&b.shim, request("", "1.1.0", json!({})))
+        .await
+        .unwrap_err();
+    match &e {
+        ShimError::NotReady { missing } => assert_eq!(missing, &vec![full.to_string()]),
+        other => panic!("expected NotReady, got {other:?}"),
+    }
+    assert_eq!(e.code_and_details().0, 50);
+    let st = super::admin::status(&b.shim).await.unwrap();
+    assert!(!st.ready);
+    assert_eq!(st.not_ready.first().map(String::as_str), Some(full));
+    let doctor = super::doctor::run(&b.shim).await.unwrap();
+    let check = doctor
+        .checks
+        .iter()
+        .find(|c| c.name == "ledger takes commits")
+        .unwrap();
+    assert!(!check.ok && check.detail == full && check.fix.contains("free space"));
+
+    b.shim.ledger.store().set_fault(None);
+    let st = super::admin::status(&b.shim).await.unwrap();
+    assert!(!st.not_ready.iter().any(|l| l.contains("ledger")), "{:?}", st.not_ready);
+    let doctor = super::doctor::run(&b.shim).await.unwrap();
+    assert!(
+        doctor
+            .checks
+            .iter()
+            .any(|c| c.name == "ledger takes commits" && c.ok)
+    );
+}
+
 #[tokio::test]
 async fn a_failed_commit_rolls_the_delegate_back() {
     let b = Bench::new();
