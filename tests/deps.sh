@@ -20,6 +20,8 @@ need=()
 [ -x /usr/lib/cni/host-local ] || need+=(containernetworking-plugins)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v iptables >/dev/null 2>&1 || need+=(iptables)
+# mkfs.ext4 (tests/lifecycle/tests/ledger_disk.rs: a small ext4 state directory to fill up).
+PATH=$PATH:/usr/sbin:/sbin command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
 # The demo needs only the reference plugins (`deps.sh demo`); the test suite also a runtime.
 if [ "${1:-}" != "demo" ]; then
   command -v podman >/dev/null 2>&1 || need+=(podman)

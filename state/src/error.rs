@@ -128,7 +128,8 @@ impl StoreError {
     pub fn is_disk_full(&self) -> bool {
         match self {
             StoreError::Io { source, .. } => {
-                source.raw_os_error() == Some(28) || source.kind() == std::io::ErrorKind::StorageFull
+                source.raw_os_error() == Some(28)
+                    || source.kind() == std::io::ErrorKind::StorageFull
             }
             StoreError::NoSpace { .. } => true,
             StoreError::Unavailable { disk_full, .. } => *disk_full,

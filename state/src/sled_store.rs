@@ -465,7 +465,9 @@ impl SledStore {
         {
             let w = lock(&inner.witness)?;
             w.write().map_err(io_err(&dir.join(WITNESS_FILE)))?;
-            w.file.sync_data().map_err(io_err(&dir.join(WITNESS_FILE)))?;
+            w.file
+                .sync_data()
+                .map_err(io_err(&dir.join(WITNESS_FILE)))?;
         }
         let applier = thread::Builder::new()
             .name("dipam-ledger".into())
@@ -510,10 +512,9 @@ impl Inner {
 
     /// The engine, or the fault that took it away.
     fn engine(&self) -> Result<RwLockReadGuard<'_, Option<Engine>>, StoreError> {
-        let engine = self
-            .engine
-            .read()
-            .map_err(|_| StoreError::Backend("SledStore lock poisoned by an earlier panic".into()))?;
+        let engine = self.engine.read().map_err(|_| {
+            StoreError::Backend("SledStore lock poisoned by an earlier panic".into())
+        })?;
         if engine.is_none() {
             return Err(self.unavailable());
         }
@@ -614,10 +615,9 @@ impl Inner {
     fn reopen(&self) -> Result<(), StoreError> {
         let mut commits = lock(&self.commits)?;
         let _applying = lock(&self.applying)?;
-        let mut slot = self
-            .engine
-            .write()
-            .map_err(|_| StoreError::Backend("SledStore lock poisoned by an earlier panic".into()))?;
+        let mut slot = self.engine.write().map_err(|_| {
+            StoreError::Backend("SledStore lock poisoned by an earlier panic".into())
+        })?;
         // Dropped first: sled's lock on `db` goes with it, and the open below needs it.
         *slot = None;
         let engine = open_engine(&self.dir)?;

@@ -614,7 +614,11 @@ mod sled_only {
         ledger
             .put_with(&record("net", "p1", "eth0"), Durability::Process)
             .unwrap();
-        assert_eq!(claims(dir.path()), (2, 3), "a Process commit is claimed in the kernel");
+        assert_eq!(
+            claims(dir.path()),
+            (2, 3),
+            "a Process commit is claimed in the kernel"
+        );
         ledger.put(&record("net", "p2", "eth0")).unwrap();
         assert_eq!(claims(dir.path()), (4, 4), "a Disk commit claims both");
         drop(ledger);
@@ -878,7 +882,11 @@ mod sled_only {
             Some(&b"1"[..])
         );
         assert_eq!(
-            read_seq(&store.inner.engine.read().unwrap().as_ref().unwrap().db, dir.path()).unwrap(),
+            read_seq(
+                &store.inner.engine.read().unwrap().as_ref().unwrap().db,
+                dir.path()
+            )
+            .unwrap(),
             last_seq(dir.path()) + 1
         );
     }
@@ -924,7 +932,10 @@ mod sled_only {
         // The applier reopens the store, which starts a fresh journal, without a restart.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while store.inner.commits.lock().unwrap().journal.is_none() {
-            assert!(std::time::Instant::now() < deadline, "the journal never came back");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the journal never came back"
+            );
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         expect(&store);
@@ -933,7 +944,9 @@ mod sled_only {
             .unwrap();
         // Through the journal again.
         assert_eq!(
-            crate::journal::read(dir.path()).last().map(|e| e.batch.clone()),
+            crate::journal::read(dir.path())
+                .last()
+                .map(|e| e.batch.clone()),
             Some(one_put("journaled", "4"))
         );
         let (_, kernel) = claims(dir.path());
@@ -948,7 +961,6 @@ mod sled_only {
         // A fresh journal again.
         assert!(store.inner.commits.lock().unwrap().journal.is_some());
     }
-
 
     /// A small tmpfs mounted for one test, unmounted on drop.
     struct SmallFs {
@@ -984,7 +996,10 @@ mod sled_only {
 
     impl Drop for SmallFs {
         fn drop(&mut self) {
-            let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
+            let _ = Command::new("umount")
+                .arg("-l")
+                .arg(self.dir.path())
+                .status();
         }
     }
 

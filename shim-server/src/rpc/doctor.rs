@@ -172,7 +172,21 @@ pub async fn run<S: Store>(shim: &Shim<S>) -> Result<DoctorReply, ShimError> {
          chmod -R go-rwx the state directory (dipamd narrows what it owns at its next start)",
     ));
 
-    for dc in divergence::networks(shim).await? {
+    // A ledger that cannot be read (its disk is full and the store is being reopened) fails
+    // these checks, not the whole report: doctor is what the operator runs then.
+    let networks = match divergence::networks(shim).await {
+        Ok(n) => n,
+        Err(e) => {
+            checks.push(check(
+                "ledger is readable",
+                false,
+                e.to_string(),
+                "see the \"ledger takes commits\" check and dipamd's log",
+            ));
+            Vec::new()
+        }
+    };
+    for dc in networks {
         let net = &dc.network;
         match shim.exec.probe(&dc.kind, "").await {
             Ok(p) => checks.push(check(
@@ -216,7 +230,19 @@ pub async fn run<S: Store>(shim: &Shim<S>) -> Result<DoctorReply, ShimError> {
             ),
             "put the delegate's dataDir on persistent storage, as dipamd's ledger is",
         ));
-        if let Some(d) = divergence::check(shim, &dc).await? {
+        let divergence = match divergence::check(shim, &dc).await {
+            Ok(d) => d,
+            Err(e) => {
+                checks.push(check(
+                    format!("network {net}: delegate store agrees with the ledger"),
+                    false,
+                    e.to_string(),
+                    "see the \"ledger takes commits\" check and dipamd's log",
+                ));
+                None
+            }
+        };
+        if let Some(d) = divergence {
             checks.push(check(
                 format!("network {net}: delegate store agrees with the ledger"),
                 d.missing.is_empty(),

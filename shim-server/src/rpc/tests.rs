@@ -358,7 +358,11 @@ async fn a_ledger_that_cannot_commit_is_reported_everywhere() {
 
     b.shim.ledger.store().set_fault(None);
     let st = super::admin::status(&b.shim).await.unwrap();
-    assert!(!st.not_ready.iter().any(|l| l.contains("ledger")), "{:?}", st.not_ready);
+    assert!(
+        !st.not_ready.iter().any(|l| l.contains("ledger")),
+        "{:?}",
+        st.not_ready
+    );
     let doctor = super::doctor::run(&b.shim).await.unwrap();
     assert!(
         doctor
