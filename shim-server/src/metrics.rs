@@ -6,7 +6,7 @@
 //! 2-core node); the listener answers one GET per connection, as Prometheus scrapes.
 //! Counters and histograms are updated on the request path (`dipam_pool_requests_total` by
 //! outcome: hit, miss, bypass); gauges (attachments, agent addresses, warm pool, spool depth,
-//! divergence) are computed from dipamd's state at scrape time.
+//! divergence, whether the ledger takes commits) are computed from dipamd's state at scrape time.
 
 use std::{
     collections::BTreeMap,
@@ -279,6 +279,14 @@ pub async fn render<S: Store>(shim: &Shim<S>) -> String {
         "gauge",
         "Networks whose config names a spoolDir other than dipamd's spool.",
         shim.spool.mismatched().len() as u64,
+    );
+    single(
+        &mut out,
+        "dipam_ledger_writable",
+        "gauge",
+        "1 while the ledger takes commits; 0 while they fail (a full disk under --state-dir: \
+         every ADD and DEL fails until it is 1 again).",
+        u64::from(shim.ledger.store().fault().is_none()),
     );
     single(
         &mut out,

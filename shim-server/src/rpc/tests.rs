@@ -355,6 +355,11 @@ async fn a_ledger_that_cannot_commit_is_reported_everywhere() {
         .find(|c| c.name == "ledger takes commits")
         .unwrap();
     assert!(!check.ok && check.detail == full && check.fix.contains("free space"));
+    assert!(
+        crate::metrics::render(&b.shim)
+            .await
+            .contains("\ndipam_ledger_writable 0\n")
+    );
 
     b.shim.ledger.store().set_fault(None);
     let st = super::admin::status(&b.shim).await.unwrap();
@@ -369,6 +374,11 @@ async fn a_ledger_that_cannot_commit_is_reported_everywhere() {
             .checks
             .iter()
             .any(|c| c.name == "ledger takes commits" && c.ok)
+    );
+    assert!(
+        crate::metrics::render(&b.shim)
+            .await
+            .contains("\ndipam_ledger_writable 1\n")
     );
 }
 
