@@ -142,10 +142,15 @@ where
     let check = move |req| peers.check(req);
     let (draining_tx, draining) = tokio::sync::oneshot::channel::<()>();
     let stopping = shim.clone();
-    // What the server awaits before its graceful shutdown: the signal, then the end of every
-    // watch (a stream that never ends would hold the drain until SIGKILL).
+    // What the server awaits before its graceful shutdown: the signal. It also tells every
+    // watch to end (a stream that never ends would hold the graceful shutdown forever), and
+    // starts the drain's clock.
     let signal = async move {
         shutdown.await;
+        info!(
+            drain_seconds = drain.as_secs_f64(),
+            "no longer accepting; agent watches end, requests in flight may finish"
+        );
         stopping.agent.close_watches();
         let _ = draining_tx.send(());
     };
@@ -172,10 +177,6 @@ where
             // The server ended before any signal: nothing to bound.
             return std::future::pending().await;
         }
-        info!(
-            drain_seconds = drain.as_secs_f64(),
-            "no longer accepting; letting the requests in flight finish"
-        );
         tokio::time::sleep(drain).await;
     };
     let result = tokio::select! {
