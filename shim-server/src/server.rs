@@ -145,8 +145,15 @@ where
     // What the server awaits before its graceful shutdown: the signal. It also tells every
     // watch to end (a stream that never ends would hold the graceful shutdown forever), and
     // starts the drain's clock.
+    let early = unlink.then(|| path.to_owned());
     let signal = async move {
         shutdown.await;
+        // A plugin that connects now would wait in the listen backlog until dipamd exits;
+        // without the path it fails at once and spools its DEL (or answers 11 to an ADD).
+        // systemd's activated socket stays: systemd owns it, and queues for the next dipamd.
+        if let Some(path) = early {
+            let _ = std::fs::remove_file(path);
+        }
         info!(
             drain_seconds = drain.as_secs_f64(),
             "no longer accepting; agent watches end, requests in flight may finish"

@@ -344,12 +344,31 @@ fn a_request_in_flight_at_sigterm_finishes_within_the_drain() {
     let drain = drain_flag();
     let mut lab = Lab::with_flags("ptp-dipam-host-local.conflist", &[&drain[0], &drain[1]]);
     let slow = tempfile::tempdir().unwrap();
-    let started = slow_host_local(slow.path(), 1);
+    let started = slow_host_local(slow.path(), 2);
     let (_ns, pod) = lab.pod();
     let list = lab.list().clone();
     let rt = slow_runtime(slow.path());
     let add = std::thread::spawn(move || rt.ipam(&list, 0, "ADD", &pod, None));
     wait_for(&started);
+    // SIGTERM now; the guard's terminate below only waits for the exit.
+    // SAFETY: kill(2) on the dipamd this test started and has not reaped.
+    unsafe {
+        libc::kill(lab.dipamd.pid().unwrap() as libc::pid_t, libc::SIGTERM);
+    }
+    // While it drains, the socket's path is gone: a new call fails at once (11, try again
+    // later) instead of waiting in the listen backlog for dipamd to exit.
+    let socket = lab.dipamd.socket();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while socket.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "dipamd kept its socket after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (_ns2, late) = lab.pod();
+    let refused = lab.rt.ipam(lab.list(), 0, "ADD", &late, None).unwrap_err();
+    assert_eq!(refused.code, 11, "{refused}");
     let status = lab.dipamd.terminate_within(DRAIN + EXIT_SLACK);
     assert!(status.success(), "{}", lab.dipamd.log());
     let result = add.join().unwrap();
