@@ -382,3 +382,69 @@ fn a_spool_published_by_the_previous_dipamd_is_taken_over() {
         "{s}"
     );
 }
+
+/// The DaemonSet without its hostPath for the state directory: dipamd's spool is a directory
+/// only its mount namespace sees (here a tmpfs over its `--state-dir`, as an emptyDir would
+/// be). The pointer beside the shared socket names that path, but the plugin finds another
+/// directory there: the DEL fails with 11 instead of being spooled where no dipamd reads.
+#[test]
+fn a_spool_the_plugin_does_not_see_gets_11_not_a_lost_del() {
+    require_root!();
+    let mut lab = Lab::new(CONFLIST);
+    let (_a, a) = lab.pod();
+    let ra = lab.rt.ipam(lab.list(), 0, "ADD", &a, None).unwrap();
+    lab.dipamd.kill9();
+
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let inner = lab.dipamd.command();
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount -t tmpfs -o mode=0700 dipam-private "$0" && exec "$@""#)
+        .arg(lab.dipamd.state_dir())
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut contained = Killed(cmd.spawn().unwrap());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::os::unix::net::UnixStream::connect(lab.dipamd.socket()).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the contained dipamd did not serve"
+        );
+        assert!(
+            contained.0.try_wait().unwrap().is_none(),
+            "the contained dipamd exited"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    drop(contained);
+
+    let e = lab
+        .rt
+        .ipam(lab.list(), 0, "DEL", &a, Some(&ra))
+        .unwrap_err();
+    assert_eq!(e.code, 11, "{e}");
+    assert!(e.details.contains("another mount namespace"), "{e}");
+    assert_eq!(
+        lab.spooled(),
+        0,
+        "spooled where the contained dipamd never reads"
+    );
+
+    // The node's own dipamd again: the address is still accounted for, and the runtime's
+    // retry releases it.
+    lab.dipamd.start_again();
+    assert_eq!(lab.ledger().len(), 1);
+    lab.assert_agree();
+    lab.rt.ipam(lab.list(), 0, "DEL", &a, Some(&ra)).unwrap();
+    assert!(lab.delegate_store().is_empty());
+    lab.assert_agree();
+}
