@@ -18,6 +18,7 @@
 
 use std::{
     collections::BTreeSet,
+    os::unix::fs::{MetadataExt, PermissionsExt},
     process::Command,
     time::{Duration, Instant},
 };
@@ -342,12 +343,26 @@ fn gc(lab: &AgentLab, keep: &[&Attachment]) {
 fn exercise(conflist: &str, r: &Restrictions, extra: &[&str]) -> AgentLab {
     let mut lab = AgentLab::unstarted(conflist);
     lab.write_conflist();
-    let mut flags = vec!["--gc-grace", "0", "--gc-max-free-share", "1"];
+    // --socket-group: the chown that CAP_CHOWN is in the set for (65534: nogroup).
+    let mut flags = vec![
+        "--gc-grace",
+        "0",
+        "--gc-max-free-share",
+        "1",
+        "--socket-group",
+        "65534",
+    ];
     flags.extend_from_slice(extra);
     lab.set_roles("router,health", &flags);
     lab.dipamd.run_under(&r.setpriv());
     lab.dipamd.start_again();
     assert_runs_under(&lab, r);
+    let socket = std::fs::metadata(lab.dipamd.socket()).unwrap();
+    assert_eq!(
+        (socket.gid(), socket.permissions().mode() & 0o777),
+        (65534, 0o660),
+        "--socket-group under {r:?}"
+    );
     lab.wait_ready(2);
     let agent = lab.addresses();
     let main = lab.fx.is_main_mode();
