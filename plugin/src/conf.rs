@@ -107,11 +107,34 @@ impl PluginConf {
         let ipam = raw.get("ipam");
         let (mode, dipam_keys) = match ipam.and_then(|i| i.get("delegate")) {
             Some(delegate) => {
-                if delegate
+                let delegate_type = delegate
                     .get("type")
                     .and_then(Value::as_str)
-                    .is_none_or(str::is_empty)
-                {
+                    .unwrap_or_default();
+                // `"type":"dipam"` at the top means the runtime runs dipam as the main plugin:
+                // an `ipam.delegate` there would silently turn it into an IPAM that creates no
+                // interface. Say which shape was meant instead of guessing.
+                if raw.get("type").and_then(Value::as_str) == Some("dipam") {
+                    return Err(config_error(
+                        "dipam is the main plugin here (\"type\":\"dipam\"), but ipam.delegate \
+                         is set, which only IPAM mode uses",
+                        "as the main plugin (dipam creates the pod's veth), name the real IPAM in \
+                         ipam: \"type\":\"dipam\",\"ipam\":{\"type\":\"host-local\",...}; as the \
+                         IPAM of another plugin, keep ipam.delegate and set the top-level type to \
+                         that plugin: \"type\":\"ptp\",\"ipam\":{\"type\":\"dipam\",\
+                         \"delegate\":{\"type\":\"host-local\",...}}",
+                    ));
+                }
+                // dipamd would run dipam as its own delegate: the inner call waits for the
+                // outer one's key lock until the delegate timeout, and every DEL fails alike.
+                if delegate_type == "dipam" {
+                    return Err(config_error(
+                        "ipam.delegate.type must not be dipam",
+                        "ipam.delegate names the real IPAM dipamd runs (e.g. host-local, \
+                         azure-vnet-ipam); dipam cannot be its own delegate",
+                    ));
+                }
+                if delegate_type.is_empty() {
                     return Err(config_error(
                         "ipam.delegate.type is missing",
                         "dipam as an IPAM plugin runs the IPAM named in ipam.delegate, e.g. \
@@ -282,6 +305,32 @@ mod tests {
             ),
             7
         );
+    }
+
+    /// dipam as its own delegate deadlocks on its own key; `"type":"dipam"` at the top with
+    /// `ipam.delegate` would run IPAM mode and create no interface. Both are refused (7) with
+    /// a message that says which shape was meant.
+    #[test]
+    fn self_delegation_and_mixed_shapes_are_refused() {
+        let cases = [
+            (
+                r#"{"cniVersion":"1.0.0","name":"n","type":"ptp","ipam":{"type":"dipam","delegate":{"type":"dipam"}}}"#,
+                "must not be dipam",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","name":"n","type":"dipam","ipam":{"type":"dipam","delegate":{"type":"host-local"}}}"#,
+                "main plugin",
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","name":"n","type":"dipam","ipam":{"type":"host-local","delegate":{"type":"host-local"}}}"#,
+                "main plugin",
+            ),
+        ];
+        for (conf, said) in cases {
+            let e = parse(conf, Cmd::Add).unwrap_err().to_cni(false);
+            assert_eq!(e.code, 7, "{conf}: {e:?}");
+            assert!(e.msg.contains(said), "{conf}: {}", e.msg);
+        }
     }
 
     #[test]

@@ -59,6 +59,20 @@ impl DelegateConf {
                 crate::validate::shown(version)
             ))
         })?;
+        let top_type = obj.get("type").and_then(Value::as_str).unwrap_or_default();
+        let has_delegate = obj.get("ipam").and_then(|i| i.get("delegate")).is_some();
+        // Requests come from any client, not only the plugin, which refuses these shapes too.
+        // Main mode with ipam.delegate, or IPAM mode under `"type":"dipam"`: the config and
+        // the mode disagree on whether dipam creates the pod's interface.
+        if (mode == Mode::Main && has_delegate) || (mode == Mode::Ipam && top_type == "dipam") {
+            return Err(config_error(
+                "dipam is the main plugin here (\"type\":\"dipam\"), but ipam.delegate is set, \
+                 which only IPAM mode uses",
+                "as the main plugin, name the real IPAM in ipam (\"ipam\":{\"type\":\"host-local\",\
+                 ...}); as the IPAM of another plugin, set the top-level type to that plugin and \
+                 keep ipam.delegate",
+            ));
+        }
         if mode == Mode::Ipam {
             let delegate = obj
                 .get("ipam")
@@ -85,6 +99,15 @@ impl DelegateConf {
             crate::validate::limits::NAME,
             7,
         )?;
+        // dipamd running dipam as its delegate would wait on its own key lock until the
+        // delegate timeout, and every DEL of the key would fail the same way.
+        if kind == "dipam" {
+            return Err(config_error(
+                "the delegate IPAM must not be dipam",
+                "ipam.delegate.type (IPAM mode) or ipam.type (main mode) names the real IPAM \
+                 dipamd runs, e.g. host-local; dipam cannot be its own delegate",
+            ));
+        }
         if kind.is_empty() {
             return Err(config_error(
                 "the delegate IPAM has no type",
@@ -225,6 +248,35 @@ mod tests {
         assert!(d.conf["ipam"].get("delegate").is_none());
         assert_eq!(d.conf["runtimeConfig"]["ips"][0], "10.77.0.9");
         assert_eq!(d.conf["type"], "ptp");
+    }
+
+    /// Any client may send these, not only the plugin: dipam as its own delegate (which would
+    /// wait on its own key until the delegate timeout) and a config whose shape contradicts
+    /// the mode are refused with code 7.
+    #[test]
+    fn self_delegation_and_mixed_shapes_are_refused() {
+        let cases = [
+            (
+                r#"{"cniVersion":"1.0.0","name":"n","type":"ptp","ipam":{"type":"dipam","delegate":{"type":"dipam"}}}"#,
+                Mode::Ipam,
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","name":"n","type":"dipam","ipam":{"type":"dipam"}}"#,
+                Mode::Main,
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","name":"n","type":"dipam","ipam":{"type":"host-local","delegate":{"type":"host-local"}}}"#,
+                Mode::Main,
+            ),
+            (
+                r#"{"cniVersion":"1.0.0","name":"n","type":"dipam","ipam":{"type":"dipam","delegate":{"type":"host-local"}}}"#,
+                Mode::Ipam,
+            ),
+        ];
+        for (conf, mode) in cases {
+            let e = DelegateConf::from_request(conf.as_bytes(), mode).unwrap_err();
+            assert_eq!(e.code_and_details().0, 7, "{conf}: {e}");
+        }
     }
 
     #[test]
