@@ -212,6 +212,22 @@ pub async fn run_gated(
                     elapsed,
                 })
             }
+            // Killed (kill_on_drop) for writing too much: unreadable output, 154. It may have
+            // acted first, so an ADD's caller releases it as after any garbage (rpc/add.rs).
+            Ok(Err(source))
+                if source
+                    .get_ref()
+                    .is_some_and(|e| e.downcast_ref::<TooMuchOutput>().is_some()) =>
+            {
+                warn!(delegate = kind, command = %inv.command, pid, limit = MAX_STDOUT, "delegate wrote more than its stdout limit; killed it");
+                Err(ShimError::DelegateBadOutput {
+                    kind: kind.to_owned(),
+                    command: inv.command.clone(),
+                    exit: format!("killed by dipamd: {source}, the limit for a CNI result"),
+                    stdout: String::new(),
+                    stderr: String::new(),
+                })
+            }
             Ok(Err(source)) => Err(ShimError::DelegateSpawn {
                 kind: kind.to_owned(),
                 path: binary.to_owned(),
@@ -231,6 +247,29 @@ pub async fn run_gated(
 /// Where a delegate's stdout goes the moment it holds one complete JSON document.
 pub type Peek = tokio::sync::oneshot::Sender<Vec<u8>>;
 
+/// The most a delegate may write to stdout. A CNI result or error is a few KiB (a dual-stack
+/// result with routes and DNS stays under 4 KiB); a delegate that writes more is broken, and
+/// read without a limit it took dipamd to 114 MB with 100 MB of output. Beyond this the
+/// delegate is killed and the call fails with 154, like any other unreadable output.
+pub const MAX_STDOUT: usize = 1 << 20;
+
+/// How much of a delegate's stderr is kept: its end, where a Go plugin's reason usually is
+/// (error::excerpt quotes the last few hundred bytes). A chatty stderr is not a failure; the
+/// rest is read and dropped, so the delegate never blocks on a full pipe.
+pub const MAX_STDERR: usize = 64 << 10;
+
+/// A delegate's output that outgrew [`MAX_STDOUT`]; carried in an `io::Error` out of
+/// [`collect`].
+#[derive(Debug, thiserror::Error)]
+#[error("it wrote more than {limit} bytes to stdout")]
+pub struct TooMuchOutput {
+    pub limit: usize,
+}
+
+/// A result larger than this is not peeked (each peek parses all of stdout so far); it is
+/// taken up at the delegate's exit instead.
+const PEEK_MAX: usize = 64 << 10;
+
 /// `Child::wait_with_output`, which also hands stdout to `peek` as soon as it parses as one
 /// complete JSON document.
 ///
@@ -244,8 +283,12 @@ pub type Peek = tokio::sync::oneshot::Sender<Vec<u8>>;
 async fn collect(mut child: Child, peek: Option<Peek>) -> std::io::Result<std::process::Output> {
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
-    let (status, stdout, stderr) =
-        tokio::try_join!(child.wait(), read_all(stdout, peek), read_all(stderr, None))?;
+    // On an error (stdout over its limit) `child` is dropped here, and kill_on_drop ends it.
+    let (status, stdout, stderr) = tokio::try_join!(
+        child.wait(),
+        read_all(stdout, peek, Limit::Fail(MAX_STDOUT)),
+        read_all(stderr, None, Limit::KeepTail(MAX_STDERR))
+    )?;
     Ok(std::process::Output {
         status,
         stdout,
@@ -253,9 +296,19 @@ async fn collect(mut child: Child, peek: Option<Peek>) -> std::io::Result<std::p
     })
 }
 
+/// What [`read_all`] does with a stream that outgrows its limit.
+#[derive(Debug, Clone, Copy)]
+enum Limit {
+    /// Fails with [`TooMuchOutput`] (stdout: a result that large is garbage).
+    Fail(usize),
+    /// Keeps reading, and keeps only the last this many bytes (stderr).
+    KeepTail(usize),
+}
+
 async fn read_all(
     pipe: Option<impl AsyncRead + Unpin>,
     mut peek: Option<Peek>,
+    limit: Limit,
 ) -> std::io::Result<Vec<u8>> {
     let mut buf = Vec::new();
     let Some(mut pipe) = pipe else {
@@ -266,7 +319,20 @@ async fn read_all(
         if pipe.read_buf(&mut buf).await? == 0 {
             return Ok(buf);
         }
-        if peek.is_some() && serde_json::from_slice::<serde::de::IgnoredAny>(&buf).is_ok() {
+        match limit {
+            Limit::Fail(max) if buf.len() > max => {
+                return Err(std::io::Error::other(TooMuchOutput { limit: max }));
+            }
+            // Trimmed in steps of `max`, so that each byte is moved at most once or twice.
+            Limit::KeepTail(max) if buf.len() > 2 * max => {
+                buf.drain(..buf.len() - max);
+            }
+            _ => {}
+        }
+        if peek.is_some()
+            && buf.len() <= PEEK_MAX
+            && serde_json::from_slice::<serde::de::IgnoredAny>(&buf).is_ok()
+        {
             let _ = peek.take().map(|tx| tx.send(buf.clone()));
         }
     }
@@ -487,6 +553,42 @@ mod tests {
         assert!(matches!(e, ShimError::Internal(_)), "{e}");
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(!acted.exists(), "the delegate acted without its config");
+    }
+
+    /// stdout beyond its limit kills the delegate and fails with 154 (a garbage result);
+    /// stderr beyond its limit is read to the end and only its tail kept.
+    #[tokio::test]
+    async fn output_is_bounded() {
+        let d = tempfile::tempdir().unwrap();
+        let flood = script(d.path(), "flood", "exec yes garbage");
+        let e = run(
+            "flood",
+            &flood,
+            &Invocation::default(),
+            Duration::from_secs(30),
+            None,
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(e, ShimError::DelegateBadOutput { .. }), "{e}");
+        assert_eq!(e.code_and_details().0, 154);
+        let chatty = script(
+            d.path(),
+            "chatty",
+            "head -c 1000000 /dev/zero | tr '\\0' x >&2; echo the-end >&2; echo '{}'",
+        );
+        let out = run(
+            "chatty",
+            &chatty,
+            &Invocation::default(),
+            Duration::from_secs(30),
+            None,
+        )
+        .await
+        .unwrap();
+        assert!(out.stderr.len() <= 2 * MAX_STDERR, "{}", out.stderr.len());
+        assert!(out.stderr.ends_with(b"the-end\n"));
+        assert_eq!(out.stdout, b"{}\n");
     }
 
     #[tokio::test]
