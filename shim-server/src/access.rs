@@ -11,9 +11,13 @@
 //! Admin and Agent services answer root and `--admin-uid` only.
 //!
 //! Load: at most --max-concurrent operations run at once, of which some are held for DEL (a
-//! burst of ADDs cannot starve cleanup); at most --max-queue wait, each at most a few seconds.
-//! Beyond that dipamd answers RESOURCE_EXHAUSTED at once (the plugin's code 11, "try again
-//! later") instead of queueing forever; memory stays bounded under any burst.
+//! burst of ADDs cannot starve cleanup); at most --max-queue ADDs wait, and, in a queue of
+//! their own, at most --max-queue DELs (with CHECK and GC), each at most a few seconds. Beyond
+//! that dipamd answers RESOURCE_EXHAUSTED at once (the plugin's code 11, "try again later")
+//! instead of queueing forever; memory stays bounded under any burst. The reserve covers the
+//! queue too: with ADDs hanging on a slow delegate and their queue full, every DEL was once
+//! refused at once with 11, because both shared one queue; now ADDs can never fill the
+//! releases' queue.
 
 use std::{
     sync::atomic::{AtomicUsize, Ordering},
@@ -150,9 +154,10 @@ impl PeerCheck {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Class {
     /// Takes addresses: may wait behind releases.
-    Add,
-    /// Releases, checks and everything else: never starved by ADDs.
-    Other,
+    Add = 0,
+    /// Releases, checks and everything else: never starved by ADDs, in the slots or in the
+    /// queue.
+    Other = 1,
 }
 
 /// Bounded concurrency with a reserve for releases.
@@ -160,7 +165,9 @@ pub enum Class {
 pub struct Admission {
     total: std::sync::Arc<Semaphore>,
     adds: std::sync::Arc<Semaphore>,
-    waiting: AtomicUsize,
+    /// Requests waiting for a slot, by class (`Class as usize`): each class has its own
+    /// queue of `max_queue`.
+    waiting: [AtomicUsize; 2],
     max_queue: usize,
     max_wait: Duration,
 }
@@ -179,7 +186,7 @@ impl Admission {
         Self {
             total: std::sync::Arc::new(Semaphore::new(max)),
             adds: std::sync::Arc::new(Semaphore::new(max - reserve)),
-            waiting: AtomicUsize::new(0),
+            waiting: [AtomicUsize::new(0), AtomicUsize::new(0)],
             max_queue,
             max_wait,
         }
@@ -187,9 +194,13 @@ impl Admission {
 
     pub async fn admit(&self, class: Class) -> Result<Admitted, ShimError> {
         let busy = |why: &str| ShimError::Busy(why.to_owned());
-        if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.max_queue {
-            self.waiting.fetch_sub(1, Ordering::SeqCst);
-            return Err(busy("the request queue is full"));
+        let waiting = &self.waiting[class as usize];
+        if waiting.fetch_add(1, Ordering::SeqCst) >= self.max_queue {
+            waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(busy(match class {
+                Class::Add => "the ADD queue is full",
+                Class::Other => "the DEL/CHECK/GC queue is full",
+            }));
         }
         let acquired = tokio::time::timeout(self.max_wait, async {
             let add = match class {
@@ -200,7 +211,7 @@ impl Admission {
             (add, total)
         })
         .await;
-        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        waiting.fetch_sub(1, Ordering::SeqCst);
         match acquired {
             Ok((add, Ok(total))) => Ok(Admitted {
                 _total: total,
@@ -237,6 +248,44 @@ mod tests {
         // A DEL still runs.
         let del = tokio::time::timeout(Duration::from_millis(100), a.admit(Class::Other)).await;
         assert!(matches!(del, Ok(Ok(_))));
+    }
+
+    /// ADDs waiting behind slow ones fill their own queue, never the releases': every DEL
+    /// still queues and runs.
+    #[tokio::test]
+    async fn a_full_add_queue_does_not_refuse_dels() {
+        let a = std::sync::Arc::new(Admission::new(4, 2, Duration::from_secs(30)));
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            held.push(a.admit(Class::Add).await.unwrap());
+        }
+        let queued: Vec<_> = (0..2)
+            .map(|_| {
+                let a = a.clone();
+                tokio::spawn(async move { a.admit(Class::Add).await.map(|_| ()) })
+            })
+            .collect();
+        while a.waiting[Class::Add as usize].load(Ordering::SeqCst) < 2 {
+            tokio::task::yield_now().await;
+        }
+        assert!(matches!(a.admit(Class::Add).await, Err(ShimError::Busy(_))));
+        // The reserved slot and the releases' own queue: two DELs wait while one runs.
+        let dels: Vec<_> = (0..3)
+            .map(|_| {
+                let a = a.clone();
+                tokio::spawn(async move {
+                    let slot = a.admit(Class::Other).await;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    slot.map(|_| ())
+                })
+            })
+            .collect();
+        for d in dels {
+            assert!(d.await.unwrap().is_ok());
+        }
+        for q in queued {
+            q.abort();
+        }
     }
 
     #[tokio::test]
