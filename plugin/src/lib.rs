@@ -142,6 +142,7 @@ fn dispatch(
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or_default(),
+        issued_at: boot_stamp(),
     };
     match command {
         Cmd::Add => cmd::add::run(&ctx),
@@ -151,6 +152,23 @@ fn dispatch(
         Cmd::Status => cmd::status::run(&ctx),
         Cmd::Version => Ok(cmd::version::reply(stdin).to_string().into_bytes()),
     }
+}
+
+/// Now, on the clock dipamd orders a key's operations by: CLOCK_BOOTTIME, which is never
+/// set or stepped (unlike the wall clock, which NTP or an operator may step back), with the
+/// boot id that makes it comparable across processes of one boot. `None` if either cannot be
+/// read: dipamd then leaves the request unordered (a DEL runs).
+pub fn boot_stamp() -> Option<dipam_proto::v1::BootStamp> {
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).ok()?;
+    let ns = u64::try_from(t.tv_sec())
+        .ok()?
+        .checked_mul(1_000_000_000)?
+        .checked_add(u64::try_from(t.tv_nsec()).ok()?)?;
+    Some(dipam_proto::v1::BootStamp {
+        boot_id: boot_id.trim().to_owned(),
+        ns,
+    })
 }
 
 /// Prints a CNI error on stdout (where libcni reads it) carrying the config's cniVersion

@@ -67,6 +67,7 @@ pub fn write(socket: &Path, conf_dir: Option<&Path>, req: &CniRequest) -> Result
         "format": spool::FORMAT,
         "requestId": req.request_id,
         "issuedAtMs": req.issued_at_ms,
+        "issuedAt": req.issued_at.as_ref().map(|b| json!({"bootId": b.boot_id, "ns": b.ns})),
         "command": req.command,
         "containerId": req.container_id,
         "netns": req.netns,

@@ -3,6 +3,7 @@
 
 pub mod access;
 pub mod activation;
+pub mod addrs;
 pub mod agent;
 pub mod completions;
 pub mod ctl;
@@ -18,6 +19,7 @@ pub mod keylock;
 pub mod keys;
 pub mod logging;
 pub mod metrics;
+pub mod order;
 pub mod perms;
 pub mod pool;
 pub mod privilege;

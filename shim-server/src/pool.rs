@@ -427,10 +427,12 @@ pub async fn take<S: Store>(shim: &Shim<S>, p: &Prepared) -> Result<Option<Vec<u
     }
     // A stale ADD is refused, a repeated one answered from the ledger and an interrupted one
     // finished: all by the normal path.
-    if shim
-        .tombstone(&p.key)
-        .is_some_and(|del| p.req.issued_at_ms != 0 && p.req.issued_at_ms < del)
-    {
+    if shim.tombstone(&p.key).is_some_and(|del| {
+        crate::order::before(
+            crate::order::from_wire(p.req.issued_at.as_ref()).as_ref(),
+            Some(&del),
+        ) == Some(true)
+    }) {
         return Ok(None);
     }
     loop {
@@ -467,6 +469,7 @@ pub async fn take<S: Store>(shim: &Shim<S>, p: &Prepared) -> Result<Option<Vec<u
             created_at: t,
             updated_at: t,
             issued_ms: p.req.issued_at_ms,
+            issued_at: crate::order::from_wire(p.req.issued_at.as_ref()),
             delegate_key: Some(DelegateKey {
                 container_id: entry.key.container_id.clone(),
                 ifname: entry.key.ifname.clone(),
@@ -880,6 +883,10 @@ async fn fill_one<S: Store>(
         stdin: serde_json::to_vec(&t.conf).map_err(|e| ShimError::Internal(e.to_string()))?,
         mode: t.mode,
         issued_at_ms: now_ms(),
+        issued_at: crate::order::now().map(|b| dipam_proto::v1::BootStamp {
+            boot_id: b.boot_id,
+            ns: b.ns,
+        }),
         ..CniRequest::default()
     };
     let p = Prepared {

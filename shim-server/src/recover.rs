@@ -233,6 +233,7 @@ pub async fn run(
             created_at: t,
             updated_at: t,
             issued_ms: 0,
+            issued_at: None,
             delegate_key: None,
             creator_uid: None,
         };

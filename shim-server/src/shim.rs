@@ -38,6 +38,9 @@ pub struct Shim<S: Store> {
     pub agent: Agent,
     pub exec: Executor,
     pub locks: KeyLocks,
+    /// Which attachment holds each address of a network (addrs.rs): a delegate's duplicate
+    /// is refused.
+    pub addrs: crate::addrs::AddrIndex,
     pub gc: GcPolicy,
     pub metrics: crate::metrics::Metrics,
     /// Protocol versions seen from plugins since start (bit n = version n, up to 63).
@@ -49,9 +52,11 @@ pub struct Shim<S: Store> {
     /// Networks whose delegate store dipamd must not trust (divergence.rs), with the reason:
     /// pod ADDs there are refused.
     pub misconfigured: std::sync::Mutex<std::collections::HashMap<String, String>>,
-    /// Recent DELs by key: (issue time of the DEL, when to forget it). Bounded in time and
-    /// size; see `bury`.
-    tombstones: std::sync::Mutex<std::collections::HashMap<AttachmentKey, (u64, Instant)>>,
+    /// Recent DELs by key: (issue time of the DEL on the boot clock, when to forget it).
+    /// Bounded in time and size; see `bury`.
+    tombstones: std::sync::Mutex<
+        std::collections::HashMap<AttachmentKey, (dipam_state::BootStamp, Instant)>,
+    >,
     /// The delegate's own STATUS answers, briefly remembered: containerd 2.x calls STATUS on
     /// every kubelet status poll, and each answer costs a delegate exec.
     pub status_cache:
@@ -131,6 +136,7 @@ impl<S: Store> Shim<S> {
             agent: Agent::new(agent),
             exec,
             locks: KeyLocks::default(),
+            addrs: crate::addrs::AddrIndex::default(),
             gc,
             metrics: crate::metrics::Metrics::default(),
             plugin_protocols: std::sync::atomic::AtomicU64::new(0),
@@ -296,12 +302,14 @@ impl<S: Store> Shim<S> {
             .await
     }
 
-    /// Remembers that `key` was deleted by a DEL issued at `issued_ms` (0: now), so that an
-    /// older ADD arriving later cannot resurrect it. Tombstones live `TOMBSTONE_TTL` and at
-    /// most `TOMBSTONE_MAX` are kept (the oldest go first): a plugin older than that has long
-    /// been killed by its runtime's timeout.
-    pub fn bury(&self, key: &AttachmentKey, issued_ms: u64) {
-        let issued = if issued_ms == 0 { now_ms() } else { issued_ms };
+    /// Remembers that `key` was deleted by a DEL issued at `issued` (on the boot clock;
+    /// `None`: now), so that an older ADD arriving later cannot resurrect it. Tombstones live
+    /// `TOMBSTONE_TTL` and at most `TOMBSTONE_MAX` are kept (the oldest go first): a plugin
+    /// older than that has long been killed by its runtime's timeout.
+    pub fn bury(&self, key: &AttachmentKey, issued: Option<dipam_state::BootStamp>) {
+        let Some(issued) = issued.or_else(crate::order::now) else {
+            return;
+        };
         let Ok(mut t) = self.tombstones.lock() else {
             return;
         };
@@ -315,17 +323,20 @@ impl<S: Store> Shim<S> {
         {
             t.remove(&oldest);
         }
-        let entry = t.entry(key.clone()).or_insert((0, now));
-        entry.0 = entry.0.max(issued);
+        let entry = t.entry(key.clone()).or_insert((issued.clone(), now));
+        // The latest DEL is the one an ADD must postdate.
+        if crate::order::before(Some(&entry.0), Some(&issued)) == Some(true) {
+            entry.0 = issued;
+        }
         entry.1 = now + TOMBSTONE_TTL;
     }
 
     /// The issue time of the last DEL of `key`, if still remembered.
-    pub fn tombstone(&self, key: &AttachmentKey) -> Option<u64> {
+    pub fn tombstone(&self, key: &AttachmentKey) -> Option<dipam_state::BootStamp> {
         let t = self.tombstones.lock().ok()?;
         t.get(key)
             .filter(|(_, until)| *until > Instant::now())
-            .map(|(issued, _)| *issued)
+            .map(|(issued, _)| issued.clone())
     }
 
     /// Refuses a result whose addresses belong to someone else in the ledger. A pod's (or a
@@ -362,6 +373,28 @@ impl<S: Store> Shim<S> {
                 })
             }
         }
+    }
+
+    /// Claims the addresses of `rec`'s result in the network's address index, or refuses
+    /// them (156) when another attachment of the network holds one (addrs.rs says why).
+    pub async fn claim_addresses(&self, rec: &AttachmentRecord) -> Result<(), ShimError> {
+        let held = self
+            .addrs
+            .claim(&self.ledger, rec, |network| {
+                self.ledger(move |l| l.list(Some(&network)))
+            })
+            .await?;
+        let Err((ip, holder)) = held else {
+            return Ok(());
+        };
+        self.agent.note_conflict();
+        let holder = format!("{} ({})", holder.owner.label(), holder.key);
+        tracing::error!(%ip, key = %rec.key, %holder, "address conflict: the delegate handed out an address another attachment holds; refusing its result");
+        Err(ShimError::Conflict {
+            ip: ip.to_string(),
+            key: rec.key.to_string(),
+            holder,
+        })
     }
 
     /// Releases a recorded attachment with the config and environment recorded at ADD:

@@ -58,6 +58,9 @@ struct Spooled {
     request_id: String,
     #[serde(default)]
     issued_at_ms: u64,
+    /// On the boot clock (order.rs); absent from plugins before it.
+    #[serde(default)]
+    issued_at: Option<SpooledStamp>,
     command: String,
     container_id: String,
     #[serde(default)]
@@ -70,6 +73,13 @@ struct Spooled {
     #[serde(default)]
     mode: i32,
     stdin: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SpooledStamp {
+    boot_id: String,
+    ns: u64,
 }
 
 /// What a drain did.
@@ -421,6 +431,10 @@ pub async fn drain<S: Store>(shim: &Shim<S>, dir: &Path) -> Drained {
             stdin: s.stdin.into_bytes(),
             mode: s.mode,
             issued_at_ms: s.issued_at_ms,
+            issued_at: s.issued_at.map(|b| dipam_proto::v1::BootStamp {
+                boot_id: b.boot_id,
+                ns: b.ns,
+            }),
             retired_link: None,
         };
         let what = format!("{}/{}", req.container_id, req.ifname);

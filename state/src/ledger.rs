@@ -181,6 +181,19 @@ pub struct DelegateKey {
     pub cni_args: String,
 }
 
+/// When a request was issued, on a clock that never steps: CLOCK_BOOTTIME (which counts
+/// suspend and is never set) within one boot, named by the kernel's boot id
+/// (/proc/sys/kernel/random/boot_id). Two stamps of one boot order exactly; stamps of two
+/// boots order only by knowing which boot is the current one. The wall clock cannot order
+/// requests: after it was stepped back an hour, a DEL looked older than its own ADD.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BootStamp {
+    /// The boot id of the kernel that ran the request's plugin.
+    pub boot_id: String,
+    /// CLOCK_BOOTTIME, in nanoseconds, when the plugin started.
+    pub ns: u64,
+}
+
 /// Everything needed to answer CHECK, to replay DEL to the delegate exactly as ADD was sent,
 /// and to reconcile after a crash.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -218,6 +231,12 @@ pub struct AttachmentRecord {
     /// before the field existed, which then default to 0 (no ordering check).
     #[serde(default)]
     pub issued_ms: u64,
+    /// When the plugin that sent the ADD started, on a clock that does not step: what orders
+    /// a key's operations (`issued_ms` is kept for display). Absent in records written before
+    /// the field existed and for ADDs from plugins that do not send it; not written when
+    /// absent, so such records keep their exact bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issued_at: Option<BootStamp>,
     /// Set when the delegate knows this attachment under another key (a pod served from the
     /// warm pool). Absent in every other record, and in records written before the field
     /// existed; not written when absent, so such records keep their exact bytes.

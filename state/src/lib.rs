@@ -27,7 +27,9 @@ mod store;
 mod suite;
 
 pub use error::StoreError;
-pub use ledger::{AttachmentKey, AttachmentRecord, AttachmentState, DelegateKey, Ledger, Owner};
+pub use ledger::{
+    AttachmentKey, AttachmentRecord, AttachmentState, BootStamp, DelegateKey, Ledger, Owner,
+};
 pub use mem::MemStore;
 pub use schema::{SCHEMA_KEY, SCHEMA_VERSION, ensure_schema};
 pub use sled_store::SledStore;

@@ -26,6 +26,7 @@ pub(crate) fn record(network: &str, container_id: &str, ifname: &str) -> Attachm
         created_at: 1_700_000_000,
         updated_at: 1_700_000_001,
         issued_ms: 0,
+        issued_at: None,
         delegate_key: None,
         creator_uid: None,
     }

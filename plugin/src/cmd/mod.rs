@@ -28,6 +28,8 @@ pub struct Ctx<'a> {
     pub request_id: &'a str,
     /// When this plugin process started (Unix ms): dipamd orders a key's operations by it.
     pub issued_at_ms: u64,
+    /// The same instant on a clock that does not step: what dipamd actually orders by.
+    pub issued_at: Option<dipam_proto::v1::BootStamp>,
 }
 
 impl Ctx<'_> {
@@ -99,6 +101,7 @@ impl Ctx<'_> {
                 Mode::Main => WireMode::Main,
             } as i32,
             issued_at_ms: self.issued_at_ms,
+            issued_at: self.issued_at.clone(),
             retired_link,
         }
     }

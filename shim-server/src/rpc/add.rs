@@ -126,9 +126,12 @@ pub async fn attach<S: Store>(
     let digest = p.dc.digest();
     // An ADD issued before a DEL of the same attachment that dipamd already processed (a slow
     // or retried plugin, F4): it must not bring the attachment back.
+    // Ordered on the boot clock (order.rs): the wall clock steps.
     if let Some(del_issued) = shim.tombstone(&p.key)
-        && p.req.issued_at_ms != 0
-        && p.req.issued_at_ms < del_issued
+        && crate::order::before(
+            crate::order::from_wire(p.req.issued_at.as_ref()).as_ref(),
+            Some(&del_issued),
+        ) == Some(true)
     {
         return Err(ShimError::StaleAdd {
             key: p.key.to_string(),
@@ -185,6 +188,7 @@ pub async fn attach<S: Store>(
         created_at: t,
         updated_at: t,
         issued_ms: p.req.issued_at_ms,
+        issued_at: crate::order::from_wire(p.req.issued_at.as_ref()),
         delegate_key: None,
         creator_uid: p.caller.recorded_uid(),
     };
@@ -282,6 +286,11 @@ async fn take_up<S: Store>(
     // An address that belongs to someone else in the ledger means two allocators share the
     // range, or the delegate's store was wiped (cilium#46799): refuse it, never hand it out.
     if let Err(e) = shim.check_conflict(&rec).await {
+        return Ok(Err(e));
+    }
+    // And one that another attachment of the network holds (two allocators on one range):
+    // refused the same way, before any plugin sees it.
+    if let Err(e) = shim.claim_addresses(&rec).await {
         return Ok(Err(e));
     }
     rec.state = AttachmentState::Committed;

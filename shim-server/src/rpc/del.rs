@@ -9,7 +9,7 @@
 
 use dipam_proto::v1::CniRequest;
 use dipam_state::{AttachmentState, Store};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::{
     error::ShimError,
@@ -39,12 +39,21 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
     }
     // A DEL issued before the ADD that made the current attachment belongs to an earlier
     // incarnation of this key (reordered, or replayed late from the spool): releasing now
-    // would take the newer attachment's address away.
+    // would take the newer attachment's address away. Ordered on the boot clock, never the
+    // wall clock (order.rs: a step back made a live DEL look stale). When the order cannot
+    // be known, the DEL runs. One that is ignored is said loudly and counted.
+    let issued = crate::order::from_wire(p.req.issued_at.as_ref());
     if let Some(rec) = &existing
-        && p.req.issued_at_ms != 0
-        && p.req.issued_at_ms < rec.issued_ms
+        && crate::order::before(issued.as_ref(), rec.issued_at.as_ref()) == Some(true)
     {
-        info!(key = %p.key, "DEL issued before the current ADD; ignoring it as stale");
+        warn!(
+            key = %p.key,
+            del_issued = ?issued,
+            add_issued = ?rec.issued_at,
+            "DEL issued before the ADD of the current attachment (on the boot clock); it was \
+             meant for an earlier one, already gone: not releasing the current one"
+        );
+        shim.metrics.inc("dipam_stale_dels_total", &[]);
         return Ok(Vec::new());
     }
     // A pod served from the warm pool is known to the delegate by the pool entry's key.
@@ -91,11 +100,12 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
         .await??;
     crate::fault::hit("del-after-exec");
 
-    if existing.is_some() {
+    if let Some(rec) = &existing {
         let key = p.key.clone();
         shim.ledger(move |l| l.remove(&key)).await?;
+        shim.addrs.forget(&rec.key, rec.result.as_ref());
     }
-    shim.bury(&p.key, p.req.issued_at_ms);
+    shim.bury(&p.key, issued);
     info!(key = %p.key, known = existing.is_some(), "attachment deleted");
     Ok(Vec::new())
 }

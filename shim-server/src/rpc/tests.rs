@@ -26,7 +26,9 @@ ADD)
   if [ -f "$d/fail-add" ]; then cat "$d/fail-add"; exit 1; fi
   if [ -f "$d/garbage-add" ]; then echo 'this is not json'; exit 0; fi
   if [ -f "$d/panic-add" ]; then echo 'panic: runtime error' >&2; exit 2; fi
-  echo '{"cniVersion":"1.0.0","ips":[{"address":"10.9.0.2/24","gateway":"10.9.0.1"}],"dns":{}}'
+  # A fresh address per ADD, .2 first, as an IPAM hands them out (dipamd refuses a duplicate).
+  n=$(cat "$d/next" 2>/dev/null || echo 2); echo $((n + 1)) > "$d/next"
+  echo "{\"cniVersion\":\"1.0.0\",\"ips\":[{\"address\":\"10.9.0.$n/24\",\"gateway\":\"10.9.0.1\"}],\"dns\":{}}"
   if [ -f "$d/linger-add" ]; then sleep 0.5; touch "$d/exited"; fi
   if [ -f "$d/more-add" ]; then sleep 0.1; echo 'and one more thing'; fi
   if [ -f "$d/exit-add" ]; then sleep 0.1; exit 1; fi ;;
@@ -119,6 +121,10 @@ pub(crate) fn request(cid: &str, version: &str, extra: Value) -> CniRequest {
         stdin: serde_json::to_vec(&conf).unwrap(),
         mode: Mode::Ipam as i32,
         issued_at_ms: crate::shim::now_ms(),
+        issued_at: crate::order::now().map(|b| dipam_proto::v1::BootStamp {
+            boot_id: b.boot_id,
+            ns: b.ns,
+        }),
         retired_link: None,
     }
 }
@@ -521,9 +527,16 @@ async fn identifiers_are_validated_before_any_key_or_exec() {
 #[tokio::test]
 async fn a_stale_add_cannot_resurrect_and_a_stale_del_cannot_release() {
     let b = Bench::new();
-    let at = |ms: u64| {
+    // Ordered by the boot clock; the wall clock (issued_at_ms) runs backwards here, as after
+    // a step back, and must not matter.
+    let boot = crate::order::current_boot_id().unwrap().to_owned();
+    let at = |ns: u64| {
         let mut r = request("c1", "1.0.0", json!({}));
-        r.issued_at_ms = ms;
+        r.issued_at_ms = 10_000 - ns;
+        r.issued_at = (ns != 0).then(|| dipam_proto::v1::BootStamp {
+            boot_id: boot.clone(),
+            ns,
+        });
         r
     };
     add::run(&b.shim, at(1_000)).await.unwrap();
@@ -539,7 +552,7 @@ async fn a_stale_add_cannot_resurrect_and_a_stale_del_cannot_release() {
     // A new ADD issued after the DEL is an ordinary ADD.
     add::run(&b.shim, at(3_000)).await.unwrap();
     assert!(b.record("c1").is_some());
-    // Plugins before the ordering field (0) are never judged stale.
+    // Plugins before the ordering field (no stamp) are never judged stale.
     del::run(&b.shim, at(0)).await.unwrap();
     assert!(b.record("c1").is_none());
 }
@@ -730,4 +743,38 @@ async fn add_early_sends_the_result_before_its_commit_and_then_the_outcome() {
     let refused = replies("c3").await;
     assert_eq!(refused.len(), 1, "{refused:?}");
     assert!(matches!(&refused[0].outcome, Some(Outcome::Error(e)) if e.code == 7));
+}
+
+/// A delegate that hands out an address another pod of the network holds (two allocators on
+/// one range) is refused with 156 and released, as an agent conflict is; the holder keeps it.
+#[tokio::test]
+async fn a_duplicate_address_from_the_delegate_is_refused() {
+    let b = Bench::new();
+    add::run(&b.shim, request("c1", "1.0.0", json!({})))
+        .await
+        .unwrap();
+    b.touch("next", "2");
+    let e = add::run(&b.shim, request("c2", "1.0.0", json!({})))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ShimError::Conflict { .. }), "{e:?}");
+    assert_eq!(e.code_and_details().0, 156);
+    assert!(b.record("c2").is_none());
+    assert!(b.record("c1").is_some());
+    assert_eq!(b.calls(), vec!["ADD c1", "ADD c2", "DEL c2"]);
+    assert_eq!(
+        b.shim
+            .agent
+            .conflicts
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    // Once c1 is gone, its address may go to another pod.
+    del::run(&b.shim, request("c1", "1.0.0", json!({})))
+        .await
+        .unwrap();
+    b.touch("next", "2");
+    add::run(&b.shim, request("c3", "1.0.0", json!({})))
+        .await
+        .unwrap();
 }
