@@ -56,6 +56,9 @@ pub struct PluginConf {
     /// The previous result: the earlier plugin's for a chained ADD, the runtime's cached final
     /// result for CHECK and DEL (spec §3).
     pub prev_result: Option<CNIResult>,
+    /// A DEL of a config naming dipam as its own delegate (refused for every other verb):
+    /// nothing can have been allocated through it, so the DEL succeeds without a call.
+    pub self_delegated: bool,
 }
 
 /// The MTUs a veth accepts (ETH_MIN_MTU..=ETH_MAX_MTU in the kernel).
@@ -114,7 +117,9 @@ impl PluginConf {
                 // `"type":"dipam"` at the top means the runtime runs dipam as the main plugin:
                 // an `ipam.delegate` there would silently turn it into an IPAM that creates no
                 // interface. Say which shape was meant instead of guessing.
-                if raw.get("type").and_then(Value::as_str) == Some("dipam") {
+                // A DEL still goes through, in IPAM mode as older versions ran this shape:
+                // what they allocated through it is released, and the pod can go.
+                if raw.get("type").and_then(Value::as_str) == Some("dipam") && cmd != Cmd::Del {
                     return Err(config_error(
                         "dipam is the main plugin here (\"type\":\"dipam\"), but ipam.delegate \
                          is set, which only IPAM mode uses",
@@ -127,7 +132,10 @@ impl PluginConf {
                 }
                 // dipamd would run dipam as its own delegate: the inner call waits for the
                 // outer one's key lock until the delegate timeout, and every DEL fails alike.
-                if delegate_type == "dipam" {
+                // Its DEL has nothing to release (no ADD through it ever allocated: it could
+                // only wait on itself), and must not fail forever: it is answered without a
+                // call (`self_delegated`).
+                if delegate_type == "dipam" && cmd != Cmd::Del {
                     return Err(config_error(
                         "ipam.delegate.type must not be dipam",
                         "ipam.delegate names the real IPAM dipamd runs (e.g. host-local, \
@@ -220,6 +228,12 @@ impl PluginConf {
             mtu,
             dns: conf.dns.filter(|_| mode == Mode::Main),
             prev_result: conf.prev_result,
+            self_delegated: mode == Mode::Ipam
+                && ipam
+                    .and_then(|i| i.get("delegate"))
+                    .and_then(|d| d.get("type"))
+                    .and_then(Value::as_str)
+                    == Some("dipam"),
         })
     }
 }
@@ -330,6 +344,10 @@ mod tests {
             let e = parse(conf, Cmd::Add).unwrap_err().to_cni(false);
             assert_eq!(e.code, 7, "{conf}: {e:?}");
             assert!(e.msg.contains(said), "{conf}: {}", e.msg);
+            // A DEL goes through: a refused config must not keep its pod from going.
+            let del = parse(conf, Cmd::Del).unwrap();
+            assert_eq!(del.mode, Mode::Ipam);
+            assert_eq!(del.self_delegated, said == "must not be dipam", "{conf}");
         }
     }
 

@@ -146,6 +146,13 @@ fn dispatch(
     };
     match command {
         Cmd::Add => cmd::add::run(&ctx),
+        Cmd::Del if conf.self_delegated => {
+            eprintln!(
+                "dipam: DEL of a config that names dipam as its own delegate: nothing can have \
+                 been allocated through it; fix ipam.delegate.type"
+            );
+            Ok(Vec::new())
+        }
         Cmd::Del => cmd::del::run(&ctx),
         Cmd::Check => cmd::check::run(&ctx),
         Cmd::Gc => cmd::gc::run(&ctx),

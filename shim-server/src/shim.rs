@@ -219,6 +219,7 @@ impl<S: Store> Shim<S> {
         } else {
             mode
         };
+        crate::delegate::config::refuse_mixed_shape(&req.stdin, mode, &req.command)?;
         let dc = DelegateConf::from_request(&req.stdin, mode)?;
         let caller = crate::access::current_caller();
         self.exec.allow_kind(&dc.kind, caller)?;

@@ -33,6 +33,33 @@ fn config_error(msg: impl Into<String>, details: impl Into<String>) -> ShimError
     }
 }
 
+/// `"type":"dipam"` with `ipam.delegate`: the config and the mode disagree on whether dipam
+/// creates the pod's interface (such a config once ran IPAM mode and created none).
+fn mixed_shape() -> ShimError {
+    config_error(
+        "dipam is the main plugin here (\"type\":\"dipam\"), but ipam.delegate is set, which \
+         only IPAM mode uses",
+        "as the main plugin, name the real IPAM in ipam (\"ipam\":{\"type\":\"host-local\",...}); \
+         as the IPAM of another plugin, set the top-level type to that plugin and keep \
+         ipam.delegate",
+    )
+}
+
+/// Requests come from any client, not only the plugin, which refuses these shapes too: an
+/// IPAM-mode request whose config has `"type":"dipam"` at the top is refused for every verb
+/// but DEL, which older versions ran in IPAM mode and which must still release what they
+/// allocated.
+pub fn refuse_mixed_shape(stdin: &[u8], mode: Mode, command: &str) -> Result<(), ShimError> {
+    if mode != Mode::Ipam || command == "DEL" {
+        return Ok(());
+    }
+    let conf: Value = serde_json::from_slice(stdin).unwrap_or_default();
+    if conf.get("type").and_then(Value::as_str) == Some("dipam") {
+        return Err(mixed_shape());
+    }
+    Ok(())
+}
+
 impl DelegateConf {
     pub fn from_request(stdin: &[u8], mode: Mode) -> Result<Self, ShimError> {
         let mut conf: Value = serde_json::from_slice(stdin)
@@ -59,19 +86,8 @@ impl DelegateConf {
                 crate::validate::shown(version)
             ))
         })?;
-        let top_type = obj.get("type").and_then(Value::as_str).unwrap_or_default();
-        let has_delegate = obj.get("ipam").and_then(|i| i.get("delegate")).is_some();
-        // Requests come from any client, not only the plugin, which refuses these shapes too.
-        // Main mode with ipam.delegate, or IPAM mode under `"type":"dipam"`: the config and
-        // the mode disagree on whether dipam creates the pod's interface.
-        if (mode == Mode::Main && has_delegate) || (mode == Mode::Ipam && top_type == "dipam") {
-            return Err(config_error(
-                "dipam is the main plugin here (\"type\":\"dipam\"), but ipam.delegate is set, \
-                 which only IPAM mode uses",
-                "as the main plugin, name the real IPAM in ipam (\"ipam\":{\"type\":\"host-local\",\
-                 ...}); as the IPAM of another plugin, set the top-level type to that plugin and \
-                 keep ipam.delegate",
-            ));
+        if mode == Mode::Main && obj.get("ipam").and_then(|i| i.get("delegate")).is_some() {
+            return Err(mixed_shape());
         }
         if mode == Mode::Ipam {
             let delegate = obj
@@ -273,10 +289,16 @@ mod tests {
                 Mode::Ipam,
             ),
         ];
-        for (conf, mode) in cases {
-            let e = DelegateConf::from_request(conf.as_bytes(), mode).unwrap_err();
+        for (conf, mode) in &cases[..3] {
+            let e = DelegateConf::from_request(conf.as_bytes(), *mode).unwrap_err();
             assert_eq!(e.code_and_details().0, 7, "{conf}: {e}");
         }
+        let (ipam_under_dipam, mode) = cases[3];
+        let e = refuse_mixed_shape(ipam_under_dipam.as_bytes(), mode, "ADD").unwrap_err();
+        assert_eq!(e.code_and_details().0, 7);
+        // A DEL of it runs, as older versions ran it: what they allocated is released.
+        refuse_mixed_shape(ipam_under_dipam.as_bytes(), mode, "DEL").unwrap();
+        DelegateConf::from_request(ipam_under_dipam.as_bytes(), mode).unwrap();
     }
 
     #[test]
