@@ -1,0 +1,218 @@
+//! Issue: races and ordering. DELs get through while ADDs fill their queue; a wall-clock step
+//! does not change a DEL's outcome; a delegate's duplicate address is refused; two identical
+//! main-mode ADDs at once never undo each other's work. Real dipamd, real host-local, real
+//! netns, the real plugin; the ledger and host-local compared after each case.
+
+// Tests: a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
+use std::{sync::mpsc, time::Duration};
+
+use dipam_lifecycle::{Attachment, Lab, Runtime, bins, hostlocal, require_root};
+use serde_json::Value;
+
+/// A directory of stand-in delegates (shell scripts), searched before the real plugins.
+fn standins(scripts: &[(&str, &str)]) -> (tempfile::TempDir, Runtime) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    for (name, body) in scripts {
+        let p = dir.path().join(name);
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let rt = Runtime::new(format!("{}:{}", dir.path().display(), bins::cni_path()));
+    (dir, rt)
+}
+
+fn store(lab: &Lab) -> Vec<(String, String, String)> {
+    hostlocal::reservations(lab.data.path(), &lab.network())
+}
+
+/// ADDs hang on a slow delegate with their queue full; 20 DELs sent then all succeed (they
+/// were all refused with 11 when both shared one queue). Afterwards every ADD is a success
+/// or an 11, and the ledger and host-local agree.
+#[test]
+fn dels_get_through_while_adds_fill_their_queue() {
+    require_root!();
+    let gate = tempfile::tempdir().unwrap();
+    let open = gate.path().join("open");
+    let mut lab = Lab::with_flags(
+        "ptp-dipam-host-local.conflist",
+        &["--max-concurrent", "4", "--max-queue", "24"],
+    );
+    // ADDs wait for the gate (bounded, so that a failed test does not leave it hanging).
+    let (_dir, rt) = standins(&[(
+        "gate-ipam",
+        &format!(
+            "if [ \"$CNI_COMMAND\" = ADD ]; then\n\
+               i=0; while [ ! -e {} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\n\
+             fi\n\
+             exec /usr/lib/cni/host-local",
+            open.display()
+        ),
+    )]);
+    lab.fx.list["plugins"][0]["ipam"]["delegate"]["type"] = "gate-ipam".into();
+    // One key: the first ADD waits in the delegate, the next ones on its key lock (holding
+    // their slots), the rest in the queue, and then the queue is full.
+    let stuck = Attachment::new("stuck", "/var/run/netns/none");
+    let (tx, rx) = mpsc::channel();
+    let (dels, outcomes) = std::thread::scope(|s| {
+        let adds: Vec<_> = (0..32)
+            .map(|_| {
+                let (rt, list, att, tx) = (&rt, lab.list(), &stuck, tx.clone());
+                s.spawn(move || {
+                    let r = rt
+                        .ipam(list, 0, "ADD", att, None)
+                        .map(|_| ())
+                        .map_err(|e| e.code);
+                    let _ = tx.send(r.clone());
+                    r
+                })
+            })
+            .collect();
+        // The queue is full once an ADD is refused (the others wait for the gate).
+        let first = rx.recv_timeout(Duration::from_secs(60));
+        let dels: Vec<_> = (0..20)
+            .map(|i| {
+                let (rt, list) = (&rt, lab.list());
+                s.spawn(move || {
+                    let att = Attachment::new(&format!("gone-{i}"), "/var/run/netns/none");
+                    rt.ipam(list, 0, "DEL", &att, None)
+                        .map(|_| ())
+                        .map_err(|e| e.code)
+                })
+            })
+            .collect();
+        let dels: Vec<Result<(), u64>> = dels.into_iter().map(|h| h.join().unwrap()).collect();
+        std::fs::write(&open, b"").unwrap();
+        let outcomes: Vec<Result<(), u64>> = adds.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!(first, Ok(Err(11)), "the ADD queue did not fill");
+        (dels, outcomes)
+    });
+    assert_eq!(dels, vec![Ok(()); 20], "DELs refused behind the ADDs");
+    assert!(
+        outcomes.iter().all(|o| o.is_ok() || *o == Err(11)),
+        "{outcomes:?}"
+    );
+    assert!(outcomes.iter().any(Result::is_ok), "{outcomes:?}");
+    assert_eq!(lab.ledger().len(), 1);
+    assert_eq!(store(&lab).len(), 1);
+    rt.ipam(lab.list(), 0, "DEL", &stuck, None).unwrap();
+    assert!(lab.ledger().is_empty());
+    assert!(store(&lab).is_empty());
+}
+
+/// The wall clock of one plugin process, stepped by `ms` (the plugin's test-only knob: the
+/// shipped plugin is static, so libfaketime cannot reach it, and the machine's real clock is
+/// shared).
+fn stepped(ms: i64) -> Vec<(&'static str, String)> {
+    vec![("DIPAM_TEST_WALL_CLOCK_STEP_MS", ms.to_string())]
+}
+
+const HOUR_MS: i64 = 3_600_000;
+
+/// A DEL made after the wall clock was stepped back an hour releases the attachment (it was
+/// once logged as stale at INFO, reported a success, and the address stayed held); an ADD
+/// made after a DEL whose clock ran an hour ahead is not refused as stale.
+#[test]
+fn a_wall_clock_step_does_not_change_the_outcome() {
+    require_root!();
+    let lab = Lab::new("ptp-dipam-host-local.conflist");
+    let (_ns, att) = lab.pod();
+    let config = serde_json::to_vec(&Runtime::plugin_config(lab.list(), 0, None)).unwrap();
+    let run = |command: &str, step: i64| {
+        let env = stepped(step);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        lab.rt
+            .exec_env("dipam", command, &att, &config, &env)
+            .into_result("dipam")
+    };
+    // The step is real for the plugin: a DEL spooled with dipamd unreachable is stamped an
+    // hour back on the wall clock.
+    let spool = tempfile::tempdir().unwrap();
+    let mut unreachable: Value = Runtime::plugin_config(lab.list(), 0, None);
+    unreachable["ipam"]["socketPath"] = "/nonexistent/dipam.sock".into();
+    unreachable["ipam"]["spoolDir"] = spool.path().display().to_string().into();
+    let env = stepped(-HOUR_MS);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    lab.rt
+        .exec_env(
+            "dipam",
+            "DEL",
+            &att,
+            &serde_json::to_vec(&unreachable).unwrap(),
+            &env,
+        )
+        .into_result("dipam")
+        .unwrap();
+    let file = std::fs::read_dir(spool.path())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+    let spooled: Value = serde_json::from_slice(&std::fs::read(file.path()).unwrap()).unwrap();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let behind = now_ms - spooled["issuedAtMs"].as_u64().unwrap();
+    assert!(
+        behind > 3_500_000,
+        "the plugin's wall clock was not stepped: {behind} ms"
+    );
+    assert!(spooled["issuedAt"]["ns"].as_u64().is_some(), "{spooled}");
+
+    // ADD now, DEL an hour "earlier": released.
+    run("ADD", 0).unwrap();
+    assert_eq!(lab.ledger().len(), 1);
+    run("DEL", -HOUR_MS).unwrap();
+    assert!(
+        lab.ledger().is_empty(),
+        "a DEL after a step back was dropped"
+    );
+    assert!(store(&lab).is_empty());
+    // DEL an hour "ahead", then ADD now: an ordinary ADD, not refused as stale (3).
+    run("ADD", 0).unwrap();
+    run("DEL", HOUR_MS).unwrap();
+    run("ADD", 0).unwrap();
+    assert_eq!(lab.ledger().len(), 1);
+    lab.assert_agree();
+    run("DEL", 0).unwrap();
+    assert!(lab.ledger().is_empty());
+    lab.assert_agree();
+    assert!(!lab.dipamd.log().contains("not releasing the current one"));
+}
+
+/// Two host-local stores on one range under one network: the second pod's delegate hands
+/// out the first pod's address. It is refused with 156 and released from the second store,
+/// the conflict is counted, and the first pod keeps its address.
+#[test]
+fn a_duplicate_address_from_the_delegate_is_refused_with_156() {
+    require_root!();
+    let lab = Lab::new("ptp-dipam-host-local.conflist");
+    let other = tempfile::tempdir().unwrap();
+    let mut second = lab.list().clone();
+    second["plugins"][0]["ipam"]["delegate"]["dataDir"] = other.path().display().to_string().into();
+    let first = Attachment::new("dup-first", "/var/run/netns/none");
+    let again = Attachment::new("dup-second", "/var/run/netns/none");
+    let r = lab.rt.ipam(lab.list(), 0, "ADD", &first, None).unwrap();
+    let e = lab.rt.ipam(&second, 0, "ADD", &again, None).unwrap_err();
+    assert_eq!(e.code, 156, "{e:?}");
+    assert!(e.details.contains("dup-first"), "{e:?}");
+    assert_eq!(lab.ledger().len(), 1);
+    lab.assert_agree();
+    assert!(
+        hostlocal::reservations(other.path(), &lab.network()).is_empty(),
+        "the refused duplicate is still held in the second store"
+    );
+    let status: Value =
+        serde_json::from_slice(&lab.dipamd.ctl(&["status", "--json"]).stdout).unwrap();
+    assert_eq!(status["conflictsDetected"], 1, "{status}");
+    // The holder is untouched and releases normally.
+    lab.rt
+        .ipam(lab.list(), 0, "CHECK", &first, Some(&r))
+        .unwrap();
+    lab.rt.ipam(lab.list(), 0, "DEL", &first, None).unwrap();
+    assert!(lab.ledger().is_empty());
+    lab.assert_agree();
+}
