@@ -81,6 +81,10 @@ pub enum PluginError {
     /// Main mode: CNI_NETNS cannot be used.
     #[error("cannot use network namespace {netns:?}")]
     Netns { netns: String, reason: String },
+    /// Main mode: another plugin process holds this attachment's lock (lock.rs) for too
+    /// long; the runtime retries (11).
+    #[error("another operation on this attachment is in progress")]
+    Busy(String),
     /// Main mode: a kernel operation of the datapath failed.
     #[error("{step} failed")]
     Datapath { step: String, reason: String },
@@ -135,6 +139,7 @@ impl PluginError {
             Self::Decode(d) => (6, d.clone()),
             Self::Config { details, .. } => (7, details.clone()),
             Self::Version(d) => (1, d.clone()),
+            Self::Busy(d) => (11, d.clone()),
             Self::Unreachable { socket, reason } => (
                 unavailable,
                 format!(

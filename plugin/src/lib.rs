@@ -11,6 +11,7 @@ pub mod conf;
 pub mod datapath;
 pub mod env;
 pub mod error;
+pub mod lock;
 pub mod spool;
 
 use std::io::{Read, Write};

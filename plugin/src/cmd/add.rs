@@ -27,6 +27,13 @@ pub fn run(ctx: &Ctx<'_>) -> Result<Vec<u8>, PluginError> {
 
 fn main_mode(ctx: &Ctx<'_>) -> Result<Vec<u8>, PluginError> {
     let att = ctx.attachment();
+    // Held to the end, rollback included: an identical ADD running at the same time must
+    // never undo this one's work, nor this one its (crate::lock).
+    let _lock = crate::lock::acquire(
+        std::path::Path::new(crate::lock::DIR),
+        &att.host_ifname(),
+        ctx.conf.timeout,
+    )?;
     // Before the IPAM call: a sandbox that cannot be used must not cost an address.
     let netns = Netns::open(&ctx.args.netns)?;
     // The IPAM call and the interface check, veth creation and bring-up run side by side

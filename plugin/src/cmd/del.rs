@@ -22,6 +22,13 @@ pub fn run(ctx: &Ctx<'_>) -> Result<Vec<u8>, PluginError> {
         return ctx.forward();
     }
     let att = ctx.attachment();
+    // Not while an ADD of the same attachment is under way (crate::lock); removed with the
+    // attachment.
+    let lock = crate::lock::acquire(
+        std::path::Path::new(crate::lock::DIR),
+        &att.host_ifname(),
+        ctx.conf.timeout,
+    )?;
     // A failure to retire (netlink refused) is not fatal: the old order, release then delete,
     // still works.
     let retired = datapath::retire(att).unwrap_or_else(|e| {
@@ -43,7 +50,10 @@ pub fn run(ctx: &Ctx<'_>) -> Result<Vec<u8>, PluginError> {
         None => datapath::del(att, &ctx.args.netns, ctx.conf.prev_result.as_ref()),
     };
     match (released, removed) {
-        (Ok(()), Ok(())) => Ok(Vec::new()),
+        (Ok(()), Ok(())) => {
+            lock.remove();
+            Ok(Vec::new())
+        }
         (Err(e), Ok(())) => Err(e),
         (Ok(()), Err(e)) => Err(e),
         (Err(release), Err(remove)) => {

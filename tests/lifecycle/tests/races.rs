@@ -216,3 +216,63 @@ fn a_duplicate_address_from_the_delegate_is_refused_with_156() {
     assert!(lab.ledger().is_empty());
     lab.assert_agree();
 }
+
+/// Two identical main-mode ADDs at once (a runtime bug, but it happens), six times: one
+/// succeeds, the other fails with 160 and undoes nothing of the winner's (once, one returned
+/// success with its address released, or success with no eth0, the other call's rollback
+/// having deleted the shared host veth). The winner's pod has eth0 with the address the
+/// ledger and host-local hold, its host veth is up, and DEL then leaves nothing.
+#[test]
+fn two_identical_main_mode_adds_at_once_never_undo_each_other() {
+    require_root!();
+    let lab = Lab::new("dipam-host-local.conflist");
+    for trial in 0..6 {
+        let (ns, att) = lab.pod();
+        let config = serde_json::to_vec(&Runtime::plugin_config(lab.list(), 0, None)).unwrap();
+        let outcomes: Vec<Result<Value, u64>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .map(|_| {
+                    let (rt, att, config) = (&lab.rt, &att, &config);
+                    s.spawn(move || {
+                        rt.exec("dipam", "ADD", att, config)
+                            .into_result("dipam")
+                            .map_err(|e| e.code)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let won: Vec<&Value> = outcomes.iter().filter_map(|o| o.as_ref().ok()).collect();
+        assert_eq!(won.len(), 1, "trial {trial}: {outcomes:?}");
+        assert!(
+            outcomes.iter().any(|o| *o == Err(160)),
+            "trial {trial}: {outcomes:?}"
+        );
+        let result = won[0];
+        let addr = result["ips"][0]["address"].as_str().unwrap();
+        let ip = addr.split('/').next().unwrap();
+        let eth0 = ns.exec(&["ip", "-o", "addr", "show", "dev", "eth0"]);
+        assert!(
+            String::from_utf8_lossy(&eth0.stdout).contains(addr),
+            "trial {trial}: eth0 lacks {addr}: {}",
+            String::from_utf8_lossy(&eth0.stdout)
+        );
+        let host = result["interfaces"][0]["name"].as_str().unwrap();
+        let link = std::process::Command::new("ip")
+            .args(["-o", "link", "show", "dev", host])
+            .output()
+            .unwrap();
+        let link = String::from_utf8_lossy(&link.stdout).into_owned();
+        assert!(link.contains(",UP"), "trial {trial}: {host}: {link}");
+        let ledger = lab.dipamd.ledger_ips(&lab.network());
+        assert_eq!(ledger.len(), 1, "trial {trial}: {ledger:?}");
+        assert_eq!(ledger[0].2, ip, "trial {trial}: {ledger:?}");
+        lab.assert_agree();
+        lab.rt
+            .exec("dipam", "DEL", &att, &config)
+            .into_result("dipam")
+            .unwrap();
+        assert!(lab.ledger().is_empty(), "trial {trial}");
+        lab.assert_agree();
+    }
+}
