@@ -39,7 +39,7 @@ const LAST_IP_SETTING: &str = "agent/last-ip/";
 /// configuration wins over roles the agent allocated or released at runtime.
 pub async fn init<S: Store>(shim: &Shim<S>) -> Result<(), ShimError> {
     let Some(cfg) = shim.agent.config.clone() else {
-        return Ok(());
+        return keep_unmanaged(shim).await;
     };
     let flags = cfg.roles.iter().cloned().collect::<Vec<_>>().join(",");
     shim.ledger(move |l| {
@@ -54,6 +54,57 @@ pub async fn init<S: Store>(shim: &Shim<S>) -> Result<(), ShimError> {
     .await?;
     let records = shim.ledger(|l| l.list(None)).await?;
     shim.agent.reindex(&records);
+    Ok(())
+}
+
+/// Why an agent record stays while dipamd runs without agent management.
+pub const KEPT_UNMANAGED: &str = "kept: agent management is off (dipamd has no --conflist), and \
+     dipamd cannot tell a feature turned off from a flag lost in a restart, so it releases \
+     nothing; the address is never handed to a pod. To release it, start dipamd with --conflist \
+     for this network and --agent-roles without this role";
+
+/// Agent management is off (no --conflist), yet the ledger may hold agent records from when
+/// it was on. They were once kept silently forever, listed nowhere. Releasing them here would
+/// take the agent's addresses away after a restart that merely lost a flag, so they are kept,
+/// indexed (no pod gets one) and listed by `dipamctl agent list`, status and doctor with the
+/// reason and what releases them.
+async fn keep_unmanaged<S: Store>(shim: &Shim<S>) -> Result<(), ShimError> {
+    let records = shim.ledger(|l| l.list(None)).await?;
+    shim.agent.reindex(&records);
+    let kept: Vec<AgentAddress> = records
+        .iter()
+        .filter_map(|r| {
+            let Owner::Agent { role } = &r.owner else {
+                return None;
+            };
+            let addrs = r.result.as_ref().map(result_addrs).unwrap_or_default();
+            let family = addrs.first().map_or(Family::V4, |ip| {
+                if ip.is_ipv6() { Family::V6 } else { Family::V4 }
+            });
+            let slot = Slot {
+                role: role.clone(),
+                family,
+                container_id: r.key.container_id.clone(),
+                ifname: r.key.ifname.clone(),
+                netns: r.netns.clone(),
+                args: r.cni_args.clone(),
+            };
+            Some(address(
+                &slot,
+                &r.key.network,
+                r.result.as_ref(),
+                "kept",
+                KEPT_UNMANAGED,
+            ))
+        })
+        .collect();
+    if !kept.is_empty() {
+        warn!(
+            count = kept.len(),
+            "agent records in the ledger while agent management is off: {KEPT_UNMANAGED}"
+        );
+    }
+    shim.agent.publish(kept, String::new());
     Ok(())
 }
 

@@ -316,6 +316,29 @@ pub async fn run<S: Store>(shim: &Shim<S>) -> Result<DoctorReply, ShimError> {
          check SELinux/AppArmor denials; then restart dipamd",
     ));
 
+    if shim.agent.config.is_none() {
+        // Agent records left from when agent management was on (agent/reconcile.rs
+        // keep_unmanaged): held, never a pod's, and released only by turning it back on.
+        let kept: Vec<String> = shim
+            .agent
+            .snapshot()
+            .addresses
+            .iter()
+            .filter(|a| a.state == "kept")
+            .map(|a| format!("{} {} {} ({})", a.role, a.family, a.ip, a.network))
+            .collect();
+        if !kept.is_empty() {
+            checks.push(check(
+                "agent records without agent management",
+                false,
+                format!("{} kept: {}", kept.len(), kept.join(", ")),
+                "start dipamd with --conflist for their network and --agent-roles listing the \
+                 roles to keep: the others are released; `dipamctl agent list` says why each is \
+                 kept",
+            ));
+        }
+    }
+
     spool_checks(shim, &mut checks);
     Ok(DoctorReply {
         protocol_version: dipam_proto::PROTOCOL_VERSION,

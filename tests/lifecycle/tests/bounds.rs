@@ -144,3 +144,52 @@ fn self_delegation_and_a_mixed_shape_are_refused_with_7() {
     assert!(lab.ledger().is_empty());
     lab.assert_agree();
 }
+
+/// The agent's router address, allocated while agent management was on, after a restart
+/// with it off (no --conflist, no --agent-roles): kept (it once stayed committed forever,
+/// listed nowhere), listed by `dipamctl agent list` as "kept" with the reason and what
+/// releases it, flagged by doctor, still agreed on by the ledger and host-local; and released
+/// once dipamd runs with management on again without the role.
+#[test]
+fn agent_records_left_when_agent_management_is_off_are_listed_then_released() {
+    require_root!();
+    let mut lab = dipam_lifecycle::AgentLab::new("ptp-dipam-host-local.conflist", "router", &[]);
+    lab.wait_ready(1);
+    let ip = lab.addresses()[0].2.clone();
+    lab.dipamd.set_flags(&[]);
+    lab.dipamd.restart();
+    assert_eq!(
+        lab.addresses(),
+        vec![("router".into(), "ipv4".into(), ip.clone(), "kept".into())]
+    );
+    let listed = lab.agent(&["list"]);
+    let message = listed["addresses"][0]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(message.contains("agent management is off"), "{listed}");
+    assert!(message.contains("--agent-roles"), "{listed}");
+    let doctor: serde_json::Value =
+        serde_json::from_slice(&lab.dipamd.ctl(&["doctor", "--json"]).stdout).unwrap();
+    let flagged = doctor
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "agent records without agent management")
+        .unwrap_or_else(|| panic!("{doctor}"));
+    assert_eq!(flagged["ok"], false);
+    assert!(
+        flagged["detail"]
+            .as_str()
+            .unwrap()
+            .contains(ip.split('/').next().unwrap())
+    );
+    assert_eq!(lab.ledger().len(), 1);
+    lab.assert_agree();
+    // Management back on, without the role: released through the delegate.
+    lab.set_roles("health", &[]);
+    lab.dipamd.restart();
+    lab.wait_ready(1);
+    assert_eq!(lab.addresses()[0].0, "health");
+    assert_eq!(lab.ledger().len(), 1);
+    lab.assert_agree();
+}
