@@ -72,6 +72,8 @@ pub fn acquire(dir: &Path, name: &str, timeout: Duration) -> Result<Held, Plugin
             .read(true)
             .write(true)
             .create(true)
+            // Empty, and never written: only its inode matters.
+            .truncate(false)
             .mode(0o600)
             .open(&path)
             .map_err(|e| failed(&format!("opening the lock {}", path.display()), e))?;

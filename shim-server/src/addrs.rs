@@ -41,7 +41,7 @@ struct Inner {
 enum Claim {
     Done,
     /// The address is held by this attachment, confirmed by the ledger.
-    Held(IpAddr, AttachmentRecord),
+    Held(IpAddr, Box<AttachmentRecord>),
     /// The index named a holder the ledger does not confirm: read the network again.
     Stale,
 }
@@ -93,7 +93,7 @@ impl AddrIndex {
                 continue;
             };
             match ledger.get(holder)? {
-                Some(h) if holds(&h, ip) => return Ok(Claim::Held(*ip, h)),
+                Some(h) if holds(&h, ip) => return Ok(Claim::Held(*ip, Box::new(h))),
                 _ if !rescanned => return Ok(Claim::Stale),
                 _ => {}
             }
@@ -112,7 +112,7 @@ impl AddrIndex {
         ledger: &Ledger<S>,
         rec: &AttachmentRecord,
         list: F,
-    ) -> Result<Result<(), (IpAddr, AttachmentRecord)>, crate::error::ShimError>
+    ) -> Result<Result<(), (IpAddr, Box<AttachmentRecord>)>, crate::error::ShimError>
     where
         S: Store,
         F: Fn(String) -> Fut,

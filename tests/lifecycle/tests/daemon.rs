@@ -291,8 +291,11 @@ fn stale_operations_cannot_undo_newer_ones() {
     let spool = lab.dipamd.state_dir().join("spool");
     std::fs::create_dir_all(&spool).unwrap();
     let conf = dipam_lifecycle::Runtime::plugin_config(lab.list(), 0, Some(&r));
+    // Stamped on the boot clock (what dipamd orders by) at the boot's first nanosecond.
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
     let stale = serde_json::json!({
         "format": 1, "requestId": "stale", "issuedAtMs": 1, "command": "DEL",
+        "issuedAt": {"bootId": boot_id.trim(), "ns": 1},
         "containerId": pod.container_id, "netns": "", "ifname": pod.ifname,
         "cniArgs": "", "cniPath": "", "mode": 1, "stdin": conf.to_string(),
     });
@@ -308,6 +311,10 @@ fn stale_operations_cannot_undo_newer_ones() {
         1,
         "a stale DEL released a newer attachment"
     );
-    assert!(lab.dipamd.log().contains("ignoring it as stale"));
+    assert!(
+        lab.dipamd
+            .log()
+            .contains("DEL issued before the ADD of the current attachment")
+    );
     lab.assert_agree();
 }

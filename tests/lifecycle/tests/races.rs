@@ -65,7 +65,7 @@ fn dels_get_through_while_adds_fill_their_queue() {
                         .ipam(list, 0, "ADD", att, None)
                         .map(|_| ())
                         .map_err(|e| e.code);
-                    let _ = tx.send(r.clone());
+                    let _ = tx.send(r);
                     r
                 })
             })
@@ -244,10 +244,7 @@ fn two_identical_main_mode_adds_at_once_never_undo_each_other() {
         });
         let won: Vec<&Value> = outcomes.iter().filter_map(|o| o.as_ref().ok()).collect();
         assert_eq!(won.len(), 1, "trial {trial}: {outcomes:?}");
-        assert!(
-            outcomes.iter().any(|o| *o == Err(160)),
-            "trial {trial}: {outcomes:?}"
-        );
+        assert!(outcomes.contains(&Err(160)), "trial {trial}: {outcomes:?}");
         let result = won[0];
         let addr = result["ips"][0]["address"].as_str().unwrap();
         let ip = addr.split('/').next().unwrap();
