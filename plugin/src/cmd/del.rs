@@ -23,12 +23,20 @@ pub fn run(ctx: &Ctx<'_>) -> Result<Vec<u8>, PluginError> {
     }
     let att = ctx.attachment();
     // Not while an ADD of the same attachment is under way (crate::lock); removed with the
-    // attachment.
-    let lock = crate::lock::acquire(
+    // attachment. A lock that cannot be taken at all (an unusable /run) must not make the
+    // release fail forever: no ADD can run then either (it needs the lock), so the DEL goes on.
+    let lock = match crate::lock::acquire(
         std::path::Path::new(crate::lock::DIR),
         &att.host_ifname(),
         ctx.conf.timeout,
-    )?;
+    ) {
+        Ok(lock) => Some(lock),
+        Err(e @ PluginError::Busy(_)) => return Err(e),
+        Err(e) => {
+            eprintln!("dipam: {e}; deleting without the attachment lock");
+            None
+        }
+    };
     // A failure to retire (netlink refused) is not fatal: the old order, release then delete,
     // still works.
     let retired = datapath::retire(att).unwrap_or_else(|e| {
@@ -51,7 +59,9 @@ pub fn run(ctx: &Ctx<'_>) -> Result<Vec<u8>, PluginError> {
     };
     match (released, removed) {
         (Ok(()), Ok(())) => {
-            lock.remove();
+            if let Some(lock) = lock {
+                lock.remove();
+            }
             Ok(Vec::new())
         }
         (Err(e), Ok(())) => Err(e),
