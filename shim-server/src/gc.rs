@@ -747,6 +747,7 @@ esac
             created_at,
             updated_at: created_at,
             issued_ms: 0,
+            issued_at: None,
             delegate_key: None,
             creator_uid: None,
         }

@@ -23,7 +23,10 @@ d=$(dirname "$0")
 echo "$(cat "$d/tag") $CNI_COMMAND $CNI_CONTAINERID" >> "$d/../calls"
 case "$CNI_COMMAND" in
 VERSION) echo '{"cniVersion":"1.0.0","supportedVersions":["0.4.0","1.0.0"]}' ;;
-ADD) echo '{"cniVersion":"1.0.0","ips":[{"address":"10.9.0.2/24"}]}' ;;
+ADD)
+  # A fresh address per ADD, as an IPAM hands them out (dipamd refuses a duplicate).
+  n=$(cat "$d/../next" 2>/dev/null || echo 2); echo $((n + 1)) > "$d/../next"
+  echo "{\"cniVersion\":\"1.0.0\",\"ips\":[{\"address\":\"10.9.0.$n/24\"}]}" ;;
 esac
 "#;
 
@@ -219,10 +222,12 @@ async fn a_non_root_caller_may_check_and_del_only_its_own() {
     assert_eq!(b.calls().len(), 1);
 
     // Its own: CHECK and DEL work, and no one else's uid may.
-    CALLER
+    let u1 = CALLER
         .scope(USER, add::run(&b.shim, request("u1", "1.0.0", json!({}))))
         .await
         .unwrap();
+    // Its own address (the fake hands out a fresh one per ADD).
+    let prev = json!({ "prevResult": serde_json::from_slice::<serde_json::Value>(&u1).unwrap() });
     forbidden(
         CALLER
             .scope(OTHER, del::run(&b.shim, request("u1", "1.0.0", json!({}))))
@@ -363,6 +368,7 @@ fn records_without_a_creator_are_roots() {
         created_at: 0,
         updated_at: 0,
         issued_ms: 0,
+        issued_at: None,
         delegate_key: None,
         creator_uid: None,
     };
