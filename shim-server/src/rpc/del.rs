@@ -32,7 +32,7 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
         None if !p.caller.is_root() => {
             info!(key = %p.key, uid = p.caller.uid, "DEL from a non-root caller of a key with no record; nothing of its to release");
             // Still a DEL: an ADD issued before it must not bring the key back (F4).
-            shim.bury(&p.key, p.req.issued_at_ms);
+            shim.bury(&p.key, crate::order::from_wire(p.req.issued_at.as_ref()));
             return Ok(Vec::new());
         }
         None => {}
