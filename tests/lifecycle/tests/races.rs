@@ -117,7 +117,7 @@ const HOUR_MS: i64 = 3_600_000;
 #[test]
 fn a_wall_clock_step_does_not_change_the_outcome() {
     require_root!();
-    let lab = Lab::new("ptp-dipam-host-local.conflist");
+    let mut lab = Lab::new("ptp-dipam-host-local.conflist");
     let (_ns, att) = lab.pod();
     let config = serde_json::to_vec(&Runtime::plugin_config(lab.list(), 0, None)).unwrap();
     let run = |command: &str, step: i64| {
@@ -127,29 +127,22 @@ fn a_wall_clock_step_does_not_change_the_outcome() {
             .exec_env("dipam", command, &att, &config, &env)
             .into_result("dipam")
     };
-    // The step is real for the plugin: a DEL spooled with dipamd unreachable is stamped an
-    // hour back on the wall clock.
-    let spool = tempfile::tempdir().unwrap();
-    let mut unreachable: Value = Runtime::plugin_config(lab.list(), 0, None);
-    unreachable["ipam"]["socketPath"] = "/nonexistent/dipam.sock".into();
-    unreachable["ipam"]["spoolDir"] = spool.path().display().to_string().into();
+    // The step is real for the plugin: a DEL spooled while dipamd is down is stamped an hour
+    // back on the wall clock (and on the boot clock, now).
+    lab.dipamd.kill9();
+    let probe = Attachment::new("clock-probe", "/var/run/netns/none");
     let env = stepped(-HOUR_MS);
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     lab.rt
-        .exec_env(
-            "dipam",
-            "DEL",
-            &att,
-            &serde_json::to_vec(&unreachable).unwrap(),
-            &env,
-        )
+        .exec_env("dipam", "DEL", &probe, &config, &env)
         .into_result("dipam")
         .unwrap();
-    let file = std::fs::read_dir(spool.path())
+    let spool = lab.dipamd.state_dir().join("spool");
+    let file = std::fs::read_dir(&spool)
         .unwrap()
-        .next()
-        .unwrap()
-        .unwrap();
+        .filter_map(Result::ok)
+        .find(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .unwrap_or_else(|| panic!("nothing spooled in {}", spool.display()));
     let spooled: Value = serde_json::from_slice(&std::fs::read(file.path()).unwrap()).unwrap();
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -161,6 +154,8 @@ fn a_wall_clock_step_does_not_change_the_outcome() {
         "the plugin's wall clock was not stepped: {behind} ms"
     );
     assert!(spooled["issuedAt"]["ns"].as_u64().is_some(), "{spooled}");
+    lab.dipamd.start_again();
+    assert_eq!(lab.spooled(), 0);
 
     // ADD now, DEL an hour "earlier": released.
     run("ADD", 0).unwrap();
