@@ -139,7 +139,7 @@ fn dispatch(
         conf: &conf,
         stdin,
         request_id: &request_id,
-        issued_at_ms: wall_clock_ms(getenv),
+        issued_at_ms: wall_clock_ms(),
         issued_at: boot_stamp(),
     };
     match command {
@@ -160,19 +160,13 @@ fn dispatch(
 }
 
 /// The wall-clock stamp a request carries (Unix ms): for logs and the spool's file names only;
-/// nothing is ordered by it, since the wall clock steps. `DIPAM_TEST_WALL_CLOCK_STEP_MS` (a
-/// signed number of ms, for tests only: the shipped plugin is static, so a test cannot step
-/// its clock with libfaketime, and stepping the real clock would disturb the whole machine)
-/// shifts it as a step of the system clock would, to prove that a step changes no outcome.
-fn wall_clock_ms(getenv: &dyn Fn(&str) -> Option<String>) -> u64 {
-    let now = std::time::SystemTime::now()
+/// nothing is ordered by it, since the wall clock steps (tests/lifecycle/tests/clock.rs steps
+/// the machine's clock to prove it).
+fn wall_clock_ms() -> u64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
-        .unwrap_or_default();
-    let step = getenv("DIPAM_TEST_WALL_CLOCK_STEP_MS")
-        .and_then(|v| v.parse::<i64>().ok())
-        .unwrap_or(0);
-    now.saturating_add_signed(step)
+        .unwrap_or_default()
 }
 
 /// Now, on the clock dipamd orders a key's operations by: CLOCK_BOOTTIME, which is never

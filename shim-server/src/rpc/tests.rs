@@ -582,7 +582,7 @@ async fn spooled_dels_are_drained_and_unusable_ones_quarantined() {
     assert!(spool.join("failed").join("0002-b.json").exists());
 }
 
-/// Issue 17.2 and the "start fresh" case of issue 16: only root's regular files are
+/// The spool trust rule (docs/cfp.md §7.8) and "start fresh": only root's regular files are
 /// replayed, a link at `failed` is moved aside and never written through, and a DEL for a key
 /// the ledger lacks still reaches the delegate (whose store dipamd cannot read here).
 #[tokio::test]

@@ -6,6 +6,7 @@
 
 pub mod agentlab;
 pub mod bins;
+pub mod clock;
 pub mod daemon;
 pub mod fixture;
 pub mod hostlocal;

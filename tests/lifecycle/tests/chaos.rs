@@ -50,7 +50,7 @@ fn sigkill_chaos_leaves_ledger_store_and_runtime_in_agreement() {
     chaos(lab.with_spool_dir_key(&spool), OPS, RESTARTS);
 }
 
-/// The shape of issue 16 §1: dipamd with a non-default `--state-dir` and a conflist without
+/// The deployed shape of failure F3a (docs/cfp.md §8.1): dipamd with a non-default `--state-dir` and a conflist without
 /// `spoolDir`, as every example in conflist/ is. Every DEL the plugin spooled while dipamd
 /// was dead reaches this dipamd's spool; before the plugin found the spool by itself, 36 of
 /// 300 operations leaked here, each after a DEL the runtime saw succeed.

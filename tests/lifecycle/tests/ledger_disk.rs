@@ -1,4 +1,4 @@
-//! The ledger's disk, in the shapes nodes meet (docs/cfp.md §7.5, issue 16 §4 and §5):
+//! The ledger's disk, in the shapes nodes meet (docs/cfp.md §7.5, failures F15 and F26):
 //!
 //! - the file system holding `--state-dir` fills up while pods are added: dipamd keeps its
 //!   memory bounded, says why it cannot serve (CNI STATUS 50, status, doctor), and serves

@@ -1,6 +1,6 @@
-//! Issue: races and ordering. DELs get through while ADDs fill their queue; a wall-clock step
-//! does not change a DEL's outcome; a delegate's duplicate address is refused; two identical
-//! main-mode ADDs at once never undo each other's work. Real dipamd, real host-local, real
+//! Races and ordering. DELs get through while ADDs fill their queue; a delegate's duplicate
+//! address is refused; two identical main-mode ADDs at once never undo each other's work (a
+//! wall-clock step is in tests/clock.rs, which must run alone). Real dipamd, real host-local, real
 //! netns, the real plugin; the ledger and host-local compared after each case.
 
 // Tests: a panic is the failure report.
@@ -100,82 +100,6 @@ fn dels_get_through_while_adds_fill_their_queue() {
     rt.ipam(lab.list(), 0, "DEL", &stuck, None).unwrap();
     assert!(lab.ledger().is_empty());
     assert!(store(&lab).is_empty());
-}
-
-/// The wall clock of one plugin process, stepped by `ms` (the plugin's test-only knob: the
-/// shipped plugin is static, so libfaketime cannot reach it, and the machine's real clock is
-/// shared).
-fn stepped(ms: i64) -> Vec<(&'static str, String)> {
-    vec![("DIPAM_TEST_WALL_CLOCK_STEP_MS", ms.to_string())]
-}
-
-const HOUR_MS: i64 = 3_600_000;
-
-/// A DEL made after the wall clock was stepped back an hour releases the attachment (it was
-/// once logged as stale at INFO, reported a success, and the address stayed held); an ADD
-/// made after a DEL whose clock ran an hour ahead is not refused as stale.
-#[test]
-fn a_wall_clock_step_does_not_change_the_outcome() {
-    require_root!();
-    let mut lab = Lab::new("ptp-dipam-host-local.conflist");
-    let (_ns, att) = lab.pod();
-    let config = serde_json::to_vec(&Runtime::plugin_config(lab.list(), 0, None)).unwrap();
-    let run = |command: &str, step: i64| {
-        let env = stepped(step);
-        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        lab.rt
-            .exec_env("dipam", command, &att, &config, &env)
-            .into_result("dipam")
-    };
-    // The step is real for the plugin: a DEL spooled while dipamd is down is stamped an hour
-    // back on the wall clock (and on the boot clock, now).
-    lab.dipamd.kill9();
-    let probe = Attachment::new("clock-probe", "/var/run/netns/none");
-    let env = stepped(-HOUR_MS);
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    lab.rt
-        .exec_env("dipam", "DEL", &probe, &config, &env)
-        .into_result("dipam")
-        .unwrap();
-    let spool = lab.dipamd.state_dir().join("spool");
-    let file = std::fs::read_dir(&spool)
-        .unwrap()
-        .filter_map(Result::ok)
-        .find(|e| e.path().extension().is_some_and(|x| x == "json"))
-        .unwrap_or_else(|| panic!("nothing spooled in {}", spool.display()));
-    let spooled: Value = serde_json::from_slice(&std::fs::read(file.path()).unwrap()).unwrap();
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
-    let behind = now_ms - spooled["issuedAtMs"].as_u64().unwrap();
-    assert!(
-        behind > 3_500_000,
-        "the plugin's wall clock was not stepped: {behind} ms"
-    );
-    assert!(spooled["issuedAt"]["ns"].as_u64().is_some(), "{spooled}");
-    lab.dipamd.start_again();
-    assert_eq!(lab.spooled(), 0);
-
-    // ADD now, DEL an hour "earlier": released.
-    run("ADD", 0).unwrap();
-    assert_eq!(lab.ledger().len(), 1);
-    run("DEL", -HOUR_MS).unwrap();
-    assert!(
-        lab.ledger().is_empty(),
-        "a DEL after a step back was dropped"
-    );
-    assert!(store(&lab).is_empty());
-    // DEL an hour "ahead", then ADD now: an ordinary ADD, not refused as stale (3).
-    run("ADD", 0).unwrap();
-    run("DEL", HOUR_MS).unwrap();
-    run("ADD", 0).unwrap();
-    assert_eq!(lab.ledger().len(), 1);
-    lab.assert_agree();
-    run("DEL", 0).unwrap();
-    assert!(lab.ledger().is_empty());
-    lab.assert_agree();
-    assert!(!lab.dipamd.log().contains("not releasing the current one"));
 }
 
 /// Two host-local stores on one range under one network: the second pod's delegate hands

@@ -183,7 +183,7 @@ fn a_del_that_cannot_be_spooled_fails_with_11_and_a_stray_spool_dir_cannot_diver
     lab.assert_agree();
 }
 
-/// Issue 17.2: a symlinked spool file, a spool file not owned by root and a symlink at the
+/// The spool trust rule (docs/cfp.md §7.8, F3b): a symlinked spool file, a spool file not owned by root and a symlink at the
 /// quarantine are not replayed and nothing is followed; doctor reports the quarantine. The
 /// plugin's own DEL beside them is replayed.
 #[test]
@@ -268,7 +268,7 @@ fn spool_files_failing_the_rule_are_quarantined_and_nothing_is_followed() {
     assert!(lab.delegate_store().is_empty());
 }
 
-/// Issue 16, "start fresh": a ledger replaced by an empty one (everything but the spool moved
+/// "Start fresh" (docs/cfp.md F3c): a ledger replaced by an empty one (everything but the spool moved
 /// aside) must not turn a spooled DEL into a silent no-op: its key is unknown to the new
 /// ledger, but the delegate still holds the address, so the delegate's DEL runs. And
 /// `dipamctl recover`, which the refusal of a damaged ledger points at, keeps the spool.
