@@ -578,12 +578,7 @@ impl Inner {
         {
             let engine = self.engine()?;
             let engine = engine.as_ref().expect("checked by engine()");
-            engine.db.flush().map_err(self.sled_err())?;
-            self.sync_blobs()?;
-            engine
-                .data_file
-                .sync_data()
-                .map_err(io_err(&self.data_path))?;
+            self.persist(engine, Durability::Disk)?;
         }
         journal.reset().map_err(io_err(&self.journal_path))?;
         self.claim(*seq, Durability::Disk)
@@ -649,12 +644,7 @@ impl Inner {
         }
         // Everything pending was journaled before it was pending: it is in sled now.
         *lock(&self.pending)? = Pending::default();
-        engine.db.flush().map_err(self.sled_err())?;
-        self.sync_blobs()?;
-        engine
-            .data_file
-            .sync_data()
-            .map_err(io_err(&self.data_path))?;
+        self.persist(&engine, Durability::Disk)?;
         journal.reset().map_err(io_err(&self.journal_path))?;
         commits.seq = replayed_to;
         commits.journal = Some(journal);
@@ -766,6 +756,20 @@ impl Inner {
         Ok(())
     }
 
+    /// sled's log written (flush: sync_file_range, which survives kill -9), and for a Disk
+    /// commit the blobs, then the data file, fdatasynced: blobs first, so a durable log entry
+    /// never points at a blob that a power cut could lose.
+    fn persist(&self, engine: &Engine, durability: Durability) -> Result<(), StoreError> {
+        engine.db.flush().map_err(self.sled_err())?;
+        if durability == Durability::Disk {
+            self.sync_blobs()?;
+            engine
+                .data_file
+                .sync_data()
+                .map_err(io_err(&self.data_path))?;
+        }
+        Ok(())
+    }
     /// fsyncs blob files (sled's out-of-line storage for values over ~128 KiB) that are new or
     /// have grown since last synced, then their directory. sled writes them with plain
     /// `write_all` and never syncs them. Ledger records are far smaller, so this is normally
@@ -959,14 +963,7 @@ impl Inner {
                 // points at a blob that a power cut could lose.
                 let engine = self.engine()?;
                 let engine = engine.as_ref().expect("checked by engine()");
-                engine.db.flush().map_err(self.sled_err())?;
-                if durability == Durability::Disk {
-                    self.sync_blobs()?;
-                    engine
-                        .data_file
-                        .sync_data()
-                        .map_err(io_err(&self.data_path))?;
-                }
+                self.persist(engine, durability)?;
             }
         }
         // A Process commit is claimed in the kernel only: a power cut may lose it, and a

@@ -12,6 +12,7 @@ pub mod fixture;
 pub mod hostlocal;
 pub mod lab;
 pub mod netns;
+pub mod nobody;
 pub mod runtime;
 pub mod standin;
 pub mod yaml;

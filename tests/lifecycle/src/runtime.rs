@@ -126,6 +126,26 @@ fn version_at_least(v: &str, floor: (u32, u32)) -> bool {
 }
 
 impl Runtime {
+    /// A runtime whose CNI_PATH searches `dir` of stand-in delegates (shell scripts, one per
+    /// `(name, body)`) before the real plugins, as a node with an extra plugin directory
+    /// would. The directory lives as long as the returned guard.
+    pub fn with_standins(scripts: &[(&str, &str)]) -> (tempfile::TempDir, Self) {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("temp dir");
+        for (name, body) in scripts {
+            let p = dir.path().join(name);
+            std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).expect("write a stand-in");
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755))
+                .expect("make a stand-in executable");
+        }
+        let rt = Self::new(format!(
+            "{}:{}",
+            dir.path().display(),
+            crate::bins::cni_path()
+        ));
+        (dir, rt)
+    }
+
     pub fn new(cni_path: String) -> Self {
         Self {
             cni_path,

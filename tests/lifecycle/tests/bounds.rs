@@ -62,23 +62,6 @@ fn peak_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// A directory holding stand-in delegates (shell scripts) searched before the real plugins.
-fn standins(scripts: &[(&str, &str)]) -> (tempfile::TempDir, Runtime) {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile::tempdir().unwrap();
-    for (name, body) in scripts {
-        let p = dir.path().join(name);
-        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    let rt = Runtime::new(format!(
-        "{}:{}",
-        dir.path().display(),
-        dipam_lifecycle::bins::cni_path()
-    ));
-    (dir, rt)
-}
-
 /// A delegate that allocates for real (host-local) and then prints 100 MB instead of its
 /// result: four such ADDs at once are cut off at dipamd's stdout limit and answered 154,
 /// dipamd's peak memory stays bounded (it reached 114 MB for one and 319 MB for four when
@@ -88,7 +71,7 @@ fn standins(scripts: &[(&str, &str)]) -> (tempfile::TempDir, Runtime) {
 fn a_delegate_flooding_its_stdout_is_cut_off_and_released() {
     require_root!();
     let mut lab = Lab::new("ptp-dipam-host-local.conflist");
-    let (_dir, rt) = standins(&[(
+    let (_dir, rt) = Runtime::with_standins(&[(
         "flood-ipam",
         "in=$(cat)\n\
          out=$(printf '%s' \"$in\" | /usr/lib/cni/host-local); rc=$?\n\

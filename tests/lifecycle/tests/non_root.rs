@@ -13,33 +13,14 @@ use std::{
     path::Path,
 };
 
-use dipam_lifecycle::{Lab, Runtime, bins, require_root};
+use dipam_lifecycle::{
+    Lab, Runtime, bins,
+    nobody::{self, NOBODY},
+    require_root,
+};
 use serde_json::{Value, json};
 
-const NOBODY: &str = "65534";
 const ALLOW: [&str; 4] = ["--socket-group", NOBODY, "--allow-uid", NOBODY];
-
-/// Runs `cmd` as uid/gid 65534 with no supplementary groups, `env` only, feeding `stdin`.
-fn as_nobody(cmd: &[&str], env: &[(&str, &str)], stdin: &str) -> std::process::Output {
-    use std::io::Write;
-    let mut c = std::process::Command::new("setpriv");
-    c.args(["--reuid", NOBODY, "--regid", NOBODY, "--clear-groups", "--"])
-        .args(cmd)
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .envs(env.iter().copied())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let mut child = c.spawn().expect("setpriv (util-linux)");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
-}
 
 /// A lab whose dipamd admits nobody; its directory is opened so nobody reaches the socket
 /// (the socket's own mode and group, and the peer check, are what is tested).
@@ -95,7 +76,7 @@ fn under_shipped_unit(lab: &mut Lab) {
 /// The dipam plugin invoked as the IPAM plugin (as ptp would) by nobody, for `cid`.
 fn nobody_ipam(command: &str, cid: &str, conf: &Value, cni_path: &str) -> Value {
     let dipam = bins::bin("dipam").display().to_string();
-    let out = as_nobody(
+    let out = nobody::run(
         &[&dipam],
         &[
             ("CNI_COMMAND", command),
@@ -126,7 +107,7 @@ fn ctl_as_nobody(lab: &Lab, args: &[&str]) -> std::process::Output {
     let sock = lab.dipamd.socket().display().to_string();
     let mut cmd = vec![ctl.as_str(), "--socket", sock.as_str()];
     cmd.extend_from_slice(args);
-    as_nobody(&cmd, &[], "")
+    nobody::run(&cmd, &[], "")
 }
 
 /// A directory nobody owns with its own `host-local` (and `evil-ipam`): each records the
@@ -249,7 +230,7 @@ fn a_non_root_caller_cannot_release_or_see_roots_pods() {
     gc["cniVersion"] = json!("1.1.0");
     gc["cni.dev/valid-attachments"] = json!([]);
     let dipam = bins::bin("dipam").display().to_string();
-    let out = as_nobody(
+    let out = nobody::run(
         &[&dipam],
         &[("CNI_COMMAND", "GC"), ("CNI_PATH", cni_path.as_str())],
         &gc.to_string(),
@@ -384,7 +365,7 @@ fn the_state_directory_is_private_and_doctor_flags_a_chmod() {
     assert!(c["detail"].as_str().unwrap().contains("mode 755"), "{c}");
     assert!(!c["fix"].as_str().unwrap().is_empty());
     // Root-owned files a user could read are what is at stake: nobody reads none of them.
-    let out = as_nobody(&["ls", &state.display().to_string()], &[], "");
+    let out = nobody::run(&["ls", &state.display().to_string()], &[], "");
     assert!(
         out.status.success(),
         "0755 lets nobody list it: the case doctor flags"

@@ -8,21 +8,8 @@
 
 use std::{sync::mpsc, time::Duration};
 
-use dipam_lifecycle::{Attachment, Lab, Runtime, bins, hostlocal, require_root};
+use dipam_lifecycle::{Attachment, Lab, Runtime, hostlocal, require_root};
 use serde_json::Value;
-
-/// A directory of stand-in delegates (shell scripts), searched before the real plugins.
-fn standins(scripts: &[(&str, &str)]) -> (tempfile::TempDir, Runtime) {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile::tempdir().unwrap();
-    for (name, body) in scripts {
-        let p = dir.path().join(name);
-        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    let rt = Runtime::new(format!("{}:{}", dir.path().display(), bins::cni_path()));
-    (dir, rt)
-}
 
 fn store(lab: &Lab) -> Vec<(String, String, String)> {
     hostlocal::reservations(lab.data.path(), &lab.network())
@@ -41,7 +28,7 @@ fn dels_get_through_while_adds_fill_their_queue() {
         &["--max-concurrent", "4", "--max-queue", "24"],
     );
     // ADDs wait for the gate (bounded, so that a failed test does not leave it hanging).
-    let (_dir, rt) = standins(&[(
+    let (_dir, rt) = Runtime::with_standins(&[(
         "gate-ipam",
         &format!(
             "if [ \"$CNI_COMMAND\" = ADD ]; then\n\

@@ -7,29 +7,11 @@
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-use dipam_lifecycle::{Attachment, Dipamd, bins, require_root};
-
-const NOBODY: &str = "65534";
-
-/// Runs `cmd` as uid/gid 65534 (nobody/nogroup) with `env`, feeding `stdin`.
-fn as_nobody(cmd: &[&str], env: &[(&str, &str)], stdin: &str) -> std::process::Output {
-    use std::io::Write;
-    let mut c = std::process::Command::new("setpriv");
-    c.args(["--reuid", NOBODY, "--regid", NOBODY, "--clear-groups", "--"])
-        .args(cmd)
-        .envs(env.iter().copied())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let mut child = c.spawn().expect("setpriv (util-linux)");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
-}
+use dipam_lifecycle::{
+    Attachment, Dipamd, bins,
+    nobody::{self, NOBODY},
+    require_root,
+};
 
 fn open_dir(d: &Dipamd) {
     // The guard's temp dir is 0700; let nobody reach the socket so the socket's own mode and
@@ -48,7 +30,7 @@ fn non_root_peers_are_refused_unless_allowed() {
 
     let sock = d.socket().display().to_string();
     let ctl = bins::bin("dipamctl").display().to_string();
-    let out = as_nobody(&[&ctl, "--socket", &sock, "status"], &[], "");
+    let out = nobody::run(&[&ctl, "--socket", &sock, "status"], &[], "");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("may not use dipamd"), "{err}");
@@ -60,7 +42,7 @@ fn non_root_peers_are_refused_unless_allowed() {
     );
     let att = Attachment::new("c1", "/var/run/netns/none");
     let dipam = bins::bin("dipam").display().to_string();
-    let out = as_nobody(
+    let out = nobody::run(
         &[&dipam],
         &[
             ("CNI_COMMAND", "ADD"),
@@ -79,7 +61,7 @@ fn non_root_peers_are_refused_unless_allowed() {
     let allowed = Dipamd::start_with(&["--socket-group", NOBODY, "--allow-uid", NOBODY]);
     open_dir(&allowed);
     let sock = allowed.socket().display().to_string();
-    let out = as_nobody(&[&ctl, "--socket", &sock, "attachments"], &[], "");
+    let out = nobody::run(&[&ctl, "--socket", &sock, "attachments"], &[], "");
     assert!(
         out.status.success(),
         "{}",

@@ -1,0 +1,32 @@
+//! Runs a command as a real non-root caller, uid and gid 65534 ("nobody") with no
+//! supplementary groups, through util-linux's `setpriv`: the shape of a rootless runtime or
+//! any local user reaching dipamd's socket. The environment is cleared but for `PATH` and
+//! what the caller passes, as a runtime passes a plugin only the CNI variables.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+/// uid and gid of the non-root caller.
+pub const NOBODY: &str = "65534";
+
+/// Runs `cmd` as nobody with `env`, writing `stdin` to it, and returns its output.
+pub fn run(cmd: &[&str], env: &[(&str, &str)], stdin: &str) -> Output {
+    let mut child = Command::new("setpriv")
+        .args(["--reuid", NOBODY, "--regid", NOBODY, "--clear-groups", "--"])
+        .args(cmd)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("setpriv (util-linux)");
+    child
+        .stdin
+        .take()
+        .expect("piped stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write the command's stdin");
+    child.wait_with_output().expect("wait for the command")
+}
