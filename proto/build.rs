@@ -1,5 +1,5 @@
 //! Generates the dipam.v1 code. protoc comes from `protoc-bin-vendored`, so a fresh machine
-//! needs nothing but cargo (reference/crates.md §3.4).
+//! needs nothing but cargo (docs/sources.md §12.3).
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto = "dipam/v1/dipam.proto";

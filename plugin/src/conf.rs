@@ -4,7 +4,7 @@
 //! plugin, what shapes the pod's datapath (`mtu`, `dns`, `prevResult`); the delegate's config is
 //! dipamd's business. Unknown keys are ignored (spec §1 "Other keys"), and `runtimeConfig` is
 //! never interpreted: it goes to dipamd and on to the delegate byte for byte, whatever casing
-//! the runtime used (containerd sends `HostPort`, podman `hostPort`: reference/cni-spec.md §9).
+//! the runtime used (containerd sends `HostPort`, podman `hostPort`: docs/sources.md §9).
 
 use std::{path::PathBuf, time::Duration};
 
@@ -374,7 +374,7 @@ mod tests {
     }
 
     /// containerd's go-cni has no JSON tags on PortMapping: it sends `HostPort`. dipam must
-    /// pass that through, not refuse it (reference/cni-spec.md §9).
+    /// pass that through, not refuse it (docs/sources.md §9).
     #[test]
     fn runtime_config_in_any_casing_is_accepted() {
         for rc in [

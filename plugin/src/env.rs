@@ -1,5 +1,5 @@
 //! The runtime's CNI_* variables, read once through an injected `getenv` (tests never touch the
-//! process environment). Rules: reference/cni-spec.md §2.1 and §2.9.
+//! process environment). Rules: docs/sources.md §2.1 and §2.9.
 
 use rscni_types::types::{Cmd, ContainerId, InterfaceName};
 

@@ -1,5 +1,5 @@
 //! The plugin's errors and the one place where they become CNI error codes
-//! (reference/cni-spec.md §3.2). Nothing else in the plugin picks a code.
+//! (docs/sources.md §3.2). Nothing else in the plugin picks a code.
 
 use std::path::PathBuf;
 

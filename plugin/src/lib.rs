@@ -1,4 +1,4 @@
-//! The dipam CNI plugin. It validates what the runtime sent (reference/cni-spec.md §2), answers
+//! The dipam CNI plugin. It validates what the runtime sent (docs/sources.md §2), answers
 //! VERSION itself, and forwards every other verb to dipamd over gRPC ("CNI over RPC"), which
 //! runs the delegated IPAM and records the attachment. As the main plugin it also builds the
 //! pod's datapath (a veth pair, addresses, routes: `datapath`). See docs/cfp.md.

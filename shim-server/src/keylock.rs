@@ -1,6 +1,6 @@
 //! Per-attachment serialization: every operation on one (network, container ID, ifname) runs
 //! alone, while different attachments proceed in parallel. containerd sets up `lo` and `eth0`
-//! of one pod concurrently (reference/cni-spec.md §5), so the lock is per attachment, not per
+//! of one pod concurrently (docs/sources.md §5), so the lock is per attachment, not per
 //! container.
 //!
 //! GC of a network is exclusive with ADD and DEL on it (spec 1.1 §3 "Lifecycle"): every key

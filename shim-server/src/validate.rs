@@ -1,5 +1,5 @@
 //! Identifier checks applied before a value touches a ledger key, a path or a delegate's
-//! environment (reference/cni-spec.md §2.9). The plugin checks the same rules; dipamd does not
+//! environment (docs/sources.md §2.9). The plugin checks the same rules; dipamd does not
 //! trust that it did (any local root process can speak to the socket).
 
 use crate::error::ShimError;

@@ -111,7 +111,7 @@ fn undo(ctx: &Ctx<'_>, replayed: Option<bool>, error: PluginError) -> PluginErro
 /// Releases the IPAM allocation of a failed ADD through dipamd (a DEL with the same config
 /// and environment), and says in the error whether that worked. When it did not (dipamd gone
 /// meanwhile), dipamd's record of the attachment stays, and the runtime's DEL (it sends one
-/// after a failed ADD: reference/cni-spec.md §5) or dipamd's recovery releases it.
+/// after a failed ADD: docs/sources.md §5) or dipamd's recovery releases it.
 fn rollback(ctx: &Ctx<'_>, error: PluginError) -> PluginError {
     let note = match ctx.forward_as(Cmd::Del) {
         Ok(_) => {

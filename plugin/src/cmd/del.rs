@@ -3,7 +3,7 @@
 //! - IPAM mode: forwarded to dipamd, which runs the delegate and keeps the ledger.
 //! - Main mode: the host veth is retired first (set down, which removes its routes at once,
 //!   and marked), then the IPAM allocation is released (ptp's order: the address is the
-//!   scarce resource, reference/cni-spec.md §6), handing the veth's deletion to dipamd along
+//!   scarce resource, docs/sources.md §6), handing the veth's deletion to dipamd along
 //!   with the release. Deleting a veth waits ~25 ms for the kernel's RCU teardown; dipamd
 //!   does it off the runtime's critical path and in batches (shim-server teardown.rs). When
 //!   dipamd does not take it (spooled DEL, dipamd in another netns, an older dipamd), the

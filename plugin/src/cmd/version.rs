@@ -1,5 +1,5 @@
 //! CNI VERSION, answered without dipamd: podman runs it on every network load, and it must
-//! work while the daemon is down (spec §2.3, reference/cni-spec.md §10.1).
+//! work while the daemon is down (spec §2.3, docs/sources.md §10.1).
 
 use rscni_types::version::{PluginInfo, SpecVersion};
 use serde_json::{Value, json};

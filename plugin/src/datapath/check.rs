@@ -1,7 +1,7 @@
 //! CHECK of main mode: what prevResult promises about the pod's interface, and the comparison
 //! with what the kernel has, without touching the kernel.
 //!
-//! As the spec asks (§CHECK, reference/cni-spec.md §2.6) and ptp does: the interface named
+//! As the spec asks (§CHECK, docs/sources.md §2.6) and ptp does: the interface named
 //! CNI_IFNAME whose `sandbox` equals CNI_NETNS (exact string) must exist in the netns, be a
 //! veth with the MAC from prevResult, and hold every address prevResult assigns to it; every
 //! route of prevResult must exist. What later plugins added (addresses, routes) is tolerated:

@@ -1,7 +1,7 @@
 //! The pod datapath of main mode (`{"type":"dipam","ipam":{"type":"host-local",...}}`):
 //! dipam gets the addresses from the delegated IPAM through dipamd, then wires the pod itself.
 //!
-//! # Shape (the reference ptp plugin's; reference/cni-spec.md §6)
+//! # Shape (the reference ptp plugin's; docs/sources.md §6)
 //! - A veth pair per attachment: the container end is CNI_IFNAME inside CNI_NETNS, the host
 //!   end is `dp<11 hex>` derived from (network, container ID, ifname) (naming.rs), with an
 //!   alias naming the attachment.
@@ -23,7 +23,7 @@
 //! # Concurrency
 //! Nothing here is shared between invocations: the names derive from the attachment, so a
 //! runtime that sets up several interfaces of one pod at once (containerd attaches all
-//! networks concurrently, reference/cni-spec.md §5) gets independent veths, addresses and
+//! networks concurrently, docs/sources.md §5) gets independent veths, addresses and
 //! routes; dipamd serialises per attachment, and the IPAM locks its own store.
 
 pub mod check;

@@ -1,7 +1,7 @@
 //! Entering a network namespace safely: on a dedicated thread that never goes back to a pool.
 //!
 //! `setns(CLONE_NEWNET)` moves only the calling thread, and a netlink socket belongs to the
-//! netns it was created in (reference/crates.md §5), whichever thread uses it: a socket such a
+//! netns it was created in (docs/sources.md §13), whichever thread uses it: a socket such a
 //! thread opens in a pod's netns ([`PodSocket`]) serves the main thread too ([`run_here`]).
 //! So every netns operation runs on a fresh `std::thread` that: opens netlink in the host
 //! netns (still the thread's own), enters the target netns, opens a second netlink socket

@@ -1,6 +1,6 @@
 //! What to install for an IPAM result, computed without touching the kernel.
 //!
-//! The shape is the reference ptp plugin's (reference/cni-spec.md §6, [PTP]): a point-to-point
+//! The shape is the reference ptp plugin's (docs/sources.md §6: containernetworking/plugins `plugins/main/ptp/ptp.go`): a point-to-point
 //! veth whose host end answers for the gateway, so that every packet of the pod goes through
 //! the host's routing table.
 //!

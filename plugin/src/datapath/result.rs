@@ -1,6 +1,6 @@
 //! The ADD result of main mode: the IPAM's addresses, attached to the interfaces dipam made.
 //!
-//! Rules (spec §5 "ADD Success", reference/cni-spec.md §4, §10):
+//! Rules (spec §5 "ADD Success", docs/sources.md §4, §10):
 //! - `interfaces` lists the host end first, then the container end with `sandbox` = CNI_NETNS
 //!   (the exact string: CHECK and podman compare it), both with their MAC (podman parses it;
 //!   missing = hard error);

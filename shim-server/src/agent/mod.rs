@@ -4,7 +4,7 @@
 //!
 //! Each address has a stable identity (a "slot"): container ID `dipam-<role>-<family>-<node>`,
 //! ifname `<role>`, a CNI_NETNS path that never exists (skel >= 1.2 fails with code 8 after
-//! reserving when CNI_NETNS is the caller's own netns, reference/cni-spec.md §2.4), and
+//! reserving when CNI_NETNS is the caller's own netns, docs/sources.md §2.4), and
 //! K8S_POD_NAME/K8S_POD_NAMESPACE args so that cluster IPAMs can attribute the address.
 //! Records live in the same ledger as pods (owner `agent:<role>`), with the same
 //! intent-before-exec discipline, so a crash at any point cannot leak one.

@@ -166,7 +166,7 @@ impl DelegateConf {
     /// Delegates that cannot release an address from the container ID alone get what they need
     /// from the ADD result: azure-vnet-ipam's DEL fails with "pool id not found" unless
     /// `ipam.subnet` (and `ipam.ipAddress`) are set, which Azure's own CNI injects
-    /// (reference/cni-spec.md §8). `result` is the recorded result, else the runtime's
+    /// (docs/sources.md §8). `result` is the recorded result, else the runtime's
     /// prevResult. Returns false when the delegate needs such data and none is available: it
     /// could not release anything, and nothing dipam allocated is unaccounted for (every ADD
     /// through dipam is recorded before the delegate runs).

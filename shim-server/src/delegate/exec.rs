@@ -1,6 +1,6 @@
 //! Runs a CNI plugin the way libcni does (pkg/invoke): the CNI_* environment, the config on
 //! stdin, stdout and stderr captured separately, a timeout, and a retry on "text file busy"
-//! (reference/cni-spec.md §3.1, §6).
+//! (docs/sources.md §3.1, §6).
 
 use std::{
     path::{Path, PathBuf},

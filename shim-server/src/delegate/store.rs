@@ -3,7 +3,7 @@
 //!
 //! host-local keeps one file per reserved IP in `<dataDir or /var/lib/cni/networks>/<network>/`,
 //! named by the IP and holding `<containerID>\r\n<ifname>`; legacy files hold only the ID;
-//! `lock` and `last_reserved_ip.<n>` are bookkeeping (reference/cni-spec.md §7.2).
+//! `lock` and `last_reserved_ip.<n>` are bookkeeping (docs/sources.md §7.2).
 
 use std::{
     net::IpAddr,

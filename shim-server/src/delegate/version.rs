@@ -1,5 +1,5 @@
 //! Delegate versions: which cniVersion to send a delegate, and converting configs and results
-//! between the 0.3/0.4 layout and the 1.x layout (reference/cni-spec.md §1, §4.2).
+//! between the 0.3/0.4 layout and the 1.x layout (docs/sources.md §1, §4.2).
 //!
 //! Debian's host-local 1.1.1 stops at 1.0.0 and azure-vnet-ipam at 0.4.0 or 1.0.0, while a
 //! runtime may configure 1.1.0. The spec wants the delegate to get "the same config"; a config

@@ -2,7 +2,7 @@
 //!
 //! host-local keeps one file per reserved IP in `<dataDir>/<network>/`, named by the IP and
 //! holding `<containerID>\r\n<ifname>` (legacy files hold only the ID); `lock` and
-//! `last_reserved_ip.*` are bookkeeping (reference/cni-spec.md §7.2).
+//! `last_reserved_ip.*` are bookkeeping (docs/sources.md §7.2).
 
 use std::path::Path;
 

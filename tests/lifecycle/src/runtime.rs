@@ -1,4 +1,4 @@
-//! A container runtime in miniature, with libcni's semantics (reference/cni-spec.md §5, §10.3):
+//! A container runtime in miniature, with libcni's semantics (docs/sources.md §5, §10.3):
 //! - ADD runs the chain in order, each plugin getting the previous result as prevResult, and
 //!   caches the final result;
 //! - CHECK runs in order with the cached result as prevResult (only for cniVersion >= 0.4.0,
@@ -8,7 +8,7 @@
 //! - every call gets the six CNI_* variables, "" for the ones it does not use;
 //! - `runtimeConfig` carries the attachment's capability args, for each plugin only the
 //!   capabilities it declares `true` in `capabilities` (libcni `injectRuntimeConfig`,
-//!   reference/cni-spec.md §2.2).
+//!   docs/sources.md §2.2).
 
 use std::{
     collections::HashMap,

@@ -94,7 +94,7 @@ fn host_end(result: &Value) -> String {
     result["interfaces"][0]["name"].as_str().unwrap().to_owned()
 }
 
-/// What every successful main-mode ADD must have produced (spec §5, reference/cni-spec.md
+/// What every successful main-mode ADD must have produced (spec §5, docs/sources.md
 /// §10): the result's shape, and the kernel state it describes, and a pod that reaches the host.
 #[track_caller]
 fn assert_wired(ns: &NetNs, att: &Attachment, result: &Value) {
@@ -412,7 +412,7 @@ fn add_failure_after_the_veth_rolls_everything_back() {
 /// A failure after the IPAM allocated, before any veth exists: the host end's name is taken
 /// by an interface dipam did not make (here a bridge), so the veth cannot be created. The
 /// azure stand-in's allocation is released through dipamd (which must inject the pool into
-/// the DEL, reference/cni-spec.md §8), and the bridge is left alone.
+/// the DEL, docs/sources.md §8), and the bridge is left alone.
 #[test]
 fn add_failure_before_the_veth_releases_the_azure_address() {
     require_root!();
@@ -599,7 +599,7 @@ fn sixteen_pods_in_parallel() {
     }
 }
 
-/// containerd attaches every network of a pod concurrently (reference/cni-spec.md §5): here
+/// containerd attaches every network of a pod concurrently (docs/sources.md §5): here
 /// the loopback network (Debian's loopback plugin, ifname lo) and two dipam networks (eth0,
 /// eth1) of one container, at once. Each gets its own veth and address; all work.
 #[test]

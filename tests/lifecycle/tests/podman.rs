@@ -5,8 +5,8 @@
 //! Everything podman touches is private to the test: containers.conf (CONTAINERS_CONF) with
 //! `network_backend = "cni"`, a temp `network_config_dir` holding the one conflist, temp
 //! `--root`/`--runroot`/`--tmpdir`, and an image built offline from busybox-static with
-//! `podman import` (no registry). The machine quirks of reference/cni-spec.md §10.1's test
-//! host are handled here: runc rather than crun, and `default_ulimits` lowered to the hard
+//! `podman import` (no registry). podman 4.3's protocol is docs/sources.md §10.1; the quirks of
+//! test machines are handled here: runc rather than crun, and `default_ulimits` lowered to the hard
 //! limits this process has (runc refuses to raise nofile/nproc above them).
 
 // Tests: a panic is the failure report.

@@ -1,7 +1,7 @@
 //! `azure-vnet-ipam` stand-in: a CNI IPAM plugin for the lifecycle tests.
 //!
 //! **This is a test double; it follows azure-vnet-ipam's documented contract**
-//! (`reference/cni-spec.md` §8, plus the CNI protocol rules of §2–§4). The real
+//! (`docs/sources.md` §8, plus the CNI protocol rules of §2–§4). The real
 //! plugin learns its address pool from Azure's wireserver/IMDS (or
 //! `/etc/kubernetes/interfaces.json`), so it cannot run here. This binary takes the
 //! pool from its config instead and otherwise behaves like the real plugin at the

@@ -3,7 +3,7 @@
 //!
 //! **This is a test double.** No plugin packaged in Debian implements GC or STATUS:
 //! host-local 1.1.1 stops at spec 1.0.0, and upstream host-local has no GC even at
-//! HEAD (`reference/cni-spec.md` §1, §7). This binary does what a future host-local
+//! HEAD (`docs/sources.md` §1, §7). This binary does what a future host-local
 //! with GC would do. It uses host-local's on-disk format (§7.2) and host-local's
 //! keying and errors for `ADD`/`DEL`/`CHECK`, and it adds `GC` (§2.7) and `STATUS`
 //! (§2.8). Only the points below are promised.
