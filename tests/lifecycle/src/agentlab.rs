@@ -114,19 +114,7 @@ impl AgentLab {
 
     /// (role, family, ip, state) for every agent address, sorted.
     pub fn addresses(&self) -> Vec<(String, String, String, String)> {
-        let v = self.agent(&["list"]);
-        let mut out: Vec<_> = v["addresses"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-            .iter()
-            .map(|a| {
-                let s = |k: &str| a[k].as_str().unwrap_or_default().to_owned();
-                (s("role"), s("family"), s("ip"), s("state"))
-            })
-            .collect();
-        out.sort();
-        out
+        addresses_of(&self.agent(&["list"]))
     }
 
     /// (container ID, IP) in the delegate's store.
@@ -164,4 +152,21 @@ impl AgentLab {
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
     }
+}
+
+/// (role, family, ip, state) of every address in an agent list or watch message (`dipamctl
+/// agent list --json`, one line of `agent watch --json`), sorted: what an agent acts on.
+pub fn addresses_of(v: &serde_json::Value) -> Vec<(String, String, String, String)> {
+    let mut out: Vec<_> = v["addresses"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|a| {
+            let s = |k: &str| a[k].as_str().unwrap_or_default().to_owned();
+            (s("role"), s("family"), s("ip"), s("state"))
+        })
+        .collect();
+    out.sort();
+    out
 }

@@ -76,6 +76,18 @@ impl Dipamd {
         self.dir.path().join("state")
     }
 
+    /// Overwrites 4 KiB in the middle of sled's log (`<state-dir>/db`) with 0xff: damage a
+    /// stopped dipamd must refuse at its next start (docs/cfp.md §7.5).
+    pub fn garble_ledger(&self) {
+        let db = self.state_dir().join("db");
+        let mut bytes = std::fs::read(&db).expect("read the ledger");
+        let (mid, len) = (bytes.len() / 2, bytes.len());
+        for b in &mut bytes[mid.saturating_sub(2048)..(mid + 2048).min(len)] {
+            *b = 0xff;
+        }
+        std::fs::write(&db, bytes).expect("write the ledger");
+    }
+
     pub fn log_path(&self) -> PathBuf {
         self.dir.path().join("dipamd.log")
     }

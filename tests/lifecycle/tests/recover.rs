@@ -27,13 +27,7 @@ fn corrupt_ledger_is_refused_then_rebuilt_from_host_local() {
     assert!(lab.dipamd.terminate().success());
 
     // Garble the middle of sled's log.
-    let db = lab.dipamd.state_dir().join("db");
-    let mut bytes = std::fs::read(&db).unwrap();
-    let (mid, len) = (bytes.len() / 2, bytes.len());
-    for b in &mut bytes[mid.saturating_sub(2048)..(mid + 2048).min(len)] {
-        *b = 0xff;
-    }
-    std::fs::write(&db, bytes).unwrap();
+    lab.dipamd.garble_ledger();
     let refused = lab.dipamd.command().stdout(Stdio::null()).output().unwrap();
     assert!(!refused.status.success(), "dipamd served a corrupt ledger");
     let why = String::from_utf8_lossy(&refused.stderr);

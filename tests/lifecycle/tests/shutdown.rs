@@ -19,7 +19,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dipam_lifecycle::{AgentLab, Lab, Runtime, bins, daemon::socket_gone, require_root};
+use dipam_lifecycle::{
+    AgentLab, Lab, Runtime, agentlab::addresses_of, bins, daemon::socket_gone, require_root,
+};
 use dipam_proto::v1::{AgentListRequest, agent_client::AgentClient};
 use serde_json::Value;
 
@@ -34,21 +36,6 @@ fn drain_flag() -> [String; 2] {
 
 /// (role, family, ip, state) of a watch message, sorted: what the agent acts on.
 type Addresses = Vec<(String, String, String, String)>;
-
-fn addresses_of(v: &Value) -> Addresses {
-    let mut out: Addresses = v["addresses"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .iter()
-        .map(|a| {
-            let s = |k: &str| a[k].as_str().unwrap_or_default().to_owned();
-            (s("role"), s("family"), s("ip"), s("state"))
-        })
-        .collect();
-    out.sort();
-    out
-}
 
 /// A `dipamctl agent watch --json` process; its stdout lines arrive on `lines`, its stderr
 /// is kept in a file. Killed on drop.
