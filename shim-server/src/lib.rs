@@ -11,6 +11,7 @@ pub mod daemon;
 pub mod delegate;
 pub mod divergence;
 pub mod error;
+pub mod events;
 pub mod fault;
 pub mod gc;
 pub mod history;

@@ -1,0 +1,159 @@
+//! What dipamd's parts report as they work, for whoever listens: the metrics registry and the
+//! explain history are observers, and nothing that emits an event knows of them.
+//!
+//! The core (ledger, executor, key locks) and its clients (warm pool, agent addresses, GC,
+//! spool, teardown) hold an [`Events`] handle and call [`Events::emit`]. Observers turn the
+//! events into counters, gauges and history entries; a scrape or an `explain` then reads
+//! those, never the ledger or another part's state.
+
+use std::{sync::Arc, time::Duration};
+
+use serde_json::Value;
+
+/// One thing that happened. Borrowed: emitting costs no allocation for an observer that
+/// ignores the event.
+#[derive(Debug, Clone, Copy)]
+pub enum Event<'a> {
+    /// A CNI call answered (service.rs): its verb, its outcome (`0`, a CNI code, or
+    /// `grpc:CODE`), how long it took, and the history entry that describes it.
+    Request {
+        op: &'static str,
+        code: &'a str,
+        took: Duration,
+        container_id: &'a str,
+        record: &'a Value,
+    },
+    /// A delegate exec finished (delegate/), with its history entry.
+    Exec {
+        delegate: &'a str,
+        command: &'a str,
+        took: Duration,
+        container_id: &'a str,
+        record: &'a Value,
+    },
+    /// A ledger operation finished (commits include their fsync).
+    LedgerOp { took: Duration },
+    /// Whether the ledger takes commits (a full disk makes them fail until space returns).
+    LedgerWritable(bool),
+    /// The attachments of one network and owner now number `count` (set at start, after a
+    /// replay or reconcile).
+    Attachments {
+        network: &'a str,
+        owner: &'a str,
+        count: u64,
+    },
+    /// One attachment of `network` and `owner` was recorded (`+1`) or forgotten (`-1`).
+    AttachmentDelta {
+        network: &'a str,
+        owner: &'a str,
+        delta: i64,
+    },
+    /// A DEL older than the last ADD of its key, ignored (F4).
+    StaleDel,
+    /// An operation interrupted by a crash, released at start.
+    IntentReplayed,
+    /// GC freed attachments.
+    GcFreed(u64),
+    /// A GC run refused by an interlock.
+    GcRefused,
+    /// A delegate result refused because another attachment holds one of its addresses.
+    Conflict,
+    /// An agent address the delegate had lost, taken again.
+    AgentReestablished,
+    /// Agent addresses by state, whole (every state the agent knows, with its count).
+    AgentAddresses(&'a [(&'a str, u64)]),
+    /// A pod ADD met the warm pool: `hit`, `miss` or `bypass`.
+    PoolRequest { outcome: &'static str },
+    /// A warm-pool refill failed (retried with backoff).
+    PoolRefillFailed,
+    /// The warm pool of one network and config digest: ready entries and the refill target.
+    PoolLevel {
+        network: &'a str,
+        digest: &'a str,
+        ready: u64,
+        target: u64,
+    },
+    /// Retired pod veths deleted by dipamd.
+    TeardownDeleted(u64),
+    /// A retired veth (or a link listing) dipamd failed to delete.
+    TeardownFailed,
+    /// An operation failed for lack of a privilege (EPERM, EACCES).
+    PrivilegeDenied,
+    /// Spooled DELs waiting to be replayed.
+    SpoolDepth(u64),
+    /// A spooled DEL moved to failed/.
+    SpoolQuarantined,
+    /// Whether the spool directory fails the spool rule (nothing in it is replayed).
+    SpoolUntrusted(bool),
+    /// Networks whose config names a spoolDir other than dipamd's spool.
+    SpoolMismatched(u64),
+    /// The last reconcile's findings: recorded addresses missing from the delegate's store,
+    /// and reservations the ledger does not know.
+    Divergence { missing: u64, orphans: u64 },
+    /// A history event dropped because its writer fell behind.
+    HistoryDropped,
+}
+
+/// Something that listens to [`Event`]s. Called on the emitter's task: it must not block.
+pub trait Observer: Send + Sync {
+    fn observe(&self, event: &Event<'_>);
+}
+
+/// Where a part sends its events: every observer, in order. Cheap to clone; the default has
+/// no observer (unit tests, `dipamctl recover`).
+#[derive(Clone, Default)]
+pub struct Events {
+    observers: Arc<[Arc<dyn Observer>]>,
+}
+
+impl std::fmt::Debug for Events {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Events({} observer(s))", self.observers.len())
+    }
+}
+
+impl Events {
+    pub fn new(observers: Vec<Arc<dyn Observer>>) -> Self {
+        Self {
+            observers: observers.into(),
+        }
+    }
+
+    pub fn emit(&self, event: Event<'_>) {
+        for o in self.observers.iter() {
+            o.observe(&event);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    #[derive(Default)]
+    struct Seen(Mutex<Vec<String>>);
+
+    impl Observer for Seen {
+        fn observe(&self, event: &Event<'_>) {
+            if let Ok(mut s) = self.0.lock() {
+                s.push(format!("{event:?}"));
+            }
+        }
+    }
+
+    #[test]
+    fn every_observer_sees_every_event_in_order() {
+        let (a, b) = (Arc::new(Seen::default()), Arc::new(Seen::default()));
+        let events = Events::new(vec![a.clone(), b.clone()]);
+        events.emit(Event::StaleDel);
+        events.emit(Event::GcFreed(3));
+        for seen in [a, b] {
+            let got = seen.0.lock().map(|s| s.clone()).unwrap_or_default();
+            assert_eq!(got, vec!["StaleDel".to_owned(), "GcFreed(3)".to_owned()]);
+        }
+        // No observer: emitting is a no-op, not an error.
+        Events::default().emit(Event::Conflict);
+    }
+}
