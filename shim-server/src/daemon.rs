@@ -291,6 +291,16 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         .filter(|k| !k.is_empty())
         .collect();
     executor.tracker = Some(tracker);
+    // The metrics registry listens to the events of every part (metrics.rs); without a
+    // metrics listener nothing listens and emitting costs nothing.
+    let metrics = (args.metrics_address.is_some() || args.metrics_socket.is_some())
+        .then(|| std::sync::Arc::new(crate::metrics::Metrics::new()));
+    executor.events = crate::events::Events::new(
+        metrics
+            .iter()
+            .map(|m| std::sync::Arc::clone(m) as std::sync::Arc<dyn crate::events::Observer>)
+            .collect(),
+    );
     let shim = Shim::new(
         store,
         executor,
@@ -321,7 +331,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         .set(crate::history::start(shim.ledger.clone()));
     // Without the worker, main-mode plugins simply delete their veths themselves (slower
     // DEL, same outcome), so a failure here is a warning, not a reason not to serve.
-    match crate::teardown::Teardown::start(shim.denials.clone()) {
+    match crate::teardown::Teardown::start(shim.denials.clone(), shim.events.clone()) {
         Ok(td) => {
             let _ = shim.teardown.set(td);
         }
@@ -338,10 +348,8 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         info!(previous = %prev.display(), spool = %spool_dir.display(), "a previous dipamd of this socket published another spool; its DELs are taken over");
         i.push(prev);
     }
+    census(&shim).await?;
     let replay = recovery::replay(&shim).await?;
-    shim.metrics
-        .intents_replayed
-        .store(replay.released as u64, std::sync::atomic::Ordering::Relaxed);
     // Releases the plugin could not deliver while dipamd was down, before any ADD can take
     // their addresses' place (F3).
     let drained = spool::drain_all(&shim, &spool_dir).await;
@@ -398,11 +406,15 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         let l = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| DaemonError::Usage(format!("--metrics-address {addr}: {e}")))?;
-        tokio::spawn(crate::metrics::serve_tcp(std::sync::Arc::clone(&shim), l));
+        if let Some(m) = &metrics {
+            tokio::spawn(crate::metrics::serve_tcp(std::sync::Arc::clone(m), l));
+        }
     }
     if let Some(path) = &args.metrics_socket {
         let l = server::bind(path, None).await?;
-        tokio::spawn(crate::metrics::serve_unix(std::sync::Arc::clone(&shim), l));
+        if let Some(m) = &metrics {
+            tokio::spawn(crate::metrics::serve_unix(std::sync::Arc::clone(m), l));
+        }
     }
     tokio::spawn(crate::pool::run(std::sync::Arc::clone(&shim)));
     tokio::spawn(spool::run(
@@ -454,6 +466,28 @@ pub fn tune_allocator() {
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 1);
     }
+}
+
+/// Reports the ledger's attachments by owner and network, whole, before anything changes
+/// them: from here on every record and release reports its own change (the metrics' gauge).
+async fn census(shim: &Shim<SledStore>) -> Result<(), DaemonError> {
+    if !shim.events.listened() {
+        return Ok(());
+    }
+    let records = shim.ledger(|l| l.list(None)).await?;
+    let mut by: std::collections::BTreeMap<(String, String), u64> = Default::default();
+    for r in &records {
+        *by.entry((r.owner.label(), r.key.network.clone()))
+            .or_default() += 1;
+    }
+    for ((owner, network), count) in &by {
+        shim.events.emit(crate::events::Event::Attachments {
+            network,
+            owner,
+            count: *count,
+        });
+    }
+    Ok(())
 }
 
 fn spool_dir_of(args: &Args) -> PathBuf {

@@ -199,6 +199,8 @@ pub async fn round<S: Store>(shim: &Shim<S>, free: bool) -> Result<(), ShimError
     }
     shim.gc_stats.missing.store(missing, Ordering::Relaxed);
     shim.gc_stats.orphans.store(orphans, Ordering::Relaxed);
+    shim.events
+        .emit(crate::events::Event::Divergence { missing, orphans });
     Ok(())
 }
 

@@ -73,6 +73,9 @@ pub enum Event<'a> {
         ready: u64,
         target: u64,
     },
+    /// Every warm pool, whole: (network, config digest, ready, target). A pool absent from
+    /// the list has gone (its entries released, its template replaced).
+    PoolLevels(&'a [(&'a str, &'a str, u64, u64)]),
     /// Retired pod veths deleted by dipamd.
     TeardownDeleted(u64),
     /// A retired veth (or a link listing) dipamd failed to delete.
@@ -117,6 +120,12 @@ impl Events {
         Self {
             observers: observers.into(),
         }
+    }
+
+    /// Whether anyone listens: an event that costs work to build (a census, a pool's levels)
+    /// is skipped when nobody would read it.
+    pub fn listened(&self) -> bool {
+        !self.observers.is_empty()
     }
 
     pub fn emit(&self, event: Event<'_>) {

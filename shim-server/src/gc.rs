@@ -392,6 +392,7 @@ pub async fn collect<S: Store>(
         shim.gc_stats
             .refused
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        shim.events.emit(crate::events::Event::GcRefused);
         return Err(ShimError::GcRefused {
             network,
             reason: format!(
@@ -516,7 +517,9 @@ pub async fn collect<S: Store>(
             shim.ledger(move |l| l.put(&marked)).await?;
             shim.release_recorded(rec).await?;
             let key = rec.key.clone();
-            shim.ledger(move |l| l.remove(&key)).await
+            shim.ledger(move |l| l.remove(&key)).await?;
+            shim.attachment_delta(rec, -1);
+            Ok(())
         }
         .await;
         finish(shim, it, outcome);
@@ -578,6 +581,7 @@ fn finish<S: Store>(shim: &Shim<S>, it: &mut GcItem, outcome: Result<(), ShimErr
             shim.gc_stats
                 .freed
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            shim.events.emit(crate::events::Event::GcFreed(1));
             info!(kind = %it.kind, container_id = %it.container_id, ifname = %it.ifname, ips = ?it.ips, reason = %it.reason, "GC freed");
         }
         Err(e) => {

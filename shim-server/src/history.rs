@@ -47,10 +47,11 @@ pub struct Sink {
 
 impl Sink {
     /// Records `body` for `container_id` (empty IDs, as in GC and STATUS, are not recorded).
-    pub fn record(&self, container_id: &str, mut body: Value) {
-        let Some(tx) = &self.tx else { return };
+    /// Returns false when the event was dropped because the writer fell behind.
+    pub fn record(&self, container_id: &str, mut body: Value) -> bool {
+        let Some(tx) = &self.tx else { return true };
         if container_id.is_empty() {
-            return;
+            return true;
         }
         body["atMs"] = Value::from(crate::shim::now_ms());
         body["seq"] = Value::from(self.seq.fetch_add(1, Ordering::Relaxed));
@@ -60,7 +61,9 @@ impl Sink {
         };
         if tx.try_send(ev).is_err() {
             self.dropped.fetch_add(1, Ordering::Relaxed);
+            return false;
         }
+        true
     }
 
     pub fn dropped(&self) -> u64 {

@@ -1,362 +1,542 @@
-//! Prometheus metrics, in the text exposition format, on a loopback TCP port or a unix socket,
-//! off by default (`--metrics-address`, `--metrics-socket`).
+//! Prometheus metrics on a loopback TCP port or a unix socket, off by default
+//! (`--metrics-address`, `--metrics-socket`).
 //!
-//! Hand-rolled rather than the `metrics` crates: a few counters and histograms, rendered on
-//! scrape, need no recorder, registry or HTTP stack of their own (and no extra build time on a
-//! 2-core node); the listener answers one GET per connection, as Prometheus scrapes.
-//! Counters and histograms are updated on the request path (`dipam_pool_requests_total` by
-//! outcome: hit, miss, bypass); gauges (attachments, agent addresses, warm pool, spool depth,
-//! divergence, whether the ledger takes commits) are computed from dipamd's state at scrape time.
+//! The registry and its encoding are prometheus-client's (the Prometheus project's Rust
+//! client): every series carries `# HELP` and `# TYPE`, and the exposition is the OpenMetrics
+//! text format, which Prometheus negotiates and parses (docs/metrics.md). The registry is an
+//! [`Observer`]: dipamd's parts emit [`Event`]s as they work, counters, gauges and histograms
+//! follow them, and a scrape only encodes the registry. It never reads the ledger, the agent,
+//! the pool or the spool: a scrape costs the same on a node with ten thousand attachments as
+//! on an empty one, and cannot wait behind a commit. How fresh each gauge is: docs/metrics.md.
+//!
+//! Served with hyper (already in dipamd through tonic): one GET per connection, then the
+//! connection is closed, as Prometheus scrapes and as a plain `GET` read to EOF expects.
 
 use std::{
-    collections::BTreeMap,
-    fmt::Write as _,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
-    },
+    collections::BTreeSet,
+    convert::Infallible,
+    sync::{Arc, Mutex},
+    time::Duration,
 };
 
-use dipam_state::Store;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use http_body_util::Full;
+use hyper::{
+    Method, Request, Response, StatusCode,
+    body::{Bytes, Incoming},
+    header,
+};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::{
+    metrics::{
+        counter::Counter,
+        family::{Family, MetricConstructor},
+        gauge::Gauge,
+        histogram::Histogram,
+    },
+    registry::Registry,
+};
 use tracing::{info, warn};
 
-use crate::shim::Shim;
+use crate::events::{Event, Observer};
 
 /// Latency buckets, in seconds: a delegate exec is milliseconds, a slow one seconds.
 const BUCKETS: [f64; 13] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-#[derive(Debug, Default, Clone)]
-struct Hist {
-    counts: [u64; BUCKETS.len()],
-    sum: f64,
-    count: u64,
-}
+/// What a scrape answers with: OpenMetrics text 1.0.0, what prometheus-client encodes.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// The request-path metrics.
-#[derive(Debug, Default)]
-pub struct Metrics {
-    counters: Mutex<BTreeMap<(&'static str, String), u64>>,
-    hists: Mutex<BTreeMap<(&'static str, String), Hist>>,
-    /// Interrupted operations released by the start-up replay.
-    pub intents_replayed: AtomicU64,
-}
+/// How long a connection may take to send its request head.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 
-fn labels(pairs: &[(&str, &str)]) -> String {
-    let mut s = String::new();
-    for (i, (k, v)) in pairs.iter().enumerate() {
-        if i > 0 {
-            s.push(',');
-        }
-        let v = v
-            .replace('\\', "\\\\")
-            .replace('"', "\\\"")
-            .replace('\n', "\\n");
-        let _ = write!(s, "{k}=\"{v}\"");
+/// Label sets, in the order the series have always had them.
+type L1 = [(&'static str, String); 1];
+type L2 = [(&'static str, String); 2];
+
+#[derive(Clone)]
+struct Buckets;
+
+impl MetricConstructor<Histogram> for Buckets {
+    fn new_metric(&self) -> Histogram {
+        Histogram::new(BUCKETS)
     }
-    s
+}
+
+/// dipamd's metrics: a registry fed by events.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<L2, Counter>,
+    request_duration: Family<L1, Histogram, Buckets>,
+    exec_duration: Family<L2, Histogram, Buckets>,
+    ledger_duration: Histogram,
+    stale_dels: Counter,
+    pool_requests: Family<L1, Counter>,
+    attachments: Family<L2, Gauge>,
+    agent_addresses: Family<L1, Gauge>,
+    pool_ready: Family<L2, Gauge>,
+    pool_target: Family<L2, Gauge>,
+    gc_freed: Counter,
+    gc_refused: Counter,
+    conflicts: Counter,
+    agent_reestablished: Counter,
+    intents_replayed: Counter,
+    pool_refill_failures: Counter,
+    teardown_deleted: Counter,
+    teardown_failures: Counter,
+    privilege_failures: Counter,
+    spool_depth: Gauge,
+    spool_quarantined: Counter,
+    spool_untrusted: Gauge,
+    spool_mismatched: Gauge,
+    ledger_writable: Gauge,
+    divergence_missing: Gauge,
+    divergence_orphans: Gauge,
+    history_dropped: Counter,
+    /// Agent states last published: a state no longer present loses its series.
+    agent_states: Mutex<BTreeSet<String>>,
+    /// Warm pools last published: a pool no longer present loses its series.
+    pools: Mutex<BTreeSet<(String, String)>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+/// Registers `metric` under `name`. prometheus-client appends `_total` to a counter's name in
+/// the exposition, so counters are registered without it: the series keep their names.
+fn reg<M>(r: &mut Registry, name: &str, help: &str, metric: M) -> M
+where
+    M: prometheus_client::registry::Metric + Clone,
+{
+    let name = name.strip_suffix("_total").unwrap_or(name);
+    r.register(name, help, metric.clone());
+    metric
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Metrics {
-    pub fn inc(&self, name: &'static str, pairs: &[(&str, &str)]) {
-        if let Ok(mut c) = self.counters.lock() {
-            *c.entry((name, labels(pairs))).or_default() += 1;
+    pub fn new() -> Self {
+        let mut r = Registry::default();
+        Self {
+            requests: reg(
+                &mut r,
+                "dipam_requests_total",
+                "CNI requests answered, by verb and outcome (0, a CNI error code, or grpc:CODE).",
+                Family::default(),
+            ),
+            request_duration: reg(
+                &mut r,
+                "dipam_request_duration_seconds",
+                "Time to answer a CNI request, by verb.",
+                Family::new_with_constructor(Buckets),
+            ),
+            exec_duration: reg(
+                &mut r,
+                "dipam_delegate_exec_duration_seconds",
+                "Time of one delegate exec, by delegate type and CNI command.",
+                Family::new_with_constructor(Buckets),
+            ),
+            ledger_duration: reg(
+                &mut r,
+                "dipam_ledger_op_duration_seconds",
+                "Time of one ledger operation (commits include their sync).",
+                Histogram::new(BUCKETS),
+            ),
+            stale_dels: reg(
+                &mut r,
+                "dipam_stale_dels_total",
+                "DELs older than the last ADD of their attachment, ignored.",
+                Counter::default(),
+            ),
+            pool_requests: reg(
+                &mut r,
+                "dipam_pool_requests_total",
+                "Pod ADDs that met the warm pool, by outcome (hit, miss, bypass).",
+                Family::default(),
+            ),
+            attachments: reg(
+                &mut r,
+                "dipam_attachments",
+                "Attachments in the ledger, by owner and network.",
+                Family::default(),
+            ),
+            agent_addresses: reg(
+                &mut r,
+                "dipam_agent_addresses",
+                "Agent-owned addresses by state.",
+                Family::default(),
+            ),
+            pool_ready: reg(
+                &mut r,
+                "dipam_pool_ready",
+                "Warm-pool entries ready to hand out, by network and config digest.",
+                Family::default(),
+            ),
+            pool_target: reg(
+                &mut r,
+                "dipam_pool_target",
+                "Warm-pool entries the refiller keeps (0: surplus being released).",
+                Family::default(),
+            ),
+            gc_freed: reg(
+                &mut r,
+                "dipam_gc_freed_total",
+                "Attachments freed by GC.",
+                Counter::default(),
+            ),
+            gc_refused: reg(
+                &mut r,
+                "dipam_gc_refused_total",
+                "GC runs refused by an interlock.",
+                Counter::default(),
+            ),
+            conflicts: reg(
+                &mut r,
+                "dipam_conflicts_total",
+                "Results refused because they held an address the ledger gives someone else.",
+                Counter::default(),
+            ),
+            agent_reestablished: reg(
+                &mut r,
+                "dipam_agent_reestablished_total",
+                "Agent addresses the delegate had lost, taken again.",
+                Counter::default(),
+            ),
+            intents_replayed: reg(
+                &mut r,
+                "dipam_intents_replayed_total",
+                "Interrupted operations released at start.",
+                Counter::default(),
+            ),
+            pool_refill_failures: reg(
+                &mut r,
+                "dipam_pool_refill_failures_total",
+                "Warm-pool refills that failed (retried with backoff).",
+                Counter::default(),
+            ),
+            teardown_deleted: reg(
+                &mut r,
+                "dipam_teardown_deleted_total",
+                "Retired pod veths (main mode) dipamd deleted.",
+                Counter::default(),
+            ),
+            teardown_failures: reg(
+                &mut r,
+                "dipam_teardown_failures_total",
+                "Retired pod veths dipamd failed to delete (and link listings that failed).",
+                Counter::default(),
+            ),
+            privilege_failures: reg(
+                &mut r,
+                "dipam_privilege_failures_total",
+                "Operations that failed for lack of a privilege (EPERM, EACCES).",
+                Counter::default(),
+            ),
+            spool_depth: reg(
+                &mut r,
+                "dipam_spool_depth",
+                "Spooled DELs waiting to be replayed.",
+                Gauge::default(),
+            ),
+            spool_quarantined: reg(
+                &mut r,
+                "dipam_spool_quarantined_total",
+                "Spooled DELs moved to failed/ (unusable, or failing the spool rule) since start.",
+                Counter::default(),
+            ),
+            spool_untrusted: reg(
+                &mut r,
+                "dipam_spool_untrusted",
+                "1 when the spool directory fails the spool rule and nothing in it is replayed.",
+                Gauge::default(),
+            ),
+            spool_mismatched: reg(
+                &mut r,
+                "dipam_spool_mismatched_networks",
+                "Networks whose config names a spoolDir other than dipamd's spool.",
+                Gauge::default(),
+            ),
+            ledger_writable: reg(
+                &mut r,
+                "dipam_ledger_writable",
+                "1 while the ledger takes commits; 0 while they fail (a full disk under \
+                 --state-dir: every ADD and DEL fails until it is 1 again).",
+                Gauge::default(),
+            ),
+            divergence_missing: reg(
+                &mut r,
+                "dipam_divergence_missing",
+                "Recorded addresses missing from the delegate's store at the last reconcile.",
+                Gauge::default(),
+            ),
+            divergence_orphans: reg(
+                &mut r,
+                "dipam_divergence_orphans",
+                "Reservations the ledger does not know, at the last reconcile.",
+                Gauge::default(),
+            ),
+            history_dropped: reg(
+                &mut r,
+                "dipam_history_events_dropped_total",
+                "History events dropped because the writer fell behind.",
+                Counter::default(),
+            ),
+            registry: r,
+            agent_states: Mutex::default(),
+            pools: Mutex::default(),
         }
     }
 
-    pub fn observe(&self, name: &'static str, pairs: &[(&str, &str)], seconds: f64) {
-        if let Ok(mut h) = self.hists.lock() {
-            let e = h.entry((name, labels(pairs))).or_default();
-            for (i, b) in BUCKETS.iter().enumerate() {
-                if seconds <= *b {
-                    e.counts[i] += 1;
+    /// The exposition: every registered series, then `# EOF`.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            warn!(error = %e, "encoding metrics failed");
+        }
+        out
+    }
+}
+
+fn l1(k: &'static str, v: &str) -> L1 {
+    [(k, v.to_owned())]
+}
+
+fn l2(k1: &'static str, v1: &str, k2: &'static str, v2: &str) -> L2 {
+    [(k1, v1.to_owned()), (k2, v2.to_owned())]
+}
+
+fn gauge_value(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// Sets `family` to exactly `rows`: series not among them since the last call are removed.
+fn set_whole<K: Ord + Clone>(
+    family: &[&Family<L2, Gauge>],
+    seen: &Mutex<BTreeSet<K>>,
+    rows: impl Iterator<Item = (K, L2, Vec<i64>)>,
+    labels_of: impl Fn(&K) -> L2,
+) {
+    let mut now = BTreeSet::new();
+    for (k, labels, values) in rows {
+        for (f, v) in family.iter().zip(values) {
+            f.get_or_create(&labels).set(v);
+        }
+        now.insert(k);
+    }
+    if let Ok(mut seen) = seen.lock() {
+        for gone in seen.difference(&now) {
+            for f in family {
+                f.remove(&labels_of(gone));
+            }
+        }
+        *seen = now;
+    }
+}
+
+impl Observer for Metrics {
+    fn observe(&self, event: &Event<'_>) {
+        match *event {
+            Event::Request { op, code, took, .. } => {
+                self.requests
+                    .get_or_create(&l2("op", op, "code", code))
+                    .inc();
+                self.request_duration
+                    .get_or_create(&l1("op", op))
+                    .observe(took.as_secs_f64());
+            }
+            Event::Exec {
+                delegate,
+                command,
+                took,
+                ..
+            } => self
+                .exec_duration
+                .get_or_create(&l2("delegate", delegate, "command", command))
+                .observe(took.as_secs_f64()),
+            Event::LedgerOp { took } => self.ledger_duration.observe(took.as_secs_f64()),
+            Event::LedgerWritable(w) => {
+                self.ledger_writable.set(i64::from(w));
+            }
+            Event::Attachments {
+                network,
+                owner,
+                count,
+            } => {
+                self.attachments
+                    .get_or_create(&l2("owner", owner, "network", network))
+                    .set(gauge_value(count));
+            }
+            Event::AttachmentDelta {
+                network,
+                owner,
+                delta,
+            } => {
+                self.attachments
+                    .get_or_create(&l2("owner", owner, "network", network))
+                    .inc_by(delta);
+            }
+            Event::StaleDel => {
+                self.stale_dels.inc();
+            }
+            Event::IntentReplayed => {
+                self.intents_replayed.inc();
+            }
+            Event::GcFreed(n) => {
+                self.gc_freed.inc_by(n);
+            }
+            Event::GcRefused => {
+                self.gc_refused.inc();
+            }
+            Event::Conflict => {
+                self.conflicts.inc();
+            }
+            Event::AgentReestablished => {
+                self.agent_reestablished.inc();
+            }
+            Event::AgentAddresses(states) => {
+                let mut now = BTreeSet::new();
+                for (state, n) in states {
+                    self.agent_addresses
+                        .get_or_create(&l1("state", state))
+                        .set(gauge_value(*n));
+                    now.insert((*state).to_owned());
+                }
+                if let Ok(mut seen) = self.agent_states.lock() {
+                    for gone in seen.difference(&now) {
+                        self.agent_addresses.remove(&l1("state", gone));
+                    }
+                    *seen = now;
                 }
             }
-            e.sum += seconds;
-            e.count += 1;
-        }
-    }
-
-    pub(crate) fn render_into(&self, out: &mut String) {
-        let counters = self.counters.lock().map(|c| c.clone()).unwrap_or_default();
-        let mut last = "";
-        for ((name, l), v) in &counters {
-            if *name != last {
-                let _ = writeln!(out, "# TYPE {name} counter");
-                last = name;
+            Event::PoolRequest { outcome } => {
+                self.pool_requests
+                    .get_or_create(&l1("outcome", outcome))
+                    .inc();
             }
-            let _ = writeln!(out, "{name}{} {v}", braces(l));
-        }
-        let hists = self.hists.lock().map(|h| h.clone()).unwrap_or_default();
-        let mut last = "";
-        for ((name, l), h) in &hists {
-            if *name != last {
-                let _ = writeln!(out, "# TYPE {name} histogram");
-                last = name;
+            Event::PoolRefillFailed => {
+                self.pool_refill_failures.inc();
             }
-            let sep = if l.is_empty() { "" } else { "," };
-            for (i, b) in BUCKETS.iter().enumerate() {
-                let _ = writeln!(out, "{name}_bucket{{{l}{sep}le=\"{b}\"}} {}", h.counts[i]);
+            Event::PoolLevel {
+                network,
+                digest,
+                ready,
+                target,
+            } => {
+                let l = l2("network", network, "digest", digest);
+                self.pool_ready.get_or_create(&l).set(gauge_value(ready));
+                self.pool_target.get_or_create(&l).set(gauge_value(target));
+                if let Ok(mut seen) = self.pools.lock() {
+                    seen.insert((network.to_owned(), digest.to_owned()));
+                }
             }
-            let _ = writeln!(out, "{name}_bucket{{{l}{sep}le=\"+Inf\"}} {}", h.count);
-            let _ = writeln!(out, "{name}_sum{} {}", braces(l), h.sum);
-            let _ = writeln!(out, "{name}_count{} {}", braces(l), h.count);
+            Event::PoolLevels(levels) => set_whole(
+                &[&self.pool_ready, &self.pool_target],
+                &self.pools,
+                levels.iter().map(|(network, digest, ready, target)| {
+                    (
+                        ((*network).to_owned(), (*digest).to_owned()),
+                        l2("network", network, "digest", digest),
+                        vec![gauge_value(*ready), gauge_value(*target)],
+                    )
+                }),
+                |(network, digest)| l2("network", network, "digest", digest),
+            ),
+            Event::TeardownDeleted(n) => {
+                self.teardown_deleted.inc_by(n);
+            }
+            Event::TeardownFailed => {
+                self.teardown_failures.inc();
+            }
+            Event::PrivilegeDenied => {
+                self.privilege_failures.inc();
+            }
+            Event::SpoolDepth(n) => {
+                self.spool_depth.set(gauge_value(n));
+            }
+            Event::SpoolQuarantined => {
+                self.spool_quarantined.inc();
+            }
+            Event::SpoolUntrusted(u) => {
+                self.spool_untrusted.set(i64::from(u));
+            }
+            Event::SpoolMismatched(n) => {
+                self.spool_mismatched.set(gauge_value(n));
+            }
+            Event::Divergence { missing, orphans } => {
+                self.divergence_missing.set(gauge_value(missing));
+                self.divergence_orphans.set(gauge_value(orphans));
+            }
+            Event::HistoryDropped => {
+                self.history_dropped.inc();
+            }
         }
     }
 }
 
-/// `{labels}`, or nothing for a series without labels.
-fn braces(l: &str) -> String {
-    if l.is_empty() {
-        String::new()
-    } else {
-        format!("{{{l}}}")
-    }
-}
-
-fn gauge(out: &mut String, name: &str, help: &str, rows: &[(String, u64)]) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
-    for (l, v) in rows {
-        if l.is_empty() {
-            let _ = writeln!(out, "{name} {v}");
+/// One scrape: the exposition for GET (and HEAD), any path, since it is all there is.
+fn answer(metrics: &Metrics, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    let mut res = if req.method() == Method::GET || req.method() == Method::HEAD {
+        let body = if req.method() == Method::GET {
+            metrics.render()
         } else {
-            let _ = writeln!(out, "{name}{{{l}}} {v}");
-        }
-    }
-}
-
-/// The whole exposition: request-path metrics plus gauges from dipamd's state.
-pub async fn render<S: Store>(shim: &Shim<S>) -> String {
-    let mut out = String::new();
-    shim.metrics.render_into(&mut out);
-    shim.exec.metrics.render_into(&mut out);
-    let records = shim.ledger(|l| l.list(None)).await.unwrap_or_default();
-    let mut by: BTreeMap<String, u64> = BTreeMap::new();
-    for r in &records {
-        let owner = r.owner.label();
-        *by.entry(labels(&[
-            ("owner", owner.as_str()),
-            ("network", r.key.network.as_str()),
-        ]))
-        .or_default() += 1;
-    }
-    gauge(
-        &mut out,
-        "dipam_attachments",
-        "Attachments in the ledger, by owner and network.",
-        &by.into_iter().collect::<Vec<_>>(),
-    );
-    let mut agent: BTreeMap<String, u64> = BTreeMap::new();
-    for a in shim.agent.snapshot().addresses {
-        *agent
-            .entry(labels(&[("state", a.state.as_str())]))
-            .or_default() += 1;
-    }
-    gauge(
-        &mut out,
-        "dipam_agent_addresses",
-        "Agent-owned addresses by state.",
-        &agent.into_iter().collect::<Vec<_>>(),
-    );
-    let (mut ready, mut target) = (Vec::new(), Vec::new());
-    for p in shim.pool.status() {
-        let l = labels(&[
-            ("network", p.network.as_str()),
-            ("digest", p.config_digest.as_str()),
-        ]);
-        ready.push((l.clone(), u64::from(p.ready)));
-        target.push((l, u64::from(p.target)));
-    }
-    gauge(
-        &mut out,
-        "dipam_pool_ready",
-        "Warm-pool entries ready to hand out, by network and config digest.",
-        &ready,
-    );
-    gauge(
-        &mut out,
-        "dipam_pool_target",
-        "Warm-pool entries the refiller keeps (0: surplus being released).",
-        &target,
-    );
-    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let single = |out: &mut String, name: &str, kind: &str, help: &str, v: u64| {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+            String::new()
+        };
+        let mut res = Response::new(Full::new(Bytes::from(body)));
+        res.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static(CONTENT_TYPE),
         );
+        res
+    } else {
+        let mut res = Response::new(Full::new(Bytes::new()));
+        *res.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+        res.headers_mut()
+            .insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
+        res
     };
-    single(
-        &mut out,
-        "dipam_gc_freed_total",
-        "counter",
-        "Attachments freed by GC.",
-        load(&shim.gc_stats.freed),
+    // One request per connection: a client reading to EOF (curl, a plain socket) gets it.
+    res.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
     );
-    single(
-        &mut out,
-        "dipam_gc_refused_total",
-        "counter",
-        "GC runs refused by an interlock.",
-        load(&shim.gc_stats.refused),
-    );
-    single(
-        &mut out,
-        "dipam_conflicts_total",
-        "counter",
-        "Results refused because they held an address the ledger gives someone else.",
-        load(&shim.agent.conflicts),
-    );
-    single(
-        &mut out,
-        "dipam_agent_reestablished_total",
-        "counter",
-        "Agent addresses the delegate had lost, taken again.",
-        load(&shim.agent.reestablished),
-    );
-    single(
-        &mut out,
-        "dipam_intents_replayed_total",
-        "counter",
-        "Interrupted operations released at start.",
-        load(&shim.metrics.intents_replayed),
-    );
-    single(
-        &mut out,
-        "dipam_pool_refill_failures_total",
-        "counter",
-        "Warm-pool refills that failed (retried with backoff).",
-        load(&shim.pool.refill_failures),
-    );
-    let teardown = shim.teardown.get();
-    single(
-        &mut out,
-        "dipam_teardown_deleted_total",
-        "counter",
-        "Retired pod veths (main mode) dipamd deleted.",
-        teardown.map_or(0, |t| load(&t.stats.deleted)),
-    );
-    single(
-        &mut out,
-        "dipam_teardown_failures_total",
-        "counter",
-        "Retired pod veths dipamd failed to delete (and link listings that failed).",
-        teardown.map_or(0, |t| load(&t.stats.failures)),
-    );
-    single(
-        &mut out,
-        "dipam_privilege_failures_total",
-        "counter",
-        "Operations that failed for lack of a privilege (EPERM, EACCES).",
-        shim.denials.count(),
-    );
-    single(
-        &mut out,
-        "dipam_spool_depth",
-        "gauge",
-        "Spooled DELs waiting to be replayed.",
-        crate::spool::depth(&shim.identity.spool_dir) as u64,
-    );
-    single(
-        &mut out,
-        "dipam_spool_quarantined_total",
-        "counter",
-        "Spooled DELs moved to failed/ (unusable, or failing the spool rule) since start.",
-        load(&shim.spool.quarantined),
-    );
-    single(
-        &mut out,
-        "dipam_spool_untrusted",
-        "gauge",
-        "1 when the spool directory fails the spool rule and nothing in it is replayed.",
-        u64::from(shim.spool.untrusted().is_some()),
-    );
-    single(
-        &mut out,
-        "dipam_spool_mismatched_networks",
-        "gauge",
-        "Networks whose config names a spoolDir other than dipamd's spool.",
-        shim.spool.mismatched().len() as u64,
-    );
-    single(
-        &mut out,
-        "dipam_ledger_writable",
-        "gauge",
-        "1 while the ledger takes commits; 0 while they fail (a full disk under --state-dir: \
-         every ADD and DEL fails until it is 1 again).",
-        u64::from(shim.ledger.store().fault().is_none()),
-    );
-    single(
-        &mut out,
-        "dipam_divergence_missing",
-        "gauge",
-        "Recorded addresses missing from the delegate's store at the last reconcile.",
-        load(&shim.gc_stats.missing),
-    );
-    single(
-        &mut out,
-        "dipam_divergence_orphans",
-        "gauge",
-        "Reservations the ledger does not know, at the last reconcile.",
-        load(&shim.gc_stats.orphans),
-    );
-    single(
-        &mut out,
-        "dipam_history_events_dropped_total",
-        "counter",
-        "History events dropped because the writer fell behind.",
-        shim.exec
-            .history
-            .get()
-            .map_or(0, crate::history::Sink::dropped),
-    );
-    out
+    res
 }
 
-/// Answers one HTTP request on `stream` with the exposition (any path: it is all there is).
-async fn answer<S: Store, IO>(shim: &Shim<S>, mut stream: IO)
+/// Serves one connection: one request, then the connection is closed.
+async fn connection<IO>(metrics: Arc<Metrics>, io: IO)
 where
-    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let mut buf = vec![0u8; 4096];
-    let mut seen = 0;
-    // Read the request head (bounded), then answer and close.
-    while seen < buf.len() {
-        match tokio::time::timeout(
-            std::time::Duration::from_secs(5),
-            stream.read(&mut buf[seen..]),
-        )
-        .await
-        {
-            Ok(Ok(0)) | Err(_) | Ok(Err(_)) => break,
-            Ok(Ok(n)) => {
-                seen += n;
-                if buf[..seen].windows(4).any(|w| w == b"\r\n\r\n") {
-                    break;
-                }
-            }
-        }
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let res = answer(&metrics, &req);
+        async move { Ok::<_, Infallible>(res) }
+    });
+    let served = hyper::server::conn::http1::Builder::new()
+        .keep_alive(false)
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEAD_TIMEOUT)
+        .serve_connection(TokioIo::new(io), service)
+        .await;
+    if let Err(e) = served {
+        tracing::debug!(error = %e, "metrics connection ended with an error");
     }
-    let body = render(shim).await;
-    let head = format!(
-        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    let _ = stream.write_all(head.as_bytes()).await;
-    let _ = stream.write_all(body.as_bytes()).await;
-    let _ = stream.shutdown().await;
 }
 
 /// Serves metrics on a TCP address until the process ends.
-pub async fn serve_tcp<S: Store>(shim: Arc<Shim<S>>, listener: tokio::net::TcpListener) {
+pub async fn serve_tcp(metrics: Arc<Metrics>, listener: tokio::net::TcpListener) {
     info!(address = ?listener.local_addr().ok(), "metrics on TCP");
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
-                let shim = Arc::clone(&shim);
-                tokio::spawn(async move { answer(&shim, stream).await });
+                tokio::spawn(connection(Arc::clone(&metrics), stream));
             }
             Err(e) => warn!(error = %e, "metrics accept failed"),
         }
@@ -364,12 +544,11 @@ pub async fn serve_tcp<S: Store>(shim: Arc<Shim<S>>, listener: tokio::net::TcpLi
 }
 
 /// Serves metrics on a unix socket until the process ends.
-pub async fn serve_unix<S: Store>(shim: Arc<Shim<S>>, listener: tokio::net::UnixListener) {
+pub async fn serve_unix(metrics: Arc<Metrics>, listener: tokio::net::UnixListener) {
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
-                let shim = Arc::clone(&shim);
-                tokio::spawn(async move { answer(&shim, stream).await });
+                tokio::spawn(connection(Arc::clone(&metrics), stream));
             }
             Err(e) => warn!(error = %e, "metrics accept failed"),
         }
@@ -380,27 +559,111 @@ pub async fn serve_unix<S: Store>(shim: Arc<Shim<S>>, listener: tokio::net::Unix
 mod tests {
     use super::*;
 
+    /// Every series name in the exposition (samples, with their suffixes stripped back to the
+    /// family the HELP and TYPE lines name).
+    fn families(text: &str) -> BTreeSet<String> {
+        text.lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .map(|l| {
+                let name = l.split(['{', ' ']).next().unwrap_or_default();
+                ["_bucket", "_count", "_sum", "_total"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s))
+                    .unwrap_or(name)
+                    .to_owned()
+            })
+            .collect()
+    }
+
     #[test]
-    fn counters_and_histograms_render_in_the_text_format() {
-        let m = Metrics::default();
-        m.inc("dipam_requests_total", &[("op", "ADD"), ("code", "0")]);
-        m.inc("dipam_requests_total", &[("op", "ADD"), ("code", "0")]);
-        m.observe("dipam_request_duration_seconds", &[("op", "ADD")], 0.003);
-        let mut out = String::new();
-        m.render_into(&mut out);
-        assert!(out.contains("# TYPE dipam_requests_total counter"));
-        assert!(out.contains("dipam_requests_total{op=\"ADD\",code=\"0\"} 2"));
-        assert!(out.contains("dipam_request_duration_seconds_bucket{op=\"ADD\",le=\"0.0025\"} 0"));
-        assert!(out.contains("dipam_request_duration_seconds_bucket{op=\"ADD\",le=\"0.005\"} 1"));
-        assert!(out.contains("dipam_request_duration_seconds_count{op=\"ADD\"} 1"));
-        assert_eq!(labels(&[("a", "q\"x")]), "a=\"q\\\"x\"");
-        m.observe("dipam_ledger_op_duration_seconds", &[], 0.0004);
-        let mut out = String::new();
-        m.render_into(&mut out);
-        assert!(out.contains("dipam_ledger_op_duration_seconds_bucket{le=\"0.001\"} 1"));
-        assert!(
-            out.contains("dipam_ledger_op_duration_seconds_count 1"),
-            "{out}"
-        );
+    fn events_render_with_help_and_type_on_every_series() {
+        let m = Metrics::new();
+        let record = serde_json::Value::Null;
+        for code in ["0", "0", "152"] {
+            m.observe(&Event::Request {
+                op: "ADD",
+                code,
+                took: Duration::from_millis(3),
+                container_id: "c",
+                record: &record,
+            });
+        }
+        m.observe(&Event::Exec {
+            delegate: "host-local",
+            command: "ADD",
+            took: Duration::from_micros(1500),
+            container_id: "c",
+            record: &record,
+        });
+        m.observe(&Event::LedgerOp {
+            took: Duration::from_micros(400),
+        });
+        m.observe(&Event::Attachments {
+            network: "n\"1",
+            owner: "pod",
+            count: 3,
+        });
+        m.observe(&Event::AttachmentDelta {
+            network: "n\"1",
+            owner: "pod",
+            delta: -1,
+        });
+        m.observe(&Event::AgentAddresses(&[("held", 2), ("lost", 1)]));
+        m.observe(&Event::AgentAddresses(&[("held", 3)]));
+        m.observe(&Event::PoolLevels(&[("n", "d1", 4, 8), ("n", "d0", 1, 0)]));
+        m.observe(&Event::PoolLevels(&[("n", "d1", 5, 8)]));
+        m.observe(&Event::PoolRequest { outcome: "hit" });
+        m.observe(&Event::GcFreed(2));
+        m.observe(&Event::SpoolDepth(7));
+        m.observe(&Event::LedgerWritable(true));
+        m.observe(&Event::Divergence {
+            missing: 1,
+            orphans: 0,
+        });
+        let out = m.render();
+        for want in [
+            "dipam_requests_total{op=\"ADD\",code=\"0\"} 2",
+            "dipam_requests_total{op=\"ADD\",code=\"152\"} 1",
+            "dipam_request_duration_seconds_bucket{le=\"0.0025\",op=\"ADD\"} 0",
+            "dipam_request_duration_seconds_bucket{le=\"0.005\",op=\"ADD\"} 3",
+            "dipam_request_duration_seconds_count{op=\"ADD\"} 3",
+            "dipam_delegate_exec_duration_seconds_count{delegate=\"host-local\",command=\"ADD\"} 1",
+            "dipam_ledger_op_duration_seconds_bucket{le=\"0.001\"} 1",
+            "dipam_ledger_op_duration_seconds_count 1",
+            "dipam_attachments{owner=\"pod\",network=\"n\\\"1\"} 2",
+            "dipam_agent_addresses{state=\"held\"} 3",
+            "dipam_pool_ready{network=\"n\",digest=\"d1\"} 5",
+            "dipam_pool_target{network=\"n\",digest=\"d1\"} 8",
+            "dipam_pool_requests_total{outcome=\"hit\"} 1",
+            "\ndipam_gc_freed_total 2\n",
+            "\ndipam_gc_refused_total 0\n",
+            "\ndipam_stale_dels_total 0\n",
+            "\ndipam_spool_depth 7\n",
+            "\ndipam_ledger_writable 1\n",
+            "\ndipam_divergence_missing 1\n",
+            "\ndipam_history_events_dropped_total 0\n",
+            "# TYPE dipam_requests counter",
+            "# TYPE dipam_attachments gauge",
+            "# TYPE dipam_request_duration_seconds histogram",
+        ] {
+            assert!(out.contains(want), "missing {want:?} in:\n{out}");
+        }
+        // Whole updates drop what is gone.
+        assert!(!out.contains("state=\"lost\""), "{out}");
+        assert!(!out.contains("digest=\"d0\""), "{out}");
+        assert!(out.ends_with("# EOF\n"), "{out}");
+        // Every series has its HELP and TYPE.
+        let names = families(&out);
+        assert_eq!(names.len(), 27, "{names:?}");
+        for name in names {
+            assert!(
+                out.contains(&format!("# HELP {name} ")),
+                "no HELP for {name}"
+            );
+            assert!(
+                out.contains(&format!("# TYPE {name} ")),
+                "no TYPE for {name}"
+            );
+        }
     }
 }

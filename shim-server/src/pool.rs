@@ -405,6 +405,7 @@ pub async fn init<S: Store>(shim: &Shim<S>) -> Result<(), ShimError> {
     if size > 0 {
         info!(size, ready = ready_count, "warm pool on");
     }
+    report_levels(shim);
     Ok(())
 }
 
@@ -421,8 +422,8 @@ pub async fn take<S: Store>(shim: &Shim<S>, p: &Prepared) -> Result<Option<Vec<u
     shim.pool.observe(p, &digest);
     if wants_own_ips(p) {
         shim.pool.bypassed.fetch_add(1, Ordering::Relaxed);
-        shim.metrics
-            .inc("dipam_pool_requests_total", &[("outcome", "bypass")]);
+        shim.events
+            .emit(crate::events::Event::PoolRequest { outcome: "bypass" });
         return Ok(None);
     }
     // A stale ADD is refused, a repeated one answered from the ledger and an interrupted one
@@ -440,8 +441,8 @@ pub async fn take<S: Store>(shim: &Shim<S>, p: &Prepared) -> Result<Option<Vec<u
             // The normal path also handles a key that has a record (repeated, interrupted).
             shim.pool.misses.fetch_add(1, Ordering::Relaxed);
             shim.pool.count(&p.key.network, &digest, false);
-            shim.metrics
-                .inc("dipam_pool_requests_total", &[("outcome", "miss")]);
+            shim.events
+                .emit(crate::events::Event::PoolRequest { outcome: "miss" });
             shim.pool.wake.notify_one();
             return Ok(None);
         };
@@ -531,8 +532,12 @@ pub async fn take<S: Store>(shim: &Shim<S>, p: &Prepared) -> Result<Option<Vec<u
         crate::fault::hit("pool-after-take");
         shim.pool.hits.fetch_add(1, Ordering::Relaxed);
         shim.pool.count(&p.key.network, &digest, true);
-        shim.metrics
-            .inc("dipam_pool_requests_total", &[("outcome", "hit")]);
+        shim.events
+            .emit(crate::events::Event::PoolRequest { outcome: "hit" });
+        // The pod's record replaced the entry's: one pool attachment fewer, one pod's more.
+        shim.attachment_delta(&entry, -1);
+        shim.attachment_delta(&rec, 1);
+        report_levels(shim);
         shim.pool.wake.notify_one();
         info!(
             key = %p.key,
@@ -601,7 +606,29 @@ async fn step<S: Store>(shim: &Shim<S>) -> Duration {
     }
     release_surplus(shim, &mut wait).await;
     fill(shim, &mut wait).await;
+    report_levels(shim);
     wait
+}
+
+/// Reports every pool's level (the metrics' gauges), whole: on every change the pool makes
+/// (a take, a refill, a round of releases) and at start.
+fn report_levels<S: Store>(shim: &Shim<S>) {
+    if !shim.events.listened() {
+        return;
+    }
+    let pools = shim.pool.status();
+    let rows: Vec<(&str, &str, u64, u64)> = pools
+        .iter()
+        .map(|p| {
+            (
+                p.network.as_str(),
+                p.config_digest.as_str(),
+                u64::from(p.ready),
+                u64::from(p.target),
+            )
+        })
+        .collect();
+    shim.events.emit(crate::events::Event::PoolLevels(&rows));
 }
 
 /// The agent's conflist seeds a network's template until a pod brings one.
@@ -744,7 +771,9 @@ async fn release_entry<S: Store>(shim: &Shim<S>, key: &AttachmentKey) -> Result<
     }
     shim.release_recorded(&rec).await?;
     let k = key.clone();
-    shim.ledger(move |l| l.remove(&k)).await
+    shim.ledger(move |l| l.remove(&k)).await?;
+    shim.attachment_delta(&rec, -1);
+    Ok(())
 }
 
 /// Fills every network's current pool up to the size, one entry at a time, round-robin over
@@ -809,9 +838,12 @@ async fn fill<S: Store>(shim: &Shim<S>, wait: &mut Duration) {
                     f.retry_at = Some(Instant::now() + backoff);
                     *wait = (*wait).min(backoff);
                     shim.pool.refill_failures.fetch_add(1, Ordering::Relaxed);
+                    shim.events.emit(crate::events::Event::PoolRefillFailed);
                     warn!(network = %network, failures = f.failures, retry_in_ms = backoff.as_millis() as u64, error = %f.last_error, "warm pool: refill failed");
                 }
             }
+            drop(st);
+            report_levels(shim);
         }
     }
 }

@@ -25,14 +25,24 @@ use crate::error::ShimError;
 pub struct Denials {
     count: AtomicU64,
     last: Mutex<String>,
+    events: crate::events::Events,
 }
 
 impl Denials {
+    /// Counts that also report each failure as an event (the metrics).
+    pub fn with_events(events: crate::events::Events) -> Self {
+        Self {
+            events,
+            ..Self::default()
+        }
+    }
+
     /// Records that `op` failed for lack of a privilege, with the error and what to do.
     pub fn note(&self, op: &str, error: impl Display) {
         let message = format!("{op}: {error}");
         warn!(%message, "operation not permitted: dipamd lacks a privilege it needs (deploy/README.md lists the capabilities and why)");
         self.count.fetch_add(1, Ordering::Relaxed);
+        self.events.emit(crate::events::Event::PrivilegeDenied);
         if let Ok(mut last) = self.last.lock() {
             *last = message;
         }

@@ -26,6 +26,8 @@ pub async fn replay<S: Store>(shim: &Shim<S>) -> Result<Replay, ShimError> {
             Ok(()) => {
                 let key = rec.key.clone();
                 shim.ledger(move |l| l.remove(&key)).await?;
+                shim.attachment_delta(&rec, -1);
+                shim.events.emit(crate::events::Event::IntentReplayed);
                 info!(key = %rec.key, state = rec.state.as_str(), "replayed an interrupted operation: released");
                 out.released += 1;
             }

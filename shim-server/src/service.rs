@@ -146,17 +146,17 @@ where
             Ok(_) => "0".to_owned(),
             Err(status) => format!("grpc:{:?}", status.code()),
         };
-        shim.metrics.inc(
-            "dipam_requests_total",
-            &[("op", call.command), ("code", code.as_str())],
-        );
-        shim.metrics.observe(
-            "dipam_request_duration_seconds",
-            &[("op", call.command)],
-            ms / 1e3,
-        );
-        if let Some(h) = shim.exec.history.get() {
-            h.record(&call.container_id, event);
+        shim.events.emit(crate::events::Event::Request {
+            op: call.command,
+            code: &code,
+            took: std::time::Duration::from_secs_f64(ms / 1e3),
+            container_id: &call.container_id,
+            record: &event,
+        });
+        if let Some(h) = shim.exec.history.get()
+            && !h.record(&call.container_id, event)
+        {
+            shim.events.emit(crate::events::Event::HistoryDropped);
         }
         reply.map(Response::new)
     }

@@ -42,7 +42,8 @@ pub struct Shim<S: Store> {
     /// is refused.
     pub addrs: crate::addrs::AddrIndex,
     pub gc: GcPolicy,
-    pub metrics: crate::metrics::Metrics,
+    /// Where the core and its clients report what they do (events.rs): the executor's.
+    pub events: crate::events::Events,
     /// Protocol versions seen from plugins since start (bit n = version n, up to 63).
     pub plugin_protocols: std::sync::atomic::AtomicU64,
     pub admission: crate::access::Admission,
@@ -131,6 +132,8 @@ impl<S: Store> Shim<S> {
         gc: GcPolicy,
         admission: crate::access::Admission,
     ) -> Arc<Self> {
+        let events = exec.events.clone();
+        let denials = Arc::new(crate::privilege::Denials::with_events(events.clone()));
         Arc::new(Self {
             ledger: Ledger::new(store),
             agent: Agent::new(agent),
@@ -138,7 +141,7 @@ impl<S: Store> Shim<S> {
             locks: KeyLocks::default(),
             addrs: crate::addrs::AddrIndex::default(),
             gc,
-            metrics: crate::metrics::Metrics::default(),
+            events,
             plugin_protocols: std::sync::atomic::AtomicU64::new(0),
             admission,
             gc_stats: GcStats::default(),
@@ -149,7 +152,7 @@ impl<S: Store> Shim<S> {
             started: Instant::now(),
             identity,
             teardown: std::sync::OnceLock::new(),
-            denials: Arc::default(),
+            denials,
             spool: crate::spool::SpoolState::default(),
         })
     }
@@ -168,17 +171,41 @@ impl<S: Store> Shim<S> {
             .map_err(|e| ShimError::Internal(format!("ledger task: {e}")))?
             .map_err(ShimError::from);
         self.observe_ledger(started);
+        if out.is_err() {
+            self.report_writable();
+        }
         out
     }
 
     /// Ledger time (commits wait for fdatasync) is one of the parts of a request's latency
     /// that the logs alone cannot separate from lock waits and delegate execs.
     fn observe_ledger(&self, started: Instant) {
-        self.metrics.observe(
-            "dipam_ledger_op_duration_seconds",
-            &[],
-            started.elapsed().as_secs_f64(),
-        );
+        self.events.emit(crate::events::Event::LedgerOp {
+            took: started.elapsed(),
+        });
+    }
+
+    /// Reports one attachment of `rec`'s network and owner recorded (`1`) or forgotten (`-1`),
+    /// for the attachments gauge.
+    pub fn attachment_delta(&self, rec: &AttachmentRecord, delta: i64) {
+        if !self.events.listened() {
+            return;
+        }
+        self.events.emit(crate::events::Event::AttachmentDelta {
+            network: &rec.key.network,
+            owner: &rec.owner.label(),
+            delta,
+        });
+    }
+
+    /// Reports whether the ledger takes commits (the store's fault, a full disk).
+    pub fn report_writable(&self) {
+        if !self.events.listened() {
+            return;
+        }
+        self.events.emit(crate::events::Event::LedgerWritable(
+            self.ledger.store().fault().is_none(),
+        ));
     }
 
     /// The record of `key`, read on the calling task. A point read is served from the store's
@@ -364,6 +391,7 @@ impl<S: Store> Shim<S> {
             None => Ok(()),
             Some((ip, holder)) => {
                 self.agent.note_conflict();
+                self.events.emit(crate::events::Event::Conflict);
                 tracing::error!(%ip, key = %rec.key, %holder, "address conflict: refusing the delegate's result");
                 // The agent's own address may be what the delegate lost: re-check it now.
                 self.agent.wake.notify_one();
@@ -389,6 +417,7 @@ impl<S: Store> Shim<S> {
             return Ok(());
         };
         self.agent.note_conflict();
+        self.events.emit(crate::events::Event::Conflict);
         let holder = format!("{} ({})", holder.owner.label(), holder.key);
         tracing::error!(%ip, key = %rec.key, %holder, "address conflict: the delegate handed out an address another attachment holds; refusing its result");
         Err(ShimError::Conflict {

@@ -338,6 +338,7 @@ fn quarantine<S: Store>(shim: &Shim<S>, fd: &OwnedFd, dir: &Path, name: &OsStr, 
     match moved {
         Ok(()) => {
             shim.spool.quarantined.fetch_add(1, Ordering::Relaxed);
+            shim.events.emit(crate::events::Event::SpoolQuarantined);
             warn!(file = %file.display(), why, "spooled DEL not replayed; moved to {QUARANTINE}/");
         }
         Err(e) => {
@@ -536,7 +537,21 @@ pub async fn drain_all<S: Store>(shim: &Shim<S>, dir: &Path) -> Drained {
             break;
         }
     }
+    report(shim, dir);
     total
+}
+
+/// Reports the spool's gauges, and whether the ledger takes commits: plugins write spool
+/// files while dipamd runs and the store recovers from a full disk in the background, so
+/// both are sampled here, at start and on every tick of [`run`] (docs/metrics.md).
+pub fn report<S: Store>(shim: &Shim<S>, dir: &Path) {
+    use crate::events::Event;
+    shim.events.emit(Event::SpoolDepth(depth(dir) as u64));
+    shim.events
+        .emit(Event::SpoolUntrusted(shim.spool.untrusted().is_some()));
+    shim.events
+        .emit(Event::SpoolMismatched(shim.spool.mismatched().len() as u64));
+    shim.report_writable();
 }
 
 /// Drains every `every` until the process ends.
@@ -553,6 +568,7 @@ pub async fn run<S: Store>(
         if depth(&dir) > 0 || shim.spool.untrusted().is_some() {
             drain(&shim, &dir).await;
         }
+        report(&shim, &dir);
     }
 }
 

@@ -64,11 +64,14 @@ pub struct TeardownStats {
     /// Set when a delete was refused for lack of a privilege: from then on the plugins
     /// delete their own veths, as they do when dipamd cannot take them at all.
     pub refused: AtomicBool,
+    /// Where deletions and failures are reported (the metrics).
+    pub events: crate::events::Events,
 }
 
 impl TeardownStats {
     fn failed(&self, message: String) {
         self.failures.fetch_add(1, Ordering::Relaxed);
+        self.events.emit(crate::events::Event::TeardownFailed);
         if let Ok(mut last) = self.last_error.lock() {
             *last = message;
         }
@@ -111,11 +114,14 @@ pub struct Teardown {
 impl Teardown {
     /// Starts the worker thread once it has proven it may change links; it then sweeps once
     /// right away (leftovers of a previous run). A denied probe is recorded in `denials`.
-    pub fn start(denials: Arc<Denials>) -> Result<Self, StartError> {
+    pub fn start(denials: Arc<Denials>, events: crate::events::Events) -> Result<Self, StartError> {
         let netns_inode = own_netns_inode()?;
         let (wake, rx) = mpsc::channel();
         let (ready_tx, ready) = mpsc::channel();
-        let stats = Arc::new(TeardownStats::default());
+        let stats = Arc::new(TeardownStats {
+            events,
+            ..TeardownStats::default()
+        });
         let worker_stats = stats.clone();
         std::thread::Builder::new()
             .name("dipam-teardown".into())
@@ -321,6 +327,11 @@ async fn sweep(h: &Handle, stats: &TeardownStats, denials: &Denials) {
         }
     }
     stats.deleted.fetch_add(deleted, Ordering::Relaxed);
+    if deleted > 0 {
+        stats
+            .events
+            .emit(crate::events::Event::TeardownDeleted(deleted));
+    }
     stats.batches.fetch_add(1, Ordering::Relaxed);
     let ms = started.elapsed().as_secs_f64() * 1e3;
     if ms > 1000.0 {

@@ -105,6 +105,7 @@ async fn keep_unmanaged<S: Store>(shim: &Shim<S>) -> Result<(), ShimError> {
         );
     }
     shim.agent.publish(kept, String::new());
+    report_addresses(shim);
     Ok(())
 }
 
@@ -176,6 +177,7 @@ pub async fn pass<S: Store>(shim: &Shim<S>) -> Result<(), ShimError> {
                 .map(|s| address(s, "", None, "pending", &waiting))
                 .collect();
             shim.agent.publish(pending, waiting);
+            report_addresses(shim);
             return Ok(());
         }
     };
@@ -240,7 +242,22 @@ pub async fn pass<S: Store>(shim: &Shim<S>) -> Result<(), ShimError> {
     let records = shim.ledger(|l| l.list(None)).await?;
     shim.agent.reindex(&records);
     shim.agent.publish(addresses, String::new());
+    report_addresses(shim);
     Ok(())
+}
+
+/// Reports the published agent addresses by state (the metrics' gauge).
+fn report_addresses<S: Store>(shim: &Shim<S>) {
+    if !shim.events.listened() {
+        return;
+    }
+    let mut by: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+    for a in shim.agent.snapshot().addresses {
+        *by.entry(a.state).or_default() += 1;
+    }
+    let rows: Vec<(&str, u64)> = by.iter().map(|(s, n)| (s.as_str(), *n)).collect();
+    shim.events
+        .emit(crate::events::Event::AgentAddresses(&rows));
 }
 
 /// The retry loop: passes until every address is established, then a periodic CHECK.
@@ -411,6 +428,7 @@ async fn establish<S: Store>(
                     shim.agent
                         .reestablished
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    shim.events.emit(crate::events::Event::AgentReestablished);
                     message = format!(
                         "re-established: the delegate had lost it ({})",
                         error_text(&why)
@@ -544,5 +562,6 @@ async fn release<S: Store>(shim: &Shim<S>, rec: &AttachmentRecord) -> Result<(),
     shim.release_recorded(rec).await?;
     let key = rec.key.clone();
     shim.ledger(move |l| l.remove(&key)).await?;
+    shim.attachment_delta(rec, -1);
     Ok(())
 }

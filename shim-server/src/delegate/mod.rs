@@ -39,8 +39,8 @@ pub struct Executor {
     pub timeout: Duration,
     /// Notes running delegates for the next start (daemon only; tests run without).
     pub tracker: Option<orphans::Tracker>,
-    /// Exec latency by delegate and command, for the metrics endpoint.
-    pub metrics: crate::metrics::Metrics,
+    /// Where execs are reported (events.rs); the daemon's observers listen.
+    pub events: crate::events::Events,
     /// Where each exec is recorded for `dipamctl explain` (set once the daemon runs).
     pub history: std::sync::OnceLock<crate::history::Sink>,
     /// VERSION answers by (path, mtime): a replaced binary is probed again.
@@ -59,7 +59,7 @@ impl Executor {
             timeout,
             tracker: None,
             history: std::sync::OnceLock::new(),
-            metrics: crate::metrics::Metrics::default(),
+            events: crate::events::Events::default(),
             probes: Mutex::new(HashMap::new()),
             probing: tokio::sync::Mutex::new(()),
         }
@@ -267,11 +267,6 @@ impl Executor {
         took: Duration,
         outcome: &Result<Output, ShimError>,
     ) {
-        self.metrics.observe(
-            "dipam_delegate_exec_duration_seconds",
-            &[("delegate", kind), ("command", inv.command.as_str())],
-            took.as_secs_f64(),
-        );
         let mut ev = serde_json::json!({
             "kind": "exec",
             "requestId": inv.request_id,
@@ -295,8 +290,17 @@ impl Executor {
                 ev["details"] = e.code_and_details().1.into();
             }
         }
-        if let Some(h) = self.history.get() {
-            h.record(&inv.container_id, ev);
+        self.events.emit(crate::events::Event::Exec {
+            delegate: kind,
+            command: inv.command.as_str(),
+            took,
+            container_id: &inv.container_id,
+            record: &ev,
+        });
+        if let Some(h) = self.history.get()
+            && !h.record(&inv.container_id, ev)
+        {
+            self.events.emit(crate::events::Event::HistoryDropped);
         }
     }
 }

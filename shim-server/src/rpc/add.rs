@@ -165,6 +165,7 @@ pub async fn attach<S: Store>(
                 shim.release_recorded(&existing).await?;
                 let key = p.key.clone();
                 shim.ledger(move |l| l.remove(&key)).await?;
+                shim.attachment_delta(&existing, -1);
             }
         }
     }
@@ -197,6 +198,13 @@ pub async fn attach<S: Store>(
     // (exec::run_gated): write-ahead without paying the commit and the exec in sequence.
     let gate = async {
         shim.ledger(move |l| l.put(&intent)).await?;
+        if shim.events.listened() {
+            shim.events.emit(crate::events::Event::AttachmentDelta {
+                network: &p.key.network,
+                owner: &owner.label(),
+                delta: 1,
+            });
+        }
         crate::fault::hit("add-after-intent");
         Ok(())
     };
@@ -345,7 +353,8 @@ async fn rollback<S: Store>(shim: &Shim<S>, rec: &AttachmentRecord, release: boo
         return;
     }
     let key = rec.key.clone();
-    if let Err(e) = shim.ledger(move |l| l.remove(&key)).await {
-        warn!(key = %rec.key, error = %e, "could not drop the record of a failed ADD");
+    match shim.ledger(move |l| l.remove(&key)).await {
+        Ok(()) => shim.attachment_delta(rec, -1),
+        Err(e) => warn!(key = %rec.key, error = %e, "could not drop the record of a failed ADD"),
     }
 }

@@ -266,12 +266,14 @@ pub async fn gc<S: Store>(shim: &Shim<S>, req: GcRequest) -> Result<GcReply, Shi
             shim.gc_stats
                 .refused
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            shim.events.emit(crate::events::Event::GcRefused);
             ShimError::GcInput(e)
         })?;
         if list.is_empty() && !shim.gc.allow_empty {
             shim.gc_stats
                 .refused
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            shim.events.emit(crate::events::Event::GcRefused);
             return Err(ShimError::GcRefused {
                 network: p.dc.network.clone(),
                 reason: "no valid attachments given, which would free every pod of the \

@@ -53,7 +53,7 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
             "DEL issued before the ADD of the current attachment (on the boot clock); it was \
              meant for an earlier one, already gone: not releasing the current one"
         );
-        shim.metrics.inc("dipam_stale_dels_total", &[]);
+        shim.events.emit(crate::events::Event::StaleDel);
         return Ok(Vec::new());
     }
     // A pod served from the warm pool is known to the delegate by the pool entry's key.
@@ -103,6 +103,7 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
     if let Some(rec) = &existing {
         let key = p.key.clone();
         shim.ledger(move |l| l.remove(&key)).await?;
+        shim.attachment_delta(rec, -1);
         shim.addrs.forget(&rec.key, rec.result.as_ref());
     }
     shim.bury(&p.key, issued);

@@ -34,6 +34,7 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
         shim.gc_stats
             .refused
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        shim.events.emit(crate::events::Event::GcRefused);
     };
     let input = gc::valid_input(&p.dc.conf).map_err(|e| {
         refused();

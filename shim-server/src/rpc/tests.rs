@@ -45,13 +45,24 @@ struct Bench {
 /// A shim on `store` whose only delegate is `script`, installed as `fake-ipam` in the returned
 /// temp dir (where the scripts keep their call logs). Shared with the pool's tests.
 pub(crate) fn scripted_shim(script: &str, store: MemStore) -> (TempDir, Arc<Shim<MemStore>>) {
+    scripted_shim_with(script, store, crate::events::Events::default())
+}
+
+/// [`scripted_shim`], reporting to `events`.
+fn scripted_shim_with(
+    script: &str,
+    store: MemStore,
+    events: crate::events::Events,
+) -> (TempDir, Arc<Shim<MemStore>>) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fake-ipam");
     std::fs::write(&path, script).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut exec = Executor::new(vec![dir.path().to_owned()], Duration::from_secs(10));
+    exec.events = events;
     let shim = Shim::new(
         store,
-        Executor::new(vec![dir.path().to_owned()], Duration::from_secs(10)),
+        exec,
         Identity {
             socket: "/unused".into(),
             state_dir: "/unused".into(),
@@ -339,7 +350,19 @@ async fn gc_without_a_list_is_refused() {
 /// once commits succeed again all three say so.
 #[tokio::test]
 async fn a_ledger_that_cannot_commit_is_reported_everywhere() {
-    let b = Bench::new();
+    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let (dir, shim) = scripted_shim_with(
+        SCRIPT,
+        MemStore::new(),
+        crate::events::Events::new(vec![metrics.clone()]),
+    );
+    let b = Bench { dir, shim };
+    // What a scrape shows after dipamd's periodic tick (spool.rs `report`) has sampled the
+    // ledger: the fault can clear with no commit to report it.
+    let scrape = || {
+        crate::spool::report(&b.shim, &b.dir.path().join("spool"));
+        metrics.render()
+    };
     let full = "the ledger in /var/lib/dipam cannot be written (3s ago): No space left on device \
                 (os error 28); dipamd keeps retrying (the file system is full)";
     b.shim.ledger.store().set_fault(Some(full));
@@ -361,11 +384,7 @@ async fn a_ledger_that_cannot_commit_is_reported_everywhere() {
         .find(|c| c.name == "ledger takes commits")
         .unwrap();
     assert!(!check.ok && check.detail == full && check.fix.contains("free space"));
-    assert!(
-        crate::metrics::render(&b.shim)
-            .await
-            .contains("\ndipam_ledger_writable 0\n")
-    );
+    assert!(scrape().contains("\ndipam_ledger_writable 0\n"));
 
     b.shim.ledger.store().set_fault(None);
     let st = super::admin::status(&b.shim).await.unwrap();
@@ -381,11 +400,7 @@ async fn a_ledger_that_cannot_commit_is_reported_everywhere() {
             .iter()
             .any(|c| c.name == "ledger takes commits" && c.ok)
     );
-    assert!(
-        crate::metrics::render(&b.shim)
-            .await
-            .contains("\ndipam_ledger_writable 1\n")
-    );
+    assert!(scrape().contains("\ndipam_ledger_writable 1\n"));
 }
 
 #[tokio::test]

@@ -73,7 +73,35 @@ fn metrics_on_a_unix_socket_and_loopback_only() {
     }
     let tcp = scrape(&mut std::net::TcpStream::connect(&addr).unwrap());
     assert!(tcp.contains("dipam_requests_total"));
+    // OpenMetrics text, and every sample's family has its HELP and TYPE.
+    assert!(
+        text.to_ascii_lowercase()
+            .contains("content-type: application/openmetrics-text; version=1.0.0"),
+        "{text}"
+    );
+    let body = &text[text.find("\r\n\r\n").unwrap() + 4..];
+    assert!(body.ends_with("# EOF\n"), "{body}");
+    for sample in body.lines().filter(|l| !l.starts_with('#')) {
+        let name = sample.split(['{', ' ']).next().unwrap();
+        let family = ["_bucket", "_count", "_sum", "_total"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(name);
+        for kind in ["HELP", "TYPE"] {
+            assert!(
+                body.contains(&format!("# {kind} {family} ")),
+                "no {kind} for {sample:?} in:\n{body}"
+            );
+        }
+    }
     lab.rt.ipam(lab.list(), 0, "DEL", &pod, None).unwrap();
+    // The gauge follows the DEL as it happens: the scrape reads no ledger.
+    let after = scrape(&mut std::os::unix::net::UnixStream::connect(&msock).unwrap());
+    let gone = format!(
+        "dipam_attachments{{owner=\"pod\",network=\"{}\"}} 0",
+        lab.network()
+    );
+    assert!(after.contains(&gone), "missing {gone:?} in:\n{after}");
 
     // Not loopback: refused unless explicitly allowed.
     let scratch = tempfile::tempdir().unwrap();
