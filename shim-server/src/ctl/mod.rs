@@ -11,6 +11,10 @@ use dipam_proto::v1::{
 };
 use serde_json::json;
 
+pub mod completions;
+pub mod install;
+pub mod recover;
+
 /// dipamctl: inspect the dipam shim daemon (dipamd).
 #[derive(Debug, Parser)]
 #[command(name = "dipamctl", version, about, long_about)]
@@ -104,16 +108,16 @@ pub enum Command {
     /// first. A conflist that dipam would refuse is refused here. Needs no dipamd.
     Install {
         /// The CNI bin directory (the runtime's CNI_PATH).
-        #[arg(long, default_value = crate::install::DEFAULT_CNI_BIN_DIR)]
+        #[arg(long, default_value = install::DEFAULT_CNI_BIN_DIR)]
         cni_bin_dir: PathBuf,
         /// The CNI config directory.
-        #[arg(long, default_value = crate::install::DEFAULT_CONF_DIR)]
+        #[arg(long, default_value = install::DEFAULT_CONF_DIR)]
         conf_dir: PathBuf,
         /// The conflist to validate and install; without it only the plugin is installed.
         #[arg(long)]
         conflist: Option<PathBuf>,
         /// The conflist's file name in --conf-dir (runtimes use the lexically first network).
-        #[arg(long, default_value = crate::install::DEFAULT_NAME)]
+        #[arg(long, default_value = install::DEFAULT_NAME)]
         name: String,
         /// The plugin binary to install (default: the dipam next to this dipamctl).
         #[arg(long)]
@@ -124,7 +128,7 @@ pub enum Command {
     Completions {
         /// bash, zsh, fish, elvish or powershell.
         #[arg(value_enum)]
-        shell: crate::completions::Shell,
+        shell: completions::Shell,
     },
 }
 
@@ -178,17 +182,17 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
             name,
             plugin,
         } => {
-            let opts = crate::install::Options {
+            let opts = install::Options {
                 cni_bin_dir: cni_bin_dir.clone(),
                 conf_dir: conf_dir.clone(),
                 conflist: conflist.clone(),
                 name: name.clone(),
                 plugin: plugin.clone(),
             };
-            return crate::install::run(&opts, args.json, out).map_err(CtlError::Failed);
+            return install::run(&opts, args.json, out).map_err(CtlError::Failed);
         }
         Command::Completions { shell } => {
-            crate::completions::write(*shell, out)?;
+            completions::write(*shell, out)?;
             return Ok(());
         }
         _ => {}
@@ -205,7 +209,7 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
             .filter(|s| !s.is_empty())
             .map(PathBuf::from)
             .collect();
-        let r = crate::recover::run(state_dir, conflist, dirs, *force)
+        let r = recover::run(state_dir, conflist, dirs, *force)
             .await
             .map_err(CtlError::Failed)?;
         if args.json {
