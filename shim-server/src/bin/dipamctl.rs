@@ -1,4 +1,4 @@
-//! dipamctl: see `dipamctl --help`. All logic is in the dipam-shim library.
+//! dipamctl: see `dipamctl --help`. All logic is in the dipam-shim library (`ctl/`).
 
 use clap::Parser;
 
@@ -14,11 +14,6 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match rt.block_on(dipam_shim::ctl::run(args, &mut std::io::stdout().lock())) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("dipamctl: {e}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    let result = rt.block_on(dipam_shim::ctl::run(args, &mut std::io::stdout().lock()));
+    dipam_shim::ctl::output::exit(result)
 }

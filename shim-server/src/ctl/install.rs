@@ -64,6 +64,38 @@ impl Default for Options {
     }
 }
 
+/// `dipamctl install`'s flags: the `Options`, with the runtimes' defaults.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The CNI bin directory (the runtime's CNI_PATH).
+    #[arg(long, default_value = DEFAULT_CNI_BIN_DIR)]
+    cni_bin_dir: PathBuf,
+    /// The CNI config directory.
+    #[arg(long, default_value = DEFAULT_CONF_DIR)]
+    conf_dir: PathBuf,
+    /// The conflist to validate and install; without it only the plugin is installed.
+    #[arg(long)]
+    conflist: Option<PathBuf>,
+    /// The conflist's file name in --conf-dir (runtimes use the lexically first network).
+    #[arg(long, default_value = DEFAULT_NAME)]
+    name: String,
+    /// The plugin binary to install (default: the dipam next to this dipamctl).
+    #[arg(long)]
+    plugin: Option<PathBuf>,
+}
+
+impl From<Args> for Options {
+    fn from(a: Args) -> Self {
+        Self {
+            cni_bin_dir: a.cni_bin_dir,
+            conf_dir: a.conf_dir,
+            conflist: a.conflist,
+            name: a.name,
+            plugin: a.plugin,
+        }
+    }
+}
+
 /// One file put in place.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placed {

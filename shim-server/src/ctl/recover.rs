@@ -12,6 +12,7 @@
 
 use std::{
     collections::BTreeMap,
+    io::Write,
     net::IpAddr,
     os::unix::fs::DirBuilderExt,
     path::{Path, PathBuf},
@@ -23,11 +24,71 @@ use dipam_state::{
 };
 use serde_json::{Value, json};
 
+use super::{CtlError, output};
 use crate::{
     agent::conflist,
     delegate::{Executor, config::DelegateConf, store, version},
     shim::now,
 };
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// dipamd's --state-dir.
+    #[arg(long, default_value = "/var/lib/dipam")]
+    state_dir: PathBuf,
+    /// The network's conflist (says how host-local is configured, and where its store is).
+    #[arg(long)]
+    conflist: PathBuf,
+    /// Where to find the delegate plugin (colon-separated).
+    #[arg(long, default_value = "/opt/cni/bin:/usr/lib/cni")]
+    cni_path: String,
+    /// Add to a ledger that opens fine.
+    #[arg(long)]
+    force: bool,
+}
+
+/// `dipamctl recover`: rebuilds, then says what it did (moved aside, spool kept, how many
+/// recovered, what was skipped and why).
+pub async fn run(args: Args, json: bool, out: &mut dyn Write) -> Result<(), CtlError> {
+    let dirs = args
+        .cni_path
+        .split(':')
+        .filter(|s| !s.is_empty())
+        .map(PathBuf::from)
+        .collect();
+    let state_dir = &args.state_dir;
+    let r = rebuild(state_dir, &args.conflist, dirs, args.force)
+        .await
+        .map_err(CtlError::Failed)?;
+    if json {
+        let v = json!({
+            "movedAside": r.moved_aside.as_ref().map(|p| p.display().to_string()),
+            "spoolKept": r.spool_kept,
+            "pods": r.pods, "agent": r.agent, "skipped": r.skipped,
+        });
+        output::json(out, &v)?;
+    } else {
+        if let Some(p) = &r.moved_aside {
+            writeln!(out, "old ledger moved to {}", p.display())?;
+        }
+        if r.spool_kept {
+            writeln!(
+                out,
+                "DEL spool kept in {}: dipamd replays it at its next start",
+                state_dir.join("spool").display()
+            )?;
+        }
+        writeln!(
+            out,
+            "recovered {} pod and {} agent attachment(s)",
+            r.pods, r.agent
+        )?;
+        for s in &r.skipped {
+            writeln!(out, "skipped: {s}")?;
+        }
+    }
+    Ok(())
+}
 
 /// What recovery did.
 #[derive(Debug, Default)]
@@ -85,7 +146,9 @@ fn agent_role(container_id: &str) -> Option<String> {
     }
 }
 
-pub async fn run(
+/// Rebuilds (or, with `force`, adds to) the ledger in `state_dir` from the delegate's store
+/// as `conflist_path` configures it, the delegate found in `cni_dirs`.
+pub async fn rebuild(
     state_dir: &Path,
     conflist_path: &Path,
     cni_dirs: Vec<PathBuf>,

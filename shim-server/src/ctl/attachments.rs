@@ -1,0 +1,98 @@
+//! `dipamctl attachments`: every attachment in the ledger (network, container, interface,
+//! owner, state, delegate, addresses), optionally of one network or one owner.
+
+use std::io::Write;
+
+use dipam_proto::v1::{ListAttachmentsRequest, admin_client::AdminClient};
+use serde_json::json;
+use tonic::transport::Channel;
+
+use super::{
+    CtlError,
+    output::{self, short, table},
+};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Only this network.
+    #[arg(long)]
+    network: Option<String>,
+    /// Only this owner: "pod", "agent", "agent:<role>", or "pool" (the warm pool's entries).
+    #[arg(long)]
+    owner: Option<String>,
+}
+
+pub async fn run(
+    args: Args,
+    channel: Channel,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), CtlError> {
+    let list = AdminClient::new(channel)
+        .list_attachments(ListAttachmentsRequest {
+            protocol_version: dipam_proto::PROTOCOL_VERSION,
+            network: args.network.unwrap_or_default(),
+            owner: args.owner.unwrap_or_default(),
+        })
+        .await
+        .map_err(CtlError::Rpc)?
+        .into_inner();
+    if json {
+        let v: Vec<_> = list
+            .attachments
+            .iter()
+            .map(|a| {
+                json!({
+                    "network": a.network, "containerID": a.container_id, "ifname": a.ifname,
+                    "owner": a.owner, "state": a.state, "delegate": a.delegate_type,
+                    "ips": a.ips, "netns": a.netns, "configDigest": a.config_digest,
+                    "createdAt": a.created_at, "updatedAt": a.updated_at,
+                    "creatorUid": a.creator_uid,
+                    "delegateKey": (!a.delegate_container_id.is_empty()).then(|| json!({
+                        "containerID": a.delegate_container_id, "ifname": a.delegate_ifname,
+                    })),
+                    "result": serde_json::from_str::<serde_json::Value>(&a.result_json).unwrap_or(serde_json::Value::Null),
+                })
+            })
+            .collect();
+        output::json(out, &serde_json::Value::Array(v))?;
+    } else {
+        let rows: Vec<[String; 7]> = list
+            .attachments
+            .iter()
+            .map(|a| {
+                [
+                    a.network.clone(),
+                    short(&a.container_id),
+                    a.ifname.clone(),
+                    a.owner.clone(),
+                    a.state.clone(),
+                    if a.delegate_container_id.is_empty() {
+                        a.delegate_type.clone()
+                    } else {
+                        format!(
+                            "{} as {}/{}",
+                            a.delegate_type, a.delegate_container_id, a.delegate_ifname
+                        )
+                    },
+                    a.ips.join(","),
+                ]
+            })
+            .collect();
+        table(
+            out,
+            [
+                "NETWORK",
+                "CONTAINER",
+                "IFNAME",
+                "OWNER",
+                "STATE",
+                "DELEGATE",
+                "IPS",
+            ],
+            &rows,
+        )?;
+        writeln!(out, "{} attachment(s)", rows.len())?;
+    }
+    Ok(())
+}

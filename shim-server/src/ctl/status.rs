@@ -1,0 +1,238 @@
+//! `dipamctl status`: is dipamd ready? Versions, uptime, state directory, attachment count,
+//! the DEL spool, the warm pool, the delegates probed so far; `--ready` makes "not ready" a
+//! failure, for readiness probes.
+
+use std::io::Write;
+
+use dipam_proto::v1::{SpoolStatus, StatusReply, StatusRequest, admin_client::AdminClient};
+use serde_json::{Value, json};
+use tonic::transport::Channel;
+
+use super::{CtlError, output};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Exit non-zero unless dipamd is ready (for readiness probes).
+    #[arg(long)]
+    ready: bool,
+}
+
+pub async fn run(
+    args: Args,
+    channel: Channel,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), CtlError> {
+    let s = AdminClient::new(channel)
+        .get_status(StatusRequest {
+            protocol_version: dipam_proto::PROTOCOL_VERSION,
+        })
+        .await
+        .map_err(CtlError::Rpc)?
+        .into_inner();
+    if json {
+        output::json(out, &to_json(&s))?;
+    } else {
+        table(&s, out)?;
+    }
+    if args.ready && !s.ready {
+        return Err(CtlError::Failed(format!(
+            "dipamd is not ready: {}",
+            s.not_ready.join("; ")
+        )));
+    }
+    Ok(())
+}
+
+fn to_json(s: &StatusReply) -> Value {
+    json!({
+        "ready": s.ready,
+        "notReady": s.not_ready,
+        "daemonVersion": s.daemon_version,
+        "protocol": {"daemon": s.protocol_version, "daemonMin": s.min_protocol_version, "client": dipam_proto::PROTOCOL_VERSION, "plugins": s.plugin_protocols},
+        "socket": s.socket,
+        "stateDir": s.state_dir,
+        "attachments": s.attachments,
+        "uptimeSeconds": s.uptime_seconds,
+        "conflist": s.conflist,
+        "conflictsDetected": s.conflicts_detected,
+        "divergence": {"missing": s.divergence_missing, "orphans": s.divergence_orphans},
+        "gc": {"freed": s.gc_freed, "refused": s.gc_refused},
+        "agentReestablished": s.agent_reestablished,
+        "warmPool": {
+            "size": s.warm_pool, "hits": s.pool_hits, "misses": s.pool_misses,
+            "bypassed": s.pool_bypassed,
+            "pools": s.pools.iter().map(|p| json!({
+                "network": p.network, "configDigest": p.config_digest,
+                "ready": p.ready, "target": p.target, "hits": p.hits,
+                "misses": p.misses, "refillFailures": p.refill_failures,
+                "lastError": p.last_error, "source": p.source,
+            })).collect::<Vec<_>>(),
+        },
+        "delegates": s.delegates.iter().map(|d| json!({"type": d.r#type, "path": d.path, "supportedVersions": d.supported_versions})).collect::<Vec<_>>(),
+        "teardown": {
+            "by": s.teardown, "deleted": s.teardown_deleted,
+            "failures": s.teardown_failures, "lastError": s.teardown_last_error,
+        },
+        "privilegeFailures": {
+            "count": s.privilege_failures, "lastError": s.privilege_last_error,
+        },
+        "spool": s.spool.as_ref().map(|p| json!({
+            "dir": p.dir, "pointer": p.pointer, "depth": p.depth,
+            "quarantined": p.quarantined, "untrusted": p.untrusted,
+            "unpublished": p.unpublished, "mismatched": p.mismatched,
+            "inherited": p.inherited,
+        })),
+    })
+}
+
+fn table(s: &StatusReply, out: &mut dyn Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "ready:        {}",
+        if s.ready {
+            "yes".to_string()
+        } else {
+            format!("no ({})", s.not_ready.join("; "))
+        }
+    )?;
+    writeln!(
+        out,
+        "daemon:       dipamd {} (protocol v{}, serves v{}+; this client v{})",
+        s.daemon_version,
+        s.protocol_version,
+        s.min_protocol_version,
+        dipam_proto::PROTOCOL_VERSION
+    )?;
+    if !s.plugin_protocols.is_empty() {
+        writeln!(
+            out,
+            "plugins:      protocol {} seen since start",
+            s.plugin_protocols
+                .iter()
+                .map(|v| format!("v{v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )?;
+    }
+    writeln!(out, "socket:       {}", s.socket)?;
+    writeln!(out, "state dir:    {}", s.state_dir)?;
+    writeln!(out, "attachments:  {}", s.attachments)?;
+    if let Some(p) = &s.spool {
+        spool(p, out)?;
+    }
+    if !s.conflist.is_empty() {
+        writeln!(out, "conflist:     {}", s.conflist)?;
+    }
+    writeln!(
+        out,
+        "conflicts:    {} refused, {} agent addresses re-established",
+        s.conflicts_detected, s.agent_reestablished
+    )?;
+    writeln!(
+        out,
+        "divergence:   {} recorded address(es) missing from the delegate's store, \
+         {} unrecorded reservation(s)",
+        s.divergence_missing, s.divergence_orphans
+    )?;
+    writeln!(
+        out,
+        "gc:           {} freed, {} refused",
+        s.gc_freed, s.gc_refused
+    )?;
+    if s.warm_pool > 0 || !s.pools.is_empty() {
+        warm_pool(s, out)?;
+    }
+    writeln!(
+        out,
+        "veths:        deleted by {}; {} deleted, {} failed{}",
+        s.teardown,
+        s.teardown_deleted,
+        s.teardown_failures,
+        if s.teardown_last_error.is_empty() {
+            String::new()
+        } else {
+            format!(" (last: {})", s.teardown_last_error)
+        }
+    )?;
+    writeln!(
+        out,
+        "privileges:   {} operation(s) not permitted{}",
+        s.privilege_failures,
+        if s.privilege_last_error.is_empty() {
+            String::new()
+        } else {
+            format!(" (last: {})", s.privilege_last_error)
+        }
+    )?;
+    writeln!(out, "uptime:       {}s", s.uptime_seconds)?;
+    for d in &s.delegates {
+        writeln!(
+            out,
+            "delegate:     {} at {} (CNI {})",
+            d.r#type,
+            d.path,
+            d.supported_versions.join(", ")
+        )?;
+    }
+    Ok(())
+}
+
+fn spool(p: &SpoolStatus, out: &mut dyn Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "spool:        {} ({} DEL(s) waiting, {} quarantined since start; \
+         published in {})",
+        p.dir, p.depth, p.quarantined, p.pointer
+    )?;
+    for problem in [&p.untrusted, &p.unpublished]
+        .into_iter()
+        .filter(|x| !x.is_empty())
+    {
+        writeln!(out, "  problem: {problem}")?;
+    }
+    for m in &p.mismatched {
+        writeln!(
+            out,
+            "  mismatch: network {m} names a spoolDir dipamd does not drain \
+             (the plugin ignores it)"
+        )?;
+    }
+    for i in &p.inherited {
+        writeln!(out, "  inherited: {i} (a previous dipamd's spool)")?;
+    }
+    Ok(())
+}
+
+fn warm_pool(s: &StatusReply, out: &mut dyn Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "warm pool:    {} per network; {} ADDs served from it, {} found it empty, \
+         {} bypassed it (own addresses)",
+        s.warm_pool, s.pool_hits, s.pool_misses, s.pool_bypassed
+    )?;
+    for p in &s.pools {
+        writeln!(
+            out,
+            "  {}: {}/{} ready (config {}, from {}){}",
+            p.network,
+            p.ready,
+            p.target,
+            p.config_digest.get(..12).unwrap_or(&p.config_digest),
+            if p.source.is_empty() {
+                "an older config: releasing"
+            } else {
+                p.source.as_str()
+            },
+            if p.refill_failures > 0 {
+                format!(
+                    "; refill failed {} time(s), retrying: {}",
+                    p.refill_failures, p.last_error
+                )
+            } else {
+                String::new()
+            }
+        )?;
+    }
+    Ok(())
+}
