@@ -15,7 +15,7 @@ use super::{
     output::{self, table},
 };
 
-mod watch;
+pub mod watch;
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
