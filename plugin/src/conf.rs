@@ -10,7 +10,7 @@ use std::{path::PathBuf, time::Duration};
 
 use rscni_types::{
     types::{CNIResult, Cmd, Dns, NetConf},
-    version::{PluginInfo, SpecVersion},
+    version::SpecVersion,
 };
 use serde_json::Value;
 
@@ -104,8 +104,17 @@ impl PluginConf {
         }
         let conf: NetConf = serde_json::from_value(typed)
             .map_err(|e| PluginError::Decode(format!("network config: {e}")))?;
-        conf.validate_name()?;
-        let version = PluginInfo::default().negotiate(&conf, cmd)?;
+        // libcni's rule (dipam_proto::cni::names, which dipamd applies too), in its words.
+        if conf.name.is_empty() {
+            return Err(config_error("missing network name", ""));
+        }
+        if !dipam_proto::cni::names::is_valid_name(&conf.name) {
+            return Err(config_error(
+                format!("invalid characters found in network name: {}", conf.name),
+                "",
+            ));
+        }
+        let version = crate::cmd::version::plugin_info().negotiate(&conf, cmd)?;
 
         let ipam = raw.get("ipam");
         let (mode, dipam_keys) = match ipam.and_then(|i| i.get("delegate")) {

@@ -1,7 +1,8 @@
 //! The runtime's CNI_* variables, read once through an injected `getenv` (tests never touch the
 //! process environment). Rules: docs/sources.md §2.1 and §2.9.
 
-use rscni_types::types::{Cmd, ContainerId, InterfaceName};
+use dipam_proto::cni::names;
+use rscni_types::types::Cmd;
 
 use crate::error::PluginError;
 
@@ -60,11 +61,30 @@ impl CmdArgs {
         }
         // Identifiers become ledger keys and host-local file contents: reject what the spec
         // rejects before anything reaches dipamd (§2.9).
-        if !container_id.is_empty() {
-            container_id.parse::<ContainerId>()?;
+        // The rules are dipam_proto::cni::names (dipamd applies the same); the messages are
+        // the ones libcni's skel prints.
+        if !container_id.is_empty() && !names::is_valid_name(&container_id) {
+            return Err(PluginError::InvalidEnv(format!(
+                "invalid characters in containerID: {container_id}"
+            )));
         }
-        if !ifname.is_empty() {
-            ifname.parse::<InterfaceName>()?;
+        if let Err(e) = names::check_ifname(&ifname) {
+            let msg = match e {
+                // Absent: reported above when the command needs it.
+                names::IfnameError::Empty => None,
+                names::IfnameError::TooLong => Some(format!(
+                    "interface name is too long: interface name should be less than {} \
+                     characters: {ifname}",
+                    names::IFNAME_MAX + 1
+                )),
+                names::IfnameError::Dots => Some("interface name is . or ..".to_owned()),
+                names::IfnameError::BadChar => Some(format!(
+                    "interface name contains / or : or whitespace characters: {ifname}"
+                )),
+            };
+            if let Some(msg) = msg {
+                return Err(PluginError::InvalidEnv(msg));
+            }
         }
         Ok(Self {
             command,
@@ -135,6 +155,45 @@ mod tests {
             )
             .unwrap_err();
             assert_eq!(e.to_cni(false).code, 4, "{cid} {ifname}: {e}");
+        }
+    }
+
+    /// The name rules moved from rscni to dipam_proto::cni::names (shared with dipamd): the
+    /// verdicts and messages are rscni's, unchanged.
+    #[test]
+    fn name_rules_and_messages_match_rscni() {
+        use rscni_types::types::{ContainerId, InterfaceName};
+        for (cid, ifname) in [
+            ("ok", "eth0"),
+            ("Abc_1.x-2", "net1"),
+            ("-leading-dash", "eth0"),
+            ("has/slash", "eth0"),
+            ("é", "eth0"),
+            ("ok", "this-name-is-too-long"),
+            ("ok", "exactly15chars_"),
+            ("ok", "a:b"),
+            ("ok", "a/b"),
+            ("ok", ".."),
+            ("ok", "."),
+            ("ok", "sp ace"),
+            ("ok", "tab\tx"),
+        ] {
+            let ours = CmdArgs::from_env(
+                Cmd::Add,
+                &env(&[
+                    ("CNI_CONTAINERID", cid),
+                    ("CNI_IFNAME", ifname),
+                    ("CNI_NETNS", "/x"),
+                ]),
+            )
+            .err()
+            .map(|e| e.to_string());
+            let theirs = cid
+                .parse::<ContainerId>()
+                .err()
+                .or_else(|| ifname.parse::<InterfaceName>().err())
+                .map(|e| PluginError::from(e).to_string());
+            assert_eq!(ours, theirs, "{cid} {ifname}");
         }
     }
 

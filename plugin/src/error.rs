@@ -5,31 +5,9 @@ use std::path::PathBuf;
 
 use tonic::Code;
 
-/// dipam's own codes (the spec reserves 0-99; 100+ are plugin-specific). They start at 150 so
-/// they never collide with codes that dipamd passes through from a delegate (azure-vnet-ipam
-/// uses 100, Go's skel 999). The table is documented in docs/cfp.md and shared with dipamd:
-/// 150-158 are dipamd's (the plugin reuses 150 and 155 for the same meaning); 160-169 belong
-/// to the main-mode datapath, which only the plugin has.
-///
-/// | code | meaning | what to do |
-/// | --- | --- | --- |
-/// | 160 | CNI_IFNAME already exists in the container (spec §ADD: MUST error) | DEL the attachment first, or pick another ifname; dipam never touches an interface it did not create |
-/// | 161 | CNI_NETNS cannot be opened or entered, or is the plugin's own netns | the sandbox is gone or the runtime passed a wrong path |
-/// | 162 | a kernel (netlink, sysctl) step of the datapath failed; details name the step and errno | see details; ADD rolled back everything it did |
-/// | 163 | CHECK found the pod's datapath different from prevResult | the runtime should recreate the pod's network |
-/// | 164 | the IPAM result cannot be applied by a point-to-point datapath (no IPs, no gateway) | fix the IPAM config (host-local always sets a gateway) |
-///
-/// None of the well-known codes fit these: 4 and 7 say the input is wrong, while here the input
-/// is valid and the kernel state is not what it must be. Go plugins (ptp) report them as 999.
-pub mod codes {
-    pub const INTERNAL: u32 = 150;
-    pub const PERMISSION_DENIED: u32 = 155;
-    pub const INTERFACE_EXISTS: u32 = 160;
-    pub const NETNS: u32 = 161;
-    pub const DATAPATH: u32 = 162;
-    pub const CHECK_FAILED: u32 = 163;
-    pub const IPAM_RESULT: u32 = 164;
-}
+/// The CNI codes, dipam's own among them, with what each means: one table for the plugin and
+/// dipamd (dipam_proto::cni::codes), described for operators in docs/cfp.md §9.
+pub use dipam_proto::cni::codes;
 
 /// Everything that can go wrong in the plugin before or while talking to dipamd.
 #[derive(Debug, thiserror::Error)]
@@ -132,14 +110,18 @@ impl PluginError {
     /// The single mapping from plugin errors to CNI error codes. `status` is true for the
     /// STATUS verb, whose "cannot serve" code is 50, not 11 (spec 1.1 §STATUS).
     pub fn to_cni(&self, status: bool) -> CniError {
-        let unavailable = if status { 50 } else { 11 };
+        let unavailable = if status {
+            codes::NOT_AVAILABLE
+        } else {
+            codes::TRY_AGAIN_LATER
+        };
         let (code, details) = match self {
-            Self::MissingEnv(_) | Self::InvalidEnv(_) => (4, String::new()),
-            Self::Stdin(e) => (5, e.to_string()),
-            Self::Decode(d) => (6, d.clone()),
-            Self::Config { details, .. } => (7, details.clone()),
-            Self::Version(d) => (1, d.clone()),
-            Self::Busy(d) => (11, d.clone()),
+            Self::MissingEnv(_) | Self::InvalidEnv(_) => (codes::INVALID_ENV, String::new()),
+            Self::Stdin(e) => (codes::IO_FAILURE, e.to_string()),
+            Self::Decode(d) => (codes::DECODE_FAILURE, d.clone()),
+            Self::Config { details, .. } => (codes::INVALID_CONFIG, details.clone()),
+            Self::Version(d) => (codes::INCOMPATIBLE_VERSION, d.clone()),
+            Self::Busy(d) => (codes::TRY_AGAIN_LATER, d.clone()),
             Self::Unreachable { socket, reason } => (
                 unavailable,
                 format!(
@@ -161,7 +143,7 @@ impl PluginError {
                     | Code::Cancelled => unavailable,
                     // dipamd no longer serves this plugin's protocol: the binary in the CNI
                     // bin dir is older than the daemon supports.
-                    Code::FailedPrecondition => 1,
+                    Code::FailedPrecondition => codes::INCOMPATIBLE_VERSION,
                     Code::PermissionDenied | Code::Unauthenticated => codes::PERMISSION_DENIED,
                     _ => codes::INTERNAL,
                 };

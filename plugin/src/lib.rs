@@ -83,8 +83,9 @@ pub fn run(
             let _ = writeln!(
                 stderr,
                 "dipam {}: CNI plugin forwarding to dipamd\nCNI protocol versions supported: \
-                 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0\n(run `dipam --help` for more)",
-                env!("CARGO_PKG_VERSION")
+                 {}\n(run `dipam --help` for more)",
+                env!("CARGO_PKG_VERSION"),
+                dipam_proto::cni::supported_versions_list()
             );
             return 0;
         }

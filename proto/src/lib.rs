@@ -1,6 +1,6 @@
 //! The dipam.v1 wire contract, generated from `dipam/v1/dipam.proto`, and the few constants
-//! the plugin and dipamd must agree on outside the messages, with the DEL spool's contract
-//! (`spool`). Nothing else lives here.
+//! the plugin and dipamd must agree on outside the messages: the CNI facts (`cni`: versions,
+//! name rules, error codes) and the DEL spool's contract (`spool`). Nothing else lives here.
 
 /// The protocol version this build speaks. Bump it when a request or reply gains meaning
 /// that an older peer must know about; never remove support for an older version silently.
@@ -17,6 +17,7 @@ pub mod retired {
     pub const ALIAS_PREFIX: &str = "dipam-gone ";
 }
 
+pub mod cni;
 pub mod spool;
 
 #[allow(clippy::all, clippy::pedantic, clippy::unwrap_used, missing_docs)]

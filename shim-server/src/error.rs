@@ -6,25 +6,9 @@ use std::{path::PathBuf, time::Duration};
 use dipam_proto::v1::{CniError, CniReply, cni_reply::Outcome};
 use dipam_state::StoreError;
 
-/// dipam's own CNI codes, documented in docs/cfp.md. They start at 150 so they never collide
-/// with codes passed through from a delegate (azure-vnet-ipam uses 100, Go's skel 999).
-pub mod codes {
-    pub const INTERNAL: u32 = 150;
-    pub const EXISTS_WITH_OTHER_CONFIG: u32 = 151;
-    pub const DELEGATE_NOT_FOUND: u32 = 152;
-    pub const DELEGATE_TIMEOUT: u32 = 153;
-    pub const DELEGATE_BAD_OUTPUT: u32 = 154;
-    /// The caller may not do this: dipamd's in-band refusal of a non-root caller, and the
-    /// plugin's mapping of a PERMISSION_DENIED status (docs/cfp.md §9).
-    pub const PERMISSION_DENIED: u32 = 155;
-    pub const AGENT_CONFLICT: u32 = 156;
-    pub const NO_RECORD: u32 = 157;
-    pub const PREV_RESULT_MISMATCH: u32 = 158;
-    pub const MISCONFIGURED: u32 = 159;
-    // 160-169 are the plugin's datapath codes (plugin/src/error.rs).
-    pub const GC_REFUSED: u32 = 170;
-    pub const GC_INCOMPLETE: u32 = 171;
-}
+/// The CNI codes, dipam's own among them: one table for dipamd and the plugin
+/// (dipam_proto::cni::codes), described for operators in docs/cfp.md §9.
+pub use dipam_proto::cni::codes;
 
 /// How much of a delegate's stderr or stdout an error quotes.
 const EXCERPT: usize = 600;
@@ -181,7 +165,7 @@ impl ShimError {
     pub(crate) fn code_and_details(&self) -> (u32, String) {
         match self {
             Self::ProtocolTooOld { .. } | Self::Internal(_) => (codes::INTERNAL, String::new()),
-            Self::Busy(_) => (11, "retry shortly".into()),
+            Self::Busy(_) => (codes::TRY_AGAIN_LATER, "retry shortly".into()),
             Self::Forbidden { details, .. } => (codes::PERMISSION_DENIED, details.clone()),
             Self::TooLarge { code, .. } => (
                 *code,
@@ -190,9 +174,9 @@ impl ShimError {
                     .into(),
             ),
             Self::Misconfigured { why, .. } => (codes::MISCONFIGURED, why.clone()),
-            Self::BadEnv(_) => (4, String::new()),
+            Self::BadEnv(_) => (codes::INVALID_ENV, String::new()),
             Self::Reserved { .. } => (
-                4,
+                codes::INVALID_ENV,
                 format!(
                     "container IDs starting with \"{}\" name the addresses dipamd holds for \
                      itself (the agent's, the warm pool's); no runtime makes such IDs, and \
@@ -201,10 +185,12 @@ impl ShimError {
                     crate::keys::PREFIX
                 ),
             ),
-            Self::GcInput(e) => (7, e.details.clone()),
-            Self::Decode(d) => (6, d.clone()),
-            Self::Config { details, .. } | Self::Invalid { details, .. } => (7, details.clone()),
-            Self::Version(d) => (1, d.clone()),
+            Self::GcInput(e) => (codes::INVALID_CONFIG, e.details.clone()),
+            Self::Decode(d) => (codes::DECODE_FAILURE, d.clone()),
+            Self::Config { details, .. } | Self::Invalid { details, .. } => {
+                (codes::INVALID_CONFIG, details.clone())
+            }
+            Self::Version(d) => (codes::INCOMPATIBLE_VERSION, d.clone()),
             Self::DelegateNotFound { searched, .. } => (
                 codes::DELEGATE_NOT_FOUND,
                 format!(
@@ -282,7 +268,7 @@ impl ShimError {
             ),
             Self::StaleAdd { .. } => (
                 // Spec code 3: the container is gone, the runtime need not clean up.
-                3,
+                codes::UNKNOWN_CONTAINER,
                 "the runtime deleted this attachment after this ADD was issued; nothing was \
                  allocated"
                     .into(),
@@ -301,8 +287,10 @@ impl ShimError {
                     prev.join(", ")
                 ),
             ),
-            Self::NotReady { missing } => (50, missing.join("; ")),
-            Self::LimitedConnectivity { reasons } => (51, reasons.join("; ")),
+            Self::NotReady { missing } => (codes::NOT_AVAILABLE, missing.join("; ")),
+            Self::LimitedConnectivity { reasons } => {
+                (codes::LIMITED_CONNECTIVITY, reasons.join("; "))
+            }
             Self::GcRefused { reason, .. } => (
                 codes::GC_REFUSED,
                 format!(

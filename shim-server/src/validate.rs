@@ -31,7 +31,7 @@ pub fn clip(s: &str, limit: usize) -> String {
 /// key=value pairs. The config is bounded by the plugin's own 1 MiB limit.
 pub mod limits {
     pub const CONTAINER_ID: usize = 1024;
-    pub const IFNAME: usize = 15;
+    pub const IFNAME: usize = dipam_proto::cni::names::IFNAME_MAX;
     pub const NETNS: usize = 4096;
     pub const CNI_ARGS: usize = 64 << 10;
     pub const CNI_PATH: usize = 64 << 10;
@@ -77,12 +77,8 @@ pub fn request_sizes(req: &dipam_proto::v1::CniRequest) -> Result<(), ShimError>
     Ok(())
 }
 
-/// `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`, the rule libcni applies to container IDs and network names.
-fn is_valid_name(s: &str) -> bool {
-    let mut chars = s.chars();
-    chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
-        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
-}
+/// libcni's rule for container IDs and network names, shared with the plugin.
+use dipam_proto::cni::names::is_valid_name;
 
 pub fn network_name(s: &str) -> Result<(), ShimError> {
     if s.is_empty() {
@@ -124,11 +120,7 @@ pub fn ifname(s: &str) -> Result<(), ShimError> {
             "required env variables [CNI_IFNAME] missing".into(),
         ));
     }
-    if s.len() > 15
-        || s == "."
-        || s == ".."
-        || s.chars().any(|c| c == '/' || c == ':' || c.is_whitespace())
-    {
+    if dipam_proto::cni::names::check_ifname(s).is_err() {
         return Err(ShimError::BadEnv(format!(
             "invalid interface name: {}",
             shown(s)

@@ -4,10 +4,21 @@
 use rscni_types::version::{PluginInfo, SpecVersion};
 use serde_json::{Value, json};
 
+/// What dipam speaks, from the one list of supported versions (dipam_proto::cni).
+pub fn plugin_info() -> PluginInfo {
+    PluginInfo::new(
+        SpecVersion::CURRENT,
+        dipam_proto::cni::SUPPORTED_VERSIONS
+            .iter()
+            .filter_map(|v| v.parse().ok())
+            .collect(),
+    )
+}
+
 /// The VERSION reply. The spec says to echo the input cniVersion; stdin may be empty, so fall
 /// back to the newest version dipam supports.
 pub fn reply(stdin: &[u8]) -> Value {
-    let info = PluginInfo::default();
+    let info = plugin_info();
     let echoed = serde_json::from_slice::<Value>(stdin)
         .ok()
         .and_then(|v| v.get("cniVersion")?.as_str()?.parse::<SpecVersion>().ok())
@@ -31,5 +42,21 @@ mod tests {
             json!(["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"])
         );
         assert_eq!(reply(b"")["cniVersion"], "1.1.0");
+    }
+
+    /// Every listed version parses (none is silently dropped by `plugin_info`), the newest is
+    /// the one dipam answers in, and rscni speaks each of them.
+    #[test]
+    fn the_version_list_is_whole() {
+        let list = dipam_proto::cni::SUPPORTED_VERSIONS;
+        assert_eq!(plugin_info().supported_versions().len(), list.len());
+        assert_eq!(
+            list.last().copied(),
+            Some(&*SpecVersion::CURRENT.to_string())
+        );
+        for v in list {
+            let parsed: SpecVersion = v.parse().unwrap();
+            assert!(PluginInfo::default().validate(parsed).is_ok(), "{v}");
+        }
     }
 }

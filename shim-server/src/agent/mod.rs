@@ -104,9 +104,7 @@ impl Slot {
 
 /// Validates `--node-name`: it becomes part of container IDs (`^[a-zA-Z0-9][a-zA-Z0-9_.-]*$`).
 pub fn valid_node_name(node: &str) -> bool {
-    let mut c = node.chars();
-    c.next().is_some_and(|c| c.is_ascii_alphanumeric())
-        && c.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+    dipam_proto::cni::names::is_valid_name(node)
 }
 
 /// Live agent state shared by the RPCs, the reconcile loop and the pod ADD path.

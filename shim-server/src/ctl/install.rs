@@ -32,9 +32,9 @@ pub const DEFAULT_NAME: &str = "10-dipam.conflist";
 /// The plugin's file name: the `"type"` a conflist names, so it is not configurable.
 pub const PLUGIN_NAME: &str = "dipam";
 
-/// The cniVersions the plugin accepts (plugin/src/conf.rs); anything else fails every ADD
-/// with code 1, so it is refused here, before a runtime sees it.
-const SUPPORTED_VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+// The cniVersions the plugin accepts (dipam_proto::cni); anything else fails every ADD
+// with code 1, so it is refused here, before a runtime sees it.
+use dipam_proto::cni::SUPPORTED_VERSIONS;
 
 /// What `dipamctl install` was asked to do.
 #[derive(Debug, Clone)]
@@ -260,13 +260,6 @@ fn validate_file_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// libcni's network name rule.
-fn valid_network_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
-        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
-}
-
 /// Checks a conflist the way a runtime and the dipam plugin will, so that a mistake is
 /// refused at install time instead of failing every pod. Returns the network name.
 pub fn validate_conflist(bytes: &[u8]) -> Result<String, String> {
@@ -285,7 +278,7 @@ pub fn validate_conflist(bytes: &[u8]) -> Result<String, String> {
         ));
     }
     let name = text("name").ok_or("name is missing")?;
-    if !valid_network_name(name) {
+    if !dipam_proto::cni::names::is_valid_name(name) {
         return Err(format!(
             "network name {name:?} is invalid (letters, digits, '_', '.', '-', starting with \
              a letter or digit)"
