@@ -7,7 +7,6 @@
 use std::{path::PathBuf, time::Duration};
 
 use clap::Parser;
-use dipam_state::SledStore;
 use tracing::{error, info};
 
 use crate::{
@@ -270,7 +269,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
             }
         },
     };
-    let store = SledStore::open(&args.state_dir)?;
+    let store = dipam_state::open(&args.state_dir)?;
     // Held until dipamd exits.
     let Some(_socket_lock) = socket_lock else {
         return Err(server::ServeError::InUse {

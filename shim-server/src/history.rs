@@ -193,11 +193,11 @@ fn write<S: Store>(
             touched.push(&ev.container_id);
         }
     }
-    // Into the kernel, not onto the disk (Durability::Process): the history explains what
+    // Into the kernel, not onto the disk (Durability::SurvivesProcessCrash): the history explains what
     // happened and survives a dipamd kill; a power cut may lose its last second, which is no
     // attachment's state. A synced batch, once a second, held up the commit of whichever ADD
     // came next by its fdatasync (docs/performance.md run 8).
-    store.commit_with(batch, Durability::Process)?;
+    store.commit_with(batch, Durability::SurvivesProcessCrash)?;
     let mut prune = Batch::new();
     for cid in touched {
         let all = store.scan_keys(Tree::History, &prefix(cid))?;
@@ -213,7 +213,7 @@ fn write<S: Store>(
         }
     }
     if !prune.is_empty() {
-        store.commit_with(prune, Durability::Process)?;
+        store.commit_with(prune, Durability::SurvivesProcessCrash)?;
     }
     Ok(())
 }

@@ -505,9 +505,9 @@ pub async fn take<S: Store>(shim: &Shim<S>, p: &Prepared) -> Result<Option<Vec<u
                 if let Some(tx) = early.take() {
                     let _ = tx.send(answer);
                 }
-                // In the kernel is enough (Durability::Process): a power cut that loses the take
+                // In the kernel is enough (Durability::SurvivesProcessCrash): a power cut that loses the take
                 // gives the entry back to the pool, and the pod died with the node.
-                l.put_removing(&commit, &expected.key, Durability::Process)?;
+                l.put_removing(&commit, &expected.key, Durability::SurvivesProcessCrash)?;
                 Ok((Take::Done, None))
             })
             .await;

@@ -12,7 +12,7 @@
 // A measuring tool: a panic is its error report.
 #![allow(clippy::unwrap_used)]
 
-use dipam_state::{Batch, Durability, SledStore, Store, Tree};
+use dipam_state::{Batch, Durability, Store, Tree};
 use std::path::Path;
 fn used(dir: &Path) -> u64 {
     let mut total = 0;
@@ -39,7 +39,7 @@ fn main() {
             .unwrap();
         assert!(!st.success());
     } else {
-        let store = SledStore::open(dir).unwrap();
+        let store = dipam_state::open(dir).unwrap();
         for i in 0..n {
             let mut b = Batch::new();
             b.put(
@@ -48,7 +48,9 @@ fn main() {
                 vec![b'x'; 900],
             );
             b.put(Tree::History, format!("h{i:06}"), vec![b'y'; 300]);
-            store.commit_with(b, Durability::Process).unwrap();
+            store
+                .commit_with(b, Durability::SurvivesProcessCrash)
+                .unwrap();
         }
         if killed {
             std::process::abort();
@@ -64,7 +66,7 @@ fn main() {
     let db_before = std::fs::metadata(dir.join("db")).unwrap().len();
     let mut peak = before;
     for _ in 0..3 {
-        let store = SledStore::open(dir).unwrap();
+        let store = dipam_state::open(dir).unwrap();
         peak = peak.max(used(dir));
         drop(store);
         peak = peak.max(used(dir));

@@ -323,7 +323,7 @@ impl<S: Store> Ledger<S> {
 
     /// Inserts or replaces the record under `rec.key`; durable (on the disk) when it returns.
     pub fn put(&self, rec: &AttachmentRecord) -> Result<(), StoreError> {
-        self.put_with(rec, Durability::Disk)
+        self.put_with(rec, Durability::SurvivesPowerCut)
     }
 
     /// [`Ledger::put`], as durable as `durability` says (see [`Durability`] for when the disk
@@ -558,12 +558,12 @@ mod tests {
         let pod = crate::suite::record("n", "pod", "eth0");
         l.store().fail_next_commits(1);
         assert!(
-            l.put_removing(&pod, &entry.key, Durability::Process)
+            l.put_removing(&pod, &entry.key, Durability::SurvivesProcessCrash)
                 .is_err()
         );
         assert_eq!(l.get(&entry.key).unwrap(), Some(entry.clone()));
         assert_eq!(l.get(&pod.key).unwrap(), None);
-        l.put_removing(&pod, &entry.key, Durability::Process)
+        l.put_removing(&pod, &entry.key, Durability::SurvivesProcessCrash)
             .unwrap();
         assert_eq!(l.get(&entry.key).unwrap(), None);
         assert_eq!(l.get(&pod.key).unwrap(), Some(pod));

@@ -4,9 +4,10 @@
 //! The crate has two layers:
 //!
 //! * [`Store`]: a tiny byte-level key/value interface (get, prefix scan, atomic multi-tree
-//!   batch commit). [`SledStore`] is the real one; [`MemStore`] is an in-memory twin for unit
-//!   tests of code above the store. sled is used only inside this crate and none of its types
-//!   appear in the public API, so the engine can be swapped without touching the daemon.
+//!   batch commit). [`open`] opens the real one, on sled (the type stays inside this crate);
+//!   [`MemStore`] is an in-memory twin for unit tests of code above the store. sled is used
+//!   only inside this crate and none of its types appear in the public API, so the engine can
+//!   be swapped without touching the daemon.
 //! * [`Ledger`]: typed attachment records ([`AttachmentRecord`] keyed by [`AttachmentKey`])
 //!   stored as JSON in the [`Tree::Attachments`] tree, generic over any [`Store`].
 //!
@@ -32,6 +33,17 @@ pub use ledger::{
 };
 pub use mem::MemStore;
 pub use schema::{SCHEMA_KEY, SCHEMA_VERSION, ensure_schema};
-pub use sled_store::SledStore;
 pub use space::{OPEN_MARGIN, needed_to_open};
 pub use store::{Batch, Durability, KeyValue, Store, Tree};
+
+/// Opens (creating if needed) the ledger's store in `dir`, on disk: checks its integrity and
+/// schema version and migrates an older one. The one way dipamd and `dipamctl recover` get a
+/// store; what backs it (sled, with dipam's commit journal) is this crate's business.
+///
+/// Errors: [`StoreError::Locked`] if another process has it open, [`StoreError::Corrupt`] if
+/// it cannot be proven to hold every acknowledged commit, [`StoreError::SchemaTooNew`] if a
+/// newer dipamd wrote it, [`StoreError::NoSpace`] if the file system lacks the room an open
+/// needs.
+pub fn open(dir: &std::path::Path) -> Result<impl Store, StoreError> {
+    sled_store::SledStore::open(dir)
+}

@@ -1,4 +1,4 @@
-//! An in-memory [`Store`] with the same semantics as [`crate::SledStore`], for unit tests of
+//! An in-memory [`Store`] with the same semantics as [`crate::sled_store::SledStore`], for unit tests of
 //! code above the store (the ledger, the daemon's handlers).
 
 use std::collections::{BTreeMap, HashMap};
@@ -22,7 +22,7 @@ pub struct MemStore {
     fail_commits: AtomicUsize,
     /// Commits that still succeed before `fail_commits` starts counting.
     pass_commits: AtomicUsize,
-    /// Commits made with [`Durability::Process`], for tests of which commits may skip the disk.
+    /// Commits made with [`Durability::SurvivesProcessCrash`], for tests of which commits may skip the disk.
     process_commits: AtomicUsize,
     /// What [`Store::fault`] reports, for tests of health reports.
     fault: Mutex<Option<String>>,
@@ -64,7 +64,7 @@ impl MemStore {
     }
 
     /// Makes [`Store::fault`] report `fault` (`None`: healthy), as a
-    /// [`crate::SledStore`] whose writes fail would. Commits are not affected: combine with
+    /// [`crate::sled_store::SledStore`] whose writes fail would. Commits are not affected: combine with
     /// [`MemStore::fail_next_commits`].
     pub fn set_fault(&self, fault: Option<&str>) {
         if let Ok(mut f) = self.fault.lock() {
@@ -72,7 +72,7 @@ impl MemStore {
         }
     }
 
-    /// How many commits so far asked only for [`Durability::Process`].
+    /// How many commits so far asked only for [`Durability::SurvivesProcessCrash`].
     pub fn process_commits(&self) -> usize {
         self.process_commits.load(Ordering::SeqCst)
     }
@@ -124,7 +124,7 @@ impl Store for MemStore {
                 "MemStore: injected commit failure".into(),
             ));
         }
-        if durability == Durability::Process {
+        if durability == Durability::SurvivesProcessCrash {
             self.process_commits.fetch_add(1, Ordering::SeqCst);
         }
         let mut trees = self.lock()?;

@@ -98,7 +98,7 @@ const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 /// journal has been `fdatasync`ed; reads see it from then on. An acknowledged commit
 /// therefore survives a process kill -9 and a power loss or host crash, as long as the disk
 /// honours cache flushes: the next open replays the journal's commits that sled's log lacks.
-/// A [`Durability::Process`] commit skips the fdatasync: it survives a kill (the journal's
+/// A [`Durability::SurvivesProcessCrash`] commit skips the fdatasync: it survives a kill (the journal's
 /// page cache does), not a power cut.
 ///
 /// sled itself gets the commits a few milliseconds later, from the store's applier thread:
@@ -485,6 +485,7 @@ impl SledStore {
     }
 
     /// The state directory.
+    #[cfg(test)]
     pub fn path(&self) -> &Path {
         &self.inner.dir
     }
@@ -578,10 +579,10 @@ impl Inner {
         {
             let engine = self.engine()?;
             let engine = engine.as_ref().expect("checked by engine()");
-            self.persist(engine, Durability::Disk)?;
+            self.persist(engine, Durability::SurvivesPowerCut)?;
         }
         journal.reset().map_err(io_err(&self.journal_path))?;
-        self.claim(*seq, Durability::Disk)
+        self.claim(*seq, Durability::SurvivesPowerCut)
     }
 
     /// Writes every pending commit into sled, in one transaction that also records the last
@@ -644,13 +645,13 @@ impl Inner {
         }
         // Everything pending was journaled before it was pending: it is in sled now.
         *lock(&self.pending)? = Pending::default();
-        self.persist(&engine, Durability::Disk)?;
+        self.persist(&engine, Durability::SurvivesPowerCut)?;
         journal.reset().map_err(io_err(&self.journal_path))?;
         commits.seq = replayed_to;
         commits.journal = Some(journal);
         *slot = Some(engine);
         drop(slot);
-        self.claim(replayed_to, Durability::Disk)?;
+        self.claim(replayed_to, Durability::SurvivesPowerCut)?;
         self.journal_full.store(false, Ordering::Release);
         Ok(())
     }
@@ -737,13 +738,13 @@ impl Inner {
     }
 
     /// Records in the witness that every commit up to `seq` is in the kernel and, for
-    /// [`Durability::Disk`], on the disk. Written but not synced: after a power cut it may
+    /// [`Durability::SurvivesPowerCut`], on the disk. Written but not synced: after a power cut it may
     /// lag behind the store (weaker detection, never a false alarm: the disk claim is written
     /// only after the fdatasync, and the kernel claim binds only in the boot that wrote it),
     /// and an fdatasync here would double the cost of every commit.
     fn claim(&self, seq: u64, durability: Durability) -> Result<(), StoreError> {
         let mut witness = lock(&self.witness)?;
-        let disk = durability == Durability::Disk && seq > witness.disk;
+        let disk = durability == Durability::SurvivesPowerCut && seq > witness.disk;
         if seq > witness.kernel || disk {
             witness.kernel = witness.kernel.max(seq);
             if disk {
@@ -761,7 +762,7 @@ impl Inner {
     /// never points at a blob that a power cut could lose.
     fn persist(&self, engine: &Engine, durability: Durability) -> Result<(), StoreError> {
         engine.db.flush().map_err(self.sled_err())?;
-        if durability == Durability::Disk {
+        if durability == Durability::SurvivesPowerCut {
             self.sync_blobs()?;
             engine
                 .data_file
@@ -951,7 +952,7 @@ impl Inner {
         };
 
         match journaled {
-            Some(_) if durability == Durability::Process => {}
+            Some(_) if durability == Durability::SurvivesProcessCrash => {}
             // The fdatasync covers this record and every earlier one.
             Some(_) => self
                 .journal_file
@@ -1002,7 +1003,7 @@ impl Store for SledStore {
     }
 
     /// Applies every op atomically (all or none, across trees) and returns only once durable:
-    /// a commit that returned `Ok` survives kill -9 and, with [`Durability::Disk`] (thanks to
+    /// a commit that returned `Ok` survives kill -9 and, with [`Durability::SurvivesPowerCut`] (thanks to
     /// fdatasync), power loss.
     fn commit_with(&self, batch: Batch, durability: Durability) -> Result<(), StoreError> {
         self.inner.commit_with(batch, durability)

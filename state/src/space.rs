@@ -83,7 +83,7 @@ mod tests {
     fn a_store_with_its_journal_needs_only_the_margin() {
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(needed_to_open(dir.path()), PREALLOCATED + OPEN_MARGIN);
-        drop(crate::SledStore::open(dir.path()).unwrap());
+        drop(crate::sled_store::SledStore::open(dir.path()).unwrap());
         assert_eq!(needed_to_open(dir.path()), OPEN_MARGIN);
     }
 }

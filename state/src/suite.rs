@@ -6,7 +6,7 @@ use std::path::Path;
 
 use crate::{
     AttachmentKey, AttachmentRecord, AttachmentState, Batch, Durability, Ledger, MemStore, Owner,
-    SCHEMA_KEY, SCHEMA_VERSION, SledStore, Store, StoreError, Tree, ensure_schema,
+    SCHEMA_KEY, SCHEMA_VERSION, Store, StoreError, Tree, ensure_schema, sled_store::SledStore,
 };
 
 pub(crate) fn record(network: &str, container_id: &str, ifname: &str) -> AttachmentRecord {
@@ -335,7 +335,7 @@ macro_rules! both_stores {
                 #[test]
                 fn $name() {
                     let dir = tempfile::tempdir().unwrap();
-                    super::$name(crate::SledStore::open(dir.path()).unwrap(), dir.path());
+                    super::$name(crate::sled_store::SledStore::open(dir.path()).unwrap(), dir.path());
                 }
             )*
         }
@@ -613,7 +613,10 @@ mod sled_only {
         assert_eq!(claims(dir.path()), (2, 2));
         let ledger = Ledger::new(SledStore::open(dir.path()).unwrap());
         ledger
-            .put_with(&record("net", "p1", "eth0"), Durability::Process)
+            .put_with(
+                &record("net", "p1", "eth0"),
+                Durability::SurvivesProcessCrash,
+            )
             .unwrap();
         assert_eq!(
             claims(dir.path()),
@@ -815,7 +818,9 @@ mod sled_only {
         for i in 0..commits {
             let mut batch = Batch::new();
             batch.put(Tree::History, format!("k{i:05}"), value.as_str());
-            store.commit_with(batch, Durability::Process).unwrap();
+            store
+                .commit_with(batch, Durability::SurvivesProcessCrash)
+                .unwrap();
         }
         // The applier checkpoints once it has written the commits into sled.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
@@ -848,7 +853,9 @@ mod sled_only {
             .put(Tree::Attachments, key("c007"), b"new".to_vec())
             .put(Tree::Attachments, key("c000"), b"changed".to_vec())
             .put(Tree::History, "h", "1");
-        store.commit_with(batch, Durability::Process).unwrap();
+        store
+            .commit_with(batch, Durability::SurvivesProcessCrash)
+            .unwrap();
         let read = |store: &SledStore| {
             (
                 store.get(Tree::Attachments, &key("c000")).unwrap(),
@@ -912,7 +919,7 @@ mod sled_only {
         put(&store, Tree::History, "failed-append", "2");
         assert!(store.fault().is_none(), "the fall-back is no fault");
         store
-            .commit_with(one_put("after", "3"), Durability::Process)
+            .commit_with(one_put("after", "3"), Durability::SurvivesProcessCrash)
             .unwrap();
         let mut del = Batch::new();
         del.delete(Tree::History, "before");
@@ -941,7 +948,7 @@ mod sled_only {
         }
         expect(&store);
         store
-            .commit_with(one_put("journaled", "4"), Durability::Process)
+            .commit_with(one_put("journaled", "4"), Durability::SurvivesProcessCrash)
             .unwrap();
         // Through the journal again.
         assert_eq!(
@@ -1152,9 +1159,9 @@ mod sled_only {
                 .put(Tree::History, key, container.clone());
             // Every other commit only into the kernel: a kill must not lose those either.
             let durability = if i % 2 == 0 {
-                Durability::Disk
+                Durability::SurvivesPowerCut
             } else {
-                Durability::Process
+                Durability::SurvivesProcessCrash
             };
             store.commit_with(batch, durability).unwrap();
             writeln!(out, "ACK {container}").unwrap();
@@ -1225,7 +1232,7 @@ mod sled_only {
     }
 
     /// kill -9 at an arbitrary point of a commit loop loses nothing that was acknowledged,
-    /// whether the commit went to the disk or only to the kernel (`Durability::Process`), and
+    /// whether the commit went to the disk or only to the kernel (`Durability::SurvivesProcessCrash`), and
     /// never leaves half a batch. Three rounds on one directory, so recovery of an
     /// already-recovered store is covered too.
     #[test]

@@ -20,7 +20,7 @@ use std::{
 };
 
 use dipam_state::{
-    AttachmentKey, AttachmentRecord, AttachmentState, Ledger, Owner, SledStore, Store, StoreError,
+    AttachmentKey, AttachmentRecord, AttachmentState, Ledger, Owner, Store, StoreError,
 };
 use serde_json::{Value, json};
 
@@ -155,7 +155,7 @@ pub async fn rebuild(
     force: bool,
 ) -> Result<Report, String> {
     let mut report = Report::default();
-    let store = match SledStore::open(state_dir) {
+    let store = match dipam_state::open(state_dir) {
         Ok(s) => {
             let n = s
                 .len(dipam_state::Tree::Attachments)
@@ -204,7 +204,7 @@ pub async fn rebuild(
                 report.spool_kept = true;
             }
             report.moved_aside = Some(aside);
-            SledStore::open(state_dir).map_err(|e| e.to_string())?
+            dipam_state::open(state_dir).map_err(|e| e.to_string())?
         }
     };
     let text = std::fs::read(conflist_path)

@@ -317,13 +317,13 @@ async fn take_up<S: Store>(
     }
     crate::fault::hit("add-before-commit");
     let commit = rec.clone();
-    // A pod's result needs to survive a dipamd kill, not a power cut (Durability::Process):
+    // A pod's result needs to survive a dipamd kill, not a power cut (Durability::SurvivesProcessCrash):
     // the intent is on the disk, so a cut that loses this commit leaves `adding`, which the
     // next start releases through the delegate, and the pod died with the node. The agent's
     // addresses must outlive a reboot (the agent comes back expecting them): on the disk.
     let durability = match owner {
-        Owner::Pod => Durability::Process,
-        _ => Durability::Disk,
+        Owner::Pod => Durability::SurvivesProcessCrash,
+        _ => Durability::SurvivesPowerCut,
     };
     if let Err(e) = shim.ledger(move |l| l.put_with(&commit, durability)).await {
         return Ok(Err(e));
