@@ -50,10 +50,8 @@ pub fn hit(point: &str) {
     #[cfg(feature = "fault-injection")]
     if armed(point) {
         tracing::error!(point, "fault injection: SIGKILL now");
-        // SAFETY: kill(2) on our own pid; SIGKILL cannot be caught, so nothing runs after it.
-        unsafe {
-            libc::kill(libc::getpid(), libc::SIGKILL);
-        }
+        // SIGKILL to our own pid cannot be caught, so nothing runs after it.
+        let _ = nix::sys::signal::kill(nix::unistd::getpid(), nix::sys::signal::Signal::SIGKILL);
     }
     #[cfg(not(feature = "fault-injection"))]
     let _ = point;

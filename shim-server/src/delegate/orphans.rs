@@ -85,21 +85,15 @@ fn start_time(pid: u32) -> Option<u64> {
 /// The clock /proc/<pid>/stat's start time is counted in: CLOCK_BOOTTIME, in clock ticks
 /// (USER_HZ), rounded down as the kernel does.
 pub fn ticks_now() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec through a valid pointer; CLOCK_BOOTTIME
-    // exists on every Linux dipam runs on (2.6.39+).
-    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } != 0 {
+    // CLOCK_BOOTTIME exists on every Linux dipam runs on (2.6.39+).
+    let Ok(ts) = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME) else {
         return 0;
-    }
-    // SAFETY: sysconf has no preconditions.
-    let hz = match unsafe { libc::sysconf(libc::_SC_CLK_TCK) } {
-        hz if hz > 0 => hz as u64,
+    };
+    let hz = match nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK) {
+        Ok(Some(hz)) if hz > 0 => hz as u64,
         _ => 100,
     };
-    let ns = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+    let ns = ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64;
     ns / (1_000_000_000 / hz)
 }
 
@@ -257,9 +251,12 @@ fn wait_or_kill(
         return Ok(());
     }
     warn!(pid, "delegate outlived the delegate timeout; killing it");
-    // SAFETY: kill(2) on a pid whose start time is that of the delegate we noted.
-    if unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) } != 0 {
-        let e = std::io::Error::last_os_error();
+    // The pid's start time is that of the delegate we noted: it is not a reused pid.
+    if let Err(errno) = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    ) {
+        let e = std::io::Error::from(errno);
         warn!(pid, error = %e, "cannot kill the delegate; starting without waiting for it");
         return match e.raw_os_error() {
             Some(errno) if crate::privilege::is_denial(errno) => Err(e),
