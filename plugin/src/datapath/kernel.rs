@@ -278,7 +278,7 @@ async fn remove_index(h: &Handles, req: &SetupRequest<'_>, index: u32) {
 }
 
 /// `ip link add <ifname> mtu M type veth peer name <host_name> mtu M netns <host>`, from inside
-/// the container netns: the peer is created directly in the host netns (crates.md §5).
+/// the container netns: the peer is created directly in the host netns (docs/sources.md §13).
 async fn create_veth(h: &Handles, req: &SetupRequest<'_>) -> Result<(), PluginError> {
     let cont = h.container()?;
     let message = || {

@@ -183,7 +183,7 @@ where
 }
 
 /// A netlink socket opened inside a pod's netns, for use from a thread that stays in the host
-/// netns: a socket keeps the netns it was created in, whoever uses it (crates.md §5).
+/// netns: a socket keeps the netns it was created in, whoever uses it (docs/sources.md §13).
 pub struct PodSocket(rtnetlink::sys::Socket);
 
 impl PodSocket {
