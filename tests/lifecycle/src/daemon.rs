@@ -22,6 +22,8 @@ pub struct Dipamd {
     netns: Option<String>,
     /// Run dipamd through this command (e.g. `setpriv --bounding-set ...`), which execs it.
     wrapper: Vec<String>,
+    /// Run this dipamd binary instead of the harness's (dipam-bench's `--alt-dipamd`).
+    binary: Option<PathBuf>,
 }
 
 impl Dipamd {
@@ -49,7 +51,14 @@ impl Dipamd {
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
             netns: None,
             wrapper: Vec::new(),
+            binary: None,
         }
+    }
+
+    /// Runs `path` instead of the harness's dipamd from the next start on: another build,
+    /// compared with this one in the same run.
+    pub fn use_binary(&mut self, path: &Path) {
+        self.binary = Some(path.to_owned());
     }
 
     /// Starts the next dipamd through `argv` (a program that execs the rest of its command
@@ -100,16 +109,17 @@ impl Dipamd {
 
     /// The dipamd command line this guard uses, for tests that run a second instance.
     pub fn command(&self) -> Command {
+        let bin = self.binary.clone().unwrap_or_else(|| bins::bin("dipamd"));
         let mut cmd = match &self.netns {
             None if !self.wrapper.is_empty() => {
                 let mut c = Command::new(&self.wrapper[0]);
-                c.args(&self.wrapper[1..]).arg(bins::bin("dipamd"));
+                c.args(&self.wrapper[1..]).arg(&bin);
                 c
             }
-            None => Command::new(bins::bin("dipamd")),
+            None => Command::new(&bin),
             Some(ns) => {
                 let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns]).arg(bins::bin("dipamd"));
+                c.args(["netns", "exec", ns]).arg(&bin);
                 c
             }
         };

@@ -24,6 +24,14 @@
 //!   all spawned through the same [`Runtime::exec`] path. `--alt-plugin FILE` adds a second
 //!   dipam binary to the same rotation, to compare two builds (say, a build-profile change)
 //!   under the same machine noise.
+//! - **Another build of dipamd** (`--alt-dipamd FILE`, or `--alt-bin-dir DIR` for DIR's
+//!   `dipam` and `dipamd`; dipamctl stays the current one): (b), (c) and
+//!   (d) run a second time as (b'), (c') and (d'), on that dipamd (two instances, as for (b),
+//!   (c) and (d)) and with the alternative plugin when one is given, in the same rotation as
+//!   the others in the latency and throughput sections. The report adds the ratios
+//!   alternative / current per configuration (p50 ADD, CHECK, DEL, pods/s; 8-way pods/s and
+//!   ADD/s), so that a restructure is measured against the build before it under the same
+//!   machine noise.
 //! - **Breakdown** of every dipam request the runtime timed (the direct calls above, and the
 //!   dipam exec of every sequential pod of (b) and (c)), split at four clocks both sides see:
 //!   the runtime's spawn; the plugin's request id, which embeds the wall clock right after
@@ -55,7 +63,7 @@ use std::{
     path::{Path, PathBuf},
     process::ExitCode,
     sync::{
-        Mutex,
+        Arc, Mutex,
         atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
@@ -84,6 +92,7 @@ const CNI_VERSION: &str = "1.0.0";
 struct Opts {
     bin_dir: Option<PathBuf>,
     alt_plugin: Option<PathBuf>,
+    alt_dipamd: Option<PathBuf>,
     pods: usize,
     concurrency: usize,
     concurrent_pods: usize,
@@ -107,6 +116,11 @@ Options:
                          --release, and the binaries it built)
   --alt-plugin FILE      also time this dipam binary in the cold-start section, interleaved
                          with the one under test (to compare two builds in one run)
+  --alt-dipamd FILE      also run (b), (c) and (d) on this dipamd (with --alt-plugin's
+                         plugin when given) in the latency and throughput sections,
+                         interleaved with the build under test, and report the ratios
+  --alt-bin-dir DIR      --alt-plugin DIR/dipam and --alt-dipamd DIR/dipamd (explicit
+                         --alt-plugin / --alt-dipamd win)
   --pods N               sequential pods per configuration (default 200)
   --concurrency N        threads for the throughput phase (default 8)
   --concurrent-pods N    pods per configuration in the throughput phase (default: --pods)
@@ -124,6 +138,7 @@ fn parse_args(args: &[String]) -> Res<Opts> {
     let mut o = Opts {
         bin_dir: None,
         alt_plugin: None,
+        alt_dipamd: None,
         pods: 200,
         concurrency: 8,
         concurrent_pods: 0,
@@ -138,6 +153,7 @@ fn parse_args(args: &[String]) -> Res<Opts> {
     };
     // Explicit numbers win over --quick, whatever the order.
     let mut explicit: Vec<&str> = Vec::new();
+    let mut alt_bin_dir: Option<PathBuf> = None;
     let mut it = args.iter().skip(1);
     while let Some(a) = it.next() {
         let mut value = |name: &str| {
@@ -155,6 +171,8 @@ fn parse_args(args: &[String]) -> Res<Opts> {
             "-h" | "--help" => return Err(USAGE.to_owned()),
             "--bin-dir" => o.bin_dir = Some(PathBuf::from(value(a)?)),
             "--alt-plugin" => o.alt_plugin = Some(PathBuf::from(value(a)?)),
+            "--alt-dipamd" => o.alt_dipamd = Some(PathBuf::from(value(a)?)),
+            "--alt-bin-dir" => alt_bin_dir = Some(PathBuf::from(value(a)?)),
             "--json" => o.json = Some(PathBuf::from(value(a)?)),
             "--quick" => o.quick = true,
             "--pods" => {
@@ -205,6 +223,10 @@ fn parse_args(args: &[String]) -> Res<Opts> {
         set("cold-iters", &mut o.cold_iters, 20);
         set("attachments", &mut o.attachments, 50);
         o.warmup = 1;
+    }
+    if let Some(dir) = alt_bin_dir {
+        o.alt_plugin.get_or_insert_with(|| dir.join("dipam"));
+        o.alt_dipamd.get_or_insert_with(|| dir.join("dipamd"));
     }
     if o.concurrent_pods == 0 {
         o.concurrent_pods = o.pods;
@@ -331,9 +353,19 @@ struct Net {
     _subnets: Vec<Subnet>,
     /// (d) only: its dipamd's socket and pool size, to wait for the refiller.
     pool: Option<(PathBuf, u64)>,
+    /// (b'), (c'), (d') with `--alt-plugin`: the runtime that finds the alternative plugin.
+    rt: Option<Arc<Runtime>>,
+    /// (b'), (c'), (d'): the index of the configuration this one repeats on the alternative
+    /// build.
+    alt_of: Option<usize>,
 }
 
 impl Net {
+    /// The runtime that runs this configuration's plugin: `default`, or the alternative's.
+    fn runtime<'a>(&'a self, default: &'a Runtime) -> &'a Runtime {
+        self.rt.as_deref().unwrap_or(default)
+    }
+
     fn network(&self) -> String {
         self.list["name"].as_str().unwrap_or_default().to_owned()
     }
@@ -382,6 +414,8 @@ fn dipam_net(
         data,
         _subnets: claimed,
         pool: None,
+        rt: None,
+        alt_of: None,
     })
 }
 
@@ -627,6 +661,7 @@ type Spans = HashMap<(String, String), Span>;
 
 /// One pod through ADD, CHECK and DEL in a fresh namespace; times in ms.
 fn pod_cycle(rt: &Runtime, net: &Net, warmup: bool, spans: &mut Spans) -> Res<(f64, f64, f64)> {
+    let rt = net.runtime(rt);
     let ns = NetNs::new();
     // Warm-up pods carry their own prefix, so that they stay out of the server-side stats
     // (the first dipam request also probes host-local's VERSION).
@@ -768,6 +803,7 @@ fn concurrency(rt: &Runtime, nets: &[Net], opts: &Opts) -> Res<Vec<Throughput>> 
         for k in order(nets.len(), round) {
             check_stop()?;
             let net = &nets[k];
+            let rt = net.runtime(rt);
             // (d) starts its round with a full pool.
             refilled(net)?;
             let (h0, m0) = pool_counts(net)?;
@@ -1309,6 +1345,36 @@ impl Report {
                        "sequential_pods_per_s": r3(pps)}),
             );
         }
+        // --alt-dipamd: each alternative configuration against its current twin.
+        for (net, l) in nets.iter().zip(lat) {
+            let Some(of) = net.alt_of else { continue };
+            let cur = &lat[of];
+            let (add, check, del) = (
+                r(&l.add, &cur.add),
+                r(&l.check, &cur.check),
+                r(&l.del, &cur.del),
+            );
+            let pps = ratio(pods_per_s(l), pods_per_s(cur));
+            let name = format!("{}/{}", net.key.replace("_alt", "'"), nets[of].key);
+            self.line(format!(
+                "{:<31} {add:>6.2} {:>13}   {check:>6.2} {:>13}   {del:>6.2} {:>13}   {pps:>8.2}",
+                format!("ratio alt {name} (p50; pods/s)"),
+                "",
+                "",
+                ""
+            ));
+            out.insert(
+                format!("ratio_alt_{}", nets[of].key),
+                json!({"add_p50": r3(add), "check_p50": r3(check), "del_p50": r3(del),
+                       "sequential_pods_per_s": r3(pps)}),
+            );
+            if net.pool.is_some() {
+                out.insert(
+                    "warm_pool_alt".into(),
+                    json!({"hits": l.pool_hits, "misses": l.pool_misses}),
+                );
+            }
+        }
         if let (Some(net), Some(d)) = (nets.get(3), lat.get(3)) {
             self.line(format!(
                 "{}: {} of {} timed ADDs served from the warm pool, {} found it empty",
@@ -1404,6 +1470,23 @@ impl Report {
                 json!({"hits": d.pool_hits, "misses": d.pool_misses}),
             );
         }
+        // --alt-dipamd: each alternative configuration against its current twin.
+        for (net, t) in nets.iter().zip(thr) {
+            let Some(of) = net.alt_of else { continue };
+            let cur = &thr[of];
+            let pps = ratio(t.pods_per_s(), cur.pods_per_s());
+            let add_s = ratio(cur.add_wall, t.add_wall);
+            let del_s = ratio(cur.del_wall, t.del_wall);
+            let name = format!("{}/{}", net.key.replace("_alt", "'"), nets[of].key);
+            self.line(format!(
+                "{:<31} {pps:>8.2} {add_s:>10.2} {del_s:>10.2}",
+                format!("ratio alt {name}")
+            ));
+            out.insert(
+                format!("ratio_alt_{}", nets[of].key),
+                json!({"pods_per_s": r3(pps), "add_per_s": r3(add_s), "del_per_s": r3(del_s)}),
+            );
+        }
         self.json.insert("concurrency".into(), Value::Object(out));
     }
 
@@ -1418,6 +1501,12 @@ impl Report {
             ("cipam", "c_concurrent", "(c) IPAM, concurrent"),
             ("pool", "d", "(d) pool, sequential"),
             ("cpool", "d_concurrent", "(d) pool, concurrent"),
+            ("altmain", "b_alt", "(b') alt main, sequential"),
+            ("altipam", "c_alt", "(c') alt IPAM, sequential"),
+            ("altpool", "d_alt", "(d') alt pool, sequential"),
+            ("caltmain", "b_alt_concurrent", "(b') alt main, concurrent"),
+            ("caltipam", "c_alt_concurrent", "(c') alt IPAM, concurrent"),
+            ("caltpool", "d_alt_concurrent", "(d') alt pool, concurrent"),
         ] {
             let mut per = serde_json::Map::new();
             for verb in ["ADD", "CHECK", "DEL"] {
@@ -1805,6 +1894,85 @@ fn run(opts: &Opts) -> Res<()> {
         json!({"size": pool_size, "dipamd": "its own, with --warm-pool", "subnets": pool_subnets}),
     );
 
+    // --alt-dipamd: (b), (c) and (d) again as (b'), (c'), (d') on the other build's dipamd
+    // (two of them, as above) and, with --alt-plugin, its plugin; they join the rotation.
+    let mut alt_dipamds: Vec<Dipamd> = Vec::new();
+    let mut _alt_plugin_dir: Option<TempDir> = None;
+    if let Some(bin) = &opts.alt_dipamd {
+        let bin = bin
+            .canonicalize()
+            .map_err(|e| format!("--alt-dipamd {}: {e}", bin.display()))?;
+        let alt_rt = match opts.alt_plugin.as_deref() {
+            Some(p) => {
+                let (rt, dir) = alt_runtime(p)?;
+                _alt_plugin_dir = Some(dir);
+                Some(Arc::new(rt))
+            }
+            None => None,
+        };
+        let start = |extra: &[&str]| {
+            let mut d = Dipamd::unstarted(extra);
+            d.use_binary(&bin);
+            d.start_again();
+            d
+        };
+        let shared = start(&["--log-format", "json"]);
+        let pool = start(&[
+            "--log-format",
+            "json",
+            "--warm-pool",
+            &pool_arg,
+            "--node-name",
+            "bench",
+        ]);
+        for (file, socket, key, label, prefix, subnets, of) in [
+            (
+                "dipam-host-local.conflist",
+                shared.socket(),
+                "b_alt",
+                "(b') alt: dipam main + hl",
+                "altmain",
+                1,
+                1,
+            ),
+            (
+                "ptp-dipam-host-local.conflist",
+                shared.socket(),
+                "c_alt",
+                "(c') alt: ptp + dipam + hl",
+                "altipam",
+                1,
+                2,
+            ),
+            (
+                "dipam-host-local.conflist",
+                pool.socket(),
+                "d_alt",
+                "(d') alt: dipam main + pool",
+                "altpool",
+                pool_subnets,
+                3,
+            ),
+        ] {
+            let mut net = dipam_net(file, &socket, key, label, prefix, subnets)?;
+            net.rt.clone_from(&alt_rt);
+            net.alt_of = Some(of);
+            if of == 3 {
+                net.pool = Some((socket.clone(), pool_size as u64));
+                pod_cycle(&rt, &net, true, &mut Spans::new())?;
+            }
+            nets.push(net);
+        }
+        rep.json.insert(
+            "alt".into(),
+            json!({"dipamd": bin, "plugin": opts.alt_plugin,
+                   "binary_bytes": {"dipamd": file_size(&bin),
+                                    "dipam": opts.alt_plugin.as_deref().map(file_size)}}),
+        );
+        alt_dipamds.push(shared);
+        alt_dipamds.push(pool);
+    }
+
     let lat = if opts.runs("latency") {
         Some(latency(&rt, &nets, opts, &mut spans)?)
     } else {
@@ -1843,6 +2011,9 @@ fn run(opts: &Opts) -> Res<()> {
     // (d)'s dipamd logs its own pods (prefixes pool-, cpool-): one map for the breakdown.
     log.extend(parse_log(&pool_dipamd.log()));
     drop(pool_dipamd);
+    for d in alt_dipamds {
+        log.extend(parse_log(&d.log()));
+    }
 
     if let Some(lat) = &lat {
         rep.latency(&nets, lat, opts.pods);
