@@ -469,7 +469,7 @@ pub fn tune_allocator() {
 
 /// Reports the ledger's attachments by owner and network, whole, before anything changes
 /// them: from here on every record and release reports its own change (the metrics' gauge).
-async fn census(shim: &Shim<SledStore>) -> Result<(), DaemonError> {
+async fn census<S: dipam_state::Store>(shim: &Shim<S>) -> Result<(), DaemonError> {
     if !shim.events.listened() {
         return Ok(());
     }
