@@ -143,7 +143,7 @@ pub enum ShimError {
     /// A GC's list of valid attachments that is not exactly what the spec defines; nothing
     /// was freed (gc.rs).
     #[error("{}", .0.msg)]
-    GcInput(crate::gc::InputError),
+    GcInput(InputError),
     /// The caller may not do this (a non-root caller outside what it is allowed).
     #[error("{msg}")]
     Forbidden { msg: String, details: String },
@@ -159,6 +159,28 @@ pub enum ShimError {
         /// The CNI code: 4 for a CNI_* variable, 7 for the network config.
         code: u32,
     },
+}
+
+/// A GC list (gc.rs) that is not exactly what the spec defines. The whole GC is refused: an entry
+/// dipamd cannot read might be a pod that is still running, and guessing it stale would free
+/// that pod's address.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{msg}: {details}")]
+pub struct InputError {
+    /// Names the entry: where it is (key or file, index) and what it holds (bounded).
+    pub msg: String,
+    /// What is wrong with it and what the entry must look like.
+    pub details: String,
+}
+
+impl From<crate::keys::Reserved> for ShimError {
+    fn from(r: crate::keys::Reserved) -> Self {
+        Self::Reserved {
+            command: r.command,
+            container_id: r.container_id,
+            family: r.family,
+        }
+    }
 }
 
 impl ShimError {

@@ -37,13 +37,14 @@ use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use crate::{
+    clock::now,
     delegate::{
         Invocation,
         config::{DelegateConf, result_ips},
         store,
     },
     error::ShimError,
-    shim::{Shim, now},
+    shim::Shim,
     validate,
 };
 
@@ -84,17 +85,7 @@ pub const LEGACY_KEY: &str = "cni.dev/attachments";
 /// never the whole of a hostile one.
 const QUOTE: usize = 120;
 
-/// A GC list that is not exactly what the spec defines. The whole GC is refused: an entry
-/// dipamd cannot read might be a pod that is still running, and guessing it stale would free
-/// that pod's address.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{msg}: {details}")]
-pub struct InputError {
-    /// Names the entry: where it is (key or file, index) and what it holds (bounded).
-    pub msg: String,
-    /// What is wrong with it and what the entry must look like.
-    pub details: String,
-}
+pub use crate::error::InputError;
 
 /// What a CNI GC request says is valid (spec 1.1 "GC"; libcni's `GCArgs`).
 #[derive(Debug, Clone, PartialEq, Eq)]

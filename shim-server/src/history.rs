@@ -53,7 +53,7 @@ impl Sink {
         if container_id.is_empty() {
             return true;
         }
-        body["atMs"] = Value::from(crate::shim::now_ms());
+        body["atMs"] = Value::from(crate::clock::now_ms());
         body["seq"] = Value::from(self.seq.fetch_add(1, Ordering::Relaxed));
         let ev = Event {
             container_id: container_id.to_owned(),

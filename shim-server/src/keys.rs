@@ -15,12 +15,13 @@
 //! reach the router's address. Runtimes never make such IDs: containerd, CRI-O and podman
 //! use 64 hexadecimal digits.
 
-use crate::error::ShimError;
-
 /// Every container ID dipamd makes for itself starts with this.
 pub const PREFIX: &str = "dipam-";
 /// The warm pool's entries: `dipam-pool-<node>-<n>`.
 pub const POOL_PREFIX: &str = "dipam-pool-";
+
+/// The roles dipamd can hold an address for (agent/): their keys are made here.
+pub const ROLES: [&str; 3] = ["router", "health", "ingress"];
 
 /// The families of dipamd's own keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,7 +61,7 @@ pub fn internal(container_id: &str) -> Option<Internal> {
     if container_id.starts_with(POOL_PREFIX) {
         return Some(Internal::Pool);
     }
-    let agent = crate::agent::ROLES.iter().find(|r| {
+    let agent = ROLES.iter().find(|r| {
         rest.strip_prefix(**r)
             .and_then(|t| t.strip_prefix('-'))
             .is_some_and(|t| t.starts_with("ipv4-") || t.starts_with("ipv6-"))
@@ -73,13 +74,22 @@ pub fn internal(container_id: &str) -> Option<Internal> {
     })
 }
 
+/// A runtime's ADD, CHECK or DEL of one of dipamd's own keys; `ShimError::Reserved` once it
+/// crosses into the error boundary (error.rs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reserved {
+    pub command: String,
+    pub container_id: String,
+    pub family: Internal,
+}
+
 /// Refuses a runtime's ADD, CHECK or DEL (`command`) of one of dipamd's own keys (code 4:
 /// the CNI_CONTAINERID a runtime may not use). dipamd's own operations on these keys do not
 /// come through the CNI handlers.
-pub fn refuse_runtime(command: &str, container_id: &str) -> Result<(), ShimError> {
+pub fn refuse_runtime(command: &str, container_id: &str) -> Result<(), Reserved> {
     match internal(container_id) {
         None => Ok(()),
-        Some(family) => Err(ShimError::Reserved {
+        Some(family) => Err(Reserved {
             command: command.to_owned(),
             container_id: container_id.to_owned(),
             family,
@@ -93,7 +103,7 @@ mod tests {
 
     #[test]
     fn every_key_dipamd_makes_is_refused_to_a_runtime() {
-        for role in crate::agent::ROLES {
+        for role in ROLES {
             for fam in ["ipv4", "ipv6"] {
                 let id = agent_id(role, fam, "node-1.example");
                 assert!(crate::validate::container_id(&id).is_ok(), "{id}");
@@ -111,7 +121,7 @@ mod tests {
         assert_eq!(internal("dipam-egress-ipv4-n1"), Some(Internal::Unknown));
         assert!(refuse_runtime("ADD", "dipam-x").is_err());
         // No agent role can be mistaken for the pool's prefix.
-        assert!(!crate::agent::ROLES.contains(&"pool"));
+        assert!(!ROLES.contains(&"pool"));
     }
 
     #[test]
@@ -131,7 +141,9 @@ mod tests {
 
     #[test]
     fn refusal_is_code_4_and_names_the_family() {
-        let e = refuse_runtime("ADD", &agent_id("router", "ipv4", "n1")).unwrap_err();
+        let e = crate::error::ShimError::from(
+            refuse_runtime("ADD", &agent_id("router", "ipv4", "n1")).unwrap_err(),
+        );
         let (code, details) = e.code_and_details();
         assert_eq!(code, 4);
         let msg = e.to_string();

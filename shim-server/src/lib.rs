@@ -5,6 +5,7 @@ pub mod access;
 pub mod activation;
 pub mod addrs;
 pub mod agent;
+pub mod clock;
 pub mod ctl;
 pub mod daemon;
 pub mod delegate;

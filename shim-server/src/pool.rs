@@ -54,12 +54,13 @@ use tokio::sync::Notify;
 use tracing::{info, warn};
 
 use crate::{
+    clock::{now, now_ms},
     delegate::{
         config::{DelegateConf, result_ips},
         store, version,
     },
     error::ShimError,
-    shim::{Prepared, Shim, now, now_ms},
+    shim::{Prepared, Shim},
 };
 
 /// Every pool entry's container ID starts with this; the runtime may not use such IDs

@@ -2,11 +2,7 @@
 //! helpers every RPC uses (preparing a request, running the delegate, ledger I/O off the
 //! async workers).
 
-use std::{
-    path::PathBuf,
-    sync::Arc,
-    time::{Instant, SystemTime, UNIX_EPOCH},
-};
+use std::{path::PathBuf, sync::Arc, time::Instant};
 
 use dipam_proto::v1::{CniRequest, Mode};
 use dipam_state::{AttachmentKey, AttachmentRecord, Ledger, Owner, Store, StoreError};
@@ -109,19 +105,7 @@ pub const TOMBSTONE_TTL: std::time::Duration = std::time::Duration::from_secs(60
 /// The most tombstones kept: bounds memory under churn.
 pub const TOMBSTONE_MAX: usize = 65_536;
 
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or_default()
-}
-
-pub fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or_default()
-}
+pub use crate::clock::{now, now_ms};
 
 impl<S: Store> Shim<S> {
     pub fn new(

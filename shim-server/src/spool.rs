@@ -314,7 +314,7 @@ fn open_quarantine(fd: &OwnedFd, dir: &Path) -> Result<OwnedFd, String> {
         Ok(q) => return Ok(q),
         Err(e) if e.not_found() => {}
         Err(e) => {
-            let aside = format!(".untrusted-{QUARANTINE}-{}", crate::shim::now_ms());
+            let aside = format!(".untrusted-{QUARANTINE}-{}", crate::clock::now_ms());
             renameat(fd, QUARANTINE, fd, aside.as_str())
                 .map_err(|r| format!("{e}; moving it aside failed: {r}"))?;
             error!(spool = %dir.display(), problem = %e, moved_to = %aside, "the spool's quarantine was not a directory meeting the spool rule; moved aside unread");

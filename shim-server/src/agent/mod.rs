@@ -27,8 +27,7 @@ use tokio::sync::{Notify, watch};
 
 use crate::delegate::config::result_addrs;
 
-/// The roles dipamd can hold an address for.
-pub const ROLES: [&str; 3] = ["router", "health", "ingress"];
+pub use crate::keys::ROLES;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Family {

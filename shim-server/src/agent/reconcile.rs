@@ -348,7 +348,7 @@ fn prepare<S: Store>(
         cni_path: String::new(),
         stdin: serde_json::to_vec(&base.request).map_err(|e| ShimError::Internal(e.to_string()))?,
         mode: base.mode as i32,
-        issued_at_ms: crate::shim::now_ms(),
+        issued_at_ms: crate::clock::now_ms(),
         issued_at: crate::order::now().map(|b| dipam_proto::v1::BootStamp {
             boot_id: b.boot_id,
             ns: b.ns,

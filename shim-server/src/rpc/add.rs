@@ -11,9 +11,10 @@ use dipam_state::{AttachmentRecord, AttachmentState, Durability, Owner, Store};
 use tracing::{info, warn};
 
 use crate::{
+    clock::now,
     delegate::version,
     error::ShimError,
-    shim::{Prepared, Shim, now},
+    shim::{Prepared, Shim},
 };
 
 tokio::task_local! {

@@ -11,10 +11,7 @@ use dipam_proto::v1::CniRequest;
 use dipam_state::{AttachmentState, Store};
 use tracing::{info, warn};
 
-use crate::{
-    error::ShimError,
-    shim::{Shim, now},
-};
+use crate::{clock::now, error::ShimError, shim::Shim};
 
 pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, ShimError> {
     let mut p = shim.prepare(req, true)?;

@@ -131,7 +131,7 @@ pub(crate) fn request(cid: &str, version: &str, extra: Value) -> CniRequest {
         cni_path: String::new(),
         stdin: serde_json::to_vec(&conf).unwrap(),
         mode: Mode::Ipam as i32,
-        issued_at_ms: crate::shim::now_ms(),
+        issued_at_ms: crate::clock::now_ms(),
         issued_at: crate::order::now().map(|b| dipam_proto::v1::BootStamp {
             boot_id: b.boot_id,
             ns: b.ns,
@@ -582,7 +582,7 @@ async fn spooled_dels_are_drained_and_unusable_ones_quarantined() {
     std::fs::create_dir_all(&spool).unwrap();
     let req = request("c1", "1.0.0", json!({}));
     let good = json!({
-        "format": 1, "requestId": "r", "issuedAtMs": crate::shim::now_ms(), "command": "DEL",
+        "format": 1, "requestId": "r", "issuedAtMs": crate::clock::now_ms(), "command": "DEL",
         "containerId": "c1", "netns": "", "ifname": "eth0", "cniArgs": "", "cniPath": "",
         "mode": 1, "stdin": String::from_utf8(req.stdin).unwrap(),
     });
@@ -613,7 +613,7 @@ async fn spool_replays_only_roots_files_and_releases_keys_the_ledger_lacks() {
     let del = |cid: &str| {
         let req = request(cid, "1.0.0", json!({}));
         json!({
-            "format": 1, "requestId": "r", "issuedAtMs": crate::shim::now_ms(), "command": "DEL",
+            "format": 1, "requestId": "r", "issuedAtMs": crate::clock::now_ms(), "command": "DEL",
             "containerId": cid, "netns": "", "ifname": "eth0", "cniArgs": "",
             "cniPath": "", "mode": 1, "stdin": String::from_utf8(req.stdin).unwrap(),
         })
