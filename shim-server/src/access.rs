@@ -96,18 +96,6 @@ impl Caller {
     }
 }
 
-tokio::task_local! {
-    /// The caller of the CNI request being served, set by the service around each request
-    /// (service.rs) and read where the request is prepared (`Shim::prepare`). Outside a
-    /// request (dipamd's own replays and refills) it is unset, and that is root.
-    pub static CALLER: Caller;
-}
-
-/// The caller of the CNI request this task serves; [`Caller::ROOT`] for dipamd's own work.
-pub fn current_caller() -> Caller {
-    CALLER.try_with(|c| *c).unwrap_or(Caller::ROOT)
-}
-
 /// Peer credential check, as a tonic interceptor. It attaches the [`Caller`] to the request.
 #[derive(Debug, Clone, Default)]
 pub struct PeerCheck {

@@ -760,7 +760,11 @@ esac
             shim.ledger(move |l| l.put(&r)).await.unwrap();
         }
         let dc = shim
-            .prepare(request("", "1.1.0", json!({})), false)
+            .prepare(
+                request("", "1.1.0", json!({})),
+                false,
+                crate::access::Caller::ROOT,
+            )
             .unwrap()
             .dc;
         (dir, shim, dc)

@@ -60,6 +60,7 @@ use crate::{
         store, version,
     },
     error::ShimError,
+    rpc::add::Early,
     shim::{Prepared, Shim},
 };
 
@@ -412,7 +413,11 @@ pub async fn init<S: Store>(shim: &Shim<S>) -> Result<(), ShimError> {
 
 /// A pod's ADD from the pool, if it can be served from it; `None` sends the request down the
 /// normal path. The caller holds the pod key's lock.
-pub async fn take<S: Store>(shim: &Shim<S>, p: &Prepared) -> Result<Option<Vec<u8>>, ShimError> {
+pub async fn take<S: Store>(
+    shim: &Shim<S>,
+    p: &Prepared,
+    early: &mut Early,
+) -> Result<Option<Vec<u8>>, ShimError> {
     // Root's pods only: a non-root caller's config must not become the template dipamd
     // fills the network's pool with, as root, in the background (docs/cfp.md, "Threat
     // model"); its ADDs take the normal path, recorded under its uid.
@@ -492,18 +497,18 @@ pub async fn take<S: Store>(shim: &Shim<S>, p: &Prepared) -> Result<Option<Vec<u
         // One trip to the blocking pool: the pod's key must have no record (else the normal
         // path answers), the entry must still be in the ledger exactly as the pool knows it,
         // and then the one commit. A main-mode plugin (AddEarly) gets the result between the
-        // checks and the commit, to wire the pod while it runs (rpc/add.rs EARLY).
+        // checks and the commit, to wire the pod while it runs (rpc/add.rs, `Early`).
         let (commit, expected) = (rec.clone(), entry.clone());
-        let (mut early, answer) = (crate::rpc::add::take_early(), rendered.clone());
+        let (mut tx, answer) = (early.take(), rendered.clone());
         let outcome = shim
             .ledger(move |l| {
                 if l.get(&commit.key)?.is_some() {
-                    return Ok((Take::KeyTaken, early));
+                    return Ok((Take::KeyTaken, tx));
                 }
                 if l.get(&expected.key)?.as_ref() != Some(&expected) {
-                    return Ok((Take::EntryChanged, early));
+                    return Ok((Take::EntryChanged, tx));
                 }
-                if let Some(tx) = early.take() {
+                if let Some(tx) = tx.take() {
                     let _ = tx.send(answer);
                 }
                 // In the kernel is enough (Durability::SurvivesProcessCrash): a power cut that loses the take
@@ -515,12 +520,12 @@ pub async fn take<S: Store>(shim: &Shim<S>, p: &Prepared) -> Result<Option<Vec<u
         match outcome {
             Ok((Take::Done, _)) => {}
             Ok((Take::KeyTaken, unused)) => {
-                crate::rpc::add::restore_early(unused);
+                early.restore(unused);
                 shim.pool.unclaim(&digest, entry);
                 return Ok(None);
             }
             Ok((Take::EntryChanged, unused)) => {
-                crate::rpc::add::restore_early(unused);
+                early.restore(unused);
                 warn!(entry = %entry.key, "warm pool: the ledger no longer holds this entry as the pool knew it; skipping it");
                 continue;
             }
@@ -934,7 +939,7 @@ async fn fill_one<S: Store>(
         req,
     };
     let _guard = shim.locks.lock(&p.key).await;
-    crate::rpc::add::attach(shim, &p, Owner::Pool).await?;
+    crate::rpc::add::attach(shim, &p, Owner::Pool, &mut Early::default()).await?;
     // The committed record, as the take will find it in the ledger.
     shim.lookup(&p.key)?
         .filter(|r| r.owner == Owner::Pool && r.state == AttachmentState::Committed)
@@ -943,6 +948,7 @@ async fn fill_one<S: Store>(
 
 #[cfg(test)]
 mod tests {
+    use crate::{access::Caller, rpc::tests::add_as};
     use std::time::Duration;
 
     use dipam_proto::v1::Mode;
@@ -953,7 +959,7 @@ mod tests {
     use super::*;
     use crate::{
         delegate::Executor,
-        rpc::{add, check, del},
+        rpc::{check, del},
     };
 
     /// A delegate that records each call and hands out 10.9.0.2, .3, ... in turn.
@@ -1035,7 +1041,7 @@ esac
     /// pod is answered from it with no delegate exec for the pod, in the request's version.
     async fn filled(size: usize) -> Bench {
         let b = Bench::new(size);
-        add::run(&b.shim, request("first", "1.0.0", json!({})))
+        add_as(&b.shim, Caller::ROOT, request("first", "1.0.0", json!({})))
             .await
             .unwrap();
         b.refill().await;
@@ -1053,7 +1059,7 @@ esac
 
         // Only the first pod's result skipped the disk; the pool's own entries are on it.
         assert_eq!(b.shim.ledger.store().process_commits(), 1);
-        let out = add::run(&b.shim, request("pod", "1.1.0", json!({})))
+        let out = add_as(&b.shim, Caller::ROOT, request("pod", "1.1.0", json!({})))
             .await
             .unwrap();
         let v: Value = serde_json::from_slice(&out).unwrap();
@@ -1079,7 +1085,7 @@ esac
         assert_eq!(b.shim.pool.hits.load(Ordering::Relaxed), 1);
 
         // A repeated ADD is answered from the ledger, not from the pool again.
-        let again = add::run(&b.shim, request("pod", "1.1.0", json!({})))
+        let again = add_as(&b.shim, Caller::ROOT, request("pod", "1.1.0", json!({})))
             .await
             .unwrap();
         assert_eq!(again, out);
@@ -1101,7 +1107,7 @@ esac
         let b = filled(2).await;
         let entries = b.entries();
         b.shim.ledger.store().fail_next_commits(1);
-        let e = add::run(&b.shim, request("pod", "1.0.0", json!({})))
+        let e = add_as(&b.shim, Caller::ROOT, request("pod", "1.0.0", json!({})))
             .await
             .unwrap_err();
         assert!(e.to_string().contains("injected"), "{e}");
@@ -1109,7 +1115,7 @@ esac
         assert_eq!(b.entries(), entries, "the pool lost or changed an entry");
         assert_eq!(b.ready(), 2);
         // The retry takes the same, oldest entry.
-        add::run(&b.shim, request("pod", "1.0.0", json!({})))
+        add_as(&b.shim, Caller::ROOT, request("pod", "1.0.0", json!({})))
             .await
             .unwrap();
         let d = b.record("pod").unwrap().delegate_key.unwrap();
@@ -1150,12 +1156,13 @@ esac
     #[tokio::test]
     async fn del_and_check_of_a_pooled_pod_use_the_pool_key() {
         let b = filled(1).await;
-        let out = add::run(&b.shim, request("pod", "1.0.0", json!({})))
+        let out = add_as(&b.shim, Caller::ROOT, request("pod", "1.0.0", json!({})))
             .await
             .unwrap();
         let prev: Value = serde_json::from_slice(&out).unwrap();
         check::run(
             &b.shim,
+            Caller::ROOT,
             request("pod", "1.0.0", json!({ "prevResult": prev.clone() })),
         )
         .await
@@ -1170,6 +1177,7 @@ esac
         );
         del::run(
             &b.shim,
+            Caller::ROOT,
             request("pod", "1.0.0", json!({ "prevResult": prev })),
         )
         .await
@@ -1190,10 +1198,11 @@ esac
         let b = filled(1).await;
         let mut req = request("ip-pod", "1.0.0", json!({}));
         req.cni_args = "IgnoreUnknown=1;IP=10.9.0.50".into();
-        add::run(&b.shim, req).await.unwrap();
+        add_as(&b.shim, Caller::ROOT, req).await.unwrap();
         assert!(b.calls().last().unwrap().starts_with("ADD ip-pod eth0"));
-        add::run(
+        add_as(
             &b.shim,
+            Caller::ROOT,
             request(
                 "rc-pod",
                 "1.0.0",
@@ -1207,13 +1216,21 @@ esac
         assert_eq!(b.entries().len(), 1, "a bypass took an entry");
 
         let calls = b.calls().len();
-        let e = add::run(&b.shim, request("dipam-pool-n1-0", "1.0.0", json!({})))
-            .await
-            .unwrap_err();
+        let e = add_as(
+            &b.shim,
+            Caller::ROOT,
+            request("dipam-pool-n1-0", "1.0.0", json!({})),
+        )
+        .await
+        .unwrap_err();
         assert_eq!(e.code_and_details().0, 4, "{e}");
-        let e = del::run(&b.shim, request("dipam-pool-n1-0", "1.0.0", json!({})))
-            .await
-            .unwrap_err();
+        let e = del::run(
+            &b.shim,
+            Caller::ROOT,
+            request("dipam-pool-n1-0", "1.0.0", json!({})),
+        )
+        .await
+        .unwrap_err();
         assert_eq!(e.code_and_details().0, 4, "{e}");
         assert_eq!(b.calls().len(), calls, "a runtime reached the pool's key");
         assert_eq!(b.entries().len(), 1);
@@ -1222,9 +1239,7 @@ esac
     #[tokio::test]
     async fn per_pod_runtime_config_still_matches_and_a_new_config_replaces_the_pool() {
         let b = filled(1).await;
-        add::run(
-            &b.shim,
-            request(
+        add_as(&b.shim, Caller::ROOT, request(
                 "pm-pod",
                 "1.0.0",
                 json!({"runtimeConfig": {"portMappings": [{"hostPort": 8080}]}, "args": {"cni": {"labels": []}}}),
@@ -1242,7 +1257,7 @@ esac
         let mut conf: Value = serde_json::from_slice(&changed.stdin).unwrap();
         conf["ipam"]["delegate"]["subnet"] = json!("10.9.1.0/24");
         changed.stdin = serde_json::to_vec(&conf).unwrap();
-        add::run(&b.shim, changed).await.unwrap();
+        add_as(&b.shim, Caller::ROOT, changed).await.unwrap();
         assert!(b.record("new-pod").unwrap().delegate_key.is_none());
         b.refill().await;
         let now = b.entries();
@@ -1280,7 +1295,7 @@ esac
         }
         assert_eq!(shim.ledger.settings(TEMPLATE_SETTING).unwrap().len(), 1);
         init(&shim).await.unwrap();
-        add::run(&shim, request("pod", "1.0.0", json!({})))
+        add_as(&shim, Caller::ROOT, request("pod", "1.0.0", json!({})))
             .await
             .unwrap();
         assert!(

@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status};
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::{
-    access::{CALLER, Caller, Class},
+    access::{Caller, Class},
     error::ShimError,
     rpc,
     shim::Shim,
@@ -69,11 +69,10 @@ impl Call {
 
 /// Runs one CNI call: admission (`class`; STATUS takes none: it must stay cheap and answer
 /// even when dipamd is saturated), the RPC module, then logs, metrics, history and the one
-/// error boundary. The RPC runs with `caller` in [`CALLER`]: what it may do is decided where
+/// error boundary. The RPC gets its caller as an argument: what it may do is decided where
 /// the request is prepared (`Shim::prepare`).
 async fn answer<S: Store, F>(
     shim: &Shim<S>,
-    caller: Caller,
     call: Call,
     class: Option<Class>,
     f: F,
@@ -82,7 +81,6 @@ where
     F: Future<Output = Result<Vec<u8>, ShimError>>,
 {
     let span = call.span();
-    let f = CALLER.scope(caller, f);
     async move {
         let started = Instant::now();
         let outcome = match class {
@@ -164,27 +162,24 @@ where
     .await
 }
 
-/// One ADD, answered as `Add` answers it (with `replayed` set on success).
+/// One ADD, answered as `Add` answers it (with `replayed` set on success); `early` is the
+/// AddEarly stream's sender, if it is one.
 async fn add<S: Store>(
     shim: &Shim<S>,
     caller: Caller,
     req: CniRequest,
+    mut early: rpc::add::Early,
 ) -> Result<CniReply, Status> {
     let call = Call::of("ADD", &req);
-    let (reply, replayed) = rpc::add::REPLAYED
-        .scope(std::cell::Cell::new(false), async {
-            let reply = answer(
-                shim,
-                caller,
-                call,
-                Some(Class::Add),
-                rpc::add::run(shim, req),
-            )
-            .await;
-            (reply, rpc::add::REPLAYED.with(std::cell::Cell::get))
-        })
-        .await;
-    let mut reply = reply?.into_inner();
+    let mut replayed = false;
+    let run = async {
+        let added = rpc::add::run(shim, caller, req, &mut early).await?;
+        replayed = added.replayed;
+        Ok(added.result)
+    };
+    let mut reply = answer(shim, call, Some(Class::Add), run)
+        .await?
+        .into_inner();
     if matches!(reply.outcome, Some(Outcome::Result(_))) {
         reply.replayed = Some(replayed);
     }
@@ -198,7 +193,7 @@ type ReplyStream =
 impl<S: Store> Cni for Service<S> {
     async fn add(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
         let caller = Caller::of(&r);
-        add(&self.0, caller, r.into_inner())
+        add(&self.0, caller, r.into_inner(), rpc::add::Early::default())
             .await
             .map(Response::new)
     }
@@ -219,7 +214,7 @@ impl<S: Store> Cni for Service<S> {
         tokio::spawn(async move {
             let (early_tx, early_rx) = tokio::sync::oneshot::channel::<Vec<u8>>();
             // Sends the early result, if the ADD offers one; done when it does, or when the
-            // ADD ends without (its sender dropped with the scope).
+            // ADD ends without (its sender dropped with the ADD).
             let forward = async {
                 if let Ok(result) = early_rx.await {
                     let early = CniReply {
@@ -232,10 +227,7 @@ impl<S: Store> Cni for Service<S> {
                     let _ = tx.send(Ok(early)).await;
                 }
             };
-            let handler = rpc::add::EARLY.scope(
-                std::cell::RefCell::new(Some(early_tx)),
-                add(&shim, caller, req),
-            );
+            let handler = add(&shim, caller, req, rpc::add::Early::to(early_tx));
             let (last, ()) = tokio::join!(handler, forward);
             let _ = tx.send(last).await;
         });
@@ -250,10 +242,9 @@ impl<S: Store> Cni for Service<S> {
         let retired = req.retired_link.clone();
         let mut reply = answer(
             &self.0,
-            caller,
             call,
             Some(Class::Other),
-            rpc::del::run(&self.0, req),
+            rpc::del::run(&self.0, caller, req),
         )
         .await?;
         // The address is released: the retired veth can go whenever the worker gets to it.
@@ -272,10 +263,9 @@ impl<S: Store> Cni for Service<S> {
         let call = Call::of("CHECK", &req);
         answer(
             &self.0,
-            caller,
             call,
             Some(Class::Other),
-            rpc::check::run(&self.0, req),
+            rpc::check::run(&self.0, caller, req),
         )
         .await
     }
@@ -285,10 +275,9 @@ impl<S: Store> Cni for Service<S> {
         let call = Call::of("GC", &req);
         answer(
             &self.0,
-            caller,
             call,
             Some(Class::Other),
-            rpc::gc::run(&self.0, req),
+            rpc::gc::run(&self.0, caller, req),
         )
         .await
     }
@@ -297,10 +286,9 @@ impl<S: Store> Cni for Service<S> {
         let req = r.into_inner();
         answer(
             &self.0,
-            caller,
             Call::of("STATUS", &req),
             None,
-            rpc::status::run(&self.0, req),
+            rpc::status::run(&self.0, caller, req),
         )
         .await
     }

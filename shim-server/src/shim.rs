@@ -9,9 +9,10 @@ use dipam_state::{AttachmentKey, AttachmentRecord, Ledger, Owner, Store, StoreEr
 use rscni_types::version::SpecVersion;
 
 use crate::{
+    access::Caller,
     agent::{Agent, AgentConfig},
     delegate::{
-        Executor, Invocation, Output, Probe,
+        Executor, Gated, Invocation, Output, Probe,
         config::{DelegateConf, result_addrs},
         version,
     },
@@ -74,7 +75,7 @@ pub struct Prepared {
     /// Its `cni_path` is what the caller may use (`Executor::confine_cni_path`).
     pub req: CniRequest,
     /// Who sent it (root for dipamd's own requests).
-    pub caller: crate::access::Caller,
+    pub caller: Caller,
     pub dc: DelegateConf,
     pub key: AttachmentKey,
 }
@@ -206,7 +207,14 @@ impl<S: Store> Shim<S> {
 
     /// Validates a request (defence in depth: these values become keys and exec arguments)
     /// and derives the delegate config. `attachment` verbs need the container ID and ifname.
-    pub fn prepare(&self, req: CniRequest, attachment: bool) -> Result<Prepared, ShimError> {
+    /// `caller` sent it (the service's peer check); dipamd's own requests (replays, refills,
+    /// the agent's addresses) are [`Caller::ROOT`]'s. What it may do is decided here.
+    pub fn prepare(
+        &self,
+        req: CniRequest,
+        attachment: bool,
+        caller: Caller,
+    ) -> Result<Prepared, ShimError> {
         if req.protocol_version < 64 {
             self.plugin_protocols.fetch_or(
                 1 << req.protocol_version,
@@ -232,7 +240,6 @@ impl<S: Store> Shim<S> {
         };
         crate::delegate::config::refuse_mixed_shape(&req.stdin, mode, &req.command)?;
         let dc = DelegateConf::from_request(&req.stdin, mode)?;
-        let caller = crate::access::current_caller();
         self.exec.allow_kind(&dc.kind, caller)?;
         let mut req = req;
         req.cni_path = self.exec.confine_cni_path(&req.cni_path, caller);
@@ -283,12 +290,11 @@ impl<S: Store> Shim<S> {
     ) -> Result<Output, ShimError> {
         self.run_delegate_gated(p, probe, command, stdin, std::future::ready(Ok(())), None)
             .await
-            .and_then(|out| out)
+            .into_result()
     }
 
     /// [`Self::run_delegate`] with the ledger write `gate` made durable while the delegate
-    /// starts (delegate::exec::run_gated). Outer error: the gate failed, the delegate did
-    /// nothing.
+    /// starts (delegate::exec::run_gated). [`Gated::GateFailed`]: the delegate did nothing.
     pub async fn run_delegate_gated(
         &self,
         p: &Prepared,
@@ -297,7 +303,7 @@ impl<S: Store> Shim<S> {
         stdin: Vec<u8>,
         gate: impl std::future::Future<Output = Result<(), ShimError>>,
         peek: Option<crate::delegate::exec::Peek>,
-    ) -> Result<Result<Output, ShimError>, ShimError> {
+    ) -> Gated {
         let inv = Invocation {
             command: command.into(),
             container_id: p.req.container_id.clone(),

@@ -444,7 +444,7 @@ pub async fn drain<S: Store>(shim: &Shim<S>, dir: &Path) -> Drained {
         // restored from a backup). Only when the delegate's own store proves it holds
         // nothing for the key is the exec skipped, which keeps the drain (run before
         // serving) fast after a runtime retried ADDs in a tight loop while dipamd was down.
-        if let Ok(p) = shim.prepare(req.clone(), true)
+        if let Ok(p) = shim.prepare(req.clone(), true, crate::access::Caller::ROOT)
             && let Ok(None) = shim.lookup(&p.key)
             && provably_nothing_held(&p, &mut stores)
         {
@@ -453,7 +453,7 @@ pub async fn drain<S: Store>(shim: &Shim<S>, dir: &Path) -> Drained {
             out.released += 1;
             continue;
         }
-        match rpc::del::run(shim, req).await {
+        match rpc::del::run(shim, crate::access::Caller::ROOT, req).await {
             Ok(_) => {
                 let _ = spool::remove(&fd, &name);
                 info!(attachment = %what, file = %dir.join(&name).display(), "spooled DEL replayed");

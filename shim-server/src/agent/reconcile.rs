@@ -355,7 +355,7 @@ fn prepare<S: Store>(
         }),
         retired_link: None,
     };
-    let mut p = shim.prepare(req, true)?;
+    let mut p = shim.prepare(req, true, crate::access::Caller::ROOT)?;
     // host-local hands out one address per range set: keep only this family's, so that
     // each (role, family) holds exactly one address.
     if p.dc.kind == "host-local"
@@ -466,7 +466,7 @@ async fn establish<S: Store>(
     if let Some(ip) = requested {
         request_ip(&mut p, ip);
     }
-    let out = match add::attach(shim, &p, owner.clone()).await {
+    let added = match add::attach(shim, &p, owner.clone(), &mut add::Early::default()).await {
         Ok(out) => out,
         Err(e) if requested.is_some() && matches!(e, ShimError::Delegate(_)) => {
             // The old address is taken (by a pod, while the agent's was not held): take
@@ -477,12 +477,12 @@ async fn establish<S: Store>(
                 requested.map(|i| i.to_string()).unwrap_or_default()
             );
             let p = prepare(shim, base, slot, "ADD")?;
-            add::attach(shim, &p, owner.clone()).await?
+            add::attach(shim, &p, owner.clone(), &mut add::Early::default()).await?
         }
         Err(e) => return Err(e),
     };
     let result: Value =
-        serde_json::from_slice(&out).map_err(|e| ShimError::Internal(e.to_string()))?;
+        serde_json::from_slice(&added.result).map_err(|e| ShimError::Internal(e.to_string()))?;
     let Some(ip) = result_addrs(&result)
         .into_iter()
         .find(|ip| slot.family.matches(ip))
@@ -493,7 +493,7 @@ async fn establish<S: Store>(
         }
         return Err(ShimError::Config {
             msg: format!("the delegate gave no {} address", slot.family.as_str()),
-            details: format!("it answered {}", String::from_utf8_lossy(&out)),
+            details: format!("it answered {}", String::from_utf8_lossy(&added.result)),
         });
     };
     let name = format!("{LAST_IP_SETTING}{}", slot.container_id);

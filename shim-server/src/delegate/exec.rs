@@ -95,7 +95,26 @@ pub async fn run(
         None,
     )
     .await
-    .and_then(|out| out)
+    .into_result()
+}
+
+/// How a gated exec ([`run_gated`]) ended.
+#[derive(Debug)]
+pub enum Gated {
+    /// The gate failed: the delegate was killed before it read its config, so it did nothing.
+    GateFailed(ShimError),
+    /// The gate passed and the delegate ran (or could not start): its outcome, as from [`run`].
+    Ran(Result<Output, ShimError>),
+}
+
+impl Gated {
+    /// The outcome for a caller to whom a failed gate is just another error.
+    pub fn into_result(self) -> Result<Output, ShimError> {
+        match self {
+            Self::GateFailed(e) => Err(e),
+            Self::Ran(out) => out,
+        }
+    }
 }
 
 /// Like [`run`], but the delegate gets its config on stdin only once `gate` has succeeded.
@@ -112,8 +131,7 @@ pub async fn run(
 /// With `peek`, the delegate's stdout is sent there the moment it holds one complete JSON
 /// document ([`collect`]), typically its result, while the delegate is still exiting.
 ///
-/// The outer error is the gate's (the delegate never got its config); the inner result is
-/// the exec's, as from [`run`].
+/// [`Gated::GateFailed`] when the gate failed (the delegate never got its config).
 pub async fn run_gated(
     kind: &str,
     binary: &Path,
@@ -122,7 +140,7 @@ pub async fn run_gated(
     tracker: Option<&super::orphans::Tracker>,
     gate: impl std::future::Future<Output = Result<(), ShimError>>,
     peek: Option<Peek>,
-) -> Result<Result<Output, ShimError>, ShimError> {
+) -> Gated {
     let started = Instant::now();
     let mut attempt = 0;
     // The clock tick the delegate starts at or after, for its note (orphans.rs).
@@ -160,8 +178,10 @@ pub async fn run_gated(
             Err(source) => {
                 // The gate still decides what the caller sees first: an intent that could
                 // not be written is the caller's error, whatever the exec would have done.
-                gate.await?;
-                return Ok(Err(ShimError::DelegateSpawn {
+                if let Err(e) = gate.await {
+                    return Gated::GateFailed(e);
+                }
+                return Gated::Ran(Err(ShimError::DelegateSpawn {
                     kind: kind.to_owned(),
                     path: binary.to_owned(),
                     source,
@@ -178,7 +198,7 @@ pub async fn run_gated(
         // It has not read a byte of config: killing it cannot leave anything half-done.
         let _ = child.start_kill();
         let _ = child.wait().await;
-        return Err(e);
+        return Gated::GateFailed(e);
     }
     if let Some(mut stdin) = child.stdin.take() {
         let input = inv.stdin.clone();
@@ -193,7 +213,7 @@ pub async fn run_gated(
         }
     }
     let remaining = timeout.saturating_sub(started.elapsed());
-    Ok(
+    Gated::Ran(
         match tokio::time::timeout(remaining, collect(child, peek)).await {
             Ok(Ok(out)) => {
                 let elapsed = started.elapsed();
@@ -484,7 +504,7 @@ mod tests {
             None,
         )
         .await
-        .unwrap()
+        .into_result()
         .unwrap();
         assert_eq!(String::from_utf8_lossy(&out.stdout), "after\n");
     }
@@ -516,7 +536,7 @@ mod tests {
             (doc, started.elapsed())
         };
         let (out, (doc, at)) = tokio::join!(run, peeked);
-        let out = out.unwrap().unwrap();
+        let out = out.into_result().unwrap();
         assert_eq!(
             doc, b"{\"ips\":[]}\n",
             "a partial write was peeked, or none"
@@ -547,9 +567,11 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(100)).await;
             Err(ShimError::Internal("intent not durable".into()))
         };
-        let e = run_gated("act", &p, &inv, Duration::from_secs(5), None, gate, None)
-            .await
-            .unwrap_err();
+        let Gated::GateFailed(e) =
+            run_gated("act", &p, &inv, Duration::from_secs(5), None, gate, None).await
+        else {
+            panic!("the gate failed, yet the delegate was run");
+        };
         assert!(matches!(e, ShimError::Internal(_)), "{e}");
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(!acted.exists(), "the delegate acted without its config");

@@ -17,7 +17,7 @@ use rscni_types::version::SpecVersion;
 use serde_json::Value;
 use tracing::{info, warn};
 
-pub use self::exec::{Invocation, Output};
+pub use self::exec::{Gated, Invocation, Output};
 use crate::error::ShimError;
 
 /// What a delegate binary said about itself.
@@ -228,12 +228,12 @@ impl Executor {
     ) -> Result<Output, ShimError> {
         self.call_gated(kind, probe, inv, std::future::ready(Ok(())), None)
             .await
-            .and_then(|out| out)
+            .into_result()
     }
 
     /// [`Self::call`], with the config withheld from the delegate until `gate` succeeds
-    /// ([`exec::run_gated`] says why). The outer error is the gate's: the delegate was
-    /// killed before it read its config, so it did nothing.
+    /// ([`exec::run_gated`] says why). [`Gated::GateFailed`]: the delegate was killed before
+    /// it read its config, so it did nothing.
     pub async fn call_gated(
         &self,
         kind: &str,
@@ -241,9 +241,9 @@ impl Executor {
         inv: &Invocation,
         gate: impl std::future::Future<Output = Result<(), ShimError>>,
         peek: Option<exec::Peek>,
-    ) -> Result<Result<Output, ShimError>, ShimError> {
+    ) -> Gated {
         let started = std::time::Instant::now();
-        let outcome = exec::run_gated(
+        let outcome = match exec::run_gated(
             kind,
             &probe.path,
             inv,
@@ -252,10 +252,15 @@ impl Executor {
             gate,
             peek,
         )
-        .await?
-        .and_then(|out| exec::check(kind, &inv.command, &out).map(|()| out));
+        .await
+        {
+            Gated::GateFailed(e) => return Gated::GateFailed(e),
+            Gated::Ran(out) => {
+                out.and_then(|out| exec::check(kind, &inv.command, &out).map(|()| out))
+            }
+        };
         self.record(kind, probe, inv, started.elapsed(), &outcome);
-        Ok(outcome)
+        Gated::Ran(outcome)
     }
 
     /// One history event per exec: what was run, with what, and how it ended.

@@ -9,9 +9,12 @@ use dipam_state::{AttachmentKey, AttachmentRecord, MemStore};
 use serde_json::json;
 use tempfile::TempDir;
 
-use super::{add, admin, check, del, gc, tests::request};
+use super::{
+    admin, check, del, gc,
+    tests::{add_as, request},
+};
 use crate::{
-    access::{CALLER, Caller},
+    access::Caller,
     delegate::Executor,
     error::{ShimError, codes},
     shim::{Identity, Shim},
@@ -109,7 +112,7 @@ async fn a_non_root_callers_cni_path_never_picks_the_binary() {
     let b = bench();
     let mut req = request("u1", "1.0.0", json!({}));
     req.cni_path = format!("{}:/nonexistent", b.mine());
-    CALLER.scope(USER, add::run(&b.shim, req)).await.unwrap();
+    add_as(&b.shim, USER, req).await.unwrap();
     assert_eq!(b.calls(), vec!["trusted ADD u1"]);
     let rec = b.record("net", "u1").unwrap();
     assert_eq!(rec.creator_uid, Some(1000));
@@ -122,13 +125,13 @@ async fn a_non_root_callers_cni_path_never_picks_the_binary() {
     let trusted = b.dir.path().join("trusted").display().to_string();
     let mut req = request("u2", "1.0.0", json!({}));
     req.cni_path = format!("{}:{trusted}", b.mine());
-    CALLER.scope(USER, add::run(&b.shim, req)).await.unwrap();
+    add_as(&b.shim, USER, req).await.unwrap();
     assert_eq!(b.record("net", "u2").unwrap().cni_path, trusted);
 
     // Root's CNI_PATH is the runtime's, used as sent.
     let mut req = request("r1", "1.0.0", json!({}));
     req.cni_path = b.mine();
-    add::run(&b.shim, req).await.unwrap();
+    add_as(&b.shim, Caller::ROOT, req).await.unwrap();
     assert_eq!(b.calls().last().unwrap(), "mine ADD r1");
     assert_eq!(b.record("net", "r1").unwrap().creator_uid, None);
 }
@@ -141,12 +144,7 @@ async fn a_non_root_caller_runs_only_the_allowed_delegate_types() {
         "1.0.0",
         json!({"ipam": {"type": "dipam", "delegate": {"type": "host-device"}}}),
     );
-    let msg = forbidden(
-        CALLER
-            .scope(USER, add::run(&b.shim, req))
-            .await
-            .unwrap_err(),
-    );
+    let msg = forbidden(add_as(&b.shim, USER, req).await.unwrap_err());
     assert!(msg.contains("host-device"), "{msg}");
     assert!(b.calls().is_empty());
 }
@@ -157,46 +155,29 @@ async fn a_non_root_caller_runs_only_the_allowed_delegate_types() {
 async fn a_non_root_caller_may_check_and_del_only_its_own() {
     let b = bench();
     let prev = json!({"prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "10.9.0.2/24"}]}});
-    add::run(&b.shim, request("root1", "1.0.0", json!({})))
+    add_as(&b.shim, Caller::ROOT, request("root1", "1.0.0", json!({})))
         .await
         .unwrap();
 
     forbidden(
-        CALLER
-            .scope(
-                USER,
-                del::run(&b.shim, request("root1", "1.0.0", json!({}))),
-            )
+        del::run(&b.shim, USER, request("root1", "1.0.0", json!({})))
             .await
             .unwrap_err(),
     );
     forbidden(
-        CALLER
-            .scope(
-                USER,
-                check::run(&b.shim, request("root1", "1.0.0", prev.clone())),
-            )
+        check::run(&b.shim, USER, request("root1", "1.0.0", prev.clone()))
             .await
             .unwrap_err(),
     );
     // Its own ADD under root's key: refused, not answered with root's result.
     forbidden(
-        CALLER
-            .scope(
-                USER,
-                add::run(&b.shim, request("root1", "1.0.0", json!({}))),
-            )
+        add_as(&b.shim, USER, request("root1", "1.0.0", json!({})))
             .await
             .unwrap_err(),
     );
     // Under root's container ID in another network: refused too (delegates release by ID).
     let other_net = request("root1", "1.0.0", json!({"name": "net2"}));
-    let msg = forbidden(
-        CALLER
-            .scope(USER, add::run(&b.shim, other_net))
-            .await
-            .unwrap_err(),
-    );
+    let msg = forbidden(add_as(&b.shim, USER, other_net).await.unwrap_err());
     assert!(msg.contains("container ID"), "{msg}");
     assert!(b.record("net2", "root1").is_none());
     assert_eq!(b.calls(), vec!["trusted ADD root1"]);
@@ -206,49 +187,37 @@ async fn a_non_root_caller_may_check_and_del_only_its_own() {
     // before that DEL still cannot bring the key back.
     let earlier_add = request("ghost", "1.0.0", json!({}));
     tokio::time::sleep(Duration::from_millis(2)).await;
-    CALLER
-        .scope(
-            USER,
-            del::run(&b.shim, request("ghost", "1.0.0", json!({}))),
-        )
+    del::run(&b.shim, USER, request("ghost", "1.0.0", json!({})))
         .await
         .unwrap();
     assert_eq!(b.calls().len(), 1);
-    let e = CALLER
-        .scope(USER, add::run(&b.shim, earlier_add))
-        .await
-        .unwrap_err();
+    let e = add_as(&b.shim, USER, earlier_add).await.unwrap_err();
     assert!(matches!(e, ShimError::StaleAdd { .. }), "{e:?}");
     assert_eq!(b.calls().len(), 1);
 
     // Its own: CHECK and DEL work, and no one else's uid may.
-    let u1 = CALLER
-        .scope(USER, add::run(&b.shim, request("u1", "1.0.0", json!({}))))
+    let u1 = add_as(&b.shim, USER, request("u1", "1.0.0", json!({})))
         .await
         .unwrap();
     // Its own address (the fake hands out a fresh one per ADD).
     let prev = json!({ "prevResult": serde_json::from_slice::<serde_json::Value>(&u1).unwrap() });
     forbidden(
-        CALLER
-            .scope(OTHER, del::run(&b.shim, request("u1", "1.0.0", json!({}))))
+        del::run(&b.shim, OTHER, request("u1", "1.0.0", json!({})))
             .await
             .unwrap_err(),
     );
-    CALLER
-        .scope(USER, check::run(&b.shim, request("u1", "1.0.0", prev)))
+    check::run(&b.shim, USER, request("u1", "1.0.0", prev))
         .await
         .unwrap();
-    CALLER
-        .scope(USER, del::run(&b.shim, request("u1", "1.0.0", json!({}))))
+    del::run(&b.shim, USER, request("u1", "1.0.0", json!({})))
         .await
         .unwrap();
     assert!(b.record("net", "u1").is_none());
     // Root may act on anyone's.
-    CALLER
-        .scope(USER, add::run(&b.shim, request("u2", "1.0.0", json!({}))))
+    add_as(&b.shim, USER, request("u2", "1.0.0", json!({})))
         .await
         .unwrap();
-    del::run(&b.shim, request("u2", "1.0.0", json!({})))
+    del::run(&b.shim, Caller::ROOT, request("u2", "1.0.0", json!({})))
         .await
         .unwrap();
     assert!(b.record("net", "u2").is_none());
@@ -257,21 +226,15 @@ async fn a_non_root_caller_may_check_and_del_only_its_own() {
 #[tokio::test]
 async fn gc_is_roots_and_the_listing_shows_a_caller_its_own() {
     let b = bench();
-    add::run(&b.shim, request("root1", "1.0.0", json!({})))
+    add_as(&b.shim, Caller::ROOT, request("root1", "1.0.0", json!({})))
         .await
         .unwrap();
-    CALLER
-        .scope(USER, add::run(&b.shim, request("u1", "1.0.0", json!({}))))
+    add_as(&b.shim, USER, request("u1", "1.0.0", json!({})))
         .await
         .unwrap();
     let mut gc_req = request("", "1.1.0", json!({"cni.dev/valid-attachments": []}));
     gc_req.container_id.clear();
-    forbidden(
-        CALLER
-            .scope(USER, gc::run(&b.shim, gc_req))
-            .await
-            .unwrap_err(),
-    );
+    forbidden(gc::run(&b.shim, USER, gc_req).await.unwrap_err());
     assert!(b.record("net", "root1").is_some());
 
     let listed = |c: Caller| {

@@ -250,6 +250,7 @@ pub async fn gc<S: Store>(shim: &Shim<S>, req: GcRequest) -> Result<GcReply, Shi
             ..CniRequest::default()
         },
         false,
+        crate::access::Caller::ROOT,
     )?;
     let valid = if req.use_ledger {
         Valid::Ledger

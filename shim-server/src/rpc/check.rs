@@ -10,8 +10,12 @@ use rscni_types::version::SpecVersion;
 
 use crate::{delegate::config::result_addrs, error::ShimError, shim::Shim};
 
-pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, ShimError> {
-    let mut p = shim.prepare(req, true)?;
+pub async fn run<S: Store>(
+    shim: &Shim<S>,
+    caller: crate::access::Caller,
+    req: CniRequest,
+) -> Result<Vec<u8>, ShimError> {
+    let mut p = shim.prepare(req, true, caller)?;
     crate::keys::refuse_runtime("CHECK", &p.req.container_id)?;
     let _guard = shim.locks.lock(&p.key).await;
 

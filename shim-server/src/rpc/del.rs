@@ -13,8 +13,12 @@ use tracing::{info, warn};
 
 use crate::{clock::now, error::ShimError, shim::Shim};
 
-pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, ShimError> {
-    let mut p = shim.prepare(req, true)?;
+pub async fn run<S: Store>(
+    shim: &Shim<S>,
+    caller: crate::access::Caller,
+    req: CniRequest,
+) -> Result<Vec<u8>, ShimError> {
+    let mut p = shim.prepare(req, true, caller)?;
     // dipamd's own keys (the agent's, the warm pool's) are never a pod's: a runtime's DEL of
     // one must not release what the agent, the pool, or a pod served from it holds.
     crate::keys::refuse_runtime("DEL", &p.req.container_id)?;
@@ -94,7 +98,8 @@ pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, S
     // On failure the record stays `deleting`: the address is still held by the delegate, and
     // the runtime's retry (or the next start) releases it.
     shim.run_delegate_gated(&p, &probe, "DEL", stdin, gate, None)
-        .await??;
+        .await
+        .into_result()?;
     crate::fault::hit("del-after-exec");
 
     if let Some(rec) = &existing {

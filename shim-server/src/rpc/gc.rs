@@ -19,8 +19,12 @@ use crate::{
     shim::Shim,
 };
 
-pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, ShimError> {
-    let p = shim.prepare(req, false)?;
+pub async fn run<S: Store>(
+    shim: &Shim<S>,
+    caller: crate::access::Caller,
+    req: CniRequest,
+) -> Result<Vec<u8>, ShimError> {
+    let p = shim.prepare(req, false, caller)?;
     // GC frees every attachment of the network that is not in the list: every caller's.
     if !p.caller.is_root() {
         return Err(ShimError::Forbidden {

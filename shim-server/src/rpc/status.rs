@@ -24,8 +24,12 @@ use crate::{error::ShimError, shim::Shim};
 
 const DELEGATE_STATUS_TTL: Duration = Duration::from_secs(5);
 
-pub async fn run<S: Store>(shim: &Shim<S>, req: CniRequest) -> Result<Vec<u8>, ShimError> {
-    let p = shim.prepare(req, false)?;
+pub async fn run<S: Store>(
+    shim: &Shim<S>,
+    caller: crate::access::Caller,
+    req: CniRequest,
+) -> Result<Vec<u8>, ShimError> {
+    let p = shim.prepare(req, false, caller)?;
     if let Some(fault) = shim.ledger.store().fault() {
         return Err(ShimError::NotReady {
             missing: vec![fault],

@@ -9,12 +9,14 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 
 use super::{add, check, del};
+use crate::access::Caller;
 use crate::{
     delegate::Executor,
     error::ShimError,
     recovery,
     shim::{Identity, Shim},
 };
+use dipam_state::Store;
 
 const SCRIPT: &str = r#"#!/bin/sh
 d=$(dirname "$0")
@@ -110,6 +112,18 @@ impl Bench {
     }
 }
 
+/// ADD as `caller`, with no AddEarly stream: the answer's bytes. Shared with the pool's and
+/// the access tests.
+pub(crate) async fn add_as<S: Store>(
+    shim: &Shim<S>,
+    caller: Caller,
+    req: CniRequest,
+) -> Result<Vec<u8>, ShimError> {
+    add::run(shim, caller, req, &mut add::Early::default())
+        .await
+        .map(|added| added.result)
+}
+
 /// An IPAM-mode request for `cid` through the scripted `fake-ipam` delegate, with `extra`
 /// merged into the config. Shared with the pool's tests.
 pub(crate) fn request(cid: &str, version: &str, extra: Value) -> CniRequest {
@@ -151,7 +165,7 @@ fn read(p: &Path) -> Value {
 #[tokio::test]
 async fn add_commits_and_converts_to_the_config_version() {
     let b = Bench::new();
-    let out = add::run(&b.shim, request("c1", "1.1.0", json!({})))
+    let out = add_as(&b.shim, Caller::ROOT, request("c1", "1.1.0", json!({})))
         .await
         .unwrap();
     let v = json_of(&out);
@@ -169,7 +183,7 @@ async fn add_commits_and_converts_to_the_config_version() {
     assert_eq!(b.shim.ledger.store().process_commits(), 1);
 
     let legacy = json_of(
-        &add::run(&b.shim, request("c2", "0.4.0", json!({})))
+        &add_as(&b.shim, Caller::ROOT, request("c2", "0.4.0", json!({})))
             .await
             .unwrap(),
     );
@@ -181,12 +195,14 @@ async fn the_agents_result_goes_to_the_disk() {
     let b = Bench::new();
     let p = b
         .shim
-        .prepare(request("agent", "1.0.0", json!({})), true)
+        .prepare(request("agent", "1.0.0", json!({})), true, Caller::ROOT)
         .unwrap();
     let owner = Owner::Agent {
         role: "router".into(),
     };
-    add::attach(&b.shim, &p, owner.clone()).await.unwrap();
+    add::attach(&b.shim, &p, owner.clone(), &mut add::Early::default())
+        .await
+        .unwrap();
     assert_eq!(b.record("agent").unwrap().owner, owner);
     // It must outlive a reboot (the agent comes back expecting it): no Process commit.
     assert_eq!(b.shim.ledger.store().process_commits(), 0);
@@ -195,10 +211,10 @@ async fn the_agents_result_goes_to_the_disk() {
 #[tokio::test]
 async fn repeated_add_answers_from_the_ledger_and_changed_config_is_refused() {
     let b = Bench::new();
-    let first = add::run(&b.shim, request("c1", "1.0.0", json!({})))
+    let first = add_as(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
         .await
         .unwrap();
-    let again = add::run(&b.shim, request("c1", "1.0.0", json!({})))
+    let again = add_as(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
         .await
         .unwrap();
     assert_eq!(first, again);
@@ -208,7 +224,7 @@ async fn repeated_add_answers_from_the_ledger_and_changed_config_is_refused() {
         "1.0.0",
         json!({"runtimeConfig": {"ips": ["10.9.0.7"]}}),
     );
-    let e = add::run(&b.shim, changed).await.unwrap_err();
+    let e = add_as(&b.shim, Caller::ROOT, changed).await.unwrap_err();
     assert!(matches!(e, ShimError::ExistsWithOtherConfig { .. }), "{e}");
     assert_eq!(b.calls(), vec!["ADD c1"]);
 }
@@ -220,7 +236,7 @@ async fn delegate_error_passes_through_and_leaves_no_record() {
         "fail-add",
         r#"{"code":999,"msg":"no IP addresses available","details":"range full"}"#,
     );
-    let e = add::run(&b.shim, request("c1", "1.0.0", json!({})))
+    let e = add_as(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
         .await
         .unwrap_err();
     let ShimError::Delegate(f) = &e else {
@@ -240,8 +256,9 @@ async fn the_result_is_committed_while_the_delegate_exits() {
     let b = Bench::new();
     b.touch("linger-add", "");
     let shim = b.shim.clone();
-    let adding =
-        tokio::spawn(async move { add::run(&shim, request("c1", "1.0.0", json!({}))).await });
+    let adding = tokio::spawn(async move {
+        add_as(&shim, Caller::ROOT, request("c1", "1.0.0", json!({}))).await
+    });
     let started = std::time::Instant::now();
     while b
         .record("c1")
@@ -271,7 +288,7 @@ async fn a_result_the_delegate_does_not_stand_by_is_rolled_back() {
     for (flag, expect) in [("exit-add", "status 1"), ("more-add", "wrote more")] {
         let b = Bench::new();
         b.touch(flag, "");
-        let e = add::run(&b.shim, request("c1", "1.0.0", json!({})))
+        let e = add_as(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
             .await
             .unwrap_err();
         assert!(format!("{e:?}").contains(expect), "{flag}: {e:?}");
@@ -284,7 +301,7 @@ async fn a_result_the_delegate_does_not_stand_by_is_rolled_back() {
 async fn garbage_from_the_delegate_is_rolled_back() {
     let b = Bench::new();
     b.touch("garbage-add", "");
-    let e = add::run(&b.shim, request("c1", "1.0.0", json!({})))
+    let e = add_as(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
         .await
         .unwrap_err();
     assert!(matches!(e, ShimError::DelegateBadOutput { .. }), "{e:?}");
@@ -296,7 +313,7 @@ async fn garbage_from_the_delegate_is_rolled_back() {
 async fn a_delegate_that_dies_with_only_stderr_is_rolled_back() {
     let b = Bench::new();
     b.touch("panic-add", "");
-    let e = add::run(&b.shim, request("c1", "1.0.0", json!({})))
+    let e = add_as(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
         .await
         .unwrap_err();
     let ShimError::Delegate(f) = &e else {
@@ -316,7 +333,7 @@ async fn a_missing_delegate_is_not_rolled_back() {
         "ipam": {"type": "dipam", "delegate": {"type": "not-installed"}}
     }))
     .unwrap();
-    let e = add::run(&b.shim, req).await.unwrap_err();
+    let e = add_as(&b.shim, Caller::ROOT, req).await.unwrap_err();
     assert!(matches!(e, ShimError::DelegateNotFound { .. }), "{e:?}");
     assert!(b.calls().is_empty());
     assert!(b.record("c1").is_none());
@@ -330,7 +347,7 @@ async fn gc_without_a_list_is_refused() {
         json!({"cni.dev/valid-attachments": null}),
         json!({"cni.dev/valid-attachments": []}),
     ] {
-        let e = super::gc::run(&b.shim, request("", "1.1.0", extra))
+        let e = super::gc::run(&b.shim, Caller::ROOT, request("", "1.1.0", extra))
             .await
             .unwrap_err();
         assert!(matches!(e, ShimError::GcRefused { .. }), "{e:?}");
@@ -366,7 +383,7 @@ async fn a_ledger_that_cannot_commit_is_reported_everywhere() {
     let full = "the ledger in /var/lib/dipam cannot be written (3s ago): No space left on device \
                 (os error 28); dipamd keeps retrying (the file system is full)";
     b.shim.ledger.store().set_fault(Some(full));
-    let e = super::status::run(&b.shim, request("", "1.1.0", json!({})))
+    let e = super::status::run(&b.shim, Caller::ROOT, request("", "1.1.0", json!({})))
         .await
         .unwrap_err();
     match &e {
@@ -409,7 +426,7 @@ async fn a_failed_commit_rolls_the_delegate_back() {
     // The intent commits; committing the result fails (a full disk): the delegate's
     // allocation is released and the intent dropped, so nothing is held that nobody knows of.
     b.shim.ledger.store().fail_commits_after(1, 1);
-    let e = add::run(&b.shim, request("c1", "1.0.0", json!({})))
+    let e = add_as(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
         .await
         .unwrap_err();
     assert!(matches!(e, ShimError::Store(_)), "{e:?}");
@@ -418,7 +435,7 @@ async fn a_failed_commit_rolls_the_delegate_back() {
 
     // The intent itself cannot be written: the delegate never runs.
     b.shim.ledger.store().fail_commits_after(0, 1);
-    let e = add::run(&b.shim, request("c2", "1.0.0", json!({})))
+    let e = add_as(&b.shim, Caller::ROOT, request("c2", "1.0.0", json!({})))
         .await
         .unwrap_err();
     assert!(matches!(e, ShimError::Store(_)), "{e:?}");
@@ -428,23 +445,23 @@ async fn a_failed_commit_rolls_the_delegate_back() {
 #[tokio::test]
 async fn del_of_unknown_runs_the_delegate_and_failed_del_keeps_the_record() {
     let b = Bench::new();
-    del::run(&b.shim, request("ghost", "1.0.0", json!({})))
+    del::run(&b.shim, Caller::ROOT, request("ghost", "1.0.0", json!({})))
         .await
         .unwrap();
     assert_eq!(b.calls(), vec!["DEL ghost"]);
 
-    add::run(&b.shim, request("c1", "1.0.0", json!({})))
+    add_as(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
         .await
         .unwrap();
     b.touch("fail-del", "");
-    let e = del::run(&b.shim, request("c1", "1.0.0", json!({})))
+    let e = del::run(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
         .await
         .unwrap_err();
     assert!(matches!(e, ShimError::Delegate(_)), "{e:?}");
     assert_eq!(b.record("c1").unwrap().state, AttachmentState::Deleting);
 
     std::fs::remove_file(b.path("fail-del")).unwrap();
-    del::run(&b.shim, request("c1", "1.0.0", json!({})))
+    del::run(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
         .await
         .unwrap();
     assert!(b.record("c1").is_none());
@@ -454,12 +471,13 @@ async fn del_of_unknown_runs_the_delegate_and_failed_del_keeps_the_record() {
 async fn check_compares_prev_result_with_the_ledger() {
     let b = Bench::new();
     let res = json_of(
-        &add::run(&b.shim, request("c1", "1.0.0", json!({})))
+        &add_as(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
             .await
             .unwrap(),
     );
     check::run(
         &b.shim,
+        Caller::ROOT,
         request("c1", "1.0.0", json!({ "prevResult": res })),
     )
     .await
@@ -469,6 +487,7 @@ async fn check_compares_prev_result_with_the_ledger() {
     wrong["ips"][0]["address"] = json!("10.9.0.3/24");
     let e = check::run(
         &b.shim,
+        Caller::ROOT,
         request("c1", "1.0.0", json!({ "prevResult": wrong })),
     )
     .await
@@ -476,6 +495,7 @@ async fn check_compares_prev_result_with_the_ledger() {
     assert!(matches!(e, ShimError::PrevResultMismatch { .. }), "{e:?}");
     let e = check::run(
         &b.shim,
+        Caller::ROOT,
         request("c9", "1.0.0", json!({ "prevResult": res })),
     )
     .await
@@ -486,10 +506,10 @@ async fn check_compares_prev_result_with_the_ledger() {
 #[tokio::test]
 async fn replay_releases_interrupted_operations_and_keeps_committed_ones() {
     let b = Bench::new();
-    add::run(&b.shim, request("keep", "1.0.0", json!({})))
+    add_as(&b.shim, Caller::ROOT, request("keep", "1.0.0", json!({})))
         .await
         .unwrap();
-    add::run(&b.shim, request("half", "1.0.0", json!({})))
+    add_as(&b.shim, Caller::ROOT, request("half", "1.0.0", json!({})))
         .await
         .unwrap();
     let mut half = b.record("half").unwrap();
@@ -509,10 +529,10 @@ async fn protocol_negotiation_serves_newer_and_refuses_older() {
     let b = Bench::new();
     let mut newer = request("c1", "1.0.0", json!({}));
     newer.protocol_version = dipam_proto::PROTOCOL_VERSION + 5;
-    assert!(add::run(&b.shim, newer).await.is_ok());
+    assert!(add_as(&b.shim, Caller::ROOT, newer).await.is_ok());
     let mut older = request("c2", "1.0.0", json!({}));
     older.protocol_version = 0;
-    let e = add::run(&b.shim, older).await.unwrap_err();
+    let e = add_as(&b.shim, Caller::ROOT, older).await.unwrap_err();
     assert_eq!(
         e.into_reply().unwrap_err().code(),
         tonic::Code::FailedPrecondition
@@ -530,7 +550,7 @@ async fn identifiers_are_validated_before_any_key_or_exec() {
     ] {
         let mut req = request(cid, "1.0.0", json!({}));
         req.ifname = ifname.into();
-        let e = add::run(&b.shim, req).await.unwrap_err();
+        let e = add_as(&b.shim, Caller::ROOT, req).await.unwrap_err();
         assert!(
             matches!(e, ShimError::BadEnv(_)),
             "{cid:?} {ifname:?}: {e:?}"
@@ -554,28 +574,28 @@ async fn a_stale_add_cannot_resurrect_and_a_stale_del_cannot_release() {
         });
         r
     };
-    add::run(&b.shim, at(1_000)).await.unwrap();
+    add_as(&b.shim, Caller::ROOT, at(1_000)).await.unwrap();
     // A DEL issued before that ADD (replayed late from the spool) leaves it alone.
-    del::run(&b.shim, at(500)).await.unwrap();
+    del::run(&b.shim, Caller::ROOT, at(500)).await.unwrap();
     assert!(b.record("c1").is_some());
     assert_eq!(b.calls(), vec!["ADD c1"]);
     // The real DEL, then an ADD that had been issued before it arrives late: refused (3).
-    del::run(&b.shim, at(2_000)).await.unwrap();
-    let e = add::run(&b.shim, at(1_500)).await.unwrap_err();
+    del::run(&b.shim, Caller::ROOT, at(2_000)).await.unwrap();
+    let e = add_as(&b.shim, Caller::ROOT, at(1_500)).await.unwrap_err();
     assert!(matches!(e, ShimError::StaleAdd { .. }), "{e:?}");
     assert!(b.record("c1").is_none());
     // A new ADD issued after the DEL is an ordinary ADD.
-    add::run(&b.shim, at(3_000)).await.unwrap();
+    add_as(&b.shim, Caller::ROOT, at(3_000)).await.unwrap();
     assert!(b.record("c1").is_some());
     // Plugins before the ordering field (no stamp) are never judged stale.
-    del::run(&b.shim, at(0)).await.unwrap();
+    del::run(&b.shim, Caller::ROOT, at(0)).await.unwrap();
     assert!(b.record("c1").is_none());
 }
 
 #[tokio::test]
 async fn spooled_dels_are_drained_and_unusable_ones_quarantined() {
     let b = Bench::new();
-    add::run(&b.shim, request("c1", "1.0.0", json!({})))
+    add_as(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
         .await
         .unwrap();
     let spool = b.path("spool");
@@ -765,11 +785,11 @@ async fn add_early_sends_the_result_before_its_commit_and_then_the_outcome() {
 #[tokio::test]
 async fn a_duplicate_address_from_the_delegate_is_refused() {
     let b = Bench::new();
-    add::run(&b.shim, request("c1", "1.0.0", json!({})))
+    add_as(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
         .await
         .unwrap();
     b.touch("next", "2");
-    let e = add::run(&b.shim, request("c2", "1.0.0", json!({})))
+    let e = add_as(&b.shim, Caller::ROOT, request("c2", "1.0.0", json!({})))
         .await
         .unwrap_err();
     assert!(matches!(e, ShimError::Conflict { .. }), "{e:?}");
@@ -785,11 +805,11 @@ async fn a_duplicate_address_from_the_delegate_is_refused() {
         1
     );
     // Once c1 is gone, its address may go to another pod.
-    del::run(&b.shim, request("c1", "1.0.0", json!({})))
+    del::run(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
         .await
         .unwrap();
     b.touch("next", "2");
-    add::run(&b.shim, request("c3", "1.0.0", json!({})))
+    add_as(&b.shim, Caller::ROOT, request("c3", "1.0.0", json!({})))
         .await
         .unwrap();
 }
