@@ -37,6 +37,14 @@ struct Inner {
     loaded: HashSet<String>,
 }
 
+/// What [`AddrIndex::claim`] found: the addresses are the attachment's now, or one is held by
+/// another attachment of the network (as the ledger has it).
+#[derive(Debug)]
+pub enum Claimed {
+    Done,
+    Held(IpAddr, Box<AttachmentRecord>),
+}
+
 /// What [`AddrIndex::try_claim`] found.
 enum Claim {
     Done,
@@ -112,7 +120,7 @@ impl AddrIndex {
         ledger: &Ledger<S>,
         rec: &AttachmentRecord,
         list: F,
-    ) -> Result<Result<(), (IpAddr, Box<AttachmentRecord>)>, crate::error::ShimError>
+    ) -> Result<Claimed, crate::error::ShimError>
     where
         S: Store,
         F: Fn(String) -> Fut,
@@ -120,7 +128,7 @@ impl AddrIndex {
     {
         let ips = rec.result.as_ref().map(result_addrs).unwrap_or_default();
         if ips.is_empty() {
-            return Ok(Ok(()));
+            return Ok(Claimed::Done);
         }
         let network = &rec.key.network;
         let mut rescanned = false;
@@ -130,8 +138,8 @@ impl AddrIndex {
         }
         loop {
             match self.try_claim(ledger, rec, &ips, rescanned)? {
-                Claim::Done => return Ok(Ok(())),
-                Claim::Held(ip, holder) => return Ok(Err((ip, holder))),
+                Claim::Done => return Ok(Claimed::Done),
+                Claim::Held(ip, holder) => return Ok(Claimed::Held(ip, holder)),
                 Claim::Stale => {
                     self.load(network, &list(network.clone()).await?);
                     rescanned = true;

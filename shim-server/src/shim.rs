@@ -403,7 +403,7 @@ impl<S: Store> Shim<S> {
                 self.ledger(move |l| l.list(Some(&network)))
             })
             .await?;
-        let Err((ip, holder)) = held else {
+        let crate::addrs::Claimed::Held(ip, holder) = held else {
             return Ok(());
         };
         self.agent.note_conflict();
