@@ -20,7 +20,7 @@ use std::{
     sync::Mutex,
 };
 
-use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, Ledger, Store, StoreError};
+use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, Ledger, StoreError};
 
 use crate::delegate::config::result_addrs;
 
@@ -87,9 +87,9 @@ impl AddrIndex {
     /// Checks and claims `ips` for `rec` in one step. `trust_index`: a holder the ledger does
     /// not confirm is a stale entry only worth a rescan (false after the rescan: it is then
     /// simply replaced).
-    fn try_claim<S: Store>(
+    fn try_claim(
         &self,
-        ledger: &Ledger<S>,
+        ledger: &Ledger,
         rec: &AttachmentRecord,
         ips: &[IpAddr],
         rescanned: bool,
@@ -115,14 +115,13 @@ impl AddrIndex {
     /// Claims the addresses of `rec`'s result for it, or names the attachment of the same
     /// network that holds one of them. `list` reads a network's records from the ledger
     /// (off the async workers).
-    pub async fn claim<S, F, Fut>(
+    pub async fn claim<F, Fut>(
         &self,
-        ledger: &Ledger<S>,
+        ledger: &Ledger,
         rec: &AttachmentRecord,
         list: F,
     ) -> Result<Claimed, crate::error::ShimError>
     where
-        S: Store,
         F: Fn(String) -> Fut,
         Fut: std::future::Future<Output = Result<Vec<AttachmentRecord>, crate::error::ShimError>>,
     {

@@ -269,7 +269,8 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
             }
         },
     };
-    let store = dipam_state::open(&args.state_dir)?;
+    let store: std::sync::Arc<dyn dipam_state::Store> =
+        std::sync::Arc::new(dipam_state::open(&args.state_dir)?);
     // Held until dipamd exits.
     let Some(_socket_lock) = socket_lock else {
         return Err(server::ServeError::InUse {
@@ -469,7 +470,7 @@ pub fn tune_allocator() {
 
 /// Reports the ledger's attachments by owner and network, whole, before anything changes
 /// them: from here on every record and release reports its own change (the metrics' gauge).
-async fn census<S: dipam_state::Store>(shim: &Shim<S>) -> Result<(), DaemonError> {
+async fn census(shim: &Shim) -> Result<(), DaemonError> {
     if !shim.events.listened() {
         return Ok(());
     }

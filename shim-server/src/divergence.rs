@@ -7,7 +7,7 @@
 
 use std::{collections::HashSet, sync::Arc, sync::atomic::Ordering, time::Duration};
 
-use dipam_state::{AttachmentState, Store};
+use dipam_state::AttachmentState;
 use rscni_types::version::SpecVersion;
 use tracing::{info, warn};
 
@@ -52,7 +52,7 @@ pub fn on_tmpfs(path: &std::path::Path) -> bool {
 
 /// The delegate configs of every network dipamd knows: the agent's conflist, and one recorded
 /// config per network in the ledger.
-pub async fn networks<S: Store>(shim: &Shim<S>) -> Result<Vec<DelegateConf>, ShimError> {
+pub async fn networks(shim: &Shim) -> Result<Vec<DelegateConf>, ShimError> {
     let mut out: Vec<DelegateConf> = Vec::new();
     if let Some(cfg) = &shim.agent.config
         && let Ok(base) = cfg.source.load()
@@ -79,10 +79,7 @@ pub async fn networks<S: Store>(shim: &Shim<S>) -> Result<Vec<DelegateConf>, Shi
 
 /// Compares one network's ledger with its delegate's store (host-local only: the one whose
 /// store dipamd can read).
-pub async fn check<S: Store>(
-    shim: &Shim<S>,
-    dc: &DelegateConf,
-) -> Result<Option<Divergence>, ShimError> {
+pub async fn check(shim: &Shim, dc: &DelegateConf) -> Result<Option<Divergence>, ShimError> {
     let Some(dir) = store::readable_dir(&dc.kind, &dc.conf, &dc.network) else {
         return Ok(None);
     };
@@ -169,7 +166,7 @@ pub async fn check<S: Store>(
 }
 
 /// One reconcile round over every known network; updates the status counters.
-pub async fn round<S: Store>(shim: &Shim<S>, free: bool) -> Result<(), ShimError> {
+pub async fn round(shim: &Shim, free: bool) -> Result<(), ShimError> {
     let (mut missing, mut orphans) = (0u64, 0u64);
     let mut refused = std::collections::HashMap::new();
     for dc in networks(shim).await? {
@@ -205,7 +202,7 @@ pub async fn round<S: Store>(shim: &Shim<S>, free: bool) -> Result<(), ShimError
 }
 
 /// The loop; `every` zero disables it.
-pub async fn run<S: Store>(shim: Arc<Shim<S>>, every: Duration, free: bool) {
+pub async fn run(shim: Arc<Shim>, every: Duration, free: bool) {
     if every.is_zero() {
         return;
     }

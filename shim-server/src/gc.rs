@@ -31,7 +31,7 @@ use std::{
 };
 
 use dipam_proto::v1::{GcItem, Mode};
-use dipam_state::{AttachmentRecord, AttachmentState, Owner, Store};
+use dipam_state::{AttachmentRecord, AttachmentState, Owner};
 use rscni_types::version::SpecVersion;
 use serde_json::{Value, json};
 use tracing::{info, warn};
@@ -277,8 +277,8 @@ fn age(secs: u64) -> String {
 
 /// Plans and (unless `dry_run`) runs GC of the network of `dc`. `force` overrides the share
 /// interlock (`dipamctl gc --force`); nothing else does.
-pub async fn collect<S: Store>(
-    shim: &Shim<S>,
+pub async fn collect(
+    shim: &Shim,
     dc: &DelegateConf,
     cni_path: &str,
     valid: Valid,
@@ -565,7 +565,7 @@ pub async fn collect<S: Store>(
     })
 }
 
-fn finish<S: Store>(shim: &Shim<S>, it: &mut GcItem, outcome: Result<(), ShimError>) {
+fn finish(shim: &Shim, it: &mut GcItem, outcome: Result<(), ShimError>) {
     match outcome {
         Ok(()) => {
             it.outcome = "freed".into();
@@ -750,12 +750,8 @@ esac
 
     async fn bench(
         records: Vec<AttachmentRecord>,
-    ) -> (
-        tempfile::TempDir,
-        std::sync::Arc<Shim<MemStore>>,
-        DelegateConf,
-    ) {
-        let (dir, shim) = scripted_shim(SCRIPT, MemStore::new());
+    ) -> (tempfile::TempDir, std::sync::Arc<Shim>, DelegateConf) {
+        let (dir, shim) = scripted_shim(SCRIPT, std::sync::Arc::new(MemStore::new()));
         for r in records {
             shim.ledger(move |l| l.put(&r)).await.unwrap();
         }

@@ -19,7 +19,7 @@ use std::{
     time::Duration,
 };
 
-use dipam_state::{Batch, Durability, Ledger, Store, Tree};
+use dipam_state::{Batch, Durability, Ledger, Tree};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -85,7 +85,7 @@ fn prefix(container_id: &str) -> Vec<u8> {
 }
 
 /// Starts the writer; returns the sink to record with.
-pub fn start<S: Store>(ledger: Ledger<S>) -> Sink {
+pub fn start(ledger: Ledger) -> Sink {
     start_bounded(ledger, MAX_CONTAINERS)
 }
 
@@ -135,7 +135,7 @@ impl Index {
     }
 }
 
-fn start_bounded<S: Store>(ledger: Ledger<S>, max_containers: usize) -> Sink {
+fn start_bounded(ledger: Ledger, max_containers: usize) -> Sink {
     let (tx, mut rx) = mpsc::channel::<Event>(QUEUE);
     tokio::spawn(async move {
         let mut index = Some(Index::default());
@@ -170,8 +170,8 @@ fn start_bounded<S: Store>(ledger: Ledger<S>, max_containers: usize) -> Sink {
     }
 }
 
-fn write<S: Store>(
-    ledger: &Ledger<S>,
+fn write(
+    ledger: &Ledger,
     events: &[Event],
     index: &mut Index,
     max_containers: usize,
@@ -219,10 +219,7 @@ fn write<S: Store>(
 }
 
 /// Every recorded event of `container_id`, oldest first.
-pub fn read<S: Store>(
-    ledger: &Ledger<S>,
-    container_id: &str,
-) -> Result<Vec<Value>, dipam_state::StoreError> {
+pub fn read(ledger: &Ledger, container_id: &str) -> Result<Vec<Value>, dipam_state::StoreError> {
     Ok(ledger
         .store()
         .scan_prefix(Tree::History, &prefix(container_id))?
@@ -240,7 +237,7 @@ mod tests {
 
     #[tokio::test]
     async fn events_are_written_in_order_and_bounded_per_container() {
-        let ledger = Ledger::new(MemStore::new());
+        let ledger = Ledger::shared(MemStore::new());
         let sink = start(ledger.clone());
         for i in 0..(PER_CONTAINER + 10) {
             sink.record("c1", json!({"kind": "request", "i": i}));
@@ -261,7 +258,7 @@ mod tests {
 
     #[tokio::test]
     async fn only_the_most_recent_containers_keep_their_history() {
-        let ledger = Ledger::new(MemStore::new());
+        let ledger = Ledger::shared(MemStore::new());
         // History an earlier run left: the index is built from the tree's keys.
         let old = Event {
             container_id: "old".into(),

@@ -45,7 +45,7 @@ use std::{
 
 use dipam_proto::v1::{CniRequest, PoolStatus};
 use dipam_state::{
-    AttachmentKey, AttachmentRecord, AttachmentState, DelegateKey, Durability, Owner, Store,
+    AttachmentKey, AttachmentRecord, AttachmentState, DelegateKey, Durability, Owner,
 };
 use rscni_types::version::SpecVersion;
 use serde::{Deserialize, Serialize};
@@ -332,7 +332,7 @@ impl Pool {
 /// At start, after the replay: index the ledger's committed pool entries, load the templates,
 /// and doom what must go (every entry when the pool is off; entries the replay could not
 /// release). The refiller ([`run`]) does the rest.
-pub async fn init<S: Store>(shim: &Shim<S>) -> Result<(), ShimError> {
+pub async fn init(shim: &Shim) -> Result<(), ShimError> {
     let size = shim.pool.size();
     let node = shim
         .pool
@@ -413,8 +413,8 @@ pub async fn init<S: Store>(shim: &Shim<S>) -> Result<(), ShimError> {
 
 /// A pod's ADD from the pool, if it can be served from it; `None` sends the request down the
 /// normal path. The caller holds the pod key's lock.
-pub async fn take<S: Store>(
-    shim: &Shim<S>,
+pub async fn take(
+    shim: &Shim,
     p: &Prepared,
     early: &mut Early,
 ) -> Result<Option<Vec<u8>>, ShimError> {
@@ -592,7 +592,7 @@ pub fn redirect(p: &mut Prepared, rec: &AttachmentRecord) -> Result<(), ShimErro
 
 /// The refiller: keeps every network's pool at its size and releases what must go. One task
 /// for all networks; woken by takes and new templates, and by its own retry timers.
-pub async fn run<S: Store>(shim: Arc<Shim<S>>) {
+pub async fn run(shim: Arc<Shim>) {
     loop {
         let wait = step(&shim).await;
         tokio::select! {
@@ -603,7 +603,7 @@ pub async fn run<S: Store>(shim: Arc<Shim<S>>) {
 }
 
 /// One round; returns how long to sleep unless woken.
-async fn step<S: Store>(shim: &Shim<S>) -> Duration {
+async fn step(shim: &Shim) -> Duration {
     let mut wait = Duration::from_secs(3600);
     seed_from_conflist(shim, &mut wait);
     if let Err(e) = persist_templates(shim).await {
@@ -618,7 +618,7 @@ async fn step<S: Store>(shim: &Shim<S>) -> Duration {
 
 /// Reports every pool's level (the metrics' gauges), whole: on every change the pool makes
 /// (a take, a refill, a round of releases) and at start.
-fn report_levels<S: Store>(shim: &Shim<S>) {
+fn report_levels(shim: &Shim) {
     if !shim.events.listened() {
         return;
     }
@@ -638,7 +638,7 @@ fn report_levels<S: Store>(shim: &Shim<S>) {
 }
 
 /// The agent's conflist seeds a network's template until a pod brings one.
-fn seed_from_conflist<S: Store>(shim: &Shim<S>, wait: &mut Duration) {
+fn seed_from_conflist(shim: &Shim, wait: &mut Duration) {
     if shim.pool.size() == 0 {
         return;
     }
@@ -690,7 +690,7 @@ fn seed_from_conflist<S: Store>(shim: &Shim<S>, wait: &mut Duration) {
 }
 
 /// Writes templates that changed to the ledger's settings, so a restart refills at once.
-async fn persist_templates<S: Store>(shim: &Shim<S>) -> Result<(), ShimError> {
+async fn persist_templates(shim: &Shim) -> Result<(), ShimError> {
     let todo: Vec<(String, Template)> = {
         let st = shim.pool.lock();
         st.templates
@@ -710,7 +710,7 @@ async fn persist_templates<S: Store>(shim: &Shim<S>) -> Result<(), ShimError> {
 }
 
 /// Releases doomed entries, entries of a config no longer current, and entries beyond the size.
-async fn release_surplus<S: Store>(shim: &Shim<S>, wait: &mut Duration) {
+async fn release_surplus(shim: &Shim, wait: &mut Duration) {
     let size = shim.pool.size();
     let todo: Vec<AttachmentKey> = {
         let mut st = shim.pool.lock();
@@ -760,7 +760,7 @@ async fn release_surplus<S: Store>(shim: &Shim<S>, wait: &mut Duration) {
 
 /// Releases one pool entry and forgets it, as any recorded attachment: marked `deleting`
 /// (durable), the delegate's DEL with the recorded config, then dropped.
-async fn release_entry<S: Store>(shim: &Shim<S>, key: &AttachmentKey) -> Result<(), ShimError> {
+async fn release_entry(shim: &Shim, key: &AttachmentKey) -> Result<(), ShimError> {
     let _guard = shim.locks.lock(key).await;
     let Some(rec) = shim.lookup(key)? else {
         return Ok(());
@@ -784,7 +784,7 @@ async fn release_entry<S: Store>(shim: &Shim<S>, key: &AttachmentKey) -> Result<
 
 /// Fills every network's current pool up to the size, one entry at a time, round-robin over
 /// the networks; a network whose fill fails backs off.
-async fn fill<S: Store>(shim: &Shim<S>, wait: &mut Duration) {
+async fn fill(shim: &Shim, wait: &mut Duration) {
     let size = shim.pool.size();
     if size == 0 {
         return;
@@ -857,7 +857,7 @@ async fn fill<S: Store>(shim: &Shim<S>, wait: &mut Duration) {
 /// Before a network's first fill: entry numbers its delegate's store holds under pool IDs the
 /// ledger does not know (a ledger rebuilt by `dipamctl recover` leaves those reserved) are
 /// skipped, so a new entry does not collide with one (host-local refuses a duplicate ID).
-fn skip_unrecorded_ids<S: Store>(shim: &Shim<S>, network: &str, t: &Template) {
+fn skip_unrecorded_ids(shim: &Shim, network: &str, t: &Template) {
     if !shim.pool.lock().scanned.insert(network.to_owned()) {
         return;
     }
@@ -877,11 +877,7 @@ fn skip_unrecorded_ids<S: Store>(shim: &Shim<S>, network: &str, t: &Template) {
 
 /// Allocates one entry for `network` with template `t`, through the normal ADD path; returns
 /// its committed record.
-async fn fill_one<S: Store>(
-    shim: &Shim<S>,
-    network: &str,
-    t: &Template,
-) -> Result<AttachmentRecord, ShimError> {
+async fn fill_one(shim: &Shim, network: &str, t: &Template) -> Result<AttachmentRecord, ShimError> {
     let cfg = shim
         .pool
         .config
@@ -977,18 +973,20 @@ esac
 
     struct Bench {
         dir: TempDir,
-        shim: Arc<Shim<MemStore>>,
+        shim: Arc<Shim>,
+        store: Arc<MemStore>,
     }
 
     impl Bench {
         fn new(size: usize) -> Self {
-            let (dir, shim) = crate::rpc::tests::scripted_shim(SCRIPT, MemStore::new());
+            let store = Arc::new(MemStore::new());
+            let (dir, shim) = crate::rpc::tests::scripted_shim(SCRIPT, store.clone());
             shim.pool.configure(PoolConfig {
                 size,
                 node: "n1".into(),
                 namespace: "kube-system".into(),
             });
-            Self { dir, shim }
+            Self { dir, shim, store }
         }
 
         /// Delegate calls other than VERSION, as "COMMAND CONTAINERID IFNAME ARGS".
@@ -1058,7 +1056,7 @@ esac
         assert!(before[1].contains("K8S_POD_NAME=dipam-pool-n1-0"));
 
         // Only the first pod's result skipped the disk; the pool's own entries are on it.
-        assert_eq!(b.shim.ledger.store().process_commits(), 1);
+        assert_eq!(b.store.process_commits(), 1);
         let out = add_as(&b.shim, Caller::ROOT, request("pod", "1.1.0", json!({})))
             .await
             .unwrap();
@@ -1067,7 +1065,7 @@ esac
         assert_eq!(v["ips"][0]["address"], "10.9.0.3/24");
         assert_eq!(b.calls(), before, "the pod's ADD ran the delegate");
         // The take, only into the kernel (Durability).
-        assert_eq!(b.shim.ledger.store().process_commits(), 2);
+        assert_eq!(b.store.process_commits(), 2);
 
         let rec = b.record("pod").unwrap();
         assert_eq!(rec.owner, Owner::Pod);
@@ -1106,7 +1104,7 @@ esac
     async fn a_failed_take_commit_leaves_the_entry_in_the_pool() {
         let b = filled(2).await;
         let entries = b.entries();
-        b.shim.ledger.store().fail_next_commits(1);
+        b.store.fail_next_commits(1);
         let e = add_as(&b.shim, Caller::ROOT, request("pod", "1.0.0", json!({})))
             .await
             .unwrap_err();
@@ -1133,7 +1131,7 @@ esac
             crate::rpc::tests::add_early_replies(&b.shim, request(cid, "1.0.0", json!({})))
         };
         let entries = b.entries();
-        b.shim.ledger.store().fail_next_commits(1);
+        b.store.fail_next_commits(1);
         let failed = replies("pod").await;
         assert_eq!(failed.len(), 2, "{failed:?}");
         assert!(failed[0].pending_commit);
@@ -1275,7 +1273,7 @@ esac
         let b = filled(2).await;
         // The same ledger under a dipamd started with --warm-pool 0.
         let shim = Shim::new(
-            MemStore::new(),
+            Arc::new(MemStore::new()),
             Executor::new(vec![b.dir.path().to_owned()], Duration::from_secs(10)),
             b.shim.identity.clone(),
             None,

@@ -2,7 +2,7 @@
 //! by a crash is released through the delegate and dropped. An ADD that was never answered is
 //! undone (the runtime saw an error and will not use it); an unfinished DEL is finished.
 
-use dipam_state::{AttachmentState, Store};
+use dipam_state::AttachmentState;
 use tracing::{info, warn};
 
 use crate::{error::ShimError, shim::Shim};
@@ -14,7 +14,7 @@ pub struct Replay {
     pub failed: usize,
 }
 
-pub async fn replay<S: Store>(shim: &Shim<S>) -> Result<Replay, ShimError> {
+pub async fn replay(shim: &Shim) -> Result<Replay, ShimError> {
     let records = shim.ledger(|l| l.list(None)).await?;
     let mut out = Replay::default();
     for rec in records

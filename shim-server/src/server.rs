@@ -11,7 +11,6 @@ use std::{
 use dipam_proto::v1::{
     admin_server::AdminServer, agent_server::AgentServer, cni_server::CniServer,
 };
-use dipam_state::Store;
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 use tracing::{info, warn};
@@ -126,8 +125,8 @@ fn oversize_is_resource_exhausted<B>(
 /// Serves until `shutdown` resolves, then stops accepting, ends every agent watch with
 /// UNAVAILABLE, lets the requests in flight finish for at most `drain`, and unlinks the
 /// socket.
-pub async fn serve<S: Store, F>(
-    shim: Arc<Shim<S>>,
+pub async fn serve<F>(
+    shim: Arc<Shim>,
     listener: UnixListener,
     path: &Path,
     peers: PeerCheck,

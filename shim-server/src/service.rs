@@ -9,7 +9,6 @@ use dipam_proto::v1::{
     ListAttachmentsRequest, StatusReply, StatusRequest, admin_server::Admin, agent_server::Agent,
     cni_reply::Outcome, cni_server::Cni,
 };
-use dipam_state::Store;
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, info, info_span, warn};
 
@@ -20,9 +19,9 @@ use crate::{
     shim::Shim,
 };
 
-pub struct Service<S: Store>(pub Arc<Shim<S>>);
+pub struct Service(pub Arc<Shim>);
 
-impl<S: Store> Clone for Service<S> {
+impl Clone for Service {
     fn clone(&self) -> Self {
         Self(Arc::clone(&self.0))
     }
@@ -71,8 +70,8 @@ impl Call {
 /// even when dipamd is saturated), the RPC module, then logs, metrics, history and the one
 /// error boundary. The RPC gets its caller as an argument: what it may do is decided where
 /// the request is prepared (`Shim::prepare`).
-async fn answer<S: Store, F>(
-    shim: &Shim<S>,
+async fn answer<F>(
+    shim: &Shim,
     call: Call,
     class: Option<Class>,
     f: F,
@@ -164,8 +163,8 @@ where
 
 /// One ADD, answered as `Add` answers it (with `replayed` set on success); `early` is the
 /// AddEarly stream's sender, if it is one.
-async fn add<S: Store>(
-    shim: &Shim<S>,
+async fn add(
+    shim: &Shim,
     caller: Caller,
     req: CniRequest,
     mut early: rpc::add::Early,
@@ -190,7 +189,7 @@ type ReplyStream =
     std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<CniReply, Status>> + Send + 'static>>;
 
 #[tonic::async_trait]
-impl<S: Store> Cni for Service<S> {
+impl Cni for Service {
     async fn add(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
         let caller = Caller::of(&r);
         add(&self.0, caller, r.into_inner(), rpc::add::Early::default())
@@ -295,7 +294,7 @@ impl<S: Store> Cni for Service<S> {
 }
 
 #[tonic::async_trait]
-impl<S: Store> Admin for Service<S> {
+impl Admin for Service {
     async fn get_status(&self, r: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
         Caller::of(&r).require_admin("dipamd's status")?;
         rpc::admin::status(&self.0)
@@ -343,7 +342,7 @@ impl<S: Store> Admin for Service<S> {
 }
 
 #[tonic::async_trait]
-impl<S: Store> Agent for Service<S> {
+impl Agent for Service {
     type WatchStream = std::pin::Pin<
         Box<dyn tokio_stream::Stream<Item = Result<AgentListReply, Status>> + Send + 'static>,
     >;

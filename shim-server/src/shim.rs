@@ -30,8 +30,8 @@ pub struct Identity {
     pub spool_dir: PathBuf,
 }
 
-pub struct Shim<S: Store> {
-    pub ledger: Ledger<S>,
+pub struct Shim {
+    pub ledger: Ledger,
     pub agent: Agent,
     pub exec: Executor,
     pub locks: KeyLocks,
@@ -108,9 +108,9 @@ pub const TOMBSTONE_MAX: usize = 65_536;
 
 pub use crate::clock::{now, now_ms};
 
-impl<S: Store> Shim<S> {
+impl Shim {
     pub fn new(
-        store: S,
+        store: Arc<dyn Store>,
         exec: Executor,
         identity: Identity,
         agent: Option<AgentConfig>,
@@ -120,7 +120,7 @@ impl<S: Store> Shim<S> {
         let events = exec.events.clone();
         let denials = Arc::new(crate::privilege::Denials::with_events(events.clone()));
         Arc::new(Self {
-            ledger: Ledger::new(store),
+            ledger: Ledger::from_arc(store),
             agent: Agent::new(agent),
             exec,
             locks: KeyLocks::default(),
@@ -147,7 +147,7 @@ impl<S: Store> Shim<S> {
     pub async fn ledger<T, F>(&self, f: F) -> Result<T, ShimError>
     where
         T: Send + 'static,
-        F: FnOnce(&Ledger<S>) -> Result<T, StoreError> + Send + 'static,
+        F: FnOnce(&Ledger) -> Result<T, StoreError> + Send + 'static,
     {
         let ledger = self.ledger.clone();
         let started = Instant::now();

@@ -38,7 +38,6 @@ use dipam_proto::{
     spool::{self, Pointer, QUARANTINE},
     v1::CniRequest,
 };
-use dipam_state::Store;
 use nix::{
     fcntl::{Flock, FlockArg, OFlag, open, renameat},
     sys::stat::{Mode, mkdirat},
@@ -259,7 +258,7 @@ pub fn publish(socket: &Path, dir: &Path) -> std::io::Result<Option<PathBuf>> {
 }
 
 /// Opens `dir` by the rule, recording the outcome for status/doctor/metrics.
-fn open_checked<S: Store>(shim: &Shim<S>, dir: &Path) -> Option<OwnedFd> {
+fn open_checked(shim: &Shim, dir: &Path) -> Option<OwnedFd> {
     match spool::open_dir(dir) {
         Ok(fd) => {
             set(&shim.spool.untrusted, None);
@@ -327,7 +326,7 @@ fn open_quarantine(fd: &OwnedFd, dir: &Path) -> Result<OwnedFd, String> {
     spool::open_subdir(fd, dir, QUARANTINE).map_err(|e| e.to_string())
 }
 
-fn quarantine<S: Store>(shim: &Shim<S>, fd: &OwnedFd, dir: &Path, name: &OsStr, why: &str) {
+fn quarantine(shim: &Shim, fd: &OwnedFd, dir: &Path, name: &OsStr, why: &str) {
     let file = dir.join(name);
     let moved = open_quarantine(fd, dir).and_then(|q| {
         renameat(fd, name, &q, name).map_err(|e| e.to_string())?;
@@ -348,7 +347,7 @@ fn quarantine<S: Store>(shim: &Shim<S>, fd: &OwnedFd, dir: &Path, name: &OsStr, 
 }
 
 /// Reads one spool file by the rule; quarantines it when it fails.
-fn read_file<S: Store>(shim: &Shim<S>, fd: &OwnedFd, dir: &Path, name: &OsStr) -> Option<Spooled> {
+fn read_file(shim: &Shim, fd: &OwnedFd, dir: &Path, name: &OsStr) -> Option<Spooled> {
     let bytes = spool::open_file(fd, dir, name)
         .map_err(|e| e.to_string())
         .and_then(|f| {
@@ -400,7 +399,7 @@ fn provably_nothing_held(
 }
 
 /// Replays every spooled DEL in `dir`.
-pub async fn drain<S: Store>(shim: &Shim<S>, dir: &Path) -> Drained {
+pub async fn drain(shim: &Shim, dir: &Path) -> Drained {
     let mut out = Drained::default();
     let Some(fd) = open_checked(shim, dir) else {
         return out;
@@ -481,7 +480,7 @@ pub async fn drain<S: Store>(shim: &Shim<S>, dir: &Path) -> Drained {
 /// Moves the files waiting in a spool a previous dipamd of this socket published into ours
 /// (`to`): a DEL spooled there, even in the moment before this dipamd's pointer replaced the
 /// old one, is replayed here. Files failing the rule stay there, quarantined.
-pub fn adopt<S: Store>(shim: &Shim<S>, from: &Path, to: &Path) -> usize {
+pub fn adopt(shim: &Shim, from: &Path, to: &Path) -> usize {
     let (Some(src), Ok(dst)) = (
         spool::open_dir(from).ok(),
         spool::open_dir(to).map_err(|e| e.to_string()),
@@ -523,7 +522,7 @@ pub fn adopt<S: Store>(shim: &Shim<S>, from: &Path, to: &Path) -> usize {
 /// Drains `dir` (after taking over inherited spools) until a pass finds nothing new: DELs
 /// spooled while the drain runs are released too. Bounded, so a plugin spooling in a loop
 /// cannot hold dipamd's start forever; the periodic drain takes the rest.
-pub async fn drain_all<S: Store>(shim: &Shim<S>, dir: &Path) -> Drained {
+pub async fn drain_all(shim: &Shim, dir: &Path) -> Drained {
     let mut total = Drained::default();
     for _ in 0..8 {
         for from in shim.spool.inherited() {
@@ -544,7 +543,7 @@ pub async fn drain_all<S: Store>(shim: &Shim<S>, dir: &Path) -> Drained {
 /// Reports the spool's gauges, and whether the ledger takes commits: plugins write spool
 /// files while dipamd runs and the store recovers from a full disk in the background, so
 /// both are sampled here, at start and on every tick of [`run`] (docs/metrics.md).
-pub fn report<S: Store>(shim: &Shim<S>, dir: &Path) {
+pub fn report(shim: &Shim, dir: &Path) {
     use crate::events::Event;
     shim.events.emit(Event::SpoolDepth(depth(dir) as u64));
     shim.events
@@ -555,11 +554,7 @@ pub fn report<S: Store>(shim: &Shim<S>, dir: &Path) {
 }
 
 /// Drains every `every` until the process ends.
-pub async fn run<S: Store>(
-    shim: std::sync::Arc<Shim<S>>,
-    dir: PathBuf,
-    every: std::time::Duration,
-) {
+pub async fn run(shim: std::sync::Arc<Shim>, dir: PathBuf, every: std::time::Duration) {
     loop {
         tokio::time::sleep(every).await;
         for from in shim.spool.inherited() {
@@ -573,7 +568,7 @@ pub async fn run<S: Store>(
 }
 
 /// The spool as `dipamctl status` shows it.
-pub fn status<S: Store>(shim: &Shim<S>) -> dipam_proto::v1::SpoolStatus {
+pub fn status(shim: &Shim) -> dipam_proto::v1::SpoolStatus {
     let dir = &shim.identity.spool_dir;
     dipam_proto::v1::SpoolStatus {
         dir: dir.display().to_string(),

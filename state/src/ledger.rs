@@ -271,11 +271,15 @@ impl AttachmentRecord {
 ///
 /// Cheap to clone (it shares the store through an `Arc`), so each tokio task can hold its
 /// own. Every method blocks; call it from `spawn_blocking`.
-pub struct Ledger<S: Store> {
+///
+/// The store is shared as `Arc<dyn Store>` by default (`Ledger` alone): dipamd names no
+/// store type outside this crate, and a store call costs one indirect call, small beside
+/// the work it does. A concrete `Ledger<S>` stays available for tests of one store.
+pub struct Ledger<S: Store + ?Sized = dyn Store> {
     store: Arc<S>,
 }
 
-impl<S: Store> Clone for Ledger<S> {
+impl<S: Store + ?Sized> Clone for Ledger<S> {
     fn clone(&self) -> Self {
         Self {
             store: Arc::clone(&self.store),
@@ -283,7 +287,7 @@ impl<S: Store> Clone for Ledger<S> {
     }
 }
 
-impl<S: Store + fmt::Debug> fmt::Debug for Ledger<S> {
+impl<S: Store + fmt::Debug + ?Sized> fmt::Debug for Ledger<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Ledger")
             .field("store", &self.store)
@@ -307,6 +311,22 @@ impl<S: Store> Ledger<S> {
         }
     }
 
+    /// The same ledger, its store's type erased.
+    pub fn erased(self) -> Ledger {
+        Ledger { store: self.store }
+    }
+}
+
+impl Ledger {
+    /// Wraps `store`, its type erased: what dipamd holds.
+    pub fn shared(store: impl Store) -> Self {
+        Self {
+            store: Arc::new(store),
+        }
+    }
+}
+
+impl<S: Store + ?Sized> Ledger<S> {
     /// Wraps a store that is already shared.
     pub fn from_arc(store: Arc<S>) -> Self {
         Self { store }

@@ -19,7 +19,7 @@
 use std::{collections::BTreeSet, net::IpAddr, time::Duration};
 
 use dipam_proto::v1::{AgentAddress, CniRequest};
-use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, Owner, Store};
+use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, Owner};
 use serde_json::Value;
 use tracing::{info, warn};
 
@@ -37,7 +37,7 @@ const LAST_IP_SETTING: &str = "agent/last-ip/";
 
 /// At start: if the configured roles changed since the last start, the operator's new
 /// configuration wins over roles the agent allocated or released at runtime.
-pub async fn init<S: Store>(shim: &Shim<S>) -> Result<(), ShimError> {
+pub async fn init(shim: &Shim) -> Result<(), ShimError> {
     let Some(cfg) = shim.agent.config.clone() else {
         return keep_unmanaged(shim).await;
     };
@@ -68,7 +68,7 @@ pub const KEPT_UNMANAGED: &str = "kept: agent management is off (dipamd has no -
 /// take the agent's addresses away after a restart that merely lost a flag, so they are kept,
 /// indexed (no pod gets one) and listed by `dipamctl agent list`, status and doctor with the
 /// reason and what releases them.
-async fn keep_unmanaged<S: Store>(shim: &Shim<S>) -> Result<(), ShimError> {
+async fn keep_unmanaged(shim: &Shim) -> Result<(), ShimError> {
     let records = shim.ledger(|l| l.list(None)).await?;
     shim.agent.reindex(&records);
     let kept: Vec<AgentAddress> = records
@@ -111,7 +111,7 @@ async fn keep_unmanaged<S: Store>(shim: &Shim<S>) -> Result<(), ShimError> {
 
 /// Enables (`on`) or disables a role at runtime; persists across restarts until the
 /// configured roles change.
-pub async fn set_role<S: Store>(shim: &Shim<S>, role: &str, on: bool) -> Result<(), ShimError> {
+pub async fn set_role(shim: &Shim, role: &str, on: bool) -> Result<(), ShimError> {
     if !ROLES.contains(&role) {
         // Never the role itself in full: a 1 MiB role echoed into the status message broke
         // the client's HTTP/2 header limit.
@@ -133,10 +133,7 @@ pub async fn set_role<S: Store>(shim: &Shim<S>, role: &str, on: bool) -> Result<
         .await
 }
 
-async fn effective_roles<S: Store>(
-    shim: &Shim<S>,
-    cfg: &AgentConfig,
-) -> Result<BTreeSet<String>, ShimError> {
+async fn effective_roles(shim: &Shim, cfg: &AgentConfig) -> Result<BTreeSet<String>, ShimError> {
     let overrides = shim.ledger(|l| l.settings(ROLE_SETTING)).await?;
     let mut roles = cfg.roles.clone();
     for (name, value) in overrides {
@@ -154,7 +151,7 @@ async fn effective_roles<S: Store>(
 }
 
 /// One reconcile pass. Publishes the resulting list for List and Watch.
-pub async fn pass<S: Store>(shim: &Shim<S>) -> Result<(), ShimError> {
+pub async fn pass(shim: &Shim) -> Result<(), ShimError> {
     let Some(cfg) = shim.agent.config.clone() else {
         return Ok(());
     };
@@ -247,7 +244,7 @@ pub async fn pass<S: Store>(shim: &Shim<S>) -> Result<(), ShimError> {
 }
 
 /// Reports the published agent addresses by state (the metrics' gauge).
-fn report_addresses<S: Store>(shim: &Shim<S>) {
+fn report_addresses(shim: &Shim) {
     if !shim.events.listened() {
         return;
     }
@@ -261,7 +258,7 @@ fn report_addresses<S: Store>(shim: &Shim<S>) {
 }
 
 /// The retry loop: passes until every address is established, then a periodic CHECK.
-pub async fn run<S: Store>(shim: std::sync::Arc<Shim<S>>, check_every: Duration) {
+pub async fn run(shim: std::sync::Arc<Shim>, check_every: Duration) {
     if shim.agent.config.is_none() {
         return;
     }
@@ -331,12 +328,7 @@ fn address(
 }
 
 /// Builds the ADD/DEL/CHECK request for a slot, the way a runtime would call dipam.
-fn prepare<S: Store>(
-    shim: &Shim<S>,
-    base: &Base,
-    slot: &Slot,
-    command: &str,
-) -> Result<Prepared, ShimError> {
+fn prepare(shim: &Shim, base: &Base, slot: &Slot, command: &str) -> Result<Prepared, ShimError> {
     let req = CniRequest {
         protocol_version: dipam_proto::PROTOCOL_VERSION,
         request_id: format!("agent-{}-{}", slot.role, slot.family.as_str()),
@@ -396,8 +388,8 @@ fn request_ip(p: &mut Prepared, ip: IpAddr) {
 }
 
 /// Makes one enabled slot hold its address; returns what the agent should see.
-async fn establish<S: Store>(
-    shim: &Shim<S>,
+async fn establish(
+    shim: &Shim,
     base: &Base,
     slot: &Slot,
     key: &AttachmentKey,
@@ -525,17 +517,17 @@ fn mine(rec: &AttachmentRecord, family: Family) -> Option<IpAddr> {
 }
 
 /// CHECKs a committed agent address with the delegate, where its version has CHECK.
-async fn verify<S: Store>(
-    shim: &Shim<S>,
+async fn verify(
+    shim: &Shim,
     base: &Base,
     slot: &Slot,
     rec: &AttachmentRecord,
 ) -> Result<(), ShimError> {
     let mut p = prepare(shim, base, slot, "CHECK")?;
     let (probe, send) = shim.resolve(&p.dc, "").await?;
-    let effective = Shim::<S>::effective(&p.dc, send);
+    let effective = Shim::effective(&p.dc, send);
     let floor = rscni_types::version::SpecVersion::new(0, 4, 0);
-    if !(Shim::<S>::delegate_allows(&probe, effective, floor) && effective >= floor) {
+    if !(Shim::delegate_allows(&probe, effective, floor) && effective >= floor) {
         return Ok(());
     }
     let recorded = rec
@@ -553,7 +545,7 @@ async fn verify<S: Store>(
 }
 
 /// Releases a recorded agent address and forgets it (caller holds the key's lock).
-async fn release<S: Store>(shim: &Shim<S>, rec: &AttachmentRecord) -> Result<(), ShimError> {
+async fn release(shim: &Shim, rec: &AttachmentRecord) -> Result<(), ShimError> {
     if rec.state != AttachmentState::Deleting {
         let mut marked = rec.clone();
         marked.state = AttachmentState::Deleting;

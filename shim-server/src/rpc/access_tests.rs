@@ -44,7 +44,7 @@ const OTHER: Caller = Caller {
 
 struct Bench {
     dir: TempDir,
-    shim: Arc<Shim<MemStore>>,
+    shim: Arc<Shim>,
 }
 
 /// dipamd's own directory `trusted/` and a caller's `mine/`, each with a `fake-ipam`.
@@ -61,7 +61,7 @@ fn bench() -> Bench {
     let mut exec = Executor::new(vec![dir.path().join("trusted")], Duration::from_secs(10));
     exec.non_root_kinds = vec!["fake-ipam".into()];
     let shim = Shim::new(
-        MemStore::new(),
+        Arc::new(MemStore::new()),
         exec,
         Identity {
             socket: "/unused".into(),

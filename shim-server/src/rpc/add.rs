@@ -7,7 +7,7 @@
 //! it only once the stream's last reply says the commit is done ([`Early`]).
 
 use dipam_proto::v1::CniRequest;
-use dipam_state::{AttachmentRecord, AttachmentState, Durability, Owner, Store};
+use dipam_state::{AttachmentRecord, AttachmentState, Durability, Owner};
 use tokio::sync::oneshot;
 use tracing::{info, warn};
 
@@ -65,8 +65,8 @@ pub struct Added {
 }
 
 /// A runtime's ADD, from `caller`; `early` is the AddEarly stream's sender, if it is one.
-pub async fn run<S: Store>(
-    shim: &Shim<S>,
+pub async fn run(
+    shim: &Shim,
     caller: Caller,
     req: CniRequest,
     early: &mut Early,
@@ -104,10 +104,7 @@ pub async fn run<S: Store>(
 /// alone), and the caller chooses the delegate's config: its own attachment under a root
 /// pod's ID, DELed with a config pointing at that pod's store, would free the pod's address.
 /// Container IDs are not secret (`ps` shows them), so this is checked, not assumed.
-async fn refuse_foreign_container_id<S: Store>(
-    shim: &Shim<S>,
-    p: &Prepared,
-) -> Result<(), ShimError> {
+async fn refuse_foreign_container_id(shim: &Shim, p: &Prepared) -> Result<(), ShimError> {
     let cid = p.req.container_id.clone();
     let others = shim
         .ledger(move |l| {
@@ -139,8 +136,8 @@ async fn refuse_foreign_container_id<S: Store>(
 /// The ADD flow for any owner (a runtime's pod, the warm pool's entries, the agent's own
 /// addresses). The caller holds the key's lock. Returns the result rendered in the request's
 /// version.
-pub async fn attach<S: Store>(
-    shim: &Shim<S>,
+pub async fn attach(
+    shim: &Shim,
     p: &Prepared,
     owner: Owner,
     early: &mut Early,
@@ -155,7 +152,7 @@ pub async fn attach<S: Store>(
     }
     let (probe, send) = shim.resolve(&p.dc, &p.req.cni_path).await?;
     let stdin = p.dc.bytes_for(send)?;
-    let rec = intent(p, &owner, Shim::<S>::effective(&p.dc, send), &stdin, digest);
+    let rec = intent(p, &owner, Shim::effective(&p.dc, send), &stdin, digest);
     let (rec, rendered, out) = exec_and_commit(shim, p, &probe, stdin, rec, early).await?;
     shim.agent.note_committed(&rec);
     info!(
@@ -174,7 +171,7 @@ pub async fn attach<S: Store>(
 /// Refuses an ADD issued before a DEL of the same attachment that dipamd already processed (a
 /// slow or retried plugin, F4): it must not bring the attachment back. Ordered on the boot
 /// clock (order.rs): the wall clock steps.
-fn refuse_stale<S: Store>(shim: &Shim<S>, p: &Prepared) -> Result<(), ShimError> {
+fn refuse_stale(shim: &Shim, p: &Prepared) -> Result<(), ShimError> {
     if let Some(del_issued) = shim.tombstone(&p.key)
         && crate::order::before(
             crate::order::from_wire(p.req.issued_at.as_ref()).as_ref(),
@@ -191,8 +188,8 @@ fn refuse_stale<S: Store>(shim: &Shim<S>, p: &Prepared) -> Result<(), ShimError>
 /// What the ledger already holds for the key: the answer to a repeated ADD (`Some`), a
 /// refusal, or nothing left to stand in the way (`None`: an interrupted operation is finished
 /// first).
-async fn replay_or_finish<S: Store>(
-    shim: &Shim<S>,
+async fn replay_or_finish(
+    shim: &Shim,
     p: &Prepared,
     digest: &str,
 ) -> Result<Option<Vec<u8>>, ShimError> {
@@ -263,8 +260,8 @@ fn intent(
 /// Runs the delegate's ADD for the intent `rec` and commits its result; on any failure the
 /// intent is rolled back (the allocation released when the delegate may hold one). Returns
 /// the committed record, the bytes to answer, and the exec's output.
-async fn exec_and_commit<S: Store>(
-    shim: &Shim<S>,
+async fn exec_and_commit(
+    shim: &Shim,
     p: &Prepared,
     probe: &crate::delegate::Probe,
     stdin: Vec<u8>,
@@ -368,8 +365,8 @@ impl TakenUp {
 /// Takes up a delegate's ADD stdout for the intent `rec`: parses it, refuses addresses held by
 /// someone else, renders it in the request's version, offers it to an AddEarly plugin and
 /// commits the attachment.
-async fn take_up<S: Store>(
-    shim: &Shim<S>,
+async fn take_up(
+    shim: &Shim,
     p: &Prepared,
     rec: &AttachmentRecord,
     stdout: &[u8],
@@ -441,7 +438,7 @@ fn may_hold_allocation(e: &ShimError) -> bool {
 /// Undoes an ADD that will not be answered with success. With `release`, the delegate's
 /// allocation is freed first; if that fails, the record stays (state `adding`) so that the
 /// runtime's DEL or the next start frees it: never forgotten, never leaked.
-async fn rollback<S: Store>(shim: &Shim<S>, rec: &AttachmentRecord, release: bool) {
+async fn rollback(shim: &Shim, rec: &AttachmentRecord, release: bool) {
     if release && let Err(e) = shim.release_recorded(rec).await {
         warn!(key = %rec.key, error = %e, "rollback DEL failed; keeping the record for the next DEL or restart");
         return;

@@ -4,7 +4,6 @@ use dipam_proto::v1::{
     Attachment, CniRequest, DelegateInfo, ExplainReply, ExplainRequest, GcReply, GcRequest,
     ListAttachmentsReply, ListAttachmentsRequest, Mode, StatusReply,
 };
-use dipam_state::Store;
 
 use crate::{
     delegate::config::result_ips,
@@ -13,7 +12,7 @@ use crate::{
     shim::Shim,
 };
 
-pub async fn status<S: Store>(shim: &Shim<S>) -> Result<StatusReply, ShimError> {
+pub async fn status(shim: &Shim) -> Result<StatusReply, ShimError> {
     let mut not_ready = shim.agent.not_ready();
     // A ledger that cannot take commits (a full disk) fails every ADD and DEL: that is the
     // first thing status must say, and counting must not fail the whole report.
@@ -115,10 +114,7 @@ pub async fn status<S: Store>(shim: &Shim<S>) -> Result<StatusReply, ShimError> 
 
 /// `dipamctl explain`: the container's ledger records and its recorded history. A warm-pool ID
 /// also finds the pod its address went to (the delegate's executions are recorded under it).
-pub async fn explain<S: Store>(
-    shim: &Shim<S>,
-    req: ExplainRequest,
-) -> Result<ExplainReply, ShimError> {
+pub async fn explain(shim: &Shim, req: ExplainRequest) -> Result<ExplainReply, ShimError> {
     crate::validate::container_id(&req.container_id)?;
     let cid = req.container_id.clone();
     let (records, events) = shim
@@ -146,8 +142,8 @@ pub async fn explain<S: Store>(
 
 /// The ledger's attachments. Root and --admin-uid see all; another caller only those it
 /// created (their netns paths and results are no one else's business).
-pub async fn list<S: Store>(
-    shim: &Shim<S>,
+pub async fn list(
+    shim: &Shim,
     caller: crate::access::Caller,
     req: ListAttachmentsRequest,
 ) -> Result<ListAttachmentsReply, ShimError> {
@@ -214,7 +210,7 @@ fn list_from(records: Vec<dipam_state::AttachmentRecord>, owner: &str) -> Vec<At
 
 /// `dipamctl gc`: one network, the operator's valid list or the ledger as the valid set, and
 /// a dry run that frees nothing.
-pub async fn gc<S: Store>(shim: &Shim<S>, req: GcRequest) -> Result<GcReply, ShimError> {
+pub async fn gc(shim: &Shim, req: GcRequest) -> Result<GcReply, ShimError> {
     let (stdin, mode) = if req.config.is_empty() {
         let base = shim
             .agent

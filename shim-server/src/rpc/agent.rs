@@ -1,21 +1,16 @@
 //! The agent's RPCs: list, watch, and allocate/release a role at runtime.
 
 use dipam_proto::v1::AgentListReply;
-use dipam_state::Store;
 
 use crate::{agent::reconcile, error::ShimError, shim::Shim};
 
-pub fn list<S: Store>(shim: &Shim<S>) -> AgentListReply {
+pub fn list(shim: &Shim) -> AgentListReply {
     shim.agent.snapshot()
 }
 
 /// Enables or disables `role`, runs a reconcile pass at once, and answers with the result:
 /// the agent gets its address (or the reason it has none) in the reply.
-pub async fn set_role<S: Store>(
-    shim: &Shim<S>,
-    role: &str,
-    on: bool,
-) -> Result<AgentListReply, ShimError> {
+pub async fn set_role(shim: &Shim, role: &str, on: bool) -> Result<AgentListReply, ShimError> {
     reconcile::set_role(shim, role, on).await?;
     reconcile::pass(shim).await?;
     Ok(shim.agent.snapshot())

@@ -5,13 +5,13 @@
 use std::collections::BTreeSet;
 
 use dipam_proto::v1::CniRequest;
-use dipam_state::{AttachmentState, Store};
+use dipam_state::AttachmentState;
 use rscni_types::version::SpecVersion;
 
 use crate::{delegate::config::result_addrs, error::ShimError, shim::Shim};
 
-pub async fn run<S: Store>(
-    shim: &Shim<S>,
+pub async fn run(
+    shim: &Shim,
     caller: crate::access::Caller,
     req: CniRequest,
 ) -> Result<Vec<u8>, ShimError> {
@@ -57,8 +57,8 @@ pub async fn run<S: Store>(
     // A pod served from the warm pool is known to the delegate by the pool entry's key.
     crate::pool::redirect(&mut p, &rec)?;
     let (probe, send) = shim.resolve(&p.dc, &p.req.cni_path).await?;
-    let effective = Shim::<S>::effective(&p.dc, send);
-    if Shim::<S>::delegate_allows(&probe, effective, SpecVersion::new(0, 4, 0))
+    let effective = Shim::effective(&p.dc, send);
+    if Shim::delegate_allows(&probe, effective, SpecVersion::new(0, 4, 0))
         && effective >= SpecVersion::new(0, 4, 0)
     {
         let stdin = p.dc.bytes_for(send)?;

@@ -8,13 +8,13 @@
 //! when neither the ledger nor prevResult has it: then there is nothing it could release.
 
 use dipam_proto::v1::CniRequest;
-use dipam_state::{AttachmentState, Store};
+use dipam_state::AttachmentState;
 use tracing::{info, warn};
 
 use crate::{clock::now, error::ShimError, shim::Shim};
 
-pub async fn run<S: Store>(
-    shim: &Shim<S>,
+pub async fn run(
+    shim: &Shim,
     caller: crate::access::Caller,
     req: CniRequest,
 ) -> Result<Vec<u8>, ShimError> {

@@ -4,7 +4,6 @@
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 use dipam_proto::v1::{DoctorCheck, DoctorReply};
-use dipam_state::Store;
 
 use crate::{
     delegate::store,
@@ -25,7 +24,7 @@ fn check(name: impl Into<String>, ok: bool, detail: impl Into<String>, fix: &str
 
 /// The DEL spool: published where the plugin finds it, meeting the trust rule, drained, and
 /// agreeing with every config that names a spoolDir.
-fn spool_checks<S: Store>(shim: &Shim<S>, checks: &mut Vec<DoctorCheck>) {
+fn spool_checks(shim: &Shim, checks: &mut Vec<DoctorCheck>) {
     let id = &shim.identity;
     let st = spool::status(shim);
     let published = dipam_proto::spool::read_pointer(&id.socket);
@@ -105,7 +104,7 @@ fn spool_checks<S: Store>(shim: &Shim<S>, checks: &mut Vec<DoctorCheck>) {
     ));
 }
 
-pub async fn run<S: Store>(shim: &Shim<S>) -> Result<DoctorReply, ShimError> {
+pub async fn run(shim: &Shim) -> Result<DoctorReply, ShimError> {
     let id = &shim.identity;
     let mut checks = Vec::new();
 

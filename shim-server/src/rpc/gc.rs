@@ -11,7 +11,6 @@
 //!   GC that would free more than the allowed share of the network's pods is refused (170).
 
 use dipam_proto::v1::CniRequest;
-use dipam_state::Store;
 
 use crate::{
     error::ShimError,
@@ -19,8 +18,8 @@ use crate::{
     shim::Shim,
 };
 
-pub async fn run<S: Store>(
-    shim: &Shim<S>,
+pub async fn run(
+    shim: &Shim,
     caller: crate::access::Caller,
     req: CniRequest,
 ) -> Result<Vec<u8>, ShimError> {

@@ -17,15 +17,14 @@
 use std::time::{Duration, Instant};
 
 use dipam_proto::v1::CniRequest;
-use dipam_state::Store;
 use rscni_types::version::SpecVersion;
 
 use crate::{error::ShimError, shim::Shim};
 
 const DELEGATE_STATUS_TTL: Duration = Duration::from_secs(5);
 
-pub async fn run<S: Store>(
-    shim: &Shim<S>,
+pub async fn run(
+    shim: &Shim,
     caller: crate::access::Caller,
     req: CniRequest,
 ) -> Result<Vec<u8>, ShimError> {

@@ -16,7 +16,6 @@ use crate::{
     recovery,
     shim::{Identity, Shim},
 };
-use dipam_state::Store;
 
 const SCRIPT: &str = r#"#!/bin/sh
 d=$(dirname "$0")
@@ -41,21 +40,23 @@ esac
 
 struct Bench {
     dir: TempDir,
-    shim: Arc<Shim<MemStore>>,
+    shim: Arc<Shim>,
+    /// The shim's store, for its test knobs (commit counts, injected faults).
+    store: Arc<MemStore>,
 }
 
 /// A shim on `store` whose only delegate is `script`, installed as `fake-ipam` in the returned
 /// temp dir (where the scripts keep their call logs). Shared with the pool's tests.
-pub(crate) fn scripted_shim(script: &str, store: MemStore) -> (TempDir, Arc<Shim<MemStore>>) {
+pub(crate) fn scripted_shim(script: &str, store: Arc<MemStore>) -> (TempDir, Arc<Shim>) {
     scripted_shim_with(script, store, crate::events::Events::default())
 }
 
 /// [`scripted_shim`], reporting to `events`.
 fn scripted_shim_with(
     script: &str,
-    store: MemStore,
+    store: Arc<MemStore>,
     events: crate::events::Events,
-) -> (TempDir, Arc<Shim<MemStore>>) {
+) -> (TempDir, Arc<Shim>) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fake-ipam");
     std::fs::write(&path, script).unwrap();
@@ -83,8 +84,9 @@ impl Bench {
     }
 
     fn with_store(store: MemStore) -> Self {
-        let (dir, shim) = scripted_shim(SCRIPT, store);
-        Self { dir, shim }
+        let store = Arc::new(store);
+        let (dir, shim) = scripted_shim(SCRIPT, store.clone());
+        Self { dir, shim, store }
     }
 
     fn path(&self, name: &str) -> std::path::PathBuf {
@@ -114,8 +116,8 @@ impl Bench {
 
 /// ADD as `caller`, with no AddEarly stream: the answer's bytes. Shared with the pool's and
 /// the access tests.
-pub(crate) async fn add_as<S: Store>(
-    shim: &Shim<S>,
+pub(crate) async fn add_as(
+    shim: &Shim,
     caller: Caller,
     req: CniRequest,
 ) -> Result<Vec<u8>, ShimError> {
@@ -180,7 +182,7 @@ async fn add_commits_and_converts_to_the_config_version() {
     assert_eq!(rec.owner, Owner::Pod);
     assert_eq!(rec.delegate_version, "1.0.0");
     // The intent went to the disk, the pod's result only into the kernel (Durability).
-    assert_eq!(b.shim.ledger.store().process_commits(), 1);
+    assert_eq!(b.store.process_commits(), 1);
 
     let legacy = json_of(
         &add_as(&b.shim, Caller::ROOT, request("c2", "0.4.0", json!({})))
@@ -205,7 +207,7 @@ async fn the_agents_result_goes_to_the_disk() {
         .unwrap();
     assert_eq!(b.record("agent").unwrap().owner, owner);
     // It must outlive a reboot (the agent comes back expecting it): no Process commit.
-    assert_eq!(b.shim.ledger.store().process_commits(), 0);
+    assert_eq!(b.store.process_commits(), 0);
 }
 
 #[tokio::test]
@@ -368,12 +370,13 @@ async fn gc_without_a_list_is_refused() {
 #[tokio::test]
 async fn a_ledger_that_cannot_commit_is_reported_everywhere() {
     let metrics = Arc::new(crate::metrics::Metrics::new());
+    let store = Arc::new(MemStore::new());
     let (dir, shim) = scripted_shim_with(
         SCRIPT,
-        MemStore::new(),
+        store.clone(),
         crate::events::Events::new(vec![metrics.clone()]),
     );
-    let b = Bench { dir, shim };
+    let b = Bench { dir, shim, store };
     // What a scrape shows after dipamd's periodic tick (spool.rs `report`) has sampled the
     // ledger: the fault can clear with no commit to report it.
     let scrape = || {
@@ -382,7 +385,7 @@ async fn a_ledger_that_cannot_commit_is_reported_everywhere() {
     };
     let full = "the ledger in /var/lib/dipam cannot be written (3s ago): No space left on device \
                 (os error 28); dipamd keeps retrying (the file system is full)";
-    b.shim.ledger.store().set_fault(Some(full));
+    b.store.set_fault(Some(full));
     let e = super::status::run(&b.shim, Caller::ROOT, request("", "1.1.0", json!({})))
         .await
         .unwrap_err();
@@ -403,7 +406,7 @@ async fn a_ledger_that_cannot_commit_is_reported_everywhere() {
     assert!(!check.ok && check.detail == full && check.fix.contains("free space"));
     assert!(scrape().contains("\ndipam_ledger_writable 0\n"));
 
-    b.shim.ledger.store().set_fault(None);
+    b.store.set_fault(None);
     let st = super::admin::status(&b.shim).await.unwrap();
     assert!(
         !st.not_ready.iter().any(|l| l.contains("ledger")),
@@ -425,7 +428,7 @@ async fn a_failed_commit_rolls_the_delegate_back() {
     let b = Bench::new();
     // The intent commits; committing the result fails (a full disk): the delegate's
     // allocation is released and the intent dropped, so nothing is held that nobody knows of.
-    b.shim.ledger.store().fail_commits_after(1, 1);
+    b.store.fail_commits_after(1, 1);
     let e = add_as(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
         .await
         .unwrap_err();
@@ -434,7 +437,7 @@ async fn a_failed_commit_rolls_the_delegate_back() {
     assert!(b.record("c1").is_none());
 
     // The intent itself cannot be written: the delegate never runs.
-    b.shim.ledger.store().fail_commits_after(0, 1);
+    b.store.fail_commits_after(0, 1);
     let e = add_as(&b.shim, Caller::ROOT, request("c2", "1.0.0", json!({})))
         .await
         .unwrap_err();
@@ -715,7 +718,7 @@ async fn spool_replays_only_roots_files_and_releases_keys_the_ledger_lacks() {
 /// Every reply of one AddEarly for `req`, through the service as a plugin sees it. Shared
 /// with the pool's tests.
 pub(crate) async fn add_early_replies(
-    shim: &Arc<Shim<MemStore>>,
+    shim: &Arc<Shim>,
     req: CniRequest,
 ) -> Vec<dipam_proto::v1::CniReply> {
     use dipam_proto::v1::cni_server::Cni;
@@ -762,7 +765,7 @@ async fn add_early_sends_the_result_before_its_commit_and_then_the_outcome() {
 
     // The commit fails after the early result went out: the outcome is the error, and the
     // delegate's allocation is released, so the plugin's undo leaves nothing anywhere.
-    b.shim.ledger.store().fail_commits_after(1, 1);
+    b.store.fail_commits_after(1, 1);
     let failed = replies("c2").await;
     assert_eq!(failed.len(), 2, "{failed:?}");
     assert!(failed[0].pending_commit);
