@@ -18,7 +18,7 @@ use crate::{
     },
     error::ShimError,
     gc::{self, Valid},
-    shim::Shim,
+    node::Node,
 };
 
 /// One network's divergence.
@@ -52,7 +52,7 @@ pub fn on_tmpfs(path: &std::path::Path) -> bool {
 
 /// The delegate configs of every network dipamd knows: the agent's conflist, and one recorded
 /// config per network in the ledger.
-pub async fn networks(shim: &Shim) -> Result<Vec<DelegateConf>, ShimError> {
+pub async fn networks(shim: &Node) -> Result<Vec<DelegateConf>, ShimError> {
     let mut out: Vec<DelegateConf> = Vec::new();
     if let Some(cfg) = &shim.agent.config
         && let Ok(base) = cfg.source.load()
@@ -79,7 +79,7 @@ pub async fn networks(shim: &Shim) -> Result<Vec<DelegateConf>, ShimError> {
 
 /// Compares one network's ledger with its delegate's store (host-local only: the one whose
 /// store dipamd can read).
-pub async fn check(shim: &Shim, dc: &DelegateConf) -> Result<Option<Divergence>, ShimError> {
+pub async fn check(shim: &Node, dc: &DelegateConf) -> Result<Option<Divergence>, ShimError> {
     let Some(dir) = store::readable_dir(&dc.kind, &dc.conf, &dc.network) else {
         return Ok(None);
     };
@@ -166,7 +166,7 @@ pub async fn check(shim: &Shim, dc: &DelegateConf) -> Result<Option<Divergence>,
 }
 
 /// One reconcile round over every known network; updates the status counters.
-pub async fn round(shim: &Shim, free: bool) -> Result<(), ShimError> {
+pub async fn round(shim: &Node, free: bool) -> Result<(), ShimError> {
     let (mut missing, mut orphans) = (0u64, 0u64);
     let mut refused = std::collections::HashMap::new();
     for dc in networks(shim).await? {
@@ -183,7 +183,7 @@ pub async fn round(shim: &Shim, free: bool) -> Result<(), ShimError> {
         if !d.orphans.is_empty() {
             warn!(network = %dc.network, orphans = ?d.orphans, "the delegate's store holds reservations dipamd never recorded");
             if free {
-                let plan = gc::collect(shim, &dc, "", Valid::Ledger, false, false).await?;
+                let plan = gc::collect::collect(shim, &dc, "", Valid::Ledger, false, false).await?;
                 let freed = plan.items.iter().filter(|i| i.outcome == "freed").count();
                 info!(network = %dc.network, freed, "reconcile freed orphaned reservations");
             }
@@ -202,7 +202,7 @@ pub async fn round(shim: &Shim, free: bool) -> Result<(), ShimError> {
 }
 
 /// The loop; `every` zero disables it.
-pub async fn run(shim: Arc<Shim>, every: Duration, free: bool) {
+pub async fn run(shim: Arc<Node>, every: Duration, free: bool) {
     if every.is_zero() {
         return;
     }

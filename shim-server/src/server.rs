@@ -17,8 +17,8 @@ use tracing::{info, warn};
 
 use crate::{
     access::{MAX_REQUEST_BYTES, PeerCheck},
+    node::Node,
     service::Service,
-    shim::Shim,
 };
 use tonic::service::interceptor::InterceptedService;
 
@@ -100,10 +100,6 @@ pub fn resolve_group(g: &str) -> Result<u32, String> {
 /// drain ends in SIGKILL.
 pub const DEFAULT_DRAIN: Duration = Duration::from_secs(5);
 
-/// The message of the UNAVAILABLE that ends every `Agent.Watch` when dipamd stops.
-pub const STOPPING: &str =
-    "dipamd is shutting down; reconnect: the next dipamd sends the full list first";
-
 /// tonic refuses a request above the decode limit with OUT_OF_RANGE, before any handler
 /// runs; gRPC's own servers say RESOURCE_EXHAUSTED for that, and so does dipamd for every
 /// other oversized value (validate.rs). dipamd's handlers never answer OUT_OF_RANGE, so the
@@ -126,7 +122,7 @@ fn oversize_is_resource_exhausted<B>(
 /// UNAVAILABLE, lets the requests in flight finish for at most `drain`, and unlinks the
 /// socket.
 pub async fn serve<F>(
-    shim: Arc<Shim>,
+    shim: Arc<Node>,
     listener: UnixListener,
     path: &Path,
     peers: PeerCheck,

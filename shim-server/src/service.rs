@@ -15,11 +15,16 @@ use tracing::{Instrument, info, info_span, warn};
 use crate::{
     access::{Caller, Class},
     error::ShimError,
+    node::Node,
     rpc,
-    shim::Shim,
 };
 
-pub struct Service(pub Arc<Shim>);
+/// The message of the UNAVAILABLE that ends every `Agent.Watch` when dipamd stops (server.rs
+/// closes the watches).
+pub const STOPPING: &str =
+    "dipamd is shutting down; reconnect: the next dipamd sends the full list first";
+
+pub struct Service(pub Arc<Node>);
 
 impl Clone for Service {
     fn clone(&self) -> Self {
@@ -69,9 +74,9 @@ impl Call {
 /// Runs one CNI call: admission (`class`; STATUS takes none: it must stay cheap and answer
 /// even when dipamd is saturated), the RPC module, then logs, metrics, history and the one
 /// error boundary. The RPC gets its caller as an argument: what it may do is decided where
-/// the request is prepared (`Shim::prepare`).
+/// the request is prepared (`Node::prepare`).
 async fn answer<F>(
-    shim: &Shim,
+    shim: &Node,
     call: Call,
     class: Option<Class>,
     f: F,
@@ -164,10 +169,10 @@ where
 /// One ADD, answered as `Add` answers it (with `replayed` set on success); `early` is the
 /// AddEarly stream's sender, if it is one.
 async fn add(
-    shim: &Shim,
+    shim: &Node,
     caller: Caller,
     req: CniRequest,
-    mut early: rpc::add::Early,
+    mut early: crate::core::attach::Early,
 ) -> Result<CniReply, Status> {
     let call = Call::of("ADD", &req);
     let mut replayed = false;
@@ -192,9 +197,14 @@ type ReplyStream =
 impl Cni for Service {
     async fn add(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
         let caller = Caller::of(&r);
-        add(&self.0, caller, r.into_inner(), rpc::add::Early::default())
-            .await
-            .map(Response::new)
+        add(
+            &self.0,
+            caller,
+            r.into_inner(),
+            crate::core::attach::Early::default(),
+        )
+        .await
+        .map(Response::new)
     }
 
     type AddEarlyStream = ReplyStream;
@@ -226,7 +236,7 @@ impl Cni for Service {
                     let _ = tx.send(Ok(early)).await;
                 }
             };
-            let handler = add(&shim, caller, req, rpc::add::Early::to(early_tx));
+            let handler = add(&shim, caller, req, crate::core::attach::Early::to(early_tx));
             let (last, ()) = tokio::join!(handler, forward);
             let _ = tx.send(last).await;
         });
@@ -375,7 +385,7 @@ impl Agent for Service {
                 tokio::select! {
                     biased;
                     () = &mut closed => {
-                        let _ = tx.send(Err(Status::unavailable(crate::server::STOPPING))).await;
+                        let _ = tx.send(Err(Status::unavailable(STOPPING))).await;
                         return;
                     }
                     more = next => if !more { return },

@@ -232,6 +232,24 @@ impl Agent {
     }
 }
 
+/// The agent is the core's owner of addresses outside any pod.
+impl crate::core::AddressOwners for Agent {
+    fn owner_of(&self, ip: &std::net::IpAddr) -> Option<String> {
+        Agent::owner_of(self, ip)
+    }
+
+    fn committed(&self, rec: &AttachmentRecord) {
+        self.note_committed(rec);
+    }
+
+    fn conflict(&self, recheck: bool) {
+        self.note_conflict();
+        if recheck {
+            self.wake.notify_one();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,10 +25,10 @@ use tracing::{info, warn};
 
 use super::{AgentConfig, Family, ROLES, Slot, conflist::Base};
 use crate::{
+    core::Prepared,
     delegate::{config::result_addrs, version},
     error::ShimError,
-    rpc::add,
-    shim::{Prepared, Shim},
+    node::Node,
 };
 
 const ROLE_SETTING: &str = "agent/role/";
@@ -37,7 +37,7 @@ const LAST_IP_SETTING: &str = "agent/last-ip/";
 
 /// At start: if the configured roles changed since the last start, the operator's new
 /// configuration wins over roles the agent allocated or released at runtime.
-pub async fn init(shim: &Shim) -> Result<(), ShimError> {
+pub async fn init(shim: &Node) -> Result<(), ShimError> {
     let Some(cfg) = shim.agent.config.clone() else {
         return keep_unmanaged(shim).await;
     };
@@ -68,7 +68,7 @@ pub const KEPT_UNMANAGED: &str = "kept: agent management is off (dipamd has no -
 /// take the agent's addresses away after a restart that merely lost a flag, so they are kept,
 /// indexed (no pod gets one) and listed by `dipamctl agent list`, status and doctor with the
 /// reason and what releases them.
-async fn keep_unmanaged(shim: &Shim) -> Result<(), ShimError> {
+async fn keep_unmanaged(shim: &Node) -> Result<(), ShimError> {
     let records = shim.ledger(|l| l.list(None)).await?;
     shim.agent.reindex(&records);
     let kept: Vec<AgentAddress> = records
@@ -111,7 +111,7 @@ async fn keep_unmanaged(shim: &Shim) -> Result<(), ShimError> {
 
 /// Enables (`on`) or disables a role at runtime; persists across restarts until the
 /// configured roles change.
-pub async fn set_role(shim: &Shim, role: &str, on: bool) -> Result<(), ShimError> {
+pub async fn set_role(shim: &Node, role: &str, on: bool) -> Result<(), ShimError> {
     if !ROLES.contains(&role) {
         // Never the role itself in full: a 1 MiB role echoed into the status message broke
         // the client's HTTP/2 header limit.
@@ -133,7 +133,7 @@ pub async fn set_role(shim: &Shim, role: &str, on: bool) -> Result<(), ShimError
         .await
 }
 
-async fn effective_roles(shim: &Shim, cfg: &AgentConfig) -> Result<BTreeSet<String>, ShimError> {
+async fn effective_roles(shim: &Node, cfg: &AgentConfig) -> Result<BTreeSet<String>, ShimError> {
     let overrides = shim.ledger(|l| l.settings(ROLE_SETTING)).await?;
     let mut roles = cfg.roles.clone();
     for (name, value) in overrides {
@@ -151,7 +151,7 @@ async fn effective_roles(shim: &Shim, cfg: &AgentConfig) -> Result<BTreeSet<Stri
 }
 
 /// One reconcile pass. Publishes the resulting list for List and Watch.
-pub async fn pass(shim: &Shim) -> Result<(), ShimError> {
+pub async fn pass(shim: &Node) -> Result<(), ShimError> {
     let Some(cfg) = shim.agent.config.clone() else {
         return Ok(());
     };
@@ -244,7 +244,7 @@ pub async fn pass(shim: &Shim) -> Result<(), ShimError> {
 }
 
 /// Reports the published agent addresses by state (the metrics' gauge).
-fn report_addresses(shim: &Shim) {
+fn report_addresses(shim: &Node) {
     if !shim.events.listened() {
         return;
     }
@@ -258,7 +258,7 @@ fn report_addresses(shim: &Shim) {
 }
 
 /// The retry loop: passes until every address is established, then a periodic CHECK.
-pub async fn run(shim: std::sync::Arc<Shim>, check_every: Duration) {
+pub async fn run(shim: std::sync::Arc<Node>, check_every: Duration) {
     if shim.agent.config.is_none() {
         return;
     }
@@ -328,7 +328,7 @@ fn address(
 }
 
 /// Builds the ADD/DEL/CHECK request for a slot, the way a runtime would call dipam.
-fn prepare(shim: &Shim, base: &Base, slot: &Slot, command: &str) -> Result<Prepared, ShimError> {
+fn prepare(shim: &Node, base: &Base, slot: &Slot, command: &str) -> Result<Prepared, ShimError> {
     let req = CniRequest {
         protocol_version: dipam_proto::PROTOCOL_VERSION,
         request_id: format!("agent-{}-{}", slot.role, slot.family.as_str()),
@@ -389,7 +389,7 @@ fn request_ip(p: &mut Prepared, ip: IpAddr) {
 
 /// Makes one enabled slot hold its address; returns what the agent should see.
 async fn establish(
-    shim: &Shim,
+    shim: &Node,
     base: &Base,
     slot: &Slot,
     key: &AttachmentKey,
@@ -458,7 +458,14 @@ async fn establish(
     if let Some(ip) = requested {
         request_ip(&mut p, ip);
     }
-    let added = match add::attach(shim, &p, owner.clone(), &mut add::Early::default()).await {
+    let added = match crate::core::attach::attach(
+        shim,
+        &p,
+        owner.clone(),
+        &mut crate::core::attach::Early::default(),
+    )
+    .await
+    {
         Ok(out) => out,
         Err(e) if requested.is_some() && matches!(e, ShimError::Delegate(_)) => {
             // The old address is taken (by a pod, while the agent's was not held): take
@@ -469,7 +476,13 @@ async fn establish(
                 requested.map(|i| i.to_string()).unwrap_or_default()
             );
             let p = prepare(shim, base, slot, "ADD")?;
-            add::attach(shim, &p, owner.clone(), &mut add::Early::default()).await?
+            crate::core::attach::attach(
+                shim,
+                &p,
+                owner.clone(),
+                &mut crate::core::attach::Early::default(),
+            )
+            .await?
         }
         Err(e) => return Err(e),
     };
@@ -518,16 +531,16 @@ fn mine(rec: &AttachmentRecord, family: Family) -> Option<IpAddr> {
 
 /// CHECKs a committed agent address with the delegate, where its version has CHECK.
 async fn verify(
-    shim: &Shim,
+    shim: &Node,
     base: &Base,
     slot: &Slot,
     rec: &AttachmentRecord,
 ) -> Result<(), ShimError> {
     let mut p = prepare(shim, base, slot, "CHECK")?;
     let (probe, send) = shim.resolve(&p.dc, "").await?;
-    let effective = Shim::effective(&p.dc, send);
+    let effective = crate::core::Core::effective(&p.dc, send);
     let floor = rscni_types::version::SpecVersion::new(0, 4, 0);
-    if !(Shim::delegate_allows(&probe, effective, floor) && effective >= floor) {
+    if !(crate::core::Core::delegate_allows(&probe, effective, floor) && effective >= floor) {
         return Ok(());
     }
     let recorded = rec
@@ -545,7 +558,7 @@ async fn verify(
 }
 
 /// Releases a recorded agent address and forgets it (caller holds the key's lock).
-async fn release(shim: &Shim, rec: &AttachmentRecord) -> Result<(), ShimError> {
+async fn release(shim: &Node, rec: &AttachmentRecord) -> Result<(), ShimError> {
     if rec.state != AttachmentState::Deleting {
         let mut marked = rec.clone();
         marked.state = AttachmentState::Deleting;

@@ -27,8 +27,8 @@ use serde_json::{Value, json};
 use super::{CtlError, output};
 use crate::{
     agent::conflist,
+    clock::now,
     delegate::{Executor, config::DelegateConf, store, version},
-    shim::now,
 };
 
 #[derive(Debug, clap::Args)]

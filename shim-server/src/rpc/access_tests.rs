@@ -15,9 +15,10 @@ use super::{
 };
 use crate::{
     access::Caller,
+    core::Identity,
     delegate::Executor,
     error::{ShimError, codes},
-    shim::{Identity, Shim},
+    node::Node,
 };
 
 /// Records each call in `calls` next to itself, tagged with its directory's `tag`.
@@ -44,7 +45,7 @@ const OTHER: Caller = Caller {
 
 struct Bench {
     dir: TempDir,
-    shim: Arc<Shim>,
+    shim: Arc<Node>,
 }
 
 /// dipamd's own directory `trusted/` and a caller's `mine/`, each with a `fake-ipam`.
@@ -60,7 +61,7 @@ fn bench() -> Bench {
     }
     let mut exec = Executor::new(vec![dir.path().join("trusted")], Duration::from_secs(10));
     exec.non_root_kinds = vec!["fake-ipam".into()];
-    let shim = Shim::new(
+    let shim = Node::new(
         Arc::new(MemStore::new()),
         exec,
         Identity {

@@ -1,72 +1,24 @@
-//! ADD: record the intent, run the delegate, commit its result, answer in the config's version.
-//!
-//! Crash safety: the record is written in state `adding` (durably) before the delegate runs, so
-//! a daemon killed at any point leaves a trace that the next start turns into a delegate DEL
-//! (recovery.rs). The result is committed durably before the plugin may use it: a main-mode
-//! plugin (AddEarly) gets it while the commit runs, to configure the pod meanwhile, but prints
-//! it only once the stream's last reply says the commit is done ([`Early`]).
+//! ADD, top to bottom: validate the request for its caller, refuse what this caller or this
+//! network may not have, take the key's lock, then serve it from the warm pool or run the
+//! core's ADD flow (core/attach.rs: intent, delegate, commit, rollback).
 
 use dipam_proto::v1::CniRequest;
-use dipam_state::{AttachmentRecord, AttachmentState, Durability, Owner};
-use tokio::sync::oneshot;
-use tracing::{info, warn};
+use dipam_state::Owner;
+use tracing::warn;
 
 use crate::{
     access::Caller,
-    clock::now,
-    delegate::Gated,
-    delegate::version,
+    core::{
+        Prepared,
+        attach::{Added, Early, attach},
+    },
     error::ShimError,
-    shim::{Prepared, Shim},
+    node::Node,
 };
-
-/// Where a fresh ADD result goes the moment it is known, before its commit, for an AddEarly
-/// stream (service.rs): the plugin's netlink work then overlaps the commit's fdatasync
-/// (~0.5 ms of every main-mode ADD, docs/performance.md). A fresh result (the delegate's, or
-/// a warm pool entry's before the take's commit) goes here; a replayed answer is durable
-/// already and is simply the stream's one reply. Empty for a plain ADD.
-#[derive(Debug, Default)]
-pub struct Early(Option<oneshot::Sender<Vec<u8>>>);
-
-impl Early {
-    /// An AddEarly stream's sender.
-    pub fn to(tx: oneshot::Sender<Vec<u8>>) -> Self {
-        Self(Some(tx))
-    }
-
-    /// Hands `result` to the AddEarly stream, if this ADD is one (at most once).
-    pub fn offer(&mut self, result: &[u8]) {
-        if let Some(tx) = self.0.take() {
-            let _ = tx.send(result.to_vec());
-        }
-    }
-
-    /// The sender, for a step that offers its result off this task (the warm pool's take,
-    /// between its checks and its commit on the blocking pool); [`Self::restore`] gives an
-    /// unused one back.
-    pub fn take(&mut self) -> Option<oneshot::Sender<Vec<u8>>> {
-        self.0.take()
-    }
-
-    /// Puts back a sender [`Self::take`] took and did not use.
-    pub fn restore(&mut self, tx: Option<oneshot::Sender<Vec<u8>>>) {
-        if tx.is_some() {
-            self.0 = tx;
-        }
-    }
-}
-
-/// A successful ADD: the result in the request's version, and whether it was answered from
-/// the ledger (a repeated ADD; CniReply.replayed).
-#[derive(Debug)]
-pub struct Added {
-    pub result: Vec<u8>,
-    pub replayed: bool,
-}
 
 /// A runtime's ADD, from `caller`; `early` is the AddEarly stream's sender, if it is one.
 pub async fn run(
-    shim: &Shim,
+    shim: &Node,
     caller: Caller,
     req: CniRequest,
     early: &mut Early,
@@ -89,7 +41,7 @@ pub async fn run(
         refuse_foreign_container_id(shim, &p).await?;
     }
     // With the warm pool on: one commit hands a ready entry to the pod, no delegate exec.
-    if let Some(result) = crate::pool::take(shim, &p, early).await? {
+    if let Some(result) = crate::pool::take::take(shim, &p, early).await? {
         return Ok(Added {
             result,
             replayed: false,
@@ -104,7 +56,7 @@ pub async fn run(
 /// alone), and the caller chooses the delegate's config: its own attachment under a root
 /// pod's ID, DELed with a config pointing at that pod's store, would free the pod's address.
 /// Container IDs are not secret (`ps` shows them), so this is checked, not assumed.
-async fn refuse_foreign_container_id(shim: &Shim, p: &Prepared) -> Result<(), ShimError> {
+async fn refuse_foreign_container_id(shim: &Node, p: &Prepared) -> Result<(), ShimError> {
     let cid = p.req.container_id.clone();
     let others = shim
         .ledger(move |l| {
@@ -130,322 +82,5 @@ async fn refuse_foreign_container_id(shim: &Shim, p: &Prepared) -> Result<(), Sh
                     .into(),
             })
         }
-    }
-}
-
-/// The ADD flow for any owner (a runtime's pod, the warm pool's entries, the agent's own
-/// addresses). The caller holds the key's lock. Returns the result rendered in the request's
-/// version.
-pub async fn attach(
-    shim: &Shim,
-    p: &Prepared,
-    owner: Owner,
-    early: &mut Early,
-) -> Result<Added, ShimError> {
-    refuse_stale(shim, p)?;
-    let digest = p.dc.digest();
-    if let Some(result) = replay_or_finish(shim, p, &digest).await? {
-        return Ok(Added {
-            result,
-            replayed: true,
-        });
-    }
-    let (probe, send) = shim.resolve(&p.dc, &p.req.cni_path).await?;
-    let stdin = p.dc.bytes_for(send)?;
-    let rec = intent(p, &owner, Shim::effective(&p.dc, send), &stdin, digest);
-    let (rec, rendered, out) = exec_and_commit(shim, p, &probe, stdin, rec, early).await?;
-    shim.agent.note_committed(&rec);
-    info!(
-        key = %p.key,
-        delegate = %p.dc.kind,
-        ips = ?crate::delegate::config::result_ips(rec.result.as_ref().unwrap_or(&serde_json::Value::Null)),
-        delegate_ms = out.elapsed.as_secs_f64() * 1e3,
-        "attachment added"
-    );
-    Ok(Added {
-        result: rendered,
-        replayed: false,
-    })
-}
-
-/// Refuses an ADD issued before a DEL of the same attachment that dipamd already processed (a
-/// slow or retried plugin, F4): it must not bring the attachment back. Ordered on the boot
-/// clock (order.rs): the wall clock steps.
-fn refuse_stale(shim: &Shim, p: &Prepared) -> Result<(), ShimError> {
-    if let Some(del_issued) = shim.tombstone(&p.key)
-        && crate::order::before(
-            crate::order::from_wire(p.req.issued_at.as_ref()).as_ref(),
-            Some(&del_issued),
-        ) == Some(true)
-    {
-        return Err(ShimError::StaleAdd {
-            key: p.key.to_string(),
-        });
-    }
-    Ok(())
-}
-
-/// What the ledger already holds for the key: the answer to a repeated ADD (`Some`), a
-/// refusal, or nothing left to stand in the way (`None`: an interrupted operation is finished
-/// first).
-async fn replay_or_finish(
-    shim: &Shim,
-    p: &Prepared,
-    digest: &str,
-) -> Result<Option<Vec<u8>>, ShimError> {
-    let Some(existing) = shim.lookup(&p.key)? else {
-        return Ok(None);
-    };
-    p.authorize(&existing, "ADD")?;
-    match existing.state {
-        AttachmentState::Committed if existing.config_digest == digest => {
-            // A repeated ADD (a runtime retry after a timeout, F2): the same answer again,
-            // without a second delegate ADD that host-local would refuse as a duplicate.
-            info!(key = %p.key, "repeated ADD; answering from the ledger");
-            let result = existing
-                .result
-                .ok_or_else(|| ShimError::Internal(format!("{} has no result", p.key)))?;
-            let parsed = serde_json::from_value(result)
-                .map_err(|e| ShimError::Internal(format!("recorded result: {e}")))?;
-            version::render(p.dc.version, parsed).map(Some)
-        }
-        AttachmentState::Committed => Err(ShimError::ExistsWithOtherConfig {
-            key: p.key.to_string(),
-        }),
-        AttachmentState::Adding | AttachmentState::Deleting => {
-            // An earlier operation on this key was interrupted and its release failed;
-            // finish that release before allocating again, so nothing is held twice.
-            warn!(key = %p.key, state = existing.state.as_str(), "finishing an interrupted operation before ADD");
-            shim.release_recorded(&existing).await?;
-            let key = p.key.clone();
-            shim.ledger(move |l| l.remove(&key)).await?;
-            shim.attachment_delta(&existing, -1);
-            Ok(None)
-        }
-    }
-}
-
-/// The write-ahead intent of an ADD: the record in state `adding`, with everything needed to
-/// release it through the delegate after a crash (the config sent, the environment).
-fn intent(
-    p: &Prepared,
-    owner: &Owner,
-    effective: rscni_types::version::SpecVersion,
-    stdin: &[u8],
-    digest: String,
-) -> AttachmentRecord {
-    let t = now();
-    AttachmentRecord {
-        key: p.key.clone(),
-        owner: owner.clone(),
-        state: AttachmentState::Adding,
-        delegate_type: p.dc.kind.clone(),
-        delegate_version: effective.to_string(),
-        delegate_config: String::from_utf8_lossy(stdin).into_owned(),
-        netns: p.req.netns.clone(),
-        cni_args: p.req.cni_args.clone(),
-        cni_path: p.req.cni_path.clone(),
-        result: None,
-        config_digest: digest,
-        request_id: p.req.request_id.clone(),
-        created_at: t,
-        updated_at: t,
-        issued_ms: p.req.issued_at_ms,
-        issued_at: crate::order::from_wire(p.req.issued_at.as_ref()),
-        delegate_key: None,
-        creator_uid: p.caller.recorded_uid(),
-    }
-}
-
-/// Runs the delegate's ADD for the intent `rec` and commits its result; on any failure the
-/// intent is rolled back (the allocation released when the delegate may hold one). Returns
-/// the committed record, the bytes to answer, and the exec's output.
-async fn exec_and_commit(
-    shim: &Shim,
-    p: &Prepared,
-    probe: &crate::delegate::Probe,
-    stdin: Vec<u8>,
-    rec: AttachmentRecord,
-    early: &mut Early,
-) -> Result<(AttachmentRecord, Vec<u8>, crate::delegate::Output), ShimError> {
-    let intent = rec.clone();
-    // The intent is made durable while the delegate starts; it reads its config only after
-    // (exec::run_gated): write-ahead without paying the commit and the exec in sequence.
-    let gate = async {
-        shim.ledger(move |l| l.put(&intent)).await?;
-        if shim.events.listened() {
-            shim.events.emit(crate::events::Event::AttachmentDelta {
-                network: &p.key.network,
-                owner: &rec.owner.label(),
-                delta: 1,
-            });
-        }
-        crate::fault::hit("add-after-intent");
-        Ok(())
-    };
-    // The result is taken up the moment the delegate has written it, while it is still
-    // exiting (exec::collect): checked, rendered, offered to an AddEarly plugin and
-    // committed, so that the commit overlaps the delegate's exit. The ADD succeeds only if
-    // the delegate then exits 0 having written nothing else; otherwise it is rolled back like
-    // a failed commit.
-    let (peek, peeked) = oneshot::channel();
-    let exec = shim.run_delegate_gated(p, probe, "ADD", stdin, gate, Some(peek));
-    let taken_early = async {
-        let stdout = peeked.await.ok()?;
-        // A CNI error is a JSON document too (spec §6: `code`, `msg`); it waits for the exit.
-        let doc = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&stdout);
-        if doc.map_or(true, |d| d.contains_key("code")) {
-            return None;
-        }
-        Some((take_up(shim, p, &rec, &stdout, early).await, stdout))
-    };
-    let (out, taken_early) = tokio::join!(exec, taken_early);
-    let out = match out {
-        // The delegate never read its config: nothing to release, nothing written to undo.
-        Gated::GateFailed(e) => return Err(e),
-        Gated::Ran(Ok(out)) => out,
-        Gated::Ran(Err(e)) => {
-            // A delegate that wrote a result holds an address, whatever its exit says.
-            let release =
-                may_hold_allocation(&e) || taken_early.as_ref().is_some_and(|(t, _)| t.parsed());
-            rollback(shim, &rec, release).await;
-            return Err(e);
-        }
-    };
-    let bad_output = |exit: String| ShimError::DelegateBadOutput {
-        kind: p.dc.kind.clone(),
-        command: "ADD".into(),
-        exit,
-        stdout: crate::error::excerpt(&out.stdout),
-        stderr: crate::error::excerpt(&out.stderr),
-    };
-    let taken = match taken_early {
-        Some((taken, peeked)) if peeked.trim_ascii() == out.stdout.trim_ascii() => taken,
-        // Offered, then contradicted: the plugin may be configuring the pod with a result
-        // the delegate did not stand by.
-        Some((taken, _)) if taken.parsed() => {
-            TakenUp::Refused(bad_output("wrote more after its result".into()))
-        }
-        Some(_) | None => take_up(shim, p, &rec, &out.stdout, early).await,
-    };
-    match taken {
-        TakenUp::Committed(rec, rendered) => Ok((rec, rendered, out)),
-        TakenUp::Refused(e) => {
-            rollback(shim, &rec, true).await;
-            Err(e)
-        }
-        TakenUp::Unparsable(detail) => {
-            rollback(shim, &rec, true).await;
-            Err(bad_output(format!(
-                "exited 0 but its result does not parse ({detail})"
-            )))
-        }
-    }
-}
-
-/// What became of a delegate's ADD stdout ([`take_up`]). Anything but `Committed` is rolled
-/// back by the caller.
-enum TakenUp {
-    /// The committed record and the bytes to answer.
-    Committed(AttachmentRecord, Vec<u8>),
-    /// The stdout does not parse as a result (the detail).
-    Unparsable(String),
-    /// The result was refused (an address someone else holds, a version it cannot be
-    /// rendered in), or its commit failed.
-    Refused(ShimError),
-}
-
-impl TakenUp {
-    /// Whether the stdout was a result: the delegate then holds an address.
-    fn parsed(&self) -> bool {
-        !matches!(self, Self::Unparsable(_))
-    }
-}
-
-/// Takes up a delegate's ADD stdout for the intent `rec`: parses it, refuses addresses held by
-/// someone else, renders it in the request's version, offers it to an AddEarly plugin and
-/// commits the attachment.
-async fn take_up(
-    shim: &Shim,
-    p: &Prepared,
-    rec: &AttachmentRecord,
-    stdout: &[u8],
-    early: &mut Early,
-) -> TakenUp {
-    crate::fault::hit("add-after-exec");
-    let parsed = match version::parse_result(stdout) {
-        Ok(parsed) => parsed,
-        Err(detail) => return TakenUp::Unparsable(detail),
-    };
-    let mut rec = rec.clone();
-    rec.result = match serde_json::to_value(&parsed) {
-        Ok(v) => Some(v),
-        Err(e) => return TakenUp::Refused(ShimError::Internal(e.to_string())),
-    };
-    // An address that belongs to someone else in the ledger means two allocators share the
-    // range, or the delegate's store was wiped (cilium#46799): refuse it, never hand it out.
-    if let Err(e) = shim.check_conflict(&rec).await {
-        return TakenUp::Refused(e);
-    }
-    // And one that another attachment of the network holds (two allocators on one range):
-    // refused the same way, before any plugin sees it.
-    if let Err(e) = shim.claim_addresses(&rec).await {
-        return TakenUp::Refused(e);
-    }
-    rec.state = AttachmentState::Committed;
-    rec.updated_at = now();
-    // Rendered before the commit, so that a result that cannot be rendered is rolled back
-    // rather than committed for a pod that never gets it.
-    let rendered = match version::render(p.dc.version, parsed) {
-        Ok(r) => r,
-        Err(e) => return TakenUp::Refused(e),
-    };
-    early.offer(&rendered);
-    if crate::fault::armed("add-before-commit") {
-        // The worst instant of an early answer: the plugin has had the result long enough to
-        // configure the pod with it, and it is not durable yet.
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
-    crate::fault::hit("add-before-commit");
-    let commit = rec.clone();
-    // A pod's result needs to survive a dipamd kill, not a power cut (Durability::SurvivesProcessCrash):
-    // the intent is on the disk, so a cut that loses this commit leaves `adding`, which the
-    // next start releases through the delegate, and the pod died with the node. The agent's
-    // addresses must outlive a reboot (the agent comes back expecting them): on the disk.
-    let durability = match rec.owner {
-        Owner::Pod => Durability::SurvivesProcessCrash,
-        _ => Durability::SurvivesPowerCut,
-    };
-    if let Err(e) = shim.ledger(move |l| l.put_with(&commit, durability)).await {
-        return TakenUp::Refused(e);
-    }
-    crate::fault::hit("add-after-commit");
-    TakenUp::Committed(rec, rendered)
-}
-
-/// Whether a failed delegate ADD may have left a reservation behind. A well-formed CNI error
-/// means the delegate refused cleanly (host-local releases its partial work itself); an exec
-/// that never started holds nothing. A crash, a hang, garbage, or a message only on stderr
-/// (a Go panic) may have reserved an address.
-fn may_hold_allocation(e: &ShimError) -> bool {
-    match e {
-        ShimError::Delegate(f) => f.code == crate::error::codes::DELEGATE_BAD_OUTPUT,
-        ShimError::DelegateNotFound { .. } | ShimError::DelegateSpawn { .. } => false,
-        _ => true,
-    }
-}
-
-/// Undoes an ADD that will not be answered with success. With `release`, the delegate's
-/// allocation is freed first; if that fails, the record stays (state `adding`) so that the
-/// runtime's DEL or the next start frees it: never forgotten, never leaked.
-async fn rollback(shim: &Shim, rec: &AttachmentRecord, release: bool) {
-    if release && let Err(e) = shim.release_recorded(rec).await {
-        warn!(key = %rec.key, error = %e, "rollback DEL failed; keeping the record for the next DEL or restart");
-        return;
-    }
-    let key = rec.key.clone();
-    match shim.ledger(move |l| l.remove(&key)).await {
-        Ok(()) => shim.attachment_delta(rec, -1),
-        Err(e) => warn!(key = %rec.key, error = %e, "could not drop the record of a failed ADD"),
     }
 }

@@ -9,10 +9,10 @@ use crate::{
     delegate::config::result_ips,
     error::ShimError,
     gc::{self, Valid},
-    shim::Shim,
+    node::Node,
 };
 
-pub async fn status(shim: &Shim) -> Result<StatusReply, ShimError> {
+pub async fn status(shim: &Node) -> Result<StatusReply, ShimError> {
     let mut not_ready = shim.agent.not_ready();
     // A ledger that cannot take commits (a full disk) fails every ADD and DEL: that is the
     // first thing status must say, and counting must not fail the whole report.
@@ -78,7 +78,7 @@ pub async fn status(shim: &Shim) -> Result<StatusReply, ShimError> {
         teardown: crate::teardown::who(shim.teardown.get()),
         privilege_failures: shim.denials.count(),
         privilege_last_error: shim.denials.last(),
-        spool: Some(crate::spool::status(shim)),
+        spool: Some(crate::spool::drain::status(shim)),
         plugin_protocols: {
             let bits = shim
                 .plugin_protocols
@@ -114,7 +114,7 @@ pub async fn status(shim: &Shim) -> Result<StatusReply, ShimError> {
 
 /// `dipamctl explain`: the container's ledger records and its recorded history. A warm-pool ID
 /// also finds the pod its address went to (the delegate's executions are recorded under it).
-pub async fn explain(shim: &Shim, req: ExplainRequest) -> Result<ExplainReply, ShimError> {
+pub async fn explain(shim: &Node, req: ExplainRequest) -> Result<ExplainReply, ShimError> {
     crate::validate::container_id(&req.container_id)?;
     let cid = req.container_id.clone();
     let (records, events) = shim
@@ -143,7 +143,7 @@ pub async fn explain(shim: &Shim, req: ExplainRequest) -> Result<ExplainReply, S
 /// The ledger's attachments. Root and --admin-uid see all; another caller only those it
 /// created (their netns paths and results are no one else's business).
 pub async fn list(
-    shim: &Shim,
+    shim: &Node,
     caller: crate::access::Caller,
     req: ListAttachmentsRequest,
 ) -> Result<ListAttachmentsReply, ShimError> {
@@ -210,7 +210,7 @@ fn list_from(records: Vec<dipam_state::AttachmentRecord>, owner: &str) -> Vec<At
 
 /// `dipamctl gc`: one network, the operator's valid list or the ledger as the valid set, and
 /// a dry run that frees nothing.
-pub async fn gc(shim: &Shim, req: GcRequest) -> Result<GcReply, ShimError> {
+pub async fn gc(shim: &Node, req: GcRequest) -> Result<GcReply, ShimError> {
     let (stdin, mode) = if req.config.is_empty() {
         let base = shim
             .agent
@@ -281,7 +281,7 @@ pub async fn gc(shim: &Shim, req: GcRequest) -> Result<GcReply, ShimError> {
         Valid::List(list)
     };
     let network = p.dc.network.clone();
-    match gc::collect(shim, &p.dc, "", valid, req.dry_run, req.force).await {
+    match gc::collect::collect(shim, &p.dc, "", valid, req.dry_run, req.force).await {
         Ok(plan) => Ok(GcReply {
             protocol_version: dipam_proto::PROTOCOL_VERSION,
             network,

@@ -8,10 +8,10 @@ use dipam_proto::v1::CniRequest;
 use dipam_state::AttachmentState;
 use rscni_types::version::SpecVersion;
 
-use crate::{delegate::config::result_addrs, error::ShimError, shim::Shim};
+use crate::{delegate::config::result_addrs, error::ShimError, node::Node};
 
 pub async fn run(
-    shim: &Shim,
+    shim: &Node,
     caller: crate::access::Caller,
     req: CniRequest,
 ) -> Result<Vec<u8>, ShimError> {
@@ -55,10 +55,10 @@ pub async fn run(
     }
 
     // A pod served from the warm pool is known to the delegate by the pool entry's key.
-    crate::pool::redirect(&mut p, &rec)?;
+    crate::pool::take::redirect(&mut p, &rec)?;
     let (probe, send) = shim.resolve(&p.dc, &p.req.cni_path).await?;
-    let effective = Shim::effective(&p.dc, send);
-    if Shim::delegate_allows(&probe, effective, SpecVersion::new(0, 4, 0))
+    let effective = crate::core::Core::effective(&p.dc, send);
+    if crate::core::Core::delegate_allows(&probe, effective, SpecVersion::new(0, 4, 0))
         && effective >= SpecVersion::new(0, 4, 0)
     {
         let stdin = p.dc.bytes_for(send)?;

@@ -11,10 +11,10 @@ use dipam_proto::v1::CniRequest;
 use dipam_state::AttachmentState;
 use tracing::{info, warn};
 
-use crate::{clock::now, error::ShimError, shim::Shim};
+use crate::{clock::now, error::ShimError, node::Node};
 
 pub async fn run(
-    shim: &Shim,
+    shim: &Node,
     caller: crate::access::Caller,
     req: CniRequest,
 ) -> Result<Vec<u8>, ShimError> {
@@ -59,7 +59,7 @@ pub async fn run(
     }
     // A pod served from the warm pool is known to the delegate by the pool entry's key.
     if let Some(rec) = &existing {
-        crate::pool::redirect(&mut p, rec)?;
+        crate::pool::take::redirect(&mut p, rec)?;
     }
     let prev =
         p.dc.conf

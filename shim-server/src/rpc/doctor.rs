@@ -9,7 +9,7 @@ use crate::{
     delegate::store,
     divergence::{self, on_tmpfs},
     error::ShimError,
-    shim::Shim,
+    node::Node,
     spool,
 };
 
@@ -24,9 +24,9 @@ fn check(name: impl Into<String>, ok: bool, detail: impl Into<String>, fix: &str
 
 /// The DEL spool: published where the plugin finds it, meeting the trust rule, drained, and
 /// agreeing with every config that names a spoolDir.
-fn spool_checks(shim: &Shim, checks: &mut Vec<DoctorCheck>) {
+fn spool_checks(shim: &Node, checks: &mut Vec<DoctorCheck>) {
     let id = &shim.identity;
-    let st = spool::status(shim);
+    let st = spool::drain::status(shim);
     let published = dipam_proto::spool::read_pointer(&id.socket);
     let names_ours = published.as_ref().is_ok_and(|p| {
         std::fs::metadata(&id.spool_dir).is_ok_and(|m| m.dev() == p.dev && m.ino() == p.ino)
@@ -104,7 +104,7 @@ fn spool_checks(shim: &Shim, checks: &mut Vec<DoctorCheck>) {
     ));
 }
 
-pub async fn run(shim: &Shim) -> Result<DoctorReply, ShimError> {
+pub async fn run(shim: &Node) -> Result<DoctorReply, ShimError> {
     let id = &shim.identity;
     let mut checks = Vec::new();
 

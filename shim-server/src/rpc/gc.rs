@@ -15,11 +15,11 @@ use dipam_proto::v1::CniRequest;
 use crate::{
     error::ShimError,
     gc::{self, Valid, ValidInput},
-    shim::Shim,
+    node::Node,
 };
 
 pub async fn run(
-    shim: &Shim,
+    shim: &Node,
     caller: crate::access::Caller,
     req: CniRequest,
 ) -> Result<Vec<u8>, ShimError> {
@@ -58,7 +58,7 @@ pub async fn run(
             });
         }
     };
-    let plan = gc::collect(
+    let plan = gc::collect::collect(
         shim,
         &p.dc,
         &p.req.cni_path,

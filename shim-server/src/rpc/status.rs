@@ -19,12 +19,12 @@ use std::time::{Duration, Instant};
 use dipam_proto::v1::CniRequest;
 use rscni_types::version::SpecVersion;
 
-use crate::{error::ShimError, shim::Shim};
+use crate::{error::ShimError, node::Node};
 
 const DELEGATE_STATUS_TTL: Duration = Duration::from_secs(5);
 
 pub async fn run(
-    shim: &Shim,
+    shim: &Node,
     caller: crate::access::Caller,
     req: CniRequest,
 ) -> Result<Vec<u8>, ShimError> {

@@ -10,12 +10,7 @@ use tempfile::TempDir;
 
 use super::{add, check, del};
 use crate::access::Caller;
-use crate::{
-    delegate::Executor,
-    error::ShimError,
-    recovery,
-    shim::{Identity, Shim},
-};
+use crate::{core::Identity, daemon::replay, delegate::Executor, error::ShimError, node::Node};
 
 const SCRIPT: &str = r#"#!/bin/sh
 d=$(dirname "$0")
@@ -40,14 +35,14 @@ esac
 
 struct Bench {
     dir: TempDir,
-    shim: Arc<Shim>,
+    shim: Arc<Node>,
     /// The shim's store, for its test knobs (commit counts, injected faults).
     store: Arc<MemStore>,
 }
 
 /// A shim on `store` whose only delegate is `script`, installed as `fake-ipam` in the returned
 /// temp dir (where the scripts keep their call logs). Shared with the pool's tests.
-pub(crate) fn scripted_shim(script: &str, store: Arc<MemStore>) -> (TempDir, Arc<Shim>) {
+pub(crate) fn scripted_shim(script: &str, store: Arc<MemStore>) -> (TempDir, Arc<Node>) {
     scripted_shim_with(script, store, crate::events::Events::default())
 }
 
@@ -56,14 +51,14 @@ fn scripted_shim_with(
     script: &str,
     store: Arc<MemStore>,
     events: crate::events::Events,
-) -> (TempDir, Arc<Shim>) {
+) -> (TempDir, Arc<Node>) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fake-ipam");
     std::fs::write(&path, script).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     let mut exec = Executor::new(vec![dir.path().to_owned()], Duration::from_secs(10));
     exec.events = events;
-    let shim = Shim::new(
+    let shim = Node::new(
         store,
         exec,
         Identity {
@@ -117,13 +112,18 @@ impl Bench {
 /// ADD as `caller`, with no AddEarly stream: the answer's bytes. Shared with the pool's and
 /// the access tests.
 pub(crate) async fn add_as(
-    shim: &Shim,
+    shim: &Node,
     caller: Caller,
     req: CniRequest,
 ) -> Result<Vec<u8>, ShimError> {
-    add::run(shim, caller, req, &mut add::Early::default())
-        .await
-        .map(|added| added.result)
+    add::run(
+        shim,
+        caller,
+        req,
+        &mut crate::core::attach::Early::default(),
+    )
+    .await
+    .map(|added| added.result)
 }
 
 /// An IPAM-mode request for `cid` through the scripted `fake-ipam` delegate, with `extra`
@@ -202,9 +202,14 @@ async fn the_agents_result_goes_to_the_disk() {
     let owner = Owner::Agent {
         role: "router".into(),
     };
-    add::attach(&b.shim, &p, owner.clone(), &mut add::Early::default())
-        .await
-        .unwrap();
+    crate::core::attach::attach(
+        &b.shim,
+        &p,
+        owner.clone(),
+        &mut crate::core::attach::Early::default(),
+    )
+    .await
+    .unwrap();
     assert_eq!(b.record("agent").unwrap().owner, owner);
     // It must outlive a reboot (the agent comes back expecting it): no Process commit.
     assert_eq!(b.store.process_commits(), 0);
@@ -380,7 +385,7 @@ async fn a_ledger_that_cannot_commit_is_reported_everywhere() {
     // What a scrape shows after dipamd's periodic tick (spool.rs `report`) has sampled the
     // ledger: the fault can clear with no commit to report it.
     let scrape = || {
-        crate::spool::report(&b.shim, &b.dir.path().join("spool"));
+        crate::spool::drain::report(&b.shim, &b.dir.path().join("spool"));
         metrics.render()
     };
     let full = "the ledger in /var/lib/dipam cannot be written (3s ago): No space left on device \
@@ -520,7 +525,7 @@ async fn replay_releases_interrupted_operations_and_keeps_committed_ones() {
     half.result = None;
     b.shim.ledger.put(&half).unwrap();
 
-    let r = recovery::replay(&b.shim).await.unwrap();
+    let r = replay::replay(&b.shim).await.unwrap();
     assert_eq!(r.released, 1);
     assert!(b.record("half").is_none());
     assert!(b.record("keep").is_some());
@@ -612,7 +617,7 @@ async fn spooled_dels_are_drained_and_unusable_ones_quarantined() {
     std::fs::write(spool.join("0001-a.json"), good.to_string()).unwrap();
     std::fs::write(spool.join("0002-b.json"), "{ not json").unwrap();
     std::fs::write(spool.join(".tmp-0003-c.json"), "partial").unwrap();
-    let d = crate::spool::drain(&b.shim, &spool).await;
+    let d = crate::spool::drain::drain(&b.shim, &spool).await;
     assert_eq!(d.released, 1);
     assert_eq!(d.failed, 1);
     assert!(b.record("c1").is_none());
@@ -658,7 +663,7 @@ async fn spool_replays_only_roots_files_and_releases_keys_the_ledger_lacks() {
     std::fs::create_dir(&elsewhere).unwrap();
     std::os::unix::fs::symlink(&elsewhere, spool.join("failed")).unwrap();
 
-    let d = crate::spool::drain(&b.shim, &spool).await;
+    let d = crate::spool::drain::drain(&b.shim, &spool).await;
     assert_eq!((d.released, d.failed, d.kept), (1, 3, 0), "{d:?}");
     assert_eq!(
         b.calls(),
@@ -703,7 +708,7 @@ async fn spool_replays_only_roots_files_and_releases_keys_the_ledger_lacks() {
     // A spool directory writable by others is not read at all.
     std::fs::write(spool.join("0005-later.json"), del("later")).unwrap();
     std::fs::set_permissions(&spool, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let d = crate::spool::drain(&b.shim, &spool).await;
+    let d = crate::spool::drain::drain(&b.shim, &spool).await;
     assert_eq!(d, crate::spool::Drained::default());
     assert!(
         b.shim
@@ -718,7 +723,7 @@ async fn spool_replays_only_roots_files_and_releases_keys_the_ledger_lacks() {
 /// Every reply of one AddEarly for `req`, through the service as a plugin sees it. Shared
 /// with the pool's tests.
 pub(crate) async fn add_early_replies(
-    shim: &Arc<Shim>,
+    shim: &Arc<Node>,
     req: CniRequest,
 ) -> Vec<dipam_proto::v1::CniReply> {
     use dipam_proto::v1::cni_server::Cni;

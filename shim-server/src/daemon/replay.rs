@@ -5,7 +5,7 @@
 use dipam_state::AttachmentState;
 use tracing::{info, warn};
 
-use crate::{error::ShimError, shim::Shim};
+use crate::{error::ShimError, node::Node};
 
 /// What the replay did, for logs and status.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -14,7 +14,7 @@ pub struct Replay {
     pub failed: usize,
 }
 
-pub async fn replay(shim: &Shim) -> Result<Replay, ShimError> {
+pub async fn replay(shim: &Node) -> Result<Replay, ShimError> {
     let records = shim.ledger(|l| l.list(None)).await?;
     let mut out = Replay::default();
     for rec in records

@@ -1,23 +1,30 @@
-//! The shim's shared state: the ledger, the delegate executor and the per-key locks, plus the
-//! helpers every RPC uses (preparing a request, running the delegate, ledger I/O off the
-//! async workers).
+//! The core: an attachment's life, from a validated request to a committed record and back
+//! to a release. It owns the small state every attachment needs (the ledger, the delegate
+//! executor, the per-key locks, the tombstones of recent DELs, the per-network address
+//! index) and nothing optional: the warm pool, the agent, GC, the spool and the metrics are
+//! its clients (node.rs holds them), and reach it through these functions. It knows the
+//! agent's addresses only through [`AddressOwners`].
+//!
+//! - [`Core::prepare`]: a request, validated, for the caller passed in.
+//! - [`attach::attach`]: the ADD flow, intent to commit, with its rollback.
+//! - [`Core::release_recorded`]: a recorded attachment released through its delegate.
 
-use std::{path::PathBuf, sync::Arc, time::Instant};
+pub mod attach;
+
+use std::{net::IpAddr, path::PathBuf, sync::Arc, time::Instant};
 
 use dipam_proto::v1::{CniRequest, Mode};
-use dipam_state::{AttachmentKey, AttachmentRecord, Ledger, Owner, Store, StoreError};
+use dipam_state::{AttachmentKey, AttachmentRecord, Ledger, Owner, StoreError};
 use rscni_types::version::SpecVersion;
 
 use crate::{
     access::Caller,
-    agent::{Agent, AgentConfig},
     delegate::{
         Executor, Gated, Invocation, Output, Probe,
         config::{DelegateConf, result_addrs},
         version,
     },
     error::ShimError,
-    gc::{GcPolicy, GcStats},
     keylock::KeyLocks,
     validate,
 };
@@ -30,44 +37,38 @@ pub struct Identity {
     pub spool_dir: PathBuf,
 }
 
-pub struct Shim {
+/// Addresses held outside any pod (the agent's, agent/): a pod's or a warm-pool entry's
+/// result must never take one. The agent implements it; the core asks through it, so that
+/// it needs nothing else of the agent.
+pub trait AddressOwners: Send + Sync {
+    /// Who holds `ip`, if an owner of this kind does (its label).
+    fn owner_of(&self, ip: &IpAddr) -> Option<String>;
+    /// `rec` was committed: its addresses are indexed if they are this owner's.
+    fn committed(&self, rec: &AttachmentRecord);
+    /// A delegate result was refused for an address conflict; with `recheck`, the owner's
+    /// own addresses should be checked again now (the delegate may have lost one).
+    fn conflict(&self, recheck: bool);
+}
+
+pub struct Core {
     pub ledger: Ledger,
-    pub agent: Agent,
     pub exec: Executor,
     pub locks: KeyLocks,
     /// Which attachment holds each address of a network (addrs.rs): a delegate's duplicate
     /// is refused.
     pub addrs: crate::addrs::AddrIndex,
-    pub gc: GcPolicy,
     /// Where the core and its clients report what they do (events.rs): the executor's.
     pub events: crate::events::Events,
     /// Protocol versions seen from plugins since start (bit n = version n, up to 63).
     pub plugin_protocols: std::sync::atomic::AtomicU64,
-    pub admission: crate::access::Admission,
-    pub gc_stats: GcStats,
-    /// The warm pool (pool.rs): off unless dipamd configures it.
-    pub pool: crate::pool::Pool,
-    /// Networks whose delegate store dipamd must not trust (divergence.rs), with the reason:
-    /// pod ADDs there are refused.
-    pub misconfigured: std::sync::Mutex<std::collections::HashMap<String, String>>,
     /// Recent DELs by key: (issue time of the DEL on the boot clock, when to forget it).
     /// Bounded in time and size; see `bury`.
     tombstones: std::sync::Mutex<
         std::collections::HashMap<AttachmentKey, (dipam_state::BootStamp, Instant)>,
     >,
-    /// The delegate's own STATUS answers, briefly remembered: containerd 2.x calls STATUS on
-    /// every kubelet status poll, and each answer costs a delegate exec.
-    pub status_cache:
-        std::sync::Mutex<std::collections::HashMap<String, (Instant, Option<String>)>>,
-    pub started: Instant,
     pub identity: Identity,
-    /// Deletes the pod veths main-mode DELs retired (teardown.rs); set by the daemon, absent
-    /// in tests that run without netlink.
-    pub teardown: std::sync::OnceLock<crate::teardown::Teardown>,
-    /// Operations that failed for lack of a privilege (privilege.rs), for status and doctor.
-    pub denials: Arc<crate::privilege::Denials>,
-    /// The DEL spool's condition, for status, doctor and metrics (spool.rs).
-    pub spool: crate::spool::SpoolState,
+    /// The agent's addresses (agent/), which no pod may take.
+    owners: Arc<dyn AddressOwners>,
 }
 
 /// A CNI request, validated and turned into what the delegate needs.
@@ -106,40 +107,24 @@ pub const TOMBSTONE_TTL: std::time::Duration = std::time::Duration::from_secs(60
 /// The most tombstones kept: bounds memory under churn.
 pub const TOMBSTONE_MAX: usize = 65_536;
 
-pub use crate::clock::{now, now_ms};
-
-impl Shim {
+impl Core {
     pub fn new(
-        store: Arc<dyn Store>,
+        ledger: Ledger,
         exec: Executor,
         identity: Identity,
-        agent: Option<AgentConfig>,
-        gc: GcPolicy,
-        admission: crate::access::Admission,
-    ) -> Arc<Self> {
-        let events = exec.events.clone();
-        let denials = Arc::new(crate::privilege::Denials::with_events(events.clone()));
-        Arc::new(Self {
-            ledger: Ledger::from_arc(store),
-            agent: Agent::new(agent),
+        owners: Arc<dyn AddressOwners>,
+    ) -> Self {
+        Self {
+            events: exec.events.clone(),
+            ledger,
             exec,
             locks: KeyLocks::default(),
             addrs: crate::addrs::AddrIndex::default(),
-            gc,
-            events,
             plugin_protocols: std::sync::atomic::AtomicU64::new(0),
-            admission,
-            gc_stats: GcStats::default(),
-            pool: crate::pool::Pool::default(),
-            misconfigured: std::sync::Mutex::new(std::collections::HashMap::new()),
             tombstones: std::sync::Mutex::new(std::collections::HashMap::new()),
-            status_cache: std::sync::Mutex::new(std::collections::HashMap::new()),
-            started: Instant::now(),
             identity,
-            teardown: std::sync::OnceLock::new(),
-            denials,
-            spool: crate::spool::SpoolState::default(),
-        })
+            owners,
+        }
     }
 
     /// Runs a ledger operation on the blocking pool: commits wait for fdatasync, which must not
@@ -193,6 +178,11 @@ impl Shim {
         ));
     }
 
+    /// `rec` was committed: its owner's index learns it (the agent's addresses).
+    pub fn committed(&self, rec: &AttachmentRecord) {
+        self.owners.committed(rec);
+    }
+
     /// The record of `key`, read on the calling task. A point read is served from the store's
     /// cache and never waits for a disk sync, so it does not take [`Self::ledger`]'s trip to
     /// the blocking pool: on the ADD path that trip was two thread wake-ups before the
@@ -243,8 +233,6 @@ impl Shim {
         self.exec.allow_kind(&dc.kind, caller)?;
         let mut req = req;
         req.cni_path = self.exec.confine_cni_path(&req.cni_path, caller);
-        self.spool
-            .note_config(&req.stdin, &dc.network, &self.identity.spool_dir);
         let key = AttachmentKey::new(&dc.network, &req.container_id, &req.ifname);
         Ok(Prepared {
             req,
@@ -365,7 +353,7 @@ impl Shim {
         let holder = match &rec.owner {
             Owner::Pod | Owner::Pool => ips
                 .iter()
-                .find_map(|ip| self.agent.owner_of(ip).map(|h| (*ip, h))),
+                .find_map(|ip| self.owners.owner_of(ip).map(|h| (*ip, h))),
             Owner::Agent { .. } => {
                 let key = rec.key.clone();
                 let others = self.ledger(|l| l.list(None)).await?;
@@ -380,11 +368,10 @@ impl Shim {
         match holder {
             None => Ok(()),
             Some((ip, holder)) => {
-                self.agent.note_conflict();
+                // The agent's own address may be what the delegate lost: re-check it now.
+                self.owners.conflict(true);
                 self.events.emit(crate::events::Event::Conflict);
                 tracing::error!(%ip, key = %rec.key, %holder, "address conflict: refusing the delegate's result");
-                // The agent's own address may be what the delegate lost: re-check it now.
-                self.agent.wake.notify_one();
                 Err(ShimError::Conflict {
                     ip: ip.to_string(),
                     key: rec.key.to_string(),
@@ -406,7 +393,7 @@ impl Shim {
         let crate::addrs::Claimed::Held(ip, holder) = held else {
             return Ok(());
         };
-        self.agent.note_conflict();
+        self.owners.conflict(false);
         self.events.emit(crate::events::Event::Conflict);
         let holder = format!("{} ({})", holder.owner.label(), holder.key);
         tracing::error!(%ip, key = %rec.key, %holder, "address conflict: the delegate handed out an address another attachment holds; refusing its result");

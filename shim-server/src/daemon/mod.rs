@@ -4,6 +4,8 @@
 //! on the same state directory), replay interrupted operations, and only then bind the socket
 //! and serve.
 
+pub mod replay;
+
 use std::{path::PathBuf, time::Duration};
 
 use clap::Parser;
@@ -11,13 +13,13 @@ use tracing::{error, info};
 
 use crate::{
     agent::{self, AgentConfig, Family, ROLES, conflist::Source},
+    core::Identity,
     delegate::Executor,
     divergence,
     gc::GcPolicy,
     logging::{self, LogFormat},
-    recovery, server,
-    shim::{Identity, Shim},
-    spool,
+    node::Node,
+    server, spool,
 };
 
 /// dipamd: the dipam shim daemon.
@@ -301,7 +303,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
             .map(|m| std::sync::Arc::clone(m) as std::sync::Arc<dyn crate::events::Observer>)
             .collect(),
     );
-    let shim = Shim::new(
+    let shim = Node::new(
         store,
         executor,
         Identity {
@@ -349,10 +351,10 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         i.push(prev);
     }
     census(&shim).await?;
-    let replay = recovery::replay(&shim).await?;
+    let replay = replay::replay(&shim).await?;
     // Releases the plugin could not deliver while dipamd was down, before any ADD can take
     // their addresses' place (F3).
-    let drained = spool::drain_all(&shim, &spool_dir).await;
+    let drained = spool::drain::drain_all(&shim, &spool_dir).await;
     if drained != spool::Drained::default() {
         info!(released = drained.released, kept = drained.kept, failed = drained.failed, spool = %spool_dir.display(), "spooled DELs replayed");
     }
@@ -367,7 +369,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     );
     // After the replay: entries it could not release, and every entry when the pool is off,
     // are released by the refiller; the rest are ready to hand out.
-    crate::pool::init(&shim).await?;
+    crate::pool::refill::init(&shim).await?;
     // The agent's addresses before the first pod, when the conflist is there: otherwise a pod
     // could take the address the agent held before this restart.
     agent::reconcile::init(&shim).await?;
@@ -392,7 +394,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     };
     // DELs the plugin spooled during the start (it could not connect until now) are released
     // before the first ADD is accepted; connections wait in the backlog meanwhile.
-    let late = spool::drain_all(&shim, &spool_dir).await;
+    let late = spool::drain::drain_all(&shim, &spool_dir).await;
     if late != spool::Drained::default() {
         info!(released = late.released, kept = late.kept, failed = late.failed, spool = %spool_dir.display(), "DELs spooled during start replayed");
     }
@@ -416,8 +418,8 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
             tokio::spawn(crate::metrics::serve_unix(std::sync::Arc::clone(m), l));
         }
     }
-    tokio::spawn(crate::pool::run(std::sync::Arc::clone(&shim)));
-    tokio::spawn(spool::run(
+    tokio::spawn(crate::pool::refill::run(std::sync::Arc::clone(&shim)));
+    tokio::spawn(spool::drain::run(
         std::sync::Arc::clone(&shim),
         spool_dir,
         Duration::from_secs(5),
@@ -470,7 +472,7 @@ pub fn tune_allocator() {
 
 /// Reports the ledger's attachments by owner and network, whole, before anything changes
 /// them: from here on every record and release reports its own change (the metrics' gauge).
-async fn census(shim: &Shim) -> Result<(), DaemonError> {
+async fn census(shim: &Node) -> Result<(), DaemonError> {
     if !shim.events.listened() {
         return Ok(());
     }

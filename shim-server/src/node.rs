@@ -1,0 +1,110 @@
+//! The daemon's context: the core (core/) and the handles of the optional subsystems that are
+//! its clients (the warm pool, the agent's addresses, GC settings and stats, the spool's
+//! condition, the veth teardown, admission, the refused networks). The RPCs (rpc/) and the
+//! background tasks get a `Node`; the core never sees one.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, OnceLock},
+    time::Instant,
+};
+
+use dipam_proto::v1::CniRequest;
+use dipam_state::{Ledger, Store};
+
+use crate::{
+    access::{Admission, Caller},
+    agent::{Agent, AgentConfig},
+    core::{Core, Identity, Prepared},
+    delegate::Executor,
+    error::ShimError,
+    gc::{GcPolicy, GcStats},
+    pool::Pool,
+    privilege::Denials,
+    spool::SpoolState,
+    teardown::Teardown,
+};
+
+pub struct Node {
+    pub core: Core,
+    pub agent: Arc<Agent>,
+    pub gc: GcPolicy,
+    pub admission: Admission,
+    pub gc_stats: GcStats,
+    /// The warm pool (pool/): off unless dipamd configures it.
+    pub pool: Pool,
+    /// Networks whose delegate store dipamd must not trust (divergence.rs), with the reason:
+    /// pod ADDs there are refused.
+    pub misconfigured: Mutex<HashMap<String, String>>,
+    /// The delegate's own STATUS answers, briefly remembered: containerd 2.x calls STATUS on
+    /// every kubelet status poll, and each answer costs a delegate exec.
+    pub status_cache: Mutex<HashMap<String, (Instant, Option<String>)>>,
+    pub started: Instant,
+    /// Deletes the pod veths main-mode DELs retired (teardown.rs); set by the daemon, absent
+    /// in tests that run without netlink.
+    pub teardown: OnceLock<Teardown>,
+    /// Operations that failed for lack of a privilege (privilege.rs), for status and doctor.
+    pub denials: Arc<Denials>,
+    /// The DEL spool's condition, for status, doctor and metrics (spool/).
+    pub spool: SpoolState,
+}
+
+/// The core's functions read as the node's: `node.ledger(..)`, `node.lookup(..)`. The node
+/// adds handles around the core; it changes nothing of it.
+impl std::ops::Deref for Node {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        &self.core
+    }
+}
+
+impl Node {
+    pub fn new(
+        store: Arc<dyn Store>,
+        exec: Executor,
+        identity: Identity,
+        agent: Option<AgentConfig>,
+        gc: GcPolicy,
+        admission: Admission,
+    ) -> Arc<Self> {
+        let agent = Arc::new(Agent::new(agent));
+        let denials = Arc::new(Denials::with_events(exec.events.clone()));
+        Arc::new(Self {
+            core: Core::new(Ledger::from_arc(store), exec, identity, agent.clone()),
+            agent,
+            gc,
+            admission,
+            gc_stats: GcStats::default(),
+            pool: Pool::default(),
+            misconfigured: Mutex::new(HashMap::new()),
+            status_cache: Mutex::new(HashMap::new()),
+            started: Instant::now(),
+            teardown: OnceLock::new(),
+            denials,
+            spool: SpoolState::default(),
+        })
+    }
+
+    /// [`Core::prepare`], and the spool learns the network's config (a `spoolDir` other
+    /// than dipamd's is reported, spool/).
+    pub fn prepare(
+        &self,
+        req: CniRequest,
+        attachment: bool,
+        caller: Caller,
+    ) -> Result<Prepared, ShimError> {
+        let p = self.core.prepare(req, attachment, caller)?;
+        self.spool
+            .note_config(&p.req.stdin, &p.dc.network, &self.identity.spool_dir);
+        Ok(p)
+    }
+
+    /// Why pod ADDs on `network` are refused, if they are (divergence.rs).
+    pub fn misconfigured(&self, network: &str) -> Option<String> {
+        self.misconfigured
+            .lock()
+            .ok()
+            .and_then(|m| m.get(network).cloned())
+    }
+}

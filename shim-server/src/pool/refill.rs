@@ -1,0 +1,457 @@
+//! The refiller: the pool's background task, which keeps each network's entries at the
+//! target through the core's ADD flow and releases what is surplus or stale.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::{Arc, atomic::Ordering},
+    time::{Duration, Instant},
+};
+
+use dipam_proto::v1::CniRequest;
+use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, Owner};
+use rscni_types::version::SpecVersion;
+use tracing::{info, warn};
+
+use super::*;
+use crate::{
+    clock::{now, now_ms},
+    core::Prepared,
+    core::attach::Early,
+    delegate::{config::DelegateConf, store},
+    error::ShimError,
+    node::Node,
+};
+
+/// At start, after the replay: index the ledger's committed pool entries, load the templates,
+/// and doom what must go (every entry when the pool is off; entries the replay could not
+/// release). The refiller ([`run`]) does the rest.
+pub async fn init(shim: &Node) -> Result<(), ShimError> {
+    let size = shim.pool.size();
+    let node = shim
+        .pool
+        .config
+        .get()
+        .map(|c| c.node.clone())
+        .unwrap_or_default();
+    let records = shim.ledger(|l| l.list(None)).await?;
+    let settings = shim.ledger(|l| l.settings(TEMPLATE_SETTING)).await?;
+    let mut max_id = 0;
+    let mut entries: Vec<AttachmentRecord> = Vec::new();
+    let mut doomed = Vec::new();
+    for r in &records {
+        for id in [r.key.container_id.as_str(), r.delegate_ids().0] {
+            if let Some(n) = entry_number(id, &node) {
+                max_id = max_id.max(n + 1);
+            }
+        }
+        if r.owner == Owner::Pool {
+            if r.state == AttachmentState::Committed && size > 0 {
+                entries.push(r.clone());
+            } else {
+                doomed.push(r.key.clone());
+            }
+        }
+    }
+    entries.sort_by_key(|r| {
+        (
+            r.created_at,
+            entry_number(&r.key.container_id, &node).unwrap_or(u64::MAX),
+        )
+    });
+    let mut templates = HashMap::new();
+    let mut persisted = HashMap::new();
+    for (name, text) in &settings {
+        let network = name.trim_start_matches(TEMPLATE_SETTING).to_owned();
+        match serde_json::from_str::<Template>(text) {
+            Ok(t) if size > 0 => {
+                persisted.insert(network.clone(), t.digest.clone());
+                templates.insert(network, t);
+            }
+            Ok(_) => {
+                // Off: forget the templates too, so a later run starts from what it sees.
+                let name = name.clone();
+                shim.ledger(move |l| l.set_setting(&name, None)).await?;
+            }
+            Err(e) => {
+                warn!(setting = %name, error = %e, "warm pool: ignoring an unreadable template")
+            }
+        }
+    }
+    let ready_count = entries.len();
+    let mut st = shim.pool.lock();
+    for r in entries {
+        st.ready
+            .entry((r.key.network.clone(), r.config_digest.clone()))
+            .or_default()
+            .push_back(r);
+    }
+    st.templates = templates;
+    st.persisted = persisted;
+    if !doomed.is_empty() {
+        info!(
+            entries = doomed.len(),
+            "warm pool: releasing entries left by an earlier run{}",
+            if size == 0 { " (the pool is off)" } else { "" }
+        );
+    }
+    st.doomed = doomed;
+    drop(st);
+    shim.pool.next_id.store(max_id, Ordering::Relaxed);
+    if size > 0 {
+        info!(size, ready = ready_count, "warm pool on");
+    }
+    report_levels(shim);
+    Ok(())
+}
+
+/// The refiller: keeps every network's pool at its size and releases what must go. One task
+/// for all networks; woken by takes and new templates, and by its own retry timers.
+pub async fn run(shim: Arc<Node>) {
+    loop {
+        let wait = step(&shim).await;
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = shim.pool.wake.notified() => {}
+        }
+    }
+}
+
+/// One round; returns how long to sleep unless woken.
+pub(super) async fn step(shim: &Node) -> Duration {
+    let mut wait = Duration::from_secs(3600);
+    seed_from_conflist(shim, &mut wait);
+    if let Err(e) = persist_templates(shim).await {
+        warn!(error = %e, "warm pool: cannot record the templates; retrying");
+        wait = wait.min(BACKOFF_MAX);
+    }
+    release_surplus(shim, &mut wait).await;
+    fill(shim, &mut wait).await;
+    report_levels(shim);
+    wait
+}
+
+/// Reports every pool's level (the metrics' gauges), whole: on every change the pool makes
+/// (a take, a refill, a round of releases) and at start.
+pub(super) fn report_levels(shim: &Node) {
+    if !shim.events.listened() {
+        return;
+    }
+    let pools = shim.pool.status();
+    let rows: Vec<(&str, &str, u64, u64)> = pools
+        .iter()
+        .map(|p| {
+            (
+                p.network.as_str(),
+                p.config_digest.as_str(),
+                u64::from(p.ready),
+                u64::from(p.target),
+            )
+        })
+        .collect();
+    shim.events.emit(crate::events::Event::PoolLevels(&rows));
+}
+
+/// The agent's conflist seeds a network's template until a pod brings one.
+fn seed_from_conflist(shim: &Node, wait: &mut Duration) {
+    if shim.pool.size() == 0 {
+        return;
+    }
+    let Some(cfg) = &shim.agent.config else {
+        return;
+    };
+    {
+        // Once the conflist's network has a template, there is nothing to read.
+        let st = shim.pool.lock();
+        if st
+            .conflist_network
+            .as_ref()
+            .is_some_and(|n| st.templates.contains_key(n))
+        {
+            return;
+        }
+    }
+    let Ok(base) = cfg.source.load() else {
+        *wait = (*wait).min(SEED_POLL);
+        return;
+    };
+    {
+        let mut st = shim.pool.lock();
+        st.conflist_network = Some(base.network.clone());
+        if st.templates.contains_key(&base.network) {
+            return;
+        }
+    }
+    let Ok(stdin) = serde_json::to_vec(&base.request) else {
+        return;
+    };
+    let Ok(dc) = DelegateConf::from_request(&stdin, base.mode) else {
+        return;
+    };
+    let digest = pool_digest(&dc);
+    info!(network = %dc.network, digest, "warm pool: filling from the agent's conflist until a pod brings its config");
+    shim.pool.lock().templates.insert(
+        dc.network.clone(),
+        Template {
+            digest,
+            kind: dc.kind.clone(),
+            version: dc.version.to_string(),
+            conf: strip(&dc.conf),
+            cni_path: String::new(),
+            mode: base.mode as i32,
+            source: "conflist".into(),
+        },
+    );
+}
+
+/// Writes templates that changed to the ledger's settings, so a restart refills at once.
+async fn persist_templates(shim: &Node) -> Result<(), ShimError> {
+    let todo: Vec<(String, Template)> = {
+        let st = shim.pool.lock();
+        st.templates
+            .iter()
+            .filter(|(n, t)| st.persisted.get(*n) != Some(&t.digest))
+            .map(|(n, t)| (n.clone(), t.clone()))
+            .collect()
+    };
+    for (network, t) in todo {
+        let name = format!("{TEMPLATE_SETTING}{network}");
+        let text = serde_json::to_string(&t).map_err(|e| ShimError::Internal(e.to_string()))?;
+        shim.ledger(move |l| l.set_setting(&name, Some(&text)))
+            .await?;
+        shim.pool.lock().persisted.insert(network, t.digest);
+    }
+    Ok(())
+}
+
+/// Releases doomed entries, entries of a config no longer current, and entries beyond the size.
+async fn release_surplus(shim: &Node, wait: &mut Duration) {
+    let size = shim.pool.size();
+    let todo: Vec<AttachmentKey> = {
+        let mut st = shim.pool.lock();
+        if st.release_retry_at.is_some_and(|t| t > Instant::now()) {
+            if let Some(t) = st.release_retry_at {
+                *wait = (*wait).min(t.saturating_duration_since(Instant::now()));
+            }
+            return;
+        }
+        let current: HashMap<String, String> = st
+            .templates
+            .iter()
+            .map(|(n, t)| (n.clone(), t.digest.clone()))
+            .collect();
+        let mut todo = std::mem::take(&mut st.doomed);
+        for ((network, digest), q) in &mut st.ready {
+            let keep = match current.get(network) {
+                Some(d) if d != digest => 0,
+                _ => size,
+            };
+            while q.len() > keep {
+                if let Some(e) = q.pop_back() {
+                    todo.push(e.key);
+                }
+            }
+        }
+        st.ready.retain(|_, q| !q.is_empty());
+        todo
+    };
+    let mut failed = Vec::new();
+    for key in todo {
+        match release_entry(shim, &key).await {
+            Ok(()) => info!(entry = %key, "warm pool: surplus entry released"),
+            Err(e) => {
+                warn!(entry = %key, error = %e, "warm pool: cannot release a surplus entry; will retry");
+                failed.push(key);
+            }
+        }
+    }
+    if !failed.is_empty() {
+        let mut st = shim.pool.lock();
+        st.doomed.extend(failed);
+        st.release_retry_at = Some(Instant::now() + RELEASE_RETRY);
+        *wait = (*wait).min(RELEASE_RETRY);
+    }
+}
+
+/// Releases one pool entry and forgets it, as any recorded attachment: marked `deleting`
+/// (durable), the delegate's DEL with the recorded config, then dropped.
+async fn release_entry(shim: &Node, key: &AttachmentKey) -> Result<(), ShimError> {
+    let _guard = shim.locks.lock(key).await;
+    let Some(rec) = shim.lookup(key)? else {
+        return Ok(());
+    };
+    if rec.owner != Owner::Pool {
+        // Taken meanwhile (it is a pod's now, under its own key): nothing of the pool's.
+        return Ok(());
+    }
+    if rec.state != AttachmentState::Deleting {
+        let mut marked = rec.clone();
+        marked.state = AttachmentState::Deleting;
+        marked.updated_at = now();
+        shim.ledger(move |l| l.put(&marked)).await?;
+    }
+    shim.release_recorded(&rec).await?;
+    let k = key.clone();
+    shim.ledger(move |l| l.remove(&k)).await?;
+    shim.attachment_delta(&rec, -1);
+    Ok(())
+}
+
+/// Fills every network's current pool up to the size, one entry at a time, round-robin over
+/// the networks; a network whose fill fails backs off.
+async fn fill(shim: &Node, wait: &mut Duration) {
+    let size = shim.pool.size();
+    if size == 0 {
+        return;
+    }
+    loop {
+        let due: Vec<(String, Template)> = {
+            let st = shim.pool.lock();
+            let now = Instant::now();
+            st.templates
+                .iter()
+                .filter(|(n, t)| {
+                    st.ready
+                        .get(&((*n).clone(), t.digest.clone()))
+                        .map_or(0, VecDeque::len)
+                        < size
+                })
+                .filter(|(n, _)| match st.fill.get(*n).and_then(|f| f.retry_at) {
+                    Some(at) if at > now => {
+                        *wait = (*wait).min(at - now);
+                        false
+                    }
+                    _ => true,
+                })
+                .map(|(n, t)| (n.clone(), t.clone()))
+                .collect()
+        };
+        if due.is_empty() {
+            return;
+        }
+        for (network, t) in due {
+            skip_unrecorded_ids(shim, &network, &t);
+            let outcome = fill_one(shim, &network, &t).await;
+            let mut st = shim.pool.lock();
+            let f = st.fill.entry(network.clone()).or_default();
+            match outcome {
+                Ok(entry) => {
+                    if f.failures > 0 {
+                        info!(network = %network, "warm pool: refill works again");
+                    }
+                    *f = Fill::default();
+                    // The template may have changed while the entry was being made: it then
+                    // sits under its own digest and is released as surplus.
+                    st.ready
+                        .entry((network.clone(), t.digest.clone()))
+                        .or_default()
+                        .push_back(entry);
+                }
+                Err(e) => {
+                    f.failures += 1;
+                    f.last_error = match e.code_and_details() {
+                        (_, d) if d.is_empty() => e.to_string(),
+                        (_, d) => format!("{e}: {d}"),
+                    };
+                    let backoff = BACKOFF_MIN
+                        .saturating_mul(1 << f.failures.min(8))
+                        .min(BACKOFF_MAX);
+                    f.retry_at = Some(Instant::now() + backoff);
+                    *wait = (*wait).min(backoff);
+                    shim.pool.refill_failures.fetch_add(1, Ordering::Relaxed);
+                    shim.events.emit(crate::events::Event::PoolRefillFailed);
+                    warn!(network = %network, failures = f.failures, retry_in_ms = backoff.as_millis() as u64, error = %f.last_error, "warm pool: refill failed");
+                }
+            }
+            drop(st);
+            report_levels(shim);
+        }
+    }
+}
+
+/// Before a network's first fill: entry numbers its delegate's store holds under pool IDs the
+/// ledger does not know (a ledger rebuilt by `dipamctl recover` leaves those reserved) are
+/// skipped, so a new entry does not collide with one (host-local refuses a duplicate ID).
+fn skip_unrecorded_ids(shim: &Node, network: &str, t: &Template) {
+    if !shim.pool.lock().scanned.insert(network.to_owned()) {
+        return;
+    }
+    let Some(node) = shim.pool.config.get().map(|c| c.node.as_str()) else {
+        return;
+    };
+    if let Some(dir) = store::readable_dir(&t.kind, &t.conf, network)
+        && let Ok(held) = store::reservations(&dir)
+        && let Some(n) = held
+            .iter()
+            .filter_map(|r| entry_number(&r.container_id, node))
+            .max()
+    {
+        shim.pool.next_id.fetch_max(n + 1, Ordering::Relaxed);
+    }
+}
+
+/// Allocates one entry for `network` with template `t`, through the normal ADD path; returns
+/// its committed record.
+async fn fill_one(shim: &Node, network: &str, t: &Template) -> Result<AttachmentRecord, ShimError> {
+    let cfg = shim
+        .pool
+        .config
+        .get()
+        .ok_or_else(|| ShimError::Internal("warm pool not configured".into()))?;
+    if let Some(why) = shim
+        .misconfigured
+        .lock()
+        .ok()
+        .and_then(|m| m.get(network).cloned())
+    {
+        return Err(ShimError::Misconfigured {
+            network: network.to_owned(),
+            why,
+        });
+    }
+    let n = shim.pool.next_id.fetch_add(1, Ordering::Relaxed);
+    let id = crate::keys::pool_id(&cfg.node, n);
+    crate::validate::container_id(&id)?;
+    let version: SpecVersion = t
+        .version
+        .parse()
+        .map_err(|_| ShimError::Internal(format!("template version {:?}", t.version)))?;
+    let req = CniRequest {
+        protocol_version: dipam_proto::PROTOCOL_VERSION,
+        request_id: format!("pool-{n:x}-{:x}", now_ms()),
+        command: "ADD".into(),
+        container_id: id.clone(),
+        // Never created: a path no delegate can mistake for its own netns (as the agent's).
+        netns: format!("/run/dipam/pool-netns/{id}"),
+        ifname: IFNAME.into(),
+        cni_args: format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={id}",
+            cfg.namespace
+        ),
+        cni_path: t.cni_path.clone(),
+        stdin: serde_json::to_vec(&t.conf).map_err(|e| ShimError::Internal(e.to_string()))?,
+        mode: t.mode,
+        issued_at_ms: now_ms(),
+        issued_at: crate::order::now().map(|b| dipam_proto::v1::BootStamp {
+            boot_id: b.boot_id,
+            ns: b.ns,
+        }),
+        ..CniRequest::default()
+    };
+    let p = Prepared {
+        caller: crate::access::Caller::ROOT,
+        key: AttachmentKey::new(network, &id, IFNAME),
+        dc: DelegateConf {
+            kind: t.kind.clone(),
+            network: network.to_owned(),
+            version,
+            conf: t.conf.clone(),
+        },
+        req,
+    };
+    let _guard = shim.locks.lock(&p.key).await;
+    crate::core::attach::attach(shim, &p, Owner::Pool, &mut Early::default()).await?;
+    // The committed record, as the take will find it in the ledger.
+    shim.lookup(&p.key)?
+        .filter(|r| r.owner == Owner::Pool && r.state == AttachmentState::Committed)
+        .ok_or_else(|| ShimError::Internal(format!("pool entry {} vanished after its ADD", p.key)))
+}

@@ -1,0 +1,197 @@
+//! A pod's ADD served from the warm pool in one commit, and the redirection of a pooled
+//! pod's DEL and CHECK to the key the delegate knows it by.
+
+use std::sync::atomic::Ordering;
+
+use dipam_state::{AttachmentRecord, AttachmentState, DelegateKey, Durability, Owner};
+use serde_json::Value;
+use tracing::{info, warn};
+
+use super::*;
+use crate::{
+    clock::now,
+    core::Prepared,
+    core::attach::Early,
+    delegate::{config::result_ips, version},
+    error::ShimError,
+    node::Node,
+};
+
+/// A pod's ADD from the pool, if it can be served from it; `None` sends the request down the
+/// normal path. The caller holds the pod key's lock.
+pub async fn take(
+    shim: &Node,
+    p: &Prepared,
+    early: &mut Early,
+) -> Result<Option<Vec<u8>>, ShimError> {
+    // Root's pods only: a non-root caller's config must not become the template dipamd
+    // fills the network's pool with, as root, in the background (docs/cfp.md, "Threat
+    // model"); its ADDs take the normal path, recorded under its uid.
+    if shim.pool.size() == 0 || !p.caller.is_root() {
+        return Ok(None);
+    }
+    let digest = pool_digest(&p.dc);
+    shim.pool.observe(p, &digest);
+    if wants_own_ips(p) {
+        shim.pool.bypassed.fetch_add(1, Ordering::Relaxed);
+        shim.events
+            .emit(crate::events::Event::PoolRequest { outcome: "bypass" });
+        return Ok(None);
+    }
+    // A stale ADD is refused, a repeated one answered from the ledger and an interrupted one
+    // finished: all by the normal path.
+    if shim.tombstone(&p.key).is_some_and(|del| {
+        crate::order::before(
+            crate::order::from_wire(p.req.issued_at.as_ref()).as_ref(),
+            Some(&del),
+        ) == Some(true)
+    }) {
+        return Ok(None);
+    }
+    loop {
+        let Some(entry) = shim.pool.claim(&p.key.network, &digest) else {
+            // The normal path also handles a key that has a record (repeated, interrupted).
+            shim.pool.misses.fetch_add(1, Ordering::Relaxed);
+            shim.pool.count(&p.key.network, &digest, false);
+            shim.events
+                .emit(crate::events::Event::PoolRequest { outcome: "miss" });
+            shim.pool.wake.notify_one();
+            return Ok(None);
+        };
+        let Some(result) = entry.result.clone() else {
+            warn!(entry = %entry.key, "warm pool: an entry without a result; releasing it");
+            shim.pool.lock().doomed.push(entry.key);
+            continue;
+        };
+        let t = now();
+        let rec = AttachmentRecord {
+            key: p.key.clone(),
+            owner: Owner::Pod,
+            state: AttachmentState::Committed,
+            delegate_type: entry.delegate_type.clone(),
+            delegate_version: entry.delegate_version.clone(),
+            delegate_config: entry.delegate_config.clone(),
+            netns: p.req.netns.clone(),
+            cni_args: p.req.cni_args.clone(),
+            cni_path: entry.cni_path.clone(),
+            result: Some(result.clone()),
+            // The pod's own digest: its repeated ADD is answered from the ledger, and a
+            // changed config refused, exactly as for any pod.
+            config_digest: p.dc.digest(),
+            request_id: p.req.request_id.clone(),
+            created_at: t,
+            updated_at: t,
+            issued_ms: p.req.issued_at_ms,
+            issued_at: crate::order::from_wire(p.req.issued_at.as_ref()),
+            delegate_key: Some(DelegateKey {
+                container_id: entry.key.container_id.clone(),
+                ifname: entry.key.ifname.clone(),
+                netns: entry.netns.clone(),
+                cni_args: entry.cni_args.clone(),
+            }),
+            creator_uid: p.caller.recorded_uid(),
+        };
+        // An entry whose address the agent holds must never reach a pod: release it instead.
+        if shim.check_conflict(&rec).await.is_err() {
+            shim.pool.lock().doomed.push(entry.key);
+            shim.pool.wake.notify_one();
+            continue;
+        }
+        let parsed = serde_json::from_value(result.clone())
+            .map_err(|e| ShimError::Internal(format!("recorded result of {}: {e}", entry.key)))?;
+        let rendered = version::render(p.dc.version, parsed)?;
+        // One trip to the blocking pool: the pod's key must have no record (else the normal
+        // path answers), the entry must still be in the ledger exactly as the pool knows it,
+        // and then the one commit. A main-mode plugin (AddEarly) gets the result between the
+        // checks and the commit, to wire the pod while it runs (rpc/add.rs, `Early`).
+        let (commit, expected) = (rec.clone(), entry.clone());
+        let (mut tx, answer) = (early.take(), rendered.clone());
+        let outcome = shim
+            .ledger(move |l| {
+                if l.get(&commit.key)?.is_some() {
+                    return Ok((Take::KeyTaken, tx));
+                }
+                if l.get(&expected.key)?.as_ref() != Some(&expected) {
+                    return Ok((Take::EntryChanged, tx));
+                }
+                if let Some(tx) = tx.take() {
+                    let _ = tx.send(answer);
+                }
+                // In the kernel is enough (Durability::SurvivesProcessCrash): a power cut that loses the take
+                // gives the entry back to the pool, and the pod died with the node.
+                l.put_removing(&commit, &expected.key, Durability::SurvivesProcessCrash)?;
+                Ok((Take::Done, None))
+            })
+            .await;
+        match outcome {
+            Ok((Take::Done, _)) => {}
+            Ok((Take::KeyTaken, unused)) => {
+                early.restore(unused);
+                shim.pool.unclaim(&digest, entry);
+                return Ok(None);
+            }
+            Ok((Take::EntryChanged, unused)) => {
+                early.restore(unused);
+                warn!(entry = %entry.key, "warm pool: the ledger no longer holds this entry as the pool knew it; skipping it");
+                continue;
+            }
+            Err(e) => {
+                // Nothing was written: the entry is still the pool's.
+                shim.pool.unclaim(&digest, entry);
+                return Err(e);
+            }
+        }
+        crate::fault::hit("pool-after-take");
+        shim.pool.hits.fetch_add(1, Ordering::Relaxed);
+        shim.pool.count(&p.key.network, &digest, true);
+        shim.events
+            .emit(crate::events::Event::PoolRequest { outcome: "hit" });
+        // The pod's record replaced the entry's: one pool attachment fewer, one pod's more.
+        shim.attachment_delta(&entry, -1);
+        shim.attachment_delta(&rec, 1);
+        super::refill::report_levels(shim);
+        shim.pool.wake.notify_one();
+        info!(
+            key = %p.key,
+            pool_key = %entry.key,
+            ips = ?result_ips(&result),
+            "attachment added from the warm pool"
+        );
+        return Ok(Some(rendered));
+    }
+}
+
+/// How the take's ledger step went.
+enum Take {
+    Done,
+    /// The pod's key has a record: the normal path answers.
+    KeyTaken,
+    /// The entry is gone or differs from what the pool holds in memory.
+    EntryChanged,
+}
+
+/// Points a request for a pod served from the pool at the delegate's key, before DEL or CHECK
+/// runs the delegate: the pool entry's container ID, ifname, netns and args, and the config
+/// the delegate got at ADD (the request's cniVersion and prevResult kept). `p.key` stays the
+/// pod's: the ledger and the locks are about the pod.
+pub fn redirect(p: &mut Prepared, rec: &AttachmentRecord) -> Result<(), ShimError> {
+    let Some(d) = &rec.delegate_key else {
+        return Ok(());
+    };
+    let mut conf: Value = serde_json::from_str(&rec.delegate_config)
+        .map_err(|e| ShimError::Internal(format!("recorded config of {}: {e}", rec.key)))?;
+    if let Some(o) = conf.as_object_mut() {
+        o.insert("cniVersion".into(), Value::String(p.dc.version.to_string()));
+        match p.dc.conf.get("prevResult") {
+            Some(prev) => o.insert("prevResult".into(), prev.clone()),
+            None => o.remove("prevResult"),
+        };
+    }
+    p.dc.conf = conf;
+    p.dc.kind = rec.delegate_type.clone();
+    p.req.container_id = d.container_id.clone();
+    p.req.ifname = d.ifname.clone();
+    p.req.netns = d.netns.clone();
+    p.req.cni_args = d.cni_args.clone();
+    Ok(())
+}
