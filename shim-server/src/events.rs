@@ -100,6 +100,13 @@ pub enum Event<'a> {
 /// Something that listens to [`Event`]s. Called on the emitter's task: it must not block.
 pub trait Observer: Send + Sync {
     fn observe(&self, event: &Event<'_>);
+
+    /// Whether this observer reads the events that cost work to build (censuses, levels,
+    /// per-attachment deltas); one that only records requests and execs (the history) says
+    /// no, so that they stay unbuilt when it is the only one.
+    fn wants_reports(&self) -> bool {
+        true
+    }
 }
 
 /// Where a part sends its events: every observer, in order. Cheap to clone; the default has
@@ -107,6 +114,8 @@ pub trait Observer: Send + Sync {
 #[derive(Clone, Default)]
 pub struct Events {
     observers: Arc<[Arc<dyn Observer>]>,
+    /// Whether any observer [`Observer::wants_reports`].
+    reports: bool,
 }
 
 impl std::fmt::Debug for Events {
@@ -118,6 +127,7 @@ impl std::fmt::Debug for Events {
 impl Events {
     pub fn new(observers: Vec<Arc<dyn Observer>>) -> Self {
         Self {
+            reports: observers.iter().any(|o| o.wants_reports()),
             observers: observers.into(),
         }
     }
@@ -125,7 +135,7 @@ impl Events {
     /// Whether anyone listens: an event that costs work to build (a census, a pool's levels)
     /// is skipped when nobody would read it.
     pub fn listened(&self) -> bool {
-        !self.observers.is_empty()
+        self.reports
     }
 
     pub fn emit(&self, event: Event<'_>) {

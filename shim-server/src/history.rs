@@ -84,6 +84,46 @@ fn prefix(container_id: &str) -> Vec<u8> {
     format!("{container_id}\0").into_bytes()
 }
 
+/// The history as an [`crate::events::Observer`]: it records every CNI request and every
+/// delegate exec (their entries come with the events), and tells `dropped` when its writer
+/// fell behind (the metrics count it). Nothing that emits knows of it.
+pub struct Recorder {
+    sink: Sink,
+    dropped: crate::events::Events,
+}
+
+impl Recorder {
+    pub fn new(sink: Sink, dropped: crate::events::Events) -> Self {
+        Self { sink, dropped }
+    }
+}
+
+impl crate::events::Observer for Recorder {
+    fn observe(&self, event: &crate::events::Event<'_>) {
+        use crate::events::Event as E;
+        let (container_id, record) = match event {
+            E::Request {
+                container_id,
+                record,
+                ..
+            }
+            | E::Exec {
+                container_id,
+                record,
+                ..
+            } => (*container_id, *record),
+            _ => return,
+        };
+        if !container_id.is_empty() && !self.sink.record(container_id, record.clone()) {
+            self.dropped.emit(E::HistoryDropped);
+        }
+    }
+
+    fn wants_reports(&self) -> bool {
+        false
+    }
+}
+
 /// Starts the writer; returns the sink to record with.
 pub fn start(ledger: Ledger) -> Sink {
     start_bounded(ledger, MAX_CONTAINERS)

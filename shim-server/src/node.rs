@@ -47,6 +47,8 @@ pub struct Node {
     pub denials: Arc<Denials>,
     /// The DEL spool's condition, for status, doctor and metrics (spool/).
     pub spool: SpoolState,
+    /// The explain history's writer (history.rs), for status (its drops); set by the daemon.
+    pub history: OnceLock<crate::history::Sink>,
 }
 
 /// The core's functions read as the node's: `node.ledger(..)`, `node.lookup(..)`. The node
@@ -83,6 +85,7 @@ impl Node {
             teardown: OnceLock::new(),
             denials,
             spool: SpoolState::default(),
+            history: OnceLock::new(),
         })
     }
 

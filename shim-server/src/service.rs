@@ -155,11 +155,6 @@ where
             container_id: &call.container_id,
             record: &event,
         });
-        if let Some(h) = shim.exec.history.get()
-            && !h.record(&call.container_id, event)
-        {
-            shim.events.emit(crate::events::Event::HistoryDropped);
-        }
         reply.map(Response::new)
     }
     .instrument(span)

@@ -297,12 +297,20 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     // metrics listener nothing listens and emitting costs nothing.
     let metrics = (args.metrics_address.is_some() || args.metrics_socket.is_some())
         .then(|| std::sync::Arc::new(crate::metrics::Metrics::new()));
-    executor.events = crate::events::Events::new(
-        metrics
-            .iter()
-            .map(|m| std::sync::Arc::clone(m) as std::sync::Arc<dyn crate::events::Observer>)
-            .collect(),
+    let counters: Vec<std::sync::Arc<dyn crate::events::Observer>> = metrics
+        .iter()
+        .map(|m| std::sync::Arc::clone(m) as std::sync::Arc<dyn crate::events::Observer>)
+        .collect();
+    // The explain history listens too: every request and exec is recorded for `dipamctl
+    // explain`; its drops are counted by the metrics.
+    let history = crate::history::start(dipam_state::Ledger::from_arc(store.clone()));
+    let recorder = crate::history::Recorder::new(
+        history.clone(),
+        crate::events::Events::new(counters.clone()),
     );
+    let mut observers = counters;
+    observers.push(std::sync::Arc::new(recorder));
+    executor.events = crate::events::Events::new(observers);
     let shim = Node::new(
         store,
         executor,
@@ -327,10 +335,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         node: pool_node,
         namespace: args.agent_namespace.clone(),
     });
-    let _ = shim
-        .exec
-        .history
-        .set(crate::history::start(shim.ledger.clone()));
+    let _ = shim.history.set(history);
     // Without the worker, main-mode plugins simply delete their veths themselves (slower
     // DEL, same outcome), so a failure here is a warning, not a reason not to serve.
     match crate::teardown::Teardown::start(shim.denials.clone(), shim.events.clone()) {

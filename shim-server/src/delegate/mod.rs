@@ -41,8 +41,6 @@ pub struct Executor {
     pub tracker: Option<orphans::Tracker>,
     /// Where execs are reported (events.rs); the daemon's observers listen.
     pub events: crate::events::Events,
-    /// Where each exec is recorded for `dipamctl explain` (set once the daemon runs).
-    pub history: std::sync::OnceLock<crate::history::Sink>,
     /// VERSION answers by (path, mtime): a replaced binary is probed again.
     probes: Mutex<HashMap<PathBuf, (SystemTime, Vec<SpecVersion>)>>,
     /// Held while probing: the first requests after a start (or an upgrade) arrive together,
@@ -58,7 +56,6 @@ impl Executor {
             non_root_kinds: vec!["host-local".to_owned()],
             timeout,
             tracker: None,
-            history: std::sync::OnceLock::new(),
             events: crate::events::Events::default(),
             probes: Mutex::new(HashMap::new()),
             probing: tokio::sync::Mutex::new(()),
@@ -302,10 +299,5 @@ impl Executor {
             container_id: &inv.container_id,
             record: &ev,
         });
-        if let Some(h) = self.history.get()
-            && !h.record(&inv.container_id, ev)
-        {
-            self.events.emit(crate::events::Event::HistoryDropped);
-        }
     }
 }

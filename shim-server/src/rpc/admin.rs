@@ -132,11 +132,7 @@ pub async fn explain(shim: &Node, req: ExplainRequest) -> Result<ExplainReply, S
         protocol_version: dipam_proto::PROTOCOL_VERSION,
         attachments: all,
         events: events.iter().map(ToString::to_string).collect(),
-        events_dropped: shim
-            .exec
-            .history
-            .get()
-            .map_or(0, crate::history::Sink::dropped),
+        events_dropped: shim.history.get().map_or(0, crate::history::Sink::dropped),
     })
 }
 
