@@ -141,7 +141,7 @@ pub enum ShimError {
         family: crate::keys::Internal,
     },
     /// A GC's list of valid attachments that is not exactly what the spec defines; nothing
-    /// was freed (gc.rs).
+    /// was freed (gc/).
     #[error("{}", .0.msg)]
     GcInput(InputError),
     /// The caller may not do this (a non-root caller outside what it is allowed).
@@ -161,7 +161,7 @@ pub enum ShimError {
     },
 }
 
-/// A GC list (gc.rs) that is not exactly what the spec defines. The whole GC is refused: an entry
+/// A GC list (gc/) that is not exactly what the spec defines. The whole GC is refused: an entry
 /// dipamd cannot read might be a pod that is still running, and guessing it stale would free
 /// that pod's address.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -33,7 +33,7 @@ pub fn arm(point: &str) -> Result<(), String> {
 }
 
 /// Whether `point` is the armed one: for a point that first lets something else happen (see
-/// `add-before-commit` in rpc/add.rs).
+/// `add-before-commit` in core/attach.rs).
 pub fn armed(point: &str) -> bool {
     #[cfg(feature = "fault-injection")]
     return ARMED.get().is_some_and(|p| p == point);

@@ -1,6 +1,6 @@
 //! The modes of what dipamd keeps on disk. The ledger, its journal and the history name every
 //! pod's container ID, netns path and addresses: no other local user may read them
-//! (docs/cfp.md, "Threat model"). dipamd runs with umask 0077 (daemon.rs), creates its state
+//! (docs/cfp.md, "Threat model"). dipamd runs with umask 0077 (daemon/), creates its state
 //! directory 0700, narrows what an older dipamd left readable, and `dipamctl doctor` reports
 //! anything that is still looser.
 
@@ -11,7 +11,7 @@ use std::{
 
 /// Creates `dir` mode 0700, or narrows an existing one to 0700 along with every file and
 /// directory under it that dipamd's user owns (an older dipamd created them 0755 and 0644).
-/// `skip` (the spool directory, whose own rules spool.rs applies) is not descended into.
+/// `skip` (the spool directory, whose own rules spool/ applies) is not descended into.
 /// Entries owned by someone else, and symbolic links, are left alone: dipamd does not chmod
 /// what it did not make, and a link could point anywhere.
 pub fn private_state_dir(dir: &Path, skip: &Path) -> std::io::Result<()> {

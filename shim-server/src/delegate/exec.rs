@@ -233,7 +233,7 @@ pub async fn run_gated(
                 })
             }
             // Killed (kill_on_drop) for writing too much: unreadable output, 154. It may have
-            // acted first, so an ADD's caller releases it as after any garbage (rpc/add.rs).
+            // acted first, so an ADD's caller releases it as after any garbage (core/attach.rs).
             Ok(Err(source))
                 if source
                     .get_ref()
@@ -297,7 +297,7 @@ const PEEK_MAX: usize = 64 << 10;
 /// down its threads and its address space) takes another 0.2-0.3 ms on the benchmark
 /// machine before its stdout reaches EOF and its status can be reaped (perf sched,
 /// docs/performance.md run 8). An ADD can use the result meanwhile; it still succeeds only
-/// on exit 0 with the same stdout (rpc/add.rs). A document that parses cannot be a prefix
+/// on exit 0 with the same stdout (core/attach.rs). A document that parses cannot be a prefix
 /// of a longer one (serde_json refuses trailing non-whitespace), so a partial write is
 /// never peeked.
 async fn collect(mut child: Child, peek: Option<Peek>) -> std::io::Result<std::process::Output> {

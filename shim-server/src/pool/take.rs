@@ -103,7 +103,7 @@ pub async fn take(
         // One trip to the blocking pool: the pod's key must have no record (else the normal
         // path answers), the entry must still be in the ledger exactly as the pool knows it,
         // and then the one commit. A main-mode plugin (AddEarly) gets the result between the
-        // checks and the commit, to wire the pod while it runs (rpc/add.rs, `Early`).
+        // checks and the commit, to wire the pod while it runs (core/attach.rs, `Early`).
         let (commit, expected) = (rec.clone(), entry.clone());
         let (mut tx, answer) = (early.take(), rendered.clone());
         let outcome = shim
