@@ -1,0 +1,422 @@
+//! The warm pool through the core and the RPCs: takes, refills, DEL and CHECK of pooled
+//! pods, and a pool turned off at start.
+
+use std::sync::{Arc, atomic::Ordering};
+
+use dipam_proto::v1::CniRequest;
+use dipam_state::{AttachmentState, Owner};
+
+use super::refill::{init, step};
+use crate::{access::Caller, node::Node, rpc::tests::add_as};
+use std::time::Duration;
+
+use dipam_proto::v1::Mode;
+use dipam_state::MemStore;
+use serde_json::json;
+use tempfile::TempDir;
+
+use super::*;
+use crate::{
+    delegate::Executor,
+    rpc::{check, del},
+};
+
+/// A delegate that records each call and hands out 10.9.0.2, .3, ... in turn.
+const SCRIPT: &str = r#"#!/bin/sh
+d=$(dirname "$0")
+echo "$CNI_COMMAND $CNI_CONTAINERID $CNI_IFNAME $CNI_ARGS" >> "$d/calls"
+case "$CNI_COMMAND" in
+VERSION) echo '{"cniVersion":"1.0.0","supportedVersions":["0.3.1","0.4.0","1.0.0"]}' ;;
+ADD)
+  if [ -f "$d/fail-add" ]; then echo '{"code":999,"msg":"no addresses"}'; exit 1; fi
+  n=$(cat "$d/n" 2>/dev/null || echo 1); n=$((n+1)); echo $n > "$d/n"
+  echo "{\"cniVersion\":\"1.0.0\",\"ips\":[{\"address\":\"10.9.0.$n/24\",\"gateway\":\"10.9.0.1\"}]}" ;;
+esac
+"#;
+
+struct Bench {
+    dir: TempDir,
+    shim: Arc<Node>,
+    store: Arc<MemStore>,
+}
+
+impl Bench {
+    fn new(size: usize) -> Self {
+        let store = Arc::new(MemStore::new());
+        let (dir, shim) = crate::rpc::tests::scripted_shim(SCRIPT, store.clone());
+        shim.pool.configure(PoolConfig {
+            size,
+            node: "n1".into(),
+            namespace: "kube-system".into(),
+        });
+        Self { dir, shim, store }
+    }
+
+    /// Delegate calls other than VERSION, as "COMMAND CONTAINERID IFNAME ARGS".
+    fn calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.path().join("calls"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.starts_with("VERSION"))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn record(&self, cid: &str) -> Option<AttachmentRecord> {
+        self.shim
+            .ledger
+            .get(&AttachmentKey::new("net", cid, "eth0"))
+            .unwrap()
+    }
+
+    fn entries(&self) -> Vec<AttachmentRecord> {
+        self.shim
+            .ledger
+            .list(None)
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.owner == Owner::Pool)
+            .collect()
+    }
+
+    fn ready(&self) -> u32 {
+        self.shim.pool.status().iter().map(|p| p.ready).sum()
+    }
+
+    /// One refiller round, as the background task runs it.
+    async fn refill(&self) {
+        step(&self.shim).await;
+    }
+}
+
+/// The RPC tests' request, with a netns and request id of the pod's own.
+fn request(cid: &str, version: &str, extra: Value) -> CniRequest {
+    CniRequest {
+        request_id: format!("req-{cid}"),
+        netns: format!("/var/run/netns/{cid}"),
+        ..crate::rpc::tests::request(cid, version, extra)
+    }
+}
+
+/// A pool of two: the first pod fills it (its own ADD goes to the delegate); the next
+/// pod is answered from it with no delegate exec for the pod, in the request's version.
+async fn filled(size: usize) -> Bench {
+    let b = Bench::new(size);
+    add_as(&b.shim, Caller::ROOT, request("first", "1.0.0", json!({})))
+        .await
+        .unwrap();
+    b.refill().await;
+    assert_eq!(b.ready(), size as u32);
+    b
+}
+
+#[tokio::test]
+async fn a_pod_takes_an_entry_in_one_commit_without_a_delegate_exec() {
+    let b = filled(2).await;
+    let before = b.calls();
+    assert_eq!(before.len(), 3, "{before:?}");
+    assert!(before[1].starts_with("ADD dipam-pool-n1-0 eth0 IgnoreUnknown=1;"));
+    assert!(before[1].contains("K8S_POD_NAME=dipam-pool-n1-0"));
+
+    // Only the first pod's result skipped the disk; the pool's own entries are on it.
+    assert_eq!(b.store.process_commits(), 1);
+    let out = add_as(&b.shim, Caller::ROOT, request("pod", "1.1.0", json!({})))
+        .await
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["cniVersion"], "1.1.0");
+    assert_eq!(v["ips"][0]["address"], "10.9.0.3/24");
+    assert_eq!(b.calls(), before, "the pod's ADD ran the delegate");
+    // The take, only into the kernel (Durability).
+    assert_eq!(b.store.process_commits(), 2);
+
+    let rec = b.record("pod").unwrap();
+    assert_eq!(rec.owner, Owner::Pod);
+    assert_eq!(rec.state, AttachmentState::Committed);
+    assert_eq!(rec.netns, "/var/run/netns/pod");
+    assert_eq!(rec.request_id, "req-pod");
+    let d = rec.delegate_key.clone().unwrap();
+    assert_eq!(
+        (d.container_id.as_str(), d.ifname.as_str()),
+        ("dipam-pool-n1-0", "eth0")
+    );
+    assert_eq!(d.netns, "/run/dipam/pool-netns/dipam-pool-n1-0");
+    assert!(b.record("dipam-pool-n1-0").is_none(), "the entry stays");
+    assert_eq!(b.entries().len(), 1);
+    assert_eq!(b.shim.pool.hits.load(Ordering::Relaxed), 1);
+
+    // A repeated ADD is answered from the ledger, not from the pool again.
+    let again = add_as(&b.shim, Caller::ROOT, request("pod", "1.1.0", json!({})))
+        .await
+        .unwrap();
+    assert_eq!(again, out);
+    assert_eq!(b.entries().len(), 1);
+
+    // The refiller brings it back to two.
+    b.refill().await;
+    assert_eq!(b.entries().len(), 2);
+    assert!(
+        b.calls()
+            .last()
+            .unwrap()
+            .starts_with("ADD dipam-pool-n1-2 eth0")
+    );
+}
+
+#[tokio::test]
+async fn a_failed_take_commit_leaves_the_entry_in_the_pool() {
+    let b = filled(2).await;
+    let entries = b.entries();
+    b.store.fail_next_commits(1);
+    let e = add_as(&b.shim, Caller::ROOT, request("pod", "1.0.0", json!({})))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("injected"), "{e}");
+    assert!(b.record("pod").is_none());
+    assert_eq!(b.entries(), entries, "the pool lost or changed an entry");
+    assert_eq!(b.ready(), 2);
+    // The retry takes the same, oldest entry.
+    add_as(&b.shim, Caller::ROOT, request("pod", "1.0.0", json!({})))
+        .await
+        .unwrap();
+    let d = b.record("pod").unwrap().delegate_key.unwrap();
+    assert_eq!(d.container_id, entries[0].key.container_id);
+}
+
+/// A main-mode plugin (AddEarly) gets a pooled result before the take's commit, then the
+/// outcome; when that commit fails, the outcome is the error and the entry stays.
+#[tokio::test]
+async fn an_early_take_answers_before_its_commit() {
+    use dipam_proto::v1::cni_reply::Outcome;
+
+    let b = filled(2).await;
+    let replies = |cid: &'static str| {
+        crate::rpc::tests::add_early_replies(&b.shim, request(cid, "1.0.0", json!({})))
+    };
+    let entries = b.entries();
+    b.store.fail_next_commits(1);
+    let failed = replies("pod").await;
+    assert_eq!(failed.len(), 2, "{failed:?}");
+    assert!(failed[0].pending_commit);
+    assert!(
+        matches!(failed[1].outcome, Some(Outcome::Error(_))),
+        "{failed:?}"
+    );
+    assert!(b.record("pod").is_none());
+    assert_eq!(b.entries(), entries, "the pool lost or changed an entry");
+
+    let before = b.calls();
+    let taken = replies("pod").await;
+    assert_eq!(taken.len(), 2, "{taken:?}");
+    assert!(taken[0].pending_commit && !taken[1].pending_commit);
+    assert_eq!(taken[0].outcome, taken[1].outcome);
+    assert_eq!(b.calls(), before, "the pod's ADD ran the delegate");
+    assert!(b.record("pod").unwrap().delegate_key.is_some());
+}
+
+#[tokio::test]
+async fn del_and_check_of_a_pooled_pod_use_the_pool_key() {
+    let b = filled(1).await;
+    let out = add_as(&b.shim, Caller::ROOT, request("pod", "1.0.0", json!({})))
+        .await
+        .unwrap();
+    let prev: Value = serde_json::from_slice(&out).unwrap();
+    check::run(
+        &b.shim,
+        Caller::ROOT,
+        request("pod", "1.0.0", json!({ "prevResult": prev.clone() })),
+    )
+    .await
+    .unwrap();
+    assert!(
+        b.calls()
+            .last()
+            .unwrap()
+            .starts_with("CHECK dipam-pool-n1-0 eth0 IgnoreUnknown=1;"),
+        "{:?}",
+        b.calls()
+    );
+    del::run(
+        &b.shim,
+        Caller::ROOT,
+        request("pod", "1.0.0", json!({ "prevResult": prev })),
+    )
+    .await
+    .unwrap();
+    assert!(
+        b.calls()
+            .last()
+            .unwrap()
+            .starts_with("DEL dipam-pool-n1-0 eth0 IgnoreUnknown=1;"),
+        "{:?}",
+        b.calls()
+    );
+    assert!(b.record("pod").is_none());
+}
+
+#[tokio::test]
+async fn own_addresses_bypass_the_pool_and_pool_ids_are_reserved() {
+    let b = filled(1).await;
+    let mut req = request("ip-pod", "1.0.0", json!({}));
+    req.cni_args = "IgnoreUnknown=1;IP=10.9.0.50".into();
+    add_as(&b.shim, Caller::ROOT, req).await.unwrap();
+    assert!(b.calls().last().unwrap().starts_with("ADD ip-pod eth0"));
+    add_as(
+        &b.shim,
+        Caller::ROOT,
+        request(
+            "rc-pod",
+            "1.0.0",
+            json!({"runtimeConfig": {"ips": ["10.9.0.51/24"]}}),
+        ),
+    )
+    .await
+    .unwrap();
+    assert!(b.calls().last().unwrap().starts_with("ADD rc-pod eth0"));
+    assert_eq!(b.shim.pool.bypassed.load(Ordering::Relaxed), 2);
+    assert_eq!(b.entries().len(), 1, "a bypass took an entry");
+
+    let calls = b.calls().len();
+    let e = add_as(
+        &b.shim,
+        Caller::ROOT,
+        request("dipam-pool-n1-0", "1.0.0", json!({})),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code_and_details().0, 4, "{e}");
+    let e = del::run(
+        &b.shim,
+        Caller::ROOT,
+        request("dipam-pool-n1-0", "1.0.0", json!({})),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code_and_details().0, 4, "{e}");
+    assert_eq!(b.calls().len(), calls, "a runtime reached the pool's key");
+    assert_eq!(b.entries().len(), 1);
+}
+
+#[tokio::test]
+async fn per_pod_runtime_config_still_matches_and_a_new_config_replaces_the_pool() {
+    let b = filled(1).await;
+    add_as(&b.shim, Caller::ROOT, request(
+                "pm-pod",
+                "1.0.0",
+                json!({"runtimeConfig": {"portMappings": [{"hostPort": 8080}]}, "args": {"cni": {"labels": []}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert!(b.record("pm-pod").unwrap().delegate_key.is_some());
+    b.refill().await;
+    let old = b.entries();
+    assert_eq!(old.len(), 1);
+
+    // The network's config changes: the next pod misses, and the old entry goes.
+    let mut changed = request("new-pod", "1.0.0", json!({}));
+    let mut conf: Value = serde_json::from_slice(&changed.stdin).unwrap();
+    conf["ipam"]["delegate"]["subnet"] = json!("10.9.1.0/24");
+    changed.stdin = serde_json::to_vec(&conf).unwrap();
+    add_as(&b.shim, Caller::ROOT, changed).await.unwrap();
+    assert!(b.record("new-pod").unwrap().delegate_key.is_none());
+    b.refill().await;
+    let now = b.entries();
+    assert_eq!(now.len(), 1);
+    assert_ne!(now[0].config_digest, old[0].config_digest);
+    assert!(
+        b.calls()
+            .iter()
+            .any(|c| c.starts_with(&format!("DEL {} eth0", old[0].key.container_id)))
+    );
+}
+
+#[tokio::test]
+async fn off_at_start_releases_every_entry_and_takes_none() {
+    let b = filled(2).await;
+    // The same ledger under a dipamd started with --warm-pool 0.
+    let shim = Node::new(
+        Arc::new(MemStore::new()),
+        Executor::new(vec![b.dir.path().to_owned()], Duration::from_secs(10)),
+        b.shim.identity.clone(),
+        None,
+        crate::gc::GcPolicy::default(),
+        crate::access::Admission::default(),
+    );
+    shim.pool.configure(PoolConfig {
+        size: 0,
+        node: String::new(),
+        namespace: "kube-system".into(),
+    });
+    for r in b.shim.ledger.list(None).unwrap() {
+        shim.ledger.put(&r).unwrap();
+    }
+    for (name, value) in b.shim.ledger.settings("").unwrap() {
+        shim.ledger.set_setting(&name, Some(&value)).unwrap();
+    }
+    assert_eq!(shim.ledger.settings(TEMPLATE_SETTING).unwrap().len(), 1);
+    init(&shim).await.unwrap();
+    add_as(&shim, Caller::ROOT, request("pod", "1.0.0", json!({})))
+        .await
+        .unwrap();
+    assert!(
+        shim.ledger
+            .get(&AttachmentKey::new("net", "pod", "eth0"))
+            .unwrap()
+            .unwrap()
+            .delegate_key
+            .is_none()
+    );
+    step(&shim).await;
+    let left: Vec<_> = shim
+        .ledger
+        .list(None)
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.owner == Owner::Pool)
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    assert_eq!(shim.ledger.settings(TEMPLATE_SETTING).unwrap(), vec![]);
+}
+
+#[test]
+fn digests_ignore_per_pod_parts_and_own_ips_are_seen() {
+    let dc = |extra: Value| {
+        let req = request("x", "1.0.0", extra);
+        DelegateConf::from_request(&req.stdin, Mode::Ipam).unwrap()
+    };
+    let plain = pool_digest(&dc(json!({})));
+    assert_eq!(
+        plain,
+        pool_digest(&dc(
+            json!({"runtimeConfig": {"portMappings": []}, "args": {"x": 1}})
+        ))
+    );
+    assert_eq!(plain, pool_digest(&dc(json!({"cniVersion": "0.4.0"}))));
+    assert_ne!(plain, pool_digest(&dc(json!({"mtu": 1400}))));
+    let p = |extra: Value, args: &str| {
+        let mut req = request("x", "1.0.0", extra);
+        req.cni_args = args.into();
+        let dc = DelegateConf::from_request(&req.stdin, Mode::Ipam).unwrap();
+        let key = AttachmentKey::new("net", "x", "eth0");
+        wants_own_ips(&Prepared {
+            req,
+            caller: crate::access::Caller::ROOT,
+            dc,
+            key,
+        })
+    };
+    assert!(!p(json!({}), "IgnoreUnknown=1;K8S_POD_NAME=a"));
+    assert!(p(json!({}), "IgnoreUnknown=1;IP=10.0.0.5"));
+    assert!(!p(json!({}), "IP="));
+    assert!(p(json!({"runtimeConfig": {"ips": ["10.0.0.5/24"]}}), ""));
+    assert!(!p(json!({"runtimeConfig": {"ips": []}}), ""));
+    assert!(p(json!({"args": {"cni": {"ips": ["10.0.0.5"]}}}), ""));
+    assert_eq!(entry_number("dipam-pool-n1-17", "n1"), Some(17));
+    assert_eq!(entry_number("dipam-pool-n1-x", "n1"), None);
+    assert_eq!(entry_number("dipam-pool-n2-1", "n1"), None);
+    assert_eq!(
+        crate::keys::internal("dipam-pool-anything"),
+        Some(crate::keys::Internal::Pool)
+    );
+}
