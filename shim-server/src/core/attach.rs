@@ -272,6 +272,9 @@ async fn exec_and_commit(
 
 /// What became of a delegate's ADD stdout ([`take_up`]). Anything but `Committed` is rolled
 /// back by the caller.
+// One per ADD, moved a few times on its way out: boxing the record would add an allocation
+// to every ADD for nothing.
+#[allow(clippy::large_enum_variant)]
 enum TakenUp {
     /// The committed record and the bytes to answer.
     Committed(AttachmentRecord, Vec<u8>),
