@@ -397,12 +397,7 @@ async fn fill_one(shim: &Node, network: &str, t: &Template) -> Result<Attachment
         .config
         .get()
         .ok_or_else(|| ShimError::Internal("warm pool not configured".into()))?;
-    if let Some(why) = shim
-        .misconfigured
-        .lock()
-        .ok()
-        .and_then(|m| m.get(network).cloned())
-    {
+    if let Some(why) = shim.misconfigured(network) {
         return Err(ShimError::Misconfigured {
             network: network.to_owned(),
             why,

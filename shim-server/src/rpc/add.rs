@@ -18,36 +18,31 @@ use crate::{
 
 /// A runtime's ADD, from `caller`; `early` is the AddEarly stream's sender, if it is one.
 pub async fn run(
-    shim: &Node,
+    node: &Node,
     caller: Caller,
     req: CniRequest,
     early: &mut Early,
 ) -> Result<Added, ShimError> {
-    let p = shim.prepare(req, true, caller)?;
+    let p = node.prepare(req, true, caller)?;
     crate::keys::refuse_runtime("ADD", &p.req.container_id)?;
-    if let Some(why) = shim
-        .misconfigured
-        .lock()
-        .ok()
-        .and_then(|m| m.get(&p.dc.network).cloned())
-    {
+    if let Some(why) = node.misconfigured(&p.dc.network) {
         return Err(ShimError::Misconfigured {
             network: p.dc.network.clone(),
             why,
         });
     }
-    let _guard = shim.locks.lock(&p.key).await;
+    let _guard = node.locks.lock(&p.key).await;
     if !p.caller.is_root() {
-        refuse_foreign_container_id(shim, &p).await?;
+        refuse_foreign_container_id(node, &p).await?;
     }
     // With the warm pool on: one commit hands a ready entry to the pod, no delegate exec.
-    if let Some(result) = crate::pool::take::take(shim, &p, early).await? {
+    if let Some(result) = crate::pool::take::take(node, &p, early).await? {
         return Ok(Added {
             result,
             replayed: false,
         });
     }
-    attach(shim, &p, Owner::Pod, early).await
+    attach(node, &p, Owner::Pod, early).await
 }
 
 /// Refuses a non-root caller's ADD under a container ID that another caller's attachment
@@ -56,9 +51,9 @@ pub async fn run(
 /// alone), and the caller chooses the delegate's config: its own attachment under a root
 /// pod's ID, DELed with a config pointing at that pod's store, would free the pod's address.
 /// Container IDs are not secret (`ps` shows them), so this is checked, not assumed.
-async fn refuse_foreign_container_id(shim: &Node, p: &Prepared) -> Result<(), ShimError> {
+async fn refuse_foreign_container_id(node: &Node, p: &Prepared) -> Result<(), ShimError> {
     let cid = p.req.container_id.clone();
-    let others = shim
+    let others = node
         .ledger(move |l| {
             Ok(l.list(None)?
                 .into_iter()
