@@ -19,11 +19,6 @@ use crate::{
     rpc,
 };
 
-/// The message of the UNAVAILABLE that ends every `Agent.Watch` when dipamd stops (server.rs
-/// closes the watches).
-pub const STOPPING: &str =
-    "dipamd is shutting down; reconnect: the next dipamd sends the full list first";
-
 pub struct Service(pub Arc<Node>);
 
 impl Clone for Service {
@@ -302,14 +297,14 @@ impl Cni for Service {
 impl Admin for Service {
     async fn get_status(&self, r: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
         Caller::of(&r).require_admin("dipamd's status")?;
-        rpc::admin::status(&self.0)
+        rpc::admin::status::run(&self.0)
             .await
             .map(Response::new)
             .map_err(ShimError::into_status)
     }
     async fn explain(&self, r: Request<ExplainRequest>) -> Result<Response<ExplainReply>, Status> {
         Caller::of(&r).require_admin("explain")?;
-        rpc::admin::explain(&self.0, r.into_inner())
+        rpc::admin::explain::run(&self.0, r.into_inner())
             .await
             .map(Response::new)
             .map_err(ShimError::into_status)
@@ -317,7 +312,7 @@ impl Admin for Service {
 
     async fn doctor(&self, r: Request<DoctorRequest>) -> Result<Response<DoctorReply>, Status> {
         Caller::of(&r).require_admin("doctor")?;
-        rpc::doctor::run(&self.0)
+        rpc::admin::doctor::run(&self.0)
             .await
             .map(Response::new)
             .map_err(ShimError::into_status)
@@ -326,7 +321,7 @@ impl Admin for Service {
     async fn gc(&self, r: Request<GcRequest>) -> Result<Response<GcReply>, Status> {
         Caller::of(&r).require_admin("the operator's GC")?;
         let span = info_span!("admin", command = "gc");
-        rpc::admin::gc(&self.0, r.into_inner())
+        rpc::admin::gc::run(&self.0, r.into_inner())
             .instrument(span)
             .await
             .map(Response::new)
@@ -339,7 +334,7 @@ impl Admin for Service {
     ) -> Result<Response<ListAttachmentsReply>, Status> {
         // Not admin-only: a non-root caller sees the attachments it created, and only those.
         let caller = Caller::of(&r);
-        rpc::admin::list(&self.0, caller, r.into_inner())
+        rpc::admin::attachments::run(&self.0, caller, r.into_inner())
             .await
             .map(Response::new)
             .map_err(ShimError::into_status)
@@ -354,7 +349,7 @@ impl Agent for Service {
 
     async fn list(&self, r: Request<AgentListRequest>) -> Result<Response<AgentListReply>, Status> {
         Caller::of(&r).require_admin("the Agent service")?;
-        Ok(Response::new(rpc::agent::list(&self.0)))
+        Ok(Response::new(rpc::agent::list::run(&self.0)))
     }
 
     async fn watch(
@@ -362,34 +357,9 @@ impl Agent for Service {
         r: Request<AgentListRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         Caller::of(&r).require_admin("the Agent service")?;
-        // The current list first, then every change: an agent that (re)connects never misses
-        // the state it must act on. The forwarding task ends when the watcher goes away, or
-        // with UNAVAILABLE when dipamd stops: the stream must end for the server to drain,
-        // and UNAVAILABLE is the code that tells a gRPC client to reconnect (the next dipamd
-        // sends the full list first).
-        let shim = self.0.clone();
-        let mut rx = shim.agent.subscribe();
-        let (tx, out) = tokio::sync::mpsc::channel(4);
-        tokio::spawn(async move {
-            let closed = shim.agent.watches_closed();
-            tokio::pin!(closed);
-            loop {
-                let current = rx.borrow_and_update().clone();
-                let next =
-                    async { tx.send(Ok(current)).await.is_ok() && rx.changed().await.is_ok() };
-                tokio::select! {
-                    biased;
-                    () = &mut closed => {
-                        let _ = tx.send(Err(Status::unavailable(STOPPING))).await;
-                        return;
-                    }
-                    more = next => if !more { return },
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(out),
-        )))
+        Ok(Response::new(Box::pin(rpc::agent::watch::run(
+            self.0.clone(),
+        ))))
     }
 
     async fn allocate(
@@ -399,7 +369,7 @@ impl Agent for Service {
         Caller::of(&r).require_admin("the Agent service")?;
         let role = agent_role(r.into_inner().role)?;
         let span = info_span!("agent", command = "allocate", role = %role);
-        rpc::agent::set_role(&self.0, &role, true)
+        rpc::agent::set_role::run(&self.0, &role, true)
             .instrument(span)
             .await
             .map(Response::new)
@@ -413,7 +383,7 @@ impl Agent for Service {
         Caller::of(&r).require_admin("the Agent service")?;
         let role = agent_role(r.into_inner().role)?;
         let span = info_span!("agent", command = "release", role = %role);
-        rpc::agent::set_role(&self.0, &role, false)
+        rpc::agent::set_role::run(&self.0, &role, false)
             .instrument(span)
             .await
             .map(Response::new)

@@ -241,13 +241,14 @@ async fn gc_is_roots_and_the_listing_shows_a_caller_its_own() {
     let listed = |c: Caller| {
         let shim = Arc::clone(&b.shim);
         async move {
-            let mut ids: Vec<_> = admin::list(&shim, c, ListAttachmentsRequest::default())
-                .await
-                .unwrap()
-                .attachments
-                .into_iter()
-                .map(|a| (a.container_id, a.creator_uid))
-                .collect();
+            let mut ids: Vec<_> =
+                admin::attachments::run(&shim, c, ListAttachmentsRequest::default())
+                    .await
+                    .unwrap()
+                    .attachments
+                    .into_iter()
+                    .map(|a| (a.container_id, a.creator_uid))
+                    .collect();
             ids.sort();
             ids
         }

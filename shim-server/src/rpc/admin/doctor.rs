@@ -1,5 +1,6 @@
-//! `dipamctl doctor`: every check of dipamd's configuration and state, each with what was
-//! found and what to do. The misconfigurations the delegated-IPAM CFP warns about come first.
+//! `Admin.Doctor` (`dipamctl doctor`): every check of dipamd's configuration and state, each
+//! with what was found and what to do. The misconfigurations the delegated-IPAM CFP warns
+//! about come first.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 

@@ -1,0 +1,101 @@
+//! `Admin.Gc` (`dipamctl gc`): the operator's GC of one network.
+
+use dipam_proto::v1::{CniRequest, GcReply, GcRequest, Mode};
+
+use crate::{
+    error::ShimError,
+    gc::{self, Valid},
+    node::Node,
+};
+
+/// `dipamctl gc`: one network, the operator's valid list or the ledger as the valid set, and
+/// a dry run that frees nothing.
+pub async fn run(shim: &Node, req: GcRequest) -> Result<GcReply, ShimError> {
+    let (stdin, mode) = if req.config.is_empty() {
+        let base = shim
+            .agent
+            .config
+            .as_ref()
+            .ok_or_else(|| ShimError::Config {
+                msg: "no network config to collect".into(),
+                details: "pass the network's conflist (dipamctl gc --conflist FILE), or start \
+                          dipamd with --conflist"
+                    .into(),
+            })?
+            .source
+            .load()
+            .map_err(|m| ShimError::Config {
+                msg: m.to_string(),
+                details: String::new(),
+            })?;
+        (
+            serde_json::to_vec(&base.request).map_err(|e| ShimError::Internal(e.to_string()))?,
+            base.mode,
+        )
+    } else {
+        let mode = Mode::try_from(req.mode).unwrap_or(Mode::Ipam);
+        (req.config.clone(), mode)
+    };
+    let p = shim.prepare(
+        CniRequest {
+            protocol_version: req.protocol_version,
+            request_id: "dipamctl-gc".into(),
+            command: "GC".into(),
+            stdin,
+            mode: mode as i32,
+            ..CniRequest::default()
+        },
+        false,
+        crate::access::Caller::ROOT,
+    )?;
+    let valid = if req.use_ledger {
+        Valid::Ledger
+    } else {
+        // dipamctl checked the file; any local root process may call this RPC, so the entries
+        // are checked again, by the same rule as a runtime's list.
+        let entries = serde_json::Value::Array(
+            req.valid
+                .iter()
+                .map(|a| serde_json::json!({"containerID": a.container_id, "ifname": a.ifname}))
+                .collect(),
+        );
+        let list = gc::parse_list(&entries, "valid").map_err(|e| {
+            shim.gc_stats
+                .refused
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            shim.events.emit(crate::events::Event::GcRefused);
+            ShimError::GcInput(e)
+        })?;
+        if list.is_empty() && !shim.gc.allow_empty {
+            shim.gc_stats
+                .refused
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            shim.events.emit(crate::events::Event::GcRefused);
+            return Err(ShimError::GcRefused {
+                network: p.dc.network.clone(),
+                reason: "no valid attachments given, which would free every pod of the \
+                         network; pass --valid FILE or --use-ledger"
+                    .into(),
+            });
+        }
+        Valid::List(list)
+    };
+    let network = p.dc.network.clone();
+    match gc::collect::collect(shim, &p.dc, "", valid, req.dry_run, req.force).await {
+        Ok(plan) => Ok(GcReply {
+            protocol_version: dipam_proto::PROTOCOL_VERSION,
+            network,
+            items: plan.items,
+            refused: String::new(),
+            kept: plan.kept,
+        }),
+        Err(ShimError::GcRefused { reason, .. }) => Ok(GcReply {
+            protocol_version: dipam_proto::PROTOCOL_VERSION,
+            network,
+            items: Vec::new(),
+            refused: reason,
+            kept: Vec::new(),
+        }),
+        Err(e) => Err(e),
+    }
+}

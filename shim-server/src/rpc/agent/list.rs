@@ -1,0 +1,9 @@
+//! `Agent.List` (`dipamctl agent list`): the agent's roles and their addresses.
+
+use dipam_proto::v1::AgentListReply;
+
+use crate::node::Node;
+
+pub fn run(shim: &Node) -> AgentListReply {
+    shim.agent.snapshot()
+}
