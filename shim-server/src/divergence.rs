@@ -52,16 +52,16 @@ pub fn on_tmpfs(path: &std::path::Path) -> bool {
 
 /// The delegate configs of every network dipamd knows: the agent's conflist, and one recorded
 /// config per network in the ledger.
-pub async fn networks(shim: &Node) -> Result<Vec<DelegateConf>, ShimError> {
+pub async fn networks(node: &Node) -> Result<Vec<DelegateConf>, ShimError> {
     let mut out: Vec<DelegateConf> = Vec::new();
-    if let Some(cfg) = &shim.agent.config
+    if let Some(cfg) = &node.agent.config
         && let Ok(base) = cfg.source.load()
         && let Ok(bytes) = serde_json::to_vec(&base.request)
         && let Ok(dc) = DelegateConf::from_request(&bytes, base.mode)
     {
         out.push(dc);
     }
-    for rec in shim.ledger(|l| l.list(None)).await? {
+    for rec in node.ledger(|l| l.list(None)).await? {
         if out.iter().any(|d| d.network == rec.key.network) {
             continue;
         }
@@ -79,12 +79,12 @@ pub async fn networks(shim: &Node) -> Result<Vec<DelegateConf>, ShimError> {
 
 /// Compares one network's ledger with its delegate's store (host-local only: the one whose
 /// store dipamd can read).
-pub async fn check(shim: &Node, dc: &DelegateConf) -> Result<Option<Divergence>, ShimError> {
+pub async fn check(node: &Node, dc: &DelegateConf) -> Result<Option<Divergence>, ShimError> {
     let Some(dir) = store::readable_dir(&dc.kind, &dc.conf, &dc.network) else {
         return Ok(None);
     };
     let net = dc.network.clone();
-    let records = shim.ledger(move |l| l.list(Some(&net))).await?;
+    let records = node.ledger(move |l| l.list(Some(&net))).await?;
     let held = store::reservations(&dir)
         .map_err(|e| ShimError::Internal(format!("reading {}: {e}", dir.display())))?;
     let held_pairs: HashSet<(String, std::net::IpAddr)> = held
@@ -142,13 +142,13 @@ pub async fn check(shim: &Node, dc: &DelegateConf) -> Result<Option<Divergence>,
             dir.display(),
             dc.network
         ));
-    } else if on_tmpfs(&dir) && !on_tmpfs(&shim.identity.state_dir) {
+    } else if on_tmpfs(&dir) && !on_tmpfs(&node.identity.state_dir) {
         d.misconfigured = Some(format!(
             "{} is on tmpfs while dipamd's ledger ({}) persists: after a reboot the ledger \
              would list addresses host-local forgot, and they would be handed out twice. \
              Put host-local's dataDir on persistent storage",
             dir.display(),
-            shim.identity.state_dir.display()
+            node.identity.state_dir.display()
         ));
     }
     for r in &held {
@@ -166,11 +166,11 @@ pub async fn check(shim: &Node, dc: &DelegateConf) -> Result<Option<Divergence>,
 }
 
 /// One reconcile round over every known network; updates the status counters.
-pub async fn round(shim: &Node, free: bool) -> Result<(), ShimError> {
+pub async fn round(node: &Node, free: bool) -> Result<(), ShimError> {
     let (mut missing, mut orphans) = (0u64, 0u64);
     let mut refused = std::collections::HashMap::new();
-    for dc in networks(shim).await? {
-        let Some(d) = check(shim, &dc).await? else {
+    for dc in networks(node).await? {
+        let Some(d) = check(node, &dc).await? else {
             continue;
         };
         if let Some(why) = &d.misconfigured {
@@ -183,7 +183,7 @@ pub async fn round(shim: &Node, free: bool) -> Result<(), ShimError> {
         if !d.orphans.is_empty() {
             warn!(network = %dc.network, orphans = ?d.orphans, "the delegate's store holds reservations dipamd never recorded");
             if free {
-                let plan = gc::collect::collect(shim, &dc, "", Valid::Ledger, false, false).await?;
+                let plan = gc::collect::collect(node, &dc, "", Valid::Ledger, false, false).await?;
                 let freed = plan.items.iter().filter(|i| i.outcome == "freed").count();
                 info!(network = %dc.network, freed, "reconcile freed orphaned reservations");
             }
@@ -191,24 +191,24 @@ pub async fn round(shim: &Node, free: bool) -> Result<(), ShimError> {
         missing += d.missing.len() as u64;
         orphans += d.orphans.len() as u64;
     }
-    if let Ok(mut m) = shim.misconfigured.lock() {
+    if let Ok(mut m) = node.misconfigured.lock() {
         *m = refused;
     }
-    shim.gc_stats.missing.store(missing, Ordering::Relaxed);
-    shim.gc_stats.orphans.store(orphans, Ordering::Relaxed);
-    shim.events
+    node.gc_stats.missing.store(missing, Ordering::Relaxed);
+    node.gc_stats.orphans.store(orphans, Ordering::Relaxed);
+    node.events
         .emit(crate::events::Event::Divergence { missing, orphans });
     Ok(())
 }
 
 /// The loop; `every` zero disables it.
-pub async fn run(shim: Arc<Node>, every: Duration, free: bool) {
+pub async fn run(node: Arc<Node>, every: Duration, free: bool) {
     if every.is_zero() {
         return;
     }
     loop {
         tokio::time::sleep(every).await;
-        if let Err(e) = round(&shim, free).await {
+        if let Err(e) = round(&node, free).await {
             warn!(error = %e, "ledger/store reconcile failed");
         }
     }

@@ -122,7 +122,7 @@ fn oversize_is_resource_exhausted<B>(
 /// UNAVAILABLE, lets the requests in flight finish for at most `drain`, and unlinks the
 /// socket.
 pub async fn serve<F>(
-    shim: Arc<Node>,
+    node: Arc<Node>,
     listener: UnixListener,
     path: &Path,
     peers: PeerCheck,
@@ -133,10 +133,10 @@ pub async fn serve<F>(
 where
     F: std::future::Future<Output = ()> + Send,
 {
-    let svc = Service(shim.clone());
+    let svc = Service(node.clone());
     let check = move |req| peers.check(req);
     let (draining_tx, draining) = tokio::sync::oneshot::channel::<()>();
-    let stopping = shim.clone();
+    let stopping = node.clone();
     // What the server awaits before its graceful shutdown: the signal. It also tells every
     // watch to end (a stream that never ends would hold the graceful shutdown forever), and
     // starts the drain's clock.

@@ -71,7 +71,7 @@ impl Call {
 /// error boundary. The RPC gets its caller as an argument: what it may do is decided where
 /// the request is prepared (`Node::prepare`).
 async fn answer<F>(
-    shim: &Node,
+    node: &Node,
     call: Call,
     class: Option<Class>,
     f: F,
@@ -84,7 +84,7 @@ where
         let started = Instant::now();
         let outcome = match class {
             // The slot is held until the operation is done.
-            Some(c) => match shim.admission.admit(c).await {
+            Some(c) => match node.admission.admit(c).await {
                 Ok(_slot) => f.await,
                 Err(e) => Err(e),
             },
@@ -112,7 +112,7 @@ where
                 })
             }
             Err(e) => {
-                shim.denials.note_error(call.command, &e);
+                node.denials.note_error(call.command, &e);
                 let reply = e.into_reply();
                 match &reply {
                     Ok(CniReply {
@@ -143,7 +143,7 @@ where
             Ok(_) => "0".to_owned(),
             Err(status) => format!("grpc:{:?}", status.code()),
         };
-        shim.events.emit(crate::events::Event::Request {
+        node.events.emit(crate::events::Event::Request {
             op: call.command,
             code: &code,
             took: std::time::Duration::from_secs_f64(ms / 1e3),
@@ -159,7 +159,7 @@ where
 /// One ADD, answered as `Add` answers it (with `replayed` set on success); `early` is the
 /// AddEarly stream's sender, if it is one.
 async fn add(
-    shim: &Node,
+    node: &Node,
     caller: Caller,
     req: CniRequest,
     mut early: crate::core::attach::Early,
@@ -167,11 +167,11 @@ async fn add(
     let call = Call::of("ADD", &req);
     let mut replayed = false;
     let run = async {
-        let added = rpc::add::run(shim, caller, req, &mut early).await?;
+        let added = rpc::add::run(node, caller, req, &mut early).await?;
         replayed = added.replayed;
         Ok(added.result)
     };
-    let mut reply = answer(shim, call, Some(Class::Add), run)
+    let mut reply = answer(node, call, Some(Class::Add), run)
         .await?
         .into_inner();
     if matches!(reply.outcome, Some(Outcome::Result(_))) {
@@ -208,7 +208,7 @@ impl Cni for Service {
     ) -> Result<Response<Self::AddEarlyStream>, Status> {
         let caller = Caller::of(&r);
         let req = r.into_inner();
-        let shim = Arc::clone(&self.0);
+        let node = Arc::clone(&self.0);
         let (tx, out) = tokio::sync::mpsc::channel(2);
         tokio::spawn(async move {
             let (early_tx, early_rx) = tokio::sync::oneshot::channel::<Vec<u8>>();
@@ -226,7 +226,7 @@ impl Cni for Service {
                     let _ = tx.send(Ok(early)).await;
                 }
             };
-            let handler = add(&shim, caller, req, crate::core::attach::Early::to(early_tx));
+            let handler = add(&node, caller, req, crate::core::attach::Early::to(early_tx));
             let (last, ()) = tokio::join!(handler, forward);
             let _ = tx.send(last).await;
         });

@@ -37,12 +37,12 @@ const LAST_IP_SETTING: &str = "agent/last-ip/";
 
 /// At start: if the configured roles changed since the last start, the operator's new
 /// configuration wins over roles the agent allocated or released at runtime.
-pub async fn init(shim: &Node) -> Result<(), ShimError> {
-    let Some(cfg) = shim.agent.config.clone() else {
-        return keep_unmanaged(shim).await;
+pub async fn init(node: &Node) -> Result<(), ShimError> {
+    let Some(cfg) = node.agent.config.clone() else {
+        return keep_unmanaged(node).await;
     };
     let flags = cfg.roles.iter().cloned().collect::<Vec<_>>().join(",");
-    shim.ledger(move |l| {
+    node.ledger(move |l| {
         if l.setting(FLAGS_SETTING)?.as_deref() != Some(flags.as_str()) {
             for (name, _) in l.settings(ROLE_SETTING)? {
                 l.set_setting(&name, None)?;
@@ -52,8 +52,8 @@ pub async fn init(shim: &Node) -> Result<(), ShimError> {
         Ok(())
     })
     .await?;
-    let records = shim.ledger(|l| l.list(None)).await?;
-    shim.agent.reindex(&records);
+    let records = node.ledger(|l| l.list(None)).await?;
+    node.agent.reindex(&records);
     Ok(())
 }
 
@@ -68,9 +68,9 @@ pub const KEPT_UNMANAGED: &str = "kept: agent management is off (dipamd has no -
 /// take the agent's addresses away after a restart that merely lost a flag, so they are kept,
 /// indexed (no pod gets one) and listed by `dipamctl agent list`, status and doctor with the
 /// reason and what releases them.
-async fn keep_unmanaged(shim: &Node) -> Result<(), ShimError> {
-    let records = shim.ledger(|l| l.list(None)).await?;
-    shim.agent.reindex(&records);
+async fn keep_unmanaged(node: &Node) -> Result<(), ShimError> {
+    let records = node.ledger(|l| l.list(None)).await?;
+    node.agent.reindex(&records);
     let kept: Vec<AgentAddress> = records
         .iter()
         .filter_map(|r| {
@@ -104,14 +104,14 @@ async fn keep_unmanaged(shim: &Node) -> Result<(), ShimError> {
             "agent records in the ledger while agent management is off: {KEPT_UNMANAGED}"
         );
     }
-    shim.agent.publish(kept, String::new());
-    report_addresses(shim);
+    node.agent.publish(kept, String::new());
+    report_addresses(node);
     Ok(())
 }
 
 /// Enables (`on`) or disables a role at runtime; persists across restarts until the
 /// configured roles change.
-pub async fn set_role(shim: &Node, role: &str, on: bool) -> Result<(), ShimError> {
+pub async fn set_role(node: &Node, role: &str, on: bool) -> Result<(), ShimError> {
     if !ROLES.contains(&role) {
         // Never the role itself in full: a 1 MiB role echoed into the status message broke
         // the client's HTTP/2 header limit.
@@ -120,7 +120,7 @@ pub async fn set_role(shim: &Node, role: &str, on: bool) -> Result<(), ShimError
             details: format!("roles are {}", ROLES.join(", ")),
         });
     }
-    if shim.agent.config.is_none() {
+    if node.agent.config.is_none() {
         return Err(ShimError::Config {
             msg: "agent addresses are not configured".into(),
             details: "start dipamd with --conflist (or --conf-dir and --network) and --node-name"
@@ -129,12 +129,12 @@ pub async fn set_role(shim: &Node, role: &str, on: bool) -> Result<(), ShimError
     }
     let name = format!("{ROLE_SETTING}{role}");
     let value = if on { "on" } else { "off" };
-    shim.ledger(move |l| l.set_setting(&name, Some(value)))
+    node.ledger(move |l| l.set_setting(&name, Some(value)))
         .await
 }
 
-async fn effective_roles(shim: &Node, cfg: &AgentConfig) -> Result<BTreeSet<String>, ShimError> {
-    let overrides = shim.ledger(|l| l.settings(ROLE_SETTING)).await?;
+async fn effective_roles(node: &Node, cfg: &AgentConfig) -> Result<BTreeSet<String>, ShimError> {
+    let overrides = node.ledger(|l| l.settings(ROLE_SETTING)).await?;
     let mut roles = cfg.roles.clone();
     for (name, value) in overrides {
         let role = name.trim_start_matches(ROLE_SETTING).to_owned();
@@ -151,12 +151,12 @@ async fn effective_roles(shim: &Node, cfg: &AgentConfig) -> Result<BTreeSet<Stri
 }
 
 /// One reconcile pass. Publishes the resulting list for List and Watch.
-pub async fn pass(shim: &Node) -> Result<(), ShimError> {
-    let Some(cfg) = shim.agent.config.clone() else {
+pub async fn pass(node: &Node) -> Result<(), ShimError> {
+    let Some(cfg) = node.agent.config.clone() else {
         return Ok(());
     };
-    let _one = shim.agent.pass.lock().await;
-    let roles = effective_roles(shim, &cfg).await?;
+    let _one = node.agent.pass.lock().await;
+    let roles = effective_roles(node, &cfg).await?;
     let slots: Vec<Slot> = roles
         .iter()
         .flat_map(|r| cfg.families.iter().map(move |f| (r, *f)))
@@ -166,20 +166,20 @@ pub async fn pass(shim: &Node) -> Result<(), ShimError> {
         Ok(b) => b,
         Err(missing) => {
             let waiting = missing.to_string();
-            if shim.agent.snapshot().waiting != waiting {
+            if node.agent.snapshot().waiting != waiting {
                 warn!("{waiting}; agent addresses wait, pod requests are served meanwhile");
             }
             let pending = slots
                 .iter()
                 .map(|s| address(s, "", None, "pending", &waiting))
                 .collect();
-            shim.agent.publish(pending, waiting);
-            report_addresses(shim);
+            node.agent.publish(pending, waiting);
+            report_addresses(node);
             return Ok(());
         }
     };
 
-    let records: Vec<AttachmentRecord> = shim
+    let records: Vec<AttachmentRecord> = node
         .ledger(|l| l.list(None))
         .await?
         .into_iter()
@@ -191,7 +191,7 @@ pub async fn pass(shim: &Node) -> Result<(), ShimError> {
         let key = AttachmentKey::new(&base.network, &slot.container_id, &slot.ifname);
         wanted.push(key.clone());
         let existing = records.iter().find(|r| r.key == key).cloned();
-        let a = match establish(shim, &base, slot, &key, existing).await {
+        let a = match establish(node, &base, slot, &key, existing).await {
             Ok(a) => a,
             Err(e) => {
                 warn!(role = %slot.role, family = slot.family.as_str(), error = %e, "agent address not established; will retry");
@@ -201,8 +201,8 @@ pub async fn pass(shim: &Node) -> Result<(), ShimError> {
         addresses.push(a);
     }
     for rec in records.iter().filter(|r| !wanted.contains(&r.key)) {
-        let _guard = shim.locks.lock(&rec.key).await;
-        match release(shim, rec).await {
+        let _guard = node.locks.lock(&rec.key).await;
+        match release(node, rec).await {
             Ok(()) => {
                 info!(key = %rec.key, owner = %rec.owner.label(), "agent address released (role disabled)")
             }
@@ -236,37 +236,37 @@ pub async fn pass(shim: &Node) -> Result<(), ShimError> {
             }
         }
     }
-    let records = shim.ledger(|l| l.list(None)).await?;
-    shim.agent.reindex(&records);
-    shim.agent.publish(addresses, String::new());
-    report_addresses(shim);
+    let records = node.ledger(|l| l.list(None)).await?;
+    node.agent.reindex(&records);
+    node.agent.publish(addresses, String::new());
+    report_addresses(node);
     Ok(())
 }
 
 /// Reports the published agent addresses by state (the metrics' gauge).
-fn report_addresses(shim: &Node) {
-    if !shim.events.listened() {
+fn report_addresses(node: &Node) {
+    if !node.events.listened() {
         return;
     }
     let mut by: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
-    for a in shim.agent.snapshot().addresses {
+    for a in node.agent.snapshot().addresses {
         *by.entry(a.state).or_default() += 1;
     }
     let rows: Vec<(&str, u64)> = by.iter().map(|(s, n)| (s.as_str(), *n)).collect();
-    shim.events
+    node.events
         .emit(crate::events::Event::AgentAddresses(&rows));
 }
 
 /// The retry loop: passes until every address is established, then a periodic CHECK.
-pub async fn run(shim: std::sync::Arc<Node>, check_every: Duration) {
-    if shim.agent.config.is_none() {
+pub async fn run(node: std::sync::Arc<Node>, check_every: Duration) {
+    if node.agent.config.is_none() {
         return;
     }
     loop {
-        if let Err(e) = pass(&shim).await {
+        if let Err(e) = pass(&node).await {
             warn!(error = %e, "agent reconcile pass failed");
         }
-        let snap = shim.agent.snapshot();
+        let snap = node.agent.snapshot();
         let delay = if !snap.waiting.is_empty() {
             // Watching for the conflist: cheap (one stat), and the agent's addresses follow
             // within half a second of the file appearing.
@@ -278,7 +278,7 @@ pub async fn run(shim: std::sync::Arc<Node>, check_every: Duration) {
         };
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
-            () = shim.agent.wake.notified() => {}
+            () = node.agent.wake.notified() => {}
         }
     }
 }
@@ -328,7 +328,7 @@ fn address(
 }
 
 /// Builds the ADD/DEL/CHECK request for a slot, the way a runtime would call dipam.
-fn prepare(shim: &Node, base: &Base, slot: &Slot, command: &str) -> Result<Prepared, ShimError> {
+fn prepare(node: &Node, base: &Base, slot: &Slot, command: &str) -> Result<Prepared, ShimError> {
     let req = CniRequest {
         protocol_version: dipam_proto::PROTOCOL_VERSION,
         request_id: format!("agent-{}-{}", slot.role, slot.family.as_str()),
@@ -347,7 +347,7 @@ fn prepare(shim: &Node, base: &Base, slot: &Slot, command: &str) -> Result<Prepa
         }),
         retired_link: None,
     };
-    let mut p = shim.prepare(req, true, crate::access::Caller::ROOT)?;
+    let mut p = node.prepare(req, true, crate::access::Caller::ROOT)?;
     // host-local hands out one address per range set: keep only this family's, so that
     // each (role, family) holds exactly one address.
     if p.dc.kind == "host-local"
@@ -389,13 +389,13 @@ fn request_ip(p: &mut Prepared, ip: IpAddr) {
 
 /// Makes one enabled slot hold its address; returns what the agent should see.
 async fn establish(
-    shim: &Node,
+    node: &Node,
     base: &Base,
     slot: &Slot,
     key: &AttachmentKey,
     existing: Option<AttachmentRecord>,
 ) -> Result<AgentAddress, ShimError> {
-    let _guard = shim.locks.lock(key).await;
+    let _guard = node.locks.lock(key).await;
     let owner = Owner::Agent {
         role: slot.role.clone(),
     };
@@ -403,7 +403,7 @@ async fn establish(
     let mut message = String::new();
     match existing {
         Some(rec) if rec.state == AttachmentState::Committed => {
-            match verify(shim, base, slot, &rec).await {
+            match verify(node, base, slot, &rec).await {
                 Ok(()) => {
                     return Ok(address(
                         slot,
@@ -416,11 +416,11 @@ async fn establish(
                 Err(why) => {
                     requested = mine(&rec, slot.family);
                     warn!(key = %key, reason = %error_text(&why), "the delegate no longer holds this agent address; re-establishing it");
-                    release(shim, &rec).await.ok();
-                    shim.agent
+                    release(node, &rec).await.ok();
+                    node.agent
                         .reestablished
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    shim.events.emit(crate::events::Event::AgentReestablished);
+                    node.events.emit(crate::events::Event::AgentReestablished);
                     message = format!(
                         "re-established: the delegate had lost it ({})",
                         error_text(&why)
@@ -430,17 +430,17 @@ async fn establish(
         }
         Some(rec) => {
             requested = mine(&rec, slot.family);
-            release(shim, &rec).await?;
+            release(node, &rec).await?;
         }
         None => {
             // A reservation from a previous life under the same key (ledger lost, or a crash
             // before the intent of a much older version) would make host-local refuse the ADD
             // as a duplicate: DEL first, ignoring "not found".
-            let p = prepare(shim, base, slot, "DEL")?;
-            let (probe, send) = shim.resolve(&p.dc, "").await?;
+            let p = prepare(node, base, slot, "DEL")?;
+            let (probe, send) = node.resolve(&p.dc, "").await?;
             let mut dc = p.dc.clone();
             if dc.inject_for_del(None) {
-                let _ = shim
+                let _ = node
                     .run_delegate(&p, &probe, "DEL", dc.bytes_for(send)?)
                     .await;
             }
@@ -448,18 +448,18 @@ async fn establish(
     }
     if requested.is_none() {
         let name = format!("{LAST_IP_SETTING}{}", slot.container_id);
-        requested = shim
+        requested = node
             .ledger(move |l| l.setting(&name))
             .await?
             .and_then(|s| s.parse().ok());
     }
 
-    let mut p = prepare(shim, base, slot, "ADD")?;
+    let mut p = prepare(node, base, slot, "ADD")?;
     if let Some(ip) = requested {
         request_ip(&mut p, ip);
     }
     let added = match crate::core::attach::attach(
-        shim,
+        node,
         &p,
         owner.clone(),
         &mut crate::core::attach::Early::default(),
@@ -475,9 +475,9 @@ async fn establish(
                 "address changed: {} was not available",
                 requested.map(|i| i.to_string()).unwrap_or_default()
             );
-            let p = prepare(shim, base, slot, "ADD")?;
+            let p = prepare(node, base, slot, "ADD")?;
             crate::core::attach::attach(
-                shim,
+                node,
                 &p,
                 owner.clone(),
                 &mut crate::core::attach::Early::default(),
@@ -493,8 +493,8 @@ async fn establish(
         .find(|ip| slot.family.matches(ip))
     else {
         // The delegate answered with another family only (a pool of the wrong family).
-        if let Some(rec) = shim.lookup(key)? {
-            release(shim, &rec).await.ok();
+        if let Some(rec) = node.lookup(key)? {
+            release(node, &rec).await.ok();
         }
         return Err(ShimError::Config {
             msg: format!("the delegate gave no {} address", slot.family.as_str()),
@@ -503,7 +503,7 @@ async fn establish(
     };
     let name = format!("{LAST_IP_SETTING}{}", slot.container_id);
     let text = ip.to_string();
-    shim.ledger(move |l| l.set_setting(&name, Some(&text)))
+    node.ledger(move |l| l.set_setting(&name, Some(&text)))
         .await?;
     if message.is_empty() {
         info!(key = %key, %ip, "agent address established");
@@ -531,13 +531,13 @@ fn mine(rec: &AttachmentRecord, family: Family) -> Option<IpAddr> {
 
 /// CHECKs a committed agent address with the delegate, where its version has CHECK.
 async fn verify(
-    shim: &Node,
+    node: &Node,
     base: &Base,
     slot: &Slot,
     rec: &AttachmentRecord,
 ) -> Result<(), ShimError> {
-    let mut p = prepare(shim, base, slot, "CHECK")?;
-    let (probe, send) = shim.resolve(&p.dc, "").await?;
+    let mut p = prepare(node, base, slot, "CHECK")?;
+    let (probe, send) = node.resolve(&p.dc, "").await?;
     let effective = crate::core::Core::effective(&p.dc, send);
     let floor = rscni_types::version::SpecVersion::new(0, 4, 0);
     if !(crate::core::Core::delegate_allows(&probe, effective, floor) && effective >= floor) {
@@ -552,21 +552,21 @@ async fn verify(
     p.dc.conf["prevResult"] = serde_json::from_slice(&version::render(p.dc.version, parsed)?)
         .map_err(|e| ShimError::Internal(e.to_string()))?;
     let stdin = p.dc.bytes_for(send)?;
-    shim.run_delegate(&p, &probe, "CHECK", stdin)
+    node.run_delegate(&p, &probe, "CHECK", stdin)
         .await
         .map(|_| ())
 }
 
 /// Releases a recorded agent address and forgets it (caller holds the key's lock).
-async fn release(shim: &Node, rec: &AttachmentRecord) -> Result<(), ShimError> {
+async fn release(node: &Node, rec: &AttachmentRecord) -> Result<(), ShimError> {
     if rec.state != AttachmentState::Deleting {
         let mut marked = rec.clone();
         marked.state = AttachmentState::Deleting;
-        shim.ledger(move |l| l.put(&marked)).await?;
+        node.ledger(move |l| l.put(&marked)).await?;
     }
-    shim.release_recorded(rec).await?;
+    node.release_recorded(rec).await?;
     let key = rec.key.clone();
-    shim.ledger(move |l| l.remove(&key)).await?;
-    shim.attachment_delta(rec, -1);
+    node.ledger(move |l| l.remove(&key)).await?;
+    node.attachment_delta(rec, -1);
     Ok(())
 }

@@ -311,7 +311,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     let mut observers = counters;
     observers.push(std::sync::Arc::new(recorder));
     executor.events = crate::events::Events::new(observers);
-    let shim = Node::new(
+    let node = Node::new(
         store,
         executor,
         Identity {
@@ -328,42 +328,42 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         crate::access::Admission::new(args.max_concurrent, args.max_queue, Duration::from_secs(10)),
     );
     for denied in kills_denied {
-        shim.denials.note("start-up", denied);
+        node.denials.note("start-up", denied);
     }
-    shim.pool.configure(crate::pool::PoolConfig {
+    node.pool.configure(crate::pool::PoolConfig {
         size: args.warm_pool,
         node: pool_node,
         namespace: args.agent_namespace.clone(),
     });
-    let _ = shim.history.set(history);
+    let _ = node.history.set(history);
     // Without the worker, main-mode plugins simply delete their veths themselves (slower
     // DEL, same outcome), so a failure here is a warning, not a reason not to serve.
-    match crate::teardown::Teardown::start(shim.denials.clone(), shim.events.clone()) {
+    match crate::teardown::Teardown::start(node.denials.clone(), node.events.clone()) {
         Ok(td) => {
-            let _ = shim.teardown.set(td);
+            let _ = node.teardown.set(td);
         }
         Err(e) => {
             tracing::warn!(error = %e, "cannot start the veth teardown worker; plugins will delete pod veths themselves")
         }
     }
-    if let Ok(mut u) = shim.spool.unpublished.lock() {
+    if let Ok(mut u) = node.spool.unpublished.lock() {
         *u = unpublished;
     }
     if let Some(prev) = inherited
-        && let Ok(mut i) = shim.spool.inherited.lock()
+        && let Ok(mut i) = node.spool.inherited.lock()
     {
         info!(previous = %prev.display(), spool = %spool_dir.display(), "a previous dipamd of this socket published another spool; its DELs are taken over");
         i.push(prev);
     }
-    census(&shim).await?;
-    let replay = replay::replay(&shim).await?;
+    census(&node).await?;
+    let replay = replay::replay(&node).await?;
     // Releases the plugin could not deliver while dipamd was down, before any ADD can take
     // their addresses' place (F3).
-    let drained = spool::drain::drain_all(&shim, &spool_dir).await;
+    let drained = spool::drain::drain_all(&node, &spool_dir).await;
     if drained != spool::Drained::default() {
         info!(released = drained.released, kept = drained.kept, failed = drained.failed, spool = %spool_dir.display(), "spooled DELs replayed");
     }
-    let attachments = shim.ledger(|l| l.count()).await?;
+    let attachments = node.ledger(|l| l.count()).await?;
     info!(
         version = env!("CARGO_PKG_VERSION"),
         state_dir = %args.state_dir.display(),
@@ -374,13 +374,13 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     );
     // After the replay: entries it could not release, and every entry when the pool is off,
     // are released by the refiller; the rest are ready to hand out.
-    crate::pool::refill::init(&shim).await?;
+    crate::pool::refill::init(&node).await?;
     // The agent's addresses before the first pod, when the conflist is there: otherwise a pod
     // could take the address the agent held before this restart.
-    agent::reconcile::init(&shim).await?;
-    agent::reconcile::pass(&shim).await?;
+    agent::reconcile::init(&node).await?;
+    agent::reconcile::pass(&node).await?;
     // Before the first ADD: a delegate store that cannot be trusted must refuse it.
-    if let Err(e) = divergence::round(&shim, false).await {
+    if let Err(e) = divergence::round(&node, false).await {
         tracing::warn!(error = %e, "first ledger/store reconcile failed");
     }
     let group = match &args.socket_group {
@@ -399,14 +399,14 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     };
     // DELs the plugin spooled during the start (it could not connect until now) are released
     // before the first ADD is accepted; connections wait in the backlog meanwhile.
-    let late = spool::drain::drain_all(&shim, &spool_dir).await;
+    let late = spool::drain::drain_all(&node, &spool_dir).await;
     if late != spool::Drained::default() {
         info!(released = late.released, kept = late.kept, failed = late.failed, spool = %spool_dir.display(), "DELs spooled during start replayed");
     }
     info!(socket = %args.socket.display(), spool = %spool_dir.display(), cni_path = %args.cni_path, "serving");
     tokio::spawn(crate::trim::run());
     tokio::spawn(agent::reconcile::run(
-        std::sync::Arc::clone(&shim),
+        std::sync::Arc::clone(&node),
         Duration::from_secs_f64(args.agent_check_interval.max(1.0)),
     ));
     if let Some(addr) = args.metrics_address {
@@ -423,14 +423,14 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
             tokio::spawn(crate::metrics::serve_unix(std::sync::Arc::clone(m), l));
         }
     }
-    tokio::spawn(crate::pool::refill::run(std::sync::Arc::clone(&shim)));
+    tokio::spawn(crate::pool::refill::run(std::sync::Arc::clone(&node)));
     tokio::spawn(spool::drain::run(
-        std::sync::Arc::clone(&shim),
+        std::sync::Arc::clone(&node),
         spool_dir,
         Duration::from_secs(5),
     ));
     tokio::spawn(divergence::run(
-        std::sync::Arc::clone(&shim),
+        std::sync::Arc::clone(&node),
         Duration::from_secs_f64(args.reconcile_interval.max(0.0)),
         args.reconcile_free,
     ));
@@ -439,7 +439,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         admin_uids: args.admin_uids.clone(),
     };
     server::serve(
-        shim,
+        node,
         listener,
         &args.socket,
         peers,
@@ -477,18 +477,18 @@ pub fn tune_allocator() {
 
 /// Reports the ledger's attachments by owner and network, whole, before anything changes
 /// them: from here on every record and release reports its own change (the metrics' gauge).
-async fn census(shim: &Node) -> Result<(), DaemonError> {
-    if !shim.events.listened() {
+async fn census(node: &Node) -> Result<(), DaemonError> {
+    if !node.events.listened() {
         return Ok(());
     }
-    let records = shim.ledger(|l| l.list(None)).await?;
+    let records = node.ledger(|l| l.list(None)).await?;
     let mut by: std::collections::BTreeMap<(String, String), u64> = Default::default();
     for r in &records {
         *by.entry((r.owner.label(), r.key.network.clone()))
             .or_default() += 1;
     }
     for ((owner, network), count) in &by {
-        shim.events.emit(crate::events::Event::Attachments {
+        node.events.emit(crate::events::Event::Attachments {
             network,
             owner,
             count: *count,

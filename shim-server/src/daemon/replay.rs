@@ -14,20 +14,20 @@ pub struct Replay {
     pub failed: usize,
 }
 
-pub async fn replay(shim: &Node) -> Result<Replay, ShimError> {
-    let records = shim.ledger(|l| l.list(None)).await?;
+pub async fn replay(node: &Node) -> Result<Replay, ShimError> {
+    let records = node.ledger(|l| l.list(None)).await?;
     let mut out = Replay::default();
     for rec in records
         .into_iter()
         .filter(|r| r.state != AttachmentState::Committed)
     {
-        let _guard = shim.locks.lock(&rec.key).await;
-        match shim.release_recorded(&rec).await {
+        let _guard = node.locks.lock(&rec.key).await;
+        match node.release_recorded(&rec).await {
             Ok(()) => {
                 let key = rec.key.clone();
-                shim.ledger(move |l| l.remove(&key)).await?;
-                shim.attachment_delta(&rec, -1);
-                shim.events.emit(crate::events::Event::IntentReplayed);
+                node.ledger(move |l| l.remove(&key)).await?;
+                node.attachment_delta(&rec, -1);
+                node.events.emit(crate::events::Event::IntentReplayed);
                 info!(key = %rec.key, state = rec.state.as_str(), "replayed an interrupted operation: released");
                 out.released += 1;
             }

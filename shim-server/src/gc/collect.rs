@@ -24,7 +24,7 @@ use crate::{
 /// Plans and (unless `dry_run`) runs GC of the network of `dc`. `force` overrides the share
 /// interlock (`dipamctl gc --force`); nothing else does.
 pub async fn collect(
-    shim: &Node,
+    node: &Node,
     dc: &DelegateConf,
     cni_path: &str,
     valid: Valid,
@@ -32,11 +32,11 @@ pub async fn collect(
     force: bool,
 ) -> Result<Plan, ShimError> {
     let network = dc.network.clone();
-    let _exclusive = shim.locks.exclusive(&network).await;
+    let _exclusive = node.locks.exclusive(&network).await;
     let net = network.clone();
-    let records: Vec<AttachmentRecord> = shim.ledger(move |l| l.list(Some(&net))).await?;
+    let records: Vec<AttachmentRecord> = node.ledger(move |l| l.list(Some(&net))).await?;
     let t = now();
-    let grace = shim.gc.grace.as_secs();
+    let grace = node.gc.grace.as_secs();
 
     let listed: HashSet<(String, String)> = match &valid {
         Valid::List(l) => l.iter().cloned().collect(),
@@ -125,11 +125,11 @@ pub async fn collect(
     // The share interlock (calico#5044: a bad list once freed every healthy pod). It holds at
     // every size: freeing the only pod of a network, or both of two, is exactly what a
     // truncated list does, so it takes an operator's --force (or --gc-max-free-share 1).
-    if !force && !stale.is_empty() && stale.len() as f64 > shim.gc.max_free_share * pods as f64 {
-        shim.gc_stats
+    if !force && !stale.is_empty() && stale.len() as f64 > node.gc.max_free_share * pods as f64 {
+        node.gc_stats
             .refused
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        shim.events.emit(crate::events::Event::GcRefused);
+        node.events.emit(crate::events::Event::GcRefused);
         return Err(ShimError::GcRefused {
             network,
             reason: format!(
@@ -137,7 +137,7 @@ pub async fn collect(
                  allowed share {:.0}% (dipamd --gc-max-free-share; `dipamctl gc --force \
                  --dry-run` shows what it would free, and without --dry-run frees it)",
                 stale.len(),
-                shim.gc.max_free_share * 100.0
+                node.gc.max_free_share * 100.0
             ),
         });
     }
@@ -164,7 +164,7 @@ pub async fn collect(
         })
         .collect();
 
-    let (probe, send) = shim.resolve(dc, cni_path).await?;
+    let (probe, send) = node.resolve(dc, cni_path).await?;
     let native_gc = probe.supported.contains(&SpecVersion::new(1, 1, 0));
     // Orphans: in the delegate's own store, unknown to the ledger and to the valid set.
     let mut orphans = Vec::new();
@@ -192,7 +192,7 @@ pub async fn collect(
             let age = r
                 .modified
                 .and_then(|m| SystemTime::now().duration_since(m).ok());
-            let young = age.is_some_and(|d| d < shim.gc.grace);
+            let young = age.is_some_and(|d| d < node.gc.grace);
             if listed || young {
                 let mut why = Vec::new();
                 if listed {
@@ -251,15 +251,15 @@ pub async fn collect(
         marked.state = AttachmentState::Deleting;
         marked.updated_at = t;
         let outcome = async {
-            shim.ledger(move |l| l.put(&marked)).await?;
-            shim.release_recorded(rec).await?;
+            node.ledger(move |l| l.put(&marked)).await?;
+            node.release_recorded(rec).await?;
             let key = rec.key.clone();
-            shim.ledger(move |l| l.remove(&key)).await?;
-            shim.attachment_delta(rec, -1);
+            node.ledger(move |l| l.remove(&key)).await?;
+            node.attachment_delta(rec, -1);
             Ok(())
         }
         .await;
-        finish(shim, it, outcome);
+        finish(node, it, outcome);
     }
     if native_gc {
         let mut conf = dc.conf.clone();
@@ -271,11 +271,11 @@ pub async fn collect(
         conf["cni.dev/attachments"] = Value::Array(list);
         let inv = Invocation {
             command: "GC".into(),
-            path: shim.exec.delegate_cni_path(cni_path),
+            path: node.exec.delegate_cni_path(cni_path),
             stdin: serde_json::to_vec(&conf).map_err(|e| ShimError::Internal(e.to_string()))?,
             ..Invocation::default()
         };
-        shim.exec.call(&dc.kind, &probe, &inv).await?;
+        node.exec.call(&dc.kind, &probe, &inv).await?;
         info!(network = %network, delegate = %dc.kind, kept = delegate_keep.len(), "delegate GC run with the augmented valid list");
     }
     for (r, it) in orphans.iter().zip(items.iter_mut().skip(n)) {
@@ -296,14 +296,14 @@ pub async fn collect(
                 } else {
                     r.ifname.clone()
                 },
-                path: shim.exec.delegate_cni_path(cni_path),
+                path: node.exec.delegate_cni_path(cni_path),
                 stdin: d.bytes_for(send)?,
                 ..Invocation::default()
             };
-            shim.exec.call(&dc.kind, &probe, &inv).await.map(|_| ())
+            node.exec.call(&dc.kind, &probe, &inv).await.map(|_| ())
         }
         .await;
-        finish(shim, it, outcome);
+        finish(node, it, outcome);
     }
     Ok(Plan {
         items,
@@ -311,14 +311,14 @@ pub async fn collect(
     })
 }
 
-fn finish(shim: &Node, it: &mut GcItem, outcome: Result<(), ShimError>) {
+fn finish(node: &Node, it: &mut GcItem, outcome: Result<(), ShimError>) {
     match outcome {
         Ok(()) => {
             it.outcome = "freed".into();
-            shim.gc_stats
+            node.gc_stats
                 .freed
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            shim.events.emit(crate::events::Event::GcFreed(1));
+            node.events.emit(crate::events::Event::GcFreed(1));
             info!(kind = %it.kind, container_id = %it.container_id, ifname = %it.ifname, ips = ?it.ips, reason = %it.reason, "GC freed");
         }
         Err(e) => {
@@ -334,7 +334,7 @@ mod tests {
     use dipam_state::{AttachmentKey, MemStore};
 
     use super::*;
-    use crate::rpc::tests::{request, scripted_shim};
+    use crate::rpc::tests::{request, scripted_node};
 
     const SCRIPT: &str = r#"#!/bin/sh
 d=$(dirname "$0")
@@ -370,11 +370,11 @@ esac
     async fn bench(
         records: Vec<AttachmentRecord>,
     ) -> (tempfile::TempDir, std::sync::Arc<Node>, DelegateConf) {
-        let (dir, shim) = scripted_shim(SCRIPT, std::sync::Arc::new(MemStore::new()));
+        let (dir, node) = scripted_node(SCRIPT, std::sync::Arc::new(MemStore::new()));
         for r in records {
-            shim.ledger(move |l| l.put(&r)).await.unwrap();
+            node.ledger(move |l| l.put(&r)).await.unwrap();
         }
-        let dc = shim
+        let dc = node
             .prepare(
                 request("", "1.1.0", json!({})),
                 false,
@@ -382,7 +382,7 @@ esac
             )
             .unwrap()
             .dc;
-        (dir, shim, dc)
+        (dir, node, dc)
     }
 
     fn list(ids: &[&str]) -> Valid {
@@ -396,7 +396,7 @@ esac
     #[tokio::test]
     async fn a_plan_says_why_it_keeps_each_attachment() {
         let old = now() - 1000; // older than the default grace (60 s)
-        let (_d, shim, dc) = bench(vec![
+        let (_d, node, dc) = bench(vec![
             rec("listed", Owner::Pod, AttachmentState::Committed, old),
             rec("stale", Owner::Pod, AttachmentState::Committed, old),
             rec("young", Owner::Pod, AttachmentState::Committed, now()),
@@ -417,7 +417,7 @@ esac
             ),
         ])
         .await;
-        let plan = collect(&shim, &dc, "", list(&["listed"]), true, false)
+        let plan = collect(&node, &dc, "", list(&["listed"]), true, false)
             .await
             .unwrap();
         let freed: Vec<_> = plan.items.iter().map(|i| i.container_id.as_str()).collect();
@@ -444,7 +444,7 @@ esac
             ]
         );
         assert!(
-            shim.lookup(&AttachmentKey::new("net", "stale", "eth0"))
+            node.lookup(&AttachmentKey::new("net", "stale", "eth0"))
                 .unwrap()
                 .is_some(),
             "a dry run freed"
@@ -455,44 +455,44 @@ esac
     async fn freeing_all_of_a_small_network_takes_force() {
         let old = now() - 1000;
         // One pod, not in the list: 1 of 1.
-        let (_d, shim, dc) = bench(vec![rec(
+        let (_d, node, dc) = bench(vec![rec(
             "only",
             Owner::Pod,
             AttachmentState::Committed,
             old,
         )])
         .await;
-        let e = collect(&shim, &dc, "", list(&["other"]), false, false)
+        let e = collect(&node, &dc, "", list(&["other"]), false, false)
             .await
             .unwrap_err();
         assert!(matches!(e, ShimError::GcRefused { .. }), "{e:?}");
         assert!(
-            shim.lookup(&AttachmentKey::new("net", "only", "eth0"))
+            node.lookup(&AttachmentKey::new("net", "only", "eth0"))
                 .unwrap()
                 .is_some()
         );
-        let plan = collect(&shim, &dc, "", list(&["other"]), false, true)
+        let plan = collect(&node, &dc, "", list(&["other"]), false, true)
             .await
             .unwrap();
         assert_eq!(plan.items[0].outcome, "freed", "{:?}", plan.items);
         assert!(
-            shim.lookup(&AttachmentKey::new("net", "only", "eth0"))
+            node.lookup(&AttachmentKey::new("net", "only", "eth0"))
                 .unwrap()
                 .is_none()
         );
 
         // Two pods: both is refused, one of two is not.
-        let (_d, shim, dc) = bench(vec![
+        let (_d, node, dc) = bench(vec![
             rec("a", Owner::Pod, AttachmentState::Committed, old),
             rec("b", Owner::Pod, AttachmentState::Committed, old),
         ])
         .await;
         assert!(
-            collect(&shim, &dc, "", list(&["other"]), false, false)
+            collect(&node, &dc, "", list(&["other"]), false, false)
                 .await
                 .is_err()
         );
-        let plan = collect(&shim, &dc, "", list(&["a"]), false, false)
+        let plan = collect(&node, &dc, "", list(&["a"]), false, false)
             .await
             .unwrap();
         assert_eq!(plan.items.len(), 1);

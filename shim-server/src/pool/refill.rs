@@ -25,22 +25,22 @@ use crate::{
 /// At start, after the replay: index the ledger's committed pool entries, load the templates,
 /// and doom what must go (every entry when the pool is off; entries the replay could not
 /// release). The refiller ([`run`]) does the rest.
-pub async fn init(shim: &Node) -> Result<(), ShimError> {
-    let size = shim.pool.size();
-    let node = shim
+pub async fn init(node: &Node) -> Result<(), ShimError> {
+    let size = node.pool.size();
+    let node_name = node
         .pool
         .config
         .get()
         .map(|c| c.node.clone())
         .unwrap_or_default();
-    let records = shim.ledger(|l| l.list(None)).await?;
-    let settings = shim.ledger(|l| l.settings(TEMPLATE_SETTING)).await?;
+    let records = node.ledger(|l| l.list(None)).await?;
+    let settings = node.ledger(|l| l.settings(TEMPLATE_SETTING)).await?;
     let mut max_id = 0;
     let mut entries: Vec<AttachmentRecord> = Vec::new();
     let mut doomed = Vec::new();
     for r in &records {
         for id in [r.key.container_id.as_str(), r.delegate_ids().0] {
-            if let Some(n) = entry_number(id, &node) {
+            if let Some(n) = entry_number(id, &node_name) {
                 max_id = max_id.max(n + 1);
             }
         }
@@ -55,7 +55,7 @@ pub async fn init(shim: &Node) -> Result<(), ShimError> {
     entries.sort_by_key(|r| {
         (
             r.created_at,
-            entry_number(&r.key.container_id, &node).unwrap_or(u64::MAX),
+            entry_number(&r.key.container_id, &node_name).unwrap_or(u64::MAX),
         )
     });
     let mut templates = HashMap::new();
@@ -70,7 +70,7 @@ pub async fn init(shim: &Node) -> Result<(), ShimError> {
             Ok(_) => {
                 // Off: forget the templates too, so a later run starts from what it sees.
                 let name = name.clone();
-                shim.ledger(move |l| l.set_setting(&name, None)).await?;
+                node.ledger(move |l| l.set_setting(&name, None)).await?;
             }
             Err(e) => {
                 warn!(setting = %name, error = %e, "warm pool: ignoring an unreadable template")
@@ -78,7 +78,7 @@ pub async fn init(shim: &Node) -> Result<(), ShimError> {
         }
     }
     let ready_count = entries.len();
-    let mut st = shim.pool.lock();
+    let mut st = node.pool.lock();
     for r in entries {
         st.ready
             .entry((r.key.network.clone(), r.config_digest.clone()))
@@ -96,47 +96,47 @@ pub async fn init(shim: &Node) -> Result<(), ShimError> {
     }
     st.doomed = doomed;
     drop(st);
-    shim.pool.next_id.store(max_id, Ordering::Relaxed);
+    node.pool.next_id.store(max_id, Ordering::Relaxed);
     if size > 0 {
         info!(size, ready = ready_count, "warm pool on");
     }
-    report_levels(shim);
+    report_levels(node);
     Ok(())
 }
 
 /// The refiller: keeps every network's pool at its size and releases what must go. One task
 /// for all networks; woken by takes and new templates, and by its own retry timers.
-pub async fn run(shim: Arc<Node>) {
+pub async fn run(node: Arc<Node>) {
     loop {
-        let wait = step(&shim).await;
+        let wait = step(&node).await;
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
-            () = shim.pool.wake.notified() => {}
+            () = node.pool.wake.notified() => {}
         }
     }
 }
 
 /// One round; returns how long to sleep unless woken.
-pub(super) async fn step(shim: &Node) -> Duration {
+pub(super) async fn step(node: &Node) -> Duration {
     let mut wait = Duration::from_secs(3600);
-    seed_from_conflist(shim, &mut wait);
-    if let Err(e) = persist_templates(shim).await {
+    seed_from_conflist(node, &mut wait);
+    if let Err(e) = persist_templates(node).await {
         warn!(error = %e, "warm pool: cannot record the templates; retrying");
         wait = wait.min(BACKOFF_MAX);
     }
-    release_surplus(shim, &mut wait).await;
-    fill(shim, &mut wait).await;
-    report_levels(shim);
+    release_surplus(node, &mut wait).await;
+    fill(node, &mut wait).await;
+    report_levels(node);
     wait
 }
 
 /// Reports every pool's level (the metrics' gauges), whole: on every change the pool makes
 /// (a take, a refill, a round of releases) and at start.
-pub(super) fn report_levels(shim: &Node) {
-    if !shim.events.listened() {
+pub(super) fn report_levels(node: &Node) {
+    if !node.events.listened() {
         return;
     }
-    let pools = shim.pool.status();
+    let pools = node.pool.status();
     let rows: Vec<(&str, &str, u64, u64)> = pools
         .iter()
         .map(|p| {
@@ -148,20 +148,20 @@ pub(super) fn report_levels(shim: &Node) {
             )
         })
         .collect();
-    shim.events.emit(crate::events::Event::PoolLevels(&rows));
+    node.events.emit(crate::events::Event::PoolLevels(&rows));
 }
 
 /// The agent's conflist seeds a network's template until a pod brings one.
-fn seed_from_conflist(shim: &Node, wait: &mut Duration) {
-    if shim.pool.size() == 0 {
+fn seed_from_conflist(node: &Node, wait: &mut Duration) {
+    if node.pool.size() == 0 {
         return;
     }
-    let Some(cfg) = &shim.agent.config else {
+    let Some(cfg) = &node.agent.config else {
         return;
     };
     {
         // Once the conflist's network has a template, there is nothing to read.
-        let st = shim.pool.lock();
+        let st = node.pool.lock();
         if st
             .conflist_network
             .as_ref()
@@ -175,7 +175,7 @@ fn seed_from_conflist(shim: &Node, wait: &mut Duration) {
         return;
     };
     {
-        let mut st = shim.pool.lock();
+        let mut st = node.pool.lock();
         st.conflist_network = Some(base.network.clone());
         if st.templates.contains_key(&base.network) {
             return;
@@ -189,7 +189,7 @@ fn seed_from_conflist(shim: &Node, wait: &mut Duration) {
     };
     let digest = pool_digest(&dc);
     info!(network = %dc.network, digest, "warm pool: filling from the agent's conflist until a pod brings its config");
-    shim.pool.lock().templates.insert(
+    node.pool.lock().templates.insert(
         dc.network.clone(),
         Template {
             digest,
@@ -204,9 +204,9 @@ fn seed_from_conflist(shim: &Node, wait: &mut Duration) {
 }
 
 /// Writes templates that changed to the ledger's settings, so a restart refills at once.
-async fn persist_templates(shim: &Node) -> Result<(), ShimError> {
+async fn persist_templates(node: &Node) -> Result<(), ShimError> {
     let todo: Vec<(String, Template)> = {
-        let st = shim.pool.lock();
+        let st = node.pool.lock();
         st.templates
             .iter()
             .filter(|(n, t)| st.persisted.get(*n) != Some(&t.digest))
@@ -216,18 +216,18 @@ async fn persist_templates(shim: &Node) -> Result<(), ShimError> {
     for (network, t) in todo {
         let name = format!("{TEMPLATE_SETTING}{network}");
         let text = serde_json::to_string(&t).map_err(|e| ShimError::Internal(e.to_string()))?;
-        shim.ledger(move |l| l.set_setting(&name, Some(&text)))
+        node.ledger(move |l| l.set_setting(&name, Some(&text)))
             .await?;
-        shim.pool.lock().persisted.insert(network, t.digest);
+        node.pool.lock().persisted.insert(network, t.digest);
     }
     Ok(())
 }
 
 /// Releases doomed entries, entries of a config no longer current, and entries beyond the size.
-async fn release_surplus(shim: &Node, wait: &mut Duration) {
-    let size = shim.pool.size();
+async fn release_surplus(node: &Node, wait: &mut Duration) {
+    let size = node.pool.size();
     let todo: Vec<AttachmentKey> = {
-        let mut st = shim.pool.lock();
+        let mut st = node.pool.lock();
         if st.release_retry_at.is_some_and(|t| t > Instant::now()) {
             if let Some(t) = st.release_retry_at {
                 *wait = (*wait).min(t.saturating_duration_since(Instant::now()));
@@ -256,7 +256,7 @@ async fn release_surplus(shim: &Node, wait: &mut Duration) {
     };
     let mut failed = Vec::new();
     for key in todo {
-        match release_entry(shim, &key).await {
+        match release_entry(node, &key).await {
             Ok(()) => info!(entry = %key, "warm pool: surplus entry released"),
             Err(e) => {
                 warn!(entry = %key, error = %e, "warm pool: cannot release a surplus entry; will retry");
@@ -265,7 +265,7 @@ async fn release_surplus(shim: &Node, wait: &mut Duration) {
         }
     }
     if !failed.is_empty() {
-        let mut st = shim.pool.lock();
+        let mut st = node.pool.lock();
         st.doomed.extend(failed);
         st.release_retry_at = Some(Instant::now() + RELEASE_RETRY);
         *wait = (*wait).min(RELEASE_RETRY);
@@ -274,9 +274,9 @@ async fn release_surplus(shim: &Node, wait: &mut Duration) {
 
 /// Releases one pool entry and forgets it, as any recorded attachment: marked `deleting`
 /// (durable), the delegate's DEL with the recorded config, then dropped.
-async fn release_entry(shim: &Node, key: &AttachmentKey) -> Result<(), ShimError> {
-    let _guard = shim.locks.lock(key).await;
-    let Some(rec) = shim.lookup(key)? else {
+async fn release_entry(node: &Node, key: &AttachmentKey) -> Result<(), ShimError> {
+    let _guard = node.locks.lock(key).await;
+    let Some(rec) = node.lookup(key)? else {
         return Ok(());
     };
     if rec.owner != Owner::Pool {
@@ -287,25 +287,25 @@ async fn release_entry(shim: &Node, key: &AttachmentKey) -> Result<(), ShimError
         let mut marked = rec.clone();
         marked.state = AttachmentState::Deleting;
         marked.updated_at = now();
-        shim.ledger(move |l| l.put(&marked)).await?;
+        node.ledger(move |l| l.put(&marked)).await?;
     }
-    shim.release_recorded(&rec).await?;
+    node.release_recorded(&rec).await?;
     let k = key.clone();
-    shim.ledger(move |l| l.remove(&k)).await?;
-    shim.attachment_delta(&rec, -1);
+    node.ledger(move |l| l.remove(&k)).await?;
+    node.attachment_delta(&rec, -1);
     Ok(())
 }
 
 /// Fills every network's current pool up to the size, one entry at a time, round-robin over
 /// the networks; a network whose fill fails backs off.
-async fn fill(shim: &Node, wait: &mut Duration) {
-    let size = shim.pool.size();
+async fn fill(node: &Node, wait: &mut Duration) {
+    let size = node.pool.size();
     if size == 0 {
         return;
     }
     loop {
         let due: Vec<(String, Template)> = {
-            let st = shim.pool.lock();
+            let st = node.pool.lock();
             let now = Instant::now();
             st.templates
                 .iter()
@@ -329,9 +329,9 @@ async fn fill(shim: &Node, wait: &mut Duration) {
             return;
         }
         for (network, t) in due {
-            skip_unrecorded_ids(shim, &network, &t);
-            let outcome = fill_one(shim, &network, &t).await;
-            let mut st = shim.pool.lock();
+            skip_unrecorded_ids(node, &network, &t);
+            let outcome = fill_one(node, &network, &t).await;
+            let mut st = node.pool.lock();
             let f = st.fill.entry(network.clone()).or_default();
             match outcome {
                 Ok(entry) => {
@@ -357,13 +357,13 @@ async fn fill(shim: &Node, wait: &mut Duration) {
                         .min(BACKOFF_MAX);
                     f.retry_at = Some(Instant::now() + backoff);
                     *wait = (*wait).min(backoff);
-                    shim.pool.refill_failures.fetch_add(1, Ordering::Relaxed);
-                    shim.events.emit(crate::events::Event::PoolRefillFailed);
+                    node.pool.refill_failures.fetch_add(1, Ordering::Relaxed);
+                    node.events.emit(crate::events::Event::PoolRefillFailed);
                     warn!(network = %network, failures = f.failures, retry_in_ms = backoff.as_millis() as u64, error = %f.last_error, "warm pool: refill failed");
                 }
             }
             drop(st);
-            report_levels(shim);
+            report_levels(node);
         }
     }
 }
@@ -371,39 +371,39 @@ async fn fill(shim: &Node, wait: &mut Duration) {
 /// Before a network's first fill: entry numbers its delegate's store holds under pool IDs the
 /// ledger does not know (a ledger rebuilt by `dipamctl recover` leaves those reserved) are
 /// skipped, so a new entry does not collide with one (host-local refuses a duplicate ID).
-fn skip_unrecorded_ids(shim: &Node, network: &str, t: &Template) {
-    if !shim.pool.lock().scanned.insert(network.to_owned()) {
+fn skip_unrecorded_ids(node: &Node, network: &str, t: &Template) {
+    if !node.pool.lock().scanned.insert(network.to_owned()) {
         return;
     }
-    let Some(node) = shim.pool.config.get().map(|c| c.node.as_str()) else {
+    let Some(node_name) = node.pool.config.get().map(|c| c.node.as_str()) else {
         return;
     };
     if let Some(dir) = store::readable_dir(&t.kind, &t.conf, network)
         && let Ok(held) = store::reservations(&dir)
         && let Some(n) = held
             .iter()
-            .filter_map(|r| entry_number(&r.container_id, node))
+            .filter_map(|r| entry_number(&r.container_id, node_name))
             .max()
     {
-        shim.pool.next_id.fetch_max(n + 1, Ordering::Relaxed);
+        node.pool.next_id.fetch_max(n + 1, Ordering::Relaxed);
     }
 }
 
 /// Allocates one entry for `network` with template `t`, through the normal ADD path; returns
 /// its committed record.
-async fn fill_one(shim: &Node, network: &str, t: &Template) -> Result<AttachmentRecord, ShimError> {
-    let cfg = shim
+async fn fill_one(node: &Node, network: &str, t: &Template) -> Result<AttachmentRecord, ShimError> {
+    let cfg = node
         .pool
         .config
         .get()
         .ok_or_else(|| ShimError::Internal("warm pool not configured".into()))?;
-    if let Some(why) = shim.misconfigured(network) {
+    if let Some(why) = node.misconfigured(network) {
         return Err(ShimError::Misconfigured {
             network: network.to_owned(),
             why,
         });
     }
-    let n = shim.pool.next_id.fetch_add(1, Ordering::Relaxed);
+    let n = node.pool.next_id.fetch_add(1, Ordering::Relaxed);
     let id = crate::keys::pool_id(&cfg.node, n);
     crate::validate::container_id(&id)?;
     let version: SpecVersion = t
@@ -443,10 +443,10 @@ async fn fill_one(shim: &Node, network: &str, t: &Template) -> Result<Attachment
         },
         req,
     };
-    let _guard = shim.locks.lock(&p.key).await;
-    crate::core::attach::attach(shim, &p, Owner::Pool, &mut Early::default()).await?;
+    let _guard = node.locks.lock(&p.key).await;
+    crate::core::attach::attach(node, &p, Owner::Pool, &mut Early::default()).await?;
     // The committed record, as the take will find it in the ledger.
-    shim.lookup(&p.key)?
+    node.lookup(&p.key)?
         .filter(|r| r.owner == Owner::Pool && r.state == AttachmentState::Committed)
         .ok_or_else(|| ShimError::Internal(format!("pool entry {} vanished after its ADD", p.key)))
 }

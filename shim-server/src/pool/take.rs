@@ -20,27 +20,27 @@ use crate::{
 /// A pod's ADD from the pool, if it can be served from it; `None` sends the request down the
 /// normal path. The caller holds the pod key's lock.
 pub async fn take(
-    shim: &Node,
+    node: &Node,
     p: &Prepared,
     early: &mut Early,
 ) -> Result<Option<Vec<u8>>, ShimError> {
     // Root's pods only: a non-root caller's config must not become the template dipamd
     // fills the network's pool with, as root, in the background (docs/cfp.md, "Threat
     // model"); its ADDs take the normal path, recorded under its uid.
-    if shim.pool.size() == 0 || !p.caller.is_root() {
+    if node.pool.size() == 0 || !p.caller.is_root() {
         return Ok(None);
     }
     let digest = pool_digest(&p.dc);
-    shim.pool.observe(p, &digest);
+    node.pool.observe(p, &digest);
     if wants_own_ips(p) {
-        shim.pool.bypassed.fetch_add(1, Ordering::Relaxed);
-        shim.events
+        node.pool.bypassed.fetch_add(1, Ordering::Relaxed);
+        node.events
             .emit(crate::events::Event::PoolRequest { outcome: "bypass" });
         return Ok(None);
     }
     // A stale ADD is refused, a repeated one answered from the ledger and an interrupted one
     // finished: all by the normal path.
-    if shim.tombstone(&p.key).is_some_and(|del| {
+    if node.tombstone(&p.key).is_some_and(|del| {
         crate::order::before(
             crate::order::from_wire(p.req.issued_at.as_ref()).as_ref(),
             Some(&del),
@@ -49,18 +49,18 @@ pub async fn take(
         return Ok(None);
     }
     loop {
-        let Some(entry) = shim.pool.claim(&p.key.network, &digest) else {
+        let Some(entry) = node.pool.claim(&p.key.network, &digest) else {
             // The normal path also handles a key that has a record (repeated, interrupted).
-            shim.pool.misses.fetch_add(1, Ordering::Relaxed);
-            shim.pool.count(&p.key.network, &digest, false);
-            shim.events
+            node.pool.misses.fetch_add(1, Ordering::Relaxed);
+            node.pool.count(&p.key.network, &digest, false);
+            node.events
                 .emit(crate::events::Event::PoolRequest { outcome: "miss" });
-            shim.pool.wake.notify_one();
+            node.pool.wake.notify_one();
             return Ok(None);
         };
         let Some(result) = entry.result.clone() else {
             warn!(entry = %entry.key, "warm pool: an entry without a result; releasing it");
-            shim.pool.lock().doomed.push(entry.key);
+            node.pool.lock().doomed.push(entry.key);
             continue;
         };
         let t = now();
@@ -92,9 +92,9 @@ pub async fn take(
             creator_uid: p.caller.recorded_uid(),
         };
         // An entry whose address the agent holds must never reach a pod: release it instead.
-        if shim.check_conflict(&rec).await.is_err() {
-            shim.pool.lock().doomed.push(entry.key);
-            shim.pool.wake.notify_one();
+        if node.check_conflict(&rec).await.is_err() {
+            node.pool.lock().doomed.push(entry.key);
+            node.pool.wake.notify_one();
             continue;
         }
         let parsed = serde_json::from_value(result.clone())
@@ -106,7 +106,7 @@ pub async fn take(
         // checks and the commit, to wire the pod while it runs (core/attach.rs, `Early`).
         let (commit, expected) = (rec.clone(), entry.clone());
         let (mut tx, answer) = (early.take(), rendered.clone());
-        let outcome = shim
+        let outcome = node
             .ledger(move |l| {
                 if l.get(&commit.key)?.is_some() {
                     return Ok((Take::KeyTaken, tx));
@@ -127,7 +127,7 @@ pub async fn take(
             Ok((Take::Done, _)) => {}
             Ok((Take::KeyTaken, unused)) => {
                 early.restore(unused);
-                shim.pool.unclaim(&digest, entry);
+                node.pool.unclaim(&digest, entry);
                 return Ok(None);
             }
             Ok((Take::EntryChanged, unused)) => {
@@ -137,20 +137,20 @@ pub async fn take(
             }
             Err(e) => {
                 // Nothing was written: the entry is still the pool's.
-                shim.pool.unclaim(&digest, entry);
+                node.pool.unclaim(&digest, entry);
                 return Err(e);
             }
         }
         crate::fault::hit("pool-after-take");
-        shim.pool.hits.fetch_add(1, Ordering::Relaxed);
-        shim.pool.count(&p.key.network, &digest, true);
-        shim.events
+        node.pool.hits.fetch_add(1, Ordering::Relaxed);
+        node.pool.count(&p.key.network, &digest, true);
+        node.events
             .emit(crate::events::Event::PoolRequest { outcome: "hit" });
         // The pod's record replaced the entry's: one pool attachment fewer, one pod's more.
-        shim.attachment_delta(&entry, -1);
-        shim.attachment_delta(&rec, 1);
-        super::refill::report_levels(shim);
-        shim.pool.wake.notify_one();
+        node.attachment_delta(&entry, -1);
+        node.attachment_delta(&rec, 1);
+        super::refill::report_levels(node);
+        node.pool.wake.notify_one();
         info!(
             key = %p.key,
             pool_key = %entry.key,

@@ -36,20 +36,20 @@ esac
 
 struct Bench {
     dir: TempDir,
-    shim: Arc<Node>,
+    node: Arc<Node>,
     store: Arc<MemStore>,
 }
 
 impl Bench {
     fn new(size: usize) -> Self {
         let store = Arc::new(MemStore::new());
-        let (dir, shim) = crate::rpc::tests::scripted_shim(SCRIPT, store.clone());
-        shim.pool.configure(PoolConfig {
+        let (dir, node) = crate::rpc::tests::scripted_node(SCRIPT, store.clone());
+        node.pool.configure(PoolConfig {
             size,
             node: "n1".into(),
             namespace: "kube-system".into(),
         });
-        Self { dir, shim, store }
+        Self { dir, node, store }
     }
 
     /// Delegate calls other than VERSION, as "COMMAND CONTAINERID IFNAME ARGS".
@@ -63,14 +63,14 @@ impl Bench {
     }
 
     fn record(&self, cid: &str) -> Option<AttachmentRecord> {
-        self.shim
+        self.node
             .ledger
             .get(&AttachmentKey::new("net", cid, "eth0"))
             .unwrap()
     }
 
     fn entries(&self) -> Vec<AttachmentRecord> {
-        self.shim
+        self.node
             .ledger
             .list(None)
             .unwrap()
@@ -80,12 +80,12 @@ impl Bench {
     }
 
     fn ready(&self) -> u32 {
-        self.shim.pool.status().iter().map(|p| p.ready).sum()
+        self.node.pool.status().iter().map(|p| p.ready).sum()
     }
 
     /// One refiller round, as the background task runs it.
     async fn refill(&self) {
-        step(&self.shim).await;
+        step(&self.node).await;
     }
 }
 
@@ -102,7 +102,7 @@ fn request(cid: &str, version: &str, extra: Value) -> CniRequest {
 /// pod is answered from it with no delegate exec for the pod, in the request's version.
 async fn filled(size: usize) -> Bench {
     let b = Bench::new(size);
-    add_as(&b.shim, Caller::ROOT, request("first", "1.0.0", json!({})))
+    add_as(&b.node, Caller::ROOT, request("first", "1.0.0", json!({})))
         .await
         .unwrap();
     b.refill().await;
@@ -120,7 +120,7 @@ async fn a_pod_takes_an_entry_in_one_commit_without_a_delegate_exec() {
 
     // Only the first pod's result skipped the disk; the pool's own entries are on it.
     assert_eq!(b.store.process_commits(), 1);
-    let out = add_as(&b.shim, Caller::ROOT, request("pod", "1.1.0", json!({})))
+    let out = add_as(&b.node, Caller::ROOT, request("pod", "1.1.0", json!({})))
         .await
         .unwrap();
     let v: Value = serde_json::from_slice(&out).unwrap();
@@ -143,10 +143,10 @@ async fn a_pod_takes_an_entry_in_one_commit_without_a_delegate_exec() {
     assert_eq!(d.netns, "/run/dipam/pool-netns/dipam-pool-n1-0");
     assert!(b.record("dipam-pool-n1-0").is_none(), "the entry stays");
     assert_eq!(b.entries().len(), 1);
-    assert_eq!(b.shim.pool.hits.load(Ordering::Relaxed), 1);
+    assert_eq!(b.node.pool.hits.load(Ordering::Relaxed), 1);
 
     // A repeated ADD is answered from the ledger, not from the pool again.
-    let again = add_as(&b.shim, Caller::ROOT, request("pod", "1.1.0", json!({})))
+    let again = add_as(&b.node, Caller::ROOT, request("pod", "1.1.0", json!({})))
         .await
         .unwrap();
     assert_eq!(again, out);
@@ -168,7 +168,7 @@ async fn a_failed_take_commit_leaves_the_entry_in_the_pool() {
     let b = filled(2).await;
     let entries = b.entries();
     b.store.fail_next_commits(1);
-    let e = add_as(&b.shim, Caller::ROOT, request("pod", "1.0.0", json!({})))
+    let e = add_as(&b.node, Caller::ROOT, request("pod", "1.0.0", json!({})))
         .await
         .unwrap_err();
     assert!(e.to_string().contains("injected"), "{e}");
@@ -176,7 +176,7 @@ async fn a_failed_take_commit_leaves_the_entry_in_the_pool() {
     assert_eq!(b.entries(), entries, "the pool lost or changed an entry");
     assert_eq!(b.ready(), 2);
     // The retry takes the same, oldest entry.
-    add_as(&b.shim, Caller::ROOT, request("pod", "1.0.0", json!({})))
+    add_as(&b.node, Caller::ROOT, request("pod", "1.0.0", json!({})))
         .await
         .unwrap();
     let d = b.record("pod").unwrap().delegate_key.unwrap();
@@ -191,7 +191,7 @@ async fn an_early_take_answers_before_its_commit() {
 
     let b = filled(2).await;
     let replies = |cid: &'static str| {
-        crate::rpc::tests::add_early_replies(&b.shim, request(cid, "1.0.0", json!({})))
+        crate::rpc::tests::add_early_replies(&b.node, request(cid, "1.0.0", json!({})))
     };
     let entries = b.entries();
     b.store.fail_next_commits(1);
@@ -217,12 +217,12 @@ async fn an_early_take_answers_before_its_commit() {
 #[tokio::test]
 async fn del_and_check_of_a_pooled_pod_use_the_pool_key() {
     let b = filled(1).await;
-    let out = add_as(&b.shim, Caller::ROOT, request("pod", "1.0.0", json!({})))
+    let out = add_as(&b.node, Caller::ROOT, request("pod", "1.0.0", json!({})))
         .await
         .unwrap();
     let prev: Value = serde_json::from_slice(&out).unwrap();
     check::run(
-        &b.shim,
+        &b.node,
         Caller::ROOT,
         request("pod", "1.0.0", json!({ "prevResult": prev.clone() })),
     )
@@ -237,7 +237,7 @@ async fn del_and_check_of_a_pooled_pod_use_the_pool_key() {
         b.calls()
     );
     del::run(
-        &b.shim,
+        &b.node,
         Caller::ROOT,
         request("pod", "1.0.0", json!({ "prevResult": prev })),
     )
@@ -259,10 +259,10 @@ async fn own_addresses_bypass_the_pool_and_pool_ids_are_reserved() {
     let b = filled(1).await;
     let mut req = request("ip-pod", "1.0.0", json!({}));
     req.cni_args = "IgnoreUnknown=1;IP=10.9.0.50".into();
-    add_as(&b.shim, Caller::ROOT, req).await.unwrap();
+    add_as(&b.node, Caller::ROOT, req).await.unwrap();
     assert!(b.calls().last().unwrap().starts_with("ADD ip-pod eth0"));
     add_as(
-        &b.shim,
+        &b.node,
         Caller::ROOT,
         request(
             "rc-pod",
@@ -273,12 +273,12 @@ async fn own_addresses_bypass_the_pool_and_pool_ids_are_reserved() {
     .await
     .unwrap();
     assert!(b.calls().last().unwrap().starts_with("ADD rc-pod eth0"));
-    assert_eq!(b.shim.pool.bypassed.load(Ordering::Relaxed), 2);
+    assert_eq!(b.node.pool.bypassed.load(Ordering::Relaxed), 2);
     assert_eq!(b.entries().len(), 1, "a bypass took an entry");
 
     let calls = b.calls().len();
     let e = add_as(
-        &b.shim,
+        &b.node,
         Caller::ROOT,
         request("dipam-pool-n1-0", "1.0.0", json!({})),
     )
@@ -286,7 +286,7 @@ async fn own_addresses_bypass_the_pool_and_pool_ids_are_reserved() {
     .unwrap_err();
     assert_eq!(e.code_and_details().0, 4, "{e}");
     let e = del::run(
-        &b.shim,
+        &b.node,
         Caller::ROOT,
         request("dipam-pool-n1-0", "1.0.0", json!({})),
     )
@@ -300,7 +300,7 @@ async fn own_addresses_bypass_the_pool_and_pool_ids_are_reserved() {
 #[tokio::test]
 async fn per_pod_runtime_config_still_matches_and_a_new_config_replaces_the_pool() {
     let b = filled(1).await;
-    add_as(&b.shim, Caller::ROOT, request(
+    add_as(&b.node, Caller::ROOT, request(
                 "pm-pod",
                 "1.0.0",
                 json!({"runtimeConfig": {"portMappings": [{"hostPort": 8080}]}, "args": {"cni": {"labels": []}}}),
@@ -318,7 +318,7 @@ async fn per_pod_runtime_config_still_matches_and_a_new_config_replaces_the_pool
     let mut conf: Value = serde_json::from_slice(&changed.stdin).unwrap();
     conf["ipam"]["delegate"]["subnet"] = json!("10.9.1.0/24");
     changed.stdin = serde_json::to_vec(&conf).unwrap();
-    add_as(&b.shim, Caller::ROOT, changed).await.unwrap();
+    add_as(&b.node, Caller::ROOT, changed).await.unwrap();
     assert!(b.record("new-pod").unwrap().delegate_key.is_none());
     b.refill().await;
     let now = b.entries();
@@ -335,40 +335,40 @@ async fn per_pod_runtime_config_still_matches_and_a_new_config_replaces_the_pool
 async fn off_at_start_releases_every_entry_and_takes_none() {
     let b = filled(2).await;
     // The same ledger under a dipamd started with --warm-pool 0.
-    let shim = Node::new(
+    let node = Node::new(
         Arc::new(MemStore::new()),
         Executor::new(vec![b.dir.path().to_owned()], Duration::from_secs(10)),
-        b.shim.identity.clone(),
+        b.node.identity.clone(),
         None,
         crate::gc::GcPolicy::default(),
         crate::access::Admission::default(),
     );
-    shim.pool.configure(PoolConfig {
+    node.pool.configure(PoolConfig {
         size: 0,
         node: String::new(),
         namespace: "kube-system".into(),
     });
-    for r in b.shim.ledger.list(None).unwrap() {
-        shim.ledger.put(&r).unwrap();
+    for r in b.node.ledger.list(None).unwrap() {
+        node.ledger.put(&r).unwrap();
     }
-    for (name, value) in b.shim.ledger.settings("").unwrap() {
-        shim.ledger.set_setting(&name, Some(&value)).unwrap();
+    for (name, value) in b.node.ledger.settings("").unwrap() {
+        node.ledger.set_setting(&name, Some(&value)).unwrap();
     }
-    assert_eq!(shim.ledger.settings(TEMPLATE_SETTING).unwrap().len(), 1);
-    init(&shim).await.unwrap();
-    add_as(&shim, Caller::ROOT, request("pod", "1.0.0", json!({})))
+    assert_eq!(node.ledger.settings(TEMPLATE_SETTING).unwrap().len(), 1);
+    init(&node).await.unwrap();
+    add_as(&node, Caller::ROOT, request("pod", "1.0.0", json!({})))
         .await
         .unwrap();
     assert!(
-        shim.ledger
+        node.ledger
             .get(&AttachmentKey::new("net", "pod", "eth0"))
             .unwrap()
             .unwrap()
             .delegate_key
             .is_none()
     );
-    step(&shim).await;
-    let left: Vec<_> = shim
+    step(&node).await;
+    let left: Vec<_> = node
         .ledger
         .list(None)
         .unwrap()
@@ -376,7 +376,7 @@ async fn off_at_start_releases_every_entry_and_takes_none() {
         .filter(|r| r.owner == Owner::Pool)
         .collect();
     assert!(left.is_empty(), "{left:?}");
-    assert_eq!(shim.ledger.settings(TEMPLATE_SETTING).unwrap(), vec![]);
+    assert_eq!(node.ledger.settings(TEMPLATE_SETTING).unwrap(), vec![]);
 }
 
 #[test]

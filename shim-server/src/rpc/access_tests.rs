@@ -45,7 +45,7 @@ const OTHER: Caller = Caller {
 
 struct Bench {
     dir: TempDir,
-    shim: Arc<Node>,
+    node: Arc<Node>,
 }
 
 /// dipamd's own directory `trusted/` and a caller's `mine/`, each with a `fake-ipam`.
@@ -61,7 +61,7 @@ fn bench() -> Bench {
     }
     let mut exec = Executor::new(vec![dir.path().join("trusted")], Duration::from_secs(10));
     exec.non_root_kinds = vec!["fake-ipam".into()];
-    let shim = Node::new(
+    let node = Node::new(
         Arc::new(MemStore::new()),
         exec,
         Identity {
@@ -73,7 +73,7 @@ fn bench() -> Bench {
         crate::gc::GcPolicy::default(),
         crate::access::Admission::default(),
     );
-    Bench { dir, shim }
+    Bench { dir, node }
 }
 
 impl Bench {
@@ -87,7 +87,7 @@ impl Bench {
     }
 
     fn record(&self, network: &str, cid: &str) -> Option<AttachmentRecord> {
-        self.shim
+        self.node
             .ledger
             .get(&AttachmentKey::new(network, cid, "eth0"))
             .unwrap()
@@ -113,7 +113,7 @@ async fn a_non_root_callers_cni_path_never_picks_the_binary() {
     let b = bench();
     let mut req = request("u1", "1.0.0", json!({}));
     req.cni_path = format!("{}:/nonexistent", b.mine());
-    add_as(&b.shim, USER, req).await.unwrap();
+    add_as(&b.node, USER, req).await.unwrap();
     assert_eq!(b.calls(), vec!["trusted ADD u1"]);
     let rec = b.record("net", "u1").unwrap();
     assert_eq!(rec.creator_uid, Some(1000));
@@ -126,13 +126,13 @@ async fn a_non_root_callers_cni_path_never_picks_the_binary() {
     let trusted = b.dir.path().join("trusted").display().to_string();
     let mut req = request("u2", "1.0.0", json!({}));
     req.cni_path = format!("{}:{trusted}", b.mine());
-    add_as(&b.shim, USER, req).await.unwrap();
+    add_as(&b.node, USER, req).await.unwrap();
     assert_eq!(b.record("net", "u2").unwrap().cni_path, trusted);
 
     // Root's CNI_PATH is the runtime's, used as sent.
     let mut req = request("r1", "1.0.0", json!({}));
     req.cni_path = b.mine();
-    add_as(&b.shim, Caller::ROOT, req).await.unwrap();
+    add_as(&b.node, Caller::ROOT, req).await.unwrap();
     assert_eq!(b.calls().last().unwrap(), "mine ADD r1");
     assert_eq!(b.record("net", "r1").unwrap().creator_uid, None);
 }
@@ -145,7 +145,7 @@ async fn a_non_root_caller_runs_only_the_allowed_delegate_types() {
         "1.0.0",
         json!({"ipam": {"type": "dipam", "delegate": {"type": "host-device"}}}),
     );
-    let msg = forbidden(add_as(&b.shim, USER, req).await.unwrap_err());
+    let msg = forbidden(add_as(&b.node, USER, req).await.unwrap_err());
     assert!(msg.contains("host-device"), "{msg}");
     assert!(b.calls().is_empty());
 }
@@ -156,29 +156,29 @@ async fn a_non_root_caller_runs_only_the_allowed_delegate_types() {
 async fn a_non_root_caller_may_check_and_del_only_its_own() {
     let b = bench();
     let prev = json!({"prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "10.9.0.2/24"}]}});
-    add_as(&b.shim, Caller::ROOT, request("root1", "1.0.0", json!({})))
+    add_as(&b.node, Caller::ROOT, request("root1", "1.0.0", json!({})))
         .await
         .unwrap();
 
     forbidden(
-        del::run(&b.shim, USER, request("root1", "1.0.0", json!({})))
+        del::run(&b.node, USER, request("root1", "1.0.0", json!({})))
             .await
             .unwrap_err(),
     );
     forbidden(
-        check::run(&b.shim, USER, request("root1", "1.0.0", prev.clone()))
+        check::run(&b.node, USER, request("root1", "1.0.0", prev.clone()))
             .await
             .unwrap_err(),
     );
     // Its own ADD under root's key: refused, not answered with root's result.
     forbidden(
-        add_as(&b.shim, USER, request("root1", "1.0.0", json!({})))
+        add_as(&b.node, USER, request("root1", "1.0.0", json!({})))
             .await
             .unwrap_err(),
     );
     // Under root's container ID in another network: refused too (delegates release by ID).
     let other_net = request("root1", "1.0.0", json!({"name": "net2"}));
-    let msg = forbidden(add_as(&b.shim, USER, other_net).await.unwrap_err());
+    let msg = forbidden(add_as(&b.node, USER, other_net).await.unwrap_err());
     assert!(msg.contains("container ID"), "{msg}");
     assert!(b.record("net2", "root1").is_none());
     assert_eq!(b.calls(), vec!["trusted ADD root1"]);
@@ -188,37 +188,37 @@ async fn a_non_root_caller_may_check_and_del_only_its_own() {
     // before that DEL still cannot bring the key back.
     let earlier_add = request("ghost", "1.0.0", json!({}));
     tokio::time::sleep(Duration::from_millis(2)).await;
-    del::run(&b.shim, USER, request("ghost", "1.0.0", json!({})))
+    del::run(&b.node, USER, request("ghost", "1.0.0", json!({})))
         .await
         .unwrap();
     assert_eq!(b.calls().len(), 1);
-    let e = add_as(&b.shim, USER, earlier_add).await.unwrap_err();
+    let e = add_as(&b.node, USER, earlier_add).await.unwrap_err();
     assert!(matches!(e, ShimError::StaleAdd { .. }), "{e:?}");
     assert_eq!(b.calls().len(), 1);
 
     // Its own: CHECK and DEL work, and no one else's uid may.
-    let u1 = add_as(&b.shim, USER, request("u1", "1.0.0", json!({})))
+    let u1 = add_as(&b.node, USER, request("u1", "1.0.0", json!({})))
         .await
         .unwrap();
     // Its own address (the fake hands out a fresh one per ADD).
     let prev = json!({ "prevResult": serde_json::from_slice::<serde_json::Value>(&u1).unwrap() });
     forbidden(
-        del::run(&b.shim, OTHER, request("u1", "1.0.0", json!({})))
+        del::run(&b.node, OTHER, request("u1", "1.0.0", json!({})))
             .await
             .unwrap_err(),
     );
-    check::run(&b.shim, USER, request("u1", "1.0.0", prev))
+    check::run(&b.node, USER, request("u1", "1.0.0", prev))
         .await
         .unwrap();
-    del::run(&b.shim, USER, request("u1", "1.0.0", json!({})))
+    del::run(&b.node, USER, request("u1", "1.0.0", json!({})))
         .await
         .unwrap();
     assert!(b.record("net", "u1").is_none());
     // Root may act on anyone's.
-    add_as(&b.shim, USER, request("u2", "1.0.0", json!({})))
+    add_as(&b.node, USER, request("u2", "1.0.0", json!({})))
         .await
         .unwrap();
-    del::run(&b.shim, Caller::ROOT, request("u2", "1.0.0", json!({})))
+    del::run(&b.node, Caller::ROOT, request("u2", "1.0.0", json!({})))
         .await
         .unwrap();
     assert!(b.record("net", "u2").is_none());
@@ -227,22 +227,22 @@ async fn a_non_root_caller_may_check_and_del_only_its_own() {
 #[tokio::test]
 async fn gc_is_roots_and_the_listing_shows_a_caller_its_own() {
     let b = bench();
-    add_as(&b.shim, Caller::ROOT, request("root1", "1.0.0", json!({})))
+    add_as(&b.node, Caller::ROOT, request("root1", "1.0.0", json!({})))
         .await
         .unwrap();
-    add_as(&b.shim, USER, request("u1", "1.0.0", json!({})))
+    add_as(&b.node, USER, request("u1", "1.0.0", json!({})))
         .await
         .unwrap();
     let mut gc_req = request("", "1.1.0", json!({"cni.dev/valid-attachments": []}));
     gc_req.container_id.clear();
-    forbidden(gc::run(&b.shim, USER, gc_req).await.unwrap_err());
+    forbidden(gc::run(&b.node, USER, gc_req).await.unwrap_err());
     assert!(b.record("net", "root1").is_some());
 
     let listed = |c: Caller| {
-        let shim = Arc::clone(&b.shim);
+        let node = Arc::clone(&b.node);
         async move {
             let mut ids: Vec<_> =
-                admin::attachments::run(&shim, c, ListAttachmentsRequest::default())
+                admin::attachments::run(&node, c, ListAttachmentsRequest::default())
                     .await
                     .unwrap()
                     .attachments
@@ -271,7 +271,7 @@ async fn admin_and_agent_services_need_an_admin() {
         AgentListRequest, AgentRoleRequest, StatusRequest, admin_server::Admin, agent_server::Agent,
     };
     let b = bench();
-    let svc = crate::service::Service(Arc::clone(&b.shim));
+    let svc = crate::service::Service(Arc::clone(&b.node));
     let with = |c: Option<Caller>| {
         let mut r = tonic::Request::new(StatusRequest::default());
         if let Some(c) = c {

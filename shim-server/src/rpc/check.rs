@@ -11,13 +11,13 @@ use rscni_types::version::SpecVersion;
 use crate::{delegate::config::result_addrs, error::ShimError, node::Node};
 
 pub async fn run(
-    shim: &Node,
+    node: &Node,
     caller: crate::access::Caller,
     req: CniRequest,
 ) -> Result<Vec<u8>, ShimError> {
-    let mut p = shim.prepare(req, true, caller)?;
+    let mut p = node.prepare(req, true, caller)?;
     crate::keys::refuse_runtime("CHECK", &p.req.container_id)?;
-    let _guard = shim.locks.lock(&p.key).await;
+    let _guard = node.locks.lock(&p.key).await;
 
     let prev =
         p.dc.conf
@@ -30,7 +30,7 @@ pub async fn run(
                       runtime sends it as prevResult"
                     .into(),
             })?;
-    let rec = shim
+    let rec = node
         .lookup(&p.key)?
         .filter(|r| r.state == AttachmentState::Committed)
         .ok_or_else(|| ShimError::NoRecord {
@@ -56,13 +56,13 @@ pub async fn run(
 
     // A pod served from the warm pool is known to the delegate by the pool entry's key.
     crate::pool::take::redirect(&mut p, &rec)?;
-    let (probe, send) = shim.resolve(&p.dc, &p.req.cni_path).await?;
+    let (probe, send) = node.resolve(&p.dc, &p.req.cni_path).await?;
     let effective = crate::core::Core::effective(&p.dc, send);
     if crate::core::Core::delegate_allows(&probe, effective, SpecVersion::new(0, 4, 0))
         && effective >= SpecVersion::new(0, 4, 0)
     {
         let stdin = p.dc.bytes_for(send)?;
-        shim.run_delegate(&p, &probe, "CHECK", stdin).await?;
+        node.run_delegate(&p, &probe, "CHECK", stdin).await?;
     }
     Ok(Vec::new())
 }

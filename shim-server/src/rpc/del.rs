@@ -14,17 +14,17 @@ use tracing::{info, warn};
 use crate::{clock::now, error::ShimError, node::Node};
 
 pub async fn run(
-    shim: &Node,
+    node: &Node,
     caller: crate::access::Caller,
     req: CniRequest,
 ) -> Result<Vec<u8>, ShimError> {
-    let mut p = shim.prepare(req, true, caller)?;
+    let mut p = node.prepare(req, true, caller)?;
     // dipamd's own keys (the agent's, the warm pool's) are never a pod's: a runtime's DEL of
     // one must not release what the agent, the pool, or a pod served from it holds.
     crate::keys::refuse_runtime("DEL", &p.req.container_id)?;
-    let _guard = shim.locks.lock(&p.key).await;
+    let _guard = node.locks.lock(&p.key).await;
 
-    let existing = shim.lookup(&p.key)?;
+    let existing = node.lookup(&p.key)?;
     match &existing {
         Some(rec) => p.authorize(rec, "DEL")?,
         // Everything a non-root caller added is recorded before its delegate ran, so a key
@@ -33,7 +33,7 @@ pub async fn run(
         None if !p.caller.is_root() => {
             info!(key = %p.key, uid = p.caller.uid, "DEL from a non-root caller of a key with no record; nothing of its to release");
             // Still a DEL: an ADD issued before it must not bring the key back (F4).
-            shim.bury(&p.key, crate::order::from_wire(p.req.issued_at.as_ref()));
+            node.bury(&p.key, crate::order::from_wire(p.req.issued_at.as_ref()));
             return Ok(Vec::new());
         }
         None => {}
@@ -54,7 +54,7 @@ pub async fn run(
             "DEL issued before the ADD of the current attachment (on the boot clock); it was \
              meant for an earlier one, already gone: not releasing the current one"
         );
-        shim.events.emit(crate::events::Event::StaleDel);
+        node.events.emit(crate::events::Event::StaleDel);
         return Ok(Vec::new());
     }
     // A pod served from the warm pool is known to the delegate by the pool entry's key.
@@ -74,7 +74,7 @@ pub async fn run(
         info!(key = %p.key, delegate = %p.dc.kind, "nothing recorded and no prevResult: the delegate has nothing dipam could release");
         return Ok(Vec::new());
     }
-    let (probe, send) = shim.resolve(&p.dc, &p.req.cni_path).await?;
+    let (probe, send) = node.resolve(&p.dc, &p.req.cni_path).await?;
     let stdin = p.dc.bytes_for(send)?;
     // The record is marked `deleting` while the delegate starts; it reads its config (and so
     // releases anything) only once the mark is durable (exec::run_gated).
@@ -90,25 +90,25 @@ pub async fn run(
         });
     let gate = async {
         if let Some(marked) = mark {
-            shim.ledger(move |l| l.put(&marked)).await?;
+            node.ledger(move |l| l.put(&marked)).await?;
             crate::fault::hit("del-after-mark");
         }
         Ok(())
     };
     // On failure the record stays `deleting`: the address is still held by the delegate, and
     // the runtime's retry (or the next start) releases it.
-    shim.run_delegate_gated(&p, &probe, "DEL", stdin, gate, None)
+    node.run_delegate_gated(&p, &probe, "DEL", stdin, gate, None)
         .await
         .into_result()?;
     crate::fault::hit("del-after-exec");
 
     if let Some(rec) = &existing {
         let key = p.key.clone();
-        shim.ledger(move |l| l.remove(&key)).await?;
-        shim.attachment_delta(rec, -1);
-        shim.addrs.forget(&rec.key, rec.result.as_ref());
+        node.ledger(move |l| l.remove(&key)).await?;
+        node.attachment_delta(rec, -1);
+        node.addrs.forget(&rec.key, rec.result.as_ref());
     }
-    shim.bury(&p.key, issued);
+    node.bury(&p.key, issued);
     info!(key = %p.key, known = existing.is_some(), "attachment deleted");
     Ok(Vec::new())
 }

@@ -19,11 +19,11 @@ use crate::{
 };
 
 pub async fn run(
-    shim: &Node,
+    node: &Node,
     caller: crate::access::Caller,
     req: CniRequest,
 ) -> Result<Vec<u8>, ShimError> {
-    let p = shim.prepare(req, false, caller)?;
+    let p = node.prepare(req, false, caller)?;
     // GC frees every attachment of the network that is not in the list: every caller's.
     if !p.caller.is_root() {
         return Err(ShimError::Forbidden {
@@ -34,10 +34,10 @@ pub async fn run(
         });
     }
     let refused = || {
-        shim.gc_stats
+        node.gc_stats
             .refused
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        shim.events.emit(crate::events::Event::GcRefused);
+        node.events.emit(crate::events::Event::GcRefused);
     };
     let input = gc::valid_input(&p.dc.conf).map_err(|e| {
         refused();
@@ -45,7 +45,7 @@ pub async fn run(
     })?;
     let list = match input {
         ValidInput::List(l) if !l.is_empty() => l,
-        _ if shim.gc.allow_empty => Vec::new(),
+        _ if node.gc.allow_empty => Vec::new(),
         other => {
             refused();
             return Err(ShimError::GcRefused {
@@ -59,7 +59,7 @@ pub async fn run(
         }
     };
     let plan = gc::collect::collect(
-        shim,
+        node,
         &p.dc,
         &p.req.cni_path,
         Valid::List(list),

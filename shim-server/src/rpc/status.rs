@@ -24,17 +24,17 @@ use crate::{error::ShimError, node::Node};
 const DELEGATE_STATUS_TTL: Duration = Duration::from_secs(5);
 
 pub async fn run(
-    shim: &Node,
+    node: &Node,
     caller: crate::access::Caller,
     req: CniRequest,
 ) -> Result<Vec<u8>, ShimError> {
-    let p = shim.prepare(req, false, caller)?;
-    if let Some(fault) = shim.ledger.store().fault() {
+    let p = node.prepare(req, false, caller)?;
+    if let Some(fault) = node.ledger.store().fault() {
         return Err(ShimError::NotReady {
             missing: vec![fault],
         });
     }
-    let missing = shim
+    let missing = node
         .gc_stats
         .missing
         .load(std::sync::atomic::Ordering::Relaxed);
@@ -48,11 +48,11 @@ pub async fn run(
             )],
         });
     }
-    let not_ready = shim.agent.not_ready();
+    let not_ready = node.agent.not_ready();
     if !not_ready.is_empty() {
         return Err(ShimError::NotReady { missing: not_ready });
     }
-    let probe = shim
+    let probe = node
         .exec
         .probe(&p.dc.kind, &p.req.cni_path)
         .await
@@ -72,7 +72,7 @@ pub async fn run(
         // A non-root caller's config is its own (docs/cfp.md §8.3): its answer must not
         // stand for root's network for the next few seconds, nor root's for its.
         let shared = p.caller.is_root();
-        let cached = shim
+        let cached = node
             .status_cache
             .lock()
             .ok()
@@ -86,12 +86,12 @@ pub async fn run(
             Some(r) => r,
             None => {
                 let stdin = p.dc.bytes_for(None)?;
-                let r = shim
+                let r = node
                     .run_delegate(&p, &probe, "STATUS", stdin)
                     .await
                     .err()
                     .map(|e| e.to_string());
-                if let Ok(mut c) = shim.status_cache.lock()
+                if let Ok(mut c) = node.status_cache.lock()
                     && shared
                 {
                     c.insert(p.dc.kind.clone(), (Instant::now(), r.clone()));

@@ -35,19 +35,19 @@ esac
 
 struct Bench {
     dir: TempDir,
-    shim: Arc<Node>,
+    node: Arc<Node>,
     /// The shim's store, for its test knobs (commit counts, injected faults).
     store: Arc<MemStore>,
 }
 
 /// A shim on `store` whose only delegate is `script`, installed as `fake-ipam` in the returned
 /// temp dir (where the scripts keep their call logs). Shared with the pool's tests.
-pub(crate) fn scripted_shim(script: &str, store: Arc<MemStore>) -> (TempDir, Arc<Node>) {
-    scripted_shim_with(script, store, crate::events::Events::default())
+pub(crate) fn scripted_node(script: &str, store: Arc<MemStore>) -> (TempDir, Arc<Node>) {
+    scripted_node_with(script, store, crate::events::Events::default())
 }
 
-/// [`scripted_shim`], reporting to `events`.
-fn scripted_shim_with(
+/// [`scripted_node`], reporting to `events`.
+fn scripted_node_with(
     script: &str,
     store: Arc<MemStore>,
     events: crate::events::Events,
@@ -58,7 +58,7 @@ fn scripted_shim_with(
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     let mut exec = Executor::new(vec![dir.path().to_owned()], Duration::from_secs(10));
     exec.events = events;
-    let shim = Node::new(
+    let node = Node::new(
         store,
         exec,
         Identity {
@@ -70,7 +70,7 @@ fn scripted_shim_with(
         crate::gc::GcPolicy::default(),
         crate::access::Admission::default(),
     );
-    (dir, shim)
+    (dir, node)
 }
 
 impl Bench {
@@ -80,8 +80,8 @@ impl Bench {
 
     fn with_store(store: MemStore) -> Self {
         let store = Arc::new(store);
-        let (dir, shim) = scripted_shim(SCRIPT, store.clone());
-        Self { dir, shim, store }
+        let (dir, node) = scripted_node(SCRIPT, store.clone());
+        Self { dir, node, store }
     }
 
     fn path(&self, name: &str) -> std::path::PathBuf {
@@ -102,7 +102,7 @@ impl Bench {
     }
 
     fn record(&self, cid: &str) -> Option<AttachmentRecord> {
-        self.shim
+        self.node
             .ledger
             .get(&AttachmentKey::new("net", cid, "eth0"))
             .unwrap()
@@ -112,12 +112,12 @@ impl Bench {
 /// ADD as `caller`, with no AddEarly stream: the answer's bytes. Shared with the pool's and
 /// the access tests.
 pub(crate) async fn add_as(
-    shim: &Node,
+    node: &Node,
     caller: Caller,
     req: CniRequest,
 ) -> Result<Vec<u8>, ShimError> {
     add::run(
-        shim,
+        node,
         caller,
         req,
         &mut crate::core::attach::Early::default(),
@@ -167,7 +167,7 @@ fn read(p: &Path) -> Value {
 #[tokio::test]
 async fn add_commits_and_converts_to_the_config_version() {
     let b = Bench::new();
-    let out = add_as(&b.shim, Caller::ROOT, request("c1", "1.1.0", json!({})))
+    let out = add_as(&b.node, Caller::ROOT, request("c1", "1.1.0", json!({})))
         .await
         .unwrap();
     let v = json_of(&out);
@@ -185,7 +185,7 @@ async fn add_commits_and_converts_to_the_config_version() {
     assert_eq!(b.store.process_commits(), 1);
 
     let legacy = json_of(
-        &add_as(&b.shim, Caller::ROOT, request("c2", "0.4.0", json!({})))
+        &add_as(&b.node, Caller::ROOT, request("c2", "0.4.0", json!({})))
             .await
             .unwrap(),
     );
@@ -196,14 +196,14 @@ async fn add_commits_and_converts_to_the_config_version() {
 async fn the_agents_result_goes_to_the_disk() {
     let b = Bench::new();
     let p = b
-        .shim
+        .node
         .prepare(request("agent", "1.0.0", json!({})), true, Caller::ROOT)
         .unwrap();
     let owner = Owner::Agent {
         role: "router".into(),
     };
     crate::core::attach::attach(
-        &b.shim,
+        &b.node,
         &p,
         owner.clone(),
         &mut crate::core::attach::Early::default(),
@@ -218,10 +218,10 @@ async fn the_agents_result_goes_to_the_disk() {
 #[tokio::test]
 async fn repeated_add_answers_from_the_ledger_and_changed_config_is_refused() {
     let b = Bench::new();
-    let first = add_as(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
+    let first = add_as(&b.node, Caller::ROOT, request("c1", "1.0.0", json!({})))
         .await
         .unwrap();
-    let again = add_as(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
+    let again = add_as(&b.node, Caller::ROOT, request("c1", "1.0.0", json!({})))
         .await
         .unwrap();
     assert_eq!(first, again);
@@ -231,7 +231,7 @@ async fn repeated_add_answers_from_the_ledger_and_changed_config_is_refused() {
         "1.0.0",
         json!({"runtimeConfig": {"ips": ["10.9.0.7"]}}),
     );
-    let e = add_as(&b.shim, Caller::ROOT, changed).await.unwrap_err();
+    let e = add_as(&b.node, Caller::ROOT, changed).await.unwrap_err();
     assert!(matches!(e, ShimError::ExistsWithOtherConfig { .. }), "{e}");
     assert_eq!(b.calls(), vec!["ADD c1"]);
 }
@@ -243,7 +243,7 @@ async fn delegate_error_passes_through_and_leaves_no_record() {
         "fail-add",
         r#"{"code":999,"msg":"no IP addresses available","details":"range full"}"#,
     );
-    let e = add_as(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
+    let e = add_as(&b.node, Caller::ROOT, request("c1", "1.0.0", json!({})))
         .await
         .unwrap_err();
     let ShimError::Delegate(f) = &e else {
@@ -262,9 +262,9 @@ async fn delegate_error_passes_through_and_leaves_no_record() {
 async fn the_result_is_committed_while_the_delegate_exits() {
     let b = Bench::new();
     b.touch("linger-add", "");
-    let shim = b.shim.clone();
+    let node = b.node.clone();
     let adding = tokio::spawn(async move {
-        add_as(&shim, Caller::ROOT, request("c1", "1.0.0", json!({}))).await
+        add_as(&node, Caller::ROOT, request("c1", "1.0.0", json!({}))).await
     });
     let started = std::time::Instant::now();
     while b
@@ -295,7 +295,7 @@ async fn a_result_the_delegate_does_not_stand_by_is_rolled_back() {
     for (flag, expect) in [("exit-add", "status 1"), ("more-add", "wrote more")] {
         let b = Bench::new();
         b.touch(flag, "");
-        let e = add_as(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
+        let e = add_as(&b.node, Caller::ROOT, request("c1", "1.0.0", json!({})))
             .await
             .unwrap_err();
         assert!(format!("{e:?}").contains(expect), "{flag}: {e:?}");
@@ -308,7 +308,7 @@ async fn a_result_the_delegate_does_not_stand_by_is_rolled_back() {
 async fn garbage_from_the_delegate_is_rolled_back() {
     let b = Bench::new();
     b.touch("garbage-add", "");
-    let e = add_as(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
+    let e = add_as(&b.node, Caller::ROOT, request("c1", "1.0.0", json!({})))
         .await
         .unwrap_err();
     assert!(matches!(e, ShimError::DelegateBadOutput { .. }), "{e:?}");
@@ -320,7 +320,7 @@ async fn garbage_from_the_delegate_is_rolled_back() {
 async fn a_delegate_that_dies_with_only_stderr_is_rolled_back() {
     let b = Bench::new();
     b.touch("panic-add", "");
-    let e = add_as(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
+    let e = add_as(&b.node, Caller::ROOT, request("c1", "1.0.0", json!({})))
         .await
         .unwrap_err();
     let ShimError::Delegate(f) = &e else {
@@ -340,7 +340,7 @@ async fn a_missing_delegate_is_not_rolled_back() {
         "ipam": {"type": "dipam", "delegate": {"type": "not-installed"}}
     }))
     .unwrap();
-    let e = add_as(&b.shim, Caller::ROOT, req).await.unwrap_err();
+    let e = add_as(&b.node, Caller::ROOT, req).await.unwrap_err();
     assert!(matches!(e, ShimError::DelegateNotFound { .. }), "{e:?}");
     assert!(b.calls().is_empty());
     assert!(b.record("c1").is_none());
@@ -354,13 +354,13 @@ async fn gc_without_a_list_is_refused() {
         json!({"cni.dev/valid-attachments": null}),
         json!({"cni.dev/valid-attachments": []}),
     ] {
-        let e = super::gc::run(&b.shim, Caller::ROOT, request("", "1.1.0", extra))
+        let e = super::gc::run(&b.node, Caller::ROOT, request("", "1.1.0", extra))
             .await
             .unwrap_err();
         assert!(matches!(e, ShimError::GcRefused { .. }), "{e:?}");
     }
     assert_eq!(
-        b.shim
+        b.node
             .gc_stats
             .refused
             .load(std::sync::atomic::Ordering::Relaxed),
@@ -376,22 +376,22 @@ async fn gc_without_a_list_is_refused() {
 async fn a_ledger_that_cannot_commit_is_reported_everywhere() {
     let metrics = Arc::new(crate::metrics::Metrics::new());
     let store = Arc::new(MemStore::new());
-    let (dir, shim) = scripted_shim_with(
+    let (dir, node) = scripted_node_with(
         SCRIPT,
         store.clone(),
         crate::events::Events::new(vec![metrics.clone()]),
     );
-    let b = Bench { dir, shim, store };
+    let b = Bench { dir, node, store };
     // What a scrape shows after dipamd's periodic tick (spool/drain.rs `report`) has sampled the
     // ledger: the fault can clear with no commit to report it.
     let scrape = || {
-        crate::spool::drain::report(&b.shim, &b.dir.path().join("spool"));
+        crate::spool::drain::report(&b.node, &b.dir.path().join("spool"));
         metrics.render()
     };
     let full = "the ledger in /var/lib/dipam cannot be written (3s ago): No space left on device \
                 (os error 28); dipamd keeps retrying (the file system is full)";
     b.store.set_fault(Some(full));
-    let e = super::status::run(&b.shim, Caller::ROOT, request("", "1.1.0", json!({})))
+    let e = super::status::run(&b.node, Caller::ROOT, request("", "1.1.0", json!({})))
         .await
         .unwrap_err();
     match &e {
@@ -399,10 +399,10 @@ async fn a_ledger_that_cannot_commit_is_reported_everywhere() {
         other => panic!("expected NotReady, got {other:?}"),
     }
     assert_eq!(e.code_and_details().0, 50);
-    let st = super::admin::status::run(&b.shim).await.unwrap();
+    let st = super::admin::status::run(&b.node).await.unwrap();
     assert!(!st.ready);
     assert_eq!(st.not_ready.first().map(String::as_str), Some(full));
-    let doctor = super::admin::doctor::run(&b.shim).await.unwrap();
+    let doctor = super::admin::doctor::run(&b.node).await.unwrap();
     let check = doctor
         .checks
         .iter()
@@ -412,13 +412,13 @@ async fn a_ledger_that_cannot_commit_is_reported_everywhere() {
     assert!(scrape().contains("\ndipam_ledger_writable 0\n"));
 
     b.store.set_fault(None);
-    let st = super::admin::status::run(&b.shim).await.unwrap();
+    let st = super::admin::status::run(&b.node).await.unwrap();
     assert!(
         !st.not_ready.iter().any(|l| l.contains("ledger")),
         "{:?}",
         st.not_ready
     );
-    let doctor = super::admin::doctor::run(&b.shim).await.unwrap();
+    let doctor = super::admin::doctor::run(&b.node).await.unwrap();
     assert!(
         doctor
             .checks
@@ -434,7 +434,7 @@ async fn a_failed_commit_rolls_the_delegate_back() {
     // The intent commits; committing the result fails (a full disk): the delegate's
     // allocation is released and the intent dropped, so nothing is held that nobody knows of.
     b.store.fail_commits_after(1, 1);
-    let e = add_as(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
+    let e = add_as(&b.node, Caller::ROOT, request("c1", "1.0.0", json!({})))
         .await
         .unwrap_err();
     assert!(matches!(e, ShimError::Store(_)), "{e:?}");
@@ -443,7 +443,7 @@ async fn a_failed_commit_rolls_the_delegate_back() {
 
     // The intent itself cannot be written: the delegate never runs.
     b.store.fail_commits_after(0, 1);
-    let e = add_as(&b.shim, Caller::ROOT, request("c2", "1.0.0", json!({})))
+    let e = add_as(&b.node, Caller::ROOT, request("c2", "1.0.0", json!({})))
         .await
         .unwrap_err();
     assert!(matches!(e, ShimError::Store(_)), "{e:?}");
@@ -453,23 +453,23 @@ async fn a_failed_commit_rolls_the_delegate_back() {
 #[tokio::test]
 async fn del_of_unknown_runs_the_delegate_and_failed_del_keeps_the_record() {
     let b = Bench::new();
-    del::run(&b.shim, Caller::ROOT, request("ghost", "1.0.0", json!({})))
+    del::run(&b.node, Caller::ROOT, request("ghost", "1.0.0", json!({})))
         .await
         .unwrap();
     assert_eq!(b.calls(), vec!["DEL ghost"]);
 
-    add_as(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
+    add_as(&b.node, Caller::ROOT, request("c1", "1.0.0", json!({})))
         .await
         .unwrap();
     b.touch("fail-del", "");
-    let e = del::run(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
+    let e = del::run(&b.node, Caller::ROOT, request("c1", "1.0.0", json!({})))
         .await
         .unwrap_err();
     assert!(matches!(e, ShimError::Delegate(_)), "{e:?}");
     assert_eq!(b.record("c1").unwrap().state, AttachmentState::Deleting);
 
     std::fs::remove_file(b.path("fail-del")).unwrap();
-    del::run(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
+    del::run(&b.node, Caller::ROOT, request("c1", "1.0.0", json!({})))
         .await
         .unwrap();
     assert!(b.record("c1").is_none());
@@ -479,12 +479,12 @@ async fn del_of_unknown_runs_the_delegate_and_failed_del_keeps_the_record() {
 async fn check_compares_prev_result_with_the_ledger() {
     let b = Bench::new();
     let res = json_of(
-        &add_as(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
+        &add_as(&b.node, Caller::ROOT, request("c1", "1.0.0", json!({})))
             .await
             .unwrap(),
     );
     check::run(
-        &b.shim,
+        &b.node,
         Caller::ROOT,
         request("c1", "1.0.0", json!({ "prevResult": res })),
     )
@@ -494,7 +494,7 @@ async fn check_compares_prev_result_with_the_ledger() {
     let mut wrong = res.clone();
     wrong["ips"][0]["address"] = json!("10.9.0.3/24");
     let e = check::run(
-        &b.shim,
+        &b.node,
         Caller::ROOT,
         request("c1", "1.0.0", json!({ "prevResult": wrong })),
     )
@@ -502,7 +502,7 @@ async fn check_compares_prev_result_with_the_ledger() {
     .unwrap_err();
     assert!(matches!(e, ShimError::PrevResultMismatch { .. }), "{e:?}");
     let e = check::run(
-        &b.shim,
+        &b.node,
         Caller::ROOT,
         request("c9", "1.0.0", json!({ "prevResult": res })),
     )
@@ -514,18 +514,18 @@ async fn check_compares_prev_result_with_the_ledger() {
 #[tokio::test]
 async fn replay_releases_interrupted_operations_and_keeps_committed_ones() {
     let b = Bench::new();
-    add_as(&b.shim, Caller::ROOT, request("keep", "1.0.0", json!({})))
+    add_as(&b.node, Caller::ROOT, request("keep", "1.0.0", json!({})))
         .await
         .unwrap();
-    add_as(&b.shim, Caller::ROOT, request("half", "1.0.0", json!({})))
+    add_as(&b.node, Caller::ROOT, request("half", "1.0.0", json!({})))
         .await
         .unwrap();
     let mut half = b.record("half").unwrap();
     half.state = AttachmentState::Adding;
     half.result = None;
-    b.shim.ledger.put(&half).unwrap();
+    b.node.ledger.put(&half).unwrap();
 
-    let r = replay::replay(&b.shim).await.unwrap();
+    let r = replay::replay(&b.node).await.unwrap();
     assert_eq!(r.released, 1);
     assert!(b.record("half").is_none());
     assert!(b.record("keep").is_some());
@@ -537,10 +537,10 @@ async fn protocol_negotiation_serves_newer_and_refuses_older() {
     let b = Bench::new();
     let mut newer = request("c1", "1.0.0", json!({}));
     newer.protocol_version = dipam_proto::PROTOCOL_VERSION + 5;
-    assert!(add_as(&b.shim, Caller::ROOT, newer).await.is_ok());
+    assert!(add_as(&b.node, Caller::ROOT, newer).await.is_ok());
     let mut older = request("c2", "1.0.0", json!({}));
     older.protocol_version = 0;
-    let e = add_as(&b.shim, Caller::ROOT, older).await.unwrap_err();
+    let e = add_as(&b.node, Caller::ROOT, older).await.unwrap_err();
     assert_eq!(
         e.into_reply().unwrap_err().code(),
         tonic::Code::FailedPrecondition
@@ -558,7 +558,7 @@ async fn identifiers_are_validated_before_any_key_or_exec() {
     ] {
         let mut req = request(cid, "1.0.0", json!({}));
         req.ifname = ifname.into();
-        let e = add_as(&b.shim, Caller::ROOT, req).await.unwrap_err();
+        let e = add_as(&b.node, Caller::ROOT, req).await.unwrap_err();
         assert!(
             matches!(e, ShimError::BadEnv(_)),
             "{cid:?} {ifname:?}: {e:?}"
@@ -582,28 +582,28 @@ async fn a_stale_add_cannot_resurrect_and_a_stale_del_cannot_release() {
         });
         r
     };
-    add_as(&b.shim, Caller::ROOT, at(1_000)).await.unwrap();
+    add_as(&b.node, Caller::ROOT, at(1_000)).await.unwrap();
     // A DEL issued before that ADD (replayed late from the spool) leaves it alone.
-    del::run(&b.shim, Caller::ROOT, at(500)).await.unwrap();
+    del::run(&b.node, Caller::ROOT, at(500)).await.unwrap();
     assert!(b.record("c1").is_some());
     assert_eq!(b.calls(), vec!["ADD c1"]);
     // The real DEL, then an ADD that had been issued before it arrives late: refused (3).
-    del::run(&b.shim, Caller::ROOT, at(2_000)).await.unwrap();
-    let e = add_as(&b.shim, Caller::ROOT, at(1_500)).await.unwrap_err();
+    del::run(&b.node, Caller::ROOT, at(2_000)).await.unwrap();
+    let e = add_as(&b.node, Caller::ROOT, at(1_500)).await.unwrap_err();
     assert!(matches!(e, ShimError::StaleAdd { .. }), "{e:?}");
     assert!(b.record("c1").is_none());
     // A new ADD issued after the DEL is an ordinary ADD.
-    add_as(&b.shim, Caller::ROOT, at(3_000)).await.unwrap();
+    add_as(&b.node, Caller::ROOT, at(3_000)).await.unwrap();
     assert!(b.record("c1").is_some());
     // Plugins before the ordering field (no stamp) are never judged stale.
-    del::run(&b.shim, Caller::ROOT, at(0)).await.unwrap();
+    del::run(&b.node, Caller::ROOT, at(0)).await.unwrap();
     assert!(b.record("c1").is_none());
 }
 
 #[tokio::test]
 async fn spooled_dels_are_drained_and_unusable_ones_quarantined() {
     let b = Bench::new();
-    add_as(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
+    add_as(&b.node, Caller::ROOT, request("c1", "1.0.0", json!({})))
         .await
         .unwrap();
     let spool = b.path("spool");
@@ -617,7 +617,7 @@ async fn spooled_dels_are_drained_and_unusable_ones_quarantined() {
     std::fs::write(spool.join("0001-a.json"), good.to_string()).unwrap();
     std::fs::write(spool.join("0002-b.json"), "{ not json").unwrap();
     std::fs::write(spool.join(".tmp-0003-c.json"), "partial").unwrap();
-    let d = crate::spool::drain::drain(&b.shim, &spool).await;
+    let d = crate::spool::drain::drain(&b.node, &spool).await;
     assert_eq!(d.released, 1);
     assert_eq!(d.failed, 1);
     assert!(b.record("c1").is_none());
@@ -663,7 +663,7 @@ async fn spool_replays_only_roots_files_and_releases_keys_the_ledger_lacks() {
     std::fs::create_dir(&elsewhere).unwrap();
     std::os::unix::fs::symlink(&elsewhere, spool.join("failed")).unwrap();
 
-    let d = crate::spool::drain::drain(&b.shim, &spool).await;
+    let d = crate::spool::drain::drain(&b.node, &spool).await;
     assert_eq!((d.released, d.failed, d.kept), (1, 3, 0), "{d:?}");
     assert_eq!(
         b.calls(),
@@ -698,7 +698,7 @@ async fn spool_replays_only_roots_files_and_releases_keys_the_ledger_lacks() {
             .starts_with(".untrusted-failed-")
     }));
     assert_eq!(
-        b.shim
+        b.node
             .spool
             .quarantined
             .load(std::sync::atomic::Ordering::Relaxed),
@@ -708,10 +708,10 @@ async fn spool_replays_only_roots_files_and_releases_keys_the_ledger_lacks() {
     // A spool directory writable by others is not read at all.
     std::fs::write(spool.join("0005-later.json"), del("later")).unwrap();
     std::fs::set_permissions(&spool, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let d = crate::spool::drain::drain(&b.shim, &spool).await;
+    let d = crate::spool::drain::drain(&b.node, &spool).await;
     assert_eq!(d, crate::spool::Drained::default());
     assert!(
-        b.shim
+        b.node
             .spool
             .untrusted()
             .unwrap()
@@ -723,12 +723,12 @@ async fn spool_replays_only_roots_files_and_releases_keys_the_ledger_lacks() {
 /// Every reply of one AddEarly for `req`, through the service as a plugin sees it. Shared
 /// with the pool's tests.
 pub(crate) async fn add_early_replies(
-    shim: &Arc<Node>,
+    node: &Arc<Node>,
     req: CniRequest,
 ) -> Vec<dipam_proto::v1::CniReply> {
     use dipam_proto::v1::cni_server::Cni;
     use tokio_stream::StreamExt;
-    let svc = crate::service::Service(Arc::clone(shim));
+    let svc = crate::service::Service(Arc::clone(node));
     let mut req = tonic::Request::new(req);
     req.extensions_mut().insert(crate::access::Caller::ROOT);
     let stream = svc.add_early(req).await.unwrap().into_inner();
@@ -747,7 +747,7 @@ async fn add_early_sends_the_result_before_its_commit_and_then_the_outcome() {
     use dipam_proto::v1::{CniReply, cni_reply::Outcome};
 
     let b = Bench::new();
-    let replies = |cid: &'static str| add_early_replies(&b.shim, request(cid, "1.0.0", json!({})));
+    let replies = |cid: &'static str| add_early_replies(&b.node, request(cid, "1.0.0", json!({})));
     let result_of = |r: &CniReply| match &r.outcome {
         Some(Outcome::Result(bytes)) => json_of(bytes),
         other => panic!("not a result: {other:?}"),
@@ -793,11 +793,11 @@ async fn add_early_sends_the_result_before_its_commit_and_then_the_outcome() {
 #[tokio::test]
 async fn a_duplicate_address_from_the_delegate_is_refused() {
     let b = Bench::new();
-    add_as(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
+    add_as(&b.node, Caller::ROOT, request("c1", "1.0.0", json!({})))
         .await
         .unwrap();
     b.touch("next", "2");
-    let e = add_as(&b.shim, Caller::ROOT, request("c2", "1.0.0", json!({})))
+    let e = add_as(&b.node, Caller::ROOT, request("c2", "1.0.0", json!({})))
         .await
         .unwrap_err();
     assert!(matches!(e, ShimError::Conflict { .. }), "{e:?}");
@@ -806,18 +806,18 @@ async fn a_duplicate_address_from_the_delegate_is_refused() {
     assert!(b.record("c1").is_some());
     assert_eq!(b.calls(), vec!["ADD c1", "ADD c2", "DEL c2"]);
     assert_eq!(
-        b.shim
+        b.node
             .agent
             .conflicts
             .load(std::sync::atomic::Ordering::Relaxed),
         1
     );
     // Once c1 is gone, its address may go to another pod.
-    del::run(&b.shim, Caller::ROOT, request("c1", "1.0.0", json!({})))
+    del::run(&b.node, Caller::ROOT, request("c1", "1.0.0", json!({})))
         .await
         .unwrap();
     b.touch("next", "2");
-    add_as(&b.shim, Caller::ROOT, request("c3", "1.0.0", json!({})))
+    add_as(&b.node, Caller::ROOT, request("c3", "1.0.0", json!({})))
         .await
         .unwrap();
 }

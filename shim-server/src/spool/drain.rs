@@ -55,24 +55,24 @@ struct SpooledStamp {
 }
 
 /// Opens `dir` by the rule, recording the outcome for status/doctor/metrics.
-fn open_checked(shim: &Node, dir: &Path) -> Option<OwnedFd> {
+fn open_checked(node: &Node, dir: &Path) -> Option<OwnedFd> {
     match spool::open_dir(dir) {
         Ok(fd) => {
-            set(&shim.spool.untrusted, None);
+            set(&node.spool.untrusted, None);
             Some(fd)
         }
         Err(e) if e.not_found() => None,
         Err(e) => {
-            if shim.spool.untrusted().is_none() {
+            if node.spool.untrusted().is_none() {
                 error!(spool = %dir.display(), error = %e, "the DEL spool fails the spool rule (root-owned, not writable by group or others, no links); nothing in it is replayed until it is fixed");
             }
-            set(&shim.spool.untrusted, Some(e.to_string()));
+            set(&node.spool.untrusted, Some(e.to_string()));
             None
         }
     }
 }
 
-fn quarantine(shim: &Node, fd: &OwnedFd, dir: &Path, name: &OsStr, why: &str) {
+fn quarantine(node: &Node, fd: &OwnedFd, dir: &Path, name: &OsStr, why: &str) {
     let file = dir.join(name);
     let moved = open_quarantine(fd, dir).and_then(|q| {
         renameat(fd, name, &q, name).map_err(|e| e.to_string())?;
@@ -82,8 +82,8 @@ fn quarantine(shim: &Node, fd: &OwnedFd, dir: &Path, name: &OsStr, why: &str) {
     });
     match moved {
         Ok(()) => {
-            shim.spool.quarantined.fetch_add(1, Ordering::Relaxed);
-            shim.events.emit(crate::events::Event::SpoolQuarantined);
+            node.spool.quarantined.fetch_add(1, Ordering::Relaxed);
+            node.events.emit(crate::events::Event::SpoolQuarantined);
             warn!(file = %file.display(), why, "spooled DEL not replayed; moved to {QUARANTINE}/");
         }
         Err(e) => {
@@ -93,7 +93,7 @@ fn quarantine(shim: &Node, fd: &OwnedFd, dir: &Path, name: &OsStr, why: &str) {
 }
 
 /// Reads one spool file by the rule; quarantines it when it fails.
-fn read_file(shim: &Node, fd: &OwnedFd, dir: &Path, name: &OsStr) -> Option<Spooled> {
+fn read_file(node: &Node, fd: &OwnedFd, dir: &Path, name: &OsStr) -> Option<Spooled> {
     let bytes = spool::open_file(fd, dir, name)
         .map_err(|e| e.to_string())
         .and_then(|f| {
@@ -115,7 +115,7 @@ fn read_file(shim: &Node, fd: &OwnedFd, dir: &Path, name: &OsStr) -> Option<Spoo
     match parsed {
         Ok(s) => Some(s),
         Err(why) => {
-            quarantine(shim, fd, dir, name, &why);
+            quarantine(node, fd, dir, name, &why);
             None
         }
     }
@@ -145,9 +145,9 @@ fn provably_nothing_held(
 }
 
 /// Replays every spooled DEL in `dir`.
-pub async fn drain(shim: &Node, dir: &Path) -> Drained {
+pub async fn drain(node: &Node, dir: &Path) -> Drained {
     let mut out = Drained::default();
-    let Some(fd) = open_checked(shim, dir) else {
+    let Some(fd) = open_checked(node, dir) else {
         return out;
     };
     let names = match spool::pending(&fd) {
@@ -159,7 +159,7 @@ pub async fn drain(shim: &Node, dir: &Path) -> Drained {
     };
     let mut stores = HashMap::new();
     for name in names {
-        let Some(s) = read_file(shim, &fd, dir, &name) else {
+        let Some(s) = read_file(node, &fd, dir, &name) else {
             out.failed += 1;
             continue;
         };
@@ -189,8 +189,8 @@ pub async fn drain(shim: &Node, dir: &Path) -> Drained {
         // restored from a backup). Only when the delegate's own store proves it holds
         // nothing for the key is the exec skipped, which keeps the drain (run before
         // serving) fast after a runtime retried ADDs in a tight loop while dipamd was down.
-        if let Ok(p) = shim.prepare(req.clone(), true, crate::access::Caller::ROOT)
-            && let Ok(None) = shim.lookup(&p.key)
+        if let Ok(p) = node.prepare(req.clone(), true, crate::access::Caller::ROOT)
+            && let Ok(None) = node.lookup(&p.key)
             && provably_nothing_held(&p, &mut stores)
         {
             let _ = spool::remove(&fd, &name);
@@ -198,7 +198,7 @@ pub async fn drain(shim: &Node, dir: &Path) -> Drained {
             out.released += 1;
             continue;
         }
-        match rpc::del::run(shim, crate::access::Caller::ROOT, req).await {
+        match rpc::del::run(node, crate::access::Caller::ROOT, req).await {
             Ok(_) => {
                 let _ = spool::remove(&fd, &name);
                 info!(attachment = %what, file = %dir.join(&name).display(), "spooled DEL replayed");
@@ -211,7 +211,7 @@ pub async fn drain(shim: &Node, dir: &Path) -> Drained {
                 | ShimError::Reserved { .. }
                 | ShimError::Version(_)),
             ) => {
-                quarantine(shim, &fd, dir, &name, &e.to_string());
+                quarantine(node, &fd, dir, &name, &e.to_string());
                 out.failed += 1;
             }
             Err(e) => {
@@ -226,7 +226,7 @@ pub async fn drain(shim: &Node, dir: &Path) -> Drained {
 /// Moves the files waiting in a spool a previous dipamd of this socket published into ours
 /// (`to`): a DEL spooled there, even in the moment before this dipamd's pointer replaced the
 /// old one, is replayed here. Files failing the rule stay there, quarantined.
-pub fn adopt(shim: &Node, from: &Path, to: &Path) -> usize {
+pub fn adopt(node: &Node, from: &Path, to: &Path) -> usize {
     let (Some(src), Ok(dst)) = (
         spool::open_dir(from).ok(),
         spool::open_dir(to).map_err(|e| e.to_string()),
@@ -236,7 +236,7 @@ pub fn adopt(shim: &Node, from: &Path, to: &Path) -> usize {
     let mut moved = 0;
     for name in spool::pending(&src).unwrap_or_default() {
         let Ok(mut f) = spool::open_file(&src, from, &name) else {
-            quarantine(shim, &src, from, &name, "fails the spool rule");
+            quarantine(node, &src, from, &name, "fails the spool rule");
             continue;
         };
         let done = match renameat(&src, name.as_os_str(), &dst, name.as_os_str()) {
@@ -268,13 +268,13 @@ pub fn adopt(shim: &Node, from: &Path, to: &Path) -> usize {
 /// Drains `dir` (after taking over inherited spools) until a pass finds nothing new: DELs
 /// spooled while the drain runs are released too. Bounded, so a plugin spooling in a loop
 /// cannot hold dipamd's start forever; the periodic drain takes the rest.
-pub async fn drain_all(shim: &Node, dir: &Path) -> Drained {
+pub async fn drain_all(node: &Node, dir: &Path) -> Drained {
     let mut total = Drained::default();
     for _ in 0..8 {
-        for from in shim.spool.inherited() {
-            adopt(shim, &from, dir);
+        for from in node.spool.inherited() {
+            adopt(node, &from, dir);
         }
-        let d = drain(shim, dir).await;
+        let d = drain(node, dir).await;
         total.released += d.released;
         total.failed += d.failed;
         total.kept = d.kept;
@@ -282,60 +282,60 @@ pub async fn drain_all(shim: &Node, dir: &Path) -> Drained {
             break;
         }
     }
-    report(shim, dir);
+    report(node, dir);
     total
 }
 
 /// Reports the spool's gauges, and whether the ledger takes commits: plugins write spool
 /// files while dipamd runs and the store recovers from a full disk in the background, so
 /// both are sampled here, at start and on every tick of [`run`] (docs/metrics.md).
-pub fn report(shim: &Node, dir: &Path) {
+pub fn report(node: &Node, dir: &Path) {
     use crate::events::Event;
-    shim.events.emit(Event::SpoolDepth(depth(dir) as u64));
-    shim.events
-        .emit(Event::SpoolUntrusted(shim.spool.untrusted().is_some()));
-    shim.events
-        .emit(Event::SpoolMismatched(shim.spool.mismatched().len() as u64));
-    shim.report_writable();
+    node.events.emit(Event::SpoolDepth(depth(dir) as u64));
+    node.events
+        .emit(Event::SpoolUntrusted(node.spool.untrusted().is_some()));
+    node.events
+        .emit(Event::SpoolMismatched(node.spool.mismatched().len() as u64));
+    node.report_writable();
 }
 
 /// Drains every `every` until the process ends.
-pub async fn run(shim: std::sync::Arc<Node>, dir: PathBuf, every: std::time::Duration) {
+pub async fn run(node: std::sync::Arc<Node>, dir: PathBuf, every: std::time::Duration) {
     loop {
         tokio::time::sleep(every).await;
-        for from in shim.spool.inherited() {
-            adopt(&shim, &from, &dir);
+        for from in node.spool.inherited() {
+            adopt(&node, &from, &dir);
         }
-        if depth(&dir) > 0 || shim.spool.untrusted().is_some() {
-            drain(&shim, &dir).await;
+        if depth(&dir) > 0 || node.spool.untrusted().is_some() {
+            drain(&node, &dir).await;
         }
-        report(&shim, &dir);
+        report(&node, &dir);
     }
 }
 
 /// The spool as `dipamctl status` shows it.
-pub fn status(shim: &Node) -> dipam_proto::v1::SpoolStatus {
-    let dir = &shim.identity.spool_dir;
+pub fn status(node: &Node) -> dipam_proto::v1::SpoolStatus {
+    let dir = &node.identity.spool_dir;
     dipam_proto::v1::SpoolStatus {
         dir: dir.display().to_string(),
-        pointer: spool::pointer_path(&shim.identity.socket)
+        pointer: spool::pointer_path(&node.identity.socket)
             .display()
             .to_string(),
         depth: depth(dir) as u64,
-        quarantined: shim.spool.quarantined.load(Ordering::Relaxed),
+        quarantined: node.spool.quarantined.load(Ordering::Relaxed),
         untrusted: spool::open_dir(dir)
             .err()
             .filter(|e| !e.not_found())
             .map(|e| e.to_string())
             .unwrap_or_default(),
-        unpublished: shim.spool.unpublished().unwrap_or_default(),
-        mismatched: shim
+        unpublished: node.spool.unpublished().unwrap_or_default(),
+        mismatched: node
             .spool
             .mismatched()
             .into_iter()
             .map(|(n, d)| format!("{n}: {d}"))
             .collect(),
-        inherited: shim
+        inherited: node
             .spool
             .inherited()
             .iter()

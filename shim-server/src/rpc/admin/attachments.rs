@@ -8,7 +8,7 @@ use crate::{error::ShimError, node::Node};
 /// The ledger's attachments. Root and --admin-uid see all; another caller only those it
 /// created (their netns paths and results are no one else's business).
 pub async fn run(
-    shim: &Node,
+    node: &Node,
     caller: crate::access::Caller,
     req: ListAttachmentsRequest,
 ) -> Result<ListAttachmentsReply, ShimError> {
@@ -21,7 +21,7 @@ pub async fn run(
     )?;
     bounded("the owner filter", req.owner.as_bytes(), limits::NAME, 7)?;
     let network = (!req.network.is_empty()).then(|| req.network.clone());
-    let mut records = shim.ledger(move |l| l.list(network.as_deref())).await?;
+    let mut records = node.ledger(move |l| l.list(network.as_deref())).await?;
     if !caller.admin {
         records.retain(|r| caller.owns(r.creator_uid));
     }

@@ -25,9 +25,9 @@ fn check(name: impl Into<String>, ok: bool, detail: impl Into<String>, fix: &str
 
 /// The DEL spool: published where the plugin finds it, meeting the trust rule, drained, and
 /// agreeing with every config that names a spoolDir.
-fn spool_checks(shim: &Node, checks: &mut Vec<DoctorCheck>) {
-    let id = &shim.identity;
-    let st = spool::drain::status(shim);
+fn spool_checks(node: &Node, checks: &mut Vec<DoctorCheck>) {
+    let id = &node.identity;
+    let st = spool::drain::status(node);
     let published = dipam_proto::spool::read_pointer(&id.socket);
     let names_ours = published.as_ref().is_ok_and(|p| {
         std::fs::metadata(&id.spool_dir).is_ok_and(|m| m.dev() == p.dev && m.ino() == p.ino)
@@ -105,8 +105,8 @@ fn spool_checks(shim: &Node, checks: &mut Vec<DoctorCheck>) {
     ));
 }
 
-pub async fn run(shim: &Node) -> Result<DoctorReply, ShimError> {
-    let id = &shim.identity;
+pub async fn run(node: &Node) -> Result<DoctorReply, ShimError> {
+    let id = &node.identity;
     let mut checks = Vec::new();
 
     let state_tmpfs = on_tmpfs(&id.state_dir);
@@ -125,7 +125,7 @@ pub async fn run(shim: &Node) -> Result<DoctorReply, ShimError> {
         "run dipamd with --state-dir on persistent storage (hostPath /var/lib/dipam)",
     ));
 
-    let fault = shim.ledger.store().fault();
+    let fault = node.ledger.store().fault();
     checks.push(check(
         "ledger takes commits",
         fault.is_none(),
@@ -174,7 +174,7 @@ pub async fn run(shim: &Node) -> Result<DoctorReply, ShimError> {
 
     // A ledger that cannot be read (its disk is full and the store is being reopened) fails
     // these checks, not the whole report: doctor is what the operator runs then.
-    let networks = match divergence::networks(shim).await {
+    let networks = match divergence::networks(node).await {
         Ok(n) => n,
         Err(e) => {
             checks.push(check(
@@ -188,7 +188,7 @@ pub async fn run(shim: &Node) -> Result<DoctorReply, ShimError> {
     };
     for dc in networks {
         let net = &dc.network;
-        match shim.exec.probe(&dc.kind, "").await {
+        match node.exec.probe(&dc.kind, "").await {
             Ok(p) => checks.push(check(
                 format!("network {net}: delegate {}", dc.kind),
                 !p.supported.is_empty(),
@@ -230,7 +230,7 @@ pub async fn run(shim: &Node) -> Result<DoctorReply, ShimError> {
             ),
             "put the delegate's dataDir on persistent storage, as dipamd's ledger is",
         ));
-        let divergence = match divergence::check(shim, &dc).await {
+        let divergence = match divergence::check(node, &dc).await {
             Ok(d) => d,
             Err(e) => {
                 checks.push(check(
@@ -276,8 +276,8 @@ pub async fn run(shim: &Node) -> Result<DoctorReply, ShimError> {
         }
     }
 
-    if let Some(cfg) = &shim.agent.config {
-        let snap = shim.agent.snapshot();
+    if let Some(cfg) = &node.agent.config {
+        let snap = node.agent.snapshot();
         checks.push(check(
             "agent conflist",
             snap.waiting.is_empty(),
@@ -298,8 +298,8 @@ pub async fn run(shim: &Node) -> Result<DoctorReply, ShimError> {
         }
     }
 
-    checks.push(teardown_check(shim.teardown.get()));
-    let denied = shim.denials.count();
+    checks.push(teardown_check(node.teardown.get()));
+    let denied = node.denials.count();
     checks.push(check(
         "no operation lacked a privilege",
         denied == 0,
@@ -308,7 +308,7 @@ pub async fn run(shim: &Node) -> Result<DoctorReply, ShimError> {
         } else {
             format!(
                 "{denied} operation(s) not permitted since start; last: {}",
-                shim.denials.last()
+                node.denials.last()
             )
         },
         "dipamd lacks a capability it needs: give it the set deploy/systemd/dipamd.service \
@@ -316,10 +316,10 @@ pub async fn run(shim: &Node) -> Result<DoctorReply, ShimError> {
          check SELinux/AppArmor denials; then restart dipamd",
     ));
 
-    if shim.agent.config.is_none() {
+    if node.agent.config.is_none() {
         // Agent records left from when agent management was on (agent/reconcile.rs
         // keep_unmanaged): held, never a pod's, and released only by turning it back on.
-        let kept: Vec<String> = shim
+        let kept: Vec<String> = node
             .agent
             .snapshot()
             .addresses
@@ -339,7 +339,7 @@ pub async fn run(shim: &Node) -> Result<DoctorReply, ShimError> {
         }
     }
 
-    spool_checks(shim, &mut checks);
+    spool_checks(node, &mut checks);
     Ok(DoctorReply {
         protocol_version: dipam_proto::PROTOCOL_VERSION,
         checks,

@@ -7,10 +7,10 @@ use crate::{error::ShimError, node::Node};
 
 /// `dipamctl explain`: the container's ledger records and its recorded history. A warm-pool ID
 /// also finds the pod its address went to (the delegate's executions are recorded under it).
-pub async fn run(shim: &Node, req: ExplainRequest) -> Result<ExplainReply, ShimError> {
+pub async fn run(node: &Node, req: ExplainRequest) -> Result<ExplainReply, ShimError> {
     crate::validate::container_id(&req.container_id)?;
     let cid = req.container_id.clone();
-    let (records, events) = shim
+    let (records, events) = node
         .ledger(move |l| {
             let records: Vec<_> = l
                 .list(None)?
@@ -25,6 +25,6 @@ pub async fn run(shim: &Node, req: ExplainRequest) -> Result<ExplainReply, ShimE
         protocol_version: dipam_proto::PROTOCOL_VERSION,
         attachments: all,
         events: events.iter().map(ToString::to_string).collect(),
-        events_dropped: shim.history.get().map_or(0, crate::history::Sink::dropped),
+        events_dropped: node.history.get().map_or(0, crate::history::Sink::dropped),
     })
 }

@@ -10,9 +10,9 @@ use crate::{
 
 /// `dipamctl gc`: one network, the operator's valid list or the ledger as the valid set, and
 /// a dry run that frees nothing.
-pub async fn run(shim: &Node, req: GcRequest) -> Result<GcReply, ShimError> {
+pub async fn run(node: &Node, req: GcRequest) -> Result<GcReply, ShimError> {
     let (stdin, mode) = if req.config.is_empty() {
-        let base = shim
+        let base = node
             .agent
             .config
             .as_ref()
@@ -36,7 +36,7 @@ pub async fn run(shim: &Node, req: GcRequest) -> Result<GcReply, ShimError> {
         let mode = Mode::try_from(req.mode).unwrap_or(Mode::Ipam);
         (req.config.clone(), mode)
     };
-    let p = shim.prepare(
+    let p = node.prepare(
         CniRequest {
             protocol_version: req.protocol_version,
             request_id: "dipamctl-gc".into(),
@@ -60,17 +60,17 @@ pub async fn run(shim: &Node, req: GcRequest) -> Result<GcReply, ShimError> {
                 .collect(),
         );
         let list = gc::parse_list(&entries, "valid").map_err(|e| {
-            shim.gc_stats
+            node.gc_stats
                 .refused
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            shim.events.emit(crate::events::Event::GcRefused);
+            node.events.emit(crate::events::Event::GcRefused);
             ShimError::GcInput(e)
         })?;
-        if list.is_empty() && !shim.gc.allow_empty {
-            shim.gc_stats
+        if list.is_empty() && !node.gc.allow_empty {
+            node.gc_stats
                 .refused
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            shim.events.emit(crate::events::Event::GcRefused);
+            node.events.emit(crate::events::Event::GcRefused);
             return Err(ShimError::GcRefused {
                 network: p.dc.network.clone(),
                 reason: "no valid attachments given, which would free every pod of the \
@@ -81,7 +81,7 @@ pub async fn run(shim: &Node, req: GcRequest) -> Result<GcReply, ShimError> {
         Valid::List(list)
     };
     let network = p.dc.network.clone();
-    match gc::collect::collect(shim, &p.dc, "", valid, req.dry_run, req.force).await {
+    match gc::collect::collect(node, &p.dc, "", valid, req.dry_run, req.force).await {
         Ok(plan) => Ok(GcReply {
             protocol_version: dipam_proto::PROTOCOL_VERSION,
             network,

@@ -5,14 +5,14 @@ use dipam_proto::v1::{DelegateInfo, StatusReply};
 
 use crate::{error::ShimError, node::Node};
 
-pub async fn run(shim: &Node) -> Result<StatusReply, ShimError> {
-    let mut not_ready = shim.agent.not_ready();
+pub async fn run(node: &Node) -> Result<StatusReply, ShimError> {
+    let mut not_ready = node.agent.not_ready();
     // A ledger that cannot take commits (a full disk) fails every ADD and DEL: that is the
     // first thing status must say, and counting must not fail the whole report.
-    if let Some(fault) = shim.ledger.store().fault() {
+    if let Some(fault) = node.ledger.store().fault() {
         not_ready.insert(0, fault);
     }
-    let attachments = match shim.ledger(|l| l.count()).await {
+    let attachments = match node.ledger(|l| l.count()).await {
         Ok(n) => n as u64,
         Err(e) => {
             not_ready.push(format!("cannot count the attachments: {e}"));
@@ -25,70 +25,70 @@ pub async fn run(shim: &Node) -> Result<StatusReply, ShimError> {
         daemon_version: env!("CARGO_PKG_VERSION").into(),
         ready: not_ready.is_empty(),
         not_ready,
-        conflicts_detected: shim
+        conflicts_detected: node
             .agent
             .conflicts
             .load(std::sync::atomic::Ordering::Relaxed),
-        agent_reestablished: shim
+        agent_reestablished: node
             .agent
             .reestablished
             .load(std::sync::atomic::Ordering::Relaxed),
-        divergence_missing: shim
+        divergence_missing: node
             .gc_stats
             .missing
             .load(std::sync::atomic::Ordering::Relaxed),
-        divergence_orphans: shim
+        divergence_orphans: node
             .gc_stats
             .orphans
             .load(std::sync::atomic::Ordering::Relaxed),
-        gc_refused: shim
+        gc_refused: node
             .gc_stats
             .refused
             .load(std::sync::atomic::Ordering::Relaxed),
-        gc_freed: shim
+        gc_freed: node
             .gc_stats
             .freed
             .load(std::sync::atomic::Ordering::Relaxed),
-        warm_pool: shim.pool.size() as u32,
-        pool_hits: shim.pool.hits.load(std::sync::atomic::Ordering::Relaxed),
-        pool_misses: shim.pool.misses.load(std::sync::atomic::Ordering::Relaxed),
-        pool_bypassed: shim
+        warm_pool: node.pool.size() as u32,
+        pool_hits: node.pool.hits.load(std::sync::atomic::Ordering::Relaxed),
+        pool_misses: node.pool.misses.load(std::sync::atomic::Ordering::Relaxed),
+        pool_bypassed: node
             .pool
             .bypassed
             .load(std::sync::atomic::Ordering::Relaxed),
-        pools: shim.pool.status(),
-        teardown_deleted: shim.teardown.get().map_or(0, |t| {
+        pools: node.pool.status(),
+        teardown_deleted: node.teardown.get().map_or(0, |t| {
             t.stats.deleted.load(std::sync::atomic::Ordering::Relaxed)
         }),
-        teardown_failures: shim.teardown.get().map_or(0, |t| {
+        teardown_failures: node.teardown.get().map_or(0, |t| {
             t.stats.failures.load(std::sync::atomic::Ordering::Relaxed)
         }),
-        teardown_last_error: shim
+        teardown_last_error: node
             .teardown
             .get()
             .map(|t| t.stats.last_error())
             .unwrap_or_default(),
-        teardown: crate::teardown::who(shim.teardown.get()),
-        privilege_failures: shim.denials.count(),
-        privilege_last_error: shim.denials.last(),
-        spool: Some(crate::spool::drain::status(shim)),
+        teardown: crate::teardown::who(node.teardown.get()),
+        privilege_failures: node.denials.count(),
+        privilege_last_error: node.denials.last(),
+        spool: Some(crate::spool::drain::status(node)),
         plugin_protocols: {
-            let bits = shim
+            let bits = node
                 .plugin_protocols
                 .load(std::sync::atomic::Ordering::Relaxed);
             (0..64).filter(|v| bits & (1 << v) != 0).collect()
         },
-        conflist: shim
+        conflist: node
             .agent
             .config
             .as_ref()
             .map(|c| c.source.to_string())
             .unwrap_or_default(),
-        state_dir: shim.identity.state_dir.display().to_string(),
-        socket: shim.identity.socket.display().to_string(),
+        state_dir: node.identity.state_dir.display().to_string(),
+        socket: node.identity.socket.display().to_string(),
         attachments,
-        uptime_seconds: shim.started.elapsed().as_secs(),
-        delegates: shim
+        uptime_seconds: node.started.elapsed().as_secs(),
+        delegates: node
             .exec
             .probed()
             .into_iter()

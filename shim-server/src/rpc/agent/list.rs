@@ -4,6 +4,6 @@ use dipam_proto::v1::AgentListReply;
 
 use crate::node::Node;
 
-pub fn run(shim: &Node) -> AgentListReply {
-    shim.agent.snapshot()
+pub fn run(node: &Node) -> AgentListReply {
+    node.agent.snapshot()
 }

@@ -19,11 +19,11 @@ pub const STOPPING: &str =
 /// UNAVAILABLE when dipamd stops: the stream must end for the server to drain, and UNAVAILABLE
 /// is the code that tells a gRPC client to reconnect (the next dipamd sends the full list
 /// first).
-pub fn run(shim: Arc<Node>) -> ReceiverStream<Result<AgentListReply, Status>> {
-    let mut rx = shim.agent.subscribe();
+pub fn run(node: Arc<Node>) -> ReceiverStream<Result<AgentListReply, Status>> {
+    let mut rx = node.agent.subscribe();
     let (tx, out) = tokio::sync::mpsc::channel(4);
     tokio::spawn(async move {
-        let closed = shim.agent.watches_closed();
+        let closed = node.agent.watches_closed();
         tokio::pin!(closed);
         loop {
             let current = rx.borrow_and_update().clone();
