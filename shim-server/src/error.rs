@@ -133,7 +133,7 @@ pub enum ShimError {
     /// Saturated: answered at once rather than queued forever.
     #[error("dipamd is busy: {0}")]
     Busy(String),
-    /// A runtime's ADD, CHECK or DEL of one of dipamd's own keys (keys.rs).
+    /// A runtime's ADD, CHECK or DEL of one of dipamd's own keys (keys/).
     #[error("container ID {container_id} is reserved for {family}; a runtime may not {command} it")]
     Reserved {
         command: String,

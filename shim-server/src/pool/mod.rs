@@ -54,7 +54,7 @@ use tracing::info;
 use crate::{core::Prepared, delegate::config::DelegateConf};
 
 /// Every pool entry's container ID starts with this; the runtime may not use such IDs
-/// (keys.rs reserves them, with every other key dipamd makes for itself).
+/// (keys/ reserves them, with every other key dipamd makes for itself).
 pub const ID_PREFIX: &str = crate::keys::POOL_PREFIX;
 /// The ifname of every pool entry.
 pub const IFNAME: &str = "eth0";
