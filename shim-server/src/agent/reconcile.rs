@@ -559,14 +559,5 @@ async fn verify(
 
 /// Releases a recorded agent address and forgets it (caller holds the key's lock).
 async fn release(node: &Node, rec: &AttachmentRecord) -> Result<(), ShimError> {
-    if rec.state != AttachmentState::Deleting {
-        let mut marked = rec.clone();
-        marked.state = AttachmentState::Deleting;
-        node.ledger(move |l| l.put(&marked)).await?;
-    }
-    node.release_recorded(rec).await?;
-    let key = rec.key.clone();
-    node.ledger(move |l| l.remove(&key)).await?;
-    node.attachment_delta(rec, -1);
-    Ok(())
+    node.release(rec).await
 }

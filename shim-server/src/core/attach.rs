@@ -144,9 +144,7 @@ async fn replay_or_finish(
             // finish that release before allocating again, so nothing is held twice.
             warn!(key = %p.key, state = existing.state.as_str(), "finishing an interrupted operation before ADD");
             core.release_recorded(&existing).await?;
-            let key = p.key.clone();
-            core.ledger(move |l| l.remove(&key)).await?;
-            core.attachment_delta(&existing, -1);
+            core.forget(&existing).await?;
             Ok(None)
         }
     }
@@ -373,9 +371,7 @@ async fn rollback(core: &Core, rec: &AttachmentRecord, release: bool) {
         warn!(key = %rec.key, error = %e, "rollback DEL failed; keeping the record for the next DEL or restart");
         return;
     }
-    let key = rec.key.clone();
-    match core.ledger(move |l| l.remove(&key)).await {
-        Ok(()) => core.attachment_delta(rec, -1),
-        Err(e) => warn!(key = %rec.key, error = %e, "could not drop the record of a failed ADD"),
+    if let Err(e) = core.forget(rec).await {
+        warn!(key = %rec.key, error = %e, "could not drop the record of a failed ADD");
     }
 }

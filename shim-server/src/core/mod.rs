@@ -8,6 +8,10 @@
 //! - [`Core::prepare`]: a request, validated, for the caller passed in.
 //! - [`attach::attach`]: the ADD flow, intent to commit, with its rollback.
 //! - [`Core::release_recorded`]: a recorded attachment released through its delegate.
+//! - [`Core::release`]: a committed attachment dipamd frees itself (GC, the pool, the agent):
+//!   marked, released, forgotten.
+//! - [`Core::forget`]: the one way an attachment leaves the ledger, the address index and the
+//!   attachments gauge together.
 
 pub mod attach;
 
@@ -402,6 +406,34 @@ impl Core {
             key: rec.key.to_string(),
             holder,
         })
+    }
+
+    /// Releases a committed attachment that dipamd itself decided to free (GC, the warm
+    /// pool's surplus, an agent address no longer wanted) and forgets it. The record is
+    /// marked `deleting` durably first, so that a crash while the delegate releases is
+    /// finished by the next start (daemon/replay.rs); if the delegate's DEL fails, the record
+    /// stays, marked, for the next attempt. The caller holds the key's lock.
+    pub async fn release(&self, rec: &AttachmentRecord) -> Result<(), ShimError> {
+        if rec.state != dipam_state::AttachmentState::Deleting {
+            let mut marked = rec.clone();
+            marked.state = dipam_state::AttachmentState::Deleting;
+            marked.updated_at = crate::clock::now();
+            self.ledger(move |l| l.put(&marked)).await?;
+        }
+        self.release_recorded(rec).await?;
+        self.forget(rec).await
+    }
+
+    /// Forgets an attachment whose delegate holds nothing any more: its record leaves the
+    /// ledger, its addresses leave the address index, and the attachments gauge moves. Every
+    /// path that ends an attachment (DEL, rollback, replay, GC, the pool, the agent) ends
+    /// here, so none can forget one part and keep another.
+    pub async fn forget(&self, rec: &AttachmentRecord) -> Result<(), ShimError> {
+        let key = rec.key.clone();
+        self.ledger(move |l| l.remove(&key)).await?;
+        self.attachment_delta(rec, -1);
+        self.addrs.forget(&rec.key, rec.result.as_ref());
+        Ok(())
     }
 
     /// Releases a recorded attachment with the config and environment recorded at ADD:

@@ -24,9 +24,7 @@ pub async fn replay(node: &Node) -> Result<Replay, ShimError> {
         let _guard = node.locks.lock(&rec.key).await;
         match node.release_recorded(&rec).await {
             Ok(()) => {
-                let key = rec.key.clone();
-                node.ledger(move |l| l.remove(&key)).await?;
-                node.attachment_delta(&rec, -1);
+                node.forget(&rec).await?;
                 node.events.emit(crate::events::Event::IntentReplayed);
                 info!(key = %rec.key, state = rec.state.as_str(), "replayed an interrupted operation: released");
                 out.released += 1;

@@ -247,18 +247,7 @@ pub async fn collect(
     for rec in stale {
         let it = &mut items[n];
         n += 1;
-        let mut marked = rec.clone();
-        marked.state = AttachmentState::Deleting;
-        marked.updated_at = t;
-        let outcome = async {
-            node.ledger(move |l| l.put(&marked)).await?;
-            node.release_recorded(rec).await?;
-            let key = rec.key.clone();
-            node.ledger(move |l| l.remove(&key)).await?;
-            node.attachment_delta(rec, -1);
-            Ok(())
-        }
-        .await;
+        let outcome = node.release(rec).await;
         finish(node, it, outcome);
     }
     if native_gc {

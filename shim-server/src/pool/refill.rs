@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use super::*;
 use crate::{
-    clock::{now, now_ms},
+    clock::now_ms,
     core::Prepared,
     core::attach::Early,
     delegate::{config::DelegateConf, store},
@@ -283,17 +283,7 @@ async fn release_entry(node: &Node, key: &AttachmentKey) -> Result<(), ShimError
         // Taken meanwhile (it is a pod's now, under its own key): nothing of the pool's.
         return Ok(());
     }
-    if rec.state != AttachmentState::Deleting {
-        let mut marked = rec.clone();
-        marked.state = AttachmentState::Deleting;
-        marked.updated_at = now();
-        node.ledger(move |l| l.put(&marked)).await?;
-    }
-    node.release_recorded(&rec).await?;
-    let k = key.clone();
-    node.ledger(move |l| l.remove(&k)).await?;
-    node.attachment_delta(&rec, -1);
-    Ok(())
+    node.release(&rec).await
 }
 
 /// Fills every network's current pool up to the size, one entry at a time, round-robin over

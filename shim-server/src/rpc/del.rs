@@ -103,10 +103,7 @@ pub async fn run(
     crate::fault::hit("del-after-exec");
 
     if let Some(rec) = &existing {
-        let key = p.key.clone();
-        node.ledger(move |l| l.remove(&key)).await?;
-        node.attachment_delta(rec, -1);
-        node.addrs.forget(&rec.key, rec.result.as_ref());
+        node.forget(rec).await?;
     }
     node.bury(&p.key, issued);
     info!(key = %p.key, known = existing.is_some(), "attachment deleted");
