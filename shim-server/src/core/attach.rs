@@ -100,10 +100,7 @@ pub async fn attach(
 /// clock (order.rs): the wall clock steps.
 fn refuse_stale(core: &Core, p: &Prepared) -> Result<(), ShimError> {
     if let Some(del_issued) = core.tombstone(&p.key)
-        && crate::order::before(
-            crate::order::from_wire(p.req.issued_at.as_ref()).as_ref(),
-            Some(&del_issued),
-        ) == Some(true)
+        && crate::order::before(p.issued.as_ref(), Some(&del_issued)) == Some(true)
     {
         return Err(ShimError::StaleAdd {
             key: p.key.to_string(),
@@ -176,7 +173,7 @@ fn intent(
         created_at: t,
         updated_at: t,
         issued_ms: p.req.issued_at_ms,
-        issued_at: crate::order::from_wire(p.req.issued_at.as_ref()),
+        issued_at: p.issued.clone(),
         delegate_key: None,
         creator_uid: p.caller.recorded_uid(),
     }

@@ -83,6 +83,9 @@ pub struct Prepared {
     pub caller: Caller,
     pub dc: DelegateConf,
     pub key: AttachmentKey,
+    /// When the plugin issued the request, on the boot clock (order.rs), read once from
+    /// `req.issued_at`: the stale-ADD and stale-DEL checks and the record all use it.
+    pub issued: Option<dipam_state::BootStamp>,
 }
 
 impl Prepared {
@@ -238,11 +241,13 @@ impl Core {
         let mut req = req;
         req.cni_path = self.exec.confine_cni_path(&req.cni_path, caller);
         let key = AttachmentKey::new(&dc.network, &req.container_id, &req.ifname);
+        let issued = crate::order::from_wire(req.issued_at.as_ref());
         Ok(Prepared {
             req,
             caller,
             dc,
             key,
+            issued,
         })
     }
 

@@ -423,6 +423,7 @@ async fn fill_one(node: &Node, network: &str, t: &Template) -> Result<Attachment
         ..CniRequest::default()
     };
     let p = Prepared {
+        issued: crate::order::from_wire(req.issued_at.as_ref()),
         caller: crate::access::Caller::ROOT,
         key: AttachmentKey::new(network, &id, IFNAME),
         dc: DelegateConf {

@@ -40,12 +40,10 @@ pub async fn take(
     }
     // A stale ADD is refused, a repeated one answered from the ledger and an interrupted one
     // finished: all by the normal path.
-    if node.tombstone(&p.key).is_some_and(|del| {
-        crate::order::before(
-            crate::order::from_wire(p.req.issued_at.as_ref()).as_ref(),
-            Some(&del),
-        ) == Some(true)
-    }) {
+    if node
+        .tombstone(&p.key)
+        .is_some_and(|del| crate::order::before(p.issued.as_ref(), Some(&del)) == Some(true))
+    {
         return Ok(None);
     }
     loop {
@@ -82,7 +80,7 @@ pub async fn take(
             created_at: t,
             updated_at: t,
             issued_ms: p.req.issued_at_ms,
-            issued_at: crate::order::from_wire(p.req.issued_at.as_ref()),
+            issued_at: p.issued.clone(),
             delegate_key: Some(DelegateKey {
                 container_id: entry.key.container_id.clone(),
                 ifname: entry.key.ifname.clone(),

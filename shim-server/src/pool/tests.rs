@@ -404,6 +404,7 @@ fn digests_ignore_per_pod_parts_and_own_ips_are_seen() {
             caller: crate::access::Caller::ROOT,
             dc,
             key,
+            issued: None,
         })
     };
     assert!(!p(json!({}), "IgnoreUnknown=1;K8S_POD_NAME=a"));

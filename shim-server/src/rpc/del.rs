@@ -33,7 +33,7 @@ pub async fn run(
         None if !p.caller.is_root() => {
             info!(key = %p.key, uid = p.caller.uid, "DEL from a non-root caller of a key with no record; nothing of its to release");
             // Still a DEL: an ADD issued before it must not bring the key back (F4).
-            node.bury(&p.key, crate::order::from_wire(p.req.issued_at.as_ref()));
+            node.bury(&p.key, p.issued.clone());
             return Ok(Vec::new());
         }
         None => {}
@@ -43,7 +43,7 @@ pub async fn run(
     // would take the newer attachment's address away. Ordered on the boot clock, never the
     // wall clock (order.rs: a step back made a live DEL look stale). When the order cannot
     // be known, the DEL runs. One that is ignored is said loudly and counted.
-    let issued = crate::order::from_wire(p.req.issued_at.as_ref());
+    let issued = p.issued.clone();
     if let Some(rec) = &existing
         && crate::order::before(issued.as_ref(), rec.issued_at.as_ref()) == Some(true)
     {
