@@ -11,6 +11,11 @@
 //!
 //! The plugin is installed first and the conflist second: the moment the conflist appears,
 //! the runtime may use the network, and its `"type": "dipam"` must then already be there.
+//!
+//! `--wrap FILE` adopts a conflist the node already has instead (the rewrite is `wrap.rs`):
+//! the plugin is installed, then the wrapped conflist written beside FILE, or over it with
+//! `--in-place` after a backup. `--unwrap FILE` writes the original back the same way and
+//! leaves the plugin alone.
 
 use std::{
     fs::{self, File, OpenOptions},
@@ -22,6 +27,8 @@ use std::{
 };
 
 use serde_json::{Value, json};
+
+use super::wrap::{self, Choice, Rewritten};
 
 /// Where container runtimes look for plugins unless configured otherwise.
 pub const DEFAULT_CNI_BIN_DIR: &str = "/opt/cni/bin";
@@ -50,6 +57,44 @@ pub struct Options {
     /// The plugin binary to copy; none means the `dipam` next to the running executable
     /// (dipam, dipamd and dipamctl are shipped together).
     pub plugin: Option<PathBuf>,
+    /// `--wrap FILE` / `--unwrap FILE`: the node's own conflist to adopt or give back.
+    pub adopt: Option<(Direction, PathBuf)>,
+    /// Where the rewritten conflist goes.
+    pub output: Output,
+    /// Which plugin to rewrite, and whether dipam may be (or stop being) the main plugin.
+    pub choice: Choice,
+    /// dipamd's socket, when it is not the plugin's default (written into a wrapped config).
+    pub socket: Option<String>,
+}
+
+/// Which way a conflist is rewritten.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    Wrap,
+    Unwrap,
+}
+
+impl Direction {
+    /// The suffix of the file written beside the original, and of the backup. Neither ends
+    /// in .conf, .conflist or .json, so a runtime never loads it as a second network.
+    fn suffixes(self) -> (&'static str, &'static str) {
+        match self {
+            Direction::Wrap => (".dipam", ".pre-wrap"),
+            Direction::Unwrap => (".unwrapped", ".pre-unwrap"),
+        }
+    }
+}
+
+/// Where `--wrap`/`--unwrap` write.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Output {
+    /// FILE.dipam (FILE.unwrapped) beside FILE.
+    #[default]
+    Beside,
+    /// `--output PATH`.
+    Path(PathBuf),
+    /// `--in-place`: over FILE, after copying it to FILE.pre-wrap (FILE.pre-unwrap).
+    InPlace,
 }
 
 impl Default for Options {
@@ -60,6 +105,10 @@ impl Default for Options {
             conflist: None,
             name: DEFAULT_NAME.into(),
             plugin: None,
+            adopt: None,
+            output: Output::Beside,
+            choice: Choice::default(),
+            socket: None,
         }
     }
 }
@@ -82,17 +131,74 @@ pub struct Args {
     /// The plugin binary to install (default: the dipam next to this dipamctl).
     #[arg(long)]
     plugin: Option<PathBuf>,
+    /// Adopt the node's own conflist FILE: install the plugin, then rewrite only the plugin
+    /// that carries the IPAM, so that its IPAM runs through dipamd: `"ipam": {...}` becomes
+    /// `"ipam": {"type": "dipam", "delegate": {...}}`. Everything else stays byte for byte.
+    /// dipamctl's --socket is written as socketPath when it is not the default. The result
+    /// goes to FILE.dipam, --output or, with --in-place, over FILE. Refused (exit 1, with the
+    /// reason): no IPAM, dipam already there, a cniVersion dipam cannot carry, invalid JSON,
+    /// several IPAMs without --plugin-index.
+    #[arg(long, value_name = "FILE", group = "adopt", conflicts_with_all = ["conflist", "name"])]
+    wrap: Option<PathBuf>,
+    /// Undo --wrap: the IPAM dipam delegates to goes back in dipam's place, giving the
+    /// original's JSON value. The plugin binary is left alone. Output as for --wrap
+    /// (FILE.unwrapped, --output, --in-place).
+    #[arg(long, value_name = "FILE", group = "adopt", conflicts_with_all = ["conflist", "name", "plugin"])]
+    unwrap: Option<PathBuf>,
+    /// With --wrap/--unwrap: write the result to PATH instead of beside FILE.
+    #[arg(long, value_name = "PATH", requires = "adopt", conflicts_with = "in_place")]
+    output: Option<PathBuf>,
+    /// With --wrap/--unwrap: replace FILE itself, after copying it to FILE.pre-wrap
+    /// (FILE.pre-unwrap). Both are written atomically.
+    #[arg(long, requires = "adopt")]
+    in_place: bool,
+    /// With --wrap/--unwrap: the plugin to rewrite (its index in "plugins", from 0), when
+    /// several carry an IPAM (or use dipam).
+    #[arg(long, value_name = "N", requires = "adopt")]
+    plugin_index: Option<usize>,
+    /// With --wrap: the chosen plugin is an IPAM run as the main plugin (e.g. "type":
+    /// "host-local"), and dipam takes its place as the main plugin, which also creates the
+    /// pod's interface. With --unwrap: give a main-mode dipam's place back to its IPAM.
+    #[arg(long, requires = "adopt")]
+    main_mode: bool,
 }
 
-impl From<Args> for Options {
-    fn from(a: Args) -> Self {
-        Self {
+impl Options {
+    /// The options from the command line; `socket` is dipamctl's --socket.
+    pub fn from_args(a: Args, socket: &Path) -> Result<Self, String> {
+        let adopt = match (a.wrap, a.unwrap) {
+            (Some(f), _) => Some((Direction::Wrap, f)),
+            (None, Some(f)) => Some((Direction::Unwrap, f)),
+            (None, None) => None,
+        };
+        let socket = if socket == Path::new(wrap::DEFAULT_SOCKET) {
+            None
+        } else {
+            Some(
+                socket
+                    .to_str()
+                    .ok_or_else(|| format!("--socket {} is not UTF-8", socket.display()))?
+                    .to_owned(),
+            )
+        };
+        Ok(Self {
             cni_bin_dir: a.cni_bin_dir,
             conf_dir: a.conf_dir,
             conflist: a.conflist,
             name: a.name,
             plugin: a.plugin,
-        }
+            adopt,
+            output: match (a.output, a.in_place) {
+                (Some(p), _) => Output::Path(p),
+                (None, true) => Output::InPlace,
+                (None, false) => Output::Beside,
+            },
+            choice: Choice {
+                plugin: a.plugin_index,
+                main_mode: a.main_mode,
+            },
+            socket,
+        })
     }
 }
 
@@ -112,11 +218,90 @@ pub struct Report {
     pub plugin_version: String,
     /// The conflist and the network it defines, when one was installed.
     pub conflist: Option<(Placed, String)>,
+    /// What --wrap did.
+    pub adopted: Option<Adopted>,
+}
+
+/// A conflist rewritten by --wrap or --unwrap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Adopted {
+    pub direction: Direction,
+    pub source: PathBuf,
+    pub output: Placed,
+    /// The copy of the original, with --in-place.
+    pub backup: Option<Placed>,
+    pub network: String,
+    /// The rewritten plugin's index, its main plugin's type and the IPAM.
+    pub plugin: usize,
+    pub main: String,
+    pub delegate: String,
+    pub mode: wrap::Mode,
+}
+
+impl Adopted {
+    fn line(&self) -> String {
+        let (verb, how) = match self.direction {
+            Direction::Wrap => ("wrapped:  ", "now runs through dipam"),
+            Direction::Unwrap => ("unwrapped:", "runs without dipam again"),
+        };
+        format!(
+            "{verb} {} plugins[{}] ({}): {} {how} ({})",
+            self.source.display(),
+            self.plugin,
+            self.main,
+            self.delegate,
+            self.mode
+        )
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "direction": match self.direction { Direction::Wrap => "wrap", Direction::Unwrap => "unwrap" },
+            "source": self.source,
+            "path": self.output.path,
+            "changed": self.output.changed,
+            "backup": self.backup.as_ref().map(|b| &b.path),
+            "network": self.network,
+            "plugin": self.plugin,
+            "main": self.main,
+            "delegate": self.delegate,
+            "mode": match self.mode { wrap::Mode::Ipam => "ipam", wrap::Mode::Main => "main" },
+        })
+    }
+
+    fn print(&self, out: &mut dyn Write) -> io::Result<()> {
+        let state = if self.output.changed {
+            "installed"
+        } else {
+            "unchanged"
+        };
+        writeln!(out, "{}", self.line())?;
+        writeln!(
+            out,
+            "conflist:  {} (network {}) {state}",
+            self.output.path.display(),
+            self.network
+        )?;
+        if let Some(b) = &self.backup {
+            writeln!(out, "backup:    {}", b.path.display())?;
+        }
+        Ok(())
+    }
 }
 
 /// `dipamctl install`: installs, then prints what was done (a table line per file, or one
 /// JSON document).
 pub fn run(opts: &Options, json: bool, out: &mut dyn Write) -> Result<(), String> {
+    if let Some((Direction::Unwrap, source)) = &opts.adopt {
+        let prepared = prepare(opts, Direction::Unwrap, source)?;
+        let a = write_adopted(prepared)?;
+        let printed = if json {
+            writeln!(out, "{:#}", json!({ "unwrapped": a.json() }))
+        } else {
+            a.print(out)
+        };
+        return printed.map_err(|e| format!("writing output: {e}"));
+    }
     let r = install(opts)?;
     let state = |p: &Placed| if p.changed { "installed" } else { "unchanged" };
     let printed = if json {
@@ -129,6 +314,7 @@ pub fn run(opts: &Options, json: bool, out: &mut dyn Write) -> Result<(), String
             "conflist": r.conflist.as_ref().map(|(p, network)| json!({
                 "path": p.path, "network": network, "changed": p.changed,
             })),
+            "wrapped": r.adopted.as_ref().map(Adopted::json),
         });
         writeln!(out, "{v:#}")
     } else {
@@ -146,6 +332,10 @@ pub fn run(opts: &Options, json: bool, out: &mut dyn Write) -> Result<(), String
                 p.path.display(),
                 state(p)
             ),
+            None => Ok(()),
+        })
+        .and_then(|()| match &r.adopted {
+            Some(a) => a.print(out),
             None => Ok(()),
         })
     };
@@ -172,6 +362,13 @@ pub fn install(opts: &Options) -> Result<Report, String> {
         }
         None => None,
     };
+    let adopted = match &opts.adopt {
+        Some((Direction::Wrap, source)) => Some(prepare(opts, Direction::Wrap, source)?),
+        Some((Direction::Unwrap, _)) => {
+            return Err("--unwrap installs nothing: run it through `run`".into());
+        }
+        None => None,
+    };
 
     let plugin =
         replace_atomically(&opts.cni_bin_dir, PLUGIN_NAME, &binary, 0o755).map_err(|e| {
@@ -194,10 +391,109 @@ pub fn install(opts: &Options) -> Result<Report, String> {
         }
         None => None,
     };
+    // After the plugin: the wrapped conflist names it.
+    let adopted = adopted.map(write_adopted).transpose()?;
     Ok(Report {
         plugin,
         plugin_version,
         conflist,
+        adopted,
+    })
+}
+
+/// A rewrite computed and checked, not yet written.
+struct Prepared {
+    direction: Direction,
+    source: PathBuf,
+    original: Vec<u8>,
+    rewritten: Rewritten,
+    network: String,
+    target: PathBuf,
+    backup: Option<PathBuf>,
+    mode: u32,
+}
+
+/// Reads `source`, rewrites it and checks the result; writes nothing.
+fn prepare(opts: &Options, direction: Direction, source: &Path) -> Result<Prepared, String> {
+    let at = |e: &dyn std::fmt::Display| format!("{}: {e}", source.display());
+    let original = fs::read(source).map_err(|e| at(&e))?;
+    let meta = fs::metadata(source).map_err(|e| at(&e))?;
+    let text = std::str::from_utf8(&original).map_err(|e| at(&format!("not valid JSON: {e}")))?;
+    let rewritten = match direction {
+        Direction::Wrap => wrap::wrap(text, opts.choice, opts.socket.as_deref()),
+        Direction::Unwrap => wrap::unwrap(text, opts.choice),
+    }
+    .map_err(|e| at(&e))?;
+    let network = match direction {
+        // The plugin's own checks: a wrapped config dipam would refuse is never written.
+        Direction::Wrap => validate_conflist(rewritten.text.as_bytes())
+            .map_err(|e| at(&format!("dipam would refuse the wrapped conflist: {e}")))?,
+        Direction::Unwrap => serde_json::from_str::<Value>(&rewritten.text)
+            .ok()
+            .and_then(|v| v["name"].as_str().map(str::to_owned))
+            .unwrap_or_default(),
+    };
+    let (suffix, backup_suffix) = direction.suffixes();
+    let with = |suffix: &str| {
+        let mut p = source.as_os_str().to_owned();
+        p.push(suffix);
+        PathBuf::from(p)
+    };
+    let (target, backup) = match &opts.output {
+        Output::Beside => (with(suffix), None),
+        Output::Path(p) => {
+            if fs::canonicalize(p).ok() == fs::canonicalize(source).ok() && p.exists() {
+                return Err(format!(
+                    "--output {} is FILE itself: use --in-place, which keeps a backup",
+                    p.display()
+                ));
+            }
+            (p.clone(), None)
+        }
+        Output::InPlace => (source.to_owned(), Some(with(backup_suffix))),
+    };
+    Ok(Prepared {
+        direction,
+        source: source.to_owned(),
+        original,
+        rewritten,
+        network,
+        target,
+        backup,
+        mode: meta.permissions().mode() & 0o7777,
+    })
+}
+
+/// Writes a prepared rewrite: the backup first (so the original is never only in memory),
+/// then the result, each atomically, with the original's permissions.
+fn write_adopted(p: Prepared) -> Result<Adopted, String> {
+    let put = |path: &Path, bytes: &[u8]| {
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| format!("{} is not a file name", path.display()))?;
+        replace_atomically(dir, name, bytes, p.mode)
+            .map_err(|e| format!("writing {}: {e}", path.display()))
+    };
+    let backup = match &p.backup {
+        Some(b) => Some(put(b, &p.original)?),
+        None => None,
+    };
+    let output = put(&p.target, p.rewritten.text.as_bytes())?;
+    Ok(Adopted {
+        direction: p.direction,
+        source: p.source,
+        output,
+        backup,
+        network: p.network,
+        plugin: p.rewritten.plugin,
+        main: p.rewritten.main,
+        delegate: p.rewritten.delegate,
+        mode: p.rewritten.mode,
     })
 }
 
@@ -457,9 +753,8 @@ mod tests {
         let opts = Options {
             cni_bin_dir: tmp.path().join("opt/cni/bin"),
             conf_dir: tmp.path().join("etc/cni/net.d"),
-            conflist: None,
-            name: DEFAULT_NAME.into(),
             plugin: Some(fake_plugin(&src, "1.0.0")),
+            ..Options::default()
         };
         Node {
             _tmp: tmp,

@@ -20,6 +20,7 @@ pub mod install;
 pub mod output;
 pub mod recover;
 pub mod status;
+pub mod wrap;
 
 pub use output::CtlError;
 
@@ -67,6 +68,9 @@ pub enum Command {
     /// Put the dipam plugin into the CNI bin directory and, with --conflist, a network config
     /// into the CNI config directory, each atomically (temporary file, fsync, rename), plugin
     /// first. A conflist that dipam would refuse is refused here. Needs no dipamd.
+    ///
+    /// `--wrap FILE` adopts the node's own conflist instead: only the plugin that carries the
+    /// IPAM is rewritten so that its IPAM runs through dipamd; `--unwrap FILE` undoes it.
     Install(install::Args),
     /// Print dipamctl's completion script for a shell, e.g.
     /// `dipamctl completions bash > /etc/bash_completion.d/dipamctl`.
@@ -79,7 +83,9 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
     match args.command {
         // Local commands: install runs in an init container before any dipamd exists, and
         // recover while dipamd is stopped.
-        Command::Install(a) => install::run(&a.into(), json, out).map_err(CtlError::Failed),
+        Command::Install(a) => install::Options::from_args(a, socket)
+            .and_then(|opts| install::run(&opts, json, out))
+            .map_err(CtlError::Failed),
         Command::Completions(a) => completions::run(a, Args::command(), out),
         Command::Recover(a) => recover::run(a, json, out).await,
         // The rest ask dipamd, connecting before anything else (a gc's files are read after).
