@@ -146,7 +146,12 @@ pub struct Args {
     #[arg(long, value_name = "FILE", group = "adopt", conflicts_with_all = ["conflist", "name", "plugin"])]
     unwrap: Option<PathBuf>,
     /// With --wrap/--unwrap: write the result to PATH instead of beside FILE.
-    #[arg(long, value_name = "PATH", requires = "adopt", conflicts_with = "in_place")]
+    #[arg(
+        long,
+        value_name = "PATH",
+        requires = "adopt",
+        conflicts_with = "in_place"
+    )]
     output: Option<PathBuf>,
     /// With --wrap/--unwrap: replace FILE itself, after copying it to FILE.pre-wrap
     /// (FILE.pre-unwrap). Both are written atomically.
@@ -1006,6 +1011,65 @@ mod tests {
             let e = ok(bad).unwrap_err();
             assert!(e.contains(why), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn wrap_in_place_keeps_a_backup_and_the_mode_and_unwrap_restores_the_bytes() {
+        let mut n = node();
+        fs::create_dir_all(&n.opts.conf_dir).unwrap();
+        let file = n.opts.conf_dir.join("10-ptp.conflist");
+        let own = r#"{"cniVersion":"1.0.0","name":"kubenet","plugins":[{"type":"ptp","ipam":{"type":"host-local","subnet":"10.4.0.0/24"}}]}"#;
+        fs::write(&file, own).unwrap();
+        fs::set_permissions(&file, fs::Permissions::from_mode(0o600)).unwrap();
+        n.opts.adopt = Some((Direction::Wrap, file.clone()));
+        n.opts.output = Output::InPlace;
+        n.opts.socket = Some("/run/node/dipam.sock".into());
+        let mut out = Vec::new();
+        run(&n.opts, false, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("plugins[0] (ptp): host-local now runs through dipam"),
+            "{text}"
+        );
+        assert!(
+            n.opts.cni_bin_dir.join("dipam").is_file(),
+            "the plugin comes first"
+        );
+        let backup = n.opts.conf_dir.join("10-ptp.conflist.pre-wrap");
+        assert_eq!(fs::read_to_string(&backup).unwrap(), own);
+        let wrapped: Value = serde_json::from_slice(&fs::read(&file).unwrap()).unwrap();
+        assert_eq!(
+            wrapped["plugins"][0]["ipam"]["socketPath"],
+            "/run/node/dipam.sock"
+        );
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!((mode(&file), mode(&backup)), (0o600, 0o600));
+
+        // --output FILE itself is refused: --in-place is the way, with its backup.
+        n.opts.adopt = Some((Direction::Unwrap, file.clone()));
+        n.opts.output = Output::Path(file.clone());
+        let e = run(&n.opts, false, &mut Vec::new()).unwrap_err();
+        assert!(e.contains("use --in-place"), "{e}");
+        // Beside: FILE.unwrapped, FILE untouched.
+        n.opts.output = Output::Beside;
+        let mut out = Vec::new();
+        run(&n.opts, true, &mut out).unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["unwrapped"]["network"], "kubenet");
+        let beside = n.opts.conf_dir.join("10-ptp.conflist.unwrapped");
+        assert_eq!(fs::read_to_string(&beside).unwrap(), own);
+        assert_eq!(v["unwrapped"]["path"], json!(beside));
+
+        // A refused wrap installs nothing.
+        let m = node();
+        let mut opts = m.opts.clone();
+        let e = {
+            fs::write(&file, own.replace("1.0.0", "9.9.9")).unwrap();
+            opts.adopt = Some((Direction::Wrap, file.clone()));
+            install(&opts).unwrap_err()
+        };
+        assert!(e.contains("cniVersion \"9.9.9\""), "{e}");
+        assert!(!opts.cni_bin_dir.exists());
     }
 
     #[test]

@@ -156,8 +156,12 @@ pub fn wrap(text: &str, choice: Choice, socket: Option<&str>) -> Result<Rewritte
             {
                 return Err(WrapError::AlreadyDipam(i));
             }
-            doc.single(&kinds, |k| matches!(k, Kind::Carrier | Kind::Bare), "carry an IPAM")?
-                .ok_or(WrapError::NoIpam)?
+            doc.single(
+                &kinds,
+                |k| matches!(k, Kind::Carrier | Kind::Bare),
+                "carry an IPAM",
+            )?
+            .ok_or(WrapError::NoIpam)?
         }
     };
     let main = doc.type_of(i);
@@ -385,9 +389,9 @@ impl<'a> Doc<'a> {
     fn parse(text: &'a str) -> Result<Self, WrapError> {
         let value: Value =
             serde_json::from_str(text).map_err(|e| WrapError::NotJson(e.to_string()))?;
-        let obj = value.as_object().ok_or_else(|| {
-            WrapError::Shape("a conflist must be a JSON object".into())
-        })?;
+        let obj = value
+            .as_object()
+            .ok_or_else(|| WrapError::Shape("a conflist must be a JSON object".into()))?;
         let version = obj
             .get("cniVersion")
             .and_then(Value::as_str)
@@ -542,7 +546,11 @@ impl<'a> Doc<'a> {
     /// goes with the comma after it.
     fn removals(&self, i: usize, keys: &[&str]) -> Result<Vec<(Range<usize>, String)>, WrapError> {
         let (obj, entries) = self.object(i, &[])?;
-        let gone: Vec<bool> = entries.0.iter().map(|(k, _)| keys.contains(&k.as_str())).collect();
+        let gone: Vec<bool> = entries
+            .0
+            .iter()
+            .map(|(k, _)| keys.contains(&k.as_str()))
+            .collect();
         let end = |j: usize| span(self.text, entries.0[j].1).map(|r| r.end);
         let mut edits = Vec::new();
         let lead = gone.iter().take_while(|g| **g).count();
@@ -624,7 +632,11 @@ fn wrapper_text(text: &str, span: Range<usize>, socket: Option<&str>) -> String 
     let nl = if old.contains("\r\n") { "\r\n" } else { "\n" };
     let outer = indent_at(text, span.end - 1).unwrap_or_default();
     // The indentation of the ipam's first key, less the closing brace's, is one level.
-    let first_key = span.start + 1 + old[1..].find(|c: char| !c.is_ascii_whitespace()).unwrap_or(0);
+    let first_key = span.start
+        + 1
+        + old[1..]
+            .find(|c: char| !c.is_ascii_whitespace())
+            .unwrap_or(0);
     let unit = indent_at(text, first_key)
         .and_then(|inner| inner.strip_prefix(outer))
         .filter(|u| !u.is_empty())

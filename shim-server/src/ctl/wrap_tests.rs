@@ -82,7 +82,10 @@ fn podman_conflist_keeps_its_layout_around_the_wrapped_ipam() {
     // The text before and after the ipam object is untouched: key order, podman's
     // 3-space indentation, the other plugins, no final newline.
     let start = PODMAN.find("\"ipam\": ").unwrap() + "\"ipam\": ".len();
-    let tail = PODMAN.find("\n         },\n         \"capabilities\"").unwrap() + 11;
+    let tail = PODMAN
+        .find("\n         },\n         \"capabilities\"")
+        .unwrap()
+        + 11;
     assert!(w.text.starts_with(&PODMAN[..start]), "{}", w.text);
     assert!(w.text.ends_with(&PODMAN[tail..]), "{}", w.text);
     assert!(
@@ -104,10 +107,14 @@ fn podman_conflist_keeps_its_layout_around_the_wrapped_ipam() {
 fn a_socket_other_than_the_default_is_written_and_dropped_again() {
     let w = wrap(PTP, ipam_mode(), Some("/run/other/dipam.sock")).unwrap();
     let v = parse(&w.text);
-    assert_eq!(v["plugins"][0]["ipam"]["socketPath"], "/run/other/dipam.sock");
-    assert!(w.text.contains(
-        "\"type\": \"dipam\",\n        \"socketPath\": \"/run/other/dipam.sock\",\n"
-    ));
+    assert_eq!(
+        v["plugins"][0]["ipam"]["socketPath"],
+        "/run/other/dipam.sock"
+    );
+    assert!(
+        w.text
+            .contains("\"type\": \"dipam\",\n        \"socketPath\": \"/run/other/dipam.sock\",\n")
+    );
     validate_conflist(w.text.as_bytes()).unwrap();
     assert_eq!(unwrap(&w.text, ipam_mode()).unwrap().text, PTP);
 }
@@ -140,7 +147,12 @@ fn unwrap_keeps_a_hand_written_delegate_verbatim_when_it_cannot_be_dedented() {
 "delegate":{"type":"host-local",
 "subnet":"10.2.0.0/24"}}}]}"#;
     let u = unwrap(hand, ipam_mode()).unwrap();
-    assert!(u.text.contains("\"ipam\":{\"type\":\"host-local\",\n\"subnet\""), "{}", u.text);
+    assert!(
+        u.text
+            .contains("\"ipam\":{\"type\":\"host-local\",\n\"subnet\""),
+        "{}",
+        u.text
+    );
     assert_eq!(
         parse(&u.text)["plugins"][0]["ipam"],
         json!({"type": "host-local", "subnet": "10.2.0.0/24"})
@@ -166,7 +178,10 @@ fn an_ipam_run_as_the_main_plugin_is_wrapped_only_in_main_mode() {
     assert!(e.to_string().contains("--main-mode"), "{e}");
 
     let w = wrap(BARE, main_mode(), None).unwrap();
-    assert_eq!(w.text, BARE.replacen("\"type\": \"host-local\"", "\"type\": \"dipam\"", 1));
+    assert_eq!(
+        w.text,
+        BARE.replacen("\"type\": \"host-local\"", "\"type\": \"dipam\"", 1)
+    );
     assert_eq!((w.mode, w.delegate.as_str()), (Mode::Main, "host-local"));
     validate_conflist(w.text.as_bytes()).unwrap();
     // Unwrapping main mode needs the same consent.
@@ -341,5 +356,9 @@ fn refusals_say_why() {
         },
     )
     .unwrap_err();
-    assert!(e.to_string().contains("plugins[1] (portmap) does not use dipam"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("plugins[1] (portmap) does not use dipam"),
+        "{e}"
+    );
 }

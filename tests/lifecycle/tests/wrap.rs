@@ -244,8 +244,12 @@ fn a_podman_network_is_adopted_in_place() {
     require_root!();
     let node = Node::new();
     let subnet = Subnet::claim("10.77");
-    let original = fs::read_to_string(bins::workspace().join("tests/lifecycle/fixtures").join(PODMAN))
-        .unwrap();
+    let original = fs::read_to_string(
+        bins::workspace()
+            .join("tests/lifecycle/fixtures")
+            .join(PODMAN),
+    )
+    .unwrap();
     let network = unique("podnet");
     let bridge = Bridge(Some(format!("dpw{}", subnet.index)));
     // Text edits, so that the rest stays as podman wrote it.
@@ -280,7 +284,11 @@ fn a_podman_network_is_adopted_in_place() {
     assert_eq!(wrapped, expected);
 
     let ip = node.pod(&wrapped, &subnet);
-    assert_ne!(ip, subnet.gateway(), "host-local keeps the gateway for the bridge");
+    assert_ne!(
+        ip,
+        subnet.gateway(),
+        "host-local keeps the gateway for the bridge"
+    );
 
     let printed = ok(&ctl(
         &node.dipamd.socket(),
@@ -298,7 +306,12 @@ fn a_podman_network_is_adopted_in_place() {
 fn podman_bytes_survive_a_round_trip() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("podnet.conflist");
-    let original = fs::read(bins::workspace().join("tests/lifecycle/fixtures").join(PODMAN)).unwrap();
+    let original = fs::read(
+        bins::workspace()
+            .join("tests/lifecycle/fixtures")
+            .join(PODMAN),
+    )
+    .unwrap();
     fs::write(&file, &original).unwrap();
     let plugin_dir = dir.path().join("bin");
     ok(&ctl(
@@ -312,12 +325,20 @@ fn podman_bytes_survive_a_round_trip() {
             bins::bin("dipam").to_str().unwrap(),
         ],
     ));
-    assert_eq!(fs::read(&file).unwrap(), original, "FILE itself is untouched");
+    assert_eq!(
+        fs::read(&file).unwrap(),
+        original,
+        "FILE itself is untouched"
+    );
     let wrapped = dir.path().join("podnet.conflist.dipam");
     let v = parse(&wrapped);
     // The default socket is not written.
     assert_eq!(
-        v["plugins"][0]["ipam"].as_object().unwrap().keys().collect::<Vec<_>>(),
+        v["plugins"][0]["ipam"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
         ["delegate", "type"]
     );
     ok(&ctl(
@@ -361,11 +382,21 @@ fn refusals_exit_1_with_the_reason_and_write_nothing() {
         )
     };
     refused(
-        &wrap("a.conflist", r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"ptp"},{"type":"portmap"}]}"#, &[]),
+        &wrap(
+            "a.conflist",
+            r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"ptp"},{"type":"portmap"}]}"#,
+            &[],
+        ),
         "no plugin carries an IPAM",
     );
-    refused(&wrap("b.conflist", &ptp("2.0.0"), &[]), "cniVersion \"2.0.0\" is not one dipam can carry");
-    refused(&wrap("c.conflist", "{\"cniVersion\": ", &[]), "not valid JSON");
+    refused(
+        &wrap("b.conflist", &ptp("2.0.0"), &[]),
+        "cniVersion \"2.0.0\" is not one dipam can carry",
+    );
+    refused(
+        &wrap("c.conflist", "{\"cniVersion\": ", &[]),
+        "not valid JSON",
+    );
     refused(
         &wrap(
             "d.conflist",
@@ -421,11 +452,15 @@ fn refusals_exit_1_with_the_reason_and_write_nothing() {
         assert_eq!(fs::read_to_string(&file).unwrap(), text, "{name} changed");
         out
     };
-    refused(&unwrap("u1.conflist", &ptp("1.0.0"), &[]), "no plugin uses dipam");
+    refused(
+        &unwrap("u1.conflist", &ptp("1.0.0"), &[]),
+        "no plugin uses dipam",
+    );
     refused(
         &unwrap(
             "u2.conflist",
-            &fs::read_to_string(bins::workspace().join("conflist/bad/missing-delegate.conflist")).unwrap(),
+            &fs::read_to_string(bins::workspace().join("conflist/bad/missing-delegate.conflist"))
+                .unwrap(),
             &[],
         ),
         "no delegate object",
@@ -433,7 +468,8 @@ fn refusals_exit_1_with_the_reason_and_write_nothing() {
     refused(
         &unwrap(
             "u3.conflist",
-            &fs::read_to_string(bins::workspace().join("conflist/dipam-host-local.conflist")).unwrap(),
+            &fs::read_to_string(bins::workspace().join("conflist/dipam-host-local.conflist"))
+                .unwrap(),
             &[],
         ),
         "pass --main-mode",
