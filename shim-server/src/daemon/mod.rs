@@ -390,6 +390,12 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     let getenv = |k: &str| std::env::var(k).ok();
     let activated = crate::activation::listener(&getenv).map_err(DaemonError::Usage)?;
     let unlink = activated.is_none();
+    // Listened for from before the bind: a SIGTERM that arrives once clients can connect (a
+    // unit stopped right after it started; a node shutting down) must stop dipamd gracefully,
+    // not kill it with the default action between the bind and the server's first poll of
+    // its shutdown future. Before this point the default action is right: nothing is served
+    // yet, and what the start-up was doing is replayed by the next start.
+    let stop = shutdown_signal();
     let listener = match activated {
         Some(l) => {
             info!("using the socket systemd passed (socket activation)");
@@ -445,7 +451,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         peers,
         unlink,
         Duration::from_secs_f64(args.shutdown_timeout),
-        shutdown_signal(),
+        stop,
     )
     .await?;
     Ok(())
@@ -573,18 +579,22 @@ fn node_name(args: &Args) -> Result<String, DaemonError> {
     Ok(node)
 }
 
-/// Resolves on SIGTERM or SIGINT.
-async fn shutdown_signal() {
+/// Installs the SIGTERM and SIGINT handlers now, and returns a future that resolves when
+/// either arrives (also one that arrived before it is first polled).
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
+    let handlers = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) else {
-        error!("cannot install signal handlers; stop dipamd with SIGKILL");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => info!("SIGTERM: shutting down"),
-        _ = int.recv() => info!("SIGINT: shutting down"),
+    );
+    async move {
+        let (Ok(mut term), Ok(mut int)) = handlers else {
+            error!("cannot install signal handlers; stop dipamd with SIGKILL");
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = term.recv() => info!("SIGTERM: shutting down"),
+            _ = int.recv() => info!("SIGINT: shutting down"),
+        }
     }
 }
