@@ -15,7 +15,6 @@ use super::{
 };
 use crate::{
     access::Caller,
-    core::Identity,
     delegate::Executor,
     error::{ShimError, codes},
     node::Node,
@@ -61,18 +60,7 @@ fn bench() -> Bench {
     }
     let mut exec = Executor::new(vec![dir.path().join("trusted")], Duration::from_secs(10));
     exec.non_root_kinds = vec!["fake-ipam".into()];
-    let node = Node::new(
-        Arc::new(MemStore::new()),
-        exec,
-        Identity {
-            socket: "/unused".into(),
-            state_dir: "/unused".into(),
-            spool_dir: "/unused".into(),
-        },
-        None,
-        crate::gc::GcPolicy::default(),
-        crate::access::Admission::default(),
-    );
+    let node = crate::rpc::tests::node_on(Arc::new(MemStore::new()), exec);
     Bench { dir, node }
 }
 

@@ -58,7 +58,13 @@ fn scripted_node_with(
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     let mut exec = Executor::new(vec![dir.path().to_owned()], Duration::from_secs(10));
     exec.events = events;
-    let node = Node::new(
+    (dir, node_on(store, exec))
+}
+
+/// A node on `store` running delegates with `exec`: no socket, no agent, default GC and
+/// admission. Shared with the access tests.
+pub(crate) fn node_on(store: Arc<MemStore>, exec: Executor) -> Arc<Node> {
+    Node::new(
         store,
         exec,
         Identity {
@@ -69,8 +75,7 @@ fn scripted_node_with(
         None,
         crate::gc::GcPolicy::default(),
         crate::access::Admission::default(),
-    );
-    (dir, node)
+    )
 }
 
 impl Bench {
