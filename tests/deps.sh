@@ -4,6 +4,11 @@
 # (ip netns), and a real container runtime for tests/lifecycle/tests/podman.rs: podman 4.3
 # with its CNI backend, runc (podman's own default here, crun, is not used by the tests) and
 # busybox-static (the tests build their image offline from it: there is no registry).
+# Also kubernetes-validate from PyPI, which bundles the Kubernetes API's JSON schemas
+# (tests/lifecycle/tests/manifests.rs validates deploy/kubernetes against them), in a venv of
+# Debian's python3 (python3-venv) under $DIPAM_TEST_CACHE (default /var/cache/dipam-tests);
+# when it cannot be installed (no route to PyPI) the reason is recorded there and that test
+# skips, saying why.
 # Also the Rust standard library for musl, which the plugin is built against
 # (tests/lifecycle/src/bins.rs says why); without it the plugin is built against glibc.
 # Idempotent; a no-op when everything is present.
@@ -27,6 +32,7 @@ if [ "${1:-}" != "demo" ]; then
   command -v podman >/dev/null 2>&1 || need+=(podman)
   command -v runc >/dev/null 2>&1 || need+=(runc)
   dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
+  dpkg -s python3-venv >/dev/null 2>&1 || need+=(python3-venv)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
@@ -38,4 +44,33 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   # runc named explicitly so that podman's "crun | runc" dependency is met by runc.
   apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+
+# kubernetes-validate, pinned: its version decides the Kubernetes versions it bundles schemas
+# for (1.25 to 1.37 in 1.37.0) and what it reports. Reinstalled when the pin changes; a
+# venv left incomplete by an interrupted install has no .complete stamp and is redone.
+kv_version=1.37.0
+if [ "${1:-}" != "demo" ]; then
+  cache=${DIPAM_TEST_CACHE:-/var/cache/dipam-tests}
+  venv=$cache/kubernetes-validate
+  unavailable=$cache/kubernetes-validate.unavailable
+  if [ ! -f "$venv/.complete" ] ||
+    [ "$("$venv/bin/kubernetes-validate" --version 2>/dev/null)" != "$kv_version" ]; then
+    echo "installing: kubernetes-validate $kv_version (PyPI) into $venv"
+    # Debian's python3, not whichever python3 comes first in PATH (pyenv and the like).
+    if out=$( (rm -rf "$venv" && mkdir -p "$cache" &&
+      /usr/bin/python3 -m venv "$venv" &&
+      "$venv/bin/pip" install -q --disable-pip-version-check \
+        "kubernetes-validate==$kv_version" &&
+      [ "$("$venv/bin/kubernetes-validate" --version)" = "$kv_version" ] &&
+      touch "$venv/.complete") 2>&1); then
+      rm -f "$unavailable"
+    else
+      why="kubernetes-validate $kv_version could not be installed into $venv: $(printf '%s' "$out" | tail -n 5)"
+      echo "note: $why" >&2
+      # Read by tests/lifecycle/tests/manifests.rs, which then skips and prints it.
+      { mkdir -p "$cache" && printf '%s\n' "$why" >"$unavailable"; } 2>/dev/null ||
+        echo "note: could not record that in $unavailable either" >&2
+    fi
+  fi
 fi

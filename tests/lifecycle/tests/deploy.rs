@@ -559,6 +559,19 @@ fn stop_timeouts_exceed_the_shutdown_drain() {
     );
 }
 
+/// A rollout replaces dipamd one node at a time, old pod first: with the grace period above
+/// and the SIGTERM drain, each node's CNI calls see only a restart (ADDs 11 and retried, DELs
+/// spooled; deploy/README.md, "Upgrades"). A surge pod would find the ledger locked by the
+/// old one and crash-loop; more than one node at a time widens the window for nothing.
+#[test]
+fn rolling_update_replaces_one_node_at_a_time() {
+    let docs = manifest();
+    let strategy = &kind(&docs, "DaemonSet")["spec"]["updateStrategy"];
+    assert_eq!(strategy["type"], "RollingUpdate", "{strategy}");
+    assert_eq!(strategy["rollingUpdate"]["maxUnavailable"], 1, "{strategy}");
+    assert_eq!(strategy["rollingUpdate"]["maxSurge"], 0, "{strategy}");
+}
+
 /// The long flags a `--help` text lists (option lines start with spaces, then `-x, --flag`
 /// or `--flag`).
 fn listed_flags(help: &str) -> Vec<String> {

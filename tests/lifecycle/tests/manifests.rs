@@ -1,0 +1,235 @@
+//! Every manifest in deploy/kubernetes validates against the Kubernetes API's own schemas, as
+//! `kubectl apply` would check it before a node ever sees it: a misspelled field, a string
+//! where the API wants a number, or a kind the API does not have fails here, not in a user's
+//! cluster (where an unknown field is dropped with a warning at best, and the DaemonSet runs
+//! without the setting it was meant to have).
+//!
+//! The validator is `kubernetes-validate` from PyPI, which bundles the API's OpenAPI schemas
+//! per Kubernetes release; tests/deps.sh installs a pinned version into a venv under
+//! `$DIPAM_TEST_CACHE` (default /var/cache/dipam-tests). It runs with `--strict`, which
+//! rejects properties the schema does not define (without it a misspelled field passes).
+//! When deps.sh could not install it, it records why and these tests skip, printing that;
+//! when deps.sh has not run at all, they fail. No root needed.
+
+// Tests: a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use dipam_lifecycle::{bins, yaml};
+use serde_json::Value;
+
+/// The Kubernetes releases the manifests are validated against: 1.30, the oldest the
+/// DaemonSet is written for (containerd 1.7-era nodes, the ConfigMap's cniVersion 1.0.0;
+/// everything it uses is GA there), and 1.37, the newest the pinned validator bundles. A
+/// field added after the first or removed before the second fails one of them.
+const KUBERNETES: [&str; 2] = ["1.30.0", "1.37.0"];
+
+/// tests/deps.sh's cache: the validator's venv, or the reason it could not be installed.
+fn cache() -> PathBuf {
+    std::env::var_os("DIPAM_TEST_CACHE")
+        .map_or_else(|| PathBuf::from("/var/cache/dipam-tests"), PathBuf::from)
+}
+
+/// The validator, or `None` (after saying why, loudly) when tests/deps.sh could not install
+/// it. Never a silent pass: without the validator and without a recorded reason, this fails.
+fn validator() -> Option<PathBuf> {
+    let venv = cache().join("kubernetes-validate");
+    let exe = venv.join("bin/kubernetes-validate");
+    // deps.sh stamps the venv only once the install is whole and answers with the pinned
+    // version; an interrupted install is redone there, not used here.
+    if exe.is_file() && venv.join(".complete").is_file() {
+        return Some(exe);
+    }
+    let marker = cache().join("kubernetes-validate.unavailable");
+    match std::fs::read_to_string(&marker) {
+        Ok(why) => {
+            eprintln!(
+                "\n*** SKIPPED {}: {} (recorded by tests/deps.sh in {}) ***\n",
+                module_path!(),
+                why.trim(),
+                marker.display()
+            );
+            None
+        }
+        Err(_) => panic!(
+            "kubernetes-validate is not installed (completely) at {}: run tests/deps.sh, which installs it \
+             (or records in {} why it cannot)",
+            exe.display(),
+            marker.display()
+        ),
+    }
+}
+
+macro_rules! require_validator {
+    () => {
+        match validator() {
+            Some(exe) => exe,
+            None => return,
+        }
+    };
+}
+
+/// Every YAML file under deploy/kubernetes, sorted.
+fn manifest_files() -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+                out.push(path);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&bins::workspace().join("deploy/kubernetes"), &mut out);
+    out.sort();
+    out
+}
+
+/// The documents of a manifest file (comment-only documents dropped).
+fn documents(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    yaml::parse(&text)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .into_iter()
+        .filter(|d| !d.is_null())
+        .collect()
+}
+
+/// How the validator names a resource it checked: `daemonset/dipam`.
+fn resource(doc: &Value) -> String {
+    let kind = doc["kind"].as_str().unwrap_or("<no kind>").to_lowercase();
+    let name = doc["metadata"]["name"].as_str().unwrap_or("<no name>");
+    format!("{kind}/{name}")
+}
+
+/// Runs the validator on `file` (holding `docs`) for Kubernetes `version`, and accepts only
+/// this: exit 0, no line that is not INFO (an unknown kind is only a WARN with exit 0, and
+/// would otherwise pass unchecked), and one "passed" line for every document.
+fn verdict(exe: &Path, file: &Path, docs: &[Value], version: &str) -> Result<(), String> {
+    let out = Command::new(exe)
+        .args(["--strict", "--kubernetes-version", version])
+        .arg(file)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let fail = |why: &str| Err(format!("{} for {version}: {why}:\n{text}", file.display()));
+    if !out.status.success() {
+        return fail(&format!("the validator exited with {}", out.status));
+    }
+    if let Some(line) = text
+        .lines()
+        .find(|l| !l.trim().is_empty() && !l.starts_with("INFO "))
+    {
+        return fail(&format!("not clean: {line:?}"));
+    }
+    let minor = version.rsplit_once('.').unwrap().0;
+    let passed = text.lines().filter(|l| l.contains(" passed for ")).count();
+    if passed != docs.len() {
+        return fail(&format!("{passed} passed of {} documents", docs.len()));
+    }
+    for doc in docs {
+        let line = format!(
+            "passed for resource {} against version {minor}",
+            resource(doc)
+        );
+        if !text.contains(&line) {
+            return fail(&format!("no {line:?}"));
+        }
+    }
+    Ok(())
+}
+
+fn validator_version(exe: &Path) -> String {
+    let out = Command::new(exe).arg("--version").output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Every document of every manifest (the DaemonSet, the ConfigMap, whatever else is added
+/// there) validates against the schemas of each Kubernetes release in [`KUBERNETES`].
+#[test]
+fn every_manifest_validates_against_the_kubernetes_api_schemas() {
+    let exe = require_validator!();
+    let files = manifest_files();
+    assert!(!files.is_empty(), "no manifests in deploy/kubernetes");
+    let mut kinds = Vec::new();
+    for file in &files {
+        let docs = documents(file);
+        assert!(!docs.is_empty(), "{}: no documents", file.display());
+        for version in KUBERNETES {
+            verdict(&exe, file, &docs, version).unwrap_or_else(|e| panic!("{e}"));
+        }
+        kinds.extend(docs.iter().map(|d| d["kind"].as_str().unwrap().to_owned()));
+    }
+    // The walk found what a node needs, so an emptied or misnamed file cannot pass by
+    // validating nothing.
+    for needed in ["DaemonSet", "ConfigMap"] {
+        assert!(
+            kinds.iter().any(|k| k == needed),
+            "no {needed} in {kinds:?}"
+        );
+    }
+    eprintln!(
+        "kubernetes-validate {}: {} documents in {} files valid for Kubernetes {KUBERNETES:?}",
+        validator_version(&exe),
+        kinds.len(),
+        files.len()
+    );
+}
+
+/// The check above can fail: copies of the DaemonSet manifest broken the ways a hand edit
+/// breaks one are each refused, for every release.
+#[test]
+fn a_broken_manifest_fails_validation() {
+    let exe = require_validator!();
+    let path = bins::workspace().join("deploy/kubernetes/dipam.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let edit = |from: &str, to: &str| {
+        assert_eq!(
+            text.matches(from).count(),
+            1,
+            "{from:?} is not in the manifest once"
+        );
+        text.replacen(from, to, 1)
+    };
+    let cases = [
+        (
+            "a misspelled field in the dipamd container",
+            edit("\n          resources:\n", "\n          resource:\n"),
+            "'resource' was unexpected",
+        ),
+        (
+            "a number written as a string",
+            edit(
+                "terminationGracePeriodSeconds: 30\n",
+                "terminationGracePeriodSeconds: \"30\"\n",
+            ),
+            "is not of type 'integer'",
+        ),
+        (
+            "a kind the API does not have",
+            edit("kind: ConfigMap\n", "kind: ConfigMaps\n"),
+            "Couldn't find schema for kind ConfigMaps",
+        ),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    for (what, broken, expected) in cases {
+        let file = dir.path().join("dipam.yaml");
+        std::fs::write(&file, &broken).unwrap();
+        let docs = documents(&file);
+        for version in KUBERNETES {
+            let e = verdict(&exe, &file, &docs, version)
+                .expect_err(&format!("{what}: validated for {version}"));
+            assert!(e.contains(expected), "{what}: {e}");
+        }
+    }
+}
