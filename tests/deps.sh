@@ -4,6 +4,9 @@
 # (ip netns), and a real container runtime for tests/lifecycle/tests/podman.rs: podman 4.3
 # with its CNI backend, runc (podman's own default here, crun, is not used by the tests) and
 # busybox-static (the tests build their image offline from it: there is no registry).
+# Also containerd (tests/lifecycle/tests/containerd.rs runs a private instance of it, with its
+# own sockets and directories, through CRI), and protoc (protobuf-compiler), which the test
+# crate's CRI client (the k8s-cri crate) needs at build time; the product's crates do not.
 # Also kubernetes-validate from PyPI, which bundles the Kubernetes API's JSON schemas
 # (tests/lifecycle/tests/manifests.rs validates deploy/kubernetes against them), in a venv of
 # Debian's python3 (python3-venv) under $DIPAM_TEST_CACHE (default /var/cache/dipam-tests);
@@ -25,6 +28,8 @@ need=()
 [ -x /usr/lib/cni/host-local ] || need+=(containernetworking-plugins)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v iptables >/dev/null 2>&1 || need+=(iptables)
+# The demo is built from the test crate, so it needs protoc too.
+command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 # mkfs.ext4 (tests/lifecycle/tests/ledger_disk.rs: a small ext4 state directory to fill up).
 PATH=$PATH:/usr/sbin:/sbin command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
 # The demo needs only the reference plugins (`deps.sh demo`); the test suite also a runtime.
@@ -32,6 +37,7 @@ if [ "${1:-}" != "demo" ]; then
   command -v podman >/dev/null 2>&1 || need+=(podman)
   command -v runc >/dev/null 2>&1 || need+=(runc)
   dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
+  command -v containerd >/dev/null 2>&1 || need+=(containerd)
   dpkg -s python3-venv >/dev/null 2>&1 || need+=(python3-venv)
 fi
 if [ ${#need[@]} -gt 0 ]; then
@@ -44,6 +50,13 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   # runc named explicitly so that podman's "crun | runc" dependency is met by runc.
   apt-get install -y -qq --no-install-recommends "${need[@]}"
+  # Debian's package enables and starts containerd.service. The tests never use it (each runs
+  # its own containerd), and a node that had no containerd before should not get a running
+  # one from a test setup: stop and disable what this run installed.
+  if [[ " ${need[*]} " == *" containerd "* ]] && [ -d /run/systemd/system ]; then
+    systemctl disable --now containerd.service >/dev/null 2>&1 ||
+      echo "note: could not stop containerd.service; the tests do not need it" >&2
+  fi
 fi
 
 # kubernetes-validate, pinned: its version decides the Kubernetes versions it bundles schemas

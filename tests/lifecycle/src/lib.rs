@@ -7,6 +7,7 @@
 pub mod agentlab;
 pub mod bins;
 pub mod clock;
+pub mod containerd;
 pub mod daemon;
 pub mod fixture;
 pub mod hostlocal;
@@ -18,6 +19,7 @@ pub mod standin;
 pub mod yaml;
 
 pub use agentlab::AgentLab;
+pub use containerd::Containerd;
 pub use daemon::Dipamd;
 pub use fixture::{Fixture, Subnet};
 pub use lab::Lab;
