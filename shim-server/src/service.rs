@@ -10,7 +10,7 @@ use dipam_proto::v1::{
     cni_reply::Outcome, cni_server::Cni,
 };
 use tonic::{Request, Response, Status};
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::{
     access::{Caller, Class},
@@ -66,18 +66,55 @@ impl Call {
     }
 }
 
+/// What an RPC module hands back to [`answer`]: the plugin's stdout, and for a DEL the
+/// addresses it released (its stdout is empty), for the request's log line.
+struct Done {
+    stdout: Vec<u8>,
+    released: Vec<String>,
+}
+
+impl From<Vec<u8>> for Done {
+    fn from(stdout: Vec<u8>) -> Self {
+        Self {
+            stdout,
+            released: Vec::new(),
+        }
+    }
+}
+
+impl From<rpc::del::Released> for Done {
+    fn from(r: rpc::del::Released) -> Self {
+        Self {
+            stdout: Vec::new(),
+            released: r.ips,
+        }
+    }
+}
+
+/// The container ID as log lines show it: the first 12 characters, as `crictl`, `docker ps`
+/// and `podman ps` do (the full ID is on the call's span and in `dipamctl explain`).
+fn short_id(id: &str) -> &str {
+    id.char_indices().nth(12).map_or(id, |(i, _)| &id[..i])
+}
+
 /// Runs one CNI call: admission (`class`; STATUS takes none: it must stay cheap and answer
 /// even when dipamd is saturated), the RPC module, then logs, metrics, history and the one
 /// error boundary. The RPC gets its caller as an argument: what it may do is decided where
 /// the request is prepared (`Node::prepare`).
-async fn answer<F>(
+///
+/// Every call gets exactly one line saying how it ended: network, container (short ID), the
+/// IPs it concerned (on DEL too), outcome and duration. ADD, DEL and CHECK at info; STATUS and
+/// GC at debug when they succeed (kubelet-driven runtimes send STATUS every few seconds, and
+/// what a GC frees is logged line by line where it is freed); every failure at warn.
+async fn answer<F, T>(
     node: &Node,
     call: Call,
     class: Option<Class>,
     f: F,
 ) -> Result<Response<CniReply>, Status>
 where
-    F: Future<Output = Result<Vec<u8>, ShimError>>,
+    F: Future<Output = Result<T, ShimError>>,
+    T: Into<Done>,
 {
     let span = call.span();
     async move {
@@ -85,27 +122,49 @@ where
         let outcome = match class {
             // The slot is held until the operation is done.
             Some(c) => match node.admission.admit(c).await {
-                Ok(_slot) => f.await,
+                Ok(_slot) => f.await.map(Into::into),
                 Err(e) => Err(e),
             },
-            None => f.await,
+            None => f.await.map(Into::into),
         };
-        let ms = started.elapsed().as_secs_f64() * 1e3;
+        let took = started.elapsed();
+        let ms = crate::clock::log_ms(took);
         crate::trim::touch();
         let mut event = serde_json::json!({
             "kind": "request", "op": call.command, "requestId": call.request_id,
             "network": call.network, "ifname": call.ifname, "durationMs": ms,
         });
+        let container = short_id(&call.container_id);
+        let network = call.network.as_str();
         let reply = match outcome {
-            Ok(result) => {
-                info!(elapsed_ms = ms, "ok");
+            Ok(Done { stdout, released }) => {
+                let result: serde_json::Value = if stdout.is_empty() {
+                    serde_json::Value::Null
+                } else {
+                    serde_json::from_slice(&stdout).unwrap_or_default()
+                };
+                let ips = if released.is_empty() {
+                    crate::delegate::config::result_ips(&result)
+                } else {
+                    released
+                };
+                let ips = if ips.is_empty() {
+                    "-".to_owned()
+                } else {
+                    ips.join(",")
+                };
+                if matches!(call.command, "STATUS" | "GC") {
+                    debug!(network = %network, container = %container, elapsed_ms = ms, "ok");
+                } else {
+                    info!(network = %network, container = %container, ips = %ips, elapsed_ms = ms, "ok");
+                }
                 event["outcome"] = "ok".into();
-                if !result.is_empty() {
-                    event["result"] = serde_json::from_slice(&result).unwrap_or_default();
+                if !result.is_null() {
+                    event["result"] = result;
                 }
                 Ok(CniReply {
                     protocol_version: dipam_proto::PROTOCOL_VERSION,
-                    outcome: Some(Outcome::Result(result)),
+                    outcome: Some(Outcome::Result(stdout)),
                     retired_link_taken: false,
                     replayed: None,
                     pending_commit: false,
@@ -119,14 +178,14 @@ where
                         outcome: Some(Outcome::Error(err)),
                         ..
                     }) => {
-                        warn!(elapsed_ms = ms, code = err.code, msg = %err.msg, details = %err.details, "failed");
+                        warn!(network = %network, container = %container, elapsed_ms = ms, code = err.code, msg = %err.msg, details = %err.details, "failed");
                         event["outcome"] = "error".into();
                         event["code"] = err.code.into();
                         event["msg"] = err.msg.clone().into();
                         event["details"] = err.details.clone().into();
                     }
                     Err(status) => {
-                        warn!(elapsed_ms = ms, status = ?status.code(), msg = status.message(), "refused");
+                        warn!(network = %network, container = %container, elapsed_ms = ms, status = ?status.code(), msg = status.message(), "refused");
                         event["outcome"] = "refused".into();
                         event["msg"] = status.message().into();
                     }
@@ -146,7 +205,7 @@ where
         node.events.emit(crate::events::Event::Request {
             op: call.command,
             code: &code,
-            took: std::time::Duration::from_secs_f64(ms / 1e3),
+            took,
             container_id: &call.container_id,
             record: &event,
         });

@@ -333,8 +333,9 @@ async fn sweep(h: &Handle, stats: &TeardownStats, denials: &Denials) {
             .emit(crate::events::Event::TeardownDeleted(deleted));
     }
     stats.batches.fetch_add(1, Ordering::Relaxed);
-    let ms = started.elapsed().as_secs_f64() * 1e3;
-    if ms > 1000.0 {
+    let took = started.elapsed();
+    let ms = crate::clock::log_ms(took);
+    if took.as_millis() > 1000 {
         info!(deleted, elapsed_ms = ms, "teardown: deleted retired veths");
     } else {
         debug!(deleted, elapsed_ms = ms, "teardown: deleted retired veths");

@@ -11,7 +11,7 @@
 
 use dipam_state::{AttachmentRecord, AttachmentState, Durability, Owner};
 use tokio::sync::oneshot;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{Core, Prepared};
 use crate::{clock::now, delegate::Gated, delegate::version, error::ShimError};
@@ -82,11 +82,12 @@ pub async fn attach(
     let rec = intent(p, &owner, Core::effective(&p.dc, send), &stdin, digest);
     let (rec, rendered, out) = exec_and_commit(core, p, &probe, stdin, rec, early).await?;
     core.committed(&rec);
-    info!(
+    // At debug: a runtime's ADD gets its one info line, with the same IPs, from the service.
+    debug!(
         key = %p.key,
         delegate = %p.dc.kind,
         ips = ?crate::delegate::config::result_ips(rec.result.as_ref().unwrap_or(&serde_json::Value::Null)),
-        delegate_ms = out.elapsed.as_secs_f64() * 1e3,
+        delegate_ms = crate::clock::log_ms(out.elapsed),
         "attachment added"
     );
     Ok(Added {

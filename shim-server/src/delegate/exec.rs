@@ -222,7 +222,7 @@ pub async fn run_gated(
                     command = %inv.command,
                     pid,
                     status = ?out.status,
-                    elapsed_ms = elapsed.as_secs_f64() * 1e3,
+                    elapsed_ms = crate::clock::log_ms(elapsed),
                     "delegate exec finished"
                 );
                 Ok(Output {

@@ -9,15 +9,22 @@
 
 use dipam_proto::v1::CniRequest;
 use dipam_state::AttachmentState;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::{clock::now, error::ShimError, node::Node};
+
+/// What a DEL released: the addresses it concerned, for the request's log line and the spool's
+/// replay line. DEL's reply to the plugin stays empty (spec §2.5: DEL returns no result).
+#[derive(Debug, Default)]
+pub struct Released {
+    pub ips: Vec<String>,
+}
 
 pub async fn run(
     node: &Node,
     caller: crate::access::Caller,
     req: CniRequest,
-) -> Result<Vec<u8>, ShimError> {
+) -> Result<Released, ShimError> {
     let mut p = node.prepare(req, true, caller)?;
     // dipamd's own keys (the agent's, the warm pool's) are never a pod's: a runtime's DEL of
     // one must not release what the agent, the pool, or a pod served from it holds.
@@ -34,7 +41,7 @@ pub async fn run(
             info!(key = %p.key, uid = p.caller.uid, "DEL from a non-root caller of a key with no record; nothing of its to release");
             // Still a DEL: an ADD issued before it must not bring the key back (F4).
             node.bury(&p.key, p.issued.clone());
-            return Ok(Vec::new());
+            return Ok(Released::default());
         }
         None => {}
     }
@@ -55,7 +62,7 @@ pub async fn run(
              meant for an earlier one, already gone: not releasing the current one"
         );
         node.events.emit(crate::events::Event::StaleDel);
-        return Ok(Vec::new());
+        return Ok(Released::default());
     }
     // A pod served from the warm pool is known to the delegate by the pool entry's key.
     if let Some(rec) = &existing {
@@ -70,9 +77,12 @@ pub async fn run(
         .as_ref()
         .and_then(|r| r.result.as_ref())
         .or(prev.as_ref());
+    let ips = known
+        .map(crate::delegate::config::result_ips)
+        .unwrap_or_default();
     if !p.dc.inject_for_del(known) && existing.is_none() {
         info!(key = %p.key, delegate = %p.dc.kind, "nothing recorded and no prevResult: the delegate has nothing dipam could release");
-        return Ok(Vec::new());
+        return Ok(Released::default());
     }
     let (probe, send) = node.resolve(&p.dc, &p.req.cni_path).await?;
     let stdin = p.dc.bytes_for(send)?;
@@ -106,6 +116,7 @@ pub async fn run(
         node.forget(rec).await?;
     }
     node.bury(&p.key, issued);
-    info!(key = %p.key, known = existing.is_some(), "attachment deleted");
-    Ok(Vec::new())
+    // At debug: the request's one info line, with the IPs, comes from the service.
+    debug!(key = %p.key, known = existing.is_some(), "attachment deleted");
+    Ok(Released { ips })
 }

@@ -199,9 +199,9 @@ pub async fn drain(node: &Node, dir: &Path) -> Drained {
             continue;
         }
         match rpc::del::run(node, crate::access::Caller::ROOT, req).await {
-            Ok(_) => {
+            Ok(released) => {
                 let _ = spool::remove(&fd, &name);
-                info!(attachment = %what, file = %dir.join(&name).display(), "spooled DEL replayed");
+                info!(attachment = %what, ips = %released.ips.join(","), file = %dir.join(&name).display(), "spooled DEL replayed");
                 out.released += 1;
             }
             Err(
