@@ -150,6 +150,17 @@ pub enum ShimError {
     /// An operator or agent request names something that does not exist (an unknown role).
     #[error("{msg}")]
     Invalid { msg: String, details: String },
+    /// Too many of something: labels in one claim, claims on the node (agent/claims.rs).
+    #[error("{count} {what} are more than the {limit} dipamd accepts")]
+    TooMany {
+        what: &'static str,
+        count: usize,
+        limit: usize,
+    },
+    /// A Claim of a name that is held with another family or requested IP: the name is the
+    /// claim's identity, so the caller must Unclaim it first (or choose another name).
+    #[error("{msg}")]
+    ClaimExists { msg: String, details: String },
     /// A request value beyond its limit (validate.rs); never echoed back.
     #[error("{what} is {len} bytes, more than the {limit} dipamd accepts")]
     TooLarge {
@@ -208,6 +219,11 @@ impl ShimError {
                 ),
             ),
             Self::GcInput(e) => (codes::INVALID_CONFIG, e.details.clone()),
+            Self::TooMany { .. } => (
+                codes::INVALID_CONFIG,
+                "nothing was recorded or allocated".into(),
+            ),
+            Self::ClaimExists { details, .. } => (codes::INVALID_CONFIG, details.clone()),
             Self::Decode(d) => (codes::DECODE_FAILURE, d.clone()),
             Self::Config { details, .. } | Self::Invalid { details, .. } => {
                 (codes::INVALID_CONFIG, details.clone())
@@ -357,8 +373,11 @@ impl ShimError {
     pub fn into_status(self) -> tonic::Status {
         match self {
             Self::ProtocolTooOld { .. } => tonic::Status::failed_precondition(self.to_string()),
-            Self::Busy(_) | Self::TooLarge { .. } => {
+            Self::Busy(_) | Self::TooLarge { .. } | Self::TooMany { .. } => {
                 tonic::Status::resource_exhausted(self.to_string())
+            }
+            Self::ClaimExists { msg, details } => {
+                tonic::Status::already_exists(format!("{msg}: {details}"))
             }
             Self::Store(_) | Self::Internal(_) => tonic::Status::internal(self.to_string()),
             Self::GcInput(e) => {

@@ -160,6 +160,8 @@ where
         .layer(tower::util::MapResponseLayer::new(
             oversize_is_resource_exhausted,
         ))
+        // One code for an expired deadline (service.rs).
+        .layer(crate::service::DeadlineLayer)
         .add_service(InterceptedService::new(
             CniServer::new(svc.clone()).max_decoding_message_size(MAX_REQUEST_BYTES),
             check.clone(),

@@ -9,6 +9,7 @@
 //! Records live in the same ledger as pods (owner `agent:<role>`), with the same
 //! intent-before-exec discipline, so a crash at any point cannot leak one.
 
+pub mod claims;
 pub mod conflist;
 pub mod reconcile;
 
@@ -51,6 +52,14 @@ impl Family {
         }
     }
 
+    /// The proto enum's value.
+    pub fn proto(self) -> dipam_proto::v1::AddressFamily {
+        match self {
+            Self::V4 => dipam_proto::v1::AddressFamily::Ipv4,
+            Self::V6 => dipam_proto::v1::AddressFamily::Ipv6,
+        }
+    }
+
     pub fn matches(self, ip: &IpAddr) -> bool {
         matches!(
             (self, ip),
@@ -71,24 +80,79 @@ pub struct AgentConfig {
     pub namespace: String,
 }
 
-/// The stable CNI identity of one agent address.
+/// The owner role of claim `name`'s record: `claim:<name>` (owner label
+/// `agent:claim:<name>`), never a role's.
+pub fn claim_role(name: &str) -> String {
+    format!("claim:{name}")
+}
+
+/// The stable CNI identity of one agent address: a claim, predefined (a role's) or the
+/// agent's own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Slot {
+    /// The record's owner role: the role (`router`), or `claim:<name>`.
     pub role: String,
+    /// The claim's name: `<role>-<family>` for a role's.
+    pub name: String,
     pub family: Family,
     pub container_id: String,
     pub ifname: String,
     pub netns: String,
     pub args: String,
+    /// The IP the claim asked for; `None`: any (a role's, or a claim without one).
+    pub requested: Option<IpAddr>,
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// A role's address, configured by dipamd's flags.
+    pub predefined: bool,
 }
 
 impl Slot {
+    /// A role's address: its key is the one dipamd has always used
+    /// (`dipam-<role>-<family>-<node>`, ifname `<role>`), so a node upgraded from before
+    /// claims keeps its addresses.
     pub fn new(cfg: &AgentConfig, role: &str, family: Family) -> Self {
         let container_id = crate::keys::agent_id(role, family.as_str(), &cfg.node);
-        Self {
-            role: role.to_owned(),
+        Self::with_key(
+            cfg,
+            role.to_owned(),
+            format!("{role}-{}", family.as_str()),
             family,
-            ifname: role.to_owned(),
+            container_id,
+            role.to_owned(),
+            true,
+        )
+    }
+
+    /// An agent claim's address: `dipam-claim-<name>-<node>`, ifname `claim`.
+    pub fn claim(cfg: &AgentConfig, name: &str, spec: &claims::ClaimSpec) -> Self {
+        let mut s = Self::with_key(
+            cfg,
+            claim_role(name),
+            name.to_owned(),
+            spec.family(),
+            crate::keys::claim_id(name, &cfg.node),
+            "claim".to_owned(),
+            false,
+        );
+        s.requested = spec.ip;
+        s.labels = spec.labels.clone();
+        s
+    }
+
+    fn with_key(
+        cfg: &AgentConfig,
+        role: String,
+        name: String,
+        family: Family,
+        container_id: String,
+        ifname: String,
+        predefined: bool,
+    ) -> Self {
+        Self {
+            role,
+            name,
+            family,
+            ifname,
             // Never created: a path the delegate cannot mistake for its own netns, and
             // that host-local and azure-vnet-ipam accept (they never enter it).
             netns: format!("/run/dipam/agent-netns/{container_id}"),
@@ -97,8 +161,42 @@ impl Slot {
                 cfg.namespace
             ),
             container_id,
+            requested: None,
+            labels: std::collections::BTreeMap::new(),
+            predefined,
         }
     }
+}
+
+/// The proto enum of a state string.
+pub fn claim_state(state: &str) -> dipam_proto::v1::ClaimState {
+    use dipam_proto::v1::ClaimState as S;
+    match state {
+        "pending" => S::Pending,
+        "ready" => S::Ready,
+        "releasing" => S::Releasing,
+        "failed" => S::Failed,
+        "kept" => S::Kept,
+        "released" => S::Released,
+        _ => S::Unspecified,
+    }
+}
+
+/// A random id for this dipamd's life (the kernel's UUID generator): a watcher that sees it
+/// change knows dipamd restarted and the message is a full snapshot.
+fn instance_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/uuid")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| {
+            format!(
+                "{:x}-{:x}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or_default()
+            )
+        })
 }
 
 /// Validates `--node-name`: it becomes part of container IDs (`^[a-zA-Z0-9][a-zA-Z0-9_.-]*$`).
@@ -124,12 +222,21 @@ pub struct Agent {
     /// server can drain (an open watch would otherwise hold the shutdown forever) and the
     /// agent knows to reconnect.
     closing: watch::Sender<bool>,
+    /// Random per start; in every List, Watch and Claim reply.
+    pub instance_id: String,
+    /// Container ID -> the address it had before it changed, until a client reads the claim
+    /// again (List, Claim); kept in the ledger's settings, so it survives restarts.
+    pub changed: Mutex<HashMap<String, String>>,
+    /// One publish at a time: each persists its generation before it is sent.
+    pub publishing: tokio::sync::Mutex<()>,
 }
 
 impl Agent {
     pub fn new(config: Option<AgentConfig>) -> Self {
+        let id = instance_id();
         let (snapshot, _) = watch::channel(AgentListReply {
             protocol_version: dipam_proto::PROTOCOL_VERSION,
+            instance_id: id.clone(),
             ..AgentListReply::default()
         });
         Self {
@@ -141,6 +248,9 @@ impl Agent {
             wake: Notify::new(),
             pass: tokio::sync::Mutex::new(()),
             closing: watch::channel(false).0,
+            instance_id: id,
+            changed: Mutex::new(HashMap::new()),
+            publishing: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -199,16 +309,45 @@ impl Agent {
         self.snapshot.subscribe()
     }
 
-    /// Publishes a new list; watchers see it only if it differs from the last one.
-    pub fn publish(&self, addresses: Vec<AgentAddress>, waiting: String) {
-        self.snapshot.send_if_modified(|cur| {
-            if cur.addresses == addresses && cur.waiting == waiting {
-                return false;
+    /// Starts the generation where the last dipamd left it (the ledger's), without a
+    /// message: the first change of this life is `generation + 1`.
+    pub fn resume(&self, generation: u64, changed: HashMap<String, String>) {
+        self.snapshot.send_modify(|cur| cur.generation = generation);
+        if let Ok(mut c) = self.changed.lock() {
+            *c = changed;
+        }
+    }
+
+    /// `addresses` with the changed marks applied, and the generation they would be
+    /// published under: `None` when they equal the current list (nothing to publish).
+    pub fn next(&self, mut addresses: Vec<AgentAddress>, waiting: &str) -> Option<(Vec<AgentAddress>, u64)> {
+        if let Ok(changed) = self.changed.lock() {
+            for a in &mut addresses {
+                match changed.get(&a.container_id) {
+                    Some(prev) => {
+                        a.changed = true;
+                        a.previous_ip = prev.clone();
+                    }
+                    None => {
+                        a.changed = false;
+                        a.previous_ip.clear();
+                    }
+                }
             }
+        }
+        let cur = self.snapshot.borrow();
+        if cur.addresses == addresses && cur.waiting == waiting {
+            return None;
+        }
+        Some((addresses, cur.generation + 1))
+    }
+
+    /// Publishes a new list under `generation` (from [`Agent::next`], already persisted).
+    pub fn publish(&self, addresses: Vec<AgentAddress>, waiting: String, generation: u64) {
+        self.snapshot.send_modify(|cur| {
             cur.addresses = addresses;
             cur.waiting = waiting;
-            cur.generation += 1;
-            true
+            cur.generation = generation;
         });
     }
 
@@ -221,7 +360,9 @@ impl Agent {
             out.push(snap.waiting.clone());
         }
         for a in &snap.addresses {
-            if a.state == "failed" {
+            // A claim's failure is its own (its reply and list say why); a role's address is
+            // what the node's agent needs to run.
+            if a.state == "failed" && a.predefined {
                 out.push(format!(
                     "agent {} {} address: {}",
                     a.role, a.family, a.message
@@ -295,13 +436,35 @@ mod tests {
     #[test]
     fn publish_bumps_the_generation_only_on_change() {
         let a = Agent::new(None);
+        a.resume(41, HashMap::new());
         let mut rx = a.subscribe();
-        a.publish(vec![], "waiting for conflist /x".into());
+        let (addrs, g) = a.next(vec![], "waiting for conflist /x").unwrap();
+        assert_eq!(g, 42, "resumes after the last life's generation");
+        a.publish(addrs, "waiting for conflist /x".into(), g);
         assert!(rx.has_changed().unwrap());
-        let g = rx.borrow_and_update().generation;
-        a.publish(vec![], "waiting for conflist /x".into());
-        assert!(!rx.has_changed().unwrap());
-        assert_eq!(a.snapshot().generation, g);
+        assert_eq!(rx.borrow_and_update().generation, 42);
+        assert!(a.next(vec![], "waiting for conflist /x").is_none());
         assert_eq!(a.not_ready(), vec!["waiting for conflist /x".to_string()]);
+        assert!(!a.snapshot().instance_id.is_empty());
+        assert_ne!(Agent::new(None).instance_id, a.instance_id);
+    }
+
+    #[test]
+    fn a_changed_address_stays_marked_until_cleared() {
+        let a = Agent::new(None);
+        let addr = AgentAddress {
+            container_id: "dipam-claim-e-n".into(),
+            ip: "10.0.0.9/24".into(),
+            ..AgentAddress::default()
+        };
+        a.resume(0, HashMap::from([("dipam-claim-e-n".into(), "10.0.0.5/24".into())]));
+        let (out, g) = a.next(vec![addr.clone()], "").unwrap();
+        assert!(out[0].changed && out[0].previous_ip == "10.0.0.5/24");
+        a.publish(out, String::new(), g);
+        // Republished unchanged: still marked, no new generation.
+        assert!(a.next(vec![addr.clone()], "").is_none());
+        a.changed.lock().unwrap().clear();
+        let (out, _) = a.next(vec![addr], "").unwrap();
+        assert!(!out[0].changed && out[0].previous_ip.is_empty());
     }
 }

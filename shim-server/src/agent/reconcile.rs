@@ -15,6 +15,14 @@
 //!
 //! ADDs go through the same intent-before-exec path as pods (rpc::add::attach), so a crash at
 //! any point leaves a record that start-up replay or the next pass resolves.
+//!
+//! The enabled slots are the roles' (predefined claims) and the agent's claims (claims.rs).
+//! A claim or unclaim from the Agent service reconciles its one slot at once ([`claim`],
+//! [`unclaim`]) rather than waiting for the loop; the loop's pass covers every slot.
+//!
+//! Every list published carries a generation kept in the ledger (`agent/generation`, written
+//! before the list is sent), so it increases across restarts as well, and the changed marks
+//! (`agent/changed/<container ID>`) that stay until a client reads the claim again.
 
 use std::{collections::BTreeSet, net::IpAddr, time::Duration};
 
@@ -23,7 +31,11 @@ use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, Owner};
 use serde_json::Value;
 use tracing::{info, warn};
 
-use super::{AgentConfig, Family, ROLES, Slot, conflist::Base};
+use super::{
+    AgentConfig, Family, ROLES, Slot,
+    claims::{self, CLAIM_SETTING, Claim, ClaimSpec},
+    conflist::Base,
+};
 use crate::{
     core::Prepared,
     delegate::{config::result_addrs, version},
@@ -34,10 +46,28 @@ use crate::{
 const ROLE_SETTING: &str = "agent/role/";
 const FLAGS_SETTING: &str = "agent/flags";
 const LAST_IP_SETTING: &str = "agent/last-ip/";
+const GENERATION_SETTING: &str = "agent/generation";
+const CHANGED_SETTING: &str = "agent/changed/";
 
-/// At start: if the configured roles changed since the last start, the operator's new
-/// configuration wins over roles the agent allocated or released at runtime.
+/// At start: the generation and changed marks the last dipamd left; and if the configured
+/// roles changed since the last start, the operator's new configuration wins over roles the
+/// agent allocated or released at runtime.
 pub async fn init(node: &Node) -> Result<(), ShimError> {
+    let (generation, changed) = node
+        .ledger(|l| {
+            let g = l
+                .setting(GENERATION_SETTING)?
+                .and_then(|g| g.parse::<u64>().ok())
+                .unwrap_or(0);
+            let changed = l
+                .settings(CHANGED_SETTING)?
+                .into_iter()
+                .map(|(k, v)| (k.trim_start_matches(CHANGED_SETTING).to_owned(), v))
+                .collect::<std::collections::HashMap<_, _>>();
+            Ok((g, changed))
+        })
+        .await?;
+    node.agent.resume(generation, changed);
     let Some(cfg) = node.agent.config.clone() else {
         return keep_unmanaged(node).await;
     };
@@ -71,6 +101,7 @@ pub const KEPT_UNMANAGED: &str = "kept: agent management is off (dipamd has no -
 async fn keep_unmanaged(node: &Node) -> Result<(), ShimError> {
     let records = node.ledger(|l| l.list(None)).await?;
     node.agent.reindex(&records);
+    let specs = claim_specs(node).await?;
     let kept: Vec<AgentAddress> = records
         .iter()
         .filter_map(|r| {
@@ -81,13 +112,19 @@ async fn keep_unmanaged(node: &Node) -> Result<(), ShimError> {
             let family = addrs.first().map_or(Family::V4, |ip| {
                 if ip.is_ipv6() { Family::V6 } else { Family::V4 }
             });
+            let claim = role.strip_prefix("claim:");
+            let spec = claim.and_then(|n| specs.get(n));
             let slot = Slot {
                 role: role.clone(),
+                name: claim.map_or_else(|| format!("{role}-{}", family.as_str()), str::to_owned),
                 family,
                 container_id: r.key.container_id.clone(),
                 ifname: r.key.ifname.clone(),
                 netns: r.netns.clone(),
                 args: r.cni_args.clone(),
+                requested: spec.and_then(|s| s.ip),
+                labels: spec.map(|s| s.labels.clone()).unwrap_or_default(),
+                predefined: claim.is_none(),
             };
             Some(address(
                 &slot,
@@ -104,8 +141,68 @@ async fn keep_unmanaged(node: &Node) -> Result<(), ShimError> {
             "agent records in the ledger while agent management is off: {KEPT_UNMANAGED}"
         );
     }
-    node.agent.publish(kept, String::new());
+    publish(node, kept, String::new()).await;
+    Ok(())
+}
+
+/// Every claim spec in the ledger, by name.
+async fn claim_specs(
+    node: &Node,
+) -> Result<std::collections::BTreeMap<String, ClaimSpec>, ShimError> {
+    let raw = node.ledger(|l| l.settings(CLAIM_SETTING)).await?;
+    Ok(claims::decode_all(raw))
+}
+
+/// Publishes the agent's list for List and Watch if it changed: its generation is written to
+/// the ledger first, so that no dipamd after this one reuses it (a watcher orders messages by
+/// (instance_id, generation)). A ledger that takes no writes (a full disk) does not hold the
+/// list back: the agent needs its addresses more than a generation that survives restarts;
+/// the instance id still tells a restart apart.
+pub async fn publish(node: &Node, addresses: Vec<AgentAddress>, waiting: String) {
+    let _one = node.agent.publishing.lock().await;
+    let Some((addresses, generation)) = node.agent.next(addresses, &waiting) else {
+        return;
+    };
+    let text = generation.to_string();
+    if let Err(e) = node
+        .ledger(move |l| l.set_setting(GENERATION_SETTING, Some(&text)))
+        .await
+    {
+        warn!(error = %e, generation, "the agent list's generation could not be kept in the ledger; publishing it anyway");
+    }
+    node.agent.publish(addresses, waiting, generation);
     report_addresses(node);
+}
+
+/// Marks (`Some(previous)`) or clears the change of `container_id`'s address; republishes
+/// when it changed something.
+async fn set_changed(node: &Node, container_id: &str, previous: Option<String>) -> Result<bool, ShimError> {
+    let differs = match node.agent.changed.lock() {
+        Ok(mut c) => match &previous {
+            Some(p) => c.insert(container_id.to_owned(), p.clone()).as_ref() != Some(p),
+            None => c.remove(container_id).is_some(),
+        },
+        Err(_) => false,
+    };
+    if differs {
+        let name = format!("{CHANGED_SETTING}{container_id}");
+        node.ledger(move |l| l.set_setting(&name, previous.as_deref()))
+            .await?;
+    }
+    Ok(differs)
+}
+
+/// A client read these claims (List, or Claim of one): their changed marks are cleared, and
+/// the list is republished without them. The reply the client reads still carries the marks.
+pub async fn clear_changed(node: &Node, container_ids: &[String]) -> Result<(), ShimError> {
+    let mut any = false;
+    for id in container_ids {
+        any |= set_changed(node, id, None).await?;
+    }
+    if any {
+        let snap = node.agent.snapshot();
+        publish(node, snap.addresses, snap.waiting).await;
+    }
     Ok(())
 }
 
@@ -157,11 +254,14 @@ pub async fn pass(node: &Node) -> Result<(), ShimError> {
     };
     let _one = node.agent.pass.lock().await;
     let roles = effective_roles(node, &cfg).await?;
-    let slots: Vec<Slot> = roles
+    let mut slots: Vec<Slot> = roles
         .iter()
         .flat_map(|r| cfg.families.iter().map(move |f| (r, *f)))
         .map(|(r, f)| Slot::new(&cfg, r, f))
         .collect();
+    for (name, spec) in claim_specs(node).await? {
+        slots.push(Slot::claim(&cfg, &name, &spec));
+    }
     let base = match cfg.source.load() {
         Ok(b) => b,
         Err(missing) => {
@@ -173,8 +273,7 @@ pub async fn pass(node: &Node) -> Result<(), ShimError> {
                 .iter()
                 .map(|s| address(s, "", None, "pending", &waiting))
                 .collect();
-            node.agent.publish(pending, waiting);
-            report_addresses(node);
+            publish(node, pending, waiting).await;
             return Ok(());
         }
     };
@@ -194,17 +293,36 @@ pub async fn pass(node: &Node) -> Result<(), ShimError> {
         let a = match establish(node, &base, slot, &key, existing).await {
             Ok(a) => a,
             Err(e) => {
-                warn!(role = %slot.role, family = slot.family.as_str(), error = %e, "agent address not established; will retry");
+                warn!(claim = %slot.name, family = slot.family.as_str(), error = %e, "agent address not established; will retry");
                 address(slot, &base.network, None, "failed", &error_text(&e))
             }
         };
         addresses.push(a);
     }
+    let releasing = release_unwanted(node, &records, &wanted).await;
+    addresses.extend(releasing);
+    let records = node.ledger(|l| l.list(None)).await?;
+    node.agent.reindex(&records);
+    publish(node, addresses, String::new()).await;
+    Ok(())
+}
+
+/// Releases every agent record not in `wanted`; returns those that could not be released
+/// yet (retried by the next pass), as the agent should see them.
+async fn release_unwanted(
+    node: &Node,
+    records: &[AttachmentRecord],
+    wanted: &[AttachmentKey],
+) -> Vec<AgentAddress> {
+    let mut addresses = Vec::new();
     for rec in records.iter().filter(|r| !wanted.contains(&r.key)) {
         let _guard = node.locks.lock(&rec.key).await;
         match release(node, rec).await {
             Ok(()) => {
-                info!(key = %rec.key, owner = %rec.owner.label(), "agent address released (role disabled)")
+                info!(key = %rec.key, owner = %rec.owner.label(), "agent address released (no longer enabled or claimed)");
+                if let Err(e) = forget_slot(node, &rec.key.container_id).await {
+                    warn!(key = %rec.key, error = %e, "the released address's settings stay");
+                }
             }
             Err(e) => {
                 warn!(key = %rec.key, error = %e, "agent address release failed; will retry");
@@ -213,13 +331,19 @@ pub async fn pass(node: &Node) -> Result<(), ShimError> {
                     Owner::Pod | Owner::Pool => String::new(),
                 };
                 let ips = rec.result.as_ref().map(result_addrs).unwrap_or_default();
+                let family = ips
+                    .first()
+                    .map(|ip| if ip.is_ipv4() { Family::V4 } else { Family::V6 });
+                let claim = role.strip_prefix("claim:").map(str::to_owned);
                 addresses.push(AgentAddress {
+                    name: claim.clone().unwrap_or_else(|| {
+                        format!("{role}-{}", family.map(Family::as_str).unwrap_or_default())
+                    }),
+                    predefined: claim.is_none(),
                     role,
-                    family: ips
-                        .first()
-                        .map(|ip| if ip.is_ipv4() { "ipv4" } else { "ipv6" })
-                        .unwrap_or_default()
-                        .into(),
+                    family: family.map(Family::as_str).unwrap_or_default().into(),
+                    address_family: family.map_or(0, |f| f.proto() as i32),
+                    claim_state: dipam_proto::v1::ClaimState::Releasing as i32,
                     ip: rec
                         .result
                         .as_ref()
@@ -236,11 +360,7 @@ pub async fn pass(node: &Node) -> Result<(), ShimError> {
             }
         }
     }
-    let records = node.ledger(|l| l.list(None)).await?;
-    node.agent.reindex(&records);
-    node.agent.publish(addresses, String::new());
-    report_addresses(node);
-    Ok(())
+    addresses
 }
 
 /// Reports the published agent addresses by state (the metrics' gauge).
@@ -324,7 +444,24 @@ fn address(
         container_id: slot.container_id.clone(),
         ifname: slot.ifname.clone(),
         message: message.into(),
+        name: slot.name.clone(),
+        address_family: slot.family.proto() as i32,
+        claim_state: super::claim_state(state) as i32,
+        labels: slot.labels.clone().into_iter().collect(),
+        requested_ip: slot.requested.map(|i| i.to_string()).unwrap_or_default(),
+        // Set by publish (Agent::next) from the changed marks.
+        changed: false,
+        previous_ip: String::new(),
+        predefined: slot.predefined,
     }
+}
+
+/// Forgets what the ledger's settings keep for a released slot: the address it last held
+/// and its changed mark. A claim made again later under the same name starts afresh.
+async fn forget_slot(node: &Node, container_id: &str) -> Result<(), ShimError> {
+    set_changed(node, container_id, None).await?;
+    let name = format!("{LAST_IP_SETTING}{container_id}");
+    node.ledger(move |l| l.set_setting(&name, None)).await
 }
 
 /// Builds the ADD/DEL/CHECK request for a slot, the way a runtime would call dipam.
@@ -378,6 +515,16 @@ fn prepare(node: &Node, base: &Base, slot: &Slot, command: &str) -> Result<Prepa
     Ok(p)
 }
 
+/// Whether a delegate of `kind` can be asked for a specific address (see [`request_ip`]).
+fn supports_requested(kind: &str) -> bool {
+    matches!(kind, "host-local" | "azure-vnet-ipam")
+}
+
+/// The delegate type of the agent network's config.
+fn base_kind(node: &Node, base: &Base, slot: &Slot) -> Result<String, ShimError> {
+    Ok(prepare(node, base, slot, "ADD")?.dc.kind)
+}
+
 /// Asks the delegate for `ip` where it supports requested addresses.
 fn request_ip(p: &mut Prepared, ip: IpAddr) {
     match p.dc.kind.as_str() {
@@ -399,7 +546,20 @@ async fn establish(
     let owner = Owner::Agent {
         role: slot.role.clone(),
     };
+    if slot.requested.is_some() && !supports_requested(&base_kind(node, base, slot)?) {
+        return Err(ShimError::Config {
+            msg: "the delegate cannot be asked for a specific address".into(),
+            details: format!(
+                "claims with a requested IP work with host-local (CNI_ARGS IP=) and                  azure-vnet-ipam (ipam.ipAddress); {} uses {}: claim without an IP",
+                base.path.display(),
+                base_kind(node, base, slot)?
+            ),
+        });
+    }
     let mut requested: Option<IpAddr> = None;
+    // The address this slot held before, if any: a different one now is a change the agent
+    // must learn of (the changed mark).
+    let mut previous: Option<IpAddr> = None;
     let mut message = String::new();
     match existing {
         Some(rec) if rec.state == AttachmentState::Committed => {
@@ -414,7 +574,8 @@ async fn establish(
                     ));
                 }
                 Err(why) => {
-                    requested = mine(&rec, slot.family);
+                    previous = mine(&rec, slot.family);
+                    requested = slot.requested.or(previous);
                     warn!(key = %key, reason = %error_text(&why), "the delegate no longer holds this agent address; re-establishing it");
                     release(node, &rec).await.ok();
                     node.agent
@@ -429,7 +590,8 @@ async fn establish(
             }
         }
         Some(rec) => {
-            requested = mine(&rec, slot.family);
+            previous = mine(&rec, slot.family);
+            requested = slot.requested.or(previous);
             release(node, &rec).await?;
         }
         None => {
@@ -446,12 +608,15 @@ async fn establish(
             }
         }
     }
-    if requested.is_none() {
+    if previous.is_none() {
         let name = format!("{LAST_IP_SETTING}{}", slot.container_id);
-        requested = node
+        previous = node
             .ledger(move |l| l.setting(&name))
             .await?
             .and_then(|s| s.parse().ok());
+    }
+    if requested.is_none() {
+        requested = slot.requested.or(previous);
     }
 
     let mut p = prepare(node, base, slot, "ADD")?;
@@ -467,6 +632,8 @@ async fn establish(
     .await
     {
         Ok(out) => out,
+        // A claim's own requested IP is what it asked for: never another in its place.
+        Err(e) if slot.requested.is_some() => return Err(e),
         Err(e) if requested.is_some() && matches!(e, ShimError::Delegate(_)) => {
             // The old address is taken (by a pod, while the agent's was not held): take
             // another rather than go without; the agent learns the new one from Watch.
@@ -498,9 +665,31 @@ async fn establish(
         }
         return Err(ShimError::Config {
             msg: format!("the delegate gave no {} address", slot.family.as_str()),
-            details: format!("it answered {}", String::from_utf8_lossy(&added.result)),
+            details: format!(
+                "it answered {}",
+                crate::validate::shown(&String::from_utf8_lossy(&added.result))
+            ),
         });
     };
+    if let Some(want) = slot.requested
+        && want != ip
+    {
+        // The delegate ignored the request: holding another address would be a silent lie.
+        if let Some(rec) = node.lookup(key)? {
+            release(node, &rec).await.ok();
+        }
+        return Err(ShimError::Config {
+            msg: format!("the delegate gave {ip}, not the requested {want}"),
+            details: "it ignored the requested address; nothing is held for this claim".into(),
+        });
+    }
+    match previous {
+        Some(prev) if prev != ip => {
+            let before = prev.to_string();
+            set_changed(node, &slot.container_id, Some(before)).await?;
+        }
+        _ => {}
+    }
     let name = format!("{LAST_IP_SETTING}{}", slot.container_id);
     let text = ip.to_string();
     node.ledger(move |l| l.set_setting(&name, Some(&text)))
@@ -560,4 +749,237 @@ async fn verify(
 /// Releases a recorded agent address and forgets it (caller holds the key's lock).
 async fn release(node: &Node, rec: &AttachmentRecord) -> Result<(), ShimError> {
     node.release(rec).await
+}
+
+/// What the Claim and Unclaim RPCs answer: the caller's own claim as the agent's list now
+/// shows it (or, once released, as it was).
+#[derive(Debug)]
+pub struct Outcome {
+    pub claim: AgentAddress,
+}
+
+/// The claim's address in the published list (with its changed mark), or `fallback`.
+fn published(node: &Node, container_id: &str, fallback: AgentAddress) -> AgentAddress {
+    node.agent
+        .snapshot()
+        .addresses
+        .into_iter()
+        .find(|a| a.container_id == container_id)
+        .unwrap_or(fallback)
+}
+
+/// The published list with `entry` in place of the address of its container ID (or added,
+/// or, for `None`, without it).
+async fn replace_published(node: &Node, container_id: &str, entry: Option<AgentAddress>) {
+    let snap = node.agent.snapshot();
+    let mut addresses: Vec<AgentAddress> = snap
+        .addresses
+        .into_iter()
+        .filter(|a| a.container_id != container_id)
+        .collect();
+    addresses.extend(entry);
+    addresses.sort_by(|a, b| (!a.predefined, &a.name).cmp(&(!b.predefined, &b.name)));
+    publish(node, addresses, snap.waiting).await;
+}
+
+/// Who holds `ip` in the ledger (other than `key`), named for an error message: a pod by its
+/// container ID (cut to 64 characters) and ifname, a claim by its name.
+async fn holder_of(
+    node: &Node,
+    ip: IpAddr,
+    key: &AttachmentKey,
+) -> Result<Option<String>, ShimError> {
+    let records = node.ledger(|l| l.list(None)).await?;
+    Ok(records.into_iter().find_map(|r| {
+        if &r.key == key
+            || !r
+                .result
+                .as_ref()
+                .map(result_addrs)
+                .unwrap_or_default()
+                .contains(&ip)
+        {
+            return None;
+        }
+        let id = crate::validate::clip(&r.key.container_id, 64);
+        Some(match &r.owner {
+            Owner::Pod => format!("pod {id}/{} on network {}", r.key.ifname, r.key.network),
+            Owner::Pool => format!("the warm pool's entry {id}"),
+            Owner::Agent { role } => match role.strip_prefix("claim:") {
+                Some(name) => format!("agent claim {name:?}"),
+                None => format!("the agent's {role} address"),
+            },
+        })
+    }))
+}
+
+/// `Agent.Claim`: records the claim, then establishes its one slot at once. A requested IP
+/// that someone holds is refused before anything is recorded, naming the holder; a requested
+/// IP the delegate refuses for a new claim is refused the same way and the claim forgotten
+/// (the delegate's ADD was rolled back by the ADD path): nothing is left half-allocated.
+/// Other failures keep the claim, reported failed with the reason and retried by the loop.
+pub async fn claim(node: &Node, c: Claim) -> Result<Outcome, ShimError> {
+    let Some(cfg) = node.agent.config.clone() else {
+        return Err(not_configured());
+    };
+    let _one = node.agent.pass.lock().await;
+    let specs = claim_specs(node).await?;
+    let existing = specs.get(&c.name).cloned();
+    if existing.is_none() && specs.len() >= claims::limits::CLAIMS {
+        return Err(ShimError::TooMany {
+            what: "claims",
+            count: specs.len() + 1,
+            limit: claims::limits::CLAIMS,
+        });
+    }
+    let slot = Slot::claim(&cfg, &c.name, &c.spec);
+    if let Some(old) = &existing {
+        let held = node
+            .agent
+            .snapshot()
+            .addresses
+            .into_iter()
+            .find(|a| a.container_id == slot.container_id)
+            .and_then(|a| a.ip.split('/').next()?.parse::<IpAddr>().ok());
+        let same_ip = c.spec.ip.is_none() || c.spec.ip == old.ip || c.spec.ip == held;
+        if old.family != c.spec.family || !same_ip {
+            return Err(ShimError::ClaimExists {
+                msg: format!("claim {:?} exists with another family or address", c.name),
+                details: format!(
+                    "it is {}{}; a claim's name is its identity: unclaim it first, or choose \
+                     another name. Nothing was changed",
+                    old.family,
+                    old.ip.map(|i| format!(" at {i}")).unwrap_or_default()
+                ),
+            });
+        }
+    }
+    let base = cfg.source.load();
+    // The same spec again (an agent restarting, a retried call): keep what it asked first,
+    // take the new labels.
+    let spec = ClaimSpec {
+        ip: c.spec.ip.or(existing.as_ref().and_then(|o| o.ip)),
+        ..c.spec.clone()
+    };
+    let slot = Slot::claim(&cfg, &c.name, &spec);
+    let network = base.as_ref().map(|b| b.network.clone()).unwrap_or_default();
+    let key = AttachmentKey::new(&network, &slot.container_id, &slot.ifname);
+    if existing.is_none()
+        && let Some(ip) = spec.ip
+        && let Some(holder) = holder_of(node, ip, &key).await?
+    {
+        return Ok(Outcome {
+            claim: address(
+                &slot,
+                &network,
+                None,
+                "failed",
+                &format!("requested IP {ip} is held by {holder}; nothing was claimed"),
+            ),
+        });
+    }
+    let name = format!("{CLAIM_SETTING}{}", c.name);
+    let text = serde_json::to_string(&spec).map_err(|e| ShimError::Internal(e.to_string()))?;
+    node.ledger(move |l| l.set_setting(&name, Some(&text)))
+        .await?;
+    let base = match base {
+        Ok(b) => b,
+        Err(missing) => {
+            let a = address(&slot, "", None, "pending", &missing.to_string());
+            replace_published(node, &slot.container_id, Some(a.clone())).await;
+            return Ok(Outcome { claim: a });
+        }
+    };
+    let existing_rec = node.lookup(&key)?;
+    let fresh = existing.is_none() && existing_rec.is_none();
+    let a = match establish(node, &base, &slot, &key, existing_rec).await {
+        Ok(a) => a,
+        Err(e) if fresh && spec.ip.is_some() => {
+            // The delegate refused the requested IP of a new claim: forget it, so that
+            // nothing of it stays (its ADD was rolled back).
+            let name = format!("{CLAIM_SETTING}{}", c.name);
+            node.ledger(move |l| l.set_setting(&name, None)).await?;
+            let ip = spec.ip.map(|i| i.to_string()).unwrap_or_default();
+            let why = match holder_of(node, spec.ip.unwrap_or(IpAddr::from([0, 0, 0, 0])), &key)
+                .await?
+            {
+                Some(h) => format!("held by {h}"),
+                None => crate::validate::clip(&error_text(&e), 512),
+            };
+            let a = address(
+                &slot,
+                &base.network,
+                None,
+                "failed",
+                &format!("requested IP {ip} is not available: {why}; nothing was claimed"),
+            );
+            return Ok(Outcome { claim: a });
+        }
+        Err(e) => {
+            warn!(claim = %slot.name, error = %e, "claim not established; will retry");
+            address(&slot, &base.network, None, "failed", &error_text(&e))
+        }
+    };
+    let records = node.ledger(|l| l.list(None)).await?;
+    node.agent.reindex(&records);
+    replace_published(node, &slot.container_id, Some(a.clone())).await;
+    let out = published(node, &slot.container_id, a);
+    // The caller reads its claim now: a change it is told of here is no longer news.
+    drop(_one);
+    clear_changed(node, std::slice::from_ref(&slot.container_id)).await?;
+    Ok(Outcome { claim: out })
+}
+
+/// `Agent.Unclaim`: forgets the claim's spec first (a crash after that leaves a record no
+/// claim wants, which the next pass releases), then releases its address at once.
+pub async fn unclaim(node: &Node, name: &str) -> Result<Outcome, ShimError> {
+    let Some(cfg) = node.agent.config.clone() else {
+        return Err(not_configured());
+    };
+    let _one = node.agent.pass.lock().await;
+    let spec = claim_specs(node)
+        .await?
+        .remove(name)
+        .unwrap_or_else(|| ClaimSpec {
+            family: Family::V4.as_str().into(),
+            ip: None,
+            labels: Default::default(),
+        });
+    let slot = Slot::claim(&cfg, name, &spec);
+    let setting = format!("{CLAIM_SETTING}{name}");
+    node.ledger(move |l| l.set_setting(&setting, None))
+        .await?;
+    let records: Vec<AttachmentRecord> = node
+        .ledger(|l| l.list(None))
+        .await?
+        .into_iter()
+        .filter(|r| r.key.container_id == slot.container_id)
+        .collect();
+    let network = records
+        .first()
+        .map(|r| r.key.network.clone())
+        .unwrap_or_default();
+    let left = release_unwanted(node, &records, &[]).await;
+    let records = node.ledger(|l| l.list(None)).await?;
+    node.agent.reindex(&records);
+    let outcome = match left.into_iter().next() {
+        Some(releasing) => {
+            replace_published(node, &slot.container_id, Some(releasing.clone())).await;
+            releasing
+        }
+        None => {
+            forget_slot(node, &slot.container_id).await?;
+            replace_published(node, &slot.container_id, None).await;
+            address(&slot, &network, None, "released", "")
+        }
+    };
+    Ok(Outcome { claim: outcome })
+}
+
+fn not_configured() -> ShimError {
+    ShimError::Config {
+        msg: "agent addresses are not configured".into(),
+        details: "start dipamd with --conflist (or --conf-dir and --network) and --node-name"
+            .into(),
+    }
 }

@@ -142,6 +142,10 @@ impl<'a, I: Iterator<Item = &'a Value> + 'a> FlattenSets<'a> for I {
 fn agent_role(container_id: &str) -> Option<String> {
     match crate::keys::internal(container_id)? {
         crate::keys::Internal::Agent { role } => Some(role),
+        // A claim's name cannot be told from the node name in its container ID; "claim"
+        // keeps it the agent's (never freed by GC, never handed to a pod), and the next
+        // reconcile pass keeps or releases it by its key.
+        crate::keys::Internal::Claim => Some("claim".into()),
         _ => None,
     }
 }

@@ -30,6 +30,8 @@ pub enum Internal {
     Agent { role: String },
     /// A warm-pool entry: `dipam-pool-<node>-<n>`, ifname `eth0`.
     Pool,
+    /// An agent claim: `dipam-claim-<name>-<node>`, ifname `claim`.
+    Claim,
     /// Under [`PREFIX`] but of no family this build makes (a newer dipamd's, or a made-up
     /// one): reserved all the same.
     Unknown,
@@ -40,6 +42,7 @@ impl std::fmt::Display for Internal {
         match self {
             Self::Agent { role } => write!(f, "the agent's {role} address"),
             Self::Pool => f.write_str("a warm-pool entry"),
+            Self::Claim => f.write_str("an agent claim's address"),
             Self::Unknown => f.write_str("dipamd's own addresses"),
         }
     }
@@ -48,6 +51,15 @@ impl std::fmt::Display for Internal {
 /// The container ID of the agent's `role` address of `family` ("ipv4", "ipv6") on `node`.
 pub fn agent_id(role: &str, family: &str, node: &str) -> String {
     format!("{PREFIX}{role}-{family}-{node}")
+}
+
+/// Agent claims' container IDs: `dipam-claim-<name>-<node>` (agent/claims.rs).
+pub const CLAIM_PREFIX: &str = "dipam-claim-";
+
+/// The container ID of the agent's claim `name` on `node`. Names are DNS labels and can
+/// never be a role's (agent/claims.rs), so no claim's key is a role's.
+pub fn claim_id(name: &str, node: &str) -> String {
+    format!("{CLAIM_PREFIX}{name}-{node}")
 }
 
 /// The container ID of the warm pool's entry `n` on `node`.
@@ -60,6 +72,9 @@ pub fn internal(container_id: &str) -> Option<Internal> {
     let rest = container_id.strip_prefix(PREFIX)?;
     if container_id.starts_with(POOL_PREFIX) {
         return Some(Internal::Pool);
+    }
+    if container_id.starts_with(CLAIM_PREFIX) {
+        return Some(Internal::Claim);
     }
     let agent = ROLES.iter().find(|r| {
         rest.strip_prefix(**r)

@@ -18,6 +18,11 @@ fn every_key_dipamd_makes_is_refused_to_a_runtime() {
     assert_eq!(p, "dipam-pool-n1-7");
     assert_eq!(internal(&p), Some(Internal::Pool));
     assert!(refuse_runtime("DEL", &p).is_err());
+    let c = claim_id("egress-1", "n1");
+    assert_eq!(c, "dipam-claim-egress-1-n1");
+    assert!(crate::validate::container_id(&c).is_ok());
+    assert_eq!(internal(&c), Some(Internal::Claim));
+    assert!(refuse_runtime("ADD", &c).is_err());
     // A family this build does not make is reserved too.
     assert_eq!(internal("dipam-egress-ipv4-n1"), Some(Internal::Unknown));
     assert!(refuse_runtime("ADD", "dipam-x").is_err());

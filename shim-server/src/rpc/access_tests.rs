@@ -261,7 +261,9 @@ async fn admin_and_agent_services_need_an_admin() {
     let b = bench();
     let svc = crate::service::Service(Arc::clone(&b.node));
     let with = |c: Option<Caller>| {
-        let mut r = tonic::Request::new(StatusRequest::default());
+        let mut r = tonic::Request::new(StatusRequest {
+            protocol_version: dipam_proto::PROTOCOL_VERSION,
+        });
         if let Some(c) = c {
             r.extensions_mut().insert(c);
         }
@@ -287,7 +289,7 @@ async fn admin_and_agent_services_need_an_admin() {
     let role = |role: String| {
         let mut r = tonic::Request::new(AgentRoleRequest {
             role,
-            ..Default::default()
+            protocol_version: dipam_proto::PROTOCOL_VERSION,
         });
         r.extensions_mut().insert(Caller::ROOT);
         r

@@ -1,11 +1,11 @@
-//! `dipamctl agent list|allocate|release|watch`: the agent's own addresses (router, health,
-//! ingress) through dipamd's Agent service.
+//! `dipamctl agent list|claim|unclaim|allocate|release|watch`: the agent's own addresses (its
+//! claims, the router, health and ingress roles' among them) through dipamd's Agent service.
 
 use std::{io::Write, path::Path};
 
 use clap::Subcommand;
 use dipam_proto::v1::{
-    AgentListReply, AgentListRequest, AgentRoleRequest, agent_client::AgentClient,
+    AgentAddress, AgentListReply, AgentListRequest, AgentRoleRequest, agent_client::AgentClient,
 };
 use serde_json::json;
 use tonic::transport::Channel;
@@ -15,12 +15,20 @@ use super::{
     output::{self, table},
 };
 
+pub mod claim;
+pub mod unclaim;
 pub mod watch;
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Every agent address: role, family, IP, gateway, state.
+    /// Every claim (the roles' and the agent's): name, family, IP, state, labels, message.
     List,
+    /// Claim a named address (an egress IP, a static node IP, an ingress IP per listener),
+    /// optionally a specific one, and wait until it is held; exits non-zero when it could not
+    /// be (the reason is printed). The same claim again answers the same address.
+    Claim(claim::Args),
+    /// Release a claim and forget it; waits until the delegate has released the address.
+    Unclaim(unclaim::Args),
     /// Enable a role now and wait for its addresses (kept across restarts until the
     /// configured --agent-roles change).
     Allocate {
@@ -74,10 +82,37 @@ pub async fn run(
                 .await
         }
         Command::Watch(args) => return watch::run(args, socket, client, json, out).await,
+        Command::Claim(args) => return claim::run(args, client, json, out).await,
+        Command::Unclaim(args) => return unclaim::run(args, client, json, out).await,
     };
     let reply = reply.map_err(CtlError::Rpc)?.into_inner();
     print_agent(&reply, json, out)?;
     Ok(())
+}
+
+/// One address as JSON: the fields of `dipamctl agent list --json`'s entries.
+pub(crate) fn address_json(a: &AgentAddress) -> serde_json::Value {
+    let labels: std::collections::BTreeMap<_, _> = a.labels.iter().collect();
+    json!({
+        "name": a.name, "role": a.role, "family": a.family, "ip": a.ip, "gateway": a.gateway,
+        "state": a.state, "network": a.network, "containerID": a.container_id,
+        "ifname": a.ifname, "message": a.message, "labels": labels,
+        "requestedIP": a.requested_ip, "changed": a.changed, "previousIP": a.previous_ip,
+        "predefined": a.predefined,
+    })
+}
+
+/// Labels as `k=v,k2=v2` for a table.
+pub(crate) fn labels_text(a: &AgentAddress) -> String {
+    let labels: std::collections::BTreeMap<_, _> = a.labels.iter().collect();
+    if labels.is_empty() {
+        return "-".into();
+    }
+    labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// One list, as a table or as one line of JSON (a watch prints one per change).
@@ -85,43 +120,47 @@ fn print_agent(r: &AgentListReply, json: bool, out: &mut dyn Write) -> std::io::
     if json {
         let v = json!({
             "generation": r.generation,
+            "instanceID": r.instance_id,
             "waiting": r.waiting,
-            "addresses": r.addresses.iter().map(|a| json!({
-                "role": a.role, "family": a.family, "ip": a.ip, "gateway": a.gateway,
-                "state": a.state, "network": a.network, "containerID": a.container_id,
-                "ifname": a.ifname, "message": a.message,
-            })).collect::<Vec<_>>(),
+            "addresses": r.addresses.iter().map(address_json).collect::<Vec<_>>(),
         });
         return output::json_line(out, &v);
     }
     if !r.waiting.is_empty() {
         writeln!(out, "{}", r.waiting)?;
     }
-    let rows: Vec<[String; 6]> = r
-        .addresses
-        .iter()
-        .map(|a| {
-            [
-                a.role.clone(),
-                a.family.clone(),
-                if a.ip.is_empty() {
-                    "-".into()
-                } else {
-                    a.ip.clone()
-                },
-                if a.gateway.is_empty() {
-                    "-".into()
-                } else {
-                    a.gateway.clone()
-                },
-                a.state.clone(),
-                a.message.clone(),
-            ]
-        })
-        .collect();
+    let rows: Vec<[String; 6]> = r.addresses.iter().map(row).collect();
     table(
         out,
-        ["ROLE", "FAMILY", "IP", "GATEWAY", "STATE", "MESSAGE"],
+        ["NAME", "FAMILY", "IP", "STATE", "LABELS", "MESSAGE"],
         &rows,
     )
+}
+
+/// A table row: a changed address says so, with the one it replaced.
+pub(crate) fn row(a: &AgentAddress) -> [String; 6] {
+    let dash = |s: &str| {
+        if s.is_empty() {
+            "-".to_owned()
+        } else {
+            s.to_owned()
+        }
+    };
+    let mut message = a.message.clone();
+    if a.changed {
+        let note = format!("changed from {}", a.previous_ip);
+        message = if message.is_empty() {
+            note
+        } else {
+            format!("{note}; {message}")
+        };
+    }
+    [
+        dash(&a.name),
+        a.family.clone(),
+        dash(&a.ip),
+        a.state.clone(),
+        labels_text(a),
+        message,
+    ]
 }

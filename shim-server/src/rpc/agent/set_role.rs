@@ -1,14 +1,23 @@
 //! `Agent.Allocate` and `Agent.Release` (`dipamctl agent allocate|release`): enable or disable
-//! a role at runtime.
+//! a role (its predefined claims) at runtime.
+
+use std::sync::Arc;
 
 use dipam_proto::v1::AgentListReply;
 
 use crate::{agent::reconcile, error::ShimError, node::Node};
 
 /// Enables or disables `role`, runs a reconcile pass at once, and answers with the result:
-/// the agent gets its address (or the reason it has none) in the reply.
-pub async fn run(node: &Node, role: &str, on: bool) -> Result<AgentListReply, ShimError> {
-    reconcile::set_role(node, role, on).await?;
-    reconcile::pass(node).await?;
+/// the agent gets its address (or the reason it has none) in the reply. The work runs in a
+/// task of its own (claim.rs): a caller whose deadline expires gets DEADLINE_EXCEEDED, and
+/// the role is still enabled or released to the end, at once.
+pub async fn run(node: Arc<Node>, role: String, on: bool) -> Result<AgentListReply, ShimError> {
+    let work = Arc::clone(&node);
+    tokio::spawn(async move {
+        reconcile::set_role(&work, &role, on).await?;
+        reconcile::pass(&work).await
+    })
+    .await
+    .map_err(|e| ShimError::Internal(format!("role task: {e}")))??;
     Ok(node.agent.snapshot())
 }

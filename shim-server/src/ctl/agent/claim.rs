@@ -1,0 +1,95 @@
+//! `dipamctl agent claim NAME [--family ipv4|ipv6] [--ip ADDR] [--label KEY=VALUE]...`
+
+use std::io::Write;
+
+use dipam_proto::v1::{AddressFamily, ClaimReply, ClaimRequest, agent_client::AgentClient};
+use serde_json::json;
+use tonic::transport::Channel;
+
+use super::{address_json, row};
+use crate::ctl::{CtlError, output};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The claim's name, unique on the node: a DNS label (a-z, 0-9, '-').
+    name: String,
+    /// ipv4 or ipv6; default: the family of --ip, else ipv4.
+    #[arg(long, value_parser = ["ipv4", "ipv6"])]
+    family: Option<String>,
+    /// The address to hold (no prefix length); default: any the delegate hands out.
+    #[arg(long)]
+    ip: Option<String>,
+    /// What the address is for, KEY=VALUE; repeat for more.
+    #[arg(long = "label", value_name = "KEY=VALUE")]
+    labels: Vec<String>,
+}
+
+pub async fn run(
+    args: Args,
+    mut client: AgentClient<Channel>,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), CtlError> {
+    let mut labels = std::collections::HashMap::new();
+    for l in &args.labels {
+        let Some((k, v)) = l.split_once('=') else {
+            return Err(CtlError::Input(format!(
+                "--label {l:?}: expected KEY=VALUE"
+            )));
+        };
+        labels.insert(k.to_owned(), v.to_owned());
+    }
+    let family = match args.family.as_deref() {
+        Some("ipv4") => AddressFamily::Ipv4,
+        Some("ipv6") => AddressFamily::Ipv6,
+        _ => AddressFamily::Unspecified,
+    };
+    let reply = client
+        .claim(ClaimRequest {
+            protocol_version: dipam_proto::PROTOCOL_VERSION,
+            name: args.name,
+            family: family as i32,
+            ip: args.ip.unwrap_or_default(),
+            labels,
+        })
+        .await
+        .map_err(CtlError::Rpc)?
+        .into_inner();
+    print_outcome(&reply, json, out)
+}
+
+/// The caller's claim, then its outcome as the exit status: ready is success; failed and
+/// pending are not (the claim is recorded when pending, or failed for a reason other than a
+/// requested IP someone holds, and dipamd keeps trying).
+pub(crate) fn print_outcome(
+    reply: &ClaimReply,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), CtlError> {
+    let Some(a) = reply.claim.as_ref() else {
+        return Err(CtlError::Failed("dipamd answered without the claim".into()));
+    };
+    if json {
+        output::json(
+            out,
+            &json!({
+                "generation": reply.generation,
+                "instanceID": reply.instance_id,
+                "claim": address_json(a),
+            }),
+        )?;
+    } else {
+        output::table(
+            out,
+            ["NAME", "FAMILY", "IP", "STATE", "LABELS", "MESSAGE"],
+            &[row(a)],
+        )?;
+    }
+    match a.state.as_str() {
+        "ready" | "released" => Ok(()),
+        state => Err(CtlError::Failed(format!(
+            "claim {:?} is {state}: {}",
+            a.name, a.message
+        ))),
+    }
+}
