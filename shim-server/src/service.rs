@@ -466,7 +466,8 @@ impl Agent for Service {
         protocol(r.get_ref().protocol_version)?;
         let req = r.into_inner();
         // Bounded before it names the span: the name is checked in full by the claim module.
-        let span = info_span!("agent", command = "claim", claim = %crate::validate::clip(&req.name, 63));
+        let span =
+            info_span!("agent", command = "claim", claim = %crate::validate::clip(&req.name, 63));
         rpc::agent::claim::claim(self.0.clone(), req)
             .instrument(span)
             .await
@@ -478,7 +479,8 @@ impl Agent for Service {
         Caller::of(&r).require_admin("the Agent service")?;
         protocol(r.get_ref().protocol_version)?;
         let req = r.into_inner();
-        let span = info_span!("agent", command = "unclaim", claim = %crate::validate::clip(&req.name, 63));
+        let span =
+            info_span!("agent", command = "unclaim", claim = %crate::validate::clip(&req.name, 63));
         rpc::agent::claim::unclaim(self.0.clone(), req)
             .instrument(span)
             .await
@@ -543,7 +545,10 @@ pub struct Deadline<S> {
 
 impl<S, Req, B> tower::Service<tonic::codegen::http::Request<Req>> for Deadline<S>
 where
-    S: tower::Service<tonic::codegen::http::Request<Req>, Response = tonic::codegen::http::Response<B>>,
+    S: tower::Service<
+            tonic::codegen::http::Request<Req>,
+            Response = tonic::codegen::http::Response<B>,
+        >,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     B: Default + Send + 'static,

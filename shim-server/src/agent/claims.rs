@@ -233,10 +233,7 @@ mod tests {
             assert!(name(ok).is_ok(), "{ok}");
         }
         for bad in ["", "-a", "a-", "Upper", "a_b", "a.b", "a/b", "é"] {
-            assert!(
-                matches!(name(bad), Err(ShimError::Invalid { .. })),
-                "{bad}"
-            );
+            assert!(matches!(name(bad), Err(ShimError::Invalid { .. })), "{bad}");
         }
         for r in ["router", "router-ipv4", "health-ipv6", "ingress"] {
             assert!(matches!(name(r), Err(ShimError::Invalid { .. })), "{r}");

@@ -320,7 +320,11 @@ impl Agent {
 
     /// `addresses` with the changed marks applied, and the generation they would be
     /// published under: `None` when they equal the current list (nothing to publish).
-    pub fn next(&self, mut addresses: Vec<AgentAddress>, waiting: &str) -> Option<(Vec<AgentAddress>, u64)> {
+    pub fn next(
+        &self,
+        mut addresses: Vec<AgentAddress>,
+        waiting: &str,
+    ) -> Option<(Vec<AgentAddress>, u64)> {
         if let Ok(changed) = self.changed.lock() {
             for a in &mut addresses {
                 match changed.get(&a.container_id) {
@@ -457,7 +461,10 @@ mod tests {
             ip: "10.0.0.9/24".into(),
             ..AgentAddress::default()
         };
-        a.resume(0, HashMap::from([("dipam-claim-e-n".into(), "10.0.0.5/24".into())]));
+        a.resume(
+            0,
+            HashMap::from([("dipam-claim-e-n".into(), "10.0.0.5/24".into())]),
+        );
         let (out, g) = a.next(vec![addr.clone()], "").unwrap();
         assert!(out[0].changed && out[0].previous_ip == "10.0.0.5/24");
         a.publish(out, String::new(), g);

@@ -176,7 +176,11 @@ pub async fn publish(node: &Node, addresses: Vec<AgentAddress>, waiting: String)
 
 /// Marks (`Some(previous)`) or clears the change of `container_id`'s address; republishes
 /// when it changed something.
-async fn set_changed(node: &Node, container_id: &str, previous: Option<String>) -> Result<bool, ShimError> {
+async fn set_changed(
+    node: &Node,
+    container_id: &str,
+    previous: Option<String>,
+) -> Result<bool, ShimError> {
     let differs = match node.agent.changed.lock() {
         Ok(mut c) => match &previous {
             Some(p) => c.insert(container_id.to_owned(), p.clone()).as_ref() != Some(p),
@@ -900,12 +904,11 @@ pub async fn claim(node: &Node, c: Claim) -> Result<Outcome, ShimError> {
             let name = format!("{CLAIM_SETTING}{}", c.name);
             node.ledger(move |l| l.set_setting(&name, None)).await?;
             let ip = spec.ip.map(|i| i.to_string()).unwrap_or_default();
-            let why = match holder_of(node, spec.ip.unwrap_or(IpAddr::from([0, 0, 0, 0])), &key)
-                .await?
-            {
-                Some(h) => format!("held by {h}"),
-                None => crate::validate::clip(&error_text(&e), 512),
-            };
+            let why =
+                match holder_of(node, spec.ip.unwrap_or(IpAddr::from([0, 0, 0, 0])), &key).await? {
+                    Some(h) => format!("held by {h}"),
+                    None => crate::validate::clip(&error_text(&e), 512),
+                };
             let a = address(
                 &slot,
                 &base.network,
@@ -947,8 +950,7 @@ pub async fn unclaim(node: &Node, name: &str) -> Result<Outcome, ShimError> {
         });
     let slot = Slot::claim(&cfg, name, &spec);
     let setting = format!("{CLAIM_SETTING}{name}");
-    node.ledger(move |l| l.set_setting(&setting, None))
-        .await?;
+    node.ledger(move |l| l.set_setting(&setting, None)).await?;
     let records: Vec<AttachmentRecord> = node
         .ledger(|l| l.list(None))
         .await?

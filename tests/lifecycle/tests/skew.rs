@@ -332,3 +332,67 @@ fn this_plugin_works_against_a_daemon_without_add_early() {
     lab.assert_agree();
     assert!(lab.ledger().is_empty());
 }
+
+/// An agent built against the Agent service before claims (protocol 1: List, Allocate,
+/// Release, and the string fields role, family, state) keeps working against this dipamd: the
+/// roles are predefined claims now, and every field such a client reads is still filled in.
+#[test]
+fn an_older_agent_client_keeps_working() {
+    use dipam_proto::v1::{AgentListRequest, AgentRoleRequest, agent_client::AgentClient};
+    require_root!();
+    let lab = dipam_lifecycle::AgentLab::new("ptp-dipam-host-local.conflist", "router", &[]);
+    lab.wait_ready(1);
+    let socket = lab.dipamd.socket();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let mut agent = AgentClient::new(dipam_proto::connect(&socket).await.unwrap());
+        let role = |role: &str| AgentRoleRequest {
+            protocol_version: 1,
+            role: role.into(),
+        };
+        // What a protocol-1 agent reads of an address.
+        let old_view = |a: &dipam_proto::v1::AgentAddress| {
+            (
+                a.role.clone(),
+                a.family.clone(),
+                a.state.clone(),
+                a.ip.is_empty(),
+            )
+        };
+        let list = agent
+            .list(AgentListRequest {
+                protocol_version: 1,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let views: Vec<_> = list.addresses.iter().map(old_view).collect();
+        assert_eq!(
+            views,
+            vec![("router".into(), "ipv4".into(), "ready".into(), false)]
+        );
+        let reply = agent.allocate(role("health")).await.unwrap().into_inner();
+        let health = reply
+            .addresses
+            .iter()
+            .find(|a| a.role == "health")
+            .expect("Allocate's reply lists the role it enabled");
+        assert_eq!(
+            old_view(health),
+            ("health".into(), "ipv4".into(), "ready".into(), false)
+        );
+        assert!(reply.generation > list.generation);
+        let reply = agent.release(role("health")).await.unwrap().into_inner();
+        assert!(
+            reply.addresses.iter().all(|a| a.role != "health"),
+            "{reply:?}"
+        );
+        let e = agent.allocate(role("dns")).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    });
+    assert_eq!(lab.delegate_store().len(), 1);
+    lab.assert_agree();
+}
