@@ -126,22 +126,37 @@ fn bare(cidr: &Value) -> String {
     cidr.as_str().unwrap().split('/').next().unwrap().to_owned()
 }
 
-/// `dipamctl agent watch --json`, running until killed.
-fn watcher(lab: &AgentLab) -> Child {
-    Command::new(bins::bin("dipamctl"))
-        .arg("--socket")
-        .arg(lab.dipamd.socket())
-        .args(["agent", "watch", "--json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
+/// `dipamctl agent watch --json`, running until read or dropped (a watch reconnects forever:
+/// a failing test must not leave one behind).
+struct Watcher(Option<Child>);
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
-fn watched(w: Child) -> Vec<Value> {
-    let mut w = w;
-    let _ = w.kill();
-    let out = w.wait_with_output().unwrap();
+fn watcher(lab: &AgentLab) -> Watcher {
+    Watcher(Some(
+        Command::new(bins::bin("dipamctl"))
+            .arg("--socket")
+            .arg(lab.dipamd.socket())
+            .args(["agent", "watch", "--json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    ))
+}
+
+/// Stops the watcher and returns every message it printed.
+fn watched(mut w: Watcher) -> Vec<Value> {
+    let mut c = w.0.take().unwrap();
+    let _ = c.kill();
+    let out = c.wait_with_output().unwrap();
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
@@ -648,4 +663,181 @@ fn an_expired_deadline_is_one_code_and_the_work_still_finishes() {
     });
     assert_eq!(lab.delegate_store().len(), 7);
     lab.assert_agree();
+}
+
+/// Where the upgrade fixture's host-local store lives: the path the ledger's records were
+/// written with (their recorded delegate config names it, and a release replays that config),
+/// so the test puts the store back exactly there. Never one of `Subnet::claim`'s subnets
+/// (10.77.251.0/24 is beyond its 1..=250), and held by one test process at a time.
+const UPGRADE_STORE: &str = "/run/dipam-lifecycle/upgrade-fixture";
+
+/// Holds [`UPGRADE_STORE`] for one test; removes it on drop.
+struct UpgradeStore(std::path::PathBuf);
+
+impl UpgradeStore {
+    fn take() -> Self {
+        let lock = std::path::PathBuf::from(format!("{UPGRADE_STORE}.lock"));
+        std::fs::create_dir_all("/run/dipam-lifecycle").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let mine = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&lock)
+                .map(|mut f| {
+                    use std::io::Write;
+                    write!(f, "{}", std::process::id()).unwrap();
+                })
+                .is_ok();
+            if mine {
+                let _ = std::fs::remove_dir_all(UPGRADE_STORE);
+                return Self(lock);
+            }
+            let owner = std::fs::read_to_string(&lock)
+                .ok()
+                .and_then(|s| s.trim().parse::<u32>().ok());
+            if owner.is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists()) {
+                let _ = std::fs::remove_file(&lock);
+                continue;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} is held by {owner:?}",
+                lock.display()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for UpgradeStore {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(UPGRADE_STORE);
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// A node upgraded from the dipamd before claims keeps its role addresses: the ledger and
+/// host-local store in `fixtures/agent-roles-before-claims.tar.gz` were written by that dipamd
+/// (commit b8bbdaa: --agent-roles router,health,ingress on node-upgrade, network
+/// dipam-upgrade, 10.77.251.0/24, then `dipamctl agent release health`; see
+/// fixtures/README.md). This dipamd, under the unit's restrictions, serves the router and
+/// ingress at the same addresses (CHECKed, not re-established), keeps health released,
+/// takes a new claim beside them, survives a SIGKILL, and releases a role through the
+/// records' own config.
+#[test]
+fn roles_keep_their_addresses_across_the_upgrade_to_claims() {
+    require_root!();
+    let _store = UpgradeStore::take();
+    let mut d = dipam_lifecycle::Dipamd::unstarted(&[]);
+    let unpacked = tempfile::tempdir().unwrap();
+    let tar = bins::workspace().join("tests/lifecycle/fixtures/agent-roles-before-claims.tar.gz");
+    let ok = Command::new("tar")
+        .arg("-xzf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(unpacked.path())
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    std::fs::create_dir_all(UPGRADE_STORE).unwrap();
+    std::fs::rename(
+        unpacked.path().join("store"),
+        format!("{UPGRADE_STORE}/store"),
+    )
+    .unwrap();
+    std::fs::rename(unpacked.path().join("state"), d.state_dir()).unwrap();
+    let store = std::path::Path::new(UPGRADE_STORE).join("store");
+    let before = dipam_lifecycle::hostlocal::store_pairs("host-local", &store, "dipam-upgrade");
+    assert_eq!(before.len(), 2, "{before:?}");
+
+    let conflist = d.dir.path().join("10-dipam.conflist");
+    let list = json!({
+        "cniVersion": "1.0.0",
+        "name": "dipam-upgrade",
+        "plugins": [{
+            "type": "ptp", "ipMasq": false, "mtu": 1500,
+            "ipam": {
+                "type": "dipam",
+                "socketPath": d.socket(),
+                "delegate": {
+                    "type": "host-local",
+                    "dataDir": store,
+                    "ranges": [[{ "subnet": "10.77.251.0/24" }]],
+                    "routes": [{ "dst": "0.0.0.0/0" }],
+                },
+            },
+        }],
+    });
+    std::fs::write(&conflist, serde_json::to_vec_pretty(&list).unwrap()).unwrap();
+    let conflist = conflist.display().to_string();
+    d.set_flags(&[
+        "--conflist",
+        &conflist,
+        "--node-name",
+        "node-upgrade",
+        "--agent-roles",
+        "router,health,ingress",
+        "--agent-check-interval",
+        "3600",
+    ]);
+    d.run_under(&shipped_unit());
+    d.start_again();
+
+    let list = |d: &dipam_lifecycle::Dipamd| -> HashMap<String, Value> {
+        let out = d.ctl(&["agent", "list", "--json"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["addresses"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| (a["name"].as_str().unwrap().to_owned(), a.clone()))
+            .collect()
+    };
+    let by = list(&d);
+    assert_eq!(by.len(), 2, "{by:#?}\n{}", d.log());
+    assert_eq!(by["router-ipv4"]["ip"], "10.77.251.4/24", "{by:#?}");
+    assert_eq!(by["ingress-ipv4"]["ip"], "10.77.251.3/24", "{by:#?}");
+    for a in by.values() {
+        assert_eq!(a["state"], "ready", "{a}");
+        assert_eq!(a["predefined"], true);
+        assert_eq!(a["changed"], false);
+    }
+    let status: Value = serde_json::from_slice(&d.ctl(&["status", "--json"]).stdout).unwrap();
+    assert_eq!(status["agentReestablished"], 0, "{status}");
+    let after = dipam_lifecycle::hostlocal::store_pairs("host-local", &store, "dipam-upgrade");
+    assert_eq!(after, before, "the upgrade touched the delegate's store");
+    assert_eq!(d.ledger_pairs("dipam-upgrade"), after);
+
+    // Claims beside the upgraded roles, across a SIGKILL.
+    let out = d.ctl(&["agent", "claim", "extra", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    d.kill9();
+    d.start_again();
+    let again = list(&d);
+    assert_eq!(again.len(), 3, "{again:#?}");
+    for name in ["router-ipv4", "ingress-ipv4"] {
+        assert_eq!(again[name]["ip"], by[name]["ip"]);
+    }
+    // A role released through the record the old dipamd wrote: its recorded config reaches
+    // the same store.
+    let out = d.ctl(&["agent", "release", "ingress"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let now = dipam_lifecycle::hostlocal::store_pairs("host-local", &store, "dipam-upgrade");
+    assert!(!now.iter().any(|(_, ip)| ip == "10.77.251.3"), "{now:?}");
+    assert_eq!(d.ledger_pairs("dipam-upgrade"), now);
+    assert_eq!(now.len(), 2, "{now:?}");
 }
