@@ -1,12 +1,41 @@
 //! A real container runtime through the API kubelet uses: Debian's containerd 1.6 runs pod
 //! sandboxes on dipam conflists, driven through CRI (src/containerd.rs), in main mode and as
-//! the IPAM of ptp. After each step dipamd's ledger and host-local's store agree, and the pod
-//! sees the address the ledger holds. containerd's protocol is docs/sources.md §10.2.
+//! the IPAM of ptp (with host-local from /usr/lib/cni as the delegate). After each step
+//! dipamd's ledger and host-local's store agree, and the pod sees the address the ledger
+//! holds. containerd's protocol (which DELs it sends when, its keys, its errors) is
+//! docs/sources.md §10.2.
+//!
+//! Each test shares one containerd across its steps; the conflist is swapped in its conf_dir
+//! where a test needs another.
 
 // Tests: a panic is the failure report.
 #![allow(clippy::unwrap_used)]
 
-use dipam_lifecycle::{Containerd, Lab, require_containerd};
+use std::{
+    collections::BTreeSet,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use dipam_lifecycle::{Containerd, Lab, containerd::Pod, require_containerd};
+use serde_json::json;
+
+#[derive(Debug, Clone, Copy)]
+enum Mode {
+    /// `"type": "dipam"` wires the pod; host-local is its `ipam`.
+    Main,
+    /// ptp wires the pod; dipam is its IPAM, host-local dipam's delegate.
+    Ipam,
+}
+
+impl Mode {
+    fn conflist(self) -> &'static str {
+        match self {
+            Self::Main => "dipam-host-local.conflist",
+            Self::Ipam => "ptp-dipam-host-local.conflist",
+        }
+    }
+}
 
 /// One dipamd + host-local store (the Lab) and one private containerd using its conflist.
 /// Fields drop in order: containerd first, so that its last DELs still reach dipamd.
@@ -16,8 +45,22 @@ struct Bench {
 }
 
 impl Bench {
-    fn new(conflist: &str, version: &str) -> Self {
-        let lab = Lab::new(conflist).with_version(version);
+    fn new(mode: Mode, version: &str) -> Self {
+        Self::with(Lab::new(mode.conflist()).with_version(version))
+    }
+
+    /// `mode`'s conflist with portmap chained after the plugin that wires the pod.
+    fn with_portmap(mode: Mode) -> Self {
+        let mut lab = Lab::new(mode.conflist()).with_version("1.0.0");
+        lab.fx.list["plugins"].as_array_mut().unwrap().push(json!({
+            "type": "portmap",
+            "capabilities": {"portMappings": true},
+            "snat": true,
+        }));
+        Self::with(lab)
+    }
+
+    fn with(lab: Lab) -> Self {
         let cd = Containerd::start();
         cd.set_conflist(lab.list());
         Self { cd, lab }
@@ -25,6 +68,49 @@ impl Bench {
 
     fn net(&self) -> String {
         self.lab.network()
+    }
+
+    /// The ledger's one address for `pod`, checked against host-local's store and CRI's view.
+    #[track_caller]
+    fn address_of(&self, pod: &Pod) -> String {
+        let ledger = self.lab.dipamd.ledger_ips(&self.net());
+        let mine: Vec<_> = ledger.iter().filter(|(cid, ..)| *cid == pod.id).collect();
+        assert_eq!(
+            mine.len(),
+            1,
+            "CNI_CONTAINERID is the sandbox ID: {ledger:?}"
+        );
+        let (_, ifname, ip) = mine[0];
+        assert_eq!(ifname, "eth0");
+        assert!(
+            self.lab.subnet.contains(ip),
+            "{ip} not in {}",
+            self.lab.subnet.cidr
+        );
+        assert_eq!(
+            self.cd.pod_ip(&pod.id).as_deref(),
+            Some(ip.as_str()),
+            "CRI's pod IP is the ledger's"
+        );
+        ip.clone()
+    }
+
+    /// Nothing of these pods is left anywhere: not in the ledger, not in host-local's store,
+    /// not in containerd, and neither their network namespaces nor host veths.
+    #[track_caller]
+    fn assert_nothing_left(&self, netns: &[String]) {
+        assert!(self.lab.ledger().is_empty(), "{:?}", self.lab.ledger());
+        assert!(self.lab.delegate_store().is_empty());
+        self.lab.assert_agree();
+        assert!(
+            self.cd.list_pods().unwrap().is_empty(),
+            "{:?}",
+            self.cd.list_pods()
+        );
+        for ns in netns {
+            assert!(!std::path::Path::new(ns).exists(), "{ns} is left");
+        }
+        assert_no_host_veths(&self.net());
     }
 }
 
@@ -41,25 +127,72 @@ fn addresses(ip_addr_output: &str) -> Vec<String> {
         .collect()
 }
 
-/// Run, exec, stop, remove: the ledger, host-local and the pod agree after each step.
-fn lifecycle(b: &Bench) {
-    let net = b.net();
-    let pod = b.cd.run_pod("web").unwrap();
-    let ledger = b.lab.dipamd.ledger_ips(&net);
-    assert_eq!(ledger.len(), 1, "{ledger:?}");
-    let (cid, ifname, ip) = &ledger[0];
-    assert_eq!(cid, &pod.id, "CNI_CONTAINERID is the sandbox ID");
-    assert_eq!(ifname, "eth0");
-    assert!(
-        b.lab.subnet.contains(ip),
-        "{ip} not in {}",
-        b.lab.subnet.cidr
-    );
+/// The NAT rules portmap made for this sandbox: rules that jump to its per-container chain
+/// carry the ID in a comment, the chain's own rules the DNAT target.
+fn nat_rules_for(id: &str) -> Vec<String> {
+    let out = Command::new("iptables")
+        .args(["-t", "nat", "-S"])
+        .output()
+        .expect("run iptables (a dependency of containernetworking-plugins)");
+    let all = String::from_utf8_lossy(&out.stdout).into_owned();
+    let chains: Vec<String> = all
+        .lines()
+        .filter(|l| l.contains(id))
+        .filter_map(|l| l.split(" -j ").nth(1).map(|c| c.trim().to_owned()))
+        .collect();
+    all.lines()
+        .filter(|l| l.contains(id) || chains.iter().any(|c| l.contains(c)))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// No host veth of this network is left (main mode names its host ends in their alias): none
+/// live, and the ones DEL retired are deleted by dipamd moments later.
+fn assert_no_host_veths(network: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let out = Command::new("ip")
+            .args(["-o", "-d", "link", "show"])
+            .output()
+            .unwrap();
+        let links = String::from_utf8_lossy(&out.stdout).into_owned();
+        let live: Vec<&str> = links
+            .lines()
+            .filter(|l| l.contains(&format!("alias dipam {network} ")))
+            .collect();
+        assert!(live.is_empty(), "{live:#?}");
+        let retired = format!("alias {}{network} ", dipam_proto::retired::ALIAS_PREFIX);
+        if !links.lines().any(|l| l.contains(&retired)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "retired veths of {network} outlived 5 s:\n{links}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Run (with a port mapping), exec, stop, remove: the ledger, host-local, CRI and the pod
+/// agree after each step, and portmap got containerd's capitalised keys (`HostPort`, ...).
+fn lifecycle(mode: Mode) {
+    let b = Bench::with_portmap(mode);
+    let host_port = 21000 + u16::try_from(b.lab.subnet.index).unwrap() * 10;
+    let pod =
+        b.cd.run_pod_with(b.cd.pod_config("web", &[(host_port, 80)]))
+            .unwrap();
+    let ip = b.address_of(&pod);
     b.lab.assert_agree();
-    assert_eq!(
-        b.cd.pod_ip(&pod.id).as_deref(),
-        Some(ip.as_str()),
-        "CRI's pod IP"
+    let netns = b.cd.netns_path(&pod.id).expect("the sandbox's netns");
+    assert!(netns.starts_with("/var/run/netns/cni-"), "{netns}");
+    // portmap read containerd's runtimeConfig: a DNAT of the host port to the pod.
+    let rules = nat_rules_for(&pod.id);
+    assert!(
+        rules
+            .iter()
+            .any(|r| r.contains(&format!("--dport {host_port}"))
+                && r.contains(&format!("--to-destination {ip}:80"))),
+        "no DNAT of {host_port} to {ip}:80 in {rules:#?}"
     );
 
     let c = b.cd.start_sleeper(&pod).unwrap();
@@ -67,18 +200,257 @@ fn lifecycle(b: &Bench) {
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(addresses(&out), vec![ip.clone()], "inside the pod: {out}");
 
+    // StopPodSandbox: DEL with the netns and prevResult; everything is released.
     b.cd.stop_pod(&pod.id).unwrap();
     assert!(b.lab.ledger().is_empty(), "{:?}", b.lab.ledger());
+    assert!(b.lab.delegate_store().is_empty());
     b.lab.assert_agree();
+    assert!(
+        nat_rules_for(&pod.id).is_empty(),
+        "portmap's rules are gone"
+    );
+    // RemovePodSandbox: a second DEL, without netns or prevResult, of an attachment dipam
+    // has already released: it must succeed and change nothing.
     b.cd.remove_pod(&pod.id).unwrap();
-    assert!(b.lab.ledger().is_empty(), "{:?}", b.lab.ledger());
-    b.lab.assert_agree();
-    assert!(b.cd.list_pods().unwrap().is_empty());
+    b.assert_nothing_left(&[netns]);
 }
 
 #[test]
 fn containerd_runs_a_pod_on_dipam_as_the_main_plugin() {
     require_containerd!();
-    let b = Bench::new("dipam-host-local.conflist", "1.0.0");
-    lifecycle(&b);
+    lifecycle(Mode::Main);
+}
+
+#[test]
+fn containerd_runs_a_pod_on_ptp_with_dipam_as_ipam() {
+    require_containerd!();
+    lifecycle(Mode::Ipam);
+}
+
+/// 8 RunPodSandbox at once (containerd runs its loopback beside each ADD), then 8 stops and
+/// removes at once: 8 distinct addresses, then none.
+fn concurrent(mode: Mode) {
+    let b = Bench::new(mode, "1.0.0");
+    let pods: Vec<Pod> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                let cd = &b.cd;
+                s.spawn(move || cd.run_pod(&format!("pod{i}")))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap().unwrap())
+            .collect()
+    });
+    let ips: BTreeSet<String> = pods.iter().map(|p| b.address_of(p)).collect();
+    assert_eq!(ips.len(), 8, "distinct addresses: {ips:?}");
+    assert_eq!(b.lab.ledger().len(), 8);
+    b.lab.assert_agree();
+    let netns: Vec<String> = pods
+        .iter()
+        .map(|p| b.cd.netns_path(&p.id).unwrap())
+        .collect();
+    std::thread::scope(|s| {
+        for p in &pods {
+            let cd = &b.cd;
+            s.spawn(move || {
+                cd.stop_pod(&p.id).unwrap();
+                cd.remove_pod(&p.id).unwrap();
+            });
+        }
+    });
+    b.assert_nothing_left(&netns);
+}
+
+#[test]
+fn containerd_runs_8_sandboxes_at_once_main_mode() {
+    require_containerd!();
+    concurrent(Mode::Main);
+}
+
+#[test]
+fn containerd_runs_8_sandboxes_at_once_ipam_mode() {
+    require_containerd!();
+    concurrent(Mode::Ipam);
+}
+
+/// dipamd down at RunPodSandbox: containerd reports dipam's own message (whichever plugin
+/// called it), nothing is allocated, and once dipamd is back pods run again.
+fn dipamd_down(mode: Mode) {
+    let mut b = Bench::new(mode, "1.0.0");
+    b.lab.dipamd.kill9();
+    let err = b.cd.run_pod("nodaemon").unwrap_err();
+    let socket = b.lab.dipamd.socket();
+    let want = format!("dipamd is not reachable at {}", socket.display());
+    assert!(
+        err.message().contains(&want),
+        "containerd's error does not carry dipam's message ({want}): {err:?}"
+    );
+    assert!(
+        err.message()
+            .contains("failed to setup network for sandbox"),
+        "{err:?}"
+    );
+    assert!(b.lab.delegate_store().is_empty(), "nothing was allocated");
+    assert!(
+        b.cd.list_pods().unwrap().is_empty(),
+        "the sandbox was undone"
+    );
+
+    b.lab.dipamd.start_again();
+    assert!(b.lab.ledger().is_empty(), "{:?}", b.lab.ledger());
+    b.lab.assert_agree();
+    let pod = b.cd.run_pod("back").unwrap();
+    b.address_of(&pod);
+    b.lab.assert_agree();
+    let netns = b.cd.netns_path(&pod.id).unwrap();
+    b.cd.stop_pod(&pod.id).unwrap();
+    b.cd.remove_pod(&pod.id).unwrap();
+    b.assert_nothing_left(&[netns]);
+}
+
+#[test]
+fn containerd_reports_dipamd_down_at_run_main_mode() {
+    require_containerd!();
+    dipamd_down(Mode::Main);
+}
+
+#[test]
+fn containerd_reports_dipamd_down_at_run_ipam_mode() {
+    require_containerd!();
+    dipamd_down(Mode::Ipam);
+}
+
+/// dipamd SIGKILLed and restarted while pods run: the restarted daemon holds them all, and
+/// their stop and removal leave nothing.
+fn dipamd_restart(mode: Mode) {
+    let mut b = Bench::new(mode, "1.0.0");
+    let pods: Vec<Pod> = (0..3)
+        .map(|i| b.cd.run_pod(&format!("pod{i}")).unwrap())
+        .collect();
+    let before: Vec<String> = pods.iter().map(|p| b.address_of(p)).collect();
+    b.lab.assert_agree();
+    b.lab.dipamd.kill9();
+    b.lab.dipamd.start_again();
+    let after: Vec<String> = pods.iter().map(|p| b.address_of(p)).collect();
+    assert_eq!(before, after, "the ledger survived SIGKILL");
+    b.lab.assert_agree();
+    let netns: Vec<String> = pods
+        .iter()
+        .map(|p| b.cd.netns_path(&p.id).unwrap())
+        .collect();
+    for p in &pods {
+        b.cd.stop_pod(&p.id).unwrap();
+        b.lab.assert_agree();
+        b.cd.remove_pod(&p.id).unwrap();
+        b.lab.assert_agree();
+    }
+    b.assert_nothing_left(&netns);
+}
+
+#[test]
+fn containerd_pods_survive_a_dipamd_sigkill_main_mode() {
+    require_containerd!();
+    dipamd_restart(Mode::Main);
+}
+
+#[test]
+fn containerd_pods_survive_a_dipamd_sigkill_ipam_mode() {
+    require_containerd!();
+    dipamd_restart(Mode::Ipam);
+}
+
+/// The sandbox's pause process SIGKILLed: containerd sends no DEL (the pod goes NOTREADY and
+/// keeps its netns), so the address stays held; StopPodSandbox then releases it.
+fn pause_killed(mode: Mode) {
+    let b = Bench::new(mode, "1.0.0");
+    let pod = b.cd.run_pod("victim").unwrap();
+    let ip = b.address_of(&pod);
+    let netns = b.cd.netns_path(&pod.id).unwrap();
+    let pid = b.cd.pause_pid(&pod.id).expect("the pause process's pid");
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let pods = b.cd.list_pods().unwrap();
+        let state = pods.iter().find(|p| p.id == pod.id).map(|p| p.state);
+        if state == Some(k8s_cri::v1::PodSandboxState::SandboxNotready as i32) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still {state:?} 20 s after kill");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // No DEL came: the address is still held, and the netns is still there for the DEL.
+    assert_eq!(b.address_of_held(&pod), ip);
+    b.lab.assert_agree();
+    assert!(std::path::Path::new(&netns).exists());
+    b.cd.stop_pod(&pod.id).unwrap();
+    assert!(b.lab.ledger().is_empty(), "{:?}", b.lab.ledger());
+    b.lab.assert_agree();
+    b.cd.remove_pod(&pod.id).unwrap();
+    b.assert_nothing_left(&[netns]);
+}
+
+impl Bench {
+    /// The ledger's address for `pod`, whatever CRI says of it (a NOTREADY pod has none).
+    fn address_of_held(&self, pod: &Pod) -> String {
+        let ledger = self.lab.dipamd.ledger_pairs(&self.net());
+        assert_eq!(ledger.len(), 1, "{ledger:?}");
+        assert_eq!(ledger[0].0, pod.id);
+        ledger[0].1.clone()
+    }
+}
+
+#[test]
+fn containerd_pause_process_killed_then_stop_and_remove_main_mode() {
+    require_containerd!();
+    pause_killed(Mode::Main);
+}
+
+#[test]
+fn containerd_pause_process_killed_then_stop_and_remove_ipam_mode() {
+    require_containerd!();
+    pause_killed(Mode::Ipam);
+}
+
+/// Conflists at 0.3.1, 0.4.0 and 1.0.0 in both modes, on one containerd (the conflist swapped
+/// in its conf_dir): run, stop and remove work and leave nothing. 1.1.0 fails every ADD under
+/// containerd 1.6 (its libcni cannot parse a 1.1.0 result), and leaves nothing either: the
+/// DEL containerd sends after a failed ADD releases what dipam allocated.
+#[test]
+fn containerd_cni_versions() {
+    require_containerd!();
+    let cd = Containerd::start();
+    for mode in [Mode::Main, Mode::Ipam] {
+        for version in ["0.3.1", "0.4.0", "1.0.0"] {
+            let lab = Lab::new(mode.conflist()).with_version(version);
+            cd.set_conflist(lab.list());
+            let pod = cd
+                .run_pod("v")
+                .unwrap_or_else(|e| panic!("{mode:?} at {version}: {e:?}"));
+            let ledger = lab.dipamd.ledger_pairs(&lab.network());
+            assert_eq!(ledger.len(), 1, "{mode:?} at {version}: {ledger:?}");
+            assert_eq!(ledger[0].0, pod.id);
+            assert_eq!(cd.pod_ip(&pod.id), Some(ledger[0].1.clone()));
+            lab.assert_agree();
+            cd.stop_pod(&pod.id).unwrap();
+            cd.remove_pod(&pod.id).unwrap();
+            assert!(lab.ledger().is_empty(), "{mode:?} at {version}");
+            assert!(lab.delegate_store().is_empty(), "{mode:?} at {version}");
+            assert!(cd.list_pods().unwrap().is_empty());
+        }
+    }
+    // Main mode at 1.1.0 (in IPAM mode Debian's ptp 1.1.1 refuses a 1.1.0 config first).
+    let lab = Lab::new(Mode::Main.conflist()).with_version("1.1.0");
+    cd.set_conflist(lab.list());
+    let err = cd.run_pod("v110").unwrap_err();
+    assert!(
+        err.message().contains("unsupported CNI result version"),
+        "containerd 1.6 cannot parse a 1.1.0 result: {err:?}"
+    );
+    assert!(lab.ledger().is_empty(), "{:?}", lab.ledger());
+    assert!(lab.delegate_store().is_empty());
+    assert!(cd.list_pods().unwrap().is_empty());
+    assert_no_host_veths(&lab.network());
 }
