@@ -308,6 +308,14 @@ pub fn run(opts: &Options, json: bool, out: &mut dyn Write) -> Result<(), String
         return printed.map_err(|e| format!("writing output: {e}"));
     }
     let r = install(opts)?;
+    if let Some(w) = opts
+        .conflist
+        .as_deref()
+        .and_then(|p| fs::read(p).ok())
+        .and_then(|b| version_warning(&b))
+    {
+        eprintln!("dipamctl: warning: {w}");
+    }
     let state = |p: &Placed| if p.changed { "installed" } else { "unchanged" };
     let printed = if json {
         let v = json!({
@@ -345,6 +353,19 @@ pub fn run(opts: &Options, json: bool, out: &mut dyn Write) -> Result<(), String
         })
     };
     printed.map_err(|e| format!("writing output: {e}"))
+}
+
+/// A conflist at 1.1.0 is valid and installs, but a runtime whose libcni cannot parse a 1.1.0
+/// result fails every ADD with it (containerd 1.6 and 1.7, podman 4: docs/sources.md §1,
+/// §10.2), after dipam allocated. Worth a warning, not a refusal: newer runtimes parse it.
+pub fn version_warning(conflist: &[u8]) -> Option<String> {
+    let v: Value = serde_json::from_slice(conflist).ok()?;
+    (v.get("cniVersion")?.as_str()? == "1.1.0").then(|| {
+        "the conflist is at cniVersion 1.1.0: containerd 1.6 and 1.7 and podman 4 (libcni \
+         before v1.2) cannot parse a 1.1.0 result and fail every pod's ADD with \
+         \"unsupported CNI result version\"; use 1.0.0 on nodes that run them"
+            .to_owned()
+    })
 }
 
 /// Validates everything first (so a bad conflist leaves the node untouched), then installs
@@ -1070,6 +1091,18 @@ mod tests {
         };
         assert!(e.contains("cniVersion \"9.9.9\""), "{e}");
         assert!(!opts.cni_bin_dir.exists());
+    }
+
+    #[test]
+    fn a_1_1_0_conflist_gets_a_warning_and_older_ones_none() {
+        let at = |v: &str| format!(r#"{{"cniVersion":"{v}","name":"n","plugins":[]}}"#);
+        let w = version_warning(at("1.1.0").as_bytes()).expect("1.1.0 warns");
+        assert!(w.contains("containerd 1.6"), "{w}");
+        assert!(w.contains("unsupported CNI result version"), "{w}");
+        for v in ["0.3.1", "0.4.0", "1.0.0"] {
+            assert_eq!(version_warning(at(v).as_bytes()), None, "{v}");
+        }
+        assert_eq!(version_warning(b"not json"), None);
     }
 
     #[test]

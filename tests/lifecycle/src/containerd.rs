@@ -318,10 +318,11 @@ impl Containerd {
 
     /// Makes `list` the one network of the CRI plugin and waits until CRI has loaded it.
     ///
-    /// containerd 1.6 reloads conf_dir on fsnotify WRITE, REMOVE and RENAME events but
-    /// ignores CREATE (its `cniNetConfSyncer`, docs/sources.md §10.2), and a file renamed into
-    /// place is a CREATE. So the whole file is renamed into place (CRI never reads half of
-    /// it) and then a newline is appended to it, a WRITE that leaves it complete.
+    /// containerd 1.6 reloads conf_dir on fsnotify WRITE, RENAME and REMOVE events but
+    /// ignores CREATE (docs/sources.md §10.2), and a file renamed into the directory is a
+    /// CREATE. So the file is written under a name libcni skips inside conf_dir and renamed
+    /// there, as `dipamctl install` does: the old name's RENAME makes containerd reload, and
+    /// CRI never reads half a file.
     pub fn set_conflist(&self, list: &Value) {
         let name = list["name"].as_str().unwrap_or("net");
         let path = self.conf_dir().join(format!("10-{name}.conflist"));
@@ -333,21 +334,17 @@ impl Containerd {
                 let _ = std::fs::remove_file(e.path());
             }
         }
-        let tmp = self.dir().join("conflist.tmp");
+        let tmp = self.conf_dir().join(".conflist.tmp");
         std::fs::write(&tmp, serde_json::to_vec_pretty(list).expect("JSON")).expect("write");
-        std::fs::rename(&tmp, &path).expect("rename the conflist into conf_dir");
+        std::fs::rename(&tmp, &path).expect("rename the conflist into place");
+        self.wait_loaded(list);
+    }
+
+    /// Waits until CRI uses `list` for new pods.
+    #[track_caller]
+    pub fn wait_loaded(&self, list: &Value) {
         let deadline = Instant::now() + Duration::from_secs(20);
-        let mut nudged = Instant::now() - Duration::from_secs(10);
         loop {
-            if nudged.elapsed() > Duration::from_secs(2) {
-                use std::io::Write as _;
-                let mut f = std::fs::OpenOptions::new()
-                    .append(true)
-                    .open(&path)
-                    .expect("open the conflist");
-                f.write_all(b"\n").expect("append to the conflist");
-                nudged = Instant::now();
-            }
             let loaded = self.loaded_network();
             if loaded.as_ref() == Some(list) {
                 return;

@@ -441,9 +441,32 @@ fn containerd_cni_versions() {
             assert!(cd.list_pods().unwrap().is_empty());
         }
     }
-    // Main mode at 1.1.0 (in IPAM mode Debian's ptp 1.1.1 refuses a 1.1.0 config first).
+    // Main mode at 1.1.0 (in IPAM mode Debian's ptp 1.1.1 refuses a 1.1.0 config first),
+    // installed as a node installs it: `dipamctl install` into the running containerd's
+    // conf_dir, which warns about exactly this, and which containerd picks up.
     let lab = Lab::new(Mode::Main.conflist()).with_version("1.1.0");
-    cd.set_conflist(lab.list());
+    for e in std::fs::read_dir(cd.conf_dir()).unwrap().flatten() {
+        std::fs::remove_file(e.path()).unwrap();
+    }
+    let src = lab.dipamd.dir.path().join("v110.conflist");
+    std::fs::write(&src, serde_json::to_vec_pretty(lab.list()).unwrap()).unwrap();
+    let out = Command::new(dipam_lifecycle::bins::bin("dipamctl"))
+        .arg("install")
+        .arg("--cni-bin-dir")
+        .arg(cd.bin_dir())
+        .arg("--conf-dir")
+        .arg(cd.conf_dir())
+        .arg("--conflist")
+        .arg(&src)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "dipamctl install: {stderr}");
+    assert!(
+        stderr.contains("warning") && stderr.contains("unsupported CNI result version"),
+        "dipamctl install warns about 1.1.0: {stderr}"
+    );
+    cd.wait_loaded(lab.list());
     let err = cd.run_pod("v110").unwrap_err();
     assert!(
         err.message().contains("unsupported CNI result version"),
