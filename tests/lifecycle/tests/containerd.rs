@@ -323,23 +323,35 @@ fn containerd_reports_dipamd_down_at_run_ipam_mode() {
 }
 
 /// dipamd SIGKILLed and restarted while pods run: the restarted daemon holds them all, and
-/// their stop and removal leave nothing.
+/// their stop and removal leave nothing. A pod stopped and removed while dipamd is down
+/// succeeds too (its DELs are spooled) and is released when dipamd is back.
 fn dipamd_restart(mode: Mode) {
     let mut b = Bench::new(mode, "1.0.0");
-    let pods: Vec<Pod> = (0..3)
+    let mut pods: Vec<Pod> = (0..3)
         .map(|i| b.cd.run_pod(&format!("pod{i}")).unwrap())
         .collect();
     let before: Vec<String> = pods.iter().map(|p| b.address_of(p)).collect();
-    b.lab.assert_agree();
-    b.lab.dipamd.kill9();
-    b.lab.dipamd.start_again();
-    let after: Vec<String> = pods.iter().map(|p| b.address_of(p)).collect();
-    assert_eq!(before, after, "the ledger survived SIGKILL");
-    b.lab.assert_agree();
     let netns: Vec<String> = pods
         .iter()
         .map(|p| b.cd.netns_path(&p.id).unwrap())
         .collect();
+    b.lab.assert_agree();
+    b.lab.dipamd.kill9();
+    let gone = pods.remove(0);
+    b.cd.stop_pod(&gone.id).unwrap();
+    b.cd.remove_pod(&gone.id).unwrap();
+    assert!(b.lab.spooled() > 0, "the DELs wait in the spool");
+    b.lab.dipamd.start_again();
+    assert_eq!(b.lab.spooled(), 0, "replayed before dipamd serves");
+    let after: Vec<String> = pods.iter().map(|p| b.address_of(p)).collect();
+    assert_eq!(before[1..], after, "the ledger survived SIGKILL");
+    assert_eq!(
+        b.lab.ledger().len(),
+        2,
+        "the spooled DEL released {}",
+        before[0]
+    );
+    b.lab.assert_agree();
     for p in &pods {
         b.cd.stop_pod(&p.id).unwrap();
         b.lab.assert_agree();
