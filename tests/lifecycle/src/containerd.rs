@@ -210,6 +210,18 @@ impl Containerd {
         std::fs::read_to_string(self.dir().join("containerd.log")).unwrap_or_default()
     }
 
+    /// `ctr --address <this containerd> <args>` (for work outside CRI, e.g. `-n k8s.io
+    /// containers ls`, or `run --cni`, which uses /etc/cni/net.d and /opt/cni/bin, not this
+    /// guard's conf_dir and bin_dir).
+    pub fn ctr(&self, args: &[&str]) -> std::process::Output {
+        Command::new("ctr")
+            .arg("--address")
+            .arg(self.socket())
+            .args(args)
+            .output()
+            .expect("run ctr")
+    }
+
     /// Runs a future on this guard's runtime (callable from several threads at once).
     pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
         self.rt.block_on(f)
@@ -275,13 +287,7 @@ impl Containerd {
 
     fn import_image(&self) {
         let tar = image_tar();
-        let out = Command::new("ctr")
-            .arg("--address")
-            .arg(self.socket())
-            .args(["-n", "k8s.io", "images", "import"])
-            .arg(&tar)
-            .output()
-            .expect("run ctr");
+        let out = self.ctr(&["-n", "k8s.io", "images", "import", &tar.to_string_lossy()]);
         assert!(
             out.status.success(),
             "ctr images import {}: {}{}",
@@ -518,14 +524,7 @@ impl Containerd {
 
     /// The pod's network namespace path, from containerd's verbose status.
     pub fn netns_path(&self, id: &str) -> Option<String> {
-        let s = self.pod_status(id).ok()?;
-        let info: Value = serde_json::from_str(s.info.get("info")?).ok()?;
-        info["runtimeSpec"]["linux"]["namespaces"]
-            .as_array()?
-            .iter()
-            .find(|n| n["type"] == "network")?["path"]
-            .as_str()
-            .map(str::to_owned)
+        netns_of(&self.pod_status(id).ok()?)
     }
 
     fn remember(&self, id: &str) {
@@ -568,33 +567,46 @@ impl Drop for Containerd {
         }
         // Through CRI first, so that every pod's DELs reach the CNI plugins (and dipam frees
         // what it holds). Bounded: containerd may be wedged by the test.
-        let sandboxes = self.rt.block_on(async {
-            let mut c = self.runtime();
-            tokio::time::timeout(Duration::from_secs(10), async {
-                c.list_pod_sandbox(ListPodSandboxRequest { filter: None })
+        let mut c = self.runtime();
+        let cleanup = async move {
+            let mut seen = Vec::new();
+            let Ok(pods) = c
+                .list_pod_sandbox(ListPodSandboxRequest { filter: None })
+                .await
+            else {
+                return seen;
+            };
+            for p in pods.into_inner().items {
+                let netns = c
+                    .pod_sandbox_status(PodSandboxStatusRequest {
+                        pod_sandbox_id: p.id.clone(),
+                        verbose: true,
+                    })
                     .await
-                    .map(|r| r.into_inner().items)
-            })
-            .await
-        });
-        if let Ok(Ok(sandboxes)) = sandboxes {
-            for p in sandboxes {
-                self.remember(&p.id);
-                let mut c = self.runtime();
-                let id = p.id.clone();
-                let _ =
-                    self.rt
-                        .block_on(tokio::time::timeout(Duration::from_secs(30), async move {
-                            let _ = c
-                                .stop_pod_sandbox(StopPodSandboxRequest {
-                                    pod_sandbox_id: id.clone(),
-                                })
-                                .await;
-                            let _ = c
-                                .remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: id })
-                                .await;
-                        }));
+                    .ok()
+                    .and_then(|s| netns_of(s.get_ref()));
+                seen.push((p.id.clone(), netns));
+                let _ = c
+                    .stop_pod_sandbox(StopPodSandboxRequest {
+                        pod_sandbox_id: p.id.clone(),
+                    })
+                    .await;
+                let _ = c
+                    .remove_pod_sandbox(RemovePodSandboxRequest {
+                        pod_sandbox_id: p.id,
+                    })
+                    .await;
             }
+            seen
+        };
+        let seen = self
+            .rt
+            .block_on(async { tokio::time::timeout(Duration::from_secs(60), cleanup).await })
+            .unwrap_or_default();
+        let mut netns = Vec::new();
+        for (id, ns) in seen {
+            self.remember(&id);
+            netns.extend(ns);
         }
         let shims = self.shims();
         if let Some(mut child) = self.child.take() {
@@ -627,8 +639,31 @@ impl Drop for Containerd {
         for id in &ids {
             let _ = std::fs::remove_dir_all(Path::new(RUN_DIR).join("runc/k8s.io").join(id));
             remove_cgroups(id);
+            // A shim's socket: /run/containerd/s/<sha256 of "<address>/<namespace>/<id>">
+            // (containerd's runtime/v2/shim `SocketAddress`), one per sandbox.
+            let key = format!("{}/k8s.io/{id}", self.socket().display());
+            let _ = std::fs::remove_file(Path::new(RUN_DIR).join("s").join(sha256_of(&key)));
+        }
+        // Left over only when CRI could not stop a pod: its netns (a bind mount of a file).
+        for ns in netns.iter().filter(|ns| Path::new(ns).exists()) {
+            if let Ok(c) = std::ffi::CString::new(ns.as_bytes()) {
+                // SAFETY: umount2 with a valid NUL-terminated path.
+                unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+            }
+            let _ = std::fs::remove_file(ns);
         }
     }
+}
+
+/// The netns path in a verbose PodSandboxStatus (containerd's `info`: the runtime spec).
+fn netns_of(status: &PodSandboxStatusResponse) -> Option<String> {
+    let info: Value = serde_json::from_str(status.info.get("info")?).ok()?;
+    info["runtimeSpec"]["linux"]["namespaces"]
+        .as_array()?
+        .iter()
+        .find(|n| n["type"] == "network")?["path"]
+        .as_str()
+        .map(str::to_owned)
 }
 
 /// The CRI plugin's bin_dir: dipam's binaries and the reference plugins, symlinked (CRI
@@ -814,6 +849,31 @@ fn sha256(path: &Path) -> String {
         .next()
         .unwrap_or_default()
         .to_owned()
+}
+
+/// The SHA-256 of `text`, in hex (empty when sha256sum cannot run).
+fn sha256_of(text: &str) -> String {
+    use std::io::Write as _;
+    let Ok(mut child) = Command::new("sha256sum")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+    else {
+        return String::new();
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(text.as_bytes());
+    }
+    child
+        .wait_with_output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .unwrap_or_default()
 }
 
 fn procs() -> Vec<i32> {

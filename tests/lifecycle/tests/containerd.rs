@@ -489,3 +489,43 @@ fn containerd_cni_versions() {
     assert!(cd.list_pods().unwrap().is_empty());
     assert_no_host_veths(&lab.network());
 }
+
+/// The guard itself: dropped with a pod and its container still running, it stops and
+/// removes them through CRI (so dipam frees the address), and leaves no process, netns,
+/// mount, runc state or directory behind.
+#[test]
+fn containerd_guard_cleans_up_a_running_pod() {
+    require_containerd!();
+    let lab = Lab::new(Mode::Main.conflist()).with_version("1.0.0");
+    let cd = Containerd::start();
+    cd.set_conflist(lab.list());
+    let pod = cd.run_pod("left").unwrap();
+    let container = cd.start_sleeper(&pod).unwrap();
+    let netns = cd.netns_path(&pod.id).unwrap();
+    let dir = cd.dir().to_owned();
+    let socket = cd.socket().into_os_string().into_string().unwrap();
+    assert_eq!(lab.ledger().len(), 1);
+    drop(cd);
+    assert!(lab.ledger().is_empty(), "{:?}", lab.ledger());
+    assert!(lab.delegate_store().is_empty());
+    assert!(!std::path::Path::new(&netns).exists(), "{netns}");
+    assert!(!dir.exists(), "{}", dir.display());
+    for id in [&pod.id, &container] {
+        let runc = std::path::Path::new("/run/containerd/runc/k8s.io").join(id);
+        assert!(!runc.exists(), "{}", runc.display());
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(dir.to_str().unwrap()), "{mounts}");
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        assert!(
+            !args.iter().any(|a| a.ends_with(socket.as_bytes())
+                || a.ends_with(format!("{}/config.toml", dir.display()).as_bytes())),
+            "pid {:?} is left: {}",
+            e.file_name(),
+            String::from_utf8_lossy(&cmdline)
+        );
+    }
+    assert_no_host_veths(&lab.network());
+}
