@@ -87,3 +87,38 @@ if [ "${1:-}" != "demo" ]; then
     fi
   fi
 fi
+
+# promtool, from Debian's prometheus package, for tests/lifecycle/tests/alerts.rs (`promtool
+# check rules` and `promtool test rules` on deploy/prometheus/alerts.yaml). Only the one
+# binary is taken out of the package (apt-get download + dpkg-deb), into $DIPAM_TEST_CACHE:
+# installing the package would also start a Prometheus server on the machine. Redone when
+# the package's version changes; when it cannot be had, the reason is recorded and that test
+# skips, saying why.
+if [ "${1:-}" != "demo" ]; then
+  cache=${DIPAM_TEST_CACHE:-/var/cache/dipam-tests}
+  prom=$cache/prometheus
+  unavailable=$cache/prometheus.unavailable
+  want=$(apt-cache policy prometheus 2>/dev/null | sed -n 's/^ *Candidate: //p')
+  if [ -z "$want" ] || [ "$want" = "(none)" ]; then
+    [ "$(id -u)" -eq 0 ] && apt-get update -qq >/dev/null 2>&1 || true
+    want=$(apt-cache policy prometheus 2>/dev/null | sed -n 's/^ *Candidate: //p')
+  fi
+  if [ ! -x "$prom/usr/bin/promtool" ] || [ "$(cat "$prom/.version" 2>/dev/null)" != "$want" ]; then
+    echo "installing: promtool from Debian's prometheus $want into $prom"
+    if out=$( (set -e
+      rm -rf "$prom" && mkdir -p "$prom/deb"
+      cd "$prom/deb" && apt-get download -q -o APT::Sandbox::User=root prometheus
+      dpkg-deb --fsys-tarfile prometheus_*.deb | tar -x -C "$prom" ./usr/bin/promtool
+      rm -rf "$prom/deb"
+      "$prom/usr/bin/promtool" --version >/dev/null
+      printf '%s\n' "$want" >"$prom/.version") 2>&1); then
+      rm -f "$unavailable"
+    else
+      why="promtool (Debian's prometheus $want) could not be installed into $prom: $(printf '%s' "$out" | tail -n 5)"
+      echo "note: $why" >&2
+      # Read by tests/lifecycle/tests/alerts.rs, which then skips and prints it.
+      { mkdir -p "$cache" && printf '%s\n' "$why" >"$unavailable"; } 2>/dev/null ||
+        echo "note: could not record that in $unavailable either" >&2
+    fi
+  fi
+fi

@@ -106,12 +106,15 @@ impl std::fmt::Debug for Metrics {
 }
 
 /// Registers `metric` under `name`. prometheus-client appends `_total` to a counter's name in
-/// the exposition, so counters are registered without it: the series keep their names.
+/// the exposition, so counters are registered without it: the series keep their names. It
+/// also ends every help text with a period of its own, so one the text has is dropped (a
+/// `# HELP` line ending in ".." in Prometheus and Grafana otherwise).
 fn reg<M>(r: &mut Registry, name: &str, help: &str, metric: M) -> M
 where
     M: prometheus_client::registry::Metric + Clone,
 {
     let name = name.strip_suffix("_total").unwrap_or(name);
+    let help = help.strip_suffix('.').unwrap_or(help);
     r.register(name, help, metric.clone());
     metric
 }
@@ -655,7 +658,7 @@ mod tests {
         // Every series has its HELP and TYPE.
         let names = families(&out);
         assert_eq!(names.len(), 27, "{names:?}");
-        for name in names {
+        for name in &names {
             assert!(
                 out.contains(&format!("# HELP {name} ")),
                 "no HELP for {name}"
@@ -665,5 +668,20 @@ mod tests {
                 "no TYPE for {name}"
             );
         }
+        for help in out.lines().filter(|l| l.starts_with("# HELP ")) {
+            assert!(help.ends_with('.') && !help.ends_with(".."), "{help:?}");
+        }
+        // docs/metrics.md lists every series (with its labels and meaning), and nothing else.
+        let doc = include_str!("../../docs/metrics.md");
+        let documented: BTreeSet<String> = doc
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `dipam_"))
+            .filter_map(|l| l.split('`').next())
+            .map(|n| {
+                let n = format!("dipam_{n}");
+                n.strip_suffix("_total").map(str::to_owned).unwrap_or(n)
+            })
+            .collect();
+        assert_eq!(documented, names, "docs/metrics.md's table vs the registry");
     }
 }

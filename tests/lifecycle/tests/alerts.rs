@@ -1,0 +1,358 @@
+//! deploy/prometheus/alerts.yaml against real dipamd scrapes, with Debian's promtool
+//! (tests/deps.sh extracts it from the `prometheus` package into `$DIPAM_TEST_CACHE`).
+//!
+//! `promtool check rules` validates the file. Then dipamd runs with metrics on a loopback
+//! port, as the DaemonSet runs it, and is scraped three times: healthy (a pod added); after a
+//! reservation made behind dipamd's back (an orphan), a recorded reservation deleted from
+//! host-local's store (divergence) and a refused CNI GC; and after a SIGKILL (nothing
+//! answers). Each scrape becomes promtool input series, labelled as Prometheus labels a
+//! scrape (`job`, `instance`, and `up`), and `promtool test rules` asserts, for every rule in
+//! the file, which alerts fire with which labels and annotations: none when healthy, exactly
+//! the orphan, divergence and GC alerts when degraded, exactly DipamDown when down.
+
+// Tests: a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io::{Read, Write},
+    path::PathBuf,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use dipam_lifecycle::{AgentLab, Attachment, NetNs, Runtime, bins, require_root, yaml};
+use serde_json::{Value, json};
+
+const JOB: &str = "dipam";
+
+fn cache() -> PathBuf {
+    std::env::var_os("DIPAM_TEST_CACHE")
+        .map_or_else(|| PathBuf::from("/var/cache/dipam-tests"), PathBuf::from)
+}
+
+/// promtool, or `None` (after saying why, loudly) when tests/deps.sh recorded that it could
+/// not be installed. Never a silent pass: neither promtool nor a reason fails the test.
+fn promtool() -> Option<PathBuf> {
+    let exe = cache().join("prometheus/usr/bin/promtool");
+    if exe.is_file() {
+        return Some(exe);
+    }
+    let marker = cache().join("prometheus.unavailable");
+    match std::fs::read_to_string(&marker) {
+        Ok(why) => {
+            eprintln!(
+                "\n*** SKIPPED {}: {} (recorded by tests/deps.sh in {}) ***\n",
+                module_path!(),
+                why.trim(),
+                marker.display()
+            );
+            None
+        }
+        Err(_) => panic!(
+            "promtool is not installed at {}: run tests/deps.sh, which installs it (or records \
+             in {} why it cannot)",
+            exe.display(),
+            marker.display()
+        ),
+    }
+}
+
+fn rules_file() -> PathBuf {
+    bins::workspace().join("deploy/prometheus/alerts.yaml")
+}
+
+/// Every rule of the file: (alert name, expression, labels, annotations).
+struct Rule {
+    alert: String,
+    expr: String,
+    labels: BTreeMap<String, String>,
+    annotations: BTreeMap<String, String>,
+}
+
+fn rules() -> Vec<Rule> {
+    let docs = yaml::parse(&std::fs::read_to_string(rules_file()).unwrap()).unwrap();
+    let map = |v: &Value| -> BTreeMap<String, String> {
+        v.as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+            .collect()
+    };
+    docs[0]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap().iter())
+        .map(|r| Rule {
+            alert: r["alert"].as_str().unwrap().to_owned(),
+            expr: r["expr"].as_str().unwrap().to_owned(),
+            labels: map(&r["labels"]),
+            annotations: map(&r["annotations"]),
+        })
+        .collect()
+}
+
+#[test]
+fn promtool_checks_the_rules() {
+    let Some(promtool) = promtool() else { return };
+    let out = Command::new(promtool)
+        .args(["check", "rules"])
+        .arg(rules_file())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let n = rules().len();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&format!("SUCCESS: {n} rules found")),
+        "{out:?}"
+    );
+}
+
+/// One scrape's body over plain HTTP/1.1, or `None` when nothing answers (Prometheus then
+/// records `up 0`).
+fn scrape(addr: &str) -> Option<String> {
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: dipamd\r\n\r\n")
+        .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
+    Some(out[out.find("\r\n\r\n").unwrap() + 4..].to_owned())
+}
+
+/// The samples of an OpenMetrics body as promtool series (`name{labels}` with the scrape's
+/// `job` and `instance` added, as Prometheus adds them) and their values.
+fn series(body: &str, instance: &str) -> BTreeMap<String, String> {
+    let target = format!("job=\"{JOB}\",instance=\"{instance}\"");
+    let mut out = BTreeMap::new();
+    for line in body
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (sample, value) = line.rsplit_once(' ').unwrap();
+        let key = match sample.split_once('{') {
+            Some((name, labels)) => format!("{name}{{{target},{labels}"),
+            None => format!("{sample}{{{target}}}"),
+        };
+        out.insert(key, value.to_owned());
+    }
+    out.insert(format!("up{{{target}}}"), "1".into());
+    out
+}
+
+/// The value of `name` (no labels) in a scrape.
+fn value(body: &str, name: &str) -> f64 {
+    body.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("no {name} in:\n{body}"))
+        .parse()
+        .unwrap()
+}
+
+/// Minutes of each phase: the first scrape's values for `BEFORE` minutes, then the second's
+/// until `EVAL`, when the alerts are evaluated (past every rule's `for`, inside every
+/// `increase` window).
+const BEFORE: usize = 10;
+const EVAL: usize = 60;
+
+/// promtool input series: `first`'s values for BEFORE minutes, then `then`'s (`_`: no sample).
+fn input_series(first: &BTreeMap<String, String>, then: &BTreeMap<String, String>) -> Vec<Value> {
+    let keys: BTreeSet<&String> = first.keys().chain(then.keys()).collect();
+    keys.into_iter()
+        .map(|k| {
+            let values: Vec<&str> = (0..=EVAL)
+                .map(|minute| {
+                    let phase = if minute < BEFORE { first } else { then };
+                    phase.get(k).map_or("_", String::as_str)
+                })
+                .collect();
+            json!({"series": k, "values": values.join(" ")})
+        })
+        .collect()
+}
+
+/// How Prometheus prints `$value` for the whole numbers these gauges hold.
+fn go_float(v: &str) -> String {
+    let f: f64 = v.parse().unwrap();
+    assert!(f.fract() == 0.0, "{v}");
+    format!("{}", f as i64)
+}
+
+/// One promtool test: the series, and for every rule the alerts expected at EVAL. `firing`
+/// names the alerts that must fire, each with the series whose value its `$value` shows.
+fn test_case(
+    name: &str,
+    series: Vec<Value>,
+    firing: &BTreeMap<&str, Option<&str>>,
+    instance: &str,
+) -> Value {
+    let checks: Vec<Value> = rules()
+        .iter()
+        .map(|r| {
+            let exp = match firing.get(r.alert.as_str()) {
+                None => json!([]),
+                Some(value) => {
+                    let mut labels = r.labels.clone();
+                    labels.insert("job".into(), JOB.into());
+                    labels.insert("instance".into(), instance.into());
+                    let annotations: BTreeMap<_, _> = r
+                        .annotations
+                        .iter()
+                        .map(|(k, t)| {
+                            let mut s = t.replace("{{ $labels.instance }}", instance);
+                            if let Some(v) = value {
+                                s = s.replace("{{ $value }}", v);
+                            }
+                            assert!(!s.contains("{{"), "{}: unrendered {s:?}", r.alert);
+                            (k.clone(), s)
+                        })
+                        .collect();
+                    json!([{"exp_labels": labels, "exp_annotations": annotations}])
+                }
+            };
+            json!({"eval_time": format!("{EVAL}m"), "alertname": r.alert, "exp_alerts": exp})
+        })
+        .collect();
+    json!({"name": name, "interval": "1m", "input_series": series, "alert_rule_test": checks})
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+#[test]
+fn alerts_fire_on_real_scrapes_exactly_when_they_should() {
+    require_root!();
+    let Some(promtool) = promtool() else { return };
+    let addr = format!("127.0.0.1:{}", free_port());
+    // As the DaemonSet runs it: the agent's router and health addresses, metrics on loopback.
+    let mut lab = AgentLab::new(
+        "ptp-dipam-host-local.conflist",
+        "router,health",
+        &[
+            "--metrics-address",
+            &addr,
+            "--reconcile-interval",
+            "1",
+            "--gc-grace",
+            "0",
+        ],
+    );
+    lab.wait_ready(2);
+    let list = lab.fx.list.clone();
+    let ns = NetNs::new();
+    let pod = Attachment::new(&dipam_lifecycle::unique("pod"), &ns.path());
+    lab.rt.ipam(&list, 0, "ADD", &pod, None).unwrap();
+    let healthy = scrape(&addr).expect("dipamd answers");
+    assert!(
+        healthy.contains("dipam_agent_addresses{state=\"ready\"} 2"),
+        "{healthy}"
+    );
+
+    // An orphan: an address reserved straight through host-local, as a second runtime
+    // sharing the store would, which no attachment in the ledger owns.
+    let mut direct = Runtime::plugin_config(&list, 0, None);
+    direct["ipam"] = direct["ipam"]["delegate"].clone();
+    let stranger = Attachment::new("reserved-behind-dipams-back", "/var/run/netns/none");
+    let out = lab.rt.exec(
+        "host-local",
+        "ADD",
+        &stranger,
+        &serde_json::to_vec(&direct).unwrap(),
+    );
+    assert!(out.status.success(), "{out:?}");
+    // Divergence: the pod's reservation vanishes from host-local's store (a wrong mount).
+    let (_, _, ip) = dipam_lifecycle::hostlocal::reservations(lab.data.path(), &lab.network())
+        .into_iter()
+        .find(|(id, _, _)| *id == pod.container_id)
+        .unwrap();
+    std::fs::remove_file(lab.data.path().join(lab.network()).join(&ip)).unwrap();
+    // A refused GC: the runtime's valid list is empty.
+    let mut gc = list.clone();
+    gc["cniVersion"] = json!("1.1.0");
+    gc["plugins"][0]["cni.dev/valid-attachments"] = json!([]);
+    assert_eq!(
+        lab.rt
+            .ipam(&gc, 0, "GC", &Attachment::new("", ""), None)
+            .unwrap_err()
+            .code,
+        170
+    );
+    // The next reconciles (every second) see both.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let degraded = loop {
+        let body = scrape(&addr).expect("dipamd answers");
+        if value(&body, "dipam_divergence_orphans") >= 1.0
+            && value(&body, "dipam_divergence_missing") >= 1.0
+        {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "{body}\n{}", lab.dipamd.log());
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(value(&degraded, "dipam_gc_refused_total"), 1.0);
+    assert_eq!(value(&healthy, "dipam_divergence_orphans"), 0.0);
+
+    // Every dipam series a rule reads is in a real scrape: a renamed series fails here.
+    for r in rules() {
+        for word in r
+            .expr
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("dipam_"))
+        {
+            assert!(
+                healthy.lines().any(|l| l.starts_with(word)),
+                "{}: {word} is not in a scrape:\n{healthy}",
+                r.alert
+            );
+        }
+    }
+
+    lab.dipamd.kill9();
+    assert!(scrape(&addr).is_none(), "nothing answers after the kill");
+
+    let h = series(&healthy, &addr);
+    let d = series(&degraded, &addr);
+    let down: BTreeMap<String, String> = [(
+        format!("up{{job=\"{JOB}\",instance=\"{addr}\"}}"),
+        "0".into(),
+    )]
+    .into();
+    let gauge = |name: &str| go_float(&d[&format!("{name}{{job=\"{JOB}\",instance=\"{addr}\"}}")]);
+    let (orphans, missing) = (
+        gauge("dipam_divergence_orphans"),
+        gauge("dipam_divergence_missing"),
+    );
+    let degraded_firing: BTreeMap<&str, Option<&str>> = [
+        ("DipamOrphanedAddresses", Some(orphans.as_str())),
+        ("DipamRecordedAddressesMissing", Some(missing.as_str())),
+        ("DipamGCRefused", None),
+    ]
+    .into();
+    let tests = json!({
+        "rule_files": [rules_file()],
+        "evaluation_interval": "1m",
+        "tests": [
+            test_case("healthy", input_series(&h, &h), &BTreeMap::new(), &addr),
+            test_case("degraded", input_series(&h, &d), &degraded_firing, &addr),
+            test_case("down", input_series(&h, &down), &[("DipamDown", None)].into(), &addr),
+        ],
+    });
+    // JSON is YAML: promtool reads it as is.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tests.yaml");
+    std::fs::write(&file, serde_json::to_vec_pretty(&tests).unwrap()).unwrap();
+    let out = Command::new(promtool)
+        .args(["test", "rules"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "promtool test rules failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
