@@ -1,0 +1,351 @@
+//! The install commands in README.md and deploy/README.md work as written on a fresh machine.
+//!
+//! Every shell block marked `<!-- install-test: ... -->` in those two files is extracted and
+//! run, unchanged, by `bash -euo pipefail` in a private mount namespace whose system
+//! directories are those of a fresh Debian 12: an empty `/opt` (no `/opt/cni/bin`), an empty
+//! `/usr/local/bin`, and a copy of this machine's `/etc` without `/etc/cni`, each a temp
+//! directory bind-mounted over the real one, so the test sees exactly what the commands
+//! wrote and the machine's own directories are never touched. The working directory is a
+//! stand-in checkout: the repository's conflist/ and deploy/ files, and the binaries where
+//! `cargo build --release` would put them. `cargo` and `rustup` are stand-ins that record
+//! their arguments (the build itself is not what is tested, and a release build would cost
+//! CI minutes); `rustc` is the real one.
+//!
+//! Then every file must be in place with its mode: the plugin 0755 in /opt/cni/bin, dipamd
+//! and dipamctl 0755 in /usr/local/bin, the conflist and unit 0644, /etc/default/dipamd.
+//! The old README line (`install -m 0755 ... /opt/cni/bin/dipam`) fails on the same root, so
+//! the root is as fresh as claimed.
+
+// Tests: a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
+use std::{
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    process::{Command, Output},
+};
+
+use dipam_lifecycle::{bins, require_root};
+use tempfile::TempDir;
+
+const MARK: &str = "<!-- install-test:";
+const MUSL: &str = "x86_64-unknown-linux-musl";
+
+/// The shell blocks of `doc` marked for this test, each with its marker line.
+fn blocks(doc: &str) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(bins::workspace().join(doc)).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        if !l.starts_with(MARK) {
+            continue;
+        }
+        assert_eq!(
+            lines.get(i + 1).copied(),
+            Some("```sh"),
+            "{doc}:{}: a marker must sit right above a ```sh block",
+            i + 1
+        );
+        let body: Vec<&str> = lines[i + 2..]
+            .iter()
+            .take_while(|l| **l != "```")
+            .copied()
+            .collect();
+        out.push((l.to_string(), body.join("\n") + "\n"));
+    }
+    out
+}
+
+fn host_triple() -> String {
+    let out = Command::new("rustc").arg("-vV").output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
+        .unwrap()
+}
+
+fn which(tool: &str) -> PathBuf {
+    std::env::split_paths(&std::env::var_os("PATH").unwrap())
+        .map(|d| d.join(tool))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{tool} not in PATH"))
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+/// A fresh machine's system directories (under `root`), a stand-in checkout, and the build
+/// tools' stand-ins.
+struct Fresh {
+    dir: TempDir,
+}
+
+impl Fresh {
+    fn new() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("fresh-root-")
+            .tempdir()
+            .unwrap();
+        let f = Self { dir };
+        // Debian 12 ships an empty /opt and /usr/local/bin, and no /etc/cni.
+        std::fs::create_dir_all(f.root("opt")).unwrap();
+        std::fs::create_dir_all(f.root("usr/local/bin")).unwrap();
+        let st = Command::new("cp")
+            .arg("-a")
+            .arg("/etc")
+            .arg(f.root("etc"))
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let _ = std::fs::remove_dir_all(f.root("etc/cni"));
+
+        // The checkout: what the blocks read, and the binaries where cargo puts them.
+        let co = f.checkout();
+        for sub in ["conflist", "deploy"] {
+            let st = Command::new("cp")
+                .arg("-a")
+                .arg(bins::workspace().join(sub))
+                .arg(&co)
+                .status()
+                .unwrap();
+            assert!(st.success());
+        }
+        let release = co.join("target").join(host_triple()).join("release");
+        let musl = co.join("target").join(MUSL).join("release");
+        for d in [&release, &musl] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        // Without debug info: a tenth of the bytes to copy around (a debug build is ~400 MB).
+        for name in ["dipam", "dipamd", "dipamctl"] {
+            strip(&bins::dir().join(name), &release.join(name));
+        }
+        std::fs::copy(release.join("dipam"), musl.join("dipam")).unwrap();
+
+        // cargo and rustup record their arguments; rustc is the real one (also when it
+        // lives under /usr/local/bin, which the namespace hides).
+        let stubs = f.stubs();
+        std::fs::create_dir_all(&stubs).unwrap();
+        for tool in ["cargo", "rustup"] {
+            let p = stubs.join(tool);
+            std::fs::write(
+                &p,
+                format!(
+                    "#!/bin/sh\necho \"{tool} $*\" >> {}\n",
+                    f.dir.path().join("calls").display()
+                ),
+            )
+            .unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        std::os::unix::fs::symlink(which("rustc"), stubs.join("rustc")).unwrap();
+        f
+    }
+
+    fn root(&self, sub: &str) -> PathBuf {
+        self.dir.path().join("root").join(sub)
+    }
+
+    fn checkout(&self) -> PathBuf {
+        let p = self.dir.path().join("checkout");
+        std::fs::create_dir_all(&p).unwrap();
+        p
+    }
+
+    fn stubs(&self) -> PathBuf {
+        self.dir.path().join("stubs")
+    }
+
+    /// A binary as the build left it in the checkout.
+    fn built(&self, name: &str) -> PathBuf {
+        self.checkout()
+            .join("target")
+            .join(host_triple())
+            .join("release")
+            .join(name)
+    }
+
+    fn calls(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("calls")).unwrap_or_default()
+    }
+
+    /// Runs `script` with bash on the fresh root, in the checkout.
+    fn run(&self, script: &str) -> Output {
+        let file = self.dir.path().join("block.sh");
+        std::fs::write(&file, script).unwrap();
+        let setup = format!(
+            "set -e\n\
+             mount --bind {opt} /opt\n\
+             mount --bind {ulb} /usr/local/bin\n\
+             mount --bind {etc} /etc\n\
+             cd {co}\n\
+             export PATH={stubs}:$PATH\n\
+             exec bash -euo pipefail {file}\n",
+            opt = self.root("opt").display(),
+            ulb = self.root("usr/local/bin").display(),
+            etc = self.root("etc").display(),
+            co = self.checkout().display(),
+            stubs = self.stubs().display(),
+            file = file.display(),
+        );
+        Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "bash", "-c"])
+            .arg(setup)
+            .output()
+            .unwrap()
+    }
+
+    #[track_caller]
+    fn ok(&self, what: &str, script: &str) {
+        let out = self.run(script);
+        assert!(
+            out.status.success(),
+            "{what} failed on a fresh root ({}):\n{script}\nstdout: {}\nstderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Copies `from` to `to` without debug info.
+fn strip(from: &Path, to: &Path) {
+    let st = Command::new("strip")
+        .arg("--strip-debug")
+        .arg("-o")
+        .arg(to)
+        .arg(from)
+        .status()
+        .unwrap();
+    assert!(st.success(), "strip {}", from.display());
+}
+
+#[track_caller]
+fn assert_file(path: &Path, want_mode: u32, same_as: Option<&Path>) {
+    assert_eq!(mode(path), want_mode, "{}", path.display());
+    if let Some(src) = same_as {
+        assert!(
+            std::fs::read(path).unwrap() == std::fs::read(src).unwrap(),
+            "{} is not {}",
+            path.display(),
+            src.display()
+        );
+    }
+}
+
+#[test]
+fn readme_install_and_adopt_work_as_written_on_a_fresh_root() {
+    require_root!();
+    let b = blocks("README.md");
+    assert_eq!(b.len(), 2, "README.md's marked blocks: install, adopt");
+    let fresh = Fresh::new();
+
+    // The root is fresh: the old README's plugin line fails on it.
+    let old = fresh.run("install -m 0755 /bin/true /opt/cni/bin/dipam\n");
+    assert!(!old.status.success(), "{old:?}");
+
+    fresh.ok(&b[0].0, &b[0].1);
+    assert_file(
+        &fresh.root("opt/cni/bin/dipam"),
+        0o755,
+        Some(&fresh.built("dipam")),
+    );
+    for name in ["dipam", "dipamd", "dipamctl"] {
+        assert_file(
+            &fresh.root("usr/local/bin").join(name),
+            0o755,
+            Some(&fresh.built(name)),
+        );
+    }
+    let calls = fresh.calls();
+    assert!(calls.contains("cargo build --release\n"), "{calls}");
+    assert!(
+        calls.contains(&format!(
+            "cargo build --release -p dipam-plugin --target {MUSL}"
+        )),
+        "{calls}"
+    );
+
+    // Adopting the node's own conflist, with the dipamctl the first block installed.
+    let netd = fresh.root("etc/cni/net.d");
+    std::fs::create_dir_all(&netd).unwrap();
+    let own = serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": "kubenet",
+        "plugins": [{
+            "type": "ptp",
+            "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.88.0.0/24"}]]}
+        }]
+    });
+    let own_text = serde_json::to_string_pretty(&own).unwrap();
+    std::fs::write(netd.join("10-ptp.conflist"), &own_text).unwrap();
+    fresh.ok(&b[1].0, &b[1].1);
+    let wrapped: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(netd.join("10-ptp.conflist")).unwrap()).unwrap();
+    assert_eq!(wrapped["plugins"][0]["ipam"]["type"], "dipam", "{wrapped}");
+    assert_eq!(
+        wrapped["plugins"][0]["ipam"]["delegate"],
+        own["plugins"][0]["ipam"]
+    );
+    assert_eq!(
+        std::fs::read_to_string(netd.join("10-ptp.conflist.pre-wrap")).unwrap(),
+        own_text
+    );
+}
+
+#[test]
+fn deploy_systemd_install_works_as_written_on_a_fresh_root() {
+    require_root!();
+    let b = blocks("deploy/README.md");
+    assert_eq!(b.len(), 1, "deploy/README.md's marked blocks: systemd");
+    let fresh = Fresh::new();
+    fresh.ok(&b[0].0, &b[0].1);
+
+    for name in ["dipamd", "dipamctl"] {
+        assert_file(
+            &fresh.root("usr/local/bin").join(name),
+            0o755,
+            Some(&fresh.built(name)),
+        );
+    }
+    assert_file(
+        &fresh.root("opt/cni/bin/dipam"),
+        0o755,
+        Some(&fresh.built("dipam")),
+    );
+    assert_file(
+        &fresh.root("etc/cni/net.d/10-dipam.conflist"),
+        0o644,
+        Some(&bins::workspace().join("conflist/dipam-host-local.conflist")),
+    );
+    assert_file(
+        &fresh.root("etc/systemd/system/dipamd.service"),
+        0o644,
+        Some(&bins::workspace().join("deploy/systemd/dipamd.service")),
+    );
+    // The unit reads its flags from /etc/default/dipamd: every one of them is dipamd's.
+    let opts = std::fs::read_to_string(fresh.root("etc/default/dipamd")).unwrap();
+    let unit =
+        std::fs::read_to_string(bins::workspace().join("deploy/systemd/dipamd.service")).unwrap();
+    assert!(
+        unit.contains("EnvironmentFile=-/etc/default/dipamd"),
+        "{unit}"
+    );
+    let help = Command::new(fresh.built("dipamd"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    let value = opts
+        .trim()
+        .strip_prefix("DIPAMD_OPTS=\"")
+        .and_then(|v| v.strip_suffix('"'))
+        .unwrap_or_else(|| panic!("{opts:?}"));
+    for flag in value.split_whitespace().filter(|w| w.starts_with("--")) {
+        assert!(help.contains(flag), "dipamd has no {flag}");
+    }
+}
