@@ -8,7 +8,8 @@
 //! answers). Each scrape becomes promtool input series, labelled as Prometheus labels a
 //! scrape (`job`, `instance`, and `up`), and `promtool test rules` asserts, for every rule in
 //! the file, which alerts fire with which labels and annotations: none when healthy, exactly
-//! the orphan, divergence and GC alerts when degraded, exactly DipamDown when down.
+//! the orphan, divergence and GC alerts when degraded, exactly DipamDown when down. The
+//! series the rules and deploy/grafana/dipam.json's panels read are all in a real scrape.
 
 // Tests: a panic is the failure report.
 #![allow(clippy::unwrap_used)]
@@ -295,20 +296,38 @@ fn alerts_fire_on_real_scrapes_exactly_when_they_should() {
     assert_eq!(value(&degraded, "dipam_gc_refused_total"), 1.0);
     assert_eq!(value(&healthy, "dipam_divergence_orphans"), 0.0);
 
-    // Every dipam series a rule reads is in a real scrape: a renamed series fails here.
-    for r in rules() {
-        for word in r
-            .expr
+    // Every dipam series a rule or a dashboard panel reads is in a real scrape: a renamed
+    // series fails here.
+    let dashboard: Value = serde_json::from_slice(
+        &std::fs::read(bins::workspace().join("deploy/grafana/dipam.json")).unwrap(),
+    )
+    .unwrap();
+    let panels = dashboard["panels"].as_array().unwrap();
+    let exprs = rules()
+        .into_iter()
+        .map(|r| (r.alert, r.expr))
+        .chain(panels.iter().flat_map(|p| {
+            p["targets"].as_array().into_iter().flatten().map(|t| {
+                (
+                    p["title"].as_str().unwrap().to_owned(),
+                    t["expr"].as_str().unwrap().to_owned(),
+                )
+            })
+        }));
+    let mut read = 0;
+    for (what, expr) in exprs {
+        for word in expr
             .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
             .filter(|w| w.starts_with("dipam_"))
         {
+            read += 1;
             assert!(
                 healthy.lines().any(|l| l.starts_with(word)),
-                "{}: {word} is not in a scrape:\n{healthy}",
-                r.alert
+                "{what}: {word} is not in a scrape:\n{healthy}"
             );
         }
     }
+    assert!(read > 20, "{read}");
 
     lab.dipamd.kill9();
     assert!(scrape(&addr).is_none(), "nothing answers after the kill");
