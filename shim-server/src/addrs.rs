@@ -13,6 +13,13 @@
 //! take) makes the network be read again once, so a missed update costs a scan, never a
 //! missed conflict. The check and the claim are one step under the index's lock, so two ADDs
 //! racing with the same address cannot both pass.
+//!
+//! An address whose release is in flight ([`AddrIndex::releasing`]: GC's, the warm pool's,
+//! the agent's) is held by no one and by everyone: the delegate may already have freed it
+//! (host-local unlinks its file before its DEL exits) while dipamd does not yet know that the
+//! release succeeded. An ADD whose delegate hands out such an address waits until the release
+//! is certain, then claims it as usual: it is never answered with an address whose release
+//! could still fail, and never refused for a holder that is going away (docs/cfp.md §7.4).
 
 use std::{
     collections::{HashMap, HashSet},
@@ -24,9 +31,20 @@ use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, Ledger, Stor
 
 use crate::delegate::config::result_addrs;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct AddrIndex {
     inner: Mutex<Inner>,
+    /// Bumped whenever a release ends: an ADD waiting for one looks again.
+    released: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for AddrIndex {
+    fn default() -> Self {
+        Self {
+            inner: Mutex::default(),
+            released: tokio::sync::watch::Sender::new(0),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -35,6 +53,40 @@ struct Inner {
     nets: HashMap<String, HashMap<IpAddr, AttachmentKey>>,
     /// Networks whose part was loaded from the ledger.
     loaded: HashSet<String>,
+    /// network -> address -> the attachment whose release of it is in flight.
+    releasing: HashMap<String, HashMap<IpAddr, AttachmentKey>>,
+}
+
+/// An attachment's addresses marked as being released ([`AddrIndex::releasing`]); dropping it
+/// ends the mark, whatever the release's outcome (a cancelled GC too), and wakes the ADDs
+/// that wait for one of them.
+#[must_use = "the addresses count as being released only while this lives"]
+pub struct Releasing<'a> {
+    index: &'a AddrIndex,
+    key: AttachmentKey,
+    ips: Vec<IpAddr>,
+}
+
+impl Drop for Releasing<'_> {
+    fn drop(&mut self) {
+        if self.ips.is_empty() {
+            return;
+        }
+        {
+            let mut inner = self.index.inner.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(net) = inner.releasing.get_mut(&self.key.network) {
+                for ip in &self.ips {
+                    if net.get(ip) == Some(&self.key) {
+                        net.remove(ip);
+                    }
+                }
+                if net.is_empty() {
+                    inner.releasing.remove(&self.key.network);
+                }
+            }
+        }
+        self.index.released.send_modify(|n| *n = n.wrapping_add(1));
+    }
 }
 
 /// What [`AddrIndex::claim`] found: the addresses are the attachment's now, or one is held by
@@ -52,6 +104,8 @@ enum Claim {
     Held(IpAddr, Box<AttachmentRecord>),
     /// The index named a holder the ledger does not confirm: read the network again.
     Stale,
+    /// Another attachment's release of the address is in flight: wait for it to end.
+    Releasing(IpAddr, AttachmentKey),
 }
 
 /// Whether `holder` (as the ledger has it) still holds `ip`. A record in `adding` holds the
@@ -95,6 +149,13 @@ impl AddrIndex {
         rescanned: bool,
     ) -> Result<Claim, StoreError> {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(going) = inner.releasing.get(&rec.key.network)
+            && let Some((ip, by)) = ips
+                .iter()
+                .find_map(|ip| going.get(ip).filter(|k| **k != rec.key).map(|k| (*ip, k)))
+        {
+            return Ok(Claim::Releasing(ip, by.clone()));
+        }
         let net = inner.nets.entry(rec.key.network.clone()).or_default();
         for ip in ips {
             let Some(holder) = net.get(ip).filter(|h| **h != rec.key) else {
@@ -136,6 +197,8 @@ impl AddrIndex {
             rescanned = true;
         }
         loop {
+            // Subscribed before looking, so that a release ending in between is not missed.
+            let mut ended = self.released.subscribe();
             match self.try_claim(ledger, rec, &ips, rescanned)? {
                 Claim::Done => return Ok(Claimed::Done),
                 Claim::Held(ip, holder) => return Ok(Claimed::Held(ip, holder)),
@@ -143,8 +206,48 @@ impl AddrIndex {
                     self.load(network, &list(network.clone()).await?);
                     rescanned = true;
                 }
+                // A release lasts one delegate DEL (bounded by the delegate timeout) and the
+                // commit that forgets its record; the mark ends even if its GC is cancelled.
+                Claim::Releasing(ip, by) => {
+                    tracing::debug!(key = %rec.key, %ip, releasing = %by, "the delegate handed out an address whose release is in flight; waiting for it to end");
+                    let _ = ended.changed().await;
+                }
             }
         }
+    }
+
+    /// Marks the addresses of `rec`'s result as being released by `rec`, until the returned
+    /// guard is dropped: call it before the delegate's DEL starts, and drop the guard once
+    /// the release is certain and the record forgotten (or the release failed).
+    pub fn releasing(&self, rec: &AttachmentRecord) -> Releasing<'_> {
+        let ips = rec.result.as_ref().map(result_addrs).unwrap_or_default();
+        self.releasing_ips(&rec.key, ips)
+    }
+
+    /// [`Self::releasing`] for addresses known otherwise (a reservation the delegate holds
+    /// behind dipamd's back, released under its own key).
+    pub fn releasing_ips(&self, key: &AttachmentKey, ips: Vec<IpAddr>) -> Releasing<'_> {
+        if !ips.is_empty() {
+            let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let net = inner.releasing.entry(key.network.clone()).or_default();
+            for ip in &ips {
+                net.insert(*ip, key.clone());
+            }
+        }
+        Releasing {
+            index: self,
+            key: key.clone(),
+            ips,
+        }
+    }
+
+    /// Whether the release of `ip` in `network` is in flight (tests, status).
+    pub fn is_releasing(&self, network: &str, ip: &IpAddr) -> bool {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner
+            .releasing
+            .get(network)
+            .is_some_and(|n| n.contains_key(ip))
     }
 
     /// Drops `key`'s addresses (its record is gone: DEL, rollback).
@@ -158,5 +261,109 @@ impl AddrIndex {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{sync::Arc, time::Duration};
+
+    use dipam_state::{AttachmentRecord, MemStore, Owner};
+    use serde_json::json;
+
+    use super::*;
+
+    fn rec(cid: &str, ip: &str) -> AttachmentRecord {
+        AttachmentRecord {
+            key: AttachmentKey::new("net", cid, "eth0"),
+            owner: Owner::Pod,
+            state: AttachmentState::Committed,
+            delegate_type: "host-local".into(),
+            delegate_version: "1.0.0".into(),
+            delegate_config: "{}".into(),
+            netns: String::new(),
+            cni_args: String::new(),
+            cni_path: String::new(),
+            result: Some(json!({"cniVersion":"1.0.0","ips":[{"address": format!("{ip}/24")}]})),
+            config_digest: String::new(),
+            request_id: "t".into(),
+            created_at: 1,
+            updated_at: 1,
+            issued_ms: 0,
+            issued_at: None,
+            delegate_key: None,
+            creator_uid: None,
+        }
+    }
+
+    async fn claim(index: &AddrIndex, ledger: &Ledger, rec: &AttachmentRecord) -> Claimed {
+        let l = ledger.clone();
+        index
+            .claim(ledger, rec, move |n| {
+                let l = l.clone();
+                async move { l.list(Some(&n)).map_err(crate::error::ShimError::from) }
+            })
+            .await
+            .unwrap()
+    }
+
+    /// The race GC's parallel releases open: the delegate frees an address (host-local
+    /// unlinks its file) before its DEL exits, and hands it to an ADD. That ADD is answered
+    /// only once the release is certain and the old record is gone, never refused for it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_add_handed_an_address_being_released_waits_for_the_release() {
+        let ledger = Ledger::shared(MemStore::new());
+        let index = Arc::new(AddrIndex::default());
+        let old = rec("old", "10.9.0.7");
+        ledger.put(&old).unwrap();
+        let new = rec("new", "10.9.0.7");
+        let releasing = index.releasing(&old);
+        assert!(index.is_releasing("net", &"10.9.0.7".parse().unwrap()));
+        let waiter = {
+            let (index, ledger, new) = (index.clone(), ledger.clone(), new.clone());
+            tokio::spawn(async move { claim(&index, &ledger, &new).await })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!waiter.is_finished(), "claimed while the release was in flight");
+        // The release succeeds: the record goes, then the mark.
+        ledger.remove(&old.key).unwrap();
+        index.forget(&old.key, old.result.as_ref());
+        drop(releasing);
+        let got = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("the ADD still waits after the release ended")
+            .unwrap();
+        assert!(matches!(got, Claimed::Done), "{got:?}");
+        assert!(!index.is_releasing("net", &"10.9.0.7".parse().unwrap()));
+    }
+
+    /// A release that fails leaves the old record holding the address: the ADD that waited
+    /// is then refused for it, as for any holder.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_release_still_holds_the_address() {
+        let ledger = Ledger::shared(MemStore::new());
+        let index = Arc::new(AddrIndex::default());
+        let old = rec("old", "10.9.0.8");
+        ledger.put(&old).unwrap();
+        assert!(matches!(claim(&index, &ledger, &old).await, Claimed::Done));
+        let releasing = index.releasing(&old);
+        let waiter = {
+            let (index, ledger) = (index.clone(), ledger.clone());
+            let new = rec("new", "10.9.0.8");
+            tokio::spawn(async move { claim(&index, &ledger, &new).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(releasing);
+        let got = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            matches!(&got, Claimed::Held(_, h) if h.key == old.key),
+            "{got:?}"
+        );
+        // Its own attachment is never made to wait for itself.
+        let _mine = index.releasing(&old);
+        assert!(matches!(claim(&index, &ledger, &old).await, Claimed::Done));
     }
 }

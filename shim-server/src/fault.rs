@@ -5,7 +5,10 @@
 //! exactly what an OOM kill or a node crash at that instant would leave behind.
 
 /// The points, in the order an ADD or DEL passes them; then the warm pool's take (right after
-/// the commit that hands an entry to a pod). A pool entry's fill passes the ADD points.
+/// the commit that hands an entry to a pod); then GC's (gc/collect.rs): right after the first
+/// chunk of stale records is marked `deleting`, and before the first group commit that
+/// forgets released records (other DELs still running). A pool entry's fill passes the ADD
+/// points.
 pub const POINTS: &[&str] = &[
     "add-after-intent",
     "add-after-exec",
@@ -14,6 +17,8 @@ pub const POINTS: &[&str] = &[
     "del-after-mark",
     "del-after-exec",
     "pool-after-take",
+    "gc-after-mark",
+    "gc-before-forget",
 ];
 
 #[cfg(feature = "fault-injection")]

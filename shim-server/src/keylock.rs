@@ -3,8 +3,16 @@
 //! of one pod concurrently (docs/sources.md §5), so the lock is per attachment, not per
 //! container.
 //!
-//! GC of a network is exclusive with ADD and DEL on it (spec 1.1 §3 "Lifecycle"): every key
-//! lock also holds its network's lock shared, and GC takes it exclusively.
+//! GC locks what it frees, not the network (docs/cfp.md §7.4, "Locking"): it takes the key
+//! lock of each attachment it releases, and only when the lock is free ([`KeyLocks::try_lock`]:
+//! a key with an operation in flight is kept, never waited for), so a pod ADD on the network
+//! never waits for a GC of 1,000 stale attachments. Two things remain network-wide:
+//! - one GC per network at a time ([`KeyLocks::collection`]), so two collections never plan
+//!   against each other's half-done work;
+//! - the delegate's own GC (CNI 1.1), which frees everything its valid list does not name: it
+//!   runs with the network held exclusively ([`KeyLocks::exclusive`]; every key lock holds its
+//!   network's lock shared), so no ADD can start between the list and the delegate's GC. That
+//!   is one exec, not the whole collection.
 
 use std::{
     collections::HashMap,
@@ -21,6 +29,8 @@ pub struct KeyLocks {
     map: Mutex<HashMap<AttachmentKey, Arc<AsyncMutex<()>>>>,
     /// One per network; a node has a handful, so entries are never dropped.
     nets: Mutex<HashMap<String, Arc<RwLock<()>>>>,
+    /// One GC at a time per network; as few entries as `nets`.
+    collections: Mutex<HashMap<String, Arc<AsyncMutex<()>>>>,
 }
 
 /// Held while one operation runs on a key; the entry is dropped from the map when nobody
@@ -42,6 +52,41 @@ impl KeyLocks {
     /// Never take a key lock while holding this (it would wait for itself).
     pub async fn exclusive(&self, network: &str) -> OwnedRwLockWriteGuard<()> {
         self.net(network).write_owned().await
+    }
+
+    /// Held by a GC of `network` for its whole run: GCs of one network run one after the
+    /// other (a second one plans only once the first has freed what it chose), while ADD,
+    /// DEL and CHECK do not take it.
+    pub async fn collection(&self, network: &str) -> OwnedMutexGuard<()> {
+        let m = {
+            let mut c = self.collections.lock().unwrap_or_else(|p| p.into_inner());
+            Arc::clone(c.entry(network.to_owned()).or_default())
+        };
+        m.lock_owned().await
+    }
+
+    /// The key's lock if nobody holds or awaits it, without waiting: GC frees only what no
+    /// operation is touching (an ADD, DEL or CHECK in flight on the key keeps it), and it never
+    /// queues behind a runtime's request. `None` also while the network is held exclusively.
+    pub fn try_lock(&self, key: &AttachmentKey) -> Option<KeyGuard<'_>> {
+        let net = self.net(&key.network).try_read_owned().ok()?;
+        let m = {
+            let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+            if map.contains_key(key) {
+                // Held or awaited by someone else.
+                return None;
+            }
+            Arc::clone(map.entry(key.clone()).or_default())
+        };
+        // Fresh, and inserted under the map's lock: nobody else can hold it yet.
+        let guard = m.try_lock_owned().ok();
+        let guard = KeyGuard {
+            locks: self,
+            key: key.clone(),
+            guard,
+            _net: net,
+        };
+        guard.guard.is_some().then_some(guard)
     }
 
     pub async fn lock(&self, key: &AttachmentKey) -> KeyGuard<'_> {
@@ -146,5 +191,44 @@ mod tests {
         )
         .await;
         assert!(b.is_ok());
+    }
+
+    #[tokio::test]
+    async fn try_lock_takes_only_a_free_key_and_never_waits() {
+        let locks = KeyLocks::default();
+        let k = AttachmentKey::new("n", "a", "eth0");
+        let held = locks.lock(&k).await;
+        assert!(locks.try_lock(&k).is_none(), "took a held key");
+        // A refused try leaves no entry behind that would look like an operation.
+        drop(held);
+        assert!(locks.in_flight().is_empty());
+        let mine = locks.try_lock(&k).expect("a free key");
+        assert_eq!(locks.in_flight(), vec![k.clone()]);
+        let other = tokio::time::timeout(Duration::from_millis(100), locks.lock(&k)).await;
+        assert!(other.is_err(), "the key was not held");
+        drop(mine);
+        assert!(locks.in_flight().is_empty());
+        // While the network is held exclusively, nothing is taken.
+        let excl = locks.exclusive("n").await;
+        assert!(locks.try_lock(&k).is_none());
+        drop(excl);
+        assert!(locks.try_lock(&k).is_some());
+    }
+
+    #[tokio::test]
+    async fn one_collection_per_network_and_none_blocks_a_key() {
+        let locks = KeyLocks::default();
+        let first = locks.collection("n").await;
+        let second = tokio::time::timeout(Duration::from_millis(100), locks.collection("n")).await;
+        assert!(second.is_err(), "two GCs of one network at once");
+        let other = tokio::time::timeout(Duration::from_millis(100), locks.collection("m")).await;
+        assert!(other.is_ok(), "another network's GC waited");
+        let add = tokio::time::timeout(
+            Duration::from_millis(100),
+            locks.lock(&AttachmentKey::new("n", "a", "eth0")),
+        )
+        .await;
+        assert!(add.is_ok(), "an ADD waited for a GC");
+        drop(first);
     }
 }

@@ -425,6 +425,8 @@ impl Core {
             marked.updated_at = crate::clock::now();
             self.ledger(move |l| l.put(&marked)).await?;
         }
+        // Until the record is forgotten, an ADD handed one of its addresses waits (addrs.rs).
+        let _releasing = self.addrs.releasing(rec);
         self.release_recorded(rec).await?;
         self.forget(rec).await
     }
@@ -438,6 +440,22 @@ impl Core {
         self.ledger(move |l| l.remove(&key)).await?;
         self.attachment_delta(rec, -1);
         self.addrs.forget(&rec.key, rec.result.as_ref());
+        Ok(())
+    }
+
+    /// [`Self::forget`] for many attachments, with one ledger commit (as durable as
+    /// [`Self::forget`]'s): GC forgets what its parallel releases freed in batches.
+    pub async fn forget_all(&self, recs: &[AttachmentRecord]) -> Result<(), ShimError> {
+        if recs.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<AttachmentKey> = recs.iter().map(|r| r.key.clone()).collect();
+        self.ledger(move |l| l.remove_all(&keys, dipam_state::Durability::SurvivesPowerCut))
+            .await?;
+        for rec in recs {
+            self.attachment_delta(rec, -1);
+            self.addrs.forget(&rec.key, rec.result.as_ref());
+        }
         Ok(())
     }
 

@@ -97,6 +97,10 @@ pub struct Args {
     /// Accept a GC whose valid list is empty, null or absent (it frees every pod of the network).
     #[arg(long)]
     pub gc_allow_empty: bool,
+    /// Delegate DELs a GC runs at a time (1-64). GC locks only what it frees, so pods' ADDs
+    /// go on beside it; more at once mostly queue on the delegate's own lock and the CPUs.
+    #[arg(long, default_value_t = crate::gc::DEFAULT_PARALLEL, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub gc_parallel: u16,
     /// Seconds between comparisons of the ledger with the delegate's own store (0: never).
     #[arg(long, default_value_t = 300.0)]
     pub reconcile_interval: f64,
@@ -324,6 +328,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
             grace: Duration::from_secs_f64(args.gc_grace.max(0.0)),
             max_free_share: args.gc_max_free_share.clamp(0.0, 1.0),
             allow_empty: args.gc_allow_empty,
+            parallel: usize::from(args.gc_parallel),
         },
         crate::access::Admission::new(args.max_concurrent, args.max_queue, Duration::from_secs(10)),
     );

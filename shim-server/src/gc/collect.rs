@@ -1,16 +1,36 @@
 //! A GC run: plan what to keep and why, refuse what an interlock forbids, and release the
 //! rest through the delegate.
+//!
+//! Locking (docs/cfp.md §7.4): GC holds no network-wide lock while it releases. It takes the
+//! key lock of each attachment it frees, and only if no operation holds it; everything else
+//! on the network (a pod's ADD, DEL, CHECK) goes on meanwhile. One GC per network runs at a
+//! time, and the delegate's own GC (one exec) runs with the network held exclusively.
+//!
+//! Speed (docs/performance.md, run 13): the delegate's DELs run [`GcPolicy::parallel`] at a
+//! time, the `deleting` marks are written a chunk at a time ([`CHUNK`] records, one disk write
+//! each, always before that chunk's DELs start), and the records freed are forgotten in group
+//! commits while the next DELs run. A crash at any instant leaves each record either
+//! committed (untouched), or marked `deleting` (its DEL may or may not have run: the next
+//! start runs it again, which the delegate answers with success when it holds nothing), or
+//! gone (its DEL returned success first).
 
-use std::{collections::HashSet, time::SystemTime};
+use std::{
+    collections::{HashSet, VecDeque},
+    future::Future,
+    pin::Pin,
+    time::SystemTime,
+};
 
 use dipam_proto::v1::GcItem;
-use dipam_state::{AttachmentRecord, AttachmentState, Owner};
+use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, Durability, Owner};
+use futures_util::{StreamExt, stream::FuturesUnordered};
 use rscni_types::version::SpecVersion;
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use super::*;
 use crate::{
+    addrs::Releasing,
     clock::now,
     delegate::{
         Invocation,
@@ -18,8 +38,14 @@ use crate::{
         store,
     },
     error::ShimError,
+    keylock::KeyGuard,
     node::Node,
 };
+
+/// Stale records marked `deleting` per ledger commit. Bounds what a crash leaves for the next
+/// start to release again (at most about a chunk and a half plus the DELs running), while
+/// making the marks' disk writes a small share of a GC's time (one per 32 DELs).
+pub const CHUNK: usize = 32;
 
 /// Plans and (unless `dry_run`) runs GC of the network of `dc`. `force` overrides the share
 /// interlock (`dipamctl gc --force`); nothing else does.
@@ -32,9 +58,45 @@ pub async fn collect(
     force: bool,
 ) -> Result<Plan, ShimError> {
     let network = dc.network.clone();
-    let _exclusive = node.locks.exclusive(&network).await;
+    // One GC of a network at a time; ADD, DEL and CHECK are not held up (keylock.rs).
+    let _collection = node.locks.collection(&network).await;
+    let resolved = node.resolve(dc, cni_path).await;
+    let native_gc = resolved
+        .as_ref()
+        .is_ok_and(|(probe, _)| probe.supported.contains(&SpecVersion::new(1, 1, 0)));
+    // The delegate's store is read BEFORE the ledger. Every reservation is made after its
+    // attachment's intent is durable (core/attach.rs), so a reservation read here belongs to a
+    // record the list below contains (kept while in flight), and one made after this read is
+    // not looked at: an ADD running beside this GC is never taken for an orphan.
+    let dir = if native_gc {
+        None
+    } else {
+        store::readable_dir(&dc.kind, &dc.conf, &network)
+    };
+    let reservations = match &dir {
+        // A file read per address: off the async workers that serve the pods' ADDs.
+        Some(d) => {
+            let d = d.clone();
+            Some(
+                tokio::task::spawn_blocking(move || {
+                    store::reservations(&d)
+                        .map_err(|e| ShimError::Internal(format!("reading {}: {e}", d.display())))
+                })
+                .await
+                .map_err(|e| ShimError::Internal(format!("store task: {e}")))??,
+            )
+        }
+        None => None,
+    };
     let net = network.clone();
     let records: Vec<AttachmentRecord> = node.ledger(move |l| l.list(Some(&net))).await?;
+    // Keys with an operation in flight (held or awaited): kept, like `adding`/`deleting`.
+    let busy: HashSet<AttachmentKey> = node
+        .locks
+        .in_flight()
+        .into_iter()
+        .filter(|k| k.network == network)
+        .collect();
     let t = now();
     let grace = node.gc.grace.as_secs();
 
@@ -69,6 +131,11 @@ pub async fn collect(
                     "an operation is in flight or was interrupted (state {})",
                     r.state.as_str()
                 ),
+            ));
+        } else if busy.contains(&r.key) {
+            why.push((
+                "in-flight",
+                "an operation on it is in flight (its key is locked)".into(),
             ));
         }
         let old = t.saturating_sub(r.created_at);
@@ -164,16 +231,13 @@ pub async fn collect(
         })
         .collect();
 
-    let (probe, send) = node.resolve(dc, cni_path).await?;
-    let native_gc = probe.supported.contains(&SpecVersion::new(1, 1, 0));
+    let (probe, send) = resolved?;
     // Orphans: in the delegate's own store, unknown to the ledger and to the valid set.
     let mut orphans = Vec::new();
-    if !native_gc && let Some(dir) = store::readable_dir(&dc.kind, &dc.conf, &network) {
+    if let (Some(dir), Some(reservations)) = (&dir, reservations) {
         let known: HashSet<(String, String)> = records.iter().map(delegate_pair).collect();
         let known_ids: HashSet<&str> = known.iter().map(|(c, _)| c.as_str()).collect();
         let keep_ids: HashSet<&str> = delegate_keep.iter().map(|(c, _)| c.as_str()).collect();
-        let reservations = store::reservations(&dir)
-            .map_err(|e| ShimError::Internal(format!("reading {}: {e}", dir.display())))?;
         for r in reservations {
             let pair = (r.container_id.clone(), r.ifname.clone());
             // Legacy id-only files (empty ifname) match by container ID.
@@ -243,14 +307,41 @@ pub async fn collect(
         });
     }
 
-    let mut n = 0;
-    for rec in stale {
-        let it = &mut items[n];
-        n += 1;
-        let outcome = node.release(rec).await;
-        finish(node, it, outcome);
-    }
+    let parallel = node.gc.parallel.max(1);
+    let n = stale.len();
+    let planned: Vec<AttachmentRecord> = stale.iter().map(|r| (*r).clone()).collect();
+    let mut busy_now = release_stale(node, planned, parallel, &mut items[..n]).await;
     if native_gc {
+        // The delegate's GC frees everything its list does not name, so the list must name
+        // every attachment that exists when it runs: the network is held exclusively for
+        // this one exec (in-flight operations finish first, new ones wait), and the ledger is
+        // read again under it. Kept: the valid list and every record but those this GC chose
+        // to free (an ADD that started since the plan is in the ledger, as its intent).
+        let _exclusive = node.locks.exclusive(&network).await;
+        let net = network.clone();
+        let now_records: Vec<AttachmentRecord> =
+            node.ledger(move |l| l.list(Some(&net))).await?;
+        let chosen: HashSet<&AttachmentKey> = stale
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !busy_now.iter().any(|(b, _)| b == i))
+            .map(|(_, r)| &r.key)
+            .collect();
+        let delegate_keep: HashSet<(String, String)> = listed
+            .iter()
+            .cloned()
+            .chain(
+                now_records
+                    .iter()
+                    .filter(|r| !chosen.contains(&r.key))
+                    .flat_map(|r| {
+                        [
+                            (r.key.container_id.clone(), r.key.ifname.clone()),
+                            delegate_pair(r),
+                        ]
+                    }),
+            )
+            .collect();
         let mut conf = dc.conf.clone();
         let list: Vec<Value> = delegate_keep
             .iter()
@@ -267,37 +358,293 @@ pub async fn collect(
         node.exec.call(&dc.kind, &probe, &inv).await?;
         info!(network = %network, delegate = %dc.kind, kept = delegate_keep.len(), "delegate GC run with the augmented valid list");
     }
-    for (r, it) in orphans.iter().zip(items.iter_mut().skip(n)) {
-        let mut conf = dc.conf.clone();
-        if let Some(o) = conf.as_object_mut() {
-            o.remove("cni.dev/valid-attachments");
-            o.remove("cni.dev/attachments");
+    let mut conf = dc.conf.clone();
+    if let Some(o) = conf.as_object_mut() {
+        o.remove("cni.dev/valid-attachments");
+        o.remove("cni.dev/attachments");
+    }
+    let d = DelegateConf { conf, ..dc.clone() };
+    let orphan_outcomes: Vec<Released> = match d.bytes_for(send) {
+        _ if orphans.is_empty() => Vec::new(),
+        Ok(stdin) => {
+            let mut outcomes: Vec<Option<Released>> = orphans.iter().map(|_| None).collect();
+            let mut next = orphans.iter().enumerate();
+            let mut running = FuturesUnordered::new();
+            loop {
+                while running.len() < parallel
+                    && let Some((i, r)) = next.next()
+                {
+                    let (network, probe, kind, stdin) = (&network, &probe, &dc.kind, &stdin);
+                    running.push(async move {
+                        let outcome =
+                            release_orphan(node, network, r, probe, cni_path, kind, stdin).await;
+                        (i, outcome)
+                    });
+                }
+                match running.next().await {
+                    Some((i, outcome)) => outcomes[i] = Some(outcome),
+                    None => break,
+                }
+            }
+            outcomes
+                .into_iter()
+                .map(|o| o.unwrap_or(Released::Busy("not reached")))
+                .collect()
         }
-        let d = DelegateConf { conf, ..dc.clone() };
-        let outcome = async {
-            let inv = Invocation {
-                command: "DEL".into(),
-                container_id: r.container_id.clone(),
-                // host-local releases `<id>\r\n<ifname>`, and falls back to legacy id-only
-                // files when nothing matches: any valid ifname reaches those.
-                ifname: if r.ifname.is_empty() {
-                    "eth0".into()
-                } else {
-                    r.ifname.clone()
-                },
-                path: node.exec.delegate_cni_path(cni_path),
-                stdin: d.bytes_for(send)?,
-                ..Invocation::default()
-            };
-            node.exec.call(&dc.kind, &probe, &inv).await.map(|_| ())
+        Err(e) => {
+            let e = e.to_string();
+            orphans
+                .iter()
+                .map(|_| Released::Failed(ShimError::Internal(e.clone())))
+                .collect()
         }
-        .await;
-        finish(node, it, outcome);
+    };
+    for (i, outcome) in orphan_outcomes.into_iter().enumerate() {
+        match outcome {
+            Released::Freed => finish(node, &mut items[n + i], Ok(())),
+            Released::Failed(e) => finish(node, &mut items[n + i], Err(e)),
+            Released::Busy(why) => busy_now.push((n + i, why)),
+        }
+    }
+    // What an operation took up after the plan is kept after all, and said so.
+    busy_now.sort_by(|a, b| b.0.cmp(&a.0));
+    for (i, why) in busy_now {
+        let it = items.remove(i);
+        kept_items.push(GcItem {
+            outcome: "kept".into(),
+            keep: vec!["in-flight".into()],
+            reason: why.into(),
+            ..it
+        });
     }
     Ok(Plan {
         items,
         kept: kept_items,
     })
+}
+
+/// What became of one attachment GC chose to free.
+enum Released {
+    /// Released through the delegate, and its record (if any) forgotten.
+    Freed,
+    Failed(ShimError),
+    /// An operation took it up after the plan (its key locked, or its record changed): kept.
+    Busy(&'static str),
+}
+
+/// A stale record, marked `deleting`, its key locked and its addresses marked as being
+/// released, waiting for or running its delegate DEL.
+struct Job<'a> {
+    idx: usize,
+    rec: AttachmentRecord,
+    _guard: KeyGuard<'a>,
+    _releasing: Releasing<'a>,
+}
+
+type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Releases the `planned` stale records, `parallel` delegate DELs at a time, and finishes
+/// each one's item (`items[i]` is `planned[i]`'s) the moment its outcome is certain: "GC
+/// freed" is logged once the record is gone, before an ADD waiting for its address goes on.
+/// Returns the items an operation took up after the plan (kept), with the reason. See the
+/// module's documentation for the order of the writes.
+async fn release_stale(
+    node: &Node,
+    planned: Vec<AttachmentRecord>,
+    parallel: usize,
+    items: &mut [GcItem],
+) -> Vec<(usize, &'static str)> {
+    let mut busy = Vec::new();
+    let mut settle = |i: usize, outcome: Released| match outcome {
+        Released::Freed => finish(node, &mut items[i], Ok(())),
+        Released::Failed(e) => finish(node, &mut items[i], Err(e)),
+        Released::Busy(why) => busy.push((i, why)),
+    };
+    let mut chunks = planned
+        .into_iter()
+        .enumerate()
+        .collect::<Vec<_>>()
+        .chunks(CHUNK)
+        .map(<[_]>::to_vec)
+        .collect::<VecDeque<_>>();
+    let mut ready: VecDeque<Job<'_>> = VecDeque::new();
+    let mut marking: Option<Boxed<'_, (Vec<Job<'_>>, Vec<(usize, Released)>)>> = None;
+    let mut running = FuturesUnordered::new();
+    let mut freed: Vec<Job<'_>> = Vec::new();
+    let mut forgetting: Option<Boxed<'_, (Vec<Job<'_>>, Result<(), ShimError>)>> = None;
+    loop {
+        // The next chunk is marked while the DELs of this one run, so a slot never waits for
+        // a mark's disk write.
+        if marking.is_none()
+            && ready.len() <= CHUNK / 2
+            && let Some(chunk) = chunks.pop_front()
+        {
+            marking = Some(Box::pin(mark(node, chunk)));
+        }
+        while running.len() < parallel
+            && let Some(job) = ready.pop_front()
+        {
+            running.push(async move {
+                let outcome = node.release_recorded(&job.rec).await;
+                (job, outcome)
+            });
+        }
+        // Group commit: whatever was freed while the last commit ran is forgotten in one.
+        if forgetting.is_none() && !freed.is_empty() {
+            let jobs = std::mem::take(&mut freed);
+            forgetting = Some(Box::pin(async move {
+                crate::fault::hit("gc-before-forget");
+                let recs: Vec<AttachmentRecord> = jobs.iter().map(|j| j.rec.clone()).collect();
+                let outcome = node.forget_all(&recs).await;
+                (jobs, outcome)
+            }));
+        }
+        if marking.is_none() && running.is_empty() && forgetting.is_none() {
+            break;
+        }
+        tokio::select! {
+            Some((job, outcome)) = running.next(), if !running.is_empty() => match outcome {
+                Ok(()) => freed.push(job),
+                // The record stays `deleting`: the delegate may still hold the address, and
+                // the next start (or the key's next operation) releases it again.
+                Err(e) => settle(job.idx, Released::Failed(e)),
+            },
+            (jobs, skipped) = async { marking.as_mut().expect("guarded").await }, if marking.is_some() => {
+                marking = None;
+                ready.extend(jobs);
+                for (i, r) in skipped {
+                    settle(i, r);
+                }
+            },
+            (jobs, outcome) = async { forgetting.as_mut().expect("guarded").await }, if forgetting.is_some() => {
+                forgetting = None;
+                for job in jobs {
+                    settle(job.idx, match &outcome {
+                        Ok(()) => Released::Freed,
+                        // Released, but still recorded (`deleting`): the next start forgets it.
+                        Err(e) => Released::Failed(ShimError::Internal(format!(
+                            "released, but its record could not be dropped: {e}"
+                        ))),
+                    });
+                    // The key lock and the address marks go only now: until the record is
+                    // gone, an operation on the key or an ADD handed the address waits.
+                    drop(job);
+                }
+            },
+        }
+    }
+    drop(settle);
+    busy
+}
+
+/// Takes the key locks of a chunk of stale records (skipping any key an operation holds, and
+/// any record that changed since the plan), marks them `deleting` in one durable commit, and
+/// marks their addresses as being released.
+async fn mark<'a>(
+    node: &'a Node,
+    chunk: Vec<(usize, AttachmentRecord)>,
+) -> (Vec<Job<'a>>, Vec<(usize, Released)>) {
+    let mut locked = Vec::new();
+    let mut skipped = Vec::new();
+    for (idx, planned) in chunk {
+        let Some(guard) = node.locks.try_lock(&planned.key) else {
+            skipped.push((
+                idx,
+                Released::Busy("an operation on it started after the plan (its key is locked)"),
+            ));
+            continue;
+        };
+        match node.lookup(&planned.key) {
+            Ok(Some(current)) if current == planned => locked.push((idx, planned, guard)),
+            Ok(_) => skipped.push((
+                idx,
+                Released::Busy("its record changed after the plan (an operation ran on it)"),
+            )),
+            Err(e) => skipped.push((idx, Released::Failed(e))),
+        }
+    }
+    let t = now();
+    let marked: Vec<AttachmentRecord> = locked
+        .iter()
+        .map(|(_, r, _)| AttachmentRecord {
+            state: AttachmentState::Deleting,
+            updated_at: t,
+            ..r.clone()
+        })
+        .collect();
+    if !marked.is_empty() {
+        let commit = marked.clone();
+        // On the disk before any of these DELs starts: the write-ahead mark of every release.
+        if let Err(e) = node
+            .ledger(move |l| l.put_all(&commit, Durability::SurvivesPowerCut))
+            .await
+        {
+            let e = e.to_string();
+            for (idx, _, _) in locked {
+                skipped.push((
+                    idx,
+                    Released::Failed(ShimError::Internal(format!(
+                        "could not mark it deleting: {e}"
+                    ))),
+                ));
+            }
+            return (Vec::new(), skipped);
+        }
+        crate::fault::hit("gc-after-mark");
+    }
+    let jobs = locked
+        .into_iter()
+        .zip(marked)
+        .map(|((idx, _, guard), rec)| Job {
+            idx,
+            _releasing: node.addrs.releasing(&rec),
+            rec,
+            _guard: guard,
+        })
+        .collect();
+    (jobs, skipped)
+}
+
+/// Releases a reservation the delegate holds behind dipamd's back, under its own key's lock
+/// (busy: kept) and only if the ledger still does not know that key.
+async fn release_orphan(
+    node: &Node,
+    network: &str,
+    r: &store::Reservation,
+    probe: &crate::delegate::Probe,
+    cni_path: &str,
+    kind: &str,
+    stdin: &[u8],
+) -> Released {
+    // host-local releases `<id>\r\n<ifname>`, and falls back to legacy id-only files when
+    // nothing matches: any valid ifname reaches those.
+    let ifname = if r.ifname.is_empty() {
+        "eth0".to_owned()
+    } else {
+        r.ifname.clone()
+    };
+    let key = AttachmentKey::new(network, &r.container_id, &ifname);
+    let Some(_guard) = node.locks.try_lock(&key) else {
+        return Released::Busy("an operation on its key started after the plan");
+    };
+    match node.lookup(&key) {
+        Ok(None) => {}
+        Ok(Some(_)) => return Released::Busy("recorded by an ADD that started after the plan"),
+        Err(e) => return Released::Failed(e),
+    }
+    let _releasing = node.addrs.releasing_ips(&key, vec![r.ip]);
+    let inv = Invocation {
+        command: "DEL".into(),
+        container_id: r.container_id.clone(),
+        ifname,
+        path: node.exec.delegate_cni_path(cni_path),
+        stdin: stdin.to_vec(),
+        ..Invocation::default()
+    };
+    match node.exec.call(kind, probe, &inv).await {
+        Ok(_) => Released::Freed,
+        Err(e) => Released::Failed(e),
+    }
 }
 
 fn finish(node: &Node, it: &mut GcItem, outcome: Result<(), ShimError>) {
@@ -487,5 +834,126 @@ esac
         assert_eq!(plan.items.len(), 1);
         assert_eq!(plan.items[0].container_id, "b");
         assert_eq!(plan.items[0].outcome, "freed");
+    }
+
+    /// A delegate whose DEL takes a while and logs how many DELs were running at once.
+    const SLOW_DEL: &str = r#"#!/bin/sh
+d=$(dirname "$0")
+case "$CNI_COMMAND" in
+VERSION) echo '{"cniVersion":"1.0.0","supportedVersions":["0.4.0","1.0.0"]}' ;;
+DEL)
+  touch "$d/running.$CNI_CONTAINERID"
+  ls "$d" | grep -c '^running\.' >> "$d/concurrency"
+  sleep 0.05
+  rm -f "$d/running.$CNI_CONTAINERID"
+  echo "DEL $CNI_CONTAINERID" >> "$d/calls"
+  ;;
+esac
+"#;
+
+    fn rec_ip(cid: &str, ip: &str, created_at: u64) -> AttachmentRecord {
+        AttachmentRecord {
+            result: Some(json!({"cniVersion":"1.0.0","ips":[{"address": format!("{ip}/24")}]})),
+            ..rec(cid, Owner::Pod, AttachmentState::Committed, created_at)
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stale_records_are_released_in_parallel_bounded_and_forgotten() {
+        let old = now() - 1000;
+        let (dir, node) = scripted_node(SLOW_DEL, std::sync::Arc::new(MemStore::new()));
+        let stale = CHUNK * 2 + 5; // more than one chunk of marks
+        for i in 0..=stale {
+            let r = rec_ip(&format!("c{i:03}"), &format!("10.9.{}.{}", i / 200, 1 + i % 200), old);
+            node.ledger(move |l| l.put(&r)).await.unwrap();
+        }
+        let dc = node
+            .prepare(request("", "1.1.0", json!({})), false, crate::access::Caller::ROOT)
+            .unwrap()
+            .dc;
+        let plan = collect(&node, &dc, "", list(&["c000"]), false, true)
+            .await
+            .unwrap();
+        assert_eq!(plan.items.len(), stale);
+        assert!(plan.items.iter().all(|i| i.outcome == "freed"), "{:?}", plan.items);
+        let left = node.ledger(|l| l.list(None)).await.unwrap();
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].key.container_id, "c000");
+        let calls = std::fs::read_to_string(dir.path().join("calls")).unwrap();
+        assert_eq!(calls.lines().count(), stale, "each stale record DELed once: {calls}");
+        let most = std::fs::read_to_string(dir.path().join("concurrency"))
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.trim().parse::<usize>().ok())
+            .max()
+            .unwrap();
+        let parallel = node.gc.parallel;
+        assert!(most <= parallel, "{most} DELs at once, more than {parallel}");
+        assert!(most >= 2, "the DELs never overlapped");
+        // Nothing is left marked as being released.
+        assert!(!node.addrs.is_releasing("net", &"10.9.0.5".parse().unwrap()));
+        assert!(node.locks.in_flight().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_stale_record_whose_key_an_operation_holds_is_kept() {
+        let old = now() - 1000;
+        let (_d, node, dc) = bench(vec![
+            rec("keep", Owner::Pod, AttachmentState::Committed, old),
+            rec("a", Owner::Pod, AttachmentState::Committed, old),
+            rec("b", Owner::Pod, AttachmentState::Committed, old),
+        ])
+        .await;
+        let busy = AttachmentKey::new("net", "a", "eth0");
+        let held = node.locks.lock(&busy).await;
+        // Planned while held: kept, and said why.
+        let plan = collect(&node, &dc, "", list(&["keep"]), true, true)
+            .await
+            .unwrap();
+        assert_eq!(plan.items.len(), 1, "{:?}", plan.items);
+        assert!(
+            plan.kept
+                .iter()
+                .any(|k| k.container_id == "a" && k.keep == vec!["in-flight".to_owned()])
+        );
+        let plan = collect(&node, &dc, "", list(&["keep"]), false, true)
+            .await
+            .unwrap();
+        assert_eq!(plan.items.len(), 1);
+        assert_eq!(plan.items[0].container_id, "b");
+        assert_eq!(plan.items[0].outcome, "freed");
+        assert!(node.lookup(&busy).unwrap().is_some(), "freed under a held key");
+        drop(held);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_add_on_the_network_does_not_wait_for_the_gc() {
+        let old = now() - 1000;
+        let (_dir, node) = scripted_node(SLOW_DEL, std::sync::Arc::new(MemStore::new()));
+        for i in 0..40 {
+            let r = rec_ip(&format!("s{i:02}"), &format!("10.9.0.{}", 10 + i), old);
+            node.ledger(move |l| l.put(&r)).await.unwrap();
+        }
+        let dc = node
+            .prepare(request("", "1.1.0", json!({})), false, crate::access::Caller::ROOT)
+            .unwrap()
+            .dc;
+        let gc = {
+            let (node, dc) = (node.clone(), dc.clone());
+            tokio::spawn(async move { collect(&node, &dc, "", list(&["s00"]), false, true).await })
+        };
+        // Once the GC is releasing, another key of the network locks at once: GC holds
+        // the keys it frees, not the network.
+        while node.locks.in_flight().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let other = AttachmentKey::new("net", "a-new-pod", "eth0");
+        let got = tokio::time::timeout(std::time::Duration::from_secs(1), node.locks.lock(&other))
+            .await;
+        assert!(got.is_ok(), "an ADD's key lock waited for the GC");
+        assert!(!gc.is_finished(), "the GC was over before the check");
+        drop(got);
+        let plan = gc.await.unwrap().unwrap();
+        assert!(plan.items.iter().all(|i| i.outcome == "freed"));
     }
 }

@@ -2,10 +2,10 @@
 //! asks for, and what the periodic reconcile may do.
 //!
 //! The valid set is the union of the runtime's list, every agent-owned attachment, every
-//! attachment with an operation in flight or interrupted (state `adding`/`deleting`), and every
-//! attachment younger than the grace period: a pod being created while GC runs never loses
-//! its address (whereabouts#207, F17). GC holds the network exclusively, so no ADD or DEL of
-//! that network runs meanwhile (spec 1.1 §3).
+//! attachment with an operation in flight or interrupted (state `adding`/`deleting`, or its key
+//! locked), and every attachment younger than the grace period: a pod being created while GC
+//! runs never loses its address (whereabouts#207, F17). GC locks what it frees, not the
+//! network (collect.rs, keylock.rs): a pod's ADD on the network waits for no GC.
 //!
 //! Collected are (1) committed pod records outside the valid set: released through the
 //! delegate's DEL with their recorded config, then dropped from the ledger; and (2) for
@@ -41,7 +41,14 @@ pub struct GcPolicy {
     pub max_free_share: f64,
     /// Accept an empty, null or absent valid list (it would free every pod of the network).
     pub allow_empty: bool,
+    /// Delegate DELs a GC runs at a time (`--gc-parallel`).
+    pub parallel: usize,
 }
+
+/// `--gc-parallel`'s default: docs/performance.md (run 13) measured host-local's DELs on a
+/// 2-CPU node; more at once only queue on host-local's directory lock and the CPUs, and slow
+/// the pods' ADDs that run beside the GC.
+pub const DEFAULT_PARALLEL: u16 = 4;
 
 impl Default for GcPolicy {
     fn default() -> Self {
@@ -49,6 +56,7 @@ impl Default for GcPolicy {
             grace: Duration::from_secs(60),
             max_free_share: 0.5,
             allow_empty: false,
+            parallel: usize::from(DEFAULT_PARALLEL),
         }
     }
 }

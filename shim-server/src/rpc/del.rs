@@ -105,6 +105,9 @@ pub async fn run(
         }
         Ok(())
     };
+    // Until the record is forgotten, an ADD that the delegate hands one of its addresses
+    // waits for this release instead of being refused for a holder that is going (addrs.rs).
+    let _releasing = existing.as_ref().map(|rec| node.addrs.releasing(rec));
     // On failure the record stays `deleting`: the address is still held by the delegate, and
     // the runtime's retry (or the next start) releases it.
     node.run_delegate_gated(&p, &probe, "DEL", stdin, gate, None)
