@@ -1,6 +1,7 @@
 //! Crash points (dipamd built with the `fault-injection` feature): dipamd SIGKILLs itself at
-//! each point of an ADD and a DEL; after a restart, the ledger and host-local agree, nothing
-//! is leaked, and the runtime's follow-up (DEL after a failed ADD, a retried DEL) succeeds.
+//! each point of an ADD, a DEL and a large GC; after a restart, the ledger and host-local
+//! agree, nothing is leaked, and the runtime's follow-up (DEL after a failed ADD, a retried
+//! DEL, the next GC) succeeds.
 
 // Tests: a panic is the failure report.
 #![allow(clippy::unwrap_used)]
@@ -119,4 +120,73 @@ fn main_mode_crash_between_early_result_and_commit_converges() {
     lab.assert_agree();
     lab.rt.del(lab.list(), &att).unwrap();
     lab.assert_agree();
+}
+
+/// dipamd SIGKILLs itself inside a large GC: right after the first chunk of stale records is
+/// marked `deleting` (no DEL has run), and before the first group commit that forgets what
+/// the DELs released (other DELs still running). After the restart, replay has released every
+/// marked record exactly once, the ledger and host-local agree, and the runtime's next GC
+/// frees the rest.
+#[test]
+fn every_gc_crash_point_converges() {
+    require_root!();
+    const STALE: usize = 80;
+    let gc_flags = ["--gc-grace", "0", "--gc-max-free-share", "1"];
+    for point in ["gc-after-mark", "gc-before-forget"] {
+        let mut flags = gc_flags.to_vec();
+        flags.extend(["--crash-at", point]);
+        let mut lab = Lab::with_flags("ptp-dipam-host-local.conflist", &flags);
+        let list = lab.list().clone();
+        let gc = |lab: &Lab, keep: &[&dipam_lifecycle::Attachment]| {
+            let mut l = list.clone();
+            l["cniVersion"] = serde_json::json!("1.1.0");
+            let v: Vec<serde_json::Value> = keep
+                .iter()
+                .map(|a| dipam_lifecycle::runtime::gc_entry(a))
+                .collect();
+            l["plugins"][0]["cni.dev/valid-attachments"] = serde_json::json!(v);
+            l["plugins"][0]["cni.dev/attachments"] = serde_json::json!(v);
+            lab.rt
+                .ipam(&l, 0, "GC", &dipam_lifecycle::Attachment::new("", ""), None)
+        };
+        let none = "/var/run/netns/none";
+        let atts: Vec<_> = (0..=STALE)
+            .map(|_| dipam_lifecycle::Attachment::new(&dipam_lifecycle::unique("gc"), none))
+            .collect();
+        for a in &atts {
+            lab.rt.ipam(&list, 0, "ADD", a, None).unwrap();
+        }
+        let keep = &atts[0];
+        let e = gc(&lab, &[keep]).unwrap_err();
+        assert_eq!(e.code, 11, "{point}: the runtime sees a retryable failure: {e}");
+        lab.dipamd.kill9(); // reaps the self-killed process
+        lab.dipamd.set_flags(&gc_flags);
+        lab.dipamd.start_again();
+        lab.assert_agree();
+        let left = lab.ledger().len();
+        let released = STALE + 1 - left;
+        // Whole chunks were marked before the crash, and replay released each of them.
+        assert!(
+            released > 0 && released % 32 == 0,
+            "{point}: {released} released\n{}",
+            lab.dipamd.log()
+        );
+        if point == "gc-after-mark" {
+            assert_eq!(released, 32, "{point}: only the first chunk was marked");
+            assert!(
+                !lab.dipamd.log().contains("GC freed"),
+                "{point}: a DEL ran before the crash"
+            );
+        }
+        // A pod added now may get an address the crashed GC released: the next GC must
+        // leave it alone (nothing is released twice).
+        let fresh = dipam_lifecycle::Attachment::new(&dipam_lifecycle::unique("fresh"), none);
+        lab.rt.ipam(&list, 0, "ADD", &fresh, None).unwrap();
+        gc(&lab, &[keep, &fresh]).unwrap_or_else(|e| panic!("{point}: second GC: {e}"));
+        let ids: Vec<String> = lab.delegate_store().into_iter().map(|(id, _)| id).collect();
+        let mut want = vec![keep.container_id.clone(), fresh.container_id.clone()];
+        want.sort();
+        assert_eq!(ids, want, "{point}");
+        lab.assert_agree();
+    }
 }

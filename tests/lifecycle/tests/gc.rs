@@ -1,7 +1,8 @@
 //! CNI 1.1 GC and STATUS: agent-owned attachments survive a list that lacks them, stale pods
 //! are freed through a delegate with native GC and by emulation against the real host-local,
-//! a concurrent ADD keeps its address, unsafe lists are refused, and STATUS tells down,
-//! starting and ready apart.
+//! a concurrent ADD keeps its address, ADDs beside a large GC never get an address whose
+//! release is still in flight, unsafe lists are refused, and STATUS tells down, starting and
+//! ready apart.
 
 // Tests: a panic is the failure report.
 #![allow(clippy::unwrap_used)]
@@ -161,8 +162,8 @@ fn native_gc_delegate_frees_stale_pods() {
     );
 }
 
-/// An ADD racing a GC keeps its address: GC holds the network exclusively and never frees an
-/// attachment younger than the grace period.
+/// An ADD racing a GC keeps its address: GC never frees an attachment in flight or younger
+/// than the grace period.
 #[test]
 fn concurrent_add_during_gc_keeps_its_ip() {
     require_root!();
@@ -191,6 +192,139 @@ fn concurrent_add_during_gc_keeps_its_ip() {
         );
         lab.assert_agree();
     }
+}
+
+/// GC locks what it frees, not the network, so pods' ADDs run beside a large GC, and the
+/// delegate may hand one of them an address the GC is releasing at that moment: host-local
+/// unlinks its reservation before its DEL exits, and only the DEL's exit makes the release
+/// certain. Here the range is full (1 kept + 63 stale attachments in 64 addresses), so every
+/// ADD gets an address the GC frees, and host-local's DEL waits 100 ms after unlinking (a
+/// stand-in that runs the real host-local first), so that many ADDs are handed an address
+/// whose release is still in flight. Asserted:
+/// - no ADD is answered with a freed address before dipamd logged it freed ("GC freed" is
+///   written once the DEL returned and the record is gone), so none got one still being
+///   released;
+/// - no ADD is refused for an address conflict (156) on the way: it waits instead;
+/// - the wait was exercised (dipamd's debug line), so the test can fail;
+/// - no address is held twice, and the ledger and host-local agree at the end.
+#[test]
+fn adds_during_a_large_gc_never_get_an_address_still_being_released() {
+    require_root!();
+    const STALE: usize = 63;
+    const ADDS: usize = 30;
+    let mut lab = Lab::with_flags(
+        "ptp-dipam-host-local.conflist",
+        &["--gc-grace", "0", "--gc-max-free-share", "1"],
+    );
+    let subnet: ipnet::Ipv4Net = lab.subnet.cidr.parse().unwrap();
+    let base = u32::from(subnet.network());
+    let ip = |n: u32| std::net::Ipv4Addr::from(base + n).to_string();
+    lab.fx.list["plugins"][0]["ipam"]["delegate"]["ranges"] = json!([[{
+        "subnet": lab.subnet.cidr, "rangeStart": ip(2), "rangeEnd": ip(65)
+    }]]);
+    let (_standins, rt) = dipam_lifecycle::Runtime::with_standins(&[(
+        "host-local",
+        &format!(
+            "real={}/host-local\n\
+             [ \"$CNI_COMMAND\" = DEL ] || exec \"$real\"\n\
+             \"$real\"; rc=$?\n\
+             sleep 0.1\n\
+             exit $rc",
+            dipam_lifecycle::bins::REFERENCE_PLUGINS
+        ),
+    )]);
+    lab.rt = rt;
+    let list = lab.list().clone();
+    let none = "/var/run/netns/none";
+    let keep = Attachment::new(&dipam_lifecycle::unique("keep"), none);
+    add(&lab.rt, &list, &keep);
+    let stale: Vec<Attachment> = (0..STALE)
+        .map(|_| Attachment::new(&dipam_lifecycle::unique("stale"), none))
+        .collect();
+    std::thread::scope(|s| {
+        for part in stale.chunks(STALE.div_ceil(4)) {
+            let (rt, list) = (&lab.rt, &list);
+            s.spawn(move || {
+                for a in part {
+                    add(rt, list, a);
+                }
+            });
+        }
+    });
+    let stale_ips: std::collections::HashSet<String> =
+        lab.delegate_store().into_iter().map(|(_, ip)| ip).collect();
+    assert_eq!(stale_ips.len(), STALE + 1, "the range is not full");
+
+    let gc_done = std::sync::atomic::AtomicBool::new(false);
+    let (gc_out, added) = std::thread::scope(|s| {
+        let g = s.spawn(|| {
+            let out = gc(&lab.rt, &list, Some(json!([entry(&keep)])));
+            gc_done.store(true, std::sync::atomic::Ordering::SeqCst);
+            out
+        });
+        // A runtime creating pods meanwhile: an ADD that fails (the range is full until the
+        // GC's first DELs) is DELed and retried, as kubelet does.
+        let mut added: Vec<(Attachment, String)> = Vec::new();
+        let mut refused = Vec::new();
+        while added.len() < ADDS {
+            let a = Attachment::new(&dipam_lifecycle::unique("new"), none);
+            match lab.rt.ipam(&list, 0, "ADD", &a, None) {
+                Ok(r) => {
+                    let got = result_ips(&r).remove(0);
+                    // Answered: if the address was a stale one, its release was certain
+                    // before (logged before the record went and the ADD could go on).
+                    if stale_ips.contains(&got) {
+                        let log = lab.dipamd.log();
+                        let quoted = format!("\"{got}/");
+                        assert!(
+                            log.lines()
+                                .any(|l| l.contains("GC freed") && l.contains(&quoted)),
+                            "{} was answered with {got} before its release was certain",
+                            a.container_id
+                        );
+                    }
+                    added.push((a, got));
+                }
+                Err(e) => {
+                    refused.push(e.code);
+                    assert_ne!(e.code, 156, "an ADD was refused for an address conflict: {e}");
+                    lab.rt.ipam(&list, 0, "DEL", &a, None).unwrap();
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+            }
+        }
+        let during = gc_done.load(std::sync::atomic::Ordering::SeqCst);
+        eprintln!(
+            "{} ADDs, {} refused (range full) and retried; GC still running after them: {}",
+            added.len(),
+            refused.len(),
+            !during
+        );
+        (g.join().unwrap(), added)
+    });
+    gc_out.unwrap_or_else(|e| panic!("GC: {e}"));
+    let log = lab.dipamd.log();
+    assert!(
+        log.contains("whose release is in flight; waiting for it to end"),
+        "no ADD was handed an address whose release was in flight: the test did not test"
+    );
+    // Nothing stale is left; the kept pod and every new pod hold their own address.
+    let mut want: Vec<(String, String)> = added
+        .iter()
+        .map(|(a, ip)| (a.container_id.clone(), ip.clone()))
+        .chain(
+            lab.delegate_store()
+                .into_iter()
+                .filter(|(id, _)| *id == keep.container_id),
+        )
+        .collect();
+    want.sort();
+    assert_eq!(lab.ledger(), want);
+    let mut ips: Vec<&String> = want.iter().map(|(_, ip)| ip).collect();
+    ips.sort();
+    ips.dedup();
+    assert_eq!(ips.len(), want.len(), "an address is held twice: {want:?}");
+    lab.assert_agree();
 }
 
 /// Empty, null and absent lists are refused, and so is a list that would free most pods;

@@ -45,6 +45,15 @@
 //!   time of one CNI GC that frees 1,000 stale attachments (a second dipamd with
 //!   `--gc-grace 0 --gc-max-free-share 1`; the valid list names one attachment).
 //!   `--scale-rounds N` repeats that round on the same dipamd, for its RSS under churn.
+//! - **GC at node scale** (issue 19): per round, (1) the exec floor: host-local's DEL exec'd
+//!   directly for 1,000 of 1,001 reservations in one directory (what dipamd's GC of them must
+//!   at least pay), serially and `--gc-parallel` at a time; (2) one CNI GC that frees 1,000
+//!   stale attachments on a dipamd (`--gc-grace 0 --gc-max-free-share 1`), alone; (3) the
+//!   same GC while a pod's IPAM-mode ADD arrives every `--gc-add-interval` ms, each ADD timed
+//!   from spawn to reap, beside the same ADDs timed with no GC running. It reports the GC's
+//!   time and its ratio to the floors, and how much longer an ADD took during the GC
+//!   (p50/p99/max, minus the no-GC p50): what an ADD waited for the GC. Medians over
+//!   `--gc-rounds`.
 //!
 //! Binaries: by default a release build (`cargo build --release --bins -p dipam-plugin -p
 //! dipam-shim -p dipam-lifecycle`), from where cargo put them; `--bin-dir DIR` uses prebuilt
@@ -104,9 +113,18 @@ struct Opts {
     json: Option<PathBuf>,
     quick: bool,
     sections: Vec<String>,
+    gc_rounds: usize,
+    /// `--gc-parallel` for the floor; passed to dipamd only when given (an older dipamd has
+    /// no such flag).
+    gc_parallel: Option<usize>,
+    gc_add_interval_ms: u64,
 }
 
-const SECTIONS: [&str; 4] = ["latency", "concurrency", "cold", "scale"];
+const SECTIONS: [&str; 5] = ["latency", "concurrency", "cold", "scale", "gc"];
+
+/// dipamd's `--gc-parallel` default (shim-server gc::DEFAULT_PARALLEL), the floor's
+/// parallelism when `--gc-parallel` is not given.
+const DIPAMD_GC_PARALLEL: usize = 4;
 
 const USAGE: &str = "\
 dipam-bench: dipam against ptp + host-local, in one run (needs root).
@@ -129,7 +147,11 @@ Options:
   --attachments N        stale attachments for the RSS and GC section (default 1000)
   --scale-rounds N       repeat that section's ADD-all-then-GC round N times on one dipamd,
                          to see its RSS under churn (default 1)
-  --sections LIST        comma-separated subset of latency,concurrency,cold,scale
+  --gc-rounds N          rounds of the GC section (floor, GC alone, GC with ADDs; default 3)
+  --gc-parallel N        the floor's parallel DELs, and dipamd's --gc-parallel (default:
+                         dipamd's own default, 4; the flag is then not passed)
+  --gc-add-interval MS   pause between the ADDs that arrive during a GC (default 20)
+  --sections LIST        comma-separated subset of latency,concurrency,cold,scale,gc
   --json FILE            write every number as JSON
   --quick                small numbers, for a smoke run
   -h, --help             this text";
@@ -150,6 +172,9 @@ fn parse_args(args: &[String]) -> Res<Opts> {
         json: None,
         quick: false,
         sections: SECTIONS.iter().map(|s| (*s).to_owned()).collect(),
+        gc_rounds: 3,
+        gc_parallel: None,
+        gc_add_interval_ms: 20,
     };
     // Explicit numbers win over --quick, whatever the order.
     let mut explicit: Vec<&str> = Vec::new();
@@ -193,6 +218,12 @@ fn parse_args(args: &[String]) -> Res<Opts> {
                 explicit.push("cold-iters");
             }
             "--scale-rounds" => o.scale_rounds = number(a, value(a)?)?,
+            "--gc-rounds" => {
+                o.gc_rounds = number(a, value(a)?)?;
+                explicit.push("gc-rounds");
+            }
+            "--gc-parallel" => o.gc_parallel = Some(number(a, value(a)?)?),
+            "--gc-add-interval" => o.gc_add_interval_ms = number(a, value(a)?)? as u64,
             "--attachments" => {
                 o.attachments = number(a, value(a)?)?;
                 explicit.push("attachments");
@@ -222,6 +253,7 @@ fn parse_args(args: &[String]) -> Res<Opts> {
         set("rounds", &mut o.rounds, 2);
         set("cold-iters", &mut o.cold_iters, 20);
         set("attachments", &mut o.attachments, 50);
+        set("gc-rounds", &mut o.gc_rounds, 1);
         o.warmup = 1;
     }
     if let Some(dir) = alt_bin_dir {
@@ -1214,6 +1246,234 @@ fn scale(rt: &Runtime, opts: &Opts) -> Res<Scale> {
 }
 
 // ---------------------------------------------------------------------------------------
+// GC at node scale (issue 19): the exec floor, the GC alone, the GC with ADDs arriving.
+
+/// One round of the GC section.
+struct GcRound {
+    /// host-local's DEL of `stale` reservations of `stale + 1`, exec'd directly, one by one.
+    floor_serial_ms: f64,
+    /// The same, `parallel` at a time.
+    floor_parallel_ms: f64,
+    /// One CNI GC freeing `stale` attachments, nothing else running.
+    gc_ms: f64,
+    /// The same while ADDs arrive.
+    gc_with_adds_ms: f64,
+    /// ADDs (spawn to reap) with no GC running, on the same network holding `stale + 1`.
+    adds_alone: Vec<f64>,
+    /// ADDs that started while the GC ran.
+    adds_during: Vec<f64>,
+}
+
+struct GcBench {
+    stale: usize,
+    parallel: usize,
+    add_interval_ms: u64,
+    rounds: Vec<GcRound>,
+}
+
+/// Runs `op` on `atts`, `threads` at a time, and returns the wall time (ms).
+fn wall_of<F>(atts: &[Attachment], threads: usize, op: F) -> Res<f64>
+where
+    F: Fn(&Attachment) -> Result<(), String> + Sync,
+{
+    fan_out(atts, threads, op).map(|(wall, _)| wall)
+}
+
+/// The exec floor: host-local's DEL, exec'd directly the way dipamd execs it (the delegate
+/// config on stdin), for all but the first of `atts` after all were reserved; serially, then
+/// `parallel` at a time. host-local walks its whole directory (reading every reservation)
+/// under its directory lock on every DEL, so the floor depends on how many reservations the
+/// directory holds: the same `stale + 1` as the GC's.
+fn gc_floor(rt: &Runtime, net: &Net, atts: &[Attachment], parallel: usize) -> Res<(f64, f64)> {
+    let dir = data_dir("gc-floor")?;
+    let mut conf = Runtime::plugin_config(&net.list, 0, None);
+    conf["ipam"] = conf["ipam"]["delegate"].clone();
+    conf["ipam"]["dataDir"] = json!(dir.path());
+    let bytes = serde_json::to_vec(&conf).map_err(|e| e.to_string())?;
+    let run = |cmd: &str, a: &Attachment| {
+        let out = rt.exec("host-local", cmd, a, &bytes);
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "host-local {cmd} {}: {}",
+                a.container_id,
+                String::from_utf8_lossy(&out.stdout)
+            ))
+        }
+    };
+    let network = net.network();
+    let mut walls = Vec::new();
+    for threads in [1, parallel] {
+        check_stop()?;
+        wall_of(atts, 8, |a| run("ADD", a))?;
+        let wall = wall_of(&atts[1..], threads, |a| run("DEL", a))?;
+        let left = hostlocal::reservations(dir.path(), &network).len();
+        if left != 1 {
+            return Err(format!("the floor's DELs left {left} reservations, expected 1"));
+        }
+        run("DEL", &atts[0])?;
+        walls.push(wall);
+    }
+    Ok((walls[0], walls[1]))
+}
+
+/// ADDs of fresh pods on `net`, one every `interval` after the previous one ended, until
+/// `until` says stop (checked before each ADD), or `count` of them when `until` is `None`:
+/// each one's latency (ms) and attachment.
+fn probe_adds(
+    rt: &Runtime,
+    net: &Net,
+    interval: Duration,
+    count: Option<usize>,
+    until: Option<&AtomicBool>,
+) -> Res<(Vec<f64>, Vec<Attachment>)> {
+    let mut times = Vec::new();
+    let mut atts = Vec::new();
+    loop {
+        check_stop()?;
+        if until.is_some_and(|u| u.load(Ordering::SeqCst)) || count.is_some_and(|c| atts.len() >= c)
+        {
+            return Ok((times, atts));
+        }
+        let a = Attachment::new(&unique("gcprobe"), "/var/run/netns/dipam-bench-none");
+        let t = Instant::now();
+        rt.ipam(&net.list, 0, "ADD", &a, None)
+            .map_err(|e| format!("ADD during the GC section: {e}"))?;
+        times.push(ms(t.elapsed()));
+        atts.push(a);
+        std::thread::sleep(interval);
+    }
+}
+
+fn gc_section(rt: &Runtime, opts: &Opts) -> Res<GcBench> {
+    let parallel = opts.gc_parallel.unwrap_or(DIPAMD_GC_PARALLEL);
+    let parallel_arg = parallel.to_string();
+    let mut flags = vec![
+        "--log-format",
+        "json",
+        "--gc-grace",
+        "0",
+        "--gc-max-free-share",
+        "1",
+    ];
+    if opts.gc_parallel.is_some() {
+        flags.extend(["--gc-parallel", &parallel_arg]);
+    }
+    let d = Dipamd::start_with(&flags);
+    let stale = opts.attachments;
+    let n = stale + 1;
+    // Probe ADDs take addresses too.
+    let subnets = (n + 400).div_ceil(250) + 1;
+    let net = dipam_net(
+        "ptp-dipam-host-local.conflist",
+        &d.socket(),
+        "g",
+        "gc",
+        "gc",
+        subnets,
+    )?;
+    let interval = Duration::from_millis(opts.gc_add_interval_ms);
+    let mut gc_list = net.list.clone();
+    gc_list["cniVersion"] = json!("1.1.0");
+    let gc = |keep: &Attachment| {
+        let mut l = gc_list.clone();
+        let valid = json!([{"containerID": keep.container_id, "ifname": keep.ifname}]);
+        l["plugins"][0]["cni.dev/valid-attachments"] = valid.clone();
+        l["plugins"][0]["cni.dev/attachments"] = valid;
+        let t = Instant::now();
+        rt.ipam(&l, 0, "GC", &Attachment::new("", ""), None)
+            .map_err(|e| format!("GC: {e}"))?;
+        Ok::<f64, String>(ms(t.elapsed()))
+    };
+    let fill = |atts: &[Attachment]| {
+        wall_of(atts, opts.concurrency, |a| {
+            rt.ipam(&net.list, 0, "ADD", a, None)
+                .map(|_| ())
+                .map_err(|e| format!("GC section ADD: {e}"))
+        })
+    };
+    let left = |extra: usize| {
+        let in_ledger = d.ledger_ips(&net.network()).len();
+        let in_store = hostlocal::reservations(net.data.path(), &net.network()).len();
+        if in_ledger != 1 + extra || in_store != 1 + extra {
+            return Err(format!(
+                "GC left {in_ledger} in the ledger and {in_store} in host-local, expected {} \
+                 each",
+                1 + extra
+            ));
+        }
+        Ok(())
+    };
+    let mut rounds = Vec::new();
+    for round in 1..=opts.gc_rounds {
+        check_stop()?;
+        let atts: Vec<Attachment> = (0..n)
+            .map(|_| net.attachment("/var/run/netns/dipam-bench-none"))
+            .collect();
+        let (floor_serial_ms, floor_parallel_ms) = gc_floor(rt, &net, &atts, parallel)?;
+
+        // The GC alone.
+        fill(&atts)?;
+        std::thread::sleep(Duration::from_secs(1));
+        let (adds_alone, probes) = probe_adds(rt, &net, interval, Some(30), None)?;
+        for a in &probes {
+            rt.ipam(&net.list, 0, "DEL", a, None)
+                .map_err(|e| format!("DEL: {e}"))?;
+        }
+        let gc_ms = gc(&atts[0])?;
+        left(0)?;
+
+        // The GC with ADDs arriving.
+        fill(&atts[1..])?;
+        std::thread::sleep(Duration::from_secs(1));
+        let done = AtomicBool::new(false);
+        let (gc_with_adds_ms, probed) = std::thread::scope(|s| {
+            let adds = s.spawn(|| probe_adds(rt, &net, interval, None, Some(&done)));
+            let gc_ms = gc(&atts[0]);
+            done.store(true, Ordering::SeqCst);
+            let probed = adds.join().map_err(|_| "the ADD thread panicked".to_owned());
+            (gc_ms, probed)
+        });
+        let gc_with_adds_ms = gc_with_adds_ms?;
+        let (adds_during, probes) = probed??;
+        // The ADDs beside the GC kept their addresses: the keep plus every probe is left.
+        left(probes.len())?;
+        for a in probes.iter().chain(std::iter::once(&atts[0])) {
+            rt.ipam(&net.list, 0, "DEL", a, None)
+                .map_err(|e| format!("DEL: {e}"))?;
+        }
+        progress!(
+            "gc: round {round}/{}: floor {:.2} s serial, {:.2} s at {parallel}; GC {:.2} s alone, \
+             {:.2} s with {} ADDs (p50 {:.1} ms, max {:.1} ms; {:.1} ms with no GC)",
+            opts.gc_rounds,
+            floor_serial_ms / 1e3,
+            floor_parallel_ms / 1e3,
+            gc_ms / 1e3,
+            gc_with_adds_ms / 1e3,
+            adds_during.len(),
+            median(&adds_during),
+            summarize(&adds_during).max,
+            median(&adds_alone),
+        );
+        rounds.push(GcRound {
+            floor_serial_ms,
+            floor_parallel_ms,
+            gc_ms,
+            gc_with_adds_ms,
+            adds_alone,
+            adds_during,
+        });
+    }
+    Ok(GcBench {
+        stale,
+        parallel,
+        add_interval_ms: opts.gc_add_interval_ms,
+        rounds,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
 // Report: a text table on stdout, everything in JSON, and the issue's targets.
 
 fn machine() -> Value {
@@ -1752,8 +2012,96 @@ impl Report {
         );
     }
 
+    fn gc(&mut self, g: &GcBench) {
+        if g.rounds.is_empty() {
+            return;
+        }
+        let med = |f: fn(&GcRound) -> f64| median(&g.rounds.iter().map(f).collect::<Vec<_>>());
+        let floor_serial = med(|r| r.floor_serial_ms);
+        let floor_parallel = med(|r| r.floor_parallel_ms);
+        let gc = med(|r| r.gc_ms);
+        let gc_adds = med(|r| r.gc_with_adds_ms);
+        let alone: Vec<f64> = g.rounds.iter().flat_map(|r| r.adds_alone.clone()).collect();
+        let during: Vec<f64> = g.rounds.iter().flat_map(|r| r.adds_during.clone()).collect();
+        let (alone_s, during_s) = (summarize(&alone), summarize(&during));
+        let waited = |x: f64| (x - alone_s.p50).max(0.0);
+        self.line(format!(
+            "\nGC of {} stale attachments of {} in one network (host-local, IPAM mode), {} \
+             rounds (medians; s)",
+            g.stale,
+            g.stale + 1,
+            g.rounds.len()
+        ));
+        self.line(format!(
+            "exec floor: host-local DEL x {} exec'd directly   {:.2} serial   {:.2} at {} at a time",
+            g.stale,
+            floor_serial / 1e3,
+            floor_parallel / 1e3,
+            g.parallel
+        ));
+        self.line(format!(
+            "dipamd GC (--gc-parallel {})                     {:.2}   ratio to the floor: {:.2} \
+             (parallel), {:.2} (serial)",
+            g.parallel,
+            gc / 1e3,
+            ratio(gc, floor_parallel),
+            ratio(gc, floor_serial)
+        ));
+        self.line(format!(
+            "dipamd GC with a pod ADD every {} ms           {:.2}",
+            g.add_interval_ms,
+            gc_adds / 1e3
+        ));
+        self.line(format!(
+            "pod ADD (ms)          p50/p99/max           n\n  no GC running        {:>6.1} {:>6.1} {:>6.1}  {:>5}\n  during the GC        {:>6.1} {:>6.1} {:>6.1}  {:>5}\n  waited for the GC    {:>6.1} {:>6.1} {:>6.1}        (during minus the no-GC p50)",
+            alone_s.p50, alone_s.p99, alone_s.max, alone_s.n,
+            during_s.p50, during_s.p99, during_s.max, during_s.n,
+            waited(during_s.p50), waited(during_s.p99), waited(during_s.max),
+        ));
+        self.target(
+            format!("GC of {} stale attachments (issue 19)", g.stale),
+            format!("{:.2} s ({:.2}x the floor)", gc / 1e3, ratio(gc, floor_parallel)),
+            "<= 2.5 s",
+            gc <= 2500.0,
+        );
+        self.target(
+            "pod ADD's wait for a GC, max (issue 19)",
+            format!("{:.1} ms (p99 {:.1})", waited(during_s.max), waited(during_s.p99)),
+            "<= 100 ms",
+            waited(during_s.max) <= 100.0,
+        );
+        let rounds: Vec<Value> = g
+            .rounds
+            .iter()
+            .map(|r| {
+                json!({
+                    "floor_serial_ms": r3(r.floor_serial_ms),
+                    "floor_parallel_ms": r3(r.floor_parallel_ms),
+                    "gc_ms": r3(r.gc_ms),
+                    "gc_with_adds_ms": r3(r.gc_with_adds_ms),
+                    "adds_alone": summarize(&r.adds_alone).json(),
+                    "adds_during": summarize(&r.adds_during).json(),
+                })
+            })
+            .collect();
+        self.json.insert(
+            "gc".into(),
+            json!({
+                "stale": g.stale, "parallel": g.parallel, "add_interval_ms": g.add_interval_ms,
+                "floor_serial_ms": r3(floor_serial), "floor_parallel_ms": r3(floor_parallel),
+                "gc_ms": r3(gc), "gc_with_adds_ms": r3(gc_adds),
+                "ratio_to_floor_parallel": r3(ratio(gc, floor_parallel)),
+                "ratio_to_floor_serial": r3(ratio(gc, floor_serial)),
+                "adds_alone": alone_s.json(), "adds_during": during_s.json(),
+                "add_wait_ms": {"p50": r3(waited(during_s.p50)), "p99": r3(waited(during_s.p99)),
+                                "max": r3(waited(during_s.max))},
+                "rounds": rounds,
+            }),
+        );
+    }
+
     fn finish(&mut self) {
-        self.line("\nTargets (issue 7; medians of this run)");
+        self.line("\nTargets (issues 7 and 19; medians of this run)");
         let lines: Vec<String> = self
             .targets
             .iter()
@@ -1828,7 +2176,8 @@ fn run(opts: &Opts) -> Res<()> {
                 "pods": opts.pods, "concurrency": opts.concurrency,
                 "concurrent_pods": opts.concurrent_pods, "rounds": opts.rounds,
                 "cold_iters": opts.cold_iters, "attachments": opts.attachments,
-                "scale_rounds": opts.scale_rounds,
+                "scale_rounds": opts.scale_rounds, "gc_rounds": opts.gc_rounds,
+                "gc_parallel": opts.gc_parallel, "gc_add_interval_ms": opts.gc_add_interval_ms,
                 "warmup": opts.warmup, "quick": opts.quick, "sections": opts.sections,
             },
         }),
@@ -2030,6 +2379,15 @@ fn run(opts: &Opts) -> Res<()> {
     if opts.runs("scale") {
         let s = scale(&rt, opts)?;
         rep.scale(&s, opts.concurrency);
+    }
+    if opts.runs("gc") {
+        progress!(
+            "gc: {} rounds of {} stale attachments",
+            opts.gc_rounds,
+            opts.attachments
+        );
+        let g = gc_section(&rt, opts)?;
+        rep.gc(&g);
     }
     let end = loadavg();
     rep.line(format!(
