@@ -324,7 +324,10 @@ mod tests {
             tokio::spawn(async move { claim(&index, &ledger, &new).await })
         };
         tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(!waiter.is_finished(), "claimed while the release was in flight");
+        assert!(
+            !waiter.is_finished(),
+            "claimed while the release was in flight"
+        );
         // The release succeeds: the record goes, then the mark.
         ledger.remove(&old.key).unwrap();
         index.forget(&old.key, old.result.as_ref());

@@ -13,6 +13,13 @@
 //!   runs with the network held exclusively ([`KeyLocks::exclusive`]; every key lock holds its
 //!   network's lock shared), so no ADD can start between the list and the delegate's GC. That
 //!   is one exec, not the whole collection.
+//!
+//! GC also yields: [`KeyLocks::operations`] counts the operations in flight on a network (ADD,
+//! DEL, CHECK, the pool's and the agent's; everything that takes a key with [`KeyLocks::lock`]),
+//! and while there is one, GC starts no second delegate DEL (gc/collect.rs). host-local takes
+//! one lock per network directory for every ADD and DEL and walks the whole directory under
+//! it, so each extra DEL in flight is one more walk an ADD may queue behind, and one more
+//! process for the CPUs (docs/performance.md, run 13).
 
 use std::{
     collections::HashMap,
@@ -31,6 +38,8 @@ pub struct KeyLocks {
     nets: Mutex<HashMap<String, Arc<RwLock<()>>>>,
     /// One GC at a time per network; as few entries as `nets`.
     collections: Mutex<HashMap<String, Arc<AsyncMutex<()>>>>,
+    /// Operations holding or awaiting a key lock ([`KeyLocks::lock`]), per network.
+    operations: Mutex<HashMap<String, usize>>,
 }
 
 /// Held while one operation runs on a key; the entry is dropped from the map when nobody
@@ -40,6 +49,31 @@ pub struct KeyGuard<'a> {
     key: AttachmentKey,
     guard: Option<OwnedMutexGuard<()>>,
     _net: OwnedRwLockReadGuard<()>,
+    /// Counted in [`KeyLocks::operations`] (a [`KeyLocks::lock`], not GC's try).
+    _op: Option<Operation<'a>>,
+}
+
+/// One operation counted in [`KeyLocks::operations`] from the moment it asks for its key
+/// until its guard goes; dropped with a cancelled wait too.
+struct Operation<'a> {
+    locks: &'a KeyLocks,
+    network: String,
+}
+
+impl Drop for Operation<'_> {
+    fn drop(&mut self) {
+        let mut ops = self
+            .locks
+            .operations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = ops.get_mut(&self.network) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                ops.remove(&self.network);
+            }
+        }
+    }
 }
 
 impl KeyLocks {
@@ -85,11 +119,31 @@ impl KeyLocks {
             key: key.clone(),
             guard,
             _net: net,
+            _op: None,
         };
         guard.guard.is_some().then_some(guard)
     }
 
+    /// Operations holding or awaiting a key of `network` ([`Self::lock`]'s callers; GC's own
+    /// keys are not counted).
+    pub fn operations(&self, network: &str) -> usize {
+        self.operations
+            .lock()
+            .map(|o| o.get(network).copied().unwrap_or(0))
+            .unwrap_or(0)
+    }
+
     pub async fn lock(&self, key: &AttachmentKey) -> KeyGuard<'_> {
+        *self
+            .operations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key.network.clone())
+            .or_default() += 1;
+        let op = Operation {
+            locks: self,
+            network: key.network.clone(),
+        };
         let net = self.net(&key.network).read_owned().await;
         let m = {
             let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
@@ -101,6 +155,7 @@ impl KeyLocks {
             key: key.clone(),
             guard: Some(guard),
             _net: net,
+            _op: Some(op),
         }
     }
 
@@ -230,5 +285,26 @@ mod tests {
         .await;
         assert!(add.is_ok(), "an ADD waited for a GC");
         drop(first);
+    }
+
+    #[tokio::test]
+    async fn operations_are_counted_per_network_but_not_gc_tries() {
+        let locks = KeyLocks::default();
+        let a = locks.lock(&AttachmentKey::new("n", "a", "eth0")).await;
+        let _gc = locks
+            .try_lock(&AttachmentKey::new("n", "g", "eth0"))
+            .unwrap();
+        assert_eq!(locks.operations("n"), 1);
+        assert_eq!(locks.operations("m"), 0);
+        // A waiter counts from the moment it asks; a cancelled wait stops counting.
+        let wait = tokio::time::timeout(
+            Duration::from_millis(50),
+            locks.lock(&AttachmentKey::new("n", "a", "eth0")),
+        )
+        .await;
+        assert!(wait.is_err());
+        assert_eq!(locks.operations("n"), 1);
+        drop(a);
+        assert_eq!(locks.operations("n"), 0);
     }
 }

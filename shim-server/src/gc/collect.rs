@@ -319,8 +319,7 @@ pub async fn collect(
         // to free (an ADD that started since the plan is in the ledger, as its intent).
         let _exclusive = node.locks.exclusive(&network).await;
         let net = network.clone();
-        let now_records: Vec<AttachmentRecord> =
-            node.ledger(move |l| l.list(Some(&net))).await?;
+        let now_records: Vec<AttachmentRecord> = node.ledger(move |l| l.list(Some(&net))).await?;
         let chosen: HashSet<&AttachmentKey> = stale
             .iter()
             .enumerate()
@@ -371,7 +370,7 @@ pub async fn collect(
             let mut next = orphans.iter().enumerate();
             let mut running = FuturesUnordered::new();
             loop {
-                while running.len() < parallel
+                while running.len() < limit(node, &network, parallel)
                     && let Some((i, r)) = next.next()
                 {
                     let (network, probe, kind, stdin) = (&network, &probe, &dc.kind, &stdin);
@@ -423,6 +422,20 @@ pub async fn collect(
     })
 }
 
+/// How many delegate DELs may run now: `parallel`, or one while an operation (a pod's ADD,
+/// say) is in flight on the network. host-local serialises every ADD and DEL of a network on
+/// one directory lock and walks the whole directory under it, so an ADD queues behind every
+/// DEL in flight and shares the CPUs with them; with one DEL left it waits for at most that
+/// one (docs/performance.md, run 13). The GC goes on at full speed once the ADD is done,
+/// checked each time a DEL ends.
+fn limit(node: &Node, network: &str, parallel: usize) -> usize {
+    if node.locks.operations(network) > 0 {
+        1
+    } else {
+        parallel
+    }
+}
+
 /// What became of one attachment GC chose to free.
 enum Released {
     /// Released through the delegate, and its record (if any) forgotten.
@@ -454,6 +467,11 @@ async fn release_stale(
     parallel: usize,
     items: &mut [GcItem],
 ) -> Vec<(usize, &'static str)> {
+    let network = planned
+        .first()
+        .map(|r| r.key.network.clone())
+        .unwrap_or_default();
+    let network = network.as_str();
     let mut busy = Vec::new();
     let mut settle = |i: usize, outcome: Released| match outcome {
         Released::Freed => finish(node, &mut items[i], Ok(())),
@@ -481,7 +499,7 @@ async fn release_stale(
         {
             marking = Some(Box::pin(mark(node, chunk)));
         }
-        while running.len() < parallel
+        while running.len() < limit(node, network, parallel)
             && let Some(job) = ready.pop_front()
         {
             running.push(async move {
@@ -864,23 +882,39 @@ esac
         let (dir, node) = scripted_node(SLOW_DEL, std::sync::Arc::new(MemStore::new()));
         let stale = CHUNK * 2 + 5; // more than one chunk of marks
         for i in 0..=stale {
-            let r = rec_ip(&format!("c{i:03}"), &format!("10.9.{}.{}", i / 200, 1 + i % 200), old);
+            let r = rec_ip(
+                &format!("c{i:03}"),
+                &format!("10.9.{}.{}", i / 200, 1 + i % 200),
+                old,
+            );
             node.ledger(move |l| l.put(&r)).await.unwrap();
         }
         let dc = node
-            .prepare(request("", "1.1.0", json!({})), false, crate::access::Caller::ROOT)
+            .prepare(
+                request("", "1.1.0", json!({})),
+                false,
+                crate::access::Caller::ROOT,
+            )
             .unwrap()
             .dc;
         let plan = collect(&node, &dc, "", list(&["c000"]), false, true)
             .await
             .unwrap();
         assert_eq!(plan.items.len(), stale);
-        assert!(plan.items.iter().all(|i| i.outcome == "freed"), "{:?}", plan.items);
+        assert!(
+            plan.items.iter().all(|i| i.outcome == "freed"),
+            "{:?}",
+            plan.items
+        );
         let left = node.ledger(|l| l.list(None)).await.unwrap();
         assert_eq!(left.len(), 1);
         assert_eq!(left[0].key.container_id, "c000");
         let calls = std::fs::read_to_string(dir.path().join("calls")).unwrap();
-        assert_eq!(calls.lines().count(), stale, "each stale record DELed once: {calls}");
+        assert_eq!(
+            calls.lines().count(),
+            stale,
+            "each stale record DELed once: {calls}"
+        );
         let most = std::fs::read_to_string(dir.path().join("concurrency"))
             .unwrap()
             .lines()
@@ -888,7 +922,10 @@ esac
             .max()
             .unwrap();
         let parallel = node.gc.parallel;
-        assert!(most <= parallel, "{most} DELs at once, more than {parallel}");
+        assert!(
+            most <= parallel,
+            "{most} DELs at once, more than {parallel}"
+        );
         assert!(most >= 2, "the DELs never overlapped");
         // Nothing is left marked as being released.
         assert!(!node.addrs.is_releasing("net", &"10.9.0.5".parse().unwrap()));
@@ -922,7 +959,10 @@ esac
         assert_eq!(plan.items.len(), 1);
         assert_eq!(plan.items[0].container_id, "b");
         assert_eq!(plan.items[0].outcome, "freed");
-        assert!(node.lookup(&busy).unwrap().is_some(), "freed under a held key");
+        assert!(
+            node.lookup(&busy).unwrap().is_some(),
+            "freed under a held key"
+        );
         drop(held);
     }
 
@@ -935,7 +975,11 @@ esac
             node.ledger(move |l| l.put(&r)).await.unwrap();
         }
         let dc = node
-            .prepare(request("", "1.1.0", json!({})), false, crate::access::Caller::ROOT)
+            .prepare(
+                request("", "1.1.0", json!({})),
+                false,
+                crate::access::Caller::ROOT,
+            )
             .unwrap()
             .dc;
         let gc = {
@@ -948,8 +992,8 @@ esac
             tokio::task::yield_now().await;
         }
         let other = AttachmentKey::new("net", "a-new-pod", "eth0");
-        let got = tokio::time::timeout(std::time::Duration::from_secs(1), node.locks.lock(&other))
-            .await;
+        let got =
+            tokio::time::timeout(std::time::Duration::from_secs(1), node.locks.lock(&other)).await;
         assert!(got.is_ok(), "an ADD's key lock waited for the GC");
         assert!(!gc.is_finished(), "the GC was over before the check");
         drop(got);

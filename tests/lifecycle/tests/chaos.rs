@@ -203,7 +203,14 @@ fn sigkill_in_the_middle_of_a_large_parallel_gc_converges() {
         .as_nanos() as u64;
     eprintln!("gc chaos seed {seed}");
     let mut rng = Rng::new(seed);
-    let gc_flags = ["--gc-grace", "0", "--gc-max-free-share", "1", "--gc-parallel", "8"];
+    let gc_flags = [
+        "--gc-grace",
+        "0",
+        "--gc-max-free-share",
+        "1",
+        "--gc-parallel",
+        "8",
+    ];
     let mut lab = Lab::with_flags("ptp-dipam-host-local.conflist", &gc_flags);
     let list = lab.list().clone();
     let none = "/var/run/netns/none";

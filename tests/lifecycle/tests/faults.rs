@@ -158,7 +158,10 @@ fn every_gc_crash_point_converges() {
         }
         let keep = &atts[0];
         let e = gc(&lab, &[keep]).unwrap_err();
-        assert_eq!(e.code, 11, "{point}: the runtime sees a retryable failure: {e}");
+        assert_eq!(
+            e.code, 11,
+            "{point}: the runtime sees a retryable failure: {e}"
+        );
         lab.dipamd.kill9(); // reaps the self-killed process
         lab.dipamd.set_flags(&gc_flags);
         lab.dipamd.start_again();

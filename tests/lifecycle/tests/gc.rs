@@ -287,7 +287,10 @@ fn adds_during_a_large_gc_never_get_an_address_still_being_released() {
                 }
                 Err(e) => {
                     refused.push(e.code);
-                    assert_ne!(e.code, 156, "an ADD was refused for an address conflict: {e}");
+                    assert_ne!(
+                        e.code, 156,
+                        "an ADD was refused for an address conflict: {e}"
+                    );
                     lab.rt.ipam(&list, 0, "DEL", &a, None).unwrap();
                     std::thread::sleep(std::time::Duration::from_millis(5));
                 }

@@ -1310,7 +1310,9 @@ fn gc_floor(rt: &Runtime, net: &Net, atts: &[Attachment], parallel: usize) -> Re
         let wall = wall_of(&atts[1..], threads, |a| run("DEL", a))?;
         let left = hostlocal::reservations(dir.path(), &network).len();
         if left != 1 {
-            return Err(format!("the floor's DELs left {left} reservations, expected 1"));
+            return Err(format!(
+                "the floor's DELs left {left} reservations, expected 1"
+            ));
         }
         run("DEL", &atts[0])?;
         walls.push(wall);
@@ -1432,7 +1434,9 @@ fn gc_section(rt: &Runtime, opts: &Opts) -> Res<GcBench> {
             let adds = s.spawn(|| probe_adds(rt, &net, interval, None, Some(&done)));
             let gc_ms = gc(&atts[0]);
             done.store(true, Ordering::SeqCst);
-            let probed = adds.join().map_err(|_| "the ADD thread panicked".to_owned());
+            let probed = adds
+                .join()
+                .map_err(|_| "the ADD thread panicked".to_owned());
             (gc_ms, probed)
         });
         let gc_with_adds_ms = gc_with_adds_ms?;
@@ -2022,7 +2026,11 @@ impl Report {
         let gc = med(|r| r.gc_ms);
         let gc_adds = med(|r| r.gc_with_adds_ms);
         let alone: Vec<f64> = g.rounds.iter().flat_map(|r| r.adds_alone.clone()).collect();
-        let during: Vec<f64> = g.rounds.iter().flat_map(|r| r.adds_during.clone()).collect();
+        let during: Vec<f64> = g
+            .rounds
+            .iter()
+            .flat_map(|r| r.adds_during.clone())
+            .collect();
         let (alone_s, during_s) = (summarize(&alone), summarize(&during));
         let waited = |x: f64| (x - alone_s.p50).max(0.0);
         self.line(format!(
@@ -2060,13 +2068,21 @@ impl Report {
         ));
         self.target(
             format!("GC of {} stale attachments (issue 19)", g.stale),
-            format!("{:.2} s ({:.2}x the floor)", gc / 1e3, ratio(gc, floor_parallel)),
+            format!(
+                "{:.2} s ({:.2}x the floor)",
+                gc / 1e3,
+                ratio(gc, floor_parallel)
+            ),
             "<= 2.5 s",
             gc <= 2500.0,
         );
         self.target(
             "pod ADD's wait for a GC, max (issue 19)",
-            format!("{:.1} ms (p99 {:.1})", waited(during_s.max), waited(during_s.p99)),
+            format!(
+                "{:.1} ms (p99 {:.1})",
+                waited(during_s.max),
+                waited(during_s.p99)
+            ),
             "<= 100 ms",
             waited(during_s.max) <= 100.0,
         );
