@@ -48,7 +48,7 @@ pub struct GcPolicy {
 /// `--gc-parallel`'s default: docs/performance.md (run 13) measured host-local's DELs on a
 /// 2-CPU node; more at once only queue on host-local's directory lock and the CPUs, and slow
 /// the pods' ADDs that run beside the GC.
-pub const DEFAULT_PARALLEL: u16 = 4;
+pub const DEFAULT_PARALLEL: u16 = 2;
 
 impl Default for GcPolicy {
     fn default() -> Self {

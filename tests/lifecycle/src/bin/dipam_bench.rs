@@ -124,7 +124,7 @@ const SECTIONS: [&str; 5] = ["latency", "concurrency", "cold", "scale", "gc"];
 
 /// dipamd's `--gc-parallel` default (shim-server gc::DEFAULT_PARALLEL), the floor's
 /// parallelism when `--gc-parallel` is not given.
-const DIPAMD_GC_PARALLEL: usize = 4;
+const DIPAMD_GC_PARALLEL: usize = 2;
 
 const USAGE: &str = "\
 dipam-bench: dipam against ptp + host-local, in one run (needs root).
@@ -149,7 +149,7 @@ Options:
                          to see its RSS under churn (default 1)
   --gc-rounds N          rounds of the GC section (floor, GC alone, GC with ADDs; default 3)
   --gc-parallel N        the floor's parallel DELs, and dipamd's --gc-parallel (default:
-                         dipamd's own default, 4; the flag is then not passed)
+                         dipamd's own default, 2; the flag is then not passed)
   --gc-add-interval MS   pause between the ADDs that arrive during a GC (default 20)
   --sections LIST        comma-separated subset of latency,concurrency,cold,scale,gc
   --json FILE            write every number as JSON
@@ -1320,32 +1320,40 @@ fn gc_floor(rt: &Runtime, net: &Net, atts: &[Attachment], parallel: usize) -> Re
     Ok((walls[0], walls[1]))
 }
 
-/// ADDs of fresh pods on `net`, one every `interval` after the previous one ended, until
-/// `until` says stop (checked before each ADD), or `count` of them when `until` is `None`:
-/// each one's latency (ms) and attachment.
+/// ADDs of the pods `pods` on `net`, one every `interval` after the previous one ended, until
+/// `until` says stop (checked before each ADD) or `pods` run out: each one's latency (ms) and
+/// attachment.
 fn probe_adds(
     rt: &Runtime,
     net: &Net,
     interval: Duration,
-    count: Option<usize>,
+    pods: &[Attachment],
     until: Option<&AtomicBool>,
 ) -> Res<(Vec<f64>, Vec<Attachment>)> {
     let mut times = Vec::new();
     let mut atts = Vec::new();
-    loop {
+    for a in pods {
         check_stop()?;
-        if until.is_some_and(|u| u.load(Ordering::SeqCst)) || count.is_some_and(|c| atts.len() >= c)
-        {
-            return Ok((times, atts));
+        if until.is_some_and(|u| u.load(Ordering::SeqCst)) {
+            break;
         }
-        let a = Attachment::new(&unique("gcprobe"), "/var/run/netns/dipam-bench-none");
         let t = Instant::now();
-        rt.ipam(&net.list, 0, "ADD", &a, None)
+        rt.ipam(&net.list, 0, "ADD", a, None)
             .map_err(|e| format!("ADD during the GC section: {e}"))?;
         times.push(ms(t.elapsed()));
-        atts.push(a);
+        atts.push(a.clone());
         std::thread::sleep(interval);
     }
+    Ok((times, atts))
+}
+
+/// Pods the GC section's runtime creates while it collects: the runtime knows them, so they
+/// are in its valid list from the start (a pod whose ADD ended before the GC read the ledger
+/// would otherwise be stale, with `--gc-grace 0`).
+fn probe_pods(n: usize) -> Vec<Attachment> {
+    (0..n)
+        .map(|_| Attachment::new(&unique("gcprobe"), "/var/run/netns/dipam-bench-none"))
+        .collect()
 }
 
 fn gc_section(rt: &Runtime, opts: &Opts) -> Res<GcBench> {
@@ -1378,9 +1386,13 @@ fn gc_section(rt: &Runtime, opts: &Opts) -> Res<GcBench> {
     let interval = Duration::from_millis(opts.gc_add_interval_ms);
     let mut gc_list = net.list.clone();
     gc_list["cniVersion"] = json!("1.1.0");
-    let gc = |keep: &Attachment| {
+    let gc = |valid: &[Attachment]| {
         let mut l = gc_list.clone();
-        let valid = json!([{"containerID": keep.container_id, "ifname": keep.ifname}]);
+        let valid: Vec<Value> = valid
+            .iter()
+            .map(|a| json!({"containerID": a.container_id, "ifname": a.ifname}))
+            .collect();
+        let valid = Value::Array(valid);
         l["plugins"][0]["cni.dev/valid-attachments"] = valid.clone();
         l["plugins"][0]["cni.dev/attachments"] = valid;
         let t = Instant::now();
@@ -1418,21 +1430,26 @@ fn gc_section(rt: &Runtime, opts: &Opts) -> Res<GcBench> {
         // The GC alone.
         fill(&atts)?;
         std::thread::sleep(Duration::from_secs(1));
-        let (adds_alone, probes) = probe_adds(rt, &net, interval, Some(30), None)?;
+        let (adds_alone, probes) = probe_adds(rt, &net, interval, &probe_pods(30), None)?;
         for a in &probes {
             rt.ipam(&net.list, 0, "DEL", a, None)
                 .map_err(|e| format!("DEL: {e}"))?;
         }
-        let gc_ms = gc(&atts[0])?;
+        let gc_ms = gc(&atts[..1])?;
         left(0)?;
 
         // The GC with ADDs arriving.
         fill(&atts[1..])?;
         std::thread::sleep(Duration::from_secs(1));
         let done = AtomicBool::new(false);
+        // More than can be added during the GC; the valid list names them all, and the keep.
+        let pods = probe_pods(400);
+        let valid: Vec<Attachment> = std::iter::once(atts[0].clone())
+            .chain(pods.iter().cloned())
+            .collect();
         let (gc_with_adds_ms, probed) = std::thread::scope(|s| {
-            let adds = s.spawn(|| probe_adds(rt, &net, interval, None, Some(&done)));
-            let gc_ms = gc(&atts[0]);
+            let adds = s.spawn(|| probe_adds(rt, &net, interval, &pods, Some(&done)));
+            let gc_ms = gc(&valid);
             done.store(true, Ordering::SeqCst);
             let probed = adds
                 .join()
