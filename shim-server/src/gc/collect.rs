@@ -406,7 +406,7 @@ pub async fn collect(
         }
     }
     // What an operation took up after the plan is kept after all, and said so.
-    busy_now.sort_by(|a, b| b.0.cmp(&a.0));
+    busy_now.sort_by_key(|b| std::cmp::Reverse(b.0));
     for (i, why) in busy_now {
         let it = items.remove(i);
         kept_items.push(GcItem {
@@ -455,6 +455,10 @@ struct Job<'a> {
 }
 
 type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+/// A chunk being marked: its jobs, and the records skipped (busy, changed) with why.
+type Marking<'a> = Boxed<'a, (Vec<Job<'a>>, Vec<(usize, Released)>)>;
+/// A group commit forgetting released records: their jobs, and the commit's outcome.
+type Forgetting<'a> = Boxed<'a, (Vec<Job<'a>>, Result<(), ShimError>)>;
 
 /// Releases the `planned` stale records, `parallel` delegate DELs at a time, and finishes
 /// each one's item (`items[i]` is `planned[i]`'s) the moment its outcome is certain: "GC
@@ -486,10 +490,10 @@ async fn release_stale(
         .map(<[_]>::to_vec)
         .collect::<VecDeque<_>>();
     let mut ready: VecDeque<Job<'_>> = VecDeque::new();
-    let mut marking: Option<Boxed<'_, (Vec<Job<'_>>, Vec<(usize, Released)>)>> = None;
+    let mut marking: Option<Marking<'_>> = None;
     let mut running = FuturesUnordered::new();
     let mut freed: Vec<Job<'_>> = Vec::new();
-    let mut forgetting: Option<Boxed<'_, (Vec<Job<'_>>, Result<(), ShimError>)>> = None;
+    let mut forgetting: Option<Forgetting<'_>> = None;
     loop {
         // The next chunk is marked while the DELs of this one run, so a slot never waits for
         // a mark's disk write.
@@ -551,7 +555,6 @@ async fn release_stale(
             },
         }
     }
-    drop(settle);
     busy
 }
 

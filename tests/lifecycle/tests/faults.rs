@@ -170,7 +170,7 @@ fn every_gc_crash_point_converges() {
         let released = STALE + 1 - left;
         // Whole chunks were marked before the crash, and replay released each of them.
         assert!(
-            released > 0 && released % 32 == 0,
+            released > 0 && released.is_multiple_of(32),
             "{point}: {released} released\n{}",
             lab.dipamd.log()
         );
