@@ -127,40 +127,76 @@ fn bare(cidr: &Value) -> String {
 }
 
 /// `dipamctl agent watch --json`, running until read or dropped (a watch reconnects forever:
-/// a failing test must not leave one behind).
-struct Watcher(Option<Child>);
+/// a failing test must not leave one behind). A thread collects its messages as they come.
+struct Watcher {
+    child: Option<Child>,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<Value>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
 
 impl Drop for Watcher {
     fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
+        if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
+        }
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+    }
+}
+
+impl Watcher {
+    /// Waits until a message satisfies `pred`, or panics with what came.
+    fn wait_for(&self, what: &str, pred: impl Fn(&Value) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if self.lines.lock().unwrap().iter().any(&pred) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the watcher never saw {what}: {:#?}",
+                self.lines.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 }
 
 fn watcher(lab: &AgentLab) -> Watcher {
-    Watcher(Some(
-        Command::new(bins::bin("dipamctl"))
-            .arg("--socket")
-            .arg(lab.dipamd.socket())
-            .args(["agent", "watch", "--json"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    ))
+    use std::io::BufRead;
+    let mut child = Command::new(bins::bin("dipamctl"))
+        .arg("--socket")
+        .arg(lab.dipamd.socket())
+        .args(["agent", "watch", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = lines.clone();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if let Ok(v) = serde_json::from_str(&line) {
+                sink.lock().unwrap().push(v);
+            }
+        }
+    });
+    Watcher {
+        child: Some(child),
+        lines,
+        reader: Some(reader),
+    }
 }
 
 /// Stops the watcher and returns every message it printed.
-fn watched(mut w: Watcher) -> Vec<Value> {
-    let mut c = w.0.take().unwrap();
-    let _ = c.kill();
-    let out = c.wait_with_output().unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
+fn watched(w: Watcher) -> Vec<Value> {
+    let lines = w.lines.clone();
+    drop(w);
+    let out = lines.lock().unwrap().clone();
+    out
 }
 
 /// Two claims (one at a requested IP, with labels; one at any IP) beside the router: ready,
@@ -840,4 +876,65 @@ fn roles_keep_their_addresses_across_the_upgrade_to_claims() {
     assert!(!now.iter().any(|(_, ip)| ip == "10.77.251.3"), "{now:?}");
     assert_eq!(d.ledger_pairs("dipam-upgrade"), now);
     assert_eq!(now.len(), 2, "{now:?}");
+}
+
+/// A claim whose address had to change (its reservation lost while dipamd was down, and the
+/// address taken meanwhile by a reservation dipamd never made) is marked changed with the
+/// address it had: the mark is kept across a restart and in every Watch message until a
+/// client reads the claim with List, then cleared.
+#[test]
+fn a_changed_address_stays_marked_until_read() {
+    require_root!();
+    let mut lab = lab(
+        "ptp-dipam-host-local.conflist",
+        "router",
+        &["--agent-check-interval", "3600"],
+        None,
+    );
+    lab.wait_ready(1);
+    let before = bare(&claim_ready(&lab, &["floating"])["ip"]);
+    let w = watcher(&lab);
+    let marked = |l: &Value| {
+        l["addresses"].as_array().is_some_and(|a| {
+            a.iter()
+                .any(|a| a["name"] == "floating" && a["changed"] == true)
+        })
+    };
+    w.wait_for("the claim", |l| l.to_string().contains(&before));
+    lab.dipamd.kill9();
+    // Another allocator took the address while dipamd was down.
+    let file = lab.data.path().join(lab.network()).join(&before);
+    std::fs::write(&file, "someone-else\r\neth0").unwrap();
+    lab.dipamd.start_again();
+    w.wait_for("the change", marked);
+    let first = w.lines.lock().unwrap().last().unwrap()["instanceID"].clone();
+    lab.dipamd.kill9();
+    lab.dipamd.start_again();
+    // The next dipamd's first message still carries the mark: nobody has read it.
+    w.wait_for("the mark after a restart", |l| {
+        l["instanceID"] != first && l["instanceID"] != Value::Null && marked(l)
+    });
+
+    let (_, by) = claims(&lab);
+    let c = &by["floating"];
+    assert_eq!(c["state"], "ready", "{c}");
+    assert_ne!(bare(&c["ip"]), before, "{c}");
+    assert_eq!(c["changed"], true, "{c}");
+    assert_eq!(c["previousIP"], before.as_str(), "{c}");
+    let (_, by) = claims(&lab);
+    assert_eq!(
+        by["floating"]["changed"], false,
+        "read once: no longer news"
+    );
+
+    // Watchers learn the mark is gone (the read is a change of the list).
+    w.wait_for("the mark cleared", |l| {
+        l["addresses"].as_array().is_some_and(|a| {
+            a.iter()
+                .any(|a| a["name"] == "floating" && a["changed"] == false)
+        }) && !l.to_string().contains(&format!("\"ip\":\"{before}/"))
+    });
+    drop(w);
+    std::fs::remove_file(&file).unwrap();
+    lab.assert_agree();
 }
