@@ -26,7 +26,7 @@
 
 use std::{collections::BTreeSet, net::IpAddr, time::Duration};
 
-use dipam_proto::v1::{AgentAddress, CniRequest};
+use dipam_proto::v1::{AgentAddress, AgentListReply, CniRequest};
 use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, Owner};
 use serde_json::Value;
 use tracing::{info, warn};
@@ -159,7 +159,17 @@ async fn claim_specs(
 /// list back: the agent needs its addresses more than a generation that survives restarts;
 /// the instance id still tells a restart apart.
 pub async fn publish(node: &Node, addresses: Vec<AgentAddress>, waiting: String) {
+    publish_with(node, move |_| (addresses, waiting)).await;
+}
+
+/// Publishes the list `f` makes from the current one, both under the publishing lock: an
+/// edit of the list (one claim's entry, a cleared mark) never publishes over a newer list
+/// that was sent while it was being made. Entries are kept in one order (the roles', then
+/// the claims', by name), so that the same list never reads as a change.
+async fn publish_with(node: &Node, f: impl FnOnce(&AgentListReply) -> (Vec<AgentAddress>, String)) {
     let _one = node.agent.publishing.lock().await;
+    let (mut addresses, waiting) = f(&node.agent.snapshot());
+    addresses.sort_by(|a, b| (!a.predefined, &a.name).cmp(&(!b.predefined, &b.name)));
     let Some((addresses, generation)) = node.agent.next(addresses, &waiting) else {
         return;
     };
@@ -204,8 +214,7 @@ pub async fn clear_changed(node: &Node, container_ids: &[String]) -> Result<(), 
         any |= set_changed(node, id, None).await?;
     }
     if any {
-        let snap = node.agent.snapshot();
-        publish(node, snap.addresses, snap.waiting).await;
+        publish_with(node, |snap| (snap.addresses.clone(), snap.waiting.clone())).await;
     }
     Ok(())
 }
@@ -775,15 +784,17 @@ fn published(node: &Node, container_id: &str, fallback: AgentAddress) -> AgentAd
 /// The published list with `entry` in place of the address of its container ID (or added,
 /// or, for `None`, without it).
 async fn replace_published(node: &Node, container_id: &str, entry: Option<AgentAddress>) {
-    let snap = node.agent.snapshot();
-    let mut addresses: Vec<AgentAddress> = snap
-        .addresses
-        .into_iter()
-        .filter(|a| a.container_id != container_id)
-        .collect();
-    addresses.extend(entry);
-    addresses.sort_by(|a, b| (!a.predefined, &a.name).cmp(&(!b.predefined, &b.name)));
-    publish(node, addresses, snap.waiting).await;
+    publish_with(node, |snap| {
+        let mut addresses: Vec<AgentAddress> = snap
+            .addresses
+            .iter()
+            .filter(|a| a.container_id != container_id)
+            .cloned()
+            .collect();
+        addresses.extend(entry);
+        (addresses, snap.waiting.clone())
+    })
+    .await;
 }
 
 /// Who holds `ip` in the ledger (other than `key`), named for an error message: a pod by its
