@@ -938,3 +938,54 @@ fn a_changed_address_stays_marked_until_read() {
     std::fs::remove_file(&file).unwrap();
     lab.assert_agree();
 }
+
+/// Sixteen claims at once on one connection: each reply is the caller's own claim, ready,
+/// whatever else was claimed meanwhile (a reply that was the whole list once missed the
+/// caller's own entry under concurrency), and no two share an address.
+#[test]
+fn concurrent_claims_each_get_their_own_outcome() {
+    require_root!();
+    let lab = lab(
+        "ptp-dipam-host-local.conflist",
+        "router",
+        &["--agent-check-interval", "3600"],
+        None,
+    );
+    lab.wait_ready(1);
+    let socket = lab.dipamd.socket();
+    let replies = block_on(async move {
+        let agent = AgentClient::new(dipam_proto::connect(&socket).await.unwrap());
+        let calls = (0..16).map(|i| {
+            let mut agent = agent.clone();
+            async move {
+                agent
+                    .claim(claim_req(&format!("c{i}"), "", HashMap::new()))
+                    .await
+                    .map(tonic::Response::into_inner)
+            }
+        });
+        let mut out = Vec::new();
+        let handles: Vec<_> = calls.map(tokio::spawn).collect();
+        for h in handles {
+            out.push(h.await.unwrap().unwrap());
+        }
+        out
+    });
+    let mut ips = Vec::new();
+    for (i, r) in replies.iter().enumerate() {
+        let c = r.claim.as_ref().unwrap();
+        assert_eq!(
+            c.name,
+            format!("c{i}"),
+            "a reply about someone else's claim"
+        );
+        assert_eq!(c.claim_state, ClaimState::Ready as i32, "{c:?}");
+        ips.push(c.ip.clone());
+    }
+    ips.sort();
+    ips.dedup();
+    assert_eq!(ips.len(), 16, "claims share an address");
+    let (_, by) = claims(&lab);
+    assert_eq!(by.len(), 17);
+    lab.assert_agree();
+}
