@@ -195,8 +195,7 @@ fn watcher(lab: &AgentLab) -> Watcher {
 fn watched(w: Watcher) -> Vec<Value> {
     let lines = w.lines.clone();
     drop(w);
-    let out = lines.lock().unwrap().clone();
-    out
+    lines.lock().unwrap().clone()
 }
 
 /// Two claims (one at a requested IP, with labels; one at any IP) beside the router: ready,
