@@ -16,6 +16,12 @@
 //! the plugin is installed, then the wrapped conflist written beside FILE, or over it with
 //! `--in-place` after a backup. `--unwrap FILE` writes the original back the same way and
 //! leaves the plugin alone.
+//!
+//! `--ranges-from-node NODE` gives the installed (or wrapped) conflist's host-local this
+//! node's own ranges, its Node object's `spec.podCIDRs` read from the API server (`kube.rs`,
+//! the rewrite is `ranges.rs`). They are read after every local check and before anything is
+//! written: a node whose podCIDR is not assigned yet gets nothing installed (with `--wait`,
+//! not until it is), never a conflist with some other range.
 
 use std::{
     fs::{self, File, OpenOptions},
@@ -28,7 +34,11 @@ use std::{
 
 use serde_json::{Value, json};
 
-use super::wrap::{self, Choice, Rewritten};
+use super::{
+    kube::{self, ApiConfig, Backoff, PodCidrs},
+    ranges,
+    wrap::{self, Choice, Rewritten},
+};
 
 /// Where container runtimes look for plugins unless configured otherwise.
 pub const DEFAULT_CNI_BIN_DIR: &str = "/opt/cni/bin";
@@ -65,6 +75,18 @@ pub struct Options {
     pub choice: Choice,
     /// dipamd's socket, when it is not the plugin's default (written into a wrapped config).
     pub socket: Option<String>,
+    /// `--ranges-from-node NODE`: host-local's ranges from the node's pod CIDRs.
+    pub ranges: Option<RangesFrom>,
+}
+
+/// Where `--ranges-from-node` reads the node's pod CIDRs, and whether it waits for them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RangesFrom {
+    pub node: String,
+    pub api: ApiConfig,
+    /// `--wait`: while the node has no podCIDR yet (or the API server does not answer), try
+    /// again with this back-off instead of failing.
+    pub wait: Option<Backoff>,
 }
 
 /// Which way a conflist is rewritten.
@@ -109,6 +131,7 @@ impl Default for Options {
             output: Output::Beside,
             choice: Choice::default(),
             socket: None,
+            ranges: None,
         }
     }
 }
@@ -166,11 +189,62 @@ pub struct Args {
     /// pod's interface. With --unwrap: give a main-mode dipam's place back to its IPAM.
     #[arg(long, requires = "adopt")]
     main_mode: bool,
+    /// Give host-local this node's own ranges: the Node object NODE's spec.podCIDRs (one
+    /// range set per family; spec.podCIDR on API servers that have no podCIDRs), read from
+    /// the Kubernetes API server with the pod's service account, replace host-local's ranges
+    /// in the --conflist (or --wrap) conflist before it is installed. Needs `get` on `nodes`.
+    /// In a DaemonSet NODE comes from the downward API (spec.nodeName). A node without a
+    /// podCIDR fails (with --wait: waits); there is never a fallback to another range.
+    #[arg(long, value_name = "NODE", conflicts_with = "unwrap")]
+    ranges_from_node: Option<String>,
+    /// With --ranges-from-node: while the node has no podCIDR yet or the API server is not
+    /// answering, try again (1 s, doubling up to 30 s between attempts, one line on stderr per
+    /// attempt saying why) instead of failing. A refused token, a missing permission or an
+    /// unknown node still fail at once.
+    #[arg(long, requires = "ranges_from_node")]
+    wait: bool,
+    /// With --ranges-from-node: the API server, https://HOST:PORT (default: in a pod,
+    /// https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT).
+    #[arg(long, value_name = "URL", requires = "ranges_from_node")]
+    kube_api: Option<String>,
+    /// With --ranges-from-node: the bearer token to authenticate with.
+    #[arg(long, value_name = "FILE", default_value = kube::TOKEN_FILE)]
+    kube_token_file: PathBuf,
+    /// With --ranges-from-node: the CA bundle the API server's certificate must chain to (and
+    /// the only one trusted).
+    #[arg(long, value_name = "FILE", default_value = kube::CA_FILE)]
+    kube_ca_file: PathBuf,
 }
 
 impl Options {
-    /// The options from the command line; `socket` is dipamctl's --socket.
-    pub fn from_args(a: Args, socket: &Path) -> Result<Self, String> {
+    /// The options from the command line; `socket` is dipamctl's --socket, `env` the
+    /// process environment (the in-cluster API server's address).
+    pub fn from_args(
+        a: Args,
+        socket: &Path,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, String> {
+        let ranges = match a.ranges_from_node {
+            None => None,
+            Some(_) if a.conflist.is_none() && a.wrap.is_none() => {
+                return Err(
+                    "--ranges-from-node writes host-local's ranges into a conflist: pass the \
+                     conflist with --conflist (or the node's own with --wrap)"
+                        .into(),
+                );
+            }
+            Some(node) => Some(RangesFrom {
+                api: ApiConfig::resolve(
+                    a.kube_api.as_deref(),
+                    a.kube_token_file,
+                    a.kube_ca_file,
+                    env,
+                )
+                .map_err(|e| e.to_string())?,
+                node,
+                wait: a.wait.then(Backoff::default),
+            }),
+        };
         let adopt = match (a.wrap, a.unwrap) {
             (Some(f), _) => Some((Direction::Wrap, f)),
             (None, Some(f)) => Some((Direction::Unwrap, f)),
@@ -203,6 +277,7 @@ impl Options {
                 main_mode: a.main_mode,
             },
             socket,
+            ranges,
         })
     }
 }
@@ -225,6 +300,40 @@ pub struct Report {
     pub conflist: Option<(Placed, String)>,
     /// What --wrap did.
     pub adopted: Option<Adopted>,
+    /// The ranges --ranges-from-node wrote.
+    pub ranges: Option<NodeRanges>,
+}
+
+/// The node's pod CIDRs, as written into host-local's `ranges`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeRanges {
+    pub cidrs: PodCidrs,
+    /// The plugin whose host-local got them.
+    pub plugin: usize,
+    /// What host-local had instead (compact JSON), or "".
+    pub replaced: String,
+}
+
+impl NodeRanges {
+    fn json(&self) -> Value {
+        json!({
+            "node": self.cidrs.node,
+            "field": self.cidrs.field,
+            "cidrs": self.cidrs.cidrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "ranges": ranges::ranges_value(&self.cidrs.cidrs),
+            "plugin": self.plugin,
+            "replaced": (!self.replaced.is_empty()).then(|| {
+                serde_json::from_str::<Value>(&self.replaced).unwrap_or(Value::Null)
+            }),
+        })
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "ranges:    node {} {}: {} (host-local of plugins[{}])",
+            self.cidrs.node, self.cidrs.field, self.cidrs, self.plugin
+        )
+    }
 }
 
 /// A conflist rewritten by --wrap or --unwrap.
@@ -328,6 +437,7 @@ pub fn run(opts: &Options, json: bool, out: &mut dyn Write) -> Result<(), String
                 "path": p.path, "network": network, "changed": p.changed,
             })),
             "wrapped": r.adopted.as_ref().map(Adopted::json),
+            "ranges": r.ranges.as_ref().map(NodeRanges::json),
         });
         writeln!(out, "{v:#}")
     } else {
@@ -338,6 +448,10 @@ pub fn run(opts: &Options, json: bool, out: &mut dyn Write) -> Result<(), String
             r.plugin_version,
             state(&r.plugin)
         )
+        .and_then(|()| match &r.ranges {
+            Some(n) => writeln!(out, "{}", n.line()),
+            None => Ok(()),
+        })
         .and_then(|()| match &r.conflist {
             Some((p, network)) => writeln!(
                 out,
@@ -368,9 +482,37 @@ pub fn version_warning(conflist: &[u8]) -> Option<String> {
     })
 }
 
-/// Validates everything first (so a bad conflist leaves the node untouched), then installs
-/// the plugin, then the conflist.
+/// Validates everything first (so a bad conflist leaves the node untouched), then reads the
+/// node's pod CIDRs (with --ranges-from-node; with --wait one stderr line per attempt), then
+/// installs the plugin, then the conflist.
 pub fn install(opts: &Options) -> Result<Report, String> {
+    install_with(opts, |r| {
+        node_pod_cidrs(r, |line| eprintln!("dipamctl: {line}"), std::thread::sleep)
+    })
+}
+
+/// The node's pod CIDRs from the API server, as `r` says, waiting if it says so.
+pub fn node_pod_cidrs(
+    r: &RangesFrom,
+    log: impl FnMut(&str),
+    sleep: impl FnMut(Duration),
+) -> Result<PodCidrs, String> {
+    kube::wait_for_pod_cidrs(
+        &r.node,
+        r.wait,
+        || kube::node_pod_cidrs(&r.api, &r.node),
+        log,
+        sleep,
+    )
+    .map_err(|e| format!("--ranges-from-node {}: {e}", r.node))
+}
+
+/// [`install`], with the node's pod CIDRs (asked only with --ranges-from-node, and only once
+/// every local check passed) from `cidrs`.
+pub fn install_with(
+    opts: &Options,
+    cidrs: impl FnOnce(&RangesFrom) -> Result<PodCidrs, String>,
+) -> Result<Report, String> {
     validate_file_name(&opts.name)?;
     let source = match &opts.plugin {
         Some(p) => p.clone(),
@@ -379,7 +521,7 @@ pub fn install(opts: &Options) -> Result<Report, String> {
     let plugin_version = plugin_version(&source)?;
     let binary =
         fs::read(&source).map_err(|e| format!("reading the plugin {}: {e}", source.display()))?;
-    let conflist = match &opts.conflist {
+    let mut conflist = match &opts.conflist {
         Some(path) => {
             let bytes = fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
             let network =
@@ -388,13 +530,54 @@ pub fn install(opts: &Options) -> Result<Report, String> {
         }
         None => None,
     };
-    let adopted = match &opts.adopt {
+    let mut adopted = match &opts.adopt {
         Some((Direction::Wrap, source)) => Some(prepare(opts, Direction::Wrap, source)?),
         Some((Direction::Unwrap, _)) => {
             return Err("--unwrap installs nothing: run it through `run`".into());
         }
         None => None,
     };
+    let ranges = match &opts.ranges {
+        None => None,
+        Some(from) => {
+            let cidrs = cidrs(from)?;
+            let (source, text, only) = match (&conflist, &adopted) {
+                (Some((bytes, _)), _) => (
+                    opts.conflist.clone().unwrap_or_default(),
+                    String::from_utf8(bytes.clone()).map_err(|e| format!("not UTF-8: {e}"))?,
+                    None,
+                ),
+                (None, Some(p)) => (
+                    p.source.clone(),
+                    p.rewritten.text.clone(),
+                    Some(p.rewritten.plugin),
+                ),
+                (None, None) => {
+                    return Err("--ranges-from-node needs --conflist or --wrap".into());
+                }
+            };
+            let at = |e: &dyn std::fmt::Display| format!("{}: {e}", source.display());
+            let with = ranges::set_ranges(&text, &cidrs.cidrs, only).map_err(|e| at(&e))?;
+            validate_conflist(with.text.as_bytes()).map_err(|e| {
+                at(&format!(
+                    "dipam would refuse the conflist with the node's ranges: {e}"
+                ))
+            })?;
+            match (&mut conflist, &mut adopted) {
+                (Some((bytes, _)), _) => *bytes = with.text.clone().into_bytes(),
+                (None, Some(p)) => p.rewritten.text = with.text.clone(),
+                (None, None) => {}
+            }
+            Some(NodeRanges {
+                cidrs,
+                plugin: with.plugin,
+                replaced: with.before,
+            })
+        }
+    };
+    if let (Some((bytes, _)), Some(path)) = (&conflist, &opts.conflist) {
+        has_ranges(bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
 
     let plugin =
         replace_atomically(&opts.cni_bin_dir, PLUGIN_NAME, &binary, 0o755).map_err(|e| {
@@ -424,7 +607,37 @@ pub fn install(opts: &Options) -> Result<Report, String> {
         plugin_version,
         conflist,
         adopted,
+        ranges,
     })
+}
+
+/// Every host-local that dipam runs has a range to hand out: a template written for
+/// `--ranges-from-node` (deploy/kubernetes's ConfigMap) installed without it would fail every
+/// pod's ADD ("no IP ranges specified"); it is refused here instead.
+fn has_ranges(bytes: &[u8]) -> Result<(), String> {
+    let v: Value = serde_json::from_slice(bytes).map_err(|e| format!("not valid JSON: {e}"))?;
+    for (i, p) in v["plugins"].as_array().into_iter().flatten().enumerate() {
+        let ipam = if p["type"] == PLUGIN_NAME {
+            &p["ipam"]
+        } else if p["ipam"]["type"] == PLUGIN_NAME {
+            &p["ipam"]["delegate"]
+        } else {
+            continue;
+        };
+        let empty = |k: &str| match ipam.get(k) {
+            None | Some(Value::Null) => true,
+            Some(Value::Array(a)) => a.is_empty(),
+            Some(Value::String(s)) => s.is_empty(),
+            Some(_) => false,
+        };
+        if ipam["type"] == "host-local" && empty("ranges") && empty("subnet") {
+            return Err(format!(
+                "plugins[{i}]: host-local has no ranges (nor subnet): give it this node's own \
+                 with --ranges-from-node NODE, or write its ranges into the conflist"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A rewrite computed and checked, not yet written.
@@ -763,7 +976,7 @@ mod tests {
     }
 
     const MAIN: &str = r#"{"cniVersion":"1.0.0","name":"podnet","plugins":[
-        {"type":"dipam","socketPath":"/run/dipam/dipam.sock","ipam":{"type":"host-local"}},
+        {"type":"dipam","socketPath":"/run/dipam/dipam.sock","ipam":{"type":"host-local","ranges":[[{"subnet":"10.4.0.0/24"}]]}},
         {"type":"portmap","capabilities":{"portMappings":true}}]}"#;
 
     struct Node {
@@ -1091,6 +1304,148 @@ mod tests {
         };
         assert!(e.contains("cniVersion \"9.9.9\""), "{e}");
         assert!(!opts.cni_bin_dir.exists());
+    }
+
+    fn from_node() -> RangesFrom {
+        RangesFrom {
+            node: "node-a".into(),
+            api: ApiConfig {
+                url: "https://127.0.0.1:1".into(),
+                token_file: "/nonexistent/token".into(),
+                ca_file: "/nonexistent/ca.crt".into(),
+            },
+            wait: None,
+        }
+    }
+
+    fn answer(cidrs: &[&str]) -> PodCidrs {
+        PodCidrs {
+            node: "node-a".into(),
+            cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
+            field: "spec.podCIDRs",
+        }
+    }
+
+    /// The shipped DaemonSet's template: host-local without ranges.
+    const TEMPLATE: &str = r#"{"cniVersion":"1.0.0","name":"dipam","plugins":[
+        {"type":"dipam","socketPath":"/run/dipam/dipam.sock","ipam":{"type":"host-local","routes":[{"dst":"0.0.0.0/0"}]}}]}"#;
+
+    #[test]
+    fn ranges_from_the_node_go_into_the_installed_conflist_and_only_after_local_checks() {
+        let mut n = node();
+        let list = n.src.join("template.conflist");
+        fs::write(&list, TEMPLATE).unwrap();
+        n.opts.conflist = Some(list.clone());
+
+        // Without the node's ranges the template is refused: it would fail every ADD.
+        let e = install(&n.opts).unwrap_err();
+        assert!(e.contains("host-local has no ranges"), "{e}");
+        assert!(!n.opts.cni_bin_dir.exists());
+
+        // The API's answer is what gets written, one range set per family.
+        n.opts.ranges = Some(from_node());
+        let r = install_with(&n.opts, |from| {
+            assert_eq!(from.node, "node-a");
+            Ok(answer(&["10.244.5.0/24", "fd00:5::/64"]))
+        })
+        .unwrap();
+        let written: Value =
+            serde_json::from_slice(&fs::read(n.opts.conf_dir.join(DEFAULT_NAME)).unwrap()).unwrap();
+        assert_eq!(
+            written["plugins"][0]["ipam"]["ranges"],
+            json!([[{"subnet": "10.244.5.0/24"}], [{"subnet": "fd00:5::/64"}]])
+        );
+        assert_eq!(
+            written["plugins"][0]["ipam"]["routes"],
+            json!([{"dst": "0.0.0.0/0"}])
+        );
+        let nr = r.ranges.unwrap();
+        assert_eq!((nr.plugin, nr.replaced.as_str()), (0, ""));
+        assert!(
+            nr.line()
+                .contains("node node-a spec.podCIDRs: 10.244.5.0/24, fd00:5::/64")
+        );
+
+        // No range yet (or any failure to read it): nothing at all is installed.
+        let mut m = node();
+        m.opts.conflist = Some(list);
+        m.opts.ranges = Some(from_node());
+        let e =
+            install_with(&m.opts, |_| Err("node node-a has no podCIDR yet".into())).unwrap_err();
+        assert!(e.contains("no podCIDR yet"), "{e}");
+        assert!(!m.opts.cni_bin_dir.exists() && !m.opts.conf_dir.exists());
+
+        // A bad conflist is refused before the API server is asked.
+        let bad = m.src.join("bad.conflist");
+        fs::write(
+            &bad,
+            r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"ptp"}]}"#,
+        )
+        .unwrap();
+        m.opts.conflist = Some(bad);
+        let e = install_with(&m.opts, |_| panic!("asked the API server")).unwrap_err();
+        assert!(e.contains("no plugin uses dipam"), "{e}");
+    }
+
+    #[test]
+    fn ranges_from_the_node_compose_with_wrap() {
+        let mut n = node();
+        fs::create_dir_all(&n.opts.conf_dir).unwrap();
+        let file = n.opts.conf_dir.join("10-ptp.conflist");
+        let own = r#"{"cniVersion":"1.0.0","name":"kubenet","plugins":[{"type":"ptp","ipam":{"type":"host-local","subnet":"10.4.0.0/16"}}]}"#;
+        fs::write(&file, own).unwrap();
+        n.opts.adopt = Some((Direction::Wrap, file.clone()));
+        n.opts.ranges = Some(from_node());
+        let r = install_with(&n.opts, |_| Ok(answer(&["10.244.8.0/24"]))).unwrap();
+        let wrapped: Value = serde_json::from_slice(
+            &fs::read(n.opts.conf_dir.join("10-ptp.conflist.dipam")).unwrap(),
+        )
+        .unwrap();
+        let d = &wrapped["plugins"][0]["ipam"];
+        assert_eq!(d["type"], "dipam");
+        assert_eq!(
+            d["delegate"],
+            json!({"type": "host-local", "ranges": [[{"subnet": "10.244.8.0/24"}]]})
+        );
+        assert_eq!(r.ranges.unwrap().replaced, r#"{"subnet":"10.4.0.0/16"}"#);
+        // The original is untouched.
+        assert_eq!(fs::read_to_string(&file).unwrap(), own);
+    }
+
+    #[test]
+    fn ranges_from_node_needs_a_conflist_and_reads_the_in_cluster_environment() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        let parse = |argv: &[&str]| {
+            let mut full = vec!["install"];
+            full.extend_from_slice(argv);
+            Cli::try_parse_from(full).map(|c| c.args)
+        };
+        let env = |k: &str| match k {
+            "KUBERNETES_SERVICE_HOST" => Some("10.96.0.1".to_owned()),
+            "KUBERNETES_SERVICE_PORT" => Some("443".to_owned()),
+            _ => None,
+        };
+        let sock = Path::new(wrap::DEFAULT_SOCKET);
+        let a = parse(&["--ranges-from-node", "n1"]).unwrap();
+        let e = Options::from_args(a, sock, env).unwrap_err();
+        assert!(e.contains("pass the conflist with --conflist"), "{e}");
+        let a = parse(&["--conflist", "x", "--ranges-from-node", "n1", "--wait"]).unwrap();
+        let o = Options::from_args(a, sock, env).unwrap();
+        let r = o.ranges.unwrap();
+        assert_eq!(r.api.url, "https://10.96.0.1:443");
+        assert_eq!(r.api.token_file, Path::new(kube::TOKEN_FILE));
+        assert_eq!(r.api.ca_file, Path::new(kube::CA_FILE));
+        assert_eq!(r.wait, Some(Backoff::default()));
+        let a = parse(&["--conflist", "x", "--ranges-from-node", "n1"]).unwrap();
+        let e = Options::from_args(a, sock, |_| None).unwrap_err();
+        assert!(e.contains("--kube-api"), "{e}");
+        assert!(parse(&["--conflist", "x", "--wait"]).is_err());
+        assert!(parse(&["--unwrap", "x", "--ranges-from-node", "n"]).is_err());
     }
 
     #[test]

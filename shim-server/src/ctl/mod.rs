@@ -17,7 +17,9 @@ pub mod doctor;
 pub mod explain;
 pub mod gc;
 pub mod install;
+pub mod kube;
 pub mod output;
+pub mod ranges;
 pub mod recover;
 pub mod status;
 pub mod wrap;
@@ -83,7 +85,7 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
     match args.command {
         // Local commands: install runs in an init container before any dipamd exists, and
         // recover while dipamd is stopped.
-        Command::Install(a) => install::Options::from_args(a, socket)
+        Command::Install(a) => install::Options::from_args(a, socket, |k| std::env::var(k).ok())
             .and_then(|opts| install::run(&opts, json, out))
             .map_err(CtlError::Failed),
         Command::Completions(a) => completions::run(a, Args::command(), out),

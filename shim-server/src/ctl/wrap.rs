@@ -378,15 +378,15 @@ impl Kind {
 }
 
 /// A parsed conflist: its value, and where each plugin is in the text.
-struct Doc<'a> {
+pub(super) struct Doc<'a> {
     text: &'a str,
-    value: Value,
-    plugins: Vec<Value>,
+    pub(super) value: Value,
+    pub(super) plugins: Vec<Value>,
     raw_plugins: Vec<&'a RawValue>,
 }
 
 impl<'a> Doc<'a> {
-    fn parse(text: &'a str) -> Result<Self, WrapError> {
+    pub(super) fn parse(text: &'a str) -> Result<Self, WrapError> {
         let value: Value =
             serde_json::from_str(text).map_err(|e| WrapError::NotJson(e.to_string()))?;
         let obj = value
@@ -477,7 +477,11 @@ impl<'a> Doc<'a> {
     }
 
     /// The object that is plugin `i` followed along `path`, as its text's entries.
-    fn object(&self, i: usize, path: &[&str]) -> Result<(Range<usize>, Entries<'a>), WrapError> {
+    pub(super) fn object(
+        &self,
+        i: usize,
+        path: &[&str],
+    ) -> Result<(Range<usize>, Entries<'a>), WrapError> {
         let mut raw = self.raw_plugins[i];
         for key in path {
             let entries: Entries<'a> = serde_json::from_str(raw.get())
@@ -568,7 +572,7 @@ impl<'a> Doc<'a> {
 }
 
 /// A JSON object's entries in the file's order, each value as its exact text in the file.
-struct Entries<'a>(Vec<(String, &'a RawValue)>);
+pub(super) struct Entries<'a>(pub(super) Vec<(String, &'a RawValue)>);
 
 impl<'a> Entries<'a> {
     /// The value of `key`; the last one if the key repeats, as serde_json's `Value` takes it.
@@ -598,7 +602,7 @@ impl<'de> Deserialize<'de> for Entries<'de> {
 }
 
 /// Where `raw`, borrowed from `text`, lies in it.
-fn span(text: &str, raw: &RawValue) -> Result<Range<usize>, WrapError> {
+pub(super) fn span(text: &str, raw: &RawValue) -> Result<Range<usize>, WrapError> {
     let s = raw.get();
     let start = (s.as_ptr() as usize)
         .checked_sub(text.as_ptr() as usize)
@@ -609,7 +613,7 @@ fn span(text: &str, raw: &RawValue) -> Result<Range<usize>, WrapError> {
 
 /// The leading whitespace of the line that holds `pos`, if only whitespace precedes `pos` on
 /// it.
-fn indent_at(text: &str, pos: usize) -> Option<&str> {
+pub(super) fn indent_at(text: &str, pos: usize) -> Option<&str> {
     let line = text[..pos].rfind('\n').map_or(0, |n| n + 1);
     let before = &text[line..pos];
     before
@@ -669,7 +673,7 @@ fn dedent(text: &str, outer: Range<usize>, inner: Range<usize>) -> String {
 }
 
 /// `text` with each range replaced (the ranges do not overlap).
-fn splice(text: &str, mut edits: Vec<(Range<usize>, String)>) -> String {
+pub(super) fn splice(text: &str, mut edits: Vec<(Range<usize>, String)>) -> String {
     edits.sort_by_key(|(r, _)| std::cmp::Reverse(r.start));
     let mut out = text.to_owned();
     for (range, new) in edits {
@@ -679,7 +683,7 @@ fn splice(text: &str, mut edits: Vec<(Range<usize>, String)>) -> String {
 }
 
 /// The spliced text must parse to exactly the intended value.
-fn check(out: &str, expected: &Value) -> Result<(), WrapError> {
+pub(super) fn check(out: &str, expected: &Value) -> Result<(), WrapError> {
     let got: Value = serde_json::from_str(out).map_err(|e| WrapError::Splice(e.to_string()))?;
     if &got != expected {
         return Err(WrapError::Splice(format!("got {got}, expected {expected}")));
