@@ -178,10 +178,24 @@ fn dipam_keys(list: &Value) -> (&Value, &Value) {
 #[test]
 fn manifest_parses_into_a_configmap_and_a_daemonset_in_kube_system() {
     let docs = manifest();
-    assert_eq!(docs.len(), 2, "{docs:#?}");
+    // The namespaced documents, in kube-system, and the RBAC that lets the init container
+    // read its node's pod CIDRs, which is cluster-scoped (nodes are).
+    assert_eq!(docs.len(), 5, "{docs:#?}");
     for d in &docs {
         assert!(d["apiVersion"].is_string(), "{d:#}");
-        assert_eq!(d["metadata"]["namespace"], "kube-system", "{d:#}");
+        if d["kind"] == "ClusterRole" || d["kind"] == "ClusterRoleBinding" {
+            assert!(d["metadata"].get("namespace").is_none(), "{d:#}");
+        } else {
+            assert_eq!(d["metadata"]["namespace"], "kube-system", "{d:#}");
+        }
+    }
+    for k in [
+        "ConfigMap",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+    ] {
+        kind(&docs, k);
     }
     let ds = kind(&docs, "DaemonSet");
     assert_eq!(ds["apiVersion"], "apps/v1");

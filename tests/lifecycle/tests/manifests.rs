@@ -172,7 +172,13 @@ fn every_manifest_validates_against_the_kubernetes_api_schemas() {
     }
     // The walk found what a node needs, so an emptied or misnamed file cannot pass by
     // validating nothing.
-    for needed in ["DaemonSet", "ConfigMap"] {
+    for needed in [
+        "DaemonSet",
+        "ConfigMap",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+    ] {
         assert!(
             kinds.iter().any(|k| k == needed),
             "no {needed} in {kinds:?}"
@@ -231,5 +237,139 @@ fn a_broken_manifest_fails_validation() {
                 .expect_err(&format!("{what}: validated for {version}"));
             assert!(e.contains(expected), "{what}: {e}");
         }
+    }
+}
+
+/// Every document of every manifest.
+fn all_documents() -> Vec<Value> {
+    manifest_files().iter().flat_map(|f| documents(f)).collect()
+}
+
+fn one<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    let found: Vec<&Value> = docs.iter().filter(|d| d["kind"] == kind).collect();
+    assert_eq!(found.len(), 1, "expected one {kind}: {found:#?}");
+    found[0]
+}
+
+/// The DaemonSet's pod may do exactly what `dipamctl install --ranges-from-node` does, `GET
+/// /api/v1/nodes/NAME`, and nothing else: its ServiceAccount is bound (by every binding that
+/// names it) to one ClusterRole with one rule, `get` on core `nodes`. No list or watch (it
+/// reads one node by name), no write, no other resource, no wildcard.
+#[test]
+fn rbac_is_exactly_get_on_nodes_for_the_daemonsets_service_account() {
+    let docs = all_documents();
+    let ds = one(&docs, "DaemonSet");
+    let pod = &ds["spec"]["template"]["spec"];
+    let sa = one(&docs, "ServiceAccount");
+    let (name, namespace) = (&sa["metadata"]["name"], &sa["metadata"]["namespace"]);
+    assert_eq!(
+        pod["serviceAccountName"], *name,
+        "the pod runs as the ServiceAccount"
+    );
+    assert_eq!(*namespace, ds["metadata"]["namespace"]);
+    // The kubelet mounts the token unless one of them says not to.
+    assert_ne!(pod["automountServiceAccountToken"], false);
+    assert_ne!(sa["automountServiceAccountToken"], false);
+
+    let subject =
+        serde_json::json!({"kind": "ServiceAccount", "name": name, "namespace": namespace});
+    let bindings: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ClusterRoleBinding" || d["kind"] == "RoleBinding")
+        .filter(|d| {
+            d["subjects"]
+                .as_array()
+                .is_some_and(|s| s.contains(&subject))
+        })
+        .collect();
+    assert_eq!(bindings.len(), 1, "{bindings:#?}");
+    let binding = bindings[0];
+    assert_eq!(binding["kind"], "ClusterRoleBinding");
+    assert_eq!(
+        binding["subjects"],
+        serde_json::json!([subject]),
+        "only the ServiceAccount"
+    );
+    assert_eq!(binding["roleRef"]["apiGroup"], "rbac.authorization.k8s.io");
+    assert_eq!(binding["roleRef"]["kind"], "ClusterRole");
+    let role = one(&docs, "ClusterRole");
+    assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+    assert_eq!(
+        role["rules"],
+        serde_json::json!([{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]),
+        "exactly get on nodes"
+    );
+    assert!(role.get("aggregationRule").is_none());
+    // Nothing else in the manifests grants anything.
+    assert!(
+        !docs.iter().any(|d| d["kind"] == "Role"),
+        "no namespaced Role is needed"
+    );
+}
+
+/// The init container is wired as `--ranges-from-node` needs: NODE from the downward API in
+/// its own env (Kubernetes expands `$(NODE_NAME)` in a container's command from that
+/// container's env only), `--wait` so that a node whose podCIDR is not assigned yet waits
+/// instead of crash-looping, the in-cluster defaults for the API server, token and CA (no
+/// override in the manifest), and a ConfigMap conflist with no range of its own to share.
+#[test]
+fn the_init_container_reads_its_own_nodes_ranges_and_waits_for_them() {
+    let docs = all_documents();
+    let pod = &one(&docs, "DaemonSet")["spec"]["template"]["spec"];
+    let init = pod["initContainers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "install")
+        .expect("the install init container");
+    let argv: Vec<&str> = init["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(init["args"].as_array().into_iter().flatten())
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(argv[..2], ["dipamctl", "install"]);
+    let at = argv
+        .iter()
+        .position(|a| *a == "--ranges-from-node")
+        .expect("--ranges-from-node");
+    assert_eq!(argv[at + 1], "$(NODE_NAME)");
+    assert!(argv.contains(&"--wait"), "{argv:?}");
+    for flag in ["--kube-api", "--kube-token-file", "--kube-ca-file"] {
+        assert!(
+            !argv.iter().any(|a| a.starts_with(flag)),
+            "{flag}: the in-cluster default is the one that works in the pod"
+        );
+    }
+    let env = init["env"].as_array().expect("the init container's env");
+    let node = env
+        .iter()
+        .find(|e| e["name"] == "NODE_NAME")
+        .expect("NODE_NAME in the init container's env");
+    assert_eq!(node["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
+
+    // The ConfigMap's conflist has no range: each node's comes from its Node object.
+    let cm = one(&docs, "ConfigMap");
+    let at = argv.iter().position(|a| *a == "--conflist").unwrap();
+    let key = Path::new(argv[at + 1])
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap();
+    let list: Value = serde_json::from_str(cm["data"][key].as_str().unwrap()).unwrap();
+    let plugin = list["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["type"] == "dipam")
+        .expect("dipam in the ConfigMap's conflist");
+    let ipam = &plugin["ipam"];
+    assert_eq!(ipam["type"], "host-local");
+    for key in ["ranges", "subnet", "rangeStart", "rangeEnd"] {
+        assert!(
+            ipam.get(key).is_none(),
+            "a shared {key} in the template: {ipam:#}"
+        );
     }
 }
