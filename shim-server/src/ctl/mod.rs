@@ -73,7 +73,8 @@ pub enum Command {
     ///
     /// `--wrap FILE` adopts the node's own conflist instead: only the plugin that carries the
     /// IPAM is rewritten so that its IPAM runs through dipamd; `--unwrap FILE` undoes it.
-    Install(install::Args),
+    // Boxed: its flags make it much larger than the other commands.
+    Install(Box<install::Args>),
     /// Print dipamctl's completion script for a shell, e.g.
     /// `dipamctl completions bash > /etc/bash_completion.d/dipamctl`.
     Completions(completions::Args),
@@ -85,7 +86,7 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
     match args.command {
         // Local commands: install runs in an init container before any dipamd exists, and
         // recover while dipamd is stopped.
-        Command::Install(a) => install::Options::from_args(a, socket, |k| std::env::var(k).ok())
+        Command::Install(a) => install::Options::from_args(*a, socket, |k| std::env::var(k).ok())
             .and_then(|opts| install::run(&opts, json, out))
             .map_err(CtlError::Failed),
         Command::Completions(a) => completions::run(a, Args::command(), out),
