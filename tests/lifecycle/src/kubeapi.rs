@@ -183,6 +183,18 @@ impl KubeApi {
         self.dir.path().join("dipam-token")
     }
 
+    /// A directory laid out as the kubelet mounts a pod's service account at
+    /// /var/run/secrets/kubernetes.io/serviceaccount: `token` (may get nodes), `ca.crt`,
+    /// `namespace`.
+    pub fn serviceaccount_dir(&self) -> PathBuf {
+        let dir = self.dir.path().join("serviceaccount");
+        std::fs::create_dir_all(&dir).expect("serviceaccount dir");
+        std::fs::copy(self.token_file(), dir.join("token")).expect("token");
+        std::fs::copy(self.ca_file(), dir.join("ca.crt")).expect("ca.crt");
+        std::fs::write(dir.join("namespace"), "kube-system").expect("namespace");
+        dir
+    }
+
     /// Registers `token` with `access` and writes it to a file named after it, returned.
     pub fn add_token(&self, token: &str, access: Access) -> PathBuf {
         let path = self.dir.path().join(token);

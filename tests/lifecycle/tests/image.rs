@@ -1,8 +1,10 @@
 //! The container image (deploy/Containerfile): built offline with podman, FROM scratch, from
 //! the static binaries, and run the way deploy/kubernetes/dipam.yaml runs it: `dipamd
 //! --version` and `dipamctl --help` answer; there is no shell in it; the init container's
-//! command (taken from the manifest) installs the plugin and the ConfigMap's conflist into
-//! the host directories; dipamd runs with the manifest's arguments under the DaemonSet's
+//! command (taken from the manifest) reads its node's pod CIDR from the API server (a
+//! stand-in, src/kubeapi.rs, reached over the host's network with the service account the
+//! kubelet would mount) and installs the plugin and the ConfigMap's conflist with that range
+//! into the host directories; dipamd runs with the manifest's arguments under the DaemonSet's
 //! capabilities (drop ALL, add the three), becomes ready by the readiness probe's own exec
 //! command (no `sh`), and drains on SIGTERM with exit status 0.
 //!
@@ -21,8 +23,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dipam_lifecycle::{bins, is_root, unique, yaml};
-use serde_json::Value;
+use dipam_lifecycle::{KubeApi, bins, is_root, unique, yaml};
+use serde_json::{Value, json};
 use tempfile::TempDir;
 
 /// Why the image cannot be built here, if it cannot.
@@ -281,16 +283,41 @@ fn the_image_builds_offline_and_runs_as_the_daemonset_runs_it() {
     std::fs::create_dir_all(&cni_bin).unwrap();
     strip(&bins::dir().join("gc-ipam"), &cni_bin.join("host-local"));
 
-    // The init container, exactly as the manifest runs it.
+    // The init container, exactly as the manifest runs it and as the kubelet runs it: on the
+    // host's network (the pod's hostNetwork), $(NODE_NAME) from the downward API, the
+    // in-cluster variables naming the API server, and the service account's token and CA
+    // where the kubelet mounts them. The node's pod CIDR is the range the conflist gets.
+    let api = KubeApi::start();
+    api.set_node("node-1", &["10.244.0.0/24"]);
+    let pod = &docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap()["spec"]["template"]["spec"];
+    assert_eq!(pod["hostNetwork"], true);
     let init = container(&docs, "initContainers", "install");
-    let mut args: Vec<String> = vec!["run".into(), "--rm".into(), "--network=none".into()];
+    let mut args: Vec<String> = vec!["run".into(), "--rm".into(), "--network=host".into()];
     if init["securityContext"]["privileged"] == true {
         args.push("--privileged".into());
     }
     args.extend(mounts(init, hostpath));
+    args.push("-v".into());
+    args.push(format!(
+        "{}:/var/run/secrets/kubernetes.io/serviceaccount:ro",
+        api.serviceaccount_dir().display()
+    ));
+    for (k, v) in api.service_env() {
+        args.push("-e".into());
+        args.push(format!("{k}={v}"));
+    }
     args.push(image.clone());
-    args.extend(strings(&init["command"]));
+    args.extend(
+        strings(&init["command"])
+            .into_iter()
+            .map(|a| a.replace("$(NODE_NAME)", "node-1")),
+    );
     podman.ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(
+        api.requests().len(),
+        1,
+        "the init container asked for its node"
+    );
     let plugin = cni_bin.join("dipam");
     assert_eq!(mode(&plugin), 0o755);
     assert_eq!(
@@ -299,9 +326,13 @@ fn the_image_builds_offline_and_runs_as_the_daemonset_runs_it() {
         "the image's own plugin"
     );
     let conflist = hostpath("cni-conf").join("10-dipam.conflist");
+    let mut expected: Value =
+        serde_json::from_str(cm["data"]["10-dipam.conflist"].as_str().unwrap()).unwrap();
+    expected["plugins"][0]["ipam"]["ranges"] = json!([[{"subnet": "10.244.0.0/24"}]]);
     assert_eq!(
-        std::fs::read_to_string(&conflist).unwrap(),
-        cm["data"]["10-dipam.conflist"].as_str().unwrap()
+        serde_json::from_slice::<Value>(&std::fs::read(&conflist).unwrap()).unwrap(),
+        expected,
+        "the ConfigMap's conflist with the node's range"
     );
 
     // dipamd, with the manifest's command, mounts and capabilities. NODE_NAME comes from the
