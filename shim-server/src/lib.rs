@@ -33,3 +33,11 @@ pub mod spool;
 pub mod teardown;
 pub mod trim;
 pub mod validate;
+
+/// Parses the command line of `T` with `version` as its `--version` (the binaries pass the
+/// crate version and the git commit shim-server/build.rs found), exiting as clap does on
+/// `--help`, `--version` or a usage error.
+pub fn parse_args<T: clap::Parser>(version: &'static str) -> T {
+    let matches = T::command().version(version).get_matches();
+    T::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}

@@ -1,9 +1,15 @@
 //! dipamctl: see `dipamctl --help`. All logic is in the dipam-shim library (`ctl/`).
 
-use clap::Parser;
+/// The crate version and the git commit it was built from (shim-server/build.rs).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("DIPAM_GIT_COMMIT"),
+    ")"
+);
 
 fn main() -> std::process::ExitCode {
-    let args = dipam_shim::ctl::Args::parse();
+    let args: dipam_shim::ctl::Args = dipam_shim::parse_args(VERSION);
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -1,9 +1,15 @@
 //! dipamd: see `dipamd --help` and docs/cfp.md. All logic is in the dipam-shim library.
 
-use clap::Parser;
+/// The crate version and the git commit it was built from (shim-server/build.rs).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("DIPAM_GIT_COMMIT"),
+    ")"
+);
 
 fn main() -> std::process::ExitCode {
-    let args = dipam_shim::daemon::Args::parse();
+    let args: dipam_shim::daemon::Args = dipam_shim::parse_args(VERSION);
     dipam_shim::daemon::tune_allocator();
     dipam_shim::daemon::private_umask();
     let rt = match tokio::runtime::Builder::new_multi_thread()
