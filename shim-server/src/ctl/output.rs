@@ -19,10 +19,13 @@ pub enum CtlError {
 }
 
 /// The process's answer: status 0, or the error on stderr and status 1 (clap itself exits 2
-/// for a command line it cannot parse).
+/// for a command line it cannot parse). Output cut off because its reader went away
+/// (`dipamctl attachments --json | head -1`) ends quietly with status 0, as a Unix filter
+/// does: the reader has what it wanted, and "Broken pipe" on stderr would only be noise.
 pub fn exit(result: Result<(), CtlError>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(CtlError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("dipamctl: {e}");
             ExitCode::FAILURE
