@@ -22,6 +22,7 @@ pub mod output;
 pub mod ranges;
 pub mod recover;
 pub mod status;
+pub mod support_bundle;
 pub mod wrap;
 
 pub use output::CtlError;
@@ -75,6 +76,11 @@ pub enum Command {
     /// IPAM is rewritten so that its IPAM runs through dipamd; `--unwrap FILE` undoes it.
     // Boxed: its flags make it much larger than the other commands.
     Install(Box<install::Args>),
+    /// Write one tar.gz with what a bug report needs: status, doctor, attachments, agent
+    /// list, explain history, the metrics scrape, the log's last lines, dipamd's flags and
+    /// versions, the conflists and the delegate's store (file names only). Safe on a broken
+    /// node: each part has a time limit, and a part that fails is noted in MANIFEST.json.
+    SupportBundle(support_bundle::Args),
     /// Print dipamctl's completion script for a shell, e.g.
     /// `dipamctl completions bash > /etc/bash_completion.d/dipamctl`.
     Completions(completions::Args),
@@ -99,6 +105,9 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
         Command::Doctor(a) => doctor::run(a, client::connect(socket).await?, json, out).await,
         Command::Explain(a) => explain::run(a, client::connect(socket).await?, json, out).await,
         Command::Gc(a) => gc::run(a, client::connect(socket).await?, json, out).await,
+        // Each part connects (or fails) on its own: the bundle is for a node where dipamd
+        // may be down.
+        Command::SupportBundle(a) => support_bundle::run(a, socket, json, out).await,
         Command::Agent(a) => agent::run(a, socket, client::connect(socket).await?, json, out).await,
     }
 }

@@ -1,0 +1,204 @@
+//! `dipamctl support-bundle` on a working node with non-default paths, and on a broken one
+//! (dipamd down, no conf dir, a log that never ends): the bundle is always written, each part
+//! is bounded in time, and what failed is noted in its MANIFEST.json.
+
+// Tests: a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
+use std::{os::unix::fs::PermissionsExt, path::Path, process::Command};
+
+use dipam_lifecycle::{Lab, bins, require_root, runtime::result_ips};
+use serde_json::Value;
+
+const CONFLIST: &str = "ptp-dipam-host-local.conflist";
+
+/// Runs `dipamctl --socket S support-bundle ARGS`, under `timeout` so that a hang fails the
+/// test instead of stalling the suite.
+fn bundle(socket: &Path, args: &[&str]) -> std::process::Output {
+    Command::new("timeout")
+        .arg("120")
+        .arg(bins::bin("dipamctl"))
+        .arg("--socket")
+        .arg(socket)
+        .arg("support-bundle")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// Extracts a bundle and returns its root directory.
+fn extract(bundle: &Path, into: &Path) -> std::path::PathBuf {
+    let out = Command::new("tar")
+        .arg("-xzf")
+        .arg(bundle)
+        .arg("-C")
+        .arg(into)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let mut roots: Vec<_> = std::fs::read_dir(into).unwrap().flatten().collect();
+    assert_eq!(roots.len(), 1, "one root directory");
+    roots.pop().unwrap().path()
+}
+
+fn read_json(p: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn part<'a>(manifest: &'a Value, name: &str) -> &'a Value {
+    manifest["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["part"] == name)
+        .unwrap_or_else(|| panic!("no part {name} in {manifest:#}"))
+}
+
+#[test]
+fn a_bundle_of_a_working_node_holds_what_a_bug_report_needs() {
+    require_root!();
+    let sock_dir = tempfile::tempdir().unwrap();
+    let msock = sock_dir.path().join("metrics.sock");
+    let lab = Lab::with_flags(CONFLIST, &["--metrics-socket", msock.to_str().unwrap()]);
+    let (_ns, pod) = lab.pod();
+    let r = lab.rt.ipam(lab.list(), 0, "ADD", &pod, None).unwrap();
+    let ip = result_ips(&r).remove(0);
+    let conf = tempfile::tempdir().unwrap();
+    std::fs::write(
+        conf.path().join("10-dipam.conflist"),
+        serde_json::to_vec_pretty(lab.list()).unwrap(),
+    )
+    .unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let out_file = work.path().join("bundle.tar.gz");
+    let log = lab.dipamd.log_path();
+    let out = bundle(
+        &lab.dipamd.socket(),
+        &[
+            "-o",
+            out_file.to_str().unwrap(),
+            "--log-file",
+            log.to_str().unwrap(),
+            "--conf-dir",
+            conf.path().to_str().unwrap(),
+            "--json",
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(printed["bundle"], out_file.to_str().unwrap());
+    // Container IDs and pod names inside: only root reads it.
+    let mode = std::fs::metadata(&out_file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+
+    let x = tempfile::tempdir().unwrap();
+    let root = extract(&out_file, x.path());
+    let manifest = read_json(&root.join("MANIFEST.json"));
+    for p in manifest["parts"].as_array().unwrap() {
+        assert_eq!(p["ok"], true, "{p}");
+    }
+    assert_eq!(printed["parts"], manifest["parts"]);
+
+    let status = read_json(&root.join("status.json"));
+    assert!(status["daemonVersion"].is_string(), "{status}");
+    let atts = read_json(&root.join("attachments.json"));
+    assert!(
+        atts.as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["containerID"] == pod.container_id.as_str()),
+        "{atts}"
+    );
+    assert!(read_json(&root.join("doctor.json")).is_array());
+    let explain = read_json(&root.join("explain.json"));
+    assert!(
+        explain[&pod.container_id]["events"].is_array() || explain[&pod.container_id].is_object(),
+        "{explain:#}"
+    );
+    let metrics = std::fs::read_to_string(root.join("metrics.txt")).unwrap();
+    assert!(
+        metrics.contains("# TYPE") && metrics.contains("dipam_"),
+        "{metrics}"
+    );
+    let logged = std::fs::read_to_string(root.join("dipamd.log")).unwrap();
+    assert!(logged.contains("serving"), "{logged}");
+    let versions = read_json(&root.join("versions.json"));
+    let cmd = versions["dipamdCommandLine"].as_array().unwrap();
+    assert!(
+        cmd.iter().any(|a| a == "--state-dir"),
+        "dipamd's flags, found through the socket's peer: {versions:#}"
+    );
+    assert_eq!(versions["dipamd"], status["daemonVersion"]);
+    let lists = read_json(&root.join("conflists.json"));
+    assert_eq!(
+        lists["files"]["10-dipam.conflist"]["name"],
+        lab.network().as_str()
+    );
+    // host-local's store by file name: the address, never the container ID inside it.
+    let store = std::fs::read_to_string(root.join("delegate-store.json")).unwrap();
+    assert!(store.contains(&format!("\"{ip}\"")), "{store}");
+    assert!(!store.contains(&pod.container_id), "{store}");
+}
+
+#[test]
+fn a_broken_node_still_gets_a_bundle_with_each_failure_noted() {
+    require_root!();
+    let mut lab = Lab::new(CONFLIST);
+    lab.dipamd.kill9();
+    let work = tempfile::tempdir().unwrap();
+    // A log that never ends: a FIFO nobody writes to. Its part must time out, not hang.
+    let fifo = work.path().join("log.fifo");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let out_file = work.path().join("broken.tar.gz");
+    let out = bundle(
+        &lab.dipamd.socket(),
+        &[
+            "-o",
+            out_file.to_str().unwrap(),
+            "--log-file",
+            fifo.to_str().unwrap(),
+            "--conf-dir",
+            work.path().join("no-such-dir").to_str().unwrap(),
+            "--part-timeout",
+            "1",
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("FAILED"), "{text}");
+    let x = tempfile::tempdir().unwrap();
+    let root = extract(&out_file, x.path());
+    let m = read_json(&root.join("MANIFEST.json"));
+    for name in ["status", "doctor", "attachments", "conflists", "metrics"] {
+        assert_eq!(part(&m, name)["ok"], false, "{name}: {m:#}");
+    }
+    assert!(
+        part(&m, "status")["error"]
+            .as_str()
+            .unwrap()
+            .contains("cannot reach dipamd"),
+        "{m:#}"
+    );
+    assert!(
+        part(&m, "log")["error"]
+            .as_str()
+            .unwrap()
+            .contains("timed out"),
+        "{m:#}"
+    );
+    // What could be taken was taken.
+    let versions = read_json(&root.join("versions.json"));
+    assert!(versions["dipamctl"].is_string(), "{versions}");
+    assert!(
+        versions["dipamdCommandLine"]["error"].is_string(),
+        "{versions}"
+    );
+    assert!(!root.join("status.json").exists());
+}
