@@ -7,6 +7,7 @@ pub mod addrs;
 pub mod agent;
 pub mod clock;
 pub mod core;
+pub mod cri_args;
 pub mod ctl;
 pub mod daemon;
 pub mod delegate;

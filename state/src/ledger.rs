@@ -181,6 +181,20 @@ pub struct DelegateKey {
     pub cni_args: String,
 }
 
+/// The Kubernetes pod an attachment was made for, as a CRI runtime (containerd's CRI plugin,
+/// CRI-O) names it in CNI_ARGS: present only when the ADD came through CRI. The runtime-aware
+/// GC (dipamd --cri-endpoint) may free only such attachments; one made any other way (`ctr run
+/// --cni`, podman, a direct plugin call) is never its to free.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CriPod {
+    /// `K8S_POD_NAMESPACE`.
+    pub namespace: String,
+    /// `K8S_POD_NAME`.
+    pub name: String,
+    /// `K8S_POD_UID`.
+    pub uid: String,
+}
+
 /// When a request was issued, on a clock that never steps: CLOCK_BOOTTIME (which counts
 /// suspend and is never set) within one boot, named by the kernel's boot id
 /// (/proc/sys/kernel/random/boot_id). Two stamps of one boot order exactly; stamps of two
@@ -247,6 +261,12 @@ pub struct AttachmentRecord {
     /// records written before the field existed (all root's); not written when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub creator_uid: Option<u32>,
+    /// Set when the ADD came through a CRI runtime, with the pod it named. Absent for every
+    /// other ADD (and the agent's and the pool's records), and in records written before the
+    /// field existed, which the runtime-aware GC therefore never frees; not written when
+    /// absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cri_pod: Option<CriPod>,
 }
 
 impl AttachmentRecord {
@@ -592,10 +612,36 @@ mod tests {
             serde_json::from_str(&serde_json::to_string(&pooled).unwrap()).unwrap();
         assert_eq!(back, pooled);
         assert_eq!(back.delegate_ids(), ("dipam-pool-n1-7", "eth0"));
+        assert_eq!(back.cri_pod, None);
         assert_eq!(
             back.delegate_env(),
             ("/run/dipam/pool-netns/dipam-pool-n1-7", "IgnoreUnknown=1")
         );
+    }
+
+    #[test]
+    fn the_cri_pod_is_written_only_when_present_and_old_records_read_without_it() {
+        let rec = crate::suite::record("n", "c", "eth0");
+        let text = serde_json::to_string(&rec).unwrap();
+        assert!(!text.contains("cri_pod"), "{text}");
+        let mut cri = rec.clone();
+        cri.cri_pod = Some(CriPod {
+            namespace: "default".into(),
+            name: "web-0".into(),
+            uid: "0b5c1a7e-0000-4000-8000-000000000001".into(),
+        });
+        let text = serde_json::to_string(&cri).unwrap();
+        assert!(
+            text.contains(r#""cri_pod":{"namespace":"default","name":"web-0","#),
+            "{text}"
+        );
+        let back: AttachmentRecord = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, cri);
+        // A record as an older dipamd wrote it (no field at all) reads as not made through CRI.
+        let mut old: serde_json::Value = serde_json::to_value(&rec).unwrap();
+        old.as_object_mut().unwrap().remove("cri_pod");
+        let old: AttachmentRecord = serde_json::from_value(old).unwrap();
+        assert_eq!(old.cri_pod, None);
     }
 
     #[test]

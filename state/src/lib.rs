@@ -29,7 +29,7 @@ mod suite;
 
 pub use error::StoreError;
 pub use ledger::{
-    AttachmentKey, AttachmentRecord, AttachmentState, BootStamp, DelegateKey, Ledger, Owner,
+    AttachmentKey, AttachmentRecord, AttachmentState, BootStamp, CriPod, DelegateKey, Ledger, Owner,
 };
 pub use mem::MemStore;
 pub use schema::{SCHEMA_KEY, SCHEMA_VERSION, ensure_schema};

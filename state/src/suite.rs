@@ -29,6 +29,7 @@ pub(crate) fn record(network: &str, container_id: &str, ifname: &str) -> Attachm
         issued_at: None,
         delegate_key: None,
         creator_uid: None,
+        cri_pod: None,
     }
 }
 

@@ -177,6 +177,7 @@ fn intent(
         issued_at: p.issued.clone(),
         delegate_key: None,
         creator_uid: p.caller.recorded_uid(),
+        cri_pod: crate::cri_args::for_record(owner, &p.key, &p.req.cni_args),
     }
 }
 

@@ -303,6 +303,7 @@ pub async fn rebuild(
             issued_at: None,
             delegate_key: None,
             creator_uid: None,
+            cri_pod: None,
         };
         ledger.put(&rec).map_err(|e| e.to_string())?;
     }

@@ -721,6 +721,7 @@ esac
             issued_at: None,
             delegate_key: None,
             creator_uid: None,
+            cri_pod: None,
         }
     }
 

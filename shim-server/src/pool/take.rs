@@ -88,6 +88,8 @@ pub async fn take(
                 cni_args: entry.cni_args.clone(),
             }),
             creator_uid: p.caller.recorded_uid(),
+            // The pod's own CNI_ARGS, not the pool entry's: the pod came through CRI or not.
+            cri_pod: crate::cri_args::for_record(&Owner::Pod, &p.key, &p.req.cni_args),
         };
         // An entry whose address the agent holds must never reach a pod: release it instead.
         if node.check_conflict(&rec).await.is_err() {

@@ -326,6 +326,7 @@ fn records_without_a_creator_are_roots() {
         issued_at: None,
         delegate_key: None,
         creator_uid: None,
+        cri_pod: None,
     };
     let text = serde_json::to_value(&rec).unwrap();
     assert!(text.get("creator_uid").is_none(), "{text}");
