@@ -95,6 +95,14 @@ pub enum Event<'a> {
     Divergence { missing: u64, orphans: u64 },
     /// A history event dropped because its writer fell behind.
     HistoryDropped,
+    /// A pass of the runtime-aware GC (gc/runtime/): what it freed, how many attachments the
+    /// runtime no longer lists it kept as younger than --gc-grace, and, when it refused to
+    /// free anything, why (`unreachable`, `error`, `empty`, `share`).
+    RuntimeGcPass {
+        freed: u64,
+        kept_grace: u64,
+        refusing: Option<&'a str>,
+    },
 }
 
 /// Something that listens to [`Event`]s. Called on the emitter's task: it must not block.

@@ -93,6 +93,11 @@ pub struct Metrics {
     divergence_missing: Gauge,
     divergence_orphans: Gauge,
     history_dropped: Counter,
+    runtime_gc_passes: Counter,
+    runtime_gc_freed: Counter,
+    runtime_gc_kept_grace: Gauge,
+    runtime_gc_refusals: Family<L1, Counter>,
+    runtime_gc_refusing: Gauge,
     /// Agent states last published: a state no longer present loses its series.
     agent_states: Mutex<BTreeSet<String>>,
     /// Warm pools last published: a pool no longer present loses its series.
@@ -292,6 +297,47 @@ impl Metrics {
                 "History events dropped because the writer fell behind.",
                 Counter::default(),
             ),
+            runtime_gc_passes: reg(
+                &mut r,
+                "dipam_runtime_gc_passes_total",
+                "Passes of the runtime-aware GC (dipamd --cri-endpoint), refused ones included",
+                Counter::default(),
+            ),
+            runtime_gc_freed: reg(
+                &mut r,
+                "dipam_runtime_gc_freed_total",
+                "Attachments the runtime-aware GC freed: made through CRI, their sandbox missed \
+                 by two consecutive passes",
+                Counter::default(),
+            ),
+            runtime_gc_kept_grace: reg(
+                &mut r,
+                "dipam_runtime_gc_kept_grace",
+                "Attachments made through CRI whose sandbox the runtime did not list, kept at \
+                 the last pass as younger than --gc-grace",
+                Gauge::default(),
+            ),
+            runtime_gc_refusals: {
+                let family: Family<L1, Counter> = reg(
+                    &mut r,
+                    "dipam_runtime_gc_refusals_total",
+                    "Runtime-aware GC passes that freed nothing because the runtime's answer \
+                     was not trusted, by reason (unreachable, error, empty, share)",
+                    Family::default(),
+                );
+                // Every reason from the start, so that a rate over it needs no first refusal.
+                for reason in crate::gc::runtime::REFUSALS {
+                    family.get_or_create(&l1("reason", reason)).inc_by(0);
+                }
+                family
+            },
+            runtime_gc_refusing: reg(
+                &mut r,
+                "dipam_runtime_gc_refusing",
+                "1 while the last runtime-aware GC pass refused (see \
+                 dipam_runtime_gc_refusals_total for why), 0 otherwise",
+                Gauge::default(),
+            ),
             registry: r,
             agent_states: Mutex::default(),
             pools: Mutex::default(),
@@ -480,6 +526,21 @@ impl Observer for Metrics {
             Event::HistoryDropped => {
                 self.history_dropped.inc();
             }
+            Event::RuntimeGcPass {
+                freed,
+                kept_grace,
+                refusing,
+            } => {
+                self.runtime_gc_passes.inc();
+                self.runtime_gc_freed.inc_by(freed);
+                self.runtime_gc_kept_grace.set(gauge_value(kept_grace));
+                if let Some(reason) = refusing {
+                    self.runtime_gc_refusals
+                        .get_or_create(&l1("reason", reason))
+                        .inc();
+                }
+                self.runtime_gc_refusing.set(i64::from(refusing.is_some()));
+            }
         }
     }
 }
@@ -623,6 +684,16 @@ mod tests {
             missing: 1,
             orphans: 0,
         });
+        m.observe(&Event::RuntimeGcPass {
+            freed: 0,
+            kept_grace: 0,
+            refusing: Some("unreachable"),
+        });
+        m.observe(&Event::RuntimeGcPass {
+            freed: 2,
+            kept_grace: 1,
+            refusing: None,
+        });
         let out = m.render();
         for want in [
             "dipam_requests_total{op=\"ADD\",code=\"0\"} 2",
@@ -645,6 +716,12 @@ mod tests {
             "\ndipam_ledger_writable 1\n",
             "\ndipam_divergence_missing 1\n",
             "\ndipam_history_events_dropped_total 0\n",
+            "\ndipam_runtime_gc_passes_total 2\n",
+            "\ndipam_runtime_gc_freed_total 2\n",
+            "\ndipam_runtime_gc_kept_grace 1\n",
+            "\ndipam_runtime_gc_refusing 0\n",
+            "dipam_runtime_gc_refusals_total{reason=\"unreachable\"} 1",
+            "dipam_runtime_gc_refusals_total{reason=\"empty\"} 0",
             "# TYPE dipam_requests counter",
             "# TYPE dipam_attachments gauge",
             "# TYPE dipam_request_duration_seconds histogram",
@@ -657,7 +734,7 @@ mod tests {
         assert!(out.ends_with("# EOF\n"), "{out}");
         // Every series has its HELP and TYPE.
         let names = families(&out);
-        assert_eq!(names.len(), 27, "{names:?}");
+        assert_eq!(names.len(), 32, "{names:?}");
         for name in &names {
             assert!(
                 out.contains(&format!("# HELP {name} ")),

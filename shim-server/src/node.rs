@@ -49,6 +49,9 @@ pub struct Node {
     pub spool: SpoolState,
     /// The explain history's writer (history.rs), for status (its drops); set by the daemon.
     pub history: OnceLock<crate::history::Sink>,
+    /// The runtime-aware GC (gc/runtime/): set by the daemon when it runs with
+    /// --cri-endpoint.
+    pub runtime_gc: OnceLock<crate::gc::runtime::RuntimeGc>,
 }
 
 /// The core's functions read as the node's: `node.ledger(..)`, `node.lookup(..)`. The node
@@ -86,6 +89,7 @@ impl Node {
             denials,
             spool: SpoolState::default(),
             history: OnceLock::new(),
+            runtime_gc: OnceLock::new(),
         })
     }
 

@@ -6,7 +6,8 @@ use std::{future::Future, sync::Arc, time::Instant};
 use dipam_proto::v1::{
     AgentListReply, AgentListRequest, AgentRoleRequest, ClaimReply, ClaimRequest, CniReply,
     CniRequest, DoctorReply, DoctorRequest, ExplainReply, ExplainRequest, GcReply, GcRequest,
-    ListAttachmentsReply, ListAttachmentsRequest, StatusReply, StatusRequest, UnclaimRequest,
+    ListAttachmentsReply, ListAttachmentsRequest, RuntimeGcReply, RuntimeGcRequest, StatusReply,
+    StatusRequest, UnclaimRequest,
     admin_server::Admin, agent_server::Agent, cni_reply::Outcome, cni_server::Cni,
 };
 use tonic::{Request, Response, Status};
@@ -385,6 +386,20 @@ impl Admin for Service {
         protocol(r.get_ref().protocol_version)?;
         let span = info_span!("admin", command = "gc");
         rpc::admin::gc::run(&self.0, r.into_inner())
+            .instrument(span)
+            .await
+            .map(Response::new)
+            .map_err(ShimError::into_status)
+    }
+
+    async fn runtime_gc(
+        &self,
+        r: Request<RuntimeGcRequest>,
+    ) -> Result<Response<RuntimeGcReply>, Status> {
+        Caller::of(&r).require_admin("the runtime-aware GC")?;
+        protocol(r.get_ref().protocol_version)?;
+        let span = info_span!("admin", command = "gc --from-runtime");
+        rpc::admin::runtime_gc::run(&self.0, r.into_inner())
             .instrument(span)
             .await
             .map(Response::new)

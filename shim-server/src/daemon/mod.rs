@@ -108,6 +108,13 @@ pub struct Args {
     /// (otherwise it only reports them).
     #[arg(long)]
     pub reconcile_free: bool,
+    /// The container runtime's CRI socket, e.g. unix:///run/containerd/containerd.sock. Turns
+    /// on the runtime-aware GC: every --reconcile-interval dipamd lists the runtime's pod
+    /// sandboxes and frees the attachments made through CRI whose sandbox two consecutive
+    /// passes did not find (containerd never sends a CNI GC). Off by default. Give it only the
+    /// runtime that makes every CRI attachment on this node's networks (docs/cfp.md §7.4).
+    #[arg(long, env = "DIPAM_CRI_ENDPOINT", value_name = "unix:///PATH")]
+    pub cri_endpoint: Option<String>,
     /// Keep this many addresses per network allocated ahead of time (the warm pool; 0: off).
     ///
     /// dipamd takes them from the delegate under its own keys (container ID
@@ -229,6 +236,17 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
              metrics beyond this node"
         )));
     }
+    let runtime = match &args.cri_endpoint {
+        None => None,
+        Some(_) if !(args.reconcile_interval > 0.0) => {
+            return Err(DaemonError::Usage(
+                "--cri-endpoint needs --reconcile-interval above 0: the runtime-aware GC runs \
+                 a pass every interval"
+                    .into(),
+            ));
+        }
+        Some(e) => Some(crate::gc::runtime::cri::CriClient::new(e).map_err(DaemonError::Usage)?),
+    };
     let agent = agent_config(&args)?;
     if args.warm_pool > crate::pool::MAX_SIZE {
         return Err(DaemonError::Usage(format!(
@@ -341,6 +359,13 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         namespace: args.agent_namespace.clone(),
     });
     let _ = node.history.set(history);
+    if let Some(client) = runtime {
+        let _ = node
+            .runtime_gc
+            .set(crate::gc::runtime::RuntimeGc::new(std::sync::Arc::new(
+                client,
+            )));
+    }
     // Without the worker, main-mode plugins simply delete their veths themselves (slower
     // DEL, same outcome), so a failure here is a warning, not a reason not to serve.
     match crate::teardown::Teardown::start(node.denials.clone(), node.events.clone()) {
@@ -445,6 +470,13 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         Duration::from_secs_f64(args.reconcile_interval.max(0.0)),
         args.reconcile_free,
     ));
+    if let Some(rt) = node.runtime_gc.get() {
+        info!(endpoint = %rt.client.endpoint(), every_s = args.reconcile_interval, grace_s = args.gc_grace, "runtime-aware GC on");
+        tokio::spawn(crate::gc::runtime::pass::run(
+            std::sync::Arc::clone(&node),
+            Duration::from_secs_f64(args.reconcile_interval),
+        ));
+    }
     let peers = crate::access::PeerCheck {
         allow_uids: args.allow_uids.clone(),
         admin_uids: args.admin_uids.clone(),

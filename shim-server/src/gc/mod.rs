@@ -26,6 +26,7 @@
 //! compared with, name that key.
 
 pub mod collect;
+pub mod runtime;
 
 use std::time::Duration;
 

@@ -4,6 +4,7 @@ pub mod attachments;
 pub mod doctor;
 pub mod explain;
 pub mod gc;
+pub mod runtime_gc;
 pub mod status;
 
 use dipam_proto::v1::Attachment;
@@ -48,6 +49,21 @@ fn list_from(records: Vec<dipam_state::AttachmentRecord>, owner: &str) -> Vec<At
             created_at: r.created_at,
             updated_at: r.updated_at,
             creator_uid: r.creator_uid,
+            pod_namespace: r
+                .cri_pod
+                .as_ref()
+                .map(|p| p.namespace.clone())
+                .unwrap_or_default(),
+            pod_name: r
+                .cri_pod
+                .as_ref()
+                .map(|p| p.name.clone())
+                .unwrap_or_default(),
+            pod_uid: r
+                .cri_pod
+                .as_ref()
+                .map(|p| p.uid.clone())
+                .unwrap_or_default(),
         })
         .collect()
 }

@@ -72,6 +72,7 @@ pub async fn run(node: &Node) -> Result<StatusReply, ShimError> {
         privilege_failures: node.denials.count(),
         privilege_last_error: node.denials.last(),
         spool: Some(crate::spool::drain::status(node)),
+        runtime_gc: node.runtime_gc.get().map(|r| r.status()),
         plugin_protocols: {
             let bits = node
                 .plugin_protocols
