@@ -48,6 +48,9 @@ pub async fn run(
                     "ips": a.ips, "netns": a.netns, "configDigest": a.config_digest,
                     "createdAt": a.created_at, "updatedAt": a.updated_at,
                     "creatorUid": a.creator_uid,
+                    "pod": (!a.pod_uid.is_empty()).then(|| json!({
+                        "namespace": a.pod_namespace, "name": a.pod_name, "uid": a.pod_uid,
+                    })),
                     "delegateKey": (!a.delegate_container_id.is_empty()).then(|| json!({
                         "containerID": a.delegate_container_id, "ifname": a.delegate_ifname,
                     })),
@@ -57,7 +60,7 @@ pub async fn run(
             .collect();
         output::json(out, &serde_json::Value::Array(v))?;
     } else {
-        let rows: Vec<[String; 7]> = list
+        let rows: Vec<[String; 8]> = list
             .attachments
             .iter()
             .map(|a| {
@@ -76,6 +79,12 @@ pub async fn run(
                         )
                     },
                     a.ips.join(","),
+                    // The pod, for an attachment made through CRI.
+                    if a.pod_name.is_empty() {
+                        "-".to_owned()
+                    } else {
+                        format!("{}/{}", a.pod_namespace, a.pod_name)
+                    },
                 ]
             })
             .collect();
@@ -89,6 +98,7 @@ pub async fn run(
                 "STATE",
                 "DELEGATE",
                 "IPS",
+                "POD",
             ],
             &rows,
         )?;

@@ -51,6 +51,9 @@ fn to_json(container_id: &str, r: &ExplainReply, events: Vec<Value>) -> Value {
             "network": a.network, "ifname": a.ifname, "owner": a.owner,
             "state": a.state, "ips": a.ips, "delegate": a.delegate_type,
             "containerID": a.container_id,
+            "pod": (!a.pod_uid.is_empty()).then(|| json!({
+                "namespace": a.pod_namespace, "name": a.pod_name, "uid": a.pod_uid,
+            })),
             "delegateKey": (!a.delegate_container_id.is_empty()).then(|| json!({
                 "containerID": a.delegate_container_id, "ifname": a.delegate_ifname,
             })),
@@ -75,6 +78,12 @@ fn table(
         let mut note = String::new();
         if a.container_id != container_id {
             note.push_str(&format!(", container {}", a.container_id));
+        }
+        if !a.pod_uid.is_empty() {
+            note.push_str(&format!(
+                ", made through CRI for pod {}/{} (uid {})",
+                a.pod_namespace, a.pod_name, a.pod_uid
+            ));
         }
         if !a.delegate_container_id.is_empty() {
             note.push_str(&format!(

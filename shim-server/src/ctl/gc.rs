@@ -36,6 +36,11 @@ pub struct Args {
     /// pods (e.g. the only pod of a network). Check the list with --dry-run first.
     #[arg(long)]
     force: bool,
+    /// The runtime-aware GC (dipamd --cri-endpoint) instead of one network: with --dry-run,
+    /// what its next pass would free and keep, and why; without, one pass now. A pass frees
+    /// only what the pass before it missed too, so a first run may free nothing.
+    #[arg(long, conflicts_with_all = ["conflist", "valid", "use_ledger"])]
+    from_runtime: bool,
 }
 
 pub async fn run(
@@ -44,6 +49,9 @@ pub async fn run(
     json: bool,
     out: &mut dyn Write,
 ) -> Result<(), CtlError> {
+    if args.from_runtime {
+        return super::runtime_gc::run(channel, args.dry_run, args.force, json, out).await;
+    }
     let (config, mode) = match &args.conflist {
         Some(path) => network_config(path)?,
         None => (Vec::new(), Mode::Unspecified),

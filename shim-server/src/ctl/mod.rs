@@ -21,6 +21,7 @@ pub mod kube;
 pub mod output;
 pub mod ranges;
 pub mod recover;
+pub mod runtime_gc;
 pub mod status;
 pub mod support_bundle;
 pub mod wrap;

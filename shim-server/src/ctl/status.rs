@@ -77,6 +77,12 @@ fn to_json(s: &StatusReply) -> Value {
         "privilegeFailures": {
             "count": s.privilege_failures, "lastError": s.privilege_last_error,
         },
+        "runtimeGc": s.runtime_gc.as_ref().map(|r| json!({
+            "endpoint": r.endpoint, "passes": r.passes, "freed": r.freed,
+            "refusing": r.refusing, "refusingDetail": r.refusing_detail,
+            "refusals": r.refusals, "sandboxes": r.sandboxes, "pending": r.pending,
+            "keptGrace": r.kept_grace, "lastPassAt": r.last_pass_at,
+        })),
         "spool": s.spool.as_ref().map(|p| json!({
             "dir": p.dir, "pointer": p.pointer, "depth": p.depth,
             "quarantined": p.quarantined, "untrusted": p.untrusted,
@@ -140,6 +146,17 @@ fn table(s: &StatusReply, out: &mut dyn Write) -> std::io::Result<()> {
         "gc:           {} freed, {} refused",
         s.gc_freed, s.gc_refused
     )?;
+    if let Some(r) = &s.runtime_gc {
+        writeln!(
+            out,
+            "runtime gc:   {}: {} pass(es), {} freed, {} refused; last pass: {} sandbox(es), \
+             {} missed once, {} kept by grace",
+            r.endpoint, r.passes, r.freed, r.refusals, r.sandboxes, r.pending, r.kept_grace
+        )?;
+        if !r.refusing.is_empty() {
+            writeln!(out, "  refusing ({}): {}", r.refusing, r.refusing_detail)?;
+        }
+    }
     if s.warm_pool > 0 || !s.pools.is_empty() {
         warm_pool(s, out)?;
     }

@@ -238,7 +238,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     }
     let runtime = match &args.cri_endpoint {
         None => None,
-        Some(_) if !(args.reconcile_interval > 0.0) => {
+        Some(_) if args.reconcile_interval.is_nan() || args.reconcile_interval <= 0.0 => {
             return Err(DaemonError::Usage(
                 "--cri-endpoint needs --reconcile-interval above 0: the runtime-aware GC runs \
                  a pass every interval"

@@ -298,6 +298,40 @@ pub async fn run(node: &Node) -> Result<DoctorReply, ShimError> {
         }
     }
 
+    if let Some(rt) = node.runtime_gc.get() {
+        let s = rt.status();
+        checks.push(check(
+            "runtime-aware GC trusts the runtime's list",
+            s.refusing.is_empty(),
+            if !s.refusing.is_empty() {
+                format!("refusing ({}): {}", s.refusing, s.refusing_detail)
+            } else if s.passes == 0 {
+                format!("{}: no pass yet", s.endpoint)
+            } else {
+                format!(
+                    "{}: {} sandbox(es) at the last pass; {} freed, {} refused since start",
+                    s.endpoint, s.sandboxes, s.freed, s.refusals
+                )
+            },
+            match s.refusing.as_str() {
+                "unreachable" => {
+                    "check that the runtime runs and that --cri-endpoint names its CRI socket \
+                     (containerd: unix:///run/containerd/containerd.sock; in a DaemonSet, mount \
+                     it into dipamd); nothing is freed meanwhile"
+                }
+                "empty" => {
+                    "--cri-endpoint must be the runtime that made the pods' attachments; if it \
+                     is and it truly runs no pod, `dipamctl gc --from-runtime --dry-run` shows \
+                     what it would free"
+                }
+                "share" => {
+                    "`dipamctl gc --from-runtime --dry-run` lists what it would free; if that \
+                     is right, `dipamctl gc --from-runtime --force` frees it"
+                }
+                _ => "see dipamd's log (runtime-aware GC) and the runtime's own log",
+            },
+        ));
+    }
     checks.push(teardown_check(node.teardown.get()));
     let denied = node.denials.count();
     checks.push(check(
