@@ -8,9 +8,15 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use k8s_cri::v1::{ListPodSandboxRequest, runtime_service_client::RuntimeServiceClient};
-
 use super::{ListError, Listing, Sandboxes};
+
+/// The generated CRI client and messages (build.rs, from cri/api.proto).
+#[allow(clippy::all, rust_2018_idioms)]
+pub mod v1 {
+    tonic::include_proto!("runtime.v1");
+}
+
+use v1::{ListPodSandboxRequest, runtime_service_client::RuntimeServiceClient};
 
 /// How long connecting may take.
 const CONNECT: Duration = Duration::from_secs(5);
