@@ -6,8 +6,8 @@
 //! `K8S_POD_NAMESPACE`, `K8S_POD_NAME`, `K8S_POD_INFRA_CONTAINER_ID` (the sandbox ID, which is
 //! also CNI_CONTAINERID) and `K8S_POD_UID`, plus `IgnoreUnknown=1`, in a different order on
 //! each call (containerd internal/cri/server/sandbox_run.go, `cni.WithLabels`); CRI-O's ocicni
-//! sends the same four. podman's CNI backend sends the first three but no `K8S_POD_UID`, and
-//! `ctr run --cni` sends none. So an ADD is "made through CRI" only when all four are there,
+//! sends the same four. podman's CNI backend sends only `K8S_POD_NAME` (containers/common
+//! libnetwork/cni/run.go, podman#12083) and `ctr run --cni` none. So an ADD is "made through CRI" only when all four are there,
 //! well formed, and the infra container ID is the container ID: anything less is not, and an
 //! attachment that is not is never freed by the runtime-aware GC. The values come from
 //! whoever calls the socket and end up in the ledger, in logs and in dipamctl's output: each
@@ -160,7 +160,9 @@ mod tests {
     #[test]
     fn podman_ctr_and_dipamds_own_args_are_not_cri() {
         for a in [
-            // podman's CNI backend: no UID.
+            // podman's CNI backend: the container's name only.
+            format!("IgnoreUnknown=1;{NAME}=web"),
+            // Three of the four, without the UID.
             format!("IgnoreUnknown=1;{NAMESPACE}=web;{INFRA}={SANDBOX};{NAME}=web"),
             // ctr run --cni: none.
             String::new(),

@@ -279,7 +279,8 @@ fn an_attachment_made_outside_cri_is_never_freed() {
     let bench = Bench::new("0.2", "0");
     let (cd, lab) = (&bench.cd, &bench.lab);
     let pod = cd.run_pod("web").unwrap();
-    // CNI_ARGS as podman's CNI backend sends them: a pod name, but no K8S_POD_UID.
+    // The harness's CNI_ARGS name a pod (namespace and name) but carry no K8S_POD_UID: not
+    // made through CRI.
     let (_ns, att) = lab.pod();
     let direct = result_ips(&lab.rt.add(lab.list(), &att).unwrap()).remove(0);
     let before = runtime_status(lab)["passes"].as_u64().unwrap_or(0);
