@@ -7,8 +7,8 @@ use dipam_proto::v1::{
     AgentListReply, AgentListRequest, AgentRoleRequest, ClaimReply, ClaimRequest, CniReply,
     CniRequest, DoctorReply, DoctorRequest, ExplainReply, ExplainRequest, GcReply, GcRequest,
     ListAttachmentsReply, ListAttachmentsRequest, RuntimeGcReply, RuntimeGcRequest, StatusReply,
-    StatusRequest, UnclaimRequest,
-    admin_server::Admin, agent_server::Agent, cni_reply::Outcome, cni_server::Cni,
+    StatusRequest, UnclaimRequest, admin_server::Admin, agent_server::Agent, cni_reply::Outcome,
+    cni_server::Cni,
 };
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, debug, info, info_span, warn};

@@ -284,7 +284,7 @@ fn an_attachment_made_outside_cri_is_never_freed() {
     let (_ns, att) = lab.pod();
     let direct = result_ips(&lab.rt.add(lab.list(), &att).unwrap()).remove(0);
     let before = runtime_status(lab)["passes"].as_u64().unwrap_or(0);
-    let s = wait_status(&lab, "five more passes", |s| {
+    let s = wait_status(lab, "five more passes", |s| {
         s["passes"].as_u64().unwrap_or(0) >= before + 5
     });
     assert_eq!(s["refusing"], "", "{s:#}");
@@ -364,7 +364,7 @@ fn an_empty_sandbox_list_with_cri_attachments_frees_nothing() {
     let (cd, lab) = (&bench.cd, &bench.lab);
     assert!(cd.list_pods().unwrap().is_empty());
     let (_ns, att) = cri_shaped(lab);
-    let s = wait_status(&lab, "refusing an empty list five times", |s| {
+    let s = wait_status(lab, "refusing an empty list five times", |s| {
         s["refusing"] == "empty" && s["refusals"].as_u64().unwrap_or(0) >= 5
     });
     assert!(
@@ -377,7 +377,7 @@ fn an_empty_sandbox_list_with_cri_attachments_frees_nothing() {
     assert_eq!(s["freed"], 0);
     assert_eq!(lab.ledger().len(), 1);
     lab.assert_agree();
-    let check = doctor_check(&lab);
+    let check = doctor_check(lab);
     assert_eq!(check["ok"], false, "{check:#}");
     assert!(
         check["detail"].as_str().unwrap().contains("empty"),
