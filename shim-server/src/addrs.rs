@@ -293,6 +293,7 @@ mod tests {
             issued_at: None,
             delegate_key: None,
             creator_uid: None,
+            cri_pod: None,
         }
     }
 
