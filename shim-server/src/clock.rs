@@ -25,9 +25,41 @@ pub fn log_ms(d: std::time::Duration) -> f64 {
     (d.as_secs_f64() * 1e4).round() / 10.0
 }
 
+/// Unix milliseconds as an RFC 3339 UTC time with milliseconds, `2026-11-24T07:15:00.123Z`:
+/// what people read in dipamctl's output (a raw epoch number is not a time anyone can read).
+pub fn rfc3339_ms(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = secs / 86_400;
+    let (h, m, s) = ((secs % 86_400) / 3600, (secs % 3600) / 60, secs % 60);
+    // The civil date from days since 1970-01-01 (H. Hinnant, "chrono-Compatible Low-Level
+    // Date Algorithms", days_from_civil's inverse).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let mo = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(mo <= 2);
+    format!(
+        "{y:04}-{mo:02}-{d:02}T{h:02}:{m:02}:{s:02}.{:03}Z",
+        ms % 1000
+    )
+}
+
 #[cfg(test)]
 mod tests {
-    use super::log_ms;
+    use super::{log_ms, rfc3339_ms};
+
+    #[test]
+    fn rfc3339_is_utc_civil_time_with_milliseconds() {
+        assert_eq!(rfc3339_ms(0), "1970-01-01T00:00:00.000Z");
+        // 2000-02-29 (a leap day of a century leap year), and the end of 1999.
+        assert_eq!(rfc3339_ms(951_782_400_123), "2000-02-29T00:00:00.123Z");
+        assert_eq!(rfc3339_ms(946_684_799_999), "1999-12-31T23:59:59.999Z");
+        assert_eq!(rfc3339_ms(1_795_504_500_007), "2026-11-24T07:15:00.007Z");
+    }
     use std::time::Duration;
 
     #[test]

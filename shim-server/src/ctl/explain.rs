@@ -58,7 +58,13 @@ fn to_json(container_id: &str, r: &ExplainReply, events: Vec<Value>) -> Value {
                 "containerID": a.delegate_container_id, "ifname": a.delegate_ifname,
             })),
         })).collect::<Vec<_>>(),
-        "events": events,
+        // Each event keeps `atMs` (Unix ms, for scripts) and gains `at` (RFC 3339, for people).
+        "events": events.into_iter().map(|mut e| {
+            if let Some(ms) = e["atMs"].as_u64() {
+                e["at"] = crate::clock::rfc3339_ms(ms).into();
+            }
+            e
+        }).collect::<Vec<_>>(),
         "eventsDropped": r.events_dropped,
     })
 }
@@ -111,7 +117,7 @@ fn table(
 
 /// One history event on one line (an exec adds its environment on a second).
 fn event(e: &Value, out: &mut dyn Write) -> std::io::Result<()> {
-    let at = e["atMs"].as_u64().unwrap_or_default();
+    let at = crate::clock::rfc3339_ms(e["atMs"].as_u64().unwrap_or_default());
     let ms = e["durationMs"].as_f64().unwrap_or_default();
     match e["kind"].as_str() {
         Some("exec") => {

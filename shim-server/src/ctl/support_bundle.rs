@@ -391,23 +391,12 @@ fn hostname() -> String {
 
 /// UTC time as `20261124T071500Z` (file names) and RFC 3339 (the manifest).
 fn utc_now() -> (String, String) {
-    let secs = crate::clock::now();
-    let days = secs / 86_400;
-    let (h, m, s) = ((secs % 86_400) / 3600, (secs % 3600) / 60, secs % 60);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let mo = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(mo <= 2);
-    (
-        format!("{y:04}{mo:02}{d:02}T{h:02}{m:02}{s:02}Z"),
-        format!("{y:04}-{mo:02}-{d:02}T{h:02}:{m:02}:{s:02}Z"),
-    )
+    let rfc = crate::clock::rfc3339_ms(crate::clock::now_ms());
+    let stamp: String = rfc[..19]
+        .chars()
+        .filter(|c| !matches!(c, '-' | ':'))
+        .collect();
+    (format!("{stamp}Z"), format!("{}Z", &rfc[..19]))
 }
 
 /// Writes the tar.gz: to a temporary file beside the target, 0600, then renamed, so that a

@@ -73,5 +73,15 @@ fn explain_shows_requests_and_delegate_execs_across_a_restart() {
     assert_eq!(failed["code"], 152);
     assert!(failed["details"].as_str().unwrap().contains("searched"));
     let text = lab.dipamd.ctl(&["explain", &other.container_id]);
-    assert!(String::from_utf8_lossy(&text.stdout).contains("code 152"));
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("code 152"));
+    // Times for people: RFC 3339 in UTC, the same instant as the JSON's atMs.
+    let at = failed["at"].as_str().unwrap_or_else(|| panic!("{v:#}"));
+    assert!(
+        at.ends_with('Z') && at.len() == "2026-11-24T07:15:00.123Z".len(),
+        "{at}"
+    );
+    let ms = failed["atMs"].as_u64().unwrap();
+    assert_eq!(&at[20..23], format!("{:03}", ms % 1000), "{at} vs {ms}");
+    assert!(text.contains(&format!("  {at} ADD ")), "{text}");
 }
