@@ -35,6 +35,8 @@ struct Call {
     container_id: String,
     ifname: String,
     network: String,
+    /// `namespace/name` of the Kubernetes pod a CRI runtime named in CNI_ARGS, or `-`.
+    pod: String,
 }
 
 impl Call {
@@ -52,6 +54,11 @@ impl Call {
                 .ok()
                 .and_then(|v| v.get("name")?.as_str().map(|n| clip(n, limits::NETWORK)))
                 .unwrap_or_default(),
+            // Validated there (Kubernetes names, bounded): safe on a log line.
+            pod: match crate::cri_args::cri_pod(&req.container_id, &req.cni_args) {
+                Ok(Some(p)) => format!("{}/{}", p.namespace, p.name),
+                _ => "-".to_owned(),
+            },
         }
     }
 
@@ -157,7 +164,7 @@ where
                 if matches!(call.command, "STATUS" | "GC") {
                     debug!(network = %network, container = %container, elapsed_ms = ms, "ok");
                 } else {
-                    info!(network = %network, container = %container, ips = %ips, elapsed_ms = ms, "ok");
+                    info!(network = %network, pod = %call.pod, container = %container, ips = %ips, elapsed_ms = ms, "ok");
                 }
                 event["outcome"] = "ok".into();
                 if !result.is_null() {
@@ -179,14 +186,14 @@ where
                         outcome: Some(Outcome::Error(err)),
                         ..
                     }) => {
-                        warn!(network = %network, container = %container, elapsed_ms = ms, code = err.code, msg = %err.msg, details = %err.details, "failed");
+                        warn!(network = %network, pod = %call.pod, container = %container, elapsed_ms = ms, code = err.code, msg = %err.msg, details = %err.details, "failed");
                         event["outcome"] = "error".into();
                         event["code"] = err.code.into();
                         event["msg"] = err.msg.clone().into();
                         event["details"] = err.details.clone().into();
                     }
                     Err(status) => {
-                        warn!(network = %network, container = %container, elapsed_ms = ms, status = ?status.code(), msg = status.message(), "refused");
+                        warn!(network = %network, pod = %call.pod, container = %container, elapsed_ms = ms, status = ?status.code(), msg = status.message(), "refused");
                         event["outcome"] = "refused".into();
                         event["msg"] = status.message().into();
                     }

@@ -12,7 +12,8 @@ use super::{CtlError, output};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The container ID (CNI_CONTAINERID).
+    /// The container ID (CNI_CONTAINERID), or a Kubernetes pod as NAMESPACE/NAME (for
+    /// attachments a CRI runtime made, which carry the pod's name).
     container_id: String,
 }
 

@@ -119,3 +119,56 @@ fn status_and_gc_are_debug_and_spool_replays_are_info() {
     );
     lab.assert_agree();
 }
+
+/// A CRI runtime's ADD names its pod (containerd's four K8S_POD_* keys, in its varying order):
+/// the request's line says `pod=namespace/name`, and `dipamctl explain namespace/name` finds
+/// the attachment. Without them (podman, a direct call) the line says `pod=-`.
+#[test]
+fn a_cri_pod_is_named_on_its_line_and_explained_by_name() {
+    require_root!();
+    let lab = Lab::new(CONFLIST);
+    let (_ns, mut att) = lab.pod();
+    att.args = format!(
+        "K8S_POD_UID=7f0c2a4e-1b2c-4d5e-8f90-123456789abc;IgnoreUnknown=1;\
+         K8S_POD_INFRA_CONTAINER_ID={id};K8S_POD_NAME=web-0;K8S_POD_NAMESPACE=shop",
+        id = att.container_id
+    );
+    let r = lab.rt.ipam(lab.list(), 0, "ADD", &att, None).unwrap();
+    let (_ns2, plain) = lab.pod();
+    lab.rt.ipam(lab.list(), 0, "ADD", &plain, None).unwrap();
+    let log = lab.dipamd.log();
+    let line = |cid: &str| {
+        lines(&log, "INFO", &format!("container_id={cid}"))
+            .into_iter()
+            .find(|l| l.contains("dipam_shim::service: ok"))
+            .unwrap_or_else(|| panic!("no line for {cid}:\n{log}"))
+            .to_owned()
+    };
+    assert!(
+        line(&att.container_id).contains(" pod=shop/web-0 "),
+        "{}",
+        line(&att.container_id)
+    );
+    assert!(
+        line(&plain.container_id).contains(" pod=- "),
+        "{}",
+        line(&plain.container_id)
+    );
+
+    let out = lab.dipamd.ctl(&["explain", "shop/web-0", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ips: Vec<&str> = v["attachments"][0]["ips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i.as_str())
+        .collect();
+    assert_eq!(ips, vec![r["ips"][0]["address"].as_str().unwrap()], "{v:#}");
+    let out = lab.dipamd.ctl(&["explain", "shop/nobody"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no attachment in the ledger for pod"),
+        "{out:?}"
+    );
+}
