@@ -23,6 +23,11 @@ pub mod spool;
 #[allow(clippy::all, clippy::pedantic, clippy::unwrap_used, missing_docs)]
 pub mod v1 {
     tonic::include_proto!("dipam.v1");
+
+    /// The encoded `FileDescriptorSet` of dipam.v1 (proto/build.rs), for server reflection.
+    #[cfg(feature = "server")]
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        tonic::include_file_descriptor_set!("dipam_v1_descriptor");
 }
 
 /// Connects to dipamd's unix socket. Shared by the plugin and dipamctl so that both dial the

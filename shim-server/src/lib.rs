@@ -4,6 +4,7 @@
 pub mod access;
 pub mod activation;
 pub mod addrs;
+pub mod authority;
 pub mod agent;
 pub mod clock;
 pub mod core;
@@ -16,6 +17,7 @@ pub mod error;
 pub mod events;
 pub mod fault;
 pub mod gc;
+pub mod health;
 pub mod history;
 pub mod keylock;
 pub mod keys;

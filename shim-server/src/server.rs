@@ -12,7 +12,7 @@ use dipam_proto::v1::{
     admin_server::AdminServer, agent_server::AgentServer, cni_server::CniServer,
 };
 use tokio::net::UnixListener;
-use tokio_stream::wrappers::UnixListenerStream;
+use tokio_stream::{StreamExt, wrappers::UnixListenerStream};
 use tracing::{info, warn};
 
 use crate::{
@@ -32,6 +32,8 @@ pub enum ServeError {
     Io { path: PathBuf, source: io::Error },
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("gRPC server reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> ServeError + '_ {
@@ -135,6 +137,19 @@ where
 {
     let svc = Service(node.clone());
     let check = move |req| peers.check(req);
+    let health = crate::health::Monitor::new(node.clone());
+    tokio::spawn(health.clone().run(crate::health::RECHECK));
+    let draining_health = health.clone();
+    // Server reflection (grpc.reflection.v1 and the v1alpha that older grpcurl releases
+    // ask for) describes dipam.v1 and grpc.health.v1, from the descriptors proto/build.rs
+    // compiled with the code.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(dipam_proto::v1::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection().build_v1()?;
+    let reflection_v1alpha = reflection().build_v1alpha()?;
     let (draining_tx, draining) = tokio::sync::oneshot::channel::<()>();
     let stopping = node.clone();
     // What the server awaits before its graceful shutdown: the signal. It also tells every
@@ -154,6 +169,7 @@ where
             "no longer accepting; agent watches end, requests in flight may finish"
         );
         stopping.agent.close_watches();
+        draining_health.drain();
         let _ = draining_tx.send(());
     };
     let server = tonic::transport::Server::builder()
@@ -172,9 +188,29 @@ where
         ))
         .add_service(InterceptedService::new(
             AgentServer::new(svc).max_decoding_message_size(MAX_REQUEST_BYTES),
+            check.clone(),
+        ))
+        // The standard services answer the same callers as dipam.v1: the socket's
+        // permissions and the peer check are the one trust boundary.
+        .add_service(InterceptedService::new(
+            tonic_health::pb::health_server::HealthServer::new(health.service())
+                .max_decoding_message_size(MAX_REQUEST_BYTES),
+            check.clone(),
+        ))
+        .add_service(InterceptedService::new(
+            reflection_v1.max_decoding_message_size(MAX_REQUEST_BYTES),
+            check.clone(),
+        ))
+        .add_service(InterceptedService::new(
+            reflection_v1alpha.max_decoding_message_size(MAX_REQUEST_BYTES),
             check,
         ))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), signal);
+        // C-core clients' `:authority` (authority.rs).
+        .serve_with_incoming_shutdown(
+            UnixListenerStream::new(listener)
+                .map(|conn| conn.map(crate::authority::Fixed::new)),
+            signal,
+        );
     tokio::pin!(server);
     let deadline = async {
         if draining.await.is_err() {

@@ -29,6 +29,14 @@ pub async fn run(
     req: CniRequest,
 ) -> Result<Vec<u8>, ShimError> {
     let p = node.prepare(req, false, caller)?;
+    node_checks(node)?;
+    delegate_checks(node, &p).await?;
+    Ok(Vec::new())
+}
+
+/// What makes dipamd unable to serve ADD whatever the network: the ledger, the delegate's
+/// store as the last reconcile found it, the agent's addresses. In memory, so cheap.
+pub fn node_checks(node: &Node) -> Result<(), ShimError> {
     if let Some(fault) = node.ledger.store().fault() {
         return Err(ShimError::NotReady {
             missing: vec![fault],
@@ -52,6 +60,12 @@ pub async fn run(
     if !not_ready.is_empty() {
         return Err(ShimError::NotReady { missing: not_ready });
     }
+    Ok(())
+}
+
+/// The network's delegate: it answers VERSION, and, when it speaks 1.1, its own STATUS
+/// (remembered for a few seconds).
+async fn delegate_checks(node: &Node, p: &crate::core::Prepared) -> Result<(), ShimError> {
     let probe = node
         .exec
         .probe(&p.dc.kind, &p.req.cni_path)
@@ -87,7 +101,7 @@ pub async fn run(
             None => {
                 let stdin = p.dc.bytes_for(None)?;
                 let r = node
-                    .run_delegate(&p, &probe, "STATUS", stdin)
+                    .run_delegate(p, &probe, "STATUS", stdin)
                     .await
                     .err()
                     .map(|e| e.to_string());
@@ -105,5 +119,21 @@ pub async fn run(
             });
         }
     }
-    Ok(Vec::new())
+    Ok(())
+}
+
+/// The delegates whose own STATUS failed within the last few seconds, as any caller of
+/// STATUS (a runtime, the health service) saw it: for readiness when no network config is at
+/// hand.
+pub fn recent_delegate_failures(node: &Node) -> Vec<String> {
+    let Ok(cache) = node.status_cache.lock() else {
+        return Vec::new();
+    };
+    let mut out: Vec<String> = cache
+        .iter()
+        .filter(|(_, (at, _))| at.elapsed() < DELEGATE_STATUS_TTL)
+        .filter_map(|(kind, (_, r))| r.as_ref().map(|why| format!("delegate {kind} STATUS: {why}")))
+        .collect();
+    out.sort();
+    out
 }
