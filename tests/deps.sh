@@ -12,6 +12,10 @@
 # Debian's python3 (python3-venv) under $DIPAM_TEST_CACHE (default /var/cache/dipam-tests);
 # when it cannot be installed (no route to PyPI) the reason is recorded there and that test
 # skips, saying why.
+# Also Python grpcio with grpcio-tools, grpcio-health-checking and grpcio-reflection from
+# PyPI, in a second venv there (grpcio): tests/lifecycle/tests/agent_api.rs generates Python
+# stubs from proto/ with them and runs an agent written in Python against a real dipamd,
+# recording why in grpcio.unavailable when they cannot be installed, as above.
 # Also the Rust standard library for musl, which the plugin is built against
 # (tests/lifecycle/src/bins.rs says why); without it the plugin is built against glibc.
 # Idempotent; a no-op when everything is present.
@@ -117,6 +121,37 @@ if [ "${1:-}" != "demo" ]; then
       why="promtool (Debian's prometheus $want) could not be installed into $prom: $(printf '%s' "$out" | tail -n 5)"
       echo "note: $why" >&2
       # Read by tests/lifecycle/tests/alerts.rs, which then skips and prints it.
+      { mkdir -p "$cache" && printf '%s\n' "$why" >"$unavailable"; } 2>/dev/null ||
+        echo "note: could not record that in $unavailable either" >&2
+    fi
+  fi
+fi
+
+# grpcio and friends, pinned together (they are released in lockstep; protobuf is what
+# grpcio-tools 1.85 generates code for). The same rules as kubernetes-validate's venv.
+grpcio_version=1.85.1
+protobuf_version=7.36.2
+if [ "${1:-}" != "demo" ]; then
+  cache=${DIPAM_TEST_CACHE:-/var/cache/dipam-tests}
+  venv=$cache/grpcio
+  unavailable=$cache/grpcio.unavailable
+  probe='import grpc, grpc_tools.protoc, grpc_health.v1.health_pb2, grpc_reflection.v1alpha.proto_reflection_descriptor_database; print(grpc.__version__)'
+  if [ ! -f "$venv/.complete" ] ||
+    [ "$("$venv/bin/python" -c "$probe" 2>/dev/null)" != "$grpcio_version" ]; then
+    echo "installing: grpcio $grpcio_version, grpcio-tools (PyPI) into $venv"
+    if out=$( (rm -rf "$venv" && mkdir -p "$cache" &&
+      /usr/bin/python3 -m venv "$venv" &&
+      "$venv/bin/pip" install -q --disable-pip-version-check \
+        "grpcio==$grpcio_version" "grpcio-tools==$grpcio_version" \
+        "grpcio-health-checking==$grpcio_version" "grpcio-reflection==$grpcio_version" \
+        "protobuf==$protobuf_version" &&
+      [ "$("$venv/bin/python" -c "$probe")" = "$grpcio_version" ] &&
+      touch "$venv/.complete") 2>&1); then
+      rm -f "$unavailable"
+    else
+      why="grpcio $grpcio_version could not be installed into $venv: $(printf '%s' "$out" | tail -n 5)"
+      echo "note: $why" >&2
+      # Read by tests/lifecycle/tests/agent_api.rs, which then skips and prints it.
       { mkdir -p "$cache" && printf '%s\n' "$why" >"$unavailable"; } 2>/dev/null ||
         echo "note: could not record that in $unavailable either" >&2
     fi
