@@ -329,7 +329,11 @@ impl Rewriter {
             let (chunk, tail) = rest.split_at(take);
             let end = if tail.is_empty() { END_HEADERS } else { 0 };
             let (kind, flags, extra) = if first {
-                (HEADERS, block.flags | end, block.priority.as_ref().map_or(&[][..], |p| &p[..]))
+                (
+                    HEADERS,
+                    block.flags | end,
+                    block.priority.as_ref().map_or(&[][..], |p| &p[..]),
+                )
             } else {
                 (CONTINUATION, end, &[][..])
             };
@@ -553,10 +557,20 @@ mod tests {
         let mut enc = loona_hpack::Encoder::new();
         let mut input = PREFACE.to_vec();
         input.extend(frame(SETTINGS, 0, 0, &[]));
-        input.extend(frame(HEADERS, END_HEADERS, 1, &encode(&mut enc, &request(b"localhost"))));
+        input.extend(frame(
+            HEADERS,
+            END_HEADERS,
+            1,
+            &encode(&mut enc, &request(b"localhost")),
+        ));
         input.extend(frame(DATA, END_STREAM, 1, &[0, 0, 0, 0, 0]));
         // A later block with a refused authority is not looked at: one decode per connection.
-        input.extend(frame(HEADERS, END_HEADERS, 3, &encode(&mut enc, &request(b"a%2Fb"))));
+        input.extend(frame(
+            HEADERS,
+            END_HEADERS,
+            3,
+            &encode(&mut enc, &request(b"a%2Fb")),
+        ));
         for chunk in [1, 7, 4096] {
             let (out, rw) = feed_all(&input, chunk);
             assert_eq!(out, input, "chunk {chunk}");
@@ -571,7 +585,12 @@ mod tests {
         let sock = b"tmp%2Fdipam-test%2Fdipam.sock";
         let mut input = PREFACE.to_vec();
         input.extend(frame(SETTINGS, 0, 0, &[0, 4, 0, 0, 0xff, 0xff]));
-        input.extend(frame(HEADERS, END_HEADERS, 1, &encode(&mut enc, &request(sock))));
+        input.extend(frame(
+            HEADERS,
+            END_HEADERS,
+            1,
+            &encode(&mut enc, &request(sock)),
+        ));
         input.extend(frame(DATA, END_STREAM, 1, b"\0\0\0\0\x02\x08\x01"));
         // The second request refers to the first one's entries in the client's dynamic table
         // (the encoder indexes them): the rewriter must follow that table.
@@ -658,7 +677,12 @@ mod tests {
     fn a_rewritten_connection_whose_framing_breaks_is_ended() {
         let mut enc = loona_hpack::Encoder::new();
         let mut input = PREFACE.to_vec();
-        input.extend(frame(HEADERS, END_HEADERS, 1, &encode(&mut enc, &request(b"a%2Fb"))));
+        input.extend(frame(
+            HEADERS,
+            END_HEADERS,
+            1,
+            &encode(&mut enc, &request(b"a%2Fb")),
+        ));
         input.extend(frame(HEADERS, 0, 3, &encode(&mut enc, &request(b"a%2Fb"))));
         input.extend(frame(DATA, 0, 3, b"x"));
         let mut rw = Rewriter::new();

@@ -328,10 +328,7 @@ mod tests {
         let svc = monitor.service();
         node.status_cache.lock().unwrap().insert(
             "host-local".into(),
-            (
-                std::time::Instant::now(),
-                Some("no addresses left".into()),
-            ),
+            (std::time::Instant::now(), Some("no addresses left".into())),
         );
         assert_eq!(check(&svc, "").await, Ok(NOT_SERVING));
         let why = format!("{:?}", readiness(&node).await.unwrap_err());
@@ -390,14 +387,14 @@ mod tests {
         // Draining: NOT_SERVING for every name, even a ready one, then UNAVAILABLE, then the
         // end; a Check says NOT_SERVING without re-evaluating.
         assert_eq!(next(&mut server).await, Some(Ok(NOT_SERVING)));
-        assert_eq!(
-            next(&mut server).await,
-            Some(Err(tonic::Code::Unavailable))
-        );
+        assert_eq!(next(&mut server).await, Some(Err(tonic::Code::Unavailable)));
         assert_eq!(next(&mut server).await, None);
         assert_eq!(next(&mut admin).await, Some(Ok(NOT_SERVING)));
         assert_eq!(next(&mut admin).await, Some(Err(tonic::Code::Unavailable)));
-        assert_eq!(next(&mut unknown).await, Some(Err(tonic::Code::Unavailable)));
+        assert_eq!(
+            next(&mut unknown).await,
+            Some(Err(tonic::Code::Unavailable))
+        );
         assert_eq!(check(&svc, "").await, Ok(NOT_SERVING));
         assert_eq!(check(&svc, "dipam.v1.Admin").await, Ok(NOT_SERVING));
     }

@@ -4,8 +4,8 @@
 pub mod access;
 pub mod activation;
 pub mod addrs;
-pub mod authority;
 pub mod agent;
+pub mod authority;
 pub mod clock;
 pub mod core;
 pub mod cri_args;

@@ -207,8 +207,7 @@ where
         ))
         // C-core clients' `:authority` (authority.rs).
         .serve_with_incoming_shutdown(
-            UnixListenerStream::new(listener)
-                .map(|conn| conn.map(crate::authority::Fixed::new)),
+            UnixListenerStream::new(listener).map(|conn| conn.map(crate::authority::Fixed::new)),
             signal,
         );
     tokio::pin!(server);

@@ -132,7 +132,10 @@ pub fn recent_delegate_failures(node: &Node) -> Vec<String> {
     let mut out: Vec<String> = cache
         .iter()
         .filter(|(_, (at, _))| at.elapsed() < DELEGATE_STATUS_TTL)
-        .filter_map(|(kind, (_, r))| r.as_ref().map(|why| format!("delegate {kind} STATUS: {why}")))
+        .filter_map(|(kind, (_, r))| {
+            r.as_ref()
+                .map(|why| format!("delegate {kind} STATUS: {why}"))
+        })
         .collect();
     out.sort();
     out

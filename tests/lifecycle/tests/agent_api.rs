@@ -144,8 +144,7 @@ fn health_is_serving_exactly_when_cni_status_succeeds_and_reflection_lists_the_a
                 panic!("{what}: no health message\n{log}")
             })
     };
-    let first: tonic_health::pb::HealthCheckResponse =
-        next(&mut watch, "first").unwrap().unwrap();
+    let first: tonic_health::pb::HealthCheckResponse = next(&mut watch, "first").unwrap().unwrap();
     assert_eq!(first.status, NOT_SERVING);
     lab.write_conflist();
     let second = next(&mut watch, "after the conflist").unwrap().unwrap();
@@ -170,7 +169,10 @@ fn health_is_serving_exactly_when_cni_status_succeeds_and_reflection_lists_the_a
         "grpc.health.v1.Health",
     ] {
         assert!(v1.iter().any(|s| s == want), "v1 lists {v1:?}");
-        assert!(v1alpha.iter().any(|s| s == want), "v1alpha lists {v1alpha:?}");
+        assert!(
+            v1alpha.iter().any(|s| s == want),
+            "v1alpha lists {v1alpha:?}"
+        );
     }
 
     // SIGTERM with the health watch open: dipamd still drains and exits (an open stream
