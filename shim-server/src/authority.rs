@@ -486,7 +486,7 @@ mod tests {
         f
     }
 
-    fn request(authority: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    fn request(authority: &[u8]) -> Headers {
         vec![
             (b":method".to_vec(), b"POST".to_vec()),
             (b":scheme".to_vec(), b"http".to_vec()),
@@ -503,7 +503,9 @@ mod tests {
 
     /// The server's view: every header block of `bytes` decoded by a fresh decoder, as h2's
     /// would be, with the non-header frames' types.
-    fn server_reads(bytes: &[u8]) -> (Vec<Vec<(Vec<u8>, Vec<u8>)>>, Vec<u8>) {
+    type Headers = Vec<(Vec<u8>, Vec<u8>)>;
+
+    fn server_reads(bytes: &[u8]) -> (Vec<Headers>, Vec<u8>) {
         assert!(bytes.starts_with(PREFACE));
         let mut rest = &bytes[PREFACE.len()..];
         let mut dec = loona_hpack::Decoder::new();
