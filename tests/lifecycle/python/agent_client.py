@@ -5,7 +5,9 @@ It connects as the grpcio documentation shows for a unix socket, with no channel
 in particular no `grpc.default_authority`, so C-core sends the percent-encoded socket path as
 `:authority` (grpc/grpc#34305), which dipamd must accept. Then it does what an agent does at
 start-up: health, discovery through server reflection, List, Watch, enabling a role and
-seeing its address arrive on the watch, disabling it and seeing it go.
+seeing its address arrive on the watch, disabling it and seeing it go; then claiming an
+address of its own (a requested IP, labels), seeing it ready on the watch, unclaiming it and
+seeing it go; and the error codes of requests dipamd refuses.
 
 Every check fails with a message naming what differed; the last line on stdout is a JSON
 summary the Rust test compares with what dipamctl reports.
@@ -79,6 +81,8 @@ def main():
     ap.add_argument("--stubs", required=True)
     ap.add_argument("--protocol-version", type=int, required=True)
     ap.add_argument("--role", default="ingress")
+    ap.add_argument("--claim", default="egress-python")
+    ap.add_argument("--claim-ip", required=True)
     args = ap.parse_args()
     sys.path.insert(0, args.stubs)
     from dipam.v1 import dipam_pb2 as pb
@@ -141,16 +145,77 @@ def main():
     after = stub.List(pb.AgentListRequest(protocol_version=v), timeout=TIMEOUT)
     check(rows(after) == rows(listed), f"after Release: {rows(after)}, before: {rows(listed)}")
 
-    # A request dipamd refuses arrives as a gRPC status with a code, not a transport error.
-    try:
-        stub.Allocate(pb.AgentRoleRequest(protocol_version=v, role="no-such-role"), timeout=TIMEOUT)
-        fail("Allocate of an unknown role succeeded")
-    except grpc.RpcError as e:
-        check(
-            e.code() not in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.UNAVAILABLE),
-            f"unknown role: {e.code()} {e.details()}",
-        )
-        summary["unknown_role"] = e.code().name
+    # A claim of its own: a requested IP and labels, established before the reply.
+    name, want_ip = args.claim, args.claim_ip
+    labels = {"purpose": "egress", "example.com/policy": "p1"}
+    req = pb.ClaimRequest(
+        protocol_version=v,
+        name=name,
+        family=pb.ADDRESS_FAMILY_IPV4,
+        ip=want_ip,
+        labels=labels,
+    )
+    claimed = stub.Claim(req, timeout=TIMEOUT)
+    c = claimed.claim
+    check(
+        c.claim_state == pb.CLAIM_STATE_READY,
+        f"Claim: {pb.ClaimState.Name(c.claim_state)} {c.message}",
+    )
+    check(c.ip.split("/")[0] == want_ip, f"Claim: got {c.ip}, asked for {want_ip}")
+    check(c.name == name and c.requested_ip == want_ip, f"Claim: {c}")
+    check(dict(c.labels) == labels, f"Claim labels: {dict(c.labels)}")
+    check(c.address_family == pb.ADDRESS_FAMILY_IPV4, f"Claim family: {c.address_family}")
+    check(claimed.instance_id != "", "Claim: no instance id")
+    seen = watch.until(
+        lambda m: any(a.name == name and a.claim_state == pb.CLAIM_STATE_READY for a in m.addresses),
+        f"claim {name} ready on the watch",
+    )
+    check(seen.instance_id == claimed.instance_id, "the watch and Claim name different instances")
+    on_watch = [a for a in seen.addresses if a.name == name][0]
+    check(dict(on_watch.labels) == labels, f"labels on the watch: {dict(on_watch.labels)}")
+    # The same request again is the same claim: same address, no second allocation.
+    again = stub.Claim(req, timeout=TIMEOUT).claim
+    check(again.ip == c.ip, f"Claim again: {again.ip}, first {c.ip}")
+    summary["claimed"] = c.ip
+    summary["claim_listed"] = sorted(
+        (a.name, a.ip, a.state) for a in stub.List(pb.AgentListRequest(protocol_version=v), timeout=TIMEOUT).addresses
+    )
+
+    gone = stub.Unclaim(pb.UnclaimRequest(protocol_version=v, name=name), timeout=TIMEOUT).claim
+    check(
+        gone.claim_state == pb.CLAIM_STATE_RELEASED,
+        f"Unclaim: {pb.ClaimState.Name(gone.claim_state)} {gone.message}",
+    )
+    watch.until(lambda m: all(a.name != name for a in m.addresses), f"claim {name} gone from the watch")
+    twice = stub.Unclaim(pb.UnclaimRequest(protocol_version=v, name=name), timeout=TIMEOUT).claim
+    check(twice.claim_state == pb.CLAIM_STATE_RELEASED, "Unclaim of a gone claim is not RELEASED")
+
+    # Requests dipamd refuses arrive as gRPC statuses with the documented codes.
+    def code_of(call, what):
+        try:
+            call()
+        except grpc.RpcError as e:
+            return e.code().name
+        fail(f"{what} succeeded")
+
+    summary["codes"] = {
+        "unknown_role": code_of(
+            lambda: stub.Allocate(pb.AgentRoleRequest(protocol_version=v, role="no-such-role"), timeout=TIMEOUT),
+            "Allocate of an unknown role",
+        ),
+        "bad_name": code_of(
+            lambda: stub.Claim(pb.ClaimRequest(protocol_version=v, name="Not_A_Name"), timeout=TIMEOUT),
+            "Claim of a bad name",
+        ),
+        "bad_ip": code_of(
+            lambda: stub.Claim(pb.ClaimRequest(protocol_version=v, name="x", ip="10.0.0.300"), timeout=TIMEOUT),
+            "Claim of a bad IP",
+        ),
+        "no_protocol_version": code_of(
+            lambda: stub.List(pb.AgentListRequest(), timeout=TIMEOUT),
+            "List without protocol_version",
+        ),
+    }
 
     watch.call.cancel()
     channel.close()

@@ -4,8 +4,10 @@
 //!   still ends dipamd within its drain (NOT_SERVING, then UNAVAILABLE);
 //! - server reflection (v1 and v1alpha) lists dipam.v1 and the health service;
 //! - an agent written in Python with grpcio, its stubs generated from proto/ by grpcio-tools
-//!   at test time, works over the unix socket with no `:authority` override
-//!   (tests/lifecycle/python/agent_client.py says what it checks).
+//!   at test time, works over the unix socket with no `:authority` override: health,
+//!   reflection, List, Watch, a role allocated and released, a claim at a requested IP with
+//!   labels made, seen ready on the watch, unclaimed and seen gone, and the codes of refused
+//!   requests (tests/lifecycle/python/agent_client.py says what it checks).
 //!
 //! The Python venv comes from tests/deps.sh (under `$DIPAM_TEST_CACHE`, default
 //! /var/cache/dipam-tests); when deps.sh could not install it, it recorded why and the Python
@@ -251,6 +253,9 @@ fn a_python_grpcio_agent_works_with_no_authority_override() {
     let lab = AgentLab::new("ptp-dipam-host-local.conflist", "router,health", &[]);
     lab.wait_ready(2);
     let stubs = python_stubs(&python);
+    // A requested IP inside the lab's /24 that neither role holds (host-local hands out the
+    // lowest free addresses first).
+    let claim_ip = format!("{}.200", lab.subnet.cidr.trim_end_matches(".0/24"));
     let out = Command::new(&python)
         .arg(
             bins::workspace()
@@ -265,6 +270,10 @@ fn a_python_grpcio_agent_works_with_no_authority_override() {
         .arg(dipam_proto::PROTOCOL_VERSION.to_string())
         .arg("--role")
         .arg("ingress")
+        .arg("--claim")
+        .arg("egress-python")
+        .arg("--claim-ip")
+        .arg(&claim_ip)
         .output()
         .unwrap();
     assert!(
@@ -301,10 +310,40 @@ fn a_python_grpcio_agent_works_with_no_authority_override() {
         .filter(|a| a[0] == "ingress")
         .count();
     assert_eq!(allocated, 1, "{summary}");
-    // Released again: the ledger and the delegate's store hold the two roles only.
+    // The claim held the address it asked for, and was listed with it.
+    let claimed = summary["claimed"].as_str().unwrap();
+    assert_eq!(
+        claimed.split('/').next(),
+        Some(claim_ip.as_str()),
+        "{summary}"
+    );
+    assert!(
+        summary["claim_listed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a[0] == "egress-python" && a[1] == claimed && a[2] == "ready"),
+        "{summary}"
+    );
+    // Refused requests answer the documented codes (docs/agent-api.md, Errors).
+    let codes = &summary["codes"];
+    assert_eq!(codes["unknown_role"], "INVALID_ARGUMENT", "{summary}");
+    assert_eq!(codes["bad_name"], "INVALID_ARGUMENT", "{summary}");
+    assert_eq!(codes["bad_ip"], "INVALID_ARGUMENT", "{summary}");
+    assert_eq!(
+        codes["no_protocol_version"], "FAILED_PRECONDITION",
+        "{summary}"
+    );
+    // Released and unclaimed again: the ledger and the delegate's store hold the two roles
+    // only, and nothing holds the claimed IP.
     assert_eq!(lab.addresses().len(), 2);
     assert_eq!(lab.delegate_store().len(), 2);
     lab.assert_agree();
+    assert!(
+        lab.delegate_store().iter().all(|(_, ip)| ip != &claim_ip),
+        "{:?}",
+        lab.delegate_store()
+    );
     // The connection was served under the authority it sent, not refused: nothing in the
     // log about a protocol error.
     assert!(!lab.dipamd.log().contains("PROTOCOL_ERROR"));
