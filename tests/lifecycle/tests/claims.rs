@@ -664,12 +664,25 @@ fn an_expired_deadline_is_one_code_and_the_work_still_finishes() {
             std::thread::sleep(Duration::from_millis(100));
         }
     };
-    // Every claim cut off by its deadline is established, although nobody waited for it.
+    // A 1 ms deadline can expire before dipamd accepted the claim (then nothing started, and
+    // the caller's retry does it: claims are idempotent), or after (then it must finish). Which
+    // one is a matter of timing, so: every claim dipamd accepted (its spec is recorded before
+    // anything is allocated, and listed from then on) is established although nobody waited
+    // for it, and at least one was accepted.
+    std::thread::sleep(Duration::from_millis(500));
+    let (_, by) = claims(&lab);
+    let accepted: Vec<String> = (0..6)
+        .map(|i| format!("quick-{i}"))
+        .filter(|n| by.contains_key(n))
+        .collect();
+    assert!(
+        !accepted.is_empty(),
+        "no cut-off claim was accepted: {by:#?}"
+    );
     converged("claims", &|by| {
-        (0..6).all(|i| {
-            by.get(&format!("quick-{i}"))
-                .is_some_and(|c| c["state"] == "ready")
-        })
+        accepted
+            .iter()
+            .all(|n| by.get(n).is_some_and(|c| c["state"] == "ready"))
     });
     let role = |on: bool| {
         let socket = lab.dipamd.socket();
@@ -696,7 +709,7 @@ fn an_expired_deadline_is_one_code_and_the_work_still_finishes() {
     converged("router allocated", &|by| {
         by.get("router-ipv4").is_some_and(|c| c["state"] == "ready")
     });
-    assert_eq!(lab.delegate_store().len(), 7);
+    assert_eq!(lab.delegate_store().len(), 1 + accepted.len());
     lab.assert_agree();
 }
 
