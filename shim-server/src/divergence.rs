@@ -7,16 +7,20 @@
 
 use std::{collections::HashSet, sync::Arc, sync::atomic::Ordering, time::Duration};
 
-use dipam_state::AttachmentState;
+use std::net::IpAddr;
+
+use dipam_state::{AttachmentRecord, AttachmentState, Owner};
 use rscni_types::version::SpecVersion;
 use tracing::{info, warn};
 
 use crate::{
     delegate::{
         config::{DelegateConf, result_addrs},
+        ranges::{self, Family},
         store,
     },
     error::ShimError,
+    events::RangeCount,
     gc::{self, Valid},
     node::Node,
 };
@@ -80,11 +84,20 @@ pub async fn networks(node: &Node) -> Result<Vec<DelegateConf>, ShimError> {
 /// Compares one network's ledger with its delegate's store (host-local only: the one whose
 /// store dipamd can read).
 pub async fn check(node: &Node, dc: &DelegateConf) -> Result<Option<Divergence>, ShimError> {
-    let Some(dir) = store::readable_dir(&dc.kind, &dc.conf, &dc.network) else {
-        return Ok(None);
-    };
+    Ok(look(node, dc).await?.0)
+}
+
+/// One look at a network: its divergence (where the delegate's store can be read) and its
+/// range per family, from the same reading of the ledger and the store.
+pub async fn look(
+    node: &Node,
+    dc: &DelegateConf,
+) -> Result<(Option<Divergence>, Vec<RangeCount>), ShimError> {
     let net = dc.network.clone();
     let records = node.ledger(move |l| l.list(Some(&net))).await?;
+    let Some(dir) = store::readable_dir(&dc.kind, &dc.conf, &dc.network) else {
+        return Ok((None, census(dc, &records, None)));
+    };
     let held = store::reservations(&dir)
         .map_err(|e| ShimError::Internal(format!("reading {}: {e}", dir.display())))?;
     let held_pairs: HashSet<(String, std::net::IpAddr)> = held
@@ -162,15 +175,140 @@ pub async fn check(node: &Node, dc: &DelegateConf) -> Result<Option<Divergence>,
                 .push(format!("{} ({} {})", r.ip, r.container_id, r.ifname));
         }
     }
-    Ok(Some(d))
+    let ranges = census(dc, &records, Some(&held));
+    Ok((Some(d), ranges))
+}
+
+/// Who holds what in one network's ranges, per family (docs/cfp.md §7.4, "The range view"). With the delegate's
+/// store (`held`), each reservation is counted once: for the owner of the ledger record that
+/// accounts for it (matched as the orphan check above matches), or as an orphan; free is the
+/// size less every reservation inside the ranges. Without it (a delegate whose store dipamd
+/// cannot read), the ledger's recorded addresses are all there is: no size, orphans or free.
+pub fn census(
+    dc: &DelegateConf,
+    records: &[AttachmentRecord],
+    held: Option<&[store::Reservation]>,
+) -> Vec<RangeCount> {
+    use std::collections::{BTreeMap, HashMap};
+
+    #[derive(Clone, Copy)]
+    enum Holder {
+        Pod,
+        Agent,
+        Pool,
+        Orphan,
+    }
+    let holder = |o: &Owner| match o {
+        Owner::Pod => Holder::Pod,
+        Owner::Agent { .. } => Holder::Agent,
+        Owner::Pool => Holder::Pool,
+    };
+    let mut held_by: Vec<(IpAddr, Holder)> = Vec::new();
+    let ranges = match held {
+        Some(held) => {
+            let by_pair: HashMap<(&str, &str), Holder> = records
+                .iter()
+                .map(|r| (r.delegate_ids(), holder(&r.owner)))
+                .collect();
+            let by_id: HashMap<&str, Holder> = records
+                .iter()
+                .map(|r| (r.delegate_ids().0, holder(&r.owner)))
+                .collect();
+            for r in held {
+                let h = if r.ifname.is_empty() {
+                    by_id.get(r.container_id.as_str())
+                } else {
+                    by_pair.get(&(r.container_id.as_str(), r.ifname.as_str()))
+                };
+                held_by.push((r.ip, h.copied().unwrap_or(Holder::Orphan)));
+            }
+            Some(ranges::host_local(&dc.conf["ipam"]))
+        }
+        None => {
+            for r in records {
+                for ip in r.result.as_ref().map(result_addrs).unwrap_or_default() {
+                    held_by.push((ip, holder(&r.owner)));
+                }
+            }
+            None
+        }
+    };
+    let mut families: Vec<Family> = held_by.iter().map(|(ip, _)| Family::of(*ip)).collect();
+    if let Some(Ok(r)) = &ranges {
+        families.extend(r.families());
+    }
+    let mut rows: BTreeMap<Family, RangeCount> = BTreeMap::new();
+    for f in families {
+        rows.entry(f).or_insert_with(|| {
+            let mut row = RangeCount {
+                network: dc.network.clone(),
+                family: f.as_str(),
+                orphans: held.map(|_| 0),
+                ..RangeCount::default()
+            };
+            match &ranges {
+                Some(Ok(r)) => {
+                    row.size = Some(u64::try_from(r.size(f)).unwrap_or(u64::MAX));
+                    row.ranges = r.describe(f);
+                }
+                Some(Err(why)) => row.unknown = why.clone(),
+                None => {
+                    row.unknown = format!(
+                        "{} keeps its ranges and reservations to itself: dipamd counts only \
+                         the addresses its ledger records",
+                        dc.kind
+                    );
+                }
+            }
+            row
+        });
+    }
+    let mut inside: HashMap<Family, u64> = HashMap::new();
+    for (ip, h) in held_by {
+        let f = Family::of(ip);
+        let Some(row) = rows.get_mut(&f) else {
+            continue;
+        };
+        match h {
+            Holder::Pod => row.pods += 1,
+            Holder::Agent => row.agent += 1,
+            Holder::Pool => row.pool += 1,
+            Holder::Orphan => *row.orphans.get_or_insert(0) += 1,
+        }
+        if let Some(Ok(r)) = &ranges
+            && r.hands_out(ip)
+        {
+            *inside.entry(f).or_default() += 1;
+        }
+    }
+    for (f, row) in &mut rows {
+        if let (Some(size), Some(_)) = (row.size, held) {
+            row.free = Some(size.saturating_sub(inside.get(f).copied().unwrap_or(0)));
+        }
+    }
+    rows.into_values().collect()
+}
+
+/// Every known network's range per family, looked at now; observers get them too, so a scrape
+/// after `dipamctl status` shows what it showed.
+pub async fn ranges(node: &Node) -> Result<Vec<RangeCount>, ShimError> {
+    let mut out = Vec::new();
+    for dc in networks(node).await? {
+        out.extend(look(node, &dc).await?.1);
+    }
+    node.events.emit(crate::events::Event::Ranges(&out));
+    Ok(out)
 }
 
 /// One reconcile round over every known network; updates the status counters.
 pub async fn round(node: &Node, free: bool) -> Result<(), ShimError> {
     let (mut missing, mut orphans) = (0u64, 0u64);
     let mut refused = std::collections::HashMap::new();
+    let mut counts = Vec::new();
     for dc in networks(node).await? {
-        let Some(d) = check(node, &dc).await? else {
+        let (d, ranges) = look(node, &dc).await?;
+        counts.extend(ranges);
+        let Some(d) = d else {
             continue;
         };
         if let Some(why) = &d.misconfigured {
@@ -198,6 +336,7 @@ pub async fn round(node: &Node, free: bool) -> Result<(), ShimError> {
     node.gc_stats.orphans.store(orphans, Ordering::Relaxed);
     node.events
         .emit(crate::events::Event::Divergence { missing, orphans });
+    node.events.emit(crate::events::Event::Ranges(&counts));
     Ok(())
 }
 

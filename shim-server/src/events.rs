@@ -93,6 +93,10 @@ pub enum Event<'a> {
     /// The last reconcile's findings: recorded addresses missing from the delegate's store,
     /// and reservations the ledger does not know.
     Divergence { missing: u64, orphans: u64 },
+    /// Every network's range, whole, per family, as the last look at the ledger and the
+    /// delegate's store found it (divergence.rs: each reconcile, and each `dipamctl status`).
+    /// A network or family absent from the list has gone.
+    Ranges(&'a [RangeCount]),
     /// A history event dropped because its writer fell behind.
     HistoryDropped,
     /// A pass of the runtime-aware GC (gc/runtime/): what it freed, how many attachments the
@@ -103,6 +107,40 @@ pub enum Event<'a> {
         kept_grace: u64,
         refusing: Option<&'a str>,
     },
+}
+
+/// One network's addresses of one family: how many the delegate hands out, and who holds
+/// them. What is not known is `None`, never a guess: a delegate whose ranges or store dipamd
+/// cannot read (azure-vnet-ipam) has no size, no orphans and no free count.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RangeCount {
+    pub network: String,
+    /// `ipv4` or `ipv6`.
+    pub family: &'static str,
+    /// The addresses the delegate hands out in this family (host-local: its ranges less the
+    /// gateway, delegate/ranges.rs), at most u64::MAX.
+    pub size: Option<u64>,
+    /// Addresses held for pods, for the agent, and by the warm pool: reservations in the
+    /// delegate's store that a ledger record accounts for (or, where the store cannot be
+    /// read, the addresses the ledger records).
+    pub pods: u64,
+    pub agent: u64,
+    pub pool: u64,
+    /// Reservations in the delegate's store that no ledger record accounts for.
+    pub orphans: Option<u64>,
+    /// `size` less every reservation inside the ranges.
+    pub free: Option<u64>,
+    /// The ranges, as people write them (`10.1.0.2-10.1.0.254`).
+    pub ranges: Vec<String>,
+    /// Why `size` is unknown, when it is.
+    pub unknown: String,
+}
+
+impl RangeCount {
+    /// Addresses held in the delegate's store: pods, agent, pool and orphans.
+    pub fn allocated(&self) -> u64 {
+        self.pods + self.agent + self.pool + self.orphans.unwrap_or(0)
+    }
 }
 
 /// Something that listens to [`Event`]s. Called on the emitter's task: it must not block.

@@ -53,6 +53,9 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// Label sets, in the order the series have always had them.
 type L1 = [(&'static str, String); 1];
 type L2 = [(&'static str, String); 2];
+type L3 = [(&'static str, String); 3];
+/// A gauge that holds an address count exactly up to 2^53 (an IPv6 range's size is past i64).
+type Count = Gauge<f64, std::sync::atomic::AtomicU64>;
 
 #[derive(Clone)]
 struct Buckets;
@@ -98,6 +101,11 @@ pub struct Metrics {
     runtime_gc_kept_grace: Gauge,
     runtime_gc_refusals: Family<L1, Counter>,
     runtime_gc_refusing: Gauge,
+    range_size: Family<L2, Count>,
+    range_addresses: Family<L3, Count>,
+    /// Range series last published: a network, family or state no longer present loses its
+    /// series.
+    range_series: Mutex<BTreeSet<(String, String, &'static str)>>,
     /// Agent states last published: a state no longer present loses its series.
     agent_states: Mutex<BTreeSet<String>>,
     /// Warm pools last published: a pool no longer present loses its series.
@@ -338,7 +346,24 @@ impl Metrics {
                  dipam_runtime_gc_refusals_total for why), 0 otherwise",
                 Gauge::default(),
             ),
+            range_size: reg(
+                &mut r,
+                "dipam_range_size",
+                "Addresses the delegate hands out, by network and family (host-local: its \
+                 ranges less the gateway); absent where the delegate's ranges are not known",
+                Family::default(),
+            ),
+            range_addresses: reg(
+                &mut r,
+                "dipam_range_addresses",
+                "Addresses of the delegate's ranges by network, family and state: pod, agent, \
+                 pool (held for them in the delegate's store, as the ledger accounts for \
+                 them), orphan (held, and accounted for by no ledger record) and free; orphan \
+                 and free are absent where the delegate's store is not readable",
+                Family::default(),
+            ),
             registry: r,
+            range_series: Mutex::default(),
             agent_states: Mutex::default(),
             pools: Mutex::default(),
         }
@@ -388,6 +413,62 @@ fn set_whole<K: Ord + Clone>(
         }
         *seen = now;
     }
+}
+
+/// What the range series hold: `size` under state "size" (dipam_range_size), the others
+/// under their state (dipam_range_addresses).
+const SIZE: &str = "size";
+
+impl Metrics {
+    /// Sets the range series to exactly `counts`: a series not among them is removed.
+    fn ranges(&self, counts: &[crate::events::RangeCount]) {
+        let mut now = BTreeSet::new();
+        for c in counts {
+            let rows = [
+                (SIZE, c.size),
+                ("pod", Some(c.pods)),
+                ("agent", Some(c.agent)),
+                ("pool", Some(c.pool)),
+                ("orphan", c.orphans),
+                ("free", c.free),
+            ];
+            for (state, n) in rows {
+                let Some(n) = n else { continue };
+                // Exact up to 2^53; past that a float, as Prometheus stores every sample.
+                #[allow(clippy::cast_precision_loss)]
+                let v = n as f64;
+                if state == SIZE {
+                    self.range_size
+                        .get_or_create(&l2("network", &c.network, "family", c.family))
+                        .set(v);
+                } else {
+                    self.range_addresses
+                        .get_or_create(&l3(&c.network, c.family, state))
+                        .set(v);
+                }
+                now.insert((c.network.clone(), c.family.to_owned(), state));
+            }
+        }
+        if let Ok(mut seen) = self.range_series.lock() {
+            for (network, family, state) in seen.difference(&now) {
+                if *state == SIZE {
+                    self.range_size
+                        .remove(&l2("network", network, "family", family));
+                } else {
+                    self.range_addresses.remove(&l3(network, family, state));
+                }
+            }
+            *seen = now;
+        }
+    }
+}
+
+fn l3(network: &str, family: &str, state: &str) -> L3 {
+    [
+        ("network", network.to_owned()),
+        ("family", family.to_owned()),
+        ("state", state.to_owned()),
+    ]
 }
 
 impl Observer for Metrics {
@@ -523,6 +604,7 @@ impl Observer for Metrics {
                 self.divergence_missing.set(gauge_value(missing));
                 self.divergence_orphans.set(gauge_value(orphans));
             }
+            Event::Ranges(counts) => self.ranges(counts),
             Event::HistoryDropped => {
                 self.history_dropped.inc();
             }
@@ -684,6 +766,33 @@ mod tests {
             missing: 1,
             orphans: 0,
         });
+        let hl = crate::events::RangeCount {
+            network: "net1".into(),
+            family: "ipv4",
+            size: Some(253),
+            pods: 3,
+            agent: 1,
+            pool: 0,
+            orphans: Some(1),
+            free: Some(248),
+            ..Default::default()
+        };
+        let v6 = crate::events::RangeCount {
+            family: "ipv6",
+            size: Some(u64::MAX),
+            free: Some(u64::MAX - 1),
+            ..hl.clone()
+        };
+        let opaque = crate::events::RangeCount {
+            network: "az".into(),
+            family: "ipv4",
+            pods: 2,
+            unknown: "azure-vnet-ipam keeps its ranges to itself".into(),
+            ..Default::default()
+        };
+        m.observe(&Event::Ranges(&[hl.clone(), v6, opaque.clone()]));
+        // Whole: the IPv6 row is gone, and so are its series.
+        m.observe(&Event::Ranges(&[hl, opaque]));
         m.observe(&Event::RuntimeGcPass {
             freed: 0,
             kept_grace: 0,
@@ -722,6 +831,12 @@ mod tests {
             "\ndipam_runtime_gc_refusing 0\n",
             "dipam_runtime_gc_refusals_total{reason=\"unreachable\"} 1",
             "dipam_runtime_gc_refusals_total{reason=\"empty\"} 0",
+            "dipam_range_size{network=\"net1\",family=\"ipv4\"} 253.0",
+            "dipam_range_addresses{network=\"net1\",family=\"ipv4\",state=\"pod\"} 3.0",
+            "dipam_range_addresses{network=\"net1\",family=\"ipv4\",state=\"agent\"} 1.0",
+            "dipam_range_addresses{network=\"net1\",family=\"ipv4\",state=\"orphan\"} 1.0",
+            "dipam_range_addresses{network=\"net1\",family=\"ipv4\",state=\"free\"} 248.0",
+            "dipam_range_addresses{network=\"az\",family=\"ipv4\",state=\"pod\"} 2.0",
             "# TYPE dipam_requests counter",
             "# TYPE dipam_attachments gauge",
             "# TYPE dipam_request_duration_seconds histogram",
@@ -731,10 +846,19 @@ mod tests {
         // Whole updates drop what is gone.
         assert!(!out.contains("state=\"lost\""), "{out}");
         assert!(!out.contains("digest=\"d0\""), "{out}");
+        assert!(!out.contains("family=\"ipv6\""), "{out}");
+        // What is not known has no series: no size, orphans or free for an opaque delegate.
+        assert!(!out.contains("dipam_range_size{network=\"az\""), "{out}");
+        for state in ["orphan", "free"] {
+            assert!(
+                !out.contains(&format!("network=\"az\",family=\"ipv4\",state=\"{state}\"")),
+                "{out}"
+            );
+        }
         assert!(out.ends_with("# EOF\n"), "{out}");
         // Every series has its HELP and TYPE.
         let names = families(&out);
-        assert_eq!(names.len(), 32, "{names:?}");
+        assert_eq!(names.len(), 34, "{names:?}");
         for name in &names {
             assert!(
                 out.contains(&format!("# HELP {name} ")),

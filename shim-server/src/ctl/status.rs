@@ -4,7 +4,9 @@
 
 use std::io::Write;
 
-use dipam_proto::v1::{SpoolStatus, StatusReply, StatusRequest, admin_client::AdminClient};
+use dipam_proto::v1::{
+    RangeStatus, SpoolStatus, StatusReply, StatusRequest, admin_client::AdminClient,
+};
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 
@@ -83,6 +85,7 @@ fn to_json(s: &StatusReply) -> Value {
             "refusals": r.refusals, "sandboxes": r.sandboxes, "pending": r.pending,
             "keptGrace": r.kept_grace, "lastPassAt": r.last_pass_at,
         })),
+        "ranges": s.ranges.iter().map(range_json).collect::<Vec<_>>(),
         "spool": s.spool.as_ref().map(|p| json!({
             "dir": p.dir, "pointer": p.pointer, "depth": p.depth,
             "quarantined": p.quarantined, "untrusted": p.untrusted,
@@ -90,6 +93,43 @@ fn to_json(s: &StatusReply) -> Value {
             "inherited": p.inherited,
         })),
     })
+}
+
+/// One range: what is not known is `null`, never 0.
+fn range_json(r: &RangeStatus) -> Value {
+    json!({
+        "network": r.network, "family": r.family, "size": r.size,
+        "allocated": allocated(r), "pods": r.pods, "agent": r.agent, "pool": r.pool,
+        "orphans": r.orphans, "free": r.free, "ranges": r.ranges,
+        "sizeUnknown": (!r.unknown.is_empty()).then_some(&r.unknown),
+    })
+}
+
+/// Addresses held in the delegate's store (or, where it cannot be read, recorded).
+fn allocated(r: &RangeStatus) -> u64 {
+    r.pods + r.agent + r.pool + r.orphans.unwrap_or(0)
+}
+
+/// `net1 ipv4: 5/253 allocated (3 pods, 1 agent, 0 pool, 1 orphan), 248 free; 10.1.0.2-10.1.0.254`
+fn range_line(r: &RangeStatus) -> String {
+    let held = match r.size {
+        Some(size) => format!("{}/{size} allocated", allocated(r)),
+        None => format!("{} allocated", allocated(r)),
+    };
+    let mut who = format!("{} pod, {} agent, {} pool", r.pods, r.agent, r.pool);
+    if let Some(o) = r.orphans {
+        who.push_str(&format!(", {o} orphan"));
+    }
+    let mut line = format!("{} {}: {held} ({who})", r.network, r.family);
+    if let Some(free) = r.free {
+        line.push_str(&format!(", {free} free"));
+    }
+    if r.size.is_some() {
+        line.push_str(&format!("; {}", r.ranges.join(", ")));
+    } else {
+        line.push_str(&format!("; size unknown: {}", r.unknown));
+    }
+    line
 }
 
 fn table(s: &StatusReply, out: &mut dyn Write) -> std::io::Result<()> {
@@ -141,6 +181,9 @@ fn table(s: &StatusReply, out: &mut dyn Write) -> std::io::Result<()> {
          {} unrecorded reservation(s)",
         s.divergence_missing, s.divergence_orphans
     )?;
+    for r in &s.ranges {
+        writeln!(out, "range:        {}", range_line(r))?;
+    }
     writeln!(
         out,
         "gc:           {} freed, {} refused",

@@ -3,6 +3,7 @@
 pub mod config;
 pub mod exec;
 pub mod orphans;
+pub mod ranges;
 pub mod store;
 pub mod version;
 

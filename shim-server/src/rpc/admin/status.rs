@@ -1,9 +1,24 @@
 //! `Admin.GetStatus` (`dipamctl status`): dipamd's readiness, with the reasons it is not
 //! ready, and its counters, pools, delegates and paths.
 
-use dipam_proto::v1::{DelegateInfo, StatusReply};
+use dipam_proto::v1::{DelegateInfo, RangeStatus, StatusReply};
 
-use crate::{error::ShimError, node::Node};
+use crate::{error::ShimError, events::RangeCount, node::Node};
+
+fn range_status(c: RangeCount) -> RangeStatus {
+    RangeStatus {
+        network: c.network,
+        family: c.family.to_owned(),
+        size: c.size,
+        pods: c.pods,
+        agent: c.agent,
+        pool: c.pool,
+        orphans: c.orphans,
+        free: c.free,
+        ranges: c.ranges,
+        unknown: c.unknown,
+    }
+}
 
 pub async fn run(node: &Node) -> Result<StatusReply, ShimError> {
     let mut not_ready = node.agent.not_ready();
@@ -19,7 +34,17 @@ pub async fn run(node: &Node) -> Result<StatusReply, ShimError> {
             0
         }
     };
+    // Looked at now, not at the last reconcile: what the operator asks about is the node as it
+    // is. A network whose store cannot be read is left out, and the log says why.
+    let ranges = match crate::divergence::ranges(node).await {
+        Ok(r) => r.into_iter().map(range_status).collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot count the ranges for status");
+            Vec::new()
+        }
+    };
     Ok(StatusReply {
+        ranges,
         protocol_version: dipam_proto::PROTOCOL_VERSION,
         min_protocol_version: dipam_proto::MIN_PROTOCOL_VERSION,
         daemon_version: env!("CARGO_PKG_VERSION").into(),

@@ -1,0 +1,299 @@
+//! The range view (docs/cfp.md §7.4, "The range view"): `dipamctl status` (table and `--json`) and the metrics
+//! scrape count, per network and family, the addresses of the delegate's ranges, and who holds
+//! them: pods, the agent (its roles and claims), the warm pool, orphans (reservations no ledger
+//! record accounts for) and free, like `cilium status`'s "IPAM: 5/254 allocated".
+//!
+//! Run as a node runs it: real host-local with its store in a non-default dataDir, dipamd with
+//! a non-default state dir, the agent's router and a claim held, metrics on a unix socket; an
+//! orphan written into host-local's directory as a second runtime sharing the store would
+//! leave it. The three views must agree with each other and with host-local's directory, and
+//! the size must be host-local's own: filling the range, host-local refuses the next ADD
+//! exactly when the view says nothing is free. An opaque delegate (azure-vnet-ipam) shows
+//! what the ledger knows and says the size is unknown.
+
+// Tests: a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
+use std::{
+    io::{Read, Write},
+    path::Path,
+};
+
+use dipam_lifecycle::{AgentLab, Attachment, Lab, hostlocal, require_root, unique};
+use serde_json::{Value, json};
+
+fn scrape(sock: &Path) -> String {
+    let mut s = std::os::unix::net::UnixStream::connect(sock).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: dipamd\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
+    out
+}
+
+/// A range gauge's value in a scrape, or `None` when the series is absent.
+fn gauge(body: &str, name: &str, network: &str, family: &str, state: Option<&str>) -> Option<f64> {
+    let mut labels = format!("network=\"{network}\",family=\"{family}\"");
+    if let Some(s) = state {
+        labels.push_str(&format!(",state=\"{s}\""));
+    }
+    let prefix = format!("{name}{{{labels}}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(|v| v.parse().unwrap())
+}
+
+/// `dipamctl status` as a table and as JSON: (the table, this network's ranges).
+fn status(dipamd: &dipam_lifecycle::Dipamd, network: &str) -> (String, Vec<Value>) {
+    let out = dipamd.ctl(&["status", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ranges = v["ranges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["network"] == network)
+        .cloned()
+        .collect();
+    let out = dipamd.ctl(&["status"]);
+    assert!(out.status.success(), "{out:?}");
+    (String::from_utf8(out.stdout).unwrap(), ranges)
+}
+
+fn host(lab: &AgentLab, n: u8) -> String {
+    format!("{}.{n}", lab.subnet.cidr.trim_end_matches(".0/24"))
+}
+
+#[test]
+fn status_and_metrics_count_host_locals_range_until_it_is_full() {
+    require_root!();
+    let msock_dir = tempfile::tempdir().unwrap();
+    let msock = msock_dir.path().join("metrics.sock");
+    let mut lab = AgentLab::unstarted("ptp-dipam-host-local.conflist");
+    // A small range with the gateway inside it: .10-.17 less .12, 7 addresses as host-local
+    // counts them (delegate/ranges.rs).
+    let range = json!([[{
+        "subnet": lab.subnet.cidr,
+        "rangeStart": host(&lab, 10),
+        "rangeEnd": host(&lab, 17),
+        "gateway": host(&lab, 12),
+    }]]);
+    lab.fx = lab.fx.clone().with_ranges(range);
+    lab.write_conflist();
+    lab.set_roles(
+        "router",
+        &[
+            "--metrics-socket",
+            msock.to_str().unwrap(),
+            "--reconcile-interval",
+            "0",
+        ],
+    );
+    lab.dipamd.start_again();
+    lab.wait_ready(1);
+    let net = lab.network();
+    let list = lab.fx.list.clone();
+
+    // The agent holds its router and one claim; two pods hold one address each.
+    let out = lab
+        .dipamd
+        .ctl(&["agent", "claim", "egress", "--family", "ipv4", "--json"]);
+    assert!(out.status.success(), "{out:?}\n{}", lab.dipamd.log());
+    let pods: Vec<Attachment> = (0..2)
+        .map(|_| Attachment::new(&unique("pod"), "/var/run/netns/none"))
+        .collect();
+    for p in &pods {
+        lab.rt.ipam(&list, 0, "ADD", p, None).unwrap();
+    }
+    // An orphan: a reservation in host-local's directory that no attachment accounts for, as
+    // a second runtime sharing the store (or a DEL that lost its record) leaves it.
+    let dir = lab.data.path().join(&net);
+    std::fs::write(
+        dir.join(host(&lab, 16)),
+        "left-behind-by-another-runtime\r\neth0",
+    )
+    .unwrap();
+
+    let (table, ranges) = status(&lab.dipamd, &net);
+    assert_eq!(ranges.len(), 1, "{ranges:?}");
+    let r = &ranges[0];
+    assert_eq!(
+        (
+            &r["family"],
+            &r["size"],
+            &r["pods"],
+            &r["agent"],
+            &r["pool"],
+            &r["orphans"],
+            &r["free"],
+            &r["allocated"]
+        ),
+        (
+            &json!("ipv4"),
+            &json!(7),
+            &json!(2),
+            &json!(2),
+            &json!(0),
+            &json!(1),
+            &json!(2),
+            &json!(5)
+        ),
+        "{r:#}\n{table}"
+    );
+    assert_eq!(r["sizeUnknown"], Value::Null, "{r:#}");
+    // Against host-local's directory: every address file is counted once, the ones the ledger
+    // does not hold are the orphans, and free is the size less them all.
+    let store = hostlocal::reservations(lab.data.path(), &net);
+    let ledger = lab.ledger();
+    let orphans = store
+        .iter()
+        .filter(|(id, _, ip)| !ledger.contains(&(id.clone(), ip.clone())))
+        .count();
+    assert_eq!(
+        store.len() as u64,
+        r["allocated"].as_u64().unwrap(),
+        "{store:?}"
+    );
+    assert_eq!(
+        orphans as u64,
+        r["orphans"].as_u64().unwrap(),
+        "{store:?} {ledger:?}"
+    );
+    let line = format!(
+        "range:        {net} ipv4: 5/7 allocated (2 pod, 2 agent, 0 pool, 1 orphan), 2 free; \
+         {}-{} (gateway {} excluded)",
+        host(&lab, 10),
+        host(&lab, 17),
+        host(&lab, 12)
+    );
+    assert!(
+        table.lines().any(|l| l == line),
+        "want {line:?} in:\n{table}"
+    );
+    // The scrape says what status said.
+    let body = scrape(&msock);
+    let g = |name: &str, state: Option<&str>| gauge(&body, name, &net, "ipv4", state);
+    assert_eq!(g("dipam_range_size", None), Some(7.0), "{body}");
+    for (state, want) in [
+        ("pod", 2.0),
+        ("agent", 2.0),
+        ("pool", 0.0),
+        ("orphan", 1.0),
+        ("free", 2.0),
+    ] {
+        assert_eq!(
+            g("dipam_range_addresses", Some(state)),
+            Some(want),
+            "{state}: {body}"
+        );
+    }
+
+    // Fill the range: exactly `free` more pods get an address, and host-local refuses the
+    // next one; the view then says nothing is free.
+    for i in 0..2 {
+        let p = Attachment::new(&unique("fill"), "/var/run/netns/none");
+        lab.rt
+            .ipam(&list, 0, "ADD", &p, None)
+            .unwrap_or_else(|e| panic!("ADD {i} of the 2 free addresses: {e:?}"));
+    }
+    let over = Attachment::new(&unique("over"), "/var/run/netns/none");
+    let e = lab.rt.ipam(&list, 0, "ADD", &over, None).unwrap_err();
+    assert!(
+        e.msg.contains("no IP addresses available")
+            || e.details.contains("no IP addresses available"),
+        "{e:?}"
+    );
+    let (table, ranges) = status(&lab.dipamd, &net);
+    let r = &ranges[0];
+    assert_eq!(
+        (&r["size"], &r["allocated"], &r["free"], &r["pods"]),
+        (&json!(7), &json!(7), &json!(0), &json!(4)),
+        "{r:#}"
+    );
+    assert_eq!(hostlocal::reservations(lab.data.path(), &net).len(), 7);
+    assert!(
+        table.contains(&format!(
+            "range:        {net} ipv4: 7/7 allocated (4 pod, 2 agent, 0 pool, 1 orphan), 0 free;"
+        )),
+        "{table}"
+    );
+    let body = scrape(&msock);
+    assert_eq!(
+        gauge(&body, "dipam_range_addresses", &net, "ipv4", Some("free")),
+        Some(0.0),
+        "{body}"
+    );
+}
+
+#[test]
+fn an_opaque_delegate_shows_what_the_ledger_knows_and_no_size() {
+    require_root!();
+    let msock_dir = tempfile::tempdir().unwrap();
+    let msock = msock_dir.path().join("metrics.sock");
+    let lab = Lab::with_flags(
+        "ptp-dipam-azure.conflist",
+        &["--metrics-socket", msock.to_str().unwrap()],
+    );
+    let net = lab.network();
+    let (_ns, pod) = lab.pod();
+    lab.rt.ipam(lab.list(), 0, "ADD", &pod, None).unwrap();
+    let (table, ranges) = status(&lab.dipamd, &net);
+    assert_eq!(
+        ranges.len(),
+        1,
+        "{ranges:?}\n{table}\n{:?}\n{}",
+        lab.dipamd.ledger(),
+        lab.dipamd.log()
+    );
+    let r = &ranges[0];
+    assert_eq!(
+        (
+            &r["size"],
+            &r["orphans"],
+            &r["free"],
+            &r["pods"],
+            &r["allocated"]
+        ),
+        (
+            &Value::Null,
+            &Value::Null,
+            &Value::Null,
+            &json!(1),
+            &json!(1)
+        ),
+        "{r:#}"
+    );
+    assert!(
+        r["sizeUnknown"]
+            .as_str()
+            .unwrap()
+            .contains("azure-vnet-ipam"),
+        "{r:#}"
+    );
+    let line = table
+        .lines()
+        .find(|l| l.starts_with(&format!("range:        {net} ipv4: ")))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(
+        line.contains(": 1 allocated (1 pod, 0 agent, 0 pool); size unknown: azure-vnet-ipam"),
+        "{line}"
+    );
+    let body = scrape(&msock);
+    assert_eq!(
+        gauge(&body, "dipam_range_addresses", &net, "ipv4", Some("pod")),
+        Some(1.0),
+        "{body}"
+    );
+    for (name, state) in [
+        ("dipam_range_size", None),
+        ("dipam_range_addresses", Some("orphan")),
+        ("dipam_range_addresses", Some("free")),
+    ] {
+        assert_eq!(
+            gauge(&body, name, &net, "ipv4", state),
+            None,
+            "{name} {state:?}: {body}"
+        );
+    }
+}
