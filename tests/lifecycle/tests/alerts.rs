@@ -188,6 +188,18 @@ fn test_case(
     firing: &BTreeMap<&str, Option<&str>>,
     instance: &str,
 ) -> Value {
+    test_case_with(name, series, firing, &BTreeMap::new(), instance)
+}
+
+/// [`test_case`], where an alert in `extra` also carries those labels of its series (a
+/// per-network alert: `network`, `family`).
+fn test_case_with(
+    name: &str,
+    series: Vec<Value>,
+    firing: &BTreeMap<&str, Option<&str>>,
+    extra: &BTreeMap<&str, BTreeMap<String, String>>,
+    instance: &str,
+) -> Value {
     let checks: Vec<Value> = rules()
         .iter()
         .map(|r| {
@@ -197,11 +209,15 @@ fn test_case(
                     let mut labels = r.labels.clone();
                     labels.insert("job".into(), JOB.into());
                     labels.insert("instance".into(), instance.into());
+                    labels.extend(extra.get(r.alert.as_str()).cloned().unwrap_or_default());
                     let annotations: BTreeMap<_, _> = r
                         .annotations
                         .iter()
                         .map(|(k, t)| {
-                            let mut s = t.replace("{{ $labels.instance }}", instance);
+                            let mut s = t.clone();
+                            for (label, v) in &labels {
+                                s = s.replace(&format!("{{{{ $labels.{label} }}}}"), v);
+                            }
                             if let Some(v) = value {
                                 s = s.replace("{{ $value }}", v);
                             }
@@ -360,6 +376,112 @@ fn alerts_fire_on_real_scrapes_exactly_when_they_should() {
         ],
     });
     // JSON is YAML: promtool reads it as is.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tests.yaml");
+    std::fs::write(&file, serde_json::to_vec_pretty(&tests).unwrap()).unwrap();
+    let out = Command::new(promtool)
+        .args(["test", "rules"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "promtool test rules failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The "range nearly full" rule on real scrapes: a range host-local hands out 10 addresses
+/// from (.10-.19, the gateway outside), the agent's router in it, metrics on loopback as the
+/// DaemonSet runs them. With 2 free (20%) nothing fires; filled to its last address (host-local
+/// then refuses the next ADD), `DipamRangeNearlyFull` fires for that network and family, and
+/// no other rule does.
+#[test]
+fn range_nearly_full_fires_on_a_real_scrape_of_a_filled_range() {
+    require_root!();
+    let Some(promtool) = promtool() else { return };
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut lab = AgentLab::unstarted("ptp-dipam-host-local.conflist");
+    let base = lab.subnet.cidr.trim_end_matches(".0/24").to_owned();
+    let range = json!([[{
+        "subnet": lab.subnet.cidr,
+        "rangeStart": format!("{base}.10"),
+        "rangeEnd": format!("{base}.19"),
+    }]]);
+    lab.fx = lab.fx.clone().with_ranges(range);
+    lab.write_conflist();
+    lab.set_roles(
+        "router",
+        &["--metrics-address", &addr, "--reconcile-interval", "1"],
+    );
+    lab.dipamd.start_again();
+    lab.wait_ready(1);
+    let list = lab.fx.list.clone();
+    let net = lab.network();
+    let add = || {
+        let pod = Attachment::new(&dipam_lifecycle::unique("pod"), "/var/run/netns/none");
+        lab.rt.ipam(&list, 0, "ADD", &pod, None)
+    };
+    // The range's free addresses, once a reconcile (every second) has counted `want`.
+    let free_at = |want: f64| -> String {
+        let line =
+            format!("dipam_range_addresses{{network=\"{net}\",family=\"ipv4\",state=\"free\"}} ");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let body = scrape(&addr).expect("dipamd answers");
+            let free: Option<f64> = body
+                .lines()
+                .find_map(|l| l.strip_prefix(&line))
+                .map(|v| v.parse().unwrap());
+            if free == Some(want) {
+                return body;
+            }
+            assert!(Instant::now() < deadline, "{free:?}\n{body}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    for _ in 0..7 {
+        add().unwrap();
+    }
+    let roomy = free_at(2.0);
+    assert!(
+        roomy.contains(&format!(
+            "dipam_range_size{{network=\"{net}\",family=\"ipv4\"}} 10.0"
+        )),
+        "{roomy}"
+    );
+    for _ in 0..2 {
+        add().unwrap();
+    }
+    add().expect_err("host-local refuses an ADD when the range is full");
+    let full = free_at(0.0);
+
+    let r = series(&roomy, &addr);
+    let f = series(&full, &addr);
+    let extra: BTreeMap<&str, BTreeMap<String, String>> = [(
+        "DipamRangeNearlyFull",
+        [
+            ("network".to_owned(), net.clone()),
+            ("family".to_owned(), "ipv4".to_owned()),
+        ]
+        .into(),
+    )]
+    .into();
+    let tests = json!({
+        "rule_files": [rules_file()],
+        "evaluation_interval": "1m",
+        "tests": [
+            test_case("roomy", input_series(&r, &r), &BTreeMap::new(), &addr),
+            test_case_with(
+                "full",
+                input_series(&r, &f),
+                &[("DipamRangeNearlyFull", None)].into(),
+                &extra,
+                &addr,
+            ),
+        ],
+    });
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("tests.yaml");
     std::fs::write(&file, serde_json::to_vec_pretty(&tests).unwrap()).unwrap();
