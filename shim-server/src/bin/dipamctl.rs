@@ -9,17 +9,23 @@ const VERSION: &str = concat!(
 );
 
 fn main() -> std::process::ExitCode {
-    let args: dipam_shim::ctl::Args = dipam_shim::parse_args(VERSION);
+    use dipam_shim::ctl::{self, CtlError, output};
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let args = match ctl::parse(VERSION, argv.iter().cloned()) {
+        Ok(args) => args,
+        Err(e) => return output::usage(e, ctl::json_requested(&argv)),
+    };
+    let json = args.json();
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("dipamctl: cannot start the async runtime: {e}");
-            return std::process::ExitCode::FAILURE;
+            let e = CtlError::Failed(format!("cannot start the async runtime: {e}"));
+            return output::exit(Err(e), json);
         }
     };
-    let result = rt.block_on(dipam_shim::ctl::run(args, &mut std::io::stdout().lock()));
-    dipam_shim::ctl::output::exit(result)
+    let result = rt.block_on(ctl::run(args, &mut std::io::stdout().lock()));
+    output::exit(result, json)
 }

@@ -7,12 +7,12 @@ use std::{
 };
 
 use dipam_proto::v1::{GcAttachment, GcItem, GcReply, GcRequest, Mode, admin_client::AdminClient};
-use serde_json::json;
+use serde_json::{Value, json};
 use tonic::transport::Channel;
 
 use super::{
     CtlError,
-    output::{self, short, table},
+    output::{self, GcRow, Progress, table},
 };
 
 #[derive(Debug, clap::Args)]
@@ -43,14 +43,17 @@ pub struct Args {
     from_runtime: bool,
 }
 
+/// `progress`: show a spinner on stderr while dipamd works (`output::progress_wanted`).
 pub async fn run(
     args: Args,
     channel: Channel,
     json: bool,
+    progress: bool,
     out: &mut dyn Write,
 ) -> Result<(), CtlError> {
     if args.from_runtime {
-        return super::runtime_gc::run(channel, args.dry_run, args.force, json, out).await;
+        return super::runtime_gc::run(channel, args.dry_run, args.force, json, progress, out)
+            .await;
     }
     let (config, mode) = match &args.conflist {
         Some(path) => network_config(path)?,
@@ -61,6 +64,18 @@ pub async fn run(
         None => Vec::new(),
     };
     let dry_run = args.dry_run;
+    // dipamd frees item by item (a delegate exec each) and answers once at the end: on a
+    // large network that takes a while, with nothing to show until then but that it runs.
+    let spinner = Progress::spinner(
+        progress,
+        &format!(
+            "gc {}: {} in dipamd",
+            args.conflist
+                .as_deref()
+                .map_or("(dipamd's network)".into(), |p| p.display().to_string()),
+            if dry_run { "planning" } else { "collecting" }
+        ),
+    );
     let reply = AdminClient::new(channel)
         .gc(GcRequest {
             protocol_version: dipam_proto::PROTOCOL_VERSION,
@@ -74,6 +89,7 @@ pub async fn run(
         .await
         .map_err(CtlError::Rpc)?
         .into_inner();
+    drop(spinner);
     print(&reply, dry_run, json, out)?;
     if !reply.refused.is_empty() {
         return Err(CtlError::Failed(format!(
@@ -114,11 +130,9 @@ fn valid_list(path: &Path) -> Result<Vec<GcAttachment>, CtlError> {
 
 fn print(reply: &GcReply, dry_run: bool, json: bool, out: &mut dyn Write) -> std::io::Result<()> {
     let fields = |i: &GcItem| {
-        json!({
-            "kind": i.kind, "containerID": i.container_id, "ifname": i.ifname,
-            "ips": i.ips, "reason": i.reason, "outcome": i.outcome, "error": i.error,
-            "keep": i.keep,
-        })
+        let mut v = GcRow::from(i).json();
+        v.insert("kind".into(), json!(i.kind));
+        Value::Object(v)
     };
     if json {
         let v = json!({
@@ -140,18 +154,8 @@ fn print(reply: &GcReply, dry_run: bool, json: bool, out: &mut dyn Write) -> std
         let rows: Vec<[String; 6]> = shown
             .iter()
             .map(|i| {
-                [
-                    i.kind.clone(),
-                    short(&i.container_id),
-                    i.ifname.clone(),
-                    i.ips.join(","),
-                    if i.error.is_empty() {
-                        i.outcome.clone()
-                    } else {
-                        format!("{}: {}", i.outcome, i.error)
-                    },
-                    i.reason.clone(),
-                ]
+                let [container, ifname, ips, outcome, reason] = GcRow::from(*i).cells();
+                [i.kind.clone(), container, ifname, ips, outcome, reason]
             })
             .collect();
         table(

@@ -36,7 +36,7 @@ use serde_json::{Value, json};
 
 use super::{
     kube::{self, ApiConfig, Backoff, PodCidrs},
-    ranges,
+    output, ranges,
     wrap::{self, Choice, Rewritten},
 };
 
@@ -416,14 +416,17 @@ pub fn run(opts: &Options, json: bool, out: &mut dyn Write) -> Result<(), String
         };
         return printed.map_err(|e| format!("writing output: {e}"));
     }
-    let r = install(opts)?;
+    // Notes on stderr are JSON lines under --json, as a failure is (output::warn).
+    let r = install_with(opts, |r| {
+        node_pod_cidrs(r, |line| output::warn(json, line), std::thread::sleep)
+    })?;
     if let Some(w) = opts
         .conflist
         .as_deref()
         .and_then(|p| fs::read(p).ok())
         .and_then(|b| version_warning(&b))
     {
-        eprintln!("dipamctl: warning: {w}");
+        output::warn(json, &format!("warning: {w}"));
     }
     let state = |p: &Placed| if p.changed { "installed" } else { "unchanged" };
     let printed = if json {

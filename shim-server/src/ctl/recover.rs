@@ -24,7 +24,10 @@ use dipam_state::{
 };
 use serde_json::{Value, json};
 
-use super::{CtlError, output};
+use super::{
+    CtlError,
+    output::{self, Progress},
+};
 use crate::{
     agent::conflist,
     clock::now,
@@ -48,8 +51,14 @@ pub struct Args {
 }
 
 /// `dipamctl recover`: rebuilds, then says what it did (moved aside, spool kept, how many
-/// recovered, what was skipped and why).
-pub async fn run(args: Args, json: bool, out: &mut dyn Write) -> Result<(), CtlError> {
+/// recovered, what was skipped and why). `progress`: count the reservations on stderr as
+/// they are recorded (`output::progress_wanted`).
+pub async fn run(
+    args: Args,
+    json: bool,
+    progress: bool,
+    out: &mut dyn Write,
+) -> Result<(), CtlError> {
     let dirs = args
         .cni_path
         .split(':')
@@ -57,7 +66,7 @@ pub async fn run(args: Args, json: bool, out: &mut dyn Write) -> Result<(), CtlE
         .map(PathBuf::from)
         .collect();
     let state_dir = &args.state_dir;
-    let r = rebuild(state_dir, &args.conflist, dirs, args.force)
+    let r = rebuild(state_dir, &args.conflist, dirs, args.force, json, progress)
         .await
         .map_err(CtlError::Failed)?;
     if json {
@@ -151,12 +160,15 @@ fn agent_role(container_id: &str) -> Option<String> {
 }
 
 /// Rebuilds (or, with `force`, adds to) the ledger in `state_dir` from the delegate's store
-/// as `conflist_path` configures it, the delegate found in `cni_dirs`.
+/// as `conflist_path` configures it, the delegate found in `cni_dirs`. `json`: notes on
+/// stderr are JSON; `progress`: a counter of the reservations recorded, on stderr.
 pub async fn rebuild(
     state_dir: &Path,
     conflist_path: &Path,
     cni_dirs: Vec<PathBuf>,
     force: bool,
+    json: bool,
+    progress: bool,
 ) -> Result<Report, String> {
     let mut report = Report::default();
     let store = match dipam_state::open(state_dir) {
@@ -186,7 +198,10 @@ pub async fn rebuild(
             let aside = PathBuf::from(format!("{}.corrupt-{}", state_dir.display(), now()));
             std::fs::rename(state_dir, &aside)
                 .map_err(|io| fail(format!("moving {} aside: {io}", state_dir.display())))?;
-            eprintln!("dipamctl: {e}; moved the old ledger to {}", aside.display());
+            output::warn(
+                json,
+                &format!("{e}; moved the old ledger to {}", aside.display()),
+            );
             std::fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
@@ -245,7 +260,15 @@ pub async fn rebuild(
     }
     let ledger = Ledger::new(store);
     let t = now();
+    // Each record is a durable ledger write: thousands of them take long enough to wonder
+    // whether anything is happening.
+    let counter = Progress::counter(
+        progress,
+        &format!("recover {}: reservations", dc.network),
+        groups.values().map(|ips| ips.len() as u64).sum(),
+    );
     for ((cid, ifname), ips) in groups {
+        counter.inc(ips.len() as u64);
         if crate::keys::internal(&cid) == Some(crate::keys::Internal::Pool) {
             for ip in &ips {
                 report.skipped.push(format!(

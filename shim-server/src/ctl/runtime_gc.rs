@@ -9,7 +9,7 @@ use tonic::transport::Channel;
 
 use super::{
     CtlError,
-    output::{self, short, table},
+    output::{self, GcRow, Progress, table},
 };
 
 pub async fn run(
@@ -17,8 +17,18 @@ pub async fn run(
     dry_run: bool,
     force: bool,
     json: bool,
+    progress: bool,
     out: &mut dyn Write,
 ) -> Result<(), CtlError> {
+    // A pass lists the runtime's sandboxes and frees item by item before dipamd answers.
+    let spinner = Progress::spinner(
+        progress,
+        if dry_run {
+            "gc --from-runtime: planning the next pass in dipamd"
+        } else {
+            "gc --from-runtime: one pass in dipamd"
+        },
+    );
     let reply = AdminClient::new(channel)
         .runtime_gc(RuntimeGcRequest {
             protocol_version: dipam_proto::PROTOCOL_VERSION,
@@ -28,6 +38,7 @@ pub async fn run(
         .await
         .map_err(CtlError::Rpc)?
         .into_inner();
+    drop(spinner);
     print(&reply, dry_run, json, out)?;
     if !reply.refused.is_empty() {
         return Err(CtlError::Failed(format!(
@@ -53,14 +64,16 @@ fn print(
     out: &mut dyn Write,
 ) -> std::io::Result<()> {
     let fields = |i: &RuntimeGcItem| {
-        json!({
-            "network": i.network, "containerID": i.container_id, "ifname": i.ifname,
-            "ips": i.ips, "owner": i.owner,
-            "pod": (!i.pod_uid.is_empty()).then(|| json!({
+        let mut v = GcRow::from(i).json();
+        v.insert("network".into(), json!(i.network));
+        v.insert("owner".into(), json!(i.owner));
+        v.insert(
+            "pod".into(),
+            json!((!i.pod_uid.is_empty()).then(|| json!({
                 "namespace": i.pod_namespace, "name": i.pod_name, "uid": i.pod_uid,
-            })),
-            "outcome": i.outcome, "keep": i.keep, "reason": i.reason, "error": i.error,
-        })
+            }))),
+        );
+        serde_json::Value::Object(v)
     };
     if json {
         let v = json!({
@@ -89,18 +102,15 @@ fn print(
         .iter()
         .chain(reply.kept.iter())
         .map(|i| {
+            let [container, ifname, ips, outcome, reason] = GcRow::from(i).cells();
             [
                 i.network.clone(),
-                short(&i.container_id),
-                i.ifname.clone(),
+                container,
+                ifname,
                 pod(i),
-                i.ips.join(","),
-                if i.error.is_empty() {
-                    i.outcome.clone()
-                } else {
-                    format!("{}: {}", i.outcome, i.error)
-                },
-                i.reason.clone(),
+                ips,
+                outcome,
+                reason,
             ]
         })
         .collect();

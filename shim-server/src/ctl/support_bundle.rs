@@ -25,7 +25,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use clap::Parser;
 use serde_json::{Value, json};
 
 use super::{CtlError, output};
@@ -156,7 +155,7 @@ async fn dipamctl(socket: &Path, argv: &[&str]) -> Result<Vec<u8>, String> {
     full.push(socket.display().to_string());
     full.push("--json".into());
     full.extend(argv.iter().map(|s| (*s).to_owned()));
-    let args = super::Args::try_parse_from(&full).map_err(|e| e.to_string())?;
+    let args = super::parse(env!("CARGO_PKG_VERSION"), &full).map_err(|e| e.to_string())?;
     let mut buf = Vec::new();
     // Boxed: `run` dispatches here, and an async call cycle needs one indirection.
     let result = Box::pin(super::run(args, &mut buf)).await;

@@ -20,8 +20,16 @@ pub struct Args {
     #[arg(long)]
     ip: Option<String>,
     /// What the address is for, KEY=VALUE; repeat for more.
-    #[arg(long = "label", value_name = "KEY=VALUE")]
-    labels: Vec<String>,
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = label)]
+    labels: Vec<(String, String)>,
+}
+
+/// One `--label KEY=VALUE`; anything else is a usage error (exit 2), refused before dipamd
+/// is asked.
+fn label(l: &str) -> Result<(String, String), String> {
+    l.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("{l:?} is not KEY=VALUE"))
 }
 
 pub async fn run(
@@ -30,15 +38,7 @@ pub async fn run(
     json: bool,
     out: &mut dyn Write,
 ) -> Result<(), CtlError> {
-    let mut labels = std::collections::HashMap::new();
-    for l in &args.labels {
-        let Some((k, v)) = l.split_once('=') else {
-            return Err(CtlError::Input(format!(
-                "--label {l:?}: expected KEY=VALUE"
-            )));
-        };
-        labels.insert(k.to_owned(), v.to_owned());
-    }
+    let labels: std::collections::HashMap<_, _> = args.labels.into_iter().collect();
     let family = match args.family.as_deref() {
         Some("ipv4") => AddressFamily::Ipv4,
         Some("ipv6") => AddressFamily::Ipv6,

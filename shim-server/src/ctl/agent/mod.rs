@@ -1,7 +1,7 @@
 //! `dipamctl agent list|claim|unclaim|allocate|release|watch`: the agent's own addresses (its
 //! claims, the router, health and ingress roles' among them) through dipamd's Agent service.
 
-use std::{io::Write, path::Path};
+use std::io::Write;
 
 use clap::Subcommand;
 use dipam_proto::v1::{
@@ -14,10 +14,23 @@ use super::{
     CtlError,
     output::{self, table},
 };
+use crate::clock::rfc3339_ms;
 
 pub mod claim;
 pub mod unclaim;
 pub mod watch;
+
+/// `dipamctl agent [--socket PATH] [--json] <command>`: the flags are global within `agent`, so
+/// they may come before or after the command's name.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: Command,
+    #[command(flatten)]
+    pub conn: super::Connection,
+    #[command(flatten)]
+    pub format: super::Format,
+}
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -47,17 +60,12 @@ pub enum Command {
     Watch(watch::Args),
 }
 
-/// `socket` is where `channel` leads: a watch reconnects there when dipamd restarts.
-pub async fn run(
-    cmd: Command,
-    socket: &Path,
-    channel: Channel,
-    json: bool,
-    out: &mut dyn Write,
-) -> Result<(), CtlError> {
+/// `channel` leads to `args.conn.socket`: a watch reconnects there when dipamd restarts.
+pub async fn run(args: Args, channel: Channel, out: &mut dyn Write) -> Result<(), CtlError> {
+    let (socket, json) = (&args.conn.socket, args.format.json);
     let mut client = AgentClient::new(channel);
     let v = dipam_proto::PROTOCOL_VERSION;
-    let reply = match cmd {
+    let reply = match args.command {
         Command::List => {
             client
                 .list(AgentListRequest {
@@ -86,7 +94,7 @@ pub async fn run(
         Command::Unclaim(args) => return unclaim::run(args, client, json, out).await,
     };
     let reply = reply.map_err(CtlError::Rpc)?.into_inner();
-    print_agent(&reply, json, out)?;
+    print_agent(&reply, None, json, out)?;
     Ok(())
 }
 
@@ -115,16 +123,30 @@ pub(crate) fn labels_text(a: &AgentAddress) -> String {
         .join(",")
 }
 
-/// One list, as a table or as one line of JSON (a watch prints one per change).
-fn print_agent(r: &AgentListReply, json: bool, out: &mut dyn Write) -> std::io::Result<()> {
+/// One list, as a table or as one line of JSON (a watch prints one per change). `at`, the
+/// time (ms since the epoch) a watch received it, goes first: an operator reading a long
+/// watch sees when each change came (`at` in RFC 3339 UTC, `atMs` beside it in JSON).
+fn print_agent(
+    r: &AgentListReply,
+    at: Option<u64>,
+    json: bool,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
     if json {
-        let v = json!({
+        let mut v = json!({
             "generation": r.generation,
             "instanceID": r.instance_id,
             "waiting": r.waiting,
             "addresses": r.addresses.iter().map(address_json).collect::<Vec<_>>(),
         });
+        if let Some(ms) = at {
+            v["at"] = json!(rfc3339_ms(ms));
+            v["atMs"] = json!(ms);
+        }
         return output::json_line(out, &v);
+    }
+    if let Some(ms) = at {
+        writeln!(out, "{}  generation {}", rfc3339_ms(ms), r.generation)?;
     }
     if !r.waiting.is_empty() {
         writeln!(out, "{}", r.waiting)?;
@@ -163,4 +185,49 @@ pub(crate) fn row(a: &AgentAddress) -> [String; 6] {
         labels_text(a),
         message,
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list() -> AgentListReply {
+        AgentListReply {
+            generation: 7,
+            instance_id: "i-1".into(),
+            addresses: vec![AgentAddress {
+                name: "router-ipv4".into(),
+                family: "ipv4".into(),
+                ip: "10.1.0.2".into(),
+                state: "ready".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_watched_list_says_when_it_came_and_a_listed_one_does_not() {
+        let at = 1_795_504_500_007;
+        let mut out = Vec::new();
+        print_agent(&list(), Some(at), false, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let mut lines = text.lines();
+        assert_eq!(lines.next(), Some("2026-11-24T07:15:00.007Z  generation 7"));
+        assert!(lines.next().unwrap().starts_with("NAME"), "{text}");
+
+        let mut out = Vec::new();
+        print_agent(&list(), Some(at), true, &mut out).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["at"], "2026-11-24T07:15:00.007Z");
+        assert_eq!(v["atMs"], at);
+
+        let mut out = Vec::new();
+        print_agent(&list(), None, true, &mut out).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert!(v.get("at").is_none() && v.get("atMs").is_none(), "{v}");
+        let mut out = Vec::new();
+        print_agent(&list(), None, false, &mut out).unwrap();
+        assert!(String::from_utf8(out).unwrap().starts_with("NAME"));
+    }
 }

@@ -7,7 +7,7 @@ use dipam_proto::v1::{AgentListRequest, agent_client::AgentClient};
 use tonic::transport::Channel;
 
 use super::print_agent;
-use crate::ctl::{CtlError, client};
+use crate::ctl::{CtlError, client, output};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -64,14 +64,17 @@ pub async fn run(
                 CtlError::Rpc(ended)
             });
         }
-        eprintln!(
-            "dipamctl: the watch ended ({}); reconnecting to {}",
-            if lost {
-                format!("the connection to dipamd was lost: {}", ended.message())
-            } else {
-                ended.message().to_owned()
-            },
-            socket.display()
+        output::warn(
+            json,
+            &format!(
+                "the watch ended ({}); reconnecting to {}",
+                if lost {
+                    format!("the connection to dipamd was lost: {}", ended.message())
+                } else {
+                    ended.message().to_owned()
+                },
+                socket.display()
+            ),
         );
     }
 }
@@ -95,7 +98,7 @@ async fn watch_once(
     loop {
         match stream.message().await {
             Ok(Some(item)) => {
-                print_agent(&item, json, out)?;
+                print_agent(&item, Some(crate::clock::now_ms()), json, out)?;
                 out.flush()?;
             }
             Ok(None) => return Ok(tonic::Status::unavailable("dipamd closed the watch")),
