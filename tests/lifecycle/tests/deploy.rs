@@ -16,13 +16,16 @@ use dipam_lifecycle::{bins, yaml};
 use serde_json::Value;
 
 /// The host directories a dipam node needs, and nothing else: the CNI plugins, the CNI
-/// configs, the delegate's store (host-local), dipamd's socket and dipamd's ledger + spool.
-const HOST_DIRS: [&str; 5] = [
+/// configs, the delegate's store (host-local), dipamd's socket and dipamd's ledger + spool,
+/// and the directory of containerd's CRI socket (`--cri-endpoint`, the runtime-aware GC;
+/// tests/manifests.rs checks that the flag and this mount agree).
+const HOST_DIRS: [&str; 6] = [
     "/opt/cni/bin",
     "/etc/cni/net.d",
     "/var/lib/cni",
     "/run/dipam",
     "/var/lib/dipam",
+    "/run/containerd",
 ];
 
 /// Where host-local keeps its store unless `dataDir` says otherwise.

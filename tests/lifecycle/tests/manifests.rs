@@ -373,3 +373,179 @@ fn the_init_container_reads_its_own_nodes_ranges_and_waits_for_them() {
         );
     }
 }
+
+/// containerd's CRI socket, the DaemonSet's `--cri-endpoint` (docs/configuration.md).
+const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
+
+/// A container's argv (command, then args) as `--flag value` pairs (`--flag=value` too).
+fn flag_value(c: &Value, name: &str) -> Option<String> {
+    let argv: Vec<&str> = c["command"]
+        .as_array()
+        .into_iter()
+        .chain(c["args"].as_array())
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    argv.iter().enumerate().find_map(|(i, a)| {
+        if *a == name {
+            argv.get(i + 1).map(|v| (*v).to_owned())
+        } else {
+            a.strip_prefix(name)
+                .and_then(|rest| rest.strip_prefix('='))
+                .map(str::to_owned)
+        }
+    })
+}
+
+/// The runtime-aware GC is on in the DaemonSet, and dipamd can reach the socket it names:
+/// `--cri-endpoint` is a unix socket inside a hostPath volume mounted at the host's own path
+/// (the runtime listens on the host's path; mounted elsewhere, dipamd would dial nothing),
+/// read-only, and, being a directory of the runtime's, with the host's unmounts propagated
+/// (it holds the containers' rootfs mounts, which this pod must not pin). Its type lets
+/// dipamd start on a node where the directory is missing (another runtime): pods' networking
+/// must not depend on the GC. `--reconcile-interval` stays above 0 (dipamd refuses
+/// `--cri-endpoint` without it).
+fn cri_endpoint_and_mount_agree(docs: &[Value]) -> Result<(), String> {
+    let pod = &one(docs, "DaemonSet")["spec"]["template"]["spec"];
+    let d = pod["containers"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == "dipamd"))
+        .ok_or("no dipamd container")?;
+    let endpoint = flag_value(d, "--cri-endpoint").ok_or("dipamd has no --cri-endpoint")?;
+    let socket = endpoint
+        .strip_prefix("unix://")
+        .filter(|p| p.starts_with('/'))
+        .ok_or_else(|| format!("--cri-endpoint {endpoint} is not unix:///PATH"))?;
+    if let Some(every) = flag_value(d, "--reconcile-interval")
+        && every
+            .parse::<f64>()
+            .map_or(true, |s| s.is_nan() || s <= 0.0)
+    {
+        return Err(format!(
+            "--reconcile-interval {every}: the GC would never run"
+        ));
+    }
+    let mounts = d["volumeMounts"].as_array().ok_or("no volumeMounts")?;
+    // The innermost mount holding the socket, as in the kernel.
+    let mount = mounts
+        .iter()
+        .filter(|m| {
+            m["mountPath"]
+                .as_str()
+                .is_some_and(|p| Path::new(socket).starts_with(p))
+        })
+        .max_by_key(|m| m["mountPath"].as_str().map_or(0, str::len))
+        .ok_or_else(|| format!("no volume mount holds {socket}"))?;
+    let path = mount["mountPath"].as_str().unwrap_or_default();
+    let volume = pod["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == mount["name"])
+        .ok_or_else(|| format!("no volume {} for {path}", mount["name"]))?;
+    let host = &volume["hostPath"];
+    if host["path"].as_str() != Some(path) {
+        return Err(format!(
+            "{socket} is mounted at {path} from {volume}: not a hostPath at the host's own path"
+        ));
+    }
+    if mount["readOnly"] != true {
+        return Err(format!("{path} is mounted writable: dipamd only connects"));
+    }
+    if path != socket {
+        if mount["mountPropagation"] != "HostToContainer" {
+            return Err(format!(
+                "{path} is a directory of the runtime's, mounted without HostToContainer: \
+                 this pod would pin the containers' rootfs mounts"
+            ));
+        }
+        if host["type"] != "DirectoryOrCreate" {
+            return Err(format!(
+                "{path}'s hostPath type {}: dipamd would not start where it is missing",
+                host["type"]
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The DaemonSet turns the runtime-aware GC on for containerd (whose socket path it names,
+/// docs/configuration.md) and mounts that socket's directory the way dipamd can use it; and
+/// the check refuses the ways a hand edit (for CRI-O, say) breaks the pair.
+#[test]
+fn the_cri_endpoint_and_the_runtime_socket_mount_agree() {
+    let docs = all_documents();
+    cri_endpoint_and_mount_agree(&docs).unwrap();
+    let d = &one(&docs, "DaemonSet")["spec"]["template"]["spec"]["containers"];
+    let d = d
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "dipamd")
+        .unwrap();
+    assert_eq!(
+        flag_value(d, "--cri-endpoint").as_deref(),
+        Some(format!("unix://{CONTAINERD_SOCKET}").as_str())
+    );
+
+    let path = bins::workspace().join("deploy/kubernetes/dipam.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let edit = |edits: &[(&str, &str)]| {
+        let mut t = text.clone();
+        for (from, to) in edits {
+            assert_eq!(
+                t.matches(from).count(),
+                1,
+                "{from:?} is not in the manifest once"
+            );
+            t = t.replacen(from, to, 1);
+        }
+        yaml::parse(&t).unwrap()
+    };
+    let cases: [(&str, Vec<Value>, &str); 6] = [
+        (
+            "the endpoint switched to CRI-O, the mount left",
+            edit(&[(
+                "- unix:///run/containerd/containerd.sock",
+                "- unix:///var/run/crio/crio.sock",
+            )]),
+            "no volume mount holds /var/run/crio/crio.sock",
+        ),
+        (
+            "the flag gone",
+            edit(&[("            - --cri-endpoint\n", "")]),
+            "no --cri-endpoint",
+        ),
+        (
+            "mounted elsewhere in the container",
+            edit(&[("mountPath: /run/containerd\n", "mountPath: /run/cri\n")]),
+            "no volume mount holds",
+        ),
+        (
+            "the host's directory is another one",
+            edit(&[("path: /run/containerd\n", "path: /var/run/docker\n")]),
+            "not a hostPath at the host's own path",
+        ),
+        (
+            "without HostToContainer",
+            edit(&[(
+                "mountPropagation: HostToContainer\n",
+                "mountPropagation: None\n",
+            )]),
+            "pin the containers' rootfs mounts",
+        ),
+        (
+            "a type that stops dipamd where the directory is missing",
+            edit(&[(
+                "path: /run/containerd\n            type: DirectoryOrCreate\n",
+                "path: /run/containerd\n            type: Directory\n",
+            )]),
+            "would not start where it is missing",
+        ),
+    ];
+    for (what, docs, expected) in cases {
+        let docs: Vec<Value> = docs.into_iter().filter(|d| !d.is_null()).collect();
+        let e = cri_endpoint_and_mount_agree(&docs).expect_err(what);
+        assert!(e.contains(expected), "{what}: {e}");
+    }
+}
