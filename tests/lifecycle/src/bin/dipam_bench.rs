@@ -1250,18 +1250,58 @@ fn scale(rt: &Runtime, opts: &Opts) -> Res<Scale> {
 
 /// One round of the GC section.
 struct GcRound {
+    /// The 1-minute load average when the round started.
+    load: f64,
     /// host-local's DEL of `stale` reservations of `stale + 1`, exec'd directly, one by one.
     floor_serial_ms: f64,
     /// The same, `parallel` at a time.
     floor_parallel_ms: f64,
+    /// The CPU time (user + system) of those DELs, serially and `parallel` at a time: what
+    /// the floor costs whatever the wall clock does, and, divided by the CPUs, the least wall
+    /// time any way of running them could take on this machine at this load.
+    floor_serial_cpu_s: f64,
+    floor_parallel_cpu_s: f64,
     /// One CNI GC freeing `stale` attachments, nothing else running.
     gc_ms: f64,
+    /// Its CPU time: dipamd's own, its delegates' (reaped by dipamd), the plugin's.
+    gc_cpu: GcCpu,
     /// The same while ADDs arrive.
     gc_with_adds_ms: f64,
     /// ADDs (spawn to reap) with no GC running, on the same network holding `stale + 1`.
     adds_alone: Vec<f64>,
     /// ADDs that started while the GC ran.
     adds_during: Vec<f64>,
+}
+
+/// CPU seconds spent on one GC, by whom.
+#[derive(Clone, Copy, Default)]
+struct GcCpu {
+    dipamd_s: f64,
+    delegates_s: f64,
+    plugin_s: f64,
+}
+
+/// `/proc/PID/stat`'s user + system time of the process and of its reaped children, in
+/// seconds. The kernel reports them in USER_HZ ticks, 100 per second on Linux/x86 (an ABI
+/// constant, unlike the kernel's HZ): 10 ms resolution, fine for totals of seconds.
+fn proc_cpu_s(pid: &str) -> (f64, f64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The command name may hold spaces and parentheses: the fields start after the last ')'.
+    let rest: Vec<f64> = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(|f| f.parse().unwrap_or(0.0))
+        .collect();
+    // Fields 14-17 (utime, stime, cutime, cstime); `rest` starts at field 3.
+    let field = |n: usize| rest.get(n - 3).copied().unwrap_or(0.0) / 100.0;
+    (field(14) + field(15), field(16) + field(17))
+}
+
+/// CPU seconds of the children this process has reaped so far (the execs it timed).
+fn children_cpu_s() -> f64 {
+    proc_cpu_s("self").1
 }
 
 struct GcBench {
@@ -1284,7 +1324,7 @@ where
 /// `parallel` at a time. host-local walks its whole directory (reading every reservation)
 /// under its directory lock on every DEL, so the floor depends on how many reservations the
 /// directory holds: the same `stale + 1` as the GC's.
-fn gc_floor(rt: &Runtime, net: &Net, atts: &[Attachment], parallel: usize) -> Res<(f64, f64)> {
+fn gc_floor(rt: &Runtime, net: &Net, atts: &[Attachment], parallel: usize) -> Res<[(f64, f64); 2]> {
     let dir = data_dir("gc-floor")?;
     let mut conf = Runtime::plugin_config(&net.list, 0, None);
     conf["ipam"] = conf["ipam"]["delegate"].clone();
@@ -1307,7 +1347,9 @@ fn gc_floor(rt: &Runtime, net: &Net, atts: &[Attachment], parallel: usize) -> Re
     for threads in [1, parallel] {
         check_stop()?;
         wall_of(atts, 8, |a| run("ADD", a))?;
+        let cpu = children_cpu_s();
         let wall = wall_of(&atts[1..], threads, |a| run("DEL", a))?;
+        let cpu = children_cpu_s() - cpu;
         let left = hostlocal::reservations(dir.path(), &network).len();
         if left != 1 {
             return Err(format!(
@@ -1315,9 +1357,9 @@ fn gc_floor(rt: &Runtime, net: &Net, atts: &[Attachment], parallel: usize) -> Re
             ));
         }
         run("DEL", &atts[0])?;
-        walls.push(wall);
+        walls.push((wall, cpu));
     }
-    Ok((walls[0], walls[1]))
+    Ok([walls[0], walls[1]])
 }
 
 /// ADDs of the pods `pods` on `net`, one every `interval` after the previous one ended, until
@@ -1425,7 +1467,11 @@ fn gc_section(rt: &Runtime, opts: &Opts) -> Res<GcBench> {
         let atts: Vec<Attachment> = (0..n)
             .map(|_| net.attachment("/var/run/netns/dipam-bench-none"))
             .collect();
-        let (floor_serial_ms, floor_parallel_ms) = gc_floor(rt, &net, &atts, parallel)?;
+        let load = loadavg().first().copied().unwrap_or(0.0);
+        let [
+            (floor_serial_ms, floor_serial_cpu_s),
+            (floor_parallel_ms, floor_parallel_cpu_s),
+        ] = gc_floor(rt, &net, &atts, parallel)?;
 
         // The GC alone.
         fill(&atts)?;
@@ -1435,7 +1481,14 @@ fn gc_section(rt: &Runtime, opts: &Opts) -> Res<GcBench> {
             rt.ipam(&net.list, 0, "DEL", a, None)
                 .map_err(|e| format!("DEL: {e}"))?;
         }
+        let pid = d.pid().map(|p| p.to_string()).unwrap_or_default();
+        let (own, reaped, plugin) = (proc_cpu_s(&pid).0, proc_cpu_s(&pid).1, children_cpu_s());
         let gc_ms = gc(&atts[..1])?;
+        let gc_cpu = GcCpu {
+            dipamd_s: proc_cpu_s(&pid).0 - own,
+            delegates_s: proc_cpu_s(&pid).1 - reaped,
+            plugin_s: children_cpu_s() - plugin,
+        };
         left(0)?;
 
         // The GC with ADDs arriving.
@@ -1465,12 +1518,16 @@ fn gc_section(rt: &Runtime, opts: &Opts) -> Res<GcBench> {
                 .map_err(|e| format!("DEL: {e}"))?;
         }
         progress!(
-            "gc: round {round}/{}: floor {:.2} s serial, {:.2} s at {parallel}; GC {:.2} s alone, \
-             {:.2} s with {} ADDs (p50 {:.1} ms, max {:.1} ms; {:.1} ms with no GC)",
+            "gc: round {round}/{} (load {load:.1}): floor {:.2} s serial, {:.2} s at {parallel} \
+             (CPU {floor_serial_cpu_s:.2} / {floor_parallel_cpu_s:.2} s); GC {:.2} s alone (CPU: \
+             dipamd {:.2}, delegates {:.2} s), {:.2} s with {} ADDs (p50 {:.1} ms, max {:.1} ms; \
+             {:.1} ms with no GC)",
             opts.gc_rounds,
             floor_serial_ms / 1e3,
             floor_parallel_ms / 1e3,
             gc_ms / 1e3,
+            gc_cpu.dipamd_s,
+            gc_cpu.delegates_s,
             gc_with_adds_ms / 1e3,
             adds_during.len(),
             median(&adds_during),
@@ -1478,9 +1535,13 @@ fn gc_section(rt: &Runtime, opts: &Opts) -> Res<GcBench> {
             median(&adds_alone),
         );
         rounds.push(GcRound {
+            load,
             floor_serial_ms,
             floor_parallel_ms,
+            floor_serial_cpu_s,
+            floor_parallel_cpu_s,
             gc_ms,
+            gc_cpu,
             gc_with_adds_ms,
             adds_alone,
             adds_during,
@@ -2072,6 +2133,20 @@ impl Report {
             ratio(gc, floor_parallel),
             ratio(gc, floor_serial)
         ));
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from) as f64;
+        let floor_cpu = med(|r| r.floor_serial_cpu_s);
+        let floor_cpu_par = med(|r| r.floor_parallel_cpu_s);
+        let gc_dipamd = med(|r| r.gc_cpu.dipamd_s);
+        let gc_delegates = med(|r| r.gc_cpu.delegates_s);
+        let gc_plugin = med(|r| r.gc_cpu.plugin_s);
+        self.line(format!(
+            "CPU time (s): the floor's DELs {floor_cpu:.2} serial, {floor_cpu_par:.2} at {}; \
+             the GC's: dipamd {gc_dipamd:.2}, its delegates {gc_delegates:.2}, the plugin \
+             {gc_plugin:.2}\n  => no way of running these DELs takes less than {:.2} s on \
+             {cpus} CPUs at this load (their CPU time / CPUs)",
+            g.parallel,
+            floor_cpu.min(floor_cpu_par) / cpus,
+        ));
         self.line(format!(
             "dipamd GC with a pod ADD every {} ms           {:.2}",
             g.add_interval_ms,
@@ -2108,9 +2183,15 @@ impl Report {
             .iter()
             .map(|r| {
                 json!({
+                    "load_1m": r.load,
                     "floor_serial_ms": r3(r.floor_serial_ms),
                     "floor_parallel_ms": r3(r.floor_parallel_ms),
+                    "floor_serial_cpu_s": r3(r.floor_serial_cpu_s),
+                    "floor_parallel_cpu_s": r3(r.floor_parallel_cpu_s),
                     "gc_ms": r3(r.gc_ms),
+                    "gc_cpu_s": {"dipamd": r3(r.gc_cpu.dipamd_s),
+                                 "delegates": r3(r.gc_cpu.delegates_s),
+                                 "plugin": r3(r.gc_cpu.plugin_s)},
                     "gc_with_adds_ms": r3(r.gc_with_adds_ms),
                     "adds_alone": summarize(&r.adds_alone).json(),
                     "adds_during": summarize(&r.adds_during).json(),
@@ -2125,6 +2206,11 @@ impl Report {
                 "gc_ms": r3(gc), "gc_with_adds_ms": r3(gc_adds),
                 "ratio_to_floor_parallel": r3(ratio(gc, floor_parallel)),
                 "ratio_to_floor_serial": r3(ratio(gc, floor_serial)),
+                "floor_cpu_s": {"serial": r3(floor_cpu), "parallel": r3(floor_cpu_par)},
+                "gc_cpu_s": {"dipamd": r3(gc_dipamd), "delegates": r3(gc_delegates),
+                             "plugin": r3(gc_plugin)},
+                "cpus": cpus,
+                "floor_cpu_bound_ms": r3(floor_cpu.min(floor_cpu_par) / cpus * 1e3),
                 "adds_alone": alone_s.json(), "adds_during": during_s.json(),
                 "add_wait_ms": {"p50": r3(waited(during_s.p50)), "p99": r3(waited(during_s.p99)),
                                 "max": r3(waited(during_s.max))},
