@@ -25,6 +25,26 @@ pub fn log_ms(d: std::time::Duration) -> f64 {
     (d.as_secs_f64() * 1e4).round() / 10.0
 }
 
+/// A point in time in dipamctl's JSON (docs/configuration.md, "Times in JSON"): the pair
+/// (`<name>`, `<name>Ms`), RFC 3339 UTC for people and Unix milliseconds for scripts, as
+/// `explain` gives `at` and `atMs`. Unset (0) is `null` in both, never 1970.
+pub fn json_time(ms: u64) -> (serde_json::Value, serde_json::Value) {
+    if ms == 0 {
+        return (serde_json::Value::Null, serde_json::Value::Null);
+    }
+    (rfc3339_ms(ms).into(), ms.into())
+}
+
+/// Milliseconds from a reply that carries them, else from its seconds field (an older dipamd
+/// sent only seconds).
+pub fn ms_or_secs(ms: u64, secs: u64) -> u64 {
+    if ms > 0 {
+        ms
+    } else {
+        secs.saturating_mul(1000)
+    }
+}
+
 /// Unix milliseconds as an RFC 3339 UTC time with milliseconds, `2026-11-24T07:15:00.123Z`:
 /// what people read in dipamctl's output (a raw epoch number is not a time anyone can read).
 pub fn rfc3339_ms(ms: u64) -> String {
@@ -51,6 +71,18 @@ pub fn rfc3339_ms(ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::{log_ms, rfc3339_ms};
+
+    #[test]
+    fn json_times_pair_rfc3339_with_unix_ms_and_unset_is_null() {
+        use serde_json::{Value, json};
+        assert_eq!(json_time(0), (Value::Null, Value::Null));
+        assert_eq!(
+            json_time(951_782_400_123),
+            (json!("2000-02-29T00:00:00.123Z"), json!(951_782_400_123u64))
+        );
+        assert_eq!(ms_or_secs(0, 7), 7000);
+        assert_eq!(ms_or_secs(7001, 7), 7001);
+    }
 
     #[test]
     fn rfc3339_is_utc_civil_time_with_milliseconds() {

@@ -42,11 +42,16 @@ pub async fn run(
             .attachments
             .iter()
             .map(|a| {
+                let (created, created_ms) =
+                    crate::clock::json_time(crate::clock::ms_or_secs(a.created_at_ms, a.created_at));
+                let (updated, updated_ms) =
+                    crate::clock::json_time(crate::clock::ms_or_secs(a.updated_at_ms, a.updated_at));
                 json!({
                     "network": a.network, "containerID": a.container_id, "ifname": a.ifname,
                     "owner": a.owner, "state": a.state, "delegate": a.delegate_type,
                     "ips": a.ips, "netns": a.netns, "configDigest": a.config_digest,
-                    "createdAt": a.created_at, "updatedAt": a.updated_at,
+                    "createdAt": created, "createdAtMs": created_ms,
+                    "updatedAt": updated, "updatedAtMs": updated_ms,
                     "creatorUid": a.creator_uid,
                     "pod": (!a.pod_uid.is_empty()).then(|| json!({
                         "namespace": a.pod_namespace, "name": a.pod_name, "uid": a.pod_uid,

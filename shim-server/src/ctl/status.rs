@@ -79,12 +79,15 @@ fn to_json(s: &StatusReply) -> Value {
         "privilegeFailures": {
             "count": s.privilege_failures, "lastError": s.privilege_last_error,
         },
-        "runtimeGc": s.runtime_gc.as_ref().map(|r| json!({
-            "endpoint": r.endpoint, "passes": r.passes, "freed": r.freed,
-            "refusing": r.refusing, "refusingDetail": r.refusing_detail,
-            "refusals": r.refusals, "sandboxes": r.sandboxes, "pending": r.pending,
-            "keptGrace": r.kept_grace, "lastPassAt": r.last_pass_at,
-        })),
+        "runtimeGc": s.runtime_gc.as_ref().map(|r| {
+            let (at, at_ms) = crate::clock::json_time(crate::clock::ms_or_secs(r.last_pass_at_ms, r.last_pass_at));
+            json!({
+                "endpoint": r.endpoint, "passes": r.passes, "freed": r.freed,
+                "refusing": r.refusing, "refusingDetail": r.refusing_detail,
+                "refusals": r.refusals, "sandboxes": r.sandboxes, "pending": r.pending,
+                "keptGrace": r.kept_grace, "lastPassAt": at, "lastPassAtMs": at_ms,
+            })
+        }),
         "ranges": s.ranges.iter().map(range_json).collect::<Vec<_>>(),
         "spool": s.spool.as_ref().map(|p| json!({
             "dir": p.dir, "pointer": p.pointer, "depth": p.depth,

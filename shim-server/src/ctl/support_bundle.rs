@@ -118,9 +118,12 @@ impl Bundle {
         });
     }
 
-    fn manifest(&self, made: &str) -> Value {
+    /// The manifest; `made_ms`: when the bundle was begun, Unix ms.
+    fn manifest(&self, made_ms: u64) -> Value {
+        let (made, made_ms) = crate::clock::json_time(made_ms);
         json!({
             "madeAt": made,
+            "madeAtMs": made_ms,
             "dipamctlVersion": env!("CARGO_PKG_VERSION"),
             "parts": self.entries.iter().map(|e| json!({
                 "part": e.part,
@@ -367,7 +370,7 @@ fn recent_containers(attachments: &[u8]) -> Vec<String> {
         .ok()
         .and_then(|v| v.as_array().cloned())
         .unwrap_or_default();
-    v.sort_by_key(|a| std::cmp::Reverse(a["updatedAt"].as_u64().unwrap_or_default()));
+    v.sort_by_key(|a| std::cmp::Reverse(a["updatedAtMs"].as_u64().unwrap_or_default()));
     let mut ids: Vec<String> = Vec::new();
     for a in v {
         if let Some(id) = a["containerID"].as_str()
@@ -389,8 +392,9 @@ fn hostname() -> String {
 }
 
 /// UTC time as `20261124T071500Z` (file names) and RFC 3339 (the manifest).
-fn utc_now() -> (String, String) {
-    let rfc = crate::clock::rfc3339_ms(crate::clock::now_ms());
+/// The bundle's name stamp (`20261124T071500Z`) and its RFC 3339 time to the second.
+fn utc_at(ms: u64) -> (String, String) {
+    let rfc = crate::clock::rfc3339_ms(ms);
     let stamp: String = rfc[..19]
         .chars()
         .filter(|c| !matches!(c, '-' | ':'))
@@ -434,7 +438,8 @@ pub async fn run(
     json: bool,
     out: &mut dyn Write,
 ) -> Result<(), CtlError> {
-    let (stamp, made) = utc_now();
+    let made_ms = crate::clock::now_ms();
+    let (stamp, _) = utc_at(made_ms);
     let root = format!("dipam-support-{}-{stamp}", hostname());
     let path = args
         .output
@@ -560,7 +565,7 @@ pub async fn run(
     )
     .await;
 
-    let manifest = b.manifest(&made);
+    let manifest = b.manifest(made_ms);
     let mut files = b.files;
     files.push((
         "MANIFEST.json".into(),
@@ -664,9 +669,9 @@ mod tests {
     #[test]
     fn explained_containers_are_the_most_recent_without_repeats() {
         let mut v: Vec<Value> = (0..60)
-            .map(|i| json!({"containerID": format!("c{i}"), "updatedAt": i}))
+            .map(|i| json!({"containerID": format!("c{i}"), "updatedAtMs": i}))
             .collect();
-        v.push(json!({"containerID": "c59", "updatedAt": 1}));
+        v.push(json!({"containerID": "c59", "updatedAtMs": 1}));
         let ids = recent_containers(&serde_json::to_vec(&v).unwrap());
         assert_eq!(ids.len(), EXPLAINED);
         assert_eq!(ids[0], "c59");
@@ -676,7 +681,7 @@ mod tests {
 
     #[test]
     fn the_time_stamp_is_utc_civil_time() {
-        let (stamp, rfc) = utc_now();
+        let (stamp, rfc) = utc_at(crate::clock::now_ms());
         assert_eq!(stamp.len(), "20261124T071500Z".len(), "{stamp}");
         assert!(rfc.ends_with('Z') && rfc.len() == 20, "{rfc}");
         assert_eq!(&stamp[..4], &rfc[..4]);

@@ -189,6 +189,8 @@ fn status_and_metrics_count_host_locals_range_until_it_is_full() {
         );
     }
 
+    assert_units_in_json(&lab.dipamd, &pods[0].container_id);
+
     // Fill the range: exactly `free` more pods get an address, and host-local refuses the
     // next one; the view then says nothing is free.
     for i in 0..2 {
@@ -223,6 +225,99 @@ fn status_and_metrics_count_host_locals_range_until_it_is_full() {
         gauge(&body, "dipam_range_addresses", &net, "ipv4", Some("free")),
         Some(0.0),
         "{body}"
+    );
+}
+
+/// docs/configuration.md, "Times in JSON": a point in time `X` is RFC 3339 UTC (or `null`)
+/// beside `XMs`, Unix milliseconds naming the same instant; a duration's or a size's field
+/// names its unit (`durationMs`, `uptimeSeconds`). Returns each violation, with its path.
+fn unit_violations(path: &str, v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                let here = format!("{path}.{k}");
+                let lower = k.to_ascii_lowercase();
+                if k == "at" || k.ends_with("At") {
+                    match (x, m.get(&format!("{k}Ms"))) {
+                        (Value::Null, Some(Value::Null)) => {}
+                        (Value::String(t), Some(Value::Number(ms))) => {
+                            let ms = ms.as_u64().unwrap_or_default();
+                            if ms < 1_000_000_000_000 || !t.ends_with('Z') || t.len() != 24 {
+                                out.push(format!("{here}: {t:?} / {ms}"));
+                            }
+                            // The same instant, to the second.
+                            let secs = ms / 1000;
+                            let (h, mi, se) =
+                                ((secs % 86_400) / 3600, (secs % 3600) / 60, secs % 60);
+                            if !t.contains(&format!("T{h:02}:{mi:02}:{se:02}.")) {
+                                out.push(format!("{here}: {t} is not {ms} ms"));
+                            }
+                        }
+                        other => out.push(format!("{here}: {other:?}")),
+                    }
+                } else if x.is_number()
+                    && camel_words(k)
+                        .iter()
+                        .any(|w| TIME_WORDS.contains(&w.as_str()))
+                    && !UNITS.iter().any(|u| lower.ends_with(u))
+                {
+                    out.push(format!("{here}: a number whose unit the name does not say"));
+                }
+                unit_violations(&here, x, out);
+            }
+        }
+        Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                unit_violations(&format!("{path}[{i}]"), x, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Words that make a number a time, a duration or a size in bytes, and the unit suffixes
+/// that name its unit. (`size` of a range counts addresses, as `pods` and `free` do.)
+const TIME_WORDS: [&str; 8] = [
+    "time", "age", "duration", "elapsed", "took", "timeout", "interval", "uptime",
+];
+const UNITS: [&str; 3] = ["ms", "seconds", "bytes"];
+
+/// `agentReestablished` -> ["agent", "reestablished"].
+fn camel_words(k: &str) -> Vec<String> {
+    let mut words = vec![String::new()];
+    for c in k.chars() {
+        if c.is_ascii_uppercase() {
+            words.push(String::new());
+        }
+        if let Some(w) = words.last_mut() {
+            w.push(c.to_ascii_lowercase());
+        }
+    }
+    words.retain(|w| !w.is_empty());
+    words
+}
+
+/// Every `--json` output of a running node follows the one convention for times and units.
+fn assert_units_in_json(dipamd: &dipam_lifecycle::Dipamd, explain: &str) {
+    let mut seen_times = 0;
+    let mut bad = Vec::new();
+    for args in [
+        vec!["status", "--json"],
+        vec!["attachments", "--json"],
+        vec!["explain", explain, "--json"],
+        vec!["agent", "list", "--json"],
+        vec!["doctor", "--json"],
+    ] {
+        let out = dipamd.ctl(&args);
+        let v: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}: {out:?}"));
+        seen_times += v.to_string().matches("At\":\"").count();
+        unit_violations(&args.join(" "), &v, &mut bad);
+    }
+    assert!(bad.is_empty(), "{bad:#?}");
+    assert!(
+        seen_times >= 4,
+        "the outputs carried times to check: {seen_times}"
     );
 }
 

@@ -144,6 +144,7 @@ impl RuntimeGc {
             pending: s.pending,
             kept_grace: s.kept_grace,
             last_pass_at: s.last_pass_at,
+            last_pass_at_ms: s.last_pass_at.saturating_mul(1000),
         }
     }
 }

@@ -48,6 +48,8 @@ fn list_from(records: Vec<dipam_state::AttachmentRecord>, owner: &str) -> Vec<At
             netns: r.netns,
             created_at: r.created_at,
             updated_at: r.updated_at,
+            created_at_ms: r.created_at.saturating_mul(1000),
+            updated_at_ms: r.updated_at.saturating_mul(1000),
             creator_uid: r.creator_uid,
             pod_namespace: r
                 .cri_pod
