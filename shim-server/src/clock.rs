@@ -70,7 +70,7 @@ pub fn rfc3339_ms(ms: u64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{log_ms, rfc3339_ms};
+    use super::{json_time, log_ms, ms_or_secs, rfc3339_ms};
 
     #[test]
     fn json_times_pair_rfc3339_with_unix_ms_and_unset_is_null() {
