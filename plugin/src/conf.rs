@@ -5,6 +5,11 @@
 //! dipamd's business. Unknown keys are ignored (spec §1 "Other keys"), and `runtimeConfig` is
 //! never interpreted: it goes to dipamd and on to the delegate byte for byte, whatever casing
 //! the runtime used (containerd sends `HostPort`, podman `hostPort`: docs/sources.md §9).
+//!
+//! dipam's own keys are [`KEYS`], and the parser reads them only through [`Key::get`]: that
+//! table is what `dipam --help`, the man page dipam(1) and docs/configuration.md list, so an
+//! operator never meets a key the plugin reads but no document names (the tests below fail
+//! when the table and the parser, the help or the docs disagree).
 
 use std::{path::PathBuf, time::Duration};
 
@@ -64,6 +69,103 @@ pub struct PluginConf {
 /// The MTUs a veth accepts (ETH_MIN_MTU..=ETH_MAX_MTU in the kernel).
 const MTU_RANGE: std::ops::RangeInclusive<u64> = 68..=65535;
 
+/// Where one of dipam's keys is read: which shape of config (see [`Mode`]) accepts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// At the top level, when dipam is the main plugin.
+    Main,
+    /// Inside `ipam`, when dipam is the IPAM of another plugin.
+    Ipam,
+    /// In either, wherever dipam's keys are for the config's shape.
+    Both,
+}
+
+impl Place {
+    /// Whether a config of `mode` accepts a key of this place.
+    pub fn accepts(self, mode: Mode) -> bool {
+        matches!(
+            (self, mode),
+            (Place::Both, _) | (Place::Main, Mode::Main) | (Place::Ipam, Mode::Ipam)
+        )
+    }
+}
+
+/// One of dipam's own config keys, with what its documentation says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Key {
+    /// The JSON key, as written in a conflist.
+    pub name: &'static str,
+    pub place: Place,
+    /// Its default as docs/configuration.md's tables give it: a value, `none`, or `required`.
+    pub default: &'static str,
+    /// One line for `dipam --help` and the man page.
+    pub summary: &'static str,
+}
+
+impl Key {
+    /// The key's value in `obj` (the config, or its `ipam`, as the mode says). The parser
+    /// reads dipam's keys only through this, so that [`KEYS`] is complete.
+    pub fn get<'a>(&self, obj: &'a Value) -> Option<&'a Value> {
+        #[cfg(test)]
+        tests::READ.with(|r| r.borrow_mut().push(self.name));
+        obj.get(self.name)
+    }
+}
+
+pub const IPAM: Key = Key {
+    name: "ipam",
+    place: Place::Main,
+    default: "required",
+    summary: "the real IPAM (host-local, ...), which dipamd runs",
+};
+pub const DELEGATE: Key = Key {
+    name: "delegate",
+    place: Place::Ipam,
+    default: "required",
+    summary: "the real IPAM, which dipamd runs with it as `ipam`",
+};
+pub const SOCKET_PATH: Key = Key {
+    name: "socketPath",
+    place: Place::Both,
+    default: DEFAULT_SOCKET,
+    summary: "dipamd's --socket",
+};
+pub const TIMEOUT_SECONDS: Key = Key {
+    name: "timeoutSeconds",
+    place: Place::Both,
+    default: "55",
+    summary: "seconds to wait for dipamd, 0 < s <= 3600",
+};
+pub const SPOOL_DIR: Key = Key {
+    name: "spoolDir",
+    place: Place::Both,
+    default: "none",
+    summary: "not used (a DEL while dipamd is down goes to dipamd's own spool): remove it",
+};
+pub const MTU: Key = Key {
+    name: "mtu",
+    place: Place::Main,
+    default: "the kernel's (1500)",
+    summary: "the MTU of the pod's veth, 68-65535",
+};
+pub const DNS: Key = Key {
+    name: "dns",
+    place: Place::Main,
+    default: "the IPAM's",
+    summary: "the result's DNS (nameservers, domain, search, options)",
+};
+
+/// Every key dipam reads, in the order its documentation lists them.
+pub static KEYS: [Key; 7] = [
+    IPAM,
+    DELEGATE,
+    SOCKET_PATH,
+    SPOOL_DIR,
+    TIMEOUT_SECONDS,
+    MTU,
+    DNS,
+];
+
 /// The cniVersion to echo in an error: the config's own when it has one (spec §5 "Error").
 pub fn error_version(stdin: &[u8]) -> String {
     serde_json::from_slice::<Value>(stdin)
@@ -116,8 +218,11 @@ impl PluginConf {
         }
         let version = crate::cmd::version::plugin_info().negotiate(&conf, cmd)?;
 
+        // The spec's `ipam` (where dipam's keys are in IPAM mode; the real IPAM in main mode).
         let ipam = raw.get("ipam");
-        let (mode, dipam_keys) = match ipam.and_then(|i| i.get("delegate")) {
+        // The shape decides the mode; only then are the mode's own keys read.
+        let ipam_mode = ipam.is_some_and(|i| i.get(DELEGATE.name).is_some());
+        let (mode, dipam_keys) = match ipam.filter(|_| ipam_mode).and_then(|i| DELEGATE.get(i)) {
             Some(delegate) => {
                 let delegate_type = delegate
                     .get("type")
@@ -163,7 +268,8 @@ impl PluginConf {
             }
             None => {
                 let own_type = raw.get("type").and_then(Value::as_str).unwrap_or_default();
-                let ipam_type = ipam
+                let ipam_type = IPAM
+                    .get(&raw)
                     .and_then(|i| i.get("type"))
                     .and_then(Value::as_str)
                     .unwrap_or_default();
@@ -180,7 +286,7 @@ impl PluginConf {
             }
         };
         let dipam_keys = dipam_keys.unwrap_or(&Value::Null);
-        let socket = match dipam_keys.get("socketPath") {
+        let socket = match SOCKET_PATH.get(dipam_keys) {
             None | Some(Value::Null) => PathBuf::from(DEFAULT_SOCKET),
             Some(Value::String(s)) if !s.is_empty() => PathBuf::from(s),
             Some(other) => {
@@ -190,7 +296,7 @@ impl PluginConf {
                 ));
             }
         };
-        let spool_dir = match dipam_keys.get("spoolDir") {
+        let spool_dir = match SPOOL_DIR.get(dipam_keys) {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) if s.starts_with('/') => Some(PathBuf::from(s)),
             Some(other) => {
@@ -200,7 +306,7 @@ impl PluginConf {
                 ));
             }
         };
-        let timeout = match dipam_keys.get("timeoutSeconds") {
+        let timeout = match TIMEOUT_SECONDS.get(dipam_keys) {
             None | Some(Value::Null) => DEFAULT_TIMEOUT,
             Some(v) => match v.as_f64() {
                 Some(s) if s > 0.0 && s <= 3600.0 => Duration::from_secs_f64(s),
@@ -213,8 +319,8 @@ impl PluginConf {
             },
         };
         // In IPAM mode the top-level keys belong to the main plugin (ptp's own `mtu`).
-        let own = |key: &str| raw.get(key).filter(|_| mode == Mode::Main);
-        let mtu = match own("mtu") {
+        let own = |key: &Key| key.place.accepts(mode).then(|| key.get(&raw)).flatten();
+        let mtu = match own(&MTU) {
             None | Some(Value::Null) => None,
             Some(v) => match v.as_u64().filter(|m| MTU_RANGE.contains(m)) {
                 Some(m) => u32::try_from(m).ok(),
@@ -235,11 +341,11 @@ impl PluginConf {
             timeout,
             spool_dir,
             mtu,
-            dns: conf.dns.filter(|_| mode == Mode::Main),
+            dns: conf.dns.filter(|_| own(&DNS).is_some()),
             prev_result: conf.prev_result,
             self_delegated: mode == Mode::Ipam
                 && ipam
-                    .and_then(|i| i.get("delegate"))
+                    .and_then(|i| i.get(DELEGATE.name))
                     .and_then(|d| d.get("type"))
                     .and_then(Value::as_str)
                     == Some("dipam"),
@@ -249,7 +355,129 @@ impl PluginConf {
 
 #[cfg(test)]
 mod tests {
+    use std::{cell::RefCell, collections::BTreeSet};
+
     use super::*;
+
+    thread_local! {
+        /// The keys [`Key::get`] was asked for on this thread, in order.
+        pub(super) static READ: RefCell<Vec<&'static str>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// A valid value for each of dipam's keys.
+    fn sample(key: &Key) -> Value {
+        match key.name {
+            "ipam" => serde_json::json!({"type": "host-local"}),
+            "delegate" => serde_json::json!({"type": "host-local"}),
+            "socketPath" => "/tmp/s.sock".into(),
+            "spoolDir" => "/tmp/spool".into(),
+            "timeoutSeconds" => 5.into(),
+            "mtu" => 1400.into(),
+            "dns" => serde_json::json!({"nameservers": ["10.0.0.53"]}),
+            other => panic!("{other}: give the new key a valid value here"),
+        }
+    }
+
+    /// The keys `conf` made the parser read, as a set.
+    fn read_by(conf: &Value) -> (PluginConf, BTreeSet<&'static str>) {
+        READ.with(|r| r.borrow_mut().clear());
+        let c = PluginConf::parse(conf.to_string().as_bytes(), Cmd::Add).unwrap();
+        (c, READ.with(|r| r.borrow().iter().copied().collect()))
+    }
+
+    /// The parser reads exactly the keys `KEYS` documents, each in the mode its place says,
+    /// given a config that sets every one of them (plus the other mode's) everywhere.
+    #[test]
+    fn the_parser_reads_exactly_the_documented_keys() {
+        let mut all = serde_json::Map::new();
+        for k in &KEYS {
+            all.insert(k.name.to_owned(), sample(k));
+        }
+        let expect = |mode| -> BTreeSet<&'static str> {
+            KEYS.iter()
+                .filter(|k| k.place.accepts(mode))
+                .map(|k| k.name)
+                .collect()
+        };
+
+        let mut main = Value::Object(all.clone());
+        main["cniVersion"] = "1.0.0".into();
+        main["name"] = "n".into();
+        main["type"] = "dipam".into();
+        let (c, read) = read_by(&main);
+        assert_eq!(c.mode, Mode::Main);
+        assert_eq!(read, expect(Mode::Main), "main mode");
+        assert_eq!(
+            (c.mtu, c.socket.to_str()),
+            (Some(1400), Some("/tmp/s.sock"))
+        );
+        assert!(c.dns.is_some());
+
+        let mut ipam = Value::Object(all.clone());
+        ipam["type"] = "dipam".into();
+        let mut outer = Value::Object(all);
+        outer["cniVersion"] = "1.0.0".into();
+        outer["name"] = "n".into();
+        outer["type"] = "ptp".into();
+        outer["ipam"] = ipam;
+        let (c, read) = read_by(&outer);
+        assert_eq!(c.mode, Mode::Ipam);
+        assert_eq!(read, expect(Mode::Ipam), "IPAM mode");
+        // The main plugin's own keys stay its own.
+        assert_eq!((c.mtu, c.dns.is_some()), (None, false));
+        assert_eq!(c.timeout, Duration::from_secs(5));
+    }
+
+    /// `dipam --help` lists every key the parser reads (spoolDir included), and nothing else
+    /// as a key.
+    #[test]
+    fn dipam_help_lists_every_key() {
+        let help = crate::help::text();
+        let (_, section) = help
+            .split_once(crate::help::KEYS_HEADING)
+            .expect("the key list's heading");
+        let listed: Vec<&str> = section
+            .lines()
+            .skip(1)
+            .take_while(|l| !l.is_empty())
+            .map(|l| l.split_whitespace().next().unwrap())
+            .collect();
+        let keys: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
+        assert_eq!(listed, keys, "{help}");
+        assert!(listed.contains(&"spoolDir"));
+    }
+
+    /// docs/configuration.md's two key tables are `KEYS`, per mode, with the same defaults.
+    #[test]
+    fn the_configuration_reference_lists_the_same_keys() {
+        let doc = include_str!("../../docs/configuration.md");
+        let table = |heading: &str| -> Vec<(String, String)> {
+            let at = doc
+                .find(heading)
+                .unwrap_or_else(|| panic!("no {heading:?}"));
+            doc[at..]
+                .lines()
+                .skip(1)
+                .take_while(|l| !l.starts_with('#'))
+                .filter(|l| l.starts_with("| `"))
+                .map(|l| {
+                    let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                    (cells[1].replace('`', ""), cells[2].replace('`', ""))
+                })
+                .collect()
+        };
+        for (heading, mode) in [
+            ("### As the main plugin", Mode::Main),
+            ("### As the IPAM of another plugin", Mode::Ipam),
+        ] {
+            let want: Vec<(String, String)> = KEYS
+                .iter()
+                .filter(|k| k.place.accepts(mode))
+                .map(|k| (k.name.to_owned(), k.default.to_owned()))
+                .collect();
+            assert_eq!(table(heading), want, "docs/configuration.md {heading}");
+        }
+    }
 
     fn parse(s: &str, cmd: Cmd) -> Result<PluginConf, PluginError> {
         PluginConf::parse(s.as_bytes(), cmd)

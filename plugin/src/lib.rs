@@ -11,6 +11,7 @@ pub mod conf;
 pub mod datapath;
 pub mod env;
 pub mod error;
+pub mod help;
 pub mod lock;
 pub mod spool;
 
@@ -26,35 +27,6 @@ use crate::{
     error::{CniError, PluginError},
 };
 
-const HELP: &str = "\
-dipam: a delegated-IPAM CNI plugin.
-
-dipam is run by a container runtime (containerd, podman, CRI-O) through libcni, never by hand:
-the runtime sets CNI_COMMAND, CNI_CONTAINERID, CNI_NETNS, CNI_IFNAME, CNI_ARGS and CNI_PATH and
-writes the network config on stdin. dipam forwards ADD, DEL, CHECK, GC and STATUS to the dipamd
-daemon over a unix socket (default /run/dipam/dipam.sock); dipamd runs the delegated IPAM plugin
-(host-local, azure-vnet-ipam, ...) and records every attachment. VERSION is answered locally.
-
-Use it as the main plugin (dipam creates the pod's veth, addresses and routes):
-  {\"type\":\"dipam\",\"socketPath\":\"/run/dipam/dipam.sock\",\"mtu\":1500,
-   \"ipam\":{\"type\":\"host-local\",\"ranges\":[[{\"subnet\":\"10.77.0.0/16\"}]],
-           \"routes\":[{\"dst\":\"0.0.0.0/0\"}]}}
-
-or as the IPAM of another plugin:
-  {\"type\":\"ptp\",\"ipam\":{\"type\":\"dipam\",\"socketPath\":\"/run/dipam/dipam.sock\",
-   \"delegate\":{\"type\":\"host-local\",\"ranges\":[[{\"subnet\":\"10.77.0.0/16\"}]]}}}
-
-Config keys read by dipam (top level in main mode, in ipam in IPAM mode):
-  socketPath       where dipamd listens (default /run/dipam/dipam.sock)
-  timeoutSeconds   how long to wait for dipamd (default 55)
-  spoolDir         not needed (a DEL while dipamd is down goes to the spool it publishes)
-  delegate         IPAM mode: the real IPAM config, passed to it as the `ipam` object
-  mtu              main mode: MTU of both ends of the pod's veth (68-65535)
-  dns              main mode: DNS for the result, overriding the IPAM's
-
-Try it: CNI_COMMAND=VERSION dipam
-Operate it: dipamctl status, dipamctl attachments";
-
 /// Runs one plugin invocation and returns the process exit code. Everything the process
 /// would read from its surroundings is injected so that tests drive it in memory.
 pub fn run(
@@ -69,7 +41,7 @@ pub fn run(
         .skip(1)
         .any(|a| a == "--help" || a == "-h" || a == "help")
     {
-        let _ = writeln!(stdout, "{HELP}");
+        let _ = writeln!(stdout, "{}", help::text());
         return 0;
     }
     if argv.iter().skip(1).any(|a| a == "--version" || a == "-V") {
