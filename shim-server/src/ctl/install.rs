@@ -22,6 +22,12 @@
 //! the rewrite is `ranges.rs`). They are read after every local check and before anything is
 //! written: a node whose podCIDR is not assigned yet gets nothing installed (with `--wait`,
 //! not until it is), never a conflist with some other range.
+//!
+//! The man pages (`man.rs`: dipamctl's and each command's, dipamd's, dipam's) go under the
+//! man directory beside dipamctl, `<dipamctl's directory>/../share/man` (so
+//! /usr/local/share/man for /usr/local/bin/dipamctl), the one `man` searches for a command
+//! found in PATH; each written as the plugin is, before it. `--man-dir` puts them elsewhere,
+//! `--no-man-pages` skips them (an init container's own filesystem has no reader for them).
 
 use std::{
     fs::{self, File, OpenOptions},
@@ -36,7 +42,7 @@ use serde_json::{Value, json};
 
 use super::{
     kube::{self, ApiConfig, Backoff, PodCidrs},
-    output, ranges,
+    man, output, ranges,
     wrap::{self, Choice, Rewritten},
 };
 
@@ -77,6 +83,8 @@ pub struct Options {
     pub socket: Option<String>,
     /// `--ranges-from-node NODE`: host-local's ranges from the node's pod CIDRs.
     pub ranges: Option<RangesFrom>,
+    /// The man directory the pages go under (`man1/`, `man8/`); none installs none.
+    pub man_dir: Option<PathBuf>,
 }
 
 /// Where `--ranges-from-node` reads the node's pod CIDRs, and whether it waits for them.
@@ -132,6 +140,7 @@ impl Default for Options {
             choice: Choice::default(),
             socket: None,
             ranges: None,
+            man_dir: None,
         }
     }
 }
@@ -214,6 +223,14 @@ pub struct Args {
     /// the only one trusted).
     #[arg(long, value_name = "FILE", default_value = kube::CA_FILE)]
     kube_ca_file: PathBuf,
+    /// The man directory to install the man pages under, in man1/ and man8/ (default: the
+    /// share/man beside dipamctl's bin directory, e.g. /usr/local/share/man for
+    /// /usr/local/bin/dipamctl: where man looks for a command in PATH).
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["no_man_pages", "unwrap"])]
+    man_dir: Option<PathBuf>,
+    /// Install no man pages.
+    #[arg(long)]
+    no_man_pages: bool,
 }
 
 impl Options {
@@ -278,8 +295,27 @@ impl Options {
             },
             socket,
             ranges,
+            man_dir: match (a.no_man_pages, a.man_dir) {
+                (true, _) => None,
+                (false, Some(dir)) => Some(dir),
+                (false, None) => Some(default_man_dir()),
+            },
         })
     }
+}
+
+/// The man directory beside the running dipamctl's bin directory (`PREFIX/bin/dipamctl`:
+/// `PREFIX/share/man`), which man-db searches for every directory in PATH.
+fn default_man_dir() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .as_deref()
+        .and_then(Path::parent)
+        .and_then(Path::parent)
+        .map_or_else(
+            || PathBuf::from("/usr/local/share/man"),
+            |prefix| prefix.join("share/man"),
+        )
 }
 
 /// One file put in place.
@@ -302,6 +338,8 @@ pub struct Report {
     pub adopted: Option<Adopted>,
     /// The ranges --ranges-from-node wrote.
     pub ranges: Option<NodeRanges>,
+    /// The man pages, under the man directory.
+    pub man_pages: Option<(PathBuf, Vec<Placed>)>,
 }
 
 /// The node's pod CIDRs, as written into host-local's `ranges`.
@@ -441,6 +479,10 @@ pub fn run(opts: &Options, json: bool, out: &mut dyn Write) -> Result<(), String
             })),
             "wrapped": r.adopted.as_ref().map(Adopted::json),
             "ranges": r.ranges.as_ref().map(NodeRanges::json),
+            "manPages": r.man_pages.as_ref().map(|(dir, pages)| json!({
+                "dir": dir,
+                "pages": pages.iter().map(|p| json!({"path": p.path, "changed": p.changed})).collect::<Vec<_>>(),
+            })),
         });
         writeln!(out, "{v:#}")
     } else {
@@ -466,6 +508,20 @@ pub fn run(opts: &Options, json: bool, out: &mut dyn Write) -> Result<(), String
         })
         .and_then(|()| match &r.adopted {
             Some(a) => a.print(out),
+            None => Ok(()),
+        })
+        .and_then(|()| match &r.man_pages {
+            Some((dir, pages)) => writeln!(
+                out,
+                "man:       {} pages in {} {}",
+                pages.len(),
+                dir.display(),
+                if pages.iter().any(|p| p.changed) {
+                    "installed"
+                } else {
+                    "unchanged"
+                }
+            ),
             None => Ok(()),
         })
     };
@@ -582,6 +638,18 @@ pub fn install_with(
         has_ranges(bytes).map_err(|e| format!("{}: {e}", path.display()))?;
     }
 
+    // The pages first: a man directory that cannot be written (a read-only /usr) fails the
+    // install before the node's CNI setup changed, and --man-dir or --no-man-pages fixes it.
+    let man_pages = match &opts.man_dir {
+        Some(dir) => {
+            let pages = man::pages();
+            Some((
+                dir.clone(),
+                man::write_pages(&pages, |p| p.path_under(dir))?,
+            ))
+        }
+        None => None,
+    };
     let plugin =
         replace_atomically(&opts.cni_bin_dir, PLUGIN_NAME, &binary, 0o755).map_err(|e| {
             format!(
@@ -611,6 +679,7 @@ pub fn install_with(
         conflist,
         adopted,
         ranges,
+        man_pages,
     })
 }
 
@@ -911,7 +980,12 @@ fn check_dipam_keys(i: usize, keys: &Value) -> Result<(), String> {
 
 /// Puts `bytes` at `dir/name` with `mode`, atomically and durably; leaves an identical file
 /// alone.
-fn replace_atomically(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> io::Result<Placed> {
+pub(super) fn replace_atomically(
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+    mode: u32,
+) -> io::Result<Placed> {
     let target = dir.join(name);
     if fs::read(&target).is_ok_and(|old| old == bytes)
         && fs::metadata(&target).is_ok_and(|m| m.permissions().mode() & 0o7777 == mode)
@@ -1461,6 +1535,92 @@ mod tests {
             assert_eq!(version_warning(at(v).as_bytes()), None, "{v}");
         }
         assert_eq!(version_warning(b"not json"), None);
+    }
+
+    /// By default the pages go to the share/man beside dipamctl's bin directory (where man
+    /// looks for a command in PATH); --man-dir moves them, --no-man-pages drops them.
+    #[test]
+    fn the_man_dir_is_beside_dipamctl_unless_told() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        let opts = |argv: &[&str]| {
+            let mut full = vec!["install"];
+            full.extend_from_slice(argv);
+            Cli::try_parse_from(full)
+                .map(|c| Options::from_args(c.args, Path::new(wrap::DEFAULT_SOCKET), |_| None))
+        };
+        let exe = std::env::current_exe().unwrap();
+        let prefix = exe.parent().unwrap().parent().unwrap();
+        let man_dir = |argv: &[&str]| opts(argv).unwrap().unwrap().man_dir;
+        assert_eq!(man_dir(&[]), Some(prefix.join("share/man")));
+        assert_eq!(man_dir(&["--man-dir", "/m"]), Some(PathBuf::from("/m")));
+        assert_eq!(man_dir(&["--no-man-pages"]), None);
+        assert!(opts(&["--man-dir", "/m", "--no-man-pages"]).is_err());
+    }
+
+    /// The man pages go under --man-dir, in man1/ and man8/, atomically and with 0644; an
+    /// identical page is left alone; --json names each; an unwritable man directory fails
+    /// the install before the plugin is touched.
+    #[test]
+    fn man_pages_go_under_the_man_dir_before_the_plugin() {
+        let mut n = node();
+        let man_dir = n.src.join("share/man");
+        n.opts.man_dir = Some(man_dir.clone());
+        let mut out = Vec::new();
+        run(&n.opts, false, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let count = man::pages().len();
+        assert!(
+            text.contains(&format!(
+                "man:       {count} pages in {} installed",
+                man_dir.display()
+            )),
+            "{text}"
+        );
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        for page in [
+            "man1/dipamctl.1",
+            "man1/dipamctl-install.1",
+            "man8/dipamd.8",
+            "man1/dipam.1",
+        ] {
+            assert_eq!(mode(&man_dir.join(page)), 0o644, "{page}");
+        }
+        assert_eq!(names(&man_dir.join("man8")), ["dipamd.8"]);
+        assert_eq!(names(&man_dir.join("man1")).len(), count - 1);
+
+        let mut out = Vec::new();
+        run(&n.opts, true, &mut out).unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        let pages = v["manPages"]["pages"].as_array().unwrap();
+        assert_eq!(pages.len(), count);
+        assert!(pages.iter().all(|p| p["changed"] == false), "{v}");
+        assert!(
+            pages
+                .iter()
+                .any(|p| p["path"] == man_dir.join("man1/dipam.1").to_str().unwrap()),
+            "{v}"
+        );
+
+        // A man directory that cannot be made: nothing is installed.
+        let blocked = n.src.join("a-file");
+        fs::write(&blocked, "").unwrap();
+        fs::remove_file(n.opts.cni_bin_dir.join("dipam")).unwrap();
+        n.opts.man_dir = Some(blocked.join("man"));
+        let e = install(&n.opts).unwrap_err();
+        assert!(e.contains("writing the man page"), "{e}");
+        assert!(!n.opts.cni_bin_dir.join("dipam").exists());
+
+        // Without a man directory (--no-man-pages), none: the JSON says null.
+        n.opts.man_dir = None;
+        let mut out = Vec::new();
+        run(&n.opts, true, &mut out).unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert!(v["manPages"].is_null(), "{v}");
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub mod explain;
 pub mod gc;
 pub mod install;
 pub mod kube;
+pub mod man;
 pub mod output;
 pub mod ranges;
 pub mod recover;
@@ -125,6 +126,9 @@ pub enum Command {
     /// Print dipamctl's completion script for a shell, e.g.
     /// `dipamctl completions bash > /etc/bash_completion.d/dipamctl`.
     Completions(completions::Args),
+    /// Print a man page (dipamctl's, a command's, dipamd's or dipam's), or write them all
+    /// into a directory with --out-dir. `install` puts them where man finds them.
+    Man(WithJson<man::Args>),
 }
 
 impl Args {
@@ -141,6 +145,7 @@ impl Args {
             Command::Install(w) => w.format.json,
             Command::SupportBundle(w) => w.format.json,
             Command::Completions(_) => false,
+            Command::Man(w) => w.format.json,
         }
     }
 }
@@ -224,6 +229,7 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
             install::run(&opts, format.json, out).map_err(CtlError::Failed)
         }
         Command::Completions(a) => completions::run(a, Args::command(), out),
+        Command::Man(w) => man::run(w.args, w.format.json, out),
         Command::Recover(w) => recover::run(w.args, w.format.json, progress, out).await,
         // The rest ask dipamd, connecting before anything else (a gc's files are read after).
         Command::Status(w) => {
