@@ -691,47 +691,15 @@ mod tests {
     use dipam_state::{AttachmentKey, MemStore};
 
     use super::*;
-    use crate::rpc::tests::{request, scripted_node};
-
-    const SCRIPT: &str = r#"#!/bin/sh
-d=$(dirname "$0")
-echo "$CNI_COMMAND $CNI_CONTAINERID" >> "$d/calls"
-case "$CNI_COMMAND" in
-VERSION) echo '{"cniVersion":"1.0.0","supportedVersions":["0.4.0","1.0.0"]}' ;;
-esac
-"#;
-
-    fn rec(cid: &str, owner: Owner, state: AttachmentState, created_at: u64) -> AttachmentRecord {
-        AttachmentRecord {
-            key: AttachmentKey::new("net", cid, "eth0"),
-            owner,
-            state,
-            delegate_type: "fake-ipam".into(),
-            delegate_version: "1.0.0".into(),
-            delegate_config: r#"{"cniVersion":"1.0.0","name":"net","type":"fake-ipam"}"#.into(),
-            netns: String::new(),
-            cni_args: String::new(),
-            cni_path: String::new(),
-            result: Some(json!({"cniVersion":"1.0.0","ips":[{"address":"10.9.0.9/24"}]})),
-            config_digest: String::new(),
-            request_id: "t".into(),
-            created_at,
-            updated_at: created_at,
-            issued_ms: 0,
-            issued_at: None,
-            delegate_key: None,
-            creator_uid: None,
-            cri_pod: None,
-        }
-    }
+    use crate::{
+        gc::testing::{node_with, record as rec, script},
+        rpc::tests::{request, scripted_node},
+    };
 
     async fn bench(
         records: Vec<AttachmentRecord>,
     ) -> (tempfile::TempDir, std::sync::Arc<Node>, DelegateConf) {
-        let (dir, node) = scripted_node(SCRIPT, std::sync::Arc::new(MemStore::new()));
-        for r in records {
-            node.ledger(move |l| l.put(&r)).await.unwrap();
-        }
+        let (dir, node) = node_with(&script(""), records).await;
         let dc = node
             .prepare(
                 request("", "1.1.0", json!({})),

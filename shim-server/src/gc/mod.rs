@@ -27,6 +27,8 @@
 
 pub mod collect;
 pub mod runtime;
+#[cfg(test)]
+pub(crate) mod testing;
 
 use std::time::Duration;
 

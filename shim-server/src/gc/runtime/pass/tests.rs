@@ -4,24 +4,22 @@
 
 use std::sync::{Arc, Mutex};
 
-use dipam_state::{CriPod, MemStore};
+use dipam_state::CriPod;
 use serde_json::json;
 
 use super::*;
 use crate::{
-    gc::runtime::{Listing, Sandboxes},
-    rpc::tests::{add_as, request, scripted_node},
+    gc::{
+        runtime::{Listing, Sandboxes},
+        testing::{node_with, record, script},
+    },
+    rpc::tests::{add_as, request},
 };
 
-const SCRIPT: &str = r#"#!/bin/sh
-d=$(dirname "$0")
-echo "$CNI_COMMAND $CNI_CONTAINERID" >> "$d/calls"
-case "$CNI_COMMAND" in
-VERSION) echo '{"cniVersion":"1.0.0","supportedVersions":["0.4.0","1.0.0"]}' ;;
-ADD)
+/// ADD hands out 10.9.0.2, .3, ...
+const ADD: &str = r#"ADD)
   n=$(cat "$d/next" 2>/dev/null || echo 2); echo $((n + 1)) > "$d/next"
   echo "{\"cniVersion\":\"1.0.0\",\"ips\":[{\"address\":\"10.9.0.$n/24\"}]}" ;;
-esac
 "#;
 
 /// The in-memory twin of a CRI runtime: answers what the test last told it to.
@@ -54,10 +52,7 @@ struct Bench {
 
 impl Bench {
     async fn new(records: Vec<AttachmentRecord>) -> Self {
-        let (dir, node) = scripted_node(SCRIPT, Arc::new(MemStore::new()));
-        for r in records {
-            node.ledger(move |l| l.put(&r)).await.unwrap();
-        }
+        let (dir, node) = node_with(&script(ADD), records).await;
         let twin = Arc::new(Twin(Mutex::new(Ok(Vec::new()))));
         node.runtime_gc
             .set(RuntimeGc::new(twin.clone() as Arc<dyn Sandboxes>))
@@ -97,31 +92,13 @@ impl Bench {
 const OLD: u64 = 1000; // seconds; older than the default grace (60 s)
 
 fn rec(cid: &str, owner: Owner, cri: bool, state: AttachmentState, age: u64) -> AttachmentRecord {
-    let t = now() - age;
     AttachmentRecord {
-        key: AttachmentKey::new("net", cid, "eth0"),
-        owner,
-        state,
-        delegate_type: "fake-ipam".into(),
-        delegate_version: "1.0.0".into(),
-        delegate_config: r#"{"cniVersion":"1.0.0","name":"net","type":"fake-ipam"}"#.into(),
-        netns: String::new(),
-        cni_args: String::new(),
-        cni_path: String::new(),
-        result: Some(json!({"cniVersion":"1.0.0","ips":[{"address":"10.9.0.9/24"}]})),
-        config_digest: String::new(),
-        request_id: "t".into(),
-        created_at: t,
-        updated_at: t,
-        issued_ms: 0,
-        issued_at: None,
-        delegate_key: None,
-        creator_uid: None,
         cri_pod: cri.then(|| CriPod {
             namespace: "default".into(),
             name: format!("pod-{cid}"),
             uid: format!("uid-{cid}"),
         }),
+        ..record(cid, owner, state, now() - age)
     }
 }
 
@@ -431,7 +408,7 @@ async fn an_add_through_cri_is_recorded_as_such_and_becomes_eligible() {
 
 #[tokio::test]
 async fn without_cri_endpoint_the_rpc_says_how_to_turn_it_on() {
-    let (_d, node) = scripted_node(SCRIPT, Arc::new(MemStore::new()));
+    let (_d, node) = node_with(&script(ADD), Vec::new()).await;
     let e = crate::rpc::admin::runtime_gc::run(&node, Default::default())
         .await
         .unwrap_err();
