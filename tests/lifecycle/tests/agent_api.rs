@@ -22,7 +22,7 @@ use std::{
     time::Duration,
 };
 
-use dipam_lifecycle::{AgentLab, Attachment, bins, require_root};
+use dipam_lifecycle::{AgentLab, Attachment, bins, deps, require_root};
 use serde_json::{Value, json};
 use tokio_stream::StreamExt;
 use tonic_health::pb::{
@@ -187,39 +187,10 @@ fn health_is_serving_exactly_when_cni_status_succeeds_and_reflection_lists_the_a
     assert_eq!(end.code(), tonic::Code::Unavailable, "{end:?}");
 }
 
-/// tests/deps.sh's cache: the grpcio venv, or the reason it could not be installed.
-fn cache() -> PathBuf {
-    std::env::var_os("DIPAM_TEST_CACHE")
-        .map_or_else(|| PathBuf::from("/var/cache/dipam-tests"), PathBuf::from)
-}
-
-/// The venv's python, or `None` (after saying why, loudly) when tests/deps.sh could not
-/// install grpcio. Never a silent pass: with neither the venv nor a recorded reason, this
-/// fails.
+/// The grpcio venv's python, or `None` (after saying why) when tests/deps.sh could not
+/// install grpcio.
 fn python() -> Option<PathBuf> {
-    let venv = cache().join("grpcio");
-    let exe = venv.join("bin/python");
-    if exe.is_file() && venv.join(".complete").is_file() {
-        return Some(exe);
-    }
-    let marker = cache().join("grpcio.unavailable");
-    match std::fs::read_to_string(&marker) {
-        Ok(why) => {
-            eprintln!(
-                "\n*** SKIPPED {}: {} (recorded by tests/deps.sh in {}) ***\n",
-                module_path!(),
-                why.trim(),
-                marker.display()
-            );
-            None
-        }
-        Err(_) => panic!(
-            "the grpcio venv is not installed (completely) at {}: run tests/deps.sh, which \
-             installs it (or records in {} why it cannot)",
-            venv.display(),
-            marker.display()
-        ),
-    }
+    deps::venv_tool(module_path!(), "the grpcio venv", "grpcio", "bin/python")
 }
 
 /// Python stubs for dipam.v1, generated from proto/ now, as an agent author would.

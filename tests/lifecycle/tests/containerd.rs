@@ -17,7 +17,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dipam_lifecycle::{Containerd, Lab, containerd::Pod, require_containerd};
+use dipam_lifecycle::{
+    Containerd, Lab,
+    containerd::Pod,
+    links::{assert_no_host_veths, ipv4_addresses as addresses},
+    require_containerd,
+};
 use serde_json::json;
 
 #[derive(Debug, Clone, Copy)]
@@ -110,21 +115,8 @@ impl Bench {
         for ns in netns {
             assert!(!std::path::Path::new(ns).exists(), "{ns} is left");
         }
-        assert_no_host_veths(&self.net());
+        assert_no_host_veths(&self.net(), dipam_proto::retired::ALIAS_PREFIX);
     }
-}
-
-/// The IPv4 addresses `ip -o -4 addr` printed, without prefix, loopback left out.
-fn addresses(ip_addr_output: &str) -> Vec<String> {
-    ip_addr_output
-        .lines()
-        .filter(|l| l.contains("inet ") && !l.contains(" lo"))
-        .filter_map(|l| {
-            let mut words = l.split_whitespace();
-            words.find(|w| *w == "inet")?;
-            words.next()?.split('/').next().map(str::to_owned)
-        })
-        .collect()
 }
 
 /// The NAT rules portmap made for this sandbox: rules that jump to its per-container chain
@@ -146,35 +138,6 @@ fn nat_rules_for(id: &str) -> Vec<String> {
         .collect()
 }
 
-/// No host veth of this network is left (main mode names its host ends in their alias): none
-/// live, and the ones DEL retired are deleted by dipamd moments later.
-fn assert_no_host_veths(network: &str) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let out = Command::new("ip")
-            .args(["-o", "-d", "link", "show"])
-            .output()
-            .unwrap();
-        let links = String::from_utf8_lossy(&out.stdout).into_owned();
-        let live: Vec<&str> = links
-            .lines()
-            .filter(|l| l.contains(&format!("alias dipam {network} ")))
-            .collect();
-        assert!(live.is_empty(), "{live:#?}");
-        let retired = format!("alias {}{network} ", dipam_proto::retired::ALIAS_PREFIX);
-        if !links.lines().any(|l| l.contains(&retired)) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "retired veths of {network} outlived 5 s:\n{links}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Run (with a port mapping), exec, stop, remove: the ledger, host-local, CRI and the pod
-/// agree after each step, and portmap got containerd's capitalised keys (`HostPort`, ...).
 fn lifecycle(mode: Mode) {
     let b = Bench::with_portmap(mode);
     let host_port = 21000 + u16::try_from(b.lab.subnet.index).unwrap() * 10;
@@ -487,7 +450,7 @@ fn containerd_cni_versions() {
     assert!(lab.ledger().is_empty(), "{:?}", lab.ledger());
     assert!(lab.delegate_store().is_empty());
     assert!(cd.list_pods().unwrap().is_empty());
-    assert_no_host_veths(&lab.network());
+    assert_no_host_veths(&lab.network(), dipam_proto::retired::ALIAS_PREFIX);
 }
 
 /// The guard itself: dropped with a pod and its container still running, it stops and
@@ -527,5 +490,5 @@ fn containerd_guard_cleans_up_a_running_pod() {
             String::from_utf8_lossy(&cmdline)
         );
     }
-    assert_no_host_veths(&lab.network());
+    assert_no_host_veths(&lab.network(), dipam_proto::retired::ALIAS_PREFIX);
 }

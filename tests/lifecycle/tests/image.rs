@@ -19,108 +19,24 @@
 use std::{
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
-    process::{Command, Output},
+    process::Command,
     time::{Duration, Instant},
 };
 
-use dipam_lifecycle::{KubeApi, bins, is_root, unique, yaml};
+use dipam_lifecycle::{
+    KubeApi, bins,
+    podman::{self, Podman},
+    unique, yaml,
+};
 use serde_json::{Value, json};
-use tempfile::TempDir;
 
 /// Why the image cannot be built here, if it cannot.
 fn unavailable() -> Option<String> {
-    if !is_root() {
-        return Some("rootful podman needs root".into());
-    }
-    for tool in ["podman", "runc", "strip", "timeout"] {
-        let found = std::env::var_os("PATH")
-            .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-            .unwrap_or(false);
-        if !found {
-            return Some(format!(
-                "{tool} is not installed (tests/deps.sh installs podman and runc)"
-            ));
-        }
-    }
-    None
-}
-
-/// The hard limit of `resource`, capped at `cap`.
-fn hard_limit(resource: libc::__rlimit_resource_t, cap: u64) -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes into the struct we own; the resource is a valid constant.
-    let ok = unsafe { libc::getrlimit(resource, &mut lim) } == 0;
-    if ok { lim.rlim_max.min(cap) } else { 1024 }
-}
-
-/// A private podman: its own config and storage.
-struct Podman {
-    dir: TempDir,
-}
-
-impl Podman {
-    fn new() -> Self {
-        let dir = tempfile::Builder::new().prefix("image-").tempdir().unwrap();
-        // runc rather than podman's default crun (tests/deps.sh installs runc), cgroupfs
-        // (no systemd needed), no event log; the same choices as tests/podman.rs.
-        // default_ulimits: runc refuses to raise nofile/nproc above this process's hard
-        // limits, which podman's defaults would.
-        let nofile = hard_limit(libc::RLIMIT_NOFILE, 20000);
-        let nproc = hard_limit(libc::RLIMIT_NPROC, 4096);
-        std::fs::write(
-            dir.path().join("containers.conf"),
-            format!(
-                "[containers]\ndefault_ulimits = [\"nofile={nofile}:{nofile}\", \"nproc={nproc}:{nproc}\"]\n\n\
-                 [engine]\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"none\"\n"
-            ),
-        )
-        .unwrap();
-        Self { dir }
-    }
-
-    fn path(&self, sub: &str) -> PathBuf {
-        self.dir.path().join(sub)
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new("timeout")
-            .arg("180")
-            .arg("podman")
-            .arg("--root")
-            .arg(self.path("root"))
-            .arg("--runroot")
-            .arg(self.path("runroot"))
-            .arg("--tmpdir")
-            .arg(self.path("tmp"))
-            .args(["--storage-driver", "vfs"])
-            .args(args)
-            .env("CONTAINERS_CONF", self.path("containers.conf"))
-            .output()
-            .expect("run podman")
-    }
-
-    #[track_caller]
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "podman {args:?} failed ({}):\nstdout: {}\nstderr: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-impl Drop for Podman {
-    fn drop(&mut self) {
-        let _ = self.run(&["rm", "--all", "--force", "--time", "0"]);
-        let _ = self.run(&["rmi", "--all", "--force"]);
-    }
+    podman::unavailable(
+        "rootful podman needs root",
+        &["podman", "runc", "strip", "timeout"],
+        "tests/deps.sh installs podman and runc",
+    )
 }
 
 fn manifest() -> Vec<Value> {
@@ -212,7 +128,7 @@ fn the_image_builds_offline_and_runs_as_the_daemonset_runs_it() {
         eprintln!("\n*** SKIPPED {}: {why} ***\n", module_path!());
         return;
     }
-    let podman = Podman::new();
+    let podman = Podman::new("image-", |_| None).removing_images();
     let ctx = podman.path("context");
     context(&ctx);
     let image = format!("localhost/{}:test", unique("dipam"));

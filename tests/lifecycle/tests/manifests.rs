@@ -19,7 +19,7 @@ use std::{
     process::Command,
 };
 
-use dipam_lifecycle::{bins, yaml};
+use dipam_lifecycle::{bins, deps, yaml};
 use serde_json::Value;
 
 /// The Kubernetes releases the manifests are validated against: 1.30, the oldest the
@@ -28,40 +28,14 @@ use serde_json::Value;
 /// field added after the first or removed before the second fails one of them.
 const KUBERNETES: [&str; 2] = ["1.30.0", "1.37.0"];
 
-/// tests/deps.sh's cache: the validator's venv, or the reason it could not be installed.
-fn cache() -> PathBuf {
-    std::env::var_os("DIPAM_TEST_CACHE")
-        .map_or_else(|| PathBuf::from("/var/cache/dipam-tests"), PathBuf::from)
-}
-
-/// The validator, or `None` (after saying why, loudly) when tests/deps.sh could not install
-/// it. Never a silent pass: without the validator and without a recorded reason, this fails.
+/// The validator, or `None` (after saying why) when tests/deps.sh could not install it.
 fn validator() -> Option<PathBuf> {
-    let venv = cache().join("kubernetes-validate");
-    let exe = venv.join("bin/kubernetes-validate");
-    // deps.sh stamps the venv only once the install is whole and answers with the pinned
-    // version; an interrupted install is redone there, not used here.
-    if exe.is_file() && venv.join(".complete").is_file() {
-        return Some(exe);
-    }
-    let marker = cache().join("kubernetes-validate.unavailable");
-    match std::fs::read_to_string(&marker) {
-        Ok(why) => {
-            eprintln!(
-                "\n*** SKIPPED {}: {} (recorded by tests/deps.sh in {}) ***\n",
-                module_path!(),
-                why.trim(),
-                marker.display()
-            );
-            None
-        }
-        Err(_) => panic!(
-            "kubernetes-validate is not installed (completely) at {}: run tests/deps.sh, which installs it \
-             (or records in {} why it cannot)",
-            exe.display(),
-            marker.display()
-        ),
-    }
+    deps::venv_tool(
+        module_path!(),
+        "kubernetes-validate",
+        "kubernetes-validate",
+        "bin/kubernetes-validate",
+    )
 }
 
 macro_rules! require_validator {
