@@ -43,6 +43,8 @@ if [ "${1:-}" != "demo" ]; then
   dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
   command -v containerd >/dev/null 2>&1 || need+=(containerd)
   dpkg -s python3-venv >/dev/null 2>&1 || need+=(python3-venv)
+  # man -l renders the man pages `dipamctl install` writes (tests/lifecycle/tests/install_docs.rs).
+  command -v man >/dev/null 2>&1 || need+=(man-db)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then

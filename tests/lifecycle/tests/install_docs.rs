@@ -3,16 +3,19 @@
 //! Every shell block marked `<!-- install-test: ... -->` in those two files is extracted and
 //! run, unchanged, by `bash -euo pipefail` in a private mount namespace whose system
 //! directories are those of a fresh Debian 12: an empty `/opt` (no `/opt/cni/bin`), an empty
-//! `/usr/local/bin`, and a copy of this machine's `/etc` without `/etc/cni`, each a temp
-//! directory bind-mounted over the real one, so the test sees exactly what the commands
-//! wrote and the machine's own directories are never touched. The working directory is a
+//! `/usr/local/bin` and `/usr/local/share/man`, and a copy of this machine's `/etc` without
+//! `/etc/cni`, each a temp directory bind-mounted over the real one, so the test sees exactly
+//! what the commands wrote and the machine's own directories are never touched. The working directory is a
 //! stand-in checkout: the repository's conflist/ and deploy/ files, and the binaries where
 //! `cargo build --release` would put them. `cargo` and `rustup` are stand-ins that record
 //! their arguments (the build itself is not what is tested, and a release build would cost
 //! CI minutes); `rustc` is the real one.
 //!
 //! Then every file must be in place with its mode: the plugin 0755 in /opt/cni/bin, dipamd
-//! and dipamctl 0755 in /usr/local/bin, the conflist and unit 0644, /etc/default/dipamd.
+//! and dipamctl 0755 in /usr/local/bin, the conflist and unit 0644, /etc/default/dipamd,
+//! and the man pages 0644 in /usr/local/share/man (dipamctl's and one per command, dipamd's,
+//! dipam's), each of which `man -l` (man-db, tests/deps.sh) renders naming every command and
+//! flag the binary's `--help` lists, and for dipam every config key.
 //! The old README line (`install -m 0755 ... /opt/cni/bin/dipam`) fails on the same root, so
 //! the root is as fresh as claimed.
 
@@ -95,6 +98,7 @@ impl Fresh {
         // Debian 12 ships an empty /opt and /usr/local/bin, and no /etc/cni.
         std::fs::create_dir_all(f.root("opt")).unwrap();
         std::fs::create_dir_all(f.root("usr/local/bin")).unwrap();
+        std::fs::create_dir_all(f.root("usr/local/share/man")).unwrap();
         let st = Command::new("cp")
             .arg("-a")
             .arg("/etc")
@@ -181,12 +185,14 @@ impl Fresh {
             "set -e\n\
              mount --bind {opt} /opt\n\
              mount --bind {ulb} /usr/local/bin\n\
+             mount --bind {man} /usr/local/share/man\n\
              mount --bind {etc} /etc\n\
              cd {co}\n\
              export PATH={stubs}:$PATH\n\
              exec bash -euo pipefail {file}\n",
             opt = self.root("opt").display(),
             ulb = self.root("usr/local/bin").display(),
+            man = self.root("usr/local/share/man").display(),
             etc = self.root("etc").display(),
             co = self.checkout().display(),
             stubs = self.stubs().display(),
@@ -237,6 +243,120 @@ fn assert_file(path: &Path, want_mode: u32, same_as: Option<&Path>) {
     }
 }
 
+/// `bin ARGS --help`.
+fn help(bin: &Path, args: &[&str]) -> String {
+    let out = Command::new(bin).args(args).arg("--help").output().unwrap();
+    assert!(
+        out.status.success(),
+        "{} {args:?} --help: {out:?}",
+        bin.display()
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The commands a clap `--help` lists (but `help`).
+fn commands(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|l| *l != "Commands:")
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The long flags a clap `--help` lists as options.
+fn flags(help: &str) -> Vec<String> {
+    help.lines()
+        .map(str::trim_start)
+        .filter(|l| l.starts_with('-'))
+        .filter_map(|l| {
+            l.split([' ', ',', '=', '['])
+                .find(|w| w.starts_with("--") && w.len() > 2)
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+/// A man page as `man -l` renders it for a reader, without hyphenation or line breaks
+/// inside a flag.
+fn man(page: &Path) -> String {
+    let out = Command::new("man")
+        .args(["--nh", "--nj", "-l"])
+        .arg(page)
+        .env("MANWIDTH", "1000")
+        .env("MANPAGER", "cat")
+        .output()
+        .expect("man (tests/deps.sh installs man-db)");
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "man -l {}: {out:?}",
+        page.display()
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Every man page `dipamctl install` wrote under `dir` (a man directory) is there, 0644, and
+/// names what the binaries' `--help` names: dipamctl's every command (each with its own page
+/// naming its flags, nested commands too), dipamd's every flag, dipam's every config key.
+fn assert_man_pages(dir: &Path, bins: impl Fn(&str) -> PathBuf) {
+    let ctl = bins("dipamctl");
+    let mut want = vec![(vec![], PathBuf::from("man1/dipamctl.1"))];
+    let mut at = 0;
+    while at < want.len() {
+        let path: Vec<String> = want[at].0.clone();
+        let args: Vec<&str> = path.iter().map(String::as_str).collect();
+        let h = help(&ctl, &args);
+        let page = man(&dir.join(&want[at].1));
+        for c in commands(&h) {
+            let name = format!("dipamctl-{}", [args.clone(), vec![&c]].concat().join("-"));
+            assert!(
+                page.contains(&format!("{name}(1)")),
+                "{}: no {name}",
+                want[at].1.display()
+            );
+            let mut sub = path.clone();
+            sub.push(c);
+            want.push((sub, PathBuf::from(format!("man1/{name}.1"))));
+        }
+        for f in flags(&h) {
+            assert!(
+                page.contains(&f),
+                "{}: no {f}\n{page}",
+                want[at].1.display()
+            );
+        }
+        assert_file(&dir.join(&want[at].1), 0o644, None);
+        at += 1;
+    }
+    assert!(want.len() > 10, "{want:?}");
+
+    let dipamd = man(&dir.join("man8/dipamd.8"));
+    for f in flags(&help(&bins("dipamd"), &[])) {
+        assert!(dipamd.contains(&f), "dipamd(8): no {f}");
+    }
+    let dipam = man(&dir.join("man1/dipam.1"));
+    let plugin_help = help(&bins("dipam"), &[]);
+    let keys: Vec<&str> = plugin_help
+        .lines()
+        .skip_while(|l| !l.starts_with("Config keys"))
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(keys.contains(&"spoolDir"), "{plugin_help}");
+    for k in keys {
+        assert!(dipam.contains(k), "dipam(1): no {k}\n{dipam}");
+    }
+    // Nothing but these pages: a man directory holds what install put there.
+    let written: usize = ["man1", "man8"]
+        .iter()
+        .map(|s| std::fs::read_dir(dir.join(s)).unwrap().count())
+        .sum();
+    assert_eq!(written, want.len() + 2);
+}
+
 #[test]
 fn readme_install_and_adopt_work_as_written_on_a_fresh_root() {
     require_root!();
@@ -261,6 +381,8 @@ fn readme_install_and_adopt_work_as_written_on_a_fresh_root() {
             Some(&fresh.built(name)),
         );
     }
+    // `dipamctl install` from /usr/local/bin put the man pages where man looks for it.
+    assert_man_pages(&fresh.root("usr/local/share/man"), |b| fresh.built(b));
     let calls = fresh.calls();
     assert!(calls.contains("cargo build --release\n"), "{calls}");
     assert!(
