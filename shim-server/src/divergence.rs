@@ -352,3 +352,137 @@ pub async fn run(node: Arc<Node>, every: Duration, free: bool) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, Owner};
+    use serde_json::json;
+
+    use super::*;
+
+    fn rec(cid: &str, owner: Owner, ips: &[&str]) -> AttachmentRecord {
+        AttachmentRecord {
+            key: AttachmentKey::new("net", cid, "eth0"),
+            owner,
+            state: AttachmentState::Committed,
+            delegate_type: "host-local".into(),
+            delegate_version: "1.0.0".into(),
+            delegate_config: String::new(),
+            netns: String::new(),
+            cni_args: String::new(),
+            cni_path: String::new(),
+            result: Some(json!({"cniVersion": "1.0.0",
+                "ips": ips.iter().map(|a| json!({"address": a})).collect::<Vec<_>>()})),
+            config_digest: String::new(),
+            request_id: "t".into(),
+            created_at: 1,
+            updated_at: 1,
+            issued_ms: 0,
+            issued_at: None,
+            delegate_key: None,
+            creator_uid: None,
+            cri_pod: None,
+        }
+    }
+
+    fn held(ip: &str, cid: &str, ifname: &str) -> store::Reservation {
+        store::Reservation {
+            ip: ip.parse().unwrap_or(IpAddr::from([0, 0, 0, 0])),
+            container_id: cid.into(),
+            ifname: ifname.into(),
+            modified: None,
+        }
+    }
+
+    fn dc(kind: &str, ipam: serde_json::Value) -> DelegateConf {
+        DelegateConf {
+            kind: kind.into(),
+            network: "net".into(),
+            version: SpecVersion::CURRENT,
+            conf: json!({"ipam": ipam}),
+        }
+    }
+
+    /// Dual-stack host-local: each reservation counted once per family, for its record's
+    /// owner (a legacy id-only file by its ID), else as an orphan; free counts only what lies
+    /// inside the ranges.
+    #[test]
+    fn counts_each_reservation_once_by_owner_and_family() {
+        let conf = dc(
+            "host-local",
+            json!({"type": "host-local", "ranges": [
+                [{"subnet": "10.1.0.0/29"}], [{"subnet": "fd00::/125"}]]}),
+        );
+        let records = vec![
+            rec("pod-a", Owner::Pod, &["10.1.0.2/29", "fd00::2/125"]),
+            rec(
+                "router",
+                Owner::Agent {
+                    role: "router".into(),
+                },
+                &["10.1.0.3/29"],
+            ),
+            rec("dipam-pool-n-0", Owner::Pool, &["10.1.0.4/29"]),
+        ];
+        let store = vec![
+            held("10.1.0.2", "pod-a", "eth0"),
+            held("fd00::2", "pod-a", "eth0"),
+            held("10.1.0.3", "router", ""),
+            held("10.1.0.4", "dipam-pool-n-0", "eth0"),
+            held("10.1.0.5", "stranger", "eth0"),
+            // Another ifname of a known container is not ours.
+            held("fd00::3", "pod-a", "eth1"),
+            // Outside the ranges (a config that shrank): counted, but not against free.
+            held("10.1.0.7", "stranger2", "eth0"),
+        ];
+        let got = census(&conf, &records, Some(&store));
+        let v4 = RangeCount {
+            network: "net".into(),
+            family: "ipv4",
+            size: Some(5),
+            pods: 1,
+            agent: 1,
+            pool: 1,
+            orphans: Some(2),
+            free: Some(1),
+            ranges: vec!["10.1.0.2-10.1.0.6".into()],
+            unknown: String::new(),
+        };
+        let v6 = RangeCount {
+            family: "ipv6",
+            size: Some(6),
+            agent: 0,
+            pool: 0,
+            orphans: Some(1),
+            free: Some(4),
+            ranges: vec!["fd00::2-fd00::7".into()],
+            ..v4.clone()
+        };
+        assert_eq!(got, vec![v4, v6]);
+    }
+
+    /// A delegate dipamd cannot read: the ledger's addresses, and no size, orphans or free.
+    /// A host-local config host-local would refuse: the store's counts, and no size.
+    #[test]
+    fn unknown_sizes_are_unknown_not_zero() {
+        let records = vec![rec("pod-a", Owner::Pod, &["10.2.0.9/24"])];
+        let got = census(&dc("azure-vnet-ipam", json!({})), &records, None);
+        assert_eq!(got.len(), 1);
+        assert_eq!(
+            (got[0].size, got[0].pods, got[0].orphans, got[0].free),
+            (None, 1, None, None)
+        );
+        assert!(got[0].unknown.contains("azure-vnet-ipam"), "{got:?}");
+
+        let bad = dc(
+            "host-local",
+            json!({"ranges": [[{"subnet": "10.2.0.5/24"}]]}),
+        );
+        let got = census(&bad, &records, Some(&[held("10.2.0.9", "pod-a", "eth0")]));
+        assert_eq!(
+            (got[0].size, got[0].pods, got[0].orphans, got[0].free),
+            (None, 1, Some(0), None)
+        );
+        assert!(got[0].unknown.contains("host bits"), "{got:?}");
+    }
+}
