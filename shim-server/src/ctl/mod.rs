@@ -35,7 +35,7 @@ pub use output::CtlError;
 
 /// dipamctl: inspect the dipam shim daemon (dipamd).
 #[derive(Debug, Parser)]
-#[command(name = "dipamctl", version, about, long_about, after_help = AFTER_HELP)]
+#[command(name = "dipamctl", version, after_help = AFTER_HELP)]
 pub struct Args {
     #[command(subcommand)]
     pub command: Command,

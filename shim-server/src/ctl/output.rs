@@ -143,14 +143,17 @@ pub fn usage(e: clap::Error, json: bool) -> ExitCode {
     ExitCode::from(EXIT_USAGE)
 }
 
-/// clap's usage error as dipamctl's JSON error: its first line (without "error: ") as the
-/// message, its `Usage:` line and kind as details.
+/// clap's usage error as dipamctl's JSON error: its first paragraph (without "error: ", its
+/// lines joined: "the following required arguments were not provided: <CONTAINER_ID>") as
+/// the message, its `Usage:` line and kind as details.
 pub fn usage_json(e: &clap::Error) -> Value {
     let text = e.render().to_string();
     let message = text
         .lines()
-        .next()
-        .unwrap_or_default()
+        .take_while(|l| !l.trim().is_empty())
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join(" ")
         .trim_start_matches("error: ")
         .to_owned();
     let usage = text
@@ -439,6 +442,17 @@ mod tests {
         assert_eq!(v["error"]["message"], "unexpected argument '--frob' found");
         assert_eq!(v["error"]["details"]["kind"], "UnknownArgument");
         assert_eq!(v["error"]["details"]["usage"], "dipamctl status [OPTIONS]");
+
+        // A message on several lines is joined into one.
+        let cmd = clap::Command::new("dipamctl")
+            .subcommand(clap::Command::new("explain").arg(clap::Arg::new("id").required(true)));
+        let e = cmd
+            .try_get_matches_from(["dipamctl", "explain"])
+            .unwrap_err();
+        assert_eq!(
+            usage_json(&e)["error"]["message"],
+            "the following required arguments were not provided: <id>"
+        );
     }
 
     #[test]
