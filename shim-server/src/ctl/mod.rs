@@ -323,6 +323,10 @@ mod tests {
         // install writes --socket into a wrapped conflist; recover needs no dipamd.
         assert_eq!(flags(&["--socket", "/a", "install"]).0, s("/a"));
         assert_eq!(
+            flags(&["install", "--wrap", "f", "--socket", "/a"]).0,
+            s("/a")
+        );
+        assert_eq!(
             flags(&["--json", "recover", "--conflist", "c"]),
             (None, true)
         );
