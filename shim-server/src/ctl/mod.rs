@@ -170,8 +170,9 @@ where
 }
 
 /// `--socket PATH`, `--socket=PATH` and `--json` that come before the command name, moved
-/// after it; anything else (no command name after them, another flag among them) is left
-/// for clap to judge.
+/// after it; before `--help` or `--version`, which ignore them, dropped (`dipamctl --json
+/// --help` helped when they were global). Anything else (no command name after them,
+/// another flag among them) is left for clap to judge.
 fn hoist(argv: Vec<OsString>) -> Vec<OsString> {
     let mut moved = Vec::new();
     let mut i = 1;
@@ -198,6 +199,14 @@ fn hoist(argv: Vec<OsString>) -> Vec<OsString> {
             let mut out = vec![argv[0].clone(), command.clone()];
             out.extend(moved);
             out.extend_from_slice(&argv[i + 1..]);
+            out
+        }
+        Some(flag)
+            if !moved.is_empty()
+                && ["-h", "--help", "-V", "--version"].contains(&&*flag.to_string_lossy()) =>
+        {
+            let mut out = vec![argv[0].clone()];
+            out.extend_from_slice(&argv[i..]);
             out
         }
         _ => argv,
@@ -373,12 +382,17 @@ mod tests {
             h(&["d", "--json", "--socket", "/s", "agent", "list"]),
             ["d", "agent", "--json", "--socket", "/s", "list"]
         );
+        assert_eq!(
+            h(&["d", "--json", "--socket=/s", "--help"]),
+            ["d", "--help"]
+        );
+        assert_eq!(h(&["d", "--json", "-V"]), ["d", "-V"]);
         // Nothing to move, or no command after them: unchanged, for clap to judge.
         for argv in [
             &["d", "status", "--json"][..],
             &["d", "--json"],
             &["d", "--socket"],
-            &["d", "--json", "--help"],
+            &["d", "--json", "--frob"],
             &["d", "-V", "--json", "status"],
         ] {
             assert_eq!(h(argv), argv, "{argv:?}");
