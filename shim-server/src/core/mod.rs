@@ -443,14 +443,18 @@ impl Core {
         Ok(())
     }
 
-    /// [`Self::forget`] for many attachments, with one ledger commit (as durable as
-    /// [`Self::forget`]'s): GC forgets what its parallel releases freed in batches.
-    pub async fn forget_all(&self, recs: &[AttachmentRecord]) -> Result<(), ShimError> {
+    /// [`Self::forget`] for many attachments, with one ledger commit as durable as
+    /// `durability` says: GC forgets what its parallel releases freed in batches.
+    pub async fn forget_all(
+        &self,
+        recs: &[AttachmentRecord],
+        durability: dipam_state::Durability,
+    ) -> Result<(), ShimError> {
         if recs.is_empty() {
             return Ok(());
         }
         let keys: Vec<AttachmentKey> = recs.iter().map(|r| r.key.clone()).collect();
-        self.ledger(move |l| l.remove_all(&keys, dipam_state::Durability::SurvivesPowerCut))
+        self.ledger(move |l| l.remove_all(&keys, durability))
             .await?;
         for rec in recs {
             self.attachment_delta(rec, -1);
