@@ -28,7 +28,7 @@ use crate::{
 /// (host-local, azure-vnet-ipam, ...) exactly as a container runtime would, and records every
 /// attachment in a ledger (sled, under --state-dir) before answering.
 #[derive(Debug, Parser)]
-#[command(name = "dipamd", version, about, long_about)]
+#[command(name = "dipamd", version)]
 pub struct Args {
     /// Unix socket to serve on (created mode 0600, root only).
     #[arg(long, env = "DIPAM_SOCKET", default_value = "/run/dipam/dipam.sock")]
