@@ -3,6 +3,7 @@
 
 use std::{
     fs::File,
+    io::Write,
     os::unix::net::UnixStream,
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
@@ -24,6 +25,8 @@ pub struct Dipamd {
     wrapper: Vec<String>,
     /// Run this dipamd binary instead of the harness's (dipam-bench's `--alt-dipamd`).
     binary: Option<PathBuf>,
+    /// Processes started so far (each marked in the log).
+    starts: u32,
 }
 
 impl Dipamd {
@@ -52,6 +55,7 @@ impl Dipamd {
             netns: None,
             wrapper: Vec::new(),
             binary: None,
+            starts: 0,
         }
     }
 
@@ -135,11 +139,23 @@ impl Dipamd {
     }
 
     fn spawn(&mut self) {
-        let log = File::options()
+        let mut log = File::options()
             .create(true)
             .append(true)
             .open(self.log_path())
             .expect("dipamd log file");
+        // Every start is marked in the one log file, so that a crash test's failure shows
+        // which dipamd wrote what, before and after each restart (replay.rs).
+        self.starts += 1;
+        let _ = writeln!(
+            log,
+            "===== dipamd start #{} (harness wall clock {} ms) =====",
+            self.starts,
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis())
+                .unwrap_or_default()
+        );
         let child = self
             .command()
             .stdin(Stdio::null())

@@ -18,6 +18,7 @@ pub mod links;
 pub mod netns;
 pub mod nobody;
 pub mod podman;
+pub mod replay;
 pub mod runtime;
 pub mod standin;
 pub mod yaml;
@@ -28,6 +29,7 @@ pub use daemon::Dipamd;
 pub use fixture::{Fixture, Subnet};
 pub use kubeapi::KubeApi;
 pub use lab::Lab;
+pub use replay::Replay;
 pub use netns::NetNs;
 pub use runtime::{Attachment, CniError, Runtime};
 

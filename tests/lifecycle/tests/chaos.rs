@@ -17,7 +17,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dipam_lifecycle::{Attachment, Lab, require_root};
+use dipam_lifecycle::{Attachment, Lab, Replay, replay, require_root};
 
 const OPS: usize = 1_000;
 const RESTARTS: usize = 20;
@@ -48,7 +48,12 @@ fn sigkill_chaos_leaves_ledger_store_and_runtime_in_agreement() {
     require_root!();
     let lab = Lab::with_flags("ptp-dipam-host-local.conflist", &["--max-queue", "1024"]);
     let spool = lab.dipamd.state_dir().join("spool");
-    chaos(lab.with_spool_dir_key(&spool), OPS, RESTARTS);
+    chaos(
+        lab.with_spool_dir_key(&spool),
+        OPS,
+        RESTARTS,
+        "sigkill_chaos_leaves_ledger_store_and_runtime_in_agreement",
+    );
 }
 
 /// The deployed shape of failure F3a (docs/cfp.md §8.1): dipamd with a non-default `--state-dir` and a conflist without
@@ -64,18 +69,21 @@ fn sigkill_chaos_with_a_non_default_state_dir_and_no_spool_dir() {
         std::path::Path::new("/var/lib/dipam")
     );
     assert!(!lab.list().to_string().contains("spoolDir"));
-    chaos(lab, 300, 6);
+    chaos(
+        lab,
+        300,
+        6,
+        "sigkill_chaos_with_a_non_default_state_dir_and_no_spool_dir",
+    );
 }
 
 /// `ops` operations at least, `restarts` SIGKILLs and restarts, then the agreement checks.
-fn chaos(mut lab: Lab, min_ops: usize, min_restarts: usize) {
+/// `test` names the test, for the replay line a failure prints.
+fn chaos(mut lab: Lab, min_ops: usize, min_restarts: usize, test: &str) {
     // A /16-sized pool is not needed: live pods stay well below the /24's 253 addresses.
     let list = lab.list().clone();
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    eprintln!("chaos seed {seed}");
+    let seed = replay::seed();
+    let replay = Replay::new("chaos", test, Some(seed), lab.dipamd.log_path());
     let live: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
     let ops = AtomicUsize::new(0);
     let restarts = AtomicUsize::new(0);
@@ -145,6 +153,11 @@ fn chaos(mut lab: Lab, min_ops: usize, min_restarts: usize) {
         {
             std::thread::sleep(Duration::from_millis(50 + rng.below(150)));
             if restarts.load(Ordering::SeqCst) < min_restarts {
+                replay.kill(format!(
+                    "restart {} after {} operations",
+                    restarts.load(Ordering::SeqCst) + 1,
+                    ops.load(Ordering::SeqCst)
+                ));
                 dipamd.kill9();
                 std::thread::sleep(Duration::from_millis(rng.below(80)));
                 dipamd.start_again();
@@ -197,11 +210,7 @@ fn chaos(mut lab: Lab, min_ops: usize, min_restarts: usize) {
 fn sigkill_in_the_middle_of_a_large_parallel_gc_converges() {
     require_root!();
     const STALE: usize = 200;
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    eprintln!("gc chaos seed {seed}");
+    let seed = replay::seed();
     let mut rng = Rng::new(seed);
     let gc_flags = [
         "--gc-grace",
@@ -212,6 +221,12 @@ fn sigkill_in_the_middle_of_a_large_parallel_gc_converges() {
         "8",
     ];
     let mut lab = Lab::with_flags("ptp-dipam-host-local.conflist", &gc_flags);
+    let replay = Replay::new(
+        "chaos",
+        "sigkill_in_the_middle_of_a_large_parallel_gc_converges",
+        Some(seed),
+        lab.dipamd.log_path(),
+    );
     let list = lab.list().clone();
     let none = "/var/run/netns/none";
     let gc = |rt: &dipam_lifecycle::Runtime, valid: &[&Attachment]| {
@@ -274,6 +289,10 @@ fn sigkill_in_the_middle_of_a_large_parallel_gc_converges() {
                 assert!(Instant::now() < deadline, "the GC never freed {kill_after}");
                 std::thread::sleep(Duration::from_millis(2));
             }
+            replay.kill(format!(
+                "round {round}: after {} GC freed lines (wanted {kill_after})",
+                dipamd.log().matches("GC freed").count() - freed_before
+            ));
             dipamd.kill9();
             let out = g.join().unwrap();
             let born = adder.join().unwrap();

@@ -6,7 +6,15 @@
 // Tests: a panic is the failure report.
 #![allow(clippy::unwrap_used)]
 
-use dipam_lifecycle::{Lab, require_root};
+use dipam_lifecycle::{Lab, Replay, require_root};
+
+/// Prints, if the test fails, the crash point and every dipamd log (replay.rs); declared after
+/// the lab, so dropped while its log still exists.
+fn replay(lab: &Lab, test: &str, point: &str) -> Replay {
+    let r = Replay::new("faults", test, None, lab.dipamd.log_path());
+    r.kill(format!("dipamd --crash-at {point}"));
+    r
+}
 
 fn restart_clean(lab: &mut Lab) {
     lab.dipamd.kill9(); // reaps the self-killed process
@@ -19,6 +27,7 @@ fn every_add_crash_point_converges() {
     require_root!();
     for point in ["add-after-intent", "add-after-exec", "add-after-commit"] {
         let mut lab = Lab::with_flags("ptp-dipam-host-local.conflist", &["--crash-at", point]);
+        let _replay = replay(&lab, "every_add_crash_point_converges", point);
         let (_ns, pod) = lab.pod();
         let e = lab.rt.ipam(lab.list(), 0, "ADD", &pod, None).unwrap_err();
         assert_eq!(
@@ -53,6 +62,7 @@ fn every_del_crash_point_converges() {
     require_root!();
     for point in ["del-after-mark", "del-after-exec"] {
         let mut lab = Lab::new("ptp-dipam-host-local.conflist");
+        let _replay = replay(&lab, "every_del_crash_point_converges", point);
         let (_ns, pod) = lab.pod();
         lab.rt.ipam(lab.list(), 0, "ADD", &pod, None).unwrap();
         lab.dipamd.terminate();
@@ -87,6 +97,11 @@ fn main_mode_crash_between_early_result_and_commit_converges() {
     let mut lab = Lab::with_flags(
         "dipam-host-local.conflist",
         &["--crash-at", "add-before-commit"],
+    );
+    let _replay = replay(
+        &lab,
+        "main_mode_crash_between_early_result_and_commit_converges",
+        "add-before-commit",
     );
     let (ns, att) = lab.pod();
     let e = lab.rt.add(lab.list(), &att).unwrap_err();
@@ -136,6 +151,7 @@ fn every_gc_crash_point_converges() {
         let mut flags = gc_flags.to_vec();
         flags.extend(["--crash-at", point]);
         let mut lab = Lab::with_flags("ptp-dipam-host-local.conflist", &flags);
+        let _replay = replay(&lab, "every_gc_crash_point_converges", point);
         let list = lab.list().clone();
         let gc = |lab: &Lab, keep: &[&dipam_lifecycle::Attachment]| {
             let mut l = list.clone();
