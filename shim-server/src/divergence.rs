@@ -321,7 +321,16 @@ pub async fn round(node: &Node, free: bool) -> Result<(), ShimError> {
         if !d.orphans.is_empty() {
             warn!(network = %dc.network, orphans = ?d.orphans, "the delegate's store holds reservations dipamd never recorded");
             if free {
-                let plan = gc::collect::collect(node, &dc, "", Valid::Ledger, false, false).await?;
+                let plan = gc::collect::collect(
+                    node,
+                    &dc,
+                    "",
+                    Valid::Ledger,
+                    node.births.gc_began(None),
+                    false,
+                    false,
+                )
+                .await?;
                 let freed = plan.items.iter().filter(|i| i.outcome == "freed").count();
                 info!(network = %dc.network, freed, "reconcile freed orphaned reservations");
             }

@@ -21,8 +21,54 @@ pub const POINTS: &[&str] = &[
     "gc-before-forget",
 ];
 
+/// The points where `dipamd --pause-at POINT=FILE` holds the daemon's work until FILE exists
+/// (deleted again when it goes on): a window a test must hit every time, not by luck. GC's
+/// `gc-before-read` is after the GC began and before it reads the ledger (gc/collect.rs).
+pub const PAUSE_POINTS: &[&str] = &["gc-before-read"];
+
 #[cfg(feature = "fault-injection")]
 static ARMED: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+#[cfg(feature = "fault-injection")]
+static PAUSE: std::sync::OnceLock<(String, std::path::PathBuf)> = std::sync::OnceLock::new();
+
+/// Arms a pause point: `POINT=FILE` (once per process).
+#[cfg(feature = "fault-injection")]
+pub fn arm_pause(spec: &str) -> Result<(), String> {
+    let (point, file) = spec
+        .split_once('=')
+        .filter(|(_, f)| !f.is_empty())
+        .ok_or_else(|| format!("--pause-at {spec:?}: expected POINT=FILE"))?;
+    if !PAUSE_POINTS.contains(&point) {
+        return Err(format!(
+            "unknown pause point {point:?}; points: {}",
+            PAUSE_POINTS.join(", ")
+        ));
+    }
+    let _ = PAUSE.set((point.to_owned(), file.into()));
+    Ok(())
+}
+
+/// Reached pause point `point`: if it is the armed one, waits until its file exists (60 s at
+/// most), deletes it and goes on.
+pub async fn pause(point: &str) {
+    #[cfg(feature = "fault-injection")]
+    if let Some((armed, file)) = PAUSE.get()
+        && armed == point
+    {
+        tracing::warn!(point, file = %file.display(), "fault injection: pausing until the file exists");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !tokio::fs::try_exists(file).await.unwrap_or(false)
+            && std::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let _ = tokio::fs::remove_file(file).await;
+        tracing::warn!(point, "fault injection: resumed");
+    }
+    #[cfg(not(feature = "fault-injection"))]
+    let _ = point;
+}
 
 /// Arms `point` (once per process).
 #[cfg(feature = "fault-injection")]

@@ -14,6 +14,7 @@
 //!   attachments gauge together.
 
 pub mod attach;
+pub mod births;
 
 use std::{net::IpAddr, path::PathBuf, sync::Arc, time::Instant};
 
@@ -58,6 +59,9 @@ pub struct Core {
     pub ledger: Ledger,
     pub exec: Executor,
     pub locks: KeyLocks,
+    /// When each key's last runtime ADD finished, on the boot clock (births.rs): a GC never
+    /// frees an attachment born after it began.
+    pub births: births::Births,
     /// Which attachment holds each address of a network (addrs.rs): a delegate's duplicate
     /// is refused.
     pub addrs: crate::addrs::AddrIndex,
@@ -126,6 +130,7 @@ impl Core {
             ledger,
             exec,
             locks: KeyLocks::default(),
+            births: births::Births::default(),
             addrs: crate::addrs::AddrIndex::default(),
             plugin_protocols: std::sync::atomic::AtomicU64::new(0),
             tombstones: std::sync::Mutex::new(std::collections::HashMap::new()),

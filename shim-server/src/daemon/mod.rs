@@ -133,6 +133,11 @@ pub struct Args {
     #[cfg(feature = "fault-injection")]
     #[arg(long, value_name = "POINT")]
     pub crash_at: Option<String>,
+    /// Fault injection (test builds only): hold dipamd's work at POINT until FILE exists
+    /// (POINT=FILE; fault.rs).
+    #[cfg(feature = "fault-injection")]
+    #[arg(long, value_name = "POINT=FILE")]
+    pub pause_at: Option<String>,
     /// Give the socket this group (name or gid) and mode 0660 instead of root-only 0600.
     #[arg(long)]
     pub socket_group: Option<String>,
@@ -201,6 +206,10 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     #[cfg(feature = "fault-injection")]
     if let Some(point) = &args.crash_at {
         crate::fault::arm(point).map_err(DaemonError::Usage)?;
+    }
+    #[cfg(feature = "fault-injection")]
+    if let Some(spec) = &args.pause_at {
+        crate::fault::arm_pause(spec).map_err(DaemonError::Usage)?;
     }
     if !(args.delegate_timeout > 0.0 && args.delegate_timeout <= 3600.0) {
         return Err(DaemonError::Usage(

@@ -32,6 +32,7 @@ use super::*;
 use crate::{
     addrs::Releasing,
     clock::now,
+    core::births::{Born, GcStart},
     delegate::{
         Invocation,
         config::{DelegateConf, result_ips},
@@ -48,12 +49,14 @@ use crate::{
 pub const CHUNK: usize = 32;
 
 /// Plans and (unless `dry_run`) runs GC of the network of `dc`. `force` overrides the share
-/// interlock (`dipamctl gc --force`); nothing else does.
+/// interlock (`dipamctl gc --force`); nothing else does. `began` is when the GC began (its
+/// valid list was made before it): nothing an ADD finished since is freed (core/births.rs).
 pub async fn collect(
     node: &Node,
     dc: &DelegateConf,
     cni_path: &str,
     valid: Valid,
+    began: GcStart,
     dry_run: bool,
     force: bool,
 ) -> Result<Plan, ShimError> {
@@ -88,6 +91,9 @@ pub async fn collect(
         }
         None => None,
     };
+    // Test builds: hold the GC here, after it began and before it reads the ledger, for an
+    // ADD to finish in between (the window in which one was freed, chaos.rs).
+    crate::fault::pause("gc-before-read").await;
     let net = network.clone();
     let records: Vec<AttachmentRecord> = node.ledger(move |l| l.list(Some(&net))).await?;
     // Keys with an operation in flight (held or awaited): kept, like `adding`/`deleting`.
@@ -137,6 +143,9 @@ pub async fn collect(
                 "in-flight",
                 "an operation on it is in flight (its key is locked)".into(),
             ));
+        }
+        if let Some(text) = born_after(node, &r.key, began) {
+            why.push((BORN_AFTER_GC, text.into()));
         }
         let old = t.saturating_sub(r.created_at);
         if old < grace {
@@ -310,7 +319,7 @@ pub async fn collect(
     let parallel = node.gc.parallel.max(1);
     let n = stale.len();
     let planned: Vec<AttachmentRecord> = stale.iter().map(|r| (*r).clone()).collect();
-    let mut busy_now = release_stale(node, planned, parallel, &mut items[..n]).await;
+    let mut busy_now = release_stale(node, planned, began, parallel, &mut items[..n]).await;
     if native_gc {
         // The delegate's GC frees everything its list does not name, so the list must name
         // every attachment that exists when it runs: the network is held exclusively for
@@ -323,7 +332,7 @@ pub async fn collect(
         let chosen: HashSet<&AttachmentKey> = stale
             .iter()
             .enumerate()
-            .filter(|(i, _)| !busy_now.iter().any(|(b, _)| b == i))
+            .filter(|(i, _)| !busy_now.iter().any(|(b, _, _)| b == i))
             .map(|(_, r)| &r.key)
             .collect();
         let delegate_keep: HashSet<(String, String)> = listed
@@ -387,7 +396,7 @@ pub async fn collect(
             }
             outcomes
                 .into_iter()
-                .map(|o| o.unwrap_or(Released::Busy("not reached")))
+                .map(|o| o.unwrap_or(Released::Busy(IN_FLIGHT, "not reached")))
                 .collect()
         }
         Err(e) => {
@@ -402,16 +411,16 @@ pub async fn collect(
         match outcome {
             Released::Freed => finish(node, &mut items[n + i], Ok(())),
             Released::Failed(e) => finish(node, &mut items[n + i], Err(e)),
-            Released::Busy(why) => busy_now.push((n + i, why)),
+            Released::Busy(code, why) => busy_now.push((n + i, code, why)),
         }
     }
     // What an operation took up after the plan is kept after all, and said so.
     busy_now.sort_by_key(|b| std::cmp::Reverse(b.0));
-    for (i, why) in busy_now {
+    for (i, code, why) in busy_now {
         let it = items.remove(i);
         kept_items.push(GcItem {
             outcome: "kept".into(),
-            keep: vec!["in-flight".into()],
+            keep: vec![code.into()],
             reason: why.into(),
             ..it
         });
@@ -441,8 +450,29 @@ enum Released {
     /// Released through the delegate, and its record (if any) forgotten.
     Freed,
     Failed(ShimError),
-    /// An operation took it up after the plan (its key locked, or its record changed): kept.
-    Busy(&'static str),
+    /// An operation took it up after the plan (its key locked, its record changed, an ADD
+    /// finished on it after the GC began): kept, with the reason's code and text.
+    Busy(&'static str, &'static str),
+}
+
+/// The `keep` code of an attachment an operation holds or held.
+const IN_FLIGHT: &str = "in-flight";
+/// The `keep` code of an attachment whose ADD finished after the GC began (core/births.rs).
+pub const BORN_AFTER_GC: &str = "born-after-gc";
+
+/// Why `key` is kept for having been born after the GC began, if it was (or may have been).
+fn born_after(node: &Node, key: &AttachmentKey, began: GcStart) -> Option<&'static str> {
+    match node.births.born(key, began) {
+        Born::Before => None,
+        Born::After => Some(
+            "its ADD finished after this GC began: the valid list, made before, cannot name it",
+        ),
+        Born::Unknown => Some(
+            "dipamd cannot tell whether its ADD finished before this GC began (the GC began \
+             before dipamd started, or longer ago than dipamd remembers ADDs); the next GC \
+             decides",
+        ),
+    }
 }
 
 /// A stale record, marked `deleting`, its key locked and its addresses marked as being
@@ -468,9 +498,10 @@ type Forgetting<'a> = Boxed<'a, (Vec<Job<'a>>, Result<(), ShimError>)>;
 async fn release_stale(
     node: &Node,
     planned: Vec<AttachmentRecord>,
+    began: GcStart,
     parallel: usize,
     items: &mut [GcItem],
-) -> Vec<(usize, &'static str)> {
+) -> Vec<(usize, &'static str, &'static str)> {
     let network = planned
         .first()
         .map(|r| r.key.network.clone())
@@ -480,7 +511,7 @@ async fn release_stale(
     let mut settle = |i: usize, outcome: Released| match outcome {
         Released::Freed => finish(node, &mut items[i], Ok(())),
         Released::Failed(e) => finish(node, &mut items[i], Err(e)),
-        Released::Busy(why) => busy.push((i, why)),
+        Released::Busy(code, why) => busy.push((i, code, why)),
     };
     let mut chunks = planned
         .into_iter()
@@ -501,7 +532,7 @@ async fn release_stale(
             && ready.len() <= CHUNK / 2
             && let Some(chunk) = chunks.pop_front()
         {
-            marking = Some(Box::pin(mark(node, chunk)));
+            marking = Some(Box::pin(mark(node, chunk, began)));
         }
         while running.len() < limit(node, network, parallel)
             && let Some(job) = ready.pop_front()
@@ -571,12 +602,13 @@ async fn release_stale(
     busy
 }
 
-/// Takes the key locks of a chunk of stale records (skipping any key an operation holds, and
-/// any record that changed since the plan), marks them `deleting` in one durable commit, and
-/// marks their addresses as being released.
+/// Takes the key locks of a chunk of stale records (skipping any key an operation holds, any
+/// record that changed since the plan, and any an ADD finished on after the GC `began`),
+/// marks them `deleting` in one durable commit, and marks their addresses as being released.
 async fn mark<'a>(
     node: &'a Node,
     chunk: Vec<(usize, AttachmentRecord)>,
+    began: GcStart,
 ) -> (Vec<Job<'a>>, Vec<(usize, Released)>) {
     let mut locked = Vec::new();
     let mut skipped = Vec::new();
@@ -584,15 +616,28 @@ async fn mark<'a>(
         let Some(guard) = node.locks.try_lock(&planned.key) else {
             skipped.push((
                 idx,
-                Released::Busy("an operation on it started after the plan (its key is locked)"),
+                Released::Busy(
+                    IN_FLIGHT,
+                    "an operation on it started after the plan (its key is locked)",
+                ),
             ));
             continue;
         };
+        // Under the key's lock: an ADD still running holds it (above), and one that is done
+        // stamped its key before letting go (rpc/add.rs), so none can slip between this check
+        // and the release.
+        if let Some(why) = born_after(node, &planned.key, began) {
+            skipped.push((idx, Released::Busy(BORN_AFTER_GC, why)));
+            continue;
+        }
         match node.lookup(&planned.key) {
             Ok(Some(current)) if current == planned => locked.push((idx, planned, guard)),
             Ok(_) => skipped.push((
                 idx,
-                Released::Busy("its record changed after the plan (an operation ran on it)"),
+                Released::Busy(
+                    IN_FLIGHT,
+                    "its record changed after the plan (an operation ran on it)",
+                ),
             )),
             Err(e) => skipped.push((idx, Released::Failed(e))),
         }
@@ -659,11 +704,13 @@ async fn release_orphan(
     };
     let key = AttachmentKey::new(network, &r.container_id, &ifname);
     let Some(_guard) = node.locks.try_lock(&key) else {
-        return Released::Busy("an operation on its key started after the plan");
+        return Released::Busy(IN_FLIGHT, "an operation on its key started after the plan");
     };
     match node.lookup(&key) {
         Ok(None) => {}
-        Ok(Some(_)) => return Released::Busy("recorded by an ADD that started after the plan"),
+        Ok(Some(_)) => {
+            return Released::Busy(IN_FLIGHT, "recorded by an ADD that started after the plan");
+        }
         Err(e) => return Released::Failed(e),
     }
     let _releasing = node.addrs.releasing_ips(&key, vec![r.ip]);
@@ -756,9 +803,17 @@ mod tests {
             ),
         ])
         .await;
-        let plan = collect(&node, &dc, "", list(&["listed"]), true, false)
-            .await
-            .unwrap();
+        let plan = collect(
+            &node,
+            &dc,
+            "",
+            list(&["listed"]),
+            node.births.gc_began(None),
+            true,
+            false,
+        )
+        .await
+        .unwrap();
         let freed: Vec<_> = plan.items.iter().map(|i| i.container_id.as_str()).collect();
         assert_eq!(freed, vec!["stale"]);
         assert_eq!(plan.items[0].outcome, "planned");
@@ -790,6 +845,108 @@ mod tests {
         );
     }
 
+    /// The rule of core/births.rs against the wall clock stepping either way between an ADD
+    /// and a GC. Ages come from the wall clock (`created_at`), so a step forward makes a pod
+    /// ADDed a moment ago look an hour old (outside any grace period), and a step back makes
+    /// one look as if it were ADDed in the future. Neither decides: a pod whose ADD finished
+    /// after the GC began is kept, and one that finished before is freed, whatever the
+    /// grace, through the plan and through the check under the key's lock.
+    #[tokio::test]
+    async fn an_add_finished_after_the_gc_began_is_kept_whatever_the_wall_clock_says() {
+        let stepped_forward = now() - 3600;
+        let stepped_back = now() + 3600;
+        let (_d, node, dc) = bench(vec![
+            rec(
+                "keep",
+                Owner::Pod,
+                AttachmentState::Committed,
+                stepped_forward,
+            ),
+            rec(
+                "before",
+                Owner::Pod,
+                AttachmentState::Committed,
+                stepped_forward,
+            ),
+            rec(
+                "before-back",
+                Owner::Pod,
+                AttachmentState::Committed,
+                stepped_back,
+            ),
+            rec(
+                "fwd",
+                Owner::Pod,
+                AttachmentState::Committed,
+                stepped_forward,
+            ),
+            rec("back", Owner::Pod, AttachmentState::Committed, stepped_back),
+        ])
+        .await;
+        for c in ["keep", "before", "before-back"] {
+            node.births.stamp(&AttachmentKey::new("net", c, "eth0"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let began = node.births.gc_began(None);
+        for c in ["fwd", "back"] {
+            node.births.stamp(&AttachmentKey::new("net", c, "eth0"));
+        }
+        // The default grace (60 s). Stepped forward, a pod born after the GC began would have
+        // been freed as an hour old; stepped back, everything looks young (kept by grace,
+        // as before).
+        let plan = collect(&node, &dc, "", list(&["keep"]), began, true, true)
+            .await
+            .unwrap();
+        let freed: Vec<_> = plan.items.iter().map(|i| i.container_id.as_str()).collect();
+        assert_eq!(freed, vec!["before"], "{:?}", plan.kept);
+        let codes = |c: &str| {
+            let k = plan.kept.iter().find(|k| k.container_id == c).unwrap();
+            k.keep.join(",")
+        };
+        assert_eq!(codes("fwd"), BORN_AFTER_GC);
+        assert_eq!(codes("back"), format!("{BORN_AFTER_GC},grace"));
+        assert_eq!(codes("before-back"), "grace");
+        let fwd = plan.kept.iter().find(|k| k.container_id == "fwd").unwrap();
+        assert!(fwd.reason.contains("after this GC began"), "{}", fwd.reason);
+        // The check under the key's lock, for an ADD that finishes between the plan and the
+        // mark: planned stale, then stamped, then kept.
+        let planned = node
+            .lookup(&AttachmentKey::new("net", "before", "eth0"))
+            .unwrap()
+            .unwrap();
+        node.births.stamp(&planned.key);
+        let (jobs, skipped) = mark(&node, vec![(0, planned.clone())], began).await;
+        assert!(jobs.is_empty());
+        assert!(
+            matches!(skipped.as_slice(), [(0, Released::Busy(BORN_AFTER_GC, _))]),
+            "marked an attachment born after the GC"
+        );
+        assert_eq!(
+            node.lookup(&planned.key).unwrap().unwrap().state,
+            AttachmentState::Committed
+        );
+        // The real GC frees nothing: "before" was ADDed again after it began (above), and
+        // the rest are born after it or young.
+        let plan = collect(&node, &dc, "", list(&["keep"]), began, false, true)
+            .await
+            .unwrap();
+        let freed: Vec<_> = plan
+            .items
+            .iter()
+            .filter(|i| i.outcome == "freed")
+            .map(|i| i.container_id.as_str())
+            .collect();
+        assert!(freed.is_empty(), "{freed:?}");
+        for c in ["keep", "before", "before-back", "fwd", "back"] {
+            assert!(
+                node.lookup(&AttachmentKey::new("net", c, "eth0"))
+                    .unwrap()
+                    .is_some(),
+                "{c} was freed"
+            );
+        }
+    }
+
     #[tokio::test]
     async fn freeing_all_of_a_small_network_takes_force() {
         let old = now() - 1000;
@@ -801,18 +958,34 @@ mod tests {
             old,
         )])
         .await;
-        let e = collect(&node, &dc, "", list(&["other"]), false, false)
-            .await
-            .unwrap_err();
+        let e = collect(
+            &node,
+            &dc,
+            "",
+            list(&["other"]),
+            node.births.gc_began(None),
+            false,
+            false,
+        )
+        .await
+        .unwrap_err();
         assert!(matches!(e, ShimError::GcRefused { .. }), "{e:?}");
         assert!(
             node.lookup(&AttachmentKey::new("net", "only", "eth0"))
                 .unwrap()
                 .is_some()
         );
-        let plan = collect(&node, &dc, "", list(&["other"]), false, true)
-            .await
-            .unwrap();
+        let plan = collect(
+            &node,
+            &dc,
+            "",
+            list(&["other"]),
+            node.births.gc_began(None),
+            false,
+            true,
+        )
+        .await
+        .unwrap();
         assert_eq!(plan.items[0].outcome, "freed", "{:?}", plan.items);
         assert!(
             node.lookup(&AttachmentKey::new("net", "only", "eth0"))
@@ -827,13 +1000,29 @@ mod tests {
         ])
         .await;
         assert!(
-            collect(&node, &dc, "", list(&["other"]), false, false)
-                .await
-                .is_err()
-        );
-        let plan = collect(&node, &dc, "", list(&["a"]), false, false)
+            collect(
+                &node,
+                &dc,
+                "",
+                list(&["other"]),
+                node.births.gc_began(None),
+                false,
+                false
+            )
             .await
-            .unwrap();
+            .is_err()
+        );
+        let plan = collect(
+            &node,
+            &dc,
+            "",
+            list(&["a"]),
+            node.births.gc_began(None),
+            false,
+            false,
+        )
+        .await
+        .unwrap();
         assert_eq!(plan.items.len(), 1);
         assert_eq!(plan.items[0].container_id, "b");
         assert_eq!(plan.items[0].outcome, "freed");
@@ -882,9 +1071,17 @@ esac
             )
             .unwrap()
             .dc;
-        let plan = collect(&node, &dc, "", list(&["c000"]), false, true)
-            .await
-            .unwrap();
+        let plan = collect(
+            &node,
+            &dc,
+            "",
+            list(&["c000"]),
+            node.births.gc_began(None),
+            false,
+            true,
+        )
+        .await
+        .unwrap();
         assert_eq!(plan.items.len(), stale);
         assert!(
             plan.items.iter().all(|i| i.outcome == "freed"),
@@ -929,18 +1126,34 @@ esac
         let busy = AttachmentKey::new("net", "a", "eth0");
         let held = node.locks.lock(&busy).await;
         // Planned while held: kept, and said why.
-        let plan = collect(&node, &dc, "", list(&["keep"]), true, true)
-            .await
-            .unwrap();
+        let plan = collect(
+            &node,
+            &dc,
+            "",
+            list(&["keep"]),
+            node.births.gc_began(None),
+            true,
+            true,
+        )
+        .await
+        .unwrap();
         assert_eq!(plan.items.len(), 1, "{:?}", plan.items);
         assert!(
             plan.kept
                 .iter()
                 .any(|k| k.container_id == "a" && k.keep == vec!["in-flight".to_owned()])
         );
-        let plan = collect(&node, &dc, "", list(&["keep"]), false, true)
-            .await
-            .unwrap();
+        let plan = collect(
+            &node,
+            &dc,
+            "",
+            list(&["keep"]),
+            node.births.gc_began(None),
+            false,
+            true,
+        )
+        .await
+        .unwrap();
         assert_eq!(plan.items.len(), 1);
         assert_eq!(plan.items[0].container_id, "b");
         assert_eq!(plan.items[0].outcome, "freed");
@@ -969,7 +1182,18 @@ esac
             .dc;
         let gc = {
             let (node, dc) = (node.clone(), dc.clone());
-            tokio::spawn(async move { collect(&node, &dc, "", list(&["s00"]), false, true).await })
+            tokio::spawn(async move {
+                collect(
+                    &node,
+                    &dc,
+                    "",
+                    list(&["s00"]),
+                    node.births.gc_began(None),
+                    false,
+                    true,
+                )
+                .await
+            })
         };
         // Once the GC is releasing, another key of the network locks at once: GC holds
         // the keys it frees, not the network.

@@ -3,8 +3,10 @@
 //!
 //! The valid set is the union of the runtime's list, every agent-owned attachment, every
 //! attachment with an operation in flight or interrupted (state `adding`/`deleting`, or its key
-//! locked), and every attachment younger than the grace period: a pod being created while GC
-//! runs never loses its address (whereabouts#207, F17). GC locks what it frees, not the
+//! locked), every attachment younger than the grace period, and every attachment whose ADD
+//! finished after the GC began (core/births.rs; on the boot clock, so neither a grace of 0
+//! nor a wall-clock step lets one through): a pod being created while GC runs never loses its
+//! address (whereabouts#207, F17). GC locks what it frees, not the
 //! network (collect.rs, keylock.rs): a pod's ADD on the network waits for no GC.
 //!
 //! Collected are (1) committed pod records outside the valid set: released through the

@@ -32,6 +32,10 @@ pub async fn run(
         });
     }
     let _guard = node.locks.lock(&p.key).await;
+    // The ADD's birth, stamped again as its last act under the key's lock (dropped before
+    // `_guard`), whatever it answers: a GC that began before it never frees what it made
+    // (core/births.rs), whether from the pool, the delegate or the ledger (a repeat).
+    let _born = node.births.stamp_on_drop(&p.key);
     if !p.caller.is_root() {
         refuse_foreign_container_id(node, &p).await?;
     }

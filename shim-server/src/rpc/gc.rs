@@ -7,7 +7,8 @@
 //!   dipamd runs with --gc-allow-empty: cnitool sends no list meaning "everything is stale",
 //!   libcni sends null for a runtime's empty GCArgs (CRI-O, for a network without pods), and
 //!   either would free every pod of the network.
-//! - Agent-owned, warm-pool, in-flight and young attachments are added to the valid set, and a
+//! - Agent-owned, warm-pool, in-flight and young attachments, and those an ADD finished after
+//!   the runtime invoked the plugin (core/births.rs), are added to the valid set, and a
 //!   GC that would free more than the allowed share of the network's pods is refused (170).
 
 use dipam_proto::v1::CniRequest;
@@ -24,6 +25,10 @@ pub async fn run(
     req: CniRequest,
 ) -> Result<Vec<u8>, ShimError> {
     let p = node.prepare(req, false, caller)?;
+    // When the runtime invoked the plugin (its boot-clock stamp), after it made the valid
+    // list: nothing an ADD finished since then is freed, whatever the grace period and the
+    // wall clock (core/births.rs).
+    let began = node.births.gc_began(p.issued.as_ref());
     // GC frees every attachment of the network that is not in the list: every caller's.
     if !p.caller.is_root() {
         return Err(ShimError::Forbidden {
@@ -63,6 +68,7 @@ pub async fn run(
         &p.dc,
         &p.req.cni_path,
         Valid::List(list),
+        began,
         false,
         false,
     )

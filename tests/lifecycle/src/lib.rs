@@ -29,8 +29,8 @@ pub use daemon::Dipamd;
 pub use fixture::{Fixture, Subnet};
 pub use kubeapi::KubeApi;
 pub use lab::Lab;
-pub use replay::Replay;
 pub use netns::NetNs;
+pub use replay::Replay;
 pub use runtime::{Attachment, CniError, Runtime};
 
 /// Lifecycle tests need root (network namespaces, veths). Elsewhere they say so loudly and

@@ -15,6 +15,7 @@ use tracing::{debug, info, warn};
 use super::{ListError, Refusal, RuntimeGc};
 use crate::{
     clock::now,
+    core::births::GcStart,
     delegate::{config::result_ips, store},
     error::ShimError,
     events::Event,
@@ -165,8 +166,10 @@ pub async fn pass(
 ) -> Result<Report, ShimError> {
     let _one = rt.running.lock().await;
     let endpoint = rt.client.endpoint().to_owned();
-    // The runtime first, then the ledger: an attachment added in between is younger than the
-    // grace period, so a sandbox the list could not name yet is never missed.
+    // The runtime first, then the ledger: an attachment added in between is missed for the
+    // first time at most (the two-pass rule), and the GC that frees never takes one whose
+    // ADD finished after this instant, when the list was asked for (core/births.rs).
+    let began = node.births.gc_began(None);
     let listing = rt.client.list().await;
     let records = node.ledger(|l| l.list(None)).await?;
     let cri = records.iter().filter(|r| made_through_cri(r)).count();
@@ -267,7 +270,7 @@ pub async fn pass(
     if dry_run {
         return Ok(report);
     }
-    let freed = free(node, &records, &p.free, &mut report).await;
+    let freed = free(node, &records, &p.free, began, &mut report).await;
     let trusted_again = if let Ok(mut s) = rt.state.lock() {
         s.missed = p.missed;
         s.passes += 1;
@@ -349,6 +352,7 @@ async fn free(
     node: &Node,
     records: &[AttachmentRecord],
     stale: &[&AttachmentRecord],
+    began: GcStart,
     report: &mut Report,
 ) -> u64 {
     if stale.is_empty() {
@@ -410,7 +414,7 @@ async fn free(
         }
         // `force`: the node-wide share interlock above stands for the per-network one, which
         // would keep the last attachment of a network the runtime no longer uses forever.
-        match collect(node, dc, "", Valid::List(valid), false, true).await {
+        match collect(node, dc, "", Valid::List(valid), began, false, true).await {
             Ok(plan) => {
                 for it in report.items.iter_mut().filter(|i| i.network == network) {
                     let done = plan.items.iter().find(|g| {

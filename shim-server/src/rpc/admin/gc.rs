@@ -11,6 +11,8 @@ use crate::{
 /// `dipamctl gc`: one network, the operator's valid list or the ledger as the valid set, and
 /// a dry run that frees nothing.
 pub async fn run(node: &Node, req: GcRequest) -> Result<GcReply, ShimError> {
+    // The operator made the valid list before asking: nothing born since is freed.
+    let began = node.births.gc_began(None);
     let (stdin, mode) = if req.config.is_empty() {
         let base = node
             .agent
@@ -81,7 +83,7 @@ pub async fn run(node: &Node, req: GcRequest) -> Result<GcReply, ShimError> {
         Valid::List(list)
     };
     let network = p.dc.network.clone();
-    match gc::collect::collect(node, &p.dc, "", valid, req.dry_run, req.force).await {
+    match gc::collect::collect(node, &p.dc, "", valid, began, req.dry_run, req.force).await {
         Ok(plan) => Ok(GcReply {
             protocol_version: dipam_proto::PROTOCOL_VERSION,
             network,
