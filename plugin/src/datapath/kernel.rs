@@ -488,7 +488,7 @@ async fn add_host_route(h: &Handle, index: u32, dst: IpNet, what: &str) -> Resul
                  the pod behind it still holds the address, and its reservation was lost \
                  (the delegate's store was wiped, or a GC freed it while the pod ran). \
                  Nothing was taken over and the allocation is released. Find the holder with \
-                 `ip route show {ip}` and `dipamctl explain {ip}`; if that pod is gone, \
+                 `ip route show {ip}` and `dipamctl attachments | grep {ip}`; if that pod is gone, \
                  delete the veth (`ip link delete {name}`); if it runs, record it again with \
                  `dipamctl adopt` so that its address is never handed out twice"
             ),

@@ -567,7 +567,7 @@ fn an_add_whose_address_is_routed_to_another_live_veth_is_refused() {
         "{e}"
     );
     assert!(
-        e.details.contains("dipamctl explain") && e.details.contains("ip link delete"),
+        e.details.contains("dipamctl attachments") && e.details.contains("ip link delete"),
         "{e}"
     );
     assert!(
@@ -599,7 +599,9 @@ fn an_add_whose_address_is_routed_to_another_live_veth_is_refused() {
 #[test]
 fn a_main_mode_attachment_freed_by_gc_loses_its_veth_and_route() {
     require_root!();
-    let lab = Lab::new("dipam-host-local.conflist").with_version("1.1.0");
+    // No grace period: the pod freed was added a moment ago.
+    let lab =
+        Lab::with_flags("dipam-host-local.conflist", &["--gc-grace", "0"]).with_version("1.1.0");
     let (_keep_ns, keep) = lab.pod();
     lab.rt.add(lab.list(), &keep).unwrap();
     let (_ns, gone) = lab.pod();
