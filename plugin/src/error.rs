@@ -72,6 +72,13 @@ pub enum PluginError {
     /// Main mode ADD: the IPAM result cannot be applied.
     #[error("the IPAM result cannot be applied")]
     IpamResult(String),
+    /// Main mode ADD: the host routes the pod's address to another live veth.
+    #[error("{ip} is still in use on this host: it is routed to {holder}")]
+    AddressInUse {
+        ip: String,
+        holder: String,
+        details: String,
+    },
     /// An ADD failed after IPAM answered, and what it had done was undone (or not: `note`
     /// says which). The code is the original error's.
     #[error("{error}")]
@@ -201,6 +208,7 @@ impl PluginError {
             Self::Datapath { reason, .. } => (codes::DATAPATH, reason.clone()),
             Self::CheckFailed(problems) => (codes::CHECK_FAILED, problems.join("; ")),
             Self::IpamResult(d) => (codes::IPAM_RESULT, d.clone()),
+            Self::AddressInUse { details, .. } => (codes::ADDRESS_IN_USE, details.clone()),
             Self::RolledBack { error, note } => {
                 let mut inner = error.to_cni(status);
                 inner.details = if inner.details.is_empty() {

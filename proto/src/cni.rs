@@ -105,6 +105,9 @@ pub mod codes {
     pub const CHECK_FAILED: u32 = 163;
     /// The IPAM result cannot be applied by a point-to-point datapath.
     pub const IPAM_RESULT: u32 = 164;
+    /// ADD: the host already routes the address the IPAM handed out to another live veth
+    /// (another pod holds it); nothing was taken over.
+    pub const ADDRESS_IN_USE: u32 = 165;
 
     // dipamd's GC.
     pub const GC_REFUSED: u32 = 170;
@@ -183,6 +186,7 @@ pub const TABLE: &[Code] = &[
     row(codes::DATAPATH, "DATAPATH", Source::Plugin),
     row(codes::CHECK_FAILED, "CHECK_FAILED", Source::Plugin),
     row(codes::IPAM_RESULT, "IPAM_RESULT", Source::Plugin),
+    row(codes::ADDRESS_IN_USE, "ADDRESS_IN_USE", Source::Plugin),
     row(codes::GC_REFUSED, "GC_REFUSED", Source::Dipamd),
     row(codes::GC_INCOMPLETE, "GC_INCOMPLETE", Source::Dipamd),
 ];

@@ -22,6 +22,7 @@ use crate::{
     error::ShimError,
     events::RangeCount,
     gc::{self, Valid},
+    liveness::{self, Scan, Verdict},
     node::Node,
 };
 
@@ -30,8 +31,17 @@ use crate::{
 pub struct Divergence {
     /// Committed records whose address the delegate's store does not hold.
     pub missing: Vec<String>,
-    /// Reservations the ledger does not know.
+    /// Reservations the ledger does not know, and nothing on the node uses (freeable), after
+    /// [`classify`]; before it, empty.
     pub orphans: Vec<String>,
+    /// Reservations the ledger does not know, but a running pod uses (adoptable: a reconcile
+    /// or `dipamctl adopt` records them), each with its evidence (liveness.rs).
+    pub alive: Vec<String>,
+    /// Reservations the ledger does not know, no evidence names, but the look was partial:
+    /// kept, never freed.
+    pub unverified: Vec<String>,
+    /// Every reservation the ledger does not know (outside the grace period), as read.
+    pub unrecorded: Vec<store::Reservation>,
     /// Set when dipamd must not serve pod ADDs on this network: what is wrong and which
     /// mount to fix.
     pub misconfigured: Option<String>,
@@ -82,9 +92,37 @@ pub async fn networks(node: &Node) -> Result<Vec<DelegateConf>, ShimError> {
 }
 
 /// Compares one network's ledger with its delegate's store (host-local only: the one whose
-/// store dipamd can read).
+/// store dipamd can read), and tells its unrecorded reservations apart by a look at the node.
 pub async fn check(node: &Node, dc: &DelegateConf) -> Result<Option<Divergence>, ShimError> {
-    Ok(look(node, dc).await?.0)
+    let Some(mut d) = look(node, dc).await?.0 else {
+        return Ok(None);
+    };
+    if !d.unrecorded.is_empty() {
+        classify(&mut d, &scan(node).await);
+    }
+    Ok(Some(d))
+}
+
+/// Looks at the node for the evidence that an address is in use (liveness.rs), with the
+/// runtime's sandbox list when dipamd has one.
+pub async fn scan(node: &Node) -> Scan {
+    let runtime = node.runtime_gc.get().map(|r| r.client.clone());
+    liveness::scan(runtime.as_deref()).await
+}
+
+/// Sorts `d.unrecorded` into alive (adoptable), orphans (dead: freeable) and unverified.
+pub fn classify(d: &mut Divergence, scan: &Scan) {
+    d.orphans.clear();
+    d.alive.clear();
+    d.unverified.clear();
+    for r in &d.unrecorded {
+        let what = format!("{} ({} {})", r.ip, r.container_id, r.ifname);
+        match scan.verdict(r.ip, &r.container_id) {
+            Verdict::Alive(why) => d.alive.push(format!("{what}: {why}")),
+            Verdict::Dead => d.orphans.push(what),
+            Verdict::Unknown(why) => d.unverified.push(format!("{what}: {why}")),
+        }
+    }
 }
 
 /// One look at a network: its divergence (where the delegate's store can be read) and its
@@ -170,9 +208,14 @@ pub async fn look(
         } else {
             known.contains(&(r.container_id.clone(), r.ifname.clone()))
         };
-        if !ours {
-            d.orphans
-                .push(format!("{} ({} {})", r.ip, r.container_id, r.ifname));
+        // A reservation younger than the grace period may be an ADD's that is still being
+        // recorded: neither adopted nor called an orphan yet.
+        let young = r
+            .modified
+            .and_then(|m| std::time::SystemTime::now().duration_since(m).ok())
+            .is_some_and(|age| age < node.gc.grace);
+        if !ours && !young {
+            d.unrecorded.push(r.clone());
         }
     }
     let ranges = census(dc, &records, Some(&held));
@@ -300,17 +343,56 @@ pub async fn ranges(node: &Node) -> Result<Vec<RangeCount>, ShimError> {
     Ok(out)
 }
 
-/// One reconcile round over every known network; updates the status counters.
+/// One reconcile round over every known network; updates the status counters. Reservations
+/// a running pod uses that the ledger lacks are adopted (recorded); the dead ones are freed
+/// only with `free` (--reconcile-free), and the GC checks each again before it frees it.
 pub async fn round(node: &Node, free: bool) -> Result<(), ShimError> {
-    let (mut missing, mut orphans) = (0u64, 0u64);
+    let (mut missing, mut orphans, mut alive) = (0u64, 0u64, 0u64);
     let mut refused = std::collections::HashMap::new();
     let mut counts = Vec::new();
+    let mut looked: Option<Scan> = None;
     for dc in networks(node).await? {
         let (d, ranges) = look(node, &dc).await?;
         counts.extend(ranges);
-        let Some(d) = d else {
+        let Some(mut d) = d else {
             continue;
         };
+        if !d.unrecorded.is_empty() {
+            if looked.is_none() {
+                looked = Some(scan(node).await);
+            }
+            let now = looked.as_ref().expect("set above");
+            classify(&mut d, now);
+            if !d.alive.is_empty() {
+                match crate::adopt::adopt(node, &dc, now, false).await {
+                    Ok(r) => {
+                        info!(network = %dc.network, adopted = r.adopted.len(), "reconcile adopted reservations of running pods that the ledger lacked");
+                        for s in &r.skipped {
+                            warn!(network = %dc.network, ips = ?s.ips, container_id = %s.container_id, reason = %s.reason, "a running pod's reservation could not be adopted");
+                        }
+                        d.alive = r
+                            .skipped
+                            .iter()
+                            .map(|s| {
+                                format!(
+                                    "{} ({} {}): {}",
+                                    s.ips.join(","),
+                                    s.container_id,
+                                    s.ifname,
+                                    s.reason
+                                )
+                            })
+                            .collect();
+                    }
+                    Err(e) => {
+                        warn!(network = %dc.network, error = %e, "adopting running pods' reservations failed")
+                    }
+                }
+            }
+            if !d.unverified.is_empty() {
+                warn!(network = %dc.network, unverified = ?d.unverified, "the delegate's store holds reservations dipamd never recorded and cannot tell in use or not; they are kept");
+            }
+        }
         if let Some(why) = &d.misconfigured {
             tracing::error!(network = %dc.network, "{why}; pod ADDs on this network are refused until it is fixed");
             refused.insert(dc.network.clone(), why.clone());
@@ -319,7 +401,7 @@ pub async fn round(node: &Node, free: bool) -> Result<(), ShimError> {
             warn!(network = %dc.network, missing = ?d.missing, "the delegate's store lacks addresses the ledger records: it was wiped, or dipamd and the runtime do not see the same state directory; these addresses may be handed out twice");
         }
         if !d.orphans.is_empty() {
-            warn!(network = %dc.network, orphans = ?d.orphans, "the delegate's store holds reservations dipamd never recorded");
+            warn!(network = %dc.network, orphans = ?d.orphans, "the delegate's store holds reservations dipamd never recorded, and nothing on the node uses them");
             if free {
                 let plan = gc::collect::collect(
                     node,
@@ -337,14 +419,21 @@ pub async fn round(node: &Node, free: bool) -> Result<(), ShimError> {
         }
         missing += d.missing.len() as u64;
         orphans += d.orphans.len() as u64;
+        alive += (d.alive.len() + d.unverified.len()) as u64;
     }
     if let Ok(mut m) = node.misconfigured.lock() {
         *m = refused;
     }
     node.gc_stats.missing.store(missing, Ordering::Relaxed);
     node.gc_stats.orphans.store(orphans, Ordering::Relaxed);
-    node.events
-        .emit(crate::events::Event::Divergence { missing, orphans });
+    node.gc_stats
+        .unrecorded_alive
+        .store(alive, Ordering::Relaxed);
+    node.events.emit(crate::events::Event::Divergence {
+        missing,
+        orphans,
+        alive,
+    });
     node.events.emit(crate::events::Event::Ranges(&counts));
     Ok(())
 }

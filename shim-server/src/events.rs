@@ -91,8 +91,13 @@ pub enum Event<'a> {
     /// Networks whose config names a spoolDir other than dipamd's spool.
     SpoolMismatched(u64),
     /// The last reconcile's findings: recorded addresses missing from the delegate's store,
-    /// and reservations the ledger does not know.
-    Divergence { missing: u64, orphans: u64 },
+    /// reservations the ledger does not know that nothing uses (orphans), and those a running
+    /// pod uses or that could not be told unused (alive: adopted or kept, never freed).
+    Divergence {
+        missing: u64,
+        orphans: u64,
+        alive: u64,
+    },
     /// Every network's range, whole, per family, as the last look at the ledger and the
     /// delegate's store found it (divergence.rs: each reconcile, and each `dipamctl status`).
     /// A network or family absent from the list has gone.

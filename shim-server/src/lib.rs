@@ -4,6 +4,7 @@
 pub mod access;
 pub mod activation;
 pub mod addrs;
+pub mod adopt;
 pub mod agent;
 pub mod authority;
 pub mod clock;
@@ -21,6 +22,7 @@ pub mod health;
 pub mod history;
 pub mod keylock;
 pub mod keys;
+pub mod liveness;
 pub mod logging;
 pub mod metrics;
 pub mod node;

@@ -95,6 +95,7 @@ pub struct Metrics {
     ledger_writable: Gauge,
     divergence_missing: Gauge,
     divergence_orphans: Gauge,
+    divergence_unrecorded_alive: Gauge,
     history_dropped: Counter,
     runtime_gc_passes: Counter,
     runtime_gc_freed: Counter,
@@ -296,7 +297,17 @@ impl Metrics {
             divergence_orphans: reg(
                 &mut r,
                 "dipam_divergence_orphans",
-                "Reservations the ledger does not know, at the last reconcile.",
+                "Reservations the ledger does not know and nothing on the node uses (no \
+                 network namespace holds the address, no host route leads to it, the runtime \
+                 lists no such sandbox), at the last reconcile: freeable.",
+                Gauge::default(),
+            ),
+            divergence_unrecorded_alive: reg(
+                &mut r,
+                "dipam_divergence_unrecorded_alive",
+                "Reservations the ledger does not know that a running pod uses, or that dipamd \
+                 cannot tell unused, left after the last reconcile adopted what it could: \
+                 kept, never freed.",
                 Gauge::default(),
             ),
             history_dropped: reg(
@@ -600,9 +611,14 @@ impl Observer for Metrics {
             Event::SpoolMismatched(n) => {
                 self.spool_mismatched.set(gauge_value(n));
             }
-            Event::Divergence { missing, orphans } => {
+            Event::Divergence {
+                missing,
+                orphans,
+                alive,
+            } => {
                 self.divergence_missing.set(gauge_value(missing));
                 self.divergence_orphans.set(gauge_value(orphans));
+                self.divergence_unrecorded_alive.set(gauge_value(alive));
             }
             Event::Ranges(counts) => self.ranges(counts),
             Event::HistoryDropped => {
@@ -765,6 +781,7 @@ mod tests {
         m.observe(&Event::Divergence {
             missing: 1,
             orphans: 0,
+            alive: 0,
         });
         let hl = crate::events::RangeCount {
             network: "net1".into(),
@@ -858,7 +875,7 @@ mod tests {
         assert!(out.ends_with("# EOF\n"), "{out}");
         // Every series has its HELP and TYPE.
         let names = families(&out);
-        assert_eq!(names.len(), 34, "{names:?}");
+        assert_eq!(names.len(), 35, "{names:?}");
         for name in &names {
             assert!(
                 out.contains(&format!("# HELP {name} ")),

@@ -107,6 +107,25 @@ impl Node {
         Ok(p)
     }
 
+    /// Before GC releases `rec`'s address: the host veth dipam's main mode made for it (and
+    /// with it the host's route to the address) goes first, as a DEL's would
+    /// (teardown.rs `retire`). Without the teardown worker it stays; a later ADD handed the
+    /// address is then refused (165), naming it.
+    pub async fn retire_datapath(&self, rec: &dipam_state::AttachmentRecord) {
+        if rec.owner != dipam_state::Owner::Pod {
+            return;
+        }
+        if let Some(t) = self.teardown.get() {
+            let k = &rec.key;
+            t.retire(vec![(
+                k.network.clone(),
+                k.container_id.clone(),
+                k.ifname.clone(),
+            )])
+            .await;
+        }
+    }
+
     /// Why pod ADDs on `network` are refused, if they are (divergence.rs).
     pub fn misconfigured(&self, network: &str) -> Option<String> {
         self.misconfigured

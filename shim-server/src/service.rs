@@ -4,11 +4,11 @@
 use std::{future::Future, sync::Arc, time::Instant};
 
 use dipam_proto::v1::{
-    AgentListReply, AgentListRequest, AgentRoleRequest, ClaimReply, ClaimRequest, CniReply,
-    CniRequest, DoctorReply, DoctorRequest, ExplainReply, ExplainRequest, GcReply, GcRequest,
-    ListAttachmentsReply, ListAttachmentsRequest, RuntimeGcReply, RuntimeGcRequest, StatusReply,
-    StatusRequest, UnclaimRequest, admin_server::Admin, agent_server::Agent, cni_reply::Outcome,
-    cni_server::Cni,
+    AdoptReply, AdoptRequest, AgentListReply, AgentListRequest, AgentRoleRequest, ClaimReply,
+    ClaimRequest, CniReply, CniRequest, DoctorReply, DoctorRequest, ExplainReply, ExplainRequest,
+    GcReply, GcRequest, ListAttachmentsReply, ListAttachmentsRequest, RuntimeGcReply,
+    RuntimeGcRequest, StatusReply, StatusRequest, UnclaimRequest, admin_server::Admin,
+    agent_server::Agent, cni_reply::Outcome, cni_server::Cni,
 };
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -407,6 +407,17 @@ impl Admin for Service {
         protocol(r.get_ref().protocol_version)?;
         let span = info_span!("admin", command = "gc --from-runtime");
         rpc::admin::runtime_gc::run(&self.0, r.into_inner())
+            .instrument(span)
+            .await
+            .map(Response::new)
+            .map_err(ShimError::into_status)
+    }
+
+    async fn adopt(&self, r: Request<AdoptRequest>) -> Result<Response<AdoptReply>, Status> {
+        Caller::of(&r).require_admin("adoption")?;
+        protocol(r.get_ref().protocol_version)?;
+        let span = info_span!("admin", command = "adopt");
+        rpc::admin::adopt::run(&self.0, r.into_inner())
             .instrument(span)
             .await
             .map(Response::new)

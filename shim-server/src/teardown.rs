@@ -102,10 +102,23 @@ pub enum StartError {
     Worker(String),
 }
 
+/// What the worker is woken for.
+#[derive(Debug)]
+enum Wake {
+    /// A link was handed over: sweep.
+    Sweep,
+    /// Retire the host veths of these attachments (network, container ID, ifname), if
+    /// dipam's main mode made them, then answer how many there were and sweep.
+    Retire(
+        Vec<(String, String, String)>,
+        tokio::sync::oneshot::Sender<usize>,
+    ),
+}
+
 /// The handle the DEL path uses to hand a retired link over.
 #[derive(Debug)]
 pub struct Teardown {
-    wake: mpsc::Sender<()>,
+    wake: mpsc::Sender<Wake>,
     /// The inode of dipamd's own network namespace: a link is taken only from a plugin in it.
     netns_inode: u64,
     pub stats: Arc<TeardownStats>,
@@ -148,8 +161,46 @@ impl Teardown {
         {
             return false;
         }
-        self.wake.send(()).is_ok()
+        self.wake.send(Wake::Sweep).is_ok()
     }
+
+    /// Retires the host veths of attachments GC is about to release, before their delegate
+    /// DEL: a main-mode pod's veth and its /32 route stayed behind when only the address was
+    /// freed, so the host kept routing the address to a veth the next pod could not take
+    /// over (or, before ADD refused that, silently took over from a pod still running).
+    /// Set down, its routes go at once; the sweep deletes it. An attachment made in IPAM
+    /// mode (its main plugin made the interface) has no such veth: nothing is done. Returns
+    /// how many were retired; 0 also when the worker is gone.
+    pub async fn retire(&self, keys: Vec<(String, String, String)>) -> usize {
+        if keys.is_empty() || self.stats.refused.load(Ordering::Relaxed) {
+            return 0;
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if self.wake.send(Wake::Retire(keys, tx)).is_err() {
+            return 0;
+        }
+        rx.await.unwrap_or(0)
+    }
+}
+
+/// Retires the host veth of each attachment in `keys` that has one (kernel::retire_host_veth:
+/// down, and the retired alias the sweep looks for).
+async fn retire(h: &Handle, keys: &[(String, String, String)], stats: &TeardownStats) -> usize {
+    use dipam_plugin::datapath::{kernel, naming};
+    let mut n = 0;
+    for (network, container_id, ifname) in keys {
+        let name = naming::host_ifname(network, container_id, ifname);
+        let alias = naming::retired_alias(network, container_id, ifname);
+        match kernel::retire_host_veth(h, &name, &alias).await {
+            Ok(Some(_)) => n += 1,
+            Ok(None) => {}
+            Err(e) => {
+                stats.failed(format!("retiring {name} after GC: {e}"));
+                warn!(veth = %name, error = %e, "teardown: could not retire the veth of an attachment GC freed");
+            }
+        }
+    }
+    n
 }
 
 /// Whether this process may change links, asked of the kernel itself: a capability in the
@@ -184,7 +235,7 @@ fn own_netns_inode() -> std::io::Result<u64> {
 }
 
 fn worker(
-    rx: &mpsc::Receiver<()>,
+    rx: &mpsc::Receiver<Wake>,
     stats: &TeardownStats,
     denials: &Denials,
     ready: &mpsc::Sender<Result<(), StartError>>,
@@ -225,11 +276,21 @@ fn worker(
         return;
     }
     let _ = ready.send(Ok(()));
+    let answer = |wake: Wake| {
+        if let Wake::Retire(keys, done) = wake {
+            let _ = done.send(rt.block_on(retire(&handle, &keys, stats)));
+        }
+    };
     loop {
         rt.block_on(sweep(&handle, stats, denials));
         match rx.recv_timeout(SWEEP_EVERY) {
             // Everything handed over meanwhile is in the next pass.
-            Ok(()) => while rx.try_recv().is_ok() {},
+            Ok(wake) => {
+                answer(wake);
+                while let Ok(wake) = rx.try_recv() {
+                    answer(wake);
+                }
+            }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => return,
         }

@@ -433,6 +433,75 @@ async fn add_route(h: &Handle, index: u32, r: &RouteSpec, what: &str) -> Result<
         .map_err(failed(format!("adding {} dev {what}", r.describe())))
 }
 
+/// Adds the host's route to one of the pod's addresses, refusing (165) an address the host
+/// already routes to another live veth. The route is first added exclusively, so the common
+/// case costs nothing more; only when one exists is its link looked at. A veth that is up
+/// has its peer in a living netns (a pair dies with either end's netns): the address is that
+/// netns's, which the IPAM handed out again (its store lost the reservation, or a GC given a
+/// wrong list freed it). Taking the route would silently cut that pod off while two netns
+/// answer for one address. A route through anything else (a retired or down link, an
+/// operator's route through a non-veth) gives way to the new pod, as before.
+async fn add_host_route(h: &Handle, index: u32, dst: IpNet, what: &str) -> Result<(), PluginError> {
+    let spec = RouteSpec::on_link(dst);
+    let msg = route_message(index, &spec)?;
+    match h.route().add(msg).execute().await {
+        Ok(()) => return Ok(()),
+        Err(e) if errno(&e) == Some(Errno::EEXIST) => {}
+        Err(e) => return Err(failed(format!("adding {} dev {what}", spec.describe()))(e)),
+    }
+    let holder = routes(h)
+        .await?
+        .into_iter()
+        .filter(|r| r.dst == dst && r.table == MAIN_TABLE && r.oif != Some(index))
+        .find_map(|r| r.oif);
+    if let Some(other) = holder
+        && let Some(link) = link_by_index(h, other).await?
+        && kind_of(&link) == "veth"
+        && link
+            .header
+            .flags
+            .contains(rtnetlink::packet_route::link::LinkFlags::Up)
+        && !is_retired(&link)
+    {
+        let name = link
+            .attributes
+            .iter()
+            .find_map(|a| match a {
+                LinkAttribute::IfName(n) => Some(n.clone()),
+                _ => None,
+            })
+            .unwrap_or_else(|| format!("ifindex {other}"));
+        let alias = link.attributes.iter().find_map(|a| match a {
+            LinkAttribute::IfAlias(s) => Some(s.clone()),
+            _ => None,
+        });
+        let holder = match &alias {
+            Some(a) if a.starts_with(crate::datapath::naming::ALIAS_PREFIX) => {
+                format!("dipam veth {name} ({a})")
+            }
+            _ => format!("veth {name}"),
+        };
+        let ip = dst.addr().to_string();
+        return Err(PluginError::AddressInUse {
+            details: format!(
+                "the IPAM handed out {ip}, but the host routes it to {holder}, which is up: \
+                 the pod behind it still holds the address, and its reservation was lost \
+                 (the delegate's store was wiped, or a GC freed it while the pod ran). \
+                 Nothing was taken over and the allocation is released. Find the holder with \
+                 `ip route show {ip}` and `dipamctl attachments | grep {ip}`; if that pod is gone, \
+                 delete the veth (`ip link delete {name}`); if it runs, record it again with \
+                 `dipamctl adopt` so that its address is never handed out twice"
+            ),
+            ip,
+            holder,
+        });
+    }
+    add_route(h, index, &spec, what).await
+}
+
+/// The main routing table's id (RT_TABLE_MAIN), where the host's pod routes live.
+const MAIN_TABLE: u32 = 254;
+
 /// Installs the plan on a pair [`create`] brought up. The two sides are independent (two
 /// netlink sockets, two netns), so they are configured concurrently: the part of ADD that
 /// waits for the address costs the longer side's round trips, not the sum.
@@ -465,7 +534,7 @@ async fn configure(
             add_addr(&h.host, hidx, *addr, req.host_name).await?;
         }
         for dst in &plan.host_routes {
-            add_route(&h.host, hidx, &RouteSpec::on_link(*dst), req.host_name).await?;
+            add_host_route(&h.host, hidx, *dst, req.host_name).await?;
         }
         Ok::<(), PluginError>(())
     };

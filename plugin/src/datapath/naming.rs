@@ -29,6 +29,9 @@ pub fn host_ifname(network: &str, container_id: &str, ifname: &str) -> String {
     format!("{HOST_PREFIX}{}", &hex[..11])
 }
 
+/// The prefix of a live dipam host veth's alias (`dipam <network> <container ID> <ifname>`).
+pub const ALIAS_PREFIX: &str = "dipam ";
+
 /// The longest alias dipam sets. The kernel takes up to IFALIASZ - 1 (255) bytes, but a
 /// 255-byte alias sent through rtnetlink was refused with ERANGE (main-mode ADDs of container
 /// IDs of 232+ characters failed with 162); the spec sets no limit on container IDs, so the
@@ -83,7 +86,7 @@ fn alias(prefix: &str, network: &str, container_id: &str, ifname: &str) -> Strin
 /// belongs to, for operators (`dipam <network> <container ID> <ifname>`, a long container ID
 /// shortened, see [`ALIAS_MAX`]).
 pub fn host_alias(network: &str, container_id: &str, ifname: &str) -> String {
-    alias("dipam ", network, container_id, ifname)
+    alias(ALIAS_PREFIX, network, container_id, ifname)
 }
 
 /// The alias of a host veth retired by DEL (kernel::retire_host_veth): the retired prefix

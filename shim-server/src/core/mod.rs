@@ -418,6 +418,34 @@ impl Core {
         })
     }
 
+    /// Records an attachment the delegate already holds but dipamd never saw (adoption of a
+    /// running pod's reservation): its addresses are claimed in the address index, then it is
+    /// committed. Returns the attachment that already holds one of its addresses instead,
+    /// recording nothing. The caller holds the key's lock and saw no record under it.
+    pub async fn import(&self, rec: &AttachmentRecord) -> Result<Option<String>, ShimError> {
+        let held = self
+            .addrs
+            .claim(&self.ledger, rec, |network| {
+                self.ledger(move |l| l.list(Some(&network)))
+            })
+            .await?;
+        if let crate::addrs::Claimed::Held(ip, holder) = held {
+            return Ok(Some(format!(
+                "{ip} is recorded for {} ({})",
+                holder.owner.label(),
+                holder.key
+            )));
+        }
+        let put = rec.clone();
+        if let Err(e) = self.ledger(move |l| l.put(&put)).await {
+            self.addrs.forget(&rec.key, rec.result.as_ref());
+            return Err(e);
+        }
+        self.attachment_delta(rec, 1);
+        self.committed(rec);
+        Ok(None)
+    }
+
     /// Releases a committed attachment that dipamd itself decided to free (GC, the warm
     /// pool's surplus, an agent address no longer wanted) and forgets it. The record is
     /// marked `deleting` durably first, so that a crash while the delegate releases is

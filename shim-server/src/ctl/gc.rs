@@ -101,7 +101,7 @@ pub async fn run(
 }
 
 /// The conflist as dipamd's GC request carries it, and the mode it asks for.
-fn network_config(path: &Path) -> Result<(Vec<u8>, Mode), CtlError> {
+pub(super) fn network_config(path: &Path) -> Result<(Vec<u8>, Mode), CtlError> {
     let text =
         std::fs::read(path).map_err(|e| CtlError::Input(format!("{}: {e}", path.display())))?;
     let base = crate::agent::conflist::parse(path, &text, None)

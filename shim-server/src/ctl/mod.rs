@@ -13,6 +13,7 @@ use std::{
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
+pub mod adopt;
 pub mod agent;
 pub mod attachments;
 pub mod client;
@@ -106,6 +107,11 @@ pub enum Command {
     Recover(WithJson<recover::Args>),
     /// The agent's own addresses (router, health, ingress).
     Agent(agent::Args),
+    /// Record in dipamd's ledger the running pods that got their addresses before dipam was
+    /// put in front of the IPAM (`install --wrap`), so that nothing frees them. Only pods
+    /// shown alive (a network namespace holds the address, a host route leads to it, or the
+    /// runtime lists the sandbox) are recorded; nothing is freed. Try --dry-run first.
+    Adopt(WithSocket<adopt::Args>),
     /// Garbage-collect one network: free what is neither valid nor protected. Agent-owned,
     /// in-flight and young attachments are always kept. Try --dry-run first.
     Gc(WithSocket<gc::Args>),
@@ -142,6 +148,7 @@ impl Args {
             Command::Recover(w) => w.format.json,
             Command::Agent(a) => a.format.json,
             Command::Gc(w) => w.format.json,
+            Command::Adopt(w) => w.format.json,
             Command::Install(w) => w.format.json,
             Command::SupportBundle(w) => w.format.json,
             Command::Completions(_) => false,
@@ -235,7 +242,15 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
             // no API server to ask): a usage error.
             let opts = install::Options::from_args(args, &conn.socket, |k| std::env::var(k).ok())
                 .map_err(CtlError::Usage)?;
-            install::run(&opts, format.json, out).map_err(CtlError::Failed)
+            install::run(&opts, format.json, out).map_err(CtlError::Failed)?;
+            // The node's own conflist is live now: its running pods' reservations are
+            // recorded (or the exact step printed), so that nothing ever frees them.
+            if let Some((install::Direction::Wrap, file)) = &opts.adopt
+                && opts.output == install::Output::InPlace
+            {
+                adopt::after_wrap(&conn.socket, file, format.json, out).await?;
+            }
+            Ok(())
         }
         Command::Completions(a) => completions::run(a, Args::command(), out),
         Command::Man(w) => man::run(w.args, w.format.json, out),
@@ -260,6 +275,10 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
         Command::Gc(w) => {
             let channel = client::connect(&w.conn.socket).await?;
             gc::run(w.args, channel, w.format.json, progress, out).await
+        }
+        Command::Adopt(w) => {
+            let channel = client::connect(&w.conn.socket).await?;
+            adopt::run(w.args, channel, w.format.json, out).await
         }
         // Each part connects (or fails) on its own: the bundle is for a node where dipamd
         // may be down.

@@ -19,10 +19,8 @@ use std::{
     time::Duration,
 };
 
-use dipam_state::{
-    AttachmentKey, AttachmentRecord, AttachmentState, Ledger, Owner, Store, StoreError,
-};
-use serde_json::{Value, json};
+use dipam_state::{AttachmentKey, Ledger, Owner, Store, StoreError};
+use serde_json::json;
 
 use super::{
     CtlError,
@@ -31,7 +29,7 @@ use super::{
 use crate::{
     agent::conflist,
     clock::now,
-    delegate::{Executor, config::DelegateConf, store, version},
+    delegate::{Executor, config::DelegateConf, import, store, version},
 };
 
 #[derive(Debug, clap::Args)]
@@ -112,51 +110,6 @@ pub struct Report {
 
 fn fail(msg: impl Into<String>) -> String {
     msg.into()
-}
-
-/// The prefix length and gateway of `ip` under host-local's `ranges`.
-fn placement(conf: &Value, ip: IpAddr) -> Option<(u8, String)> {
-    conf["ipam"]["ranges"]
-        .as_array()?
-        .iter()
-        .flatten_sets()
-        .find_map(|r| {
-            let net: ipnet::IpNet = r["subnet"].as_str()?.parse().ok()?;
-            if !net.contains(&ip) {
-                return None;
-            }
-            let gw =
-                r["gateway"]
-                    .as_str()
-                    .map(str::to_owned)
-                    .unwrap_or_else(|| match net.network() {
-                        IpAddr::V4(n) => std::net::Ipv4Addr::from(u32::from(n) + 1).to_string(),
-                        IpAddr::V6(n) => std::net::Ipv6Addr::from(u128::from(n) + 1).to_string(),
-                    });
-            Some((net.prefix_len(), gw))
-        })
-}
-
-trait FlattenSets<'a> {
-    fn flatten_sets(self) -> Box<dyn Iterator<Item = &'a Value> + 'a>;
-}
-
-impl<'a, I: Iterator<Item = &'a Value> + 'a> FlattenSets<'a> for I {
-    fn flatten_sets(self) -> Box<dyn Iterator<Item = &'a Value> + 'a> {
-        Box::new(self.flat_map(|set| set.as_array().into_iter().flatten()))
-    }
-}
-
-/// The agent role of a container ID dipamd gave an agent address, if it is one.
-fn agent_role(container_id: &str) -> Option<String> {
-    match crate::keys::internal(container_id)? {
-        crate::keys::Internal::Agent { role } => Some(role),
-        // A claim's name cannot be told from the node name in its container ID; "claim"
-        // keeps it the agent's (never freed by GC, never handed to a pod), and the next
-        // reconcile pass keeps or releases it by its key.
-        crate::keys::Internal::Claim => Some("claim".into()),
-        _ => None,
-    }
 }
 
 /// Rebuilds (or, with `force`, adds to) the ledger in `state_dir` from the delegate's store
@@ -243,6 +196,11 @@ pub async fn rebuild(
     let delegate_config = String::from_utf8(dc.bytes_for(send).map_err(|e| e.to_string())?)
         .map_err(|e| e.to_string())?;
     let delegate_version = send.unwrap_or(dc.version).to_string();
+    let delegate = import::Delegate {
+        dc: &dc,
+        config: delegate_config,
+        version: delegate_version,
+    };
 
     let mut groups: BTreeMap<(String, String), Vec<IpAddr>> = BTreeMap::new();
     for r in store::reservations(&dir).map_err(|e| fail(format!("{}: {e}", dir.display())))? {
@@ -283,81 +241,20 @@ pub async fn rebuild(
         if ledger.get(&key).map_err(|e| e.to_string())?.is_some() {
             continue;
         }
-        let mut entries = Vec::new();
-        for ip in &ips {
-            match placement(&dc.conf, *ip) {
-                Some((prefix, gw)) => {
-                    entries.push(json!({"address": format!("{ip}/{prefix}"), "gateway": gw}))
-                }
-                None => report
-                    .skipped
-                    .push(format!("{ip} ({cid}): outside every configured range")),
-            }
+        let (rec, outside) = import::record(&delegate, &cid, &ifname, &ips, "dipamctl-recover", t);
+        for ip in outside {
+            report
+                .skipped
+                .push(format!("{ip} ({cid}): outside every configured range"));
         }
-        if entries.is_empty() {
+        let Some(rec) = rec else {
             continue;
+        };
+        match rec.owner {
+            Owner::Agent { .. } => report.agent += 1,
+            _ => report.pods += 1,
         }
-        let owner = match agent_role(&cid) {
-            Some(role) => {
-                report.agent += 1;
-                Owner::Agent { role }
-            }
-            None => {
-                report.pods += 1;
-                Owner::Pod
-            }
-        };
-        let rec = AttachmentRecord {
-            key,
-            owner,
-            state: AttachmentState::Committed,
-            delegate_type: dc.kind.clone(),
-            delegate_version: delegate_version.clone(),
-            delegate_config: delegate_config.clone(),
-            netns: String::new(),
-            cni_args: String::new(),
-            cni_path: String::new(),
-            result: Some(json!({ "ips": entries })),
-            config_digest: dc.digest(),
-            request_id: "dipamctl-recover".into(),
-            created_at: t,
-            updated_at: t,
-            issued_ms: 0,
-            issued_at: None,
-            delegate_key: None,
-            creator_uid: None,
-            cri_pod: None,
-        };
         ledger.put(&rec).map_err(|e| e.to_string())?;
     }
     Ok(report)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn agent_ids_and_placement() {
-        assert_eq!(
-            agent_role("dipam-router-ipv4-node1").as_deref(),
-            Some("router")
-        );
-        assert_eq!(
-            agent_role("dipam-health-ipv6-n.x").as_deref(),
-            Some("health")
-        );
-        assert_eq!(agent_role("dipam-routerx-ipv4-n"), None);
-        assert_eq!(agent_role("abc"), None);
-        let conf = json!({"ipam":{"ranges":[[{"subnet":"10.1.0.0/24"}],[{"subnet":"fd00::/64","gateway":"fd00::fe"}]]}});
-        assert_eq!(
-            placement(&conf, "10.1.0.9".parse().unwrap()),
-            Some((24, "10.1.0.1".into()))
-        );
-        assert_eq!(
-            placement(&conf, "fd00::5".parse().unwrap()),
-            Some((64, "fd00::fe".into()))
-        );
-        assert_eq!(placement(&conf, "10.2.0.1".parse().unwrap()), None);
-    }
 }

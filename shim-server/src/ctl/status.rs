@@ -58,7 +58,7 @@ fn to_json(s: &StatusReply) -> Value {
         "uptimeSeconds": s.uptime_seconds,
         "conflist": s.conflist,
         "conflictsDetected": s.conflicts_detected,
-        "divergence": {"missing": s.divergence_missing, "orphans": s.divergence_orphans},
+        "divergence": {"missing": s.divergence_missing, "orphans": s.divergence_orphans, "unrecordedAlive": s.divergence_unrecorded_alive},
         "gc": {"freed": s.gc_freed, "refused": s.gc_refused},
         "agentReestablished": s.agent_reestablished,
         "warmPool": {
@@ -181,8 +181,8 @@ fn table(s: &StatusReply, out: &mut dyn Write) -> std::io::Result<()> {
     writeln!(
         out,
         "divergence:   {} recorded address(es) missing from the delegate's store, \
-         {} unrecorded reservation(s)",
-        s.divergence_missing, s.divergence_orphans
+         {} orphaned reservation(s) (unrecorded, unused), {} unrecorded in use (kept)",
+        s.divergence_missing, s.divergence_orphans, s.divergence_unrecorded_alive
     )?;
     for r in &s.ranges {
         writeln!(out, "range:        {}", range_line(r))?;

@@ -2,6 +2,7 @@
 
 pub mod config;
 pub mod exec;
+pub mod import;
 pub mod orphans;
 pub mod ranges;
 pub mod store;

@@ -40,6 +40,7 @@ use crate::{
     },
     error::ShimError,
     keylock::KeyGuard,
+    liveness::Verdict,
     node::Node,
 };
 
@@ -243,6 +244,7 @@ pub async fn collect(
     let (probe, send) = resolved?;
     // Orphans: in the delegate's own store, unknown to the ledger and to the valid set.
     let mut orphans = Vec::new();
+    let mut candidates = Vec::new();
     if let (Some(dir), Some(reservations)) = (&dir, reservations) {
         let known: HashSet<(String, String)> = records.iter().map(delegate_pair).collect();
         let known_ids: HashSet<&str> = known.iter().map(|(c, _)| c.as_str()).collect();
@@ -295,13 +297,39 @@ pub async fn collect(
                 ));
                 continue;
             }
+            candidates.push(r);
+        }
+        // An unrecorded reservation is freed only when nothing on the node uses its address
+        // (liveness.rs): a running pod dipamd never saw (a node adopted with pods running)
+        // lost its address to the next pod when this freed it.
+        let scan = match candidates.is_empty() {
+            true => crate::liveness::Scan::default(),
+            false => crate::divergence::scan(node).await,
+        };
+        for r in candidates {
+            let kept_why = match scan.verdict(r.ip, &r.container_id) {
+                Verdict::Dead => None,
+                Verdict::Alive(why) => Some(("alive", format!("{why}: adopt it, never free it"))),
+                Verdict::Unknown(why) => Some(("unverified", format!("not shown unused: {why}"))),
+            };
+            if let Some(why) = kept_why {
+                kept_items.push(kept(
+                    "orphan",
+                    &r.container_id,
+                    &r.ifname,
+                    vec![r.ip.to_string()],
+                    vec![why],
+                ));
+                continue;
+            }
             items.push(item(
                 "orphan",
                 &r.container_id,
                 &r.ifname,
                 vec![r.ip.to_string()],
                 format!(
-                    "held by {} in {} but unknown to dipamd and not in the valid list",
+                    "held by {} in {} but unknown to dipamd and not in the valid list; nothing \
+                     on the node uses it",
                     dc.kind,
                     dir.display()
                 ),
@@ -538,6 +566,8 @@ async fn release_stale(
             && let Some(job) = ready.pop_front()
         {
             running.push(async move {
+                // Main mode: the pod's veth and host route go with its address.
+                node.retire_datapath(&job.rec).await;
                 let outcome = node.release_recorded(&job.rec).await;
                 (job, outcome)
             });

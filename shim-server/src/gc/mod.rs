@@ -290,6 +290,8 @@ pub struct GcStats {
     pub freed: std::sync::atomic::AtomicU64,
     pub missing: std::sync::atomic::AtomicU64,
     pub orphans: std::sync::atomic::AtomicU64,
+    /// Unrecorded reservations in use (or not provably unused) at the last reconcile: kept.
+    pub unrecorded_alive: std::sync::atomic::AtomicU64,
 }
 
 #[cfg(test)]

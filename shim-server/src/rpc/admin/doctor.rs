@@ -259,11 +259,45 @@ pub async fn run(node: &Node) -> Result<DoctorReply, ShimError> {
                 "dipamd and the runtime must see the same persistent directory: mount the \
                  host's /var/lib/cni/networks into dipamd at the same path",
             ));
+            // Unrecorded reservations are told apart first (liveness.rs): only those nothing
+            // on the node uses are offered for freeing; a running pod's is adopted.
             checks.push(check(
-                format!("network {net}: no unrecorded reservations"),
+                format!("network {net}: no orphaned reservations"),
                 d.orphans.is_empty(),
-                format!("{} orphan(s): {}", d.orphans.len(), d.orphans.join(", ")),
-                "`dipamctl gc --use-ledger --dry-run` shows them; without --dry-run it frees them",
+                if d.orphans.is_empty() {
+                    "no reservation is both unknown to the ledger and unused on the node".into()
+                } else {
+                    format!(
+                        "{} orphan(s), held by {} but unknown to dipamd, and no network \
+                         namespace, host route or runtime sandbox uses them: {}",
+                        d.orphans.len(),
+                        dc.kind,
+                        d.orphans.join(", ")
+                    )
+                },
+                "`dipamctl gc --use-ledger --dry-run` lists them; without --dry-run it frees \
+                 them (it checks each again, and keeps any a pod uses by then)",
+            ));
+            let adoptable = d.alive.len() + d.unverified.len();
+            checks.push(check(
+                format!("network {net}: running pods are recorded"),
+                d.alive.is_empty(),
+                if adoptable == 0 {
+                    "every reservation a running pod uses is in the ledger".into()
+                } else {
+                    format!(
+                        "{adoptable} reservation(s) unknown to dipamd that are in use (or \
+                         cannot be shown unused), kept and never freed: {}",
+                        d.alive
+                            .iter()
+                            .chain(&d.unverified)
+                            .cloned()
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    )
+                },
+                "these are pods that ran before dipam was put in front of the IPAM: `dipamctl \
+                 adopt` records them now (dipamd also does at every reconcile); never free them",
             ));
             if let Some(why) = d.misconfigured {
                 checks.push(check(

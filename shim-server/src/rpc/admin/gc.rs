@@ -13,43 +13,7 @@ use crate::{
 pub async fn run(node: &Node, req: GcRequest) -> Result<GcReply, ShimError> {
     // The operator made the valid list before asking: nothing born since is freed.
     let began = node.births.gc_began(None);
-    let (stdin, mode) = if req.config.is_empty() {
-        let base = node
-            .agent
-            .config
-            .as_ref()
-            .ok_or_else(|| ShimError::Config {
-                msg: "no network config to collect".into(),
-                details: "pass the network's conflist (dipamctl gc --conflist FILE), or start \
-                          dipamd with --conflist"
-                    .into(),
-            })?
-            .source
-            .load()
-            .map_err(|m| ShimError::Config {
-                msg: m.to_string(),
-                details: String::new(),
-            })?;
-        (
-            serde_json::to_vec(&base.request).map_err(|e| ShimError::Internal(e.to_string()))?,
-            base.mode,
-        )
-    } else {
-        let mode = Mode::try_from(req.mode).unwrap_or(Mode::Ipam);
-        (req.config.clone(), mode)
-    };
-    let p = node.prepare(
-        CniRequest {
-            protocol_version: req.protocol_version,
-            request_id: "dipamctl-gc".into(),
-            command: "GC".into(),
-            stdin,
-            mode: mode as i32,
-            ..CniRequest::default()
-        },
-        false,
-        crate::access::Caller::ROOT,
-    )?;
+    let p = prepare(node, &req.config, req.mode, "dipamctl-gc")?;
     let valid = if req.use_ledger {
         Valid::Ledger
     } else {
@@ -100,4 +64,50 @@ pub async fn run(node: &Node, req: GcRequest) -> Result<GcReply, ShimError> {
         }),
         Err(e) => Err(e),
     }
+}
+
+/// The network an operator's RPC names: its request config (`config`, in `mode`), or dipamd's
+/// own --conflist when empty; validated as a runtime's would be.
+pub(super) fn prepare(
+    node: &Node,
+    config: &[u8],
+    mode: i32,
+    request_id: &str,
+) -> Result<crate::core::Prepared, ShimError> {
+    let (stdin, mode) = if config.is_empty() {
+        let base = node
+            .agent
+            .config
+            .as_ref()
+            .ok_or_else(|| ShimError::Config {
+                msg: "no network config given".into(),
+                details: "pass the network's conflist (--conflist FILE), or start dipamd with \
+                          --conflist"
+                    .into(),
+            })?
+            .source
+            .load()
+            .map_err(|m| ShimError::Config {
+                msg: m.to_string(),
+                details: String::new(),
+            })?;
+        (
+            serde_json::to_vec(&base.request).map_err(|e| ShimError::Internal(e.to_string()))?,
+            base.mode,
+        )
+    } else {
+        (config.to_vec(), Mode::try_from(mode).unwrap_or(Mode::Ipam))
+    };
+    node.prepare(
+        CniRequest {
+            protocol_version: dipam_proto::PROTOCOL_VERSION,
+            request_id: request_id.into(),
+            command: "GC".into(),
+            stdin,
+            mode: mode as i32,
+            ..CniRequest::default()
+        },
+        false,
+        crate::access::Caller::ROOT,
+    )
 }

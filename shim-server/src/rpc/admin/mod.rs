@@ -1,5 +1,6 @@
 //! The operator's RPCs (the Admin service, dipamctl): one module per RPC.
 
+pub mod adopt;
 pub mod attachments;
 pub mod doctor;
 pub mod explain;

@@ -66,6 +66,10 @@ pub async fn run(node: &Node) -> Result<StatusReply, ShimError> {
             .gc_stats
             .orphans
             .load(std::sync::atomic::Ordering::Relaxed),
+        divergence_unrecorded_alive: node
+            .gc_stats
+            .unrecorded_alive
+            .load(std::sync::atomic::Ordering::Relaxed),
         gc_refused: node
             .gc_stats
             .refused

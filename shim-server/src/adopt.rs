@@ -1,0 +1,232 @@
+//! Adoption: recording the reservations the delegate holds for running pods that dipamd never
+//! saw. A node that already runs pods when dipam is put in front of its IPAM (`dipamctl
+//! install --wrap`) has one reservation per pod in host-local's store and none in the ledger;
+//! left so, every tool that compares the two called them orphans and offered to free them,
+//! and freeing one handed a running pod's address to the next pod.
+//!
+//! A reservation is adopted only on evidence that its pod is alive (liveness.rs); it becomes
+//! a committed pod record under the (container ID, ifname) the delegate holds it by, with the
+//! network's delegate config, exactly as `dipamctl recover` writes one. The pod's DEL then
+//! releases it through dipamd like any other. Adoption frees nothing. It runs in every
+//! reconcile round (and the first, at start) and on an operator's `dipamctl adopt`, which
+//! `dipamctl install --wrap` calls.
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    net::IpAddr,
+    time::SystemTime,
+};
+
+use dipam_proto::v1::GcItem;
+use dipam_state::AttachmentKey;
+use tracing::info;
+
+use crate::{
+    clock::now,
+    delegate::{config::DelegateConf, import, store},
+    error::ShimError,
+    liveness::{Scan, Verdict},
+    node::Node,
+};
+
+/// What one adoption found and did.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// Recorded now (outcome "adopted"), or would be (a dry run: "planned").
+    pub adopted: Vec<GcItem>,
+    /// Nothing on the node uses them (outcome "dead"): freeable by `dipamctl gc --use-ledger`.
+    pub dead: Vec<GcItem>,
+    /// No evidence, but the look was partial, or the reservation is too young (outcome
+    /// "kept").
+    pub unverified: Vec<GcItem>,
+    /// Alive but not recorded, and why (outcome "skipped").
+    pub skipped: Vec<GcItem>,
+}
+
+fn item(cid: &str, ifname: &str, ips: &[IpAddr], outcome: &str, reason: String) -> GcItem {
+    GcItem {
+        kind: "orphan".into(),
+        container_id: cid.into(),
+        ifname: ifname.into(),
+        ips: ips.iter().map(ToString::to_string).collect(),
+        reason,
+        outcome: outcome.into(),
+        error: String::new(),
+        keep: Vec::new(),
+    }
+}
+
+/// One unrecorded (container ID, ifname) of the store, its addresses and their verdicts.
+struct Group {
+    ips: Vec<IpAddr>,
+    alive: Option<String>,
+    unknown: Option<String>,
+    young: bool,
+}
+
+/// Adopts, in the network of `dc`, every unrecorded reservation that `scan` shows in use.
+pub async fn adopt(
+    node: &Node,
+    dc: &DelegateConf,
+    scan: &Scan,
+    dry_run: bool,
+) -> Result<Report, ShimError> {
+    let dir =
+        store::readable_dir(&dc.kind, &dc.conf, &dc.network).ok_or_else(|| ShimError::Config {
+            msg: format!(
+                "{}'s store is not readable by dipamd: there is nothing to adopt from",
+                dc.kind
+            ),
+            details: "adoption reads host-local's directory; other delegates keep their \
+                      reservations to themselves"
+                .into(),
+        })?;
+    let read = dir.clone();
+    let held = tokio::task::spawn_blocking(move || store::reservations(&read))
+        .await
+        .map_err(|e| ShimError::Internal(format!("store task: {e}")))?
+        .map_err(|e| ShimError::Internal(format!("reading {}: {e}", dir.display())))?;
+    let net = dc.network.clone();
+    let records = node.ledger(move |l| l.list(Some(&net))).await?;
+    let known: HashSet<(String, String)> = records
+        .iter()
+        .map(|r| {
+            let (c, i) = r.delegate_ids();
+            (c.to_owned(), i.to_owned())
+        })
+        .collect();
+    let known_ids: HashSet<&str> = known.iter().map(|(c, _)| c.as_str()).collect();
+    let mut groups: BTreeMap<(String, String), Group> = BTreeMap::new();
+    for r in &held {
+        let ours = if r.ifname.is_empty() {
+            known_ids.contains(r.container_id.as_str())
+        } else {
+            known.contains(&(r.container_id.clone(), r.ifname.clone()))
+        };
+        if ours {
+            continue;
+        }
+        let g = groups
+            .entry((r.container_id.clone(), r.ifname.clone()))
+            .or_insert(Group {
+                ips: Vec::new(),
+                alive: None,
+                unknown: None,
+                young: false,
+            });
+        g.ips.push(r.ip);
+        g.young |= r
+            .modified
+            .and_then(|m| SystemTime::now().duration_since(m).ok())
+            .is_some_and(|age| age < node.gc.grace);
+        match scan.verdict(r.ip, &r.container_id) {
+            Verdict::Alive(why) => {
+                g.alive.get_or_insert(why);
+            }
+            Verdict::Unknown(why) => {
+                g.unknown.get_or_insert(why);
+            }
+            Verdict::Dead => {}
+        }
+    }
+    let mut report = Report::default();
+    let (probe_send, at) = (node.resolve(dc, "").await, now());
+    for ((cid, ifname), g) in groups {
+        let Some(why) = g.alive else {
+            match (g.unknown, g.young) {
+                (Some(partial), _) => report
+                    .unverified
+                    .push(item(&cid, &ifname, &g.ips, "kept", partial)),
+                (None, true) => report.unverified.push(item(
+                    &cid,
+                    &ifname,
+                    &g.ips,
+                    "kept",
+                    "reserved inside the grace period (--gc-grace): an ADD may still be \
+                     recording it"
+                        .into(),
+                )),
+                (None, false) => report.dead.push(item(
+                    &cid,
+                    &ifname,
+                    &g.ips,
+                    "dead",
+                    "no network namespace holds it, no host route leads to it, and no \
+                     runtime lists its container"
+                        .into(),
+                )),
+            }
+            continue;
+        };
+        let skip = |reason: String| item(&cid, &ifname, &g.ips, "skipped", reason);
+        if ifname.is_empty() {
+            report.skipped.push(skip(format!(
+                "{why}; but a legacy id-only reservation names no interface, so no DEL could \
+                 release it by its key: it stays the delegate's"
+            )));
+            continue;
+        }
+        if crate::keys::internal(&cid) == Some(crate::keys::Internal::Pool) {
+            report.skipped.push(skip(format!(
+                "{why}; but it is held under a warm-pool ID, which is never recorded for a pod"
+            )));
+            continue;
+        }
+        if dry_run {
+            report
+                .adopted
+                .push(item(&cid, &ifname, &g.ips, "planned", why));
+            continue;
+        }
+        let send = match &probe_send {
+            Ok((_, send)) => send,
+            Err(e) => {
+                report.skipped.push(skip(format!("{why}; but {e}")));
+                continue;
+            }
+        };
+        let config = match dc.bytes_for(*send).map(String::from_utf8) {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(ShimError::Internal(e.to_string())),
+            Err(e) => return Err(e),
+        };
+        let delegate = import::Delegate {
+            dc,
+            config,
+            version: send.unwrap_or(dc.version).to_string(),
+        };
+        let key = AttachmentKey::new(&dc.network, &cid, &ifname);
+        let Some(_guard) = node.locks.try_lock(&key) else {
+            report.skipped.push(skip(format!(
+                "{why}; an operation on {key} is in flight: the next reconcile looks again"
+            )));
+            continue;
+        };
+        if node.lookup(&key)?.is_some() {
+            // Recorded by an ADD since the store was read: it is dipamd's already.
+            continue;
+        }
+        let (rec, outside) = import::record(&delegate, &cid, &ifname, &g.ips, "adopted", at);
+        let Some(rec) = rec else {
+            report.skipped.push(skip(format!(
+                "{why}; but {} lie outside every range the network's config has",
+                outside
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+            continue;
+        };
+        match node.import(&rec).await? {
+            Some(holder) => report.skipped.push(skip(format!("{why}; but {holder}"))),
+            None => {
+                info!(key = %key, ips = ?g.ips, evidence = %why, "adopted a running pod's reservation");
+                report
+                    .adopted
+                    .push(item(&cid, &ifname, &g.ips, "adopted", why));
+            }
+        }
+    }
+    Ok(report)
+}
