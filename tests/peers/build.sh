@@ -55,11 +55,12 @@ local_version() {
 # A writable copy of MODULE@VERSION's source in DIR/src (shared by the binaries of one
 # module version), from `go mod download`.
 module_source() {
-  local module=$1 version=$2 dir=$3 src
+  local module=$1 version=$2 dir=$3 src info
   [ -f "$dir/src/.complete" ] && return 0
-  src=$(go mod download -json "$module@$version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')
+  info=$(go mod download -json "$module@$version" || true)
+  src=$(printf '%s\n' "$info" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')
   [ -n "$src" ] && [ -d "$src" ] || {
-    echo "go mod download $module@$version named no source directory" >&2
+    echo "go mod download $module@$version gave no source directory: $info" >&2
     return 1
   }
   rm -rf "$dir/src" "$dir/src.tmp"
@@ -126,9 +127,15 @@ while read -r name method module version pkg settings; do
       mkdir -p "$dir/bin"
       log=$peers/logs/$name.log
       start=$(date +%s)
+      # In a subshell of its own, outside any `if`: bash ignores errexit in a function called
+      # as a condition, and every step of a build must stop it.
+      set +e
       # shellcheck disable=SC2086 # settings are words
-      if build_one "$name" "$method" "$module" "$version" "$pkg" "$dir" "$bin.tmp" $settings \
-        >"$log" 2>&1; then
+      (set -e && build_one "$name" "$method" "$module" "$version" "$pkg" "$dir" "$bin.tmp" \
+        $settings) >"$log" 2>&1
+      rc=$?
+      set -e
+      if [ $rc -eq 0 ] && [ -x "$bin.tmp" ]; then
         mv "$bin.tmp" "$bin"
         secs=$(($(date +%s) - start))
         printf '%s\n%s\n' "$spec" "$secs" >"$stamp"
