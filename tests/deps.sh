@@ -18,6 +18,7 @@
 # recording why in grpcio.unavailable when they cannot be installed, as above.
 # Also the Rust standard library for musl, which the plugin is built against
 # (tests/lifecycle/src/bins.rs says why); without it the plugin is built against glibc.
+# Also the real CNI peers built from Go modules (tests/peers/build.sh; see the end).
 # Idempotent; a no-op when everything is present.
 set -euo pipefail
 host=$(rustc -vV | sed -n 's/^host: //p')
@@ -45,6 +46,13 @@ if [ "${1:-}" != "demo" ]; then
   dpkg -s python3-venv >/dev/null 2>&1 || need+=(python3-venv)
   # man -l renders the man pages `dipamctl install` writes (tests/lifecycle/tests/install_docs.rs).
   command -v man >/dev/null 2>&1 || need+=(man-db)
+  # The real peers (tests/peers/build.sh, below): CRI-O runs containers through Debian's
+  # conmon and runc, and its C helper pinns is built with gcc and make, linked statically
+  # against glibc (libc6-dev).
+  command -v conmon >/dev/null 2>&1 || need+=(conmon)
+  command -v gcc >/dev/null 2>&1 || need+=(gcc)
+  command -v make >/dev/null 2>&1 || need+=(make)
+  dpkg -s libc6-dev >/dev/null 2>&1 || need+=(libc6-dev)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
@@ -158,4 +166,12 @@ if [ "${1:-}" != "demo" ]; then
         echo "note: could not record that in $unavailable either" >&2
     fi
   fi
+fi
+
+# The real peers, built from the Go module proxy at the versions pinned in tests/peers/pins:
+# libcni (cnitool and the project's driver), today's reference plugins, azure-vnet-ipam,
+# containerd 2 with crictl, and CRI-O. A no-op once built; with CI set, a peer that cannot
+# be built fails the run (tests/peers/build.sh says which and why).
+if [ "${1:-}" != "demo" ]; then
+  bash "$(dirname "$0")/peers/build.sh"
 fi

@@ -27,6 +27,9 @@ pub struct Dipamd {
     binary: Option<PathBuf>,
     /// Processes started so far (each marked in the log).
     starts: u32,
+    /// dipamd's `--cni-path` (where it finds the delegates it runs on its own: the agent's
+    /// and the pool's); the harness's binaries and Debian's plugins when `None`.
+    cni_path: Option<String>,
 }
 
 impl Dipamd {
@@ -56,6 +59,7 @@ impl Dipamd {
             wrapper: Vec::new(),
             binary: None,
             starts: 0,
+            cni_path: None,
         }
     }
 
@@ -63,6 +67,12 @@ impl Dipamd {
     /// compared with this one in the same run.
     pub fn use_binary(&mut self, path: &Path) {
         self.binary = Some(path.to_owned());
+    }
+
+    /// dipamd's `--cni-path` from the next start on (e.g. [`crate::peers::cni_path`] for
+    /// today's plugins).
+    pub fn set_cni_path(&mut self, path: &str) {
+        self.cni_path = Some(path.to_owned());
     }
 
     /// Starts the next dipamd through `argv` (a program that execs the rest of its command
@@ -132,7 +142,7 @@ impl Dipamd {
             .arg("--state-dir")
             .arg(self.state_dir())
             .arg("--cni-path")
-            .arg(bins::cni_path())
+            .arg(self.cni_path.clone().unwrap_or_else(bins::cni_path))
             .args(["--log-level", "debug"])
             .args(&self.extra);
         cmd
@@ -296,6 +306,46 @@ impl Dipamd {
         out.sort();
         out
     }
+}
+
+/// `setpriv` with the shipped systemd unit's (deploy/systemd/dipamd.service) capability
+/// bounding set and NoNewPrivileges: a dipamd started through it ([`Dipamd::run_under`]) runs
+/// with exactly what the unit gives it.
+pub fn shipped_unit_argv() -> Vec<String> {
+    let unit = bins::workspace().join("deploy/systemd/dipamd.service");
+    let text =
+        std::fs::read_to_string(&unit).unwrap_or_else(|e| panic!("read {}: {e}", unit.display()));
+    let mut caps = Vec::new();
+    let mut no_new_privs = false;
+    for line in text.lines().map(str::trim) {
+        if let Some(v) = line.strip_prefix("CapabilityBoundingSet=") {
+            caps.extend(
+                v.split_whitespace()
+                    .map(|c| c.to_ascii_lowercase().trim_start_matches("cap_").to_owned()),
+            );
+        }
+        if let Some(v) = line.strip_prefix("NoNewPrivileges=") {
+            no_new_privs = matches!(v.trim(), "yes" | "true");
+        }
+    }
+    assert!(
+        !caps.is_empty(),
+        "{} bounds dipamd's capabilities",
+        unit.display()
+    );
+    let set = std::iter::once("-all".to_owned())
+        .chain(caps.iter().map(|c| format!("+{c}")))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut argv: Vec<String> = ["setpriv", "--bounding-set", &set, "--inh-caps", "-all"]
+        .into_iter()
+        .chain(["--ambient-caps", "-all"])
+        .map(str::to_owned)
+        .collect();
+    if no_new_privs {
+        argv.push("--no-new-privs".into());
+    }
+    argv
 }
 
 impl Drop for Dipamd {

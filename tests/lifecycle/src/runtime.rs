@@ -8,7 +8,18 @@
 //! - every call gets the six CNI_* variables, "" for the ones it does not use;
 //! - `runtimeConfig` carries the attachment's capability args, for each plugin only the
 //!   capabilities it declares `true` in `capabilities` (libcni `injectRuntimeConfig`,
-//!   docs/sources.md §2.2).
+//!   docs/sources.md §2.2);
+//! - the list's version is the highest of `cniVersion` and `cniVersions` that libcni
+//!   implements (1.1.0 for libcni 1.3), and every plugin gets it (libcni `NetworkConfFromBytes`);
+//! - CHECK below 0.4.0 is an error from libcni itself, no plugin runs; `disableCheck` and
+//!   `disableGC` make CHECK and GC succeed without running anything;
+//! - GC ([`Runtime::gc`]) DELs every cached attachment of the network the valid list does not
+//!   name, then (>= 1.1.0) runs GC on every plugin of the list, with the list under both keys
+//!   when one is given; STATUS ([`Runtime::status`]) runs on every plugin (>= 1.1.0) and stops
+//!   at the first error (libcni `GCNetworkList`, `GetStatusNetworkList`).
+//!
+//! tests/libcni.rs runs the same sequences through this emulation and through real libcni
+//! (docs/sources.md §13 says what differed before they agreed).
 
 use std::{
     collections::HashMap,
@@ -112,17 +123,69 @@ impl Exec {
     }
 }
 
+/// (network, container ID, ifname), as libcni keys its cache.
+type CacheKey = (String, String, String);
+
 pub struct Runtime {
     pub cni_path: String,
-    /// The result cache: (network, container ID, ifname) -> final ADD result.
-    cache: Mutex<HashMap<(String, String, String), Value>>,
+    /// The result cache: (network, container ID, ifname) -> final ADD result, and the
+    /// attachment it was made for (libcni caches the netns, CNI_ARGS and capability args
+    /// with the result; its GC's DELs use them).
+    cache: Mutex<HashMap<CacheKey, (Value, Attachment)>>,
 }
 
 fn version_at_least(v: &str, floor: (u32, u32)) -> bool {
+    version_tuple(v) >= (floor.0, floor.1, 0)
+}
+
+fn version_tuple(v: &str) -> (u32, u32, u32) {
     let mut it = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    let major = it.next().unwrap_or(0);
-    let minor = it.next().unwrap_or(0);
-    (major, minor) >= floor
+    (
+        it.next().unwrap_or(0),
+        it.next().unwrap_or(0),
+        it.next().unwrap_or(0),
+    )
+}
+
+/// The newest spec version libcni 1.3 implements.
+pub const LIBCNI_CURRENT: &str = "1.1.0";
+
+/// The version libcni gives a list: the highest of `cniVersion` and the `cniVersions` array
+/// that it implements (entries above [`LIBCNI_CURRENT`] are skipped), `cniVersion` alone when
+/// there is no array.
+pub fn list_version(list: &Value) -> String {
+    let single = list["cniVersion"].as_str().unwrap_or_default().to_owned();
+    let Some(many) = list["cniVersions"].as_array() else {
+        return single;
+    };
+    let cur = version_tuple(LIBCNI_CURRENT);
+    many.iter()
+        .filter_map(Value::as_str)
+        .map(str::to_owned)
+        .chain((!single.is_empty()).then_some(single))
+        .filter(|v| version_tuple(v) <= cur)
+        .max_by_key(|v| version_tuple(v))
+        .unwrap_or_default()
+}
+
+fn flag(list: &Value, key: &str) -> bool {
+    match &list[key] {
+        Value::Bool(b) => *b,
+        Value::String(s) => s.eq_ignore_ascii_case("true"),
+        _ => false,
+    }
+}
+
+/// The error libcni returns itself, without running a plugin.
+fn libcni_error(msg: String) -> CniError {
+    CniError {
+        plugin: "libcni".into(),
+        exit: 0,
+        code: 0,
+        msg,
+        details: String::new(),
+        stderr: String::new(),
+    }
 }
 
 impl Runtime {
@@ -210,7 +273,7 @@ impl Runtime {
     pub fn plugin_config(list: &Value, i: usize, prev: Option<&Value>) -> Value {
         let mut conf = list["plugins"][i].clone();
         conf["name"] = list["name"].clone();
-        conf["cniVersion"] = list["cniVersion"].clone();
+        conf["cniVersion"] = json!(list_version(list));
         if let Some(p) = prev.filter(|p| !p.is_null()) {
             conf["prevResult"] = p.clone();
         }
@@ -238,7 +301,7 @@ impl Runtime {
         conf
     }
 
-    fn key(list: &Value, att: &Attachment) -> (String, String, String) {
+    fn key(list: &Value, att: &Attachment) -> CacheKey {
         (
             list["name"].as_str().unwrap_or_default().to_owned(),
             att.container_id.clone(),
@@ -250,7 +313,7 @@ impl Runtime {
         self.cache
             .lock()
             .ok()
-            .and_then(|c| c.get(&Self::key(list, att)).cloned())
+            .and_then(|c| c.get(&Self::key(list, att)).map(|(v, _)| v.clone()))
     }
 
     /// ADD through the whole chain; on success the result is cached.
@@ -261,22 +324,27 @@ impl Runtime {
             let conf = Self::request_config(list, i, prev.as_ref(), att);
             let kind = conf["type"].as_str().unwrap_or_default().to_owned();
             let bytes = serde_json::to_vec(&conf).unwrap_or_default();
-            prev = Some(self.exec(&kind, "ADD", att, &bytes).into_result(&kind)?);
+            let result = self.exec(&kind, "ADD", att, &bytes).into_result(&kind)?;
+            prev = Some(typed_result(result));
         }
         let result = prev.unwrap_or(Value::Null);
         if let Ok(mut c) = self.cache.lock() {
-            c.insert(Self::key(list, att), result.clone());
+            c.insert(Self::key(list, att), (result.clone(), att.clone()));
         }
         Ok(result)
     }
 
     /// CHECK through the chain with the cached result (libcni refuses it below 0.4.0).
     pub fn check(&self, list: &Value, att: &Attachment) -> Result<(), CniError> {
-        let version = list["cniVersion"].as_str().unwrap_or_default();
-        assert!(
-            version_at_least(version, (0, 4)),
-            "libcni never sends CHECK for cniVersion {version}"
-        );
+        let version = list_version(list);
+        if !version_at_least(&version, (0, 4)) {
+            return Err(libcni_error(format!(
+                "configuration version \"{version}\" does not support the CHECK command"
+            )));
+        }
+        if flag(list, "disableCheck") {
+            return Ok(());
+        }
         let prev = self.cached(list, att);
         let n = list["plugins"].as_array().map_or(0, Vec::len);
         for i in 0..n {
@@ -290,8 +358,8 @@ impl Runtime {
 
     /// DEL in reverse order; the cache entry goes once the whole chain succeeded.
     pub fn del(&self, list: &Value, att: &Attachment) -> Result<(), CniError> {
-        let version = list["cniVersion"].as_str().unwrap_or_default();
-        let prev = if version_at_least(version, (0, 4)) {
+        let version = list_version(list);
+        let prev = if version_at_least(&version, (0, 4)) {
             self.cached(list, att)
         } else {
             None
@@ -305,6 +373,83 @@ impl Runtime {
         }
         if let Ok(mut c) = self.cache.lock() {
             c.remove(&Self::key(list, att));
+        }
+        Ok(())
+    }
+
+    /// GC as libcni runs it (`GCNetworkList`): a DEL through the chain for every attachment
+    /// of this network in the cache that `valid` does not name (every one when `valid` is
+    /// `None`, as cnitool passes no list), then, for cniVersion >= 1.1.0, GC on every plugin
+    /// of the list, with `cni.dev/valid-attachments` and the legacy `cni.dev/attachments`
+    /// when a list (or null) is given. Errors are collected; every plugin still runs.
+    pub fn gc(&self, list: &Value, valid: Option<&Value>) -> Result<(), Vec<CniError>> {
+        if flag(list, "disableGC") {
+            return Ok(());
+        }
+        let name = list["name"].as_str().unwrap_or_default();
+        let keep = |cid: &str, ifname: &str| {
+            valid.and_then(Value::as_array).is_some_and(|v| {
+                v.iter()
+                    .any(|e| e["containerID"] == cid && e["ifname"] == ifname)
+            })
+        };
+        let stale: Vec<Attachment> = self
+            .cache
+            .lock()
+            .map(|c| {
+                c.iter()
+                    .filter(|((net, cid, ifname), _)| net == name && !keep(cid, ifname))
+                    .map(|(_, (_, att))| att.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut errs = Vec::new();
+        for att in stale {
+            if let Err(e) = self.del(list, &att) {
+                errs.push(e);
+            }
+        }
+        if version_at_least(&list_version(list), (1, 1)) {
+            let n = list["plugins"].as_array().map_or(0, Vec::len);
+            for i in 0..n {
+                let mut conf = Self::plugin_config(list, i, None);
+                if let Some(v) = valid {
+                    conf["cni.dev/valid-attachments"] = v.clone();
+                    conf["cni.dev/attachments"] = v.clone();
+                }
+                let kind = conf["type"].as_str().unwrap_or_default().to_owned();
+                let bytes = serde_json::to_vec(&conf).unwrap_or_default();
+                let none = Attachment::new("", "").with_ifname("");
+                let none = Attachment {
+                    args: String::new(),
+                    ..none
+                };
+                if let Err(e) = self.exec(&kind, "GC", &none, &bytes).into_result(&kind) {
+                    errs.push(e);
+                }
+            }
+        }
+        if errs.is_empty() { Ok(()) } else { Err(errs) }
+    }
+
+    /// STATUS as libcni runs it (`GetStatusNetworkList`): nothing below cniVersion 1.1.0;
+    /// otherwise every plugin of the list in order, with empty CNI_* variables, stopping at
+    /// the first error.
+    pub fn status(&self, list: &Value) -> Result<(), CniError> {
+        if !version_at_least(&list_version(list), (1, 1)) {
+            return Ok(());
+        }
+        let none = Attachment {
+            args: String::new(),
+            ..Attachment::new("", "").with_ifname("")
+        };
+        let n = list["plugins"].as_array().map_or(0, Vec::len);
+        for i in 0..n {
+            let conf = Self::plugin_config(list, i, None);
+            let kind = conf["type"].as_str().unwrap_or_default().to_owned();
+            let bytes = serde_json::to_vec(&conf).unwrap_or_default();
+            self.exec(&kind, "STATUS", &none, &bytes)
+                .into_result(&kind)?;
         }
         Ok(())
     }
@@ -325,6 +470,41 @@ impl Runtime {
         let bytes = serde_json::to_vec(&conf).unwrap_or_default();
         self.exec(&kind, command, att, &bytes).into_result(&kind)
     }
+}
+
+/// A plugin's result as libcni hands it on (as prevResult, to its cache and to the runtime):
+/// parsed into its Go type and marshalled again (pkg/types/040 and 100). Keys the type does
+/// not know are gone; a 1.0.0+ result drops an empty `dns` (types100 `MarshalJSON`), while a
+/// 0.3.x/0.4.0 one always has `dns`, `{}` when the plugin sent none (types040 has no such
+/// method). Debian's ptp 1.1.1 prints `"dns":{}` at 1.0.0, which libcni drops: found by
+/// tests/libcni.rs.
+pub fn typed_result(mut result: Value) -> Value {
+    let version = result["cniVersion"].as_str().unwrap_or_default().to_owned();
+    if !version_at_least(&version, (0, 3)) {
+        return result;
+    }
+    let Some(obj) = result.as_object_mut() else {
+        return result;
+    };
+    obj.retain(|k, _| {
+        matches!(
+            k.as_str(),
+            "cniVersion" | "interfaces" | "ips" | "routes" | "dns"
+        )
+    });
+    let dns_empty = obj.get("dns").and_then(Value::as_object).is_none_or(|d| {
+        d.values().all(|v| {
+            v.is_null() || v.as_str() == Some("") || v.as_array().is_some_and(Vec::is_empty)
+        })
+    });
+    if version_at_least(&version, (1, 0)) {
+        if dns_empty {
+            obj.remove("dns");
+        }
+    } else if dns_empty {
+        obj.insert("dns".into(), json!({}));
+    }
+    result
 }
 
 /// The bare addresses in a result.

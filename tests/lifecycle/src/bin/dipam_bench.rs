@@ -55,6 +55,11 @@
 //!   (p50/p99/max, minus the no-GC p50): what an ADD waited for the GC. Medians over
 //!   `--gc-rounds`.
 //!
+//! - **Today's plugins beside Debian's**: (a) and (c) run a second time as (a+) and (c+)
+//!   with the reference plugins of the pinned current release (ptp and host-local v1.10,
+//!   built by tests/deps.sh into `$DIPAM_TEST_CACHE/peers`, tests/peers/pins), in the same
+//!   rotation as the others, so one run measures both plugin generations.
+//!
 //! Binaries: by default a release build (`cargo build --release --bins -p dipam-plugin -p
 //! dipam-shim -p dipam-lifecycle`), from where cargo put them; `--bin-dir DIR` uses prebuilt
 //! ones.
@@ -63,7 +68,8 @@
 //! on SIGINT/SIGTERM (a flag the loops check, so the guards still run). Progress goes to
 //! stderr, the report to stdout, and `--json FILE` writes every number.
 //!
-//! It needs root (network namespaces) and Debian's containernetworking-plugins. It is not
+//! It needs root (network namespaces), Debian's containernetworking-plugins and the peers
+//! tests/deps.sh builds. It is not
 //! part of the test suite: run it by hand, e.g. `cargo run --release -p dipam-lifecycle
 //! --bin dipam-bench -- --json bench.json`, or `--quick` for a smoke run.
 
@@ -79,7 +85,7 @@ use std::{
 };
 
 use dipam_lifecycle::{
-    Attachment, Dipamd, Fixture, NetNs, Runtime, Subnet, bins, hostlocal, is_root, unique,
+    Attachment, Dipamd, Fixture, NetNs, Runtime, Subnet, bins, hostlocal, is_root, peers, unique,
 };
 use serde_json::{Value, json};
 use tempfile::TempDir;
@@ -2440,6 +2446,45 @@ fn run(opts: &Opts) -> Res<()> {
         alt_dipamds.push(shared);
         alt_dipamds.push(pool);
     }
+
+    // (a) and (c) again with today's reference plugins (ptp and host-local of the pinned
+    // release tests/deps.sh builds, tests/peers/pins), in the same rotation: Debian 12's
+    // 1.1.1 and the current release measured in one run, under the same machine noise.
+    let current = peers::require("host-local");
+    let current_rt = Arc::new(Runtime::new(format!(
+        "{}:{}",
+        dir.display(),
+        current.dir().display()
+    )));
+    let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+    // Prefixes that no other configuration's starts with: dipamd's log is split by prefix.
+    for (file, key, label, prefix) in [
+        (
+            None,
+            "a_cur",
+            leak(format!("(a+) ptp + host-local {}", current.version)),
+            "curref",
+        ),
+        (
+            Some("ptp-dipam-host-local.conflist"),
+            "c_cur",
+            leak(format!("(c+) ptp + dipam + hl {}", current.version)),
+            "curipam",
+        ),
+    ] {
+        let mut net = match file {
+            None => reference_net(key, label, prefix)?,
+            Some(f) => dipam_net(f, &socket, key, label, prefix, 1)?,
+        };
+        net.rt = Some(current_rt.clone());
+        nets.push(net);
+    }
+    rep.json.insert(
+        "current_plugins".into(),
+        json!({"module": current.module, "version": current.version, "dir": current.dir(),
+               "binary_bytes": {"ptp": file_size(&current.dir().join("ptp")),
+                                "host-local": file_size(&current.path)}}),
+    );
 
     let lat = if opts.runs("latency") {
         Some(latency(&rt, &nets, opts, &mut spans)?)
