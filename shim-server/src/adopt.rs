@@ -206,7 +206,7 @@ pub async fn adopt(
             // Recorded by an ADD since the store was read: it is dipamd's already.
             continue;
         }
-        let (rec, outside) = import::record(&delegate, &cid, &ifname, &g.ips, "adopted", at);
+        let (rec, outside) = import::record(&delegate, &cid, &ifname, &g.ips, import::ADOPTED, at);
         let Some(rec) = rec else {
             report.skipped.push(skip(format!(
                 "{why}; but {} lie outside every range the network's config has",

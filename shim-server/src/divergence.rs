@@ -16,6 +16,7 @@ use tracing::{info, warn};
 use crate::{
     delegate::{
         config::{DelegateConf, result_addrs},
+        import,
         ranges::{self, Family},
         store,
     },
@@ -27,7 +28,7 @@ use crate::{
 };
 
 /// One network's divergence.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct Divergence {
     /// Committed records whose address the delegate's store does not hold.
     pub missing: Vec<String>,
@@ -42,6 +43,11 @@ pub struct Divergence {
     pub unverified: Vec<String>,
     /// Every reservation the ledger does not know (outside the grace period), as read.
     pub unrecorded: Vec<store::Reservation>,
+    /// Adopted records whose every address the store no longer holds: their pod was deleted
+    /// by a runtime that used the config cached at its ADD (from before the node was
+    /// adopted: podman does), so the DEL went straight to the delegate. [`round`] forgets
+    /// those whose pod is gone.
+    pub gone_adopted: Vec<AttachmentRecord>,
     /// Set when dipamd must not serve pod ADDs on this network: what is wrong and which
     /// mount to fix.
     pub misconfigured: Option<String>,
@@ -157,23 +163,34 @@ pub async fn look(
         .iter()
         .filter(|r| r.state == AttachmentState::Committed)
     {
-        for ip in r.result.as_ref().map(result_addrs).unwrap_or_default() {
+        let ips = r.result.as_ref().map(result_addrs).unwrap_or_default();
+        let mut all_gone = !ips.is_empty();
+        for ip in ips {
             if !held_pairs.contains(&(r.delegate_ids().0.to_owned(), ip)) {
                 d.missing.push(format!("{ip} ({})", r.key));
+            } else {
+                all_gone = false;
             }
+        }
+        if all_gone && r.request_id == import::ADOPTED {
+            d.gone_adopted.push(r.clone());
         }
     }
     // The CFP's worst case (F22, F7): dipamd's view of the delegate's state directory is not
     // the runtime's, or it does not survive a reboot. Every pod address the ledger records is
     // gone from it, or it is on tmpfs while the ledger is not: serving ADD would hand out
     // addresses running pods hold.
-    let pod_ips = records
-        .iter()
-        .filter(|r| r.state == AttachmentState::Committed && r.owner == dipam_state::Owner::Pod)
-        .count();
+    // Adopted records are left out: they were read from this very directory, and one whose
+    // pod a runtime deleted around dipamd is missing for that reason alone.
+    let counted = |r: &&AttachmentRecord| {
+        r.state == AttachmentState::Committed
+            && r.owner == dipam_state::Owner::Pod
+            && r.request_id != import::ADOPTED
+    };
+    let pod_ips = records.iter().filter(counted).count();
     let pod_missing = records
         .iter()
-        .filter(|r| r.state == AttachmentState::Committed && r.owner == dipam_state::Owner::Pod)
+        .filter(counted)
         .filter(|r| {
             r.result
                 .as_ref()
@@ -357,11 +374,12 @@ pub async fn round(node: &Node, free: bool) -> Result<(), ShimError> {
         let Some(mut d) = d else {
             continue;
         };
-        if !d.unrecorded.is_empty() {
+        if !d.unrecorded.is_empty() || !d.gone_adopted.is_empty() {
             if looked.is_none() {
                 looked = Some(scan(node).await);
             }
             let now = looked.as_ref().expect("set above");
+            forget_gone_adopted(node, &mut d, now).await;
             classify(&mut d, now);
             if !d.alive.is_empty() {
                 match crate::adopt::adopt(node, &dc, now, false).await {
@@ -436,6 +454,40 @@ pub async fn round(node: &Node, free: bool) -> Result<(), ShimError> {
     });
     node.events.emit(crate::events::Event::Ranges(&counts));
     Ok(())
+}
+
+/// Forgets the adopted records whose addresses the delegate no longer holds and nothing on
+/// the node uses: their pod's DEL went straight to the delegate (a runtime tearing down with
+/// the config cached at its ADD, from before the node was adopted), so the release already
+/// happened. Left in the ledger they were reported missing, and, had every pod record been
+/// one, would have stopped pod ADDs as a misconfigured store. One a running pod still uses
+/// (its store entry wiped) stays, reported missing.
+async fn forget_gone_adopted(node: &Node, d: &mut Divergence, scan: &Scan) {
+    for rec in std::mem::take(&mut d.gone_adopted) {
+        let ips = rec.result.as_ref().map(result_addrs).unwrap_or_default();
+        let dead = ips
+            .iter()
+            .all(|ip| scan.verdict(*ip, &rec.key.container_id) == Verdict::Dead);
+        if !dead {
+            continue;
+        }
+        let Some(_guard) = node.locks.try_lock(&rec.key) else {
+            continue;
+        };
+        if !matches!(node.lookup(&rec.key), Ok(Some(now)) if now == rec) {
+            continue;
+        }
+        match node.forget(&rec).await {
+            Ok(()) => {
+                info!(key = %rec.key, ips = ?ips, "forgot an adopted attachment whose pod was deleted around dipamd (its delegate already released it)");
+                let tail = format!("({})", rec.key);
+                d.missing.retain(|m| !m.ends_with(&tail));
+            }
+            Err(e) => {
+                warn!(key = %rec.key, error = %e, "could not forget an adopted attachment the delegate released")
+            }
+        }
+    }
 }
 
 /// The loop; `every` zero disables it.

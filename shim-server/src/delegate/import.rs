@@ -10,6 +10,9 @@ use serde_json::{Value, json};
 
 use super::config::DelegateConf;
 
+/// The request ID of a record adoption wrote (`adopt.rs`): a pod dipamd never saw add.
+pub const ADOPTED: &str = "adopted";
+
 /// The prefix length and gateway of `ip` under host-local's `ranges` in `conf`.
 pub fn placement(conf: &Value, ip: IpAddr) -> Option<(u8, String)> {
     conf["ipam"]["ranges"]
