@@ -24,6 +24,8 @@ pub struct Dipamd {
     wrapper: Vec<String>,
     /// Run this dipamd binary instead of the harness's (dipam-bench's `--alt-dipamd`).
     binary: Option<PathBuf>,
+    /// `--cni-path` instead of the harness's (a real delegate ahead of the test doubles).
+    cni_path: Option<String>,
 }
 
 impl Dipamd {
@@ -52,6 +54,7 @@ impl Dipamd {
             netns: None,
             wrapper: Vec::new(),
             binary: None,
+            cni_path: None,
         }
     }
 
@@ -70,6 +73,12 @@ impl Dipamd {
             "run_under and run_in_netns do not combine"
         );
         self.wrapper = argv.to_vec();
+    }
+
+    /// `--cni-path` for the next start, instead of the harness's binaries and Debian's
+    /// plugins: a directory holding a real delegate goes first.
+    pub fn use_cni_path(&mut self, path: &str) {
+        self.cni_path = Some(path.to_owned());
     }
 
     /// Replaces the extra flags used by the next start.
@@ -128,7 +137,7 @@ impl Dipamd {
             .arg("--state-dir")
             .arg(self.state_dir())
             .arg("--cni-path")
-            .arg(bins::cni_path())
+            .arg(self.cni_path.clone().unwrap_or_else(bins::cni_path))
             .args(["--log-level", "debug"])
             .args(&self.extra);
         cmd

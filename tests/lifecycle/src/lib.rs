@@ -5,9 +5,11 @@
 //! and a result cache.
 
 pub mod agentlab;
+pub mod azure;
 pub mod bins;
 pub mod clock;
 pub mod containerd;
+pub mod crio;
 pub mod daemon;
 pub mod deps;
 pub mod fixture;
@@ -17,8 +19,10 @@ pub mod lab;
 pub mod links;
 pub mod netns;
 pub mod nobody;
+pub mod peer_bins;
 pub mod podman;
 pub mod runtime;
+pub mod shapes;
 pub mod standin;
 pub mod yaml;
 
