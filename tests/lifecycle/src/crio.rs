@@ -100,7 +100,8 @@ impl Crio {
             std::fs::create_dir_all(d.join(sub)).expect("CRI-O's directories");
         }
         crate::containerd::link_plugins(&d.join("bin"));
-        std::fs::write(d.join("crio.conf"), config(d, &pinns.path)).expect("crio.conf");
+        let runc = runc_for_this_host(d);
+        std::fs::write(d.join("crio.conf"), config(d, &pinns.path, &runc)).expect("crio.conf");
         std::fs::write(
             d.join("policy.json"),
             r#"{"default":[{"type":"insecureAcceptAnything"}]}"#,
@@ -365,7 +366,7 @@ impl Drop for Crio {
 
 /// CRI-O's configuration: everything it can move is under `d` (crio.conf(5); cri-o
 /// `pkg/config/config.go`).
-fn config(d: &Path, pinns: &Path) -> String {
+fn config(d: &Path, pinns: &Path, runc: &Path) -> String {
     let p = |s: &str| d.join(s).to_string_lossy().into_owned();
     format!(
         r#"[crio]
@@ -396,13 +397,15 @@ irqbalance_config_file = ""
 irqbalance_config_restore_file = "disable"
 
 [crio.runtime.runtimes.runc]
-runtime_path = "/usr/sbin/runc"
+runtime_path = "{runc}"
 runtime_type = "oci"
-runtime_root = "{runc}"
+runtime_root = "{runc_root}"
 monitor_path = "/usr/bin/conmon"
 
 [crio.image]
 pause_image = "{IMAGE}"
+# The image's own command (busybox sleeping), not the default /pause.
+pause_command = ""
 signature_policy = "{policy}"
 
 [crio.network]
@@ -424,13 +427,61 @@ enable_nri = false
         sock = p("crio.sock"),
         ns = p("ns"),
         pinns = pinns.display(),
+        runc = runc.display(),
         exits = p("exits"),
         attach = p("attach"),
-        runc = p("runc"),
+        runc_root = p("runc"),
         policy = p("policy.json"),
         netd = p("net.d"),
         bin = p("bin"),
     )
+}
+
+/// Debian's runc, or, where root lacks CAP_SYS_RESOURCE (as on this project's build
+/// machines), runc behind a wrapper that sets `process.oomScoreAdj` in the bundle's config.json
+/// to its own score (which needs no privilege) before runc runs. CRI-O gives every pod's infra container -998 (kubelet's
+/// value) and has no setting like containerd's `restrict_oom_score_adj`; lowering the score
+/// needs CAP_SYS_RESOURCE, and without it runc fails "failed to update
+/// /proc/self/oom_score_adj: Permission denied" and no pod runs. The score is nothing
+/// dipam's tests look at.
+fn runc_for_this_host(d: &Path) -> PathBuf {
+    let runc = PathBuf::from("/usr/sbin/runc");
+    let cap_eff = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+        })
+        .unwrap_or(0);
+    const CAP_SYS_RESOURCE: u32 = 24;
+    if cap_eff & (1 << CAP_SYS_RESOURCE) != 0 {
+        return runc;
+    }
+    let wrapper = d.join("runc-wrapper");
+    let script = format!(
+        r#"#!/bin/sh
+# See runc_for_this_host in tests/lifecycle/src/crio.rs.
+bundle=
+prev=
+for a in "$@"; do
+  case $prev in --bundle|-b) bundle=$a ;; esac
+  case $a in --bundle=*) bundle=${{a#--bundle=}} ;; esac
+  prev=$a
+done
+if [ -n "$bundle" ] && [ -f "$bundle/config.json" ]; then
+  own=$(cat /proc/self/oom_score_adj)
+  sed -i -E "s/(\"oomScoreAdj\":[[:space:]]*)-?[0-9]+/\\1$own/" "$bundle/config.json"
+fi
+exec {runc} "$@"
+"#,
+        runc = runc.display()
+    );
+    std::fs::write(&wrapper, script).expect("write the runc wrapper");
+    let mut perms = std::fs::metadata(&wrapper).expect("stat").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&wrapper, perms).expect("make the runc wrapper executable");
+    wrapper
 }
 
 /// Loads the test image into CRI-O's storage with podman (same containers/storage layout).
