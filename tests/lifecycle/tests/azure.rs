@@ -131,6 +131,18 @@ impl Bench {
         );
     }
 
+    /// An address of the pool the plugin holds for no one: the plugin hands out free
+    /// addresses in no fixed order, so a requested IP is chosen, never fixed.
+    fn free_ip(&self) -> String {
+        let held: Vec<String> = self.node.held().into_iter().map(|(_, ip)| ip).collect();
+        self.node
+            .pool
+            .iter()
+            .map(ToString::to_string)
+            .find(|ip| !held.contains(ip))
+            .expect("a free address in the pool")
+    }
+
     fn agent_ips(&self) -> Vec<String> {
         self.lab
             .addresses()
@@ -170,7 +182,7 @@ fn pods_roles_claims(conflist: &str, version: &str) {
     let peers = require_peers!("azure-vnet-ipam");
     let b = Bench::new(&peers[0], conflist, version, "router,health", &[]);
     b.lab.wait_ready(2);
-    let want = b.node.pool[7].to_string();
+    let want = b.free_ip();
     let egress = b.claim(&["egress", "--ip", &want]);
     assert_eq!(egress["state"], "ready", "{egress:#}");
     assert_eq!(bare(&egress["ip"]), want);
@@ -322,7 +334,7 @@ fn state_lost_in_a_reboot_is_restored_before_pods_run() {
         &[],
     );
     b.lab.wait_ready(2);
-    let want = b.node.pool[3].to_string();
+    let want = b.free_ip();
     b.claim(&["egress", "--ip", &want]);
     b.assert_agree();
     let before = b.lab.addresses();
