@@ -41,6 +41,9 @@ PATH=$PATH:/usr/sbin:/sbin command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fspr
 if [ "${1:-}" != "demo" ]; then
   command -v podman >/dev/null 2>&1 || need+=(podman)
   command -v runc >/dev/null 2>&1 || need+=(runc)
+  # CRI-O's container monitor (tests/lifecycle/tests/crio.rs runs CRI-O built from its Go
+  # module with Debian's conmon and runc).
+  command -v conmon >/dev/null 2>&1 || need+=(conmon)
   dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
   command -v containerd >/dev/null 2>&1 || need+=(containerd)
   dpkg -s python3-venv >/dev/null 2>&1 || need+=(python3-venv)

@@ -731,7 +731,17 @@ fn mine(rec: &AttachmentRecord, family: Family) -> Option<IpAddr> {
         .find(|ip| family.matches(ip))
 }
 
-/// CHECKs a committed agent address with the delegate, where its version has CHECK.
+/// Whether the delegate's CHECK looks at what it holds. azure-vnet-ipam's does not: its
+/// CHECK is a no-op success (`cni/ipam/ipam.go` `Get`), so a CHECK would call an address
+/// whose reservation was wiped (its state lives on /run, a tmpfs: a reboot) still held, and
+/// the delegate would hand it to a pod.
+fn check_is_blind(kind: &str) -> bool {
+    kind == "azure-vnet-ipam"
+}
+
+/// Verifies a committed agent address with the delegate: CHECK where its version has one
+/// and it looks; for a delegate whose CHECK is blind, an ADD under the same container ID
+/// asking for the recorded address ([`reassert`]).
 async fn verify(
     node: &Node,
     base: &Base,
@@ -739,6 +749,9 @@ async fn verify(
     rec: &AttachmentRecord,
 ) -> Result<(), ShimError> {
     let mut p = prepare(node, base, slot, "CHECK")?;
+    if check_is_blind(&p.dc.kind) {
+        return reassert(node, base, slot, rec).await;
+    }
     let (probe, send) = node.resolve(&p.dc, "").await?;
     let effective = crate::core::Core::effective(&p.dc, send);
     let floor = rscni_types::version::SpecVersion::new(0, 4, 0);
@@ -757,6 +770,44 @@ async fn verify(
     node.run_delegate(&p, &probe, "CHECK", stdin)
         .await
         .map(|_| ())
+}
+
+/// The restart protocol for a delegate whose CHECK proves nothing (azure-vnet-ipam): ADD
+/// again under the record's container ID, asking for the recorded address. azure-vnet-ipam
+/// keys by container ID, and a requested address already held under the same ID is
+/// answered with that address and no change (`ipam/pool.go` `requestAddress`); a free one
+/// is reserved again (its state was lost: the reservation is restored before any pod can
+/// take it); one another ID holds is refused "address in use", which is the delegate
+/// saying it no longer holds ours: the caller then releases the record and takes another
+/// address. The record stays committed throughout, so a crash here leaves nothing dipamd
+/// does not know: at worst the reservation it was restoring, under the key it records.
+async fn reassert(
+    node: &Node,
+    base: &Base,
+    slot: &Slot,
+    rec: &AttachmentRecord,
+) -> Result<(), ShimError> {
+    let ip = mine(rec, slot.family)
+        .ok_or_else(|| ShimError::Internal(format!("{} records no address", rec.key)))?;
+    let mut p = prepare(node, base, slot, "ADD")?;
+    request_ip(&mut p, ip);
+    let (probe, send) = node.resolve(&p.dc, "").await?;
+    let out = node
+        .run_delegate(&p, &probe, "ADD", p.dc.bytes_for(send)?)
+        .await?;
+    let answered: Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| ShimError::Internal(format!("the delegate's ADD result is not JSON: {e}")))?;
+    let got = result_addrs(&answered);
+    if got.contains(&ip) {
+        return Ok(());
+    }
+    Err(ShimError::Config {
+        msg: format!(
+            "asked again for {ip} under {}, the delegate answered {got:?}",
+            rec.key.container_id
+        ),
+        details: "it holds another address for this agent attachment".into(),
+    })
 }
 
 /// Releases a recorded agent address and forgets it (caller holds the key's lock).

@@ -70,6 +70,7 @@ pub async fn attach(
     early: &mut Early,
 ) -> Result<Added, ShimError> {
     refuse_stale(core, p)?;
+    p.dc.check_for_add()?;
     let digest = p.dc.digest();
     if let Some(result) = replay_or_finish(core, p, &digest).await? {
         return Ok(Added {

@@ -163,6 +163,39 @@ impl DelegateConf {
         serde_json::to_vec(&c).map_err(|e| ShimError::Internal(e.to_string()))
     }
 
+    /// Refuses an ADD the delegate would answer right once and wrongly after that.
+    /// azure-vnet-ipam without `ipam.subnet` asks for a whole address pool on every ADD, and
+    /// hands out a pool that holds an address only once: the first ADD works, every later one
+    /// fails "no available address pools" (`cni/ipam/ipam.go` `Add`, `ipam/pool.go`
+    /// `requestPool`; Azure's own CNI requests the pool once and then passes its subnet).
+    pub fn check_for_add(&self) -> Result<(), ShimError> {
+        if self.kind != "azure-vnet-ipam" {
+            return Ok(());
+        }
+        let subnet = self
+            .conf
+            .get("ipam")
+            .and_then(|i| i.get("subnet"))
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if subnet.parse::<ipnet::IpNet>().is_ok() {
+            return Ok(());
+        }
+        Err(config_error(
+            if subnet.is_empty() {
+                "azure-vnet-ipam needs ipam.subnet".to_owned()
+            } else {
+                format!(
+                    "azure-vnet-ipam's ipam.subnet {} is not a CIDR",
+                    crate::validate::shown(subnet)
+                )
+            },
+            "set \"subnet\" in the azure-vnet-ipam config to the pool's prefix (the subnet \
+             of the node's interface, e.g. \"10.240.0.0/16\"): without it every ADD asks for \
+             a whole pool, and only the first one gets an address. Nothing was allocated",
+        ))
+    }
+
     /// Delegates that cannot release an address from the container ID alone get what they need
     /// from the ADD result: azure-vnet-ipam's DEL fails with "pool id not found" unless
     /// `ipam.subnet` (and `ipam.ipAddress`) are set, which Azure's own CNI injects

@@ -6,7 +6,8 @@
 //! - A list that names nothing (empty, null, or absent) is refused with code 170 unless
 //!   dipamd runs with --gc-allow-empty: cnitool sends no list meaning "everything is stale",
 //!   libcni sends null for a runtime's empty GCArgs (CRI-O, for a network without pods), and
-//!   either would free every pod of the network.
+//!   either would free every pod of the network. Where the ledger holds no pod attachment on
+//!   the network there is nothing it could free: such a GC succeeds and frees nothing.
 //! - Agent-owned, warm-pool, in-flight and young attachments, and those an ADD finished after
 //!   the runtime invoked the plugin (core/births.rs), are added to the valid set, and a
 //!   GC that would free more than the allowed share of the network's pods is refused (170).
@@ -48,6 +49,20 @@ pub async fn run(
         refused();
         ShimError::GcInput(e)
     })?;
+    let names_nothing = !matches!(&input, ValidInput::List(l) if !l.is_empty());
+    if names_nothing && !node.gc.allow_empty && !has_pods(node, &p.dc.network).await? {
+        // Nothing a list could have named: freeing nothing is the only answer, and a success
+        // keeps a runtime's start-up GC of a network without pods (CRI-O sends null) from
+        // reporting a failure. The delegate's store is not swept: a list that names nothing
+        // vouches for nothing in it.
+        tracing::info!(
+            network = %p.dc.network,
+            list = input.describe(),
+            "GC with a list that names nothing, on a network with no pod attachments: nothing \
+             to free"
+        );
+        return Ok(Vec::new());
+    }
     let list = match input {
         ValidInput::List(l) if !l.is_empty() => l,
         _ if node.gc.allow_empty => Vec::new(),
@@ -88,4 +103,16 @@ pub async fn run(
             failed,
         })
     }
+}
+
+/// Whether the ledger holds a pod attachment (not the agent's, not the warm pool's) on
+/// `network`: what a GC whose list names nothing would free.
+async fn has_pods(node: &Node, network: &str) -> Result<bool, ShimError> {
+    let network = network.to_owned();
+    node.ledger(move |l| {
+        Ok(l.list(None)?
+            .iter()
+            .any(|r| r.key.network == network && matches!(r.owner, dipam_state::Owner::Pod)))
+    })
+    .await
 }

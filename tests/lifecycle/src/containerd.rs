@@ -125,6 +125,7 @@ impl Pod {
 /// dipamd it calls alive until then (declare this guard after the dipamd's).
 pub struct Containerd {
     dir: TempDir,
+    build: Build,
     child: Option<Child>,
     rt: tokio::runtime::Runtime,
     channel: Channel,
@@ -132,10 +133,64 @@ pub struct Containerd {
     ids: Mutex<BTreeSet<String>>,
 }
 
+/// Which containerd: Debian's 1.6 (config format 2), or a 2.x built from its Go module by
+/// tests/deps.sh (format 3: the CRI plugin is split into `io.containerd.cri.v1.images`,
+/// `io.containerd.cri.v1.runtime` and `io.containerd.grpc.v1.cri`; containerd's
+/// `docs/cri/config.md`).
+#[derive(Debug, Clone)]
+pub struct Build {
+    pub containerd: PathBuf,
+    pub ctr: PathBuf,
+    /// A directory holding this build's `containerd-shim-runc-v2`, put first in containerd's
+    /// PATH (where it looks the shim up); `None`: the one in PATH.
+    pub shim_dir: Option<PathBuf>,
+    /// The config format: 2 for 1.x, 3 for 2.x.
+    pub format: u32,
+    /// For logs and the compatibility matrix, e.g. `containerd 1.6 (Debian)`.
+    pub label: String,
+}
+
+impl Build {
+    /// Debian's containerd (1.6), from PATH.
+    pub fn debian() -> Self {
+        Self {
+            containerd: which("containerd").unwrap_or_else(|| PathBuf::from("containerd")),
+            ctr: which("ctr").unwrap_or_else(|| PathBuf::from("ctr")),
+            shim_dir: None,
+            format: 2,
+            label: "containerd (Debian)".into(),
+        }
+    }
+
+    /// containerd 2.x from the peers tests/deps.sh built: `containerd`, `ctr` and
+    /// `containerd-shim-runc-v2`, in that order.
+    pub fn from_peers(peers: &[crate::peer_bins::Peer]) -> Self {
+        let by = |n: &str| {
+            peers
+                .iter()
+                .find(|p| p.name == n)
+                .unwrap_or_else(|| panic!("no peer {n} given"))
+        };
+        let shim = by("containerd-shim-runc-v2");
+        Self {
+            containerd: by("containerd").path.clone(),
+            ctr: by("ctr").path.clone(),
+            shim_dir: shim.path.parent().map(Path::to_path_buf),
+            format: 3,
+            label: by("containerd").label(),
+        }
+    }
+}
+
 impl Containerd {
-    /// Starts containerd with an empty conf_dir (pods then fail until [`Self::set_conflist`])
-    /// and the image imported.
+    /// Starts Debian's containerd with an empty conf_dir (pods then fail until
+    /// [`Self::set_conflist`]) and the image imported.
     pub fn start() -> Self {
+        Self::start_build(Build::debian())
+    }
+
+    /// Starts `build` the same way.
+    pub fn start_build(build: Build) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("containerd-")
             .tempdir()
@@ -145,9 +200,24 @@ impl Containerd {
             std::fs::create_dir_all(d.join(sub)).expect("containerd's directories");
         }
         link_plugins(&d.join("bin"));
-        std::fs::write(d.join("config.toml"), config(d)).expect("containerd config");
+        let text = if build.format >= 3 {
+            config_v3(d)
+        } else {
+            config(d)
+        };
+        std::fs::write(d.join("config.toml"), text).expect("containerd config");
         let log = File::create(d.join("containerd.log")).expect("containerd log");
-        let child = Command::new("containerd")
+        let mut cmd = Command::new(&build.containerd);
+        if let Some(shims) = &build.shim_dir {
+            // The shim is looked up in PATH: this build's first, then Debian's runc.
+            let path = std::env::var_os("PATH").unwrap_or_default();
+            let dirs = std::iter::once(shims.clone()).chain(std::env::split_paths(&path));
+            cmd.env(
+                "PATH",
+                std::env::join_paths(dirs).expect("a PATH of valid directories"),
+            );
+        }
+        let child = cmd
             .arg("--config")
             .arg(d.join("config.toml"))
             .args(["--log-level", "info"])
@@ -177,6 +247,7 @@ impl Containerd {
         };
         let mut c = Self {
             dir,
+            build,
             child: Some(child),
             rt,
             channel,
@@ -189,6 +260,38 @@ impl Containerd {
 
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// Which containerd this is.
+    pub fn build(&self) -> &Build {
+        &self.build
+    }
+
+    /// Puts `path` in bin_dir as `name`, in place of the one linked at start (a plugin of
+    /// another version: Debian's ptp 1.1.1 refuses a 1.1.0 config).
+    pub fn use_plugin(&self, name: &str, path: &Path) {
+        let link = self.bin_dir().join(name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(path, &link).expect("link a plugin into bin_dir");
+    }
+
+    /// containerd's own PID (for `dipamd --cri-endpoint` tests that restart it).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether CRI's Status reports NetworkReady, and its reason and message when not.
+    pub fn network_ready(&self) -> Result<(bool, String), Status> {
+        let s =
+            self.call(|mut c| async move { c.status(StatusRequest { verbose: false }).await })?;
+        let cond = s
+            .status
+            .iter()
+            .flat_map(|s| &s.conditions)
+            .find(|c| c.r#type == "NetworkReady")
+            .cloned()
+            .unwrap_or_default();
+        Ok((cond.status, format!("{}: {}", cond.reason, cond.message)))
     }
 
     /// The gRPC socket (CRI's endpoint: `unix://` + this).
@@ -214,7 +317,7 @@ impl Containerd {
     /// containers ls`, or `run --cni`, which uses /etc/cni/net.d and /opt/cni/bin, not this
     /// guard's conf_dir and bin_dir).
     pub fn ctr(&self, args: &[&str]) -> std::process::Output {
-        Command::new("ctr")
+        Command::new(&self.build.ctr)
             .arg("--address")
             .arg(self.socket())
             .args(args)
@@ -668,7 +771,7 @@ fn netns_of(status: &PodSandboxStatusResponse) -> Option<String> {
 
 /// The CRI plugin's bin_dir: dipam's binaries and the reference plugins, symlinked (CRI
 /// passes one directory as CNI_PATH).
-fn link_plugins(bin: &Path) {
+pub(crate) fn link_plugins(bin: &Path) {
     for dir in [bins::dir(), Path::new(bins::REFERENCE_PLUGINS)] {
         for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
             let target = e.path();
@@ -733,8 +836,62 @@ disabled_plugins = [
     )
 }
 
+/// containerd 2.x's configuration (format version 3; containerd's `docs/cri/config.md`): the
+/// same settings as [`config`], under the plugins 2.x splits the CRI plugin into. NRI (a
+/// socket under /var/run/nri) is disabled with the rest that would touch the host's paths.
+fn config_v3(d: &Path) -> String {
+    let p = |s: &str| d.join(s).to_string_lossy().into_owned();
+    format!(
+        r#"version = 3
+root = "{root}"
+state = "{state}"
+disabled_plugins = [
+  "io.containerd.internal.v1.opt",
+  "io.containerd.nri.v1.nri",
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.erofs",
+  "io.containerd.tracing.processor.v1.otlp",
+]
+
+[grpc]
+  address = "{grpc}"
+
+[ttrpc]
+  address = "{ttrpc}"
+
+[metrics]
+  address = ""
+
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "{IMAGE}"
+
+[plugins.'io.containerd.cri.v1.runtime']
+  # As in config(): runc fails where root lacks CAP_SYS_RESOURCE otherwise.
+  restrict_oom_score_adj = true
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["{bin}"]
+    conf_dir = "{netd}"
+    max_conf_num = 1
+
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+"#,
+        root = p("root"),
+        state = p("state"),
+        grpc = p("containerd.sock"),
+        ttrpc = p("containerd.sock.ttrpc"),
+        bin = p("bin"),
+        netd = p("net.d"),
+    )
+}
+
 /// The image as a docker-archive tar, built once per busybox binary and cached.
-fn image_tar() -> PathBuf {
+pub(crate) fn image_tar() -> PathBuf {
     let busybox = busybox().expect("busybox (checked by unavailable())");
     let meta = std::fs::metadata(&busybox).expect("stat busybox");
     let cache = std::env::var_os("DIPAM_TEST_CACHE")
@@ -901,7 +1058,7 @@ fn children(pid: i32) -> Vec<i32> {
 }
 
 /// Detaches every mount under `dir`, deepest first (rootfs overlays, the sandboxes' shm).
-fn unmount_under(dir: &Path) {
+pub(crate) fn unmount_under(dir: &Path) {
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return;
     };

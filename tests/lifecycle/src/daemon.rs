@@ -86,6 +86,12 @@ impl Dipamd {
         self.wrapper = argv.to_vec();
     }
 
+    /// `--cni-path` for the next start, instead of the harness's binaries and Debian's
+    /// plugins: a directory holding a real delegate goes first.
+    pub fn use_cni_path(&mut self, path: &str) {
+        self.cni_path = Some(path.to_owned());
+    }
+
     /// Replaces the extra flags used by the next start.
     pub fn set_flags(&mut self, extra: &[&str]) {
         self.extra = extra.iter().map(|s| (*s).to_owned()).collect();

@@ -88,9 +88,22 @@ impl Fixture {
     pub fn with_subnet(mut self, subnet: &str) -> Self {
         for delegate in self.delegates() {
             match delegate["type"].as_str() {
-                Some("azure-vnet-ipam") => delegate["pool"] = json!(subnet),
+                // `subnet` for azure-vnet-ipam (the pool id every call names); `pool` for
+                // the stand-in, which takes its pool from it instead of interfaces.json.
+                Some("azure-vnet-ipam") => {
+                    delegate["subnet"] = json!(subnet);
+                    delegate["pool"] = json!(subnet);
+                }
                 _ => delegate["ranges"] = json!([[{ "subnet": subnet }]]),
             }
+        }
+        self
+    }
+
+    /// Replaces the delegate's whole config (a real plugin's keys instead of a stand-in's).
+    pub fn with_delegate_conf(mut self, conf: &Value) -> Self {
+        for delegate in self.delegates() {
+            *delegate = conf.clone();
         }
         self
     }

@@ -5,9 +5,11 @@
 //! and a result cache.
 
 pub mod agentlab;
+pub mod azure;
 pub mod bins;
 pub mod clock;
 pub mod containerd;
+pub mod crio;
 pub mod daemon;
 pub mod deps;
 pub mod fixture;
@@ -19,9 +21,11 @@ pub mod links;
 pub mod netns;
 pub mod nobody;
 pub mod peers;
+pub mod peer_bins;
 pub mod podman;
 pub mod replay;
 pub mod runtime;
+pub mod shapes;
 pub mod standin;
 pub mod yaml;
 

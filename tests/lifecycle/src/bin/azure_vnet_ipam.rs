@@ -1,11 +1,16 @@
 //! `azure-vnet-ipam` stand-in: a CNI IPAM plugin for the lifecycle tests.
 //!
 //! **This is a test double; it follows azure-vnet-ipam's documented contract**
-//! (`docs/sources.md` §8, plus the CNI protocol rules of §2–§4). The real
-//! plugin learns its address pool from Azure's wireserver/IMDS (or
-//! `/etc/kubernetes/interfaces.json`), so it cannot run here. This binary takes the
-//! pool from its config instead and otherwise behaves like the real plugin at the
-//! CNI boundary. Only the points below are promised.
+//! (`docs/sources.md` §8, plus the CNI protocol rules of §2–§4). The real plugin
+//! (built by tests/deps.sh) runs in `tests/lifecycle/tests/azure.rs`, from its
+//! file-backed source in a private mount namespace per dipamd (`src/azure.rs`): its
+//! state and config paths are fixed (`/var/run/azure-vnet-ipam.json`,
+//! `/etc/kubernetes/interfaces.json`). This double stays where the older tests run
+//! many dipamds and call the plugin from the test process itself, outside such a
+//! namespace (docs/compatibility.md, "Where a test double stays"). It takes the pool
+//! from its config and otherwise behaves like the real plugin at the CNI boundary;
+//! where they differ (the real one hands out any free address, not the lowest), the
+//! real one is what dipam is proven against. Only the points below are promised.
 //!
 //! # Environment
 //! - Env vars come in through the `getenv` closure given to `standin::run`;

@@ -1,0 +1,109 @@
+//! The shapes nodes run dipamd in, for the tests against real peers: the shipped systemd
+//! unit's capability set, non-default paths, and SIGKILL at random moments from a seed that
+//! is printed (and replayed with `DIPAM_SEED`).
+
+use std::collections::BTreeSet;
+
+use crate::bins;
+
+/// `setpriv` with the shipped unit's (deploy/systemd/dipamd.service) `CapabilityBoundingSet`
+/// and `NoNewPrivileges`, execing what follows: dipamd runs with what the unit leaves it.
+/// Several lines of one setting add up and an empty one resets it (systemd.exec(5)).
+pub fn shipped_unit_setpriv() -> Vec<String> {
+    let path = bins::workspace().join("deploy/systemd/dipamd.service");
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let mut bounding: Option<BTreeSet<String>> = None;
+    let mut no_new_privs = false;
+    for line in text.lines().map(str::trim) {
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        match key.trim() {
+            "CapabilityBoundingSet" if value.trim().is_empty() => {
+                bounding = Some(BTreeSet::new());
+            }
+            "CapabilityBoundingSet" => {
+                assert!(
+                    !value.trim_start().starts_with('~'),
+                    "an inverted CapabilityBoundingSet is not handled here"
+                );
+                bounding
+                    .get_or_insert_default()
+                    .extend(value.split_whitespace().map(|c| {
+                        let c = c.to_ascii_lowercase();
+                        c.strip_prefix("cap_").unwrap_or(&c).to_owned()
+                    }));
+            }
+            "NoNewPrivileges" => no_new_privs = matches!(value.trim(), "yes" | "true"),
+            _ => {}
+        }
+    }
+    let bounding = bounding.expect("the shipped unit bounds dipamd's capabilities");
+    let set = std::iter::once("-all".to_owned())
+        .chain(bounding.iter().map(|c| format!("+{c}")))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut argv = vec![
+        "setpriv".to_owned(),
+        "--bounding-set".into(),
+        set,
+        "--inh-caps".into(),
+        "-all".into(),
+        "--ambient-caps".into(),
+        "-all".into(),
+    ];
+    if no_new_privs {
+        argv.push("--no-new-privs".into());
+    }
+    argv
+}
+
+/// The bounding set of a running process (`CapBnd` in /proc/PID/status), as a mask.
+pub fn bounding_mask(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapBnd:"))
+        .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+}
+
+/// A small deterministic generator (xorshift64*) whose seed is printed, so that a failing
+/// run of a randomised test can be replayed exactly with `DIPAM_SEED=<seed>`.
+pub struct Seeded {
+    state: u64,
+    pub seed: u64,
+}
+
+impl Seeded {
+    /// Seeded from `DIPAM_SEED` when set, else from the clock; prints the seed.
+    pub fn new(test: &str) -> Self {
+        let seed = std::env::var("DIPAM_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_nanos() as u64)
+            });
+        eprintln!("{test}: DIPAM_SEED={seed} replays this run");
+        Self {
+            state: seed.max(1),
+            seed,
+        }
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.state;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.state = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A value in `0..n` (`n` > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+}

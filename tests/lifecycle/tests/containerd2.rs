@@ -1,0 +1,240 @@
+//! containerd 2.x (built from its Go module by tests/deps.sh; docs/compatibility.md), driven
+//! through CRI as kubelet drives it (src/containerd.rs, config format 3), beside the 1.6
+//! tests of containerd.rs. It is the first runtime here that sends CNI 1.1: STATUS on every
+//! CRI Status call from 2.0.1 on (go-cni v1.1.11), a failure marking NetworkReady=false.
+//! It still sends no GC: the runtime-aware GC (`dipamd --cri-endpoint`) collects for it.
+//!
+//! dipamd runs under the shipped systemd unit's capability set, on non-default socket, state
+//! and spool paths, with an agent role allocated beside the pods.
+
+// Tests: a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use dipam_lifecycle::{
+    AgentLab, Containerd,
+    containerd::{Build, Pod},
+    peer_bins::Peer,
+    require_containerd, require_peers,
+    shapes::shipped_unit_setpriv,
+};
+use serde_json::Value;
+
+/// A dipamd with an agent (role `router`) and a private containerd 2 using its conflist at
+/// cniVersion 1.1.0. Fields drop in order: containerd first, so its last DELs reach dipamd.
+struct Bench {
+    cd: Containerd,
+    lab: AgentLab,
+}
+
+impl Bench {
+    fn new(peers: &[Peer], conflist: &str, flags: &[&str], cri: bool) -> Self {
+        let cd = Containerd::start_build(Build::from_peers(peers));
+        // A ptp that takes 1.1.0 (Debian's 1.1.1 refuses it), when IPAM mode needs one.
+        if let Some(ptp) = peers.iter().find(|p| p.name == "ptp") {
+            cd.use_plugin("ptp", &ptp.path);
+        }
+        let mut lab = AgentLab::unstarted(conflist);
+        lab.fx = lab.fx.clone().with_version("1.1.0");
+        lab.write_conflist();
+        let spool = lab.dipamd.dir.path().join("elsewhere/spool");
+        let spool = spool.display().to_string();
+        let endpoint = format!("unix://{}", cd.socket().display());
+        let mut all = vec!["--spool-dir", spool.as_str(), "--gc-grace", "0"];
+        if cri {
+            all.extend([
+                "--cri-endpoint",
+                endpoint.as_str(),
+                "--reconcile-interval",
+                "3600",
+            ]);
+        }
+        all.extend_from_slice(flags);
+        lab.set_roles("router", &all);
+        lab.dipamd.run_under(&shipped_unit_setpriv());
+        lab.dipamd.start_again();
+        lab.wait_ready(1);
+        cd.set_conflist(&lab.fx.list);
+        Self { cd, lab }
+    }
+
+    /// The ledger's one address for `pod`, which CRI reports too.
+    #[track_caller]
+    fn address_of(&self, pod: &Pod) -> String {
+        let ledger = self.lab.ledger();
+        let mine: Vec<_> = ledger.iter().filter(|(cid, _)| *cid == pod.id).collect();
+        assert_eq!(
+            mine.len(),
+            1,
+            "CNI_CONTAINERID is the sandbox ID: {ledger:?}"
+        );
+        assert_eq!(
+            self.cd.pod_ip(&pod.id).as_deref(),
+            Some(mine[0].1.as_str()),
+            "CRI's pod IP is the ledger's"
+        );
+        mine[0].1.clone()
+    }
+}
+
+fn pods_at_1_1_0(peers: &[Peer], conflist: &str) {
+    let b = Bench::new(peers, conflist, &[], false);
+    eprintln!("{} with {conflist} at 1.1.0", b.cd.build().label);
+    let router = b.lab.addresses()[0].2.clone();
+    let pods: Vec<Pod> = (0..3)
+        .map(|i| {
+            b.cd.run_pod(&format!("web-{i}"))
+                .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\n{}", b.lab.dipamd.log()))
+        })
+        .collect();
+    let mut ips: Vec<String> = pods.iter().map(|p| b.address_of(p)).collect();
+    ips.push(router.split('/').next().unwrap().to_owned());
+    ips.sort();
+    ips.dedup();
+    assert_eq!(
+        ips.len(),
+        4,
+        "pods and the agent's router are distinct: {ips:?}"
+    );
+    b.lab.assert_agree();
+    // The pod sees its address in its own namespace.
+    let c = b.cd.start_sleeper(&pods[0]).unwrap();
+    let (code, out, _) =
+        b.cd.exec_sync(&c, &["ip", "-4", "addr", "show", "eth0"])
+            .unwrap();
+    assert_eq!(code, 0);
+    assert!(out.contains(&b.address_of(&pods[0])), "{out}");
+    for p in &pods {
+        b.cd.stop_pod(&p.id).unwrap();
+        b.cd.remove_pod(&p.id).unwrap();
+    }
+    assert_eq!(
+        b.lab.ledger().len(),
+        1,
+        "only the router: {:?}",
+        b.lab.ledger()
+    );
+    b.lab.assert_agree();
+}
+
+#[test]
+fn main_mode_pods_at_1_1_0() {
+    require_containerd!();
+    let peers = require_peers!("containerd", "ctr", "containerd-shim-runc-v2");
+    pods_at_1_1_0(&peers, "dipam-host-local.conflist");
+}
+
+#[test]
+fn ipam_mode_pods_at_1_1_0_under_ptp_1_10() {
+    require_containerd!();
+    let peers = require_peers!("containerd", "ctr", "containerd-shim-runc-v2", "ptp");
+    pods_at_1_1_0(&peers, "ptp-dipam-host-local.conflist");
+}
+
+/// Waits until CRI's NetworkReady is `want`; returns its reason and message.
+#[track_caller]
+fn wait_network_ready(cd: &Containerd, want: bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (ready, why) = cd.network_ready().unwrap();
+        if ready == want {
+            return why;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "NetworkReady stayed {ready} ({why}) for 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// CRI Status follows dipamd: NetworkReady while it serves, not while it is SIGKILLed (the
+/// plugin's STATUS answers 50 and containerd reports it), and again once it is back; a pod
+/// runs then.
+#[test]
+fn network_ready_follows_dipamd() {
+    require_containerd!();
+    let peers = require_peers!("containerd", "ctr", "containerd-shim-runc-v2");
+    let mut b = Bench::new(&peers, "dipam-host-local.conflist", &[], false);
+    wait_network_ready(&b.cd, true);
+    let before = b.cd.run_pod("before").unwrap();
+    b.address_of(&before);
+
+    b.lab.dipamd.kill9();
+    let why = wait_network_ready(&b.cd, false);
+    assert!(why.contains("dipam"), "the reason names the plugin: {why}");
+    // A running pod keeps its address meanwhile.
+    assert!(b.cd.pod_ip(&before.id).is_some());
+
+    b.lab.dipamd.start_again();
+    b.lab.wait_ready(1);
+    wait_network_ready(&b.cd, true);
+    let after = b.cd.run_pod("after").unwrap();
+    assert_ne!(b.address_of(&after), b.address_of(&before));
+    b.lab.assert_agree();
+}
+
+/// The runtime-aware GC against containerd 2: a sandbox whose DELs went to another network
+/// (the conflist swapped under it) leaks its address; two passes free it, while the running
+/// sandbox and the agent's router keep theirs.
+#[test]
+fn runtime_aware_gc_frees_what_containerd_2_leaked() {
+    require_containerd!();
+    let peers = require_peers!("containerd", "ctr", "containerd-shim-runc-v2");
+    let b = Bench::new(&peers, "dipam-host-local.conflist", &[], true);
+    let a = b.lab.network();
+    let stays = b.cd.run_pod("stays").unwrap();
+    let leaks = b.cd.run_pod("leaks").unwrap();
+    let ip_stays = b.address_of(&stays);
+    let ip_leaks = b.address_of(&leaks);
+    let subnet_b = dipam_lifecycle::Subnet::claim("10.77");
+    let fx_b = b.lab.fx.clone().unique_name().with_subnet(&subnet_b.cidr);
+    b.cd.set_conflist(&fx_b.list);
+    b.cd.stop_pod(&leaks.id).unwrap();
+    b.cd.remove_pod(&leaks.id).unwrap();
+    assert!(
+        b.lab
+            .dipamd
+            .ledger_pairs(&a)
+            .contains(&(leaks.id.clone(), ip_leaks.clone())),
+        "the swap leaks {ip_leaks}"
+    );
+    let pass = || -> Value {
+        let out = b.lab.dipamd.ctl(&["gc", "--from-runtime", "--json"]);
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let mut freed = false;
+    for _ in 0..4 {
+        pass();
+        if !b
+            .lab
+            .dipamd
+            .ledger_pairs(&a)
+            .iter()
+            .any(|(id, _)| *id == leaks.id)
+        {
+            freed = true;
+            break;
+        }
+    }
+    assert!(freed, "not freed in 4 passes:\n{}", b.lab.dipamd.log());
+    let left = b.lab.dipamd.ledger_pairs(&a);
+    assert!(left.contains(&(stays.id.clone(), ip_stays)), "{left:?}");
+    assert_eq!(
+        left.iter()
+            .filter(|(id, _)| id.starts_with("dipam"))
+            .count()
+            + left.iter().filter(|(id, _)| *id == stays.id).count(),
+        left.len(),
+        "only the running sandbox and the agent's router stay: {left:?}"
+    );
+    assert_eq!(b.lab.addresses().len(), 1);
+    b.lab.assert_agree();
+}

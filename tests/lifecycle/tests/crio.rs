@@ -1,0 +1,257 @@
+//! CRI-O (built from its Go module by tests/deps.sh, with Debian's conmon and runc; see
+//! docs/compatibility.md), driven through CRI (src/crio.rs): the runtime that sends a real CNI
+//! GC. At start it waits for the plugin's STATUS, then sends GC on each network of its
+//! network directory with the sandboxes it restored as the valid list, `null` for a network
+//! without any (docs/sources.md §10.4). dipamd runs under the shipped systemd unit's
+//! capability set, on non-default socket, state and spool paths, with the agent's router and
+//! a claim allocated beside the pods, at cniVersion 1.1.0.
+
+// Tests: a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use dipam_lifecycle::{
+    AgentLab, Subnet, crio::Crio, require_crio, require_peers, shapes::shipped_unit_setpriv,
+};
+use serde_json::Value;
+
+/// dipamd with the agent (role `router`) on a main-mode conflist at 1.1.0, and a CRI-O whose
+/// network directory holds that conflist and a second dipam network no pod uses. Fields drop
+/// in order: CRI-O first, so that its last DELs reach dipamd.
+struct Bench {
+    crio: Crio,
+    lab: AgentLab,
+    /// The network no pod uses (CRI-O's GC sends it `null`).
+    idle: String,
+    _idle_subnet: Subnet,
+}
+
+impl Bench {
+    /// Everything written; dipamd started when `dipamd_up`; CRI-O not started.
+    fn new(dipamd_up: bool) -> Option<Self> {
+        let peers = dipam_lifecycle::peer_bins::require(module_path!(), &["crio", "pinns"])?;
+        let crio = Crio::new(&peers[0], &peers[1]);
+        let mut lab = AgentLab::unstarted("dipam-host-local.conflist");
+        lab.fx = lab.fx.clone().with_version("1.1.0");
+        lab.write_conflist();
+        let spool = lab.dipamd.dir.path().join("elsewhere/spool");
+        let spool = spool.display().to_string();
+        lab.set_roles("router", &["--spool-dir", &spool, "--gc-grace", "0"]);
+        lab.dipamd.run_under(&shipped_unit_setpriv());
+        crio.write_conflist("10", &lab.fx.list);
+        let idle_subnet = Subnet::claim("10.77");
+        let idle = lab.fx.clone().unique_name().with_subnet(&idle_subnet.cidr);
+        crio.write_conflist("20", &idle.list);
+        if dipamd_up {
+            lab.dipamd.start_again();
+            lab.wait_ready(1);
+        }
+        Some(Self {
+            crio,
+            lab,
+            idle: idle.name(),
+            _idle_subnet: idle_subnet,
+        })
+    }
+
+    fn pods_in_ledger(&self) -> Vec<(String, String)> {
+        self.lab
+            .ledger()
+            .into_iter()
+            .filter(|(id, _)| !id.starts_with("dipam-"))
+            .collect()
+    }
+
+    fn claim(&self, name: &str) -> Value {
+        let out = self.lab.dipamd.ctl(&["agent", "claim", name, "--json"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["claim"]["state"], "ready", "{v:#}");
+        v["claim"].clone()
+    }
+}
+
+/// Waits for `what` (checked every 200 ms) for up to `secs`.
+#[track_caller]
+fn wait_for(secs: u64, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {secs} s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Pods at 1.1.0; two of them lose their DELs (dipamd is SIGKILLed and the plugin cannot
+/// spool: CRI-O then marks their network stopped, drops its result cache and never sends
+/// those DELs again); CRI-O restarts and its start-up GC frees exactly those two. The
+/// agent's router and claim are never freed, and the network without pods (`null` list)
+/// is answered with success, freeing nothing.
+#[test]
+fn the_start_up_gc_frees_exactly_the_lost_dels() {
+    require_crio!();
+    let Some(mut b) = Bench::new(true) else {
+        return;
+    };
+    b.crio.start();
+    wait_for(30, "NetworkReady", || {
+        b.crio.network_ready().is_ok_and(|(r, _)| r)
+    });
+    b.claim("egress");
+    let agent = b.lab.addresses();
+    assert_eq!(agent.len(), 2);
+    let pods: Vec<String> = (0..5)
+        .map(|i| {
+            b.crio
+                .run_pod(&format!("web-{i}"))
+                .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\n{}", b.lab.dipamd.log()))
+        })
+        .collect();
+    let ledger = b.pods_in_ledger();
+    assert_eq!(ledger.len(), 5, "{ledger:?}");
+    for id in &pods {
+        let ip = b.crio.pod_ip(id).expect("CRI reports the pod's IP");
+        assert!(ledger.contains(&(id.clone(), ip)), "{id}: {ledger:?}");
+    }
+    b.lab.assert_agree();
+
+    // The lost DELs: dipamd down, and its spool out of reach (its pointer beside the socket
+    // gone, as after /run was emptied), so the plugin fails them with 11.
+    b.lab.dipamd.kill9();
+    let pointer = format!("{}.spool", b.lab.dipamd.socket().display());
+    std::fs::remove_file(&pointer).unwrap();
+    let lost = &pods[..2];
+    for id in lost {
+        let e = b.crio.stop_pod(id).unwrap_err();
+        assert!(e.message().contains("network"), "{e}");
+        b.crio
+            .remove_pod(id)
+            .unwrap_or_else(|e| panic!("remove {id}: {e}"));
+    }
+    b.lab.dipamd.start_again();
+    b.lab.wait_ready(2);
+    assert_eq!(
+        b.pods_in_ledger().len(),
+        5,
+        "nothing released the lost ones yet"
+    );
+    // A second stop of a lost pod sends nothing: CRI-O removed it.
+    assert!(
+        b.crio
+            .list_pods()
+            .unwrap()
+            .iter()
+            .all(|p| !lost.contains(&p.id))
+    );
+
+    // CRI-O restarts: it restores the three, waits for STATUS, then GCs.
+    b.crio.kill9();
+    b.crio.start();
+    wait_for(60, "the start-up GC frees the two lost pods", || {
+        b.pods_in_ledger().len() == 3
+    });
+    let left: Vec<String> = b.pods_in_ledger().into_iter().map(|(id, _)| id).collect();
+    let mut kept = pods[2..].to_vec();
+    kept.sort();
+    let mut left_sorted = left.clone();
+    left_sorted.sort();
+    assert_eq!(left_sorted, kept, "exactly the lost ones are freed");
+    assert_eq!(
+        b.lab.addresses(),
+        agent,
+        "the agent's router and claim are kept"
+    );
+    b.lab.assert_agree();
+    for id in &pods[2..] {
+        assert!(b.crio.pod_ip(id).is_some(), "{id} lost its address");
+    }
+    let log = b.lab.dipamd.log();
+    assert!(
+        log.contains("names nothing") && log.contains(&b.idle),
+        "CRI-O's GC of the network without pods (null) is answered: {}",
+        log.lines()
+            .filter(|l| l.contains("GC"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let crio_log = b.crio.log();
+    assert!(
+        !crio_log.contains("Garbage collect stale network resources during server startup failed"),
+        "CRI-O's start-up GC failed:\n{}",
+        crio_log
+            .lines()
+            .filter(|l| l.contains("GC") || l.contains("arbage"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+/// CRI-O started while dipamd is down: NetworkReady is false and a RunPodSandbox (from
+/// crictl, as an operator would) waits; once dipamd is back, STATUS succeeds and the pod
+/// runs with an address from the ledger.
+#[test]
+fn pods_wait_while_dipamd_is_down_and_run_once_it_is_back() {
+    require_crio!();
+    let crictl = require_peers!("crictl").remove(0);
+    let Some(mut b) = Bench::new(false) else {
+        return;
+    };
+    b.crio.start();
+    let (ready, why) = b.crio.network_ready().unwrap();
+    assert!(!ready, "NetworkReady with dipamd down: {why}");
+    let pod = b.crio.dir().join("waits.json");
+    std::fs::write(
+        &pod,
+        serde_json::to_vec(&serde_json::json!({
+            "metadata": {"name": "waits", "namespace": "default",
+                         "uid": dipam_lifecycle::unique("uid"), "attempt": 0},
+            "log_directory": b.crio.dir().join("pods"),
+            "linux": {},
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    let endpoint = format!("unix://{}", b.crio.dir().join("crio.sock").display());
+    let waiter = std::process::Command::new(&crictl.path)
+        .args(["--runtime-endpoint", &endpoint, "--timeout", "120s", "runp"])
+        .arg(&pod)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let waiter = std::sync::Arc::new(std::sync::Mutex::new(waiter));
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        waiter.lock().unwrap().try_wait().unwrap().is_none(),
+        "RunPodSandbox did not wait for the plugin"
+    );
+
+    b.lab.dipamd.start_again();
+    b.lab.wait_ready(1);
+    let child = std::sync::Arc::try_unwrap(waiter)
+        .unwrap()
+        .into_inner()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "crictl runp: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let ip = b.crio.pod_ip(&id).expect("the pod has an address");
+    assert!(
+        b.pods_in_ledger().contains(&(id, ip)),
+        "{:?}",
+        b.lab.ledger()
+    );
+    wait_for(30, "NetworkReady", || {
+        b.crio.network_ready().is_ok_and(|(r, _)| r)
+    });
+    b.lab.assert_agree();
+}
