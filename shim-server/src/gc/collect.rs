@@ -808,7 +808,7 @@ mod tests {
             &dc,
             "",
             list(&["listed"]),
-            node.births.gc_began(None),
+            node.births.gc_began(None, None),
             true,
             false,
         )
@@ -887,7 +887,7 @@ mod tests {
             node.births.stamp(&AttachmentKey::new("net", c, "eth0"));
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
-        let began = node.births.gc_began(None);
+        let began = node.births.gc_began(None, None);
         for c in ["fwd", "back"] {
             node.births.stamp(&AttachmentKey::new("net", c, "eth0"));
         }
@@ -963,7 +963,7 @@ mod tests {
             &dc,
             "",
             list(&["other"]),
-            node.births.gc_began(None),
+            node.births.gc_began(None, None),
             false,
             false,
         )
@@ -980,7 +980,7 @@ mod tests {
             &dc,
             "",
             list(&["other"]),
-            node.births.gc_began(None),
+            node.births.gc_began(None, None),
             false,
             true,
         )
@@ -1005,7 +1005,7 @@ mod tests {
                 &dc,
                 "",
                 list(&["other"]),
-                node.births.gc_began(None),
+                node.births.gc_began(None, None),
                 false,
                 false
             )
@@ -1017,7 +1017,7 @@ mod tests {
             &dc,
             "",
             list(&["a"]),
-            node.births.gc_began(None),
+            node.births.gc_began(None, None),
             false,
             false,
         )
@@ -1076,7 +1076,7 @@ esac
             &dc,
             "",
             list(&["c000"]),
-            node.births.gc_began(None),
+            node.births.gc_began(None, None),
             false,
             true,
         )
@@ -1131,7 +1131,7 @@ esac
             &dc,
             "",
             list(&["keep"]),
-            node.births.gc_began(None),
+            node.births.gc_began(None, None),
             true,
             true,
         )
@@ -1148,7 +1148,7 @@ esac
             &dc,
             "",
             list(&["keep"]),
-            node.births.gc_began(None),
+            node.births.gc_began(None, None),
             false,
             true,
         )
@@ -1188,7 +1188,7 @@ esac
                     &dc,
                     "",
                     list(&["s00"]),
-                    node.births.gc_began(None),
+                    node.births.gc_began(None, None),
                     false,
                     true,
                 )
