@@ -96,6 +96,17 @@ impl Caller {
     }
 }
 
+/// The pid of the process that opened the connection (SO_PEERCRED): the plugin, for a CNI
+/// request. GC reads when it was started (core/births.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerPid(pub u32);
+
+impl PeerPid {
+    pub fn of<T>(req: &Request<T>) -> Option<u32> {
+        req.extensions().get::<PeerPid>().map(|p| p.0)
+    }
+}
+
 /// Peer credential check, as a tonic interceptor. It attaches the [`Caller`] to the request.
 #[derive(Debug, Clone, Default)]
 pub struct PeerCheck {
@@ -122,6 +133,9 @@ impl PeerCheck {
                     uid,
                     admin: uid == 0 || self.admin_uids.contains(&uid),
                 });
+                if let Some(pid) = c.pid().and_then(|p| u32::try_from(p).ok()) {
+                    req.extensions_mut().insert(PeerPid(pid));
+                }
                 Ok(req)
             }
             other => {

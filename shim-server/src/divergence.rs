@@ -426,7 +426,7 @@ pub async fn round(node: &Node, free: bool) -> Result<(), ShimError> {
                     &dc,
                     "",
                     Valid::Ledger,
-                    node.births.gc_began(None),
+                    node.births.gc_began(None, None),
                     false,
                     false,
                 )

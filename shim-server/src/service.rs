@@ -337,13 +337,14 @@ impl Cni for Service {
     }
     async fn gc(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
         let caller = Caller::of(&r);
+        let peer = crate::access::PeerPid::of(&r);
         let req = r.into_inner();
         let call = Call::of("GC", &req);
         answer(
             &self.0,
             call,
             Some(Class::Other),
-            rpc::gc::run(&self.0, caller, req),
+            rpc::gc::run(&self.0, caller, peer, req),
         )
         .await
     }

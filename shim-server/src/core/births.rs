@@ -49,6 +49,21 @@ pub fn boot_ns() -> Option<u64> {
         .checked_add(u64::try_from(t.tv_nsec()).ok()?)
 }
 
+/// When process `pid` was started (forked), on the boot clock in nanoseconds, rounded down
+/// to its clock tick: field 22 of /proc/<pid>/stat, which the kernel keeps on CLOCK_BOOTTIME
+/// in USER_HZ ticks. `None` if the process is gone or unreadable.
+pub fn process_start_ns(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and ')': fields are counted from the last ')'.
+    let rest = text.get(text.rfind(')')? + 1..)?;
+    let ticks: u64 = rest.split_ascii_whitespace().nth(19)?.parse().ok()?;
+    let hz = match nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK) {
+        Ok(Some(hz)) if hz > 0 => hz as u64,
+        _ => 100,
+    };
+    ticks.checked_mul(1_000_000_000 / hz)
+}
+
 /// When a GC began, on the boot clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GcStart(pub u64);
@@ -127,19 +142,26 @@ impl Births {
         }
     }
 
-    /// A GC's start: the instant its plugin says the runtime invoked it (`issued`, on this
-    /// boot's clock), else now. Never later than now: a stamp from the future would let the
-    /// GC free what began before it.
-    pub fn gc_began(&self, issued: Option<&BootStamp>) -> GcStart {
+    /// A GC's start: the earliest of now, the instant its plugin says it started (`issued`,
+    /// on this boot's clock) and the kernel's start time of the plugin's process (`process`,
+    /// [`process_start_ns`]). Never later than now: a stamp from the future would let the GC
+    /// free what began before it. The process start comes first because a plugin exec'd on a
+    /// busy node may wait tens of milliseconds for a CPU before it reads the clock, and an
+    /// ADD started beside it can finish meanwhile (seen at a load average of 30).
+    pub fn gc_began(&self, issued: Option<&BootStamp>, process: Option<u64>) -> GcStart {
         let Some(now) = (self.clock)() else {
             return GcStart(0);
         };
-        match issued {
-            Some(s) if Some(s.boot_id.as_str()) == crate::order::current_boot_id() => {
-                GcStart(s.ns.min(now))
-            }
-            _ => GcStart(now),
-        }
+        let plugin = issued
+            .filter(|s| Some(s.boot_id.as_str()) == crate::order::current_boot_id())
+            .map(|s| s.ns);
+        GcStart(
+            [Some(now), plugin, process]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(now),
+        )
     }
 
     /// Whether `key` was born at or after `start`.
@@ -234,7 +256,7 @@ mod tests {
         t.store(200 * S, Ordering::SeqCst);
         b.stamp(&key("before"));
         t.store(300 * S, Ordering::SeqCst);
-        let gc = b.gc_began(None);
+        let gc = b.gc_began(None, None);
         assert_eq!(gc, GcStart(300 * S));
         b.stamp(&key("same-instant"));
         t.store(301 * S, Ordering::SeqCst);
@@ -270,14 +292,25 @@ mod tests {
             boot_id: boot.to_owned(),
             ns,
         };
-        assert_eq!(b.gc_began(Some(&at(400 * S))), GcStart(400 * S));
-        assert_eq!(b.gc_began(Some(&at(900 * S))), GcStart(500 * S));
+        assert_eq!(b.gc_began(Some(&at(400 * S)), None), GcStart(400 * S));
+        assert_eq!(b.gc_began(Some(&at(900 * S)), None), GcStart(500 * S));
         let other = BootStamp {
             boot_id: "another-boot".into(),
             ns: 1,
         };
-        assert_eq!(b.gc_began(Some(&other)), GcStart(500 * S));
-        assert_eq!(b.gc_began(None), GcStart(500 * S));
+        assert_eq!(b.gc_began(Some(&other), None), GcStart(500 * S));
+        assert_eq!(b.gc_began(None, None), GcStart(500 * S));
+    }
+
+    #[test]
+    fn the_plugins_process_start_comes_first() {
+        let (b, _t) = clocked(500 * S);
+        assert_eq!(b.gc_began(None, Some(450 * S)), GcStart(450 * S));
+        assert_eq!(b.gc_began(None, Some(900 * S)), GcStart(500 * S));
+        // This process's own start is on the boot clock, before now.
+        let me = process_start_ns(std::process::id()).expect("our own /proc/<pid>/stat");
+        let now = boot_ns().unwrap();
+        assert!(me <= now && now - me < 3600 * S, "{me} vs {now}");
     }
 
     #[test]
@@ -293,7 +326,7 @@ mod tests {
         assert_eq!(b.len(), SWEEP_EVERY as usize, "the expired stamp stayed");
         // Dropped: a GC that began before it can no longer tell.
         assert_eq!(b.born(&key("early"), old_gc), Born::Unknown);
-        let new_gc = b.gc_began(None);
+        let new_gc = b.gc_began(None, None);
         assert_eq!(b.born(&key("early"), new_gc), Born::Before);
     }
 
@@ -318,7 +351,7 @@ mod tests {
     fn an_unreadable_clock_keeps_everything() {
         let b = Births::with_clock(Box::new(|| None));
         b.stamp(&key("a"));
-        let gc = b.gc_began(None);
+        let gc = b.gc_began(None, None);
         assert_eq!(gc, GcStart(0));
         assert_eq!(b.born(&key("a"), gc), Born::After);
         assert_eq!(b.born(&key("b"), gc), Born::Unknown);

@@ -838,7 +838,7 @@ mod tests {
             &dc,
             "",
             list(&["listed"]),
-            node.births.gc_began(None),
+            node.births.gc_began(None, None),
             true,
             false,
         )
@@ -917,7 +917,7 @@ mod tests {
             node.births.stamp(&AttachmentKey::new("net", c, "eth0"));
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
-        let began = node.births.gc_began(None);
+        let began = node.births.gc_began(None, None);
         for c in ["fwd", "back"] {
             node.births.stamp(&AttachmentKey::new("net", c, "eth0"));
         }
@@ -993,7 +993,7 @@ mod tests {
             &dc,
             "",
             list(&["other"]),
-            node.births.gc_began(None),
+            node.births.gc_began(None, None),
             false,
             false,
         )
@@ -1010,7 +1010,7 @@ mod tests {
             &dc,
             "",
             list(&["other"]),
-            node.births.gc_began(None),
+            node.births.gc_began(None, None),
             false,
             true,
         )
@@ -1035,7 +1035,7 @@ mod tests {
                 &dc,
                 "",
                 list(&["other"]),
-                node.births.gc_began(None),
+                node.births.gc_began(None, None),
                 false,
                 false
             )
@@ -1047,7 +1047,7 @@ mod tests {
             &dc,
             "",
             list(&["a"]),
-            node.births.gc_began(None),
+            node.births.gc_began(None, None),
             false,
             false,
         )
@@ -1106,7 +1106,7 @@ esac
             &dc,
             "",
             list(&["c000"]),
-            node.births.gc_began(None),
+            node.births.gc_began(None, None),
             false,
             true,
         )
@@ -1161,7 +1161,7 @@ esac
             &dc,
             "",
             list(&["keep"]),
-            node.births.gc_began(None),
+            node.births.gc_began(None, None),
             true,
             true,
         )
@@ -1178,7 +1178,7 @@ esac
             &dc,
             "",
             list(&["keep"]),
-            node.births.gc_began(None),
+            node.births.gc_began(None, None),
             false,
             true,
         )
@@ -1218,7 +1218,7 @@ esac
                     &dc,
                     "",
                     list(&["s00"]),
-                    node.births.gc_began(None),
+                    node.births.gc_began(None, None),
                     false,
                     true,
                 )

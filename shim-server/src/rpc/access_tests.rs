@@ -223,7 +223,7 @@ async fn gc_is_roots_and_the_listing_shows_a_caller_its_own() {
         .unwrap();
     let mut gc_req = request("", "1.1.0", json!({"cni.dev/valid-attachments": []}));
     gc_req.container_id.clear();
-    forbidden(gc::run(&b.node, USER, gc_req).await.unwrap_err());
+    forbidden(gc::run(&b.node, USER, None, gc_req).await.unwrap_err());
     assert!(b.record("net", "root1").is_some());
 
     let listed = |c: Caller| {

@@ -23,13 +23,15 @@ use crate::{
 pub async fn run(
     node: &Node,
     caller: crate::access::Caller,
+    peer: Option<u32>,
     req: CniRequest,
 ) -> Result<Vec<u8>, ShimError> {
+    // When the runtime started the plugin, after it made the valid list: the plugin's
+    // process start (the kernel's, from its pid), else its own stamp. Nothing an ADD finished
+    // since then is freed, whatever the grace period and the wall clock (core/births.rs).
+    let started = peer.and_then(crate::core::births::process_start_ns);
     let p = node.prepare(req, false, caller)?;
-    // When the runtime invoked the plugin (its boot-clock stamp), after it made the valid
-    // list: nothing an ADD finished since then is freed, whatever the grace period and the
-    // wall clock (core/births.rs).
-    let began = node.births.gc_began(p.issued.as_ref());
+    let began = node.births.gc_began(p.issued.as_ref(), started);
     // GC frees every attachment of the network that is not in the list: every caller's.
     if !p.caller.is_root() {
         return Err(ShimError::Forbidden {

@@ -359,7 +359,7 @@ async fn gc_without_a_list_is_refused() {
         json!({"cni.dev/valid-attachments": null}),
         json!({"cni.dev/valid-attachments": []}),
     ] {
-        let e = super::gc::run(&b.node, Caller::ROOT, request("", "1.1.0", extra))
+        let e = super::gc::run(&b.node, Caller::ROOT, None, request("", "1.1.0", extra))
             .await
             .unwrap_err();
         assert!(matches!(e, ShimError::GcRefused { .. }), "{e:?}");

@@ -169,7 +169,7 @@ pub async fn pass(
     // The runtime first, then the ledger: an attachment added in between is missed for the
     // first time at most (the two-pass rule), and the GC that frees never takes one whose
     // ADD finished after this instant, when the list was asked for (core/births.rs).
-    let began = node.births.gc_began(None);
+    let began = node.births.gc_began(None, None);
     let listing = rt.client.list().await;
     let records = node.ledger(|l| l.list(None)).await?;
     let cri = records.iter().filter(|r| made_through_cri(r)).count();

@@ -12,7 +12,7 @@ use crate::{
 /// a dry run that frees nothing.
 pub async fn run(node: &Node, req: GcRequest) -> Result<GcReply, ShimError> {
     // The operator made the valid list before asking: nothing born since is freed.
-    let began = node.births.gc_began(None);
+    let began = node.births.gc_began(None, None);
     let p = prepare(node, &req.config, req.mode, "dipamctl-gc")?;
     let valid = if req.use_ledger {
         Valid::Ledger
