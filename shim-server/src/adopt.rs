@@ -71,16 +71,19 @@ pub async fn adopt(
     scan: &Scan,
     dry_run: bool,
 ) -> Result<Report, ShimError> {
-    let dir =
-        store::readable_dir(&dc.kind, &dc.conf, &dc.network).ok_or_else(|| ShimError::Config {
-            msg: format!(
-                "{}'s store is not readable by dipamd: there is nothing to adopt from",
-                dc.kind
-            ),
-            details: "adoption reads host-local's directory; other delegates keep their \
-                      reservations to themselves"
-                .into(),
-        })?;
+    // A delegate whose store dipamd cannot read (azure-vnet-ipam keeps its own state file)
+    // has nothing to adopt from, and nothing is at risk either: no GC or reconcile of dipamd
+    // can see, so none can free, a reservation it never recorded there. Failing here made
+    // `dipamctl install --wrap --in-place` of such a network exit 1 after a good rewrite.
+    let Some(dir) = store::readable_dir(&dc.kind, &dc.conf, &dc.network) else {
+        info!(
+            network = %dc.network,
+            delegate = %dc.kind,
+            "nothing to adopt: the delegate's store is not one dipamd reads (its reservations \
+             stay the delegate's own, and no GC of dipamd frees them)"
+        );
+        return Ok(Report::default());
+    };
     let read = dir.clone();
     let held = tokio::task::spawn_blocking(move || store::reservations(&read))
         .await
