@@ -23,6 +23,7 @@ pub mod podman;
 pub mod replay;
 pub mod runtime;
 pub mod standin;
+pub mod unit_file;
 pub mod yaml;
 
 pub use agentlab::AgentLab;
