@@ -3,8 +3,9 @@
 //! the result (systemd.exec(5), "Environment variables in spawned processes";
 //! systemd.service(5), "Command lines").
 //!
-//! This machine's PID 1 is not systemd, so a test cannot start the unit itself: it starts
-//! dipamd with exactly the argv and environment this emulation computes. It covers only the
+//! Tests do not start the unit through systemd (PID 1 of a test machine or container need
+//! not be systemd, and the unit's paths are the host's): they start dipamd with exactly the
+//! argv and environment this emulation computes. It covers only the
 //! syntax the unit uses and fails loudly on anything else (quotes, `${VAR}`, prefixes), so
 //! the unit cannot drift into syntax the emulation would read differently from systemd.
 

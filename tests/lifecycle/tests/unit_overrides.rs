@@ -5,8 +5,9 @@
 //! command line is, under the unit's Restart=always, a restart every 2 s and no IPAM on the
 //! node.
 //!
-//! PID 1 here is not systemd, so systemd cannot start the unit: dipamd is started with the
-//! argv and environment systemd would give it, computed from the unit's Environment=,
+//! Not through systemd itself (a test machine's or container's PID 1 need not be systemd, and
+//! a system unit would use the host's /run/dipam and /var/lib/dipam): dipamd is started with
+//! the argv and environment systemd would give it, computed from the unit's Environment=,
 //! EnvironmentFile= and ExecStart= lines (dipam_lifecycle::unit_file, which refuses syntax it
 //! does not emulate), under the unit's capability bounding set and NoNewPrivileges
 //! (setpriv), with temporary paths instead of /run/dipam and /var/lib/dipam.
