@@ -32,7 +32,10 @@ pub fn path() -> PathBuf {
 
 /// The shipped unit.
 pub fn shipped() -> Unit {
-    parse(&std::fs::read_to_string(path()).unwrap())
+    let path = path();
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    parse(&text)
 }
 
 pub fn parse(text: &str) -> Unit {

@@ -72,7 +72,7 @@ impl Started {
         let argv = unit.argv(&env);
         assert_eq!(argv[0], "/usr/local/bin/dipamd", "{argv:?}");
         let log = node.path("dipamd.log");
-        let out = File::create(&log).unwrap();
+        let out = File::create(&log).expect("create the log file");
         let setpriv = shipped_unit_argv();
         let child = Command::new(&setpriv[0])
             .args(&setpriv[1..])
@@ -81,7 +81,7 @@ impl Started {
             .env_clear()
             .envs(&env)
             .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
+            .stdout(out.try_clone().expect("log file handle"))
             .stderr(out)
             .spawn()
             .expect("start dipamd");
@@ -122,9 +122,9 @@ impl Started {
                 .arg(socket)
                 .env_clear()
                 .output()
-                .unwrap();
+                .expect("run dipamctl");
             if out.status.success() {
-                return serde_json::from_slice(&out.stdout).unwrap();
+                return serde_json::from_slice(&out.stdout).expect("dipamctl status --json");
             }
             assert!(
                 Instant::now() < deadline,
