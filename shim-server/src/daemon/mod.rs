@@ -28,7 +28,11 @@ use crate::{
 /// (host-local, azure-vnet-ipam, ...) exactly as a container runtime would, and records every
 /// attachment in a ledger (sled, under --state-dir) before answering.
 #[derive(Debug, Parser)]
-#[command(name = "dipamd", version)]
+// A repeated flag takes its last value instead of failing the parse: the systemd unit's
+// ExecStart, an older copy of it or a drop-in may name a flag that the operator's DIPAMD_OPTS
+// names again, and a refused command line under Restart=always is a crash loop with no IPAM
+// on the node. Repeatable flags (--allow-uid, --agent-roles, ...) still add up.
+#[command(name = "dipamd", version, args_override_self = true)]
 pub struct Args {
     /// Unix socket to serve on (created mode 0600, root only).
     #[arg(long, env = "DIPAM_SOCKET", default_value = "/run/dipam/dipam.sock")]
@@ -182,7 +186,7 @@ pub struct Args {
     #[arg(long, env = "DIPAM_SHUTDOWN_TIMEOUT", default_value_t = server::DEFAULT_DRAIN.as_secs_f64())]
     pub shutdown_timeout: f64,
     /// Log format on stderr.
-    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, env = "DIPAM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Log filter, tracing syntax (e.g. "info", "debug", "dipam_shim=debug").
     #[arg(long, env = "DIPAM_LOG", default_value = "info")]
@@ -642,5 +646,71 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
             _ = term.recv() => info!("SIGTERM: shutting down"),
             _ = int.recv() => info!("SIGINT: shutting down"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(argv: &[&str]) -> Args {
+        Args::try_parse_from(std::iter::once("dipamd").chain(argv.iter().copied()))
+            .unwrap_or_else(|e| panic!("{argv:?}: {e}"))
+    }
+
+    #[test]
+    fn a_repeated_flag_takes_its_last_value() {
+        // The systemd unit's flags first, then the operator's DIPAMD_OPTS.
+        let a = parse(&[
+            "--socket",
+            "/run/dipam/dipam.sock",
+            "--state-dir",
+            "/var/lib/dipam",
+            "--log-format",
+            "text",
+            "--gc-allow-empty",
+            "--socket",
+            "/srv/dipam.sock",
+            "--state-dir",
+            "/srv/dipam",
+            "--log-format",
+            "json",
+            "--gc-allow-empty",
+        ]);
+        assert_eq!(a.socket, PathBuf::from("/srv/dipam.sock"));
+        assert_eq!(a.state_dir, PathBuf::from("/srv/dipam"));
+        assert_eq!(a.log_format, LogFormat::Json);
+        assert!(a.gc_allow_empty);
+    }
+
+    #[test]
+    fn repeatable_flags_still_add_up() {
+        let a = parse(&[
+            "--allow-uid",
+            "1000",
+            "--allow-uid",
+            "1001",
+            "--agent-roles",
+            "router",
+            "--agent-roles",
+            "health,ingress",
+        ]);
+        assert_eq!(a.allow_uids, [1000, 1001]);
+        assert_eq!(a.agent_roles, ["router", "health", "ingress"]);
+    }
+
+    #[test]
+    fn conflicting_flags_are_still_refused() {
+        let e = Args::try_parse_from([
+            "dipamd",
+            "--conflist",
+            "/etc/cni/net.d/a.conflist",
+            "--conf-dir",
+            "/etc/cni/net.d",
+            "--network",
+            "n",
+        ])
+        .unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict, "{e}");
     }
 }

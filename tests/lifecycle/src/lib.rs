@@ -27,6 +27,7 @@ pub mod replay;
 pub mod runtime;
 pub mod shapes;
 pub mod standin;
+pub mod unit_file;
 pub mod yaml;
 
 pub use agentlab::AgentLab;

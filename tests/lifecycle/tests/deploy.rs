@@ -7,12 +7,12 @@
 #![allow(clippy::unwrap_used)]
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
     process::Command,
 };
 
-use dipam_lifecycle::{bins, yaml};
+use dipam_lifecycle::{bins, unit_file, yaml};
 use serde_json::Value;
 
 /// The host directories a dipam node needs, and nothing else: the CNI plugins, the CNI
@@ -425,18 +425,6 @@ fn assert_parses(bin: &str, argv: &[String], who: &str) {
     );
 }
 
-/// The systemd unit's ExecStart (continuation lines joined), split into words.
-fn exec_start() -> Vec<String> {
-    let unit =
-        std::fs::read_to_string(bins::workspace().join("deploy/systemd/dipamd.service")).unwrap();
-    let joined = unit.replace("\\\n", " ");
-    let line = joined
-        .lines()
-        .find_map(|l| l.strip_prefix("ExecStart="))
-        .expect("ExecStart=");
-    line.split_whitespace().map(str::to_owned).collect()
-}
-
 #[test]
 fn every_flag_the_manifest_and_the_unit_pass_exists() {
     let docs = manifest();
@@ -448,14 +436,21 @@ fn every_flag_the_manifest_and_the_unit_pass_exists() {
     }
     assert_parses("dipamd", &d[1..], "the DaemonSet");
 
-    let unit = exec_start();
+    let shipped = unit_file::shipped();
+    // Without the operator's $DIPAMD_OPTS (unit_overrides.rs starts it with them).
+    let unit = shipped.argv(&BTreeMap::new());
     assert!(unit[0].ends_with("/dipamd"), "{unit:?}");
-    // $DIPAMD_OPTS is the operator's, from /etc/default/dipamd.
-    let unit: Vec<String> = unit.into_iter().filter(|w| !w.starts_with('$')).collect();
     for (f, _) in flags(&unit) {
         assert_mentions(&dipamd_help, &f, "dipamd.service");
     }
     assert_parses("dipamd", &unit[1..], "dipamd.service");
+    // The unit's defaults are variables dipamd reads (a misspelt one would be ignored).
+    for (var, _) in &shipped.environment {
+        assert!(
+            dipamd_help.contains(&format!("[env: {var}=")),
+            "dipamd.service sets {var}, which dipamd does not read"
+        );
+    }
 
     let init = argv(container(&docs, "initContainers", "install"));
     let install_help = help("dipamctl", &["install"]);
@@ -510,11 +505,18 @@ fn the_unit_can_write_where_dipamd_and_its_delegates_write() {
             .map(|d| Path::new("/run").join(d)),
     );
 
-    let unit = exec_start();
-    let f = flags(&unit);
-    let state = PathBuf::from(flag(&f, "--state-dir").unwrap_or("/var/lib/dipam"));
-    let spool = flag(&f, "--spool-dir").map_or_else(|| state.join("spool"), PathBuf::from);
-    let socket = PathBuf::from(flag(&f, "--socket").unwrap_or("/run/dipam/dipam.sock"));
+    let unit = unit_file::shipped();
+    let state = PathBuf::from(
+        unit.setting("--state-dir", "DIPAM_STATE_DIR")
+            .unwrap_or_else(|| "/var/lib/dipam".into()),
+    );
+    let spool = unit
+        .setting("--spool-dir", "DIPAM_SPOOL_DIR")
+        .map_or_else(|| state.join("spool"), PathBuf::from);
+    let socket = PathBuf::from(
+        unit.setting("--socket", "DIPAM_SOCKET")
+            .unwrap_or_else(|| "/run/dipam/dipam.sock".into()),
+    );
     for (what, path) in [
         ("--state-dir", state.as_path()),
         ("--spool-dir", spool.as_path()),
@@ -529,9 +531,9 @@ fn the_unit_can_write_where_dipamd_and_its_delegates_write() {
     }
 }
 
-/// dipamd's shutdown drain for `argv`: its --shutdown-timeout, or the default --help shows.
-fn shutdown_drain(argv: &[String]) -> f64 {
-    if let Some(v) = flag(&flags(argv), "--shutdown-timeout") {
+/// dipamd's shutdown drain: the --shutdown-timeout `set`, or the default --help shows.
+fn shutdown_drain(set: Option<String>) -> f64 {
+    if let Some(v) = set {
         return v.parse().unwrap();
     }
     let help = help("dipamd", &[]);
@@ -559,7 +561,9 @@ fn stop_timeouts_exceed_the_shutdown_drain() {
         .trim()
         .parse()
         .unwrap();
-    let drain = shutdown_drain(&exec_start());
+    let drain = shutdown_drain(
+        unit_file::shipped().setting("--shutdown-timeout", "DIPAM_SHUTDOWN_TIMEOUT"),
+    );
     assert!(
         stop > drain + EXIT_WAIT_SECONDS,
         "TimeoutStopSec={stop} does not exceed dipamd's drain of {drain} s"
@@ -568,7 +572,8 @@ fn stop_timeouts_exceed_the_shutdown_drain() {
     let grace = pod_spec(&docs)["terminationGracePeriodSeconds"]
         .as_f64()
         .expect("the DaemonSet sets terminationGracePeriodSeconds");
-    let drain = shutdown_drain(&argv(container(&docs, "containers", "dipamd")));
+    let d = argv(container(&docs, "containers", "dipamd"));
+    let drain = shutdown_drain(flag(&flags(&d), "--shutdown-timeout").map(str::to_owned));
     assert!(
         grace > drain + EXIT_WAIT_SECONDS,
         "terminationGracePeriodSeconds {grace} does not exceed dipamd's drain of {drain} s"
