@@ -446,6 +446,10 @@ fn a_containerd_node_with_20_running_pods_is_adopted_and_no_pod_loses_its_addres
         })
         .collect();
     assert_eq!(hostlocal::reservations(&store, &net).len(), PODS);
+    // Past --gc-grace (1 s) for the newest pod: a younger reservation is kept as `grace`
+    // before any evidence is looked at, and this test is about the evidence (`alive`). On a
+    // quiet machine the last pod was still inside it when the GC below ran.
+    std::thread::sleep(Duration::from_millis(1500));
 
     // Reviewed first: the wrapped copy beside the file, which no runtime loads. dipamd does
     // not record these pods yet, and still neither its GC nor a dry adoption would free one.
