@@ -28,7 +28,7 @@ pub async fn run(
     // When the runtime invoked the plugin (its boot-clock stamp), after it made the valid
     // list: nothing an ADD finished since then is freed, whatever the grace period and the
     // wall clock (core/births.rs).
-    let began = node.births.gc_began(p.issued.as_ref());
+    let began = node.core.births.gc_began(p.issued.as_ref());
     // GC frees every attachment of the network that is not in the list: every caller's.
     if !p.caller.is_root() {
         return Err(ShimError::Forbidden {
@@ -39,10 +39,11 @@ pub async fn run(
         });
     }
     let refused = || {
-        node.gc_stats
+        node.gc
+            .stats
             .refused
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        node.events.emit(crate::events::Event::GcRefused);
+        node.core.events.emit(crate::events::Event::GcRefused);
     };
     let input = gc::valid_input(&p.dc.conf).map_err(|e| {
         refused();
@@ -50,7 +51,7 @@ pub async fn run(
     })?;
     let list = match input {
         ValidInput::List(l) if !l.is_empty() => l,
-        _ if node.gc.allow_empty => Vec::new(),
+        _ if node.gc.policy.allow_empty => Vec::new(),
         other => {
             refused();
             return Err(ShimError::GcRefused {
@@ -64,7 +65,7 @@ pub async fn run(
         }
     };
     let plan = gc::collect::collect(
-        node,
+        &node.collector(),
         &p.dc,
         &p.req.cni_path,
         Valid::List(list),
