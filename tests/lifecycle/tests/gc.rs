@@ -254,6 +254,10 @@ fn adds_during_a_large_gc_never_get_an_address_still_being_released() {
     let stale_ips: std::collections::HashSet<String> =
         lab.delegate_store().into_iter().map(|(_, ip)| ip).collect();
     assert_eq!(stale_ips.len(), STALE + 1, "the range is not full");
+    // A CNI GC begins at its plugin's fork, which the kernel records to the clock tick
+    // (10 ms): an ADD that ended inside the GC's tick counts as born after it and is kept for
+    // the next GC (docs/cfp.md §7.4). Every stale pod here ended a tick before.
+    std::thread::sleep(std::time::Duration::from_millis(30));
 
     let gc_done = std::sync::atomic::AtomicBool::new(false);
     let (gc_out, added) = std::thread::scope(|s| {
