@@ -50,9 +50,8 @@ if [ "${1:-}" != "demo" ]; then
   # man -l renders the man pages `dipamctl install` writes (tests/lifecycle/tests/install_docs.rs).
   command -v man >/dev/null 2>&1 || need+=(man-db)
   # The real peers (tests/peers/build.sh, below): CRI-O runs containers through Debian's
-  # conmon and runc, and its C helper pinns is built with gcc and make, linked statically
-  # against glibc (libc6-dev).
-  command -v conmon >/dev/null 2>&1 || need+=(conmon)
+  # conmon (above) and runc, and its C helper pinns is built with gcc and make, linked
+  # statically against glibc (libc6-dev).
   command -v gcc >/dev/null 2>&1 || need+=(gcc)
   command -v make >/dev/null 2>&1 || need+=(make)
   dpkg -s libc6-dev >/dev/null 2>&1 || need+=(libc6-dev)
