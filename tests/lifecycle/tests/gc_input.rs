@@ -280,6 +280,10 @@ fn freeing_all_of_a_small_network_takes_force() {
 
     let (_a, only) = lab.pod();
     lab.rt.ipam(lab.list(), 0, "ADD", &only, None).unwrap();
+    // A CNI GC begins at its plugin's fork, kept by the kernel to the clock tick (10 ms): a
+    // pod whose ADD ended inside that tick counts as born after the GC and is not a candidate
+    // (docs/cfp.md §7.4), and then there would be nothing for the interlock to refuse.
+    std::thread::sleep(std::time::Duration::from_millis(30));
     let e = gc(
         &lab.rt,
         lab.list(),
