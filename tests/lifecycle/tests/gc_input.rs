@@ -27,6 +27,10 @@ fn gc(
     list: &Value,
     keys: &[(&str, &Value)],
 ) -> Result<Value, CniError> {
+    // A CNI GC begins at its plugin's fork, kept by the kernel to the clock tick (10 ms): a
+    // pod whose ADD ended inside that tick counts as born after the GC and is not a candidate
+    // (docs/cfp.md §7.4). The pods here end a tick before, so the interlocks see them.
+    std::thread::sleep(std::time::Duration::from_millis(30));
     let mut l = list.clone();
     l["cniVersion"] = json!("1.1.0");
     for (k, v) in keys {
@@ -280,10 +284,6 @@ fn freeing_all_of_a_small_network_takes_force() {
 
     let (_a, only) = lab.pod();
     lab.rt.ipam(lab.list(), 0, "ADD", &only, None).unwrap();
-    // A CNI GC begins at its plugin's fork, kept by the kernel to the clock tick (10 ms): a
-    // pod whose ADD ended inside that tick counts as born after the GC and is not a candidate
-    // (docs/cfp.md §7.4), and then there would be nothing for the interlock to refuse.
-    std::thread::sleep(std::time::Duration::from_millis(30));
     let e = gc(
         &lab.rt,
         lab.list(),
