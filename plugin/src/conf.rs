@@ -15,11 +15,23 @@ use std::{path::PathBuf, time::Duration};
 
 use rscni_types::{
     types::{CNIResult, Cmd, Dns, NetConf},
-    version::SpecVersion,
+    version::{PluginInfo, SpecVersion},
 };
 use serde_json::Value;
 
 use crate::error::PluginError;
+
+/// What dipam speaks, from the one list of supported versions (dipam_proto::cni): the
+/// config's cniVersion is negotiated against it here, and VERSION (cmd/version.rs) prints it.
+pub fn plugin_info() -> PluginInfo {
+    PluginInfo::new(
+        SpecVersion::CURRENT,
+        dipam_proto::cni::SUPPORTED_VERSIONS
+            .iter()
+            .filter_map(|v| v.parse().ok())
+            .collect(),
+    )
+}
 
 /// Where dipamd listens unless the config says otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/dipam/dipam.sock";
@@ -216,7 +228,7 @@ impl PluginConf {
                 "",
             ));
         }
-        let version = crate::cmd::version::plugin_info().negotiate(&conf, cmd)?;
+        let version = plugin_info().negotiate(&conf, cmd)?;
 
         // The spec's `ipam` (where dipam's keys are in IPAM mode; the real IPAM in main mode).
         let ipam = raw.get("ipam");

@@ -1,19 +1,10 @@
 //! CNI VERSION, answered without dipamd: podman runs it on every network load, and it must
 //! work while the daemon is down (spec §2.3, docs/sources.md §10.1).
 
-use rscni_types::version::{PluginInfo, SpecVersion};
+use rscni_types::version::SpecVersion;
 use serde_json::{Value, json};
 
-/// What dipam speaks, from the one list of supported versions (dipam_proto::cni).
-pub fn plugin_info() -> PluginInfo {
-    PluginInfo::new(
-        SpecVersion::CURRENT,
-        dipam_proto::cni::SUPPORTED_VERSIONS
-            .iter()
-            .filter_map(|v| v.parse().ok())
-            .collect(),
-    )
-}
+pub use crate::conf::plugin_info;
 
 /// The VERSION reply. The spec says to echo the input cniVersion; stdin may be empty, so fall
 /// back to the newest version dipam supports.
@@ -31,6 +22,8 @@ pub fn reply(stdin: &[u8]) -> Value {
 
 #[cfg(test)]
 mod tests {
+    use rscni_types::version::PluginInfo;
+
     use super::*;
 
     #[test]
