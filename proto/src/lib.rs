@@ -13,14 +13,22 @@ pub const MIN_PROTOCOL_VERSION: u32 = 1;
 /// prefix, until dipamd deletes it (see `RetiredLink` in the proto). The alias tells dipamd's
 /// sweep which links are dipam's to delete, also after a crash.
 pub mod retired {
-    /// Prefix of a retired link's alias: "dipam-gone <network> <container id> <ifname>".
+    /// Prefix of a retired link's alias: `dipam-gone <network> <container id> <ifname>`.
     pub const ALIAS_PREFIX: &str = "dipam-gone ";
 }
 
 pub mod cni;
 pub mod spool;
 
-#[allow(clippy::all, clippy::pedantic, clippy::unwrap_used, missing_docs)]
+// The generated code's doc comments are the .proto's comments, plain text: `<role>` there
+// is a placeholder, not HTML.
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    clippy::unwrap_used,
+    missing_docs,
+    rustdoc::invalid_html_tags
+)]
 pub mod v1 {
     tonic::include_proto!("dipam.v1");
 

@@ -275,7 +275,7 @@ mod tests {
     fn node() -> (Arc<MemStore>, Arc<Node>) {
         let store = Arc::new(MemStore::new());
         let exec = crate::delegate::Executor::new(Vec::new(), Duration::from_secs(1));
-        (store.clone(), crate::rpc::tests::node_on(store, exec))
+        (store.clone(), crate::testing::node_on(store, exec))
     }
 
     async fn check(svc: &HealthService, name: &str) -> Result<i32, tonic::Code> {

@@ -30,12 +30,15 @@ pub mod order;
 pub mod perms;
 pub mod pool;
 pub mod privilege;
+pub mod replay;
 pub mod rpc;
 pub mod server;
 pub mod service;
 
 pub mod spool;
 pub mod teardown;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod trim;
 pub mod validate;
 

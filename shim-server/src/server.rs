@@ -22,6 +22,9 @@ use crate::{
 };
 use tonic::service::interceptor::InterceptedService;
 
+mod deadline;
+pub use deadline::{DEADLINE, Deadline, DeadlineLayer};
+
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error("{path}: another process is serving this socket; stop it or choose another --socket")]
@@ -97,7 +100,7 @@ pub fn resolve_group(g: &str) -> Result<u32, String> {
 /// so every pod ADD on the node waits (and DELs are spooled) until the next dipamd serves.
 /// Cutting a request short is safe: each one is recorded as an intent before its delegate
 /// runs, and the next start completes or releases it exactly as after a crash, waiting first
-/// for a delegate still running (delegate/orphans.rs). systemd's `TimeoutStopSec` and the
+/// for a delegate still running (delegate/survivors.rs). systemd's `TimeoutStopSec` and the
 /// DaemonSet's `terminationGracePeriodSeconds` must exceed it (deploy/README.md), or the
 /// drain ends in SIGKILL.
 pub const DEFAULT_DRAIN: Duration = Duration::from_secs(5);
@@ -177,7 +180,7 @@ where
             oversize_is_resource_exhausted,
         ))
         // One code for an expired deadline (service.rs).
-        .layer(crate::service::DeadlineLayer)
+        .layer(deadline::DeadlineLayer)
         .add_service(InterceptedService::new(
             CniServer::new(svc.clone()).max_decoding_message_size(MAX_REQUEST_BYTES),
             check.clone(),

@@ -361,57 +361,99 @@ impl Cni for Service {
     }
 }
 
+/// Who may make an Admin or Agent call: root only (what the refusal names), or any caller
+/// (the RPC itself narrows what a non-root caller sees).
+enum Access {
+    Admin(&'static str),
+    Any,
+}
+
+/// A request of the Admin and Agent services: each carries the client's protocol version.
+trait Versioned {
+    fn protocol_version(&self) -> u32;
+}
+
+macro_rules! versioned {
+    ($($t:ty),*) => {$(
+        impl Versioned for $t {
+            fn protocol_version(&self) -> u32 {
+                self.protocol_version
+            }
+        }
+    )*};
+}
+versioned!(
+    StatusRequest,
+    ExplainRequest,
+    DoctorRequest,
+    GcRequest,
+    RuntimeGcRequest,
+    ListAttachmentsRequest,
+    AgentListRequest,
+    AgentRoleRequest,
+    ClaimRequest,
+    UnclaimRequest
+);
+
+/// The sequence of every Admin and Agent call: the caller's access, then the protocol rule,
+/// then the RPC module with the caller and the request, and its error through the one
+/// boundary (`ShimError::into_status`).
+async fn guarded<R, T, F, Fut>(r: Request<R>, access: Access, run: F) -> Result<Response<T>, Status>
+where
+    R: Versioned,
+    F: FnOnce(Caller, R) -> Fut,
+    Fut: Future<Output = Result<T, ShimError>>,
+{
+    let caller = Caller::of(&r);
+    if let Access::Admin(what) = access {
+        caller.require_admin(what)?;
+    }
+    protocol(r.get_ref().protocol_version())?;
+    run(caller, r.into_inner())
+        .await
+        .map(Response::new)
+        .map_err(ShimError::into_status)
+}
+
 #[tonic::async_trait]
 impl Admin for Service {
     async fn get_status(&self, r: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
-        Caller::of(&r).require_admin("dipamd's status")?;
-        protocol(r.get_ref().protocol_version)?;
-        rpc::admin::status::run(&self.0)
-            .await
-            .map(Response::new)
-            .map_err(ShimError::into_status)
+        guarded(r, Access::Admin("dipamd's status"), |_, _| {
+            rpc::admin::status::run(&self.0)
+        })
+        .await
     }
     async fn explain(&self, r: Request<ExplainRequest>) -> Result<Response<ExplainReply>, Status> {
-        Caller::of(&r).require_admin("explain")?;
-        protocol(r.get_ref().protocol_version)?;
-        rpc::admin::explain::run(&self.0, r.into_inner())
-            .await
-            .map(Response::new)
-            .map_err(ShimError::into_status)
+        guarded(r, Access::Admin("explain"), |_, req| {
+            rpc::admin::explain::run(&self.0, req)
+        })
+        .await
     }
 
     async fn doctor(&self, r: Request<DoctorRequest>) -> Result<Response<DoctorReply>, Status> {
-        Caller::of(&r).require_admin("doctor")?;
-        protocol(r.get_ref().protocol_version)?;
-        rpc::admin::doctor::run(&self.0)
-            .await
-            .map(Response::new)
-            .map_err(ShimError::into_status)
+        guarded(r, Access::Admin("doctor"), |_, _| {
+            rpc::admin::doctor::run(&self.0)
+        })
+        .await
     }
 
     async fn gc(&self, r: Request<GcRequest>) -> Result<Response<GcReply>, Status> {
-        Caller::of(&r).require_admin("the operator's GC")?;
-        protocol(r.get_ref().protocol_version)?;
-        let span = info_span!("admin", command = "gc");
-        rpc::admin::gc::run(&self.0, r.into_inner())
-            .instrument(span)
-            .await
-            .map(Response::new)
-            .map_err(ShimError::into_status)
+        guarded(r, Access::Admin("the operator's GC"), |_, req| {
+            let span = info_span!("admin", command = "gc");
+            rpc::admin::gc::run(&self.0, req).instrument(span)
+        })
+        .await
     }
 
     async fn runtime_gc(
         &self,
         r: Request<RuntimeGcRequest>,
     ) -> Result<Response<RuntimeGcReply>, Status> {
-        Caller::of(&r).require_admin("the runtime-aware GC")?;
-        protocol(r.get_ref().protocol_version)?;
-        let span = info_span!("admin", command = "gc --from-runtime");
-        rpc::admin::runtime_gc::run(&self.0, r.into_inner())
-            .instrument(span)
-            .await
-            .map(Response::new)
-            .map_err(ShimError::into_status)
+        guarded(r, Access::Admin("the runtime-aware GC"), |_, req| {
+            let span = info_span!("admin", command = "gc --from-runtime");
+            rpc::admin::runtime_gc::run(&self.0, req).instrument(span)
+        })
+        .await
     }
 
     async fn adopt(&self, r: Request<AdoptRequest>) -> Result<Response<AdoptReply>, Status> {
@@ -430,14 +472,15 @@ impl Admin for Service {
         r: Request<ListAttachmentsRequest>,
     ) -> Result<Response<ListAttachmentsReply>, Status> {
         // Not admin-only: a non-root caller sees the attachments it created, and only those.
-        let caller = Caller::of(&r);
-        protocol(r.get_ref().protocol_version)?;
-        rpc::admin::attachments::run(&self.0, caller, r.into_inner())
-            .await
-            .map(Response::new)
-            .map_err(ShimError::into_status)
+        guarded(r, Access::Any, |caller, req| {
+            rpc::admin::attachments::run(&self.0, caller, req)
+        })
+        .await
     }
 }
+
+/// Every Agent call is root's.
+const AGENT: Access = Access::Admin("the Agent service");
 
 #[tonic::async_trait]
 impl Agent for Service {
@@ -446,80 +489,62 @@ impl Agent for Service {
     >;
 
     async fn list(&self, r: Request<AgentListRequest>) -> Result<Response<AgentListReply>, Status> {
-        Caller::of(&r).require_admin("the Agent service")?;
-        protocol(r.get_ref().protocol_version)?;
-        rpc::agent::list::run(&self.0)
-            .await
-            .map(Response::new)
-            .map_err(ShimError::into_status)
+        guarded(r, AGENT, |_, _| rpc::agent::list::run(&self.0)).await
     }
 
     async fn watch(
         &self,
         r: Request<AgentListRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        Caller::of(&r).require_admin("the Agent service")?;
-        protocol(r.get_ref().protocol_version)?;
-        Ok(Response::new(Box::pin(rpc::agent::watch::run(
-            self.0.clone(),
-        ))))
+        guarded(r, AGENT, |_, _| async {
+            Ok(Box::pin(rpc::agent::watch::run(self.0.clone())) as Self::WatchStream)
+        })
+        .await
     }
 
     async fn allocate(
         &self,
         r: Request<AgentRoleRequest>,
     ) -> Result<Response<AgentListReply>, Status> {
-        Caller::of(&r).require_admin("the Agent service")?;
-        protocol(r.get_ref().protocol_version)?;
-        let role = agent_role(r.into_inner().role)?;
-        let span = info_span!("agent", command = "allocate", role = %role);
-        rpc::agent::set_role::run(self.0.clone(), role, true)
-            .instrument(span)
-            .await
-            .map(Response::new)
-            .map_err(ShimError::into_status)
+        guarded(r, AGENT, |_, req| async move {
+            let role = agent_role(req.role)?;
+            let span = info_span!("agent", command = "allocate", role = %role);
+            rpc::agent::set_role::run(self.0.clone(), role, true)
+                .instrument(span)
+                .await
+        })
+        .await
     }
 
     async fn release(
         &self,
         r: Request<AgentRoleRequest>,
     ) -> Result<Response<AgentListReply>, Status> {
-        Caller::of(&r).require_admin("the Agent service")?;
-        protocol(r.get_ref().protocol_version)?;
-        let role = agent_role(r.into_inner().role)?;
-        let span = info_span!("agent", command = "release", role = %role);
-        rpc::agent::set_role::run(self.0.clone(), role, false)
-            .instrument(span)
-            .await
-            .map(Response::new)
-            .map_err(ShimError::into_status)
+        guarded(r, AGENT, |_, req| async move {
+            let role = agent_role(req.role)?;
+            let span = info_span!("agent", command = "release", role = %role);
+            rpc::agent::set_role::run(self.0.clone(), role, false)
+                .instrument(span)
+                .await
+        })
+        .await
     }
 
     async fn claim(&self, r: Request<ClaimRequest>) -> Result<Response<ClaimReply>, Status> {
-        Caller::of(&r).require_admin("the Agent service")?;
-        protocol(r.get_ref().protocol_version)?;
-        let req = r.into_inner();
-        // Bounded before it names the span: the name is checked in full by the claim module.
-        let span =
-            info_span!("agent", command = "claim", claim = %crate::validate::clip(&req.name, 63));
-        rpc::agent::claim::claim(self.0.clone(), req)
-            .instrument(span)
-            .await
-            .map(Response::new)
-            .map_err(ShimError::into_status)
+        guarded(r, AGENT, |_, req| {
+            // Bounded before it names the span: the name is checked in full by the claim module.
+            let span = info_span!("agent", command = "claim", claim = %crate::validate::clip(&req.name, 63));
+            rpc::agent::claim::claim(self.0.clone(), req).instrument(span)
+        })
+        .await
     }
 
     async fn unclaim(&self, r: Request<UnclaimRequest>) -> Result<Response<ClaimReply>, Status> {
-        Caller::of(&r).require_admin("the Agent service")?;
-        protocol(r.get_ref().protocol_version)?;
-        let req = r.into_inner();
-        let span =
-            info_span!("agent", command = "unclaim", claim = %crate::validate::clip(&req.name, 63));
-        rpc::agent::claim::unclaim(self.0.clone(), req)
-            .instrument(span)
-            .await
-            .map(Response::new)
-            .map_err(ShimError::into_status)
+        guarded(r, AGENT, |_, req| {
+            let span = info_span!("agent", command = "unclaim", claim = %crate::validate::clip(&req.name, 63));
+            rpc::agent::claim::unclaim(self.0.clone(), req).instrument(span)
+        })
+        .await
     }
 }
 
@@ -539,121 +564,12 @@ fn protocol(version: u32) -> Result<(), Status> {
 }
 
 /// A role from the Agent service, bounded before it reaches a log span or an error message.
-fn agent_role(role: String) -> Result<String, Status> {
+fn agent_role(role: String) -> Result<String, ShimError> {
     crate::validate::bounded(
         "the role",
         role.as_bytes(),
         crate::validate::limits::NAME,
         7,
-    )
-    .map_err(ShimError::into_status)?;
+    )?;
     Ok(role)
-}
-
-/// The message of the DEADLINE_EXCEEDED a call gets when its deadline expires.
-pub const DEADLINE: &str = "the caller's deadline expired before dipamd answered; work dipamd \
-     accepted (a claim, an unclaim, a role's allocation or release) still runs to its end: read \
-     the outcome with List, Watch or the same call again";
-
-/// Answers every call whose `grpc-timeout` expires with DEADLINE_EXCEEDED. tonic's own timer
-/// answers CANCELLED ("Timeout expired"), while a client that enforces its deadline itself
-/// (grpcio, Go) reports DEADLINE_EXCEEDED: the same expiry reached callers as either code,
-/// depending on which timer fired first. This layer's timer starts before tonic's (tonic
-/// calls the service it wraps, then arms its own, with the same duration) and is polled
-/// first, so it always answers first: one code for one condition.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct DeadlineLayer;
-
-impl<S> tower::Layer<S> for DeadlineLayer {
-    type Service = Deadline<S>;
-
-    fn layer(&self, inner: S) -> Deadline<S> {
-        Deadline { inner }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct Deadline<S> {
-    inner: S,
-}
-
-impl<S, Req, B> tower::Service<tonic::codegen::http::Request<Req>> for Deadline<S>
-where
-    S: tower::Service<
-            tonic::codegen::http::Request<Req>,
-            Response = tonic::codegen::http::Response<B>,
-        >,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    B: Default + Send + 'static,
-{
-    type Response = tonic::codegen::http::Response<B>;
-    type Error = S::Error;
-    type Future = std::pin::Pin<
-        Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send + 'static>,
-    >;
-
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: tonic::codegen::http::Request<Req>) -> Self::Future {
-        // Armed here, before the inner call: never later than tonic's timer.
-        let expiry = grpc_timeout(req.headers()).map(tokio::time::sleep);
-        let call = self.inner.call(req);
-        Box::pin(async move {
-            let Some(expiry) = expiry else {
-                return call.await;
-            };
-            tokio::select! {
-                biased;
-                r = call => r,
-                () = expiry => Ok(Status::deadline_exceeded(DEADLINE).into_http()),
-            }
-        })
-    }
-}
-
-/// The `grpc-timeout` header (gRPC over HTTP/2: up to 8 digits and a unit H, M, S, m, u, n).
-fn grpc_timeout(headers: &tonic::codegen::http::HeaderMap) -> Option<std::time::Duration> {
-    use std::time::Duration;
-    let v = headers.get("grpc-timeout")?.to_str().ok()?;
-    if v.len() < 2 || v.len() > 9 {
-        return None;
-    }
-    let (digits, unit) = v.split_at(v.len() - 1);
-    let n: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(n.saturating_mul(3600)),
-        "M" => Duration::from_secs(n.saturating_mul(60)),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
-}
-
-#[cfg(test)]
-mod deadline_tests {
-    use super::*;
-
-    #[test]
-    fn grpc_timeout_units() {
-        let h = |v: &str| {
-            let mut m = tonic::codegen::http::HeaderMap::new();
-            m.insert("grpc-timeout", v.parse().unwrap());
-            grpc_timeout(&m)
-        };
-        assert_eq!(h("5m"), Some(std::time::Duration::from_millis(5)));
-        assert_eq!(h("2S"), Some(std::time::Duration::from_secs(2)));
-        assert_eq!(h("1H"), Some(std::time::Duration::from_secs(3600)));
-        assert_eq!(h("100u"), Some(std::time::Duration::from_micros(100)));
-        assert_eq!(h("x"), None);
-        assert_eq!(h("123456789S"), None);
-        assert_eq!(h("5q"), None);
-    }
 }

@@ -217,7 +217,7 @@ async fn probe(h: &Handle) -> Result<(), StartError> {
     }
 }
 
-/// Who deletes retired veths, for status: "dipamd", or "off: <why>" when the plugins do.
+/// Who deletes retired veths, for status: "dipamd", or `off: <why>` when the plugins do.
 pub fn who(t: Option<&Teardown>) -> String {
     match t {
         None => "off: the teardown worker did not start (see dipamd's log); the plugins delete \

@@ -9,7 +9,7 @@ use crate::error::ShimError;
 /// anything longer than this is no help to a reader anyway.
 const SHOWN: usize = 64;
 
-/// `s` quoted for an error message: at most [`SHOWN`] characters, then its length.
+/// `s` quoted for an error message: at most `SHOWN` (64) characters, then its length.
 pub fn shown(s: &str) -> String {
     match s.char_indices().nth(SHOWN) {
         None => format!("{s:?}"),

@@ -64,7 +64,7 @@ impl MemStore {
     }
 
     /// Makes [`Store::fault`] report `fault` (`None`: healthy), as a
-    /// [`crate::sled_store::SledStore`] whose writes fail would. Commits are not affected: combine with
+    /// sled store (`crate::sled_store::SledStore`) whose writes fail would. Commits are not affected: combine with
     /// [`MemStore::fail_next_commits`].
     pub fn set_fault(&self, fault: Option<&str>) {
         if let Ok(mut f) = self.fault.lock() {

@@ -13,8 +13,9 @@
 //! renamed) is released, and retried on every pass until the delegate agrees: this closes the
 //! "feature turned off leaks its address" gap of the delegated-IPAM CFP.
 //!
-//! ADDs go through the same intent-before-exec path as pods (rpc::add::attach), so a crash at
-//! any point leaves a record that start-up replay or the next pass resolves.
+//! ADDs go through the same intent-before-exec path as pods
+//! ([`crate::core::attach::attach`]), so a crash at any point leaves a record that start-up
+//! replay or the next pass resolves.
 //!
 //! The enabled slots are the roles' (predefined claims) and the agent's claims (claims.rs).
 //! A claim or unclaim from the Agent service reconciles its one slot at once ([`claim`],
@@ -547,7 +548,10 @@ fn request_ip(p: &mut Prepared, ip: IpAddr) {
     }
 }
 
-/// Makes one enabled slot hold its address; returns what the agent should see.
+/// Makes one enabled slot hold its address; returns what the agent should see. Keeps an
+/// address the delegate still holds, or releases what the ledger has for the slot and adds
+/// it again (the address it had, when it can), then remembers the address for the next
+/// time. The key's lock is held throughout.
 async fn establish(
     node: &Node,
     base: &Base,
@@ -556,9 +560,36 @@ async fn establish(
     existing: Option<AttachmentRecord>,
 ) -> Result<AgentAddress, ShimError> {
     let _guard = node.locks.lock(key).await;
-    let owner = Owner::Agent {
-        role: slot.role.clone(),
+    refuse_unsupported_request(node, base, slot)?;
+    let mut b = match settle_existing(node, base, slot, key, existing).await? {
+        Existing::Held(address) => return Ok(*address),
+        Existing::Released(before) => before,
     };
+    if b.previous.is_none() {
+        let name = format!("{LAST_IP_SETTING}{}", slot.container_id);
+        b.previous = node
+            .ledger(move |l| l.setting(&name))
+            .await?
+            .and_then(|s| s.parse().ok());
+    }
+    if b.requested.is_none() {
+        b.requested = slot.requested.or(b.previous);
+    }
+
+    let added = add(node, base, slot, key, &mut b).await?;
+    let (ip, result) = the_address(node, slot, key, &added).await?;
+    remember(node, slot, key, ip, b.previous, &b.message).await?;
+    Ok(address(
+        slot,
+        &base.network,
+        Some(&result),
+        "ready",
+        &b.message,
+    ))
+}
+
+/// A claim that asks for a particular address needs a delegate that can be asked for one.
+fn refuse_unsupported_request(node: &Node, base: &Base, slot: &Slot) -> Result<(), ShimError> {
     if slot.requested.is_some() && !supports_requested(&base_kind(node, base, slot)?) {
         return Err(ShimError::Config {
             msg: "the delegate cannot be asked for a specific address".into(),
@@ -569,33 +600,61 @@ async fn establish(
             ),
         });
     }
-    let mut requested: Option<IpAddr> = None;
-    // The address this slot held before, if any: a different one now is a change the agent
-    // must learn of (the changed mark).
-    let mut previous: Option<IpAddr> = None;
-    let mut message = String::new();
+    Ok(())
+}
+
+/// What the slot had before it is added again.
+#[derive(Default)]
+struct Before {
+    /// The address to ask the delegate for: the claim's own, else the one held before.
+    requested: Option<IpAddr>,
+    /// The address this slot held before, if any: a different one now is a change the agent
+    /// must learn of (the changed mark).
+    previous: Option<IpAddr>,
+    /// Why the address changed, for the agent's list; empty when nothing happened.
+    message: String,
+}
+
+/// How the slot's existing record was dealt with.
+enum Existing {
+    /// The delegate still holds it: nothing to do.
+    Held(Box<AgentAddress>),
+    /// Released (or there was none): add it again.
+    Released(Before),
+}
+
+/// Keeps a committed record the delegate still holds; releases any other (and, with no
+/// record at all, a reservation from a previous life under the same key).
+async fn settle_existing(
+    node: &Node,
+    base: &Base,
+    slot: &Slot,
+    key: &AttachmentKey,
+    existing: Option<AttachmentRecord>,
+) -> Result<Existing, ShimError> {
+    let mut b = Before::default();
     match existing {
         Some(rec) if rec.state == AttachmentState::Committed => {
             match verify(node, base, slot, &rec).await {
                 Ok(()) => {
-                    return Ok(address(
+                    return Ok(Existing::Held(Box::new(address(
                         slot,
                         &base.network,
                         rec.result.as_ref(),
                         "ready",
                         "",
-                    ));
+                    ))));
                 }
                 Err(why) => {
-                    previous = mine(&rec, slot.family);
-                    requested = slot.requested.or(previous);
+                    b.previous = mine(&rec, slot.family);
+                    b.requested = slot.requested.or(b.previous);
                     warn!(key = %key, reason = %error_text(&why), "the delegate no longer holds this agent address; re-establishing it");
                     release(node, &rec).await.ok();
                     node.agent
                         .reestablished
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     node.events.emit(crate::events::Event::AgentReestablished);
-                    message = format!(
+                    b.message = format!(
                         "re-established: the delegate had lost it ({})",
                         error_text(&why)
                     );
@@ -603,8 +662,8 @@ async fn establish(
             }
         }
         Some(rec) => {
-            previous = mine(&rec, slot.family);
-            requested = slot.requested.or(previous);
+            b.previous = mine(&rec, slot.family);
+            b.requested = slot.requested.or(b.previous);
             release(node, &rec).await?;
         }
         None => {
@@ -621,19 +680,23 @@ async fn establish(
             }
         }
     }
-    if previous.is_none() {
-        let name = format!("{LAST_IP_SETTING}{}", slot.container_id);
-        previous = node
-            .ledger(move |l| l.setting(&name))
-            .await?
-            .and_then(|s| s.parse().ok());
-    }
-    if requested.is_none() {
-        requested = slot.requested.or(previous);
-    }
+    Ok(Existing::Released(b))
+}
 
+/// The delegate's ADD for the slot, asking for `b.requested`; when that address is taken
+/// (and the slot is not a claim of that very address), any other.
+async fn add(
+    node: &Node,
+    base: &Base,
+    slot: &Slot,
+    key: &AttachmentKey,
+    b: &mut Before,
+) -> Result<crate::core::attach::Added, ShimError> {
+    let owner = Owner::Agent {
+        role: slot.role.clone(),
+    };
     let mut p = prepare(node, base, slot, "ADD")?;
-    if let Some(ip) = requested {
+    if let Some(ip) = b.requested {
         request_ip(&mut p, ip);
     }
     let added = match crate::core::attach::attach(
@@ -647,13 +710,13 @@ async fn establish(
         Ok(out) => out,
         // A claim's own requested IP is what it asked for: never another in its place.
         Err(e) if slot.requested.is_some() => return Err(e),
-        Err(e) if requested.is_some() && matches!(e, ShimError::Delegate(_)) => {
+        Err(e) if b.requested.is_some() && matches!(e, ShimError::Delegate(_)) => {
             // The old address is taken (by a pod, while the agent's was not held): take
             // another rather than go without; the agent learns the new one from Watch.
-            warn!(key = %key, requested = ?requested, error = %e, "the previous agent address is not available; taking another");
-            message = format!(
+            warn!(key = %key, requested = ?b.requested, error = %e, "the previous agent address is not available; taking another");
+            b.message = format!(
                 "address changed: {} was not available",
-                requested.map(|i| i.to_string()).unwrap_or_default()
+                b.requested.map(|i| i.to_string()).unwrap_or_default()
             );
             let p = prepare(node, base, slot, "ADD")?;
             crate::core::attach::attach(
@@ -666,6 +729,17 @@ async fn establish(
         }
         Err(e) => return Err(e),
     };
+    Ok(added)
+}
+
+/// The address of the slot's family in the delegate's result, and the result; released and
+/// refused when the delegate gave another family or ignored the requested address.
+async fn the_address(
+    node: &Node,
+    slot: &Slot,
+    key: &AttachmentKey,
+    added: &crate::core::attach::Added,
+) -> Result<(IpAddr, Value), ShimError> {
     let result: Value =
         serde_json::from_slice(&added.result).map_err(|e| ShimError::Internal(e.to_string()))?;
     let Some(ip) = result_addrs(&result)
@@ -696,6 +770,18 @@ async fn establish(
             details: "it ignored the requested address; nothing is held for this claim".into(),
         });
     }
+    Ok((ip, result))
+}
+
+/// Marks a changed address for the agent and remembers the address for the slot's next ADD.
+async fn remember(
+    node: &Node,
+    slot: &Slot,
+    key: &AttachmentKey,
+    ip: IpAddr,
+    previous: Option<IpAddr>,
+    message: &str,
+) -> Result<(), ShimError> {
     match previous {
         Some(prev) if prev != ip => {
             let before = prev.to_string();
@@ -712,13 +798,7 @@ async fn establish(
     } else {
         warn!(key = %key, %ip, "{message}");
     }
-    Ok(address(
-        slot,
-        &base.network,
-        Some(&result),
-        "ready",
-        &message,
-    ))
+    Ok(())
 }
 
 /// The record's address of `family`.

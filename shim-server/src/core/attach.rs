@@ -69,7 +69,7 @@ pub async fn attach(
     owner: Owner,
     early: &mut Early,
 ) -> Result<Added, ShimError> {
-    refuse_stale(core, p)?;
+    core.refuse_stale(p)?;
     p.dc.check_for_add()?;
     let digest = p.dc.digest();
     if let Some(result) = replay_or_finish(core, p, &digest).await? {
@@ -95,20 +95,6 @@ pub async fn attach(
         result: rendered,
         replayed: false,
     })
-}
-
-/// Refuses an ADD issued before a DEL of the same attachment that dipamd already processed (a
-/// slow or retried plugin, F4): it must not bring the attachment back. Ordered on the boot
-/// clock (order.rs): the wall clock steps.
-fn refuse_stale(core: &Core, p: &Prepared) -> Result<(), ShimError> {
-    if let Some(del_issued) = core.tombstone(&p.key)
-        && crate::order::before(p.issued.as_ref(), Some(&del_issued)) == Some(true)
-    {
-        return Err(ShimError::StaleAdd {
-            key: p.key.to_string(),
-        });
-    }
-    Ok(())
 }
 
 /// What the ledger already holds for the key: the answer to a repeated ADD (`Some`), a

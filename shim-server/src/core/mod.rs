@@ -359,6 +359,21 @@ impl Core {
             .map(|(issued, _)| issued.clone())
     }
 
+    /// The stale-ADD rule (F4): an ADD issued before a DEL of the same attachment that dipamd
+    /// already processed (a slow or retried plugin) must not bring the attachment back.
+    /// Ordered on the boot clock (order.rs): the wall clock steps. [`attach::attach`] refuses
+    /// such an ADD; the warm pool leaves it to that refusal.
+    pub fn refuse_stale(&self, p: &Prepared) -> Result<(), ShimError> {
+        if let Some(del_issued) = self.tombstone(&p.key)
+            && crate::order::before(p.issued.as_ref(), Some(&del_issued)) == Some(true)
+        {
+            return Err(ShimError::StaleAdd {
+                key: p.key.to_string(),
+            });
+        }
+        Ok(())
+    }
+
     /// Refuses a result whose addresses belong to someone else in the ledger. A pod's (or a
     /// warm-pool entry's) result is checked against the agent's addresses (an in-memory index:
     /// no ledger scan on the pod path); an agent's result against every other record.

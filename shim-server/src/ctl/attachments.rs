@@ -12,6 +12,9 @@ use super::{
     output::{self, short, table},
 };
 
+// The doc comments below are clap's help text (plain text, shown by --help and the man
+// pages): `<name>` there is a placeholder, not HTML.
+#[allow(rustdoc::invalid_html_tags)]
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Only this network.

@@ -29,6 +29,9 @@ use serde_json::{Value, json};
 
 use super::{CtlError, output};
 
+// The doc comments below are clap's help text (plain text, shown by --help and the man
+// pages): `<name>` there is a placeholder, not HTML.
+#[allow(rustdoc::invalid_html_tags)]
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Where to write the bundle. Default: dipam-support-<host>-<UTC time>.tar.gz in the
@@ -453,6 +456,16 @@ pub async fn run(
         total: 11,
     };
 
+    daemon_parts(&mut b, socket).await;
+    explain_part(&mut b, socket, &args.explain).await;
+    host_parts(&mut b, socket, &args).await;
+    config_parts(&mut b, &args).await;
+    let manifest = write(&mut b, made_ms, &path, &root)?;
+    report(out, json, manifest, &b.entries, &path)
+}
+
+/// What dipamd answers: its status, doctor, attachments and the agent's list.
+async fn daemon_parts(b: &mut Bundle, socket: &Path) {
     for (part, argv) in [
         ("status", &["status"][..]),
         ("doctor", &["doctor"][..]),
@@ -462,14 +475,17 @@ pub async fn run(
         let file = format!("{}.json", argv.join("-"));
         b.part(part, &file, dipamctl(socket, argv)).await;
     }
+}
 
+/// `explain` of the most recent containers and of the ones asked for (`extra`).
+async fn explain_part(b: &mut Bundle, socket: &Path, extra: &[String]) {
     let mut ids = b
         .files
         .iter()
         .find(|(n, _)| n == "attachments.json")
         .map(|(_, a)| recent_containers(a))
         .unwrap_or_default();
-    ids.extend(args.explain.iter().cloned());
+    ids.extend(extra.iter().cloned());
     ids.dedup();
     b.part("explain", "explain.json", async {
         let mut all = serde_json::Map::new();
@@ -485,7 +501,10 @@ pub async fn run(
         serde_json::to_vec_pretty(&Value::Object(all)).map_err(|e| e.to_string())
     })
     .await;
+}
 
+/// dipamd's command line and versions, its metrics and its log.
+async fn host_parts(b: &mut Bundle, socket: &Path, args: &Args) {
     let owned = socket.to_owned();
     let argv = blocking(move || dipamd_pid(&owned).and_then(cmdline)).await;
     let daemon_version = b
@@ -535,7 +554,10 @@ pub async fn run(
             .await
         }
     }
+}
 
+/// The CNI config directory's conflists and the names in the delegate's store.
+async fn config_parts(b: &mut Bundle, args: &Args) {
     let dir = args.conf_dir.clone();
     let lists = blocking(move || conflists(&dir)).await;
     b.part("conflists", "conflists.json", async {
@@ -564,23 +586,35 @@ pub async fn run(
         },
     )
     .await;
+}
 
+/// The archive: every part and the manifest. Returns the manifest.
+fn write(b: &mut Bundle, made_ms: u64, path: &Path, root: &str) -> Result<Value, CtlError> {
     let manifest = b.manifest(made_ms);
-    let mut files = b.files;
+    let mut files = std::mem::take(&mut b.files);
     files.push((
         "MANIFEST.json".into(),
         serde_json::to_vec_pretty(&manifest).unwrap_or_default(),
     ));
-    write_archive(&path, &files, &root).map_err(CtlError::Failed)?;
+    write_archive(path, &files, root).map_err(CtlError::Failed)?;
+    Ok(manifest)
+}
 
-    let failed = b.entries.iter().filter(|e| e.error.is_some()).count();
+/// What the bundle holds, part by part, and where it is.
+fn report(
+    out: &mut dyn Write,
+    json: bool,
+    manifest: Value,
+    entries: &[Entry],
+    path: &Path,
+) -> Result<(), CtlError> {
+    let failed = entries.iter().filter(|e| e.error.is_some()).count();
     if json {
         let mut v = manifest;
         v["bundle"] = json!(path);
         output::json(out, &v)?;
     } else {
-        let rows: Vec<[String; 3]> = b
-            .entries
+        let rows: Vec<[String; 3]> = entries
             .iter()
             .map(|e| {
                 [
@@ -601,7 +635,7 @@ pub async fn run(
             out,
             "wrote {} ({} part(s), {failed} failed: noted in MANIFEST.json)",
             path.display(),
-            b.entries.len()
+            entries.len()
         )?;
     }
     Ok(())

@@ -692,5 +692,4 @@ pub(super) fn check(out: &str, expected: &Value) -> Result<(), WrapError> {
 }
 
 #[cfg(test)]
-#[path = "wrap_tests.rs"]
 mod tests;

@@ -4,9 +4,7 @@
 //! on the same state directory), replay interrupted operations, and only then bind the socket
 //! and serve.
 
-pub mod replay;
-
-use std::{path::PathBuf, time::Duration};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use clap::Parser;
 use tracing::{error, info};
@@ -27,6 +25,9 @@ use crate::{
 /// Serves "CNI over gRPC" to the dipam plugin on a unix socket, runs the delegated IPAM plugin
 /// (host-local, azure-vnet-ipam, ...) exactly as a container runtime would, and records every
 /// attachment in a ledger (sled, under --state-dir) before answering.
+// The doc comments below are clap's help text (plain text, shown by --help and the man
+// pages): `<name>` there is a placeholder, not HTML.
+#[allow(rustdoc::invalid_html_tags)]
 #[derive(Debug, Parser)]
 // A repeated flag takes its last value instead of failing the parse: the systemd unit's
 // ExecStart, an older copy of it or a drop-in may name a flag that the operator's DIPAMD_OPTS
@@ -205,8 +206,83 @@ pub enum DaemonError {
     Replay(#[from] crate::error::ShimError),
 }
 
+/// dipamd's start, phase by phase, then serving until SIGTERM or SIGINT. The order is the
+/// crash-safety argument of docs/cfp.md §8: nothing is served before the ledger is open and
+/// every interrupted operation and spooled DEL is replayed.
 pub async fn run(args: Args) -> Result<(), DaemonError> {
     logging::init(args.log_format, &args.log_level);
+    let flags = check_flags(&args)?;
+    let spool = publish_spool(&args)?;
+    let store: Arc<dyn dipam_state::Store> = Arc::new(dipam_state::open(&args.state_dir)?);
+    // Held until dipamd exits.
+    let Some(_socket_lock) = spool.socket_lock else {
+        return Err(server::ServeError::InUse {
+            path: args.socket.clone(),
+        }
+        .into());
+    };
+    let (executor, kills_denied) = executor(&args, flags.dirs);
+    let observed = observe(&args, &store);
+    let node = assemble(
+        &args,
+        store,
+        executor,
+        observed.events,
+        flags.agent,
+        &spool.dir,
+    );
+    for denied in kills_denied {
+        node.denials.note("start-up", denied);
+    }
+    attach_parts(
+        &node,
+        &args,
+        flags.pool_node,
+        observed.history,
+        flags.runtime,
+    );
+    note_spool(&node, spool.inherited, spool.unpublished, &spool.dir);
+    replay_before_serving(&node, &args, &spool.dir).await?;
+    let (listener, unlink, stop) = listen(&args).await?;
+    // DELs the plugin spooled during the start (it could not connect until now) are released
+    // before the first ADD is accepted; connections wait in the backlog meanwhile.
+    let late = crate::replay::spool::drain_all(&node, &spool.dir).await;
+    if late != spool::Drained::default() {
+        info!(released = late.released, kept = late.kept, failed = late.failed, spool = %spool.dir.display(), "DELs spooled during start replayed");
+    }
+    info!(socket = %args.socket.display(), spool = %spool.dir.display(), cni_path = %args.cni_path, "serving");
+    spawn_background(&node, &args, observed.metrics.as_ref(), spool.dir).await?;
+    let peers = crate::access::PeerCheck {
+        allow_uids: args.allow_uids.clone(),
+        admin_uids: args.admin_uids.clone(),
+    };
+    server::serve(
+        node,
+        listener,
+        &args.socket,
+        peers,
+        unlink,
+        Duration::from_secs_f64(args.shutdown_timeout),
+        stop,
+    )
+    .await?;
+    Ok(())
+}
+
+/// What the flags decide before anything is touched on disk.
+struct Flags {
+    /// The delegate search path (--cni-path).
+    dirs: Vec<PathBuf>,
+    /// The runtime-aware GC's CRI client (--cri-endpoint).
+    runtime: Option<crate::gc::runtime::cri::CriClient>,
+    agent: Option<AgentConfig>,
+    /// The warm pool entries' node name; empty when the pool is off.
+    pool_node: String,
+}
+
+/// Phase 1: every flag checked (a usage error before any side effect but the state
+/// directory's creation), in the order the errors are reported.
+fn check_flags(args: &Args) -> Result<Flags, DaemonError> {
     #[cfg(feature = "fault-injection")]
     if let Some(point) = &args.crash_at {
         crate::fault::arm(point).map_err(DaemonError::Usage)?;
@@ -231,7 +307,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         .filter(|s| !s.is_empty())
         .map(PathBuf::from)
         .collect();
-    crate::perms::private_state_dir(&args.state_dir, spool_dir_of(&args).as_path()).map_err(
+    crate::perms::private_state_dir(&args.state_dir, spool_dir_of(args).as_path()).map_err(
         |e| {
             DaemonError::Usage(format!(
                 "cannot create --state-dir {}: {e}",
@@ -260,7 +336,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         }
         Some(e) => Some(crate::gc::runtime::cri::CriClient::new(e).map_err(DaemonError::Usage)?),
     };
-    let agent = agent_config(&args)?;
+    let agent = agent_config(args)?;
     if args.warm_pool > crate::pool::MAX_SIZE {
         return Err(DaemonError::Usage(format!(
             "--warm-pool {} is more than {} addresses per network",
@@ -270,23 +346,43 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     }
     // Only a pool that fills needs a node name (its entries' IDs carry it).
     let pool_node = if args.warm_pool > 0 {
-        node_name(&args)?
+        node_name(args)?
     } else {
         String::new()
     };
-    let spool_dir = spool_dir_of(&args);
-    // The spool is published beside the socket before the ledger is opened: a dipamd that
-    // cannot open its ledger (and restarts until an operator acts) still takes DELs into the
-    // spool it will drain, instead of leaving the plugin to fail them. Only the dipamd that
-    // holds the socket's lock publishes, so a second one (other state directory, same
-    // socket) cannot divert the DELs of the one serving.
+    Ok(Flags {
+        dirs,
+        runtime,
+        agent,
+        pool_node,
+    })
+}
+
+/// The socket's lock and the DEL spool, published beside the socket.
+struct Spool {
+    /// `None`: another dipamd holds the socket.
+    socket_lock: Option<nix::fcntl::Flock<std::fs::File>>,
+    dir: PathBuf,
+    /// The spool a previous dipamd of this socket published, whose DELs are taken over.
+    inherited: Option<PathBuf>,
+    /// Why the spool could not be published, for status and doctor.
+    unpublished: Option<String>,
+}
+
+/// Phase 2: the spool is published beside the socket before the ledger is opened: a dipamd
+/// that cannot open its ledger (and restarts until an operator acts) still takes DELs into
+/// the spool it will drain, instead of leaving the plugin to fail them. Only the dipamd that
+/// holds the socket's lock publishes, so a second one (other state directory, same socket)
+/// cannot divert the DELs of the one serving.
+fn publish_spool(args: &Args) -> Result<Spool, DaemonError> {
+    let spool_dir = spool_dir_of(args);
     let socket_lock = spool::lock_socket(&args.socket).map_err(|e| {
         DaemonError::Usage(format!(
             "cannot lock {}: {e}",
             dipam_proto::spool::lock_path(&args.socket).display()
         ))
     })?;
-    let spool_dir = spool::create(&spool_dir).map_err(|e| {
+    let dir = spool::create(&spool_dir).map_err(|e| {
         DaemonError::Usage(format!(
             "cannot create --spool-dir {}: {e}",
             spool_dir.display()
@@ -294,7 +390,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     })?;
     let (inherited, unpublished) = match &socket_lock {
         None => (None, None),
-        Some(_) => match spool::publish(&args.socket, &spool_dir) {
+        Some(_) => match spool::publish(&args.socket, &dir) {
             Ok(prev) => (prev, None),
             Err(e) => {
                 let why = format!(
@@ -306,19 +402,21 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
             }
         },
     };
-    let store: std::sync::Arc<dyn dipam_state::Store> =
-        std::sync::Arc::new(dipam_state::open(&args.state_dir)?);
-    // Held until dipamd exits.
-    let Some(_socket_lock) = socket_lock else {
-        return Err(server::ServeError::InUse {
-            path: args.socket.clone(),
-        }
-        .into());
-    };
-    // Delegates a killed predecessor left running finish (or die) before anything is
-    // replayed, so none can complete after the replay's DEL.
-    let tracker =
-        crate::delegate::orphans::Tracker::new(crate::delegate::orphans::dir_in(&args.state_dir));
+    Ok(Spool {
+        socket_lock,
+        dir,
+        inherited,
+        unpublished,
+    })
+}
+
+/// Phase 3: the delegate executor. Delegates a killed predecessor left running finish (or
+/// die) first, so none can complete after the replay's DEL; the kills refused are returned
+/// for doctor.
+fn executor(args: &Args, dirs: Vec<PathBuf>) -> (Executor, Vec<String>) {
+    let tracker = crate::delegate::survivors::Tracker::new(crate::delegate::survivors::dir_in(
+        &args.state_dir,
+    ));
     let kills_denied = tracker.settle(Duration::from_secs_f64(args.delegate_timeout));
     let mut executor = Executor::new(dirs, Duration::from_secs_f64(args.delegate_timeout));
     executor.non_root_kinds = args
@@ -328,31 +426,58 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         .filter(|k| !k.is_empty())
         .collect();
     executor.tracker = Some(tracker);
-    // The metrics registry listens to the events of every part (metrics.rs); without a
-    // metrics listener nothing listens and emitting costs nothing.
+    (executor, kills_denied)
+}
+
+/// The observers and the events handle that reaches them.
+struct Observed {
+    metrics: Option<Arc<crate::metrics::Metrics>>,
+    history: crate::history::Sink,
+    events: crate::events::Events,
+}
+
+/// Phase 4: the observers. The metrics registry listens to the events of every part
+/// (metrics.rs); without a metrics listener nothing listens and emitting costs nothing. The
+/// explain history listens too: every request and exec is recorded for `dipamctl explain`;
+/// its drops are counted by the metrics.
+fn observe(args: &Args, store: &Arc<dyn dipam_state::Store>) -> Observed {
     let metrics = (args.metrics_address.is_some() || args.metrics_socket.is_some())
-        .then(|| std::sync::Arc::new(crate::metrics::Metrics::new()));
-    let counters: Vec<std::sync::Arc<dyn crate::events::Observer>> = metrics
+        .then(|| Arc::new(crate::metrics::Metrics::new()));
+    let counters: Vec<Arc<dyn crate::events::Observer>> = metrics
         .iter()
-        .map(|m| std::sync::Arc::clone(m) as std::sync::Arc<dyn crate::events::Observer>)
+        .map(|m| Arc::clone(m) as Arc<dyn crate::events::Observer>)
         .collect();
-    // The explain history listens too: every request and exec is recorded for `dipamctl
-    // explain`; its drops are counted by the metrics.
     let history = crate::history::start(dipam_state::Ledger::from_arc(store.clone()));
     let recorder = crate::history::Recorder::new(
         history.clone(),
         crate::events::Events::new(counters.clone()),
     );
     let mut observers = counters;
-    observers.push(std::sync::Arc::new(recorder));
-    executor.events = crate::events::Events::new(observers);
-    let node = Node::new(
+    observers.push(Arc::new(recorder));
+    Observed {
+        metrics,
+        history,
+        events: crate::events::Events::new(observers),
+    }
+}
+
+/// Phase 5: the daemon's context, from the flags.
+fn assemble(
+    args: &Args,
+    store: Arc<dyn dipam_state::Store>,
+    mut executor: Executor,
+    events: crate::events::Events,
+    agent: Option<AgentConfig>,
+    spool_dir: &std::path::Path,
+) -> Arc<Node> {
+    executor.events = events;
+    Node::new(
         store,
         executor,
         Identity {
             socket: args.socket.clone(),
             state_dir: args.state_dir.clone(),
-            spool_dir: spool_dir.clone(),
+            spool_dir: spool_dir.to_path_buf(),
         },
         agent,
         GcPolicy {
@@ -362,10 +487,18 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
             parallel: usize::from(args.gc_parallel),
         },
         crate::access::Admission::new(args.max_concurrent, args.max_queue, Duration::from_secs(10)),
-    );
-    for denied in kills_denied {
-        node.denials.note("start-up", denied);
-    }
+    )
+}
+
+/// Phase 6: the optional parts: the warm pool's settings, the history's writer, the
+/// runtime-aware GC and the veth teardown worker.
+fn attach_parts(
+    node: &Node,
+    args: &Args,
+    pool_node: String,
+    history: crate::history::Sink,
+    runtime: Option<crate::gc::runtime::cri::CriClient>,
+) {
     node.pool.configure(crate::pool::PoolConfig {
         size: args.warm_pool,
         node: pool_node,
@@ -375,9 +508,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     if let Some(client) = runtime {
         let _ = node
             .runtime_gc
-            .set(crate::gc::runtime::RuntimeGc::new(std::sync::Arc::new(
-                client,
-            )));
+            .set(crate::gc::runtime::RuntimeGc::new(Arc::new(client)));
     }
     // Without the worker, main-mode plugins simply delete their veths themselves (slower
     // DEL, same outcome), so a failure here is a warning, not a reason not to serve.
@@ -389,6 +520,15 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
             tracing::warn!(error = %e, "cannot start the veth teardown worker; plugins will delete pod veths themselves")
         }
     }
+}
+
+/// The spool's condition, for status, doctor and the drain.
+fn note_spool(
+    node: &Node,
+    inherited: Option<PathBuf>,
+    unpublished: Option<String>,
+    spool_dir: &std::path::Path,
+) {
     if let Ok(mut u) = node.spool.unpublished.lock() {
         *u = unpublished;
     }
@@ -398,11 +538,21 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         info!(previous = %prev.display(), spool = %spool_dir.display(), "a previous dipamd of this socket published another spool; its DELs are taken over");
         i.push(prev);
     }
-    census(&node).await?;
-    let replay = replay::replay(&node).await?;
+}
+
+/// Phase 7: everything that must happen before the first request: the ledger's census,
+/// the replay of interrupted operations, the spooled DELs, the warm pool's and the agent's
+/// addresses, and the first comparison with the delegate's store.
+async fn replay_before_serving(
+    node: &Node,
+    args: &Args,
+    spool_dir: &std::path::Path,
+) -> Result<(), DaemonError> {
+    census(node).await?;
+    let replay = crate::replay::interrupted::replay(node).await?;
     // Releases the plugin could not deliver while dipamd was down, before any ADD can take
     // their addresses' place (F3).
-    let drained = spool::drain::drain_all(&node, &spool_dir).await;
+    let drained = crate::replay::spool::drain_all(node, spool_dir).await;
     if drained != spool::Drained::default() {
         info!(released = drained.released, kept = drained.kept, failed = drained.failed, spool = %spool_dir.display(), "spooled DELs replayed");
     }
@@ -417,15 +567,30 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     );
     // After the replay: entries it could not release, and every entry when the pool is off,
     // are released by the refiller; the rest are ready to hand out.
-    crate::pool::refill::init(&node).await?;
+    crate::pool::refill::init(node).await?;
     // The agent's addresses before the first pod, when the conflist is there: otherwise a pod
     // could take the address the agent held before this restart.
-    agent::reconcile::init(&node).await?;
-    agent::reconcile::pass(&node).await?;
+    agent::reconcile::init(node).await?;
+    agent::reconcile::pass(node).await?;
     // Before the first ADD: a delegate store that cannot be trusted must refuse it.
-    if let Err(e) = divergence::round(&node, false).await {
+    if let Err(e) = divergence::round(node, false).await {
         tracing::warn!(error = %e, "first ledger/store reconcile failed");
     }
+    Ok(())
+}
+
+/// Phase 8: the socket (bound here, or passed by systemd), whether to unlink it at exit, and
+/// the shutdown signal.
+async fn listen(
+    args: &Args,
+) -> Result<
+    (
+        tokio::net::UnixListener,
+        bool,
+        impl std::future::Future<Output = ()> + use<>,
+    ),
+    DaemonError,
+> {
     let group = match &args.socket_group {
         None => None,
         Some(g) => Some(server::resolve_group(g).map_err(DaemonError::Usage)?),
@@ -446,64 +611,55 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         }
         None => server::bind(&args.socket, group).await?,
     };
-    // DELs the plugin spooled during the start (it could not connect until now) are released
-    // before the first ADD is accepted; connections wait in the backlog meanwhile.
-    let late = spool::drain::drain_all(&node, &spool_dir).await;
-    if late != spool::Drained::default() {
-        info!(released = late.released, kept = late.kept, failed = late.failed, spool = %spool_dir.display(), "DELs spooled during start replayed");
-    }
-    info!(socket = %args.socket.display(), spool = %spool_dir.display(), cni_path = %args.cni_path, "serving");
+    Ok((listener, unlink, stop))
+}
+
+/// Phase 9: the background tasks (the agent's checks, the metrics listeners, the pool's
+/// refiller, the spool's tick, the reconcile with the delegate's store, the runtime-aware
+/// GC).
+async fn spawn_background(
+    node: &Arc<Node>,
+    args: &Args,
+    metrics: Option<&Arc<crate::metrics::Metrics>>,
+    spool_dir: PathBuf,
+) -> Result<(), DaemonError> {
     tokio::spawn(crate::trim::run());
     tokio::spawn(agent::reconcile::run(
-        std::sync::Arc::clone(&node),
+        Arc::clone(node),
         Duration::from_secs_f64(args.agent_check_interval.max(1.0)),
     ));
     if let Some(addr) = args.metrics_address {
         let l = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| DaemonError::Usage(format!("--metrics-address {addr}: {e}")))?;
-        if let Some(m) = &metrics {
-            tokio::spawn(crate::metrics::serve_tcp(std::sync::Arc::clone(m), l));
+        if let Some(m) = metrics {
+            tokio::spawn(crate::metrics::serve_tcp(Arc::clone(m), l));
         }
     }
     if let Some(path) = &args.metrics_socket {
         let l = server::bind(path, None).await?;
-        if let Some(m) = &metrics {
-            tokio::spawn(crate::metrics::serve_unix(std::sync::Arc::clone(m), l));
+        if let Some(m) = metrics {
+            tokio::spawn(crate::metrics::serve_unix(Arc::clone(m), l));
         }
     }
-    tokio::spawn(crate::pool::refill::run(std::sync::Arc::clone(&node)));
-    tokio::spawn(spool::drain::run(
-        std::sync::Arc::clone(&node),
+    tokio::spawn(crate::pool::refill::run(Arc::clone(node)));
+    tokio::spawn(crate::replay::spool::run(
+        Arc::clone(node),
         spool_dir,
         Duration::from_secs(5),
     ));
     tokio::spawn(divergence::run(
-        std::sync::Arc::clone(&node),
+        Arc::clone(node),
         Duration::from_secs_f64(args.reconcile_interval.max(0.0)),
         args.reconcile_free,
     ));
     if let Some(rt) = node.runtime_gc.get() {
         info!(endpoint = %rt.client.endpoint(), every_s = args.reconcile_interval, grace_s = args.gc_grace, "runtime-aware GC on");
         tokio::spawn(crate::gc::runtime::pass::run(
-            std::sync::Arc::clone(&node),
+            Arc::clone(node),
             Duration::from_secs_f64(args.reconcile_interval),
         ));
     }
-    let peers = crate::access::PeerCheck {
-        allow_uids: args.allow_uids.clone(),
-        admin_uids: args.admin_uids.clone(),
-    };
-    server::serve(
-        node,
-        listener,
-        &args.socket,
-        peers,
-        unlink,
-        Duration::from_secs_f64(args.shutdown_timeout),
-        stop,
-    )
-    .await?;
     Ok(())
 }
 

@@ -83,7 +83,7 @@ pub async fn run(
     binary: &Path,
     inv: &Invocation,
     timeout: Duration,
-    tracker: Option<&super::orphans::Tracker>,
+    tracker: Option<&super::survivors::Tracker>,
 ) -> Result<Output, ShimError> {
     run_gated(
         kind,
@@ -129,7 +129,7 @@ impl Gated {
 /// it, the delegate reads EOF and exits without acting.
 ///
 /// With `peek`, the delegate's stdout is sent there the moment it holds one complete JSON
-/// document ([`collect`]), typically its result, while the delegate is still exiting.
+/// document (`collect`), typically its result, while the delegate is still exiting.
 ///
 /// [`Gated::GateFailed`] when the gate failed (the delegate never got its config).
 pub async fn run_gated(
@@ -137,13 +137,13 @@ pub async fn run_gated(
     binary: &Path,
     inv: &Invocation,
     timeout: Duration,
-    tracker: Option<&super::orphans::Tracker>,
+    tracker: Option<&super::survivors::Tracker>,
     gate: impl std::future::Future<Output = Result<(), ShimError>>,
     peek: Option<Peek>,
 ) -> Gated {
     let started = Instant::now();
     let mut attempt = 0;
-    // The clock tick the delegate starts at or after, for its note (orphans.rs).
+    // The clock tick the delegate starts at or after, for its note (survivors.rs).
     let mut since = 0;
     let mut child = loop {
         let mut cmd = Command::new(binary);
@@ -166,7 +166,7 @@ pub async fn run_gated(
             .stderr(Stdio::piped())
             .kill_on_drop(true);
         if tracker.is_some() {
-            since = super::orphans::ticks_now();
+            since = super::survivors::ticks_now();
         }
         match cmd.spawn() {
             Ok(child) => break child,
@@ -279,7 +279,7 @@ pub const MAX_STDOUT: usize = 1 << 20;
 pub const MAX_STDERR: usize = 64 << 10;
 
 /// A delegate's output that outgrew [`MAX_STDOUT`]; carried in an `io::Error` out of
-/// [`collect`].
+/// `collect`.
 #[derive(Debug, thiserror::Error)]
 #[error("it wrote more than {limit} bytes to stdout")]
 pub struct TooMuchOutput {

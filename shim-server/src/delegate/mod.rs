@@ -3,9 +3,9 @@
 pub mod config;
 pub mod exec;
 pub mod import;
-pub mod orphans;
 pub mod ranges;
 pub mod store;
+pub mod survivors;
 pub mod version;
 
 use std::{
@@ -40,7 +40,7 @@ pub struct Executor {
     pub non_root_kinds: Vec<String>,
     pub timeout: Duration,
     /// Notes running delegates for the next start (daemon only; tests run without).
-    pub tracker: Option<orphans::Tracker>,
+    pub tracker: Option<survivors::Tracker>,
     /// Where execs are reported (events.rs); the daemon's observers listen.
     pub events: crate::events::Events,
     /// VERSION answers by (path, mtime): a replaced binary is probed again.

@@ -1,4 +1,5 @@
-//! Delegates that outlive a killed dipamd.
+//! Delegates that outlive a killed dipamd (the survivors; not to be confused with orphaned
+//! reservations, which are addresses no ledger record accounts for, divergence.rs).
 //!
 //! When dipamd is SIGKILLed mid-exec, the delegate keeps running. If it finished after the
 //! next start's replay DEL, it would hold an address nobody records (F1). Killing it with
@@ -10,7 +11,7 @@
 //!
 //! A note is the delegate's pid and the window of kernel clock ticks in which it was
 //! started, which tells a reused pid apart: the kernel's start time of the process
-//! (/proc/<pid>/stat) lies in that window. It is one `pwrite` into a slot of
+//! (`/proc/<pid>/stat`) lies in that window. It is one `pwrite` into a slot of
 //! [`SLOTS_FILE`], made on the request's own task: reading the start time back from /proc
 //! waits for the exec in progress (~1 ms), and a file per delegate cost a create and an
 //! unlink (two file-system metadata operations) on every pod's ADD and DEL
@@ -82,7 +83,7 @@ fn start_time(pid: u32) -> Option<u64> {
     stat(pid).map(|s| s.start)
 }
 
-/// The clock /proc/<pid>/stat's start time is counted in: CLOCK_BOOTTIME, in clock ticks
+/// The clock `/proc/<pid>/stat`'s start time is counted in: CLOCK_BOOTTIME, in clock ticks
 /// (USER_HZ), rounded down as the kernel does.
 pub fn ticks_now() -> u64 {
     // CLOCK_BOOTTIME exists on every Linux dipam runs on (2.6.39+).

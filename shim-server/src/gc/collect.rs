@@ -781,10 +781,7 @@ mod tests {
     use dipam_state::{AttachmentKey, MemStore};
 
     use super::*;
-    use crate::{
-        gc::testing::{node_with, record as rec, script},
-        rpc::tests::{request, scripted_node},
-    };
+    use crate::testing::{node_with, record as rec, request, script, scripted_node};
 
     async fn bench(
         records: Vec<AttachmentRecord>,

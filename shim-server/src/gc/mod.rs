@@ -29,8 +29,6 @@
 
 pub mod collect;
 pub mod runtime;
-#[cfg(test)]
-pub(crate) mod testing;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! - **Entries** are ledger records with owner `pool`, container ID `dipam-pool-<node>-<n>`,
 //!   ifname `eth0`, a CNI_NETNS that never exists and CNI_ARGS naming the entry. They are
 //!   allocated through the same intent-before-exec ADD path as any attachment
-//!   ([`crate::rpc::add::attach`]), so a crash while filling leaves an `adding` record that the
+//!   ([`crate::core::attach::attach`]), so a crash while filling leaves an `adding` record that the
 //!   start-up replay releases.
 //! - **Per network and config**: each network has one template, the delegate config of the
 //!   last pod ADD it saw (or of the agent's `--conflist`, until a pod brings one), without the
@@ -24,7 +24,7 @@
 //! - **Afterwards** the pod's record names the delegate's key: DEL, CHECK, GC, replay and the
 //!   reconcile call the delegate with it (`AttachmentRecord::delegate_ids`). Addresses are not
 //!   recycled into the pool: a pod's DEL releases them through the delegate.
-//! - **The refiller** ([`run`]) keeps N committed entries per network for the current
+//! - **The refiller** ([`refill::run`]) keeps N committed entries per network for the current
 //!   template, retries failures with backoff (reported in `dipamctl status`), and releases
 //!   surplus entries: those of an old config, beyond a lowered N, or all of them when the pool
 //!   is off (N = 0) and a previous run left some.

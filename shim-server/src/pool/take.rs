@@ -39,11 +39,8 @@ pub async fn take(
         return Ok(None);
     }
     // A stale ADD is refused, a repeated one answered from the ledger and an interrupted one
-    // finished: all by the normal path.
-    if node
-        .tombstone(&p.key)
-        .is_some_and(|del| crate::order::before(p.issued.as_ref(), Some(&del)) == Some(true))
-    {
+    // finished: all by the normal path (the refusal is the core's, Core::refuse_stale).
+    if node.core.refuse_stale(p).is_err() {
         return Ok(None);
     }
     loop {

@@ -7,7 +7,7 @@ use dipam_proto::v1::CniRequest;
 use dipam_state::{AttachmentState, Owner};
 
 use super::refill::{init, step};
-use crate::{access::Caller, node::Node, rpc::tests::add_as};
+use crate::{access::Caller, node::Node, testing::add_as};
 use std::time::Duration;
 
 use dipam_proto::v1::Mode;
@@ -43,7 +43,7 @@ struct Bench {
 impl Bench {
     fn new(size: usize) -> Self {
         let store = Arc::new(MemStore::new());
-        let (dir, node) = crate::rpc::tests::scripted_node(SCRIPT, store.clone());
+        let (dir, node) = crate::testing::scripted_node(SCRIPT, store.clone());
         node.pool.configure(PoolConfig {
             size,
             node: "n1".into(),
@@ -94,7 +94,7 @@ fn request(cid: &str, version: &str, extra: Value) -> CniRequest {
     CniRequest {
         request_id: format!("req-{cid}"),
         netns: format!("/var/run/netns/{cid}"),
-        ..crate::rpc::tests::request(cid, version, extra)
+        ..crate::testing::request(cid, version, extra)
     }
 }
 
@@ -191,7 +191,7 @@ async fn an_early_take_answers_before_its_commit() {
 
     let b = filled(2).await;
     let replies = |cid: &'static str| {
-        crate::rpc::tests::add_early_replies(&b.node, request(cid, "1.0.0", json!({})))
+        crate::testing::add_early_replies(&b.node, request(cid, "1.0.0", json!({})))
     };
     let entries = b.entries();
     b.store.fail_next_commits(1);

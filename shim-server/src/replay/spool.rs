@@ -18,8 +18,13 @@ use nix::{fcntl::renameat, unistd::fsync};
 use serde::Deserialize;
 use tracing::{error, info, warn};
 
-use super::*;
-use crate::{delegate::store, error::ShimError, node::Node, rpc};
+use crate::{
+    delegate::store,
+    error::ShimError,
+    node::Node,
+    rpc,
+    spool::{Drained, depth, open_quarantine, set},
+};
 
 /// The plugin's spool file (format 1).
 #[derive(Debug, Deserialize)]
@@ -310,36 +315,5 @@ pub async fn run(node: std::sync::Arc<Node>, dir: PathBuf, every: std::time::Dur
             drain(&node, &dir).await;
         }
         report(&node, &dir);
-    }
-}
-
-/// The spool as `dipamctl status` shows it.
-pub fn status(node: &Node) -> dipam_proto::v1::SpoolStatus {
-    let dir = &node.identity.spool_dir;
-    dipam_proto::v1::SpoolStatus {
-        dir: dir.display().to_string(),
-        pointer: spool::pointer_path(&node.identity.socket)
-            .display()
-            .to_string(),
-        depth: depth(dir) as u64,
-        quarantined: node.spool.quarantined.load(Ordering::Relaxed),
-        untrusted: spool::open_dir(dir)
-            .err()
-            .filter(|e| !e.not_found())
-            .map(|e| e.to_string())
-            .unwrap_or_default(),
-        unpublished: node.spool.unpublished().unwrap_or_default(),
-        mismatched: node
-            .spool
-            .mismatched()
-            .into_iter()
-            .map(|(n, d)| format!("{n}: {d}"))
-            .collect(),
-        inherited: node
-            .spool
-            .inherited()
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect(),
     }
 }

@@ -10,6 +10,4 @@ pub mod gc;
 pub mod status;
 
 #[cfg(test)]
-mod access_tests;
-#[cfg(test)]
-pub(crate) mod tests;
+mod tests;

@@ -3,14 +3,21 @@
 
 use std::{os::unix::fs::PermissionsExt, path::Path, sync::Arc, time::Duration};
 
-use dipam_proto::v1::{CniRequest, Mode};
 use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, MemStore, Owner};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
-use super::{add, check, del};
+use super::{check, del};
 use crate::access::Caller;
-use crate::{core::Identity, daemon::replay, delegate::Executor, error::ShimError, node::Node};
+use crate::{
+    error::ShimError,
+    node::Node,
+    replay::interrupted as replay,
+    testing::{add_as, add_early_replies, request, scripted_node, scripted_node_with},
+};
+
+/// Non-root callers against the same flows.
+mod access;
 
 const SCRIPT: &str = r#"#!/bin/sh
 d=$(dirname "$0")
@@ -38,44 +45,6 @@ struct Bench {
     node: Arc<Node>,
     /// The shim's store, for its test knobs (commit counts, injected faults).
     store: Arc<MemStore>,
-}
-
-/// A shim on `store` whose only delegate is `script`, installed as `fake-ipam` in the returned
-/// temp dir (where the scripts keep their call logs). Shared with the pool's tests.
-pub(crate) fn scripted_node(script: &str, store: Arc<MemStore>) -> (TempDir, Arc<Node>) {
-    scripted_node_with(script, store, crate::events::Events::default())
-}
-
-/// [`scripted_node`], reporting to `events`.
-fn scripted_node_with(
-    script: &str,
-    store: Arc<MemStore>,
-    events: crate::events::Events,
-) -> (TempDir, Arc<Node>) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("fake-ipam");
-    std::fs::write(&path, script).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let mut exec = Executor::new(vec![dir.path().to_owned()], Duration::from_secs(10));
-    exec.events = events;
-    (dir, node_on(store, exec))
-}
-
-/// A node on `store` running delegates with `exec`: no socket, no agent, default GC and
-/// admission. Shared with the access tests.
-pub(crate) fn node_on(store: Arc<MemStore>, exec: Executor) -> Arc<Node> {
-    Node::new(
-        store,
-        exec,
-        Identity {
-            socket: "/unused".into(),
-            state_dir: "/unused".into(),
-            spool_dir: "/unused".into(),
-        },
-        None,
-        crate::gc::GcPolicy::default(),
-        crate::access::Admission::default(),
-    )
 }
 
 impl Bench {
@@ -111,53 +80,6 @@ impl Bench {
             .ledger
             .get(&AttachmentKey::new("net", cid, "eth0"))
             .unwrap()
-    }
-}
-
-/// ADD as `caller`, with no AddEarly stream: the answer's bytes. Shared with the pool's and
-/// the access tests.
-pub(crate) async fn add_as(
-    node: &Node,
-    caller: Caller,
-    req: CniRequest,
-) -> Result<Vec<u8>, ShimError> {
-    add::run(
-        node,
-        caller,
-        req,
-        &mut crate::core::attach::Early::default(),
-    )
-    .await
-    .map(|added| added.result)
-}
-
-/// An IPAM-mode request for `cid` through the scripted `fake-ipam` delegate, with `extra`
-/// merged into the config. Shared with the pool's tests.
-pub(crate) fn request(cid: &str, version: &str, extra: Value) -> CniRequest {
-    let mut conf = json!({
-        "cniVersion": version, "name": "net", "type": "ptp",
-        "ipam": {"type": "dipam", "delegate": {"type": "fake-ipam", "subnet": "10.9.0.0/24"}}
-    });
-    if let (Some(c), Some(e)) = (conf.as_object_mut(), extra.as_object()) {
-        c.extend(e.clone());
-    }
-    CniRequest {
-        protocol_version: dipam_proto::PROTOCOL_VERSION,
-        request_id: "test".into(),
-        command: String::new(),
-        container_id: cid.into(),
-        netns: "/var/run/netns/x".into(),
-        ifname: "eth0".into(),
-        cni_args: String::new(),
-        cni_path: String::new(),
-        stdin: serde_json::to_vec(&conf).unwrap(),
-        mode: Mode::Ipam as i32,
-        issued_at_ms: crate::clock::now_ms(),
-        issued_at: crate::order::now().map(|b| dipam_proto::v1::BootStamp {
-            boot_id: b.boot_id,
-            ns: b.ns,
-        }),
-        retired_link: None,
     }
 }
 
@@ -408,7 +330,7 @@ async fn a_ledger_that_cannot_commit_is_reported_everywhere() {
     // What a scrape shows after dipamd's periodic tick (spool/drain.rs `report`) has sampled the
     // ledger: the fault can clear with no commit to report it.
     let scrape = || {
-        crate::spool::drain::report(&b.node, &b.dir.path().join("spool"));
+        crate::replay::spool::report(&b.node, &b.dir.path().join("spool"));
         metrics.render()
     };
     let full = "the ledger in /var/lib/dipam cannot be written (3s ago): No space left on device \
@@ -640,7 +562,7 @@ async fn spooled_dels_are_drained_and_unusable_ones_quarantined() {
     std::fs::write(spool.join("0001-a.json"), good.to_string()).unwrap();
     std::fs::write(spool.join("0002-b.json"), "{ not json").unwrap();
     std::fs::write(spool.join(".tmp-0003-c.json"), "partial").unwrap();
-    let d = crate::spool::drain::drain(&b.node, &spool).await;
+    let d = crate::replay::spool::drain(&b.node, &spool).await;
     assert_eq!(d.released, 1);
     assert_eq!(d.failed, 1);
     assert!(b.record("c1").is_none());
@@ -686,7 +608,7 @@ async fn spool_replays_only_roots_files_and_releases_keys_the_ledger_lacks() {
     std::fs::create_dir(&elsewhere).unwrap();
     std::os::unix::fs::symlink(&elsewhere, spool.join("failed")).unwrap();
 
-    let d = crate::spool::drain::drain(&b.node, &spool).await;
+    let d = crate::replay::spool::drain(&b.node, &spool).await;
     assert_eq!((d.released, d.failed, d.kept), (1, 3, 0), "{d:?}");
     assert_eq!(
         b.calls(),
@@ -731,7 +653,7 @@ async fn spool_replays_only_roots_files_and_releases_keys_the_ledger_lacks() {
     // A spool directory writable by others is not read at all.
     std::fs::write(spool.join("0005-later.json"), del("later")).unwrap();
     std::fs::set_permissions(&spool, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let d = crate::spool::drain::drain(&b.node, &spool).await;
+    let d = crate::replay::spool::drain(&b.node, &spool).await;
     assert_eq!(d, crate::spool::Drained::default());
     assert!(
         b.node
@@ -741,26 +663,6 @@ async fn spool_replays_only_roots_files_and_releases_keys_the_ledger_lacks() {
             .contains("writable by group or others")
     );
     assert_eq!(b.calls(), vec!["DEL gone"]);
-}
-
-/// Every reply of one AddEarly for `req`, through the service as a plugin sees it. Shared
-/// with the pool's tests.
-pub(crate) async fn add_early_replies(
-    node: &Arc<Node>,
-    req: CniRequest,
-) -> Vec<dipam_proto::v1::CniReply> {
-    use dipam_proto::v1::cni_server::Cni;
-    use tokio_stream::StreamExt;
-    let svc = crate::service::Service(Arc::clone(node));
-    let mut req = tonic::Request::new(req);
-    req.extensions_mut().insert(crate::access::Caller::ROOT);
-    let stream = svc.add_early(req).await.unwrap().into_inner();
-    stream
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .map(Result::unwrap)
-        .collect()
 }
 
 /// AddEarly (main mode): a fresh result comes first, marked pending, then the ADD's outcome;

@@ -7,7 +7,8 @@
 //!   without a second setting; a spool published by a previous dipamd of this socket (other
 //!   flags) is drained too and its files are moved into this one.
 //! - **Drained** at start before anything is served (repeated until a pass finds nothing new,
-//!   and once more after the socket is bound), then every few seconds.
+//!   and once more after the socket is bound), then every few seconds: replay/spool.rs, above
+//!   the DEL RPC it replays through. This module is the spool's state and files only.
 //! - **Trusted** only as far as the rule goes: dipamd runs as root and would run the delegate
 //!   (from the file's CNI_PATH) that a spool file names, so a file is replayed only if it is a
 //!   regular file, owned by root, not writable by group or others, in a directory meeting the
@@ -20,8 +21,6 @@
 //! since been added again: a late replay never releases a newer attachment. A file that can
 //! never succeed (not a DEL, not parseable, a config dipamd rejects) is quarantined and
 //! logged, so it neither blocks the spool nor disappears silently.
-
-pub mod drain;
 
 use std::{
     collections::{BTreeMap, HashSet},
@@ -67,7 +66,7 @@ pub struct SpoolState {
     pub inherited: Mutex<Vec<PathBuf>>,
 }
 
-fn set(m: &Mutex<Option<String>>, v: Option<String>) {
+pub(crate) fn set(m: &Mutex<Option<String>>, v: Option<String>) {
     if let Ok(mut g) = m.lock() {
         *g = v;
     }
@@ -248,7 +247,7 @@ pub fn quarantine_state(dir: &Path) -> (usize, Option<String>) {
 /// The quarantine, opened without following a link. Whatever else is at its name (a link, a
 /// file, a directory failing the rule) is moved aside within the spool, never written
 /// through, and a fresh 0700 directory takes its place.
-fn open_quarantine(fd: &OwnedFd, dir: &Path) -> Result<OwnedFd, String> {
+pub(crate) fn open_quarantine(fd: &OwnedFd, dir: &Path) -> Result<OwnedFd, String> {
     match spool::open_subdir(fd, dir, QUARANTINE) {
         Ok(q) => return Ok(q),
         Err(e) if e.not_found() => {}
@@ -266,10 +265,40 @@ fn open_quarantine(fd: &OwnedFd, dir: &Path) -> Result<OwnedFd, String> {
     spool::open_subdir(fd, dir, QUARANTINE).map_err(|e| e.to_string())
 }
 
-/// Names in `dir` that [`drain`] would consider (for tests and tools).
+/// Names in `dir` that the drain (`crate::replay::spool::drain`) would consider (for tests and tools).
 pub fn pending(dir: &Path) -> Vec<OsString> {
     spool::open_dir(dir)
         .ok()
         .and_then(|fd| spool::pending(&fd).ok())
         .unwrap_or_default()
+}
+
+/// The spool as `dipamctl status` shows it.
+pub fn status(
+    state: &SpoolState,
+    identity: &crate::core::Identity,
+) -> dipam_proto::v1::SpoolStatus {
+    let dir = &identity.spool_dir;
+    dipam_proto::v1::SpoolStatus {
+        dir: dir.display().to_string(),
+        pointer: spool::pointer_path(&identity.socket).display().to_string(),
+        depth: depth(dir) as u64,
+        quarantined: state.quarantined.load(std::sync::atomic::Ordering::Relaxed),
+        untrusted: spool::open_dir(dir)
+            .err()
+            .filter(|e| !e.not_found())
+            .map(|e| e.to_string())
+            .unwrap_or_default(),
+        unpublished: state.unpublished().unwrap_or_default(),
+        mismatched: state
+            .mismatched()
+            .into_iter()
+            .map(|(n, d)| format!("{n}: {d}"))
+            .collect(),
+        inherited: state
+            .inherited()
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect(),
+    }
 }

@@ -27,7 +27,7 @@ fn check(name: impl Into<String>, ok: bool, detail: impl Into<String>, fix: &str
 /// agreeing with every config that names a spoolDir.
 fn spool_checks(node: &Node, checks: &mut Vec<DoctorCheck>) {
     let id = &node.identity;
-    let st = spool::drain::status(node);
+    let st = spool::status(&node.spool, &node.identity);
     let published = dipam_proto::spool::read_pointer(&id.socket);
     let names_ours = published.as_ref().is_ok_and(|p| {
         std::fs::metadata(&id.spool_dir).is_ok_and(|m| m.dev() == p.dev && m.ino() == p.ino)

@@ -100,7 +100,7 @@ pub async fn run(node: &Node) -> Result<StatusReply, ShimError> {
         teardown: crate::teardown::who(node.teardown.get()),
         privilege_failures: node.denials.count(),
         privilege_last_error: node.denials.last(),
-        spool: Some(crate::spool::drain::status(node)),
+        spool: Some(crate::spool::status(&node.spool, &node.identity)),
         runtime_gc: node.runtime_gc.get().map(|r| r.status()),
         plugin_protocols: {
             let bits = node

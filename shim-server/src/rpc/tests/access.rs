@@ -9,10 +9,8 @@ use dipam_state::{AttachmentKey, AttachmentRecord, MemStore};
 use serde_json::json;
 use tempfile::TempDir;
 
-use super::{
-    admin, check, del, gc,
-    tests::{add_as, request},
-};
+use crate::rpc::{admin, check, del, gc};
+use crate::testing::{add_as, request};
 use crate::{
     access::Caller,
     delegate::Executor,
@@ -60,7 +58,7 @@ fn bench() -> Bench {
     }
     let mut exec = Executor::new(vec![dir.path().join("trusted")], Duration::from_secs(10));
     exec.non_root_kinds = vec!["fake-ipam".into()];
-    let node = crate::rpc::tests::node_on(Arc::new(MemStore::new()), exec);
+    let node = crate::testing::node_on(Arc::new(MemStore::new()), exec);
     Bench { dir, node }
 }
 

@@ -9,11 +9,8 @@ use serde_json::json;
 
 use super::*;
 use crate::{
-    gc::{
-        runtime::{Listing, Sandboxes},
-        testing::{node_with, record, script},
-    },
-    rpc::tests::{add_as, request},
+    gc::runtime::{Listing, Sandboxes},
+    testing::{add_as, node_with, record, request, script},
 };
 
 /// ADD hands out 10.9.0.2, .3, ...

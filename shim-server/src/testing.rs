@@ -1,0 +1,172 @@
+//! What the crate's unit tests share: a daemon context (`Node`) on the in-memory ledger whose
+//! delegate is a shell script, the requests and records they make, and the calls that drive
+//! it as a plugin would. Tests live beside their code (`#[cfg(test)] mod tests`, or
+//! `tests.rs` in the module's folder when they outgrow the file) and import from here.
+
+use std::{os::unix::fs::PermissionsExt, sync::Arc, time::Duration};
+
+use dipam_proto::v1::{CniRequest, Mode};
+use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, MemStore, Owner};
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+use crate::{
+    access::Caller, core::Identity, delegate::Executor, error::ShimError, node::Node, rpc::add,
+};
+
+/// A shim on `store` whose only delegate is `script`, installed as `fake-ipam` in the returned
+/// temp dir (where the scripts keep their call logs).
+pub fn scripted_node(script: &str, store: Arc<MemStore>) -> (TempDir, Arc<Node>) {
+    scripted_node_with(script, store, crate::events::Events::default())
+}
+
+/// [`scripted_node`], reporting to `events`.
+pub fn scripted_node_with(
+    script: &str,
+    store: Arc<MemStore>,
+    events: crate::events::Events,
+) -> (TempDir, Arc<Node>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fake-ipam");
+    std::fs::write(&path, script).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut exec = Executor::new(vec![dir.path().to_owned()], Duration::from_secs(10));
+    exec.events = events;
+    (dir, node_on(store, exec))
+}
+
+/// A node on `store` running delegates with `exec`: no socket, no agent, default GC and
+/// admission.
+pub fn node_on(store: Arc<MemStore>, exec: Executor) -> Arc<Node> {
+    Node::new(
+        store,
+        exec,
+        Identity {
+            socket: "/unused".into(),
+            state_dir: "/unused".into(),
+            spool_dir: "/unused".into(),
+        },
+        None,
+        crate::gc::GcPolicy::default(),
+        crate::access::Admission::default(),
+    )
+}
+
+/// ADD as `caller`, with no AddEarly stream: the answer's bytes.
+pub async fn add_as(node: &Node, caller: Caller, req: CniRequest) -> Result<Vec<u8>, ShimError> {
+    add::run(
+        node,
+        caller,
+        req,
+        &mut crate::core::attach::Early::default(),
+    )
+    .await
+    .map(|added| added.result)
+}
+
+/// An IPAM-mode request for `cid` through the scripted `fake-ipam` delegate, with `extra`
+/// merged into the config.
+pub fn request(cid: &str, version: &str, extra: Value) -> CniRequest {
+    let mut conf = json!({
+        "cniVersion": version, "name": "net", "type": "ptp",
+        "ipam": {"type": "dipam", "delegate": {"type": "fake-ipam", "subnet": "10.9.0.0/24"}}
+    });
+    if let (Some(c), Some(e)) = (conf.as_object_mut(), extra.as_object()) {
+        c.extend(e.clone());
+    }
+    CniRequest {
+        protocol_version: dipam_proto::PROTOCOL_VERSION,
+        request_id: "test".into(),
+        command: String::new(),
+        container_id: cid.into(),
+        netns: "/var/run/netns/x".into(),
+        ifname: "eth0".into(),
+        cni_args: String::new(),
+        cni_path: String::new(),
+        stdin: serde_json::to_vec(&conf).unwrap(),
+        mode: Mode::Ipam as i32,
+        issued_at_ms: crate::clock::now_ms(),
+        issued_at: crate::order::now().map(|b| dipam_proto::v1::BootStamp {
+            boot_id: b.boot_id,
+            ns: b.ns,
+        }),
+        retired_link: None,
+    }
+}
+
+/// Every reply of one AddEarly for `req`, through the service as a plugin sees it.
+pub async fn add_early_replies(
+    node: &Arc<Node>,
+    req: CniRequest,
+) -> Vec<dipam_proto::v1::CniReply> {
+    use dipam_proto::v1::cni_server::Cni;
+    use tokio_stream::StreamExt;
+    let svc = crate::service::Service(Arc::clone(node));
+    let mut req = tonic::Request::new(req);
+    req.extensions_mut().insert(crate::access::Caller::ROOT);
+    let stream = svc.add_early(req).await.unwrap().into_inner();
+    stream
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect()
+}
+
+// The GC's shared delegate and records (gc/collect.rs's tests, gc/runtime/pass/tests.rs).
+
+/// The delegate "fake-ipam": appends `COMMAND CONTAINERID` to `calls` beside itself for every
+/// call, answers VERSION, and runs `cases` (more `case` arms) for the other commands.
+pub fn script(cases: &str) -> String {
+    format!(
+        r#"#!/bin/sh
+d=$(dirname "$0")
+echo "$CNI_COMMAND $CNI_CONTAINERID" >> "$d/calls"
+case "$CNI_COMMAND" in
+VERSION) echo '{{"cniVersion":"1.0.0","supportedVersions":["0.4.0","1.0.0"]}}' ;;
+{cases}esac
+"#
+    )
+}
+
+/// A record of `cid`/eth0 on "net", made through fake-ipam at `created_at` (seconds), holding
+/// 10.9.0.9.
+pub fn record(
+    cid: &str,
+    owner: Owner,
+    state: AttachmentState,
+    created_at: u64,
+) -> AttachmentRecord {
+    AttachmentRecord {
+        key: AttachmentKey::new("net", cid, "eth0"),
+        owner,
+        state,
+        delegate_type: "fake-ipam".into(),
+        delegate_version: "1.0.0".into(),
+        delegate_config: r#"{"cniVersion":"1.0.0","name":"net","type":"fake-ipam"}"#.into(),
+        netns: String::new(),
+        cni_args: String::new(),
+        cni_path: String::new(),
+        result: Some(json!({"cniVersion":"1.0.0","ips":[{"address":"10.9.0.9/24"}]})),
+        config_digest: String::new(),
+        request_id: "t".into(),
+        created_at,
+        updated_at: created_at,
+        issued_ms: 0,
+        issued_at: None,
+        delegate_key: None,
+        creator_uid: None,
+        cri_pod: None,
+    }
+}
+
+/// A node whose delegate is `script` and whose in-memory ledger holds `records`.
+pub async fn node_with(script: &str, records: Vec<AttachmentRecord>) -> (TempDir, Arc<Node>) {
+    let (dir, node) = scripted_node(script, Arc::new(MemStore::new()));
+    for r in records {
+        node.ledger(move |l| l.put(&r))
+            .await
+            .expect("an in-memory ledger takes the record");
+    }
+    (dir, node)
+}
