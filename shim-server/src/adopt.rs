@@ -23,10 +23,11 @@ use tracing::info;
 
 use crate::{
     clock::now,
+    core::Core,
     delegate::{config::DelegateConf, import, store},
     error::ShimError,
+    gc::GcPolicy,
     liveness::{Scan, Verdict},
-    node::Node,
 };
 
 /// What one adoption found and did.
@@ -66,7 +67,8 @@ struct Group {
 
 /// Adopts, in the network of `dc`, every unrecorded reservation that `scan` shows in use.
 pub async fn adopt(
-    node: &Node,
+    core: &Core,
+    policy: &GcPolicy,
     dc: &DelegateConf,
     scan: &Scan,
     dry_run: bool,
@@ -90,7 +92,7 @@ pub async fn adopt(
         .map_err(|e| ShimError::Internal(format!("store task: {e}")))?
         .map_err(|e| ShimError::Internal(format!("reading {}: {e}", dir.display())))?;
     let net = dc.network.clone();
-    let records = node.ledger(move |l| l.list(Some(&net))).await?;
+    let records = core.ledger(move |l| l.list(Some(&net))).await?;
     let known: HashSet<(String, String)> = records
         .iter()
         .map(|r| {
@@ -121,7 +123,7 @@ pub async fn adopt(
         g.young |= r
             .modified
             .and_then(|m| SystemTime::now().duration_since(m).ok())
-            .is_some_and(|age| age < node.gc.grace);
+            .is_some_and(|age| age < policy.grace);
         match scan.verdict(r.ip, &r.container_id) {
             Verdict::Alive(why) => {
                 g.alive.get_or_insert(why);
@@ -133,7 +135,7 @@ pub async fn adopt(
         }
     }
     let mut report = Report::default();
-    let (probe_send, at) = (node.resolve(dc, "").await, now());
+    let (probe_send, at) = (core.resolve(dc, "").await, now());
     for ((cid, ifname), g) in groups {
         let Some(why) = g.alive else {
             match (g.unknown, g.young) {
@@ -199,13 +201,13 @@ pub async fn adopt(
             version: send.unwrap_or(dc.version).to_string(),
         };
         let key = AttachmentKey::new(&dc.network, &cid, &ifname);
-        let Some(_guard) = node.locks.try_lock(&key) else {
+        let Some(_guard) = core.locks.try_lock(&key) else {
             report.skipped.push(skip(format!(
                 "{why}; an operation on {key} is in flight: the next reconcile looks again"
             )));
             continue;
         };
-        if node.lookup(&key)?.is_some() {
+        if core.lookup(&key)?.is_some() {
             // Recorded by an ADD since the store was read: it is dipamd's already.
             continue;
         }
@@ -221,7 +223,7 @@ pub async fn adopt(
             )));
             continue;
         };
-        match node.import(&rec).await? {
+        match core.import(&rec).await? {
             Some(holder) => report.skipped.push(skip(format!("{why}; but {holder}"))),
             None => {
                 info!(key = %key, ips = ?g.ips, evidence = %why, "adopted a running pod's reservation");

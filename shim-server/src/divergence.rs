@@ -10,10 +10,10 @@ use std::{collections::HashSet, sync::Arc, sync::atomic::Ordering, time::Duratio
 use std::net::IpAddr;
 
 use dipam_state::{AttachmentRecord, AttachmentState, Owner};
-use rscni_types::version::SpecVersion;
 use tracing::{info, warn};
 
 use crate::{
+    core::Core,
     delegate::{
         config::{DelegateConf, result_addrs},
         import,
@@ -23,8 +23,7 @@ use crate::{
     error::ShimError,
     events::RangeCount,
     gc::{self, Valid},
-    liveness::{self, Scan, Verdict},
-    node::Node,
+    liveness::{Scan, Verdict},
 };
 
 /// One network's divergence.
@@ -70,50 +69,58 @@ pub fn on_tmpfs(path: &std::path::Path) -> bool {
     false
 }
 
-/// The delegate configs of every network dipamd knows: the agent's conflist, and one recorded
-/// config per network in the ledger.
-pub async fn networks(node: &Node) -> Result<Vec<DelegateConf>, ShimError> {
-    let mut out: Vec<DelegateConf> = Vec::new();
-    if let Some(cfg) = &node.agent.config
-        && let Ok(base) = cfg.source.load()
-        && let Ok(bytes) = serde_json::to_vec(&base.request)
-        && let Ok(dc) = DelegateConf::from_request(&bytes, base.mode)
-    {
-        out.push(dc);
-    }
-    for rec in node.ledger(|l| l.list(None)).await? {
-        if out.iter().any(|d| d.network == rec.key.network) {
-            continue;
-        }
-        if let Ok(conf) = serde_json::from_str(&rec.delegate_config) {
-            out.push(DelegateConf {
-                kind: rec.delegate_type.clone(),
-                network: rec.key.network.clone(),
-                version: rec.delegate_version.parse().unwrap_or(SpecVersion::CURRENT),
-                conf,
-            });
+/// What the reconcile with the delegate's store reaches: the core, the agent's (its
+/// conflist's network), the GC (it frees orphans with `--reconcile-free`, and keeps the
+/// counters) and the networks it refuses.
+#[derive(Clone)]
+pub struct Watch {
+    pub core: Arc<crate::core::Core>,
+    pub agent: Arc<crate::agent::Agent>,
+    pub gc: Arc<gc::Gc>,
+    pub misconfigured: Arc<Misconfigured>,
+    pub teardown: Arc<std::sync::OnceLock<crate::teardown::Teardown>>,
+}
+
+impl Watch {
+    fn collector(&self) -> gc::Collector {
+        gc::Collector {
+            core: Arc::clone(&self.core),
+            gc: Arc::clone(&self.gc),
+            agent: Arc::clone(&self.agent),
+            teardown: Arc::clone(&self.teardown),
         }
     }
-    Ok(out)
+}
+
+/// Networks whose delegate store dipamd must not trust, with the reason: pod ADDs there are
+/// refused (rpc/add.rs), and the warm pool does not fill them. Written by [`round`].
+#[derive(Debug, Default)]
+pub struct Misconfigured(std::sync::Mutex<std::collections::HashMap<String, String>>);
+
+impl Misconfigured {
+    /// Why pod ADDs on `network` are refused, if they are.
+    pub fn of(&self, network: &str) -> Option<String> {
+        self.0.lock().ok().and_then(|m| m.get(network).cloned())
+    }
+
+    /// The networks refused now, replacing the last round's.
+    pub fn set(&self, refused: std::collections::HashMap<String, String>) {
+        if let Ok(mut m) = self.0.lock() {
+            *m = refused;
+        }
+    }
 }
 
 /// Compares one network's ledger with its delegate's store (host-local only: the one whose
 /// store dipamd can read), and tells its unrecorded reservations apart by a look at the node.
-pub async fn check(node: &Node, dc: &DelegateConf) -> Result<Option<Divergence>, ShimError> {
-    let Some(mut d) = look(node, dc).await?.0 else {
+pub async fn check(w: &Watch, dc: &DelegateConf) -> Result<Option<Divergence>, ShimError> {
+    let Some(mut d) = look(w, dc).await?.0 else {
         return Ok(None);
     };
     if !d.unrecorded.is_empty() {
-        classify(&mut d, &scan(node).await);
+        classify(&mut d, &w.gc.scan().await);
     }
     Ok(Some(d))
-}
-
-/// Looks at the node for the evidence that an address is in use (liveness.rs), with the
-/// runtime's sandbox list when dipamd has one.
-pub async fn scan(node: &Node) -> Scan {
-    let runtime = node.runtime_gc.get().map(|r| r.client.clone());
-    liveness::scan(runtime.as_deref()).await
 }
 
 /// Sorts `d.unrecorded` into alive (adoptable), orphans (dead: freeable) and unverified.
@@ -134,11 +141,11 @@ pub fn classify(d: &mut Divergence, scan: &Scan) {
 /// One look at a network: its divergence (where the delegate's store can be read) and its
 /// range per family, from the same reading of the ledger and the store.
 pub async fn look(
-    node: &Node,
+    w: &Watch,
     dc: &DelegateConf,
 ) -> Result<(Option<Divergence>, Vec<RangeCount>), ShimError> {
     let net = dc.network.clone();
-    let records = node.ledger(move |l| l.list(Some(&net))).await?;
+    let records = w.core.ledger(move |l| l.list(Some(&net))).await?;
     let Some(dir) = store::readable_dir(&dc.kind, &dc.conf, &dc.network) else {
         return Ok((None, census(dc, &records, None)));
     };
@@ -210,13 +217,13 @@ pub async fn look(
             dir.display(),
             dc.network
         ));
-    } else if on_tmpfs(&dir) && !on_tmpfs(&node.identity.state_dir) {
+    } else if on_tmpfs(&dir) && !on_tmpfs(&w.core.identity.state_dir) {
         d.misconfigured = Some(format!(
             "{} is on tmpfs while dipamd's ledger ({}) persists: after a reboot the ledger \
              would list addresses host-local forgot, and they would be handed out twice. \
              Put host-local's dataDir on persistent storage",
             dir.display(),
-            node.identity.state_dir.display()
+            w.core.identity.state_dir.display()
         ));
     }
     for r in &held {
@@ -230,7 +237,7 @@ pub async fn look(
         let young = r
             .modified
             .and_then(|m| std::time::SystemTime::now().duration_since(m).ok())
-            .is_some_and(|age| age < node.gc.grace);
+            .is_some_and(|age| age < w.gc.policy.grace);
         if !ours && !young {
             d.unrecorded.push(r.clone());
         }
@@ -351,38 +358,38 @@ pub fn census(
 
 /// Every known network's range per family, looked at now; observers get them too, so a scrape
 /// after `dipamctl status` shows what it showed.
-pub async fn ranges(node: &Node) -> Result<Vec<RangeCount>, ShimError> {
+pub async fn ranges(w: &Watch) -> Result<Vec<RangeCount>, ShimError> {
     let mut out = Vec::new();
-    for dc in networks(node).await? {
-        out.extend(look(node, &dc).await?.1);
+    for dc in gc::networks(&w.core, &w.agent).await? {
+        out.extend(look(w, &dc).await?.1);
     }
-    node.events.emit(crate::events::Event::Ranges(&out));
+    w.core.events.emit(crate::events::Event::Ranges(&out));
     Ok(out)
 }
 
 /// One reconcile round over every known network; updates the status counters. Reservations
 /// a running pod uses that the ledger lacks are adopted (recorded); the dead ones are freed
 /// only with `free` (--reconcile-free), and the GC checks each again before it frees it.
-pub async fn round(node: &Node, free: bool) -> Result<(), ShimError> {
+pub async fn round(w: &Watch, free: bool) -> Result<(), ShimError> {
     let (mut missing, mut orphans, mut alive) = (0u64, 0u64, 0u64);
     let mut refused = std::collections::HashMap::new();
     let mut counts = Vec::new();
     let mut looked: Option<Scan> = None;
-    for dc in networks(node).await? {
-        let (d, ranges) = look(node, &dc).await?;
+    for dc in gc::networks(&w.core, &w.agent).await? {
+        let (d, ranges) = look(w, &dc).await?;
         counts.extend(ranges);
         let Some(mut d) = d else {
             continue;
         };
         if !d.unrecorded.is_empty() || !d.gone_adopted.is_empty() {
             if looked.is_none() {
-                looked = Some(scan(node).await);
+                looked = Some(w.gc.scan().await);
             }
             let now = looked.as_ref().expect("set above");
-            forget_gone_adopted(node, &mut d, now).await;
+            forget_gone_adopted(&w.core, &mut d, now).await;
             classify(&mut d, now);
             if !d.alive.is_empty() {
-                match crate::adopt::adopt(node, &dc, now, false).await {
+                match crate::adopt::adopt(&w.core, &w.gc.policy, &dc, now, false).await {
                     Ok(r) => {
                         info!(network = %dc.network, adopted = r.adopted.len(), "reconcile adopted reservations of running pods that the ledger lacked");
                         for s in &r.skipped {
@@ -422,11 +429,11 @@ pub async fn round(node: &Node, free: bool) -> Result<(), ShimError> {
             warn!(network = %dc.network, orphans = ?d.orphans, "the delegate's store holds reservations dipamd never recorded, and nothing on the node uses them");
             if free {
                 let plan = gc::collect::collect(
-                    node,
+                    &w.collector(),
                     &dc,
                     "",
                     Valid::Ledger,
-                    node.births.gc_began(None, None),
+                    w.core.births.gc_began(None, None),
                     false,
                     false,
                 )
@@ -439,20 +446,16 @@ pub async fn round(node: &Node, free: bool) -> Result<(), ShimError> {
         orphans += d.orphans.len() as u64;
         alive += (d.alive.len() + d.unverified.len()) as u64;
     }
-    if let Ok(mut m) = node.misconfigured.lock() {
-        *m = refused;
-    }
-    node.gc_stats.missing.store(missing, Ordering::Relaxed);
-    node.gc_stats.orphans.store(orphans, Ordering::Relaxed);
-    node.gc_stats
-        .unrecorded_alive
-        .store(alive, Ordering::Relaxed);
-    node.events.emit(crate::events::Event::Divergence {
+    w.misconfigured.set(refused);
+    w.gc.stats.missing.store(missing, Ordering::Relaxed);
+    w.gc.stats.orphans.store(orphans, Ordering::Relaxed);
+    w.gc.stats.unrecorded_alive.store(alive, Ordering::Relaxed);
+    w.core.events.emit(crate::events::Event::Divergence {
         missing,
         orphans,
         alive,
     });
-    node.events.emit(crate::events::Event::Ranges(&counts));
+    w.core.events.emit(crate::events::Event::Ranges(&counts));
     Ok(())
 }
 
@@ -462,7 +465,7 @@ pub async fn round(node: &Node, free: bool) -> Result<(), ShimError> {
 /// happened. Left in the ledger they were reported missing, and, had every pod record been
 /// one, would have stopped pod ADDs as a misconfigured store. One a running pod still uses
 /// (its store entry wiped) stays, reported missing.
-async fn forget_gone_adopted(node: &Node, d: &mut Divergence, scan: &Scan) {
+async fn forget_gone_adopted(core: &Core, d: &mut Divergence, scan: &Scan) {
     for rec in std::mem::take(&mut d.gone_adopted) {
         let ips = rec.result.as_ref().map(result_addrs).unwrap_or_default();
         let dead = ips
@@ -471,13 +474,13 @@ async fn forget_gone_adopted(node: &Node, d: &mut Divergence, scan: &Scan) {
         if !dead {
             continue;
         }
-        let Some(_guard) = node.locks.try_lock(&rec.key) else {
+        let Some(_guard) = core.locks.try_lock(&rec.key) else {
             continue;
         };
-        if !matches!(node.lookup(&rec.key), Ok(Some(now)) if now == rec) {
+        if !matches!(core.lookup(&rec.key), Ok(Some(now)) if now == rec) {
             continue;
         }
-        match node.forget(&rec).await {
+        match core.forget(&rec).await {
             Ok(()) => {
                 info!(key = %rec.key, ips = ?ips, "forgot an adopted attachment whose pod was deleted around dipamd (its delegate already released it)");
                 let tail = format!("({})", rec.key);
@@ -491,13 +494,13 @@ async fn forget_gone_adopted(node: &Node, d: &mut Divergence, scan: &Scan) {
 }
 
 /// The loop; `every` zero disables it.
-pub async fn run(node: Arc<Node>, every: Duration, free: bool) {
+pub async fn run(w: Watch, every: Duration, free: bool) {
     if every.is_zero() {
         return;
     }
     loop {
         tokio::time::sleep(every).await;
-        if let Err(e) = round(&node, free).await {
+        if let Err(e) = round(&w, free).await {
             warn!(error = %e, "ledger/store reconcile failed");
         }
     }
@@ -507,6 +510,8 @@ pub async fn run(node: Arc<Node>, every: Duration, free: bool) {
 mod tests {
     use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, Owner};
     use serde_json::json;
+
+    use rscni_types::version::SpecVersion;
 
     use super::*;
 

@@ -32,6 +32,7 @@ pub mod pool;
 pub mod privilege;
 pub mod replay;
 pub mod rpc;
+pub mod sandboxes;
 pub mod server;
 pub mod service;
 

@@ -14,54 +14,42 @@ use dipam_state::{Ledger, Store};
 
 use crate::{
     access::{Admission, Caller},
-    agent::{Agent, AgentConfig},
+    agent::{Agent, AgentConfig, reconcile::Reconciler},
     core::{Core, Identity, Prepared},
     delegate::Executor,
+    divergence::Misconfigured,
+    divergence::Watch,
     error::ShimError,
-    gc::{GcPolicy, GcStats},
-    pool::Pool,
+    gc::{Collector, Gc, GcPolicy},
+    pool::{Pool, refill::Refiller},
     privilege::Denials,
     spool::SpoolState,
     teardown::Teardown,
 };
 
 pub struct Node {
-    pub core: Core,
+    pub core: Arc<Core>,
     pub agent: Arc<Agent>,
-    pub gc: GcPolicy,
+    /// The GC's policy, counters and runtime-aware GC (gc/).
+    pub gc: Arc<Gc>,
     pub admission: Admission,
-    pub gc_stats: GcStats,
     /// The warm pool (pool/): off unless dipamd configures it.
-    pub pool: Pool,
-    /// Networks whose delegate store dipamd must not trust (divergence.rs), with the reason:
-    /// pod ADDs there are refused.
-    pub misconfigured: Mutex<HashMap<String, String>>,
+    pub pool: Arc<Pool>,
+    /// Networks whose delegate store dipamd must not trust (divergence.rs).
+    pub misconfigured: Arc<Misconfigured>,
     /// The delegate's own STATUS answers, briefly remembered: containerd 2.x calls STATUS on
     /// every kubelet status poll, and each answer costs a delegate exec.
     pub status_cache: Mutex<HashMap<String, (Instant, Option<String>)>>,
     pub started: Instant,
     /// Deletes the pod veths main-mode DELs retired (teardown.rs); set by the daemon, absent
     /// in tests that run without netlink.
-    pub teardown: OnceLock<Teardown>,
+    pub teardown: Arc<OnceLock<Teardown>>,
     /// Operations that failed for lack of a privilege (privilege.rs), for status and doctor.
     pub denials: Arc<Denials>,
     /// The DEL spool's condition, for status, doctor and metrics (spool/).
-    pub spool: SpoolState,
+    pub spool: Arc<SpoolState>,
     /// The explain history's writer (history.rs), for status (its drops); set by the daemon.
     pub history: OnceLock<crate::history::Sink>,
-    /// The runtime-aware GC (gc/runtime/): set by the daemon when it runs with
-    /// --cri-endpoint.
-    pub runtime_gc: OnceLock<crate::gc::runtime::RuntimeGc>,
-}
-
-/// The core's functions read as the node's: `node.ledger(..)`, `node.lookup(..)`. The node
-/// adds handles around the core; it changes nothing of it.
-impl std::ops::Deref for Node {
-    type Target = Core;
-
-    fn deref(&self) -> &Core {
-        &self.core
-    }
 }
 
 impl Node {
@@ -76,20 +64,23 @@ impl Node {
         let agent = Arc::new(Agent::new(agent));
         let denials = Arc::new(Denials::with_events(exec.events.clone()));
         Arc::new(Self {
-            core: Core::new(Ledger::from_arc(store), exec, identity, agent.clone()),
+            core: Arc::new(Core::new(
+                Ledger::from_arc(store),
+                exec,
+                identity,
+                agent.clone(),
+            )),
             agent,
-            gc,
+            gc: Arc::new(Gc::new(gc)),
             admission,
-            gc_stats: GcStats::default(),
-            pool: Pool::default(),
-            misconfigured: Mutex::new(HashMap::new()),
+            pool: Arc::default(),
+            misconfigured: Arc::default(),
             status_cache: Mutex::new(HashMap::new()),
             started: Instant::now(),
-            teardown: OnceLock::new(),
+            teardown: Arc::default(),
             denials,
-            spool: SpoolState::default(),
+            spool: Arc::default(),
             history: OnceLock::new(),
-            runtime_gc: OnceLock::new(),
         })
     }
 
@@ -103,34 +94,52 @@ impl Node {
     ) -> Result<Prepared, ShimError> {
         let p = self.core.prepare(req, attachment, caller)?;
         self.spool
-            .note_config(&p.req.stdin, &p.dc.network, &self.identity.spool_dir);
+            .note_config(&p.req.stdin, &p.dc.network, &self.core.identity.spool_dir);
         Ok(p)
     }
 
-    /// Before GC releases `rec`'s address: the host veth dipam's main mode made for it (and
-    /// with it the host's route to the address) goes first, as a DEL's would
-    /// (teardown.rs `retire`). Without the teardown worker it stays; a later ADD handed the
-    /// address is then refused (165), naming it.
-    pub async fn retire_datapath(&self, rec: &dipam_state::AttachmentRecord) {
-        if rec.owner != dipam_state::Owner::Pod {
-            return;
+    /// What the GC works with.
+    pub fn collector(&self) -> Collector {
+        Collector {
+            core: Arc::clone(&self.core),
+            gc: Arc::clone(&self.gc),
+            agent: Arc::clone(&self.agent),
+            teardown: Arc::clone(&self.teardown),
         }
-        if let Some(t) = self.teardown.get() {
-            let k = &rec.key;
-            t.retire(vec![(
-                k.network.clone(),
-                k.container_id.clone(),
-                k.ifname.clone(),
-            )])
-            .await;
+    }
+
+    /// What the reconcile with the delegate's store works with.
+    pub fn watch(&self) -> Watch {
+        Watch {
+            core: Arc::clone(&self.core),
+            agent: Arc::clone(&self.agent),
+            gc: Arc::clone(&self.gc),
+            misconfigured: Arc::clone(&self.misconfigured),
+            teardown: Arc::clone(&self.teardown),
+        }
+    }
+
+    /// What the agent's reconcile works with.
+    pub fn reconciler(&self) -> Reconciler {
+        Reconciler {
+            core: Arc::clone(&self.core),
+            agent: Arc::clone(&self.agent),
+            spool: Arc::clone(&self.spool),
+        }
+    }
+
+    /// What the warm pool's refiller works with.
+    pub fn refiller(&self) -> Refiller {
+        Refiller {
+            core: Arc::clone(&self.core),
+            pool: Arc::clone(&self.pool),
+            agent: Arc::clone(&self.agent),
+            misconfigured: Arc::clone(&self.misconfigured),
         }
     }
 
     /// Why pod ADDs on `network` are refused, if they are (divergence.rs).
     pub fn misconfigured(&self, network: &str) -> Option<String> {
-        self.misconfigured
-            .lock()
-            .ok()
-            .and_then(|m| m.get(network).cloned())
+        self.misconfigured.of(network)
     }
 }

@@ -210,7 +210,7 @@ where
             Ok(_) => "0".to_owned(),
             Err(status) => format!("grpc:{:?}", status.code()),
         };
-        node.events.emit(crate::events::Event::Request {
+        node.core.events.emit(crate::events::Event::Request {
             op: call.command,
             code: &code,
             took,

@@ -164,7 +164,8 @@ pub fn record(
 pub async fn node_with(script: &str, records: Vec<AttachmentRecord>) -> (TempDir, Arc<Node>) {
     let (dir, node) = scripted_node(script, Arc::new(MemStore::new()));
     for r in records {
-        node.ledger(move |l| l.put(&r))
+        node.core
+            .ledger(move |l| l.put(&r))
             .await
             .expect("an in-memory ledger takes the record");
     }

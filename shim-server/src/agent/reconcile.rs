@@ -25,7 +25,7 @@
 //! before the list is sent), so it increases across restarts as well, and the changed marks
 //! (`agent/changed/<container ID>`) that stay until a client reads the claim again.
 
-use std::{collections::BTreeSet, net::IpAddr, time::Duration};
+use std::{collections::BTreeSet, net::IpAddr, sync::Arc, time::Duration};
 
 use dipam_proto::v1::{AgentAddress, AgentListReply, CniRequest};
 use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, Owner};
@@ -33,15 +33,15 @@ use serde_json::Value;
 use tracing::{info, warn};
 
 use super::{
-    AgentConfig, Family, ROLES, Slot,
+    Agent, AgentConfig, Family, ROLES, Slot,
     claims::{self, CLAIM_SETTING, Claim, ClaimSpec},
     conflist::Base,
 };
 use crate::{
-    core::Prepared,
+    core::{Core, Prepared},
     delegate::{config::result_addrs, version},
     error::ShimError,
-    node::Node,
+    spool::SpoolState,
 };
 
 const ROLE_SETTING: &str = "agent/role/";
@@ -50,11 +50,36 @@ const LAST_IP_SETTING: &str = "agent/last-ip/";
 const GENERATION_SETTING: &str = "agent/generation";
 const CHANGED_SETTING: &str = "agent/changed/";
 
+/// What the agent's work reaches: the core, the agent's own state, and the spool's (which
+/// learns every config dipamd prepares: a `spoolDir` other than dipamd's is reported).
+#[derive(Clone)]
+pub struct Reconciler {
+    pub core: Arc<Core>,
+    pub agent: Arc<Agent>,
+    pub spool: Arc<SpoolState>,
+}
+
+impl Reconciler {
+    /// [`Core::prepare`], and the spool learns the network's config (as `Node::prepare`).
+    fn prepare(
+        &self,
+        req: CniRequest,
+        attachment: bool,
+        caller: crate::access::Caller,
+    ) -> Result<Prepared, ShimError> {
+        let p = self.core.prepare(req, attachment, caller)?;
+        self.spool
+            .note_config(&p.req.stdin, &p.dc.network, &self.core.identity.spool_dir);
+        Ok(p)
+    }
+}
+
 /// At start: the generation and changed marks the last dipamd left; and if the configured
 /// roles changed since the last start, the operator's new configuration wins over roles the
 /// agent allocated or released at runtime.
-pub async fn init(node: &Node) -> Result<(), ShimError> {
-    let (generation, changed) = node
+pub async fn init(r: &Reconciler) -> Result<(), ShimError> {
+    let (generation, changed) = r
+        .core
         .ledger(|l| {
             let g = l
                 .setting(GENERATION_SETTING)?
@@ -68,23 +93,24 @@ pub async fn init(node: &Node) -> Result<(), ShimError> {
             Ok((g, changed))
         })
         .await?;
-    node.agent.resume(generation, changed);
-    let Some(cfg) = node.agent.config.clone() else {
-        return keep_unmanaged(node).await;
+    r.agent.resume(generation, changed);
+    let Some(cfg) = r.agent.config.clone() else {
+        return keep_unmanaged(r).await;
     };
     let flags = cfg.roles.iter().cloned().collect::<Vec<_>>().join(",");
-    node.ledger(move |l| {
-        if l.setting(FLAGS_SETTING)?.as_deref() != Some(flags.as_str()) {
-            for (name, _) in l.settings(ROLE_SETTING)? {
-                l.set_setting(&name, None)?;
+    r.core
+        .ledger(move |l| {
+            if l.setting(FLAGS_SETTING)?.as_deref() != Some(flags.as_str()) {
+                for (name, _) in l.settings(ROLE_SETTING)? {
+                    l.set_setting(&name, None)?;
+                }
+                l.set_setting(FLAGS_SETTING, Some(&flags))?;
             }
-            l.set_setting(FLAGS_SETTING, Some(&flags))?;
-        }
-        Ok(())
-    })
-    .await?;
-    let records = node.ledger(|l| l.list(None)).await?;
-    node.agent.reindex(&records);
+            Ok(())
+        })
+        .await?;
+    let records = r.core.ledger(|l| l.list(None)).await?;
+    r.agent.reindex(&records);
     Ok(())
 }
 
@@ -99,10 +125,10 @@ pub const KEPT_UNMANAGED: &str = "kept: agent management is off (dipamd has no -
 /// take the agent's addresses away after a restart that merely lost a flag, so they are kept,
 /// indexed (no pod gets one) and listed by `dipamctl agent list`, status and doctor with the
 /// reason and what releases them.
-async fn keep_unmanaged(node: &Node) -> Result<(), ShimError> {
-    let records = node.ledger(|l| l.list(None)).await?;
-    node.agent.reindex(&records);
-    let specs = claim_specs(node).await?;
+async fn keep_unmanaged(r: &Reconciler) -> Result<(), ShimError> {
+    let records = r.core.ledger(|l| l.list(None)).await?;
+    r.agent.reindex(&records);
+    let specs = claim_specs(r).await?;
     let kept: Vec<AgentAddress> = records
         .iter()
         .filter_map(|r| {
@@ -142,15 +168,15 @@ async fn keep_unmanaged(node: &Node) -> Result<(), ShimError> {
             "agent records in the ledger while agent management is off: {KEPT_UNMANAGED}"
         );
     }
-    publish(node, kept, String::new()).await;
+    publish(r, kept, String::new()).await;
     Ok(())
 }
 
 /// Every claim spec in the ledger, by name.
 async fn claim_specs(
-    node: &Node,
+    r: &Reconciler,
 ) -> Result<std::collections::BTreeMap<String, ClaimSpec>, ShimError> {
-    let raw = node.ledger(|l| l.settings(CLAIM_SETTING)).await?;
+    let raw = r.core.ledger(|l| l.settings(CLAIM_SETTING)).await?;
     Ok(claims::decode_all(raw))
 }
 
@@ -159,40 +185,44 @@ async fn claim_specs(
 /// (instance_id, generation)). A ledger that takes no writes (a full disk) does not hold the
 /// list back: the agent needs its addresses more than a generation that survives restarts;
 /// the instance id still tells a restart apart.
-pub async fn publish(node: &Node, addresses: Vec<AgentAddress>, waiting: String) {
-    publish_with(node, move |_| (addresses, waiting)).await;
+pub async fn publish(r: &Reconciler, addresses: Vec<AgentAddress>, waiting: String) {
+    publish_with(r, move |_| (addresses, waiting)).await;
 }
 
 /// Publishes the list `f` makes from the current one, both under the publishing lock: an
 /// edit of the list (one claim's entry, a cleared mark) never publishes over a newer list
 /// that was sent while it was being made. Entries are kept in one order (the roles', then
 /// the claims', by name), so that the same list never reads as a change.
-async fn publish_with(node: &Node, f: impl FnOnce(&AgentListReply) -> (Vec<AgentAddress>, String)) {
-    let _one = node.agent.publishing.lock().await;
-    let (mut addresses, waiting) = f(&node.agent.snapshot());
+async fn publish_with(
+    r: &Reconciler,
+    f: impl FnOnce(&AgentListReply) -> (Vec<AgentAddress>, String),
+) {
+    let _one = r.agent.publishing.lock().await;
+    let (mut addresses, waiting) = f(&r.agent.snapshot());
     addresses.sort_by(|a, b| (!a.predefined, &a.name).cmp(&(!b.predefined, &b.name)));
-    let Some((addresses, generation)) = node.agent.next(addresses, &waiting) else {
+    let Some((addresses, generation)) = r.agent.next(addresses, &waiting) else {
         return;
     };
     let text = generation.to_string();
-    if let Err(e) = node
+    if let Err(e) = r
+        .core
         .ledger(move |l| l.set_setting(GENERATION_SETTING, Some(&text)))
         .await
     {
         warn!(error = %e, generation, "the agent list's generation could not be kept in the ledger; publishing it anyway");
     }
-    node.agent.publish(addresses, waiting, generation);
-    report_addresses(node);
+    r.agent.publish(addresses, waiting, generation);
+    report_addresses(r);
 }
 
 /// Marks (`Some(previous)`) or clears the change of `container_id`'s address; republishes
 /// when it changed something.
 async fn set_changed(
-    node: &Node,
+    r: &Reconciler,
     container_id: &str,
     previous: Option<String>,
 ) -> Result<bool, ShimError> {
-    let differs = match node.agent.changed.lock() {
+    let differs = match r.agent.changed.lock() {
         Ok(mut c) => match &previous {
             Some(p) => c.insert(container_id.to_owned(), p.clone()).as_ref() != Some(p),
             None => c.remove(container_id).is_some(),
@@ -201,7 +231,8 @@ async fn set_changed(
     };
     if differs {
         let name = format!("{CHANGED_SETTING}{container_id}");
-        node.ledger(move |l| l.set_setting(&name, previous.as_deref()))
+        r.core
+            .ledger(move |l| l.set_setting(&name, previous.as_deref()))
             .await?;
     }
     Ok(differs)
@@ -209,20 +240,20 @@ async fn set_changed(
 
 /// A client read these claims (List, or Claim of one): their changed marks are cleared, and
 /// the list is republished without them. The reply the client reads still carries the marks.
-pub async fn clear_changed(node: &Node, container_ids: &[String]) -> Result<(), ShimError> {
+pub async fn clear_changed(r: &Reconciler, container_ids: &[String]) -> Result<(), ShimError> {
     let mut any = false;
     for id in container_ids {
-        any |= set_changed(node, id, None).await?;
+        any |= set_changed(r, id, None).await?;
     }
     if any {
-        publish_with(node, |snap| (snap.addresses.clone(), snap.waiting.clone())).await;
+        publish_with(r, |snap| (snap.addresses.clone(), snap.waiting.clone())).await;
     }
     Ok(())
 }
 
 /// Enables (`on`) or disables a role at runtime; persists across restarts until the
 /// configured roles change.
-pub async fn set_role(node: &Node, role: &str, on: bool) -> Result<(), ShimError> {
+pub async fn set_role(r: &Reconciler, role: &str, on: bool) -> Result<(), ShimError> {
     if !ROLES.contains(&role) {
         // Never the role itself in full: a 1 MiB role echoed into the status message broke
         // the client's HTTP/2 header limit.
@@ -231,7 +262,7 @@ pub async fn set_role(node: &Node, role: &str, on: bool) -> Result<(), ShimError
             details: format!("roles are {}", ROLES.join(", ")),
         });
     }
-    if node.agent.config.is_none() {
+    if r.agent.config.is_none() {
         return Err(ShimError::Config {
             msg: "agent addresses are not configured".into(),
             details: "start dipamd with --conflist (or --conf-dir and --network) and --node-name"
@@ -240,12 +271,13 @@ pub async fn set_role(node: &Node, role: &str, on: bool) -> Result<(), ShimError
     }
     let name = format!("{ROLE_SETTING}{role}");
     let value = if on { "on" } else { "off" };
-    node.ledger(move |l| l.set_setting(&name, Some(value)))
+    r.core
+        .ledger(move |l| l.set_setting(&name, Some(value)))
         .await
 }
 
-async fn effective_roles(node: &Node, cfg: &AgentConfig) -> Result<BTreeSet<String>, ShimError> {
-    let overrides = node.ledger(|l| l.settings(ROLE_SETTING)).await?;
+async fn effective_roles(r: &Reconciler, cfg: &AgentConfig) -> Result<BTreeSet<String>, ShimError> {
+    let overrides = r.core.ledger(|l| l.settings(ROLE_SETTING)).await?;
     let mut roles = cfg.roles.clone();
     for (name, value) in overrides {
         let role = name.trim_start_matches(ROLE_SETTING).to_owned();
@@ -262,37 +294,38 @@ async fn effective_roles(node: &Node, cfg: &AgentConfig) -> Result<BTreeSet<Stri
 }
 
 /// One reconcile pass. Publishes the resulting list for List and Watch.
-pub async fn pass(node: &Node) -> Result<(), ShimError> {
-    let Some(cfg) = node.agent.config.clone() else {
+pub async fn pass(r: &Reconciler) -> Result<(), ShimError> {
+    let Some(cfg) = r.agent.config.clone() else {
         return Ok(());
     };
-    let _one = node.agent.pass.lock().await;
-    let roles = effective_roles(node, &cfg).await?;
+    let _one = r.agent.pass.lock().await;
+    let roles = effective_roles(r, &cfg).await?;
     let mut slots: Vec<Slot> = roles
         .iter()
         .flat_map(|r| cfg.families.iter().map(move |f| (r, *f)))
         .map(|(r, f)| Slot::new(&cfg, r, f))
         .collect();
-    for (name, spec) in claim_specs(node).await? {
+    for (name, spec) in claim_specs(r).await? {
         slots.push(Slot::claim(&cfg, &name, &spec));
     }
     let base = match cfg.source.load() {
         Ok(b) => b,
         Err(missing) => {
             let waiting = missing.to_string();
-            if node.agent.snapshot().waiting != waiting {
+            if r.agent.snapshot().waiting != waiting {
                 warn!("{waiting}; agent addresses wait, pod requests are served meanwhile");
             }
             let pending = slots
                 .iter()
                 .map(|s| address(s, "", None, "pending", &waiting))
                 .collect();
-            publish(node, pending, waiting).await;
+            publish(r, pending, waiting).await;
             return Ok(());
         }
     };
 
-    let records: Vec<AttachmentRecord> = node
+    let records: Vec<AttachmentRecord> = r
+        .core
         .ledger(|l| l.list(None))
         .await?
         .into_iter()
@@ -304,7 +337,7 @@ pub async fn pass(node: &Node) -> Result<(), ShimError> {
         let key = AttachmentKey::new(&base.network, &slot.container_id, &slot.ifname);
         wanted.push(key.clone());
         let existing = records.iter().find(|r| r.key == key).cloned();
-        let a = match establish(node, &base, slot, &key, existing).await {
+        let a = match establish(r, &base, slot, &key, existing).await {
             Ok(a) => a,
             Err(e) => {
                 warn!(claim = %slot.name, family = slot.family.as_str(), error = %e, "agent address not established; will retry");
@@ -313,28 +346,28 @@ pub async fn pass(node: &Node) -> Result<(), ShimError> {
         };
         addresses.push(a);
     }
-    let releasing = release_unwanted(node, &records, &wanted).await;
+    let releasing = release_unwanted(r, &records, &wanted).await;
     addresses.extend(releasing);
-    let records = node.ledger(|l| l.list(None)).await?;
-    node.agent.reindex(&records);
-    publish(node, addresses, String::new()).await;
+    let records = r.core.ledger(|l| l.list(None)).await?;
+    r.agent.reindex(&records);
+    publish(r, addresses, String::new()).await;
     Ok(())
 }
 
 /// Releases every agent record not in `wanted`; returns those that could not be released
 /// yet (retried by the next pass), as the agent should see them.
 async fn release_unwanted(
-    node: &Node,
+    r: &Reconciler,
     records: &[AttachmentRecord],
     wanted: &[AttachmentKey],
 ) -> Vec<AgentAddress> {
     let mut addresses = Vec::new();
     for rec in records.iter().filter(|r| !wanted.contains(&r.key)) {
-        let _guard = node.locks.lock(&rec.key).await;
-        match release(node, rec).await {
+        let _guard = r.core.locks.lock(&rec.key).await;
+        match release(r, rec).await {
             Ok(()) => {
                 info!(key = %rec.key, owner = %rec.owner.label(), "agent address released (no longer enabled or claimed)");
-                if let Err(e) = forget_slot(node, &rec.key.container_id).await {
+                if let Err(e) = forget_slot(r, &rec.key.container_id).await {
                     warn!(key = %rec.key, error = %e, "the released address's settings stay");
                 }
             }
@@ -378,29 +411,30 @@ async fn release_unwanted(
 }
 
 /// Reports the published agent addresses by state (the metrics' gauge).
-fn report_addresses(node: &Node) {
-    if !node.events.listened() {
+fn report_addresses(r: &Reconciler) {
+    if !r.core.events.listened() {
         return;
     }
     let mut by: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
-    for a in node.agent.snapshot().addresses {
+    for a in r.agent.snapshot().addresses {
         *by.entry(a.state).or_default() += 1;
     }
     let rows: Vec<(&str, u64)> = by.iter().map(|(s, n)| (s.as_str(), *n)).collect();
-    node.events
+    r.core
+        .events
         .emit(crate::events::Event::AgentAddresses(&rows));
 }
 
 /// The retry loop: passes until every address is established, then a periodic CHECK.
-pub async fn run(node: std::sync::Arc<Node>, check_every: Duration) {
-    if node.agent.config.is_none() {
+pub async fn run(r: Reconciler, check_every: Duration) {
+    if r.agent.config.is_none() {
         return;
     }
     loop {
-        if let Err(e) = pass(&node).await {
+        if let Err(e) = pass(&r).await {
             warn!(error = %e, "agent reconcile pass failed");
         }
-        let snap = node.agent.snapshot();
+        let snap = r.agent.snapshot();
         let delay = if !snap.waiting.is_empty() {
             // Watching for the conflist: cheap (one stat), and the agent's addresses follow
             // within half a second of the file appearing.
@@ -412,7 +446,7 @@ pub async fn run(node: std::sync::Arc<Node>, check_every: Duration) {
         };
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
-            () = node.agent.wake.notified() => {}
+            () = r.agent.wake.notified() => {}
         }
     }
 }
@@ -472,14 +506,14 @@ fn address(
 
 /// Forgets what the ledger's settings keep for a released slot: the address it last held
 /// and its changed mark. A claim made again later under the same name starts afresh.
-async fn forget_slot(node: &Node, container_id: &str) -> Result<(), ShimError> {
-    set_changed(node, container_id, None).await?;
+async fn forget_slot(r: &Reconciler, container_id: &str) -> Result<(), ShimError> {
+    set_changed(r, container_id, None).await?;
     let name = format!("{LAST_IP_SETTING}{container_id}");
-    node.ledger(move |l| l.set_setting(&name, None)).await
+    r.core.ledger(move |l| l.set_setting(&name, None)).await
 }
 
 /// Builds the ADD/DEL/CHECK request for a slot, the way a runtime would call dipam.
-fn prepare(node: &Node, base: &Base, slot: &Slot, command: &str) -> Result<Prepared, ShimError> {
+fn prepare(r: &Reconciler, base: &Base, slot: &Slot, command: &str) -> Result<Prepared, ShimError> {
     let req = CniRequest {
         protocol_version: dipam_proto::PROTOCOL_VERSION,
         request_id: format!("agent-{}-{}", slot.role, slot.family.as_str()),
@@ -498,7 +532,7 @@ fn prepare(node: &Node, base: &Base, slot: &Slot, command: &str) -> Result<Prepa
         }),
         retired_link: None,
     };
-    let mut p = node.prepare(req, true, crate::access::Caller::ROOT)?;
+    let mut p = r.prepare(req, true, crate::access::Caller::ROOT)?;
     // host-local hands out one address per range set: keep only this family's, so that
     // each (role, family) holds exactly one address.
     if p.dc.kind == "host-local"
@@ -535,8 +569,8 @@ fn supports_requested(kind: &str) -> bool {
 }
 
 /// The delegate type of the agent network's config.
-fn base_kind(node: &Node, base: &Base, slot: &Slot) -> Result<String, ShimError> {
-    Ok(prepare(node, base, slot, "ADD")?.dc.kind)
+fn base_kind(r: &Reconciler, base: &Base, slot: &Slot) -> Result<String, ShimError> {
+    Ok(prepare(r, base, slot, "ADD")?.dc.kind)
 }
 
 /// Asks the delegate for `ip` where it supports requested addresses.
@@ -553,21 +587,22 @@ fn request_ip(p: &mut Prepared, ip: IpAddr) {
 /// it again (the address it had, when it can), then remembers the address for the next
 /// time. The key's lock is held throughout.
 async fn establish(
-    node: &Node,
+    r: &Reconciler,
     base: &Base,
     slot: &Slot,
     key: &AttachmentKey,
     existing: Option<AttachmentRecord>,
 ) -> Result<AgentAddress, ShimError> {
-    let _guard = node.locks.lock(key).await;
-    refuse_unsupported_request(node, base, slot)?;
-    let mut b = match settle_existing(node, base, slot, key, existing).await? {
+    let _guard = r.core.locks.lock(key).await;
+    refuse_unsupported_request(r, base, slot)?;
+    let mut b = match settle_existing(r, base, slot, key, existing).await? {
         Existing::Held(address) => return Ok(*address),
         Existing::Released(before) => before,
     };
     if b.previous.is_none() {
         let name = format!("{LAST_IP_SETTING}{}", slot.container_id);
-        b.previous = node
+        b.previous = r
+            .core
             .ledger(move |l| l.setting(&name))
             .await?
             .and_then(|s| s.parse().ok());
@@ -576,9 +611,9 @@ async fn establish(
         b.requested = slot.requested.or(b.previous);
     }
 
-    let added = add(node, base, slot, key, &mut b).await?;
-    let (ip, result) = the_address(node, slot, key, &added).await?;
-    remember(node, slot, key, ip, b.previous, &b.message).await?;
+    let added = add(r, base, slot, key, &mut b).await?;
+    let (ip, result) = the_address(r, slot, key, &added).await?;
+    remember(r, slot, key, ip, b.previous, &b.message).await?;
     Ok(address(
         slot,
         &base.network,
@@ -589,14 +624,14 @@ async fn establish(
 }
 
 /// A claim that asks for a particular address needs a delegate that can be asked for one.
-fn refuse_unsupported_request(node: &Node, base: &Base, slot: &Slot) -> Result<(), ShimError> {
-    if slot.requested.is_some() && !supports_requested(&base_kind(node, base, slot)?) {
+fn refuse_unsupported_request(r: &Reconciler, base: &Base, slot: &Slot) -> Result<(), ShimError> {
+    if slot.requested.is_some() && !supports_requested(&base_kind(r, base, slot)?) {
         return Err(ShimError::Config {
             msg: "the delegate cannot be asked for a specific address".into(),
             details: format!(
                 "claims with a requested IP work with host-local (CNI_ARGS IP=) and                  azure-vnet-ipam (ipam.ipAddress); {} uses {}: claim without an IP",
                 base.path.display(),
-                base_kind(node, base, slot)?
+                base_kind(r, base, slot)?
             ),
         });
     }
@@ -626,7 +661,7 @@ enum Existing {
 /// Keeps a committed record the delegate still holds; releases any other (and, with no
 /// record at all, a reservation from a previous life under the same key).
 async fn settle_existing(
-    node: &Node,
+    r: &Reconciler,
     base: &Base,
     slot: &Slot,
     key: &AttachmentKey,
@@ -635,7 +670,7 @@ async fn settle_existing(
     let mut b = Before::default();
     match existing {
         Some(rec) if rec.state == AttachmentState::Committed => {
-            match verify(node, base, slot, &rec).await {
+            match verify(r, base, slot, &rec).await {
                 Ok(()) => {
                     return Ok(Existing::Held(Box::new(address(
                         slot,
@@ -649,11 +684,11 @@ async fn settle_existing(
                     b.previous = mine(&rec, slot.family);
                     b.requested = slot.requested.or(b.previous);
                     warn!(key = %key, reason = %error_text(&why), "the delegate no longer holds this agent address; re-establishing it");
-                    release(node, &rec).await.ok();
-                    node.agent
+                    release(r, &rec).await.ok();
+                    r.agent
                         .reestablished
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    node.events.emit(crate::events::Event::AgentReestablished);
+                    r.core.events.emit(crate::events::Event::AgentReestablished);
                     b.message = format!(
                         "re-established: the delegate had lost it ({})",
                         error_text(&why)
@@ -664,17 +699,18 @@ async fn settle_existing(
         Some(rec) => {
             b.previous = mine(&rec, slot.family);
             b.requested = slot.requested.or(b.previous);
-            release(node, &rec).await?;
+            release(r, &rec).await?;
         }
         None => {
             // A reservation from a previous life under the same key (ledger lost, or a crash
             // before the intent of a much older version) would make host-local refuse the ADD
             // as a duplicate: DEL first, ignoring "not found".
-            let p = prepare(node, base, slot, "DEL")?;
-            let (probe, send) = node.resolve(&p.dc, "").await?;
+            let p = prepare(r, base, slot, "DEL")?;
+            let (probe, send) = r.core.resolve(&p.dc, "").await?;
             let mut dc = p.dc.clone();
             if dc.inject_for_del(None) {
-                let _ = node
+                let _ = r
+                    .core
                     .run_delegate(&p, &probe, "DEL", dc.bytes_for(send)?)
                     .await;
             }
@@ -686,7 +722,7 @@ async fn settle_existing(
 /// The delegate's ADD for the slot, asking for `b.requested`; when that address is taken
 /// (and the slot is not a claim of that very address), any other.
 async fn add(
-    node: &Node,
+    r: &Reconciler,
     base: &Base,
     slot: &Slot,
     key: &AttachmentKey,
@@ -695,12 +731,12 @@ async fn add(
     let owner = Owner::Agent {
         role: slot.role.clone(),
     };
-    let mut p = prepare(node, base, slot, "ADD")?;
+    let mut p = prepare(r, base, slot, "ADD")?;
     if let Some(ip) = b.requested {
         request_ip(&mut p, ip);
     }
     let added = match crate::core::attach::attach(
-        node,
+        &r.core,
         &p,
         owner.clone(),
         &mut crate::core::attach::Early::default(),
@@ -718,9 +754,9 @@ async fn add(
                 "address changed: {} was not available",
                 b.requested.map(|i| i.to_string()).unwrap_or_default()
             );
-            let p = prepare(node, base, slot, "ADD")?;
+            let p = prepare(r, base, slot, "ADD")?;
             crate::core::attach::attach(
-                node,
+                &r.core,
                 &p,
                 owner.clone(),
                 &mut crate::core::attach::Early::default(),
@@ -735,7 +771,7 @@ async fn add(
 /// The address of the slot's family in the delegate's result, and the result; released and
 /// refused when the delegate gave another family or ignored the requested address.
 async fn the_address(
-    node: &Node,
+    r: &Reconciler,
     slot: &Slot,
     key: &AttachmentKey,
     added: &crate::core::attach::Added,
@@ -747,8 +783,8 @@ async fn the_address(
         .find(|ip| slot.family.matches(ip))
     else {
         // The delegate answered with another family only (a pool of the wrong family).
-        if let Some(rec) = node.lookup(key)? {
-            release(node, &rec).await.ok();
+        if let Some(rec) = r.core.lookup(key)? {
+            release(r, &rec).await.ok();
         }
         return Err(ShimError::Config {
             msg: format!("the delegate gave no {} address", slot.family.as_str()),
@@ -762,8 +798,8 @@ async fn the_address(
         && want != ip
     {
         // The delegate ignored the request: holding another address would be a silent lie.
-        if let Some(rec) = node.lookup(key)? {
-            release(node, &rec).await.ok();
+        if let Some(rec) = r.core.lookup(key)? {
+            release(r, &rec).await.ok();
         }
         return Err(ShimError::Config {
             msg: format!("the delegate gave {ip}, not the requested {want}"),
@@ -775,7 +811,7 @@ async fn the_address(
 
 /// Marks a changed address for the agent and remembers the address for the slot's next ADD.
 async fn remember(
-    node: &Node,
+    r: &Reconciler,
     slot: &Slot,
     key: &AttachmentKey,
     ip: IpAddr,
@@ -785,13 +821,14 @@ async fn remember(
     match previous {
         Some(prev) if prev != ip => {
             let before = prev.to_string();
-            set_changed(node, &slot.container_id, Some(before)).await?;
+            set_changed(r, &slot.container_id, Some(before)).await?;
         }
         _ => {}
     }
     let name = format!("{LAST_IP_SETTING}{}", slot.container_id);
     let text = ip.to_string();
-    node.ledger(move |l| l.set_setting(&name, Some(&text)))
+    r.core
+        .ledger(move |l| l.set_setting(&name, Some(&text)))
         .await?;
     if message.is_empty() {
         info!(key = %key, %ip, "agent address established");
@@ -823,16 +860,16 @@ fn check_is_blind(kind: &str) -> bool {
 /// and it looks; for a delegate whose CHECK is blind, an ADD under the same container ID
 /// asking for the recorded address ([`reassert`]).
 async fn verify(
-    node: &Node,
+    r: &Reconciler,
     base: &Base,
     slot: &Slot,
     rec: &AttachmentRecord,
 ) -> Result<(), ShimError> {
-    let mut p = prepare(node, base, slot, "CHECK")?;
+    let mut p = prepare(r, base, slot, "CHECK")?;
     if check_is_blind(&p.dc.kind) {
-        return reassert(node, base, slot, rec).await;
+        return reassert(r, base, slot, rec).await;
     }
-    let (probe, send) = node.resolve(&p.dc, "").await?;
+    let (probe, send) = r.core.resolve(&p.dc, "").await?;
     let effective = crate::core::Core::effective(&p.dc, send);
     let floor = rscni_types::version::SpecVersion::new(0, 4, 0);
     if !(crate::core::Core::delegate_allows(&probe, effective, floor) && effective >= floor) {
@@ -847,7 +884,8 @@ async fn verify(
     p.dc.conf["prevResult"] = serde_json::from_slice(&version::render(p.dc.version, parsed)?)
         .map_err(|e| ShimError::Internal(e.to_string()))?;
     let stdin = p.dc.bytes_for(send)?;
-    node.run_delegate(&p, &probe, "CHECK", stdin)
+    r.core
+        .run_delegate(&p, &probe, "CHECK", stdin)
         .await
         .map(|_| ())
 }
@@ -862,17 +900,18 @@ async fn verify(
 /// address. The record stays committed throughout, so a crash here leaves nothing dipamd
 /// does not know: at worst the reservation it was restoring, under the key it records.
 async fn reassert(
-    node: &Node,
+    r: &Reconciler,
     base: &Base,
     slot: &Slot,
     rec: &AttachmentRecord,
 ) -> Result<(), ShimError> {
     let ip = mine(rec, slot.family)
         .ok_or_else(|| ShimError::Internal(format!("{} records no address", rec.key)))?;
-    let mut p = prepare(node, base, slot, "ADD")?;
+    let mut p = prepare(r, base, slot, "ADD")?;
     request_ip(&mut p, ip);
-    let (probe, send) = node.resolve(&p.dc, "").await?;
-    let out = node
+    let (probe, send) = r.core.resolve(&p.dc, "").await?;
+    let out = r
+        .core
         .run_delegate(&p, &probe, "ADD", p.dc.bytes_for(send)?)
         .await?;
     let answered: Value = serde_json::from_slice(&out.stdout)
@@ -891,8 +930,8 @@ async fn reassert(
 }
 
 /// Releases a recorded agent address and forgets it (caller holds the key's lock).
-async fn release(node: &Node, rec: &AttachmentRecord) -> Result<(), ShimError> {
-    node.release(rec).await
+async fn release(r: &Reconciler, rec: &AttachmentRecord) -> Result<(), ShimError> {
+    r.core.release(rec).await
 }
 
 /// What the Claim and Unclaim RPCs answer: the caller's own claim as the agent's list now
@@ -903,8 +942,8 @@ pub struct Outcome {
 }
 
 /// The claim's address in the published list (with its changed mark), or `fallback`.
-fn published(node: &Node, container_id: &str, fallback: AgentAddress) -> AgentAddress {
-    node.agent
+fn published(r: &Reconciler, container_id: &str, fallback: AgentAddress) -> AgentAddress {
+    r.agent
         .snapshot()
         .addresses
         .into_iter()
@@ -914,8 +953,8 @@ fn published(node: &Node, container_id: &str, fallback: AgentAddress) -> AgentAd
 
 /// The published list with `entry` in place of the address of its container ID (or added,
 /// or, for `None`, without it).
-async fn replace_published(node: &Node, container_id: &str, entry: Option<AgentAddress>) {
-    publish_with(node, |snap| {
+async fn replace_published(r: &Reconciler, container_id: &str, entry: Option<AgentAddress>) {
+    publish_with(r, |snap| {
         let mut addresses: Vec<AgentAddress> = snap
             .addresses
             .iter()
@@ -931,11 +970,11 @@ async fn replace_published(node: &Node, container_id: &str, entry: Option<AgentA
 /// Who holds `ip` in the ledger (other than `key`), named for an error message: a pod by its
 /// container ID (cut to 64 characters) and ifname, a claim by its name.
 async fn holder_of(
-    node: &Node,
+    r: &Reconciler,
     ip: IpAddr,
     key: &AttachmentKey,
 ) -> Result<Option<String>, ShimError> {
-    let records = node.ledger(|l| l.list(None)).await?;
+    let records = r.core.ledger(|l| l.list(None)).await?;
     Ok(records.into_iter().find_map(|r| {
         if &r.key == key
             || !r
@@ -964,12 +1003,12 @@ async fn holder_of(
 /// IP the delegate refuses for a new claim is refused the same way and the claim forgotten
 /// (the delegate's ADD was rolled back by the ADD path): nothing is left half-allocated.
 /// Other failures keep the claim, reported failed with the reason and retried by the loop.
-pub async fn claim(node: &Node, c: Claim) -> Result<Outcome, ShimError> {
-    let Some(cfg) = node.agent.config.clone() else {
+pub async fn claim(r: &Reconciler, c: Claim) -> Result<Outcome, ShimError> {
+    let Some(cfg) = r.agent.config.clone() else {
         return Err(not_configured());
     };
-    let _one = node.agent.pass.lock().await;
-    let specs = claim_specs(node).await?;
+    let _one = r.agent.pass.lock().await;
+    let specs = claim_specs(r).await?;
     let existing = specs.get(&c.name).cloned();
     if existing.is_none() && specs.len() >= claims::limits::CLAIMS {
         return Err(ShimError::TooMany {
@@ -980,7 +1019,7 @@ pub async fn claim(node: &Node, c: Claim) -> Result<Outcome, ShimError> {
     }
     let slot = Slot::claim(&cfg, &c.name, &c.spec);
     if let Some(old) = &existing {
-        let held = node
+        let held = r
             .agent
             .snapshot()
             .addresses
@@ -1012,7 +1051,7 @@ pub async fn claim(node: &Node, c: Claim) -> Result<Outcome, ShimError> {
     let key = AttachmentKey::new(&network, &slot.container_id, &slot.ifname);
     if existing.is_none()
         && let Some(ip) = spec.ip
-        && let Some(holder) = holder_of(node, ip, &key).await?
+        && let Some(holder) = holder_of(r, ip, &key).await?
     {
         return Ok(Outcome {
             claim: address(
@@ -1026,28 +1065,29 @@ pub async fn claim(node: &Node, c: Claim) -> Result<Outcome, ShimError> {
     }
     let name = format!("{CLAIM_SETTING}{}", c.name);
     let text = serde_json::to_string(&spec).map_err(|e| ShimError::Internal(e.to_string()))?;
-    node.ledger(move |l| l.set_setting(&name, Some(&text)))
+    r.core
+        .ledger(move |l| l.set_setting(&name, Some(&text)))
         .await?;
     let base = match base {
         Ok(b) => b,
         Err(missing) => {
             let a = address(&slot, "", None, "pending", &missing.to_string());
-            replace_published(node, &slot.container_id, Some(a.clone())).await;
+            replace_published(r, &slot.container_id, Some(a.clone())).await;
             return Ok(Outcome { claim: a });
         }
     };
-    let existing_rec = node.lookup(&key)?;
+    let existing_rec = r.core.lookup(&key)?;
     let fresh = existing.is_none() && existing_rec.is_none();
-    let a = match establish(node, &base, &slot, &key, existing_rec).await {
+    let a = match establish(r, &base, &slot, &key, existing_rec).await {
         Ok(a) => a,
         Err(e) if fresh && spec.ip.is_some() => {
             // The delegate refused the requested IP of a new claim: forget it, so that
             // nothing of it stays (its ADD was rolled back).
             let name = format!("{CLAIM_SETTING}{}", c.name);
-            node.ledger(move |l| l.set_setting(&name, None)).await?;
+            r.core.ledger(move |l| l.set_setting(&name, None)).await?;
             let ip = spec.ip.map(|i| i.to_string()).unwrap_or_default();
             let why =
-                match holder_of(node, spec.ip.unwrap_or(IpAddr::from([0, 0, 0, 0])), &key).await? {
+                match holder_of(r, spec.ip.unwrap_or(IpAddr::from([0, 0, 0, 0])), &key).await? {
                     Some(h) => format!("held by {h}"),
                     None => crate::validate::clip(&error_text(&e), 512),
                 };
@@ -1065,24 +1105,24 @@ pub async fn claim(node: &Node, c: Claim) -> Result<Outcome, ShimError> {
             address(&slot, &base.network, None, "failed", &error_text(&e))
         }
     };
-    let records = node.ledger(|l| l.list(None)).await?;
-    node.agent.reindex(&records);
-    replace_published(node, &slot.container_id, Some(a.clone())).await;
-    let out = published(node, &slot.container_id, a);
+    let records = r.core.ledger(|l| l.list(None)).await?;
+    r.agent.reindex(&records);
+    replace_published(r, &slot.container_id, Some(a.clone())).await;
+    let out = published(r, &slot.container_id, a);
     // The caller reads its claim now: a change it is told of here is no longer news.
     drop(_one);
-    clear_changed(node, std::slice::from_ref(&slot.container_id)).await?;
+    clear_changed(r, std::slice::from_ref(&slot.container_id)).await?;
     Ok(Outcome { claim: out })
 }
 
 /// `Agent.Unclaim`: forgets the claim's spec first (a crash after that leaves a record no
 /// claim wants, which the next pass releases), then releases its address at once.
-pub async fn unclaim(node: &Node, name: &str) -> Result<Outcome, ShimError> {
-    let Some(cfg) = node.agent.config.clone() else {
+pub async fn unclaim(r: &Reconciler, name: &str) -> Result<Outcome, ShimError> {
+    let Some(cfg) = r.agent.config.clone() else {
         return Err(not_configured());
     };
-    let _one = node.agent.pass.lock().await;
-    let spec = claim_specs(node)
+    let _one = r.agent.pass.lock().await;
+    let spec = claim_specs(r)
         .await?
         .remove(name)
         .unwrap_or_else(|| ClaimSpec {
@@ -1092,8 +1132,11 @@ pub async fn unclaim(node: &Node, name: &str) -> Result<Outcome, ShimError> {
         });
     let slot = Slot::claim(&cfg, name, &spec);
     let setting = format!("{CLAIM_SETTING}{name}");
-    node.ledger(move |l| l.set_setting(&setting, None)).await?;
-    let records: Vec<AttachmentRecord> = node
+    r.core
+        .ledger(move |l| l.set_setting(&setting, None))
+        .await?;
+    let records: Vec<AttachmentRecord> = r
+        .core
         .ledger(|l| l.list(None))
         .await?
         .into_iter()
@@ -1103,17 +1146,17 @@ pub async fn unclaim(node: &Node, name: &str) -> Result<Outcome, ShimError> {
         .first()
         .map(|r| r.key.network.clone())
         .unwrap_or_default();
-    let left = release_unwanted(node, &records, &[]).await;
-    let records = node.ledger(|l| l.list(None)).await?;
-    node.agent.reindex(&records);
+    let left = release_unwanted(r, &records, &[]).await;
+    let records = r.core.ledger(|l| l.list(None)).await?;
+    r.agent.reindex(&records);
     let outcome = match left.into_iter().next() {
         Some(releasing) => {
-            replace_published(node, &slot.container_id, Some(releasing.clone())).await;
+            replace_published(r, &slot.container_id, Some(releasing.clone())).await;
             releasing
         }
         None => {
-            forget_slot(node, &slot.container_id).await?;
-            replace_published(node, &slot.container_id, None).await;
+            forget_slot(r, &slot.container_id).await?;
+            replace_published(r, &slot.container_id, None).await;
             address(&slot, &network, None, "released", "")
         }
     };

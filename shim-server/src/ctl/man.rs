@@ -20,7 +20,7 @@ use clap_mangen::{
 use dipam_plugin::{conf::KEYS, help};
 use serde_json::json;
 
-use super::{CtlError, install};
+use super::{CtlError, atomic};
 
 /// One rendered page.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -240,13 +240,13 @@ pub fn run(args: Args, json: bool, out: &mut dyn Write) -> Result<(), CtlError> 
 pub fn write_pages(
     pages: &[Page],
     path: impl Fn(&Page) -> PathBuf,
-) -> Result<Vec<install::Placed>, String> {
+) -> Result<Vec<atomic::Placed>, String> {
     pages
         .iter()
         .map(|p| {
             let target = path(p);
             let dir = target.parent().unwrap_or_else(|| Path::new("."));
-            install::replace_atomically(dir, &p.file_name(), &p.roff, 0o644)
+            atomic::replace_atomically(dir, &p.file_name(), &p.roff, 0o644)
                 .map_err(|e| format!("writing the man page {}: {e}", target.display()))
         })
         .collect()

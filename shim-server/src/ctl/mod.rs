@@ -15,6 +15,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 pub mod adopt;
 pub mod agent;
+pub mod atomic;
 pub mod attachments;
 pub mod client;
 pub mod completions;

@@ -507,12 +507,13 @@ fn attach_parts(
     let _ = node.history.set(history);
     if let Some(client) = runtime {
         let _ = node
-            .runtime_gc
+            .gc
+            .runtime
             .set(crate::gc::runtime::RuntimeGc::new(Arc::new(client)));
     }
     // Without the worker, main-mode plugins simply delete their veths themselves (slower
     // DEL, same outcome), so a failure here is a warning, not a reason not to serve.
-    match crate::teardown::Teardown::start(node.denials.clone(), node.events.clone()) {
+    match crate::teardown::Teardown::start(node.denials.clone(), node.core.events.clone()) {
         Ok(td) => {
             let _ = node.teardown.set(td);
         }
@@ -556,7 +557,7 @@ async fn replay_before_serving(
     if drained != spool::Drained::default() {
         info!(released = drained.released, kept = drained.kept, failed = drained.failed, spool = %spool_dir.display(), "spooled DELs replayed");
     }
-    let attachments = node.ledger(|l| l.count()).await?;
+    let attachments = node.core.ledger(|l| l.count()).await?;
     info!(
         version = env!("CARGO_PKG_VERSION"),
         state_dir = %args.state_dir.display(),
@@ -567,13 +568,14 @@ async fn replay_before_serving(
     );
     // After the replay: entries it could not release, and every entry when the pool is off,
     // are released by the refiller; the rest are ready to hand out.
-    crate::pool::refill::init(node).await?;
+    crate::pool::refill::init(&node.refiller()).await?;
     // The agent's addresses before the first pod, when the conflist is there: otherwise a pod
     // could take the address the agent held before this restart.
-    agent::reconcile::init(node).await?;
-    agent::reconcile::pass(node).await?;
+    let reconciler = node.reconciler();
+    agent::reconcile::init(&reconciler).await?;
+    agent::reconcile::pass(&reconciler).await?;
     // Before the first ADD: a delegate store that cannot be trusted must refuse it.
-    if let Err(e) = divergence::round(node, false).await {
+    if let Err(e) = divergence::round(&node.watch(), false).await {
         tracing::warn!(error = %e, "first ledger/store reconcile failed");
     }
     Ok(())
@@ -625,7 +627,7 @@ async fn spawn_background(
 ) -> Result<(), DaemonError> {
     tokio::spawn(crate::trim::run());
     tokio::spawn(agent::reconcile::run(
-        Arc::clone(node),
+        node.reconciler(),
         Duration::from_secs_f64(args.agent_check_interval.max(1.0)),
     ));
     if let Some(addr) = args.metrics_address {
@@ -642,21 +644,21 @@ async fn spawn_background(
             tokio::spawn(crate::metrics::serve_unix(Arc::clone(m), l));
         }
     }
-    tokio::spawn(crate::pool::refill::run(Arc::clone(node)));
+    tokio::spawn(crate::pool::refill::run(node.refiller()));
     tokio::spawn(crate::replay::spool::run(
         Arc::clone(node),
         spool_dir,
         Duration::from_secs(5),
     ));
     tokio::spawn(divergence::run(
-        Arc::clone(node),
+        node.watch(),
         Duration::from_secs_f64(args.reconcile_interval.max(0.0)),
         args.reconcile_free,
     ));
-    if let Some(rt) = node.runtime_gc.get() {
+    if let Some(rt) = node.gc.runtime.get() {
         info!(endpoint = %rt.client.endpoint(), every_s = args.reconcile_interval, grace_s = args.gc_grace, "runtime-aware GC on");
         tokio::spawn(crate::gc::runtime::pass::run(
-            Arc::clone(node),
+            node.collector(),
             Duration::from_secs_f64(args.reconcile_interval),
         ));
     }
@@ -690,17 +692,17 @@ pub fn tune_allocator() {
 /// Reports the ledger's attachments by owner and network, whole, before anything changes
 /// them: from here on every record and release reports its own change (the metrics' gauge).
 async fn census(node: &Node) -> Result<(), DaemonError> {
-    if !node.events.listened() {
+    if !node.core.events.listened() {
         return Ok(());
     }
-    let records = node.ledger(|l| l.list(None)).await?;
+    let records = node.core.ledger(|l| l.list(None)).await?;
     let mut by: std::collections::BTreeMap<(String, String), u64> = Default::default();
     for r in &records {
         *by.entry((r.owner.label(), r.key.network.clone()))
             .or_default() += 1;
     }
     for ((owner, network), count) in &by {
-        node.events.emit(crate::events::Event::Attachments {
+        node.core.events.emit(crate::events::Event::Attachments {
             network,
             owner,
             count: *count,

@@ -41,7 +41,6 @@ use crate::{
     error::ShimError,
     keylock::KeyGuard,
     liveness::Verdict,
-    node::Node,
 };
 
 /// Stale records marked `deleting` per ledger commit. Bounds what a crash leaves for the next
@@ -53,7 +52,7 @@ pub const CHUNK: usize = 32;
 /// interlock (`dipamctl gc --force`); nothing else does. `began` is when the GC began (its
 /// valid list was made before it): nothing an ADD finished since is freed (core/births.rs).
 pub async fn collect(
-    node: &Node,
+    c: &Collector,
     dc: &DelegateConf,
     cni_path: &str,
     valid: Valid,
@@ -63,8 +62,8 @@ pub async fn collect(
 ) -> Result<Plan, ShimError> {
     let network = dc.network.clone();
     // One GC of a network at a time; ADD, DEL and CHECK are not held up (keylock.rs).
-    let _collection = node.locks.collection(&network).await;
-    let resolved = node.resolve(dc, cni_path).await;
+    let _collection = c.core.locks.collection(&network).await;
+    let resolved = c.core.resolve(dc, cni_path).await;
     let native_gc = resolved
         .as_ref()
         .is_ok_and(|(probe, _)| probe.supported.contains(&SpecVersion::new(1, 1, 0)));
@@ -96,16 +95,17 @@ pub async fn collect(
     // ADD to finish in between (the window in which one was freed, chaos.rs).
     crate::fault::pause("gc-before-read").await;
     let net = network.clone();
-    let records: Vec<AttachmentRecord> = node.ledger(move |l| l.list(Some(&net))).await?;
+    let records: Vec<AttachmentRecord> = c.core.ledger(move |l| l.list(Some(&net))).await?;
     // Keys with an operation in flight (held or awaited): kept, like `adding`/`deleting`.
-    let busy: HashSet<AttachmentKey> = node
+    let busy: HashSet<AttachmentKey> = c
+        .core
         .locks
         .in_flight()
         .into_iter()
         .filter(|k| k.network == network)
         .collect();
     let t = now();
-    let grace = node.gc.grace.as_secs();
+    let grace = c.gc.policy.grace.as_secs();
 
     let listed: HashSet<(String, String)> = match &valid {
         Valid::List(l) => l.iter().cloned().collect(),
@@ -145,7 +145,7 @@ pub async fn collect(
                 "an operation on it is in flight (its key is locked)".into(),
             ));
         }
-        if let Some(text) = born_after(node, &r.key, began) {
+        if let Some(text) = born_after(c, &r.key, began) {
             why.push((BORN_AFTER_GC, text.into()));
         }
         let old = t.saturating_sub(r.created_at);
@@ -202,11 +202,12 @@ pub async fn collect(
     // The share interlock (calico#5044: a bad list once freed every healthy pod). It holds at
     // every size: freeing the only pod of a network, or both of two, is exactly what a
     // truncated list does, so it takes an operator's --force (or --gc-max-free-share 1).
-    if !force && !stale.is_empty() && stale.len() as f64 > node.gc.max_free_share * pods as f64 {
-        node.gc_stats
+    if !force && !stale.is_empty() && stale.len() as f64 > c.gc.policy.max_free_share * pods as f64
+    {
+        c.gc.stats
             .refused
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        node.events.emit(crate::events::Event::GcRefused);
+        c.core.events.emit(crate::events::Event::GcRefused);
         return Err(ShimError::GcRefused {
             network,
             reason: format!(
@@ -214,7 +215,7 @@ pub async fn collect(
                  allowed share {:.0}% (dipamd --gc-max-free-share; `dipamctl gc --force \
                  --dry-run` shows what it would free, and without --dry-run frees it)",
                 stale.len(),
-                node.gc.max_free_share * 100.0
+                c.gc.policy.max_free_share * 100.0
             ),
         });
     }
@@ -267,7 +268,7 @@ pub async fn collect(
             let age = r
                 .modified
                 .and_then(|m| SystemTime::now().duration_since(m).ok());
-            let young = age.is_some_and(|d| d < node.gc.grace);
+            let young = age.is_some_and(|d| d < c.gc.policy.grace);
             if listed || young {
                 let mut why = Vec::new();
                 if listed {
@@ -304,7 +305,7 @@ pub async fn collect(
         // lost its address to the next pod when this freed it.
         let scan = match candidates.is_empty() {
             true => crate::liveness::Scan::default(),
-            false => crate::divergence::scan(node).await,
+            false => c.gc.scan().await,
         };
         for r in candidates {
             let kept_why = match scan.verdict(r.ip, &r.container_id) {
@@ -329,7 +330,7 @@ pub async fn collect(
                 vec![r.ip.to_string()],
                 format!(
                     "held by {} in {} but unknown to dipamd and not in the valid list; nothing \
-                     on the node uses it",
+                     on the c uses it",
                     dc.kind,
                     dir.display()
                 ),
@@ -344,19 +345,19 @@ pub async fn collect(
         });
     }
 
-    let parallel = node.gc.parallel.max(1);
+    let parallel = c.gc.policy.parallel.max(1);
     let n = stale.len();
     let planned: Vec<AttachmentRecord> = stale.iter().map(|r| (*r).clone()).collect();
-    let mut busy_now = release_stale(node, planned, began, parallel, &mut items[..n]).await;
+    let mut busy_now = release_stale(c, planned, began, parallel, &mut items[..n]).await;
     if native_gc {
         // The delegate's GC frees everything its list does not name, so the list must name
         // every attachment that exists when it runs: the network is held exclusively for
         // this one exec (in-flight operations finish first, new ones wait), and the ledger is
         // read again under it. Kept: the valid list and every record but those this GC chose
         // to free (an ADD that started since the plan is in the ledger, as its intent).
-        let _exclusive = node.locks.exclusive(&network).await;
+        let _exclusive = c.core.locks.exclusive(&network).await;
         let net = network.clone();
-        let now_records: Vec<AttachmentRecord> = node.ledger(move |l| l.list(Some(&net))).await?;
+        let now_records: Vec<AttachmentRecord> = c.core.ledger(move |l| l.list(Some(&net))).await?;
         let chosen: HashSet<&AttachmentKey> = stale
             .iter()
             .enumerate()
@@ -387,11 +388,11 @@ pub async fn collect(
         conf["cni.dev/attachments"] = Value::Array(list);
         let inv = Invocation {
             command: "GC".into(),
-            path: node.exec.delegate_cni_path(cni_path),
+            path: c.core.exec.delegate_cni_path(cni_path),
             stdin: serde_json::to_vec(&conf).map_err(|e| ShimError::Internal(e.to_string()))?,
             ..Invocation::default()
         };
-        node.exec.call(&dc.kind, &probe, &inv).await?;
+        c.core.exec.call(&dc.kind, &probe, &inv).await?;
         info!(network = %network, delegate = %dc.kind, kept = delegate_keep.len(), "delegate GC run with the augmented valid list");
     }
     let mut conf = dc.conf.clone();
@@ -407,13 +408,13 @@ pub async fn collect(
             let mut next = orphans.iter().enumerate();
             let mut running = FuturesUnordered::new();
             loop {
-                while running.len() < limit(node, &network, parallel)
+                while running.len() < limit(c, &network, parallel)
                     && let Some((i, r)) = next.next()
                 {
                     let (network, probe, kind, stdin) = (&network, &probe, &dc.kind, &stdin);
                     running.push(async move {
                         let outcome =
-                            release_orphan(node, network, r, probe, cni_path, kind, stdin).await;
+                            release_orphan(c, network, r, probe, cni_path, kind, stdin).await;
                         (i, outcome)
                     });
                 }
@@ -437,8 +438,8 @@ pub async fn collect(
     };
     for (i, outcome) in orphan_outcomes.into_iter().enumerate() {
         match outcome {
-            Released::Freed => finish(node, &mut items[n + i], Ok(())),
-            Released::Failed(e) => finish(node, &mut items[n + i], Err(e)),
+            Released::Freed => finish(c, &mut items[n + i], Ok(())),
+            Released::Failed(e) => finish(c, &mut items[n + i], Err(e)),
             Released::Busy(code, why) => busy_now.push((n + i, code, why)),
         }
     }
@@ -465,8 +466,8 @@ pub async fn collect(
 /// DEL in flight and shares the CPUs with them; with one DEL left it waits for at most that
 /// one (docs/performance.md, run 13). The GC goes on at full speed once the ADD is done,
 /// checked each time a DEL ends.
-fn limit(node: &Node, network: &str, parallel: usize) -> usize {
-    if node.locks.operations(network) > 0 {
+fn limit(c: &Collector, network: &str, parallel: usize) -> usize {
+    if c.core.locks.operations(network) > 0 {
         1
     } else {
         parallel
@@ -489,8 +490,8 @@ const IN_FLIGHT: &str = "in-flight";
 pub const BORN_AFTER_GC: &str = "born-after-gc";
 
 /// Why `key` is kept for having been born after the GC began, if it was (or may have been).
-fn born_after(node: &Node, key: &AttachmentKey, began: GcStart) -> Option<&'static str> {
-    match node.births.born(key, began) {
+fn born_after(c: &Collector, key: &AttachmentKey, began: GcStart) -> Option<&'static str> {
+    match c.core.births.born(key, began) {
         Born::Before => None,
         Born::After => Some(
             "its ADD finished after this GC began: the valid list, made before, cannot name it",
@@ -524,7 +525,7 @@ type Forgetting<'a> = Boxed<'a, (Vec<Job<'a>>, Result<(), ShimError>)>;
 /// Returns the items an operation took up after the plan (kept), with the reason. See the
 /// module's documentation for the order of the writes.
 async fn release_stale(
-    node: &Node,
+    c: &Collector,
     planned: Vec<AttachmentRecord>,
     began: GcStart,
     parallel: usize,
@@ -537,8 +538,8 @@ async fn release_stale(
     let network = network.as_str();
     let mut busy = Vec::new();
     let mut settle = |i: usize, outcome: Released| match outcome {
-        Released::Freed => finish(node, &mut items[i], Ok(())),
-        Released::Failed(e) => finish(node, &mut items[i], Err(e)),
+        Released::Freed => finish(c, &mut items[i], Ok(())),
+        Released::Failed(e) => finish(c, &mut items[i], Err(e)),
         Released::Busy(code, why) => busy.push((i, code, why)),
     };
     let mut chunks = planned
@@ -560,15 +561,15 @@ async fn release_stale(
             && ready.len() <= CHUNK / 2
             && let Some(chunk) = chunks.pop_front()
         {
-            marking = Some(Box::pin(mark(node, chunk, began)));
+            marking = Some(Box::pin(mark(c, chunk, began)));
         }
-        while running.len() < limit(node, network, parallel)
+        while running.len() < limit(c, network, parallel)
             && let Some(job) = ready.pop_front()
         {
             running.push(async move {
                 // Main mode: the pod's veth and host route go with its address.
-                node.retire_datapath(&job.rec).await;
-                let outcome = node.release_recorded(&job.rec).await;
+                c.retire_datapath(&job.rec).await;
+                let outcome = c.core.release_recorded(&job.rec).await;
                 (job, outcome)
             });
         }
@@ -591,7 +592,7 @@ async fn release_stale(
             forgetting = Some(Box::pin(async move {
                 crate::fault::hit("gc-before-forget");
                 let recs: Vec<AttachmentRecord> = jobs.iter().map(|j| j.rec.clone()).collect();
-                let outcome = node.forget_all(&recs, durability).await;
+                let outcome = c.core.forget_all(&recs, durability).await;
                 (jobs, outcome)
             }));
         }
@@ -636,14 +637,14 @@ async fn release_stale(
 /// record that changed since the plan, and any an ADD finished on after the GC `began`),
 /// marks them `deleting` in one durable commit, and marks their addresses as being released.
 async fn mark<'a>(
-    node: &'a Node,
+    c: &'a Collector,
     chunk: Vec<(usize, AttachmentRecord)>,
     began: GcStart,
 ) -> (Vec<Job<'a>>, Vec<(usize, Released)>) {
     let mut locked = Vec::new();
     let mut skipped = Vec::new();
     for (idx, planned) in chunk {
-        let Some(guard) = node.locks.try_lock(&planned.key) else {
+        let Some(guard) = c.core.locks.try_lock(&planned.key) else {
             skipped.push((
                 idx,
                 Released::Busy(
@@ -656,11 +657,11 @@ async fn mark<'a>(
         // Under the key's lock: an ADD still running holds it (above), and one that is done
         // stamped its key before letting go (rpc/add.rs), so none can slip between this check
         // and the release.
-        if let Some(why) = born_after(node, &planned.key, began) {
+        if let Some(why) = born_after(c, &planned.key, began) {
             skipped.push((idx, Released::Busy(BORN_AFTER_GC, why)));
             continue;
         }
-        match node.lookup(&planned.key) {
+        match c.core.lookup(&planned.key) {
             Ok(Some(current)) if current == planned => locked.push((idx, planned, guard)),
             Ok(_) => skipped.push((
                 idx,
@@ -684,7 +685,8 @@ async fn mark<'a>(
     if !marked.is_empty() {
         let commit = marked.clone();
         // On the disk before any of these DELs starts: the write-ahead mark of every release.
-        if let Err(e) = node
+        if let Err(e) = c
+            .core
             .ledger(move |l| l.put_all(&commit, Durability::SurvivesPowerCut))
             .await
         {
@@ -706,7 +708,7 @@ async fn mark<'a>(
         .zip(marked)
         .map(|((idx, _, guard), rec)| Job {
             idx,
-            _releasing: node.addrs.releasing(&rec),
+            _releasing: c.core.addrs.releasing(&rec),
             rec,
             _guard: guard,
         })
@@ -717,7 +719,7 @@ async fn mark<'a>(
 /// Releases a reservation the delegate holds behind dipamd's back, under its own key's lock
 /// (busy: kept) and only if the ledger still does not know that key.
 async fn release_orphan(
-    node: &Node,
+    c: &Collector,
     network: &str,
     r: &store::Reservation,
     probe: &crate::delegate::Probe,
@@ -733,39 +735,39 @@ async fn release_orphan(
         r.ifname.clone()
     };
     let key = AttachmentKey::new(network, &r.container_id, &ifname);
-    let Some(_guard) = node.locks.try_lock(&key) else {
+    let Some(_guard) = c.core.locks.try_lock(&key) else {
         return Released::Busy(IN_FLIGHT, "an operation on its key started after the plan");
     };
-    match node.lookup(&key) {
+    match c.core.lookup(&key) {
         Ok(None) => {}
         Ok(Some(_)) => {
             return Released::Busy(IN_FLIGHT, "recorded by an ADD that started after the plan");
         }
         Err(e) => return Released::Failed(e),
     }
-    let _releasing = node.addrs.releasing_ips(&key, vec![r.ip]);
+    let _releasing = c.core.addrs.releasing_ips(&key, vec![r.ip]);
     let inv = Invocation {
         command: "DEL".into(),
         container_id: r.container_id.clone(),
         ifname,
-        path: node.exec.delegate_cni_path(cni_path),
+        path: c.core.exec.delegate_cni_path(cni_path),
         stdin: stdin.to_vec(),
         ..Invocation::default()
     };
-    match node.exec.call(kind, probe, &inv).await {
+    match c.core.exec.call(kind, probe, &inv).await {
         Ok(_) => Released::Freed,
         Err(e) => Released::Failed(e),
     }
 }
 
-fn finish(node: &Node, it: &mut GcItem, outcome: Result<(), ShimError>) {
+fn finish(c: &Collector, it: &mut GcItem, outcome: Result<(), ShimError>) {
     match outcome {
         Ok(()) => {
             it.outcome = "freed".into();
-            node.gc_stats
+            c.gc.stats
                 .freed
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            node.events.emit(crate::events::Event::GcFreed(1));
+            c.core.events.emit(crate::events::Event::GcFreed(1));
             info!(kind = %it.kind, container_id = %it.container_id, ifname = %it.ifname, ips = ?it.ips, reason = %it.reason, "GC freed");
         }
         Err(e) => {
@@ -785,7 +787,11 @@ mod tests {
 
     async fn bench(
         records: Vec<AttachmentRecord>,
-    ) -> (tempfile::TempDir, std::sync::Arc<Node>, DelegateConf) {
+    ) -> (
+        tempfile::TempDir,
+        std::sync::Arc<crate::node::Node>,
+        DelegateConf,
+    ) {
         let (dir, node) = node_with(&script(""), records).await;
         let dc = node
             .prepare(
@@ -831,11 +837,11 @@ mod tests {
         ])
         .await;
         let plan = collect(
-            &node,
+            &node.collector(),
             &dc,
             "",
             list(&["listed"]),
-            node.births.gc_began(None, None),
+            node.core.births.gc_began(None, None),
             true,
             false,
         )
@@ -865,7 +871,8 @@ mod tests {
             ]
         );
         assert!(
-            node.lookup(&AttachmentKey::new("net", "stale", "eth0"))
+            node.core
+                .lookup(&AttachmentKey::new("net", "stale", "eth0"))
                 .unwrap()
                 .is_some(),
             "a dry run freed"
@@ -911,19 +918,31 @@ mod tests {
         ])
         .await;
         for c in ["keep", "before", "before-back"] {
-            node.births.stamp(&AttachmentKey::new("net", c, "eth0"));
+            node.core
+                .births
+                .stamp(&AttachmentKey::new("net", c, "eth0"));
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
-        let began = node.births.gc_began(None, None);
+        let began = node.core.births.gc_began(None, None);
         for c in ["fwd", "back"] {
-            node.births.stamp(&AttachmentKey::new("net", c, "eth0"));
+            node.core
+                .births
+                .stamp(&AttachmentKey::new("net", c, "eth0"));
         }
         // The default grace (60 s). Stepped forward, a pod born after the GC began would have
         // been freed as an hour old; stepped back, everything looks young (kept by grace,
         // as before).
-        let plan = collect(&node, &dc, "", list(&["keep"]), began, true, true)
-            .await
-            .unwrap();
+        let plan = collect(
+            &node.collector(),
+            &dc,
+            "",
+            list(&["keep"]),
+            began,
+            true,
+            true,
+        )
+        .await
+        .unwrap();
         let freed: Vec<_> = plan.items.iter().map(|i| i.container_id.as_str()).collect();
         assert_eq!(freed, vec!["before"], "{:?}", plan.kept);
         let codes = |c: &str| {
@@ -938,25 +957,35 @@ mod tests {
         // The check under the key's lock, for an ADD that finishes between the plan and the
         // mark: planned stale, then stamped, then kept.
         let planned = node
+            .core
             .lookup(&AttachmentKey::new("net", "before", "eth0"))
             .unwrap()
             .unwrap();
-        node.births.stamp(&planned.key);
-        let (jobs, skipped) = mark(&node, vec![(0, planned.clone())], began).await;
+        node.core.births.stamp(&planned.key);
+        let c = node.collector();
+        let (jobs, skipped) = mark(&c, vec![(0, planned.clone())], began).await;
         assert!(jobs.is_empty());
         assert!(
             matches!(skipped.as_slice(), [(0, Released::Busy(BORN_AFTER_GC, _))]),
             "marked an attachment born after the GC"
         );
         assert_eq!(
-            node.lookup(&planned.key).unwrap().unwrap().state,
+            node.core.lookup(&planned.key).unwrap().unwrap().state,
             AttachmentState::Committed
         );
         // The real GC frees nothing: "before" was ADDed again after it began (above), and
         // the rest are born after it or young.
-        let plan = collect(&node, &dc, "", list(&["keep"]), began, false, true)
-            .await
-            .unwrap();
+        let plan = collect(
+            &node.collector(),
+            &dc,
+            "",
+            list(&["keep"]),
+            began,
+            false,
+            true,
+        )
+        .await
+        .unwrap();
         let freed: Vec<_> = plan
             .items
             .iter()
@@ -966,7 +995,8 @@ mod tests {
         assert!(freed.is_empty(), "{freed:?}");
         for c in ["keep", "before", "before-back", "fwd", "back"] {
             assert!(
-                node.lookup(&AttachmentKey::new("net", c, "eth0"))
+                node.core
+                    .lookup(&AttachmentKey::new("net", c, "eth0"))
                     .unwrap()
                     .is_some(),
                 "{c} was freed"
@@ -986,11 +1016,11 @@ mod tests {
         )])
         .await;
         let e = collect(
-            &node,
+            &node.collector(),
             &dc,
             "",
             list(&["other"]),
-            node.births.gc_began(None, None),
+            node.core.births.gc_began(None, None),
             false,
             false,
         )
@@ -998,16 +1028,17 @@ mod tests {
         .unwrap_err();
         assert!(matches!(e, ShimError::GcRefused { .. }), "{e:?}");
         assert!(
-            node.lookup(&AttachmentKey::new("net", "only", "eth0"))
+            node.core
+                .lookup(&AttachmentKey::new("net", "only", "eth0"))
                 .unwrap()
                 .is_some()
         );
         let plan = collect(
-            &node,
+            &node.collector(),
             &dc,
             "",
             list(&["other"]),
-            node.births.gc_began(None, None),
+            node.core.births.gc_began(None, None),
             false,
             true,
         )
@@ -1015,7 +1046,8 @@ mod tests {
         .unwrap();
         assert_eq!(plan.items[0].outcome, "freed", "{:?}", plan.items);
         assert!(
-            node.lookup(&AttachmentKey::new("net", "only", "eth0"))
+            node.core
+                .lookup(&AttachmentKey::new("net", "only", "eth0"))
                 .unwrap()
                 .is_none()
         );
@@ -1028,11 +1060,11 @@ mod tests {
         .await;
         assert!(
             collect(
-                &node,
+                &node.collector(),
                 &dc,
                 "",
                 list(&["other"]),
-                node.births.gc_began(None, None),
+                node.core.births.gc_began(None, None),
                 false,
                 false
             )
@@ -1040,11 +1072,11 @@ mod tests {
             .is_err()
         );
         let plan = collect(
-            &node,
+            &node.collector(),
             &dc,
             "",
             list(&["a"]),
-            node.births.gc_began(None, None),
+            node.core.births.gc_began(None, None),
             false,
             false,
         )
@@ -1088,7 +1120,7 @@ esac
                 &format!("10.9.{}.{}", i / 200, 1 + i % 200),
                 old,
             );
-            node.ledger(move |l| l.put(&r)).await.unwrap();
+            node.core.ledger(move |l| l.put(&r)).await.unwrap();
         }
         let dc = node
             .prepare(
@@ -1099,11 +1131,11 @@ esac
             .unwrap()
             .dc;
         let plan = collect(
-            &node,
+            &node.collector(),
             &dc,
             "",
             list(&["c000"]),
-            node.births.gc_began(None, None),
+            node.core.births.gc_began(None, None),
             false,
             true,
         )
@@ -1115,7 +1147,7 @@ esac
             "{:?}",
             plan.items
         );
-        let left = node.ledger(|l| l.list(None)).await.unwrap();
+        let left = node.core.ledger(|l| l.list(None)).await.unwrap();
         assert_eq!(left.len(), 1);
         assert_eq!(left[0].key.container_id, "c000");
         let calls = std::fs::read_to_string(dir.path().join("calls")).unwrap();
@@ -1130,15 +1162,20 @@ esac
             .filter_map(|l| l.trim().parse::<usize>().ok())
             .max()
             .unwrap();
-        let parallel = node.gc.parallel;
+        let parallel = node.gc.policy.parallel;
         assert!(
             most <= parallel,
             "{most} DELs at once, more than {parallel}"
         );
         assert!(most >= 2, "the DELs never overlapped");
         // Nothing is left marked as being released.
-        assert!(!node.addrs.is_releasing("net", &"10.9.0.5".parse().unwrap()));
-        assert!(node.locks.in_flight().is_empty());
+        assert!(
+            !node
+                .core
+                .addrs
+                .is_releasing("net", &"10.9.0.5".parse().unwrap())
+        );
+        assert!(node.core.locks.in_flight().is_empty());
     }
 
     #[tokio::test]
@@ -1151,14 +1188,14 @@ esac
         ])
         .await;
         let busy = AttachmentKey::new("net", "a", "eth0");
-        let held = node.locks.lock(&busy).await;
+        let held = node.core.locks.lock(&busy).await;
         // Planned while held: kept, and said why.
         let plan = collect(
-            &node,
+            &node.collector(),
             &dc,
             "",
             list(&["keep"]),
-            node.births.gc_began(None, None),
+            node.core.births.gc_began(None, None),
             true,
             true,
         )
@@ -1171,11 +1208,11 @@ esac
                 .any(|k| k.container_id == "a" && k.keep == vec!["in-flight".to_owned()])
         );
         let plan = collect(
-            &node,
+            &node.collector(),
             &dc,
             "",
             list(&["keep"]),
-            node.births.gc_began(None, None),
+            node.core.births.gc_began(None, None),
             false,
             true,
         )
@@ -1185,7 +1222,7 @@ esac
         assert_eq!(plan.items[0].container_id, "b");
         assert_eq!(plan.items[0].outcome, "freed");
         assert!(
-            node.lookup(&busy).unwrap().is_some(),
+            node.core.lookup(&busy).unwrap().is_some(),
             "freed under a held key"
         );
         drop(held);
@@ -1197,7 +1234,7 @@ esac
         let (_dir, node) = scripted_node(SLOW_DEL, std::sync::Arc::new(MemStore::new()));
         for i in 0..40 {
             let r = rec_ip(&format!("s{i:02}"), &format!("10.9.0.{}", 10 + i), old);
-            node.ledger(move |l| l.put(&r)).await.unwrap();
+            node.core.ledger(move |l| l.put(&r)).await.unwrap();
         }
         let dc = node
             .prepare(
@@ -1211,11 +1248,11 @@ esac
             let (node, dc) = (node.clone(), dc.clone());
             tokio::spawn(async move {
                 collect(
-                    &node,
+                    &node.collector(),
                     &dc,
                     "",
                     list(&["s00"]),
-                    node.births.gc_began(None, None),
+                    node.core.births.gc_began(None, None),
                     false,
                     true,
                 )
@@ -1224,12 +1261,15 @@ esac
         };
         // Once the GC is releasing, another key of the network locks at once: GC holds
         // the keys it frees, not the network.
-        while node.locks.in_flight().is_empty() {
+        while node.core.locks.in_flight().is_empty() {
             tokio::task::yield_now().await;
         }
         let other = AttachmentKey::new("net", "a-new-pod", "eth0");
-        let got =
-            tokio::time::timeout(std::time::Duration::from_secs(1), node.locks.lock(&other)).await;
+        let got = tokio::time::timeout(
+            std::time::Duration::from_secs(1),
+            node.core.locks.lock(&other),
+        )
+        .await;
         assert!(got.is_ok(), "an ADD's key lock waited for the GC");
         assert!(!gc.is_finished(), "the GC was over before the check");
         drop(got);

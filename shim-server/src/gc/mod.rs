@@ -37,6 +37,97 @@ use serde_json::Value;
 
 use crate::validate;
 
+/// The GC's own state, held by the daemon's context: its policy (the flags), its counters,
+/// and the runtime-aware GC when dipamd runs with --cri-endpoint.
+#[derive(Debug)]
+pub struct Gc {
+    pub policy: GcPolicy,
+    pub stats: GcStats,
+    pub runtime: std::sync::OnceLock<runtime::RuntimeGc>,
+}
+
+impl Gc {
+    /// Looks at the node for the evidence that an address is in use (liveness.rs), with the
+    /// runtime's sandbox list when dipamd has one.
+    pub async fn scan(&self) -> crate::liveness::Scan {
+        let runtime = self.runtime.get().map(|r| r.client.clone());
+        crate::liveness::scan(runtime.as_deref()).await
+    }
+
+    pub fn new(policy: GcPolicy) -> Self {
+        Self {
+            policy,
+            stats: GcStats::default(),
+            runtime: std::sync::OnceLock::new(),
+        }
+    }
+}
+
+/// What the GC's work reaches: the core, the GC's own state, and the agent's (whose conflist
+/// names one of the networks GC knows).
+#[derive(Clone)]
+pub struct Collector {
+    pub core: std::sync::Arc<crate::core::Core>,
+    pub gc: std::sync::Arc<Gc>,
+    pub agent: std::sync::Arc<crate::agent::Agent>,
+    /// The veth teardown worker (teardown.rs), when the daemon started one.
+    pub teardown: std::sync::Arc<std::sync::OnceLock<crate::teardown::Teardown>>,
+}
+
+impl Collector {
+    /// Before GC releases `rec`'s address: the host veth dipam's main mode made for it (and
+    /// with it the host's route to the address) goes first, as a DEL's would
+    /// (teardown.rs `retire`). Without the teardown worker it stays; a later ADD handed the
+    /// address is then refused (165), naming it.
+    pub async fn retire_datapath(&self, rec: &dipam_state::AttachmentRecord) {
+        if rec.owner != dipam_state::Owner::Pod {
+            return;
+        }
+        if let Some(t) = self.teardown.get() {
+            let k = &rec.key;
+            t.retire(vec![(
+                k.network.clone(),
+                k.container_id.clone(),
+                k.ifname.clone(),
+            )])
+            .await;
+        }
+    }
+}
+
+/// The delegate configs of every network dipamd knows: the agent's conflist, and one recorded
+/// config per network in the ledger.
+pub async fn networks(
+    core: &crate::core::Core,
+    agent: &crate::agent::Agent,
+) -> Result<Vec<crate::delegate::config::DelegateConf>, crate::error::ShimError> {
+    let mut out: Vec<crate::delegate::config::DelegateConf> = Vec::new();
+    if let Some(cfg) = &agent.config
+        && let Ok(base) = cfg.source.load()
+        && let Ok(bytes) = serde_json::to_vec(&base.request)
+        && let Ok(dc) = crate::delegate::config::DelegateConf::from_request(&bytes, base.mode)
+    {
+        out.push(dc);
+    }
+    for rec in core.ledger(|l| l.list(None)).await? {
+        if out.iter().any(|d| d.network == rec.key.network) {
+            continue;
+        }
+        if let Ok(conf) = serde_json::from_str(&rec.delegate_config) {
+            out.push(crate::delegate::config::DelegateConf {
+                kind: rec.delegate_type.clone(),
+                network: rec.key.network.clone(),
+                version: rec
+                    .delegate_version
+                    .parse()
+                    .unwrap_or(rscni_types::version::SpecVersion::CURRENT),
+                conf,
+            });
+        }
+    }
+    Ok(out)
+}
+
 /// GC safety settings (dipamd flags).
 #[derive(Debug, Clone)]
 pub struct GcPolicy {

@@ -15,26 +15,35 @@ use tracing::{info, warn};
 use super::*;
 use crate::{
     clock::now_ms,
-    core::Prepared,
     core::attach::Early,
+    core::{Core, Prepared},
     delegate::{config::DelegateConf, store},
     error::ShimError,
-    node::Node,
 };
+
+/// What the refiller works with: the core, the pool, the agent's conflist (a network's first
+/// template) and the networks whose ADDs are refused (divergence.rs).
+#[derive(Clone)]
+pub struct Refiller {
+    pub core: Arc<Core>,
+    pub pool: Arc<Pool>,
+    pub agent: Arc<crate::agent::Agent>,
+    pub misconfigured: Arc<crate::divergence::Misconfigured>,
+}
 
 /// At start, after the replay: index the ledger's committed pool entries, load the templates,
 /// and doom what must go (every entry when the pool is off; entries the replay could not
 /// release). The refiller ([`run`]) does the rest.
-pub async fn init(node: &Node) -> Result<(), ShimError> {
-    let size = node.pool.size();
-    let node_name = node
+pub async fn init(r: &Refiller) -> Result<(), ShimError> {
+    let size = r.pool.size();
+    let node_name = r
         .pool
         .config
         .get()
         .map(|c| c.node.clone())
         .unwrap_or_default();
-    let records = node.ledger(|l| l.list(None)).await?;
-    let settings = node.ledger(|l| l.settings(TEMPLATE_SETTING)).await?;
+    let records = r.core.ledger(|l| l.list(None)).await?;
+    let settings = r.core.ledger(|l| l.settings(TEMPLATE_SETTING)).await?;
     let mut max_id = 0;
     let mut entries: Vec<AttachmentRecord> = Vec::new();
     let mut doomed = Vec::new();
@@ -70,7 +79,7 @@ pub async fn init(node: &Node) -> Result<(), ShimError> {
             Ok(_) => {
                 // Off: forget the templates too, so a later run starts from what it sees.
                 let name = name.clone();
-                node.ledger(move |l| l.set_setting(&name, None)).await?;
+                r.core.ledger(move |l| l.set_setting(&name, None)).await?;
             }
             Err(e) => {
                 warn!(setting = %name, error = %e, "warm pool: ignoring an unreadable template")
@@ -78,7 +87,7 @@ pub async fn init(node: &Node) -> Result<(), ShimError> {
         }
     }
     let ready_count = entries.len();
-    let mut st = node.pool.lock();
+    let mut st = r.pool.lock();
     for r in entries {
         st.ready
             .entry((r.key.network.clone(), r.config_digest.clone()))
@@ -96,47 +105,47 @@ pub async fn init(node: &Node) -> Result<(), ShimError> {
     }
     st.doomed = doomed;
     drop(st);
-    node.pool.next_id.store(max_id, Ordering::Relaxed);
+    r.pool.next_id.store(max_id, Ordering::Relaxed);
     if size > 0 {
         info!(size, ready = ready_count, "warm pool on");
     }
-    report_levels(node);
+    report_levels(&r.core, &r.pool);
     Ok(())
 }
 
 /// The refiller: keeps every network's pool at its size and releases what must go. One task
 /// for all networks; woken by takes and new templates, and by its own retry timers.
-pub async fn run(node: Arc<Node>) {
+pub async fn run(r: Refiller) {
     loop {
-        let wait = step(&node).await;
+        let wait = step(&r).await;
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
-            () = node.pool.wake.notified() => {}
+            () = r.pool.wake.notified() => {}
         }
     }
 }
 
 /// One round; returns how long to sleep unless woken.
-pub(super) async fn step(node: &Node) -> Duration {
+pub(super) async fn step(r: &Refiller) -> Duration {
     let mut wait = Duration::from_secs(3600);
-    seed_from_conflist(node, &mut wait);
-    if let Err(e) = persist_templates(node).await {
+    seed_from_conflist(r, &mut wait);
+    if let Err(e) = persist_templates(r).await {
         warn!(error = %e, "warm pool: cannot record the templates; retrying");
         wait = wait.min(BACKOFF_MAX);
     }
-    release_surplus(node, &mut wait).await;
-    fill(node, &mut wait).await;
-    report_levels(node);
+    release_surplus(r, &mut wait).await;
+    fill(r, &mut wait).await;
+    report_levels(&r.core, &r.pool);
     wait
 }
 
 /// Reports every pool's level (the metrics' gauges), whole: on every change the pool makes
 /// (a take, a refill, a round of releases) and at start.
-pub(super) fn report_levels(node: &Node) {
-    if !node.events.listened() {
+pub(super) fn report_levels(core: &Core, pool: &Pool) {
+    if !core.events.listened() {
         return;
     }
-    let pools = node.pool.status();
+    let pools = pool.status();
     let rows: Vec<(&str, &str, u64, u64)> = pools
         .iter()
         .map(|p| {
@@ -148,20 +157,20 @@ pub(super) fn report_levels(node: &Node) {
             )
         })
         .collect();
-    node.events.emit(crate::events::Event::PoolLevels(&rows));
+    core.events.emit(crate::events::Event::PoolLevels(&rows));
 }
 
 /// The agent's conflist seeds a network's template until a pod brings one.
-fn seed_from_conflist(node: &Node, wait: &mut Duration) {
-    if node.pool.size() == 0 {
+fn seed_from_conflist(r: &Refiller, wait: &mut Duration) {
+    if r.pool.size() == 0 {
         return;
     }
-    let Some(cfg) = &node.agent.config else {
+    let Some(cfg) = &r.agent.config else {
         return;
     };
     {
         // Once the conflist's network has a template, there is nothing to read.
-        let st = node.pool.lock();
+        let st = r.pool.lock();
         if st
             .conflist_network
             .as_ref()
@@ -175,7 +184,7 @@ fn seed_from_conflist(node: &Node, wait: &mut Duration) {
         return;
     };
     {
-        let mut st = node.pool.lock();
+        let mut st = r.pool.lock();
         st.conflist_network = Some(base.network.clone());
         if st.templates.contains_key(&base.network) {
             return;
@@ -189,7 +198,7 @@ fn seed_from_conflist(node: &Node, wait: &mut Duration) {
     };
     let digest = pool_digest(&dc);
     info!(network = %dc.network, digest, "warm pool: filling from the agent's conflist until a pod brings its config");
-    node.pool.lock().templates.insert(
+    r.pool.lock().templates.insert(
         dc.network.clone(),
         Template {
             digest,
@@ -204,9 +213,9 @@ fn seed_from_conflist(node: &Node, wait: &mut Duration) {
 }
 
 /// Writes templates that changed to the ledger's settings, so a restart refills at once.
-async fn persist_templates(node: &Node) -> Result<(), ShimError> {
+async fn persist_templates(r: &Refiller) -> Result<(), ShimError> {
     let todo: Vec<(String, Template)> = {
-        let st = node.pool.lock();
+        let st = r.pool.lock();
         st.templates
             .iter()
             .filter(|(n, t)| st.persisted.get(*n) != Some(&t.digest))
@@ -216,18 +225,19 @@ async fn persist_templates(node: &Node) -> Result<(), ShimError> {
     for (network, t) in todo {
         let name = format!("{TEMPLATE_SETTING}{network}");
         let text = serde_json::to_string(&t).map_err(|e| ShimError::Internal(e.to_string()))?;
-        node.ledger(move |l| l.set_setting(&name, Some(&text)))
+        r.core
+            .ledger(move |l| l.set_setting(&name, Some(&text)))
             .await?;
-        node.pool.lock().persisted.insert(network, t.digest);
+        r.pool.lock().persisted.insert(network, t.digest);
     }
     Ok(())
 }
 
 /// Releases doomed entries, entries of a config no longer current, and entries beyond the size.
-async fn release_surplus(node: &Node, wait: &mut Duration) {
-    let size = node.pool.size();
+async fn release_surplus(r: &Refiller, wait: &mut Duration) {
+    let size = r.pool.size();
     let todo: Vec<AttachmentKey> = {
-        let mut st = node.pool.lock();
+        let mut st = r.pool.lock();
         if st.release_retry_at.is_some_and(|t| t > Instant::now()) {
             if let Some(t) = st.release_retry_at {
                 *wait = (*wait).min(t.saturating_duration_since(Instant::now()));
@@ -256,7 +266,7 @@ async fn release_surplus(node: &Node, wait: &mut Duration) {
     };
     let mut failed = Vec::new();
     for key in todo {
-        match release_entry(node, &key).await {
+        match release_entry(r, &key).await {
             Ok(()) => info!(entry = %key, "warm pool: surplus entry released"),
             Err(e) => {
                 warn!(entry = %key, error = %e, "warm pool: cannot release a surplus entry; will retry");
@@ -265,7 +275,7 @@ async fn release_surplus(node: &Node, wait: &mut Duration) {
         }
     }
     if !failed.is_empty() {
-        let mut st = node.pool.lock();
+        let mut st = r.pool.lock();
         st.doomed.extend(failed);
         st.release_retry_at = Some(Instant::now() + RELEASE_RETRY);
         *wait = (*wait).min(RELEASE_RETRY);
@@ -274,28 +284,28 @@ async fn release_surplus(node: &Node, wait: &mut Duration) {
 
 /// Releases one pool entry and forgets it, as any recorded attachment: marked `deleting`
 /// (durable), the delegate's DEL with the recorded config, then dropped.
-async fn release_entry(node: &Node, key: &AttachmentKey) -> Result<(), ShimError> {
-    let _guard = node.locks.lock(key).await;
-    let Some(rec) = node.lookup(key)? else {
+async fn release_entry(r: &Refiller, key: &AttachmentKey) -> Result<(), ShimError> {
+    let _guard = r.core.locks.lock(key).await;
+    let Some(rec) = r.core.lookup(key)? else {
         return Ok(());
     };
     if rec.owner != Owner::Pool {
         // Taken meanwhile (it is a pod's now, under its own key): nothing of the pool's.
         return Ok(());
     }
-    node.release(&rec).await
+    r.core.release(&rec).await
 }
 
 /// Fills every network's current pool up to the size, one entry at a time, round-robin over
 /// the networks; a network whose fill fails backs off.
-async fn fill(node: &Node, wait: &mut Duration) {
-    let size = node.pool.size();
+async fn fill(r: &Refiller, wait: &mut Duration) {
+    let size = r.pool.size();
     if size == 0 {
         return;
     }
     loop {
         let due: Vec<(String, Template)> = {
-            let st = node.pool.lock();
+            let st = r.pool.lock();
             let now = Instant::now();
             st.templates
                 .iter()
@@ -319,9 +329,9 @@ async fn fill(node: &Node, wait: &mut Duration) {
             return;
         }
         for (network, t) in due {
-            skip_unrecorded_ids(node, &network, &t);
-            let outcome = fill_one(node, &network, &t).await;
-            let mut st = node.pool.lock();
+            skip_unrecorded_ids(r, &network, &t);
+            let outcome = fill_one(r, &network, &t).await;
+            let mut st = r.pool.lock();
             let f = st.fill.entry(network.clone()).or_default();
             match outcome {
                 Ok(entry) => {
@@ -347,13 +357,13 @@ async fn fill(node: &Node, wait: &mut Duration) {
                         .min(BACKOFF_MAX);
                     f.retry_at = Some(Instant::now() + backoff);
                     *wait = (*wait).min(backoff);
-                    node.pool.refill_failures.fetch_add(1, Ordering::Relaxed);
-                    node.events.emit(crate::events::Event::PoolRefillFailed);
+                    r.pool.refill_failures.fetch_add(1, Ordering::Relaxed);
+                    r.core.events.emit(crate::events::Event::PoolRefillFailed);
                     warn!(network = %network, failures = f.failures, retry_in_ms = backoff.as_millis() as u64, error = %f.last_error, "warm pool: refill failed");
                 }
             }
             drop(st);
-            report_levels(node);
+            report_levels(&r.core, &r.pool);
         }
     }
 }
@@ -361,11 +371,11 @@ async fn fill(node: &Node, wait: &mut Duration) {
 /// Before a network's first fill: entry numbers its delegate's store holds under pool IDs the
 /// ledger does not know (a ledger rebuilt by `dipamctl recover` leaves those reserved) are
 /// skipped, so a new entry does not collide with one (host-local refuses a duplicate ID).
-fn skip_unrecorded_ids(node: &Node, network: &str, t: &Template) {
-    if !node.pool.lock().scanned.insert(network.to_owned()) {
+fn skip_unrecorded_ids(r: &Refiller, network: &str, t: &Template) {
+    if !r.pool.lock().scanned.insert(network.to_owned()) {
         return;
     }
-    let Some(node_name) = node.pool.config.get().map(|c| c.node.as_str()) else {
+    let Some(node_name) = r.pool.config.get().map(|c| c.node.as_str()) else {
         return;
     };
     if let Some(dir) = store::readable_dir(&t.kind, &t.conf, network)
@@ -375,25 +385,29 @@ fn skip_unrecorded_ids(node: &Node, network: &str, t: &Template) {
             .filter_map(|r| entry_number(&r.container_id, node_name))
             .max()
     {
-        node.pool.next_id.fetch_max(n + 1, Ordering::Relaxed);
+        r.pool.next_id.fetch_max(n + 1, Ordering::Relaxed);
     }
 }
 
 /// Allocates one entry for `network` with template `t`, through the normal ADD path; returns
 /// its committed record.
-async fn fill_one(node: &Node, network: &str, t: &Template) -> Result<AttachmentRecord, ShimError> {
-    let cfg = node
+async fn fill_one(
+    r: &Refiller,
+    network: &str,
+    t: &Template,
+) -> Result<AttachmentRecord, ShimError> {
+    let cfg = r
         .pool
         .config
         .get()
         .ok_or_else(|| ShimError::Internal("warm pool not configured".into()))?;
-    if let Some(why) = node.misconfigured(network) {
+    if let Some(why) = r.misconfigured.of(network) {
         return Err(ShimError::Misconfigured {
             network: network.to_owned(),
             why,
         });
     }
-    let n = node.pool.next_id.fetch_add(1, Ordering::Relaxed);
+    let n = r.pool.next_id.fetch_add(1, Ordering::Relaxed);
     let id = crate::keys::pool_id(&cfg.node, n);
     crate::validate::container_id(&id)?;
     let version: SpecVersion = t
@@ -434,10 +448,11 @@ async fn fill_one(node: &Node, network: &str, t: &Template) -> Result<Attachment
         },
         req,
     };
-    let _guard = node.locks.lock(&p.key).await;
-    crate::core::attach::attach(node, &p, Owner::Pool, &mut Early::default()).await?;
+    let _guard = r.core.locks.lock(&p.key).await;
+    crate::core::attach::attach(&r.core, &p, Owner::Pool, &mut Early::default()).await?;
     // The committed record, as the take will find it in the ledger.
-    node.lookup(&p.key)?
+    r.core
+        .lookup(&p.key)?
         .filter(|r| r.owner == Owner::Pool && r.state == AttachmentState::Committed)
         .ok_or_else(|| ShimError::Internal(format!("pool entry {} vanished after its ADD", p.key)))
 }

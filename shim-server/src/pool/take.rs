@@ -10,52 +10,52 @@ use tracing::{info, warn};
 use super::*;
 use crate::{
     clock::now,
-    core::Prepared,
     core::attach::Early,
+    core::{Core, Prepared},
     delegate::{config::result_ips, version},
     error::ShimError,
-    node::Node,
 };
 
 /// A pod's ADD from the pool, if it can be served from it; `None` sends the request down the
 /// normal path. The caller holds the pod key's lock.
 pub async fn take(
-    node: &Node,
+    core: &Core,
+    pool: &Pool,
     p: &Prepared,
     early: &mut Early,
 ) -> Result<Option<Vec<u8>>, ShimError> {
     // Root's pods only: a non-root caller's config must not become the template dipamd
     // fills the network's pool with, as root, in the background (docs/cfp.md, "Threat
     // model"); its ADDs take the normal path, recorded under its uid.
-    if node.pool.size() == 0 || !p.caller.is_root() {
+    if pool.size() == 0 || !p.caller.is_root() {
         return Ok(None);
     }
     let digest = pool_digest(&p.dc);
-    node.pool.observe(p, &digest);
+    pool.observe(p, &digest);
     if wants_own_ips(p) {
-        node.pool.bypassed.fetch_add(1, Ordering::Relaxed);
-        node.events
+        pool.bypassed.fetch_add(1, Ordering::Relaxed);
+        core.events
             .emit(crate::events::Event::PoolRequest { outcome: "bypass" });
         return Ok(None);
     }
     // A stale ADD is refused, a repeated one answered from the ledger and an interrupted one
     // finished: all by the normal path (the refusal is the core's, Core::refuse_stale).
-    if node.core.refuse_stale(p).is_err() {
+    if core.refuse_stale(p).is_err() {
         return Ok(None);
     }
     loop {
-        let Some(entry) = node.pool.claim(&p.key.network, &digest) else {
+        let Some(entry) = pool.claim(&p.key.network, &digest) else {
             // The normal path also handles a key that has a record (repeated, interrupted).
-            node.pool.misses.fetch_add(1, Ordering::Relaxed);
-            node.pool.count(&p.key.network, &digest, false);
-            node.events
+            pool.misses.fetch_add(1, Ordering::Relaxed);
+            pool.count(&p.key.network, &digest, false);
+            core.events
                 .emit(crate::events::Event::PoolRequest { outcome: "miss" });
-            node.pool.wake.notify_one();
+            pool.wake.notify_one();
             return Ok(None);
         };
         let Some(result) = entry.result.clone() else {
             warn!(entry = %entry.key, "warm pool: an entry without a result; releasing it");
-            node.pool.lock().doomed.push(entry.key);
+            pool.lock().doomed.push(entry.key);
             continue;
         };
         let t = now();
@@ -89,9 +89,9 @@ pub async fn take(
             cri_pod: crate::cri_args::for_record(&Owner::Pod, &p.key, &p.req.cni_args),
         };
         // An entry whose address the agent holds must never reach a pod: release it instead.
-        if node.check_conflict(&rec).await.is_err() {
-            node.pool.lock().doomed.push(entry.key);
-            node.pool.wake.notify_one();
+        if core.check_conflict(&rec).await.is_err() {
+            pool.lock().doomed.push(entry.key);
+            pool.wake.notify_one();
             continue;
         }
         let parsed = serde_json::from_value(result.clone())
@@ -103,7 +103,7 @@ pub async fn take(
         // checks and the commit, to wire the pod while it runs (core/attach.rs, `Early`).
         let (commit, expected) = (rec.clone(), entry.clone());
         let (mut tx, answer) = (early.take(), rendered.clone());
-        let outcome = node
+        let outcome = core
             .ledger(move |l| {
                 if l.get(&commit.key)?.is_some() {
                     return Ok((Take::KeyTaken, tx));
@@ -124,7 +124,7 @@ pub async fn take(
             Ok((Take::Done, _)) => {}
             Ok((Take::KeyTaken, unused)) => {
                 early.restore(unused);
-                node.pool.unclaim(&digest, entry);
+                pool.unclaim(&digest, entry);
                 return Ok(None);
             }
             Ok((Take::EntryChanged, unused)) => {
@@ -134,20 +134,20 @@ pub async fn take(
             }
             Err(e) => {
                 // Nothing was written: the entry is still the pool's.
-                node.pool.unclaim(&digest, entry);
+                pool.unclaim(&digest, entry);
                 return Err(e);
             }
         }
         crate::fault::hit("pool-after-take");
-        node.pool.hits.fetch_add(1, Ordering::Relaxed);
-        node.pool.count(&p.key.network, &digest, true);
-        node.events
+        pool.hits.fetch_add(1, Ordering::Relaxed);
+        pool.count(&p.key.network, &digest, true);
+        core.events
             .emit(crate::events::Event::PoolRequest { outcome: "hit" });
         // The pod's record replaced the entry's: one pool attachment fewer, one pod's more.
-        node.attachment_delta(&entry, -1);
-        node.attachment_delta(&rec, 1);
-        super::refill::report_levels(node);
-        node.pool.wake.notify_one();
+        core.attachment_delta(&entry, -1);
+        core.attachment_delta(&rec, 1);
+        super::refill::report_levels(core, pool);
+        pool.wake.notify_one();
         info!(
             key = %p.key,
             pool_key = %entry.key,

@@ -64,6 +64,7 @@ impl Bench {
 
     fn record(&self, cid: &str) -> Option<AttachmentRecord> {
         self.node
+            .core
             .ledger
             .get(&AttachmentKey::new("net", cid, "eth0"))
             .unwrap()
@@ -71,6 +72,7 @@ impl Bench {
 
     fn entries(&self) -> Vec<AttachmentRecord> {
         self.node
+            .core
             .ledger
             .list(None)
             .unwrap()
@@ -85,7 +87,7 @@ impl Bench {
 
     /// One refiller round, as the background task runs it.
     async fn refill(&self) {
-        step(&self.node).await;
+        step(&self.node.refiller()).await;
     }
 }
 
@@ -338,7 +340,7 @@ async fn off_at_start_releases_every_entry_and_takes_none() {
     let node = Node::new(
         Arc::new(MemStore::new()),
         Executor::new(vec![b.dir.path().to_owned()], Duration::from_secs(10)),
-        b.node.identity.clone(),
+        b.node.core.identity.clone(),
         None,
         crate::gc::GcPolicy::default(),
         crate::access::Admission::default(),
@@ -348,27 +350,32 @@ async fn off_at_start_releases_every_entry_and_takes_none() {
         node: String::new(),
         namespace: "kube-system".into(),
     });
-    for r in b.node.ledger.list(None).unwrap() {
-        node.ledger.put(&r).unwrap();
+    for r in b.node.core.ledger.list(None).unwrap() {
+        node.core.ledger.put(&r).unwrap();
     }
-    for (name, value) in b.node.ledger.settings("").unwrap() {
-        node.ledger.set_setting(&name, Some(&value)).unwrap();
+    for (name, value) in b.node.core.ledger.settings("").unwrap() {
+        node.core.ledger.set_setting(&name, Some(&value)).unwrap();
     }
-    assert_eq!(node.ledger.settings(TEMPLATE_SETTING).unwrap().len(), 1);
-    init(&node).await.unwrap();
+    assert_eq!(
+        node.core.ledger.settings(TEMPLATE_SETTING).unwrap().len(),
+        1
+    );
+    init(&node.refiller()).await.unwrap();
     add_as(&node, Caller::ROOT, request("pod", "1.0.0", json!({})))
         .await
         .unwrap();
     assert!(
-        node.ledger
+        node.core
+            .ledger
             .get(&AttachmentKey::new("net", "pod", "eth0"))
             .unwrap()
             .unwrap()
             .delegate_key
             .is_none()
     );
-    step(&node).await;
+    step(&node.refiller()).await;
     let left: Vec<_> = node
+        .core
         .ledger
         .list(None)
         .unwrap()
@@ -376,7 +383,7 @@ async fn off_at_start_releases_every_entry_and_takes_none() {
         .filter(|r| r.owner == Owner::Pool)
         .collect();
     assert!(left.is_empty(), "{left:?}");
-    assert_eq!(node.ledger.settings(TEMPLATE_SETTING).unwrap(), vec![]);
+    assert_eq!(node.core.ledger.settings(TEMPLATE_SETTING).unwrap(), vec![]);
 }
 
 #[test]

@@ -15,17 +15,17 @@ pub struct Replay {
 }
 
 pub async fn replay(node: &Node) -> Result<Replay, ShimError> {
-    let records = node.ledger(|l| l.list(None)).await?;
+    let records = node.core.ledger(|l| l.list(None)).await?;
     let mut out = Replay::default();
     for rec in records
         .into_iter()
         .filter(|r| r.state != AttachmentState::Committed)
     {
-        let _guard = node.locks.lock(&rec.key).await;
-        match node.release_recorded(&rec).await {
+        let _guard = node.core.locks.lock(&rec.key).await;
+        match node.core.release_recorded(&rec).await {
             Ok(()) => {
-                node.forget(&rec).await?;
-                node.events.emit(crate::events::Event::IntentReplayed);
+                node.core.forget(&rec).await?;
+                node.core.events.emit(crate::events::Event::IntentReplayed);
                 info!(key = %rec.key, state = rec.state.as_str(), "replayed an interrupted operation: released");
                 out.released += 1;
             }

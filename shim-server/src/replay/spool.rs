@@ -88,7 +88,9 @@ fn quarantine(node: &Node, fd: &OwnedFd, dir: &Path, name: &OsStr, why: &str) {
     match moved {
         Ok(()) => {
             node.spool.quarantined.fetch_add(1, Ordering::Relaxed);
-            node.events.emit(crate::events::Event::SpoolQuarantined);
+            node.core
+                .events
+                .emit(crate::events::Event::SpoolQuarantined);
             warn!(file = %file.display(), why, "spooled DEL not replayed; moved to {QUARANTINE}/");
         }
         Err(e) => {
@@ -195,7 +197,7 @@ pub async fn drain(node: &Node, dir: &Path) -> Drained {
         // nothing for the key is the exec skipped, which keeps the drain (run before
         // serving) fast after a runtime retried ADDs in a tight loop while dipamd was down.
         if let Ok(p) = node.prepare(req.clone(), true, crate::access::Caller::ROOT)
-            && let Ok(None) = node.lookup(&p.key)
+            && let Ok(None) = node.core.lookup(&p.key)
             && provably_nothing_held(&p, &mut stores)
         {
             let _ = spool::remove(&fd, &name);
@@ -296,12 +298,14 @@ pub async fn drain_all(node: &Node, dir: &Path) -> Drained {
 /// both are sampled here, at start and on every tick of [`run`] (docs/metrics.md).
 pub fn report(node: &Node, dir: &Path) {
     use crate::events::Event;
-    node.events.emit(Event::SpoolDepth(depth(dir) as u64));
-    node.events
+    node.core.events.emit(Event::SpoolDepth(depth(dir) as u64));
+    node.core
+        .events
         .emit(Event::SpoolUntrusted(node.spool.untrusted().is_some()));
-    node.events
+    node.core
+        .events
         .emit(Event::SpoolMismatched(node.spool.mismatched().len() as u64));
-    node.report_writable();
+    node.core.report_writable();
 }
 
 /// Drains every `every` until the process ends.

@@ -31,22 +31,22 @@ pub async fn run(
             why,
         });
     }
-    let _guard = node.locks.lock(&p.key).await;
+    let _guard = node.core.locks.lock(&p.key).await;
     // The ADD's birth, stamped again as its last act under the key's lock (dropped before
     // `_guard`), whatever it answers: a GC that began before it never frees what it made
     // (core/births.rs), whether from the pool, the delegate or the ledger (a repeat).
-    let _born = node.births.stamp_on_drop(&p.key);
+    let _born = node.core.births.stamp_on_drop(&p.key);
     if !p.caller.is_root() {
         refuse_foreign_container_id(node, &p).await?;
     }
     // With the warm pool on: one commit hands a ready entry to the pod, no delegate exec.
-    if let Some(result) = crate::pool::take::take(node, &p, early).await? {
+    if let Some(result) = crate::pool::take::take(&node.core, &node.pool, &p, early).await? {
         return Ok(Added {
             result,
             replayed: false,
         });
     }
-    attach(node, &p, Owner::Pod, early).await
+    attach(&node.core, &p, Owner::Pod, early).await
 }
 
 /// Refuses a non-root caller's ADD under a container ID that another caller's attachment
@@ -58,6 +58,7 @@ pub async fn run(
 async fn refuse_foreign_container_id(node: &Node, p: &Prepared) -> Result<(), ShimError> {
     let cid = p.req.container_id.clone();
     let others = node
+        .core
         .ledger(move |l| {
             Ok(l.list(None)?
                 .into_iter()

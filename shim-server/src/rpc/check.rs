@@ -17,7 +17,7 @@ pub async fn run(
 ) -> Result<Vec<u8>, ShimError> {
     let mut p = node.prepare(req, true, caller)?;
     crate::keys::refuse_runtime("CHECK", &p.req.container_id)?;
-    let _guard = node.locks.lock(&p.key).await;
+    let _guard = node.core.locks.lock(&p.key).await;
 
     let prev =
         p.dc.conf
@@ -31,6 +31,7 @@ pub async fn run(
                     .into(),
             })?;
     let rec = node
+        .core
         .lookup(&p.key)?
         .filter(|r| r.state == AttachmentState::Committed)
         .ok_or_else(|| ShimError::NoRecord {
@@ -56,13 +57,13 @@ pub async fn run(
 
     // A pod served from the warm pool is known to the delegate by the pool entry's key.
     crate::pool::take::redirect(&mut p, &rec)?;
-    let (probe, send) = node.resolve(&p.dc, &p.req.cni_path).await?;
+    let (probe, send) = node.core.resolve(&p.dc, &p.req.cni_path).await?;
     let effective = crate::core::Core::effective(&p.dc, send);
     if crate::core::Core::delegate_allows(&probe, effective, SpecVersion::new(0, 4, 0))
         && effective >= SpecVersion::new(0, 4, 0)
     {
         let stdin = p.dc.bytes_for(send)?;
-        node.run_delegate(&p, &probe, "CHECK", stdin).await?;
+        node.core.run_delegate(&p, &probe, "CHECK", stdin).await?;
     }
     Ok(Vec::new())
 }

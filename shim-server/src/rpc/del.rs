@@ -29,9 +29,9 @@ pub async fn run(
     // dipamd's own keys (the agent's, the warm pool's) are never a pod's: a runtime's DEL of
     // one must not release what the agent, the pool, or a pod served from it holds.
     crate::keys::refuse_runtime("DEL", &p.req.container_id)?;
-    let _guard = node.locks.lock(&p.key).await;
+    let _guard = node.core.locks.lock(&p.key).await;
 
-    let existing = node.lookup(&p.key)?;
+    let existing = node.core.lookup(&p.key)?;
     match &existing {
         Some(rec) => p.authorize(rec, "DEL")?,
         // Everything a non-root caller added is recorded before its delegate ran, so a key
@@ -40,7 +40,7 @@ pub async fn run(
         None if !p.caller.is_root() => {
             info!(key = %p.key, uid = p.caller.uid, "DEL from a non-root caller of a key with no record; nothing of its to release");
             // Still a DEL: an ADD issued before it must not bring the key back (F4).
-            node.bury(&p.key, p.issued.clone());
+            node.core.bury(&p.key, p.issued.clone());
             return Ok(Released::default());
         }
         None => {}
@@ -61,7 +61,7 @@ pub async fn run(
             "DEL issued before the ADD of the current attachment (on the boot clock); it was \
              meant for an earlier one, already gone: not releasing the current one"
         );
-        node.events.emit(crate::events::Event::StaleDel);
+        node.core.events.emit(crate::events::Event::StaleDel);
         return Ok(Released::default());
     }
     // A pod served from the warm pool is known to the delegate by the pool entry's key.
@@ -84,7 +84,7 @@ pub async fn run(
         info!(key = %p.key, delegate = %p.dc.kind, "nothing recorded and no prevResult: the delegate has nothing dipam could release");
         return Ok(Released::default());
     }
-    let (probe, send) = node.resolve(&p.dc, &p.req.cni_path).await?;
+    let (probe, send) = node.core.resolve(&p.dc, &p.req.cni_path).await?;
     let stdin = p.dc.bytes_for(send)?;
     // The record is marked `deleting` while the delegate starts; it reads its config (and so
     // releases anything) only once the mark is durable (exec::run_gated).
@@ -100,25 +100,26 @@ pub async fn run(
         });
     let gate = async {
         if let Some(marked) = mark {
-            node.ledger(move |l| l.put(&marked)).await?;
+            node.core.ledger(move |l| l.put(&marked)).await?;
             crate::fault::hit("del-after-mark");
         }
         Ok(())
     };
     // Until the record is forgotten, an ADD that the delegate hands one of its addresses
     // waits for this release instead of being refused for a holder that is going (addrs.rs).
-    let _releasing = existing.as_ref().map(|rec| node.addrs.releasing(rec));
+    let _releasing = existing.as_ref().map(|rec| node.core.addrs.releasing(rec));
     // On failure the record stays `deleting`: the address is still held by the delegate, and
     // the runtime's retry (or the next start) releases it.
-    node.run_delegate_gated(&p, &probe, "DEL", stdin, gate, None)
+    node.core
+        .run_delegate_gated(&p, &probe, "DEL", stdin, gate, None)
         .await
         .into_result()?;
     crate::fault::hit("del-after-exec");
 
     if let Some(rec) = &existing {
-        node.forget(rec).await?;
+        node.core.forget(rec).await?;
     }
-    node.bury(&p.key, issued);
+    node.core.bury(&p.key, issued);
     // At debug: the request's one info line, with the IPs, comes from the service.
     debug!(key = %p.key, known = existing.is_some(), "attachment deleted");
     Ok(Released { ips })

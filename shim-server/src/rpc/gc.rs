@@ -16,6 +16,7 @@ use dipam_proto::v1::CniRequest;
 
 use crate::{
     error::ShimError,
+    core::Core,
     gc::{self, Valid, ValidInput},
     node::Node,
 };
@@ -31,7 +32,7 @@ pub async fn run(
     // since then is freed, whatever the grace period and the wall clock (core/births.rs).
     let started = peer.and_then(crate::core::births::process_start_ns);
     let p = node.prepare(req, false, caller)?;
-    let began = node.births.gc_began(p.issued.as_ref(), started);
+    let began = node.core.births.gc_began(p.issued.as_ref(), started);
     // GC frees every attachment of the network that is not in the list: every caller's.
     if !p.caller.is_root() {
         return Err(ShimError::Forbidden {
@@ -42,17 +43,18 @@ pub async fn run(
         });
     }
     let refused = || {
-        node.gc_stats
+        node.gc
+            .stats
             .refused
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        node.events.emit(crate::events::Event::GcRefused);
+        node.core.events.emit(crate::events::Event::GcRefused);
     };
     let input = gc::valid_input(&p.dc.conf).map_err(|e| {
         refused();
         ShimError::GcInput(e)
     })?;
     let names_nothing = !matches!(&input, ValidInput::List(l) if !l.is_empty());
-    if names_nothing && !node.gc.allow_empty && !has_pods(node, &p.dc.network).await? {
+    if names_nothing && !node.gc.policy.allow_empty && !has_pods(&node.core, &p.dc.network).await? {
         // Nothing a list could have named: freeing nothing is the only answer, and a success
         // keeps a runtime's start-up GC of a network without pods (CRI-O sends null) from
         // reporting a failure. The delegate's store is not swept: a list that names nothing
@@ -67,7 +69,7 @@ pub async fn run(
     }
     let list = match input {
         ValidInput::List(l) if !l.is_empty() => l,
-        _ if node.gc.allow_empty => Vec::new(),
+        _ if node.gc.policy.allow_empty => Vec::new(),
         other => {
             refused();
             return Err(ShimError::GcRefused {
@@ -81,7 +83,7 @@ pub async fn run(
         }
     };
     let plan = gc::collect::collect(
-        node,
+        &node.collector(),
         &p.dc,
         &p.req.cni_path,
         Valid::List(list),
@@ -109,9 +111,9 @@ pub async fn run(
 
 /// Whether the ledger holds a pod attachment (not the agent's, not the warm pool's) on
 /// `network`: what a GC whose list names nothing would free.
-async fn has_pods(node: &Node, network: &str) -> Result<bool, ShimError> {
+async fn has_pods(core: &Core, network: &str) -> Result<bool, ShimError> {
     let network = network.to_owned();
-    node.ledger(move |l| {
+    core.ledger(move |l| {
         Ok(l.list(None)?
             .iter()
             .any(|r| r.key.network == network && matches!(r.owner, dipam_state::Owner::Pod)))

@@ -37,13 +37,14 @@ pub async fn run(
 /// What makes dipamd unable to serve ADD whatever the network: the ledger, the delegate's
 /// store as the last reconcile found it, the agent's addresses. In memory, so cheap.
 pub fn node_checks(node: &Node) -> Result<(), ShimError> {
-    if let Some(fault) = node.ledger.store().fault() {
+    if let Some(fault) = node.core.ledger.store().fault() {
         return Err(ShimError::NotReady {
             missing: vec![fault],
         });
     }
     let missing = node
-        .gc_stats
+        .gc
+        .stats
         .missing
         .load(std::sync::atomic::Ordering::Relaxed);
     if missing > 0 {
@@ -67,6 +68,7 @@ pub fn node_checks(node: &Node) -> Result<(), ShimError> {
 /// (remembered for a few seconds).
 async fn delegate_checks(node: &Node, p: &crate::core::Prepared) -> Result<(), ShimError> {
     let probe = node
+        .core
         .exec
         .probe(&p.dc.kind, &p.req.cni_path)
         .await
@@ -101,6 +103,7 @@ async fn delegate_checks(node: &Node, p: &crate::core::Prepared) -> Result<(), S
             None => {
                 let stdin = p.dc.bytes_for(None)?;
                 let r = node
+                    .core
                     .run_delegate(p, &probe, "STATUS", stdin)
                     .await
                     .err()

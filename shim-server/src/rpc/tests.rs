@@ -77,6 +77,7 @@ impl Bench {
 
     fn record(&self, cid: &str) -> Option<AttachmentRecord> {
         self.node
+            .core
             .ledger
             .get(&AttachmentKey::new("net", cid, "eth0"))
             .unwrap()
@@ -130,7 +131,7 @@ async fn the_agents_result_goes_to_the_disk() {
         role: "router".into(),
     };
     crate::core::attach::attach(
-        &b.node,
+        &b.node.core,
         &p,
         owner.clone(),
         &mut crate::core::attach::Early::default(),
@@ -305,7 +306,8 @@ async fn gc_without_a_list_is_refused() {
     }
     assert_eq!(
         b.node
-            .gc_stats
+            .gc
+            .stats
             .refused
             .load(std::sync::atomic::Ordering::Relaxed),
         3
@@ -468,7 +470,7 @@ async fn replay_releases_interrupted_operations_and_keeps_committed_ones() {
     let mut half = b.record("half").unwrap();
     half.state = AttachmentState::Adding;
     half.result = None;
-    b.node.ledger.put(&half).unwrap();
+    b.node.core.ledger.put(&half).unwrap();
 
     let r = replay::replay(&b.node).await.unwrap();
     assert_eq!(r.released, 1);

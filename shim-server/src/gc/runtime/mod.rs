@@ -30,40 +30,13 @@ pub mod pass;
 
 use std::{
     collections::HashSet,
-    future::Future,
-    pin::Pin,
     sync::{Arc, Mutex},
 };
 
 use dipam_proto::v1::RuntimeGcStatus;
 use dipam_state::AttachmentKey;
 
-/// Why the runtime's list could not be had.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ListError {
-    /// No connection, or no answer in time.
-    #[error("cannot reach the runtime at {endpoint}: {reason}")]
-    Unreachable { endpoint: String, reason: String },
-    /// The runtime answered ListPodSandbox with an error.
-    #[error("the runtime at {endpoint} answered ListPodSandbox with {code}: {message}")]
-    Answered {
-        endpoint: String,
-        code: String,
-        message: String,
-    },
-}
-
-/// The sandbox IDs a runtime lists: a boxed future, so the trait stays object-safe.
-pub type Listing<'a> = Pin<Box<dyn Future<Output = Result<Vec<String>, ListError>> + Send + 'a>>;
-
-/// A container runtime that lists its pod sandboxes: the CRI client ([`cri::CriClient`]), or
-/// an in-memory twin in tests.
-pub trait Sandboxes: Send + Sync {
-    /// What dipamctl and the logs call it (the CRI endpoint).
-    fn endpoint(&self) -> &str;
-    /// The ID of every pod sandbox the runtime knows, in every state.
-    fn list(&self) -> Listing<'_>;
-}
+pub use crate::sandboxes::{ListError, Listing, Sandboxes};
 
 /// Why a pass freed nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]

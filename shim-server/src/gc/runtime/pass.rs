@@ -4,13 +4,14 @@
 
 use std::{
     collections::{BTreeMap, HashSet},
-    sync::Arc,
     time::Duration,
 };
 
 use dipam_proto::v1::RuntimeGcItem;
 use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, Owner};
 use tracing::{debug, info, warn};
+
+use crate::gc::Collector;
 
 use super::{ListError, Refusal, RuntimeGc};
 use crate::{
@@ -20,7 +21,6 @@ use crate::{
     error::ShimError,
     events::Event,
     gc::{Valid, collect::collect},
-    node::Node,
 };
 
 /// What a pass did, or (dry run) would do.
@@ -159,7 +159,7 @@ fn kept_item(r: &AttachmentRecord, why: &[(&'static str, String)]) -> RuntimeGcI
 /// `force` lets this one pass free more than --gc-max-free-share of the node's CRI
 /// attachments; nothing overrides the two-pass rule or a refusal of the runtime's answer.
 pub async fn pass(
-    node: &Node,
+    c: &Collector,
     rt: &RuntimeGc,
     dry_run: bool,
     force: bool,
@@ -169,9 +169,9 @@ pub async fn pass(
     // The runtime first, then the ledger: an attachment added in between is missed for the
     // first time at most (the two-pass rule), and the GC that frees never takes one whose
     // ADD finished after this instant, when the list was asked for (core/births.rs).
-    let began = node.births.gc_began(None, None);
+    let began = c.core.births.gc_began(None, None);
     let listing = rt.client.list().await;
-    let records = node.ledger(|l| l.list(None)).await?;
+    let records = c.core.ledger(|l| l.list(None)).await?;
     let cri = records.iter().filter(|r| made_through_cri(r)).count();
     let mut report = Report {
         endpoint: endpoint.clone(),
@@ -188,7 +188,7 @@ pub async fn pass(
                 code,
                 detail: format!("{e}; nothing is freed until it answers"),
             });
-            return Ok(refused(node, rt, dry_run, report, true));
+            return Ok(refused(c, rt, dry_run, report, true));
         }
     };
     report.sandboxes = listed.len();
@@ -201,7 +201,7 @@ pub async fn pass(
                  --cri-endpoint is not the runtime that made them; nothing is freed"
             ),
         });
-        return Ok(refused(node, rt, dry_run, report, true));
+        return Ok(refused(c, rt, dry_run, report, true));
     }
     let missed_before = rt
         .state
@@ -213,7 +213,7 @@ pub async fn pass(
         &records,
         &listed,
         &missed_before,
-        node.gc.grace.as_secs(),
+        c.gc.policy.grace.as_secs(),
         t,
     );
     report.kept = p.kept.iter().map(|(r, why)| kept_item(r, why)).collect();
@@ -245,7 +245,7 @@ pub async fn pass(
         .iter()
         .filter(|r| made_through_cri(r) && r.state == AttachmentState::Committed)
         .count();
-    let share = node.gc.max_free_share;
+    let share = c.gc.policy.max_free_share;
     if !force && !p.free.is_empty() && p.free.len() as f64 > share * committed as f64 {
         report.refused = Some(Refusal {
             code: "share",
@@ -265,12 +265,12 @@ pub async fn pass(
             s.pending = p.pending;
             s.kept_grace = p.kept_grace;
         }
-        return Ok(refused(node, rt, dry_run, report, false));
+        return Ok(refused(c, rt, dry_run, report, false));
     }
     if dry_run {
         return Ok(report);
     }
-    let freed = free(node, &records, &p.free, began, &mut report).await;
+    let freed = free(c, &records, &p.free, began, &mut report).await;
     let trusted_again = if let Ok(mut s) = rt.state.lock() {
         s.missed = p.missed;
         s.passes += 1;
@@ -286,7 +286,7 @@ pub async fn pass(
     if let Some(was) = trusted_again {
         info!(endpoint = %endpoint, was = was.code, sandboxes = listed.len(), "runtime-aware GC: the runtime's list is trusted again");
     }
-    node.events.emit(Event::RuntimeGcPass {
+    c.core.events.emit(Event::RuntimeGcPass {
         freed,
         kept_grace: p.kept_grace,
         refusing: None,
@@ -307,7 +307,7 @@ pub async fn pass(
 /// A refused pass: counted, remembered (and logged when the refusal changes), the two-pass
 /// chain broken when `breaks_chain`; a dry run only reports it.
 fn refused(
-    node: &Node,
+    c: &Collector,
     rt: &RuntimeGc,
     dry_run: bool,
     report: Report,
@@ -338,7 +338,7 @@ fn refused(
     if changed {
         warn!(endpoint = %report.endpoint, reason = r.code, "runtime-aware GC refused: {}", r.detail);
     }
-    node.events.emit(Event::RuntimeGcPass {
+    c.core.events.emit(Event::RuntimeGcPass {
         freed: 0,
         kept_grace: rt.state.lock().map(|s| s.kept_grace).unwrap_or_default(),
         refusing: Some(r.code),
@@ -349,7 +349,7 @@ fn refused(
 /// Frees `stale` network by network through the GC's entry point, the rest of each network's
 /// attachments given as valid; fills in each item's outcome. Returns how many were freed.
 async fn free(
-    node: &Node,
+    c: &Collector,
     records: &[AttachmentRecord],
     stale: &[&AttachmentRecord],
     began: GcStart,
@@ -362,7 +362,7 @@ async fn free(
     for r in stale {
         by_network.entry(&r.key.network).or_default().push(r);
     }
-    let networks = match crate::divergence::networks(node).await {
+    let networks = match super::super::networks(&c.core, &c.agent).await {
         Ok(n) => n,
         Err(e) => {
             fail_all(report, None, &e.to_string());
@@ -414,7 +414,7 @@ async fn free(
         }
         // `force`: the node-wide share interlock above stands for the per-network one, which
         // would keep the last attachment of a network the runtime no longer uses forever.
-        match collect(node, dc, "", Valid::List(valid), began, false, true).await {
+        match collect(c, dc, "", Valid::List(valid), began, false, true).await {
             Ok(plan) => {
                 for it in report.items.iter_mut().filter(|i| i.network == network) {
                     let done = plan.items.iter().find(|g| {
@@ -474,12 +474,12 @@ fn fail_all(report: &mut Report, network: Option<&str>, error: &str) {
 
 /// The loop: a pass at once (so that status shows the runtime's state from the start), then
 /// one every `every`. Off when dipamd runs without --cri-endpoint.
-pub async fn run(node: Arc<Node>, every: Duration) {
-    let Some(rt) = node.runtime_gc.get() else {
+pub async fn run(c: Collector, every: Duration) {
+    let Some(rt) = c.gc.runtime.get() else {
         return;
     };
     loop {
-        if let Err(e) = pass(&node, rt, false, false).await {
+        if let Err(e) = pass(&c, rt, false, false).await {
             warn!(error = %e, "runtime-aware GC pass failed");
         }
         tokio::time::sleep(every).await;

@@ -3,14 +3,14 @@
 
 use dipam_proto::v1::{AdoptReply, AdoptRequest};
 
-use crate::{adopt, divergence, error::ShimError, node::Node};
+use crate::{adopt, error::ShimError, node::Node};
 
 /// Adopts (or, dry run, lists) what the network's delegate holds for running pods that the
 /// ledger lacks; says which unrecorded reservations are dead, and which cannot be told.
 pub async fn run(node: &Node, req: AdoptRequest) -> Result<AdoptReply, ShimError> {
     let p = super::gc::prepare(node, &req.config, req.mode, "dipamctl-adopt")?;
-    let scan = divergence::scan(node).await;
-    let r = adopt::adopt(node, &p.dc, &scan, req.dry_run).await?;
+    let scan = node.gc.scan().await;
+    let r = adopt::adopt(&node.core, &node.gc.policy, &p.dc, &scan, req.dry_run).await?;
     Ok(AdoptReply {
         protocol_version: dipam_proto::PROTOCOL_VERSION,
         network: p.dc.network.clone(),

@@ -21,7 +21,10 @@ pub async fn run(
     )?;
     bounded("the owner filter", req.owner.as_bytes(), limits::NAME, 7)?;
     let network = (!req.network.is_empty()).then(|| req.network.clone());
-    let mut records = node.ledger(move |l| l.list(network.as_deref())).await?;
+    let mut records = node
+        .core
+        .ledger(move |l| l.list(network.as_deref()))
+        .await?;
     if !caller.admin {
         records.retain(|r| caller.owns(r.creator_uid));
     }

@@ -26,8 +26,8 @@ fn check(name: impl Into<String>, ok: bool, detail: impl Into<String>, fix: &str
 /// The DEL spool: published where the plugin finds it, meeting the trust rule, drained, and
 /// agreeing with every config that names a spoolDir.
 fn spool_checks(node: &Node, checks: &mut Vec<DoctorCheck>) {
-    let id = &node.identity;
-    let st = spool::status(&node.spool, &node.identity);
+    let id = &node.core.identity;
+    let st = spool::status(&node.spool, &node.core.identity);
     let published = dipam_proto::spool::read_pointer(&id.socket);
     let names_ours = published.as_ref().is_ok_and(|p| {
         std::fs::metadata(&id.spool_dir).is_ok_and(|m| m.dev() == p.dev && m.ino() == p.ino)
@@ -106,7 +106,7 @@ fn spool_checks(node: &Node, checks: &mut Vec<DoctorCheck>) {
 }
 
 pub async fn run(node: &Node) -> Result<DoctorReply, ShimError> {
-    let id = &node.identity;
+    let id = &node.core.identity;
     let mut checks = Vec::new();
 
     let state_tmpfs = on_tmpfs(&id.state_dir);
@@ -125,7 +125,7 @@ pub async fn run(node: &Node) -> Result<DoctorReply, ShimError> {
         "run dipamd with --state-dir on persistent storage (hostPath /var/lib/dipam)",
     ));
 
-    let fault = node.ledger.store().fault();
+    let fault = node.core.ledger.store().fault();
     checks.push(check(
         "ledger takes commits",
         fault.is_none(),
@@ -174,7 +174,7 @@ pub async fn run(node: &Node) -> Result<DoctorReply, ShimError> {
 
     // A ledger that cannot be read (its disk is full and the store is being reopened) fails
     // these checks, not the whole report: doctor is what the operator runs then.
-    let networks = match divergence::networks(node).await {
+    let networks = match crate::gc::networks(&node.core, &node.agent).await {
         Ok(n) => n,
         Err(e) => {
             checks.push(check(
@@ -188,7 +188,7 @@ pub async fn run(node: &Node) -> Result<DoctorReply, ShimError> {
     };
     for dc in networks {
         let net = &dc.network;
-        match node.exec.probe(&dc.kind, "").await {
+        match node.core.exec.probe(&dc.kind, "").await {
             Ok(p) => checks.push(check(
                 format!("network {net}: delegate {}", dc.kind),
                 !p.supported.is_empty(),
@@ -230,7 +230,7 @@ pub async fn run(node: &Node) -> Result<DoctorReply, ShimError> {
             ),
             "put the delegate's dataDir on persistent storage, as dipamd's ledger is",
         ));
-        let divergence = match divergence::check(node, &dc).await {
+        let divergence = match divergence::check(&node.watch(), &dc).await {
             Ok(d) => d,
             Err(e) => {
                 checks.push(check(
@@ -332,7 +332,7 @@ pub async fn run(node: &Node) -> Result<DoctorReply, ShimError> {
         }
     }
 
-    if let Some(rt) = node.runtime_gc.get() {
+    if let Some(rt) = node.gc.runtime.get() {
         let s = rt.status();
         checks.push(check(
             "runtime-aware GC trusts the runtime's list",

@@ -19,6 +19,7 @@ pub async fn run(node: &Node, req: ExplainRequest) -> Result<ExplainReply, ShimE
         }
     };
     let (records, events) = node
+        .core
         .ledger(move |l| {
             let records: Vec<_> = l
                 .list(None)?
@@ -42,6 +43,7 @@ pub async fn run(node: &Node, req: ExplainRequest) -> Result<ExplainReply, ShimE
 async fn pod_container(node: &Node, namespace: &str, name: &str) -> Result<String, ShimError> {
     let (ns, n) = (namespace.to_owned(), name.to_owned());
     let found = node
+        .core
         .ledger(move |l| {
             Ok(l.list(None)?
                 .into_iter()

@@ -12,7 +12,7 @@ use crate::{
 /// a dry run that frees nothing.
 pub async fn run(node: &Node, req: GcRequest) -> Result<GcReply, ShimError> {
     // The operator made the valid list before asking: nothing born since is freed.
-    let began = node.births.gc_began(None, None);
+    let began = node.core.births.gc_began(None, None);
     let p = prepare(node, &req.config, req.mode, "dipamctl-gc")?;
     let valid = if req.use_ledger {
         Valid::Ledger
@@ -26,17 +26,19 @@ pub async fn run(node: &Node, req: GcRequest) -> Result<GcReply, ShimError> {
                 .collect(),
         );
         let list = gc::parse_list(&entries, "valid").map_err(|e| {
-            node.gc_stats
+            node.gc
+                .stats
                 .refused
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            node.events.emit(crate::events::Event::GcRefused);
+            node.core.events.emit(crate::events::Event::GcRefused);
             ShimError::GcInput(e)
         })?;
-        if list.is_empty() && !node.gc.allow_empty {
-            node.gc_stats
+        if list.is_empty() && !node.gc.policy.allow_empty {
+            node.gc
+                .stats
                 .refused
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            node.events.emit(crate::events::Event::GcRefused);
+            node.core.events.emit(crate::events::Event::GcRefused);
             return Err(ShimError::GcRefused {
                 network: p.dc.network.clone(),
                 reason: "no valid attachments given, which would free every pod of the \
@@ -47,7 +49,17 @@ pub async fn run(node: &Node, req: GcRequest) -> Result<GcReply, ShimError> {
         Valid::List(list)
     };
     let network = p.dc.network.clone();
-    match gc::collect::collect(node, &p.dc, "", valid, began, req.dry_run, req.force).await {
+    match gc::collect::collect(
+        &node.collector(),
+        &p.dc,
+        "",
+        valid,
+        began,
+        req.dry_run,
+        req.force,
+    )
+    .await
+    {
         Ok(plan) => Ok(GcReply {
             protocol_version: dipam_proto::PROTOCOL_VERSION,
             network,

@@ -9,14 +9,14 @@ use crate::{error::ShimError, gc::runtime::pass, node::Node};
 /// here is a pass like any other: it frees only what the pass before it missed too, and it
 /// counts as the previous pass for the next one.
 pub async fn run(node: &Node, req: RuntimeGcRequest) -> Result<RuntimeGcReply, ShimError> {
-    let rt = node.runtime_gc.get().ok_or_else(|| ShimError::Config {
+    let rt = node.gc.runtime.get().ok_or_else(|| ShimError::Config {
         msg: "dipamd runs without --cri-endpoint: the runtime-aware GC is off".into(),
         details: "start dipamd with --cri-endpoint unix:///run/containerd/containerd.sock (the \
                   runtime's CRI socket) to collect what the runtime's sandboxes no longer name; \
                   `dipamctl gc --valid FILE` collects one network by a list you give"
             .into(),
     })?;
-    let report = pass::pass(node, rt, req.dry_run, req.force).await?;
+    let report = pass::pass(&node.collector(), rt, req.dry_run, req.force).await?;
     let (refused, refused_detail) = report
         .refused
         .map(|r| (r.code.to_owned(), r.detail))

@@ -24,10 +24,10 @@ pub async fn run(node: &Node) -> Result<StatusReply, ShimError> {
     let mut not_ready = node.agent.not_ready();
     // A ledger that cannot take commits (a full disk) fails every ADD and DEL: that is the
     // first thing status must say, and counting must not fail the whole report.
-    if let Some(fault) = node.ledger.store().fault() {
+    if let Some(fault) = node.core.ledger.store().fault() {
         not_ready.insert(0, fault);
     }
-    let attachments = match node.ledger(|l| l.count()).await {
+    let attachments = match node.core.ledger(|l| l.count()).await {
         Ok(n) => n as u64,
         Err(e) => {
             not_ready.push(format!("cannot count the attachments: {e}"));
@@ -36,7 +36,7 @@ pub async fn run(node: &Node) -> Result<StatusReply, ShimError> {
     };
     // Looked at now, not at the last reconcile: what the operator asks about is the node as it
     // is. A network whose store cannot be read is left out, and the log says why.
-    let ranges = match crate::divergence::ranges(node).await {
+    let ranges = match crate::divergence::ranges(&node.watch()).await {
         Ok(r) => r.into_iter().map(range_status).collect(),
         Err(e) => {
             tracing::warn!(error = %e, "cannot count the ranges for status");
@@ -59,23 +59,28 @@ pub async fn run(node: &Node) -> Result<StatusReply, ShimError> {
             .reestablished
             .load(std::sync::atomic::Ordering::Relaxed),
         divergence_missing: node
-            .gc_stats
+            .gc
+            .stats
             .missing
             .load(std::sync::atomic::Ordering::Relaxed),
         divergence_orphans: node
-            .gc_stats
+            .gc
+            .stats
             .orphans
             .load(std::sync::atomic::Ordering::Relaxed),
         divergence_unrecorded_alive: node
-            .gc_stats
+            .gc
+            .stats
             .unrecorded_alive
             .load(std::sync::atomic::Ordering::Relaxed),
         gc_refused: node
-            .gc_stats
+            .gc
+            .stats
             .refused
             .load(std::sync::atomic::Ordering::Relaxed),
         gc_freed: node
-            .gc_stats
+            .gc
+            .stats
             .freed
             .load(std::sync::atomic::Ordering::Relaxed),
         warm_pool: node.pool.size() as u32,
@@ -100,10 +105,11 @@ pub async fn run(node: &Node) -> Result<StatusReply, ShimError> {
         teardown: crate::teardown::who(node.teardown.get()),
         privilege_failures: node.denials.count(),
         privilege_last_error: node.denials.last(),
-        spool: Some(crate::spool::status(&node.spool, &node.identity)),
-        runtime_gc: node.runtime_gc.get().map(|r| r.status()),
+        spool: Some(crate::spool::status(&node.spool, &node.core.identity)),
+        runtime_gc: node.gc.runtime.get().map(|r| r.status()),
         plugin_protocols: {
             let bits = node
+                .core
                 .plugin_protocols
                 .load(std::sync::atomic::Ordering::Relaxed);
             (0..64).filter(|v| bits & (1 << v) != 0).collect()
@@ -114,11 +120,12 @@ pub async fn run(node: &Node) -> Result<StatusReply, ShimError> {
             .as_ref()
             .map(|c| c.source.to_string())
             .unwrap_or_default(),
-        state_dir: node.identity.state_dir.display().to_string(),
-        socket: node.identity.socket.display().to_string(),
+        state_dir: node.core.identity.state_dir.display().to_string(),
+        socket: node.core.identity.socket.display().to_string(),
         attachments,
         uptime_seconds: node.started.elapsed().as_secs(),
         delegates: node
+            .core
             .exec
             .probed()
             .into_iter()

@@ -39,14 +39,14 @@ fn reply(node: &Node, out: reconcile::Outcome) -> ClaimReply {
 
 pub async fn claim(node: Arc<Node>, req: ClaimRequest) -> Result<ClaimReply, ShimError> {
     let c = claims::validate(&req.name, req.family, &req.ip, &req.labels)?;
-    let work = Arc::clone(&node);
+    let work = node.reconciler();
     let out = detached(async move { reconcile::claim(&work, c).await }).await?;
     Ok(reply(&node, out))
 }
 
 pub async fn unclaim(node: Arc<Node>, req: UnclaimRequest) -> Result<ClaimReply, ShimError> {
     claims::name(&req.name)?;
-    let work = Arc::clone(&node);
+    let work = node.reconciler();
     let name = req.name;
     let out = detached(async move { reconcile::unclaim(&work, &name).await }).await?;
     Ok(reply(&node, out))

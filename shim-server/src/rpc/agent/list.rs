@@ -16,7 +16,7 @@ pub async fn run(node: &Node) -> Result<AgentListReply, ShimError> {
         .map(|a| a.container_id.clone())
         .collect();
     if !read.is_empty() {
-        reconcile::clear_changed(node, &read).await?;
+        reconcile::clear_changed(&node.reconciler(), &read).await?;
     }
     Ok(snap)
 }

@@ -12,7 +12,7 @@ use crate::{agent::reconcile, error::ShimError, node::Node};
 /// task of its own (claim.rs): a caller whose deadline expires gets DEADLINE_EXCEEDED, and
 /// the role is still enabled or released to the end, at once.
 pub async fn run(node: Arc<Node>, role: String, on: bool) -> Result<AgentListReply, ShimError> {
-    let work = Arc::clone(&node);
+    let work = node.reconciler();
     tokio::spawn(async move {
         reconcile::set_role(&work, &role, on).await?;
         reconcile::pass(&work).await

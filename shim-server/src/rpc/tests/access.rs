@@ -74,6 +74,7 @@ impl Bench {
 
     fn record(&self, network: &str, cid: &str) -> Option<AttachmentRecord> {
         self.node
+            .core
             .ledger
             .get(&AttachmentKey::new(network, cid, "eth0"))
             .unwrap()

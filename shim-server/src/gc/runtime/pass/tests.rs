@@ -8,6 +8,7 @@ use dipam_state::CriPod;
 use serde_json::json;
 
 use super::*;
+use crate::node::Node;
 use crate::{
     gc::runtime::{Listing, Sandboxes},
     testing::{add_as, node_with, record, request, script},
@@ -51,22 +52,27 @@ impl Bench {
     async fn new(records: Vec<AttachmentRecord>) -> Self {
         let (dir, node) = node_with(&script(ADD), records).await;
         let twin = Arc::new(Twin(Mutex::new(Ok(Vec::new()))));
-        node.runtime_gc
+        node.gc
+            .runtime
             .set(RuntimeGc::new(twin.clone() as Arc<dyn Sandboxes>))
             .unwrap();
         Self { dir, node, twin }
     }
 
     async fn pass(&self) -> Report {
-        pass(&self.node, self.rt(), false, false).await.unwrap()
+        pass(&self.node.collector(), self.rt(), false, false)
+            .await
+            .unwrap()
     }
 
     async fn dry_run(&self) -> Report {
-        pass(&self.node, self.rt(), true, false).await.unwrap()
+        pass(&self.node.collector(), self.rt(), true, false)
+            .await
+            .unwrap()
     }
 
     fn rt(&self) -> &RuntimeGc {
-        self.node.runtime_gc.get().unwrap()
+        self.node.gc.runtime.get().unwrap()
     }
 
     /// The delegate DELs run so far, by container ID.
@@ -80,6 +86,7 @@ impl Bench {
 
     fn has(&self, cid: &str) -> bool {
         self.node
+            .core
             .lookup(&AttachmentKey::new("net", cid, "eth0"))
             .unwrap()
             .is_some()
@@ -321,7 +328,9 @@ async fn freeing_too_large_a_share_of_the_node_takes_force_and_keeps_the_chain()
     assert!(b.has("b") && b.has("c") && b.dels().is_empty());
     assert_eq!(b.rt().status().refusing, "share");
     // The operator's forced pass frees them: the chain survived the share refusal.
-    let r = pass(&b.node, b.rt(), false, true).await.unwrap();
+    let r = pass(&b.node.collector(), b.rt(), false, true)
+        .await
+        .unwrap();
     assert!(r.refused.is_none());
     assert!(
         r.items.iter().all(|i| i.outcome == "freed"),
@@ -352,7 +361,7 @@ async fn an_add_through_cri_is_recorded_as_such_and_becomes_eligible() {
         .await
         .unwrap();
     let key = AttachmentKey::new("net", sandbox, "eth0");
-    let got = b.node.lookup(&key).unwrap().unwrap();
+    let got = b.node.core.lookup(&key).unwrap().unwrap();
     assert_eq!(
         got.cri_pod,
         Some(CriPod {
@@ -363,6 +372,7 @@ async fn an_add_through_cri_is_recorded_as_such_and_becomes_eligible() {
     );
     let podman = b
         .node
+        .core
         .lookup(&AttachmentKey::new("net", "podman-1", "eth0"))
         .unwrap()
         .unwrap();
