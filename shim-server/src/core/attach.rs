@@ -4,7 +4,7 @@
 //!
 //! Crash safety: the record is written in state `adding` (durably) before the delegate reads
 //! its config, so a daemon killed at any point leaves a trace that the next start turns into
-//! a delegate DEL (daemon/replay.rs). The result is committed durably before the plugin may
+//! a delegate DEL (replay/interrupted.rs). The result is committed durably before the plugin may
 //! use it: a main-mode plugin (AddEarly) gets it while the commit runs, to configure the pod
 //! meanwhile, but prints it only once the stream's last reply says the commit is done
 //! ([`Early`]).

@@ -464,7 +464,7 @@ impl Core {
     /// Releases a committed attachment that dipamd itself decided to free (GC, the warm
     /// pool's surplus, an agent address no longer wanted) and forgets it. The record is
     /// marked `deleting` durably first, so that a crash while the delegate releases is
-    /// finished by the next start (daemon/replay.rs); if the delegate's DEL fails, the record
+    /// finished by the next start (replay/interrupted.rs); if the delegate's DEL fails, the record
     /// stays, marked, for the next attempt. The caller holds the key's lock.
     pub async fn release(&self, rec: &AttachmentRecord) -> Result<(), ShimError> {
         if rec.state != dipam_state::AttachmentState::Deleting {

@@ -329,7 +329,7 @@ async fn a_ledger_that_cannot_commit_is_reported_everywhere() {
         crate::events::Events::new(vec![metrics.clone()]),
     );
     let b = Bench { dir, node, store };
-    // What a scrape shows after dipamd's periodic tick (spool/drain.rs `report`) has sampled the
+    // What a scrape shows after dipamd's periodic tick (replay/spool.rs `report`) has sampled the
     // ledger: the fault can clear with no commit to report it.
     let scrape = || {
         crate::replay::spool::report(&b.node, &b.dir.path().join("spool"));
