@@ -50,7 +50,7 @@ pub fn boot_ns() -> Option<u64> {
 }
 
 /// When process `pid` was started (forked), on the boot clock in nanoseconds, rounded down
-/// to its clock tick: field 22 of /proc/<pid>/stat, which the kernel keeps on CLOCK_BOOTTIME
+/// to its clock tick: field 22 of `/proc/<pid>/stat`, which the kernel keeps on CLOCK_BOOTTIME
 /// in USER_HZ ticks. `None` if the process is gone or unreadable.
 pub fn process_start_ns(pid: u32) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -330,7 +330,7 @@ pub async fn collect(
                 vec![r.ip.to_string()],
                 format!(
                     "held by {} in {} but unknown to dipamd and not in the valid list; nothing \
-                     on the c uses it",
+                     on the node uses it",
                     dc.kind,
                     dir.display()
                 ),

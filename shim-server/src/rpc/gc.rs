@@ -15,8 +15,8 @@
 use dipam_proto::v1::CniRequest;
 
 use crate::{
-    error::ShimError,
     core::Core,
+    error::ShimError,
     gc::{self, Valid, ValidInput},
     node::Node,
 };

@@ -13,7 +13,7 @@
 //! result cache (/var/lib/cni, as for containerd) and the pods' cgroups (cgroupfs).
 //!
 //! There is no registry: the same busybox docker-archive as containerd's
-//! ([`crate::containerd::image_tar`]) is loaded into CRI-O's storage with Debian's podman
+//! (`containerd::image_tar`) is loaded into CRI-O's storage with Debian's podman
 //! (`podman --root --runroot load`), which shares the containers/storage format.
 
 use std::{
