@@ -1,17 +1,20 @@
 //! A bench for the agent's own addresses: dipamd started with `--conflist` pointing at one of
-//! the example conflists (adjusted like in [`crate::Lab`]), a node name and roles.
+//! the example conflists (adjusted like in [`crate::Lab`]: the real azure-vnet-ipam for a
+//! conflist that delegates to it), a node name and roles.
 
 use std::path::PathBuf;
 
 use serde_json::Value;
 use tempfile::TempDir;
 
-use crate::{Dipamd, Fixture, Runtime, Subnet, bins, hostlocal};
+use crate::{Dipamd, Fixture, Runtime, Subnet, azure::AzureNode, lab};
 
 pub struct AgentLab {
     pub dipamd: Dipamd,
     pub rt: Runtime,
     pub fx: Fixture,
+    /// The real azure-vnet-ipam's node, when the conflist delegates to it.
+    pub azure: Option<AzureNode>,
     pub subnet: Subnet,
     pub data: TempDir,
     pub node: String,
@@ -29,28 +32,27 @@ impl AgentLab {
 
     /// Everything but the conflist file and the running daemon.
     pub fn unstarted(conflist: &str) -> Self {
+        Self::unstarted_with_pool(conflist, crate::azure::POOL)
+    }
+
+    /// [`Self::unstarted`], with a pool of `azure_pool` addresses if the delegate is
+    /// azure-vnet-ipam (ignored otherwise).
+    pub fn unstarted_with_pool(conflist: &str, azure_pool: u8) -> Self {
         let raw = Fixture::load(conflist);
-        let prefix = if raw.delegate() == "azure-vnet-ipam" {
-            "10.78"
-        } else {
-            "10.77"
-        };
-        let subnet = Subnet::claim(prefix);
-        let dipamd = Dipamd::unstarted(&[]);
+        let subnet = Subnet::claim(lab::subnet_prefix(&raw));
+        let mut dipamd = Dipamd::unstarted(&[]);
         let data = tempfile::Builder::new()
             .prefix("delegate-store-")
             .tempdir()
             .expect("temp dir");
-        let fx = raw
-            .unique_name()
-            .with_socket(&dipamd.socket())
-            .with_delegate_state(data.path())
-            .with_subnet(&subnet.cidr);
+        let (fx, azure, rt) =
+            lab::isolate_with_pool(raw, &subnet, &mut dipamd, data.path(), azure_pool);
         let node = format!("node-{}", subnet.index);
         Self {
             dipamd,
-            rt: Runtime::new(bins::cni_path()),
+            rt,
             fx,
+            azure,
             subnet,
             data,
             node,
@@ -119,7 +121,7 @@ impl AgentLab {
 
     /// (container ID, IP) in the delegate's store.
     pub fn delegate_store(&self) -> Vec<(String, String)> {
-        hostlocal::store_pairs(&self.fx.delegate(), self.data.path(), &self.network())
+        lab::store(self.azure.as_ref(), &self.fx, self.data.path())
     }
 
     /// (container ID, IP) in the ledger for this network.

@@ -164,7 +164,7 @@ impl Build {
 
     /// containerd 2.x from the peers tests/deps.sh built: `containerd`, `ctr` and
     /// `containerd-shim-runc-v2`, in that order.
-    pub fn from_peers(peers: &[crate::peer_bins::Peer]) -> Self {
+    pub fn from_peers(peers: &[crate::peers::Peer]) -> Self {
         let by = |n: &str| {
             peers
                 .iter()

@@ -35,7 +35,7 @@ use tonic::{
     transport::{Channel, Endpoint},
 };
 
-use crate::{containerd::IMAGE, peer_bins::Peer};
+use crate::{containerd::IMAGE, peers::Peer};
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(120);
 

@@ -20,7 +20,6 @@ pub mod libcni;
 pub mod links;
 pub mod netns;
 pub mod nobody;
-pub mod peer_bins;
 pub mod peers;
 pub mod podman;
 pub mod replay;

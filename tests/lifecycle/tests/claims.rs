@@ -1,5 +1,5 @@
 //! Agent claims (docs/cfp.md §7.6): named addresses an agent asks for, with the IP it wants,
-//! held through the real delegates (host-local via `IP=`, the azure-vnet-ipam stand-in via
+//! held through the real delegates (host-local via `IP=`, the real azure-vnet-ipam via
 //! `ipam.ipAddress`) by a dipamd under the shipped systemd unit's capability restrictions, on
 //! non-default paths, with `dipamctl agent watch` watching. They survive SIGKILL restarts
 //! unchanged, are never freed by a GC whose list omits them, never handed to a pod (a range
@@ -16,50 +16,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dipam_lifecycle::{AgentLab, Attachment, NetNs, bins, require_root, runtime::result_ips};
+use dipam_lifecycle::{
+    AgentLab, Attachment, NetNs, bins, require_root, runtime::result_ips,
+    shapes::shipped_unit_setpriv,
+};
 use dipam_proto::v1::{
     AddressFamily, AgentListRequest, AgentRoleRequest, ClaimRequest, ClaimState, StatusRequest,
     UnclaimRequest, admin_client::AdminClient, agent_client::AgentClient,
 };
 use serde_json::{Value, json};
-
-/// `setpriv` with the shipped unit's capability bounding set and NoNewPrivileges: dipamd then
-/// runs with exactly what the unit gives it (privileges.rs checks the unit's other settings).
-fn shipped_unit() -> Vec<String> {
-    let text =
-        std::fs::read_to_string(bins::workspace().join("deploy/systemd/dipamd.service")).unwrap();
-    let mut caps = Vec::new();
-    let mut no_new_privs = false;
-    for line in text.lines().map(str::trim) {
-        if let Some(v) = line.strip_prefix("CapabilityBoundingSet=") {
-            caps.extend(
-                v.split_whitespace()
-                    .map(|c| c.to_ascii_lowercase().trim_start_matches("cap_").to_owned()),
-            );
-        }
-        if let Some(v) = line.strip_prefix("NoNewPrivileges=") {
-            no_new_privs = v.trim() == "yes" || v.trim() == "true";
-        }
-    }
-    assert!(!caps.is_empty(), "the unit bounds dipamd's capabilities");
-    let set = std::iter::once("-all".to_owned())
-        .chain(caps.iter().map(|c| format!("+{c}")))
-        .collect::<Vec<_>>()
-        .join(",");
-    let mut argv = vec![
-        "setpriv".to_owned(),
-        "--bounding-set".into(),
-        set,
-        "--inh-caps".into(),
-        "-all".into(),
-        "--ambient-caps".into(),
-        "-all".into(),
-    ];
-    if no_new_privs {
-        argv.push("--no-new-privs".into());
-    }
-    argv
-}
 
 /// An agent lab whose dipamd runs under the unit's restrictions, with `roles`, and the
 /// delegate's ranges made by `ranges` from the lab's subnet (host-local), then started.
@@ -75,7 +40,7 @@ fn lab(
     }
     lab.write_conflist();
     lab.set_roles(roles, flags);
-    lab.dipamd.run_under(&shipped_unit());
+    lab.dipamd.run_under(&shipped_unit_setpriv());
     lab.dipamd.start_again();
     lab
 }
@@ -211,7 +176,13 @@ fn claims_survive_sigkills(conflist: &str) {
     );
     lab.wait_ready(1);
     let w = watcher(&lab);
-    let want = host(&lab, 200);
+    // .200 up: in host-local's range, and in the pool the azure node offers (.10 to .209),
+    // where the router may hold any address.
+    let held: Vec<String> = lab.delegate_store().into_iter().map(|(_, ip)| ip).collect();
+    let want = (200..210)
+        .map(|n| host(&lab, n))
+        .find(|ip| !held.contains(ip))
+        .unwrap();
     let a = claim_ready(
         &lab,
         &[
@@ -833,7 +804,7 @@ fn roles_keep_their_addresses_across_the_upgrade_to_claims() {
         "--agent-check-interval",
         "3600",
     ]);
-    d.run_under(&shipped_unit());
+    d.run_under(&shipped_unit_setpriv());
     d.start_again();
 
     let list = |d: &dipam_lifecycle::Dipamd| -> HashMap<String, Value> {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use dipam_lifecycle::{
     AgentLab, Containerd,
     containerd::{Build, Pod},
-    peer_bins::Peer,
+    peers::Peer,
     require_containerd, require_peers,
     shapes::shipped_unit_setpriv,
 };

@@ -30,7 +30,7 @@ struct Bench {
 impl Bench {
     /// Everything written; dipamd started when `dipamd_up`; CRI-O not started.
     fn new(dipamd_up: bool) -> Option<Self> {
-        let peers = dipam_lifecycle::peer_bins::require(module_path!(), &["crio", "pinns"])?;
+        let peers = dipam_lifecycle::peers::all(module_path!(), &["crio", "pinns"])?;
         let crio = Crio::new(&peers[0], &peers[1]);
         let mut lab = AgentLab::unstarted("dipam-host-local.conflist");
         lab.fx = lab.fx.clone().with_version("1.1.0");
