@@ -28,14 +28,32 @@ impl Lab {
 
     /// As [`Lab::new`], with extra dipamd flags.
     pub fn with_flags(conflist: &str, flags: &[&str]) -> Self {
+        Self::start(conflist, flags, None)
+    }
+
+    /// As [`Lab::with_flags`], with the runtime's CNI_PATH and dipamd's `--cni-path` on the
+    /// reference plugins of `plugins` (e.g. today's host-local, which implements CNI GC, where
+    /// Debian's does not).
+    pub fn with_plugins(conflist: &str, flags: &[&str], plugins: crate::peers::Plugins) -> Self {
+        Self::start(conflist, flags, Some(plugins))
+    }
+
+    fn start(conflist: &str, flags: &[&str], plugins: Option<crate::peers::Plugins>) -> Self {
         let raw = Fixture::load(conflist);
         let subnet = Subnet::claim(subnet_prefix(&raw));
         let mut dipamd = Dipamd::unstarted(flags);
+        if let Some(p) = plugins {
+            dipamd.set_cni_path(&crate::peers::cni_path(p));
+        }
         let data = tempfile::Builder::new()
             .prefix("delegate-store-")
             .tempdir()
             .expect("temp dir");
-        let (fx, azure, rt) = isolate(raw, &subnet, &mut dipamd, data.path());
+        let (fx, azure, mut rt) = isolate(raw, &subnet, &mut dipamd, data.path());
+        if let Some(p) = plugins {
+            // dipamd execs a pod's delegate from the CNI_PATH the runtime gave the plugin.
+            rt = Runtime::new(crate::peers::cni_path(p));
+        }
         let mut fx = fx;
         // The bridge plugin keeps its bridge after DEL, with the gateway address of the subnet
         // it was created for: each bench gets its own bridge, removed on drop. The conflist
@@ -174,7 +192,7 @@ pub(crate) fn isolate_with_pool(
 pub(crate) fn store(azure: Option<&AzureNode>, fx: &Fixture, data: &Path) -> Vec<(String, String)> {
     match azure {
         Some(node) => node.held(),
-        None => hostlocal::store_pairs(&fx.delegate(), data, &fx.name()),
+        None => hostlocal::store_pairs(data, &fx.name()),
     }
 }
 

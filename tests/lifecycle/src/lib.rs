@@ -25,7 +25,6 @@ pub mod podman;
 pub mod replay;
 pub mod runtime;
 pub mod shapes;
-pub mod standin;
 pub mod unit_file;
 pub mod yaml;
 

@@ -771,7 +771,7 @@ fn roles_keep_their_addresses_across_the_upgrade_to_claims() {
     .unwrap();
     std::fs::rename(unpacked.path().join("state"), d.state_dir()).unwrap();
     let store = std::path::Path::new(UPGRADE_STORE).join("store");
-    let before = dipam_lifecycle::hostlocal::store_pairs("host-local", &store, "dipam-upgrade");
+    let before = dipam_lifecycle::hostlocal::store_pairs(&store, "dipam-upgrade");
     assert_eq!(before.len(), 2, "{before:?}");
 
     let conflist = d.dir.path().join("10-dipam.conflist");
@@ -833,7 +833,7 @@ fn roles_keep_their_addresses_across_the_upgrade_to_claims() {
     }
     let status: Value = serde_json::from_slice(&d.ctl(&["status", "--json"]).stdout).unwrap();
     assert_eq!(status["agentReestablished"], 0, "{status}");
-    let after = dipam_lifecycle::hostlocal::store_pairs("host-local", &store, "dipam-upgrade");
+    let after = dipam_lifecycle::hostlocal::store_pairs(&store, "dipam-upgrade");
     assert_eq!(after, before, "the upgrade touched the delegate's store");
     assert_eq!(d.ledger_pairs("dipam-upgrade"), after);
 
@@ -859,7 +859,7 @@ fn roles_keep_their_addresses_across_the_upgrade_to_claims() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let now = dipam_lifecycle::hostlocal::store_pairs("host-local", &store, "dipam-upgrade");
+    let now = dipam_lifecycle::hostlocal::store_pairs(&store, "dipam-upgrade");
     assert!(!now.iter().any(|(_, ip)| ip == "10.77.251.3"), "{now:?}");
     assert_eq!(d.ledger_pairs("dipam-upgrade"), now);
     assert_eq!(now.len(), 2, "{now:?}");
