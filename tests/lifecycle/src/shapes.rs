@@ -2,7 +2,10 @@
 //! unit's capability set, non-default paths, and SIGKILL at random moments from a seed that
 //! is printed (and replayed with `DIPAM_SEED`).
 
-use std::collections::BTreeSet;
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+};
 
 use crate::bins;
 
@@ -57,6 +60,66 @@ pub fn shipped_unit_setpriv() -> Vec<String> {
         argv.push("--no-new-privs".into());
     }
     argv
+}
+
+/// The `ReadWritePaths=` of the shipped unit and then of each drop-in in `dropins`, in that
+/// order: lines add up, an empty one resets the list (systemd.exec(5)); a leading `-` (a path
+/// that may be missing) is dropped.
+pub fn unit_read_write_paths(dropins: &[&Path]) -> Vec<PathBuf> {
+    let unit = bins::workspace().join("deploy/systemd/dipamd.service");
+    let mut paths = Vec::new();
+    for file in std::iter::once(unit.as_path()).chain(dropins.iter().copied()) {
+        let text = std::fs::read_to_string(file)
+            .unwrap_or_else(|e| panic!("read {}: {e}", file.display()));
+        for line in text.lines().map(str::trim) {
+            let Some(v) = line.strip_prefix("ReadWritePaths=") else {
+                continue;
+            };
+            if v.trim().is_empty() {
+                paths.clear();
+            }
+            paths.extend(
+                v.split_whitespace()
+                    .map(|p| PathBuf::from(p.trim_start_matches('-'))),
+            );
+        }
+    }
+    paths
+}
+
+/// A command (`sh SCRIPT`) that applies the unit's `ProtectSystem=strict` to the mount
+/// namespace it runs in and execs the rest of its command line: every mount read-only but
+/// /proc, /sys, /dev and `writable` (each bound onto itself first, so that it is a mount of
+/// its own, which stays writable). Run it in a private mount namespace only (e.g. as the
+/// inner command of [`crate::azure::AzureNode::wrapper`]); the script lands in `dir`.
+pub fn protect_system_strict(dir: &Path, writable: &[PathBuf]) -> Vec<String> {
+    let rw: Vec<String> = writable.iter().map(|p| p.display().to_string()).collect();
+    assert!(
+        rw.iter().all(|p| !p.contains(char::is_whitespace)),
+        "writable paths without white space: {rw:?}"
+    );
+    let script = format!(
+        r#"set -eu
+rw="{rw}"
+for p in $rw; do
+  [ -e "$p" ] && mount --bind "$p" "$p"
+done
+# Longest first is not needed: each mount's read-only flag is its own.
+for m in $(awk '{{print $5}}' /proc/self/mountinfo | sort -u); do
+  case "$m" in /proc|/proc/*|/sys|/sys/*|/dev|/dev/*) continue ;; esac
+  keep=no
+  for p in $rw; do
+    case "$m" in "$p"|"$p"/*) keep=yes ;; esac
+  done
+  [ "$keep" = yes ] || mount -o remount,bind,ro "$m" || echo "sandbox: $m stays writable" >&2
+done
+exec "$@"
+"#,
+        rw = rw.join(" ")
+    );
+    let path = dir.join("protect-system-strict.sh");
+    std::fs::write(&path, script).expect("write the sandbox script");
+    vec!["sh".into(), path.display().to_string()]
 }
 
 /// The bounding set of a running process (`CapBnd` in /proc/PID/status), as a mask.

@@ -22,7 +22,7 @@ use dipam_lifecycle::{
     azure::AzureNode,
     require_peers, require_root,
     runtime::{gc_entry, result_ips},
-    shapes::{Seeded, shipped_unit_setpriv},
+    shapes::{Seeded, protect_system_strict, shipped_unit_setpriv, unit_read_write_paths},
 };
 use serde_json::{Value, json};
 
@@ -495,4 +495,74 @@ fn a_config_without_subnet_is_refused_with_the_fix() {
     assert!(e.msg.contains("ipam.subnet"), "{e}");
     assert!(e.details.contains("\"subnet\""), "{e}");
     assert_eq!(b.node().held().len(), 1, "only the router");
+}
+
+/// The shipped unit's file-system sandbox (ProtectSystem=strict and its ReadWritePaths, plus
+/// the moved paths' drop-in this bench's non-default state dir needs) with the real plugin:
+/// without deploy/systemd/azure-vnet-ipam.conf every ADD fails and nothing is allocated (the
+/// plugin cannot write its state on /run); with it, pods and the agent's router go through,
+/// and the plugin's state and log are where it keeps them.
+#[test]
+fn the_units_sandbox_needs_and_gets_the_azure_drop_in() {
+    require_root!();
+    require_peers!("azure-vnet-ipam");
+    let dropin = dipam_lifecycle::bins::workspace().join("deploy/systemd/azure-vnet-ipam.conf");
+    let mut lab = AgentLab::unstarted_with_pool("dipam-azure.conflist", 12);
+    lab.fx = lab.fx.clone().with_version("1.1.0");
+    lab.write_conflist();
+    lab.set_roles("router", &["--agent-check-interval", "3600"]);
+    lab.dipamd.run_under(&shipped_unit_setpriv());
+    // The bench's own directory stands for a moved --state-dir and --socket, made writable
+    // by a drop-in as deploy/README.md says.
+    let own = lab.dipamd.dir.path().to_owned();
+    let sandbox = |dropins: &[&std::path::Path]| {
+        let mut rw = unit_read_write_paths(dropins);
+        rw.push(own.clone());
+        protect_system_strict(&own, &rw)
+    };
+    let node_wrapper =
+        |lab: &AgentLab, inner: &[String]| lab.azure.as_ref().unwrap().wrapper(inner);
+
+    // The unit alone: /run is read-only to the plugin.
+    let w = node_wrapper(&lab, &sandbox(&[]));
+    lab.dipamd.enter(&w);
+    lab.dipamd.start_again();
+    let ns = NetNs::new();
+    let att = Attachment::new(&dipam_lifecycle::unique("pod"), &ns.path());
+    let e = lab
+        .rt
+        .add(&lab.fx.list, &att)
+        .expect_err("an ADD succeeded although the plugin cannot write its state");
+    assert!(
+        e.to_string().contains("read-only file system"),
+        "the plugin's own error says why: {e}"
+    );
+    assert!(lab.azure.as_ref().unwrap().held().is_empty());
+    assert!(lab.ledger().is_empty(), "{:?}", lab.ledger());
+    lab.rt.del(&lab.fx.list, &att).unwrap();
+    lab.dipamd.kill9();
+
+    // With the drop-in: the router, then a pod, then its DEL.
+    let w = node_wrapper(&lab, &sandbox(&[&dropin]));
+    lab.dipamd.enter(&w);
+    lab.dipamd.start_again();
+    lab.wait_ready(1);
+    let r = lab
+        .rt
+        .add(&lab.fx.list, &att)
+        .unwrap_or_else(|e| panic!("ADD: {e}\n{}", lab.dipamd.log()));
+    assert_eq!(result_ips(&r).len(), 1, "{r:#}");
+    assert_eq!(lab.azure.as_ref().unwrap().held().len(), 2);
+    lab.assert_agree();
+    lab.rt.del(&lab.fx.list, &att).unwrap();
+    assert_eq!(lab.azure.as_ref().unwrap().held().len(), 1);
+    lab.assert_agree();
+    assert!(
+        lab.azure
+            .as_ref()
+            .unwrap()
+            .log()
+            .contains("azure-vnet-ipam"),
+        "the plugin logged to /var/log"
+    );
 }
