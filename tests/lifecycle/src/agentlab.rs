@@ -156,6 +156,104 @@ impl AgentLab {
     }
 }
 
+/// `dipamctl agent watch --json` on a bench's socket, as an agent runs it: it reconnects to
+/// every new dipamd. Killed on drop.
+pub struct AgentWatch {
+    child: Option<std::process::Child>,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<Value>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl AgentLab {
+    /// Starts an agent's watch on this bench's dipamd.
+    pub fn watch(&self) -> AgentWatch {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(crate::bins::bin("dipamctl"))
+            .arg("--socket")
+            .arg(self.dipamd.socket())
+            .args(["agent", "watch", "--json"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("run dipamctl agent watch");
+        let out = child.stdout.take().expect("piped stdout");
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        let reader = std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str(&line) {
+                    sink.lock().expect("watch lines").push(v);
+                }
+            }
+        });
+        AgentWatch {
+            child: Some(child),
+            lines,
+            reader: Some(reader),
+        }
+    }
+}
+
+impl AgentWatch {
+    /// Waits until a message satisfies `pred`, or panics with what came.
+    #[track_caller]
+    pub fn wait_for(&self, what: &str, pred: impl Fn(&Value) -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            if self.lines.lock().expect("watch lines").iter().any(&pred) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the watcher never saw {what}: {:#?}",
+                self.lines.lock().expect("watch lines")
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    /// The messages printed so far.
+    pub fn lines(&self) -> Vec<Value> {
+        self.lines.lock().expect("watch lines").clone()
+    }
+
+    /// Stops the watch and returns every message it printed.
+    pub fn finish(mut self) -> Vec<Value> {
+        self.stop();
+        self.lines.lock().expect("watch lines").clone()
+    }
+
+    /// The (instance, generation) order an agent relies on across every reconnect: each
+    /// message's generation above the one before. Panics naming the messages otherwise.
+    #[track_caller]
+    pub fn assert_ordered(lines: &[Value]) {
+        let gens: Vec<u64> = lines
+            .iter()
+            .filter_map(|l| l["generation"].as_u64())
+            .collect();
+        assert!(
+            gens.windows(2).all(|w| w[0] < w[1]),
+            "the watch went back in generation: {gens:?}"
+        );
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+    }
+}
+
+impl Drop for AgentWatch {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 /// (role, family, ip, state) of every address in an agent list or watch message (`dipamctl
 /// agent list --json`, one line of `agent watch --json`), sorted: what an agent acts on.
 pub fn addresses_of(v: &serde_json::Value) -> Vec<(String, String, String, String)> {

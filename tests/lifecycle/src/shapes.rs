@@ -170,3 +170,68 @@ impl Seeded {
         self.next_u64() % n
     }
 }
+
+/// Pods come and go through `cycle` (one whole pod lifecycle: it retries what a runtime
+/// retries, and panics past its own deadline) on a thread of their own, while this thread
+/// SIGKILLs `dipamd` `rounds` times, each after a pause drawn from `rng` (printed with the
+/// seed, so that `DIPAM_SEED` replays the kill points), and starts it again after another.
+/// Returns how many cycles completed.
+pub fn churn_while_killing(
+    dipamd: &mut crate::Dipamd,
+    rng: &mut Seeded,
+    rounds: u32,
+    cycle: &(dyn Fn(u32) + Sync),
+) -> u32 {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    let stop = AtomicBool::new(false);
+    let done = AtomicU32::new(0);
+    std::thread::scope(|s| {
+        let worker = s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                cycle(done.load(Ordering::Relaxed));
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        for round in 0..rounds {
+            let up = 300 + rng.below(2000);
+            std::thread::sleep(std::time::Duration::from_millis(up));
+            let down = rng.below(1500);
+            eprintln!(
+                "round {round} (seed {}): SIGKILL after {up} ms up, {down} ms down, {} cycles so far",
+                rng.seed,
+                done.load(Ordering::Relaxed)
+            );
+            dipamd.kill9();
+            std::thread::sleep(std::time::Duration::from_millis(down));
+            dipamd.start_again();
+        }
+        // Traffic on the last dipamd too.
+        std::thread::sleep(std::time::Duration::from_millis(1000));
+        stop.store(true, Ordering::Relaxed);
+        if let Err(p) = worker.join() {
+            std::panic::resume_unwind(p);
+        }
+    });
+    done.load(Ordering::Relaxed)
+}
+
+/// `op` until it succeeds, every 200 ms, for at most `secs`: what a kubelet does with a
+/// failed sandbox call. Panics with the last error past the deadline.
+#[track_caller]
+pub fn retry<T, E: std::fmt::Display>(
+    what: &str,
+    secs: u64,
+    mut op: impl FnMut() -> Result<T, E>,
+) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        match op() {
+            Ok(v) => return v,
+            Err(e) if std::time::Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+            Err(e) => panic!("{what} kept failing for {secs} s: {e}"),
+        }
+    }
+}

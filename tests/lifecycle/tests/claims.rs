@@ -12,7 +12,7 @@
 
 use std::{
     collections::HashMap,
-    process::{Child, Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
@@ -93,76 +93,6 @@ fn bare(cidr: &Value) -> String {
 
 /// `dipamctl agent watch --json`, running until read or dropped (a watch reconnects forever:
 /// a failing test must not leave one behind). A thread collects its messages as they come.
-struct Watcher {
-    child: Option<Child>,
-    lines: std::sync::Arc<std::sync::Mutex<Vec<Value>>>,
-    reader: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        if let Some(r) = self.reader.take() {
-            let _ = r.join();
-        }
-    }
-}
-
-impl Watcher {
-    /// Waits until a message satisfies `pred`, or panics with what came.
-    fn wait_for(&self, what: &str, pred: impl Fn(&Value) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if self.lines.lock().unwrap().iter().any(&pred) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the watcher never saw {what}: {:#?}",
-                self.lines.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-fn watcher(lab: &AgentLab) -> Watcher {
-    use std::io::BufRead;
-    let mut child = Command::new(bins::bin("dipamctl"))
-        .arg("--socket")
-        .arg(lab.dipamd.socket())
-        .args(["agent", "watch", "--json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let out = child.stdout.take().unwrap();
-    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let sink = lines.clone();
-    let reader = std::thread::spawn(move || {
-        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-            if let Ok(v) = serde_json::from_str(&line) {
-                sink.lock().unwrap().push(v);
-            }
-        }
-    });
-    Watcher {
-        child: Some(child),
-        lines,
-        reader: Some(reader),
-    }
-}
-
-/// Stops the watcher and returns every message it printed.
-fn watched(w: Watcher) -> Vec<Value> {
-    let lines = w.lines.clone();
-    drop(w);
-    lines.lock().unwrap().clone()
-}
-
 /// Two claims (one at a requested IP, with labels; one at any IP) beside the router: ready,
 /// idempotent, listed with labels; unchanged across 10 SIGKILL restarts, the ledger and the
 /// delegate's store agreeing after each; each restart a new instance id and a generation
@@ -175,7 +105,7 @@ fn claims_survive_sigkills(conflist: &str) {
         None,
     );
     lab.wait_ready(1);
-    let w = watcher(&lab);
+    let w = lab.watch();
     // .200 up: in host-local's range, and in the pool the azure node offers (.10 to .209),
     // where the router may hold any address.
     let held: Vec<String> = lab.delegate_store().into_iter().map(|(_, ip)| ip).collect();
@@ -264,7 +194,7 @@ fn claims_survive_sigkills(conflist: &str) {
 
     // The watcher saw the claim, and orders messages by (instance, generation) across every
     // reconnect: never a generation that is not above the one before.
-    let lines = watched(w);
+    let lines = w.finish();
     assert!(
         lines.iter().any(|l| l.to_string().contains(&want)),
         "{lines:?}"
@@ -880,7 +810,7 @@ fn a_changed_address_stays_marked_until_read() {
     );
     lab.wait_ready(1);
     let before = bare(&claim_ready(&lab, &["floating"])["ip"]);
-    let w = watcher(&lab);
+    let w = lab.watch();
     let marked = |l: &Value| {
         l["addresses"].as_array().is_some_and(|a| {
             a.iter()
@@ -894,7 +824,7 @@ fn a_changed_address_stays_marked_until_read() {
     std::fs::write(&file, "someone-else\r\neth0").unwrap();
     lab.dipamd.start_again();
     w.wait_for("the change", marked);
-    let first = w.lines.lock().unwrap().last().unwrap()["instanceID"].clone();
+    let first = w.lines().last().unwrap()["instanceID"].clone();
     lab.dipamd.kill9();
     lab.dipamd.start_again();
     // The next dipamd's first message still carries the mark: nobody has read it.
