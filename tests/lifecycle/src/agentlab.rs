@@ -138,6 +138,24 @@ impl AgentLab {
         );
     }
 
+    /// Waits (up to 20 s: spooled DELs are replayed at each start and every 5 s) until the
+    /// ledger holds only the `agent` agent addresses, then asserts it, and that the delegate's
+    /// store agrees: nothing leaked. `context` (a seed, say) goes into the failure.
+    #[track_caller]
+    pub fn assert_converged(&self, agent: usize, context: &str) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while self.ledger().len() > agent && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        assert_eq!(
+            self.ledger().len(),
+            agent,
+            "{context}: only the agent's addresses stay: {:?}",
+            self.ledger()
+        );
+        self.assert_agree();
+    }
+
     /// Waits until every agent address is ready, or panics with the list and the log.
     pub fn wait_ready(&self, want: usize) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
@@ -221,6 +239,23 @@ impl AgentWatch {
     pub fn finish(mut self) -> Vec<Value> {
         self.stop();
         self.lines.lock().expect("watch lines").clone()
+    }
+
+    /// Stops the watch, then asserts it followed dipamd across restarts as an agent needs: in
+    /// (instance, generation) order, and through at least two instances.
+    #[track_caller]
+    pub fn finish_across_restarts(self) -> Vec<Value> {
+        let lines = self.finish();
+        Self::assert_ordered(&lines);
+        let instances: std::collections::BTreeSet<&str> = lines
+            .iter()
+            .filter_map(|l| l["instanceID"].as_str())
+            .collect();
+        assert!(
+            instances.len() >= 2,
+            "the watch followed dipamd across its restarts: {instances:?}"
+        );
+        lines
     }
 
     /// The (instance, generation) order an agent relies on across every reconnect: each

@@ -9,6 +9,7 @@ pub mod azure;
 pub mod bins;
 pub mod clock;
 pub mod containerd;
+pub mod cri;
 pub mod crio;
 pub mod daemon;
 pub mod deps;

@@ -267,27 +267,6 @@ fn sigkill_mid_traffic_converges_and_leaks_nothing() {
     b.lab.wait_ready(1);
     assert_eq!(b.lab.addresses(), router, "seed {}", rng.seed);
     assert!(b.cd.list_pods().unwrap().is_empty(), "sandboxes left");
-    // Spooled DELs are replayed at each start and every 5 s.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while b.lab.ledger().len() > 1 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    assert_eq!(
-        b.lab.ledger().len(),
-        1,
-        "seed {}: only the router stays: {:?}",
-        rng.seed,
-        b.lab.ledger()
-    );
-    b.lab.assert_agree();
-    let lines = watch.finish();
-    dipam_lifecycle::agentlab::AgentWatch::assert_ordered(&lines);
-    let instances: std::collections::BTreeSet<&str> = lines
-        .iter()
-        .filter_map(|l| l["instanceID"].as_str())
-        .collect();
-    assert!(
-        instances.len() >= 2,
-        "the watch followed dipamd across its restarts: {instances:?}"
-    );
+    b.lab.assert_converged(1, &format!("seed {}", rng.seed));
+    watch.finish_across_restarts();
 }
