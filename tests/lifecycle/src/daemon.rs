@@ -228,6 +228,14 @@ impl Dipamd {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
+            // A delegate dipamd was forking at that moment holds a copy of the listening
+            // socket until its exec closes it: until then a connect still succeeds, and the
+            // next start's readiness check would take the old socket for the new dipamd's
+            // (seen with azure-vnet-ipam, whose agent checks fork often). Wait it out, briefly.
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while UnixStream::connect(self.socket()).is_ok() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
     }
 

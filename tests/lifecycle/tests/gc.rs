@@ -158,6 +158,10 @@ fn native_gc_delegate_frees_stale_pods() {
     let orphan_ip = result_ips(&serde_json::from_slice(&out.stdout).unwrap()).remove(0);
     assert_eq!(lab.delegate_store().len(), 3);
 
+    // A GC begins at its plugin's fork, which the kernel records to the clock tick (10 ms): a
+    // pod whose ADD ended inside that tick counts as born after the GC and is kept for the
+    // next one (docs/cfp.md §7.4). The stale pod's ADD ends a tick before.
+    std::thread::sleep(std::time::Duration::from_millis(30));
     gc(&lab.rt, lab.list(), Some(json!([entry(&keep)]))).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(lab.delegate_store().len(), 1);
     assert!(
