@@ -16,6 +16,9 @@
 //! guard creates on the host (with no ports: the plugin only matches MACs), and a /24 with
 //! the addresses it may hand out. The plugin needs `ipam.subnet` in every call: without it, an
 //! ADD asks for a whole pool, and a pool that holds an address is not handed out twice.
+//!
+//! [`crate::Lab`] and [`crate::AgentLab`] give every conflist whose delegate is
+//! `azure-vnet-ipam` such a node ([`AzureNode::serve`]): the real plugin, never a stand-in.
 
 use std::{
     net::Ipv4Addr,
@@ -26,7 +29,14 @@ use std::{
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
-use crate::{Subnet, bins, peer_bins::Peer};
+use crate::{Dipamd, Subnet, bins, peers::Peer};
+
+/// The subnets the azure nodes take theirs from ([`Subnet::claim`]): one prefix, so that the
+/// index in each node's link name is unique.
+pub const PREFIX: &str = "10.79";
+
+/// How many addresses a bench's pool offers unless it asks for fewer (.10 up).
+pub const POOL: u8 = 200;
 
 /// The plugin's state file under the overlay of /run.
 const STATE: &str = "azure-vnet-ipam.json";
@@ -34,7 +44,10 @@ const STATE: &str = "azure-vnet-ipam.json";
 pub struct AzureNode {
     dir: TempDir,
     link: String,
-    pub subnet: Subnet,
+    /// The /24 of the pool, e.g. `10.79.3.0/24`.
+    pub cidr: String,
+    /// The subnet's claim, when this node took its own.
+    _claim: Option<Subnet>,
     /// The addresses interfaces.json offers, in order.
     pub pool: Vec<Ipv4Addr>,
 }
@@ -43,7 +56,32 @@ impl AzureNode {
     /// A node whose interfaces.json offers `count` addresses of a fresh /24 (from .10 up),
     /// with `peer` as the `azure-vnet-ipam` in [`Self::cni_path`].
     pub fn new(peer: &Peer, count: u8) -> Self {
-        let subnet = Subnet::claim("10.79");
+        let subnet = Subnet::claim(PREFIX);
+        let (cidr, index) = (subnet.cidr.clone(), subnet.index);
+        let mut node = Self::on(peer, count, &cidr, index);
+        node._claim = Some(subnet);
+        node
+    }
+
+    /// A node for the real `azure-vnet-ipam` tests/deps.sh built (a missing peer fails the
+    /// test, saying what builds it), whose pool is `count` addresses of `subnet`, a claim of
+    /// [`PREFIX`] the caller holds.
+    pub fn for_subnet(subnet: &Subnet, count: u8) -> Self {
+        assert!(
+            subnet.cidr.starts_with(&format!("{PREFIX}.")),
+            "an azure node's subnet is claimed under {PREFIX}: {}",
+            subnet.cidr
+        );
+        Self::on(
+            &crate::peers::require("azure-vnet-ipam"),
+            count,
+            &subnet.cidr,
+            subnet.index,
+        )
+    }
+
+    fn on(peer: &Peer, count: u8, cidr: &str, index: u32) -> Self {
+        assert!((1..=240).contains(&count), "a pool of 1 to 240 addresses");
         let dir = tempfile::Builder::new()
             .prefix("azure-node-")
             .tempdir()
@@ -56,12 +94,12 @@ impl AzureNode {
         }
         std::os::unix::fs::symlink(&peer.path, d.join("bin/azure-vnet-ipam"))
             .expect("link the real azure-vnet-ipam");
-        let link = format!("dpaz{}", subnet.index);
-        let mac = format!("02:d1:9a:00:00:{:02x}", subnet.index);
+        let link = format!("dpaz{index}");
+        let mac = format!("02:d1:9a:00:00:{index:02x}");
         let _ = Command::new("ip").args(["link", "del", &link]).output();
         run(Command::new("ip").args(["link", "add", &link, "type", "bridge"]));
         run(Command::new("ip").args(["link", "set", &link, "address", &mac]));
-        let base = subnet.cidr.trim_end_matches(".0/24").to_owned();
+        let base = cidr.trim_end_matches(".0/24").to_owned();
         let pool: Vec<Ipv4Addr> = (10..10 + u16::from(count))
             .map(|h| format!("{base}.{h}").parse().expect("an IPv4 address"))
             .collect();
@@ -73,7 +111,7 @@ impl AzureNode {
         let interfaces = json!({"Interfaces": [{
             "MacAddress": mac.replace(':', ""),
             "IsPrimary": true,
-            "IPSubnets": [{"Prefix": subnet.cidr, "IPAddresses": addresses}],
+            "IPSubnets": [{"Prefix": cidr, "IPAddresses": addresses}],
         }]});
         std::fs::write(
             d.join("kube/interfaces.json"),
@@ -84,9 +122,18 @@ impl AzureNode {
         Self {
             dir,
             link,
-            subnet,
+            cidr: cidr.to_owned(),
+            _claim: None,
             pool,
         }
+    }
+
+    /// Makes `dipamd` run this node's real plugin from its next start: the plugin first on
+    /// its `--cni-path`, and dipamd (under whatever `run_under` gives it) in this node's
+    /// private mount namespace.
+    pub fn serve(&self, dipamd: &mut Dipamd) {
+        dipamd.set_cni_path(&self.cni_path());
+        dipamd.enter(&self.wrapper(&[]));
     }
 
     pub fn dir(&self) -> &Path {
@@ -117,7 +164,7 @@ impl AzureNode {
         json!({
             "type": "azure-vnet-ipam",
             "environment": "fileIpam",
-            "subnet": self.subnet.cidr,
+            "subnet": self.cidr,
         })
     }
 

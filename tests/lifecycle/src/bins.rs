@@ -26,7 +26,7 @@ pub fn set_dir(dir: PathBuf) -> bool {
     DIR.set(dir).is_ok()
 }
 
-/// The directory holding `dipam`, `dipamd`, `dipamctl` and the `azure-vnet-ipam` stand-in.
+/// The directory holding `dipam`, `dipamd`, `dipamctl` and the harness's tools.
 pub fn dir() -> &'static Path {
     DIR.get_or_init(|| {
         if let Some(d) = std::env::var_os("DIPAM_BIN_DIR") {

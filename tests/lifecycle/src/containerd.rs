@@ -29,26 +29,20 @@ use std::{
 
 use k8s_cri::v1::{
     ContainerConfig, ContainerMetadata, CreateContainerRequest, ExecSyncRequest, ImageSpec,
-    ImageStatusRequest, ListPodSandboxRequest, PodSandbox, PodSandboxConfig, PodSandboxMetadata,
+    ImageStatusRequest, ListPodSandboxRequest, PodSandbox, PodSandboxConfig,
     PodSandboxStatusRequest, PodSandboxStatusResponse, PortMapping, RemovePodSandboxRequest,
-    RunPodSandboxRequest, StartContainerRequest, StatusRequest, StopPodSandboxRequest,
+    StartContainerRequest, StatusRequest, StopPodSandboxRequest,
     image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
 };
 use serde_json::Value;
 use tempfile::TempDir;
-use tonic::{
-    Status,
-    transport::{Channel, Endpoint},
-};
+use tonic::{Status, transport::Channel};
 
-use crate::bins;
+use crate::{bins, cri::Cri};
 
 /// The image every pod and container runs (the sandbox image too): busybox sleeping forever.
 /// Fully qualified, as CRI normalises image names.
 pub const IMAGE: &str = "docker.io/library/dipam-busybox:test";
-
-/// Each CRI call's bound: a hung call fails its test instead of hanging the suite.
-const CALL_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// containerd's own directory for shim sockets, runc state and fifos, whatever its `state`.
 const RUN_DIR: &str = "/run/containerd";
@@ -127,8 +121,7 @@ pub struct Containerd {
     dir: TempDir,
     build: Build,
     child: Option<Child>,
-    rt: tokio::runtime::Runtime,
-    channel: Channel,
+    cri: Cri,
     /// Every sandbox and container ID made through this guard, to clean up by name.
     ids: Mutex<BTreeSet<String>>,
 }
@@ -164,7 +157,7 @@ impl Build {
 
     /// containerd 2.x from the peers tests/deps.sh built: `containerd`, `ctr` and
     /// `containerd-shim-runc-v2`, in that order.
-    pub fn from_peers(peers: &[crate::peer_bins::Peer]) -> Self {
+    pub fn from_peers(peers: &[crate::peers::Peer]) -> Self {
         let by = |n: &str| {
             peers
                 .iter()
@@ -226,31 +219,12 @@ impl Containerd {
             .stderr(log)
             .spawn()
             .expect("spawn containerd");
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("tokio runtime");
-        let socket = d.join("containerd.sock");
-        let channel = {
-            let socket = socket.clone();
-            // The URI is a placeholder: the connector dials the unix socket.
-            let endpoint = Endpoint::from_static("http://[::1]:1");
-            rt.block_on(async {
-                endpoint.connect_with_connector_lazy(tower::service_fn(move |_| {
-                    let socket = socket.clone();
-                    async move {
-                        let s = tokio::net::UnixStream::connect(socket).await?;
-                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
-                    }
-                }))
-            })
-        };
+        let cri = Cri::unix(d.join("containerd.sock"), "containerd");
         let mut c = Self {
             dir,
             build,
             child: Some(child),
-            rt,
-            channel,
+            cri,
             ids: Mutex::new(BTreeSet::new()),
         };
         c.wait_ready();
@@ -282,16 +256,7 @@ impl Containerd {
 
     /// Whether CRI's Status reports NetworkReady, and its reason and message when not.
     pub fn network_ready(&self) -> Result<(bool, String), Status> {
-        let s =
-            self.call(|mut c| async move { c.status(StatusRequest { verbose: false }).await })?;
-        let cond = s
-            .status
-            .iter()
-            .flat_map(|s| &s.conditions)
-            .find(|c| c.r#type == "NetworkReady")
-            .cloned()
-            .unwrap_or_default();
-        Ok((cond.status, format!("{}: {}", cond.reason, cond.message)))
+        self.cri.network_ready()
     }
 
     /// The gRPC socket (CRI's endpoint: `unix://` + this).
@@ -327,33 +292,25 @@ impl Containerd {
 
     /// Runs a future on this guard's runtime (callable from several threads at once).
     pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
-        self.rt.block_on(f)
+        self.cri.block_on(f)
     }
 
     /// A CRI RuntimeService client (cheap: it shares the connection).
     pub fn runtime(&self) -> RuntimeServiceClient<Channel> {
-        RuntimeServiceClient::new(self.channel.clone())
+        self.cri.runtime()
     }
 
     fn images(&self) -> ImageServiceClient<Channel> {
-        ImageServiceClient::new(self.channel.clone())
+        ImageServiceClient::new(self.cri.channel())
     }
 
-    /// Runs `f` with a fresh client, bounded by [`CALL_TIMEOUT`].
+    /// Runs `f` with a fresh client, bounded by [`crate::cri::CALL_TIMEOUT`].
     fn call<T, F, Fut>(&self, f: F) -> Result<T, Status>
     where
         F: FnOnce(RuntimeServiceClient<Channel>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
     {
-        let client = self.runtime();
-        self.block_on(async move {
-            match tokio::time::timeout(CALL_TIMEOUT, f(client)).await {
-                Ok(r) => r.map(tonic::Response::into_inner),
-                Err(_) => Err(Status::deadline_exceeded(format!(
-                    "no answer from containerd within {CALL_TIMEOUT:?}"
-                ))),
-            }
-        })
+        self.cri.call(f)
     }
 
     fn wait_ready(&mut self) {
@@ -485,14 +442,6 @@ impl Containerd {
     /// (host port, container port) TCP mappings.
     pub fn pod_config(&self, name: &str, ports: &[(u16, u16)]) -> PodSandboxConfig {
         PodSandboxConfig {
-            metadata: Some(PodSandboxMetadata {
-                name: name.into(),
-                uid: crate::unique("uid"),
-                namespace: "default".into(),
-                attempt: 0,
-            }),
-            hostname: name.chars().take(63).collect(),
-            log_directory: self.dir().join("logs").to_string_lossy().into_owned(),
             port_mappings: ports
                 .iter()
                 .map(|&(host, container)| PortMapping {
@@ -502,19 +451,13 @@ impl Containerd {
                     host_ip: String::new(),
                 })
                 .collect(),
-            ..Default::default()
+            ..crate::cri::pod_config(name, &self.dir().join("logs"))
         }
     }
 
     /// RunPodSandbox with `config`: the CNI ADD happens inside it.
     pub fn run_pod_with(&self, config: PodSandboxConfig) -> Result<Pod, Status> {
-        let req = RunPodSandboxRequest {
-            config: Some(config.clone()),
-            runtime_handler: String::new(),
-        };
-        let id = self
-            .call(|mut c| async move { c.run_pod_sandbox(req).await })?
-            .pod_sandbox_id;
+        let id = self.cri.run_pod_sandbox(config.clone())?;
         self.remember(&id);
         Ok(Pod { id, config })
     }
@@ -576,46 +519,28 @@ impl Containerd {
 
     /// StopPodSandbox: containerd sends a DEL with the netns and prevResult.
     pub fn stop_pod(&self, id: &str) -> Result<(), Status> {
-        let req = StopPodSandboxRequest {
-            pod_sandbox_id: id.into(),
-        };
-        self.call(|mut c| async move { c.stop_pod_sandbox(req).await })
-            .map(drop)
+        self.cri.stop_pod(id)
     }
 
     /// RemovePodSandbox: containerd sends a second DEL, without netns or prevResult.
     pub fn remove_pod(&self, id: &str) -> Result<(), Status> {
-        let req = RemovePodSandboxRequest {
-            pod_sandbox_id: id.into(),
-        };
-        self.call(|mut c| async move { c.remove_pod_sandbox(req).await })
-            .map(drop)
+        self.cri.remove_pod(id)
     }
 
     /// ListPodSandbox, every state.
     pub fn list_pods(&self) -> Result<Vec<PodSandbox>, Status> {
-        self.call(|mut c| async move {
-            c.list_pod_sandbox(ListPodSandboxRequest { filter: None })
-                .await
-        })
-        .map(|r| r.items)
+        self.cri.list_pods()
     }
 
     /// PodSandboxStatus, verbose (its `info` holds containerd's view, with the netns path
     /// and the pause process's pid).
     pub fn pod_status(&self, id: &str) -> Result<PodSandboxStatusResponse, Status> {
-        let req = PodSandboxStatusRequest {
-            pod_sandbox_id: id.into(),
-            verbose: true,
-        };
-        self.call(|mut c| async move { c.pod_sandbox_status(req).await })
+        self.cri.pod_status(id, true)
     }
 
     /// The pod's IPv4 address as CRI reports it.
     pub fn pod_ip(&self, id: &str) -> Option<String> {
-        let s = self.pod_status(id).ok()?;
-        let ip = s.status?.network?.ip;
-        (!ip.is_empty()).then_some(ip)
+        self.cri.pod_ip(id)
     }
 
     /// The pid of the pod's sandbox (pause) process, from containerd's verbose status.
@@ -703,7 +628,7 @@ impl Drop for Containerd {
             seen
         };
         let seen = self
-            .rt
+            .cri
             .block_on(async { tokio::time::timeout(Duration::from_secs(60), cleanup).await })
             .unwrap_or_default();
         let mut netns = Vec::new();

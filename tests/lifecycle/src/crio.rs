@@ -23,21 +23,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_cri::v1::{
-    ListPodSandboxRequest, PodSandbox, PodSandboxConfig, PodSandboxMetadata,
-    PodSandboxStatusRequest, RemovePodSandboxRequest, RunPodSandboxRequest, StatusRequest,
-    StopPodSandboxRequest, runtime_service_client::RuntimeServiceClient,
-};
+use k8s_cri::v1::{PodSandbox, PodSandboxConfig};
 use serde_json::Value;
 use tempfile::TempDir;
-use tonic::{
-    Status,
-    transport::{Channel, Endpoint},
-};
+use tonic::Status;
 
-use crate::{containerd::IMAGE, peer_bins::Peer};
-
-const CALL_TIMEOUT: Duration = Duration::from_secs(120);
+use crate::{containerd::IMAGE, cri::Cri, peers::Peer};
 
 /// Why CRI-O cannot run here (besides the peers themselves): the only reasons to skip.
 pub fn unavailable() -> Option<String> {
@@ -80,8 +71,7 @@ pub struct Crio {
     dir: TempDir,
     crio: PathBuf,
     child: Option<Child>,
-    rt: tokio::runtime::Runtime,
-    channel: Channel,
+    cri: Cri,
 }
 
 impl Crio {
@@ -108,28 +98,12 @@ impl Crio {
         )
         .expect("policy.json");
         load_image(d);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("tokio runtime");
-        let socket = d.join("crio.sock");
-        let channel = rt.block_on(async {
-            Endpoint::from_static("http://[::1]:1").connect_with_connector_lazy(tower::service_fn(
-                move |_| {
-                    let socket = socket.clone();
-                    async move {
-                        let s = tokio::net::UnixStream::connect(socket).await?;
-                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
-                    }
-                },
-            ))
-        });
+        let cri = Cri::unix(d.join("crio.sock"), "CRI-O");
         Self {
             dir,
             crio: crio.path.clone(),
             child: None,
-            rt,
-            channel,
+            cri,
         }
     }
 
@@ -181,8 +155,7 @@ impl Crio {
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut last = String::new();
         while Instant::now() < deadline {
-            match self.call(|mut c| async move { c.status(StatusRequest { verbose: false }).await })
-            {
+            match self.cri.status() {
                 Ok(s)
                     if s.status
                         .iter()
@@ -219,96 +192,36 @@ impl Crio {
         }
     }
 
-    fn call<T, F, Fut>(&self, f: F) -> Result<T, Status>
-    where
-        F: FnOnce(RuntimeServiceClient<Channel>) -> Fut,
-        Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
-    {
-        let client = RuntimeServiceClient::new(self.channel.clone());
-        self.rt.block_on(async move {
-            match tokio::time::timeout(CALL_TIMEOUT, f(client)).await {
-                Ok(r) => r.map(tonic::Response::into_inner),
-                Err(_) => Err(Status::deadline_exceeded(format!(
-                    "no answer from CRI-O within {CALL_TIMEOUT:?}"
-                ))),
-            }
-        })
-    }
-
     /// Whether CRI's Status reports NetworkReady, and its reason and message when not.
     pub fn network_ready(&self) -> Result<(bool, String), Status> {
-        let s =
-            self.call(|mut c| async move { c.status(StatusRequest { verbose: false }).await })?;
-        let cond = s
-            .status
-            .iter()
-            .flat_map(|s| &s.conditions)
-            .find(|c| c.r#type == "NetworkReady")
-            .cloned()
-            .unwrap_or_default();
-        Ok((cond.status, format!("{}: {}", cond.reason, cond.message)))
+        self.cri.network_ready()
     }
 
     /// A pod config named `name` in namespace `default`, with a unique UID.
     pub fn pod_config(&self, name: &str) -> PodSandboxConfig {
-        PodSandboxConfig {
-            metadata: Some(PodSandboxMetadata {
-                name: name.into(),
-                uid: crate::unique("uid"),
-                namespace: "default".into(),
-                attempt: 0,
-            }),
-            hostname: name.chars().take(63).collect(),
-            log_directory: self.dir().join("pods").to_string_lossy().into_owned(),
-            ..Default::default()
-        }
+        crate::cri::pod_config(name, &self.dir().join("pods"))
     }
 
     /// RunPodSandbox for a pod named `name`: the CNI ADD happens inside it. Returns its ID.
     pub fn run_pod(&self, name: &str) -> Result<String, Status> {
-        let req = RunPodSandboxRequest {
-            config: Some(self.pod_config(name)),
-            runtime_handler: String::new(),
-        };
-        self.call(|mut c| async move { c.run_pod_sandbox(req).await })
-            .map(|r| r.pod_sandbox_id)
+        self.cri.run_pod_sandbox(self.pod_config(name))
     }
 
     pub fn stop_pod(&self, id: &str) -> Result<(), Status> {
-        let req = StopPodSandboxRequest {
-            pod_sandbox_id: id.into(),
-        };
-        self.call(|mut c| async move { c.stop_pod_sandbox(req).await })
-            .map(drop)
+        self.cri.stop_pod(id)
     }
 
     pub fn remove_pod(&self, id: &str) -> Result<(), Status> {
-        let req = RemovePodSandboxRequest {
-            pod_sandbox_id: id.into(),
-        };
-        self.call(|mut c| async move { c.remove_pod_sandbox(req).await })
-            .map(drop)
+        self.cri.remove_pod(id)
     }
 
     pub fn list_pods(&self) -> Result<Vec<PodSandbox>, Status> {
-        self.call(|mut c| async move {
-            c.list_pod_sandbox(ListPodSandboxRequest { filter: None })
-                .await
-        })
-        .map(|r| r.items)
+        self.cri.list_pods()
     }
 
     /// The pod's IPv4 address as CRI reports it.
     pub fn pod_ip(&self, id: &str) -> Option<String> {
-        let req = PodSandboxStatusRequest {
-            pod_sandbox_id: id.into(),
-            verbose: false,
-        };
-        let s = self
-            .call(|mut c| async move { c.pod_sandbox_status(req).await })
-            .ok()?;
-        let ip = s.status?.network?.ip;
-        (!ip.is_empty()).then_some(ip)
+        self.cri.pod_ip(id)
     }
 
     /// Processes whose command line names this guard's directory (conmon, the pods' runc

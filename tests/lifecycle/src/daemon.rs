@@ -23,6 +23,9 @@ pub struct Dipamd {
     netns: Option<String>,
     /// Run dipamd through this command (e.g. `setpriv --bounding-set ...`), which execs it.
     wrapper: Vec<String>,
+    /// A command that sets up dipamd's environment and execs the rest (the wrapper, then
+    /// dipamd): a private mount namespace for a delegate with fixed paths ([`Self::enter`]).
+    enter: Vec<String>,
     /// Run this dipamd binary instead of the harness's (dipam-bench's `--alt-dipamd`).
     binary: Option<PathBuf>,
     /// Processes started so far (each marked in the log).
@@ -57,6 +60,7 @@ impl Dipamd {
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
             netns: None,
             wrapper: Vec::new(),
+            enter: Vec::new(),
             binary: None,
             starts: 0,
             cni_path: None,
@@ -86,10 +90,16 @@ impl Dipamd {
         self.wrapper = argv.to_vec();
     }
 
-    /// `--cni-path` for the next start, instead of the harness's binaries and Debian's
-    /// plugins: a directory holding a real delegate goes first.
-    pub fn use_cni_path(&mut self, path: &str) {
-        self.cni_path = Some(path.to_owned());
+    /// Starts the next dipamd (and its wrapper, if any) through `argv`, a program that sets up
+    /// an environment and execs the rest of its command line: e.g. the private mount namespace
+    /// the real azure-vnet-ipam needs ([`crate::azure::AzureNode::wrapper`]). Independent of
+    /// [`Self::run_under`], which then runs inside it.
+    pub fn enter(&mut self, argv: &[String]) {
+        assert!(
+            self.netns.is_none(),
+            "enter and run_in_netns do not combine"
+        );
+        self.enter = argv.to_vec();
     }
 
     /// Replaces the extra flags used by the next start.
@@ -131,12 +141,18 @@ impl Dipamd {
     pub fn command(&self) -> Command {
         let bin = self.binary.clone().unwrap_or_else(|| bins::bin("dipamd"));
         let mut cmd = match &self.netns {
-            None if !self.wrapper.is_empty() => {
-                let mut c = Command::new(&self.wrapper[0]);
-                c.args(&self.wrapper[1..]).arg(&bin);
+            None => {
+                let argv: Vec<&std::ffi::OsStr> = self
+                    .enter
+                    .iter()
+                    .chain(&self.wrapper)
+                    .map(std::ffi::OsStr::new)
+                    .chain(std::iter::once(bin.as_os_str()))
+                    .collect();
+                let mut c = Command::new(argv[0]);
+                c.args(&argv[1..]);
                 c
             }
-            None => Command::new(&bin),
             Some(ns) => {
                 let mut c = Command::new("ip");
                 c.args(["netns", "exec", ns]).arg(&bin);
@@ -212,6 +228,14 @@ impl Dipamd {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
+            // A delegate dipamd was forking at that moment holds a copy of the listening
+            // socket until its exec closes it: until then a connect still succeeds, and the
+            // next start's readiness check would take the old socket for the new dipamd's
+            // (seen with azure-vnet-ipam, whose agent checks fork often). Wait it out, briefly.
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while UnixStream::connect(self.socket()).is_ok() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
     }
 
@@ -312,46 +336,6 @@ impl Dipamd {
         out.sort();
         out
     }
-}
-
-/// `setpriv` with the shipped systemd unit's (deploy/systemd/dipamd.service) capability
-/// bounding set and NoNewPrivileges: a dipamd started through it ([`Dipamd::run_under`]) runs
-/// with exactly what the unit gives it.
-pub fn shipped_unit_argv() -> Vec<String> {
-    let unit = bins::workspace().join("deploy/systemd/dipamd.service");
-    let text =
-        std::fs::read_to_string(&unit).unwrap_or_else(|e| panic!("read {}: {e}", unit.display()));
-    let mut caps = Vec::new();
-    let mut no_new_privs = false;
-    for line in text.lines().map(str::trim) {
-        if let Some(v) = line.strip_prefix("CapabilityBoundingSet=") {
-            caps.extend(
-                v.split_whitespace()
-                    .map(|c| c.to_ascii_lowercase().trim_start_matches("cap_").to_owned()),
-            );
-        }
-        if let Some(v) = line.strip_prefix("NoNewPrivileges=") {
-            no_new_privs = matches!(v.trim(), "yes" | "true");
-        }
-    }
-    assert!(
-        !caps.is_empty(),
-        "{} bounds dipamd's capabilities",
-        unit.display()
-    );
-    let set = std::iter::once("-all".to_owned())
-        .chain(caps.iter().map(|c| format!("+{c}")))
-        .collect::<Vec<_>>()
-        .join(",");
-    let mut argv: Vec<String> = ["setpriv", "--bounding-set", &set, "--inh-caps", "-all"]
-        .into_iter()
-        .chain(["--ambient-caps", "-all"])
-        .map(str::to_owned)
-        .collect();
-    if no_new_privs {
-        argv.push("--no-new-privs".into());
-    }
-    argv
 }
 
 impl Drop for Dipamd {

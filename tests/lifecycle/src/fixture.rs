@@ -70,16 +70,12 @@ impl Fixture {
         self
     }
 
-    /// Points the delegate's own store at `dir` (host-local `dataDir`, the azure stand-in's
-    /// `stateFile`).
+    /// Points the delegate's own store at `dir` (host-local's `dataDir`). The real
+    /// azure-vnet-ipam's store has a fixed path: [`crate::azure::AzureNode`] isolates it.
     pub fn with_delegate_state(mut self, dir: &Path) -> Self {
         for delegate in self.delegates() {
-            match delegate["type"].as_str() {
-                Some("host-local" | "gc-ipam") => delegate["dataDir"] = json!(dir),
-                Some("azure-vnet-ipam") => {
-                    delegate["stateFile"] = json!(dir.join("azure-vnet-ipam.json"));
-                }
-                _ => {}
+            if delegate["type"] == "host-local" {
+                delegate["dataDir"] = json!(dir);
             }
         }
         self
@@ -88,12 +84,9 @@ impl Fixture {
     pub fn with_subnet(mut self, subnet: &str) -> Self {
         for delegate in self.delegates() {
             match delegate["type"].as_str() {
-                // `subnet` for azure-vnet-ipam (the pool id every call names); `pool` for
-                // the stand-in, which takes its pool from it instead of interfaces.json.
-                Some("azure-vnet-ipam") => {
-                    delegate["subnet"] = json!(subnet);
-                    delegate["pool"] = json!(subnet);
-                }
+                // The pool id every azure-vnet-ipam call names (the real plugin's node
+                // replaces the whole config: AzureNode::delegate).
+                Some("azure-vnet-ipam") => delegate["subnet"] = json!(subnet),
                 _ => delegate["ranges"] = json!([[{ "subnet": subnet }]]),
             }
         }

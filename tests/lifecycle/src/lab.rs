@@ -1,18 +1,21 @@
 //! A test bench: one dipamd, one runtime, one conflist adjusted for isolation, one subnet and
 //! the delegate's own store in a temp dir; plus the invariant every test checks after every
-//! step: dipamd's ledger and the delegate's store agree exactly.
+//! step: dipamd's ledger and the delegate's store agree exactly. A conflist whose delegate is
+//! `azure-vnet-ipam` runs the real plugin ([`AzureNode`]).
 
-use std::path::PathBuf;
+use std::path::Path;
 
 use serde_json::Value;
 use tempfile::TempDir;
 
-use crate::{Attachment, Dipamd, Fixture, NetNs, Runtime, Subnet, bins, hostlocal};
+use crate::{Attachment, Dipamd, Fixture, NetNs, Runtime, Subnet, azure::AzureNode, hostlocal};
 
 pub struct Lab {
     pub dipamd: Dipamd,
     pub rt: Runtime,
     pub fx: Fixture,
+    /// The real azure-vnet-ipam's node, when the conflist delegates to it.
+    pub azure: Option<AzureNode>,
     pub subnet: Subnet,
     pub data: TempDir,
 }
@@ -25,23 +28,33 @@ impl Lab {
 
     /// As [`Lab::new`], with extra dipamd flags.
     pub fn with_flags(conflist: &str, flags: &[&str]) -> Self {
+        Self::start(conflist, flags, None)
+    }
+
+    /// As [`Lab::with_flags`], with the runtime's CNI_PATH and dipamd's `--cni-path` on the
+    /// reference plugins of `plugins` (e.g. today's host-local, which implements CNI GC, where
+    /// Debian's does not).
+    pub fn with_plugins(conflist: &str, flags: &[&str], plugins: crate::peers::Plugins) -> Self {
+        Self::start(conflist, flags, Some(plugins))
+    }
+
+    fn start(conflist: &str, flags: &[&str], plugins: Option<crate::peers::Plugins>) -> Self {
         let raw = Fixture::load(conflist);
-        let prefix = if raw.delegate() == "azure-vnet-ipam" {
-            "10.78"
-        } else {
-            "10.77"
-        };
-        let subnet = Subnet::claim(prefix);
-        let dipamd = Dipamd::start_with(flags);
+        let subnet = Subnet::claim(subnet_prefix(&raw));
+        let mut dipamd = Dipamd::unstarted(flags);
+        if let Some(p) = plugins {
+            dipamd.set_cni_path(&crate::peers::cni_path(p));
+        }
         let data = tempfile::Builder::new()
             .prefix("delegate-store-")
             .tempdir()
             .expect("temp dir");
-        let mut fx = raw
-            .unique_name()
-            .with_socket(&dipamd.socket())
-            .with_delegate_state(data.path())
-            .with_subnet(&subnet.cidr);
+        let (fx, azure, mut rt) = isolate(raw, &subnet, &mut dipamd, data.path());
+        if let Some(p) = plugins {
+            // dipamd execs a pod's delegate from the CNI_PATH the runtime gave the plugin.
+            rt = Runtime::new(crate::peers::cni_path(p));
+        }
+        let mut fx = fx;
         // The bridge plugin keeps its bridge after DEL, with the gateway address of the subnet
         // it was created for: each bench gets its own bridge, removed on drop. The conflist
         // gets no spoolDir, as none of conflist/ has one: the plugin must find the spool of
@@ -51,10 +64,12 @@ impl Lab {
                 p["bridge"] = serde_json::json!(format!("dpb{}", subnet.index));
             }
         }
+        dipamd.start_again();
         Self {
             dipamd,
-            rt: Runtime::new(bins::cni_path()),
+            rt,
             fx,
+            azure,
             subnet,
             data,
         }
@@ -103,13 +118,9 @@ impl Lab {
             .unwrap_or(0)
     }
 
-    pub fn azure_state(&self) -> PathBuf {
-        self.data.path().join("azure-vnet-ipam.json")
-    }
-
     /// (container ID, IP) pairs in the delegate's own store.
     pub fn delegate_store(&self) -> Vec<(String, String)> {
-        hostlocal::store_pairs(&self.fx.delegate(), self.data.path(), &self.network())
+        store(self.azure.as_ref(), &self.fx, self.data.path())
     }
 
     /// (container ID, IP) pairs in dipamd's ledger for this network.
@@ -126,6 +137,62 @@ impl Lab {
             "ledger (left) and {} store (right) disagree",
             self.fx.delegate()
         );
+    }
+}
+
+/// The subnet prefix a bench for `raw` claims from: the azure nodes' own, so that their link
+/// names never collide.
+pub(crate) fn subnet_prefix(raw: &Fixture) -> &'static str {
+    if raw.delegate() == "azure-vnet-ipam" {
+        crate::azure::PREFIX
+    } else {
+        "10.77"
+    }
+}
+
+/// `raw` adjusted for one bench: `dipamd`'s socket, the delegate's store under `data` and the
+/// bench's subnet; for `azure-vnet-ipam`, the real plugin's node serving `dipamd` (its config
+/// replaces the conflist's). Also the runtime, with the CNI_PATH that goes with it.
+pub(crate) fn isolate(
+    raw: Fixture,
+    subnet: &Subnet,
+    dipamd: &mut Dipamd,
+    data: &Path,
+) -> (Fixture, Option<AzureNode>, Runtime) {
+    isolate_with_pool(raw, subnet, dipamd, data, crate::azure::POOL)
+}
+
+/// [`isolate`], with an azure pool of `pool` addresses.
+pub(crate) fn isolate_with_pool(
+    raw: Fixture,
+    subnet: &Subnet,
+    dipamd: &mut Dipamd,
+    data: &Path,
+    pool: u8,
+) -> (Fixture, Option<AzureNode>, Runtime) {
+    let azure = (raw.delegate() == "azure-vnet-ipam").then(|| AzureNode::for_subnet(subnet, pool));
+    let mut fx = raw
+        .unique_name()
+        .with_socket(&dipamd.socket())
+        .with_delegate_state(data)
+        .with_subnet(&subnet.cidr);
+    let rt = match &azure {
+        Some(node) => {
+            node.serve(dipamd);
+            fx = fx.with_delegate_conf(&node.delegate());
+            Runtime::new(node.cni_path())
+        }
+        None => Runtime::new(crate::bins::cni_path()),
+    };
+    (fx, azure, rt)
+}
+
+/// (container ID, IP) pairs in the delegate's store: the azure node's state, or the store
+/// under `data`.
+pub(crate) fn store(azure: Option<&AzureNode>, fx: &Fixture, data: &Path) -> Vec<(String, String)> {
+    match azure {
+        Some(node) => node.held(),
+        None => hostlocal::store_pairs(data, &fx.name()),
     }
 }
 

@@ -3,13 +3,16 @@
 //! azure-vnet-ipam, containerd 2, crictl and CRI-O. It records each in
 //! `$DIPAM_TEST_CACHE/peers/peers.json` (`{"NAME": {"module", "version", "path", ...}}`), or,
 //! when one could not be built, the reason in `peers/NAME.unavailable`.
+//!
+//! A missing peer is never a silent pass: on CI (`CI` set) it fails the test; elsewhere a
+//! test skips loudly only when tests/deps.sh recorded why the peer cannot be built here.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
 /// One built peer.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Peer {
     pub name: String,
     pub module: String,
@@ -18,6 +21,11 @@ pub struct Peer {
 }
 
 impl Peer {
+    /// `name module@version`, for logs and the compatibility matrix.
+    pub fn label(&self) -> String {
+        format!("{} {}@{}", self.name, self.module, self.version)
+    }
+
     /// The directory holding the binary: for the plugins, a directory to put on CNI_PATH
     /// (tests/peers/build.sh puts every plugin of one module version in one directory).
     pub fn dir(&self) -> PathBuf {
@@ -89,23 +97,55 @@ pub fn require(name: &str) -> Peer {
     lookup(name).unwrap_or_else(|why| panic!("{why}"))
 }
 
+fn on_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false")
+}
+
 /// The peer `name`, or `None` after saying loudly why not, when tests/deps.sh recorded that
 /// it cannot be built here and CI is not set. With CI set, or with no recorded reason, a
 /// missing peer is a failure: never a silent pass. `test` is the caller's `module_path!()`.
 #[track_caller]
 pub fn get(test: &str, name: &str) -> Option<Peer> {
-    match lookup(name) {
-        Ok(p) => Some(p),
-        Err(why) => {
-            let recorded = dir().join(format!("{name}.unavailable")).is_file();
-            if recorded && std::env::var_os("CI").is_none() {
-                eprintln!("\n*** SKIPPED {test}: {why} ***\n");
-                None
-            } else {
-                panic!("{why}")
+    all(test, &[name]).map(|mut v| v.remove(0))
+}
+
+/// Every peer in `names`, in that order, or `None` (after saying why the test skips) under
+/// the rule of [`get`].
+#[track_caller]
+pub fn all(test: &str, names: &[&str]) -> Option<Vec<Peer>> {
+    let mut found = Vec::new();
+    let mut missing = Vec::new();
+    let mut unrecorded = false;
+    for n in names {
+        match lookup(n) {
+            Ok(p) => found.push(p),
+            Err(why) => {
+                unrecorded |= !dir().join(format!("{n}.unavailable")).is_file();
+                missing.push(why);
             }
         }
     }
+    if missing.is_empty() {
+        return Some(found);
+    }
+    let why = missing.join("; ");
+    if unrecorded || on_ci() {
+        panic!("a real peer is missing (tests/deps.sh must build it): {why}");
+    }
+    eprintln!("\n*** SKIPPED {test}: {why} ***\n");
+    None
+}
+
+/// Returns early from a test when a real peer is missing and tests/deps.sh recorded why (a
+/// failure on CI); otherwise binds the peers found, in the order named.
+#[macro_export]
+macro_rules! require_peers {
+    ($($name:expr),+ $(,)?) => {
+        match $crate::peers::all(module_path!(), &[$($name),+]) {
+            Some(p) => p,
+            None => return,
+        }
+    };
 }
 
 /// CNI_PATH with the harness's binaries (dipam, the stand-ins) first, then the reference

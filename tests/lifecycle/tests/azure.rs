@@ -20,33 +20,24 @@ use std::{
 use dipam_lifecycle::{
     AgentLab, Attachment, NetNs, Runtime,
     azure::AzureNode,
-    peer_bins::Peer,
     require_peers, require_root,
     runtime::{gc_entry, result_ips},
-    shapes::{Seeded, shipped_unit_setpriv},
+    shapes::{Seeded, protect_system_strict, shipped_unit_setpriv, unit_read_write_paths},
 };
 use serde_json::{Value, json};
 
 /// One dipamd (shipped unit's capabilities, private mounts for the plugin, agent roles) with
-/// the real azure-vnet-ipam as the delegate of `conflist`, at `version`. Fields drop in
-/// order: dipamd before the node's link.
+/// the real azure-vnet-ipam as the delegate of `conflist` (AgentLab's azure node, a pool of
+/// 12), at `version`.
 struct Bench {
     lab: AgentLab,
-    node: AzureNode,
 }
 
 impl Bench {
-    fn new(peer: &Peer, conflist: &str, version: &str, roles: &str, extra: &[&str]) -> Self {
-        let node = AzureNode::new(peer, 12);
-        let mut lab = AgentLab::unstarted(conflist);
-        lab.fx = lab
-            .fx
-            .clone()
-            .with_delegate_conf(&node.delegate())
-            .with_version(version);
-        lab.rt = Runtime::new(node.cni_path());
-        lab.dipamd.use_cni_path(&node.cni_path());
-        lab.dipamd.run_under(&node.wrapper(&shipped_unit_setpriv()));
+    fn new(conflist: &str, version: &str, roles: &str, extra: &[&str]) -> Self {
+        let mut lab = AgentLab::unstarted_with_pool(conflist, 12);
+        lab.fx = lab.fx.clone().with_version(version);
+        lab.dipamd.run_under(&shipped_unit_setpriv());
         let spool = lab.dipamd.dir.path().join("elsewhere/spool");
         let spool = spool.display().to_string();
         let mut flags = vec![
@@ -61,7 +52,14 @@ impl Bench {
         lab.write_conflist();
         lab.set_roles(roles, &flags);
         lab.dipamd.start_again();
-        Self { lab, node }
+        Self { lab }
+    }
+
+    fn node(&self) -> &AzureNode {
+        self.lab
+            .azure
+            .as_ref()
+            .expect("an azure conflist has a node")
     }
 
     fn list(&self) -> &Value {
@@ -126,7 +124,7 @@ impl Bench {
     fn assert_agree(&self) {
         assert_eq!(
             self.lab.ledger(),
-            self.node.held(),
+            self.node().held(),
             "ledger (left) vs azure-vnet-ipam's state (right)"
         );
     }
@@ -134,8 +132,8 @@ impl Bench {
     /// An address of the pool the plugin holds for no one: the plugin hands out free
     /// addresses in no fixed order, so a requested IP is chosen, never fixed.
     fn free_ip(&self) -> String {
-        let held: Vec<String> = self.node.held().into_iter().map(|(_, ip)| ip).collect();
-        self.node
+        let held: Vec<String> = self.node().held().into_iter().map(|(_, ip)| ip).collect();
+        self.node()
             .pool
             .iter()
             .map(ToString::to_string)
@@ -179,8 +177,8 @@ fn bare(v: &Value) -> String {
 /// Pods, the agent's roles and a claim with a requested IP, CHECK, GC (emulated: the plugin
 /// has none) and a SIGKILL, in `conflist`'s mode at `version`.
 fn pods_roles_claims(conflist: &str, version: &str) {
-    let peers = require_peers!("azure-vnet-ipam");
-    let b = Bench::new(&peers[0], conflist, version, "router,health", &[]);
+    require_peers!("azure-vnet-ipam");
+    let b = Bench::new(conflist, version, "router,health", &[]);
     b.lab.wait_ready(2);
     let want = b.free_ip();
     let egress = b.claim(&["egress", "--ip", &want]);
@@ -212,9 +210,9 @@ fn pods_roles_claims(conflist: &str, version: &str) {
     assert_eq!(agent.len(), 3, "{agent:?}");
     for ip in &pod_ips {
         assert!(!agent.contains(ip), "a pod got the agent's {ip}");
-        assert!(b.node.pool.iter().any(|a| a.to_string() == *ip), "{ip}");
+        assert!(b.node().pool.iter().any(|a| a.to_string() == *ip), "{ip}");
     }
-    assert_eq!(b.node.held().len(), 6);
+    assert_eq!(b.node().held().len(), 6);
     b.assert_agree();
 
     // A claim asking for a pod's address is refused, naming the holder; nothing changes.
@@ -240,7 +238,7 @@ fn pods_roles_claims(conflist: &str, version: &str) {
     if version == "1.1.0" {
         b.gc(&[&pods[1].1])
             .unwrap_or_else(|e| panic!("GC: {e}\n{}", b.lab.dipamd.log()));
-        let held: Vec<String> = b.node.held().into_iter().map(|(_, ip)| ip).collect();
+        let held: Vec<String> = b.node().held().into_iter().map(|(_, ip)| ip).collect();
         assert!(
             !held.contains(&pod_ips[2]),
             "GC kept the stale pod: {held:?}"
@@ -269,7 +267,7 @@ fn pods_roles_claims(conflist: &str, version: &str) {
     b.del(&pods[1].1).unwrap();
     let out = b.lab.dipamd.ctl(&["agent", "unclaim", "egress", "--json"]);
     assert!(out.status.success());
-    assert_eq!(b.node.held().len(), 2, "{:?}", b.node.held());
+    assert_eq!(b.node().held().len(), 2, "{:?}", b.node().held());
     b.assert_agree();
 }
 
@@ -288,14 +286,8 @@ fn ipam_mode_pods_roles_claims_gc_1_1_0() {
 #[test]
 fn ipam_mode_through_debians_ptp_1_0_0() {
     require_root!();
-    let peers = require_peers!("azure-vnet-ipam");
-    let b = Bench::new(
-        &peers[0],
-        "ptp-dipam-azure.conflist",
-        "1.0.0",
-        "router",
-        &[],
-    );
+    require_peers!("azure-vnet-ipam");
+    let b = Bench::new("ptp-dipam-azure.conflist", "1.0.0", "router", &[]);
     b.lab.wait_ready(1);
     let ns = NetNs::new();
     let att = Attachment::new(&dipam_lifecycle::unique("pod"), &ns.path());
@@ -314,7 +306,7 @@ fn ipam_mode_through_debians_ptp_1_0_0() {
     b.lab.rt.check(b.list(), &att).unwrap();
     b.assert_agree();
     b.lab.rt.del(b.list(), &att).unwrap();
-    assert_eq!(b.node.held().len(), 1);
+    assert_eq!(b.node().held().len(), 1);
     b.assert_agree();
 }
 
@@ -325,14 +317,8 @@ fn ipam_mode_through_debians_ptp_1_0_0() {
 #[test]
 fn state_lost_in_a_reboot_is_restored_before_pods_run() {
     require_root!();
-    let peers = require_peers!("azure-vnet-ipam");
-    let mut b = Bench::new(
-        &peers[0],
-        "dipam-azure.conflist",
-        "1.1.0",
-        "router,health",
-        &[],
-    );
+    require_peers!("azure-vnet-ipam");
+    let mut b = Bench::new("dipam-azure.conflist", "1.1.0", "router,health", &[]);
     b.lab.wait_ready(2);
     let want = b.free_ip();
     b.claim(&["egress", "--ip", &want]);
@@ -349,8 +335,8 @@ fn state_lost_in_a_reboot_is_restored_before_pods_run() {
     let router = ip_of(&before, "router");
 
     b.lab.dipamd.kill9();
-    b.node.wipe_state();
-    let (ok, out) = b.node.exec("ADD", "another-runtimes-pod", Some(&health));
+    b.node().wipe_state();
+    let (ok, out) = b.node().exec("ADD", "another-runtimes-pod", Some(&health));
     assert!(ok, "{out}");
 
     b.lab.dipamd.start_again();
@@ -373,7 +359,7 @@ fn state_lost_in_a_reboot_is_restored_before_pods_run() {
         "{log}"
     );
     // The plugin holds exactly the ledger's addresses plus the other caller's.
-    let mut held = b.node.held();
+    let mut held = b.node().held();
     held.retain(|(id, _)| id != "another-runtimes-pod");
     assert_eq!(b.lab.ledger(), held);
 
@@ -398,17 +384,20 @@ fn state_lost_in_a_reboot_is_restored_before_pods_run() {
                 break;
             }
         }
-        assert!(pods.len() <= b.node.pool.len(), "more pods than addresses");
+        assert!(
+            pods.len() <= b.node().pool.len(),
+            "more pods than addresses"
+        );
     }
     assert_eq!(
         pods.len(),
-        b.node.pool.len() - 4,
+        b.node().pool.len() - 4,
         "every free address went to a pod"
     );
     for (_, att) in &pods {
         b.del(att).unwrap();
     }
-    let mut held = b.node.held();
+    let mut held = b.node().held();
     held.retain(|(id, _)| id != "another-runtimes-pod");
     assert_eq!(b.lab.ledger(), held);
 }
@@ -420,14 +409,8 @@ fn state_lost_in_a_reboot_is_restored_before_pods_run() {
 #[test]
 fn sigkill_at_random_moments_leaks_nothing() {
     require_root!();
-    let peers = require_peers!("azure-vnet-ipam");
-    let b = Bench::new(
-        &peers[0],
-        "dipam-azure.conflist",
-        "1.1.0",
-        "router,health",
-        &[],
-    );
+    require_peers!("azure-vnet-ipam");
+    let b = Bench::new("dipam-azure.conflist", "1.1.0", "router,health", &[]);
     let mut rng = Seeded::new("sigkill_at_random_moments_leaks_nothing");
     b.lab.wait_ready(2);
     let agent = b.lab.addresses();
@@ -436,7 +419,7 @@ fn sigkill_at_random_moments_leaks_nothing() {
     // The runtime's side: each thread ADDs and DELs pods until told to stop.
     let (list, rt_path) = {
         let g = b.lock().unwrap();
-        (g.list().clone(), g.node.cni_path())
+        (g.list().clone(), g.node().cni_path())
     };
     let workers: Vec<_> = (0..2)
         .map(|w| {
@@ -497,8 +480,8 @@ fn sigkill_at_random_moments_leaks_nothing() {
 #[test]
 fn a_config_without_subnet_is_refused_with_the_fix() {
     require_root!();
-    let peers = require_peers!("azure-vnet-ipam");
-    let b = Bench::new(&peers[0], "dipam-azure.conflist", "1.0.0", "router", &[]);
+    require_peers!("azure-vnet-ipam");
+    let b = Bench::new("dipam-azure.conflist", "1.0.0", "router", &[]);
     b.lab.wait_ready(1);
     let mut list = b.list().clone();
     list["plugins"][0]["ipam"]
@@ -511,5 +494,75 @@ fn a_config_without_subnet_is_refused_with_the_fix() {
     assert_eq!(e.code, 7, "{e}");
     assert!(e.msg.contains("ipam.subnet"), "{e}");
     assert!(e.details.contains("\"subnet\""), "{e}");
-    assert_eq!(b.node.held().len(), 1, "only the router");
+    assert_eq!(b.node().held().len(), 1, "only the router");
+}
+
+/// The shipped unit's file-system sandbox (ProtectSystem=strict and its ReadWritePaths, plus
+/// the moved paths' drop-in this bench's non-default state dir needs) with the real plugin:
+/// without deploy/systemd/azure-vnet-ipam.conf every ADD fails and nothing is allocated (the
+/// plugin cannot write its state on /run); with it, pods and the agent's router go through,
+/// and the plugin's state and log are where it keeps them.
+#[test]
+fn the_units_sandbox_needs_and_gets_the_azure_drop_in() {
+    require_root!();
+    require_peers!("azure-vnet-ipam");
+    let dropin = dipam_lifecycle::bins::workspace().join("deploy/systemd/azure-vnet-ipam.conf");
+    let mut lab = AgentLab::unstarted_with_pool("dipam-azure.conflist", 12);
+    lab.fx = lab.fx.clone().with_version("1.1.0");
+    lab.write_conflist();
+    lab.set_roles("router", &["--agent-check-interval", "3600"]);
+    lab.dipamd.run_under(&shipped_unit_setpriv());
+    // The bench's own directory stands for a moved --state-dir and --socket, made writable
+    // by a drop-in as deploy/README.md says.
+    let own = lab.dipamd.dir.path().to_owned();
+    let sandbox = |dropins: &[&std::path::Path]| {
+        let mut rw = unit_read_write_paths(dropins);
+        rw.push(own.clone());
+        protect_system_strict(&own, &rw)
+    };
+    let node_wrapper =
+        |lab: &AgentLab, inner: &[String]| lab.azure.as_ref().unwrap().wrapper(inner);
+
+    // The unit alone: /run is read-only to the plugin.
+    let w = node_wrapper(&lab, &sandbox(&[]));
+    lab.dipamd.enter(&w);
+    lab.dipamd.start_again();
+    let ns = NetNs::new();
+    let att = Attachment::new(&dipam_lifecycle::unique("pod"), &ns.path());
+    let e = lab
+        .rt
+        .add(&lab.fx.list, &att)
+        .expect_err("an ADD succeeded although the plugin cannot write its state");
+    assert!(
+        e.to_string().contains("read-only file system"),
+        "the plugin's own error says why: {e}"
+    );
+    assert!(lab.azure.as_ref().unwrap().held().is_empty());
+    assert!(lab.ledger().is_empty(), "{:?}", lab.ledger());
+    lab.rt.del(&lab.fx.list, &att).unwrap();
+    lab.dipamd.kill9();
+
+    // With the drop-in: the router, then a pod, then its DEL.
+    let w = node_wrapper(&lab, &sandbox(&[&dropin]));
+    lab.dipamd.enter(&w);
+    lab.dipamd.start_again();
+    lab.wait_ready(1);
+    let r = lab
+        .rt
+        .add(&lab.fx.list, &att)
+        .unwrap_or_else(|e| panic!("ADD: {e}\n{}", lab.dipamd.log()));
+    assert_eq!(result_ips(&r).len(), 1, "{r:#}");
+    assert_eq!(lab.azure.as_ref().unwrap().held().len(), 2);
+    lab.assert_agree();
+    lab.rt.del(&lab.fx.list, &att).unwrap();
+    assert_eq!(lab.azure.as_ref().unwrap().held().len(), 1);
+    lab.assert_agree();
+    assert!(
+        lab.azure
+            .as_ref()
+            .unwrap()
+            .log()
+            .contains("azure-vnet-ipam"),
+        "the plugin logged to /var/log"
+    );
 }

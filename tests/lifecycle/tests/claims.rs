@@ -1,5 +1,5 @@
 //! Agent claims (docs/cfp.md §7.6): named addresses an agent asks for, with the IP it wants,
-//! held through the real delegates (host-local via `IP=`, the azure-vnet-ipam stand-in via
+//! held through the real delegates (host-local via `IP=`, the real azure-vnet-ipam via
 //! `ipam.ipAddress`) by a dipamd under the shipped systemd unit's capability restrictions, on
 //! non-default paths, with `dipamctl agent watch` watching. They survive SIGKILL restarts
 //! unchanged, are never freed by a GC whose list omits them, never handed to a pod (a range
@@ -12,54 +12,19 @@
 
 use std::{
     collections::HashMap,
-    process::{Child, Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
-use dipam_lifecycle::{AgentLab, Attachment, NetNs, bins, require_root, runtime::result_ips};
+use dipam_lifecycle::{
+    AgentLab, Attachment, NetNs, bins, require_root, runtime::result_ips,
+    shapes::shipped_unit_setpriv,
+};
 use dipam_proto::v1::{
     AddressFamily, AgentListRequest, AgentRoleRequest, ClaimRequest, ClaimState, StatusRequest,
     UnclaimRequest, admin_client::AdminClient, agent_client::AgentClient,
 };
 use serde_json::{Value, json};
-
-/// `setpriv` with the shipped unit's capability bounding set and NoNewPrivileges: dipamd then
-/// runs with exactly what the unit gives it (privileges.rs checks the unit's other settings).
-fn shipped_unit() -> Vec<String> {
-    let text =
-        std::fs::read_to_string(bins::workspace().join("deploy/systemd/dipamd.service")).unwrap();
-    let mut caps = Vec::new();
-    let mut no_new_privs = false;
-    for line in text.lines().map(str::trim) {
-        if let Some(v) = line.strip_prefix("CapabilityBoundingSet=") {
-            caps.extend(
-                v.split_whitespace()
-                    .map(|c| c.to_ascii_lowercase().trim_start_matches("cap_").to_owned()),
-            );
-        }
-        if let Some(v) = line.strip_prefix("NoNewPrivileges=") {
-            no_new_privs = v.trim() == "yes" || v.trim() == "true";
-        }
-    }
-    assert!(!caps.is_empty(), "the unit bounds dipamd's capabilities");
-    let set = std::iter::once("-all".to_owned())
-        .chain(caps.iter().map(|c| format!("+{c}")))
-        .collect::<Vec<_>>()
-        .join(",");
-    let mut argv = vec![
-        "setpriv".to_owned(),
-        "--bounding-set".into(),
-        set,
-        "--inh-caps".into(),
-        "-all".into(),
-        "--ambient-caps".into(),
-        "-all".into(),
-    ];
-    if no_new_privs {
-        argv.push("--no-new-privs".into());
-    }
-    argv
-}
 
 /// An agent lab whose dipamd runs under the unit's restrictions, with `roles`, and the
 /// delegate's ranges made by `ranges` from the lab's subnet (host-local), then started.
@@ -75,7 +40,7 @@ fn lab(
     }
     lab.write_conflist();
     lab.set_roles(roles, flags);
-    lab.dipamd.run_under(&shipped_unit());
+    lab.dipamd.run_under(&shipped_unit_setpriv());
     lab.dipamd.start_again();
     lab
 }
@@ -128,76 +93,6 @@ fn bare(cidr: &Value) -> String {
 
 /// `dipamctl agent watch --json`, running until read or dropped (a watch reconnects forever:
 /// a failing test must not leave one behind). A thread collects its messages as they come.
-struct Watcher {
-    child: Option<Child>,
-    lines: std::sync::Arc<std::sync::Mutex<Vec<Value>>>,
-    reader: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        if let Some(r) = self.reader.take() {
-            let _ = r.join();
-        }
-    }
-}
-
-impl Watcher {
-    /// Waits until a message satisfies `pred`, or panics with what came.
-    fn wait_for(&self, what: &str, pred: impl Fn(&Value) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if self.lines.lock().unwrap().iter().any(&pred) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the watcher never saw {what}: {:#?}",
-                self.lines.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-fn watcher(lab: &AgentLab) -> Watcher {
-    use std::io::BufRead;
-    let mut child = Command::new(bins::bin("dipamctl"))
-        .arg("--socket")
-        .arg(lab.dipamd.socket())
-        .args(["agent", "watch", "--json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let out = child.stdout.take().unwrap();
-    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let sink = lines.clone();
-    let reader = std::thread::spawn(move || {
-        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-            if let Ok(v) = serde_json::from_str(&line) {
-                sink.lock().unwrap().push(v);
-            }
-        }
-    });
-    Watcher {
-        child: Some(child),
-        lines,
-        reader: Some(reader),
-    }
-}
-
-/// Stops the watcher and returns every message it printed.
-fn watched(w: Watcher) -> Vec<Value> {
-    let lines = w.lines.clone();
-    drop(w);
-    lines.lock().unwrap().clone()
-}
-
 /// Two claims (one at a requested IP, with labels; one at any IP) beside the router: ready,
 /// idempotent, listed with labels; unchanged across 10 SIGKILL restarts, the ledger and the
 /// delegate's store agreeing after each; each restart a new instance id and a generation
@@ -210,8 +105,14 @@ fn claims_survive_sigkills(conflist: &str) {
         None,
     );
     lab.wait_ready(1);
-    let w = watcher(&lab);
-    let want = host(&lab, 200);
+    let w = lab.watch();
+    // .200 up: in host-local's range, and in the pool the azure node offers (.10 to .209),
+    // where the router may hold any address.
+    let held: Vec<String> = lab.delegate_store().into_iter().map(|(_, ip)| ip).collect();
+    let want = (200..210)
+        .map(|n| host(&lab, n))
+        .find(|ip| !held.contains(ip))
+        .unwrap();
     let a = claim_ready(
         &lab,
         &[
@@ -293,7 +194,7 @@ fn claims_survive_sigkills(conflist: &str) {
 
     // The watcher saw the claim, and orders messages by (instance, generation) across every
     // reconnect: never a generation that is not above the one before.
-    let lines = watched(w);
+    let lines = w.finish();
     assert!(
         lines.iter().any(|l| l.to_string().contains(&want)),
         "{lines:?}"
@@ -800,7 +701,7 @@ fn roles_keep_their_addresses_across_the_upgrade_to_claims() {
     .unwrap();
     std::fs::rename(unpacked.path().join("state"), d.state_dir()).unwrap();
     let store = std::path::Path::new(UPGRADE_STORE).join("store");
-    let before = dipam_lifecycle::hostlocal::store_pairs("host-local", &store, "dipam-upgrade");
+    let before = dipam_lifecycle::hostlocal::store_pairs(&store, "dipam-upgrade");
     assert_eq!(before.len(), 2, "{before:?}");
 
     let conflist = d.dir.path().join("10-dipam.conflist");
@@ -833,7 +734,7 @@ fn roles_keep_their_addresses_across_the_upgrade_to_claims() {
         "--agent-check-interval",
         "3600",
     ]);
-    d.run_under(&shipped_unit());
+    d.run_under(&shipped_unit_setpriv());
     d.start_again();
 
     let list = |d: &dipam_lifecycle::Dipamd| -> HashMap<String, Value> {
@@ -862,7 +763,7 @@ fn roles_keep_their_addresses_across_the_upgrade_to_claims() {
     }
     let status: Value = serde_json::from_slice(&d.ctl(&["status", "--json"]).stdout).unwrap();
     assert_eq!(status["agentReestablished"], 0, "{status}");
-    let after = dipam_lifecycle::hostlocal::store_pairs("host-local", &store, "dipam-upgrade");
+    let after = dipam_lifecycle::hostlocal::store_pairs(&store, "dipam-upgrade");
     assert_eq!(after, before, "the upgrade touched the delegate's store");
     assert_eq!(d.ledger_pairs("dipam-upgrade"), after);
 
@@ -888,7 +789,7 @@ fn roles_keep_their_addresses_across_the_upgrade_to_claims() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let now = dipam_lifecycle::hostlocal::store_pairs("host-local", &store, "dipam-upgrade");
+    let now = dipam_lifecycle::hostlocal::store_pairs(&store, "dipam-upgrade");
     assert!(!now.iter().any(|(_, ip)| ip == "10.77.251.3"), "{now:?}");
     assert_eq!(d.ledger_pairs("dipam-upgrade"), now);
     assert_eq!(now.len(), 2, "{now:?}");
@@ -909,7 +810,7 @@ fn a_changed_address_stays_marked_until_read() {
     );
     lab.wait_ready(1);
     let before = bare(&claim_ready(&lab, &["floating"])["ip"]);
-    let w = watcher(&lab);
+    let w = lab.watch();
     let marked = |l: &Value| {
         l["addresses"].as_array().is_some_and(|a| {
             a.iter()
@@ -923,7 +824,7 @@ fn a_changed_address_stays_marked_until_read() {
     std::fs::write(&file, "someone-else\r\neth0").unwrap();
     lab.dipamd.start_again();
     w.wait_for("the change", marked);
-    let first = w.lines.lock().unwrap().last().unwrap()["instanceID"].clone();
+    let first = w.lines().last().unwrap()["instanceID"].clone();
     lab.dipamd.kill9();
     lab.dipamd.start_again();
     // The next dipamd's first message still carries the mark: nobody has read it.

@@ -15,9 +15,10 @@ use std::time::{Duration, Instant};
 use dipam_lifecycle::{
     AgentLab, Containerd,
     containerd::{Build, Pod},
-    peer_bins::Peer,
+    peers::Peer,
     require_containerd, require_peers,
-    shapes::shipped_unit_setpriv,
+    shapes::{Seeded, churn_while_killing, retry, shipped_unit_setpriv},
+    unique,
 };
 use serde_json::Value;
 
@@ -237,4 +238,35 @@ fn runtime_aware_gc_frees_what_containerd_2_leaked() {
     );
     assert_eq!(b.lab.addresses().len(), 1);
     b.lab.assert_agree();
+}
+
+/// dipamd SIGKILLed at random moments while containerd 2 runs, stops and removes pods through
+/// CRI (a failed RunPodSandbox retried under a new name, as kubelet retries), with an agent
+/// watching. Afterwards everything converges: no sandbox left, the ledger holds only the
+/// router (the same address throughout), host-local's store holds exactly the ledger, and the
+/// watch saw every restart in order. The seed and kill points are printed; dipamd's log
+/// follows a failure.
+#[test]
+fn sigkill_mid_traffic_converges_and_leaks_nothing() {
+    require_containerd!();
+    let peers = require_peers!("containerd", "ctr", "containerd-shim-runc-v2");
+    let mut b = Bench::new(&peers, "dipam-host-local.conflist", &[], false);
+    let mut rng = Seeded::new("containerd2 sigkill_mid_traffic_converges_and_leaks_nothing");
+    let router = b.lab.addresses();
+    let watch = b.lab.watch();
+    let Bench { cd, lab } = &mut b;
+    let cd = &*cd;
+    let cycle = |_: u32| {
+        let pod = retry("RunPodSandbox", 60, || cd.run_pod(&unique("churn")));
+        retry("StopPodSandbox", 60, || cd.stop_pod(&pod.id));
+        retry("RemovePodSandbox", 60, || cd.remove_pod(&pod.id));
+    };
+    let cycles = churn_while_killing(&mut lab.dipamd, &mut rng, 4, &cycle);
+    eprintln!("{cycles} pod cycles across 4 SIGKILLs (seed {})", rng.seed);
+    assert!(cycles > 0, "no pod ran");
+    b.lab.wait_ready(1);
+    assert_eq!(b.lab.addresses(), router, "seed {}", rng.seed);
+    assert!(b.cd.list_pods().unwrap().is_empty(), "sandboxes left");
+    b.lab.assert_converged(1, &format!("seed {}", rng.seed));
+    watch.finish_across_restarts();
 }

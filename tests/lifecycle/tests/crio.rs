@@ -12,7 +12,11 @@
 use std::time::{Duration, Instant};
 
 use dipam_lifecycle::{
-    AgentLab, Subnet, crio::Crio, require_crio, require_peers, shapes::shipped_unit_setpriv,
+    AgentLab, Subnet,
+    crio::Crio,
+    require_crio, require_peers,
+    shapes::{Seeded, churn_while_killing, retry, shipped_unit_setpriv},
+    unique,
 };
 use serde_json::Value;
 
@@ -30,7 +34,7 @@ struct Bench {
 impl Bench {
     /// Everything written; dipamd started when `dipamd_up`; CRI-O not started.
     fn new(dipamd_up: bool) -> Option<Self> {
-        let peers = dipam_lifecycle::peer_bins::require(module_path!(), &["crio", "pinns"])?;
+        let peers = dipam_lifecycle::peers::all(module_path!(), &["crio", "pinns"])?;
         let crio = Crio::new(&peers[0], &peers[1]);
         let mut lab = AgentLab::unstarted("dipam-host-local.conflist");
         lab.fx = lab.fx.clone().with_version("1.1.0");
@@ -53,6 +57,14 @@ impl Bench {
             idle: idle.name(),
             _idle_subnet: idle_subnet,
         })
+    }
+
+    /// Starts CRI-O and waits until its NetworkReady (its first STATUS succeeded).
+    fn start_crio(&mut self) {
+        self.crio.start();
+        wait_for(30, "NetworkReady", || {
+            self.crio.network_ready().is_ok_and(|(r, _)| r)
+        });
     }
 
     fn pods_in_ledger(&self) -> Vec<(String, String)> {
@@ -97,10 +109,7 @@ fn the_start_up_gc_frees_exactly_the_lost_dels() {
     let Some(mut b) = Bench::new(true) else {
         return;
     };
-    b.crio.start();
-    wait_for(30, "NetworkReady", || {
-        b.crio.network_ready().is_ok_and(|(r, _)| r)
-    });
+    b.start_crio();
     b.claim("egress");
     let agent = b.lab.addresses();
     assert_eq!(agent.len(), 2);
@@ -254,4 +263,36 @@ fn pods_wait_while_dipamd_is_down_and_run_once_it_is_back() {
         b.crio.network_ready().is_ok_and(|(r, _)| r)
     });
     b.lab.assert_agree();
+}
+
+/// dipamd SIGKILLed at random moments while CRI-O runs, stops and removes pods through CRI
+/// (a failed RunPodSandbox retried under a new name, as kubelet retries), with an agent
+/// watching. Afterwards everything converges: no sandbox left, no pod in the ledger, the
+/// router's address unchanged, host-local's store exactly the ledger, and the watch saw
+/// every restart in order. The seed and kill points are printed; dipamd's log follows a
+/// failure.
+#[test]
+fn sigkill_mid_traffic_converges_and_leaks_nothing() {
+    require_crio!();
+    let Some(mut b) = Bench::new(true) else {
+        return;
+    };
+    b.start_crio();
+    let mut rng = Seeded::new("crio sigkill_mid_traffic_converges_and_leaks_nothing");
+    let router = b.lab.addresses();
+    let watch = b.lab.watch();
+    let crio = &b.crio;
+    let cycle = |_: u32| {
+        let id = retry("RunPodSandbox", 60, || crio.run_pod(&unique("churn")));
+        retry("StopPodSandbox", 60, || crio.stop_pod(&id));
+        retry("RemovePodSandbox", 60, || crio.remove_pod(&id));
+    };
+    let cycles = churn_while_killing(&mut b.lab.dipamd, &mut rng, 6, &cycle);
+    eprintln!("{cycles} pod cycles across 6 SIGKILLs (seed {})", rng.seed);
+    assert!(cycles > 0, "no pod ran");
+    b.lab.wait_ready(1);
+    assert_eq!(b.lab.addresses(), router, "seed {}", rng.seed);
+    assert!(b.crio.list_pods().unwrap().is_empty(), "sandboxes left");
+    b.lab.assert_converged(1, &format!("seed {}", rng.seed));
+    watch.finish_across_restarts();
 }

@@ -79,8 +79,8 @@ fn restart_between_add_and_del_still_releases() {
     lab.assert_agree();
 }
 
-/// The same against the azure stand-in, which needs dipamd to remember the subnet across the
-/// restart to release at all.
+/// The same against the real azure-vnet-ipam, which needs dipamd to remember the subnet
+/// across the restart to release at all.
 #[test]
 fn restart_between_add_and_del_azure() {
     require_root!();

@@ -7,7 +7,12 @@
 // Tests: a panic is the failure report.
 #![allow(clippy::unwrap_used)]
 
-use dipam_lifecycle::{AgentLab, Attachment, CniError, Lab, require_root, runtime::result_ips};
+use dipam_lifecycle::{
+    AgentLab, Attachment, CniError, Lab,
+    peers::{self, Plugins},
+    require_root,
+    runtime::result_ips,
+};
 use serde_json::{Value, json};
 
 /// Runs CNI GC through the plugin (as libcni does: plugin config + name + cniVersion + both
@@ -122,25 +127,30 @@ fn emulated_gc_frees_host_local_orphans_and_dry_run_frees_nothing() {
     lab.assert_agree();
 }
 
-/// A delegate with native CNI 1.1 GC (the gc-ipam stand-in): dipamd runs its GC with the
-/// augmented list and drops the freed records from the ledger.
+/// A delegate with native CNI 1.1 GC: the real host-local of today's plugins (v1.10.0
+/// implements GC: it frees every reservation its valid list does not name). dipamd runs its
+/// GC with the augmented list and drops the freed records from the ledger.
 #[test]
 fn native_gc_delegate_frees_stale_pods() {
     require_root!();
-    let mut lab = Lab::with_flags("ptp-dipam-host-local.conflist", &["--gc-grace", "0"]);
-    lab.fx.list["plugins"][0]["ipam"]["delegate"]["type"] = json!("gc-ipam");
-    let lab = lab.with_version("1.1.0");
+    let plugins = Plugins::Current;
+    let lab = Lab::with_plugins(
+        "ptp-dipam-host-local.conflist",
+        &["--gc-grace", "0"],
+        plugins,
+    )
+    .with_version("1.1.0");
     let (_a, keep) = lab.pod();
     let (_b, stale) = lab.pod();
     lab.rt.ipam(lab.list(), 0, "ADD", &keep, None).unwrap();
     lab.rt.ipam(lab.list(), 0, "ADD", &stale, None).unwrap();
-    // A reservation made straight through gc-ipam, unknown to dipamd: only the delegate's
-    // own GC can know to free it.
+    // A reservation made straight through host-local, unknown to dipamd: only the delegate's
+    // own GC can know to free it (dipamd reads no store of a delegate that has GC).
     let mut direct = dipam_lifecycle::Runtime::plugin_config(lab.list(), 0, None);
     direct["ipam"] = direct["ipam"]["delegate"].clone();
-    let orphan = Attachment::new("orphan-in-gc-ipam", "/var/run/netns/none");
-    let out = lab.rt.exec(
-        "gc-ipam",
+    let orphan = Attachment::new("orphan-in-host-local", "/var/run/netns/none");
+    let out = dipam_lifecycle::Runtime::new(peers::cni_path(plugins)).exec(
+        "host-local",
         "ADD",
         &orphan,
         &serde_json::to_vec(&direct).unwrap(),
@@ -148,17 +158,23 @@ fn native_gc_delegate_frees_stale_pods() {
     let orphan_ip = result_ips(&serde_json::from_slice(&out.stdout).unwrap()).remove(0);
     assert_eq!(lab.delegate_store().len(), 3);
 
+    // A GC begins at its plugin's fork, which the kernel records to the clock tick (10 ms): a
+    // pod whose ADD ended inside that tick counts as born after the GC and is kept for the
+    // next one (docs/cfp.md §7.4). The stale pod's ADD ends a tick before.
+    std::thread::sleep(std::time::Duration::from_millis(30));
     gc(&lab.rt, lab.list(), Some(json!([entry(&keep)]))).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(lab.delegate_store().len(), 1);
+    assert!(
+        !lab.delegate_store().iter().any(|(_, ip)| *ip == orphan_ip),
+        "host-local's own GC kept the orphan {orphan_ip}"
+    );
     lab.assert_agree();
-    // gc-ipam's own GC ran with dipamd's list (it logs what it freed).
-    let gclog = std::fs::read_to_string(lab.data.path().join(lab.network()).join("gc.log"))
-        .unwrap_or_default();
-    assert!(gclog.contains(&orphan_ip), "{gclog}");
     assert!(
         lab.dipamd
             .log()
-            .contains("delegate GC run with the augmented valid list")
+            .contains("delegate GC run with the augmented valid list"),
+        "dipamd did not run host-local's GC:\n{}",
+        lab.dipamd.log()
     );
 }
 

@@ -194,10 +194,12 @@ fn the_image_builds_offline_and_runs_as_the_daemonset_runs_it() {
     // image, where there is no libc. The upstream release binaries nodes install there are
     // static; Debian's host-local is linked against glibc and cannot start in this image
     // ("exec /opt/cni/bin/host-local: No such file or directory", deploy/README.md says
-    // so). gc-ipam stands in: static, host-local's config and on-disk store.
+    // so). The real host-local of today's plugins, built static by tests/deps.sh
+    // (tests/peers/pins: CGO_ENABLED=0), is what such a node has there.
     let cni_bin = hostpath("cni-bin");
     std::fs::create_dir_all(&cni_bin).unwrap();
-    strip(&bins::dir().join("gc-ipam"), &cni_bin.join("host-local"));
+    let host_local = dipam_lifecycle::peers::require("host-local");
+    std::fs::copy(&host_local.path, cni_bin.join("host-local")).unwrap();
 
     // The init container, exactly as the manifest runs it and as the kubelet runs it: on the
     // host's network (the pod's hostNetwork), $(NODE_NAME) from the downward API, the
@@ -292,8 +294,8 @@ fn the_image_builds_offline_and_runs_as_the_daemonset_runs_it() {
         std::thread::sleep(Duration::from_millis(500));
     }
     // Ready means the agent's router and health addresses are held, in the host's store
-    // (the stand-in's directory under /var/lib/cni; host-local's is networks/).
-    let store = hostpath("cni-state").join("gc-ipam/dipam");
+    // (host-local's default dataDir, /var/lib/cni/networks/<network>).
+    let store = hostpath("cni-state").join("networks/dipam");
     let held = std::fs::read_dir(&store)
         .unwrap()
         .filter(|e| {

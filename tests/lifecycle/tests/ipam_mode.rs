@@ -1,6 +1,6 @@
 //! dipam as the IPAM of a main plugin: ADD, CHECK, DEL and a second DEL at every cniVersion,
-//! against the real host-local and the azure-vnet-ipam stand-in, with the ledger and the
-//! delegate's store compared after every step.
+//! against the real host-local and the real azure-vnet-ipam (src/azure.rs), with the ledger
+//! and the delegate's store compared after every step.
 
 // Tests: a panic is the failure report.
 #![allow(clippy::unwrap_used)]

@@ -172,7 +172,7 @@ fn a_full_state_disk_is_reported_and_served_again_once_space_returns() {
     let agree = |dipamd: &Dipamd| {
         assert_eq!(
             dipamd.ledger_pairs(&network),
-            hostlocal::store_pairs("host-local", data.path(), &network),
+            hostlocal::store_pairs(data.path(), &network),
             "ledger (left) and host-local (right) disagree"
         );
     };

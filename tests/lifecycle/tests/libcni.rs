@@ -30,11 +30,11 @@ use std::{
 
 use dipam_lifecycle::{
     AgentLab, Attachment, CniError, Lab, NetNs, Runtime, bins,
-    daemon::shipped_unit_argv,
     libcni::{CniTool, LibCni, Valid},
     peers::{self, Plugins},
     require_root,
     runtime::{list_version, result_ips},
+    shapes::shipped_unit_setpriv,
 };
 use serde_json::{Value, json};
 
@@ -335,7 +335,7 @@ fn agent_lab(conflist: &str, plugins: Plugins) -> (AgentLab, String) {
     lab.dipamd.set_cni_path(&peers::cni_path(plugins));
     lab.write_conflist();
     lab.set_roles("router,health", &["--gc-grace", "0"]);
-    lab.dipamd.run_under(&shipped_unit_argv());
+    lab.dipamd.run_under(&shipped_unit_setpriv());
     lab.dipamd.start_again();
     lab.wait_ready(2);
     let want = format!("{}.200", lab.subnet.cidr.trim_end_matches(".0/24"));

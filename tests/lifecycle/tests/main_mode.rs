@@ -1,6 +1,6 @@
 //! dipam as the main plugin (`{"type":"dipam","ipam":{...}}`): the pod's veth, addresses and
 //! routes in real network namespaces, at every cniVersion, against the real host-local and the
-//! azure-vnet-ipam stand-in, with the ledger and the delegate's store compared after every
+//! real azure-vnet-ipam (its file-backed source, src/azure.rs), with the ledger and the delegate's store compared after every
 //! step; failures that roll back for real; DEL after the sandbox is gone; concurrency; and
 //! portmap chained after dipam with both key casings runtimes use.
 
@@ -411,8 +411,8 @@ fn add_failure_after_the_veth_rolls_everything_back() {
 
 /// A failure after the IPAM allocated, before any veth exists: the host end's name is taken
 /// by an interface dipam did not make (here a bridge), so the veth cannot be created. The
-/// azure stand-in's allocation is released through dipamd (which must inject the pool into
-/// the DEL, docs/sources.md §8), and the bridge is left alone.
+/// real azure-vnet-ipam's allocation is released through dipamd (which must inject the
+/// subnet into the DEL, docs/sources.md §8), and the bridge is left alone.
 #[test]
 fn add_failure_before_the_veth_releases_the_azure_address() {
     require_root!();

@@ -571,7 +571,7 @@ impl SimNode {
     }
 
     fn store(&self) -> Vec<(String, String)> {
-        hostlocal::store_pairs("host-local", self.store.path(), &self.network())
+        hostlocal::store_pairs(self.store.path(), &self.network())
     }
 }
 

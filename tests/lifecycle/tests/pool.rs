@@ -1,7 +1,8 @@
 //! The warm pool (`dipamd --warm-pool N`) against the real host-local: the pool fills, pods
 //! take from it without a delegate exec of their own, DEL and CHECK reach the delegate under
 //! the pool's key, GC keeps the pool and live pods and frees stale pooled pods (emulated for
-//! host-local, natively for the gc-ipam stand-in), crashes while filling and right after a
+//! Debian's host-local 1.1.1, which has no GC; natively by today's host-local, which has),
+//! crashes while filling and right after a
 //! take converge, a lowered or disabled pool is released at restart, and pods that ask for
 //! their own addresses bypass it. After every step the ledger, read the way the delegate sees
 //! it (a pooled pod under its pool key), equals the delegate's store exactly.
@@ -15,7 +16,8 @@ use std::{
 };
 
 use dipam_lifecycle::{
-    AgentLab, Attachment, Dipamd, Lab, NetNs, hostlocal, require_root, runtime::result_ips,
+    AgentLab, Attachment, Dipamd, Lab, NetNs, hostlocal, peers::Plugins, require_root,
+    runtime::result_ips,
 };
 use serde_json::{Value, json};
 
@@ -265,15 +267,17 @@ fn gc(lab: &Lab, valid: &[&Attachment]) -> Result<Value, dipam_lifecycle::CniErr
 /// (3): a GC whose valid list names the live pods (never the pool's keys, which a runtime does
 /// not know) frees nothing of the pool and nothing of a live pod, and frees a stale pod that
 /// came from the pool: its pool key's reservation goes. Emulated for host-local (store
-/// compared through the delegate keys), native for gc-ipam (valid set handed over under
-/// them).
+/// compared through the delegate keys) with Debian's host-local 1.1.1; native with today's
+/// (its own GC handed the valid set under the pool keys).
 #[test]
 fn gc_keeps_the_pool_and_live_pods_and_frees_stale_pooled_pods() {
     require_root!();
-    for delegate in ["host-local", "gc-ipam"] {
-        let mut lab = lab("ptp-dipam-host-local.conflist", 3, &["--gc-grace", "0"]);
-        lab.fx.list["plugins"][0]["ipam"]["delegate"]["type"] = json!(delegate);
-        let lab = lab.with_version("1.1.0");
+    for plugins in [Plugins::Debian, Plugins::Current] {
+        let delegate = format!("host-local {}", plugins.version());
+        let size = 3.to_string();
+        let flags = ["--warm-pool", &size, "--node-name", NODE, "--gc-grace", "0"];
+        let lab = Lab::with_plugins("ptp-dipam-host-local.conflist", &flags, plugins)
+            .with_version("1.1.0");
         let net = lab.network();
         let data = lab.data.path();
         let ns = NetNs::new();
@@ -314,7 +318,7 @@ fn gc_keeps_the_pool_and_live_pods_and_frees_stale_pooled_pods() {
         );
         assert_eq!(held.len(), 5, "{delegate}: {held:?}");
         assert_agree(&lab.dipamd, data, &net);
-        if delegate == "gc-ipam" {
+        if plugins == Plugins::Current {
             assert!(
                 lab.dipamd
                     .log()

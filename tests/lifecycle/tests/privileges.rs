@@ -600,8 +600,9 @@ fn every_capability_in_a_user_namespace_is_still_refused_and_said() {
     );
 }
 
-/// The azure-vnet-ipam stand-in (its documented contract: a state file and a lock) as the
-/// delegate, under the unit's set: a delegate that keeps its store elsewhere than host-local.
+/// The real azure-vnet-ipam (its state and lock on /run, its log in /var/log: src/azure.rs)
+/// as the delegate, under the unit's set: a delegate that keeps its store elsewhere than
+/// host-local.
 #[test]
 fn azure_ipam_under_the_systemd_units_capabilities() {
     require_root!();

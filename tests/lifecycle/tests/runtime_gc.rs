@@ -265,7 +265,7 @@ fn a_conflist_swapped_under_a_sandbox_leaks_its_address_and_two_passes_free_it()
     assert_eq!(on_b, vec![(new.id.clone(), ip_new.clone())]);
     assert_eq!(
         on_b,
-        hostlocal::store_pairs(&fx_b.delegate(), lab.data.path(), &b),
+        hostlocal::store_pairs(lab.data.path(), &b),
         "ledger and host-local agree on the new network"
     );
     // The running sandboxes still have their addresses, as CRI reports them.

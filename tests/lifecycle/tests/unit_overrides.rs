@@ -20,7 +20,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dipam_lifecycle::{bins, daemon::shipped_unit_argv, require_root, unit_file, unit_file::Unit};
+use dipam_lifecycle::{
+    bins, require_root, shapes::shipped_unit_setpriv, unit_file, unit_file::Unit,
+};
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -73,7 +75,7 @@ impl Started {
         assert_eq!(argv[0], "/usr/local/bin/dipamd", "{argv:?}");
         let log = node.path("dipamd.log");
         let out = File::create(&log).expect("create the log file");
-        let setpriv = shipped_unit_argv();
+        let setpriv = shipped_unit_setpriv();
         let child = Command::new(&setpriv[0])
             .args(&setpriv[1..])
             .arg(bins::bin("dipamd"))

@@ -16,7 +16,10 @@ use std::{
 };
 
 use dipam_lifecycle::{
-    Attachment, Dipamd, Fixture, NetNs, Runtime, Subnet, bins, require_root, runtime::result_ips,
+    Attachment, Dipamd, Fixture, NetNs, Runtime, Subnet,
+    azure::{self, AzureNode},
+    bins, require_root,
+    runtime::result_ips,
     unique,
 };
 use serde_json::{Value, json};
@@ -80,17 +83,25 @@ struct Node {
 
 impl Node {
     fn new() -> Self {
+        Self::serving(None)
+    }
+
+    /// A node whose dipamd runs `azure`'s real azure-vnet-ipam, when given.
+    fn serving(azure: Option<&AzureNode>) -> Self {
         let dir = tempfile::Builder::new().prefix("wrap-").tempdir().unwrap();
         fs::create_dir_all(dir.path().join("net.d")).unwrap();
         fs::create_dir_all(dir.path().join("store")).unwrap();
         let bin = dir.path().join("bin");
-        // The plugin the runtime execs is the copy `install --wrap` put into the bin dir.
-        let rt = Runtime::new(format!("{}:{}", bin.display(), bins::cni_path()));
-        Self {
-            dir,
-            dipamd: Dipamd::start(),
-            rt,
+        let mut dipamd = Dipamd::unstarted(&[]);
+        let mut cni_path = bins::cni_path();
+        if let Some(node) = azure {
+            node.serve(&mut dipamd);
+            cni_path = node.cni_path();
         }
+        dipamd.start_again();
+        // The plugin the runtime execs is the copy `install --wrap` put into the bin dir.
+        let rt = Runtime::new(format!("{}:{cni_path}", bin.display()));
+        Self { dir, dipamd, rt }
     }
 
     fn conf(&self, name: &str) -> PathBuf {
@@ -168,17 +179,19 @@ fn every_example_unwraps_wraps_and_runs_a_pod() {
     examples.sort();
     assert!(examples.len() >= 6, "{examples:?}");
     for example in examples {
-        let node = Node::new();
         let raw = Fixture::load(&example);
-        let subnet = Subnet::claim(if raw.delegate() == "azure-vnet-ipam" {
-            "10.78"
-        } else {
-            "10.77"
-        });
+        let is_azure = raw.delegate() == "azure-vnet-ipam";
+        let subnet = Subnet::claim(if is_azure { azure::PREFIX } else { "10.77" });
+        // The azure examples run the real plugin (its file-backed pool on this subnet).
+        let azure = is_azure.then(|| AzureNode::for_subnet(&subnet, 20));
+        let node = Node::serving(azure.as_ref());
         let mut fx = raw
             .unique_name()
             .with_delegate_state(&node.store())
             .with_subnet(&subnet.cidr);
+        if let Some(a) = &azure {
+            fx = fx.with_delegate_conf(&a.delegate());
+        }
         let mut bridge = Bridge(None);
         for p in fx.list["plugins"].as_array_mut().unwrap() {
             if p["type"] == "bridge" {
