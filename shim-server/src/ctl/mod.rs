@@ -17,6 +17,7 @@ pub mod adopt;
 pub mod agent;
 pub mod attachments;
 pub mod client;
+pub mod compat;
 pub mod completions;
 pub mod doctor;
 pub mod explain;

@@ -25,7 +25,11 @@ impl Lab {
 
     /// As [`Lab::new`], with extra dipamd flags.
     pub fn with_flags(conflist: &str, flags: &[&str]) -> Self {
-        let raw = Fixture::load(conflist);
+        Self::from_fixture(Fixture::load(conflist), flags)
+    }
+
+    /// As [`Lab::with_flags`], for a conflist taken from elsewhere (the docs' examples).
+    pub fn from_fixture(raw: Fixture, flags: &[&str]) -> Self {
         let prefix = if raw.delegate() == "azure-vnet-ipam" {
             "10.78"
         } else {

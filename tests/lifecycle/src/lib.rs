@@ -12,6 +12,7 @@ pub mod containerd;
 pub mod crio;
 pub mod daemon;
 pub mod deps;
+pub mod examples;
 pub mod fixture;
 pub mod hostlocal;
 pub mod kubeapi;
