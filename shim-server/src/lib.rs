@@ -19,6 +19,7 @@ pub mod events;
 pub mod fault;
 pub mod gc;
 pub mod health;
+pub mod hints;
 pub mod history;
 pub mod keylock;
 pub mod keys;
@@ -35,6 +36,7 @@ pub mod server;
 pub mod service;
 
 pub mod spool;
+pub mod startup_checks;
 pub mod teardown;
 pub mod trim;
 pub mod validate;

@@ -52,6 +52,8 @@ pub struct Node {
     /// The runtime-aware GC (gc/runtime/): set by the daemon when it runs with
     /// --cri-endpoint.
     pub runtime_gc: OnceLock<crate::gc::runtime::RuntimeGc>,
+    /// Not-ready reasons found once at start (startup_checks.rs); set by the daemon.
+    pub startup: OnceLock<Vec<String>>,
 }
 
 /// The core's functions read as the node's: `node.ledger(..)`, `node.lookup(..)`. The node
@@ -90,6 +92,7 @@ impl Node {
             spool: SpoolState::default(),
             history: OnceLock::new(),
             runtime_gc: OnceLock::new(),
+            startup: OnceLock::new(),
         })
     }
 

@@ -61,9 +61,7 @@ async fn pod_container(node: &Node, namespace: &str, name: &str) -> Result<Strin
                 crate::validate::shown(namespace),
                 crate::validate::shown(name)
             ),
-            details: "a pod is known by name only when its runtime sent K8S_POD_NAMESPACE and \
-                      K8S_POD_NAME (CRI); see `dipamctl attachments`, or explain its container ID"
-                .into(),
+            details: crate::hints::POD_BY_NAME.into(),
         })
     })
 }
