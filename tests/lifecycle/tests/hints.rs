@@ -34,7 +34,12 @@ fn a_non_root_caller_is_told_about_the_socket_group_not_that_dipamd_is_down() {
     assert!(!err.contains("is dipamd running"), "dipamd runs: {err}");
     // With dipamd really down, the hint is still the other one.
     let gone = d.dir.path().join("none.sock").display().to_string();
-    let err = stderr(&d.ctl(&["status", "--socket", &gone]));
+    let err = stderr(
+        &std::process::Command::new(bins::bin("dipamctl"))
+            .args(["status", "--socket", &gone])
+            .output()
+            .unwrap(),
+    );
     assert!(err.contains("is dipamd running?"), "{err}");
 }
 
@@ -88,7 +93,7 @@ fn doctor_says_install_wrap_for_a_conflist_without_dipam() {
     d.start_again();
     let out = d.ctl(&["doctor", "--json"]);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let check = v["checks"]
+    let check = v
         .as_array()
         .unwrap()
         .iter()
