@@ -25,6 +25,7 @@ pub mod keylock;
 pub mod keys;
 pub mod liveness;
 pub mod logging;
+pub mod metric_labels;
 pub mod metrics;
 pub mod node;
 pub mod order;

@@ -559,7 +559,7 @@ async fn census(node: &Node) -> Result<(), DaemonError> {
     let records = node.ledger(|l| l.list(None)).await?;
     let mut by: std::collections::BTreeMap<(String, String), u64> = Default::default();
     for r in &records {
-        *by.entry((r.owner.label(), r.key.network.clone()))
+        *by.entry((crate::metric_labels::owner(&r.owner), r.key.network.clone()))
             .or_default() += 1;
     }
     for ((owner, network), count) in &by {

@@ -138,3 +138,58 @@ fn the_readme_operate_section_names_the_metrics_endpoint() {
         assert!(section.contains(w), "{w} in README's Operate it");
     }
 }
+
+/// `dipam_attachments`' owner label is a bounded set: claims made and released by name leave
+/// no series per name behind, and their count returns to 0.
+#[test]
+fn claims_share_one_owner_label_in_the_attachments_metric() {
+    require_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let msock = dir.path().join("metrics.sock");
+    let lab = dipam_lifecycle::AgentLab::new(
+        "ptp-dipam-host-local.conflist",
+        "router",
+        &["--metrics-socket", msock.to_str().unwrap()],
+    );
+    lab.wait_ready(1);
+    let scrape = || {
+        use std::io::{Read, Write};
+        let mut s = std::os::unix::net::UnixStream::connect(&msock).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: dipamd\r\n\r\n")
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    let net = lab.network();
+    for i in 0..5 {
+        lab.agent(&["claim", &format!("egress-{i}")]);
+    }
+    let text = scrape();
+    assert!(
+        text.contains(&format!(
+            "dipam_attachments{{owner=\"agent:claim\",network=\"{net}\"}} 5"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "dipam_attachments{{owner=\"agent:router\",network=\"{net}\"}} 1"
+        )),
+        "{text}"
+    );
+    for i in 0..5 {
+        lab.agent(&["unclaim", &format!("egress-{i}")]);
+    }
+    let text = scrape();
+    assert!(
+        !text.contains("agent:claim:"),
+        "no series per claim name: {text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "dipam_attachments{{owner=\"agent:claim\",network=\"{net}\"}} 0"
+        )),
+        "{text}"
+    );
+}
