@@ -193,3 +193,27 @@ fn claims_share_one_owner_label_in_the_attachments_metric() {
         "{text}"
     );
 }
+
+/// `explain` right after a failed ADD shows that ADD: history written in batches (up to a
+/// second later) is flushed before explain reads it. Five times in a row, each at once.
+#[test]
+fn explain_right_after_a_failed_add_shows_it() {
+    require_root!();
+    let lab = dipam_lifecycle::Lab::new("ptp-dipam-host-local.conflist");
+    let mut bad = lab.list().clone();
+    bad["plugins"][0]["ipam"]["delegate"]["type"] = "not-installed".into();
+    for _ in 0..5 {
+        let (_ns, pod) = lab.pod();
+        let err = lab.rt.ipam(&bad, 0, "ADD", &pod, None).unwrap_err();
+        assert_eq!(err.code, 152, "{err:?}");
+        let out = lab.dipamd.ctl(&["explain", &pod.container_id, "--json"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let failed_add = v["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["op"] == "ADD" && e["code"].as_u64() == Some(152));
+        assert!(failed_add, "the failed ADD is in the history at once: {v}");
+    }
+}

@@ -18,6 +18,10 @@ pub async fn run(node: &Node, req: ExplainRequest) -> Result<ExplainReply, ShimE
             req.container_id.clone()
         }
     };
+    // What completed before this call is in the history before it is read.
+    if let Some(h) = node.history.get() {
+        h.flush().await;
+    }
     let (records, events) = node
         .ledger(move |l| {
             let records: Vec<_> = l
