@@ -10,6 +10,10 @@
 //! idle RSS crept up by ~6 MiB per few thousand pods, docs/performance.md). A full channel
 //! drops events (and counts them) rather than grow without bound. A crash loses at most the
 //! last second of history, never an allocation.
+//!
+//! `explain` flushes the writer before it reads ([`Sink::flush`]): a request's events are
+//! recorded before its reply is sent, so a request the caller has seen complete (a failed ADD
+//! included) is always in the history explain shows.
 
 use std::{
     sync::{
@@ -37,10 +41,22 @@ pub struct Event {
     pub body: Value,
 }
 
+/// What the writer receives: an event, or a request to write everything sent before it now
+/// and say when that is done ([`Sink::flush`]).
+#[derive(Debug)]
+enum Msg {
+    Event(Event),
+    Flush(tokio::sync::oneshot::Sender<()>),
+}
+
+/// How long [`Sink::flush`] waits for the writer: explain must answer even if the ledger is
+/// slow, with what is written by then.
+const FLUSH_WAIT: Duration = Duration::from_secs(2);
+
 /// Where events are sent. Cheap to clone; a no-op when history is off.
 #[derive(Debug, Clone, Default)]
 pub struct Sink {
-    tx: Option<mpsc::Sender<Event>>,
+    tx: Option<mpsc::Sender<Msg>>,
     dropped: Arc<AtomicU64>,
     seq: Arc<AtomicU64>,
 }
@@ -59,7 +75,7 @@ impl Sink {
             container_id: container_id.to_owned(),
             body,
         };
-        if tx.try_send(ev).is_err() {
+        if tx.try_send(Msg::Event(ev)).is_err() {
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return false;
         }
@@ -68,6 +84,21 @@ impl Sink {
 
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Returns once every event recorded before the call is in the ledger (or after
+    /// [`FLUSH_WAIT`]). A request's events are recorded before its reply is sent, so `explain`
+    /// flushing first shows a request that has completed, a failed ADD included, instead of
+    /// an empty history until the writer's next batch (up to a second later).
+    pub async fn flush(&self) {
+        let Some(tx) = &self.tx else { return };
+        let (ack, done) = tokio::sync::oneshot::channel();
+        let _ = tokio::time::timeout(FLUSH_WAIT, async move {
+            if tx.send(Msg::Flush(ack)).await.is_ok() {
+                let _ = done.await;
+            }
+        })
+        .await;
     }
 }
 
@@ -176,23 +207,35 @@ impl Index {
 }
 
 fn start_bounded(ledger: Ledger, max_containers: usize) -> Sink {
-    let (tx, mut rx) = mpsc::channel::<Event>(QUEUE);
+    let (tx, mut rx) = mpsc::channel::<Msg>(QUEUE);
     tokio::spawn(async move {
         let mut index = Some(Index::default());
         loop {
             let Some(first) = rx.recv().await else { return };
-            let mut batch = vec![first];
-            // Gather what arrives within a second into one commit.
+            let mut batch = Vec::new();
+            let mut acks = Vec::new();
+            match first {
+                Msg::Event(ev) => batch.push(ev),
+                Msg::Flush(ack) => acks.push(ack),
+            }
+            // Gather what arrives within a second into one commit; a flush writes at once.
             let deadline = tokio::time::sleep(Duration::from_secs(1));
             tokio::pin!(deadline);
-            while batch.len() < 512 {
+            while acks.is_empty() && batch.len() < 512 {
                 tokio::select! {
-                    ev = rx.recv() => match ev {
-                        Some(ev) => batch.push(ev),
+                    msg = rx.recv() => match msg {
+                        Some(Msg::Event(ev)) => batch.push(ev),
+                        Some(Msg::Flush(ack)) => acks.push(ack),
                         None => break,
                     },
                     () = &mut deadline => break,
                 }
+            }
+            if batch.is_empty() {
+                for ack in acks {
+                    let _ = ack.send(());
+                }
+                continue;
             }
             let ledger = ledger.clone();
             let mut idx = index.take().unwrap_or_default();
@@ -202,6 +245,9 @@ fn start_bounded(ledger: Ledger, max_containers: usize) -> Sink {
             })
             .await
             .ok();
+            for ack in acks {
+                let _ = ack.send(());
+            }
         }
     });
     Sink {

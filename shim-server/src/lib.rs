@@ -19,11 +19,13 @@ pub mod events;
 pub mod fault;
 pub mod gc;
 pub mod health;
+pub mod hints;
 pub mod history;
 pub mod keylock;
 pub mod keys;
 pub mod liveness;
 pub mod logging;
+pub mod metric_labels;
 pub mod metrics;
 pub mod node;
 pub mod order;
@@ -37,6 +39,7 @@ pub mod server;
 pub mod service;
 
 pub mod spool;
+pub mod startup_checks;
 pub mod teardown;
 #[cfg(test)]
 pub(crate) mod testing;

@@ -694,7 +694,11 @@ where
 
 /// Serves metrics on a TCP address until the process ends.
 pub async fn serve_tcp(metrics: Arc<Metrics>, listener: tokio::net::TcpListener) {
-    info!(address = ?listener.local_addr().ok(), "metrics on TCP");
+    // Displayed, not debugged: an operator reads `address=127.0.0.1:9090`, never `Some(..)`.
+    match listener.local_addr() {
+        Ok(a) => info!(address = %a, "metrics on TCP"),
+        Err(e) => info!(error = %e, "metrics on TCP (its address is unknown)"),
+    }
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {

@@ -50,6 +50,8 @@ pub struct Node {
     pub spool: Arc<SpoolState>,
     /// The explain history's writer (history.rs), for status (its drops); set by the daemon.
     pub history: OnceLock<crate::history::Sink>,
+    /// Not-ready reasons found once at start (startup_checks.rs); set by the daemon.
+    pub startup: OnceLock<Vec<String>>,
 }
 
 impl Node {
@@ -81,6 +83,7 @@ impl Node {
             denials,
             spool: Arc::default(),
             history: OnceLock::new(),
+            startup: OnceLock::new(),
         })
     }
 

@@ -104,6 +104,10 @@ impl Source {
     }
 }
 
+/// Why a conflist is not usable when dipam is in none of its plugins; doctor recognises it to
+/// say how to adopt the file (`install --wrap`) rather than to install one.
+pub const NO_DIPAM: &str = "no plugin uses dipam (as \"type\" or \"ipam.type\")";
+
 /// Finds the plugin that uses dipam in a conflist (or a single-plugin .conf) and builds the
 /// request config for it. `want` filters by network name.
 pub fn parse(path: &Path, text: &[u8], want: Option<&str>) -> Result<Base, Missing> {
@@ -132,7 +136,7 @@ pub fn parse(path: &Path, text: &[u8], want: Option<&str>) -> Result<Base, Missi
                 None
             }
         })
-        .ok_or_else(|| invalid("no plugin uses dipam (as \"type\" or \"ipam.type\")".into()))?;
+        .ok_or_else(|| invalid(NO_DIPAM.into()))?;
     let mut request = plugin;
     request["name"] = Value::String(name.clone());
     request["cniVersion"] = list["cniVersion"].clone();

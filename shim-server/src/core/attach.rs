@@ -187,7 +187,7 @@ async fn exec_and_commit(
         if core.events.listened() {
             core.events.emit(crate::events::Event::AttachmentDelta {
                 network: &p.key.network,
-                owner: &rec.owner.label(),
+                owner: &crate::metric_labels::owner(&rec.owner),
                 delta: 1,
             });
         }

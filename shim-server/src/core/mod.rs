@@ -175,7 +175,7 @@ impl Core {
         }
         self.events.emit(crate::events::Event::AttachmentDelta {
             network: &rec.key.network,
-            owner: &rec.owner.label(),
+            owner: &crate::metric_labels::owner(&rec.owner),
             delta,
         });
     }

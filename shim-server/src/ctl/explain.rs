@@ -37,6 +37,13 @@ pub async fn run(
         .iter()
         .filter_map(|e| serde_json::from_str(e).ok())
         .collect();
+    // An ID dipamd knows nothing of is most often a typo or another node's pod: a script
+    // must not take an empty answer for "this container is fine".
+    if r.attachments.is_empty() && events.is_empty() {
+        return Err(CtlError::Failed(format!(
+            "dipamd knows nothing of container {container_id:?}: no attachment in the ledger              and no history (the history keeps the last requests of each container;              `dipamctl attachments` lists the ledger's)"
+        )));
+    }
     if json {
         output::json(out, &to_json(&container_id, &r, events))?;
     } else {

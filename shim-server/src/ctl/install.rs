@@ -43,6 +43,7 @@ use serde_json::{Value, json};
 pub use super::atomic::Placed;
 use super::atomic::replace_atomically;
 use super::{
+    compat,
     kube::{self, ApiConfig, Backoff, PodCidrs},
     man, output, ranges,
     wrap::{self, Choice, Rewritten},
@@ -87,6 +88,9 @@ pub struct Options {
     pub ranges: Option<RangesFrom>,
     /// The man directory the pages go under (`man1/`, `man8/`); none installs none.
     pub man_dir: Option<PathBuf>,
+    /// Whether the conflist is checked against this node's plugins and runtimes
+    /// (`compat.rs`), and how; none checks nothing.
+    pub node_check: Option<compat::NodeCheck>,
 }
 
 /// Where `--ranges-from-node` reads the node's pod CIDRs, and whether it waits for them.
@@ -143,6 +147,7 @@ impl Default for Options {
             socket: None,
             ranges: None,
             man_dir: None,
+            node_check: None,
         }
     }
 }
@@ -233,6 +238,8 @@ pub struct Args {
     /// Install no man pages.
     #[arg(long)]
     no_man_pages: bool,
+    #[command(flatten)]
+    node_check: compat::NodeCheckArgs,
 }
 
 impl Options {
@@ -257,7 +264,7 @@ impl Options {
                     a.kube_api.as_deref(),
                     a.kube_token_file,
                     a.kube_ca_file,
-                    env,
+                    &env,
                 )
                 .map_err(|e| e.to_string())?,
                 node,
@@ -302,6 +309,7 @@ impl Options {
                 (false, Some(dir)) => Some(dir),
                 (false, None) => Some(default_man_dir()),
             },
+            node_check: Some(a.node_check.resolve(env("PATH"))),
         })
     }
 }
@@ -334,6 +342,8 @@ pub struct Report {
     pub ranges: Option<NodeRanges>,
     /// The man pages, under the man directory.
     pub man_pages: Option<(PathBuf, Vec<Placed>)>,
+    /// What `--force` installed despite (compat.rs), to print as a warning.
+    pub forced: Option<String>,
 }
 
 /// The node's pod CIDRs, as written into host-local's `ranges`.
@@ -452,6 +462,9 @@ pub fn run(opts: &Options, json: bool, out: &mut dyn Write) -> Result<(), String
     let r = install_with(opts, |r| {
         node_pod_cidrs(r, |line| output::warn(json, line), std::thread::sleep)
     })?;
+    if let Some(f) = &r.forced {
+        output::warn(json, &format!("warning: installed with --force: {f}"));
+    }
     if let Some(w) = opts
         .conflist
         .as_deref()
@@ -631,6 +644,12 @@ pub fn install_with(
     if let (Some((bytes, _)), Some(path)) = (&conflist, &opts.conflist) {
         has_ranges(bytes).map_err(|e| format!("{}: {e}", path.display()))?;
     }
+    let forced = match (&conflist, &opts.conflist, &opts.node_check) {
+        (Some((bytes, _)), Some(path), Some(check)) => check
+            .run(bytes, &opts.cni_bin_dir)
+            .map_err(|e| format!("{}: {e}", path.display()))?,
+        _ => None,
+    };
 
     // The pages first: a man directory that cannot be written (a read-only /usr) fails the
     // install before the node's CNI setup changed, and --man-dir or --no-man-pages fixes it.
@@ -674,6 +693,7 @@ pub fn install_with(
         adopted,
         ranges,
         man_pages,
+        forced,
     })
 }
 

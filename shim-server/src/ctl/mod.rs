@@ -18,6 +18,7 @@ pub mod agent;
 pub mod atomic;
 pub mod attachments;
 pub mod client;
+pub mod compat;
 pub mod completions;
 pub mod doctor;
 pub mod explain;

@@ -14,8 +14,13 @@ pub enum CtlError {
     /// another): exit status 2, as clap's own usage errors.
     #[error("{0}")]
     Usage(String),
-    #[error("cannot reach dipamd at {}: {reason} (is dipamd running? is --socket right?)", socket.display())]
-    Unreachable { socket: PathBuf, reason: String },
+    #[error("cannot reach dipamd at {}: {reason} ({})", socket.display(), super::client::unreachable_hint(*.denied))]
+    Unreachable {
+        socket: PathBuf,
+        reason: String,
+        /// The socket exists and this user may not use it: dipamd may well be running.
+        denied: bool,
+    },
     #[error("dipamd: {}", .0.message())]
     Rpc(tonic::Status),
     #[error("{0}")]
@@ -58,7 +63,7 @@ impl CtlError {
     /// cause for `unreachable`, the gRPC status code's name for `rpc`).
     pub fn to_json(&self) -> Value {
         let details = match self {
-            Self::Unreachable { socket, reason } => {
+            Self::Unreachable { socket, reason, .. } => {
                 json!({"socket": socket.display().to_string(), "reason": reason})
             }
             Self::Rpc(status) => json!({"grpcCode": grpc_code_name(status.code())}),
@@ -394,6 +399,7 @@ mod tests {
         let unreachable = CtlError::Unreachable {
             socket: "/run/x.sock".into(),
             reason: "No such file or directory".into(),
+            denied: false,
         };
         assert_eq!(
             reported(&unreachable, false),

@@ -178,6 +178,17 @@ pub struct Args {
     /// Accept a non-loopback --metrics-address.
     #[arg(long)]
     pub metrics_allow_remote: bool,
+    /// Accept a --state-dir on tmpfs or ramfs. Without it dipamd starts with a WARN and is
+    /// not ready (status, health, CNI STATUS say why): a reboot empties such a ledger while
+    /// the delegate's store keeps every reservation.
+    #[arg(long, env = "DIPAM_ALLOW_VOLATILE_STATE")]
+    pub allow_volatile_state: bool,
+    /// Accept a --socket in a directory any user may write (e.g. /tmp). Without it dipamd
+    /// starts with a WARN and is not ready: another user's socket there would receive the
+    /// pods' requests, and the plugin refuses a spool published there (DELs made while
+    /// dipamd is down fail with code 11).
+    #[arg(long, env = "DIPAM_ALLOW_SHARED_SOCKET_DIR")]
+    pub allow_shared_socket_dir: bool,
     /// Serve Prometheus metrics on this unix socket (mode 0600) instead of, or as well as, TCP.
     #[arg(long)]
     pub metrics_socket: Option<PathBuf>,
@@ -499,6 +510,14 @@ fn attach_parts(
     history: crate::history::Sink,
     runtime: Option<crate::gc::runtime::cri::CriClient>,
 ) {
+    let _ = node.startup.set(crate::startup_checks::check(
+        &args.state_dir,
+        &args.socket,
+        crate::startup_checks::Accepted {
+            volatile_state: args.allow_volatile_state,
+            shared_socket_dir: args.allow_shared_socket_dir,
+        },
+    ));
     node.pool.configure(crate::pool::PoolConfig {
         size: args.warm_pool,
         node: pool_node,
@@ -698,7 +717,7 @@ async fn census(node: &Node) -> Result<(), DaemonError> {
     let records = node.core.ledger(|l| l.list(None)).await?;
     let mut by: std::collections::BTreeMap<(String, String), u64> = Default::default();
     for r in &records {
-        *by.entry((r.owner.label(), r.key.network.clone()))
+        *by.entry((crate::metric_labels::owner(&r.owner), r.key.network.clone()))
             .or_default() += 1;
     }
     for ((owner, network), count) in &by {

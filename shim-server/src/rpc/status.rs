@@ -57,7 +57,8 @@ pub fn node_checks(node: &Node) -> Result<(), ShimError> {
             )],
         });
     }
-    let not_ready = node.agent.not_ready();
+    let mut not_ready = node.agent.not_ready();
+    not_ready.extend(node.startup.get().into_iter().flatten().cloned());
     if !not_ready.is_empty() {
         return Err(ShimError::NotReady { missing: not_ready });
     }

@@ -28,18 +28,22 @@ impl Lab {
 
     /// As [`Lab::new`], with extra dipamd flags.
     pub fn with_flags(conflist: &str, flags: &[&str]) -> Self {
-        Self::start(conflist, flags, None)
+        Self::start(Fixture::load(conflist), flags, None)
+    }
+
+    /// As [`Lab::with_flags`], for a conflist taken from elsewhere (the docs' examples).
+    pub fn from_fixture(raw: Fixture, flags: &[&str]) -> Self {
+        Self::start(raw, flags, None)
     }
 
     /// As [`Lab::with_flags`], with the runtime's CNI_PATH and dipamd's `--cni-path` on the
     /// reference plugins of `plugins` (e.g. today's host-local, which implements CNI GC, where
     /// Debian's does not).
     pub fn with_plugins(conflist: &str, flags: &[&str], plugins: crate::peers::Plugins) -> Self {
-        Self::start(conflist, flags, Some(plugins))
+        Self::start(Fixture::load(conflist), flags, Some(plugins))
     }
 
-    fn start(conflist: &str, flags: &[&str], plugins: Option<crate::peers::Plugins>) -> Self {
-        let raw = Fixture::load(conflist);
+    fn start(raw: Fixture, flags: &[&str], plugins: Option<crate::peers::Plugins>) -> Self {
         let subnet = Subnet::claim(subnet_prefix(&raw));
         let mut dipamd = Dipamd::unstarted(flags);
         if let Some(p) = plugins {

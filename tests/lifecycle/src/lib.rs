@@ -13,6 +13,7 @@ pub mod cri;
 pub mod crio;
 pub mod daemon;
 pub mod deps;
+pub mod examples;
 pub mod fixture;
 pub mod hostlocal;
 pub mod kubeapi;

@@ -127,3 +127,35 @@ impl Drop for Podman {
         }
     }
 }
+
+impl Podman {
+    /// Imports a one-binary image as `image`: busybox-static and the applets `applets`
+    /// (`podman import` of a tar, so no registry is needed).
+    pub fn import_busybox(&self, image: &str, applets: &[&str]) {
+        let rootfs = self.path("rootfs");
+        for d in ["bin", "etc", "proc", "sys", "dev", "tmp"] {
+            std::fs::create_dir_all(rootfs.join(d)).expect("rootfs");
+        }
+        let busybox = ["/bin/busybox", "/usr/bin/busybox"]
+            .iter()
+            .map(Path::new)
+            .find(|p| p.is_file())
+            .expect("busybox (tests/deps.sh installs busybox-static)");
+        std::fs::copy(busybox, rootfs.join("bin/busybox")).expect("copy busybox");
+        for applet in applets {
+            std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet))
+                .expect("applet link");
+        }
+        let tar = self.path("rootfs.tar");
+        let status = std::process::Command::new("tar")
+            .arg("-C")
+            .arg(&rootfs)
+            .arg("-cf")
+            .arg(&tar)
+            .arg(".")
+            .status()
+            .expect("tar");
+        assert!(status.success(), "tar of the rootfs");
+        self.ok(&["import", &tar.display().to_string(), image]);
+    }
+}

@@ -580,7 +580,7 @@ impl Drop for ForeignPod {
 #[test]
 fn an_add_whose_address_is_routed_to_another_live_veth_is_refused() {
     require_root!();
-    let lab = Lab::new("dipam-host-local.conflist").with_version("1.0.0");
+    let lab = Lab::new("dipam-host-local-1.1.0.conflist").with_version("1.0.0");
     // host-local's first address in a fresh store: the one after the gateway.
     let first = format!("{}.2", lab.subnet.cidr.trim_end_matches(".0/24"));
     let foreign = ForeignPod::new(&first);
@@ -625,8 +625,8 @@ fn an_add_whose_address_is_routed_to_another_live_veth_is_refused() {
 fn a_main_mode_attachment_freed_by_gc_loses_its_veth_and_route() {
     require_root!();
     // No grace period: the pod freed was added a moment ago.
-    let lab =
-        Lab::with_flags("dipam-host-local.conflist", &["--gc-grace", "0"]).with_version("1.1.0");
+    let lab = Lab::with_flags("dipam-host-local-1.1.0.conflist", &["--gc-grace", "0"])
+        .with_version("1.1.0");
     let (_keep_ns, keep) = lab.pod();
     lab.rt.add(lab.list(), &keep).unwrap();
     let (_ns, gone) = lab.pod();

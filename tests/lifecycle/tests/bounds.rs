@@ -21,7 +21,7 @@ fn ip(args: &[&str]) -> std::process::Output {
 #[test]
 fn a_container_id_as_long_as_the_spec_allows_works_in_main_mode() {
     require_root!();
-    let lab = Lab::new("dipam-host-local.conflist");
+    let lab = Lab::new("dipam-host-local-1.1.0.conflist");
     let (ns, mut att) = lab.pod();
     att.container_id = format!("{}{}", att.container_id, "a".repeat(240));
     att.container_id.truncate(240);

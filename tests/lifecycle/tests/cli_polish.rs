@@ -279,7 +279,9 @@ fn usage_errors_exit_2_and_the_flags_go_where_they_are_used() {
     let conflist = tmp.path().join("c.conflist");
     std::fs::write(
         &conflist,
-        Fixture::load("dipam-host-local.conflist").list.to_string(),
+        Fixture::load("dipam-host-local-1.1.0.conflist")
+            .list
+            .to_string(),
     )
     .unwrap();
     let (bin_dir_s, conf_dir_s, conflist_s) = (
@@ -524,7 +526,7 @@ fn strs(v: &[String]) -> Vec<&str> {
 /// host-local's store for `n` pods, written as host-local writes it (one file per address,
 /// `<containerID>\r\n<ifname>`), and a conflist that points at it.
 fn store_with_pods(dir: &Path, n: usize) -> std::path::PathBuf {
-    let fx = Fixture::load("dipam-host-local.conflist")
+    let fx = Fixture::load("dipam-host-local-1.1.0.conflist")
         .unique_name()
         .with_subnet("10.251.0.0/16")
         .with_delegate_state(&dir.join("data"));

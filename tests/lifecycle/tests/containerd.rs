@@ -36,7 +36,7 @@ enum Mode {
 impl Mode {
     fn conflist(self) -> &'static str {
         match self {
-            Self::Main => "dipam-host-local.conflist",
+            Self::Main => "dipam-host-local-1.1.0.conflist",
             Self::Ipam => "ptp-dipam-host-local.conflist",
         }
     }
@@ -418,28 +418,45 @@ fn containerd_cni_versions() {
     }
     // Main mode at 1.1.0 (in IPAM mode Debian's ptp 1.1.1 refuses a 1.1.0 config first),
     // installed as a node installs it: `dipamctl install` into the running containerd's
-    // conf_dir, which warns about exactly this, and which containerd picks up.
+    // conf_dir refuses it, naming containerd 1.6 and the version to use; with --force it
+    // installs it, and containerd picks it up and fails exactly as the refusal said.
     let lab = Lab::new(Mode::Main.conflist()).with_version("1.1.0");
     for e in std::fs::read_dir(cd.conf_dir()).unwrap().flatten() {
         std::fs::remove_file(e.path()).unwrap();
     }
     let src = lab.dipamd.dir.path().join("v110.conflist");
     std::fs::write(&src, serde_json::to_vec_pretty(lab.list()).unwrap()).unwrap();
-    let out = Command::new(dipam_lifecycle::bins::bin("dipamctl"))
-        .arg("install")
-        .arg("--cni-bin-dir")
-        .arg(cd.bin_dir())
-        .arg("--conf-dir")
-        .arg(cd.conf_dir())
-        .arg("--conflist")
-        .arg(&src)
-        .output()
-        .unwrap();
+    let install = |force: bool| {
+        let mut cmd = Command::new(dipam_lifecycle::bins::bin("dipamctl"));
+        cmd.arg("install")
+            .arg("--cni-bin-dir")
+            .arg(cd.bin_dir())
+            .arg("--conf-dir")
+            .arg(cd.conf_dir())
+            .arg("--conflist")
+            .arg(&src)
+            .arg("--no-man-pages")
+            // The runtime is found in PATH, as on a node: this one's containerd 1.6.
+            .env("PATH", runtime_path(cd.build()));
+        if force {
+            cmd.arg("--force");
+        }
+        cmd.output().unwrap()
+    };
+    let out = install(false);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "dipamctl install: {stderr}");
+    assert_eq!(out.status.code(), Some(1), "refused: {stderr}");
     assert!(
-        stderr.contains("warning") && stderr.contains("unsupported CNI result version"),
-        "dipamctl install warns about 1.1.0: {stderr}"
+        stderr.contains("containerd 1.6") && stderr.contains("\"cniVersion\": \"1.0.0\""),
+        "the refusal names containerd 1.6 and the version to use: {stderr}"
+    );
+    assert_eq!(std::fs::read_dir(cd.conf_dir()).unwrap().count(), 0);
+    let out = install(true);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "dipamctl install --force: {stderr}");
+    assert!(
+        stderr.contains("warning") && stderr.contains("cannot parse a 1.1.0 result"),
+        "--force installs and warns: {stderr}"
     );
     cd.wait_loaded(lab.list());
     let err = cd.run_pod("v110").unwrap_err();
@@ -491,4 +508,15 @@ fn containerd_guard_cleans_up_a_running_pod() {
         );
     }
     assert_no_host_veths(&lab.network(), dipam_proto::retired::ALIAS_PREFIX);
+}
+
+/// A PATH whose `containerd` is `build`'s, ahead of the rest of this process's PATH.
+fn runtime_path(build: &dipam_lifecycle::containerd::Build) -> std::ffi::OsString {
+    let dir = build
+        .containerd
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default();
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::join_paths(std::iter::once(dir).chain(std::env::split_paths(&path))).unwrap()
 }

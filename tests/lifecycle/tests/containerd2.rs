@@ -123,7 +123,7 @@ fn pods_at_1_1_0(peers: &[Peer], conflist: &str) {
 fn main_mode_pods_at_1_1_0() {
     require_containerd!();
     let peers = require_peers!("containerd", "ctr", "containerd-shim-runc-v2");
-    pods_at_1_1_0(&peers, "dipam-host-local.conflist");
+    pods_at_1_1_0(&peers, "dipam-host-local-1.1.0.conflist");
 }
 
 #[test]
@@ -157,7 +157,7 @@ fn wait_network_ready(cd: &Containerd, want: bool) -> String {
 fn network_ready_follows_dipamd() {
     require_containerd!();
     let peers = require_peers!("containerd", "ctr", "containerd-shim-runc-v2");
-    let mut b = Bench::new(&peers, "dipam-host-local.conflist", &[], false);
+    let mut b = Bench::new(&peers, "dipam-host-local-1.1.0.conflist", &[], false);
     wait_network_ready(&b.cd, true);
     let before = b.cd.run_pod("before").unwrap();
     b.address_of(&before);
@@ -183,7 +183,7 @@ fn network_ready_follows_dipamd() {
 fn runtime_aware_gc_frees_what_containerd_2_leaked() {
     require_containerd!();
     let peers = require_peers!("containerd", "ctr", "containerd-shim-runc-v2");
-    let b = Bench::new(&peers, "dipam-host-local.conflist", &[], true);
+    let b = Bench::new(&peers, "dipam-host-local-1.1.0.conflist", &[], true);
     let a = b.lab.network();
     let stays = b.cd.run_pod("stays").unwrap();
     let leaks = b.cd.run_pod("leaks").unwrap();

@@ -36,7 +36,7 @@ impl Bench {
     fn new(dipamd_up: bool) -> Option<Self> {
         let peers = dipam_lifecycle::peers::all(module_path!(), &["crio", "pinns"])?;
         let crio = Crio::new(&peers[0], &peers[1]);
-        let mut lab = AgentLab::unstarted("dipam-host-local.conflist");
+        let mut lab = AgentLab::unstarted("dipam-host-local-1.1.0.conflist");
         lab.fx = lab.fx.clone().with_version("1.1.0");
         lab.write_conflist();
         let spool = lab.dipamd.dir.path().join("elsewhere/spool");

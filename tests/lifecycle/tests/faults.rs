@@ -95,7 +95,7 @@ fn every_del_crash_point_converges() {
 fn main_mode_crash_between_early_result_and_commit_converges() {
     require_root!();
     let mut lab = Lab::with_flags(
-        "dipam-host-local.conflist",
+        "dipam-host-local-1.1.0.conflist",
         &["--crash-at", "add-before-commit"],
     );
     let _replay = replay(

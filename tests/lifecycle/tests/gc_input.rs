@@ -151,7 +151,7 @@ fn malformed_runtime_lists_refuse_the_whole_gc() {
 #[test]
 fn main_mode_gc_checks_the_list_too() {
     require_root!();
-    let lab = Lab::with_flags("dipam-host-local.conflist", &["--gc-grace", "0"]);
+    let lab = Lab::with_flags("dipam-host-local-1.1.0.conflist", &["--gc-grace", "0"]);
     let pods: Vec<_> = (0..2).map(|_| lab.pod()).collect();
     for (_, p) in &pods {
         lab.rt.add(lab.list(), p).unwrap();

@@ -235,7 +235,7 @@ fn assert_all_succeed(by_version: &[(String, Vec<Value>)]) {
 fn main_mode_at_every_version_with_current_plugins_emulation_and_libcni_agree() {
     require_root!();
     assert_all_succeed(&versions_agree(
-        "dipam-host-local.conflist",
+        "dipam-host-local-1.1.0.conflist",
         Plugins::Current,
     ));
 }
@@ -244,7 +244,7 @@ fn main_mode_at_every_version_with_current_plugins_emulation_and_libcni_agree() 
 fn main_mode_at_every_version_with_debian_plugins_emulation_and_libcni_agree() {
     require_root!();
     assert_all_succeed(&versions_agree(
-        "dipam-host-local.conflist",
+        "dipam-host-local-1.1.0.conflist",
         Plugins::Debian,
     ));
 }
@@ -349,7 +349,7 @@ fn agent_lab(conflist: &str, plugins: Plugins) -> (AgentLab, String) {
 /// stale pod libcni cached is DELed by libcni, the one it never cached (its cache lost) is
 /// freed by dipam's GC, and the agent's roles and claim, which no runtime lists, stay.
 fn gc_keeps_agent_and_frees_stale(plugins: Plugins) {
-    let (lab, claimed) = agent_lab("dipam-host-local.conflist", plugins);
+    let (lab, claimed) = agent_lab("dipam-host-local-1.1.0.conflist", plugins);
     let agent_before = lab.addresses();
     let watch = Watcher::start(&lab);
     let libcni = LibCni::new(peers::cni_path(plugins));
@@ -478,7 +478,7 @@ fn ipam_mode_gc_never_reaches_dipam_through_ptp() {
 #[test]
 fn cnitool_drives_dipam_and_its_gc_without_a_list_frees_only_what_it_cached() {
     require_root!();
-    let mut lab = Lab::with_flags("dipam-host-local.conflist", &["--gc-grace", "0"]);
+    let mut lab = Lab::with_flags("dipam-host-local-1.1.0.conflist", &["--gc-grace", "0"]);
     lab.fx = lab.fx.clone().with_version("1.1.0");
     lab.rt = Runtime::new(peers::cni_path(Plugins::Current));
     let tool = CniTool::new(peers::cni_path(Plugins::Current), lab.list());
@@ -539,7 +539,10 @@ fn cnitool_drives_dipam_and_its_gc_without_a_list_frees_only_what_it_cached() {
 #[test]
 fn status_is_50_while_dipamd_is_down_and_0_once_it_is_up() {
     require_root!();
-    for conflist in ["dipam-host-local.conflist", "ptp-dipam-host-local.conflist"] {
+    for conflist in [
+        "dipam-host-local-1.1.0.conflist",
+        "ptp-dipam-host-local.conflist",
+    ] {
         let mut lab = Lab::with_flags(conflist, &[]);
         lab.fx = lab.fx.clone().with_version("1.1.0");
         lab.rt = Runtime::new(peers::cni_path(Plugins::Current));
@@ -678,7 +681,7 @@ fn next(state: &mut u64) -> u64 {
 fn sigkill_of_dipamd_at_a_random_moment_under_libcni_converges() {
     require_root!();
     let mut state = seed() | 1;
-    let mut lab = Lab::with_flags("dipam-host-local.conflist", &[]);
+    let mut lab = Lab::with_flags("dipam-host-local-1.1.0.conflist", &[]);
     lab.fx = lab.fx.clone().with_version("1.1.0");
     let libcni = Arc::new(LibCni::new(peers::cni_path(Plugins::Current)));
     let list = lab.list().clone();

@@ -205,7 +205,7 @@ fn lifecycle(conflist: &str, version: &str) {
 fn host_local_every_version() {
     require_root!();
     for v in ["0.3.1", "0.4.0", "1.0.0", "1.1.0"] {
-        lifecycle("dipam-host-local.conflist", v);
+        lifecycle("dipam-host-local-1.1.0.conflist", v);
     }
 }
 
@@ -222,7 +222,7 @@ fn azure_every_version() {
 #[test]
 fn dual_stack() {
     require_root!();
-    let mut lab = Lab::new("dipam-host-local.conflist");
+    let mut lab = Lab::new("dipam-host-local-1.1.0.conflist");
     let v6 = format!("fd7d:{}::/64", lab.subnet.index);
     lab.fx = lab
         .fx
@@ -260,7 +260,7 @@ fn dual_stack() {
 #[test]
 fn mtu_is_applied_to_both_ends() {
     require_root!();
-    let mut lab = Lab::new("dipam-host-local.conflist");
+    let mut lab = Lab::new("dipam-host-local-1.1.0.conflist");
     lab.fx.list["plugins"][0]["mtu"] = json!(1280);
     let (ns, att) = lab.pod();
     let result = lab
@@ -279,7 +279,7 @@ fn mtu_is_applied_to_both_ends() {
 #[test]
 fn del_after_the_netns_vanished() {
     require_root!();
-    let lab = Lab::new("dipam-host-local.conflist");
+    let lab = Lab::new("dipam-host-local-1.1.0.conflist");
     for empty in [false, true] {
         let (mut ns, mut att) = lab.pod();
         let result = lab
@@ -313,7 +313,7 @@ fn del_after_the_netns_vanished() {
 #[test]
 fn add_fails_when_the_interface_exists() {
     require_root!();
-    let lab = Lab::new("dipam-host-local.conflist");
+    let lab = Lab::new("dipam-host-local-1.1.0.conflist");
     let (ns, att) = lab.pod();
     // A bridge: the kernel of some CI machines has no dummy driver.
     let made = ip(&["-n", &ns.name, "link", "add", "eth0", "type", "bridge"]);
@@ -352,7 +352,7 @@ fn add_fails_when_the_interface_exists() {
 #[test]
 fn an_ipam_refusal_removes_the_veth_made_meanwhile() {
     require_root!();
-    let mut lab = Lab::new("dipam-host-local.conflist");
+    let mut lab = Lab::new("dipam-host-local-1.1.0.conflist");
     let only = format!("{}.2", lab.subnet.cidr.trim_end_matches(".0/24"));
     lab.fx = lab
         .fx
@@ -386,7 +386,7 @@ fn an_ipam_refusal_removes_the_veth_made_meanwhile() {
 #[test]
 fn add_failure_after_the_veth_rolls_everything_back() {
     require_root!();
-    let mut lab = Lab::new("dipam-host-local.conflist");
+    let mut lab = Lab::new("dipam-host-local-1.1.0.conflist");
     lab.fx = lab
         .fx
         .clone()
@@ -449,7 +449,7 @@ fn add_failure_before_the_veth_releases_the_azure_address() {
 #[test]
 fn a_stale_host_veth_of_the_same_attachment_is_replaced() {
     require_root!();
-    let lab = Lab::new("dipam-host-local.conflist");
+    let lab = Lab::new("dipam-host-local-1.1.0.conflist");
     let (_ns, att) = lab.pod();
     let first = lab.rt.add(lab.list(), &att).unwrap();
     let name = host_end(&first);
@@ -484,7 +484,7 @@ fn a_stale_host_veth_of_the_same_attachment_is_replaced() {
 #[test]
 fn repeated_add_keeps_the_first() {
     require_root!();
-    let lab = Lab::new("dipam-host-local.conflist");
+    let lab = Lab::new("dipam-host-local-1.1.0.conflist");
     let (ns, att) = lab.pod();
     let first = lab.rt.add(lab.list(), &att).unwrap();
     let e = lab.rt.add(lab.list(), &att).unwrap_err();
@@ -504,7 +504,7 @@ fn repeated_add_keeps_the_first() {
 #[test]
 fn check_detects_a_broken_datapath() {
     require_root!();
-    let lab = Lab::new("dipam-host-local.conflist");
+    let lab = Lab::new("dipam-host-local-1.1.0.conflist");
     let (ns, att) = lab.pod();
     let result = lab.rt.add(lab.list(), &att).unwrap();
     lab.rt.check(lab.list(), &att).unwrap();
@@ -545,7 +545,7 @@ fn check_detects_a_broken_datapath() {
 #[test]
 fn sixteen_pods_in_parallel() {
     require_root!();
-    let lab = Lab::new("dipam-host-local.conflist");
+    let lab = Lab::new("dipam-host-local-1.1.0.conflist");
     let pods: Vec<(NetNs, Attachment)> = (0..16).map(|_| lab.pod()).collect();
     let started = Instant::now();
     let results: Vec<(Value, Duration)> = std::thread::scope(|s| {
@@ -605,7 +605,7 @@ fn sixteen_pods_in_parallel() {
 #[test]
 fn one_pod_several_interfaces_at_once() {
     require_root!();
-    let lab = Lab::new("dipam-host-local.conflist");
+    let lab = Lab::new("dipam-host-local-1.1.0.conflist");
     let (ns, base) = lab.pod();
     let eth0 = base.clone().with_ifname("eth0");
     let eth1 = base.clone().with_ifname("eth1");

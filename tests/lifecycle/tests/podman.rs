@@ -169,7 +169,7 @@ fn run_on(conflist: &str) {
 #[test]
 fn podman_runs_a_container_on_dipam_as_the_main_plugin() {
     require_podman!();
-    run_on("dipam-host-local.conflist");
+    run_on("dipam-host-local-1.1.0.conflist");
 }
 
 #[test]

@@ -157,7 +157,10 @@ fn explain_events(d: &Dipamd, cid: &str, requests: usize) -> Vec<Value> {
 #[test]
 fn pods_take_from_the_pool_and_del_check_use_its_key() {
     require_root!();
-    for conflist in ["ptp-dipam-host-local.conflist", "dipam-host-local.conflist"] {
+    for conflist in [
+        "ptp-dipam-host-local.conflist",
+        "dipam-host-local-1.1.0.conflist",
+    ] {
         let lab = lab(conflist, 4, &[]).with_version("1.0.0");
         let net = lab.network();
         let data = lab.data.path();

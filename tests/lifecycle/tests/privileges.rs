@@ -464,7 +464,7 @@ fn the_systemd_units_capabilities_parse_as_expected() {
 #[test]
 fn main_mode_under_the_systemd_units_capabilities() {
     require_root!();
-    let lab = exercise("dipam-host-local.conflist", &shipped_unit(), &[]);
+    let lab = exercise("dipam-host-local-1.1.0.conflist", &shipped_unit(), &[]);
     assert_nothing_refused(&lab);
     // dipamd's teardown worker counts a batch once the whole batch is done, a moment after
     // the link itself is gone (which is what `exercise` waited for): poll the count.
@@ -489,7 +489,11 @@ fn ipam_mode_under_the_systemd_units_capabilities() {
 #[test]
 fn main_mode_under_the_daemonsets_security_context() {
     require_root!();
-    let lab = exercise("dipam-host-local.conflist", &daemonset_restrictions(), &[]);
+    let lab = exercise(
+        "dipam-host-local-1.1.0.conflist",
+        &daemonset_restrictions(),
+        &[],
+    );
     assert_nothing_refused(&lab);
 }
 
@@ -513,7 +517,7 @@ fn one_capability_short_the_veths_still_go_and_doctor_says_why() {
     let metrics_dir = tempfile::tempdir().unwrap();
     let metrics = metrics_dir.path().join("metrics.sock");
     let lab = exercise(
-        "dipam-host-local.conflist",
+        "dipam-host-local-1.1.0.conflist",
         &one_short(),
         &["--metrics-socket", metrics.to_str().unwrap()],
     );
@@ -573,7 +577,7 @@ fn scrape(path: &std::path::Path) -> String {
 #[test]
 fn every_capability_in_a_user_namespace_is_still_refused_and_said() {
     require_root!();
-    let mut lab = AgentLab::unstarted("dipam-host-local.conflist");
+    let mut lab = AgentLab::unstarted("dipam-host-local-1.1.0.conflist");
     lab.write_conflist();
     lab.set_roles("router,health", &[]);
     lab.dipamd

@@ -131,7 +131,7 @@ fn a_duplicate_address_from_the_delegate_is_refused_with_156() {
 #[test]
 fn two_identical_main_mode_adds_at_once_never_undo_each_other() {
     require_root!();
-    let lab = Lab::new("dipam-host-local.conflist");
+    let lab = Lab::new("dipam-host-local-1.1.0.conflist");
     for trial in 0..6 {
         let (ns, att) = lab.pod();
         let config = serde_json::to_vec(&Runtime::plugin_config(lab.list(), 0, None)).unwrap();

@@ -37,7 +37,7 @@ impl Bench {
 /// `interval` seconds between passes and no grace period unless `grace` says otherwise.
 fn lab(endpoint: &str, interval: &str, grace: &str) -> Lab {
     Lab::with_flags(
-        "dipam-host-local.conflist",
+        "dipam-host-local-1.1.0.conflist",
         &[
             "--cri-endpoint",
             endpoint,

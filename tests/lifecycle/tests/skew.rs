@@ -315,7 +315,7 @@ impl Drop for OlderDaemon {
 #[test]
 fn this_plugin_works_against_a_daemon_without_add_early() {
     require_root!();
-    let mut lab = Lab::new("dipam-host-local.conflist");
+    let mut lab = Lab::new("dipam-host-local-1.1.0.conflist");
     let older = OlderDaemon::start(lab.dipamd.socket());
     lab.fx = lab.fx.clone().with_socket(&older.socket);
     let (_ns, att) = lab.pod();

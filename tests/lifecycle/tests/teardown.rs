@@ -67,7 +67,7 @@ impl Drop for Links {
 #[test]
 fn del_returns_before_the_veth_is_deleted_and_dipamd_deletes_it() {
     require_root!();
-    let lab = Lab::new("dipam-host-local.conflist");
+    let lab = Lab::new("dipam-host-local-1.1.0.conflist");
     let pods: Vec<_> = (0..6).map(|_| lab.pod()).collect();
     let mut hosts = Vec::new();
     for (_, att) in &pods {
@@ -112,7 +112,7 @@ fn del_returns_before_the_veth_is_deleted_and_dipamd_deletes_it() {
 #[test]
 fn retired_veths_left_by_a_crash_go_at_the_next_start_and_foreign_links_stay() {
     require_root!();
-    let mut lab = Lab::new("dipam-host-local.conflist");
+    let mut lab = Lab::new("dipam-host-local-1.1.0.conflist");
     lab.dipamd.kill9();
     let i = lab.subnet.index;
     let retired_names: Vec<String> = (0..3).map(|n| format!("dpr{n}x{i}")).collect();
@@ -161,7 +161,7 @@ fn retired_veths_left_by_a_crash_go_at_the_next_start_and_foreign_links_stay() {
 #[test]
 fn a_netns_that_outlives_its_del_takes_the_same_interface_again() {
     require_root!();
-    let lab = Lab::new("dipam-host-local.conflist");
+    let lab = Lab::new("dipam-host-local-1.1.0.conflist");
     let (ns, att) = lab.pod();
     for round in 0..5 {
         let result = lab
@@ -188,7 +188,7 @@ fn a_netns_that_outlives_its_del_takes_the_same_interface_again() {
 #[test]
 fn a_dipamd_in_another_netns_leaves_the_deletion_to_the_plugin() {
     require_root!();
-    let mut lab = Lab::new("dipam-host-local.conflist");
+    let mut lab = Lab::new("dipam-host-local-1.1.0.conflist");
     let elsewhere = NetNs::new();
     lab.dipamd.kill9();
     lab.dipamd.run_in_netns(&elsewhere.name);

@@ -481,7 +481,7 @@ fn refusals_exit_1_with_the_reason_and_write_nothing() {
     refused(
         &unwrap(
             "u3.conflist",
-            &fs::read_to_string(bins::workspace().join("conflist/dipam-host-local.conflist"))
+            &fs::read_to_string(bins::workspace().join("conflist/dipam-host-local-1.1.0.conflist"))
                 .unwrap(),
             &[],
         ),

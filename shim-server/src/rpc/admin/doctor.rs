@@ -320,7 +320,7 @@ pub async fn run(node: &Node) -> Result<DoctorReply, ShimError> {
             } else {
                 snap.waiting.clone()
             },
-            "install the network's conflist (dipamd watches for it)",
+            &crate::hints::agent_conflist_fix(&snap.waiting, &cfg.source),
         ));
         for a in &snap.addresses {
             checks.push(check(

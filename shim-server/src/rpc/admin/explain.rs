@@ -18,6 +18,10 @@ pub async fn run(node: &Node, req: ExplainRequest) -> Result<ExplainReply, ShimE
             req.container_id.clone()
         }
     };
+    // What completed before this call is in the history before it is read.
+    if let Some(h) = node.history.get() {
+        h.flush().await;
+    }
     let (records, events) = node
         .core
         .ledger(move |l| {
@@ -63,9 +67,7 @@ async fn pod_container(node: &Node, namespace: &str, name: &str) -> Result<Strin
                 crate::validate::shown(namespace),
                 crate::validate::shown(name)
             ),
-            details: "a pod is known by name only when its runtime sent K8S_POD_NAMESPACE and \
-                      K8S_POD_NAME (CRI); see `dipamctl attachments`, or explain its container ID"
-                .into(),
+            details: crate::hints::POD_BY_NAME.into(),
         })
     })
 }

@@ -22,6 +22,7 @@ fn range_status(c: RangeCount) -> RangeStatus {
 
 pub async fn run(node: &Node) -> Result<StatusReply, ShimError> {
     let mut not_ready = node.agent.not_ready();
+    not_ready.extend(node.startup.get().into_iter().flatten().cloned());
     // A ledger that cannot take commits (a full disk) fails every ADD and DEL: that is the
     // first thing status must say, and counting must not fail the whole report.
     if let Some(fault) = node.core.ledger.store().fault() {

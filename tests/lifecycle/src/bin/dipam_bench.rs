@@ -2318,7 +2318,7 @@ fn run(opts: &Opts) -> Res<()> {
     let mut nets = vec![
         reference_net("a", "(a) ptp + host-local", "ref")?,
         dipam_net(
-            "dipam-host-local.conflist",
+            "dipam-host-local-1.1.0.conflist",
             &socket,
             "b",
             "(b) dipam main + host-local",
@@ -2352,7 +2352,7 @@ fn run(opts: &Opts) -> Res<()> {
     // The pool's entries and a round's pods hold addresses at the same time.
     let pool_subnets = (2 * pool_size + 16).div_ceil(250);
     let mut pooled = dipam_net(
-        "dipam-host-local.conflist",
+        "dipam-host-local-1.1.0.conflist",
         &pool_dipamd.socket(),
         "d",
         "(d) dipam main + warm pool",
@@ -2401,7 +2401,7 @@ fn run(opts: &Opts) -> Res<()> {
         ]);
         for (file, socket, key, label, prefix, subnets, of) in [
             (
-                "dipam-host-local.conflist",
+                "dipam-host-local-1.1.0.conflist",
                 shared.socket(),
                 "b_alt",
                 "(b') alt: dipam main + hl",
@@ -2419,7 +2419,7 @@ fn run(opts: &Opts) -> Res<()> {
                 2,
             ),
             (
-                "dipam-host-local.conflist",
+                "dipam-host-local-1.1.0.conflist",
                 pool.socket(),
                 "d_alt",
                 "(d') alt: dipam main + pool",

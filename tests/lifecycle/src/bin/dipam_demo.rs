@@ -18,7 +18,7 @@ use std::process::ExitCode;
 use dipam_lifecycle::{AgentLab, Attachment, NetNs, hostlocal, is_root, runtime::result_ips};
 use serde_json::{Value, json};
 
-const CONFLIST: &str = "dipam-host-local.conflist";
+const CONFLIST: &str = "dipam-host-local-1.1.0.conflist";
 
 fn step(n: u32, what: &str) {
     println!("\n== {n}. {what}");

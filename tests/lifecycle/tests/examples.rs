@@ -1,0 +1,178 @@
+//! Every example network config in README.md, docs/ and conflist/ works as written on the
+//! runtimes docs/compatibility.md lists: read from the markdown and the files themselves
+//! (src/examples.rs), each is run through a real runtime at its own cniVersion, and a pod
+//! gets an address of the example's delegate that the ledger records, and its removal frees
+//! it. An example below 1.1.0 runs under podman 4.3 and containerd 1.6 with Debian 12's
+//! plugins (1.1.1); a 1.1.0 example (GC and STATUS) runs under containerd 2 with the
+//! reference plugins v1.10.0, the runtimes that send them.
+//!
+//! The test changes only what lets tests run side by side (as conflist/README.md says): the
+//! network's name, dipamd's socket, the delegate's state directory, the subnet and a bridge's
+//! name. Examples delegating to azure-vnet-ipam need its fixed host paths
+//! (/etc/kubernetes/interfaces.json) and run in tests/azure.rs instead, under libcni.
+
+// Tests: a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
+use dipam_lifecycle::{
+    Containerd, Fixture, Lab,
+    containerd::Build,
+    examples::{self, Example},
+    links::ipv4_addresses,
+    peers::Peer,
+    podman::{self, Podman},
+    require_containerd, require_peers,
+};
+
+const IMAGE: &str = "localhost/dipam-examples:test";
+
+/// The examples a runtime of this kind is meant to run: `new` for 1.1.0 ones.
+fn examples(new: bool) -> Vec<Example> {
+    let all = examples::all();
+    // The extraction itself can fail: every place that shows examples must yield some.
+    for place in ["README.md", "docs/configuration.md", "conflist/"] {
+        assert!(
+            all.iter().any(|e| e.source.starts_with(place)),
+            "no example found in {place}: {:?}",
+            all.iter().map(|e| &e.source).collect::<Vec<_>>()
+        );
+    }
+    assert!(
+        all.iter().any(|e| e.version() == "1.1.0"),
+        "one example is at 1.1.0, for GC and STATUS"
+    );
+    all.into_iter()
+        .filter(|e| (e.version() == "1.1.0") == new)
+        .filter(|e| {
+            let azure = e.delegate() == "azure-vnet-ipam";
+            if azure {
+                eprintln!("{}: azure-vnet-ipam, proven in azure.rs", e.source);
+            }
+            !azure
+        })
+        .collect()
+}
+
+/// A bench for one example, with its own cniVersion.
+fn lab(e: &Example) -> Lab {
+    eprintln!("--- {} (cniVersion {})", e.source, e.version());
+    Lab::from_fixture(
+        Fixture {
+            list: e.list.clone(),
+        },
+        &[],
+    )
+}
+
+/// The ledger's one address for `id`, which must be in the bench's subnet.
+#[track_caller]
+fn address_of(lab: &Lab, e: &Example, id: &str) -> String {
+    let ledger = lab.ledger();
+    assert_eq!(ledger.len(), 1, "{}: {ledger:?}", e.source);
+    assert_eq!(ledger[0].0, id, "{}", e.source);
+    assert!(
+        lab.subnet.contains(&ledger[0].1),
+        "{}: {ledger:?}",
+        e.source
+    );
+    lab.assert_agree();
+    ledger[0].1.clone()
+}
+
+#[track_caller]
+fn assert_freed(lab: &Lab, e: &Example) {
+    assert!(lab.ledger().is_empty(), "{}: {:?}", e.source, lab.ledger());
+    assert!(lab.delegate_store().is_empty(), "{}", e.source);
+}
+
+#[test]
+fn podman_4_3_runs_every_example_below_1_1_0() {
+    if let Some(why) = podman::unavailable(
+        "podman tests need root (rootful podman with CNI networks)",
+        &["podman", "runc", "busybox"],
+        "tests/deps.sh installs podman, runc and busybox-static",
+    ) {
+        eprintln!("\n*** SKIPPED {}: {why} ***\n", module_path!());
+        return;
+    }
+    let list = examples(false);
+    assert!(!list.is_empty());
+    for e in &list {
+        let lab = lab(e);
+        let net = lab.network();
+        let p = Podman::new("podman-examples-", |dir| {
+            let netd = dir.join("net.d");
+            std::fs::create_dir_all(&netd).unwrap();
+            std::fs::write(
+                netd.join(format!("{net}.conflist")),
+                serde_json::to_vec_pretty(lab.list()).unwrap(),
+            )
+            .unwrap();
+            Some(format!(
+                "network_backend = \"cni\"\ncni_plugin_dirs = [\"{}\", \"{}\"]\n\
+                 network_config_dir = \"{}\"",
+                dipam_lifecycle::bins::dir().display(),
+                dipam_lifecycle::bins::REFERENCE_PLUGINS,
+                netd.display(),
+            ))
+        });
+        p.import_busybox(IMAGE, &["sh", "ip", "sleep"]);
+        let id = p
+            .ok(&["run", "-d", "--network", &net, IMAGE, "sleep", "120"])
+            .trim()
+            .to_owned();
+        let ip = address_of(&lab, e, &id);
+        let seen = p.ok(&["exec", &id, "ip", "-o", "-4", "addr"]);
+        assert_eq!(ipv4_addresses(&seen), vec![ip], "{}: {seen}", e.source);
+        p.ok(&["rm", "--force", "--time", "0", &id]);
+        assert_freed(&lab, e);
+    }
+}
+
+/// Runs a pod on each example under `cd`: CRI's pod IP is the ledger's; stop and remove free it.
+fn pods_on(cd: &Containerd, list: &[Example]) {
+    assert!(!list.is_empty());
+    for e in list {
+        let lab = lab(e);
+        cd.set_conflist(lab.list());
+        let pod = cd
+            .run_pod("example")
+            .unwrap_or_else(|err| panic!("{}: {err:?}\n{}", e.source, lab.dipamd.log()));
+        let ip = address_of(&lab, e, &pod.id);
+        assert_eq!(cd.pod_ip(&pod.id), Some(ip), "{}", e.source);
+        cd.stop_pod(&pod.id).unwrap();
+        cd.remove_pod(&pod.id).unwrap();
+        assert_freed(&lab, e);
+    }
+}
+
+#[test]
+fn containerd_1_6_runs_every_example_below_1_1_0() {
+    require_containerd!();
+    let cd = Containerd::start();
+    pods_on(&cd, &examples(false));
+}
+
+#[test]
+fn containerd_2_runs_every_1_1_0_example() {
+    require_containerd!();
+    let peers: Vec<Peer> = require_peers!(
+        "containerd",
+        "ctr",
+        "containerd-shim-runc-v2",
+        "ptp",
+        "bridge",
+        "portmap"
+    );
+    let cd = Containerd::start_build(Build::from_peers(&peers));
+    let list = examples(true);
+    // The chained plugins at v1.10.0, which take 1.1.0 (Debian's 1.1.1 stop at 1.0.0).
+    for e in &list {
+        for t in e.plugin_types() {
+            if let Some(p) = peers.iter().find(|p| p.name == t) {
+                cd.use_plugin(&t, &p.path);
+            }
+        }
+    }
+    pods_on(&cd, &list);
+}
