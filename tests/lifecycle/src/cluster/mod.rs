@@ -562,8 +562,28 @@ disabled_plugins = [
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        // The components' logs outlive the cluster on a failure (or when asked with
+        // DIPAM_CLUSTER_LOGS=DIR): the cluster's directory goes with it.
+        let keep = std::env::var_os("DIPAM_CLUSTER_LOGS")
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::thread::panicking().then(|| {
+                    std::env::temp_dir().join(format!("dipam-cluster-logs-{}", std::process::id()))
+                })
+            });
         if std::thread::panicking() {
             eprintln!("{}", self.diagnostics());
+        }
+        if let Some(to) = keep {
+            let _ = std::fs::create_dir_all(&to);
+            for e in std::fs::read_dir(self.dir.path().join("logs"))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let _ = std::fs::copy(e.path(), to.join(e.file_name()));
+            }
+            eprintln!("cluster: the components' logs are kept in {}", to.display());
         }
         self.node.kill_all_quietly();
         for p in self
