@@ -39,6 +39,8 @@ use crate::peer_bins::Peer;
 
 /// The node's name (its Node object, the kubelet's `--hostname-override`).
 pub const NODE_NAME: &str = "dipam-node";
+/// Debian's etcd (tests/deps.sh installs etcd-server).
+pub const ETCD: &str = "/usr/bin/etcd";
 /// The cluster's pod range; the node gets the first /24 of it.
 pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
 /// containerd's CRI socket, at the path the shipped DaemonSet's `--cri-endpoint` names.
@@ -197,7 +199,7 @@ impl Cluster {
         let etcd = self.spawn(
             "etcd",
             false,
-            Path::new("/usr/bin/etcd"),
+            Path::new(ETCD),
             &strings(&[
                 "--data-dir",
                 &format!("{d}/etcd"),
