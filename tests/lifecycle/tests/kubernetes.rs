@@ -20,7 +20,8 @@
 //!   runtime-aware GC nothing from before is held.
 //!
 //! With DIPAM_CLUSTER_LATENCY set it then measures pod start latency (create to Ready, 20
-//! pods) for dipam as shipped, the reference ptp + host-local and dipam with a warm pool
+//! pods) for dipam as shipped, the reference ptp + host-local, dipam with dipamd requesting
+//! a whole CPU, and dipam with a warm pool
 //! (docs/performance.md, run 17; run it with DIPAM_BIN_DIR naming a release build).
 
 // Tests: a panic is the failure report.
@@ -453,6 +454,22 @@ fn measure(c: &Cluster, cidr: Ipv4Net) {
     std::fs::remove_file(&conf).unwrap();
     std::thread::sleep(std::time::Duration::from_secs(3));
     report("ptp + host-local", &reference);
+
+    // dipamd's CPU request: the shipped 50m gives its cgroup a small share of a busy node
+    // (cpu.shares 51), and every pod's ADD waits on it. The same with a whole CPU.
+    let patch = r#"[{"op":"replace","path":"/spec/template/spec/containers/0/resources/requests/cpu","value":"1"}]"#;
+    c.kubectl_ok(&["-n", "kube-system", "patch", DS, "--type=json", "-p", patch]);
+    c.kubectl_ok(&[
+        "-n",
+        "kube-system",
+        "rollout",
+        "status",
+        DS,
+        "--timeout=300s",
+    ]);
+    wait_daemonset_ready(c, 120);
+    let cpu = pod_start_latencies(c, "lat-cpu", 20);
+    report("dipam main mode, dipamd requesting 1 CPU", &cpu);
 
     // The warm pool: the DaemonSet's dipamd with --warm-pool 20, filled before the pods.
     let patch = r#"[{"op":"add","path":"/spec/template/spec/containers/0/command/-","value":"--warm-pool"},
