@@ -18,7 +18,9 @@
 # recording why in grpcio.unavailable when they cannot be installed, as above.
 # Also the Rust standard library for musl, which the plugin is built against
 # (tests/lifecycle/src/bins.rs says why); without it the plugin is built against glibc.
-# Also the real CNI peers built from Go modules (tests/peers/build.sh; see the end).
+# Also etcd (etcd-server) for the single-node Kubernetes cluster test.
+# Also the real CNI peers built from Go modules (tests/peers/build.sh; see the end), Kubernetes'
+# own components among them.
 # Idempotent; a no-op when everything is present.
 set -euo pipefail
 host=$(rustc -vV | sed -n 's/^host: //p')
@@ -46,6 +48,10 @@ if [ "${1:-}" != "demo" ]; then
   command -v conmon >/dev/null 2>&1 || need+=(conmon)
   dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
   command -v containerd >/dev/null 2>&1 || need+=(containerd)
+  # etcd for the single-node Kubernetes cluster (tests/lifecycle/tests/kubernetes.rs; its
+  # other components are built from Go by tests/peers/build.sh). 3.4.23 serves Kubernetes up
+  # to 1.30 (1.31 wants 3.4.29+).
+  command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
   dpkg -s python3-venv >/dev/null 2>&1 || need+=(python3-venv)
   # man -l renders the man pages `dipamctl install` writes (tests/lifecycle/tests/install_docs.rs).
   command -v man >/dev/null 2>&1 || need+=(man-db)
@@ -72,6 +78,11 @@ if [ ${#need[@]} -gt 0 ]; then
   if [[ " ${need[*]} " == *" containerd "* ]] && [ -d /run/systemd/system ]; then
     systemctl disable --now containerd.service >/dev/null 2>&1 ||
       echo "note: could not stop containerd.service; the tests do not need it" >&2
+  fi
+  # The same for etcd-server's etcd.service: the cluster test runs its own etcd.
+  if [[ " ${need[*]} " == *" etcd-server "* ]] && [ -d /run/systemd/system ]; then
+    systemctl disable --now etcd.service >/dev/null 2>&1 ||
+      echo "note: could not stop etcd.service; the tests do not need it" >&2
   fi
 fi
 

@@ -102,8 +102,51 @@ build_one() {
     local)
       (cd "$repo/$pkg" && env "${envs[@]}" go build "${goflags[@]}" -o "$out" .)
       ;;
+    kubernetes)
+      kubernetes_build "$module" "$version" "$pkg" "$out" "${envs[@]}" -- "${goflags[@]}"
+      ;;
+    cc)
+      # A C program of the module (Kubernetes' pause), compiled as its Makefile does:
+      # statically, so it runs alone in a scratch image.
+      local src
+      src=$(go mod download -json "$module@$version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')
+      [ -n "$src" ] && [ -f "$src/$pkg" ] || {
+        echo "go mod download $module@$version has no $pkg" >&2
+        return 1
+      }
+      gcc -Os -Wall -Werror -static "${envs[@]/#/-D}" -o "$out" "$src/$pkg"
+      ;;
     *) echo "unknown method '$method' for $name" >&2 && return 1 ;;
   esac
+}
+
+# Kubernetes' components, from the wrapper module tests/peers/kubernetes (its go.mod says why
+# one is needed). The pin's version must be the one that module requires, or the binaries
+# would not be the pinned release. The version is stamped as Kubernetes' own build does
+# (hack/lib/version.sh): without it every component reports v0.0.0 and kubectl and the
+# kubelet's node status say so.
+kubernetes_build() {
+  local module=$1 version=$2 pkg=$3 out=$4 wrapper=$here/kubernetes
+  shift 4
+  local envs=()
+  while [ "$1" != -- ]; do envs+=("$1") && shift; done
+  shift
+  [ "$module" = k8s.io/kubernetes ] || {
+    echo "method kubernetes builds k8s.io/kubernetes only, not $module" >&2
+    return 1
+  }
+  grep -qx "require k8s.io/kubernetes $version" "$wrapper/go.mod" || {
+    echo "$wrapper/go.mod does not require k8s.io/kubernetes $version: run $wrapper/update.sh $version" >&2
+    return 1
+  }
+  local minor=${version#v1.}
+  minor=${minor%%.*}
+  local x ldflags="-s -w"
+  for x in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $x.gitVersion=$version -X $x.gitMajor=1 -X $x.gitMinor=$minor"
+    ldflags+=" -X $x.gitTreeState=clean -X $x.buildDate=1970-01-01T00:00:00Z"
+  done
+  (cd "$wrapper" && env "${envs[@]}" go build "$@" -ldflags "$ldflags" -o "$out" "$module/$pkg")
 }
 
 json_str() {

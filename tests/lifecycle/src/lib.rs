@@ -8,6 +8,7 @@ pub mod agentlab;
 pub mod azure;
 pub mod bins;
 pub mod clock;
+pub mod cluster;
 pub mod containerd;
 pub mod cri;
 pub mod crio;

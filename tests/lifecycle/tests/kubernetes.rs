@@ -1,0 +1,619 @@
+//! The shipped DaemonSet (deploy/kubernetes/dipam.yaml) on a real single-node Kubernetes
+//! cluster (src/cluster: etcd, the API server, controller manager, scheduler, kube-proxy,
+//! the kubelet and containerd 2, at the versions tests/peers/pins builds), applied as shipped:
+//! the one change is the image reference, made by a kustomization's `images:` entry, the
+//! override deploy/README.md documents.
+//!
+//! What it shows, in one cluster (starting one costs about a minute):
+//! - the image starts, its probes pass, the DaemonSet pod becomes Ready, and the node with it;
+//! - the init container reads the Node's spec.podCIDRs through the `kubernetes` Service with
+//!   only the shipped RBAC, and writes them as host-local's ranges; the agent's addresses
+//!   come from that range;
+//! - 20 pods of a Deployment are Ready, each with its own address in the node's podCIDR,
+//!   named (namespace/name) in `dipamctl attachments`; they reach each other and the node;
+//! - scaled to 0, the ledger and host-local hold only the agent's addresses;
+//! - `dipamctl status` and `doctor` in the DaemonSet pod say healthy; the metrics answer;
+//! - `kubectl rollout restart` of the DaemonSet while the Deployment scales up and down: no
+//!   pod stays failed, nothing leaks, the agent keeps its addresses;
+//! - a node restart (kubelet, containerd and every pod SIGKILLed, the pods' network
+//!   namespaces and /run gone): every pod comes back with an address, and after the
+//!   runtime-aware GC nothing from before is held.
+//!
+//! With DIPAM_CLUSTER_LATENCY set it then measures pod start latency (create to Ready, 20
+//! pods) for dipam as shipped, the reference ptp + host-local, dipam with dipamd requesting
+//! a whole CPU, and dipam with a warm pool
+//! (docs/performance.md, run 17; run it with DIPAM_BIN_DIR naming a release build).
+
+// Tests: a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
+use std::{collections::BTreeSet, time::Instant};
+
+use dipam_lifecycle::{
+    bins,
+    cluster::{self, Cluster},
+};
+use ipnet::Ipv4Net;
+use serde_json::Value;
+
+const DS: &str = "daemonset/dipam";
+const SOCKET: &str = "/run/dipam/dipam.sock";
+
+/// Applies deploy/kubernetes as shipped, through a kustomization that only sets the image.
+fn apply_shipped(c: &Cluster) {
+    let k = c.dir.path().join("kustomize");
+    std::fs::create_dir_all(&k).unwrap();
+    std::fs::copy(
+        bins::workspace().join("deploy/kubernetes/dipam.yaml"),
+        k.join("dipam.yaml"),
+    )
+    .unwrap();
+    std::fs::write(
+        k.join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
+             resources:\n  - dipam.yaml\nimages:\n  - name: dipam\n    newName: {}\n    newTag: {}\n",
+            cluster::DIPAM_IMAGE,
+            cluster::DIPAM_TAG
+        ),
+    )
+    .unwrap();
+    c.kubectl_ok(&["apply", "-k", &k.to_string_lossy()]);
+}
+
+fn ready(obj: &Value) -> bool {
+    obj["status"]["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
+}
+
+/// The DaemonSet's pod, once Ready.
+fn wait_daemonset_ready(c: &Cluster, secs: u64) -> Value {
+    c.wait_for("the DaemonSet's pod to be Ready", secs, |c| {
+        let pods = c.get_json(&[
+            "pods",
+            "-n",
+            "kube-system",
+            "-l",
+            "app.kubernetes.io/name=dipam",
+        ]);
+        let items = pods["items"].as_array()?.clone();
+        (items.len() == 1
+            && ready(&items[0])
+            && items[0]["metadata"]["deletionTimestamp"].is_null())
+        .then(|| items[0].clone())
+    })
+}
+
+/// `dipamctl ARGS` inside the DaemonSet's dipamd container (`kubectl exec`: the image has no
+/// shell, dipamctl is exec'd directly).
+fn dipamctl_in_pod(c: &Cluster, args: &[&str]) -> std::process::Output {
+    let mut all = vec![
+        "-n",
+        "kube-system",
+        "exec",
+        DS,
+        "-c",
+        "dipamd",
+        "--",
+        "dipamctl",
+    ];
+    all.extend_from_slice(args);
+    all.extend(["--socket", SOCKET]);
+    c.kubectl(&all)
+}
+
+/// The ledger, read on the node through dipamd's socket.
+fn ledger(c: &Cluster) -> Vec<Value> {
+    let out = std::process::Command::new(bins::bin("dipamctl"))
+        .arg("--socket")
+        .arg(c.node.path(SOCKET))
+        .args(["attachments", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "dipamctl attachments: {out:?}");
+    serde_json::from_slice::<Value>(&out.stdout)
+        .unwrap()
+        .as_array()
+        .cloned()
+        .unwrap()
+}
+
+fn ips_of(a: &Value) -> Vec<String> {
+    a["ips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|ip| ip.as_str().unwrap().split('/').next().unwrap().to_owned())
+        .collect()
+}
+
+/// host-local's reservations on the node: the addresses with a file in its store.
+fn host_local_store(c: &Cluster) -> BTreeSet<String> {
+    let dir = c.node.path("/var/lib/cni/networks/dipam");
+    std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
+        .collect()
+}
+
+/// The agent's addresses in the ledger.
+fn agent_ips(c: &Cluster) -> BTreeSet<String> {
+    ledger(c)
+        .iter()
+        .filter(|a| a["owner"].as_str().unwrap_or_default().starts_with("agent"))
+        .flat_map(ips_of)
+        .collect()
+}
+
+fn deployment(name: &str, replicas: u32) -> String {
+    format!(
+        "apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {name}
+  namespace: default
+spec:
+  replicas: {replicas}
+  selector:
+    matchLabels: {{app: {name}}}
+  template:
+    metadata:
+      labels: {{app: {name}}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      containers:
+        - name: sleep
+          image: {image}
+          imagePullPolicy: Never
+          command: [sleep, '2147483647']
+",
+        image = cluster::BUSYBOX_IMAGE
+    )
+}
+
+fn apply_text(c: &Cluster, name: &str, text: &str) {
+    let f = c.dir.path().join(format!("{name}.yaml"));
+    std::fs::write(&f, text).unwrap();
+    c.kubectl_ok(&["apply", "-f", &f.to_string_lossy()]);
+}
+
+/// The Deployment's pods once `n` are Ready (and no other is left): (name, IP).
+fn wait_pods_ready(c: &Cluster, app: &str, n: usize, secs: u64) -> Vec<(String, String)> {
+    c.wait_for(&format!("{n} pods of {app} to be Ready"), secs, |c| {
+        let pods = c.get_json(&["pods", "-l", &format!("app={app}")]);
+        let items = pods["items"].as_array()?.clone();
+        (items.len() == n && items.iter().all(ready)).then(|| {
+            items
+                .iter()
+                .map(|p| {
+                    (
+                        p["metadata"]["name"].as_str().unwrap().to_owned(),
+                        p["status"]["podIP"].as_str().unwrap_or_default().to_owned(),
+                    )
+                })
+                .collect()
+        })
+    })
+}
+
+#[test]
+fn the_shipped_daemonset_on_a_real_node() {
+    dipam_lifecycle::require_root!();
+    let Some(peers) = dipam_lifecycle::peer_bins::require(module_path!(), cluster::PEERS) else {
+        return;
+    };
+    if !std::path::Path::new(cluster::ETCD).is_file() {
+        let why = format!(
+            "{} is missing (tests/deps.sh installs etcd-server)",
+            cluster::ETCD
+        );
+        assert!(std::env::var_os("CI").is_none(), "{why}");
+        eprintln!("\n*** SKIPPED {}: {why} ***\n", module_path!());
+        return;
+    }
+    let start = Instant::now();
+    let c = Cluster::start(peers);
+    let node = c.node_object().unwrap();
+    let pod_cidr: Ipv4Net = node["spec"]["podCIDR"].as_str().unwrap().parse().unwrap();
+    assert!(!ready(&node), "NotReady before any CNI config: {node}");
+
+    apply_shipped(&c);
+    let ds_pod = wait_daemonset_ready(&c, 300);
+    eprintln!("DaemonSet Ready after {:?}", start.elapsed());
+    c.wait_for("the node to be Ready", 120, |c| {
+        c.node_object().filter(ready)
+    });
+
+    // The init container read the node's podCIDR through the kubernetes Service, with the
+    // shipped RBAC, and wrote it as host-local's ranges.
+    let env = &ds_pod["spec"]["initContainers"][0];
+    assert!(
+        env["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["name"] != "KUBERNETES_SERVICE_HOST")
+    );
+    let log = c.kubectl_ok(&["-n", "kube-system", "logs", DS, "-c", "install"]);
+    assert!(
+        log.contains(&pod_cidr.to_string()),
+        "install's log names the range: {log}"
+    );
+    let conflist: Value = serde_json::from_slice(
+        &std::fs::read(c.node.path("/etc/cni/net.d/10-dipam.conflist")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        conflist["plugins"][0]["ipam"]["ranges"],
+        serde_json::json!([[{"subnet": pod_cidr.to_string()}]]),
+        "{conflist}"
+    );
+    let agent = agent_ips(&c);
+    assert_eq!(agent.len(), 2, "router and health: {:?}", ledger(&c));
+    for ip in &agent {
+        assert!(
+            pod_cidr.contains(&ip.parse::<std::net::Ipv4Addr>().unwrap()),
+            "{ip} in {pod_cidr}"
+        );
+    }
+
+    // 20 pods.
+    apply_text(&c, "web", &deployment("web", 20));
+    let pods = wait_pods_ready(&c, "web", 20, 300);
+    let mut seen = BTreeSet::new();
+    for (name, ip) in &pods {
+        let addr: std::net::Ipv4Addr = ip.parse().unwrap_or_else(|_| panic!("{name}: {ip:?}"));
+        assert!(pod_cidr.contains(&addr), "{name}: {ip} in {pod_cidr}");
+        assert!(!agent.contains(ip), "{name}: {ip} is the agent's");
+        assert!(seen.insert(ip.clone()), "{ip} twice: {pods:?}");
+    }
+    let table = String::from_utf8(dipamctl_in_pod(&c, &["attachments"]).stdout).unwrap();
+    for (name, ip) in &pods {
+        let line = table
+            .lines()
+            .find(|l| l.contains(&format!("default/{name}")))
+            .unwrap_or_else(|| panic!("{name} not in dipamctl attachments:\n{table}"));
+        assert!(line.contains(ip.as_str()), "{line}");
+    }
+    // They reach each other and the node.
+    let targets: Vec<&str> = pods
+        .iter()
+        .map(|(_, ip)| ip.as_str())
+        .chain([cluster::NODE_IP])
+        .collect();
+    let script = format!(
+        "for ip in {}; do ping -c 1 -W 2 $ip >/dev/null || {{ echo unreachable $ip; exit 1; }}; done",
+        targets.join(" ")
+    );
+    let from = format!("pod/{}", pods[0].0);
+    c.kubectl_ok(&["exec", &from, "--", "sh", "-c", &script]);
+
+    // Scaled to 0: only the agent's addresses are held, in the ledger and in host-local.
+    c.kubectl_ok(&["scale", "deployment/web", "--replicas=0"]);
+    c.wait_for("web's pods to go", 180, |c| {
+        c.get_json(&["pods", "-l", "app=web"])["items"]
+            .as_array()?
+            .is_empty()
+            .then_some(())
+    });
+    c.wait_for("the ledger to hold only the agent's addresses", 60, |c| {
+        (ledger(c).len() == 2).then_some(())
+    });
+    assert_eq!(agent_ips(&c), agent);
+    assert_eq!(
+        host_local_store(&c),
+        agent,
+        "host-local holds only the agent's"
+    );
+
+    // Healthy, as the operator sees it from the pod.
+    for args in [&["status", "--ready"][..], &["doctor"][..]] {
+        let out = dipamctl_in_pod(&c, args);
+        assert!(
+            out.status.success(),
+            "dipamctl {args:?} in the pod: {out:?}"
+        );
+    }
+    // The metrics endpoint, on the node's loopback (the pod runs in the host's network).
+    let out = c
+        .node
+        .command(false, std::path::Path::new("/bin/busybox"))
+        .args(["wget", "-q", "-O", "-", "http://127.0.0.1:9475/metrics"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("dipam_"),
+        "metrics: {out:?}"
+    );
+
+    rollout_restart_under_churn(&c, &agent, pod_cidr);
+    eprintln!("rollout case done after {:?}", start.elapsed());
+    let mut c = c;
+    node_restart(&mut c, &agent, pod_cidr);
+    eprintln!("node restart case done after {:?}", start.elapsed());
+    // The latency figures of docs/performance.md, only when asked: they mean something only
+    // with the release binaries users deploy (DIPAM_BIN_DIR), not the debug build the suite
+    // runs.
+    if std::env::var_os("DIPAM_CLUSTER_LATENCY").is_some() {
+        c.kubectl_ok(&["delete", "deployment", "web", "--wait=true"]);
+        measure(&c, pod_cidr);
+        eprintln!("measured after {:?}", start.elapsed());
+    }
+}
+
+/// Create-to-Ready latency of each of `n` pods of a new Deployment `app`, as a watch sees the
+/// events (stamped on arrival: the API's own timestamps have whole seconds), then the
+/// Deployment deleted and its pods gone.
+fn pod_start_latencies(c: &Cluster, app: &str, n: u32) -> Vec<std::time::Duration> {
+    use std::io::BufRead as _;
+    let template =
+        "jsonpath={.metadata.name} {.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}";
+    let mut watch = c
+        .kubectl_command(&[
+            "get",
+            "pods",
+            "-l",
+            &format!("app={app}"),
+            "-w",
+            "-o",
+            template,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = watch.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send((Instant::now(), line)).is_err() {
+                break;
+            }
+        }
+    });
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    apply_text(c, app, &deployment(app, n));
+    let mut created = std::collections::BTreeMap::new();
+    let mut ready_at = std::collections::BTreeMap::new();
+    let deadline = Instant::now() + std::time::Duration::from_secs(300);
+    while ready_at.len() < n as usize {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (at, line) = rx.recv_timeout(left).unwrap_or_else(|_| {
+            panic!(
+                "{app}: {} of {n} pods Ready in 300 s\n{}",
+                ready_at.len(),
+                c.diagnostics()
+            )
+        });
+        let mut words = line.split_whitespace();
+        let Some(name) = words.next() else { continue };
+        created.entry(name.to_owned()).or_insert(at);
+        if words.next() == Some("True") {
+            ready_at.entry(name.to_owned()).or_insert(at);
+        }
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    let _ = reader.join();
+    c.kubectl_ok(&["delete", "deployment", app, "--wait=true"]);
+    c.wait_for(&format!("{app}'s pods to go"), 180, |c| {
+        c.get_json(&["pods", "-l", &format!("app={app}")])["items"]
+            .as_array()?
+            .is_empty()
+            .then_some(())
+    });
+    let mut out: Vec<_> = ready_at
+        .iter()
+        .map(|(k, r)| r.duration_since(created[k]))
+        .collect();
+    out.sort();
+    out
+}
+
+fn percentile(sorted: &[std::time::Duration], p: usize) -> std::time::Duration {
+    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
+}
+
+/// Pod start latency over a 20-pod Deployment, p50 and p90: dipam as shipped (main mode),
+/// the reference ptp + host-local conflist, and dipam with a warm pool of 20.
+fn measure(c: &Cluster, cidr: Ipv4Net) {
+    let report = |label: &str, l: &[std::time::Duration]| {
+        eprintln!(
+            "LATENCY {label}: p50 {:?} p90 {:?} (n={}, min {:?}, max {:?})",
+            percentile(l, 50),
+            percentile(l, 90),
+            l.len(),
+            l[0],
+            l[l.len() - 1]
+        );
+    };
+    let main = pod_start_latencies(c, "lat-main", 20);
+    report("dipam main mode", &main);
+
+    // The reference: ptp + host-local, in the top of the node's range (dipam's pods are
+    // gone; its agent holds the bottom), as the lexically first conflist containerd loads.
+    let hosts: Vec<std::net::Ipv4Addr> = cidr.hosts().collect();
+    let ptp = serde_json::json!({
+        "cniVersion": "1.0.0", "name": "ptp-ref",
+        "plugins": [{"type": "ptp", "mtu": 1500, "ipam": {"type": "host-local",
+            "ranges": [[{"subnet": cidr.to_string(), "rangeStart": hosts[192].to_string(),
+                         "rangeEnd": hosts[hosts.len() - 1].to_string()}]],
+            "routes": [{"dst": "0.0.0.0/0"}]}},
+            {"type": "portmap", "capabilities": {"portMappings": true}}]
+    });
+    let conf = c.node.path("/etc/cni/net.d/05-ptp-ref.conflist");
+    std::fs::write(&conf, ptp.to_string()).unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let reference = pod_start_latencies(c, "lat-ptp", 20);
+    std::fs::remove_file(&conf).unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    report("ptp + host-local", &reference);
+
+    // dipamd's CPU request: the shipped 50m gives its cgroup a small share of a busy node
+    // (cpu.shares 51), and every pod's ADD waits on it. The same with a whole CPU.
+    let patch = r#"[{"op":"replace","path":"/spec/template/spec/containers/0/resources/requests/cpu","value":"1"}]"#;
+    c.kubectl_ok(&["-n", "kube-system", "patch", DS, "--type=json", "-p", patch]);
+    c.kubectl_ok(&[
+        "-n",
+        "kube-system",
+        "rollout",
+        "status",
+        DS,
+        "--timeout=300s",
+    ]);
+    wait_daemonset_ready(c, 120);
+    let cpu = pod_start_latencies(c, "lat-cpu", 20);
+    report("dipam main mode, dipamd requesting 1 CPU", &cpu);
+
+    // The warm pool: the DaemonSet's dipamd with --warm-pool 20, filled before the pods.
+    let patch = r#"[{"op":"add","path":"/spec/template/spec/containers/0/command/-","value":"--warm-pool"},
+                    {"op":"add","path":"/spec/template/spec/containers/0/command/-","value":"20"}]"#;
+    c.kubectl_ok(&["-n", "kube-system", "patch", DS, "--type=json", "-p", patch]);
+    c.kubectl_ok(&[
+        "-n",
+        "kube-system",
+        "rollout",
+        "status",
+        DS,
+        "--timeout=300s",
+    ]);
+    wait_daemonset_ready(c, 120);
+    c.wait_for("the warm pool to fill", 120, |c| {
+        let out = dipamctl_in_pod(c, &["status", "--json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+        let pools = v["warmPool"]["pools"].as_array()?.clone();
+        pools
+            .iter()
+            .any(|p| p["ready"].as_u64() >= Some(20))
+            .then_some(())
+    });
+    let pool = pod_start_latencies(c, "lat-pool", 20);
+    report("dipam with a warm pool of 20", &pool);
+}
+
+/// The pods' addresses in the ledger, by pod name (namespace default).
+fn pod_addresses(c: &Cluster) -> Vec<(String, String)> {
+    let mut out: Vec<_> = ledger(c)
+        .iter()
+        .filter(|a| a["owner"] == "pod")
+        .flat_map(|a| {
+            let name = a["pod"]["name"].as_str().unwrap_or_default().to_owned();
+            ips_of(a).into_iter().map(move |ip| (name.clone(), ip))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Every pod of `app` Ready with the address the ledger records for it, the ledger holding
+/// exactly those and the agent's, and host-local exactly what the ledger holds.
+#[track_caller]
+fn assert_no_leak(c: &Cluster, app: &str, n: usize, agent: &BTreeSet<String>, cidr: Ipv4Net) {
+    let pods = wait_pods_ready(c, app, n, 300);
+    c.wait_for(
+        "the ledger to hold exactly the pods and the agent",
+        120,
+        |c| {
+            let recorded = pod_addresses(c);
+            let mut want: Vec<_> = pods.clone();
+            want.sort();
+            (recorded == want && agent_ips(c) == *agent).then_some(())
+        },
+    );
+    let mut held: BTreeSet<String> = pods.iter().map(|(_, ip)| ip.clone()).collect();
+    for (name, ip) in &pods {
+        assert!(
+            cidr.contains(&ip.parse::<std::net::Ipv4Addr>().unwrap()),
+            "{name}: {ip}"
+        );
+    }
+    assert_eq!(held.len(), n, "no address shared: {pods:?}");
+    held.extend(agent.iter().cloned());
+    assert_eq!(
+        host_local_store(c),
+        held,
+        "host-local holds exactly the ledger's"
+    );
+}
+
+/// `kubectl rollout restart daemonset/dipam` while the Deployment is scaled up and down: no
+/// pod stays failed, nothing leaks, the agent keeps its addresses.
+fn rollout_restart_under_churn(c: &Cluster, agent: &BTreeSet<String>, cidr: Ipv4Net) {
+    let before = wait_daemonset_ready(c, 60)["metadata"]["uid"].clone();
+    c.kubectl_ok(&["scale", "deployment/web", "--replicas=8"]);
+    c.kubectl_ok(&["-n", "kube-system", "rollout", "restart", DS]);
+    for n in ["14", "5", "12"] {
+        std::thread::sleep(std::time::Duration::from_secs(3));
+        c.kubectl_ok(&["scale", "deployment/web", &format!("--replicas={n}")]);
+    }
+    c.kubectl_ok(&[
+        "-n",
+        "kube-system",
+        "rollout",
+        "status",
+        DS,
+        "--timeout=300s",
+    ]);
+    let after = wait_daemonset_ready(c, 60);
+    assert_ne!(
+        after["metadata"]["uid"], before,
+        "the DaemonSet's pod was replaced"
+    );
+    assert_no_leak(c, "web", 12, agent, cidr);
+    let pods = c.get_json(&["pods", "-l", "app=web"]);
+    for p in pods["items"].as_array().unwrap() {
+        assert_eq!(p["status"]["phase"], "Running", "{p}");
+    }
+}
+
+/// The node restarts as after a power loss; every pod comes back with an address, and
+/// once the runtime-aware GC has run (two passes), nothing from before is held.
+fn node_restart(c: &mut Cluster, agent: &BTreeSet<String>, cidr: Ipv4Net) {
+    let before: BTreeSet<String> = containers(c, "-A").into_iter().collect();
+    c.reboot_node();
+    // The API still shows the pods Ready from before until the kubelet reports again: wait
+    // for every pod's containers to be new ones.
+    c.wait_for(
+        "every pod to run new containers after the restart",
+        300,
+        |c| {
+            let now = containers(c, "-A");
+            (now.len() == before.len() && now.iter().all(|id| !before.contains(id))).then_some(())
+        },
+    );
+    wait_daemonset_ready(c, 300);
+    let pods = wait_pods_ready(c, "web", 12, 300);
+    assert!(pods.iter().all(|(_, ip)| !ip.is_empty()), "{pods:?}");
+    for _ in 0..2 {
+        let out = dipamctl_in_pod(c, &["gc", "--from-runtime", "--force"]);
+        assert!(out.status.success(), "runtime-aware GC: {out:?}");
+    }
+    assert_no_leak(c, "web", 12, agent, cidr);
+}
+
+/// The running containers' IDs of every pod (kube-system's and the Deployment's), Ready ones
+/// only: a container that is not Ready (yet) is left out.
+fn containers(c: &Cluster, scope: &str) -> Vec<String> {
+    let pods = c.get_json(&["pods", scope]);
+    let mut out = Vec::new();
+    for p in pods["items"].as_array().unwrap() {
+        for s in p["status"]["containerStatuses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            if s["ready"] == true
+                && let Some(id) = s["containerID"].as_str()
+            {
+                out.push(id.to_owned());
+            }
+        }
+    }
+    out
+}
