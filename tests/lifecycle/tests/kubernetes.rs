@@ -204,7 +204,7 @@ fn wait_pods_ready(c: &Cluster, app: &str, n: usize, secs: u64) -> Vec<(String, 
 #[test]
 fn the_shipped_daemonset_on_a_real_node() {
     dipam_lifecycle::require_root!();
-    let Some(peers) = dipam_lifecycle::peer_bins::require(module_path!(), cluster::PEERS) else {
+    let Some(peers) = dipam_lifecycle::peers::all(module_path!(), cluster::PEERS) else {
         return;
     };
     if !std::path::Path::new(cluster::ETCD).is_file() {

@@ -35,7 +35,7 @@ pub use pki::{KUBERNETES_SERVICE_IP, Pki, SERVICE_RANGE};
 use serde_json::Value;
 use tempfile::TempDir;
 
-use crate::peer_bins::Peer;
+use crate::peers::Peer;
 
 /// The node's name (its Node object, the kubelet's `--hostname-override`).
 pub const NODE_NAME: &str = "dipam-node";
