@@ -22,6 +22,7 @@ pub mod health;
 pub mod history;
 pub mod keylock;
 pub mod keys;
+pub mod listen;
 pub mod liveness;
 pub mod logging;
 pub mod metrics;

@@ -13,6 +13,7 @@ pub mod crio;
 pub mod daemon;
 pub mod deps;
 pub mod fixture;
+pub mod flood;
 pub mod hostlocal;
 pub mod kubeapi;
 pub mod lab;
