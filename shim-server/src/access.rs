@@ -116,6 +116,12 @@ pub struct PeerCheck {
     pub admin_uids: Vec<u32>,
 }
 
+impl crate::listen::Admit for PeerCheck {
+    fn allows(&self, uid: u32) -> bool {
+        uid == 0 || self.allow_uids.contains(&uid) || self.admin_uids.contains(&uid)
+    }
+}
+
 impl PeerCheck {
     pub fn check(&self, mut req: Request<()>) -> Result<Request<()>, Status> {
         let cred = req

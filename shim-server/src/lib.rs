@@ -23,6 +23,7 @@ pub mod hints;
 pub mod history;
 pub mod keylock;
 pub mod keys;
+pub mod listen;
 pub mod liveness;
 pub mod logging;
 pub mod metric_labels;

@@ -692,32 +692,50 @@ where
     }
 }
 
-/// Serves metrics on a TCP address until the process ends.
-pub async fn serve_tcp(metrics: Arc<Metrics>, listener: tokio::net::TcpListener) {
+/// The longest one metrics connection lives, whatever the peer does: a scrape is one
+/// request and one response of a few kilobytes; a reader that never drains the response
+/// would otherwise hold its place in the listener's cap forever.
+const CONNECTION_LIFETIME: std::time::Duration = std::time::Duration::from_secs(30);
+
+async fn bounded<IO>(metrics: Arc<Metrics>, io: IO)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    if tokio::time::timeout(CONNECTION_LIFETIME, connection(metrics, io))
+        .await
+        .is_err()
+    {
+        tracing::debug!("metrics connection closed: it outlived its time");
+    }
+}
+
+/// Serves metrics on a TCP address until the process ends, through `gate` (listen.rs: a cap
+/// on connections, the shared descriptor budget, back-off on accept errors).
+pub async fn serve_tcp(
+    metrics: Arc<Metrics>,
+    listener: tokio::net::TcpListener,
+    gate: crate::listen::Gate,
+) {
     // Displayed, not debugged: an operator reads `address=127.0.0.1:9090`, never `Some(..)`.
     match listener.local_addr() {
         Ok(a) => info!(address = %a, "metrics on TCP"),
         Err(e) => info!(error = %e, "metrics on TCP (its address is unknown)"),
     }
     loop {
-        match listener.accept().await {
-            Ok((stream, _)) => {
-                tokio::spawn(connection(Arc::clone(&metrics), stream));
-            }
-            Err(e) => warn!(error = %e, "metrics accept failed"),
-        }
+        let stream = gate.accept_tcp(&listener).await;
+        tokio::spawn(bounded(Arc::clone(&metrics), stream));
     }
 }
 
-/// Serves metrics on a unix socket until the process ends.
-pub async fn serve_unix(metrics: Arc<Metrics>, listener: tokio::net::UnixListener) {
+/// Serves metrics on a unix socket until the process ends, through `gate`.
+pub async fn serve_unix(
+    metrics: Arc<Metrics>,
+    listener: tokio::net::UnixListener,
+    gate: crate::listen::Gate,
+) {
     loop {
-        match listener.accept().await {
-            Ok((stream, _)) => {
-                tokio::spawn(connection(Arc::clone(&metrics), stream));
-            }
-            Err(e) => warn!(error = %e, "metrics accept failed"),
-        }
+        let stream = gate.accept_unix(&listener).await;
+        tokio::spawn(bounded(Arc::clone(&metrics), stream));
     }
 }
 

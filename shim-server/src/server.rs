@@ -12,11 +12,11 @@ use dipam_proto::v1::{
     admin_server::AdminServer, agent_server::AgentServer, cni_server::CniServer,
 };
 use tokio::net::UnixListener;
-use tokio_stream::{StreamExt, wrappers::UnixListenerStream};
 use tracing::{info, warn};
 
 use crate::{
     access::{MAX_REQUEST_BYTES, PeerCheck},
+    listen::{Gate, KEEPALIVE},
     node::Node,
     service::Service,
 };
@@ -123,12 +123,50 @@ fn oversize_is_resource_exhausted<B>(
     res
 }
 
+/// What one connection may make dipamd buffer before a request is accepted (docs/cfp.md,
+/// "Threat model"): 300 connections each sending a 256 KiB HEADERS block that never ended
+/// once grew RSS from 9 to 252 MB. gRPC's own headers are a few hundred bytes; a request's
+/// body (up to [`MAX_REQUEST_BYTES`]) flows through the windows as the handler reads it.
+pub const MAX_HEADER_LIST: u32 = 16 << 10;
+/// HTTP/2's smallest allowed maximum frame (RFC 9113 §6.5.2).
+pub const MAX_FRAME: u32 = 16 << 10;
+/// Bytes a client may send on one stream before dipamd reads them.
+pub const STREAM_WINDOW: u32 = 256 << 10;
+/// Bytes a client may send on one connection, all streams together, before dipamd reads them.
+pub const CONNECTION_WINDOW: u32 = 1 << 20;
+/// Streams one connection may have open at once (the plugin uses one; an agent a few).
+pub const MAX_STREAMS: u32 = 64;
+
+/// The incoming connections: each admitted by `gate` (peer credentials and caps checked at
+/// accept, docs/cfp.md "Threat model"), then C-core clients' `:authority` fixed
+/// (authority.rs).
+fn incoming(
+    listener: UnixListener,
+    gate: Gate,
+) -> impl tokio_stream::Stream<
+    Item = io::Result<crate::authority::Fixed<crate::listen::Guarded<tokio::net::UnixStream>>>,
+> {
+    let gate = Arc::new(gate);
+    Box::pin(futures_util::stream::unfold(
+        (listener, gate),
+        |(listener, gate)| async move {
+            let conn = gate.accept_unix(&listener).await;
+            Some((
+                Ok(crate::authority::Fixed::new(conn.http2())),
+                (listener, gate),
+            ))
+        },
+    ))
+}
+
 /// Serves until `shutdown` resolves, then stops accepting, ends every agent watch with
 /// UNAVAILABLE, lets the requests in flight finish for at most `drain`, and unlinks the
 /// socket.
+#[allow(clippy::too_many_arguments)]
 pub async fn serve<F>(
     node: Arc<Node>,
     listener: UnixListener,
+    gate: Gate,
     path: &Path,
     peers: PeerCheck,
     unlink: bool,
@@ -176,6 +214,15 @@ where
         let _ = draining_tx.send(());
     };
     let server = tonic::transport::Server::builder()
+        .http2_max_header_list_size(MAX_HEADER_LIST)
+        .max_frame_size(MAX_FRAME)
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .max_concurrent_streams(MAX_STREAMS)
+        // A dead or silent peer is found and its connection closed (listen.rs's IDLE is
+        // the bound on a peer that answers nothing at all).
+        .http2_keepalive_interval(Some(KEEPALIVE))
+        .http2_keepalive_timeout(Some(KEEPALIVE))
         .layer(tower::util::MapResponseLayer::new(
             oversize_is_resource_exhausted,
         ))
@@ -208,11 +255,7 @@ where
             reflection_v1alpha.max_decoding_message_size(MAX_REQUEST_BYTES),
             check,
         ))
-        // C-core clients' `:authority` (authority.rs).
-        .serve_with_incoming_shutdown(
-            UnixListenerStream::new(listener).map(|conn| conn.map(crate::authority::Fixed::new)),
-            signal,
-        );
+        .serve_with_incoming_shutdown(incoming(listener, gate), signal);
     tokio::pin!(server);
     let deadline = async {
         if draining.await.is_err() {

@@ -171,6 +171,16 @@ pub struct Args {
     /// Requests allowed to wait for a slot; beyond that dipamd answers "try again later".
     #[arg(long, default_value_t = 256)]
     pub max_queue: usize,
+    /// gRPC connections one non-root uid (--allow-uid, --admin-uid) may hold at once; more
+    /// are closed at accept. Root is bounded only by the descriptor budget (the soft
+    /// RLIMIT_NOFILE, raised to the hard limit at start, less a reserve of 256 for delegates
+    /// and the ledger).
+    #[arg(long, default_value_t = crate::listen::DEFAULT_PER_UID)]
+    pub max_connections_per_uid: usize,
+    /// Metrics connections (TCP and unix socket, each) open at once; more wait in the
+    /// kernel's backlog.
+    #[arg(long, default_value_t = crate::listen::DEFAULT_METRICS)]
+    pub metrics_max_connections: usize,
     /// Serve Prometheus metrics on this address (HOST:PORT). Off by default; only loopback
     /// addresses unless --metrics-allow-remote.
     #[arg(long)]
@@ -222,6 +232,8 @@ pub enum DaemonError {
 /// every interrupted operation and spooled DEL is replayed.
 pub async fn run(args: Args) -> Result<(), DaemonError> {
     logging::init(args.log_format, &args.log_level);
+    // Before anything opens a descriptor: the budget every listener shares (listen.rs).
+    let budget = crate::listen::Budget::new(crate::listen::raise_nofile());
     let flags = check_flags(&args)?;
     let spool = publish_spool(&args)?;
     let store: Arc<dyn dipam_state::Store> = Arc::new(dipam_state::open(&args.state_dir)?);
@@ -262,14 +274,22 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         info!(released = late.released, kept = late.kept, failed = late.failed, spool = %spool.dir.display(), "DELs spooled during start replayed");
     }
     info!(socket = %args.socket.display(), spool = %spool.dir.display(), cni_path = %args.cni_path, "serving");
-    spawn_background(&node, &args, observed.metrics.as_ref(), spool.dir).await?;
+    spawn_background(&node, &args, observed.metrics.as_ref(), spool.dir, &budget).await?;
     let peers = crate::access::PeerCheck {
         allow_uids: args.allow_uids.clone(),
         admin_uids: args.admin_uids.clone(),
     };
+    let gate = crate::listen::Gate::new("grpc", Arc::clone(&budget), None)
+        .with_peers(Arc::new(peers.clone()), args.max_connections_per_uid);
+    info!(
+        connections = budget.limit(),
+        per_uid = args.max_connections_per_uid,
+        "connection budget"
+    );
     server::serve(
         node,
         listener,
+        gate,
         &args.socket,
         peers,
         unlink,
@@ -643,7 +663,11 @@ async fn spawn_background(
     args: &Args,
     metrics: Option<&Arc<crate::metrics::Metrics>>,
     spool_dir: PathBuf,
+    budget: &Arc<crate::listen::Budget>,
 ) -> Result<(), DaemonError> {
+    let metrics_gate = |name| {
+        crate::listen::Gate::new(name, Arc::clone(budget), Some(args.metrics_max_connections))
+    };
     tokio::spawn(crate::trim::run());
     tokio::spawn(agent::reconcile::run(
         node.reconciler(),
@@ -654,13 +678,21 @@ async fn spawn_background(
             .await
             .map_err(|e| DaemonError::Usage(format!("--metrics-address {addr}: {e}")))?;
         if let Some(m) = metrics {
-            tokio::spawn(crate::metrics::serve_tcp(Arc::clone(m), l));
+            tokio::spawn(crate::metrics::serve_tcp(
+                Arc::clone(m),
+                l,
+                metrics_gate("metrics-tcp"),
+            ));
         }
     }
     if let Some(path) = &args.metrics_socket {
         let l = server::bind(path, None).await?;
         if let Some(m) = metrics {
-            tokio::spawn(crate::metrics::serve_unix(Arc::clone(m), l));
+            tokio::spawn(crate::metrics::serve_unix(
+                Arc::clone(m),
+                l,
+                metrics_gate("metrics-unix"),
+            ));
         }
     }
     tokio::spawn(crate::pool::refill::run(node.refiller()));

@@ -16,6 +16,7 @@ pub mod daemon;
 pub mod deps;
 pub mod examples;
 pub mod fixture;
+pub mod flood;
 pub mod hostlocal;
 pub mod kubeapi;
 pub mod lab;

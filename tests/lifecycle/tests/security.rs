@@ -1,6 +1,7 @@
 //! F20: only root (or an allowed uid) may use dipamd. With --socket-group the socket is 0660
-//! for that group, yet a non-root member is still refused by the SO_PEERCRED check, with a
-//! clear error and a log line; --allow-uid admits it.
+//! for that group, yet a non-root member is still refused by the SO_PEERCRED check: its
+//! connection is closed at accept, before any HTTP/2 (a flood of such connections must not
+//! cost dipamd anything, hostile.rs), with a log line; --allow-uid admits it.
 
 // Tests: a panic is the failure report.
 #![allow(clippy::unwrap_used)]
@@ -32,11 +33,13 @@ fn non_root_peers_are_refused_unless_allowed() {
     let ctl = bins::bin("dipamctl").display().to_string();
     let out = nobody::run(&[&ctl, "--socket", &sock, "status"], &[], "");
     assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("may not use dipamd"), "{err}");
-    assert!(d.log().contains("request refused"), "{}", d.log());
+    assert!(
+        d.log().contains("connection dropped at accept"),
+        "{}",
+        d.log()
+    );
 
-    // The plugin as a non-root caller gets dipam's permission code, not "try again".
+    // The plugin as a non-root caller fails, and nothing is allocated.
     let conf = format!(
         r#"{{"cniVersion":"1.0.0","name":"sec","type":"ptp","ipam":{{"type":"dipam","socketPath":"{sock}","delegate":{{"type":"host-local","dataDir":"/nonexistent","ranges":[[{{"subnet":"10.77.0.0/24"}}]]}}}}}}"#
     );
@@ -54,7 +57,8 @@ fn non_root_peers_are_refused_unless_allowed() {
         &conf,
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["code"], 155, "{v}");
+    assert!(v["code"].as_u64().is_some_and(|c| c > 0), "{v}");
+    eprintln!("a refused peer's plugin answer: {v}");
     assert!(d.ledger().is_empty());
 
     // Allowed explicitly: served (its own attachments; status is for --admin-uid, non_root.rs).

@@ -1,0 +1,139 @@
+//! A hostile local user, as a real process running as nobody (uid 65534, through `setpriv`):
+//! it opens many connections to one of dipamd's listeners and holds them until dropped. The
+//! attacker is Debian's python3 (installed by tests/deps.sh), its soft descriptor limit
+//! raised to the hard one, so that it can hold more connections than dipamd lets in.
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Child, ChildStdin, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use crate::nobody::NOBODY;
+
+/// The attacker: `mode` is `tcp HOST PORT`, `unix PATH`, or `headers PATH SIZE` (an HTTP/2
+/// preface and settings, then a HEADERS frame and CONTINUATION frames of SIZE bytes in all,
+/// never ended). It opens N connections (each given 0.1 s; it stops after 50 misses: a full backlog drops the rest), prints
+/// `held <count>`, then holds them until its stdin closes.
+const SCRIPT: &str = r#"
+import os, socket, struct, sys, time, resource
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+mode, n = sys.argv[1], int(sys.argv[2])
+def frame(kind, flags, stream, payload):
+    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+held = []
+misses = 0
+for i in range(n):
+    if misses >= 50:
+        break
+    try:
+        if mode == "tcp":
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.settimeout(0.1)
+            s.connect((sys.argv[3], int(sys.argv[4])))
+        else:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(0.1)
+            s.connect(sys.argv[3])
+        if mode == "headers":
+            size = int(sys.argv[4])
+            s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0, b""))
+            chunk = 16384
+            s.sendall(frame(1, 0, 1, b"\x00" * chunk))
+            sent = chunk
+            while sent < size:
+                s.sendall(frame(9, 0, 1, b"\x00" * chunk))
+                sent += chunk
+        held.append(s)
+    except OSError:
+        misses += 1
+print("held", len(held), flush=True)
+sys.stdin.read()
+"#;
+
+/// A running attacker; its connections close when it is dropped.
+pub struct Flood {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    /// Connections it managed to open (connect succeeded).
+    pub held: usize,
+    /// How long opening them took.
+    pub took: Duration,
+}
+
+impl Flood {
+    /// Starts the attacker as nobody with `args` (see [`SCRIPT`]) and waits until it holds
+    /// its connections.
+    pub fn start(args: &[&str]) -> Self {
+        let started = Instant::now();
+        let mut child = Command::new("setpriv")
+            .args(["--reuid", NOBODY, "--regid", NOBODY, "--clear-groups", "--"])
+            .args(["/usr/bin/python3", "-c", SCRIPT])
+            .args(args)
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("setpriv (util-linux) and /usr/bin/python3");
+        let stdin = child.stdin.take();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped stdout"))
+            .read_line(&mut line)
+            .expect("read the attacker's report");
+        let held = line
+            .strip_prefix("held ")
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("the attacker did not report: {line:?}"));
+        Self {
+            child,
+            stdin,
+            held,
+            took: started.elapsed(),
+        }
+    }
+}
+
+impl Drop for Flood {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Descriptors `pid` has open now.
+pub fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+/// `pid`'s resident set in KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `pid`'s soft and hard descriptor limits.
+pub fn nofile(pid: u32) -> (u64, u64) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap_or_default();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap_or_default();
+    let mut n = line
+        .split_whitespace()
+        .filter_map(|w| w.parse::<u64>().ok());
+    (n.next().unwrap_or(0), n.next().unwrap_or(0))
+}
+
+/// The hard descriptor limit of this process: what `prlimit` may give a child without
+/// CAP_SYS_RESOURCE (a container running the tests may lack it).
+pub fn own_hard_nofile() -> u64 {
+    nofile(std::process::id()).1
+}
