@@ -542,21 +542,7 @@ impl Observer for Metrics {
             Event::AgentReestablished => {
                 self.agent_reestablished.inc();
             }
-            Event::AgentAddresses(states) => {
-                let mut now = BTreeSet::new();
-                for (state, n) in states {
-                    self.agent_addresses
-                        .get_or_create(&l1("state", state))
-                        .set(gauge_value(*n));
-                    now.insert((*state).to_owned());
-                }
-                if let Ok(mut seen) = self.agent_states.lock() {
-                    for gone in seen.difference(&now) {
-                        self.agent_addresses.remove(&l1("state", gone));
-                    }
-                    *seen = now;
-                }
-            }
+            Event::AgentAddresses(states) => self.agent_addresses(states),
             Event::PoolRequest { outcome } => {
                 self.pool_requests
                     .get_or_create(&l1("outcome", outcome))
@@ -570,26 +556,8 @@ impl Observer for Metrics {
                 digest,
                 ready,
                 target,
-            } => {
-                let l = l2("network", network, "digest", digest);
-                self.pool_ready.get_or_create(&l).set(gauge_value(ready));
-                self.pool_target.get_or_create(&l).set(gauge_value(target));
-                if let Ok(mut seen) = self.pools.lock() {
-                    seen.insert((network.to_owned(), digest.to_owned()));
-                }
-            }
-            Event::PoolLevels(levels) => set_whole(
-                &[&self.pool_ready, &self.pool_target],
-                &self.pools,
-                levels.iter().map(|(network, digest, ready, target)| {
-                    (
-                        ((*network).to_owned(), (*digest).to_owned()),
-                        l2("network", network, "digest", digest),
-                        vec![gauge_value(*ready), gauge_value(*target)],
-                    )
-                }),
-                |(network, digest)| l2("network", network, "digest", digest),
-            ),
+            } => self.pool_level(network, digest, ready, target),
+            Event::PoolLevels(levels) => self.pool_levels(levels),
             Event::TeardownDeleted(n) => {
                 self.teardown_deleted.inc_by(n);
             }
@@ -628,18 +596,66 @@ impl Observer for Metrics {
                 freed,
                 kept_grace,
                 refusing,
-            } => {
-                self.runtime_gc_passes.inc();
-                self.runtime_gc_freed.inc_by(freed);
-                self.runtime_gc_kept_grace.set(gauge_value(kept_grace));
-                if let Some(reason) = refusing {
-                    self.runtime_gc_refusals
-                        .get_or_create(&l1("reason", reason))
-                        .inc();
-                }
-                self.runtime_gc_refusing.set(i64::from(refusing.is_some()));
-            }
+            } => self.runtime_gc_pass(freed, kept_grace, refusing),
         }
+    }
+}
+
+impl Metrics {
+    /// The agent's addresses by state; a state no longer present loses its series.
+    fn agent_addresses(&self, states: &[(&str, u64)]) {
+        let mut now = BTreeSet::new();
+        for (state, n) in states {
+            self.agent_addresses
+                .get_or_create(&l1("state", state))
+                .set(gauge_value(*n));
+            now.insert((*state).to_owned());
+        }
+        if let Ok(mut seen) = self.agent_states.lock() {
+            for gone in seen.difference(&now) {
+                self.agent_addresses.remove(&l1("state", gone));
+            }
+            *seen = now;
+        }
+    }
+
+    /// One warm pool's level.
+    fn pool_level(&self, network: &str, digest: &str, ready: u64, target: u64) {
+        let l = l2("network", network, "digest", digest);
+        self.pool_ready.get_or_create(&l).set(gauge_value(ready));
+        self.pool_target.get_or_create(&l).set(gauge_value(target));
+        if let Ok(mut seen) = self.pools.lock() {
+            seen.insert((network.to_owned(), digest.to_owned()));
+        }
+    }
+
+    /// Every warm pool's level; a pool no longer present loses its series.
+    fn pool_levels(&self, levels: &[(&str, &str, u64, u64)]) {
+        set_whole(
+            &[&self.pool_ready, &self.pool_target],
+            &self.pools,
+            levels.iter().map(|(network, digest, ready, target)| {
+                (
+                    ((*network).to_owned(), (*digest).to_owned()),
+                    l2("network", network, "digest", digest),
+                    vec![gauge_value(*ready), gauge_value(*target)],
+                )
+            }),
+            |(network, digest)| l2("network", network, "digest", digest),
+        )
+    }
+
+    /// One pass of the runtime-aware GC, refused or not.
+    fn runtime_gc_pass(&self, freed: u64, kept_grace: u64, refusing: Option<&str>) {
+        self.runtime_gc_passes.inc();
+        self.runtime_gc_freed.inc_by(freed);
+        self.runtime_gc_kept_grace.set(gauge_value(kept_grace));
+        if let Some(reason) = refusing {
+            self.runtime_gc_refusals
+                .get_or_create(&l1("reason", reason))
+                .inc();
+        }
+        self.runtime_gc_refusing.set(i64::from(refusing.is_some()));
     }
 }
 
