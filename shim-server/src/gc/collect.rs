@@ -210,13 +210,7 @@ fn reasons(
         Owner::Pod => {}
     }
     if r.state != AttachmentState::Committed {
-        why.push((
-            "in-flight",
-            format!(
-                "an operation is in flight or was interrupted (state {})",
-                r.state.as_str()
-            ),
-        ));
+        why.push(interrupted(r));
     } else if busy.contains(&r.key) {
         why.push((
             "in-flight",

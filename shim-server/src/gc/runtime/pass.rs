@@ -84,13 +84,7 @@ fn plan<'a>(
             Owner::Pod => {}
         }
         if r.state != AttachmentState::Committed {
-            why.push((
-                "in-flight",
-                format!(
-                    "an operation is in flight or was interrupted (state {})",
-                    r.state.as_str()
-                ),
-            ));
+            why.push(crate::gc::interrupted(r));
         }
         let age = t.saturating_sub(r.created_at);
         if age < grace {
