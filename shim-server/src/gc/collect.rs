@@ -52,10 +52,9 @@ pub const CHUNK: usize = 32;
 /// interlock (`dipamctl gc --force`); nothing else does. `began` is when the GC began (its
 /// valid list was made before it): nothing an ADD finished since is freed (core/births.rs).
 ///
-/// The steps, in order: read what the delegate and the ledger hold ([`read`]), plan what to
-/// keep and what is stale ([`plan`]), refuse what the share interlock forbids
-/// ([`interlock`]), tell the orphans apart ([`plan_orphans`]), and release the rest
-/// ([`release`]).
+/// The steps, in order: read what the delegate and the ledger hold (`read`), plan what to
+/// keep and what is stale (`plan`), refuse what the share interlock forbids (`interlock`),
+/// tell the orphans apart (`plan_orphans`), and release the rest (`release`).
 pub async fn collect(
     c: &Collector,
     dc: &DelegateConf,
