@@ -232,71 +232,7 @@ impl PluginConf {
 
         // The spec's `ipam` (where dipam's keys are in IPAM mode; the real IPAM in main mode).
         let ipam = raw.get("ipam");
-        // The shape decides the mode; only then are the mode's own keys read.
-        let ipam_mode = ipam.is_some_and(|i| i.get(DELEGATE.name).is_some());
-        let (mode, dipam_keys) = match ipam.filter(|_| ipam_mode).and_then(|i| DELEGATE.get(i)) {
-            Some(delegate) => {
-                let delegate_type = delegate
-                    .get("type")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
-                // `"type":"dipam"` at the top means the runtime runs dipam as the main plugin:
-                // an `ipam.delegate` there would silently turn it into an IPAM that creates no
-                // interface. Say which shape was meant instead of guessing.
-                // A DEL still goes through, in IPAM mode as older versions ran this shape:
-                // what they allocated through it is released, and the pod can go.
-                if raw.get("type").and_then(Value::as_str) == Some("dipam") && cmd != Cmd::Del {
-                    return Err(config_error(
-                        "dipam is the main plugin here (\"type\":\"dipam\"), but ipam.delegate \
-                         is set, which only IPAM mode uses",
-                        "as the main plugin (dipam creates the pod's veth), name the real IPAM in \
-                         ipam: \"type\":\"dipam\",\"ipam\":{\"type\":\"host-local\",...}; as the \
-                         IPAM of another plugin, keep ipam.delegate and set the top-level type to \
-                         that plugin: \"type\":\"ptp\",\"ipam\":{\"type\":\"dipam\",\
-                         \"delegate\":{\"type\":\"host-local\",...}}",
-                    ));
-                }
-                // dipamd would run dipam as its own delegate: the inner call waits for the
-                // outer one's key lock until the delegate timeout, and every DEL fails alike.
-                // Its DEL has nothing to release (no ADD through it ever allocated: it could
-                // only wait on itself), and must not fail forever: it is answered without a
-                // call (`self_delegated`).
-                if delegate_type == "dipam" && cmd != Cmd::Del {
-                    return Err(config_error(
-                        "ipam.delegate.type must not be dipam",
-                        "ipam.delegate names the real IPAM dipamd runs (e.g. host-local, \
-                         azure-vnet-ipam); dipam cannot be its own delegate",
-                    ));
-                }
-                if delegate_type.is_empty() {
-                    return Err(config_error(
-                        "ipam.delegate.type is missing",
-                        "dipam as an IPAM plugin runs the IPAM named in ipam.delegate, e.g. \
-                         \"ipam\":{\"type\":\"dipam\",\"delegate\":{\"type\":\"host-local\",\
-                         \"ranges\":[[{\"subnet\":\"10.77.0.0/16\"}]]}}",
-                    ));
-                }
-                (Mode::Ipam, ipam)
-            }
-            None => {
-                let own_type = raw.get("type").and_then(Value::as_str).unwrap_or_default();
-                let ipam_type = IPAM
-                    .get(&raw)
-                    .and_then(|i| i.get("type"))
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
-                if ipam_type.is_empty() || ipam_type == own_type || ipam_type == "dipam" {
-                    return Err(config_error(
-                        "no delegate IPAM configured",
-                        "as the IPAM of another plugin, set ipam.delegate to the real IPAM \
-                         (\"ipam\":{\"type\":\"dipam\",\"delegate\":{\"type\":\"host-local\",...}}); \
-                         as the main plugin, set ipam to the real IPAM \
-                         (\"type\":\"dipam\",\"ipam\":{\"type\":\"host-local\",...})",
-                    ));
-                }
-                (Mode::Main, Some(&raw))
-            }
-        };
+        let (mode, dipam_keys) = mode_of(&raw, ipam, cmd)?;
         let dipam_keys = dipam_keys.unwrap_or(&Value::Null);
         let socket = match SOCKET_PATH.get(dipam_keys) {
             None | Some(Value::Null) => PathBuf::from(DEFAULT_SOCKET),
@@ -362,6 +298,80 @@ impl PluginConf {
                     .and_then(Value::as_str)
                     == Some("dipam"),
         })
+    }
+}
+
+/// The mode the config's shape asks for (`ipam.delegate` set: IPAM mode; else main mode),
+/// refusing the shapes that cannot work outside a DEL, and where dipam's own keys are.
+fn mode_of<'a>(
+    raw: &'a Value,
+    ipam: Option<&'a Value>,
+    cmd: Cmd,
+) -> Result<(Mode, Option<&'a Value>), PluginError> {
+    // The shape decides the mode; only then are the mode's own keys read.
+    let ipam_mode = ipam.is_some_and(|i| i.get(DELEGATE.name).is_some());
+    match ipam.filter(|_| ipam_mode).and_then(|i| DELEGATE.get(i)) {
+        Some(delegate) => {
+            let delegate_type = delegate
+                .get("type")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            // `"type":"dipam"` at the top means the runtime runs dipam as the main plugin:
+            // an `ipam.delegate` there would silently turn it into an IPAM that creates no
+            // interface. Say which shape was meant instead of guessing.
+            // A DEL still goes through, in IPAM mode as older versions ran this shape:
+            // what they allocated through it is released, and the pod can go.
+            if raw.get("type").and_then(Value::as_str) == Some("dipam") && cmd != Cmd::Del {
+                return Err(config_error(
+                    "dipam is the main plugin here (\"type\":\"dipam\"), but ipam.delegate \
+                     is set, which only IPAM mode uses",
+                    "as the main plugin (dipam creates the pod's veth), name the real IPAM in \
+                     ipam: \"type\":\"dipam\",\"ipam\":{\"type\":\"host-local\",...}; as the \
+                     IPAM of another plugin, keep ipam.delegate and set the top-level type to \
+                     that plugin: \"type\":\"ptp\",\"ipam\":{\"type\":\"dipam\",\
+                     \"delegate\":{\"type\":\"host-local\",...}}",
+                ));
+            }
+            // dipamd would run dipam as its own delegate: the inner call waits for the
+            // outer one's key lock until the delegate timeout, and every DEL fails alike.
+            // Its DEL has nothing to release (no ADD through it ever allocated: it could
+            // only wait on itself), and must not fail forever: it is answered without a
+            // call (`self_delegated`).
+            if delegate_type == "dipam" && cmd != Cmd::Del {
+                return Err(config_error(
+                    "ipam.delegate.type must not be dipam",
+                    "ipam.delegate names the real IPAM dipamd runs (e.g. host-local, \
+                     azure-vnet-ipam); dipam cannot be its own delegate",
+                ));
+            }
+            if delegate_type.is_empty() {
+                return Err(config_error(
+                    "ipam.delegate.type is missing",
+                    "dipam as an IPAM plugin runs the IPAM named in ipam.delegate, e.g. \
+                     \"ipam\":{\"type\":\"dipam\",\"delegate\":{\"type\":\"host-local\",\
+                     \"ranges\":[[{\"subnet\":\"10.77.0.0/16\"}]]}}",
+                ));
+            }
+            Ok((Mode::Ipam, ipam))
+        }
+        None => {
+            let own_type = raw.get("type").and_then(Value::as_str).unwrap_or_default();
+            let ipam_type = IPAM
+                .get(raw)
+                .and_then(|i| i.get("type"))
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            if ipam_type.is_empty() || ipam_type == own_type || ipam_type == "dipam" {
+                return Err(config_error(
+                    "no delegate IPAM configured",
+                    "as the IPAM of another plugin, set ipam.delegate to the real IPAM \
+                     (\"ipam\":{\"type\":\"dipam\",\"delegate\":{\"type\":\"host-local\",...}}); \
+                     as the main plugin, set ipam to the real IPAM \
+                     (\"type\":\"dipam\",\"ipam\":{\"type\":\"host-local\",...})",
+                ));
+            }
+            Ok((Mode::Main, Some(raw)))
+        }
     }
 }
 

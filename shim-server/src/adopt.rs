@@ -86,7 +86,61 @@ pub async fn adopt(
         );
         return Ok(Report::default());
     };
-    let read = dir.clone();
+    let groups = unrecorded(core, policy, dc, &dir, scan).await?;
+    let mut report = Report::default();
+    let (probe_send, at) = (core.resolve(dc, "").await, now());
+    for ((cid, ifname), g) in groups {
+        let Some(why) = g.alive.clone() else {
+            not_alive(&mut report, &cid, &ifname, g);
+            continue;
+        };
+        let skip = |reason: String| item(&cid, &ifname, &g.ips, "skipped", reason);
+        if ifname.is_empty() {
+            report.skipped.push(skip(format!(
+                "{why}; but a legacy id-only reservation names no interface, so no DEL could \
+                 release it by its key: it stays the delegate's"
+            )));
+            continue;
+        }
+        if crate::keys::internal(&cid) == Some(crate::keys::Internal::Pool) {
+            report.skipped.push(skip(format!(
+                "{why}; but it is held under a warm-pool ID, which is never recorded for a pod"
+            )));
+            continue;
+        }
+        if dry_run {
+            report
+                .adopted
+                .push(item(&cid, &ifname, &g.ips, "planned", why));
+            continue;
+        }
+        let send = match &probe_send {
+            Ok((_, send)) => send,
+            Err(e) => {
+                report.skipped.push(skip(format!("{why}; but {e}")));
+                continue;
+            }
+        };
+        let imp = Import {
+            dc,
+            send: *send,
+            at,
+        };
+        record(core, &imp, &mut report, (&cid, &ifname), &g.ips, why).await?;
+    }
+    Ok(report)
+}
+
+/// The store's reservations the ledger does not know, by (container ID, ifname), with the
+/// scan's verdict on their addresses.
+async fn unrecorded(
+    core: &Core,
+    policy: &GcPolicy,
+    dc: &DelegateConf,
+    dir: &std::path::Path,
+    scan: &Scan,
+) -> Result<BTreeMap<(String, String), Group>, ShimError> {
+    let read = dir.to_path_buf();
     let held = tokio::task::spawn_blocking(move || store::reservations(&read))
         .await
         .map_err(|e| ShimError::Internal(format!("store task: {e}")))?
@@ -134,104 +188,95 @@ pub async fn adopt(
             Verdict::Dead => {}
         }
     }
-    let mut report = Report::default();
-    let (probe_send, at) = (core.resolve(dc, "").await, now());
-    for ((cid, ifname), g) in groups {
-        let Some(why) = g.alive else {
-            match (g.unknown, g.young) {
-                (Some(partial), _) => report
-                    .unverified
-                    .push(item(&cid, &ifname, &g.ips, "kept", partial)),
-                (None, true) => report.unverified.push(item(
-                    &cid,
-                    &ifname,
-                    &g.ips,
-                    "kept",
-                    "reserved inside the grace period (--gc-grace): an ADD may still be \
-                     recording it"
-                        .into(),
-                )),
-                (None, false) => report.dead.push(item(
-                    &cid,
-                    &ifname,
-                    &g.ips,
-                    "dead",
-                    "no network namespace holds it, no host route leads to it, and no \
-                     runtime lists its container"
-                        .into(),
-                )),
-            }
-            continue;
-        };
-        let skip = |reason: String| item(&cid, &ifname, &g.ips, "skipped", reason);
-        if ifname.is_empty() {
-            report.skipped.push(skip(format!(
-                "{why}; but a legacy id-only reservation names no interface, so no DEL could \
-                 release it by its key: it stays the delegate's"
-            )));
-            continue;
-        }
-        if crate::keys::internal(&cid) == Some(crate::keys::Internal::Pool) {
-            report.skipped.push(skip(format!(
-                "{why}; but it is held under a warm-pool ID, which is never recorded for a pod"
-            )));
-            continue;
-        }
-        if dry_run {
-            report
-                .adopted
-                .push(item(&cid, &ifname, &g.ips, "planned", why));
-            continue;
-        }
-        let send = match &probe_send {
-            Ok((_, send)) => send,
-            Err(e) => {
-                report.skipped.push(skip(format!("{why}; but {e}")));
-                continue;
-            }
-        };
-        let config = match dc.bytes_for(*send).map(String::from_utf8) {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Err(ShimError::Internal(e.to_string())),
-            Err(e) => return Err(e),
-        };
-        let delegate = import::Delegate {
-            dc,
-            config,
-            version: send.unwrap_or(dc.version).to_string(),
-        };
-        let key = AttachmentKey::new(&dc.network, &cid, &ifname);
-        let Some(_guard) = core.locks.try_lock(&key) else {
-            report.skipped.push(skip(format!(
-                "{why}; an operation on {key} is in flight: the next reconcile looks again"
-            )));
-            continue;
-        };
-        if core.lookup(&key)?.is_some() {
-            // Recorded by an ADD since the store was read: it is dipamd's already.
-            continue;
-        }
-        let (rec, outside) = import::record(&delegate, &cid, &ifname, &g.ips, import::ADOPTED, at);
-        let Some(rec) = rec else {
-            report.skipped.push(skip(format!(
-                "{why}; but {} lie outside every range the network's config has",
-                outside
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )));
-            continue;
-        };
-        match core.import(&rec).await? {
-            Some(holder) => report.skipped.push(skip(format!("{why}; but {holder}"))),
-            None => {
-                info!(key = %key, ips = ?g.ips, evidence = %why, "adopted a running pod's reservation");
-                report
-                    .adopted
-                    .push(item(&cid, &ifname, &g.ips, "adopted", why));
-            }
+    Ok(groups)
+}
+
+/// A group no evidence shows in use: kept when unverified or young, else reported dead.
+fn not_alive(report: &mut Report, cid: &str, ifname: &str, g: Group) {
+    match (g.unknown, g.young) {
+        (Some(partial), _) => report
+            .unverified
+            .push(item(cid, ifname, &g.ips, "kept", partial)),
+        (None, true) => report.unverified.push(item(
+            cid,
+            ifname,
+            &g.ips,
+            "kept",
+            "reserved inside the grace period (--gc-grace): an ADD may still be \
+             recording it"
+                .into(),
+        )),
+        (None, false) => report.dead.push(item(
+            cid,
+            ifname,
+            &g.ips,
+            "dead",
+            "no network namespace holds it, no host route leads to it, and no \
+             runtime lists its container"
+                .into(),
+        )),
+    }
+}
+
+/// What every record of one adoption shares: the network's config, the version it is
+/// rendered at for the delegate, and when the records are made.
+struct Import<'a> {
+    dc: &'a DelegateConf,
+    send: Option<rscni_types::version::SpecVersion>,
+    at: u64,
+}
+
+/// Records one group a running pod uses, under its key's lock, unless an ADD recorded it
+/// meanwhile; what stands in the way is reported as skipped.
+async fn record(
+    core: &Core,
+    imp: &Import<'_>,
+    report: &mut Report,
+    (cid, ifname): (&str, &str),
+    ips: &[IpAddr],
+    why: String,
+) -> Result<(), ShimError> {
+    let Import { dc, send, at } = *imp;
+    let skip = |reason: String| item(cid, ifname, ips, "skipped", reason);
+    let config = match dc.bytes_for(send).map(String::from_utf8) {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return Err(ShimError::Internal(e.to_string())),
+        Err(e) => return Err(e),
+    };
+    let delegate = import::Delegate {
+        dc,
+        config,
+        version: send.unwrap_or(dc.version).to_string(),
+    };
+    let key = AttachmentKey::new(&dc.network, cid, ifname);
+    let Some(_guard) = core.locks.try_lock(&key) else {
+        report.skipped.push(skip(format!(
+            "{why}; an operation on {key} is in flight: the next reconcile looks again"
+        )));
+        return Ok(());
+    };
+    if core.lookup(&key)?.is_some() {
+        // Recorded by an ADD since the store was read: it is dipamd's already.
+        return Ok(());
+    }
+    let (rec, outside) = import::record(&delegate, cid, ifname, ips, import::ADOPTED, at);
+    let Some(rec) = rec else {
+        report.skipped.push(skip(format!(
+            "{why}; but {} lie outside every range the network's config has",
+            outside
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+        return Ok(());
+    };
+    match core.import(&rec).await? {
+        Some(holder) => report.skipped.push(skip(format!("{why}; but {holder}"))),
+        None => {
+            info!(key = %key, ips = ?ips, evidence = %why, "adopted a running pod's reservation");
+            report.adopted.push(item(cid, ifname, ips, "adopted", why));
         }
     }
-    Ok(report)
+    Ok(())
 }

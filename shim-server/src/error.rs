@@ -229,6 +229,73 @@ impl ShimError {
                 (codes::INVALID_CONFIG, details.clone())
             }
             Self::Version(d) => (codes::INCOMPATIBLE_VERSION, d.clone()),
+            Self::DelegateNotFound { .. }
+            | Self::DelegateSpawn { .. }
+            | Self::DelegateTimeout { .. }
+            | Self::DelegateBadOutput { .. }
+            | Self::Delegate(_) => self.delegate_code_and_details(),
+            Self::Store(e) => (
+                codes::INTERNAL,
+                format!("{e}; nothing was allocated by this request"),
+            ),
+            Self::ExistsWithOtherConfig { .. } => (
+                codes::EXISTS_WITH_OTHER_CONFIG,
+                "the runtime must DEL an attachment before adding it again with a changed \
+                 network config"
+                    .into(),
+            ),
+            Self::Conflict { holder, .. } => (
+                codes::AGENT_CONFLICT,
+                format!(
+                    "the delegate IPAM handed out an address that dipamd records for {holder}; \
+                     the allocation was rolled back. Another IPAM may manage the same range, or \
+                     the delegate's state directory was wiped or is not the one dipamd sees \
+                     (check that /var/lib/cni is shared and persistent)"
+                ),
+            ),
+            Self::StaleAdd { .. } => (
+                // Spec code 3: the container is gone, the runtime need not clean up.
+                codes::UNKNOWN_CONTAINER,
+                "the runtime deleted this attachment after this ADD was issued; nothing was \
+                 allocated"
+                    .into(),
+            ),
+            Self::NoRecord { .. } => (
+                codes::NO_RECORD,
+                "dipamd has no ADD on record for this container and interface; it was never \
+                 added through dipam, or it was deleted"
+                    .into(),
+            ),
+            Self::PrevResultMismatch { recorded, prev, .. } => (
+                codes::PREV_RESULT_MISMATCH,
+                format!(
+                    "recorded [{}], prevResult has [{}]",
+                    recorded.join(", "),
+                    prev.join(", ")
+                ),
+            ),
+            Self::NotReady { missing } => (codes::NOT_AVAILABLE, missing.join("; ")),
+            Self::LimitedConnectivity { reasons } => {
+                (codes::LIMITED_CONNECTIVITY, reasons.join("; "))
+            }
+            Self::GcRefused { reason, .. } => (
+                codes::GC_REFUSED,
+                format!(
+                    "{reason}; nothing was freed. Check the runtime's list of attachments, or \
+                     run `dipamctl gc --dry-run` to see what would go"
+                ),
+            ),
+            Self::GcIncomplete { freed, failed, .. } => (
+                codes::GC_INCOMPLETE,
+                format!("freed {freed}; failed: {}", failed.join("; ")),
+            ),
+        }
+    }
+
+    /// The code and details of a delegate's failure: not found, not started, killed, an
+    /// answer that is no CNI result, or its own CNI error passed on with its code.
+    fn delegate_code_and_details(&self) -> (u32, String) {
+        match self {
             Self::DelegateNotFound { searched, .. } => (
                 codes::DELEGATE_NOT_FOUND,
                 format!(
@@ -285,61 +352,8 @@ impl ShimError {
                 }
                 (*code, d)
             }
-            Self::Store(e) => (
-                codes::INTERNAL,
-                format!("{e}; nothing was allocated by this request"),
-            ),
-            Self::ExistsWithOtherConfig { .. } => (
-                codes::EXISTS_WITH_OTHER_CONFIG,
-                "the runtime must DEL an attachment before adding it again with a changed \
-                 network config"
-                    .into(),
-            ),
-            Self::Conflict { holder, .. } => (
-                codes::AGENT_CONFLICT,
-                format!(
-                    "the delegate IPAM handed out an address that dipamd records for {holder}; \
-                     the allocation was rolled back. Another IPAM may manage the same range, or \
-                     the delegate's state directory was wiped or is not the one dipamd sees \
-                     (check that /var/lib/cni is shared and persistent)"
-                ),
-            ),
-            Self::StaleAdd { .. } => (
-                // Spec code 3: the container is gone, the runtime need not clean up.
-                codes::UNKNOWN_CONTAINER,
-                "the runtime deleted this attachment after this ADD was issued; nothing was \
-                 allocated"
-                    .into(),
-            ),
-            Self::NoRecord { .. } => (
-                codes::NO_RECORD,
-                "dipamd has no ADD on record for this container and interface; it was never \
-                 added through dipam, or it was deleted"
-                    .into(),
-            ),
-            Self::PrevResultMismatch { recorded, prev, .. } => (
-                codes::PREV_RESULT_MISMATCH,
-                format!(
-                    "recorded [{}], prevResult has [{}]",
-                    recorded.join(", "),
-                    prev.join(", ")
-                ),
-            ),
-            Self::NotReady { missing } => (codes::NOT_AVAILABLE, missing.join("; ")),
-            Self::LimitedConnectivity { reasons } => {
-                (codes::LIMITED_CONNECTIVITY, reasons.join("; "))
-            }
-            Self::GcRefused { reason, .. } => (
-                codes::GC_REFUSED,
-                format!(
-                    "{reason}; nothing was freed. Check the runtime's list of attachments, or \
-                     run `dipamctl gc --dry-run` to see what would go"
-                ),
-            ),
-            Self::GcIncomplete { freed, failed, .. } => (
-                codes::GC_INCOMPLETE,
-                format!("freed {freed}; failed: {}", failed.join("; ")),
-            ),
+            // Not a delegate's failure: code_and_details answers those.
+            other => (codes::INTERNAL, other.to_string()),
         }
     }
 

@@ -87,7 +87,7 @@ impl Sink {
     }
 
     /// Returns once every event recorded before the call is in the ledger (or after
-    /// [`FLUSH_WAIT`]). A request's events are recorded before its reply is sent, so `explain`
+    /// `FLUSH_WAIT`). A request's events are recorded before its reply is sent, so `explain`
     /// flushing first shows a request that has completed, a failed ADD included, instead of
     /// an empty history until the writer's next batch (up to a second later).
     pub async fn flush(&self) {

@@ -1,51 +1,75 @@
 //! dipamd and dipamctl: the CNI-over-gRPC shim that runs the delegated IPAM plugin like a
 //! runtime would and records every attachment in a durable ledger. See docs/cfp.md.
 
+// The layers, from the ground up (docs/architecture.md §2; `cargo run -p dipam-layers --
+// shim-server` fails on a cycle). A module uses only modules of its own group or of the
+// groups above it in this list.
+
+// Leaves: facts and small mechanisms every layer may use.
 pub mod access;
-pub mod activation;
-pub mod addrs;
-pub mod adopt;
-pub mod agent;
 pub mod authority;
 pub mod clock;
-pub mod core;
 pub mod cri_args;
-pub mod ctl;
-pub mod daemon;
-pub mod delegate;
-pub mod divergence;
 pub mod error;
 pub mod events;
 pub mod fault;
-pub mod gc;
-pub mod health;
-pub mod hints;
-pub mod history;
 pub mod keylock;
 pub mod keys;
+// Every listener's connection budget and accept-time checks (access.rs and the transport
+// below use it).
 pub mod listen;
-pub mod liveness;
-pub mod logging;
+// The bounded label set of the attachments gauge (the core and the daemon's census).
 pub mod metric_labels;
-pub mod metrics;
-pub mod node;
 pub mod order;
 pub mod perms;
-pub mod pool;
 pub mod privilege;
+pub mod trim;
+pub mod validate;
+
+// The core: an attachment's life, over the delegate and the ledger.
+pub mod addrs;
+pub mod core;
+pub mod delegate;
+
+// The clients: each a handle and its work on the core.
+pub mod adopt;
+pub mod agent;
+pub mod divergence;
+pub mod gc;
+pub mod liveness;
+pub mod pool;
+pub mod sandboxes;
+pub mod spool;
+pub mod teardown;
+
+// The observers, fed by events.
+pub mod history;
+pub mod metrics;
+
+// The node (the core and the clients' handles assembled), the RPCs on it, and the start-up
+// replays through them.
+pub mod hints;
+pub mod node;
 pub mod replay;
 pub mod rpc;
-pub mod sandboxes;
+
+// Transport: the gRPC services, the socket and its activation, health.
+pub mod activation;
+pub mod health;
 pub mod server;
 pub mod service;
 
-pub mod spool;
+// The daemon: flags, logging and start-up phases.
+pub mod daemon;
+pub mod logging;
 pub mod startup_checks;
-pub mod teardown;
+
+// dipamctl.
+pub mod ctl;
+
+// What the crate's unit tests share (docs/architecture.md §7).
 #[cfg(test)]
 pub(crate) mod testing;
-pub mod trim;
-pub mod validate;
 
 /// Parses the command line of `T` with `version` as its `--version` (the binaries pass the
 /// crate version and the git commit shim-server/build.rs found), exiting as clap does on

@@ -79,31 +79,19 @@ pub struct Metrics {
     agent_addresses: Family<L1, Gauge>,
     pool_ready: Family<L2, Gauge>,
     pool_target: Family<L2, Gauge>,
-    gc_freed: Counter,
-    gc_refused: Counter,
+    gc: GcSeries,
     conflicts: Counter,
     agent_reestablished: Counter,
     intents_replayed: Counter,
     pool_refill_failures: Counter,
-    teardown_deleted: Counter,
-    teardown_failures: Counter,
+    teardown: TeardownSeries,
     privilege_failures: Counter,
-    spool_depth: Gauge,
-    spool_quarantined: Counter,
-    spool_untrusted: Gauge,
-    spool_mismatched: Gauge,
+    spool: SpoolSeries,
     ledger_writable: Gauge,
-    divergence_missing: Gauge,
-    divergence_orphans: Gauge,
-    divergence_unrecorded_alive: Gauge,
+    divergence: DivergenceSeries,
     history_dropped: Counter,
-    runtime_gc_passes: Counter,
-    runtime_gc_freed: Counter,
-    runtime_gc_kept_grace: Gauge,
-    runtime_gc_refusals: Family<L1, Counter>,
-    runtime_gc_refusing: Gauge,
-    range_size: Family<L2, Count>,
-    range_addresses: Family<L3, Count>,
+    runtime_gc: RuntimeGcSeries,
+    range: RangeSeries,
     /// Range series last published: a network, family or state no longer present loses its
     /// series.
     range_series: Mutex<BTreeSet<(String, String, &'static str)>>,
@@ -131,6 +119,217 @@ where
     let help = help.strip_suffix('.').unwrap_or(help);
     r.register(name, help, metric.clone());
     metric
+}
+
+/// GC of the network (CNI GC and `dipamctl gc`).
+struct GcSeries {
+    freed: Counter,
+    refused: Counter,
+}
+
+impl GcSeries {
+    fn register(r: &mut Registry) -> Self {
+        Self {
+            freed: reg(
+                r,
+                "dipam_gc_freed_total",
+                "Attachments freed by GC.",
+                Counter::default(),
+            ),
+            refused: reg(
+                r,
+                "dipam_gc_refused_total",
+                "GC runs refused by an interlock.",
+                Counter::default(),
+            ),
+        }
+    }
+}
+
+/// Retired pod veths (main mode).
+struct TeardownSeries {
+    deleted: Counter,
+    failures: Counter,
+}
+
+impl TeardownSeries {
+    fn register(r: &mut Registry) -> Self {
+        Self {
+            deleted: reg(
+                r,
+                "dipam_teardown_deleted_total",
+                "Retired pod veths (main mode) dipamd deleted.",
+                Counter::default(),
+            ),
+            failures: reg(
+                r,
+                "dipam_teardown_failures_total",
+                "Retired pod veths dipamd failed to delete (and link listings that failed).",
+                Counter::default(),
+            ),
+        }
+    }
+}
+
+/// The DEL spool.
+struct SpoolSeries {
+    depth: Gauge,
+    quarantined: Counter,
+    untrusted: Gauge,
+    mismatched: Gauge,
+}
+
+impl SpoolSeries {
+    fn register(r: &mut Registry) -> Self {
+        Self {
+            depth: reg(
+                r,
+                "dipam_spool_depth",
+                "Spooled DELs waiting to be replayed.",
+                Gauge::default(),
+            ),
+            quarantined: reg(
+                r,
+                "dipam_spool_quarantined_total",
+                "Spooled DELs moved to failed/ (unusable, or failing the spool rule) since start.",
+                Counter::default(),
+            ),
+            untrusted: reg(
+                r,
+                "dipam_spool_untrusted",
+                "1 when the spool directory fails the spool rule and nothing in it is replayed.",
+                Gauge::default(),
+            ),
+            mismatched: reg(
+                r,
+                "dipam_spool_mismatched_networks",
+                "Networks whose config names a spoolDir other than dipamd's spool.",
+                Gauge::default(),
+            ),
+        }
+    }
+}
+
+/// The delegate's store against the ledger, at the last reconcile.
+struct DivergenceSeries {
+    missing: Gauge,
+    orphans: Gauge,
+    unrecorded_alive: Gauge,
+}
+
+impl DivergenceSeries {
+    fn register(r: &mut Registry) -> Self {
+        Self {
+            missing: reg(
+                r,
+                "dipam_divergence_missing",
+                "Recorded addresses missing from the delegate's store at the last reconcile.",
+                Gauge::default(),
+            ),
+            orphans: reg(
+                r,
+                "dipam_divergence_orphans",
+                "Reservations the ledger does not know and nothing on the node uses (no \
+             network namespace holds the address, no host route leads to it, the runtime \
+             lists no such sandbox), at the last reconcile: freeable.",
+                Gauge::default(),
+            ),
+            unrecorded_alive: reg(
+                r,
+                "dipam_divergence_unrecorded_alive",
+                "Reservations the ledger does not know that a running pod uses, or that dipamd \
+             cannot tell unused, left after the last reconcile adopted what it could: \
+             kept, never freed.",
+                Gauge::default(),
+            ),
+        }
+    }
+}
+
+/// The runtime-aware GC (dipamd --cri-endpoint).
+struct RuntimeGcSeries {
+    passes: Counter,
+    freed: Counter,
+    kept_grace: Gauge,
+    refusals: Family<L1, Counter>,
+    refusing: Gauge,
+}
+
+impl RuntimeGcSeries {
+    fn register(r: &mut Registry) -> Self {
+        Self {
+            passes: reg(
+                r,
+                "dipam_runtime_gc_passes_total",
+                "Passes of the runtime-aware GC (dipamd --cri-endpoint), refused ones included",
+                Counter::default(),
+            ),
+            freed: reg(
+                r,
+                "dipam_runtime_gc_freed_total",
+                "Attachments the runtime-aware GC freed: made through CRI, their sandbox missed \
+             by two consecutive passes",
+                Counter::default(),
+            ),
+            kept_grace: reg(
+                r,
+                "dipam_runtime_gc_kept_grace",
+                "Attachments made through CRI whose sandbox the runtime did not list, kept at \
+             the last pass as younger than --gc-grace",
+                Gauge::default(),
+            ),
+            refusals: {
+                let family: Family<L1, Counter> = reg(
+                    r,
+                    "dipam_runtime_gc_refusals_total",
+                    "Runtime-aware GC passes that freed nothing because the runtime's answer \
+                 was not trusted, by reason (unreachable, error, empty, share)",
+                    Family::default(),
+                );
+                // Every reason from the start, so that a rate over it needs no first refusal.
+                for reason in crate::gc::runtime::REFUSALS {
+                    family.get_or_create(&l1("reason", reason)).inc_by(0);
+                }
+                family
+            },
+            refusing: reg(
+                r,
+                "dipam_runtime_gc_refusing",
+                "1 while the last runtime-aware GC pass refused (see \
+             dipam_runtime_gc_refusals_total for why), 0 otherwise",
+                Gauge::default(),
+            ),
+        }
+    }
+}
+
+/// The delegate's ranges.
+struct RangeSeries {
+    size: Family<L2, Count>,
+    addresses: Family<L3, Count>,
+}
+
+impl RangeSeries {
+    fn register(r: &mut Registry) -> Self {
+        Self {
+            size: reg(
+                r,
+                "dipam_range_size",
+                "Addresses the delegate hands out, by network and family (host-local: its \
+             ranges less the gateway); absent where the delegate's ranges are not known",
+                Family::default(),
+            ),
+            addresses: reg(
+                r,
+                "dipam_range_addresses",
+                "Addresses of the delegate's ranges by network, family and state: pod, agent, \
+             pool (held for them in the delegate's store, as the ledger accounts for \
+             them), orphan (held, and accounted for by no ledger record) and free; orphan \
+             and free are absent where the delegate's store is not readable",
+                Family::default(),
+            ),
+        }
+    }
 }
 
 impl Default for Metrics {
@@ -203,18 +402,7 @@ impl Metrics {
                 "Warm-pool entries the refiller keeps (0: surplus being released).",
                 Family::default(),
             ),
-            gc_freed: reg(
-                &mut r,
-                "dipam_gc_freed_total",
-                "Attachments freed by GC.",
-                Counter::default(),
-            ),
-            gc_refused: reg(
-                &mut r,
-                "dipam_gc_refused_total",
-                "GC runs refused by an interlock.",
-                Counter::default(),
-            ),
+            gc: GcSeries::register(&mut r),
             conflicts: reg(
                 &mut r,
                 "dipam_conflicts_total",
@@ -239,48 +427,14 @@ impl Metrics {
                 "Warm-pool refills that failed (retried with backoff).",
                 Counter::default(),
             ),
-            teardown_deleted: reg(
-                &mut r,
-                "dipam_teardown_deleted_total",
-                "Retired pod veths (main mode) dipamd deleted.",
-                Counter::default(),
-            ),
-            teardown_failures: reg(
-                &mut r,
-                "dipam_teardown_failures_total",
-                "Retired pod veths dipamd failed to delete (and link listings that failed).",
-                Counter::default(),
-            ),
+            teardown: TeardownSeries::register(&mut r),
             privilege_failures: reg(
                 &mut r,
                 "dipam_privilege_failures_total",
                 "Operations that failed for lack of a privilege (EPERM, EACCES).",
                 Counter::default(),
             ),
-            spool_depth: reg(
-                &mut r,
-                "dipam_spool_depth",
-                "Spooled DELs waiting to be replayed.",
-                Gauge::default(),
-            ),
-            spool_quarantined: reg(
-                &mut r,
-                "dipam_spool_quarantined_total",
-                "Spooled DELs moved to failed/ (unusable, or failing the spool rule) since start.",
-                Counter::default(),
-            ),
-            spool_untrusted: reg(
-                &mut r,
-                "dipam_spool_untrusted",
-                "1 when the spool directory fails the spool rule and nothing in it is replayed.",
-                Gauge::default(),
-            ),
-            spool_mismatched: reg(
-                &mut r,
-                "dipam_spool_mismatched_networks",
-                "Networks whose config names a spoolDir other than dipamd's spool.",
-                Gauge::default(),
-            ),
+            spool: SpoolSeries::register(&mut r),
             ledger_writable: reg(
                 &mut r,
                 "dipam_ledger_writable",
@@ -288,91 +442,15 @@ impl Metrics {
                  --state-dir: every ADD and DEL fails until it is 1 again).",
                 Gauge::default(),
             ),
-            divergence_missing: reg(
-                &mut r,
-                "dipam_divergence_missing",
-                "Recorded addresses missing from the delegate's store at the last reconcile.",
-                Gauge::default(),
-            ),
-            divergence_orphans: reg(
-                &mut r,
-                "dipam_divergence_orphans",
-                "Reservations the ledger does not know and nothing on the node uses (no \
-                 network namespace holds the address, no host route leads to it, the runtime \
-                 lists no such sandbox), at the last reconcile: freeable.",
-                Gauge::default(),
-            ),
-            divergence_unrecorded_alive: reg(
-                &mut r,
-                "dipam_divergence_unrecorded_alive",
-                "Reservations the ledger does not know that a running pod uses, or that dipamd \
-                 cannot tell unused, left after the last reconcile adopted what it could: \
-                 kept, never freed.",
-                Gauge::default(),
-            ),
+            divergence: DivergenceSeries::register(&mut r),
             history_dropped: reg(
                 &mut r,
                 "dipam_history_events_dropped_total",
                 "History events dropped because the writer fell behind.",
                 Counter::default(),
             ),
-            runtime_gc_passes: reg(
-                &mut r,
-                "dipam_runtime_gc_passes_total",
-                "Passes of the runtime-aware GC (dipamd --cri-endpoint), refused ones included",
-                Counter::default(),
-            ),
-            runtime_gc_freed: reg(
-                &mut r,
-                "dipam_runtime_gc_freed_total",
-                "Attachments the runtime-aware GC freed: made through CRI, their sandbox missed \
-                 by two consecutive passes",
-                Counter::default(),
-            ),
-            runtime_gc_kept_grace: reg(
-                &mut r,
-                "dipam_runtime_gc_kept_grace",
-                "Attachments made through CRI whose sandbox the runtime did not list, kept at \
-                 the last pass as younger than --gc-grace",
-                Gauge::default(),
-            ),
-            runtime_gc_refusals: {
-                let family: Family<L1, Counter> = reg(
-                    &mut r,
-                    "dipam_runtime_gc_refusals_total",
-                    "Runtime-aware GC passes that freed nothing because the runtime's answer \
-                     was not trusted, by reason (unreachable, error, empty, share)",
-                    Family::default(),
-                );
-                // Every reason from the start, so that a rate over it needs no first refusal.
-                for reason in crate::gc::runtime::REFUSALS {
-                    family.get_or_create(&l1("reason", reason)).inc_by(0);
-                }
-                family
-            },
-            runtime_gc_refusing: reg(
-                &mut r,
-                "dipam_runtime_gc_refusing",
-                "1 while the last runtime-aware GC pass refused (see \
-                 dipam_runtime_gc_refusals_total for why), 0 otherwise",
-                Gauge::default(),
-            ),
-            range_size: reg(
-                &mut r,
-                "dipam_range_size",
-                "Addresses the delegate hands out, by network and family (host-local: its \
-                 ranges less the gateway); absent where the delegate's ranges are not known",
-                Family::default(),
-            ),
-            range_addresses: reg(
-                &mut r,
-                "dipam_range_addresses",
-                "Addresses of the delegate's ranges by network, family and state: pod, agent, \
-                 pool (held for them in the delegate's store, as the ledger accounts for \
-                 them), orphan (held, and accounted for by no ledger record) and free; orphan \
-                 and free are absent where the delegate's store is not readable",
-                Family::default(),
-            ),
+            runtime_gc: RuntimeGcSeries::register(&mut r),
+            range: RangeSeries::register(&mut r),
             registry: r,
             range_series: Mutex::default(),
             agent_states: Mutex::default(),
@@ -449,11 +527,13 @@ impl Metrics {
                 #[allow(clippy::cast_precision_loss)]
                 let v = n as f64;
                 if state == SIZE {
-                    self.range_size
+                    self.range
+                        .size
                         .get_or_create(&l2("network", &c.network, "family", c.family))
                         .set(v);
                 } else {
-                    self.range_addresses
+                    self.range
+                        .addresses
                         .get_or_create(&l3(&c.network, c.family, state))
                         .set(v);
                 }
@@ -463,10 +543,11 @@ impl Metrics {
         if let Ok(mut seen) = self.range_series.lock() {
             for (network, family, state) in seen.difference(&now) {
                 if *state == SIZE {
-                    self.range_size
+                    self.range
+                        .size
                         .remove(&l2("network", network, "family", family));
                 } else {
-                    self.range_addresses.remove(&l3(network, family, state));
+                    self.range.addresses.remove(&l3(network, family, state));
                 }
             }
             *seen = now;
@@ -531,10 +612,10 @@ impl Observer for Metrics {
                 self.intents_replayed.inc();
             }
             Event::GcFreed(n) => {
-                self.gc_freed.inc_by(n);
+                self.gc.freed.inc_by(n);
             }
             Event::GcRefused => {
-                self.gc_refused.inc();
+                self.gc.refused.inc();
             }
             Event::Conflict => {
                 self.conflicts.inc();
@@ -542,21 +623,7 @@ impl Observer for Metrics {
             Event::AgentReestablished => {
                 self.agent_reestablished.inc();
             }
-            Event::AgentAddresses(states) => {
-                let mut now = BTreeSet::new();
-                for (state, n) in states {
-                    self.agent_addresses
-                        .get_or_create(&l1("state", state))
-                        .set(gauge_value(*n));
-                    now.insert((*state).to_owned());
-                }
-                if let Ok(mut seen) = self.agent_states.lock() {
-                    for gone in seen.difference(&now) {
-                        self.agent_addresses.remove(&l1("state", gone));
-                    }
-                    *seen = now;
-                }
-            }
+            Event::AgentAddresses(states) => self.agent_addresses(states),
             Event::PoolRequest { outcome } => {
                 self.pool_requests
                     .get_or_create(&l1("outcome", outcome))
@@ -570,55 +637,37 @@ impl Observer for Metrics {
                 digest,
                 ready,
                 target,
-            } => {
-                let l = l2("network", network, "digest", digest);
-                self.pool_ready.get_or_create(&l).set(gauge_value(ready));
-                self.pool_target.get_or_create(&l).set(gauge_value(target));
-                if let Ok(mut seen) = self.pools.lock() {
-                    seen.insert((network.to_owned(), digest.to_owned()));
-                }
-            }
-            Event::PoolLevels(levels) => set_whole(
-                &[&self.pool_ready, &self.pool_target],
-                &self.pools,
-                levels.iter().map(|(network, digest, ready, target)| {
-                    (
-                        ((*network).to_owned(), (*digest).to_owned()),
-                        l2("network", network, "digest", digest),
-                        vec![gauge_value(*ready), gauge_value(*target)],
-                    )
-                }),
-                |(network, digest)| l2("network", network, "digest", digest),
-            ),
+            } => self.pool_level(network, digest, ready, target),
+            Event::PoolLevels(levels) => self.pool_levels(levels),
             Event::TeardownDeleted(n) => {
-                self.teardown_deleted.inc_by(n);
+                self.teardown.deleted.inc_by(n);
             }
             Event::TeardownFailed => {
-                self.teardown_failures.inc();
+                self.teardown.failures.inc();
             }
             Event::PrivilegeDenied => {
                 self.privilege_failures.inc();
             }
             Event::SpoolDepth(n) => {
-                self.spool_depth.set(gauge_value(n));
+                self.spool.depth.set(gauge_value(n));
             }
             Event::SpoolQuarantined => {
-                self.spool_quarantined.inc();
+                self.spool.quarantined.inc();
             }
             Event::SpoolUntrusted(u) => {
-                self.spool_untrusted.set(i64::from(u));
+                self.spool.untrusted.set(i64::from(u));
             }
             Event::SpoolMismatched(n) => {
-                self.spool_mismatched.set(gauge_value(n));
+                self.spool.mismatched.set(gauge_value(n));
             }
             Event::Divergence {
                 missing,
                 orphans,
                 alive,
             } => {
-                self.divergence_missing.set(gauge_value(missing));
-                self.divergence_orphans.set(gauge_value(orphans));
-                self.divergence_unrecorded_alive.set(gauge_value(alive));
+                self.divergence.missing.set(gauge_value(missing));
+                self.divergence.orphans.set(gauge_value(orphans));
+                self.divergence.unrecorded_alive.set(gauge_value(alive));
             }
             Event::Ranges(counts) => self.ranges(counts),
             Event::HistoryDropped => {
@@ -628,18 +677,67 @@ impl Observer for Metrics {
                 freed,
                 kept_grace,
                 refusing,
-            } => {
-                self.runtime_gc_passes.inc();
-                self.runtime_gc_freed.inc_by(freed);
-                self.runtime_gc_kept_grace.set(gauge_value(kept_grace));
-                if let Some(reason) = refusing {
-                    self.runtime_gc_refusals
-                        .get_or_create(&l1("reason", reason))
-                        .inc();
-                }
-                self.runtime_gc_refusing.set(i64::from(refusing.is_some()));
-            }
+            } => self.runtime_gc_pass(freed, kept_grace, refusing),
         }
+    }
+}
+
+impl Metrics {
+    /// The agent's addresses by state; a state no longer present loses its series.
+    fn agent_addresses(&self, states: &[(&str, u64)]) {
+        let mut now = BTreeSet::new();
+        for (state, n) in states {
+            self.agent_addresses
+                .get_or_create(&l1("state", state))
+                .set(gauge_value(*n));
+            now.insert((*state).to_owned());
+        }
+        if let Ok(mut seen) = self.agent_states.lock() {
+            for gone in seen.difference(&now) {
+                self.agent_addresses.remove(&l1("state", gone));
+            }
+            *seen = now;
+        }
+    }
+
+    /// One warm pool's level.
+    fn pool_level(&self, network: &str, digest: &str, ready: u64, target: u64) {
+        let l = l2("network", network, "digest", digest);
+        self.pool_ready.get_or_create(&l).set(gauge_value(ready));
+        self.pool_target.get_or_create(&l).set(gauge_value(target));
+        if let Ok(mut seen) = self.pools.lock() {
+            seen.insert((network.to_owned(), digest.to_owned()));
+        }
+    }
+
+    /// Every warm pool's level; a pool no longer present loses its series.
+    fn pool_levels(&self, levels: &[(&str, &str, u64, u64)]) {
+        set_whole(
+            &[&self.pool_ready, &self.pool_target],
+            &self.pools,
+            levels.iter().map(|(network, digest, ready, target)| {
+                (
+                    ((*network).to_owned(), (*digest).to_owned()),
+                    l2("network", network, "digest", digest),
+                    vec![gauge_value(*ready), gauge_value(*target)],
+                )
+            }),
+            |(network, digest)| l2("network", network, "digest", digest),
+        )
+    }
+
+    /// One pass of the runtime-aware GC, refused or not.
+    fn runtime_gc_pass(&self, freed: u64, kept_grace: u64, refusing: Option<&str>) {
+        self.runtime_gc.passes.inc();
+        self.runtime_gc.freed.inc_by(freed);
+        self.runtime_gc.kept_grace.set(gauge_value(kept_grace));
+        if let Some(reason) = refusing {
+            self.runtime_gc
+                .refusals
+                .get_or_create(&l1("reason", reason))
+                .inc();
+        }
+        self.runtime_gc.refusing.set(i64::from(refusing.is_some()));
     }
 }
 

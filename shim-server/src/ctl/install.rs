@@ -605,41 +605,12 @@ pub fn install_with(
     };
     let ranges = match &opts.ranges {
         None => None,
-        Some(from) => {
-            let cidrs = cidrs(from)?;
-            let (source, text, only) = match (&conflist, &adopted) {
-                (Some((bytes, _)), _) => (
-                    opts.conflist.clone().unwrap_or_default(),
-                    String::from_utf8(bytes.clone()).map_err(|e| format!("not UTF-8: {e}"))?,
-                    None,
-                ),
-                (None, Some(p)) => (
-                    p.source.clone(),
-                    p.rewritten.text.clone(),
-                    Some(p.rewritten.plugin),
-                ),
-                (None, None) => {
-                    return Err("--ranges-from-node needs --conflist or --wrap".into());
-                }
-            };
-            let at = |e: &dyn std::fmt::Display| format!("{}: {e}", source.display());
-            let with = ranges::set_ranges(&text, &cidrs.cidrs, only).map_err(|e| at(&e))?;
-            validate_conflist(with.text.as_bytes()).map_err(|e| {
-                at(&format!(
-                    "dipam would refuse the conflist with the node's ranges: {e}"
-                ))
-            })?;
-            match (&mut conflist, &mut adopted) {
-                (Some((bytes, _)), _) => *bytes = with.text.clone().into_bytes(),
-                (None, Some(p)) => p.rewritten.text = with.text.clone(),
-                (None, None) => {}
-            }
-            Some(NodeRanges {
-                cidrs,
-                plugin: with.plugin,
-                replaced: with.before,
-            })
-        }
+        Some(from) => Some(node_ranges(
+            opts,
+            cidrs(from)?,
+            &mut conflist,
+            &mut adopted,
+        )?),
     };
     if let (Some((bytes, _)), Some(path)) = (&conflist, &opts.conflist) {
         has_ranges(bytes).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -694,6 +665,48 @@ pub fn install_with(
         ranges,
         man_pages,
         forced,
+    })
+}
+
+/// `--ranges-from-node`: the conflist (given, or the node's own being wrapped) with
+/// host-local's ranges set to the node's pod CIDRs, validated as dipam would.
+fn node_ranges(
+    opts: &Options,
+    cidrs: PodCidrs,
+    conflist: &mut Option<(Vec<u8>, String)>,
+    adopted: &mut Option<Prepared>,
+) -> Result<NodeRanges, String> {
+    let (source, text, only) = match (&*conflist, &*adopted) {
+        (Some((bytes, _)), _) => (
+            opts.conflist.clone().unwrap_or_default(),
+            String::from_utf8(bytes.clone()).map_err(|e| format!("not UTF-8: {e}"))?,
+            None,
+        ),
+        (None, Some(p)) => (
+            p.source.clone(),
+            p.rewritten.text.clone(),
+            Some(p.rewritten.plugin),
+        ),
+        (None, None) => {
+            return Err("--ranges-from-node needs --conflist or --wrap".into());
+        }
+    };
+    let at = |e: &dyn std::fmt::Display| format!("{}: {e}", source.display());
+    let with = ranges::set_ranges(&text, &cidrs.cidrs, only).map_err(|e| at(&e))?;
+    validate_conflist(with.text.as_bytes()).map_err(|e| {
+        at(&format!(
+            "dipam would refuse the conflist with the node's ranges: {e}"
+        ))
+    })?;
+    match (conflist, adopted) {
+        (Some((bytes, _)), _) => *bytes = with.text.clone().into_bytes(),
+        (None, Some(p)) => p.rewritten.text = with.text.clone(),
+        (None, None) => {}
+    }
+    Ok(NodeRanges {
+        cidrs,
+        plugin: with.plugin,
+        replaced: with.before,
     })
 }
 

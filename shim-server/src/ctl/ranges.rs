@@ -40,14 +40,12 @@ pub fn ranges_value(cidrs: &[IpNet]) -> Value {
     )
 }
 
-/// Writes `cidrs` as the `ranges` of the host-local that dipam runs in `text`: the one in
-/// plugin `only` when given (the plugin `--wrap` rewrote), else the only one there is.
-pub fn set_ranges(
-    text: &str,
-    cidrs: &[IpNet],
+/// The host-local that dipam runs in the conflist: in plugin `only` when given, else the
+/// only one there is. Its plugin's index, and the path to it inside that plugin.
+fn host_local(
+    doc: &Doc<'_>,
     only: Option<usize>,
-) -> Result<WithRanges, WrapError> {
-    let doc = Doc::parse(text)?;
+) -> Result<(usize, &'static [&'static str]), WrapError> {
     let mut found = Vec::new();
     let mut others = Vec::new();
     for (i, p) in doc.plugins.iter().enumerate() {
@@ -70,31 +68,40 @@ pub fn set_ranges(
             )),
         }
     }
-    let (i, path) = match found[..] {
-        [one] => one,
+    match found[..] {
+        [one] => Ok(one),
         [] => {
             let why = if others.is_empty() {
                 "no plugin uses dipam".to_owned()
             } else {
                 others.join(", ")
             };
-            return Err(WrapError::Unusable(format!(
+            Err(WrapError::Unusable(format!(
                 "--ranges-from-node writes host-local's ranges, but dipam runs no host-local \
                  here ({why})"
-            )));
+            )))
         }
-        _ => {
-            return Err(WrapError::Ambiguous(format!(
-                "run host-local through dipam ({}); --ranges-from-node gives one node's ranges \
+        _ => Err(WrapError::Ambiguous(format!(
+            "run host-local through dipam ({}); --ranges-from-node gives one node's ranges \
                  to one of them",
-                found
-                    .iter()
-                    .map(|(i, _)| format!("plugins[{i}]"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )));
-        }
-    };
+            found
+                .iter()
+                .map(|(i, _)| format!("plugins[{i}]"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
+}
+
+/// Writes `cidrs` as the `ranges` of the host-local that dipam runs in `text`: the one in
+/// plugin `only` when given (the plugin `--wrap` rewrote), else the only one there is.
+pub fn set_ranges(
+    text: &str,
+    cidrs: &[IpNet],
+    only: Option<usize>,
+) -> Result<WithRanges, WrapError> {
+    let doc = Doc::parse(text)?;
+    let (i, path) = host_local(&doc, only)?;
     let ranges = ranges_value(cidrs);
 
     // The intended value.

@@ -112,19 +112,15 @@ fn fail(msg: impl Into<String>) -> String {
     msg.into()
 }
 
-/// Rebuilds (or, with `force`, adds to) the ledger in `state_dir` from the delegate's store
-/// as `conflist_path` configures it, the delegate found in `cni_dirs`. `json`: notes on
-/// stderr are JSON; `progress`: a counter of the reservations recorded, on stderr.
-pub async fn rebuild(
-    state_dir: &Path,
-    conflist_path: &Path,
-    cni_dirs: Vec<PathBuf>,
+/// The ledger to rebuild into: an empty one (or, with `force`, any that opens); one that
+/// does not open is moved aside (its DEL spool kept in place) and a new one made.
+fn open_ledger<'a>(
+    state_dir: &'a Path,
     force: bool,
     json: bool,
-    progress: bool,
-) -> Result<Report, String> {
-    let mut report = Report::default();
-    let store = match dipam_state::open(state_dir) {
+    report: &mut Report,
+) -> Result<impl Store + use<'a>, String> {
+    match dipam_state::open(state_dir) {
         Ok(s) => {
             let n = s
                 .len(dipam_state::Tree::Attachments)
@@ -136,17 +132,15 @@ pub async fn rebuild(
                     state_dir.display()
                 )));
             }
-            s
+            Ok(s)
         }
-        Err(StoreError::Locked { .. }) => {
-            return Err(fail(format!(
-                "dipamd is running on {}; stop it first",
-                state_dir.display()
-            )));
-        }
+        Err(StoreError::Locked { .. }) => Err(fail(format!(
+            "dipamd is running on {}; stop it first",
+            state_dir.display()
+        ))),
         // A full file system is no damage: moving the ledger aside would forget it for
         // nothing (and the rebuilt one would not fit either).
-        Err(e @ StoreError::NoSpace { .. }) => return Err(e.to_string()),
+        Err(e @ StoreError::NoSpace { .. }) => Err(e.to_string()),
         Err(e) => {
             let aside = PathBuf::from(format!("{}.corrupt-{}", state_dir.display(), now()));
             std::fs::rename(state_dir, &aside)
@@ -176,9 +170,24 @@ pub async fn rebuild(
                 report.spool_kept = true;
             }
             report.moved_aside = Some(aside);
-            dipam_state::open(state_dir).map_err(|e| e.to_string())?
+            dipam_state::open(state_dir).map_err(|e| e.to_string())
         }
-    };
+    }
+}
+
+/// Rebuilds (or, with `force`, adds to) the ledger in `state_dir` from the delegate's store
+/// as `conflist_path` configures it, the delegate found in `cni_dirs`. `json`: notes on
+/// stderr are JSON; `progress`: a counter of the reservations recorded, on stderr.
+pub async fn rebuild(
+    state_dir: &Path,
+    conflist_path: &Path,
+    cni_dirs: Vec<PathBuf>,
+    force: bool,
+    json: bool,
+    progress: bool,
+) -> Result<Report, String> {
+    let mut report = Report::default();
+    let store = open_ledger(state_dir, force, json, &mut report)?;
     let text = std::fs::read(conflist_path)
         .map_err(|e| fail(format!("{}: {e}", conflist_path.display())))?;
     let base = conflist::parse(conflist_path, &text, None).map_err(|m| m.to_string())?;
@@ -216,7 +225,20 @@ pub async fn rebuild(
             .or_default()
             .push(r.ip);
     }
-    let ledger = Ledger::new(store);
+    record_all(Ledger::new(store), &delegate, groups, progress, &mut report)?;
+    Ok(report)
+}
+
+/// Records every group (one container ID and interface) the ledger lacks, counting them on
+/// stderr when `progress`.
+fn record_all<S: Store + ?Sized>(
+    ledger: Ledger<S>,
+    delegate: &import::Delegate<'_>,
+    groups: BTreeMap<(String, String), Vec<IpAddr>>,
+    progress: bool,
+    report: &mut Report,
+) -> Result<(), String> {
+    let dc = delegate.dc;
     let t = now();
     // Each record is a durable ledger write: thousands of them take long enough to wonder
     // whether anything is happening.
@@ -241,7 +263,7 @@ pub async fn rebuild(
         if ledger.get(&key).map_err(|e| e.to_string())?.is_some() {
             continue;
         }
-        let (rec, outside) = import::record(&delegate, &cid, &ifname, &ips, "dipamctl-recover", t);
+        let (rec, outside) = import::record(delegate, &cid, &ifname, &ips, "dipamctl-recover", t);
         for ip in outside {
             report
                 .skipped
@@ -256,5 +278,5 @@ pub async fn rebuild(
         }
         ledger.put(&rec).map_err(|e| e.to_string())?;
     }
-    Ok(report)
+    Ok(())
 }

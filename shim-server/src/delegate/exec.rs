@@ -146,25 +146,7 @@ pub async fn run_gated(
     // The clock tick the delegate starts at or after, for its note (survivors.rs).
     let mut since = 0;
     let mut child = loop {
-        let mut cmd = Command::new(binary);
-        // The delegate sees the CNI variables, as from a runtime, and a PATH to find helpers
-        // (host-local and iptables-based plugins shell out); nothing else of dipamd's
-        // environment leaks into it.
-        cmd.env_clear()
-            .env("CNI_COMMAND", &inv.command)
-            .env("CNI_CONTAINERID", &inv.container_id)
-            .env("CNI_NETNS", &inv.netns)
-            .env("CNI_IFNAME", &inv.ifname)
-            .env("CNI_ARGS", &inv.args)
-            .env("CNI_PATH", &inv.path)
-            .env(
-                "PATH",
-                std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into()),
-            )
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+        let mut cmd = command(binary, inv);
         if tracker.is_some() {
             since = super::survivors::ticks_now();
         }
@@ -200,6 +182,37 @@ pub async fn run_gated(
         let _ = child.wait().await;
         return Gated::GateFailed(e);
     }
+    feed(&mut child, inv);
+    let remaining = timeout.saturating_sub(started.elapsed());
+    let collected = tokio::time::timeout(remaining, collect(child, peek)).await;
+    Gated::Ran(outcome(kind, binary, inv, timeout, started, pid, collected))
+}
+
+/// The delegate's command: the CNI variables, as from a runtime, and a PATH to find helpers
+/// (host-local and iptables-based plugins shell out); nothing else of dipamd's environment
+/// leaks into it.
+fn command(binary: &Path, inv: &Invocation) -> Command {
+    let mut cmd = Command::new(binary);
+    cmd.env_clear()
+        .env("CNI_COMMAND", &inv.command)
+        .env("CNI_CONTAINERID", &inv.container_id)
+        .env("CNI_NETNS", &inv.netns)
+        .env("CNI_IFNAME", &inv.ifname)
+        .env("CNI_ARGS", &inv.args)
+        .env("CNI_PATH", &inv.path)
+        .env(
+            "PATH",
+            std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into()),
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Writes the config to the delegate's stdin.
+fn feed(child: &mut Child, inv: &Invocation) {
     if let Some(mut stdin) = child.stdin.take() {
         let input = inv.stdin.clone();
         // A delegate may exit without reading stdin; a broken pipe is then not our error.
@@ -212,56 +225,66 @@ pub async fn run_gated(
             tokio::spawn(write);
         }
     }
-    let remaining = timeout.saturating_sub(started.elapsed());
-    Gated::Ran(
-        match tokio::time::timeout(remaining, collect(child, peek)).await {
-            Ok(Ok(out)) => {
-                let elapsed = started.elapsed();
-                debug!(
-                    delegate = kind,
-                    command = %inv.command,
-                    pid,
-                    status = ?out.status,
-                    elapsed_ms = crate::clock::log_ms(elapsed),
-                    "delegate exec finished"
-                );
-                Ok(Output {
-                    status: out.status,
-                    stdout: out.stdout,
-                    stderr: out.stderr,
-                    elapsed,
-                })
-            }
-            // Killed (kill_on_drop) for writing too much: unreadable output, 154. It may have
-            // acted first, so an ADD's caller releases it as after any garbage (core/attach.rs).
-            Ok(Err(source))
-                if source
-                    .get_ref()
-                    .is_some_and(|e| e.downcast_ref::<TooMuchOutput>().is_some()) =>
-            {
-                warn!(delegate = kind, command = %inv.command, pid, limit = MAX_STDOUT, "delegate wrote more than its stdout limit; killed it");
-                Err(ShimError::DelegateBadOutput {
-                    kind: kind.to_owned(),
-                    command: inv.command.clone(),
-                    exit: format!("killed by dipamd: {source}, the limit for a CNI result"),
-                    stdout: String::new(),
-                    stderr: String::new(),
-                })
-            }
-            Ok(Err(source)) => Err(ShimError::DelegateSpawn {
-                kind: kind.to_owned(),
-                path: binary.to_owned(),
-                source,
-            }),
-            // Dropping the wait future drops the child, and kill_on_drop SIGKILLs it.
-            Err(_) => Err(ShimError::DelegateTimeout {
+}
+
+/// What the delegate's run came to: its output, or why there is none usable (too much
+/// output, a failed wait, the timeout).
+fn outcome(
+    kind: &str,
+    binary: &Path,
+    inv: &Invocation,
+    timeout: Duration,
+    started: Instant,
+    pid: Option<u32>,
+    collected: Result<std::io::Result<std::process::Output>, tokio::time::error::Elapsed>,
+) -> Result<Output, ShimError> {
+    match collected {
+        Ok(Ok(out)) => {
+            let elapsed = started.elapsed();
+            debug!(
+                delegate = kind,
+                command = %inv.command,
+                pid,
+                status = ?out.status,
+                elapsed_ms = crate::clock::log_ms(elapsed),
+                "delegate exec finished"
+            );
+            Ok(Output {
+                status: out.status,
+                stdout: out.stdout,
+                stderr: out.stderr,
+                elapsed,
+            })
+        }
+        // Killed (kill_on_drop) for writing too much: unreadable output, 154. It may have
+        // acted first, so an ADD's caller releases it as after any garbage (core/attach.rs).
+        Ok(Err(source))
+            if source
+                .get_ref()
+                .is_some_and(|e| e.downcast_ref::<TooMuchOutput>().is_some()) =>
+        {
+            warn!(delegate = kind, command = %inv.command, pid, limit = MAX_STDOUT, "delegate wrote more than its stdout limit; killed it");
+            Err(ShimError::DelegateBadOutput {
                 kind: kind.to_owned(),
                 command: inv.command.clone(),
-                timeout,
+                exit: format!("killed by dipamd: {source}, the limit for a CNI result"),
+                stdout: String::new(),
                 stderr: String::new(),
-            }),
-        },
-    )
+            })
+        }
+        Ok(Err(source)) => Err(ShimError::DelegateSpawn {
+            kind: kind.to_owned(),
+            path: binary.to_owned(),
+            source,
+        }),
+        // Dropping the wait future drops the child, and kill_on_drop SIGKILLs it.
+        Err(_) => Err(ShimError::DelegateTimeout {
+            kind: kind.to_owned(),
+            command: inv.command.clone(),
+            timeout,
+            stderr: String::new(),
+        }),
+    }
 }
 
 /// Where a delegate's stdout goes the moment it holds one complete JSON document.

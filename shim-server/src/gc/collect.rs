@@ -51,6 +51,10 @@ pub const CHUNK: usize = 32;
 /// Plans and (unless `dry_run`) runs GC of the network of `dc`. `force` overrides the share
 /// interlock (`dipamctl gc --force`); nothing else does. `began` is when the GC began (its
 /// valid list was made before it): nothing an ADD finished since is freed (core/births.rs).
+///
+/// The steps, in order: read what the delegate and the ledger hold (`read`), plan what to
+/// keep and what is stale (`plan`), refuse what the share interlock forbids (`interlock`),
+/// tell the orphans apart (`plan_orphans`), and release the rest (`release`).
 pub async fn collect(
     c: &Collector,
     dc: &DelegateConf,
@@ -60,17 +64,60 @@ pub async fn collect(
     dry_run: bool,
     force: bool,
 ) -> Result<Plan, ShimError> {
-    let network = dc.network.clone();
     // One GC of a network at a time; ADD, DEL and CHECK are not held up (keylock.rs).
-    let _collection = c.core.locks.collection(&network).await;
+    let _collection = c.core.locks.collection(&dc.network).await;
+    let Read {
+        seen,
+        reservations,
+        resolved,
+    } = read(c, dc, cni_path).await?;
+    let mut planned = plan(c, &seen, &valid, began);
+    interlock(c, &dc.network, &seen.records, &planned.stale, force)?;
+    let (probe, send) = resolved?;
+    let orphans = plan_orphans(c, dc, &seen, reservations, &mut planned).await;
+    if dry_run {
+        return Ok(Plan {
+            items: planned.items,
+            kept: planned.kept,
+        });
+    }
+    let delegate = Delegate {
+        dc,
+        cni_path,
+        probe: &probe,
+        send,
+    };
+    release(c, &delegate, &seen, planned, orphans, began).await
+}
+
+/// What a GC reads before it plans, in this order: the delegate (resolved), its store, then
+/// the ledger and the keys with an operation in flight.
+struct Read {
+    seen: Seen,
+    /// The delegate's store, where dipamd reads it (host-local's directory).
+    reservations: Option<Vec<store::Reservation>>,
+    resolved: Result<(crate::delegate::Probe, Option<SpecVersion>), ShimError>,
+}
+
+/// The network as the plan sees it.
+struct Seen {
+    /// The delegate has its own GC (CNI 1.1): no store to read, its GC runs instead.
+    native_gc: bool,
+    dir: Option<std::path::PathBuf>,
+    records: Vec<AttachmentRecord>,
+    busy: HashSet<AttachmentKey>,
+}
+
+/// Reads the delegate's store BEFORE the ledger. Every reservation is made after its
+/// attachment's intent is durable (core/attach.rs), so a reservation read here belongs to a
+/// record the list below contains (kept while in flight), and one made after this read is
+/// not looked at: an ADD running beside this GC is never taken for an orphan.
+async fn read(c: &Collector, dc: &DelegateConf, cni_path: &str) -> Result<Read, ShimError> {
+    let network = dc.network.clone();
     let resolved = c.core.resolve(dc, cni_path).await;
     let native_gc = resolved
         .as_ref()
         .is_ok_and(|(probe, _)| probe.supported.contains(&SpecVersion::new(1, 1, 0)));
-    // The delegate's store is read BEFORE the ledger. Every reservation is made after its
-    // attachment's intent is durable (core/attach.rs), so a reservation read here belongs to a
-    // record the list below contains (kept while in flight), and one made after this read is
-    // not looked at: an ADD running beside this GC is never taken for an orphan.
     let dir = if native_gc {
         None
     } else {
@@ -104,67 +151,103 @@ pub async fn collect(
         .into_iter()
         .filter(|k| k.network == network)
         .collect();
-    let t = now();
-    let grace = c.gc.policy.grace.as_secs();
+    Ok(Read {
+        seen: Seen {
+            native_gc,
+            dir,
+            records,
+            busy,
+        },
+        reservations,
+        resolved,
+    })
+}
 
-    let listed: HashSet<(String, String)> = match &valid {
+/// The plan over the ledger: what is kept and why, and what is stale.
+struct Planned<'a> {
+    /// The valid set: the runtime's list, or every record (`--use-ledger`).
+    listed: HashSet<(String, String)>,
+    /// What the delegate is told to keep, and its store compared with: the valid set, every
+    /// kept record, and the delegate's key of each (a pod served from the warm pool).
+    delegate_keep: HashSet<(String, String)>,
+    stale: Vec<&'a AttachmentRecord>,
+    /// One per stale record, in `stale`'s order, then one per orphan.
+    items: Vec<GcItem>,
+    kept: Vec<GcItem>,
+}
+
+/// The delegate's key of a record: what its store holds the reservation under.
+fn delegate_pair(r: &AttachmentRecord) -> (String, String) {
+    let (c, i) = r.delegate_ids();
+    (c.to_owned(), i.to_owned())
+}
+
+/// Every reason a record is kept, as (code, text) for `dipamctl gc --dry-run`; none: stale.
+fn reasons(
+    c: &Collector,
+    r: &AttachmentRecord,
+    listed: &HashSet<(String, String)>,
+    valid: &Valid,
+    busy: &HashSet<AttachmentKey>,
+    began: GcStart,
+    t: u64,
+) -> Vec<(&'static str, String)> {
+    let grace = c.gc.policy.grace.as_secs();
+    let mut why: Vec<(&str, String)> = Vec::new();
+    if listed.contains(&(r.key.container_id.clone(), r.key.ifname.clone())) {
+        why.push((
+            "valid-list",
+            match valid {
+                Valid::List(_) => "in the valid list".into(),
+                Valid::Ledger => "in the ledger (--use-ledger)".into(),
+            },
+        ));
+    }
+    match &r.owner {
+        Owner::Agent { role } => why.push(("agent", format!("the agent's {role} address"))),
+        Owner::Pool => why.push(("pool", "a warm-pool entry".into())),
+        Owner::Pod => {}
+    }
+    if r.state != AttachmentState::Committed {
+        why.push(interrupted(r));
+    } else if busy.contains(&r.key) {
+        why.push((
+            "in-flight",
+            "an operation on it is in flight (its key is locked)".into(),
+        ));
+    }
+    if let Some(text) = born_after(c, &r.key, began) {
+        why.push((BORN_AFTER_GC, text.into()));
+    }
+    let old = t.saturating_sub(r.created_at);
+    if old < grace {
+        why.push((
+            "grace",
+            format!(
+                "added {} ago, inside the grace period (--gc-grace {grace}s)",
+                age(old)
+            ),
+        ));
+    }
+    why
+}
+
+/// Sorts the ledger's records of the network into kept (with every reason) and stale.
+fn plan<'a>(c: &Collector, seen: &'a Seen, valid: &Valid, began: GcStart) -> Planned<'a> {
+    let records = &seen.records;
+    let t = now();
+    let listed: HashSet<(String, String)> = match valid {
         Valid::List(l) => l.iter().cloned().collect(),
         Valid::Ledger => records
             .iter()
             .map(|r| (r.key.container_id.clone(), r.key.ifname.clone()))
             .collect(),
     };
-    // Every reason a record is kept, as (code, text) for `dipamctl gc --dry-run`.
-    let reasons = |r: &AttachmentRecord| {
-        let mut why: Vec<(&str, String)> = Vec::new();
-        if listed.contains(&(r.key.container_id.clone(), r.key.ifname.clone())) {
-            why.push((
-                "valid-list",
-                match valid {
-                    Valid::List(_) => "in the valid list".into(),
-                    Valid::Ledger => "in the ledger (--use-ledger)".into(),
-                },
-            ));
-        }
-        match &r.owner {
-            Owner::Agent { role } => why.push(("agent", format!("the agent's {role} address"))),
-            Owner::Pool => why.push(("pool", "a warm-pool entry".into())),
-            Owner::Pod => {}
-        }
-        if r.state != AttachmentState::Committed {
-            why.push((
-                "in-flight",
-                format!(
-                    "an operation is in flight or was interrupted (state {})",
-                    r.state.as_str()
-                ),
-            ));
-        } else if busy.contains(&r.key) {
-            why.push((
-                "in-flight",
-                "an operation on it is in flight (its key is locked)".into(),
-            ));
-        }
-        if let Some(text) = born_after(c, &r.key, began) {
-            why.push((BORN_AFTER_GC, text.into()));
-        }
-        let old = t.saturating_sub(r.created_at);
-        if old < grace {
-            why.push((
-                "grace",
-                format!(
-                    "added {} ago, inside the grace period (--gc-grace {grace}s)",
-                    age(old)
-                ),
-            ));
-        }
-        why
-    };
     let mut keep: HashSet<(String, String)> = HashSet::new();
     let mut kept_items = Vec::new();
     let mut stale: Vec<&AttachmentRecord> = Vec::new();
-    for r in &records {
-        let why = reasons(r);
+    for r in records {
+        let why = reasons(c, r, &listed, valid, &seen.busy, began, t);
         if why.is_empty() {
             stale.push(r);
             continue;
@@ -179,12 +262,6 @@ pub async fn collect(
         ));
     }
     keep.extend(listed.iter().cloned());
-    // What the delegate is told to keep, and its store compared with: `keep` plus the
-    // delegate's key of every kept record (a pod served from the warm pool).
-    let delegate_pair = |r: &AttachmentRecord| {
-        let (c, i) = r.delegate_ids();
-        (c.to_owned(), i.to_owned())
-    };
     let delegate_keep: HashSet<(String, String)> = keep
         .iter()
         .cloned()
@@ -195,13 +272,51 @@ pub async fn collect(
                 .map(delegate_pair),
         )
         .collect();
+    let items = stale.iter().map(|r| stale_item(r, t)).collect();
+    Planned {
+        listed,
+        delegate_keep,
+        stale,
+        items,
+        kept: kept_items,
+    }
+}
+
+/// The plan's line for a stale record.
+fn stale_item(r: &AttachmentRecord, t: u64) -> GcItem {
+    item(
+        "ledger",
+        &r.key.container_id,
+        &r.key.ifname,
+        r.result.as_ref().map(result_ips).unwrap_or_default(),
+        format!(
+            "not in the valid list; added {} ago{}",
+            age(t.saturating_sub(r.created_at)),
+            r.delegate_key
+                .as_ref()
+                .map(|d| format!(
+                    "; {} holds it as {}/{}",
+                    r.delegate_type, d.container_id, d.ifname
+                ))
+                .unwrap_or_default()
+        ),
+    )
+}
+
+/// The share interlock (calico#5044: a bad list once freed every healthy pod). It holds at
+/// every size: freeing the only pod of a network, or both of two, is exactly what a
+/// truncated list does, so it takes an operator's --force (or --gc-max-free-share 1).
+fn interlock(
+    c: &Collector,
+    network: &str,
+    records: &[AttachmentRecord],
+    stale: &[&AttachmentRecord],
+    force: bool,
+) -> Result<(), ShimError> {
     let pods = records
         .iter()
         .filter(|r| r.owner == Owner::Pod && r.state == AttachmentState::Committed)
         .count();
-    // The share interlock (calico#5044: a bad list once freed every healthy pod). It holds at
-    // every size: freeing the only pod of a network, or both of two, is exactly what a
-    // truncated list does, so it takes an operator's --force (or --gc-max-free-share 1).
     if !force && !stale.is_empty() && stale.len() as f64 > c.gc.policy.max_free_share * pods as f64
     {
         c.gc.stats
@@ -209,7 +324,7 @@ pub async fn collect(
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         c.core.events.emit(crate::events::Event::GcRefused);
         return Err(ShimError::GcRefused {
-            network,
+            network: network.to_owned(),
             reason: format!(
                 "it would free {} of the network's {pods} pod attachments, more than the \
                  allowed share {:.0}% (dipamd --gc-max-free-share; `dipamctl gc --force \
@@ -219,202 +334,261 @@ pub async fn collect(
             ),
         });
     }
-    let mut items: Vec<GcItem> = stale
-        .iter()
-        .map(|r| {
-            item(
-                "ledger",
-                &r.key.container_id,
-                &r.key.ifname,
-                r.result.as_ref().map(result_ips).unwrap_or_default(),
-                format!(
-                    "not in the valid list; added {} ago{}",
-                    age(t.saturating_sub(r.created_at)),
-                    r.delegate_key
-                        .as_ref()
-                        .map(|d| format!(
-                            "; {} holds it as {}/{}",
-                            r.delegate_type, d.container_id, d.ifname
-                        ))
-                        .unwrap_or_default()
-                ),
-            )
-        })
-        .collect();
+    Ok(())
+}
 
-    let (probe, send) = resolved?;
-    // Orphans: in the delegate's own store, unknown to the ledger and to the valid set.
-    let mut orphans = Vec::new();
+/// Orphans: reservations in the delegate's own store, unknown to the ledger and to the valid
+/// set. Kept when listed, young, or not shown unused; the rest are planned for release
+/// (their items appended after the stale records') and returned.
+async fn plan_orphans(
+    c: &Collector,
+    dc: &DelegateConf,
+    seen: &Seen,
+    reservations: Option<Vec<store::Reservation>>,
+    planned: &mut Planned<'_>,
+) -> Vec<store::Reservation> {
+    let (Some(dir), Some(reservations)) = (&seen.dir, reservations) else {
+        return Vec::new();
+    };
+    let grace = c.gc.policy.grace.as_secs();
+    let delegate_keep = &planned.delegate_keep;
+    let known: HashSet<(String, String)> = seen.records.iter().map(delegate_pair).collect();
+    let known_ids: HashSet<&str> = known.iter().map(|(c, _)| c.as_str()).collect();
+    let keep_ids: HashSet<&str> = delegate_keep.iter().map(|(c, _)| c.as_str()).collect();
     let mut candidates = Vec::new();
-    if let (Some(dir), Some(reservations)) = (&dir, reservations) {
-        let known: HashSet<(String, String)> = records.iter().map(delegate_pair).collect();
-        let known_ids: HashSet<&str> = known.iter().map(|(c, _)| c.as_str()).collect();
-        let keep_ids: HashSet<&str> = delegate_keep.iter().map(|(c, _)| c.as_str()).collect();
-        for r in reservations {
-            let pair = (r.container_id.clone(), r.ifname.clone());
-            // Legacy id-only files (empty ifname) match by container ID.
-            let (recorded, listed) = if r.ifname.is_empty() {
-                (
-                    known_ids.contains(r.container_id.as_str()),
-                    keep_ids.contains(r.container_id.as_str()),
-                )
-            } else {
-                (known.contains(&pair), delegate_keep.contains(&pair))
-            };
-            if recorded {
-                // The ledger's record stands for it (kept or collected above).
-                continue;
-            }
-            let age = r
-                .modified
-                .and_then(|m| SystemTime::now().duration_since(m).ok());
-            let young = age.is_some_and(|d| d < c.gc.policy.grace);
-            if listed || young {
-                let mut why = Vec::new();
-                if listed {
-                    why.push((
-                        "valid-list",
-                        format!(
-                            "held by {} and in the valid list, unknown to dipamd",
-                            dc.kind
-                        ),
-                    ));
-                }
-                if young {
-                    why.push((
-                        "grace",
-                        format!(
-                            "reserved {} ago, inside the grace period (--gc-grace {grace}s)",
-                            self::age(age.map_or(0, |d| d.as_secs()))
-                        ),
-                    ));
-                }
-                kept_items.push(kept(
-                    "orphan",
-                    &r.container_id,
-                    &r.ifname,
-                    vec![r.ip.to_string()],
-                    why,
-                ));
-                continue;
-            }
-            candidates.push(r);
-        }
-        // An unrecorded reservation is freed only when nothing on the node uses its address
-        // (liveness.rs): a running pod dipamd never saw (a node adopted with pods running)
-        // lost its address to the next pod when this freed it.
-        let scan = match candidates.is_empty() {
-            true => crate::liveness::Scan::default(),
-            false => c.gc.scan().await,
+    for r in reservations {
+        let pair = (r.container_id.clone(), r.ifname.clone());
+        // Legacy id-only files (empty ifname) match by container ID.
+        let (recorded, listed) = if r.ifname.is_empty() {
+            (
+                known_ids.contains(r.container_id.as_str()),
+                keep_ids.contains(r.container_id.as_str()),
+            )
+        } else {
+            (known.contains(&pair), delegate_keep.contains(&pair))
         };
-        for r in candidates {
-            let kept_why = match scan.verdict(r.ip, &r.container_id) {
-                Verdict::Dead => None,
-                Verdict::Alive(why) => Some(("alive", format!("{why}: adopt it, never free it"))),
-                Verdict::Unknown(why) => Some(("unverified", format!("not shown unused: {why}"))),
-            };
-            if let Some(why) = kept_why {
-                kept_items.push(kept(
-                    "orphan",
-                    &r.container_id,
-                    &r.ifname,
-                    vec![r.ip.to_string()],
-                    vec![why],
+        if recorded {
+            // The ledger's record stands for it (kept or collected above).
+            continue;
+        }
+        let age = r
+            .modified
+            .and_then(|m| SystemTime::now().duration_since(m).ok());
+        let young = age.is_some_and(|d| d < c.gc.policy.grace);
+        if listed || young {
+            let mut why = Vec::new();
+            if listed {
+                why.push((
+                    "valid-list",
+                    format!(
+                        "held by {} and in the valid list, unknown to dipamd",
+                        dc.kind
+                    ),
                 ));
-                continue;
             }
-            items.push(item(
+            if young {
+                why.push((
+                    "grace",
+                    format!(
+                        "reserved {} ago, inside the grace period (--gc-grace {grace}s)",
+                        self::age(age.map_or(0, |d| d.as_secs()))
+                    ),
+                ));
+            }
+            planned.kept.push(kept(
                 "orphan",
                 &r.container_id,
                 &r.ifname,
                 vec![r.ip.to_string()],
-                format!(
-                    "held by {} in {} but unknown to dipamd and not in the valid list; nothing \
-                     on the node uses it",
-                    dc.kind,
-                    dir.display()
-                ),
+                why,
             ));
-            orphans.push(r);
+            continue;
         }
+        candidates.push(r);
     }
-    if dry_run {
-        return Ok(Plan {
-            items,
-            kept: kept_items,
-        });
+    // An unrecorded reservation is freed only when nothing on the node uses its address
+    // (liveness.rs): a running pod dipamd never saw (a node adopted with pods running)
+    // lost its address to the next pod when this freed it.
+    let scan = match candidates.is_empty() {
+        true => crate::liveness::Scan::default(),
+        false => c.gc.scan().await,
+    };
+    let mut orphans = Vec::new();
+    for r in candidates {
+        let kept_why = match scan.verdict(r.ip, &r.container_id) {
+            Verdict::Dead => None,
+            Verdict::Alive(why) => Some(("alive", format!("{why}: adopt it, never free it"))),
+            Verdict::Unknown(why) => Some(("unverified", format!("not shown unused: {why}"))),
+        };
+        if let Some(why) = kept_why {
+            planned.kept.push(kept(
+                "orphan",
+                &r.container_id,
+                &r.ifname,
+                vec![r.ip.to_string()],
+                vec![why],
+            ));
+            continue;
+        }
+        planned.items.push(item(
+            "orphan",
+            &r.container_id,
+            &r.ifname,
+            vec![r.ip.to_string()],
+            format!(
+                "held by {} in {} but unknown to dipamd and not in the valid list; nothing \
+                 on the node uses it",
+                dc.kind,
+                dir.display()
+            ),
+        ));
+        orphans.push(r);
     }
+    orphans
+}
 
+/// The network's delegate, resolved once for every exec of the release.
+struct Delegate<'a> {
+    dc: &'a DelegateConf,
+    cni_path: &'a str,
+    probe: &'a crate::delegate::Probe,
+    send: Option<SpecVersion>,
+}
+
+/// Runs the plan: the stale records' DELs, the delegate's own GC where it has one, the
+/// orphans' DELs; then what an operation took up after the plan is kept after all, and said
+/// so.
+async fn release(
+    c: &Collector,
+    d: &Delegate<'_>,
+    seen: &Seen,
+    planned: Planned<'_>,
+    orphans: Vec<store::Reservation>,
+    began: GcStart,
+) -> Result<Plan, ShimError> {
+    let Planned {
+        listed,
+        stale,
+        mut items,
+        mut kept,
+        ..
+    } = planned;
     let parallel = c.gc.policy.parallel.max(1);
     let n = stale.len();
-    let planned: Vec<AttachmentRecord> = stale.iter().map(|r| (*r).clone()).collect();
-    let mut busy_now = release_stale(c, planned, began, parallel, &mut items[..n]).await;
-    if native_gc {
-        // The delegate's GC frees everything its list does not name, so the list must name
-        // every attachment that exists when it runs: the network is held exclusively for
-        // this one exec (in-flight operations finish first, new ones wait), and the ledger is
-        // read again under it. Kept: the valid list and every record but those this GC chose
-        // to free (an ADD that started since the plan is in the ledger, as its intent).
-        let _exclusive = c.core.locks.exclusive(&network).await;
-        let net = network.clone();
-        let now_records: Vec<AttachmentRecord> = c.core.ledger(move |l| l.list(Some(&net))).await?;
-        let chosen: HashSet<&AttachmentKey> = stale
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !busy_now.iter().any(|(b, _, _)| b == i))
-            .map(|(_, r)| &r.key)
-            .collect();
-        let delegate_keep: HashSet<(String, String)> = listed
-            .iter()
-            .cloned()
-            .chain(
-                now_records
-                    .iter()
-                    .filter(|r| !chosen.contains(&r.key))
-                    .flat_map(|r| {
-                        [
-                            (r.key.container_id.clone(), r.key.ifname.clone()),
-                            delegate_pair(r),
-                        ]
-                    }),
-            )
-            .collect();
-        let mut conf = dc.conf.clone();
-        let list: Vec<Value> = delegate_keep
-            .iter()
-            .map(|(c, i)| json!({"containerID": c, "ifname": i}))
-            .collect();
-        conf["cni.dev/valid-attachments"] = Value::Array(list.clone());
-        conf["cni.dev/attachments"] = Value::Array(list);
-        let inv = Invocation {
-            command: "GC".into(),
-            path: c.core.exec.delegate_cni_path(cni_path),
-            stdin: serde_json::to_vec(&conf).map_err(|e| ShimError::Internal(e.to_string()))?,
-            ..Invocation::default()
-        };
-        c.core.exec.call(&dc.kind, &probe, &inv).await?;
-        info!(network = %network, delegate = %dc.kind, kept = delegate_keep.len(), "delegate GC run with the augmented valid list");
+    let chosen: Vec<AttachmentRecord> = stale.iter().map(|r| (*r).clone()).collect();
+    let mut busy_now = release_stale(c, chosen, began, parallel, &mut items[..n]).await;
+    if seen.native_gc {
+        native_gc(c, d, &listed, &stale, &busy_now).await?;
     }
-    let mut conf = dc.conf.clone();
+    let outcomes = release_orphans(c, d, &orphans, parallel).await;
+    for (i, outcome) in outcomes.into_iter().enumerate() {
+        match outcome {
+            Released::Freed => finish(c, &mut items[n + i], Ok(())),
+            Released::Failed(e) => finish(c, &mut items[n + i], Err(e)),
+            Released::Busy(code, why) => busy_now.push((n + i, code, why)),
+        }
+    }
+    // What an operation took up after the plan is kept after all, and said so.
+    busy_now.sort_by_key(|b| std::cmp::Reverse(b.0));
+    for (i, code, why) in busy_now {
+        let it = items.remove(i);
+        kept.push(GcItem {
+            outcome: "kept".into(),
+            keep: vec![code.into()],
+            reason: why.into(),
+            ..it
+        });
+    }
+    Ok(Plan { items, kept })
+}
+
+/// The delegate's own GC. It frees everything its list does not name, so the list must name
+/// every attachment that exists when it runs: the network is held exclusively for this one
+/// exec (in-flight operations finish first, new ones wait), and the ledger is read again
+/// under it. Kept: the valid list and every record but those this GC chose to free (an ADD
+/// that started since the plan is in the ledger, as its intent).
+async fn native_gc(
+    c: &Collector,
+    d: &Delegate<'_>,
+    listed: &HashSet<(String, String)>,
+    stale: &[&AttachmentRecord],
+    busy_now: &[(usize, &'static str, &'static str)],
+) -> Result<(), ShimError> {
+    let network = d.dc.network.clone();
+    let _exclusive = c.core.locks.exclusive(&network).await;
+    let net = network.clone();
+    let now_records: Vec<AttachmentRecord> = c.core.ledger(move |l| l.list(Some(&net))).await?;
+    let chosen: HashSet<&AttachmentKey> = stale
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !busy_now.iter().any(|(b, _, _)| b == i))
+        .map(|(_, r)| &r.key)
+        .collect();
+    let delegate_keep: HashSet<(String, String)> = listed
+        .iter()
+        .cloned()
+        .chain(
+            now_records
+                .iter()
+                .filter(|r| !chosen.contains(&r.key))
+                .flat_map(|r| {
+                    [
+                        (r.key.container_id.clone(), r.key.ifname.clone()),
+                        delegate_pair(r),
+                    ]
+                }),
+        )
+        .collect();
+    let mut conf = d.dc.conf.clone();
+    let list: Vec<Value> = delegate_keep
+        .iter()
+        .map(|(c, i)| json!({"containerID": c, "ifname": i}))
+        .collect();
+    conf["cni.dev/valid-attachments"] = Value::Array(list.clone());
+    conf["cni.dev/attachments"] = Value::Array(list);
+    let inv = Invocation {
+        command: "GC".into(),
+        path: c.core.exec.delegate_cni_path(d.cni_path),
+        stdin: serde_json::to_vec(&conf).map_err(|e| ShimError::Internal(e.to_string()))?,
+        ..Invocation::default()
+    };
+    c.core.exec.call(&d.dc.kind, d.probe, &inv).await?;
+    info!(network = %network, delegate = %d.dc.kind, kept = delegate_keep.len(), "delegate GC run with the augmented valid list");
+    Ok(())
+}
+
+/// The orphans' DELs, `parallel` at a time (fewer while a pod's operation is in flight), with
+/// the network's config stripped of any valid list; one outcome per orphan, in order.
+async fn release_orphans(
+    c: &Collector,
+    d: &Delegate<'_>,
+    orphans: &[store::Reservation],
+    parallel: usize,
+) -> Vec<Released> {
+    let network = &d.dc.network;
+    let mut conf = d.dc.conf.clone();
     if let Some(o) = conf.as_object_mut() {
         o.remove("cni.dev/valid-attachments");
         o.remove("cni.dev/attachments");
     }
-    let d = DelegateConf { conf, ..dc.clone() };
-    let orphan_outcomes: Vec<Released> = match d.bytes_for(send) {
+    let stripped = DelegateConf {
+        conf,
+        ..d.dc.clone()
+    };
+    match stripped.bytes_for(d.send) {
         _ if orphans.is_empty() => Vec::new(),
         Ok(stdin) => {
             let mut outcomes: Vec<Option<Released>> = orphans.iter().map(|_| None).collect();
             let mut next = orphans.iter().enumerate();
             let mut running = FuturesUnordered::new();
             loop {
-                while running.len() < limit(c, &network, parallel)
+                while running.len() < limit(c, network, parallel)
                     && let Some((i, r)) = next.next()
                 {
-                    let (network, probe, kind, stdin) = (&network, &probe, &dc.kind, &stdin);
+                    let (probe, kind, stdin) = (d.probe, &d.dc.kind, &stdin);
                     running.push(async move {
                         let outcome =
-                            release_orphan(c, network, r, probe, cni_path, kind, stdin).await;
+                            release_orphan(c, network, r, probe, d.cni_path, kind, stdin).await;
                         (i, outcome)
                     });
                 }
@@ -435,29 +609,7 @@ pub async fn collect(
                 .map(|_| Released::Failed(ShimError::Internal(e.clone())))
                 .collect()
         }
-    };
-    for (i, outcome) in orphan_outcomes.into_iter().enumerate() {
-        match outcome {
-            Released::Freed => finish(c, &mut items[n + i], Ok(())),
-            Released::Failed(e) => finish(c, &mut items[n + i], Err(e)),
-            Released::Busy(code, why) => busy_now.push((n + i, code, why)),
-        }
     }
-    // What an operation took up after the plan is kept after all, and said so.
-    busy_now.sort_by_key(|b| std::cmp::Reverse(b.0));
-    for (i, code, why) in busy_now {
-        let it = items.remove(i);
-        kept_items.push(GcItem {
-            outcome: "kept".into(),
-            keep: vec![code.into()],
-            reason: why.into(),
-            ..it
-        });
-    }
-    Ok(Plan {
-        items,
-        kept: kept_items,
-    })
 }
 
 /// How many delegate DELs may run now: `parallel`, or one while an operation (a pod's ADD,

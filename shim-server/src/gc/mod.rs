@@ -355,6 +355,18 @@ fn kept(kind: &str, cid: &str, ifname: &str, ips: Vec<String>, why: Vec<(&str, S
     }
 }
 
+/// Why a record that is not `committed` is kept by every GC: an operation on it is in
+/// flight, or was interrupted and is finished by the next start or the runtime's DEL.
+pub(crate) fn interrupted(r: &dipam_state::AttachmentRecord) -> (&'static str, String) {
+    (
+        "in-flight",
+        format!(
+            "an operation is in flight or was interrupted (state {})",
+            r.state.as_str()
+        ),
+    )
+}
+
 fn age(secs: u64) -> String {
     match secs {
         s if s < 120 => format!("{s}s"),

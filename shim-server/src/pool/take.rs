@@ -58,36 +58,7 @@ pub async fn take(
             pool.lock().doomed.push(entry.key);
             continue;
         };
-        let t = now();
-        let rec = AttachmentRecord {
-            key: p.key.clone(),
-            owner: Owner::Pod,
-            state: AttachmentState::Committed,
-            delegate_type: entry.delegate_type.clone(),
-            delegate_version: entry.delegate_version.clone(),
-            delegate_config: entry.delegate_config.clone(),
-            netns: p.req.netns.clone(),
-            cni_args: p.req.cni_args.clone(),
-            cni_path: entry.cni_path.clone(),
-            result: Some(result.clone()),
-            // The pod's own digest: its repeated ADD is answered from the ledger, and a
-            // changed config refused, exactly as for any pod.
-            config_digest: p.dc.digest(),
-            request_id: p.req.request_id.clone(),
-            created_at: t,
-            updated_at: t,
-            issued_ms: p.req.issued_at_ms,
-            issued_at: p.issued.clone(),
-            delegate_key: Some(DelegateKey {
-                container_id: entry.key.container_id.clone(),
-                ifname: entry.key.ifname.clone(),
-                netns: entry.netns.clone(),
-                cni_args: entry.cni_args.clone(),
-            }),
-            creator_uid: p.caller.recorded_uid(),
-            // The pod's own CNI_ARGS, not the pool entry's: the pod came through CRI or not.
-            cri_pod: crate::cri_args::for_record(&Owner::Pod, &p.key, &p.req.cni_args),
-        };
+        let rec = pod_record(p, &entry, &result);
         // An entry whose address the agent holds must never reach a pod: release it instead.
         if core.check_conflict(&rec).await.is_err() {
             pool.lock().doomed.push(entry.key);
@@ -155,6 +126,45 @@ pub async fn take(
             "attachment added from the warm pool"
         );
         return Ok(Some(rendered));
+    }
+}
+
+/// The pod's record for a pool entry: the entry's delegate, config and reservation (its
+/// delegate key), under the pod's own key, request, caller and CNI_ARGS.
+fn pod_record(
+    p: &Prepared,
+    entry: &AttachmentRecord,
+    result: &serde_json::Value,
+) -> AttachmentRecord {
+    let t = now();
+    AttachmentRecord {
+        key: p.key.clone(),
+        owner: Owner::Pod,
+        state: AttachmentState::Committed,
+        delegate_type: entry.delegate_type.clone(),
+        delegate_version: entry.delegate_version.clone(),
+        delegate_config: entry.delegate_config.clone(),
+        netns: p.req.netns.clone(),
+        cni_args: p.req.cni_args.clone(),
+        cni_path: entry.cni_path.clone(),
+        result: Some(result.clone()),
+        // The pod's own digest: its repeated ADD is answered from the ledger, and a
+        // changed config refused, exactly as for any pod.
+        config_digest: p.dc.digest(),
+        request_id: p.req.request_id.clone(),
+        created_at: t,
+        updated_at: t,
+        issued_ms: p.req.issued_at_ms,
+        issued_at: p.issued.clone(),
+        delegate_key: Some(DelegateKey {
+            container_id: entry.key.container_id.clone(),
+            ifname: entry.key.ifname.clone(),
+            netns: entry.netns.clone(),
+            cni_args: entry.cni_args.clone(),
+        }),
+        creator_uid: p.caller.recorded_uid(),
+        // The pod's own CNI_ARGS, not the pool entry's: the pod came through CRI or not.
+        cri_pod: crate::cri_args::for_record(&Owner::Pod, &p.key, &p.req.cni_args),
     }
 }
 

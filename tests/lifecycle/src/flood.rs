@@ -63,7 +63,7 @@ pub struct Flood {
 }
 
 impl Flood {
-    /// Starts the attacker as nobody with `args` (see [`SCRIPT`]) and waits until it holds
+    /// Starts the attacker as nobody with `args` (see `SCRIPT`) and waits until it holds
     /// its connections.
     pub fn start(args: &[&str]) -> Self {
         let started = Instant::now();

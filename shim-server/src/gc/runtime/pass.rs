@@ -84,13 +84,7 @@ fn plan<'a>(
             Owner::Pod => {}
         }
         if r.state != AttachmentState::Committed {
-            why.push((
-                "in-flight",
-                format!(
-                    "an operation is in flight or was interrupted (state {})",
-                    r.state.as_str()
-                ),
-            ));
+            why.push(crate::gc::interrupted(r));
         }
         let age = t.saturating_sub(r.created_at);
         if age < grace {
@@ -217,47 +211,9 @@ pub async fn pass(
         t,
     );
     report.kept = p.kept.iter().map(|(r, why)| kept_item(r, why)).collect();
-    report.items = p
-        .free
-        .iter()
-        .map(|r| {
-            item(
-                r,
-                "planned",
-                Vec::new(),
-                format!(
-                    "made through CRI{}, and the runtime listed no sandbox {} in this pass or \
-                     the one before; added {}s ago",
-                    r.cri_pod
-                        .as_ref()
-                        .map(|p| format!(" for pod {}/{} (uid {})", p.namespace, p.name, p.uid))
-                        .unwrap_or_default(),
-                    r.key.container_id,
-                    t.saturating_sub(r.created_at)
-                ),
-            )
-        })
-        .collect();
-    // The share interlock, node-wide: after a conflist change every attachment of the old
-    // network is stale, so a per-network share would never let its last one go; a truncated
-    // list (calico#5044) still shows as a large share of the node's CRI attachments.
-    let committed = records
-        .iter()
-        .filter(|r| made_through_cri(r) && r.state == AttachmentState::Committed)
-        .count();
-    let share = c.gc.policy.max_free_share;
-    if !force && !p.free.is_empty() && p.free.len() as f64 > share * committed as f64 {
-        report.refused = Some(Refusal {
-            code: "share",
-            detail: format!(
-                "it would free {} of the node's {committed} attachment(s) made through CRI, \
-                 more than the allowed share {:.0}% (dipamd --gc-max-free-share); `dipamctl gc \
-                 --from-runtime --dry-run` lists them, and `dipamctl gc --from-runtime --force` \
-                 frees them",
-                p.free.len(),
-                share * 100.0
-            ),
-        });
+    report.items = p.free.iter().map(|r| planned_item(r, t)).collect();
+    if let Some(refusal) = interlock(c, &records, p.free.len(), force) {
+        report.refused = Some(refusal);
         // The chain is kept: the list did not fail, it is only too short to trust alone.
         if !dry_run && let Ok(mut s) = rt.state.lock() {
             s.missed = p.missed.clone();
@@ -271,11 +227,72 @@ pub async fn pass(
         return Ok(report);
     }
     let freed = free(c, &records, &p.free, began, &mut report).await;
+    remember(c, rt, &report, p, listed.len(), t, freed);
+    Ok(report)
+}
+
+/// The plan's line for an attachment to free.
+fn planned_item(r: &AttachmentRecord, t: u64) -> RuntimeGcItem {
+    item(
+        r,
+        "planned",
+        Vec::new(),
+        format!(
+            "made through CRI{}, and the runtime listed no sandbox {} in this pass or the one \
+             before; added {}s ago",
+            r.cri_pod
+                .as_ref()
+                .map(|p| format!(" for pod {}/{} (uid {})", p.namespace, p.name, p.uid))
+                .unwrap_or_default(),
+            r.key.container_id,
+            t.saturating_sub(r.created_at)
+        ),
+    )
+}
+
+/// The share interlock, node-wide: after a conflist change every attachment of the old
+/// network is stale, so a per-network share would never let its last one go; a truncated
+/// list (calico#5044) still shows as a large share of the node's CRI attachments.
+fn interlock(
+    c: &Collector,
+    records: &[AttachmentRecord],
+    free: usize,
+    force: bool,
+) -> Option<Refusal> {
+    let committed = records
+        .iter()
+        .filter(|r| made_through_cri(r) && r.state == AttachmentState::Committed)
+        .count();
+    let share = c.gc.policy.max_free_share;
+    (!force && free > 0 && free as f64 > share * committed as f64).then(|| Refusal {
+        code: "share",
+        detail: format!(
+            "it would free {free} of the node's {committed} attachment(s) made through CRI, \
+             more than the allowed share {:.0}% (dipamd --gc-max-free-share); `dipamctl gc \
+             --from-runtime --dry-run` lists them, and `dipamctl gc --from-runtime --force` \
+             frees them",
+            share * 100.0
+        ),
+    })
+}
+
+/// A pass that ran: its chain and counts kept for the next, the return to trust logged,
+/// the event emitted, and what it freed logged.
+fn remember(
+    c: &Collector,
+    rt: &RuntimeGc,
+    report: &Report,
+    p: Plan<'_>,
+    sandboxes: usize,
+    t: u64,
+    freed: u64,
+) {
+    let endpoint = &report.endpoint;
     let trusted_again = if let Ok(mut s) = rt.state.lock() {
         s.missed = p.missed;
         s.passes += 1;
         s.freed += freed;
-        s.sandboxes = listed.len() as u64;
+        s.sandboxes = sandboxes as u64;
         s.pending = p.pending;
         s.kept_grace = p.kept_grace;
         s.last_pass_at = t;
@@ -284,7 +301,7 @@ pub async fn pass(
         None
     };
     if let Some(was) = trusted_again {
-        info!(endpoint = %endpoint, was = was.code, sandboxes = listed.len(), "runtime-aware GC: the runtime's list is trusted again");
+        info!(endpoint = %endpoint, was = was.code, sandboxes, "runtime-aware GC: the runtime's list is trusted again");
     }
     c.core.events.emit(Event::RuntimeGcPass {
         freed,
@@ -299,9 +316,8 @@ pub async fn pass(
             .count();
         info!(endpoint = %endpoint, freed, failed, "runtime-aware GC: attachments whose sandbox the runtime no longer lists, freed");
     } else {
-        debug!(endpoint = %endpoint, sandboxes = listed.len(), pending = p.pending, "runtime-aware GC pass: nothing to free");
+        debug!(endpoint = %endpoint, sandboxes, pending = p.pending, "runtime-aware GC pass: nothing to free");
     }
-    Ok(report)
 }
 
 /// A refused pass: counted, remembered (and logged when the refusal changes), the two-pass

@@ -7,7 +7,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use dipam_proto::v1::{DoctorCheck, DoctorReply};
 
 use crate::{
-    delegate::store,
+    delegate::{config::DelegateConf, store},
     divergence::{self, on_tmpfs},
     error::ShimError,
     node::Node,
@@ -105,10 +105,31 @@ fn spool_checks(node: &Node, checks: &mut Vec<DoctorCheck>) {
     ));
 }
 
+/// Every check, in the order the report shows them: the ledger and the socket, each
+/// network's delegate and store, the agent, the runtime-aware GC, teardown, privileges, agent
+/// records left without management, and the DEL spool.
 pub async fn run(node: &Node) -> Result<DoctorReply, ShimError> {
-    let id = &node.core.identity;
     let mut checks = Vec::new();
+    let state_tmpfs = ledger_checks(node, &mut checks);
+    for dc in networks(node, &mut checks).await {
+        network_checks(node, &dc, state_tmpfs, &mut checks).await;
+    }
+    agent_checks(node, &mut checks);
+    runtime_gc_check(node, &mut checks);
+    checks.push(teardown_check(node.teardown.get()));
+    checks.push(privilege_check(node));
+    unmanaged_agent_check(node, &mut checks);
+    spool_checks(node, &mut checks);
+    Ok(DoctorReply {
+        protocol_version: dipam_proto::PROTOCOL_VERSION,
+        checks,
+    })
+}
 
+/// The ledger (persistent, taking commits), the socket and the state directory (private).
+/// Returns whether the ledger is on tmpfs: a delegate store on tmpfs is then no worse.
+fn ledger_checks(node: &Node, checks: &mut Vec<DoctorCheck>) -> bool {
+    let id = &node.core.identity;
     let state_tmpfs = on_tmpfs(&id.state_dir);
     checks.push(check(
         "ledger is persistent",
@@ -171,10 +192,14 @@ pub async fn run(node: &Node) -> Result<DoctorReply, ShimError> {
         "any local user can read pod container IDs, netns paths and addresses there: \
          chmod -R go-rwx the state directory (dipamd narrows what it owns at its next start)",
     ));
+    state_tmpfs
+}
 
+/// The networks to check: a ledger that cannot be read fails a check here and leaves none.
+async fn networks(node: &Node, checks: &mut Vec<DoctorCheck>) -> Vec<DelegateConf> {
     // A ledger that cannot be read (its disk is full and the store is being reopened) fails
     // these checks, not the whole report: doctor is what the operator runs then.
-    let networks = match crate::gc::networks(&node.core, &node.agent).await {
+    match crate::gc::networks(&node.core, &node.agent).await {
         Ok(n) => n,
         Err(e) => {
             checks.push(check(
@@ -185,131 +210,154 @@ pub async fn run(node: &Node) -> Result<DoctorReply, ShimError> {
             ));
             Vec::new()
         }
-    };
-    for dc in networks {
-        let net = &dc.network;
-        match node.core.exec.probe(&dc.kind, "").await {
-            Ok(p) => checks.push(check(
-                format!("network {net}: delegate {}", dc.kind),
-                !p.supported.is_empty(),
-                format!(
-                    "{} supports CNI {}",
-                    p.path.display(),
-                    p.supported
-                        .iter()
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-                "the delegate binary did not answer VERSION; run it by hand with CNI_COMMAND=VERSION",
-            )),
-            Err(e) => checks.push(check(
-                format!("network {net}: delegate {}", dc.kind),
-                false,
-                e.to_string(),
-                "install the delegate plugin or add its directory to dipamd --cni-path",
-            )),
-        }
-        let Some(dir) = store::readable_dir(&dc.kind, &dc.conf, net) else {
-            checks.push(check(
-                format!("network {net}: delegate store"),
-                true,
-                format!("{}'s store is not readable by dipamd; not checked", dc.kind),
-                "",
-            ));
-            continue;
-        };
-        let tmpfs = on_tmpfs(&dir);
-        checks.push(check(
-            format!("network {net}: delegate store is persistent"),
-            !tmpfs || state_tmpfs,
+    }
+}
+
+/// One network: its delegate answers VERSION, its store is persistent and agrees with the
+/// ledger (divergence.rs).
+async fn network_checks(
+    node: &Node,
+    dc: &DelegateConf,
+    state_tmpfs: bool,
+    checks: &mut Vec<DoctorCheck>,
+) {
+    let net = &dc.network;
+    match node.core.exec.probe(&dc.kind, "").await {
+        Ok(p) => checks.push(check(
+            format!("network {net}: delegate {}", dc.kind),
+            !p.supported.is_empty(),
             format!(
-                "{} is {}",
-                dir.display(),
-                if tmpfs { "on tmpfs" } else { "not on tmpfs" }
+                "{} supports CNI {}",
+                p.path.display(),
+                p.supported
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
-            "put the delegate's dataDir on persistent storage, as dipamd's ledger is",
+            "the delegate binary did not answer VERSION; run it by hand with CNI_COMMAND=VERSION",
+        )),
+        Err(e) => checks.push(check(
+            format!("network {net}: delegate {}", dc.kind),
+            false,
+            e.to_string(),
+            "install the delegate plugin or add its directory to dipamd --cni-path",
+        )),
+    }
+    let Some(dir) = store::readable_dir(&dc.kind, &dc.conf, net) else {
+        checks.push(check(
+            format!("network {net}: delegate store"),
+            true,
+            format!("{}'s store is not readable by dipamd; not checked", dc.kind),
+            "",
         ));
-        let divergence = match divergence::check(&node.watch(), &dc).await {
-            Ok(d) => d,
-            Err(e) => {
-                checks.push(check(
-                    format!("network {net}: delegate store agrees with the ledger"),
-                    false,
-                    e.to_string(),
-                    "see the \"ledger takes commits\" check and dipamd's log",
-                ));
-                None
-            }
-        };
-        if let Some(d) = divergence {
+        return;
+    };
+    let tmpfs = on_tmpfs(&dir);
+    checks.push(check(
+        format!("network {net}: delegate store is persistent"),
+        !tmpfs || state_tmpfs,
+        format!(
+            "{} is {}",
+            dir.display(),
+            if tmpfs { "on tmpfs" } else { "not on tmpfs" }
+        ),
+        "put the delegate's dataDir on persistent storage, as dipamd's ledger is",
+    ));
+    let divergence = match divergence::check(&node.watch(), dc).await {
+        Ok(d) => d,
+        Err(e) => {
             checks.push(check(
                 format!("network {net}: delegate store agrees with the ledger"),
-                d.missing.is_empty(),
-                if d.missing.is_empty() {
-                    format!("{}: every recorded address is held", dir.display())
-                } else {
-                    format!(
-                        "{}: {} recorded address(es) missing: {}",
-                        dir.display(),
-                        d.missing.len(),
-                        d.missing.join(", ")
-                    )
-                },
-                "dipamd and the runtime must see the same persistent directory: mount the \
-                 host's /var/lib/cni/networks into dipamd at the same path",
+                false,
+                e.to_string(),
+                "see the \"ledger takes commits\" check and dipamd's log",
             ));
-            // Unrecorded reservations are told apart first (liveness.rs): only those nothing
-            // on the node uses are offered for freeing; a running pod's is adopted.
-            checks.push(check(
-                format!("network {net}: no orphaned reservations"),
-                d.orphans.is_empty(),
-                if d.orphans.is_empty() {
-                    "no reservation is both unknown to the ledger and unused on the node".into()
-                } else {
-                    format!(
-                        "{} orphan(s), held by {} but unknown to dipamd, and no network \
-                         namespace, host route or runtime sandbox uses them: {}",
-                        d.orphans.len(),
-                        dc.kind,
-                        d.orphans.join(", ")
-                    )
-                },
-                "`dipamctl gc --use-ledger --dry-run` lists them; without --dry-run it frees \
-                 them (it checks each again, and keeps any a pod uses by then)",
-            ));
-            let adoptable = d.alive.len() + d.unverified.len();
-            checks.push(check(
-                format!("network {net}: running pods are recorded"),
-                d.alive.is_empty(),
-                if adoptable == 0 {
-                    "every reservation a running pod uses is in the ledger".into()
-                } else {
-                    format!(
-                        "{adoptable} reservation(s) unknown to dipamd that are in use (or \
-                         cannot be shown unused), kept and never freed: {}",
-                        d.alive
-                            .iter()
-                            .chain(&d.unverified)
-                            .cloned()
-                            .collect::<Vec<_>>()
-                            .join("; ")
-                    )
-                },
-                "these are pods that ran before dipam was put in front of the IPAM: `dipamctl \
-                 adopt` records them now (dipamd also does at every reconcile); never free them",
-            ));
-            if let Some(why) = d.misconfigured {
-                checks.push(check(
-                    format!("network {net}: serving ADD"),
-                    false,
-                    why,
-                    "fix the mount, then restart dipamd (or wait for the next reconcile)",
-                ));
-            }
+            None
         }
+    };
+    if let Some(d) = divergence {
+        divergence_checks(dc, &dir, d, checks);
     }
+}
 
+/// What the store and the ledger disagree on: recorded addresses the store lacks, orphans,
+/// running pods the ledger lacks, and a network refused for pod ADDs.
+fn divergence_checks(
+    dc: &DelegateConf,
+    dir: &std::path::Path,
+    d: divergence::Divergence,
+    checks: &mut Vec<DoctorCheck>,
+) {
+    let net = &dc.network;
+    checks.push(check(
+        format!("network {net}: delegate store agrees with the ledger"),
+        d.missing.is_empty(),
+        if d.missing.is_empty() {
+            format!("{}: every recorded address is held", dir.display())
+        } else {
+            format!(
+                "{}: {} recorded address(es) missing: {}",
+                dir.display(),
+                d.missing.len(),
+                d.missing.join(", ")
+            )
+        },
+        "dipamd and the runtime must see the same persistent directory: mount the \
+         host's /var/lib/cni/networks into dipamd at the same path",
+    ));
+    // Unrecorded reservations are told apart first (liveness.rs): only those nothing
+    // on the node uses are offered for freeing; a running pod's is adopted.
+    checks.push(check(
+        format!("network {net}: no orphaned reservations"),
+        d.orphans.is_empty(),
+        if d.orphans.is_empty() {
+            "no reservation is both unknown to the ledger and unused on the node".into()
+        } else {
+            format!(
+                "{} orphan(s), held by {} but unknown to dipamd, and no network \
+                 namespace, host route or runtime sandbox uses them: {}",
+                d.orphans.len(),
+                dc.kind,
+                d.orphans.join(", ")
+            )
+        },
+        "`dipamctl gc --use-ledger --dry-run` lists them; without --dry-run it frees \
+         them (it checks each again, and keeps any a pod uses by then)",
+    ));
+    let adoptable = d.alive.len() + d.unverified.len();
+    checks.push(check(
+        format!("network {net}: running pods are recorded"),
+        d.alive.is_empty(),
+        if adoptable == 0 {
+            "every reservation a running pod uses is in the ledger".into()
+        } else {
+            format!(
+                "{adoptable} reservation(s) unknown to dipamd that are in use (or \
+                 cannot be shown unused), kept and never freed: {}",
+                d.alive
+                    .iter()
+                    .chain(&d.unverified)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )
+        },
+        "these are pods that ran before dipam was put in front of the IPAM: `dipamctl \
+         adopt` records them now (dipamd also does at every reconcile); never free them",
+    ));
+    if let Some(why) = d.misconfigured {
+        checks.push(check(
+            format!("network {net}: serving ADD"),
+            false,
+            why,
+            "fix the mount, then restart dipamd (or wait for the next reconcile)",
+        ));
+    }
+}
+
+/// The agent's conflist is found and each of its addresses is ready.
+fn agent_checks(node: &Node, checks: &mut Vec<DoctorCheck>) {
     if let Some(cfg) = &node.agent.config {
         let snap = node.agent.snapshot();
         checks.push(check(
@@ -331,7 +379,10 @@ pub async fn run(node: &Node) -> Result<DoctorReply, ShimError> {
             ));
         }
     }
+}
 
+/// The runtime-aware GC, where it runs, trusts the runtime's list.
+fn runtime_gc_check(node: &Node, checks: &mut Vec<DoctorCheck>) {
     if let Some(rt) = node.gc.runtime.get() {
         let s = rt.status();
         checks.push(check(
@@ -366,9 +417,13 @@ pub async fn run(node: &Node) -> Result<DoctorReply, ShimError> {
             },
         ));
     }
-    checks.push(teardown_check(node.teardown.get()));
+}
+
+/// No operation dipamd tried lacked a privilege (a capability the unit or the DaemonSet
+/// withholds).
+fn privilege_check(node: &Node) -> DoctorCheck {
     let denied = node.denials.count();
-    checks.push(check(
+    check(
         "no operation lacked a privilege",
         denied == 0,
         if denied == 0 {
@@ -382,8 +437,11 @@ pub async fn run(node: &Node) -> Result<DoctorReply, ShimError> {
         "dipamd lacks a capability it needs: give it the set deploy/systemd/dipamd.service \
          (CapabilityBoundingSet) or deploy/kubernetes/dipam.yaml (capabilities) ships, and \
          check SELinux/AppArmor denials; then restart dipamd",
-    ));
+    )
+}
 
+/// Agent records kept while agent management is off.
+fn unmanaged_agent_check(node: &Node, checks: &mut Vec<DoctorCheck>) {
     if node.agent.config.is_none() {
         // Agent records left from when agent management was on (agent/reconcile.rs
         // keep_unmanaged): held, never a pod's, and released only by turning it back on.
@@ -406,12 +464,6 @@ pub async fn run(node: &Node) -> Result<DoctorReply, ShimError> {
             ));
         }
     }
-
-    spool_checks(node, &mut checks);
-    Ok(DoctorReply {
-        protocol_version: dipam_proto::PROTOCOL_VERSION,
-        checks,
-    })
 }
 
 /// Retired pod veths (main mode): dipamd deletes them, or has handed that back to the plugins.

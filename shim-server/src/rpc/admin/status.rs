@@ -1,6 +1,8 @@
 //! `Admin.GetStatus` (`dipamctl status`): dipamd's readiness, with the reasons it is not
 //! ready, and its counters, pools, delegates and paths.
 
+use std::sync::atomic::Ordering::Relaxed;
+
 use dipam_proto::v1::{DelegateInfo, RangeStatus, StatusReply};
 
 use crate::{error::ShimError, events::RangeCount, node::Node};
@@ -20,6 +22,7 @@ fn range_status(c: RangeCount) -> RangeStatus {
     }
 }
 
+/// The status as dipamd sees it now: readiness first, then every counter.
 pub async fn run(node: &Node) -> Result<StatusReply, ShimError> {
     let mut not_ready = node.agent.not_ready();
     not_ready.extend(node.startup.get().into_iter().flatten().cloned());
@@ -51,53 +54,26 @@ pub async fn run(node: &Node) -> Result<StatusReply, ShimError> {
         daemon_version: env!("CARGO_PKG_VERSION").into(),
         ready: not_ready.is_empty(),
         not_ready,
-        conflicts_detected: node
-            .agent
-            .conflicts
-            .load(std::sync::atomic::Ordering::Relaxed),
-        agent_reestablished: node
-            .agent
-            .reestablished
-            .load(std::sync::atomic::Ordering::Relaxed),
-        divergence_missing: node
-            .gc
-            .stats
-            .missing
-            .load(std::sync::atomic::Ordering::Relaxed),
-        divergence_orphans: node
-            .gc
-            .stats
-            .orphans
-            .load(std::sync::atomic::Ordering::Relaxed),
-        divergence_unrecorded_alive: node
-            .gc
-            .stats
-            .unrecorded_alive
-            .load(std::sync::atomic::Ordering::Relaxed),
-        gc_refused: node
-            .gc
-            .stats
-            .refused
-            .load(std::sync::atomic::Ordering::Relaxed),
-        gc_freed: node
-            .gc
-            .stats
-            .freed
-            .load(std::sync::atomic::Ordering::Relaxed),
+        conflicts_detected: node.agent.conflicts.load(Relaxed),
+        agent_reestablished: node.agent.reestablished.load(Relaxed),
+        divergence_missing: node.gc.stats.missing.load(Relaxed),
+        divergence_orphans: node.gc.stats.orphans.load(Relaxed),
+        divergence_unrecorded_alive: node.gc.stats.unrecorded_alive.load(Relaxed),
+        gc_refused: node.gc.stats.refused.load(Relaxed),
+        gc_freed: node.gc.stats.freed.load(Relaxed),
         warm_pool: node.pool.size() as u32,
-        pool_hits: node.pool.hits.load(std::sync::atomic::Ordering::Relaxed),
-        pool_misses: node.pool.misses.load(std::sync::atomic::Ordering::Relaxed),
-        pool_bypassed: node
-            .pool
-            .bypassed
-            .load(std::sync::atomic::Ordering::Relaxed),
+        pool_hits: node.pool.hits.load(Relaxed),
+        pool_misses: node.pool.misses.load(Relaxed),
+        pool_bypassed: node.pool.bypassed.load(Relaxed),
         pools: node.pool.status(),
-        teardown_deleted: node.teardown.get().map_or(0, |t| {
-            t.stats.deleted.load(std::sync::atomic::Ordering::Relaxed)
-        }),
-        teardown_failures: node.teardown.get().map_or(0, |t| {
-            t.stats.failures.load(std::sync::atomic::Ordering::Relaxed)
-        }),
+        teardown_deleted: node
+            .teardown
+            .get()
+            .map_or(0, |t| t.stats.deleted.load(Relaxed)),
+        teardown_failures: node
+            .teardown
+            .get()
+            .map_or(0, |t| t.stats.failures.load(Relaxed)),
         teardown_last_error: node
             .teardown
             .get()
@@ -109,10 +85,7 @@ pub async fn run(node: &Node) -> Result<StatusReply, ShimError> {
         spool: Some(crate::spool::status(&node.spool, &node.core.identity)),
         runtime_gc: node.gc.runtime.get().map(|r| r.status()),
         plugin_protocols: {
-            let bits = node
-                .core
-                .plugin_protocols
-                .load(std::sync::atomic::Ordering::Relaxed);
+            let bits = node.core.plugin_protocols.load(Relaxed);
             (0..64).filter(|v| bits & (1 << v) != 0).collect()
         },
         conflist: node
@@ -130,15 +103,20 @@ pub async fn run(node: &Node) -> Result<StatusReply, ShimError> {
             .exec
             .probed()
             .into_iter()
-            .map(|p| DelegateInfo {
-                r#type: p
-                    .path
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default(),
-                path: p.path.display().to_string(),
-                supported_versions: p.supported.iter().map(ToString::to_string).collect(),
-            })
+            .map(delegate_info)
             .collect(),
     })
+}
+
+/// A delegate dipamd has probed: its type (the binary's name), path and CNI versions.
+fn delegate_info(p: crate::delegate::Probe) -> DelegateInfo {
+    DelegateInfo {
+        r#type: p
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        path: p.path.display().to_string(),
+        supported_versions: p.supported.iter().map(ToString::to_string).collect(),
+    }
 }

@@ -140,7 +140,7 @@ impl Node {
             .expect("nsenter sh")
     }
 
-    /// The host path of the node's `path` (one of [`PRIVATE_PATHS`], or below one).
+    /// The host path of the node's `path` (one of `PRIVATE_PATHS`, or below one).
     pub fn path(&self, path: &str) -> PathBuf {
         self.host.join(path.trim_start_matches('/'))
     }
