@@ -198,8 +198,12 @@ fn the_image_builds_offline_and_runs_as_the_daemonset_runs_it() {
     // (tests/peers/pins: CGO_ENABLED=0), is what such a node has there.
     let cni_bin = hostpath("cni-bin");
     std::fs::create_dir_all(&cni_bin).unwrap();
-    let host_local = dipam_lifecycle::peers::require("host-local");
-    std::fs::copy(&host_local.path, cni_bin.join("host-local")).unwrap();
+    // The ConfigMap's conflist chains portmap: a node that has host-local has it too, and
+    // `dipamctl install` refuses a conflist whose chained plugins the node lacks.
+    for name in ["host-local", "portmap"] {
+        let peer = dipam_lifecycle::peers::require(name);
+        std::fs::copy(&peer.path, cni_bin.join(name)).unwrap();
+    }
 
     // The init container, exactly as the manifest runs it and as the kubelet runs it: on the
     // host's network (the pod's hostNetwork), $(NODE_NAME) from the downward API, the
