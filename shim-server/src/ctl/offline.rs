@@ -28,7 +28,9 @@ use crate::{
 
 /// The paths dipamd would use, for the commands that read them with dipamd down. Defaults are
 /// dipamd's own.
+// No group of its own: it is flattened into commands whose own Args group has the same name.
 #[derive(Debug, Clone, clap::Args)]
+#[group(skip)]
 pub struct Args {
     /// Do not ask dipamd: read the node's files (the ledger, from a read-only copy; the
     /// spool; the conflists; the delegate stores). Also used, without this flag, when
