@@ -36,7 +36,9 @@ pub async fn run(
     } else {
         match client::connect(socket).await {
             Ok(channel) => return online(channel, json, out).await,
-            Err(e @ CtlError::Unreachable { .. }) => e.to_string(),
+            // Denied: the socket is there and dipamd most likely runs; the fix is access, and
+            // this user could not read its files either.
+            Err(e @ CtlError::Unreachable { denied: false, .. }) => e.to_string(),
             Err(e) => return Err(e),
         }
     };
