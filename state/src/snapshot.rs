@@ -41,9 +41,9 @@ fn is_store_file(name: &str) -> bool {
 /// A `dir` with no ledger in it is an error too, never an empty ledger.
 pub fn read_copy(dir: &Path, scratch: &Path) -> Result<Vec<AttachmentRecord>, StoreError> {
     if !dir.join("db").is_file() {
-        return Err(StoreError::Corrupt {
-            path: dir.to_owned(),
-            detail: "no ledger here (no sled log \"db\")".into(),
+        return Err(StoreError::Io {
+            path: dir.join("db"),
+            source: std::io::ErrorKind::NotFound.into(),
         });
     }
     let copy = scratch.join(format!(

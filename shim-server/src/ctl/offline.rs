@@ -121,7 +121,15 @@ pub fn inspect(
         ));
     }
     state_checks(args, &mut checks);
-    let ledger = dipam_state::read_copy(&args.state_dir, scratch).map_err(|e| e.to_string());
+    let ledger = if args.state_dir.join("db").is_file() {
+        dipam_state::read_copy(&args.state_dir, scratch).map_err(|e| e.to_string())
+    } else {
+        Err(format!(
+            "no ledger in {} (no sled log \"db\"): a wrong --state-dir, or a dipamd that never \
+             started there",
+            args.state_dir.display()
+        ))
+    };
     checks.push(ledger_check(&args.state_dir, &ledger));
     let spool_dir = spool_dir(args, socket);
     spool_checks(&spool_dir, socket, &mut checks);
@@ -257,6 +265,16 @@ fn spool_checks(dir: &Path, socket: &Path, checks: &mut Vec<Check>) {
         "while dipamd is down the plugin spools a DEL only where this pointer names; without \
          it a DEL fails with code 11 and the runtime retries it. Start dipamd: it publishes it",
     ));
+    if !dir.is_dir() {
+        checks.push(check(
+            "DEL spool exists",
+            false,
+            format!("{}: not a directory", dir.display()),
+            "give --spool-dir (or --state-dir) as dipamd has it; dipamd creates its spool at \
+             start",
+        ));
+        return;
+    }
     let untrusted = dipam_proto::spool::open_dir(dir).err();
     checks.push(check(
         "DEL spool meets the spool rule",
