@@ -21,6 +21,7 @@ mod mem;
 mod pending;
 mod schema;
 mod sled_store;
+mod snapshot;
 mod space;
 mod store;
 
@@ -33,6 +34,7 @@ pub use ledger::{
 };
 pub use mem::MemStore;
 pub use schema::{SCHEMA_KEY, SCHEMA_VERSION, ensure_schema};
+pub use snapshot::read_copy;
 pub use space::{OPEN_MARGIN, needed_to_open};
 pub use store::{Batch, Durability, KeyValue, Store, Tree};
 

@@ -1,24 +1,70 @@
 //! `dipamctl doctor`: every check of dipamd's configuration and state, with what to fix;
-//! exits non-zero when one fails.
+//! exits non-zero when one fails. With dipamd down (or `--offline`), the checks that the
+//! node's files allow instead (offline.rs), under a banner that says so.
 
-use std::io::Write;
+use std::{
+    io::Write,
+    path::{Path, PathBuf},
+};
 
 use dipam_proto::v1::{DoctorRequest, admin_client::AdminClient};
 use serde_json::json;
 use tonic::transport::Channel;
 
-use super::{CtlError, output};
+use super::{CtlError, client, offline, output};
 
-/// No flags: dipamd runs every check.
+/// dipamd runs every check; the flags are for the offline view, when it cannot.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    #[command(flatten)]
+    pub offline: offline::Args,
+    /// The CNI configuration directory whose conflists are checked when offline.
+    #[arg(long, value_name = "DIR", default_value = "/etc/cni/net.d")]
+    pub conf_dir: PathBuf,
+}
 
+/// Asks dipamd at `socket`; when it does not answer (or with `--offline`), reads the node's
+/// files instead. The offline report fails (exit 1) like a failing check: dipamd is down.
 pub async fn run(
-    _args: Args,
-    channel: Channel,
+    args: Args,
+    socket: &Path,
     json: bool,
     out: &mut dyn Write,
 ) -> Result<(), CtlError> {
+    let reason = if args.offline.offline {
+        "--offline given".to_owned()
+    } else {
+        match client::connect(socket).await {
+            Ok(channel) => return online(channel, json, out).await,
+            // Denied: the socket is there and dipamd most likely runs; the fix is access, and
+            // this user could not read its files either.
+            Err(e @ CtlError::Unreachable { denied: false, .. }) => e.to_string(),
+            Err(e) => return Err(e),
+        }
+    };
+    let scratch = std::env::temp_dir();
+    let (a, s, c) = (
+        args.offline.clone(),
+        socket.to_owned(),
+        args.conf_dir.clone(),
+    );
+    let report =
+        tokio::task::spawn_blocking(move || offline::inspect(reason, &a, &s, &c, &scratch))
+            .await
+            .map_err(|e| CtlError::Failed(e.to_string()))?;
+    if json {
+        output::json(out, &report.to_json())?;
+    } else {
+        report.print(out)?;
+    }
+    Err(CtlError::Failed(format!(
+        "offline: dipamd does not answer; {} check(s) failed",
+        report.failed()
+    )))
+}
+
+/// The checks of the running dipamd.
+async fn online(channel: Channel, json: bool, out: &mut dyn Write) -> Result<(), CtlError> {
     let reply = AdminClient::new(channel)
         .doctor(DoctorRequest {
             protocol_version: dipam_proto::PROTOCOL_VERSION,

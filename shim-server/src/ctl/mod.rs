@@ -26,6 +26,7 @@ pub mod gc;
 pub mod install;
 pub mod kube;
 pub mod man;
+pub mod offline;
 pub mod output;
 pub mod ranges;
 pub mod recover;
@@ -98,7 +99,10 @@ pub enum Command {
     /// Every attachment in the ledger: network, container, interface, owner, state, addresses.
     Attachments(WithSocket<attachments::Args>),
     /// Every check of dipamd's configuration and state, with what to fix; exits non-zero when
-    /// one fails.
+    /// one fails. When dipamd does not answer (or with --offline), an OFFLINE report from the
+    /// node's files instead: the ledger (read from a copy, never opened in place), the DEL
+    /// spool and its files, the conflists, the delegates and their stores; it lists what it
+    /// could not check.
     Doctor(WithSocket<doctor::Args>),
     /// A container's attachments and the full history of what dipamd did for it: every
     /// request with its outcome, every delegate exec with argv, environment, exit status,
@@ -266,10 +270,8 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
             let channel = client::connect(&w.conn.socket).await?;
             attachments::run(w.args, channel, w.format.json, out).await
         }
-        Command::Doctor(w) => {
-            let channel = client::connect(&w.conn.socket).await?;
-            doctor::run(w.args, channel, w.format.json, out).await
-        }
+        // Offline when dipamd does not answer: a broken node is when doctor is needed.
+        Command::Doctor(w) => doctor::run(w.args, &w.conn.socket, w.format.json, out).await,
         Command::Explain(w) => {
             let channel = client::connect(&w.conn.socket).await?;
             explain::run(w.args, channel, w.format.json, out).await

@@ -1,11 +1,12 @@
 //! `dipamctl status`: is dipamd ready? Versions, uptime, state directory, attachment count,
 //! the DEL spool, the warm pool, the delegates probed so far; `--ready` makes "not ready" a
-//! failure, for readiness probes.
+//! failure, for readiness probes. It also says how many of `dipamctl doctor`'s checks fail,
+//! so that a node that is ready but misconfigured does not look healthy.
 
 use std::io::Write;
 
 use dipam_proto::v1::{
-    RangeStatus, SpoolStatus, StatusReply, StatusRequest, admin_client::AdminClient,
+    DoctorRequest, RangeStatus, SpoolStatus, StatusReply, StatusRequest, admin_client::AdminClient,
 };
 use serde_json::{Value, json};
 use tonic::transport::Channel;
@@ -14,7 +15,8 @@ use super::{CtlError, output};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Exit non-zero unless dipamd is ready (for readiness probes).
+    /// Exit non-zero unless dipamd is ready (for readiness probes). Skips counting doctor's
+    /// failing checks, which execs every delegate.
     #[arg(long)]
     ready: bool,
 }
@@ -25,17 +27,39 @@ pub async fn run(
     json: bool,
     out: &mut dyn Write,
 ) -> Result<(), CtlError> {
-    let s = AdminClient::new(channel)
+    let mut client = AdminClient::new(channel);
+    let s = client
         .get_status(StatusRequest {
             protocol_version: dipam_proto::PROTOCOL_VERSION,
         })
         .await
         .map_err(CtlError::Rpc)?
         .into_inner();
+    // Not under --ready: that is the readiness probe, run every few seconds, and doctor
+    // execs every delegate and reads every store.
+    let doctor = if args.ready {
+        Err("skipped under --ready".to_owned())
+    } else {
+        doctor_count(&mut client).await
+    };
     if json {
-        output::json(out, &to_json(&s))?;
+        let mut v = to_json(&s);
+        v["doctor"] = match &doctor {
+            Ok((checks, failed)) => json!({"checks": checks, "failed": failed}),
+            Err(e) => json!({"error": e}),
+        };
+        output::json(out, &v)?;
     } else {
         table(&s, out)?;
+        match &doctor {
+            Ok((checks, 0)) => writeln!(out, "doctor:       all {checks} check(s) pass")?,
+            Ok((checks, failed)) => writeln!(
+                out,
+                "doctor:       {failed} of {checks} check(s) fail (`dipamctl doctor` says which \
+                 and what to fix)"
+            )?,
+            Err(e) => writeln!(out, "doctor:       not counted: {e}")?,
+        }
     }
     if args.ready && !s.ready {
         return Err(CtlError::Failed(format!(
@@ -44,6 +68,22 @@ pub async fn run(
         )));
     }
     Ok(())
+}
+
+/// How many of doctor's checks there are and how many fail, as `dipamctl doctor` counts them.
+/// An older dipamd without Doctor, or one that fails it, gives the reason instead.
+async fn doctor_count(client: &mut AdminClient<Channel>) -> Result<(usize, usize), String> {
+    let reply = client
+        .doctor(DoctorRequest {
+            protocol_version: dipam_proto::PROTOCOL_VERSION,
+        })
+        .await
+        .map_err(|e| format!("{:?}: {}", e.code(), e.message()))?
+        .into_inner();
+    Ok((
+        reply.checks.len(),
+        reply.checks.iter().filter(|c| !c.ok).count(),
+    ))
 }
 
 fn to_json(s: &StatusReply) -> Value {

@@ -7,13 +7,21 @@
 //!   `dipamctl … --json` prints it (the commands run in-process), and `explain` for the
 //!   ledger's containers (the most recently updated 50) plus any `--explain ID`;
 //! - the metrics scrape (`--metrics-url`, or dipamd's own `--metrics-address`);
-//! - the last `--log-lines` lines of dipamd's log (`--log-file`, or the journal of
-//!   `--journal-unit`);
+//! - the last `--log-lines` lines of dipamd's log, wherever it goes: `--log-file`, else the
+//!   file dipamd's stderr is redirected to (`/proc/PID/fd/2`), else the journal of
+//!   `--journal-unit`; the manifest says which (`source`), and a journal without entries is
+//!   a failed part, never an empty log;
+//! - with dipamd not answering (or `--offline`), the offline doctor (offline.rs): the ledger
+//!   read from a copy, the DEL spool's files, the conflists and the delegates;
 //! - dipamd's command line (its flags), found from the socket's peer (SO_PEERCRED), the
 //!   versions of dipamctl and dipamd, the kernel and the OS;
 //! - the conflists in `--conf-dir`, whole;
 //! - the delegate's store, as file names only: host-local names each reservation by its
 //!   address and keeps the container ID inside, which the ledger already shows.
+//!
+//! A part that failed or came out empty is marked failed with the reason, never ok: with
+//! dipamd down, its own view, `explain` and the metrics are failed parts, and the offline
+//! doctor is what the bundle holds instead.
 //!
 //! Nothing is redacted: every part is what an operator of the node can already read, and what
 //! a maintainer needs to follow a pod's story. The bundle is written 0600, since it holds
@@ -27,7 +35,7 @@ use std::{
 
 use serde_json::{Value, json};
 
-use super::{CtlError, output};
+use super::{CtlError, client, offline, output};
 
 // The doc comments below are clap's help text (plain text, shown by --help and the man
 // pages): `<name>` there is a placeholder, not HTML.
@@ -38,7 +46,8 @@ pub struct Args {
     /// current directory.
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
-    /// dipamd's log file, whose last lines go in the bundle (instead of the journal).
+    /// dipamd's log file, whose last lines go in the bundle. Default: the file dipamd's stderr
+    /// goes to, if it is one, else the journal of --journal-unit.
     #[arg(long, value_name = "FILE")]
     pub log_file: Option<PathBuf>,
     /// The systemd unit whose journal is read when no --log-file is given.
@@ -61,6 +70,8 @@ pub struct Args {
     /// The time limit of each part, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 10)]
     pub part_timeout: u64,
+    #[command(flatten)]
+    pub offline: offline::Args,
 }
 
 /// How many of the ledger's containers get an `explain`.
@@ -71,6 +82,8 @@ struct Entry {
     part: String,
     file: Option<String>,
     error: Option<String>,
+    /// Where the part came from, when it has more than one possible source (the log).
+    source: Option<String>,
     took: Duration,
 }
 
@@ -90,6 +103,15 @@ impl Bundle {
     where
         F: std::future::Future<Output = Result<Vec<u8>, String>>,
     {
+        self.part_from(part, file, async { work.await.map(|b| (b, None)) })
+            .await;
+    }
+
+    /// [`Self::part`] for a part that also says which source it was taken from.
+    async fn part_from<F>(&mut self, part: &str, file: &str, work: F)
+    where
+        F: std::future::Future<Output = Result<(Vec<u8>, Option<String>), String>>,
+    {
         let n = self.entries.len() + 1;
         if self.progress {
             eprint!("[{n}/{}] {part} … ", self.total);
@@ -106,17 +128,18 @@ impl Bundle {
                 Err(e) => eprintln!("FAILED: {e}"),
             }
         }
-        let (file, error) = match outcome {
-            Ok(bytes) => {
+        let (file, error, source) = match outcome {
+            Ok((bytes, source)) => {
                 self.files.push((file.to_owned(), bytes));
-                (Some(file.to_owned()), None)
+                (Some(file.to_owned()), None, source)
             }
-            Err(e) => (None, Some(e)),
+            Err(e) => (None, Some(e), None),
         };
         self.entries.push(Entry {
             part: part.to_owned(),
             file,
             error,
+            source,
             took,
         });
     }
@@ -133,6 +156,7 @@ impl Bundle {
                 "file": e.file,
                 "ok": e.error.is_none(),
                 "error": e.error,
+                "source": e.source,
                 "durationMs": e.took.as_millis() as u64,
             })).collect::<Vec<_>>(),
         })
@@ -176,10 +200,24 @@ async fn dipamctl(socket: &Path, argv: &[&str]) -> Result<Vec<u8>, String> {
 }
 
 /// dipamd's pid, from the socket's peer credentials: the process that listens is the one
-/// whose flags and log matter, whatever its unit or pod is called.
-fn dipamd_pid(socket: &Path) -> Result<i32, String> {
-    let stream = std::os::unix::net::UnixStream::connect(socket)
-        .map_err(|e| format!("connect to {}: {e}", socket.display()))?;
+/// whose flags and log matter, whatever its unit or pod is called. A dipamd that holds the
+/// ledger in `state_dir` without listening (starting, or stuck before it serves) is found
+/// through the ledger's lock instead.
+fn dipamd_pid(socket: &Path, state_dir: &Path) -> Result<i32, String> {
+    let stream = match std::os::unix::net::UnixStream::connect(socket) {
+        Ok(s) => s,
+        Err(e) => {
+            return offline::ledger_holder(state_dir)
+                .and_then(|p| i32::try_from(p).ok())
+                .ok_or_else(|| {
+                    format!(
+                        "connect to {}: {e}; and no process holds the ledger in {}",
+                        socket.display(),
+                        state_dir.display()
+                    )
+                });
+        }
+    };
     let cred = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
         .map_err(|e| format!("SO_PEERCRED on {}: {e}", socket.display()))?;
     Ok(cred.pid())
@@ -299,7 +337,7 @@ async fn journal(unit: &str, n: usize) -> Result<Vec<u8>, String> {
 }
 
 /// The conflists of a CNI config directory (the files a runtime would consider), whole.
-fn conflists(dir: &Path) -> Result<Vec<(String, Vec<u8>)>, String> {
+pub(super) fn conflists(dir: &Path) -> Result<Vec<(String, Vec<u8>)>, String> {
     let mut out = Vec::new();
     let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     for e in entries.flatten() {
@@ -453,19 +491,27 @@ pub async fn run(
         entries: Vec::new(),
         limit: Duration::from_secs(args.part_timeout.max(1)),
         progress: !json && std::io::stderr().is_terminal(),
-        total: 11,
+        total: 12,
     };
 
-    daemon_parts(&mut b, socket).await;
-    explain_part(&mut b, socket, &args.explain).await;
+    // Asked once up front: with dipamd down, its own view is replaced by the offline one.
+    let down = if args.offline.offline {
+        Some("--offline given".to_owned())
+    } else {
+        client::connect(socket).await.err().map(|e| e.to_string())
+    };
+    daemon_parts(&mut b, socket, down.as_deref()).await;
+    explain_part(&mut b, socket, &args.explain, down.as_deref()).await;
     host_parts(&mut b, socket, &args).await;
     config_parts(&mut b, &args).await;
+    offline_part(&mut b, socket, &args, down).await;
     let manifest = write(&mut b, made_ms, &path, &root)?;
     report(out, json, manifest, &b.entries, &path)
 }
 
-/// What dipamd answers: its status, doctor, attachments and the agent's list.
-async fn daemon_parts(b: &mut Bundle, socket: &Path) {
+/// What dipamd answers: its status, doctor, attachments and the agent's list. `down`: why
+/// dipamd is not asked (each part fails with it).
+async fn daemon_parts(b: &mut Bundle, socket: &Path, down: Option<&str>) {
     for (part, argv) in [
         ("status", &["status"][..]),
         ("doctor", &["doctor"][..]),
@@ -473,12 +519,42 @@ async fn daemon_parts(b: &mut Bundle, socket: &Path) {
         ("agent list", &["agent", "list"][..]),
     ] {
         let file = format!("{}.json", argv.join("-"));
-        b.part(part, &file, dipamctl(socket, argv)).await;
+        match down {
+            Some(why) => b.part(part, &file, async { Err(why.to_owned()) }).await,
+            None => b.part(part, &file, dipamctl(socket, argv)).await,
+        }
     }
 }
 
-/// `explain` of the most recent containers and of the ones asked for (`extra`).
-async fn explain_part(b: &mut Bundle, socket: &Path, extra: &[String]) {
+/// With dipamd not answering: the offline doctor's report (offline.rs), from the node's
+/// files.
+async fn offline_part(b: &mut Bundle, socket: &Path, args: &Args, down: Option<String>) {
+    let Some(reason) = down else {
+        return;
+    };
+    let (a, s, c) = (
+        args.offline.clone(),
+        socket.to_owned(),
+        args.conf_dir.clone(),
+    );
+    b.part("offline doctor", "offline-doctor.json", async {
+        blocking(move || {
+            let report = offline::inspect(reason, &a, &s, &c, &std::env::temp_dir());
+            serde_json::to_vec_pretty(&report.to_json()).map_err(|e| e.to_string())
+        })
+        .await
+    })
+    .await;
+}
+
+/// `explain` of the most recent containers and of the ones asked for (`extra`). Failed, not
+/// an empty `{}`, when dipamd is `down`, when there is nothing to explain, and when every
+/// explain failed.
+async fn explain_part(b: &mut Bundle, socket: &Path, extra: &[String], down: Option<&str>) {
+    if let Some(why) = down {
+        let why = why.to_owned();
+        return b.part("explain", "explain.json", async { Err(why) }).await;
+    }
     let mut ids = b
         .files
         .iter()
@@ -488,15 +564,27 @@ async fn explain_part(b: &mut Bundle, socket: &Path, extra: &[String]) {
     ids.extend(extra.iter().cloned());
     ids.dedup();
     b.part("explain", "explain.json", async {
+        if ids.is_empty() {
+            return Err(
+                "nothing to explain: no attachment in the ledger and no --explain ID".into(),
+            );
+        }
         let mut all = serde_json::Map::new();
+        let mut last_error = None;
         for id in &ids {
             let one = dipamctl(socket, &["explain", id]).await;
             let v = match one {
                 Ok(bytes) => serde_json::from_slice(&bytes)
                     .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into())),
-                Err(e) => json!({"error": e}),
+                Err(e) => {
+                    last_error = Some(e.clone());
+                    json!({"error": e})
+                }
             };
             all.insert(id.clone(), v);
+        }
+        if let Some(e) = last_error.filter(|_| all.values().all(|v| v.get("error").is_some())) {
+            return Err(format!("every explain failed; the last: {e}"));
         }
         serde_json::to_vec_pretty(&Value::Object(all)).map_err(|e| e.to_string())
     })
@@ -505,8 +593,15 @@ async fn explain_part(b: &mut Bundle, socket: &Path, extra: &[String]) {
 
 /// dipamd's command line and versions, its metrics and its log.
 async fn host_parts(b: &mut Bundle, socket: &Path, args: &Args) {
-    let owned = socket.to_owned();
-    let argv = blocking(move || dipamd_pid(&owned).and_then(cmdline)).await;
+    let (owned, state_dir) = (socket.to_owned(), args.offline.state_dir.clone());
+    let pid = blocking(move || dipamd_pid(&owned, &state_dir)).await;
+    let argv = match &pid {
+        Ok(pid) => {
+            let pid = *pid;
+            blocking(move || cmdline(pid)).await
+        }
+        Err(e) => Err(e.clone()),
+    };
     let daemon_version = b
         .files
         .iter()
@@ -529,9 +624,13 @@ async fn host_parts(b: &mut Bundle, socket: &Path, args: &Args) {
 
     let target = metrics_target(args.metrics_url.as_deref(), argv.as_deref().ok());
     b.part("metrics", "metrics.txt", async {
-        match &target {
-            Some(t) => scrape(t).await,
-            None => Err(
+        match (&target, &argv) {
+            (Some(t), _) => scrape(t).await,
+            (None, Err(e)) => Err(format!(
+                "dipamd's command line, which says where it serves metrics, is unknown ({e}); \
+                 give --metrics-url"
+            )),
+            (None, Ok(_)) => Err(
                 "dipamd has neither --metrics-socket nor --metrics-address, and no \
                  --metrics-url was given"
                     .into(),
@@ -540,20 +639,56 @@ async fn host_parts(b: &mut Bundle, socket: &Path, args: &Args) {
     })
     .await;
 
-    match &args.log_file {
-        Some(f) => {
-            b.part("log", "dipamd.log", tail_file(f.clone(), args.log_lines))
-                .await
-        }
-        None => {
-            b.part(
-                "log",
-                "dipamd.log",
-                journal(&args.journal_unit, args.log_lines),
-            )
-            .await
+    let (file, unit, n) = (
+        args.log_file.clone(),
+        args.journal_unit.clone(),
+        args.log_lines,
+    );
+    b.part_from("log", "dipamd.log", log(file, pid.ok(), unit, n))
+        .await;
+}
+
+/// dipamd's log, wherever it goes: `file` (--log-file); else the file dipamd's stderr is
+/// redirected to (a unit's `StandardError=file:`, a shell's `2>>`), found through its
+/// `/proc/PID/fd/2`; else the unit's journal. Returns the lines and which source they came
+/// from; a journal without entries for the unit is a failure that says where else to look.
+async fn log(
+    file: Option<PathBuf>,
+    pid: Option<i32>,
+    unit: String,
+    n: usize,
+) -> Result<(Vec<u8>, Option<String>), String> {
+    if let Some(f) = file {
+        let source = format!("--log-file {}", f.display());
+        return Ok((tail_file(f, n).await?, Some(source)));
+    }
+    if let Some(pid) = pid {
+        let fd = PathBuf::from(format!("/proc/{pid}/fd/2"));
+        // A regular file only: a pipe or a socket (the journal's stream, a terminal) cannot be
+        // read back, and reading a FIFO would take what dipamd's reader should get.
+        if std::fs::metadata(&fd).is_ok_and(|m| m.is_file()) {
+            let target = std::fs::read_link(&fd).unwrap_or_else(|_| fd.clone());
+            let source = format!("dipamd's stderr (pid {pid}): {}", target.display());
+            return Ok((tail_file(fd, n).await?, Some(source)));
         }
     }
+    let lines = journal(&unit, n).await?;
+    let text = String::from_utf8_lossy(&lines);
+    if text
+        .lines()
+        .all(|l| l.trim().is_empty() || l.starts_with("-- "))
+    {
+        return Err(format!(
+            "the journal has no entries for unit {unit}{}: dipamd logs elsewhere; give \
+             --log-file (or --journal-unit)",
+            if pid.is_none() {
+                ", and no running dipamd was found to read its stderr"
+            } else {
+                ", and dipamd's stderr is not a file"
+            }
+        ));
+    }
+    Ok((lines, Some(format!("journal of unit {unit}"))))
 }
 
 /// The CNI config directory's conflists and the names in the delegate's store.
