@@ -41,7 +41,7 @@ pub struct Args {
     #[arg(long, value_name = "DIR", default_value = "/var/lib/dipam")]
     pub state_dir: PathBuf,
     /// dipamd's --spool-dir, read when offline. Default: the spool the pointer beside the
-    /// socket names, else <state-dir>/spool.
+    /// socket names, else the folder spool in the state directory.
     #[arg(long, value_name = "DIR")]
     pub spool_dir: Option<PathBuf>,
     /// Where the delegate plugins are installed (dipamd's --cni-path), checked when offline.
@@ -346,7 +346,7 @@ fn list_spool(dir: &Path) -> Result<Vec<Value>, String> {
 /// Each file of the CNI configuration directory a runtime would read: it parses, and where it
 /// uses dipam, dipam would take it. Returns the delegates of the dipam networks found.
 fn conflist_checks(conf_dir: &Path, checks: &mut Vec<Check>) -> Vec<DelegateConf> {
-    let files = match super::support_bundle::conflists(conf_dir) {
+    let files = match conflists(conf_dir) {
         Ok(f) => f,
         Err(e) => {
             checks.push(check(
@@ -594,6 +594,24 @@ impl Report {
             self.failed()
         )
     }
+}
+
+/// The conflists of a CNI config directory (the files a runtime would consider), whole.
+pub(super) fn conflists(dir: &Path) -> Result<Vec<(String, Vec<u8>)>, String> {
+    let mut out = Vec::new();
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let wanted = [".conf", ".conflist", ".json"]
+            .iter()
+            .any(|x| name.ends_with(x));
+        if wanted && e.path().is_file() {
+            let bytes = std::fs::read(e.path()).map_err(|err| format!("{name}: {err}"))?;
+            out.push((name, bytes));
+        }
+    }
+    out.sort();
+    Ok(out)
 }
 
 #[cfg(test)]

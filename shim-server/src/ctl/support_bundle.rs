@@ -336,24 +336,6 @@ async fn journal(unit: &str, n: usize) -> Result<Vec<u8>, String> {
     Ok(out.stdout)
 }
 
-/// The conflists of a CNI config directory (the files a runtime would consider), whole.
-pub(super) fn conflists(dir: &Path) -> Result<Vec<(String, Vec<u8>)>, String> {
-    let mut out = Vec::new();
-    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let wanted = [".conf", ".conflist", ".json"]
-            .iter()
-            .any(|x| name.ends_with(x));
-        if wanted && e.path().is_file() {
-            let bytes = std::fs::read(e.path()).map_err(|err| format!("{name}: {err}"))?;
-            out.push((name, bytes));
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
 /// host-local's store directories named by the conflists: every object with
 /// `"type": "host-local"` (a plain IPAM, dipam's `delegate`, or main mode's `ipam`) keeps its
 /// reservations in `<dataDir or /var/lib/cni/networks>/<network name>`.
@@ -694,7 +676,7 @@ async fn log(
 /// The CNI config directory's conflists and the names in the delegate's store.
 async fn config_parts(b: &mut Bundle, args: &Args) {
     let dir = args.conf_dir.clone();
-    let lists = blocking(move || conflists(&dir)).await;
+    let lists = blocking(move || super::offline::conflists(&dir)).await;
     b.part("conflists", "conflists.json", async {
         let lists = lists.as_ref().map_err(Clone::clone)?;
         let v: serde_json::Map<String, Value> = lists
