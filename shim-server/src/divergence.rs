@@ -149,7 +149,8 @@ pub async fn look(
     let Some(dir) = store::readable_dir(&dc.kind, &dc.conf, &dc.network) else {
         return Ok((None, census(dc, &records, None)));
     };
-    let held = store::reservations(&dir)
+    let held = store::read(dir.clone())
+        .await
         .map_err(|e| ShimError::Internal(format!("reading {}: {e}", dir.display())))?;
     let held_pairs: HashSet<(String, std::net::IpAddr)> = held
         .iter()
