@@ -403,7 +403,7 @@ async fn fill_one(
         .config
         .get()
         .ok_or_else(|| ShimError::Internal("warm pool not configured".into()))?;
-    if let Some(why) = r.misconfigured.of(network) {
+    if let Some(why) = r.misconfigured.of(network, None) {
         return Err(ShimError::Misconfigured {
             network: network.to_owned(),
             why,
