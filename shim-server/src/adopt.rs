@@ -140,10 +140,8 @@ async fn unrecorded(
     dir: &std::path::Path,
     scan: &Scan,
 ) -> Result<BTreeMap<(String, String), Group>, ShimError> {
-    let read = dir.to_path_buf();
-    let held = tokio::task::spawn_blocking(move || store::reservations(&read))
+    let held = store::read(dir.to_path_buf())
         .await
-        .map_err(|e| ShimError::Internal(format!("store task: {e}")))?
         .map_err(|e| ShimError::Internal(format!("reading {}: {e}", dir.display())))?;
     let net = dc.network.clone();
     let records = core.ledger(move |l| l.list(Some(&net))).await?;

@@ -95,16 +95,22 @@ impl Watch {
 /// Networks whose delegate store dipamd must not trust, with the reason: pod ADDs there are
 /// refused (rpc/add.rs), and the warm pool does not fill them. Written by [`round`].
 #[derive(Debug, Default)]
-pub struct Misconfigured(std::sync::Mutex<std::collections::HashMap<String, String>>);
+pub struct Misconfigured(
+    std::sync::Mutex<std::collections::HashMap<(String, Option<u32>), String>>,
+);
 
 impl Misconfigured {
-    /// Why pod ADDs on `network` are refused, if they are.
-    pub fn of(&self, network: &str) -> Option<String> {
-        self.0.lock().ok().and_then(|m| m.get(network).cloned())
+    /// Why pod ADDs of `creator` (None: root) on `network` are refused, if they are: each
+    /// creator's records decide for that creator alone.
+    pub fn of(&self, network: &str, creator: Option<u32>) -> Option<String> {
+        self.0
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&(network.to_owned(), creator)).cloned())
     }
 
     /// The networks refused now, replacing the last round's.
-    pub fn set(&self, refused: std::collections::HashMap<String, String>) {
+    pub fn set(&self, refused: std::collections::HashMap<(String, Option<u32>), String>) {
         if let Ok(mut m) = self.0.lock() {
             *m = refused;
         }
@@ -114,7 +120,7 @@ impl Misconfigured {
 /// Compares one network's ledger with its delegate's store (host-local only: the one whose
 /// store dipamd can read), and tells its unrecorded reservations apart by a look at the node.
 pub async fn check(w: &Watch, dc: &DelegateConf) -> Result<Option<Divergence>, ShimError> {
-    let Some(mut d) = look(w, dc).await?.0 else {
+    let Some(mut d) = look(w, dc, None).await?.0 else {
         return Ok(None);
     };
     if !d.unrecorded.is_empty() {
@@ -138,18 +144,36 @@ pub fn classify(d: &mut Divergence, scan: &Scan) {
     }
 }
 
-/// One look at a network: its divergence (where the delegate's store can be read) and its
-/// range per family, from the same reading of the ledger and the store.
+/// One look at a network's scope (gc::scopes): the records `creator` (None: root) added in
+/// the store of `dc`; its divergence (where the delegate's store can be read) and its range
+/// per family, from the same reading of the ledger and the store. Every record of the network
+/// counts as known, so one caller's reservations are never another's orphans.
 pub async fn look(
     w: &Watch,
     dc: &DelegateConf,
+    creator: Option<u32>,
 ) -> Result<(Option<Divergence>, Vec<RangeCount>), ShimError> {
     let net = dc.network.clone();
-    let records = w.core.ledger(move |l| l.list(Some(&net))).await?;
+    let all = w.core.ledger(move |l| l.list(Some(&net))).await?;
     let Some(dir) = store::readable_dir(&dc.kind, &dc.conf, &dc.network) else {
-        return Ok((None, census(dc, &records, None)));
+        let mine: Vec<AttachmentRecord> = all
+            .into_iter()
+            .filter(|r| r.creator_uid == creator)
+            .collect();
+        return Ok((None, census(dc, &mine, None)));
     };
-    let held = store::reservations(&dir)
+    let same_store: Vec<AttachmentRecord> = all
+        .iter()
+        .filter(|r| gc::record_store(r).as_deref() == Some(dir.as_path()))
+        .cloned()
+        .collect();
+    let records: Vec<AttachmentRecord> = same_store
+        .iter()
+        .filter(|r| r.creator_uid == creator)
+        .cloned()
+        .collect();
+    let held = store::read(dir.clone())
+        .await
         .map_err(|e| ShimError::Internal(format!("reading {}: {e}", dir.display())))?;
     let held_pairs: HashSet<(String, std::net::IpAddr)> = held
         .iter()
@@ -157,7 +181,7 @@ pub async fn look(
         .collect();
     // The delegate holds each attachment under its delegate key (a pod served from the warm
     // pool: the pool entry's), which is what its store names.
-    let known: HashSet<(String, String)> = records
+    let known: HashSet<(String, String)> = all
         .iter()
         .map(|r| {
             let (c, i) = r.delegate_ids();
@@ -242,7 +266,7 @@ pub async fn look(
             d.unrecorded.push(r.clone());
         }
     }
-    let ranges = census(dc, &records, Some(&held));
+    let ranges = census(dc, &same_store, Some(&held));
     Ok((Some(d), ranges))
 }
 
@@ -360,8 +384,14 @@ pub fn census(
 /// after `dipamctl status` shows what it showed.
 pub async fn ranges(w: &Watch) -> Result<Vec<RangeCount>, ShimError> {
     let mut out = Vec::new();
-    for dc in gc::networks(&w.core, &w.agent).await? {
-        out.extend(look(w, &dc).await?.1);
+    // The node's ranges are root's: a non-root caller's config under the same network name
+    // once showed as root's range.
+    for (dc, _) in gc::scopes(&w.core, &w.agent)
+        .await?
+        .into_iter()
+        .filter(|(_, c)| c.is_none())
+    {
+        out.extend(look(w, &dc, None).await?.1);
     }
     w.core.events.emit(crate::events::Event::Ranges(&out));
     Ok(out)
@@ -375,12 +405,27 @@ pub async fn round(w: &Watch, free: bool) -> Result<(), ShimError> {
     let mut refused = std::collections::HashMap::new();
     let mut counts = Vec::new();
     let mut looked: Option<Scan> = None;
-    for dc in gc::networks(&w.core, &w.agent).await? {
-        let (d, ranges) = look(w, &dc).await?;
-        counts.extend(ranges);
+    for (dc, creator) in gc::scopes(&w.core, &w.agent).await? {
+        let (d, ranges) = look(w, &dc, creator).await?;
+        if creator.is_none() {
+            counts.extend(ranges);
+        }
         let Some(mut d) = d else {
             continue;
         };
+        if let Some(uid) = creator {
+            // A non-root caller's records decide for that caller alone: never the node's
+            // readiness (STATUS 51, health) nor root's ADDs (159). What its store holds
+            // unrecorded is root's scope's business (adopted or freed as root's), not its.
+            if let Some(why) = &d.misconfigured {
+                tracing::error!(network = %dc.network, uid, "{why}; this uid's pod ADDs on this network are refused until it is fixed");
+                refused.insert((dc.network.clone(), creator), why.clone());
+            }
+            if !d.missing.is_empty() {
+                warn!(network = %dc.network, uid, missing = ?d.missing, "the delegate's store lacks addresses a non-root caller's attachments record");
+            }
+            continue;
+        }
         if !d.unrecorded.is_empty() || !d.gone_adopted.is_empty() {
             if looked.is_none() {
                 looked = Some(w.gc.scan().await);
@@ -420,7 +465,7 @@ pub async fn round(w: &Watch, free: bool) -> Result<(), ShimError> {
         }
         if let Some(why) = &d.misconfigured {
             tracing::error!(network = %dc.network, "{why}; pod ADDs on this network are refused until it is fixed");
-            refused.insert(dc.network.clone(), why.clone());
+            refused.insert((dc.network.clone(), creator), why.clone());
         }
         if !d.missing.is_empty() {
             warn!(network = %dc.network, missing = ?d.missing, "the delegate's store lacks addresses the ledger records: it was wiped, or dipamd and the runtime do not see the same state directory; these addresses may be handed out twice");

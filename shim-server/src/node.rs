@@ -142,7 +142,7 @@ impl Node {
     }
 
     /// Why pod ADDs on `network` are refused, if they are (divergence.rs).
-    pub fn misconfigured(&self, network: &str) -> Option<String> {
-        self.misconfigured.of(network)
+    pub fn misconfigured(&self, network: &str, creator: Option<u32>) -> Option<String> {
+        self.misconfigured.of(network, creator)
     }
 }

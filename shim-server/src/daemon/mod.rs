@@ -165,6 +165,12 @@ pub struct Args {
         default_value = "host-local"
     )]
     pub non_root_delegates: Vec<String>,
+    /// host-local `dataDir`s a non-root caller may name, besides host-local's default
+    /// /var/lib/cni/networks (repeatable). Each must be writable by root only along its whole
+    /// path; one that is not is left out, with an error logged at start. Any other dataDir is refused
+    /// to a non-root caller: host-local runs as root and follows links in it.
+    #[arg(long = "non-root-data-dir")]
+    pub non_root_data_dirs: Vec<PathBuf>,
     /// Operations run at once (a quarter is held for DEL, CHECK and GC).
     #[arg(long, default_value_t = 16)]
     pub max_concurrent: usize,
@@ -456,8 +462,33 @@ fn executor(args: &Args, dirs: Vec<PathBuf>) -> (Executor, Vec<String>) {
         .map(|k| k.trim().to_owned())
         .filter(|k| !k.is_empty())
         .collect();
+    executor.non_root_data_dirs = non_root_data_dirs(args);
     executor.tracker = Some(tracker);
     (executor, kills_denied)
+}
+
+/// The `dataDir`s a non-root caller may name: host-local's default and --non-root-data-dir,
+/// each only if root alone can write it along its path (a start-up check: such a directory
+/// cannot become unsafe afterwards without root). Only with --allow-uid do they matter.
+fn non_root_data_dirs(args: &Args) -> Vec<PathBuf> {
+    let mut dirs = vec![PathBuf::from(crate::delegate::store::DEFAULT_DATA_DIR)];
+    dirs.extend(args.non_root_data_dirs.iter().cloned());
+    dirs.dedup();
+    dirs.retain(|d| match crate::delegate::store::root_only_dir(d) {
+        Ok(()) => true,
+        Err(why) => {
+            if !args.allow_uids.is_empty() || !args.admin_uids.is_empty() {
+                tracing::error!(
+                    dir = %d.display(),
+                    why,
+                    "not a dataDir for non-root callers: make it root-owned and writable by \
+                     root only along its whole path"
+                );
+            }
+            false
+        }
+    });
+    dirs
 }
 
 /// The observers and the events handle that reaches them.

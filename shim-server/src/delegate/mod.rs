@@ -38,6 +38,9 @@ pub struct Executor {
     /// other binary in `dirs` (bridge, host-device, ...) would run as root with that caller's
     /// config and netns.
     pub non_root_kinds: Vec<String>,
+    /// The host-local `dataDir`s a non-root caller may name (--non-root-data-dir, and
+    /// host-local's default), each checked root-only at start (store::root_only_dir).
+    pub non_root_data_dirs: Vec<PathBuf>,
     pub timeout: Duration,
     /// Notes running delegates for the next start (daemon only; tests run without).
     pub tracker: Option<survivors::Tracker>,
@@ -56,6 +59,7 @@ impl Executor {
         Self {
             dirs,
             non_root_kinds: vec!["host-local".to_owned()],
+            non_root_data_dirs: vec![PathBuf::from(store::DEFAULT_DATA_DIR)],
             timeout,
             tracker: None,
             events: crate::events::Events::default(),
@@ -102,6 +106,59 @@ impl Executor {
                 "dipamd runs delegates as root; for non-root callers it runs only {} \
                  (dipamd --non-root-delegate)",
                 self.non_root_kinds.join(", ")
+            ),
+        })
+    }
+
+    /// Refuses a non-root caller's delegate `dataDir` unless it is one of
+    /// --non-root-data-dir's root-only directories (host-local's default when none is
+    /// named). host-local runs as root and follows links for `lock` and `last_reserved_ip.*`
+    /// in `<dataDir>/<network>`: in a directory the caller can write, it overwrote a root-only
+    /// file and wrote into dipamd's own state (docs/cfp.md, "Threat model").
+    pub fn allow_store(
+        &self,
+        conf: &serde_json::Value,
+        caller: crate::access::Caller,
+    ) -> Result<(), ShimError> {
+        if caller.is_root() {
+            return Ok(());
+        }
+        let named = store::data_dir(conf).unwrap_or(store::DEFAULT_DATA_DIR);
+        let wanted = Path::new(named);
+        if self
+            .non_root_data_dirs
+            .iter()
+            .any(|d| d.as_path() == wanted)
+        {
+            return Ok(());
+        }
+        warn!(
+            uid = caller.uid,
+            data_dir = %crate::validate::shown(named),
+            "refused: a non-root caller's delegate dataDir is not one of --non-root-data-dir"
+        );
+        let allowed: Vec<String> = self
+            .non_root_data_dirs
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect();
+        Err(ShimError::Forbidden {
+            msg: format!(
+                "uid {} may not have the delegate keep its store in {}",
+                caller.uid,
+                crate::validate::shown(named)
+            ),
+            details: format!(
+                "dipamd runs the delegate as root, and it would follow links in a directory \
+                 a non-root caller chose; use one of the directories only root can write \
+                 that dipamd allows ({}), or remove ipam.dataDir where host-local's default \
+                 is among them; the node's administrator allows others with dipamd \
+                 --non-root-data-dir",
+                if allowed.is_empty() {
+                    "none".to_owned()
+                } else {
+                    allowed.join(", ")
+                }
             ),
         })
     }

@@ -33,13 +33,120 @@ pub fn host_local_dir(conf: &Value, network: &str) -> PathBuf {
     Path::new(base).join(network)
 }
 
+/// host-local's default `dataDir`.
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/networks";
+
+/// The `dataDir` a delegate config names, if any.
+pub fn data_dir(conf: &Value) -> Option<&str> {
+    conf["ipam"]["dataDir"].as_str().filter(|d| !d.is_empty())
+}
+
+/// Whether `dir` is a store directory that no one but root can change, from `/` down: every
+/// existing component a directory (not a link) owned by root, and none writable by group or
+/// others, except an intermediate one with the sticky bit (`/tmp`), where others cannot
+/// replace root's entries. A missing tail is fine (host-local creates it, as root). host-local
+/// runs as root and follows links for `lock` and `last_reserved_ip.*` in `<dir>/<network>`:
+/// in a directory a caller could write, that caller would choose what root overwrites.
+pub fn root_only_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !dir.is_absolute() {
+        return Err(format!("{} is not an absolute path", dir.display()));
+    }
+    let mut at = PathBuf::from("/");
+    let parts: Vec<_> = dir.components().skip(1).collect();
+    // Whether the parent is open to others (sticky): a missing entry there could be made by
+    // anyone before host-local makes it.
+    let mut parent_open = false;
+    let mut check = |p: &Path, last: bool| -> Result<bool, String> {
+        let meta = match std::fs::symlink_metadata(p) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && parent_open => {
+                return Err(format!(
+                    "{} is missing, and anyone may create it in its parent",
+                    p.display()
+                ));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(format!("{}: {e}", p.display())),
+        };
+        let mode = meta.permissions().mode();
+        if !meta.is_dir() {
+            return Err(format!("{} is not a directory (a link?)", p.display()));
+        }
+        if meta.uid() != 0 {
+            return Err(format!(
+                "{} is owned by uid {}, not root",
+                p.display(),
+                meta.uid()
+            ));
+        }
+        if mode & 0o022 != 0 && (last || mode & 0o1000 == 0) {
+            return Err(format!(
+                "{} is writable by group or others (mode {:o})",
+                p.display(),
+                mode & 0o7777
+            ));
+        }
+        parent_open = mode & 0o022 != 0;
+        Ok(true)
+    };
+    check(&at, parts.is_empty())?;
+    for (i, c) in parts.iter().enumerate() {
+        if !matches!(c, std::path::Component::Normal(_)) {
+            return Err(format!("{} is not a plain path", dir.display()));
+        }
+        at.push(c);
+        if !check(&at, i + 1 == parts.len())? {
+            break;
+        }
+    }
+    Ok(())
+}
+
 /// The store dipamd can read for this delegate, if it knows the delegate's format.
 pub fn readable_dir(kind: &str, conf: &Value, network: &str) -> Option<PathBuf> {
     (kind == "host-local").then(|| host_local_dir(conf, network))
 }
 
+/// The largest store entry read. host-local writes `<containerID>\r\n<ifname>`: at most a few
+/// hundred bytes (container IDs and ifnames are bounded, validate.rs). A larger entry is not
+/// host-local's: a link to a device of endless zeros once took dipamd to 1-2 GB per reconcile.
+pub const MAX_ENTRY_BYTES: u64 = 4096;
+
+/// How long one reading of a store may take. The directory may sit on a filesystem that hangs
+/// (a dead NFS or FUSE mount); the reading thread is then abandoned, never an async worker.
+pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Entries skipped because they were not regular files or were too large, since start.
+static SKIPPED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static SKIP_WARN: std::sync::LazyLock<crate::listen::Throttle> =
+    std::sync::LazyLock::new(crate::listen::Throttle::default);
+
+/// Entries skipped since start (not regular files, or larger than [`MAX_ENTRY_BYTES`]).
+pub fn skipped() -> u64 {
+    SKIPPED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// [`reservations`] on a blocking thread, under [`READ_TIMEOUT`]: callers are async tasks
+/// that serve pods' ADDs, and the store is a directory dipamd does not own.
+pub async fn read(dir: PathBuf) -> std::io::Result<Vec<Reservation>> {
+    let shown = dir.display().to_string();
+    let task = tokio::task::spawn_blocking(move || reservations(&dir));
+    match tokio::time::timeout(READ_TIMEOUT, task).await {
+        Ok(Ok(out)) => out,
+        Ok(Err(e)) => Err(std::io::Error::other(format!("store task: {e}"))),
+        Err(_) => {
+            tracing::warn!(dir = %shown, "reading the delegate's store timed out; not used");
+            Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("reading the store took more than {READ_TIMEOUT:?}"),
+            ))
+        }
+    }
+}
+
 /// Every reservation in a host-local network directory. A missing directory is an empty
-/// store (host-local creates it on first ADD).
+/// store (host-local creates it on first ADD). Blocking: call [`read`] from async code.
 pub fn reservations(dir: &Path) -> std::io::Result<Vec<Reservation>> {
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
@@ -55,8 +162,13 @@ pub fn reservations(dir: &Path) -> std::io::Result<Vec<Reservation>> {
         let Ok(ip) = name.parse::<IpAddr>() else {
             continue;
         };
-        let Ok(content) = std::fs::read_to_string(entry.path()) else {
-            continue;
+        let (content, modified) = match entry_text(&entry.path()) {
+            Ok(Some(read)) => read,
+            Ok(None) => continue,
+            Err(why) => {
+                skip(dir, &name, &why);
+                continue;
+            }
         };
         let mut parts = content.split("\r\n");
         let container_id = parts.next().unwrap_or_default().trim().to_owned();
@@ -68,11 +180,69 @@ pub fn reservations(dir: &Path) -> std::io::Result<Vec<Reservation>> {
             ip,
             container_id,
             ifname,
-            modified: entry.metadata().and_then(|m| m.modified()).ok(),
+            modified,
         });
     }
     out.sort_by_key(|r| r.ip);
     Ok(out)
+}
+
+/// One entry's text and mtime, read only as a regular file of at most [`MAX_ENTRY_BYTES`]:
+/// opened without following a link (O_NOFOLLOW) and without waiting for a writer
+/// (O_NONBLOCK: a FIFO planted in a store once froze dipamd, and after a restart kept it from
+/// ever binding its socket). Ok(None): gone or unreadable (host-local removed it meanwhile).
+/// Err: what it is instead, for the skip warning.
+fn entry_text(path: &Path) -> Result<Option<(String, Option<SystemTime>)>, String> {
+    use std::{io::Read, os::unix::fs::OpenOptionsExt};
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err("a symbolic link".into()),
+        Err(_) => return Ok(None),
+    };
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    if !meta.file_type().is_file() {
+        return Err(format!("not a regular file ({:?})", meta.file_type()));
+    }
+    if meta.len() > MAX_ENTRY_BYTES {
+        return Err(format!("{} bytes, more than {MAX_ENTRY_BYTES}", meta.len()));
+    }
+    // The size may change after fstat: the read itself is bounded too.
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    if file
+        .take(MAX_ENTRY_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .is_err()
+    {
+        return Ok(None);
+    }
+    if bytes.len() as u64 > MAX_ENTRY_BYTES {
+        return Err(format!("more than {MAX_ENTRY_BYTES} bytes"));
+    }
+    let Ok(text) = String::from_utf8(bytes) else {
+        return Err("not text".into());
+    };
+    Ok(Some((text, meta.modified().ok())))
+}
+
+/// Counts a skipped entry and warns, at most once per [`crate::listen::Throttle::EVERY`]: a
+/// store full of planted entries must not flood the log.
+fn skip(dir: &Path, name: &str, why: &str) {
+    let total = SKIPPED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+    if let Some(suppressed) = SKIP_WARN.due() {
+        tracing::warn!(
+            dir = %dir.display(),
+            entry = %crate::validate::shown(name),
+            why,
+            suppressed,
+            total,
+            "skipped a delegate store entry that is not a small regular file: host-local \
+             writes only those, so it is not a reservation"
+        );
+    }
 }
 
 #[cfg(test)]
@@ -116,5 +286,49 @@ mod tests {
             PathBuf::from("/x/n")
         );
         assert!(readable_dir("azure-vnet-ipam", &json!({}), "n").is_none());
+    }
+
+    #[test]
+    fn only_root_only_directories_are_safe_stores() {
+        assert!(root_only_dir(Path::new("/var/lib/cni/networks/missing/x")).is_ok());
+        assert!(root_only_dir(Path::new("relative")).is_err());
+        assert!(root_only_dir(Path::new("/var/../tmp")).is_err());
+        // /tmp itself (sticky, 1777) is no store, though a root-only directory in it is.
+        assert!(root_only_dir(Path::new("/tmp")).is_err());
+        assert!(root_only_dir(Path::new("/tmp/dipam-missing-store")).is_err());
+        let d = tempfile::tempdir().unwrap();
+        assert!(root_only_dir(d.path()).is_ok());
+        std::fs::create_dir(d.path().join("open")).unwrap();
+        std::fs::set_permissions(
+            d.path().join("open"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .unwrap();
+        assert!(root_only_dir(&d.path().join("open/x")).is_err());
+        std::os::unix::fs::symlink("/var/lib", d.path().join("link")).unwrap();
+        assert!(root_only_dir(&d.path().join("link")).is_err());
+        std::fs::create_dir(d.path().join("theirs")).unwrap();
+        nix::unistd::chown(
+            &d.path().join("theirs"),
+            Some(nix::unistd::Uid::from_raw(65534)),
+            None,
+        )
+        .unwrap();
+        assert!(root_only_dir(&d.path().join("theirs")).is_err());
+    }
+
+    #[test]
+    fn skips_links_fifos_devices_and_large_files_without_blocking() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("10.0.0.2"), "abc\r\neth0").unwrap();
+        nix::unistd::mkfifo(&d.path().join("10.0.0.3"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", d.path().join("10.0.0.4")).unwrap();
+        std::os::unix::fs::symlink(d.path().join("10.0.0.2"), d.path().join("10.0.0.5")).unwrap();
+        std::fs::write(d.path().join("10.0.0.6"), vec![b'x'; 5000]).unwrap();
+        let before = skipped();
+        let r = reservations(d.path()).unwrap();
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert_eq!(r[0].container_id, "abc");
+        assert!(skipped() >= before + 4);
     }
 }

@@ -128,12 +128,9 @@ async fn read(c: &Collector, dc: &DelegateConf, cni_path: &str) -> Result<Read, 
         Some(d) => {
             let d = d.clone();
             Some(
-                tokio::task::spawn_blocking(move || {
-                    store::reservations(&d)
-                        .map_err(|e| ShimError::Internal(format!("reading {}: {e}", d.display())))
-                })
-                .await
-                .map_err(|e| ShimError::Internal(format!("store task: {e}")))??,
+                store::read(d.clone())
+                    .await
+                    .map_err(|e| ShimError::Internal(format!("reading {}: {e}", d.display())))?,
             )
         }
         None => None,

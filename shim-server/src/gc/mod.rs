@@ -109,20 +109,72 @@ pub async fn networks(
     {
         out.push(dc);
     }
-    for rec in core.ledger(|l| l.list(None)).await? {
+    // Root's records first: a non-root caller's record under root's network name (container
+    // ID `0` sorts first) once chose the config every node-level check used for root's pods.
+    let mut records = core.ledger(|l| l.list(None)).await?;
+    records.sort_by_key(|r| r.creator_uid.is_some());
+    for rec in records {
         if out.iter().any(|d| d.network == rec.key.network) {
             continue;
         }
-        if let Ok(conf) = serde_json::from_str(&rec.delegate_config) {
-            out.push(crate::delegate::config::DelegateConf {
-                kind: rec.delegate_type.clone(),
-                network: rec.key.network.clone(),
-                version: rec
-                    .delegate_version
-                    .parse()
-                    .unwrap_or(rscni_types::version::SpecVersion::CURRENT),
-                conf,
-            });
+        if let Some(dc) = recorded_conf(&rec) {
+            out.push(dc);
+        }
+    }
+    Ok(out)
+}
+
+/// The delegate config `rec` was added with.
+pub fn recorded_conf(
+    rec: &dipam_state::AttachmentRecord,
+) -> Option<crate::delegate::config::DelegateConf> {
+    let conf = serde_json::from_str(&rec.delegate_config).ok()?;
+    Some(crate::delegate::config::DelegateConf {
+        kind: rec.delegate_type.clone(),
+        network: rec.key.network.clone(),
+        version: rec
+            .delegate_version
+            .parse()
+            .unwrap_or(rscni_types::version::SpecVersion::CURRENT),
+        conf,
+    })
+}
+
+/// The delegate's store a record's addresses live in (None: one dipamd cannot read).
+pub fn record_store(rec: &dipam_state::AttachmentRecord) -> Option<std::path::PathBuf> {
+    let conf = serde_json::from_str(&rec.delegate_config).ok()?;
+    crate::delegate::store::readable_dir(&rec.delegate_type, &conf, &rec.key.network)
+}
+
+/// The scopes the node-level checks judge apart: one per network, creator (None: root) and
+/// delegate store. A non-root caller's records never decide anything for root's pods or the
+/// node's readiness (docs/cfp.md, "Threat model"): each scope's verdict binds its own creator.
+pub async fn scopes(
+    core: &crate::core::Core,
+    agent: &crate::agent::Agent,
+) -> Result<Vec<(crate::delegate::config::DelegateConf, Option<u32>)>, crate::error::ShimError> {
+    let mut out: Vec<(crate::delegate::config::DelegateConf, Option<u32>)> = Vec::new();
+    let store_of = |dc: &crate::delegate::config::DelegateConf| {
+        crate::delegate::store::readable_dir(&dc.kind, &dc.conf, &dc.network)
+    };
+    if let Some(cfg) = &agent.config
+        && let Ok(base) = cfg.source.load()
+        && let Ok(bytes) = serde_json::to_vec(&base.request)
+        && let Ok(dc) = crate::delegate::config::DelegateConf::from_request(&bytes, base.mode)
+    {
+        out.push((dc, None));
+    }
+    for rec in core.ledger(|l| l.list(None)).await? {
+        let Some(dc) = recorded_conf(&rec) else {
+            continue;
+        };
+        let seen = out.iter().any(|(d, c)| {
+            d.network == dc.network
+                && *c == rec.creator_uid
+                && (d.kind != dc.kind || store_of(d) == store_of(&dc))
+        });
+        if !seen {
+            out.push((dc, rec.creator_uid));
         }
     }
     Ok(out)

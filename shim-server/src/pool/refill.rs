@@ -329,7 +329,7 @@ async fn fill(r: &Refiller, wait: &mut Duration) {
             return;
         }
         for (network, t) in due {
-            skip_unrecorded_ids(r, &network, &t);
+            skip_unrecorded_ids(r, &network, &t).await;
             let outcome = fill_one(r, &network, &t).await;
             let mut st = r.pool.lock();
             let f = st.fill.entry(network.clone()).or_default();
@@ -371,15 +371,17 @@ async fn fill(r: &Refiller, wait: &mut Duration) {
 /// Before a network's first fill: entry numbers its delegate's store holds under pool IDs the
 /// ledger does not know (a ledger rebuilt by `dipamctl recover` leaves those reserved) are
 /// skipped, so a new entry does not collide with one (host-local refuses a duplicate ID).
-fn skip_unrecorded_ids(r: &Refiller, network: &str, t: &Template) {
+async fn skip_unrecorded_ids(r: &Refiller, network: &str, t: &Template) {
     if !r.pool.lock().scanned.insert(network.to_owned()) {
         return;
     }
     let Some(node_name) = r.pool.config.get().map(|c| c.node.as_str()) else {
         return;
     };
-    if let Some(dir) = store::readable_dir(&t.kind, &t.conf, network)
-        && let Ok(held) = store::reservations(&dir)
+    let Some(dir) = store::readable_dir(&t.kind, &t.conf, network) else {
+        return;
+    };
+    if let Ok(held) = store::read(dir).await
         && let Some(n) = held
             .iter()
             .filter_map(|r| entry_number(&r.container_id, node_name))
@@ -401,7 +403,7 @@ async fn fill_one(
         .config
         .get()
         .ok_or_else(|| ShimError::Internal("warm pool not configured".into()))?;
-    if let Some(why) = r.misconfigured.of(network) {
+    if let Some(why) = r.misconfigured.of(network, None) {
         return Err(ShimError::Misconfigured {
             network: network.to_owned(),
             why,

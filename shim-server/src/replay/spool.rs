@@ -131,19 +131,21 @@ fn read_file(node: &Node, fd: &OwnedFd, dir: &Path, name: &OsStr) -> Option<Spoo
 /// Whether the delegate's own store proves it holds nothing for this request's key, so its
 /// DEL has nothing to release. Only a store dipamd can read (host-local's) proves it; the
 /// answer for each store directory is read once per drain.
-fn provably_nothing_held(
+async fn provably_nothing_held(
     p: &crate::core::Prepared,
     cache: &mut HashMap<PathBuf, Option<HashSet<(String, String)>>>,
 ) -> bool {
     let Some(dir) = store::readable_dir(&p.dc.kind, &p.dc.conf, &p.dc.network) else {
         return false;
     };
-    let held = cache.entry(dir.clone()).or_insert_with(|| {
-        store::reservations(&dir)
+    if !cache.contains_key(&dir) {
+        let held = store::read(dir.clone())
+            .await
             .ok()
-            .map(|rs| rs.into_iter().map(|r| (r.container_id, r.ifname)).collect())
-    });
-    let Some(held) = held else {
+            .map(|rs| rs.into_iter().map(|r| (r.container_id, r.ifname)).collect());
+        cache.insert(dir.clone(), held);
+    }
+    let Some(Some(held)) = cache.get(&dir) else {
         return false;
     };
     let (cid, ifname) = (&p.req.container_id, &p.req.ifname);
@@ -198,7 +200,7 @@ pub async fn drain(node: &Node, dir: &Path) -> Drained {
         // serving) fast after a runtime retried ADDs in a tight loop while dipamd was down.
         if let Ok(p) = node.prepare(req.clone(), true, crate::access::Caller::ROOT)
             && let Ok(None) = node.core.lookup(&p.key)
-            && provably_nothing_held(&p, &mut stores)
+            && provably_nothing_held(&p, &mut stores).await
         {
             let _ = spool::remove(&fd, &name);
             tracing::debug!(attachment = %what, "spooled DEL for an attachment neither dipamd nor the delegate holds");

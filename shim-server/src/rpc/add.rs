@@ -25,7 +25,7 @@ pub async fn run(
 ) -> Result<Added, ShimError> {
     let p = node.prepare(req, true, caller)?;
     crate::keys::refuse_runtime("ADD", &p.req.container_id)?;
-    if let Some(why) = node.misconfigured(&p.dc.network) {
+    if let Some(why) = node.misconfigured(&p.dc.network, p.caller.recorded_uid()) {
         return Err(ShimError::Misconfigured {
             network: p.dc.network.clone(),
             why,

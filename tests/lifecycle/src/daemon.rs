@@ -33,6 +33,9 @@ pub struct Dipamd {
     /// dipamd's `--cni-path` (where it finds the delegates it runs on its own: the agent's
     /// and the pool's); the harness's binaries and Debian's plugins when `None`.
     cni_path: Option<String>,
+    /// The delegate store a lab's pods use: allowed to non-root callers
+    /// (`--non-root-data-dir`), as a node allows its own.
+    store: Option<PathBuf>,
 }
 
 impl Dipamd {
@@ -64,6 +67,7 @@ impl Dipamd {
             binary: None,
             starts: 0,
             cni_path: None,
+            store: None,
         }
     }
 
@@ -77,6 +81,11 @@ impl Dipamd {
     /// today's plugins).
     pub fn set_cni_path(&mut self, path: &str) {
         self.cni_path = Some(path.to_owned());
+    }
+
+    /// dipamd's `--non-root-data-dir` from the next start on (kept across [`Self::set_flags`]).
+    pub fn set_store(&mut self, dir: &Path) {
+        self.store = Some(dir.to_owned());
     }
 
     /// Starts the next dipamd through `argv` (a program that execs the rest of its command
@@ -165,6 +174,11 @@ impl Dipamd {
             .arg(self.state_dir())
             .arg("--cni-path")
             .arg(self.cni_path.clone().unwrap_or_else(bins::cni_path))
+            .args(
+                self.store
+                    .iter()
+                    .flat_map(|d| [std::ffi::OsStr::new("--non-root-data-dir"), d.as_os_str()]),
+            )
             .args(["--log-level", "debug"])
             .args(&self.extra);
         cmd

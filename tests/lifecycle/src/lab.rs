@@ -175,6 +175,7 @@ pub(crate) fn isolate_with_pool(
     pool: u8,
 ) -> (Fixture, Option<AzureNode>, Runtime) {
     let azure = (raw.delegate() == "azure-vnet-ipam").then(|| AzureNode::for_subnet(subnet, pool));
+    dipamd.set_store(data);
     let mut fx = raw
         .unique_name()
         .with_socket(&dipamd.socket())

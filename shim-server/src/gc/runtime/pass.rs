@@ -406,7 +406,7 @@ async fn free(
         if let Some(dir) = store::readable_dir(&dc.kind, &dc.conf, &dc.network) {
             let known: HashSet<(&str, &str)> = mine.iter().map(|r| r.delegate_ids()).collect();
             let known_ids: HashSet<&str> = known.iter().map(|(c, _)| *c).collect();
-            match store::reservations(&dir) {
+            match store::read(dir.clone()).await {
                 Ok(held) => valid.extend(
                     held.into_iter()
                         .filter(|h| {

@@ -1,0 +1,196 @@
+//! A delegate's store as untrusted input (issue 28 §4, docs/cfp.md "Threat model"). dipamd
+//! runs as root, reads host-local's store and runs host-local as root in it. An allowed uid
+//! (nobody, 65534, a real process through setpriv, `--allow-uid`) may not have the store kept
+//! in a directory it can write, and entries that are not small regular files (a FIFO, a link
+//! to a device of endless zeros, a huge file) never stop dipamd from serving: not while it
+//! runs, and not at its next start. dipamd runs under the shipped unit's capability set.
+
+// Tests: a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
+use std::{
+    os::unix::fs::PermissionsExt,
+    time::{Duration, Instant},
+};
+
+use dipam_lifecycle::{
+    Lab, Runtime, bins,
+    nobody::{self, NOBODY},
+    require_root, shapes,
+};
+use serde_json::{Value, json};
+
+/// A lab whose dipamd admits nobody, restarted under the shipped unit's capability set.
+fn lab() -> Lab {
+    let mut lab = Lab::with_flags(
+        "ptp-dipam-host-local.conflist",
+        &["--socket-group", NOBODY, "--allow-uid", NOBODY],
+    );
+    lab.dipamd.kill9();
+    lab.dipamd.run_under(&shapes::shipped_unit_setpriv());
+    lab.dipamd.start_again();
+    std::fs::set_permissions(
+        lab.dipamd.dir.path(),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    lab
+}
+
+/// nobody runs the dipam plugin as the IPAM plugin (as ptp would) for `cid`; its JSON answer.
+fn nobody_ipam(command: &str, cid: &str, conf: &Value) -> Value {
+    let dipam = bins::bin("dipam").display().to_string();
+    let out = nobody::run(
+        &[&dipam],
+        &[
+            ("CNI_COMMAND", command),
+            ("CNI_CONTAINERID", cid),
+            ("CNI_NETNS", "/var/run/netns/nobodys"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_ARGS", ""),
+            ("CNI_PATH", &bins::cni_path()),
+        ],
+        &conf.to_string(),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(&stdout).unwrap_or(Value::Null)
+}
+
+/// `n` root pods added and deleted through the whole chain; returns the failures.
+fn root_pods(lab: &Lab, n: usize) -> Vec<String> {
+    let mut failed = Vec::new();
+    for _ in 0..n {
+        let (_ns, pod) = lab.pod();
+        if let Err(e) = lab.rt.add(lab.list(), &pod) {
+            failed.push(format!("ADD: {e:?}"));
+            continue;
+        }
+        if let Err(e) = lab.rt.del(lab.list(), &pod) {
+            failed.push(format!("DEL: {e:?}"));
+        }
+    }
+    failed
+}
+
+/// nobody points host-local's dataDir at a directory it owns, with `lock` and
+/// `last_reserved_ip.0` linked to a root-only file and to a path of its choosing (host-local,
+/// as root, once overwrote the one and created the other), and then at dipamd's own state
+/// directory. Both are refused with 155, naming the fix; nothing is written; root's pods are
+/// served and the ledger and host-local agree.
+#[test]
+fn a_non_root_caller_cannot_choose_where_root_writes_the_store() {
+    require_root!();
+    let lab = lab();
+    let net = lab.network();
+    let mine = tempfile::Builder::new()
+        .prefix("nobodys-store-")
+        .tempdir()
+        .unwrap();
+    let victim = tempfile::Builder::new()
+        .prefix("root-only-")
+        .tempdir()
+        .unwrap();
+    let secret = victim.path().join("secret");
+    std::fs::write(&secret, "root's\n").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let chosen = victim.path().join("created-by-root");
+    let planted = mine.path().join(&net);
+    std::fs::create_dir(&planted).unwrap();
+    std::os::unix::fs::symlink(&secret, planted.join("lock")).unwrap();
+    std::os::unix::fs::symlink(&chosen, planted.join("last_reserved_ip.0")).unwrap();
+    for p in [mine.path(), &planted] {
+        std::os::unix::fs::lchown(p, Some(65534), Some(65534)).unwrap();
+    }
+
+    for dir in [mine.path(), lab.dipamd.state_dir().as_path()] {
+        let mut conf = Runtime::plugin_config(lab.list(), 0, None);
+        conf["ipam"]["delegate"]["dataDir"] = json!(dir);
+        let cid = dipam_lifecycle::unique("nobody-store");
+        let answer = nobody_ipam("ADD", &cid, &conf);
+        assert_eq!(answer["code"], 155, "{}: {answer}", dir.display());
+        let details = answer["details"].as_str().unwrap_or_default();
+        assert!(
+            details.contains("--non-root-data-dir") && details.contains("ipam.dataDir"),
+            "{answer}"
+        );
+    }
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "root's\n");
+    assert!(!chosen.exists(), "host-local created {}", chosen.display());
+    assert!(
+        !lab.dipamd.state_dir().join(&net).exists(),
+        "host-local wrote into dipamd's state directory"
+    );
+    let failed = root_pods(&lab, 5);
+    assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
+    // nobody's own pod in the store dipamd allows still works.
+    let conf = Runtime::plugin_config(lab.list(), 0, None);
+    let cid = dipam_lifecycle::unique("nobody-ok");
+    let answer = nobody_ipam("ADD", &cid, &conf);
+    assert!(answer.get("code").is_none(), "{answer}");
+    lab.assert_agree();
+    assert!(nobody_ipam("DEL", &cid, &conf).get("code").is_none());
+    lab.assert_agree();
+}
+
+/// Entries planted in a network's store (a FIFO, a link to /dev/zero, a 1 MiB file, each
+/// named by an address), as whoever could write there would: dipamd restarted on that store
+/// binds its socket, `dipamctl status` answers at once, the entries are skipped with a
+/// warning, and RSS stays small. host-local itself reads every entry of its store on ADD (and
+/// would hang on the FIFO), which is why no non-root caller may choose where the store lives
+/// (the test above); once the entries are gone, root's pods are served and nothing was lost.
+#[test]
+fn planted_store_entries_never_stop_dipamd() {
+    require_root!();
+    let mut lab = lab();
+    let (_ns, pod) = lab.pod();
+    lab.rt.add(lab.list(), &pod).unwrap();
+    let store = lab.data.path().join(lab.network());
+    let third = lab.subnet.cidr.split('.').nth(2).unwrap().to_owned();
+    let prefix = lab
+        .subnet
+        .cidr
+        .split('.')
+        .take(2)
+        .collect::<Vec<_>>()
+        .join(".");
+    let name = |last: u8| store.join(format!("{prefix}.{third}.{last}"));
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(name(250))
+            .status()
+            .unwrap()
+            .success()
+    );
+    std::os::unix::fs::symlink("/dev/zero", name(251)).unwrap();
+    std::fs::write(name(252), vec![b'x'; 1 << 20]).unwrap();
+
+    lab.dipamd.kill9();
+    let started = Instant::now();
+    lab.dipamd.start_again();
+    let bound = started.elapsed();
+    let mut took = Vec::new();
+    for _ in 0..3 {
+        let t = Instant::now();
+        let status = lab.dipamd.ctl(&["status"]);
+        took.push(t.elapsed());
+        assert!(status.status.success(), "{status:?}");
+    }
+    let pid = lab.dipamd.pid().unwrap();
+    let rss = dipam_lifecycle::flood::rss_kib(pid);
+    eprintln!("planted store: bound after {bound:?}, status in {took:?}, RSS {rss} KiB");
+    assert!(bound < Duration::from_secs(30), "{bound:?}");
+    assert!(took.iter().all(|t| *t < Duration::from_secs(5)), "{took:?}");
+    assert!(rss < 256 * 1024, "RSS {rss} KiB");
+    let log = lab.dipamd.log();
+    assert!(
+        log.contains("skipped a delegate store entry"),
+        "no skip warning:\n{log}"
+    );
+    for last in [250, 251, 252] {
+        std::fs::remove_file(name(last)).unwrap();
+    }
+    let failed = root_pods(&lab, 5);
+    assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
+    lab.rt.del(lab.list(), &pod).unwrap();
+    lab.assert_agree();
+}
