@@ -19,17 +19,6 @@ pub async fn connect(socket: &Path) -> Result<Channel, CtlError> {
         })
 }
 
-/// What to check when dipamd cannot be reached. EACCES means the socket is there (dipamd
-/// most likely runs) and this user may not connect: asking whether dipamd runs would send
-/// the operator the wrong way.
-pub fn unreachable_hint(denied: bool) -> &'static str {
-    if denied {
-        "dipamd's socket allows only root unless dipamd runs with --socket-group GROUP (this          user in GROUP) or --allow-uid UID: run as root, or ask for one of them"
-    } else {
-        "is dipamd running? is --socket right?"
-    }
-}
-
 /// The kind of the first `io::Error` in `e`'s chain, if any.
 fn io_kind(e: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
     let mut cur = Some(e);

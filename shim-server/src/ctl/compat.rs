@@ -122,6 +122,8 @@ impl std::fmt::Display for Refusal {
     }
 }
 
+impl std::error::Error for Refusal {}
+
 /// `dipamctl install`'s flags for these checks.
 #[derive(Debug, Clone, clap::Args)]
 pub struct NodeCheckArgs {
@@ -163,14 +165,14 @@ pub struct NodeCheck {
 
 impl NodeCheck {
     /// `Err` with the refusal, or with --force `Ok(Some)` with it for a warning.
-    pub fn run(&self, conflist: &[u8], cni_bin_dir: &Path) -> Result<Option<String>, String> {
+    pub fn run(&self, conflist: &[u8], cni_bin_dir: &Path) -> Result<Option<String>, Refusal> {
         let mut dirs = vec![cni_bin_dir.to_owned()];
         dirs.extend(self.dirs.iter().filter(|d| *d != cni_bin_dir).cloned());
         match check(conflist, &dirs, &self.runtimes) {
             Ok(()) => Ok(None),
             // The hint to use --force, which was used.
             Err(r) if self.force => Ok(Some(r.to_string().replace(&format!("\n{FORCE_HINT}"), ""))),
-            Err(r) => Err(r.to_string()),
+            Err(r) => Err(r),
         }
     }
 }
