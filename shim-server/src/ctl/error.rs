@@ -1,5 +1,5 @@
 //! dipamctl's errors: one enum, `CtlError`, that every command returns, and the typed
-//! errors of the commands that work locally (`install`, `man`) that converge into it. The
+//! errors of the commands that work locally (`install`, `man`, `recover`, `support-bundle`'s archive) that converge into it. The
 //! one boundary that prints them and picks the exit status is `output::exit`; `code`,
 //! `exit_status` and `to_json` say how. gRPC failures are told apart by their status code,
 //! never by their message. The words are those the docs and the tests quote.
@@ -44,6 +44,10 @@ pub enum CtlError {
     Install(#[from] InstallError),
     #[error(transparent)]
     ManPage(#[from] PageError),
+    #[error(transparent)]
+    Recover(#[from] RecoverError),
+    #[error(transparent)]
+    Archive(#[from] ArchiveError),
 }
 
 /// Exit status 1: the command ran and failed (dipamd unreachable or refusing, a check failed,
@@ -61,7 +65,11 @@ impl CtlError {
             Self::Unreachable { .. } => "unreachable",
             Self::Rpc(_) => "rpc",
             Self::Input(_) => "input",
-            Self::Failed(_) | Self::Install(_) | Self::ManPage(_) => "failed",
+            Self::Failed(_)
+            | Self::Install(_)
+            | Self::ManPage(_)
+            | Self::Recover(_)
+            | Self::Archive(_) => "failed",
             Self::Output(_) => "output",
             Self::InstallArgs(_) => "usage",
         }
@@ -292,4 +300,61 @@ pub enum ConflistError {
 pub struct PageError {
     pub path: PathBuf,
     pub source: std::io::Error,
+}
+
+/// Why `dipamctl recover` rebuilt nothing (or stopped part way: what it recorded stays).
+#[derive(Debug, thiserror::Error)]
+pub enum RecoverError {
+    #[error(transparent)]
+    Store(#[from] dipam_state::StoreError),
+    #[error(
+        "the ledger in {} opens and holds {n} attachment(s); pass --force to add what the \
+         delegate holds that it lacks",
+        state_dir.display()
+    )]
+    NotEmpty { state_dir: PathBuf, n: usize },
+    #[error("dipamd is running on {}; stop it first", .0.display())]
+    Running(PathBuf),
+    #[error("moving {} aside: {source}", state_dir.display())]
+    MoveAside {
+        state_dir: PathBuf,
+        source: io::Error,
+    },
+    #[error(transparent)]
+    CreateDir(io::Error),
+    #[error(
+        "moving the DEL spool {} back into {}: {source}",
+        spool.display(),
+        state_dir.display()
+    )]
+    SpoolBack {
+        spool: PathBuf,
+        state_dir: PathBuf,
+        source: io::Error,
+    },
+    /// The conflist, or the delegate's store directory.
+    #[error("{}: {source}", path.display())]
+    Read { path: PathBuf, source: io::Error },
+    #[error("{0}")]
+    Conflist(crate::agent::conflist::Missing),
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    #[error(transparent)]
+    Delegate(#[from] crate::error::ShimError),
+    #[error("dipamd cannot read {0}'s store; only host-local's can be recovered from")]
+    Unreadable(String),
+    #[error(transparent)]
+    Utf8(#[from] std::string::FromUtf8Error),
+}
+
+/// Why `dipamctl support-bundle` wrote no archive (a part that fails is only noted in it).
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiveError {
+    /// The temporary file, or the archive renamed into place.
+    #[error("{}: {source}", path.display())]
+    File { path: PathBuf, source: io::Error },
+    #[error("adding {name}: {source}")]
+    Add { name: String, source: io::Error },
+    #[error(transparent)]
+    Finish(io::Error),
 }
