@@ -4,7 +4,7 @@
 //! (`dipam_plugin::conf::KEYS`, the table its parser reads keys through). No page is checked
 //! in, so none can describe a flag or key the binaries do not have.
 //!
-//! `dipamctl install` puts them under the man directory beside dipamctl (install.rs);
+//! `dipamctl install` puts them under the man directory beside dipamctl (install/man_pages.rs);
 //! `dipamctl man` prints one, or writes them all into a directory.
 
 use std::{

@@ -2,8 +2,9 @@
 //! --json, one JSON document for scripts.
 //!
 //! One file per command, each with its own flags (`Args`) and its `run`; this module only
-//! parses the command line and dispatches. What they share: `client` (reaching dipamd) and
-//! `output` (errors, tables, JSON).
+//! parses the command line and dispatches. What they share: `client` (reaching dipamd),
+//! `error` (`CtlError`, which every command returns) and `output` (the one boundary that
+//! prints an error and picks the exit status, tables, JSON).
 
 use std::{
     ffi::OsString,

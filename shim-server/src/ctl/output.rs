@@ -1,6 +1,6 @@
-//! What every dipamctl command shares in how it answers: its error (one line on stderr,
-//! prefixed `dipamctl:`; with `--json`, one JSON document on stderr instead), its exit
-//! status, its tables for people and its `--json` documents for scripts, the rows of a GC's
+//! What every dipamctl command shares in how it answers: its error (the type is `error.rs`;
+//! one line on stderr, prefixed `dipamctl:`; with `--json`, one JSON document on stderr
+//! instead), its exit status, its tables for people and its `--json` documents for scripts, the rows of a GC's
 //! report, and the progress a long operation shows on a terminal.
 
 use std::{ffi::OsString, io::Write, process::ExitCode, time::Duration};
