@@ -5,7 +5,7 @@ use std::path::Path;
 
 use tonic::transport::Channel;
 
-use super::CtlError;
+use super::error::CtlError;
 
 /// Connects to dipamd at `socket`; the error names the socket and the innermost cause (e.g.
 /// "No such file or directory"), then asks whether dipamd runs and --socket is right.
