@@ -63,7 +63,7 @@ fn at(path: &Path, source: ConflistError) -> InstallError {
 }
 
 /// A conflist's file name: a plain name that libcni loads as a list.
-pub fn validate_file_name(name: &str) -> Result<(), ConflistError> {
+pub(super) fn validate_file_name(name: &str) -> Result<(), ConflistError> {
     if name.is_empty() || name.contains('/') || name.starts_with('.') {
         return Err(ConflistError::FileName(name.to_owned()));
     }
@@ -184,7 +184,7 @@ fn check_dipam_keys(i: usize, keys: &Value) -> Result<(), ConflistError> {
 /// Every host-local that dipam runs has a range to hand out: a template written for
 /// `--ranges-from-node` (deploy/kubernetes's ConfigMap) installed without it would fail every
 /// pod's ADD ("no IP ranges specified"); it is refused here instead.
-pub fn has_ranges(bytes: &[u8]) -> Result<(), ConflistError> {
+pub(super) fn has_ranges(bytes: &[u8]) -> Result<(), ConflistError> {
     let v: Value = serde_json::from_slice(bytes)?;
     for (i, p) in v["plugins"].as_array().into_iter().flatten().enumerate() {
         let ipam = if p["type"] == PLUGIN_NAME {

@@ -30,8 +30,9 @@
 //! `--no-man-pages` skips them (an init container's own filesystem has no reader for them).
 //!
 //! One file per step: `args.rs` (the command line), `binaries.rs`, `conflist.rs`,
-//! `wrap_files.rs`, `node_ranges.rs`, `man_pages.rs`, `report.rs` (what is printed); their
-//! errors are in `ctl/error.rs`, and every file is written through `ctl/atomic.rs`, which `ctl/man.rs` shares.
+//! `wrap_files.rs`, `node_ranges.rs`, `man_pages.rs`, `report.rs` (what is printed). Their
+//! errors are in `ctl/error.rs`; every file is written through `ctl/atomic.rs`, which
+//! `ctl/man.rs` shares.
 
 use std::{fs, io::Write, path::PathBuf};
 
@@ -44,7 +45,8 @@ mod report;
 mod wrap_files;
 
 pub use args::Args;
-pub use conflist::{has_ranges, validate_conflist, validate_file_name, version_warning};
+use conflist::validate_file_name;
+pub use conflist::{validate_conflist, version_warning};
 pub use node_ranges::{NodeRanges, RangesFrom, node_pod_cidrs};
 pub use wrap_files::{Adopted, Direction, Output};
 
