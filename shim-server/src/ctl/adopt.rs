@@ -14,7 +14,8 @@ use serde_json::{Value, json};
 use tonic::transport::Channel;
 
 use super::{
-    CtlError, client,
+    client,
+    error::CtlError,
     output::{self, GcRow, table},
 };
 

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use tonic::transport::Channel;
 
-use super::CtlError;
+use super::error::CtlError;
 
 /// Connects to dipamd at `socket`; the error names the socket and the innermost cause (e.g.
 /// "No such file or directory"), then asks whether dipamd runs and --socket is right.
@@ -17,17 +17,6 @@ pub async fn connect(socket: &Path) -> Result<Channel, CtlError> {
             reason: root_cause(&e),
             denied: io_kind(&e) == Some(std::io::ErrorKind::PermissionDenied),
         })
-}
-
-/// What to check when dipamd cannot be reached. EACCES means the socket is there (dipamd
-/// most likely runs) and this user may not connect: asking whether dipamd runs would send
-/// the operator the wrong way.
-pub fn unreachable_hint(denied: bool) -> &'static str {
-    if denied {
-        "dipamd's socket allows only root unless dipamd runs with --socket-group GROUP (this          user in GROUP) or --allow-uid UID: run as root, or ask for one of them"
-    } else {
-        "is dipamd running? is --socket right?"
-    }
 }
 
 /// The kind of the first `io::Error` in `e`'s chain, if any.

@@ -51,7 +51,7 @@ pub enum Problem {
         index: usize,
         kind: String,
         path: PathBuf,
-        reason: String,
+        reason: ProbeError,
     },
     #[error(
         "plugins[{index}]: {role} {kind:?} is not installed: no executable {kind} in {}",
@@ -122,6 +122,8 @@ impl std::fmt::Display for Refusal {
     }
 }
 
+impl std::error::Error for Refusal {}
+
 /// `dipamctl install`'s flags for these checks.
 #[derive(Debug, Clone, clap::Args)]
 pub struct NodeCheckArgs {
@@ -163,14 +165,14 @@ pub struct NodeCheck {
 
 impl NodeCheck {
     /// `Err` with the refusal, or with --force `Ok(Some)` with it for a warning.
-    pub fn run(&self, conflist: &[u8], cni_bin_dir: &Path) -> Result<Option<String>, String> {
+    pub fn run(&self, conflist: &[u8], cni_bin_dir: &Path) -> Result<Option<String>, Refusal> {
         let mut dirs = vec![cni_bin_dir.to_owned()];
         dirs.extend(self.dirs.iter().filter(|d| *d != cni_bin_dir).cloned());
         match check(conflist, &dirs, &self.runtimes) {
             Ok(()) => Ok(None),
             // The hint to use --force, which was used.
             Err(r) if self.force => Ok(Some(r.to_string().replace(&format!("\n{FORCE_HINT}"), ""))),
-            Err(r) => Err(r.to_string()),
+            Err(r) => Err(r),
         }
     }
 }
@@ -253,19 +255,39 @@ fn find_plugin(kind: &str, dirs: &[PathBuf]) -> Option<PathBuf> {
     dirs.iter().map(|d| d.join(kind)).find(|p| is_executable(p))
 }
 
+/// Why a plugin gave no usable answer to CNI VERSION (or `--version`). Kept as text where
+/// the cause is an I/O error, so that a [`Problem`] compares equal in tests.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProbeError {
+    #[error("{0}")]
+    Io(String),
+    #[error("no answer within {}s", VERSION_TIMEOUT.as_secs())]
+    Timeout,
+    #[error("{status}: {stdout}")]
+    Exit { status: String, stdout: String },
+    #[error("its answer is not JSON ({error}): {answer:?}")]
+    NotJson { error: String, answer: String },
+    #[error("its answer has no supportedVersions: {0}")]
+    NoVersions(Value),
+}
+
+impl From<std::io::Error> for ProbeError {
+    fn from(e: std::io::Error) -> Self {
+        Self::Io(e.to_string())
+    }
+}
+
 /// The versions `bin` supports, from its answer to CNI VERSION.
-pub fn plugin_versions(bin: &Path, version: &str) -> Result<Vec<String>, String> {
+pub fn plugin_versions(bin: &Path, version: &str) -> Result<Vec<String>, ProbeError> {
     let stdin = serde_json::json!({ "cniVersion": version }).to_string();
     let mut cmd = Command::new(bin);
     cmd.env_clear()
         .env("CNI_COMMAND", "VERSION")
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
     let out = run_with_timeout(&mut cmd, Some(stdin.as_bytes()))?;
-    let v: Value = serde_json::from_slice(&out).map_err(|e| {
-        format!(
-            "its answer is not JSON ({e}): {:?}",
-            String::from_utf8_lossy(&out)
-        )
+    let v: Value = serde_json::from_slice(&out).map_err(|e| ProbeError::NotJson {
+        error: e.to_string(),
+        answer: String::from_utf8_lossy(&out).into_owned(),
     })?;
     v["supportedVersions"]
         .as_array()
@@ -275,42 +297,41 @@ pub fn plugin_versions(bin: &Path, version: &str) -> Result<Vec<String>, String>
                 .map(str::to_owned)
                 .collect()
         })
-        .ok_or_else(|| format!("its answer has no supportedVersions: {v}"))
+        .ok_or_else(|| ProbeError::NoVersions(v.clone()))
 }
 
 /// Runs `cmd` with `stdin`, and returns its stdout if it exits 0 within the timeout.
-fn run_with_timeout(cmd: &mut Command, stdin: Option<&[u8]>) -> Result<Vec<u8>, String> {
+fn run_with_timeout(cmd: &mut Command, stdin: Option<&[u8]>) -> Result<Vec<u8>, ProbeError> {
     let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| e.to_string())?;
+        .spawn()?;
     if let Some(mut pipe) = child.stdin.take() {
         // A plugin that exits without reading gives EPIPE: its exit status says the rest.
         let _ = pipe.write_all(stdin.unwrap_or_default());
     }
     let deadline = Instant::now() + VERSION_TIMEOUT;
     let status = loop {
-        match child.try_wait().map_err(|e| e.to_string())? {
+        match child.try_wait()? {
             Some(s) => break s,
             None if Instant::now() >= deadline => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!("no answer within {}s", VERSION_TIMEOUT.as_secs()));
+                return Err(ProbeError::Timeout);
             }
             None => std::thread::sleep(Duration::from_millis(10)),
         }
     };
     let mut out = Vec::new();
     if let Some(mut s) = child.stdout.take() {
-        s.read_to_end(&mut out).map_err(|e| e.to_string())?;
+        s.read_to_end(&mut out)?;
     }
     if !status.success() {
-        return Err(format!(
-            "{status}: {}",
-            String::from_utf8_lossy(&out).trim()
-        ));
+        return Err(ProbeError::Exit {
+            status: status.to_string(),
+            stdout: String::from_utf8_lossy(&out).trim().to_owned(),
+        });
     }
     Ok(out)
 }

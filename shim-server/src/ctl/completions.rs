@@ -6,7 +6,7 @@ use std::io::Write;
 
 pub use clap_complete::Shell;
 
-use super::CtlError;
+use super::error::CtlError;
 
 /// The name the script completes: the installed binary's.
 pub(super) const BIN: &str = "dipamctl";

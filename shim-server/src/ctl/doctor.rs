@@ -11,7 +11,7 @@ use dipam_proto::v1::{DoctorRequest, admin_client::AdminClient};
 use serde_json::json;
 use tonic::transport::Channel;
 
-use super::{CtlError, client, offline, output};
+use super::{client, error::CtlError, offline, output};
 
 /// dipamd runs every check; the flags are for the offline view, when it cannot.
 #[derive(Debug, clap::Args)]

@@ -8,7 +8,7 @@ use dipam_proto::v1::{ExplainReply, ExplainRequest, admin_client::AdminClient};
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 
-use super::{CtlError, output};
+use super::{error::CtlError, output};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use tonic::transport::Channel;
 
 use super::{
-    CtlError,
+    error::CtlError,
     output::{self, GcRow, Progress, table},
 };
 

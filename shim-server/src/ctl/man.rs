@@ -4,7 +4,7 @@
 //! (`dipam_plugin::conf::KEYS`, the table its parser reads keys through). No page is checked
 //! in, so none can describe a flag or key the binaries do not have.
 //!
-//! `dipamctl install` puts them under the man directory beside dipamctl (install.rs);
+//! `dipamctl install` puts them under the man directory beside dipamctl (install/man_pages.rs);
 //! `dipamctl man` prints one, or writes them all into a directory.
 
 use std::{
@@ -20,7 +20,10 @@ use clap_mangen::{
 use dipam_plugin::{conf::KEYS, help};
 use serde_json::json;
 
-use super::{CtlError, atomic};
+use super::{
+    atomic,
+    error::{CtlError, PageError},
+};
 
 /// One rendered page.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -218,7 +221,7 @@ pub fn run(args: Args, json: bool, out: &mut dyn Write) -> Result<(), CtlError> 
         out.write_all(&page.roff)?;
         return Ok(());
     };
-    let placed = write_pages(&pages, |p| dir.join(p.file_name())).map_err(CtlError::Failed)?;
+    let placed = write_pages(&pages, |p| dir.join(p.file_name()))?;
     if json {
         let list: Vec<_> = pages
             .iter()
@@ -240,14 +243,18 @@ pub fn run(args: Args, json: bool, out: &mut dyn Write) -> Result<(), CtlError> 
 pub fn write_pages(
     pages: &[Page],
     path: impl Fn(&Page) -> PathBuf,
-) -> Result<Vec<atomic::Placed>, String> {
+) -> Result<Vec<atomic::Placed>, PageError> {
     pages
         .iter()
         .map(|p| {
             let target = path(p);
             let dir = target.parent().unwrap_or_else(|| Path::new("."));
-            atomic::replace_atomically(dir, &p.file_name(), &p.roff, 0o644)
-                .map_err(|e| format!("writing the man page {}: {e}", target.display()))
+            atomic::replace_atomically(dir, &p.file_name(), &p.roff, 0o644).map_err(|source| {
+                PageError {
+                    path: target.clone(),
+                    source,
+                }
+            })
         })
         .collect()
 }

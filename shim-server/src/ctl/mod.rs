@@ -2,8 +2,9 @@
 //! --json, one JSON document for scripts.
 //!
 //! One file per command, each with its own flags (`Args`) and its `run`; this module only
-//! parses the command line and dispatches. What they share: `client` (reaching dipamd) and
-//! `output` (errors, tables, JSON).
+//! parses the command line and dispatches. What they share: `client` (reaching dipamd),
+//! `error` (`CtlError`, which every command returns) and `output` (the one boundary that
+//! prints an error and picks the exit status, tables, JSON).
 
 use std::{
     ffi::OsString,
@@ -21,6 +22,7 @@ pub mod client;
 pub mod compat;
 pub mod completions;
 pub mod doctor;
+pub mod error;
 pub mod explain;
 pub mod gc;
 pub mod install;
@@ -35,7 +37,7 @@ pub mod status;
 pub mod support_bundle;
 pub mod wrap;
 
-pub use output::CtlError;
+pub use error::CtlError;
 
 /// dipamctl: inspect the dipam shim daemon (dipamd).
 #[derive(Debug, Parser)]
@@ -246,9 +248,8 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
             let WithSocket { args, conn, format } = *w;
             // What from_args refuses is the command line itself (a flag that needs another,
             // no API server to ask): a usage error.
-            let opts = install::Options::from_args(args, &conn.socket, |k| std::env::var(k).ok())
-                .map_err(CtlError::Usage)?;
-            install::run(&opts, format.json, out).map_err(CtlError::Failed)?;
+            let opts = install::Options::from_args(args, &conn.socket, |k| std::env::var(k).ok())?;
+            install::run(&opts, format.json, out)?;
             // The node's own conflist is live now: its running pods' reservations are
             // recorded (or the exact step printed), so that nothing ever frees them.
             if let Some((install::Direction::Wrap, file)) = &opts.adopt

@@ -1,106 +1,15 @@
-//! What every dipamctl command shares in how it answers: its error (one line on stderr,
-//! prefixed `dipamctl:`; with `--json`, one JSON document on stderr instead), its exit
-//! status, its tables for people and its `--json` documents for scripts, the rows of a GC's
+//! What every dipamctl command shares in how it answers: its error (the type is `error.rs`;
+//! one line on stderr, prefixed `dipamctl:`; with `--json`, one JSON document on stderr
+//! instead), its exit status, its tables for people and its `--json` documents for scripts, the rows of a GC's
 //! report, and the progress a long operation shows on a terminal.
 
-use std::{ffi::OsString, io::Write, path::PathBuf, process::ExitCode, time::Duration};
+use std::{ffi::OsString, io::Write, process::ExitCode, time::Duration};
 
 use dipam_proto::v1::{GcItem, RuntimeGcItem};
 use serde_json::{Map, Value, json};
 
-#[derive(Debug, thiserror::Error)]
-pub enum CtlError {
-    /// A command line that parses but asks for something impossible (a flag that needs
-    /// another): exit status 2, as clap's own usage errors.
-    #[error("{0}")]
-    Usage(String),
-    #[error("cannot reach dipamd at {}: {reason} ({})", socket.display(), super::client::unreachable_hint(*.denied))]
-    Unreachable {
-        socket: PathBuf,
-        reason: String,
-        /// The socket exists and this user may not use it: dipamd may well be running.
-        denied: bool,
-    },
-    #[error("dipamd: {}", .0.message())]
-    Rpc(tonic::Status),
-    #[error("{0}")]
-    Input(String),
-    #[error("{0}")]
-    Failed(String),
-    #[error("writing output: {0}")]
-    Output(#[from] std::io::Error),
-}
-
-/// Exit status 1: the command ran and failed (dipamd unreachable or refusing, a check failed,
-/// a GC refused, a local command failed).
-pub const EXIT_FAILURE: u8 = 1;
-/// Exit status 2: the command line is wrong (clap's usage errors, and `CtlError::Usage`).
-pub const EXIT_USAGE: u8 = 2;
-
-impl CtlError {
-    /// The `code` of the error's JSON document: what kind of failure, for a script to branch
-    /// on without reading the message.
-    pub fn code(&self) -> &'static str {
-        match self {
-            Self::Usage(_) => "usage",
-            Self::Unreachable { .. } => "unreachable",
-            Self::Rpc(_) => "rpc",
-            Self::Input(_) => "input",
-            Self::Failed(_) => "failed",
-            Self::Output(_) => "output",
-        }
-    }
-
-    pub fn exit_status(&self) -> u8 {
-        match self {
-            Self::Usage(_) => EXIT_USAGE,
-            _ => EXIT_FAILURE,
-        }
-    }
-
-    /// `{"error": {"code", "message", "details"}}`: `message` is the line dipamctl prints
-    /// without --json; `details` holds what a script may need beyond it (the socket and the
-    /// cause for `unreachable`, the gRPC status code's name for `rpc`).
-    pub fn to_json(&self) -> Value {
-        let details = match self {
-            Self::Unreachable { socket, reason, .. } => {
-                json!({"socket": socket.display().to_string(), "reason": reason})
-            }
-            Self::Rpc(status) => json!({"grpcCode": grpc_code_name(status.code())}),
-            _ => json!({}),
-        };
-        error_json(self.code(), &self.to_string(), details)
-    }
-}
-
-fn error_json(code: &str, message: &str, details: Value) -> Value {
-    json!({"error": {"code": code, "message": message, "details": details}})
-}
-
-/// The canonical name of a gRPC status code (grpc/doc/statuscodes.md), as grpcurl and
-/// every gRPC library print it.
-fn grpc_code_name(code: tonic::Code) -> &'static str {
-    use tonic::Code::*;
-    match code {
-        Ok => "OK",
-        Cancelled => "CANCELLED",
-        Unknown => "UNKNOWN",
-        InvalidArgument => "INVALID_ARGUMENT",
-        DeadlineExceeded => "DEADLINE_EXCEEDED",
-        NotFound => "NOT_FOUND",
-        AlreadyExists => "ALREADY_EXISTS",
-        PermissionDenied => "PERMISSION_DENIED",
-        ResourceExhausted => "RESOURCE_EXHAUSTED",
-        FailedPrecondition => "FAILED_PRECONDITION",
-        Aborted => "ABORTED",
-        OutOfRange => "OUT_OF_RANGE",
-        Unimplemented => "UNIMPLEMENTED",
-        Internal => "INTERNAL",
-        Unavailable => "UNAVAILABLE",
-        DataLoss => "DATA_LOSS",
-        Unauthenticated => "UNAUTHENTICATED",
-    }
-}
+use super::error::error_json;
+pub use super::error::{CtlError, EXIT_FAILURE, EXIT_USAGE};
 
 /// The process's answer: status 0, or the error on stderr and status 1 (2 for a usage
 /// error). With `json`, the error is one JSON document on one line of stderr (`to_json`):

@@ -23,7 +23,7 @@ use dipam_state::{AttachmentKey, Ledger, Owner, Store, StoreError};
 use serde_json::json;
 
 use super::{
-    CtlError,
+    error::{CtlError, RecoverError},
     output::{self, Progress},
 };
 use crate::{
@@ -64,9 +64,7 @@ pub async fn run(
         .map(PathBuf::from)
         .collect();
     let state_dir = &args.state_dir;
-    let r = rebuild(state_dir, &args.conflist, dirs, args.force, json, progress)
-        .await
-        .map_err(CtlError::Failed)?;
+    let r = rebuild(state_dir, &args.conflist, dirs, args.force, json, progress).await?;
     if json {
         let v = json!({
             "movedAside": r.moved_aside.as_ref().map(|p| p.display().to_string()),
@@ -108,10 +106,6 @@ pub struct Report {
     pub skipped: Vec<String>,
 }
 
-fn fail(msg: impl Into<String>) -> String {
-    msg.into()
-}
-
 /// The ledger to rebuild into: an empty one (or, with `force`, any that opens); one that
 /// does not open is moved aside (its DEL spool kept in place) and a new one made.
 fn open_ledger<'a>(
@@ -119,32 +113,28 @@ fn open_ledger<'a>(
     force: bool,
     json: bool,
     report: &mut Report,
-) -> Result<impl Store + use<'a>, String> {
+) -> Result<impl Store + use<'a>, RecoverError> {
     match dipam_state::open(state_dir) {
         Ok(s) => {
-            let n = s
-                .len(dipam_state::Tree::Attachments)
-                .map_err(|e| e.to_string())?;
+            let n = s.len(dipam_state::Tree::Attachments)?;
             if n > 0 && !force {
-                return Err(fail(format!(
-                    "the ledger in {} opens and holds {n} attachment(s); pass --force to add \
-                     what the delegate holds that it lacks",
-                    state_dir.display()
-                )));
+                return Err(RecoverError::NotEmpty {
+                    state_dir: state_dir.to_owned(),
+                    n,
+                });
             }
             Ok(s)
         }
-        Err(StoreError::Locked { .. }) => Err(fail(format!(
-            "dipamd is running on {}; stop it first",
-            state_dir.display()
-        ))),
+        Err(StoreError::Locked { .. }) => Err(RecoverError::Running(state_dir.to_owned())),
         // A full file system is no damage: moving the ledger aside would forget it for
         // nothing (and the rebuilt one would not fit either).
-        Err(e @ StoreError::NoSpace { .. }) => Err(e.to_string()),
+        Err(e @ StoreError::NoSpace { .. }) => Err(e.into()),
         Err(e) => {
             let aside = PathBuf::from(format!("{}.corrupt-{}", state_dir.display(), now()));
-            std::fs::rename(state_dir, &aside)
-                .map_err(|io| fail(format!("moving {} aside: {io}", state_dir.display())))?;
+            std::fs::rename(state_dir, &aside).map_err(|source| RecoverError::MoveAside {
+                state_dir: state_dir.to_owned(),
+                source,
+            })?;
             output::warn(
                 json,
                 &format!("{e}; moved the old ledger to {}", aside.display()),
@@ -153,24 +143,24 @@ fn open_ledger<'a>(
                 .recursive(true)
                 .mode(0o700)
                 .create(state_dir)
-                .map_err(|e| e.to_string())?;
+                .map_err(RecoverError::CreateDir)?;
             // The DEL spool (default <state-dir>/spool) stays where dipamd publishes it: moved
             // aside with the ledger, the DELs in it would never be replayed. A rename keeps
             // the directory's identity, which the pointer beside the socket names, so plugins
             // keep spooling into it while dipamd is stopped.
             let old_spool = aside.join("spool");
             if old_spool.is_dir() {
-                std::fs::rename(&old_spool, state_dir.join("spool")).map_err(|io| {
-                    fail(format!(
-                        "moving the DEL spool {} back into {}: {io}",
-                        old_spool.display(),
-                        state_dir.display()
-                    ))
+                std::fs::rename(&old_spool, state_dir.join("spool")).map_err(|source| {
+                    RecoverError::SpoolBack {
+                        spool: old_spool.clone(),
+                        state_dir: state_dir.to_owned(),
+                        source,
+                    }
                 })?;
                 report.spool_kept = true;
             }
             report.moved_aside = Some(aside);
-            dipam_state::open(state_dir).map_err(|e| e.to_string())
+            Ok(dipam_state::open(state_dir)?)
         }
     }
 }
@@ -185,25 +175,22 @@ pub async fn rebuild(
     force: bool,
     json: bool,
     progress: bool,
-) -> Result<Report, String> {
+) -> Result<Report, RecoverError> {
     let mut report = Report::default();
     let store = open_ledger(state_dir, force, json, &mut report)?;
-    let text = std::fs::read(conflist_path)
-        .map_err(|e| fail(format!("{}: {e}", conflist_path.display())))?;
-    let base = conflist::parse(conflist_path, &text, None).map_err(|m| m.to_string())?;
-    let request = serde_json::to_vec(&base.request).map_err(|e| e.to_string())?;
-    let dc = DelegateConf::from_request(&request, base.mode).map_err(|e| e.to_string())?;
-    let dir = store::readable_dir(&dc.kind, &dc.conf, &dc.network).ok_or_else(|| {
-        fail(format!(
-            "dipamd cannot read {}'s store; only host-local's can be recovered from",
-            dc.kind
-        ))
+    let text = std::fs::read(conflist_path).map_err(|source| RecoverError::Read {
+        path: conflist_path.to_owned(),
+        source,
     })?;
+    let base = conflist::parse(conflist_path, &text, None).map_err(RecoverError::Conflist)?;
+    let request = serde_json::to_vec(&base.request)?;
+    let dc = DelegateConf::from_request(&request, base.mode)?;
+    let dir = store::readable_dir(&dc.kind, &dc.conf, &dc.network)
+        .ok_or_else(|| RecoverError::Unreadable(dc.kind.clone()))?;
     let exec = Executor::new(cni_dirs, Duration::from_secs(10));
-    let probe = exec.probe(&dc.kind, "").await.map_err(|e| e.to_string())?;
+    let probe = exec.probe(&dc.kind, "").await?;
     let send = version::choose(dc.version, &probe.supported);
-    let delegate_config = String::from_utf8(dc.bytes_for(send).map_err(|e| e.to_string())?)
-        .map_err(|e| e.to_string())?;
+    let delegate_config = String::from_utf8(dc.bytes_for(send)?)?;
     let delegate_version = send.unwrap_or(dc.version).to_string();
     let delegate = import::Delegate {
         dc: &dc,
@@ -212,7 +199,11 @@ pub async fn rebuild(
     };
 
     let mut groups: BTreeMap<(String, String), Vec<IpAddr>> = BTreeMap::new();
-    for r in store::reservations(&dir).map_err(|e| fail(format!("{}: {e}", dir.display())))? {
+    let reservations = store::reservations(&dir).map_err(|source| RecoverError::Read {
+        path: dir.clone(),
+        source,
+    })?;
+    for r in reservations {
         if r.ifname.is_empty() {
             report.skipped.push(format!(
                 "{} ({}): a legacy id-only file names no interface",
@@ -237,7 +228,7 @@ fn record_all<S: Store + ?Sized>(
     groups: BTreeMap<(String, String), Vec<IpAddr>>,
     progress: bool,
     report: &mut Report,
-) -> Result<(), String> {
+) -> Result<(), RecoverError> {
     let dc = delegate.dc;
     let t = now();
     // Each record is a durable ledger write: thousands of them take long enough to wonder
@@ -260,7 +251,7 @@ fn record_all<S: Store + ?Sized>(
             continue;
         }
         let key = AttachmentKey::new(&dc.network, &cid, &ifname);
-        if ledger.get(&key).map_err(|e| e.to_string())?.is_some() {
+        if ledger.get(&key)?.is_some() {
             continue;
         }
         let (rec, outside) = import::record(delegate, &cid, &ifname, &ips, "dipamctl-recover", t);
@@ -276,7 +267,7 @@ fn record_all<S: Store + ?Sized>(
             Owner::Agent { .. } => report.agent += 1,
             _ => report.pods += 1,
         }
-        ledger.put(&rec).map_err(|e| e.to_string())?;
+        ledger.put(&rec)?;
     }
     Ok(())
 }

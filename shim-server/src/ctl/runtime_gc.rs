@@ -8,7 +8,7 @@ use serde_json::json;
 use tonic::transport::Channel;
 
 use super::{
-    CtlError,
+    error::CtlError,
     output::{self, GcRow, Progress, table},
 };
 

@@ -11,7 +11,7 @@ use dipam_proto::v1::{
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 
-use super::{CtlError, output};
+use super::{error::CtlError, output};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {

@@ -35,7 +35,11 @@ use std::{
 
 use serde_json::{Value, json};
 
-use super::{CtlError, client, offline, output};
+use super::{
+    client,
+    error::{ArchiveError, CtlError},
+    offline, output,
+};
 
 // The doc comments below are clap's help text (plain text, shown by --help and the man
 // pages): `<name>` there is a placeholder, not HTML.
@@ -427,7 +431,7 @@ fn utc_at(ms: u64) -> (String, String) {
 
 /// Writes the tar.gz: to a temporary file beside the target, 0600, then renamed, so that a
 /// bundle that exists is whole.
-fn write_archive(path: &Path, files: &[(String, Vec<u8>)], root: &str) -> Result<(), String> {
+fn write_archive(path: &Path, files: &[(String, Vec<u8>)], root: &str) -> Result<(), ArchiveError> {
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("partial");
     let f = std::fs::OpenOptions::new()
@@ -436,7 +440,10 @@ fn write_archive(path: &Path, files: &[(String, Vec<u8>)], root: &str) -> Result
         .truncate(true)
         .mode(0o600)
         .open(&tmp)
-        .map_err(|e| format!("{}: {e}", tmp.display()))?;
+        .map_err(|source| ArchiveError::File {
+            path: tmp.clone(),
+            source,
+        })?;
     let gz = flate2::write::GzEncoder::new(f, flate2::Compression::default());
     let mut tar = tar::Builder::new(gz);
     let mtime = crate::clock::now();
@@ -447,12 +454,18 @@ fn write_archive(path: &Path, files: &[(String, Vec<u8>)], root: &str) -> Result
         h.set_mtime(mtime);
         h.set_cksum();
         tar.append_data(&mut h, format!("{root}/{name}"), bytes.as_slice())
-            .map_err(|e| format!("adding {name}: {e}"))?;
+            .map_err(|source| ArchiveError::Add {
+                name: name.clone(),
+                source,
+            })?;
     }
-    let gz = tar.into_inner().map_err(|e| e.to_string())?;
-    let f = gz.finish().map_err(|e| e.to_string())?;
-    f.sync_all().map_err(|e| e.to_string())?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+    let gz = tar.into_inner().map_err(ArchiveError::Finish)?;
+    let f = gz.finish().map_err(ArchiveError::Finish)?;
+    f.sync_all().map_err(ArchiveError::Finish)?;
+    std::fs::rename(&tmp, path).map_err(|source| ArchiveError::File {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 pub async fn run(
@@ -713,7 +726,7 @@ fn write(b: &mut Bundle, made_ms: u64, path: &Path, root: &str) -> Result<Value,
         "MANIFEST.json".into(),
         serde_json::to_vec_pretty(&manifest).unwrap_or_default(),
     ));
-    write_archive(path, &files, root).map_err(CtlError::Failed)?;
+    write_archive(path, &files, root)?;
     Ok(manifest)
 }
 

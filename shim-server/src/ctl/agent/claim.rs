@@ -26,11 +26,16 @@ pub struct Args {
 
 /// One `--label KEY=VALUE`; anything else is a usage error (exit 2), refused before dipamd
 /// is asked.
-fn label(l: &str) -> Result<(String, String), String> {
+fn label(l: &str) -> Result<(String, String), NotKeyValue> {
     l.split_once('=')
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .ok_or_else(|| format!("{l:?} is not KEY=VALUE"))
+        .ok_or_else(|| NotKeyValue(l.to_owned()))
 }
+
+/// A `--label` without `=`: clap prints it as the reason of its usage error.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not KEY=VALUE")]
+struct NotKeyValue(String);
 
 pub async fn run(
     args: Args,

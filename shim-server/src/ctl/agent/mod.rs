@@ -11,7 +11,7 @@ use serde_json::json;
 use tonic::transport::Channel;
 
 use super::{
-    CtlError,
+    error::CtlError,
     output::{self, table},
 };
 use crate::clock::rfc3339_ms;
