@@ -21,6 +21,23 @@ pub struct Lab {
 }
 
 impl Lab {
+    /// `n` root pods added and deleted through the whole chain; returns the failures (the
+    /// attacker tests' measure of "root's pods keep being served").
+    pub fn add_and_del(&self, n: usize) -> Vec<String> {
+        let mut failed = Vec::new();
+        for _ in 0..n {
+            let (_ns, pod) = self.pod();
+            if let Err(e) = self.rt.add(self.list(), &pod) {
+                failed.push(format!("ADD: {e:?}"));
+                continue;
+            }
+            if let Err(e) = self.rt.del(self.list(), &pod) {
+                failed.push(format!("DEL: {e:?}"));
+            }
+        }
+        failed
+    }
+
     /// Loads `conflist/<conflist>` and starts a dipamd for it.
     pub fn new(conflist: &str) -> Self {
         Self::with_flags(conflist, &[])

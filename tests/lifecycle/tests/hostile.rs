@@ -43,22 +43,6 @@ fn restart_as(lab: &mut Lab, nofile: &str, shipped: bool) {
     .unwrap();
 }
 
-/// `n` root pods added and deleted through the whole chain; returns the failures.
-fn root_pods(lab: &Lab, n: usize) -> Vec<String> {
-    let mut failed = Vec::new();
-    for _ in 0..n {
-        let (_ns, pod) = lab.pod();
-        if let Err(e) = lab.rt.add(lab.list(), &pod) {
-            failed.push(format!("ADD: {e:?}"));
-            continue;
-        }
-        if let Err(e) = lab.rt.del(lab.list(), &pod) {
-            failed.push(format!("DEL: {e:?}"));
-        }
-    }
-    failed
-}
-
 /// The shipped unit's `LimitNOFILE` (SOFT:HARD for prlimit), within this process's own hard
 /// limit (raising it needs CAP_SYS_RESOURCE, which a container running the tests may lack).
 fn shipped_nofile() -> String {
@@ -110,7 +94,7 @@ fn a_metrics_port_flood_never_starves_root_pods() {
     let fds_before = flood::open_fds(pid);
     let attacker = Flood::start(&["tcp", "1500", "127.0.0.1", &port.to_string()]);
     let fds_during = flood::open_fds(pid);
-    let failed = root_pods(&lab, 10);
+    let failed = lab.add_and_del(10);
     eprintln!(
         "metrics flood: attacker held {} connections (opened in {:?}); dipamd fds {} -> {}; \
          root pods failed: {}/10",
@@ -161,7 +145,7 @@ fn a_refused_peer_is_dropped_at_accept() {
     let fds_before = flood::open_fds(pid);
     let attacker = Flood::start(&["unix", "3000", &sock]);
     let fds_during = flood::open_fds(pid);
-    let failed = root_pods(&lab, 10);
+    let failed = lab.add_and_del(10);
     eprintln!(
         "refused peer flood: {} connections in {:?}; dipamd fds {} -> {}; root pods failed: {}/10",
         attacker.held,
@@ -209,7 +193,7 @@ fn an_allowed_uid_is_capped_and_its_header_flood_is_bounded() {
     let fds_before = flood::open_fds(pid);
     let attacker = Flood::start(&["unix", "500", &sock]);
     let fds_during = flood::open_fds(pid);
-    let failed = root_pods(&lab, 10);
+    let failed = lab.add_and_del(10);
     eprintln!(
         "allowed-uid flood: {} connections; dipamd fds {fds_before} -> {fds_during}; root pods \
          failed: {}/10",
@@ -235,13 +219,13 @@ fn an_allowed_uid_is_capped_and_its_header_flood_is_bounded() {
     ]);
     lab.dipamd.start_again();
     let pid = lab.dipamd.pid().unwrap();
-    assert!(root_pods(&lab, 3).is_empty());
+    assert!(lab.add_and_del(3).is_empty());
     let rss_before = flood::rss_kib(pid);
     let attacker = Flood::start(&["headers", "300", &sock, &(256 << 10).to_string()]);
     let held = attacker.held;
     std::thread::sleep(Duration::from_secs(1));
     let rss_during = flood::rss_kib(pid);
-    let failed = root_pods(&lab, 10);
+    let failed = lab.add_and_del(10);
     drop(attacker);
     // The heap trimmer runs after 10 s without activity (trim.rs).
     std::thread::sleep(Duration::from_secs(14));

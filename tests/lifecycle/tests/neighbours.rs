@@ -12,7 +12,7 @@
 use std::{os::unix::fs::PermissionsExt, time::Duration};
 
 use dipam_lifecycle::{
-    Attachment, Lab, Runtime, bins,
+    Attachment, Lab, Runtime,
     nobody::{self, NOBODY},
     require_root, shapes,
 };
@@ -20,40 +20,6 @@ use serde_json::{Value, json};
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
-
-/// nobody runs the dipam plugin as the IPAM plugin (as ptp would) for `cid`; its JSON answer.
-fn nobody_ipam(command: &str, cid: &str, conf: &Value) -> Value {
-    let dipam = bins::bin("dipam").display().to_string();
-    let out = nobody::run(
-        &[&dipam],
-        &[
-            ("CNI_COMMAND", command),
-            ("CNI_CONTAINERID", cid),
-            ("CNI_NETNS", "/var/run/netns/nobodys"),
-            ("CNI_IFNAME", "eth0"),
-            ("CNI_ARGS", ""),
-            ("CNI_PATH", &bins::cni_path()),
-        ],
-        &conf.to_string(),
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
-}
-
-/// `n` root pods added and deleted through the whole chain; returns the failures.
-fn root_pods(lab: &Lab, n: usize) -> Vec<String> {
-    let mut failed = Vec::new();
-    for _ in 0..n {
-        let (_ns, pod) = lab.pod();
-        if let Err(e) = lab.rt.add(lab.list(), &pod) {
-            failed.push(format!("ADD: {e:?}"));
-            continue;
-        }
-        if let Err(e) = lab.rt.del(lab.list(), &pod) {
-            failed.push(format!("DEL: {e:?}"));
-        }
-    }
-    failed
-}
 
 fn health(lab: &Lab) -> i32 {
     let socket = lab.dipamd.socket();
@@ -128,11 +94,11 @@ fn a_non_root_callers_records_never_decide_for_roots_network() {
     conf["ipam"]["delegate"]["dataDir"] = json!(dir);
     conf["ipam"]["delegate"]["ranges"] = json!([[{ "subnet": their_subnet }]]);
     for cid in ["0", "nobody-2"] {
-        let answer = nobody_ipam("ADD", cid, &conf);
+        let answer = nobody::ipam("ADD", cid, &conf);
         assert!(answer.get("code").is_none(), "{cid}: {answer}");
     }
     std::thread::sleep(Duration::from_secs(3));
-    let failed = root_pods(&lab, 5);
+    let failed = lab.add_and_del(5);
     assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
     let status = status_json(&lab);
     let ranges = status["ranges"].to_string();
@@ -164,11 +130,11 @@ fn a_non_root_callers_records_never_decide_for_roots_network() {
     assert_eq!(health(&lab), ServingStatus::Serving as i32);
     assert_eq!(status["ready"], true, "{status}");
     assert_eq!(status["divergence"]["missing"], 0, "{status}");
-    let failed = root_pods(&lab, 5);
+    let failed = lab.add_and_del(5);
     assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
 
     for cid in ["0", "nobody-2"] {
-        let answer = nobody_ipam("DEL", cid, &conf);
+        let answer = nobody::ipam("DEL", cid, &conf);
         assert!(answer.get("code").is_none(), "{cid}: {answer}");
     }
     lab.rt.del(lab.list(), &kept).unwrap();

@@ -14,11 +14,11 @@ use std::{
 };
 
 use dipam_lifecycle::{
-    Lab, Runtime, bins,
+    Lab, Runtime,
     nobody::{self, NOBODY},
     require_root, shapes,
 };
-use serde_json::{Value, json};
+use serde_json::json;
 
 /// A lab whose dipamd admits nobody, restarted under the shipped unit's capability set.
 fn lab() -> Lab {
@@ -35,41 +35,6 @@ fn lab() -> Lab {
     )
     .unwrap();
     lab
-}
-
-/// nobody runs the dipam plugin as the IPAM plugin (as ptp would) for `cid`; its JSON answer.
-fn nobody_ipam(command: &str, cid: &str, conf: &Value) -> Value {
-    let dipam = bins::bin("dipam").display().to_string();
-    let out = nobody::run(
-        &[&dipam],
-        &[
-            ("CNI_COMMAND", command),
-            ("CNI_CONTAINERID", cid),
-            ("CNI_NETNS", "/var/run/netns/nobodys"),
-            ("CNI_IFNAME", "eth0"),
-            ("CNI_ARGS", ""),
-            ("CNI_PATH", &bins::cni_path()),
-        ],
-        &conf.to_string(),
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(&stdout).unwrap_or(Value::Null)
-}
-
-/// `n` root pods added and deleted through the whole chain; returns the failures.
-fn root_pods(lab: &Lab, n: usize) -> Vec<String> {
-    let mut failed = Vec::new();
-    for _ in 0..n {
-        let (_ns, pod) = lab.pod();
-        if let Err(e) = lab.rt.add(lab.list(), &pod) {
-            failed.push(format!("ADD: {e:?}"));
-            continue;
-        }
-        if let Err(e) = lab.rt.del(lab.list(), &pod) {
-            failed.push(format!("DEL: {e:?}"));
-        }
-    }
-    failed
 }
 
 /// nobody points host-local's dataDir at a directory it owns, with `lock` and
@@ -106,7 +71,7 @@ fn a_non_root_caller_cannot_choose_where_root_writes_the_store() {
         let mut conf = Runtime::plugin_config(lab.list(), 0, None);
         conf["ipam"]["delegate"]["dataDir"] = json!(dir);
         let cid = dipam_lifecycle::unique("nobody-store");
-        let answer = nobody_ipam("ADD", &cid, &conf);
+        let answer = nobody::ipam("ADD", &cid, &conf);
         assert_eq!(answer["code"], 155, "{}: {answer}", dir.display());
         let details = answer["details"].as_str().unwrap_or_default();
         assert!(
@@ -120,15 +85,15 @@ fn a_non_root_caller_cannot_choose_where_root_writes_the_store() {
         !lab.dipamd.state_dir().join(&net).exists(),
         "host-local wrote into dipamd's state directory"
     );
-    let failed = root_pods(&lab, 5);
+    let failed = lab.add_and_del(5);
     assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
     // nobody's own pod in the store dipamd allows still works.
     let conf = Runtime::plugin_config(lab.list(), 0, None);
     let cid = dipam_lifecycle::unique("nobody-ok");
-    let answer = nobody_ipam("ADD", &cid, &conf);
+    let answer = nobody::ipam("ADD", &cid, &conf);
     assert!(answer.get("code").is_none(), "{answer}");
     lab.assert_agree();
-    assert!(nobody_ipam("DEL", &cid, &conf).get("code").is_none());
+    assert!(nobody::ipam("DEL", &cid, &conf).get("code").is_none());
     lab.assert_agree();
 }
 
@@ -189,7 +154,7 @@ fn planted_store_entries_never_stop_dipamd() {
     for last in [250, 251, 252] {
         std::fs::remove_file(name(last)).unwrap();
     }
-    let failed = root_pods(&lab, 5);
+    let failed = lab.add_and_del(5);
     assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
     lab.rt.del(lab.list(), &pod).unwrap();
     lab.assert_agree();
