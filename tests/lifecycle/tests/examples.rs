@@ -4,7 +4,7 @@
 //! gets an address of the example's delegate that the ledger records, and its removal frees
 //! it. An example below 1.1.0 runs under podman 4.3 and containerd 1.6 with Debian 12's
 //! plugins (1.1.1); a 1.1.0 example (GC and STATUS) runs under containerd 2 with the
-//! reference plugins v1.10.0, the runtimes that send them.
+//! reference plugins v1.10.0 (and under CRI-O in crio.rs), the runtimes that send them.
 //!
 //! The test changes only what lets tests run side by side (as conflist/README.md says): the
 //! network's name, dipamd's socket, the delegate's state directory, the subnet and a bridge's
