@@ -11,6 +11,12 @@
 //! is answered by every CNI plugin with the versions it supports (SPEC.md §2, VERSION). The
 //! runtimes are found in PATH and asked `--version`; a runtime not in PATH (an init container
 //! sees none of the host's) is not checked, and the install's 1.1.0 warning stays for that case.
+//!
+//! One chain fails on every node, whatever is installed: an interface-creating plugin
+//! (bridge, ptp, macvlan, ...) after dipam as the main plugin. Such a plugin ignores the
+//! prevResult on ADD and creates the pod's interface, named CNI_IFNAME, itself, which dipam
+//! already made: the reference bridge fails every ADD with "container veth name (\"eth0\")
+//! ... already exists" (docs/compatibility.md; tests/lifecycle/tests/libcni.rs).
 
 use std::{
     ffi::OsStr,
@@ -31,6 +37,20 @@ const FORCE_HINT: &str = "(--force installs it anyway)";
 
 /// The dipam plugin's type, never probed: it takes every version dipam supports.
 const DIPAM: &str = "dipam";
+
+/// The reference plugins that create the pod's interface themselves (their README's "Main:
+/// interface-creating", docs/sources.md §17): after dipam's main mode, each finds CNI_IFNAME
+/// taken.
+const INTERFACE_CREATING: &[&str] = &[
+    "bridge",
+    "ptp",
+    "macvlan",
+    "ipvlan",
+    "vlan",
+    "host-device",
+    "dummy",
+    "tap",
+];
 
 /// One reason the conflist would fail on this node.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -75,6 +95,18 @@ pub enum Problem {
         version: String,
         /// The highest version it takes.
         max: &'static str,
+    },
+    #[error(
+        "plugins[{index}] ({kind}) follows dipam as the main plugin (plugins[{main}]): {kind} \
+         creates the pod's interface itself, which dipam has already created, so every pod's \
+         ADD would fail at {kind} (\"container veth name ... already exists\"); use {kind} \
+         with dipam as its IPAM instead (\"ipam\": {{\"type\": \"dipam\", \"delegate\": \
+         ...}}, as in conflist/bridge-dipam-host-local.conflist), or dipam alone"
+    )]
+    InterfaceAfterMainMode {
+        index: usize,
+        main: usize,
+        kind: String,
     },
 }
 
@@ -366,6 +398,32 @@ fn plugins_of(list: &Value) -> Plugins {
     p
 }
 
+/// The interface-creating plugins chained after dipam as the main plugin.
+fn interfaces_after_main_mode(list: &Value) -> Vec<Problem> {
+    let plugins = list["plugins"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let Some(main) = plugins.iter().position(|p| p["type"] == DIPAM) else {
+        return Vec::new();
+    };
+    plugins
+        .iter()
+        .enumerate()
+        .skip(main + 1)
+        .filter_map(|(index, p)| {
+            let kind = p["type"].as_str()?;
+            INTERFACE_CREATING
+                .contains(&kind)
+                .then(|| Problem::InterfaceAfterMainMode {
+                    index,
+                    main,
+                    kind: kind.to_owned(),
+                })
+        })
+        .collect()
+}
+
 /// Checks `conflist` (already valid for dipam) against the plugins in `dirs` and the
 /// `runtimes` found on the node; `Ok` when every pod's ADD can work as far as that shows.
 pub fn check(conflist: &[u8], dirs: &[PathBuf], runtimes: &[Runtime]) -> Result<(), Refusal> {
@@ -374,7 +432,7 @@ pub fn check(conflist: &[u8], dirs: &[PathBuf], runtimes: &[Runtime]) -> Result<
     };
     let version = list["cniVersion"].as_str().unwrap_or_default().to_owned();
     let plugins = plugins_of(&list);
-    let mut problems = Vec::new();
+    let mut problems = interfaces_after_main_mode(&list);
     // The versions every probed plugin and runtime take, narrowed as they answer.
     let mut fits: Vec<&str> = SUPPORTED_VERSIONS.to_vec();
     for (index, kind) in &plugins.chained {
@@ -502,6 +560,41 @@ mod tests {
         assert_eq!(check(&main_mode("1.0.0", "portmap"), &dirs, &[]), Ok(()));
         // A delegate that stops at 1.0.0 is fine at 1.1.0: dipamd converts its results.
         assert_eq!(check(&main_mode("1.1.0", ""), &dirs, &[]), Ok(()));
+    }
+
+    #[test]
+    fn an_interface_plugin_after_main_mode_is_refused_naming_ipam_mode() {
+        let d = tempfile::tempdir().unwrap();
+        plugin(d.path(), "host-local", OLD);
+        plugin(d.path(), "bridge", OLD);
+        plugin(d.path(), "portmap", OLD);
+        let dirs = [d.path().to_owned()];
+        let r = check(&main_mode("1.0.0", "bridge"), &dirs, &[]).unwrap_err();
+        assert_eq!(r.use_version, None, "no version would help");
+        assert_eq!(
+            r.problems,
+            vec![Problem::InterfaceAfterMainMode {
+                index: 1,
+                main: 0,
+                kind: "bridge".into()
+            }]
+        );
+        let text = r.to_string();
+        assert!(
+            text.contains("plugins[1] (bridge) follows dipam as the main plugin (plugins[0])")
+                && text.contains("bridge-dipam-host-local.conflist")
+                && text.contains("--force"),
+            "{text}"
+        );
+        // portmap after main mode is the shipped chain; bridge over dipam's IPAM is fine.
+        assert_eq!(check(&main_mode("1.0.0", "portmap"), &dirs, &[]), Ok(()));
+        let ipam_mode = serde_json::json!({"cniVersion": "1.0.0", "name": "n", "plugins": [
+            {"type": "bridge", "ipam": {"type": "dipam", "delegate": {"type": "host-local"}}},
+        ]});
+        assert_eq!(
+            check(&serde_json::to_vec(&ipam_mode).unwrap(), &dirs, &[]),
+            Ok(())
+        );
     }
 
     #[test]

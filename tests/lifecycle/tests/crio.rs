@@ -12,9 +12,9 @@
 use std::time::{Duration, Instant};
 
 use dipam_lifecycle::{
-    AgentLab, Subnet,
+    AgentLab, Fixture, Lab, Subnet,
     crio::Crio,
-    require_crio, require_peers,
+    examples, require_crio, require_peers,
     shapes::{Seeded, churn_while_killing, retry, shipped_unit_setpriv},
     unique,
 };
@@ -295,4 +295,117 @@ fn sigkill_mid_traffic_converges_and_leaks_nothing() {
     assert!(b.crio.list_pods().unwrap().is_empty(), "sandboxes left");
     b.lab.assert_converged(1, &format!("seed {}", rng.seed));
     watch.finish_across_restarts();
+}
+
+/// `dipam_requests_total` samples of dipamd's metrics (`--metrics-socket`) for `op`, as
+/// (code, count).
+fn requests(socket: &std::path::Path, op: &str) -> Vec<(String, u64)> {
+    use std::io::{Read, Write};
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: dipamd\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    let prefix = format!("dipam_requests_total{{op=\"{op}\",code=\"");
+    text.lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .filter_map(|rest| {
+            let (code, count) = rest.split_once("\"} ")?;
+            Some((code.to_owned(), count.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Every 1.1.0 example the project shows (`conflist/dipam-host-local-1.1.0.conflist`, read
+/// as shipped by src/examples.rs; only the name, socket, delegate store and subnet changed)
+/// under CRI-O, the runtime it is for: CRI-O's one STATUS (it polls only until the first
+/// success) reaches dipam and succeeds, NetworkReady follows it, and its one start-up GC
+/// (a `null` valid list: nothing to restore) is answered with success, freeing nothing; a pod sandbox gets an address the ledger and host-local record, and CRI's
+/// pod IP is the ledger's; stopping and removing it frees it. dipamd runs under the shipped
+/// unit's capability set.
+#[test]
+fn crio_runs_every_1_1_0_example() {
+    require_crio!();
+    let Some(peers) = dipam_lifecycle::peers::all(module_path!(), &["crio", "pinns"]) else {
+        return;
+    };
+    let list: Vec<_> = examples::all()
+        .into_iter()
+        .filter(|e| e.version() == "1.1.0")
+        .collect();
+    assert!(
+        list.iter()
+            .any(|e| e.source == "conflist/dipam-host-local-1.1.0.conflist"),
+        "{:?}",
+        list.iter().map(|e| &e.source).collect::<Vec<_>>()
+    );
+    for e in &list {
+        eprintln!("--- {}", e.source);
+        let metrics = tempfile::tempdir().unwrap();
+        let msock = metrics.path().join("metrics.sock");
+        let mut lab = Lab::from_fixture(
+            Fixture {
+                list: e.list.clone(),
+            },
+            &["--metrics-socket", msock.to_str().unwrap()],
+        );
+        lab.dipamd.run_under(&shipped_unit_setpriv());
+        lab.dipamd.restart();
+        assert!(requests(&msock, "STATUS").is_empty() && requests(&msock, "GC").is_empty());
+        let mut crio = Crio::new(&peers[0], &peers[1]);
+        crio.write_conflist("10", lab.list());
+        crio.start();
+        wait_for(30, "NetworkReady", || {
+            crio.network_ready().is_ok_and(|(r, _)| r)
+        });
+        // STATUS before anything else, then GC once STATUS succeeded (with no sandbox to
+        // restore, its valid list is null: dipam frees nothing and says so).
+        wait_for(30, "CRI-O's start-up GC", || {
+            requests(&msock, "GC").iter().any(|(code, _)| code == "0")
+        });
+        // dipamd was up before CRI-O: its first STATUS succeeded, and it polls no more
+        // (cni_status_grace_period 0, the default: docs/sources.md §10.4).
+        let status = requests(&msock, "STATUS");
+        assert_eq!(status, vec![("0".to_owned(), 1)], "{}", e.source);
+        let gc = requests(&msock, "GC");
+        assert_eq!(
+            gc,
+            vec![("0".to_owned(), 1)],
+            "{}: one GC at start",
+            e.source
+        );
+        assert!(
+            lab.dipamd.log().contains("names nothing"),
+            "{}: the null GC is answered",
+            e.source
+        );
+
+        let id = crio
+            .run_pod("example")
+            .unwrap_or_else(|err| panic!("{}: {err}\n{}", e.source, lab.dipamd.log()));
+        let ledger = lab.ledger();
+        assert_eq!(ledger.len(), 1, "{}: {ledger:?}", e.source);
+        assert_eq!(ledger[0].0, id, "{}", e.source);
+        assert!(lab.subnet.contains(&ledger[0].1), "{ledger:?}");
+        assert_eq!(crio.pod_ip(&id), Some(ledger[0].1.clone()), "{}", e.source);
+        lab.assert_agree();
+        crio.stop_pod(&id).unwrap();
+        crio.remove_pod(&id).unwrap();
+        assert!(lab.ledger().is_empty(), "{}: {:?}", e.source, lab.ledger());
+        assert!(lab.delegate_store().is_empty(), "{}", e.source);
+        // CRI's Status is answered from that first STATUS: no further CNI STATUS (unlike
+        // containerd 2, which sends one per CRI Status), and no further GC.
+        for _ in 0..3 {
+            assert!(crio.network_ready().unwrap().0);
+        }
+        assert_eq!(requests(&msock, "STATUS"), status, "{}", e.source);
+        assert_eq!(requests(&msock, "GC"), gc, "{}", e.source);
+        eprintln!(
+            "{}: CRI-O sent STATUS {status:?}, GC {:?}",
+            e.source,
+            requests(&msock, "GC")
+        );
+        drop(crio);
+    }
 }

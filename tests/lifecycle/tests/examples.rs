@@ -4,12 +4,17 @@
 //! gets an address of the example's delegate that the ledger records, and its removal frees
 //! it. An example below 1.1.0 runs under podman 4.3 and containerd 1.6 with Debian 12's
 //! plugins (1.1.1); a 1.1.0 example (GC and STATUS) runs under containerd 2 with the
-//! reference plugins v1.10.0, the runtimes that send them.
+//! reference plugins v1.10.0 (and under CRI-O in crio.rs), the runtimes that send them.
 //!
 //! The test changes only what lets tests run side by side (as conflist/README.md says): the
 //! network's name, dipamd's socket, the delegate's state directory, the subnet and a bridge's
-//! name. Examples delegating to azure-vnet-ipam need its fixed host paths
-//! (/etc/kubernetes/interfaces.json) and run in tests/azure.rs instead, under libcni.
+//! name. The examples delegating to azure-vnet-ipam run the real plugin, which keeps its
+//! files at paths fixed in its source (/etc/kubernetes/interfaces.json, /var/run,
+//! /var/log): the one process that execs it, dipamd, runs in a private mount namespace
+//! whose /etc, /run and /var/log are overlays over test-private directories (src/azure.rs),
+//! and the runtime itself runs as it always does. The runtime's plugin directory holds the
+//! real azure-vnet-ipam too, as a node's /opt/cni/bin does; after every step dipamd's ledger
+//! and the plugin's own state file agree.
 
 // Tests: a panic is the failure report.
 #![allow(clippy::unwrap_used)]
@@ -41,16 +46,25 @@ fn examples(new: bool) -> Vec<Example> {
         all.iter().any(|e| e.version() == "1.1.0"),
         "one example is at 1.1.0, for GC and STATUS"
     );
+    let azure = all
+        .iter()
+        .filter(|e| e.delegate() == "azure-vnet-ipam")
+        .count();
+    assert!(
+        azure >= 2,
+        "conflist/ ships the azure-vnet-ipam examples (main and IPAM mode)"
+    );
     all.into_iter()
         .filter(|e| (e.version() == "1.1.0") == new)
-        .filter(|e| {
-            let azure = e.delegate() == "azure-vnet-ipam";
-            if azure {
-                eprintln!("{}: azure-vnet-ipam, proven in azure.rs", e.source);
-            }
-            !azure
-        })
         .collect()
+}
+
+/// The real azure-vnet-ipam, for a runtime's plugin directory: the bench's own (its node's
+/// link to the peer tests/deps.sh built), so that no stale binary of that name answers.
+fn azure_plugin(lab: &Lab) -> Option<std::path::PathBuf> {
+    lab.azure
+        .as_ref()
+        .map(|node| node.dir().join("bin/azure-vnet-ipam"))
 }
 
 /// A bench for one example, with its own cniVersion.
@@ -108,11 +122,16 @@ fn podman_4_3_runs_every_example_below_1_1_0() {
                 serde_json::to_vec_pretty(lab.list()).unwrap(),
             )
             .unwrap();
+            // The real azure-vnet-ipam's directory first (only its binary is there).
+            let mut dirs: Vec<String> = azure_plugin(&lab)
+                .iter()
+                .map(|p| p.parent().unwrap().display().to_string())
+                .collect();
+            dirs.push(dipam_lifecycle::bins::dir().display().to_string());
+            dirs.push(dipam_lifecycle::bins::REFERENCE_PLUGINS.to_owned());
             Some(format!(
-                "network_backend = \"cni\"\ncni_plugin_dirs = [\"{}\", \"{}\"]\n\
+                "network_backend = \"cni\"\ncni_plugin_dirs = {dirs:?}\n\
                  network_config_dir = \"{}\"",
-                dipam_lifecycle::bins::dir().display(),
-                dipam_lifecycle::bins::REFERENCE_PLUGINS,
                 netd.display(),
             ))
         });
@@ -134,6 +153,9 @@ fn pods_on(cd: &Containerd, list: &[Example]) {
     assert!(!list.is_empty());
     for e in list {
         let lab = lab(e);
+        if let Some(real) = azure_plugin(&lab) {
+            cd.use_plugin("azure-vnet-ipam", &real);
+        }
         cd.set_conflist(lab.list());
         let pod = cd
             .run_pod("example")
@@ -174,5 +196,30 @@ fn containerd_2_runs_every_1_1_0_example() {
             }
         }
     }
+    pods_on(&cd, &list);
+}
+
+/// The azure-vnet-ipam examples (at 1.0.0, which containerd 2 takes too) under containerd 2
+/// with today's reference plugins, the runtime and plugins of a current node: besides
+/// containerd 1.6 above, which runs them with Debian's.
+#[test]
+fn containerd_2_runs_the_azure_examples() {
+    require_containerd!();
+    let peers: Vec<Peer> = require_peers!("containerd", "ctr", "containerd-shim-runc-v2", "ptp");
+    let cd = Containerd::start_build(Build::from_peers(&peers));
+    let ptp = peers.iter().find(|p| p.name == "ptp").unwrap();
+    cd.use_plugin("ptp", &ptp.path);
+    let list: Vec<Example> = examples(false)
+        .into_iter()
+        .filter(|e| e.delegate() == "azure-vnet-ipam")
+        .collect();
+    assert_eq!(
+        list.iter()
+            .map(|e| e.list["plugins"][0]["type"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["dipam", "ptp"],
+        "main mode and IPAM mode: {:?}",
+        list.iter().map(|e| &e.source).collect::<Vec<_>>()
+    );
     pods_on(&cd, &list);
 }

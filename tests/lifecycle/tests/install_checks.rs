@@ -1,7 +1,8 @@
 //! `dipamctl install` refuses, unless `--force`, a conflist that would fail every pod's ADD
 //! on the node: a chained plugin that cannot take its cniVersion (asked with CNI VERSION, the
 //! real Debian 12 plugins and the reference plugins v1.10.0), and a delegate IPAM that is not
-//! installed. The refusal names the version to use and changes nothing on the node. (A runtime
+//! installed, or an interface plugin (bridge) chained after dipam as the main plugin. The
+//! refusal names the version or chain to use and changes nothing on the node. (A runtime
 //! that cannot take the version, containerd 1.6, is refused in containerd.rs
 //! `containerd_cni_versions`, which then runs the forced conflist under it.)
 
@@ -161,4 +162,46 @@ fn a_delegate_that_is_not_installed_is_refused_unless_forced() {
     let out = node.install(&[Path::new(bins::REFERENCE_PLUGINS)], &[]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(node.installed());
+}
+
+/// bridge chained after dipam as the main plugin fails every pod's ADD at bridge ("container
+/// veth name ... already exists": libcni.rs
+/// `bridge_after_main_mode_fails_at_bridges_add_and_the_del_releases_everything`), whatever
+/// its version: refused with both Debian's bridge and v1.10.0, naming the IPAM-mode chain
+/// that works, and installed only with --force.
+#[test]
+fn bridge_after_main_mode_is_refused_naming_the_ipam_mode_chain() {
+    let peers: Vec<Peer> = require_peers!("bridge");
+    let mut list = example("dipam-host-local.conflist", "1.0.0");
+    list["plugins"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"type": "bridge", "bridge": "cni0"}));
+    let node = Node::new(&list);
+    let v110 = peers[0].path.parent().unwrap().to_owned();
+    for dirs in [[Path::new(bins::REFERENCE_PLUGINS)], [v110.as_path()]] {
+        let out = node.install(&dirs, &[]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{dirs:?}: {err}");
+        assert!(
+            err.contains("plugins[1] (bridge) follows dipam as the main plugin (plugins[0])")
+                && err.contains("already exists")
+                && err.contains("conflist/bridge-dipam-host-local.conflist")
+                && err.contains("--force"),
+            "{dirs:?}: {err}"
+        );
+        assert!(
+            !err.contains("use \"cniVersion\""),
+            "no version helps: {err}"
+        );
+        assert!(!node.installed(), "a refusal changes nothing");
+    }
+    let out = node.install(&[Path::new(bins::REFERENCE_PLUGINS)], &["--force"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(node.installed());
+
+    // The shipped bridge example (dipam as bridge's IPAM) installs.
+    let node = Node::new(&example("bridge-dipam-host-local.conflist", "1.0.0"));
+    let out = node.install(&[Path::new(bins::REFERENCE_PLUGINS)], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
 }

@@ -15,7 +15,8 @@
 //!   (code 170) after libcni has DELed what cnitool cached, freeing nothing else;
 //! - STATUS: 50 while dipamd is down, success once it is up, directly in main mode and
 //!   through ptp v1.10 (which passes STATUS on to its IPAM) in IPAM mode;
-//! - portmap v1.10 after dipam's main mode, and bridge v1.10 over dipam's IPAM mode;
+//! - portmap v1.10 after dipam's main mode, and bridge v1.10 over dipam's IPAM mode; bridge
+//!   after dipam's main mode fails at bridge's own ADD, and the runtime's DEL frees it all;
 //! - SIGKILL of dipamd at a random moment of a libcni ADD/DEL stream (the seed is printed).
 
 // Tests: a panic is the failure report.
@@ -648,6 +649,52 @@ fn portmap_after_main_mode_and_bridge_over_ipam_mode_with_current_plugins() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(lab.ledger().is_empty());
     lab.assert_agree();
+}
+
+/// bridge chained after dipam's main mode, as written by a user who wants a bridge for
+/// pods dipam networks: the reference bridge plugin is an interface plugin that ignores
+/// prevResult on ADD and always creates the pod's interface itself, named CNI_IFNAME, which
+/// dipam already created. Today's bridge (v1.10.0, at 1.1.0) fails the ADD with "container
+/// veth name (\"eth0\") peer provided (\"veth...\") already exists", Debian's (1.1.1, at
+/// 1.0.0) with "container veth name provided (eth0) already exists"; the DEL a runtime then sends (libcni's DelNetworkList) releases dipam's address,
+/// so nothing leaks. The working shape is bridge with dipam as its IPAM (above).
+#[test]
+fn bridge_after_main_mode_fails_at_bridges_add_and_the_del_releases_everything() {
+    require_root!();
+    for (plugins, version) in [(Plugins::Current, "1.1.0"), (Plugins::Debian, "1.0.0")] {
+        let mut raw = dipam_lifecycle::Fixture::load("dipam-host-local.conflist");
+        raw.list["plugins"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"type": "bridge", "bridge": "cni0"}));
+        let lab = Lab::from_fixture(raw.with_version(version), &[]);
+        let libcni = LibCni::new(peers::cni_path(plugins));
+        let (ns, pod) = lab.pod();
+        let e = libcni.add(lab.list(), &pod).unwrap_err();
+        eprintln!("{plugins:?} {version}: {e:?}");
+        // The driver reports libcni's error: which plugin failed is in its text.
+        assert!(
+            e.stderr.contains("plugin type=\"bridge\" failed (add)"),
+            "{plugins:?}: {e:?}"
+        );
+        assert_eq!(e.code, 999, "bridge's plain Go error: {e:?}");
+        assert!(
+            e.msg.contains("container veth name")
+                && e.msg.contains("eth0")
+                && e.msg.contains("already exists"),
+            "{plugins:?}: {e:?}"
+        );
+        // dipam's part had succeeded: its address is held until the runtime's DEL.
+        assert_eq!(lab.ledger().len(), 1, "{plugins:?}");
+        lab.assert_agree();
+        libcni
+            .del(lab.list(), &pod)
+            .unwrap_or_else(|e| panic!("{plugins:?}: {e}"));
+        assert!(lab.ledger().is_empty(), "{plugins:?}: {:?}", lab.ledger());
+        lab.assert_agree();
+        let links = String::from_utf8_lossy(&ns.exec(&["ip", "-o", "link"]).stdout).into_owned();
+        assert!(!links.contains("eth0"), "{plugins:?}: {links}");
+    }
 }
 
 /// A seed from the clock, or DIPAM_SEED to replay one.

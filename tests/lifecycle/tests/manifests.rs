@@ -9,7 +9,8 @@
 //! `$DIPAM_TEST_CACHE` (default /var/cache/dipam-tests). It runs with `--strict`, which
 //! rejects properties the schema does not define (without it a misspelled field passes).
 //! When deps.sh could not install it, it records why and these tests skip, printing that;
-//! when deps.sh has not run at all, they fail. No root needed.
+//! when deps.sh has not run at all, they fail. No root needed, except for the azure mounts'
+//! test, which runs the real azure-vnet-ipam to learn the paths it uses.
 
 // Tests: a panic is the failure report.
 #![allow(clippy::unwrap_used)]
@@ -520,6 +521,243 @@ fn the_cri_endpoint_and_the_runtime_socket_mount_agree() {
     for (what, docs, expected) in cases {
         let docs: Vec<Value> = docs.into_iter().filter(|d| !d.is_null()).collect();
         let e = cri_endpoint_and_mount_agree(&docs).expect_err(what);
+        assert!(e.contains(expected), "{what}: {e}");
+    }
+}
+
+/// The shipped manifest with its `azure-*` volume mounts and volumes uncommented, as its
+/// comment and docs/configuration.md tell an operator with azure-vnet-ipam to do: each
+/// line from `# - name: azure-...` on, through the `#   ...` lines that continue it.
+fn with_azure_mounts_uncommented(text: &str) -> String {
+    let mut out = String::new();
+    let mut open = false;
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        let indent = &line[..line.len() - trimmed.len()];
+        if let Some(rest) = trimmed.strip_prefix("# - name: azure-") {
+            open = true;
+            out.push_str(&format!("{indent}- name: azure-{rest}\n"));
+        } else if open && trimmed.starts_with("#   ") {
+            out.push_str(&format!("{indent}{}\n", &trimmed[2..]));
+        } else {
+            open = false;
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The host's path for a path as a node's processes name it: /var/run is /run (a symlink on
+/// every systemd host), so the plugin's /var/run/X is the host's /run/X.
+fn on_the_host(p: &Path) -> PathBuf {
+    p.strip_prefix("/var/run")
+        .map_or_else(|_| p.to_owned(), |rest| Path::new("/run").join(rest))
+}
+
+/// Every path of `paths` (as azure-vnet-ipam names them) reaches the host's own file through
+/// the dipamd container's mounts: the innermost mount holding it is a hostPath volume whose
+/// host directory is that file's on the host, writable where the plugin writes (all but
+/// /etc/kubernetes), and a directory (the plugin replaces its state by renaming a temporary
+/// file over it, which fails on a file mounted alone).
+fn azure_paths_reach_the_host(docs: &[Value], paths: &[PathBuf]) -> Result<(), String> {
+    let pod = &one(docs, "DaemonSet")["spec"]["template"]["spec"];
+    let d = pod["containers"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == "dipamd"))
+        .ok_or("no dipamd container")?;
+    let mounts = d["volumeMounts"].as_array().ok_or("no volumeMounts")?;
+    // Every path's problem, so that one edit's every consequence is named.
+    let problems: Vec<String> = paths
+        .iter()
+        .filter_map(|p| path_reaches_the_host(pod, mounts, p).err())
+        .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("; "))
+    }
+}
+
+fn path_reaches_the_host(pod: &Value, mounts: &[Value], p: &Path) -> Result<(), String> {
+    let mount = mounts
+        .iter()
+        .filter(|m| m["mountPath"].as_str().is_some_and(|m| p.starts_with(m)))
+        .max_by_key(|m| m["mountPath"].as_str().map_or(0, str::len))
+        .ok_or_else(|| {
+            format!(
+                "no volume mount holds {}: the plugin's file stays in the container",
+                p.display()
+            )
+        })?;
+    let at = mount["mountPath"].as_str().unwrap_or_default();
+    let volume = pod["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == mount["name"])
+        .ok_or_else(|| format!("no volume {} for {at}", mount["name"]))?;
+    let host = volume["hostPath"]["path"]
+        .as_str()
+        .ok_or_else(|| format!("{} is in {volume}, not a hostPath", p.display()))?;
+    let rest = p.strip_prefix(at).unwrap_or(p);
+    if on_the_host(&Path::new(host).join(rest)) != on_the_host(p) {
+        return Err(format!(
+            "{} is mounted at {at} from the host's {host}: not the host's own {}",
+            p.display(),
+            on_the_host(p).display()
+        ));
+    }
+    if Path::new(at) == p {
+        return Err(format!(
+            "{} is mounted alone: the plugin renames a temporary file over it",
+            p.display()
+        ));
+    }
+    if !p.starts_with("/etc/kubernetes") && mount["readOnly"] == true {
+        return Err(format!("{} is mounted read-only at {at}", p.display()));
+    }
+    Ok(())
+}
+
+/// What the real azure-vnet-ipam (tests/deps.sh builds it) reads and writes on a node, as it
+/// names them: it runs an ADD and a DEL in a private mount namespace whose /run, /var/log
+/// and /etc are overlays (src/azure.rs), and every file it left in their upper layers is one
+/// it writes; /etc/kubernetes/interfaces.json is the file-backed source it reads.
+fn paths_the_real_azure_plugin_uses() -> Vec<PathBuf> {
+    let node = dipam_lifecycle::azure::AzureNode::new(
+        &dipam_lifecycle::peers::require("azure-vnet-ipam"),
+        4,
+    );
+    for command in ["ADD", "DEL"] {
+        let (ok, out) = node.exec(command, "manifest-probe", None);
+        assert!(ok, "azure-vnet-ipam {command}: {out}");
+    }
+    let mut paths = vec![PathBuf::from("/etc/kubernetes/interfaces.json")];
+    for (upper, named) in [("run", "/var/run"), ("log", "/var/log"), ("etc", "/etc")] {
+        let root = node.dir().join(upper);
+        let mut stack = vec![root.clone()];
+        while let Some(dir) = stack.pop() {
+            for e in std::fs::read_dir(&dir).unwrap().flatten() {
+                let kind = e.file_type().unwrap();
+                if kind.is_dir() {
+                    stack.push(e.path());
+                } else {
+                    let rel = e.path().strip_prefix(&root).unwrap().to_owned();
+                    // mount(8)'s own bookkeeping from the namespace's set-up, not the plugin's.
+                    if !(upper == "run" && rel.starts_with("mount")) {
+                        paths.push(Path::new(named).join(rel));
+                    }
+                }
+            }
+        }
+    }
+    paths.sort();
+    paths
+}
+
+/// With azure-vnet-ipam as the delegate, the DaemonSet's `azure-*` mounts (commented out as
+/// shipped, uncommented as its comment says) give the plugin, run by dipamd in the container,
+/// the host's own state file, lock, logs and interfaces.json: every path the real plugin is
+/// seen to use. As shipped (mounts commented), and with any one of the three left out or
+/// mounted elsewhere, the check names the path that would stay in the container, where a
+/// restart loses it and the host's azure-vnet never sees it (two pods, one address).
+#[test]
+fn the_daemonsets_azure_mounts_hold_every_path_the_real_plugin_uses() {
+    if !dipam_lifecycle::is_root() {
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("the azure mount test needs root (it runs the real azure-vnet-ipam)");
+        }
+        eprintln!("\n*** SKIPPED: needs root (it runs the real azure-vnet-ipam) ***\n");
+        return;
+    }
+    let paths = paths_the_real_azure_plugin_uses();
+    eprintln!("azure-vnet-ipam uses: {paths:?}");
+    for want in [
+        "/var/run/azure-vnet-ipam.json",
+        "/var/log/azure-vnet-ipam.log",
+    ] {
+        assert!(paths.contains(&PathBuf::from(want)), "{want}: {paths:?}");
+    }
+    assert!(
+        paths.iter().any(|p| p.starts_with("/var/run/azure-vnet/")),
+        "its lock: {paths:?}"
+    );
+    let text =
+        std::fs::read_to_string(bins::workspace().join("deploy/kubernetes/dipam.yaml")).unwrap();
+    let parse = |t: &str| -> Vec<Value> {
+        yaml::parse(t)
+            .unwrap()
+            .into_iter()
+            .filter(|d| !d.is_null())
+            .collect()
+    };
+    let on = with_azure_mounts_uncommented(&text);
+    assert_eq!(
+        on.matches("- name: azure-").count(),
+        6,
+        "three mounts and three volumes to uncomment"
+    );
+    azure_paths_reach_the_host(&parse(&on), &paths).unwrap();
+
+    let e = azure_paths_reach_the_host(&parse(&text), &paths).unwrap_err();
+    assert!(e.contains("no volume mount holds"), "as shipped: {e}");
+    let edits = |pairs: &[(&str, &str)]| {
+        let mut t = on.clone();
+        for (from, to) in pairs {
+            assert_eq!(t.matches(from).count(), 1, "{from:?} once");
+            t = t.replacen(from, to, 1);
+        }
+        parse(&t)
+    };
+    let edit = |from: &str, to: &str| edits(&[(from, to)]);
+    let cases: [(&str, Vec<Value>, &str); 5] = [
+        (
+            "no /var/run mount",
+            edit(
+                "            - name: azure-run\n              mountPath: /var/run\n",
+                "",
+            ),
+            "no volume mount holds /var/run/azure-vnet",
+        ),
+        (
+            "no /var/log mount",
+            edit(
+                "            - name: azure-log\n              mountPath: /var/log\n",
+                "",
+            ),
+            "no volume mount holds /var/log/azure-vnet",
+        ),
+        (
+            "no /etc/kubernetes mount",
+            edit(
+                "            - name: azure-kubernetes\n              mountPath: /etc/kubernetes\n              readOnly: true\n",
+                "",
+            ),
+            "no volume mount holds /etc/kubernetes/interfaces.json",
+        ),
+        (
+            "the state file mounted alone",
+            edits(&[
+                (
+                    "mountPath: /var/run\n",
+                    "mountPath: /var/run/azure-vnet-ipam.json\n",
+                ),
+                ("path: /run\n", "path: /run/azure-vnet-ipam.json\n"),
+            ]),
+            "/var/run/azure-vnet-ipam.json is mounted alone",
+        ),
+        (
+            "the host's /var/log mounted read-only",
+            edit(
+                "mountPath: /var/log\n",
+                "mountPath: /var/log\n              readOnly: true\n",
+            ),
+            "read-only",
+        ),
+    ];
+    for (what, docs, expected) in cases {
+        let e = azure_paths_reach_the_host(&docs, &paths).expect_err(what);
         assert!(e.contains(expected), "{what}: {e}");
     }
 }
