@@ -21,8 +21,9 @@
 //!
 //! With DIPAM_CLUSTER_LATENCY set it then measures pod start latency (create to Ready, 20
 //! pods) for dipam as shipped, the reference ptp + host-local, dipam with dipamd requesting
-//! a whole CPU, and dipam with a warm pool
-//! (docs/performance.md, run 17; run it with DIPAM_BIN_DIR naming a release build).
+//! each CPU request DIPAM_CLUSTER_CPU lists (default a whole CPU), the reference again, and
+//! dipam with a warm pool (docs/performance.md, run 17; run it with DIPAM_BIN_DIR naming a
+//! release build).
 
 // Tests: a panic is the failure report.
 #![allow(clippy::unwrap_used)]
@@ -455,21 +456,26 @@ fn measure(c: &Cluster, cidr: Ipv4Net) {
     std::thread::sleep(std::time::Duration::from_secs(3));
     report("ptp + host-local", &reference);
 
-    // dipamd's CPU request: the shipped 50m gives its cgroup a small share of a busy node
-    // (cpu.shares 51), and every pod's ADD waits on it. The same with a whole CPU.
-    let patch = r#"[{"op":"replace","path":"/spec/template/spec/containers/0/resources/requests/cpu","value":"1"}]"#;
-    c.kubectl_ok(&["-n", "kube-system", "patch", DS, "--type=json", "-p", patch]);
-    c.kubectl_ok(&[
-        "-n",
-        "kube-system",
-        "rollout",
-        "status",
-        DS,
-        "--timeout=300s",
-    ]);
-    wait_daemonset_ready(c, 120);
-    let cpu = pod_start_latencies(c, "lat-cpu", 20);
-    report("dipam main mode, dipamd requesting 1 CPU", &cpu);
+    // dipamd's CPU request: every pod's ADD waits on dipamd, which runs (with the host-local
+    // it execs) in the DaemonSet pod's cgroup, whose share of a busy node comes from its
+    // request. DIPAM_CLUSTER_CPU lists the requests to measure after the shipped one (default
+    // a whole CPU), each patched in by a rollout; the reference runs again after them, so a
+    // change in the machine's load between the first and last shows.
+    let requests = std::env::var("DIPAM_CLUSTER_CPU").unwrap_or_else(|_| "1".to_owned());
+    for request in requests.split(',').map(str::trim).filter(|r| !r.is_empty()) {
+        set_cpu_request(c, request);
+        let l = pod_start_latencies(c, &format!("lat-cpu-{}", request.replace('.', "-")), 20);
+        report(
+            &format!("dipam main mode, dipamd requesting {request} CPU"),
+            &l,
+        );
+    }
+    std::fs::write(&conf, ptp.to_string()).unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let reference = pod_start_latencies(c, "lat-ptp-again", 20);
+    std::fs::remove_file(&conf).unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    report("ptp + host-local, again", &reference);
 
     // The warm pool: the DaemonSet's dipamd with --warm-pool 20, filled before the pods.
     let patch = r#"[{"op":"add","path":"/spec/template/spec/containers/0/command/-","value":"--warm-pool"},
@@ -495,6 +501,31 @@ fn measure(c: &Cluster, cidr: Ipv4Net) {
     });
     let pool = pod_start_latencies(c, "lat-pool", 20);
     report("dipam with a warm pool of 20", &pool);
+}
+
+/// Patches the DaemonSet's CPU request (a rollout) and waits for its pod to be Ready again.
+fn set_cpu_request(c: &Cluster, request: &str) {
+    let patch = format!(
+        r#"[{{"op":"replace","path":"/spec/template/spec/containers/0/resources/requests/cpu","value":"{request}"}}]"#
+    );
+    c.kubectl_ok(&[
+        "-n",
+        "kube-system",
+        "patch",
+        DS,
+        "--type=json",
+        "-p",
+        &patch,
+    ]);
+    c.kubectl_ok(&[
+        "-n",
+        "kube-system",
+        "rollout",
+        "status",
+        DS,
+        "--timeout=300s",
+    ]);
+    wait_daemonset_ready(c, 120);
 }
 
 /// The pods' addresses in the ledger, by pod name (namespace default).

@@ -761,3 +761,46 @@ fn the_daemonsets_azure_mounts_hold_every_path_the_real_plugin_uses() {
         assert!(e.contains(expected), "{what}: {e}");
     }
 }
+
+/// A CPU quantity in millicores ("100m", "0.5", "1"), as the API reads it.
+fn millicores(q: &str) -> u64 {
+    match q.strip_suffix('m') {
+        Some(m) => m.parse().unwrap(),
+        None => (q.parse::<f64>().unwrap() * 1000.0).round() as u64,
+    }
+}
+
+/// Every pod start on a node waits on its dipamd, which runs (with the host-local it execs)
+/// in the DaemonSet pod's cgroup, whose share of a busy node comes from its CPU request. On a
+/// real kubelet with a busy node, the 50m request shipped before made a 20-pod burst Ready
+/// 1.1-1.7x later than the reference ptp + host-local; 100m put it on par
+/// (docs/performance.md, run 17). Validation alone could never have caught that.
+#[test]
+fn the_daemonsets_cpu_request_keeps_pod_starts_on_par_with_the_reference() {
+    assert_eq!(millicores("100m"), 100);
+    assert_eq!(millicores("0.25"), 250);
+    assert_eq!(millicores("1"), 1000);
+    let docs = all_documents();
+    let ds = one(&docs, "DaemonSet");
+    let containers = ds["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap();
+    let dipamd = containers
+        .iter()
+        .find(|c| c["name"] == "dipamd")
+        .unwrap_or_else(|| panic!("no dipamd container in {containers:#?}"));
+    let cpu = dipamd["resources"]["requests"]["cpu"]
+        .as_str()
+        .map(str::to_owned)
+        .or_else(|| {
+            dipamd["resources"]["requests"]["cpu"]
+                .as_f64()
+                .map(|f| f.to_string())
+        })
+        .unwrap_or_else(|| panic!("dipamd requests no CPU: {:#?}", dipamd["resources"]));
+    assert!(
+        millicores(&cpu) >= 100,
+        "dipamd's CPU request {cpu} is below 100m: pods on a busy node start later than \
+         with the reference plugins (docs/performance.md, run 17)"
+    );
+}
