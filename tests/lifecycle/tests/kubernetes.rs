@@ -449,12 +449,10 @@ fn measure(c: &Cluster, cidr: Ipv4Net) {
             {"type": "portmap", "capabilities": {"portMappings": true}}]
     });
     let conf = c.node.path("/etc/cni/net.d/05-ptp-ref.conflist");
-    std::fs::write(&conf, ptp.to_string()).unwrap();
-    std::thread::sleep(std::time::Duration::from_secs(3));
-    let reference = pod_start_latencies(c, "lat-ptp", 20);
-    std::fs::remove_file(&conf).unwrap();
-    std::thread::sleep(std::time::Duration::from_secs(3));
-    report("ptp + host-local", &reference);
+    report(
+        "ptp + host-local",
+        &latencies_with(c, &conf, &ptp, "lat-ptp"),
+    );
 
     // dipamd's CPU request: every pod's ADD waits on dipamd, which runs (with the host-local
     // it execs) in the DaemonSet pod's cgroup, whose share of a busy node comes from its
@@ -470,26 +468,15 @@ fn measure(c: &Cluster, cidr: Ipv4Net) {
             &l,
         );
     }
-    std::fs::write(&conf, ptp.to_string()).unwrap();
-    std::thread::sleep(std::time::Duration::from_secs(3));
-    let reference = pod_start_latencies(c, "lat-ptp-again", 20);
-    std::fs::remove_file(&conf).unwrap();
-    std::thread::sleep(std::time::Duration::from_secs(3));
-    report("ptp + host-local, again", &reference);
+    report(
+        "ptp + host-local, again",
+        &latencies_with(c, &conf, &ptp, "lat-ptp-again"),
+    );
 
     // The warm pool: the DaemonSet's dipamd with --warm-pool 20, filled before the pods.
     let patch = r#"[{"op":"add","path":"/spec/template/spec/containers/0/command/-","value":"--warm-pool"},
                     {"op":"add","path":"/spec/template/spec/containers/0/command/-","value":"20"}]"#;
-    c.kubectl_ok(&["-n", "kube-system", "patch", DS, "--type=json", "-p", patch]);
-    c.kubectl_ok(&[
-        "-n",
-        "kube-system",
-        "rollout",
-        "status",
-        DS,
-        "--timeout=300s",
-    ]);
-    wait_daemonset_ready(c, 120);
+    patch_daemonset(c, patch);
     c.wait_for("the warm pool to fill", 120, |c| {
         let out = dipamctl_in_pod(c, &["status", "--json"]);
         let v: Value = serde_json::from_slice(&out.stdout).ok()?;
@@ -505,18 +492,17 @@ fn measure(c: &Cluster, cidr: Ipv4Net) {
 
 /// Patches the DaemonSet's CPU request (a rollout) and waits for its pod to be Ready again.
 fn set_cpu_request(c: &Cluster, request: &str) {
-    let patch = format!(
-        r#"[{{"op":"replace","path":"/spec/template/spec/containers/0/resources/requests/cpu","value":"{request}"}}]"#
+    patch_daemonset(
+        c,
+        &format!(
+            r#"[{{"op":"replace","path":"/spec/template/spec/containers/0/resources/requests/cpu","value":"{request}"}}]"#
+        ),
     );
-    c.kubectl_ok(&[
-        "-n",
-        "kube-system",
-        "patch",
-        DS,
-        "--type=json",
-        "-p",
-        &patch,
-    ]);
+}
+
+/// Applies a JSON patch to the DaemonSet and waits for the rollout and its pod to be Ready.
+fn patch_daemonset(c: &Cluster, patch: &str) {
+    c.kubectl_ok(&["-n", "kube-system", "patch", DS, "--type=json", "-p", patch]);
     c.kubectl_ok(&[
         "-n",
         "kube-system",
@@ -526,6 +512,22 @@ fn set_cpu_request(c: &Cluster, request: &str) {
         "--timeout=300s",
     ]);
     wait_daemonset_ready(c, 120);
+}
+
+/// Pod start latencies with `conflist` placed before dipam's (the lexically first conflist
+/// containerd loads), then removed.
+fn latencies_with(
+    c: &Cluster,
+    conf: &std::path::Path,
+    conflist: &Value,
+    app: &str,
+) -> Vec<std::time::Duration> {
+    std::fs::write(conf, conflist.to_string()).unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let l = pod_start_latencies(c, app, 20);
+    std::fs::remove_file(conf).unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    l
 }
 
 /// The pods' addresses in the ledger, by pod name (namespace default).
