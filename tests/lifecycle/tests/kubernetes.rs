@@ -503,6 +503,12 @@ fn set_cpu_request(c: &Cluster, request: &str) {
 /// Applies a JSON patch to the DaemonSet and waits for the rollout and its pod to be Ready.
 fn patch_daemonset(c: &Cluster, patch: &str) {
     c.kubectl_ok(&["-n", "kube-system", "patch", DS, "--type=json", "-p", patch]);
+    rollout_status(c);
+    wait_daemonset_ready(c, 120);
+}
+
+/// Waits (up to 300 s) for the DaemonSet's rollout to finish.
+fn rollout_status(c: &Cluster) {
     c.kubectl_ok(&[
         "-n",
         "kube-system",
@@ -511,7 +517,6 @@ fn patch_daemonset(c: &Cluster, patch: &str) {
         DS,
         "--timeout=300s",
     ]);
-    wait_daemonset_ready(c, 120);
 }
 
 /// Pod start latencies with `conflist` placed before dipam's (the lexically first conflist
@@ -585,14 +590,7 @@ fn rollout_restart_under_churn(c: &Cluster, agent: &BTreeSet<String>, cidr: Ipv4
         std::thread::sleep(std::time::Duration::from_secs(3));
         c.kubectl_ok(&["scale", "deployment/web", &format!("--replicas={n}")]);
     }
-    c.kubectl_ok(&[
-        "-n",
-        "kube-system",
-        "rollout",
-        "status",
-        DS,
-        "--timeout=300s",
-    ]);
+    rollout_status(c);
     let after = wait_daemonset_ready(c, 60);
     assert_ne!(
         after["metadata"]["uid"], before,
