@@ -178,17 +178,31 @@ pub struct Admission {
     waiting: [AtomicUsize; 2],
     max_queue: usize,
     max_wait: Duration,
+    /// What one non-root uid may take (quota.rs).
+    pub quotas: crate::quota::Quotas,
 }
 
 /// Held for the duration of one operation.
 pub struct Admitted {
     _total: OwnedSemaphorePermit,
     _add: Option<OwnedSemaphorePermit>,
+    // Dropped last: the uid's slot and in-flight count outlive the global slot.
+    _uid: Option<(crate::quota::InFlight, crate::quota::UidSlot)>,
 }
 
 impl Admission {
     /// `max` concurrent operations, a quarter of them (at least one) reserved for non-ADDs.
     pub fn new(max: usize, max_queue: usize, max_wait: Duration) -> Self {
+        Self::with_quotas(max, max_queue, max_wait, crate::quota::Limits::default())
+    }
+
+    /// [`Admission::new`] with the per-uid quotas of non-root callers.
+    pub fn with_quotas(
+        max: usize,
+        max_queue: usize,
+        max_wait: Duration,
+        limits: crate::quota::Limits,
+    ) -> Self {
         let max = max.max(2);
         let reserve = (max / 4).max(1);
         Self {
@@ -197,7 +211,23 @@ impl Admission {
             waiting: [AtomicUsize::new(0), AtomicUsize::new(0)],
             max_queue,
             max_wait,
+            quotas: crate::quota::Quotas::new(limits, max - reserve),
         }
+    }
+
+    /// Admits one operation of `caller`. A non-root caller first passes its own quotas (its
+    /// operations in flight, then one of its slots; quota.rs), and takes an ADD slot whatever
+    /// its verb: the slots reserved for releases are root's, so a non-root caller's stuck
+    /// DELs can never hold up root's.
+    pub async fn admit_for(&self, class: Class, caller: Caller) -> Result<Admitted, ShimError> {
+        if caller.is_root() {
+            return self.admit(class).await;
+        }
+        let in_flight = self.quotas.enter(caller.uid)?;
+        let slot = self.quotas.slot(caller.uid, self.max_wait).await?;
+        let mut admitted = self.admit(Class::Add).await?;
+        admitted._uid = Some((in_flight, slot));
+        Ok(admitted)
     }
 
     pub async fn admit(&self, class: Class) -> Result<Admitted, ShimError> {
@@ -224,6 +254,7 @@ impl Admission {
             Ok((add, Ok(total))) => Ok(Admitted {
                 _total: total,
                 _add: add.and_then(Result::ok),
+                _uid: None,
             }),
             Ok(_) => Err(busy("shutting down")),
             Err(_) => Err(busy("no slot within the queueing limit")),
