@@ -228,8 +228,12 @@ fn stuck_intents_never_hold_the_socket_closed(shape: Shape) {
     let t = Instant::now();
     let answers = nobody_adds(&cids, &nobodys_conf(&lab, 0));
     eprintln!(
-        "{shape:?}: nobody's 8 ADDs answered in {:?}: {answers:?}",
-        t.elapsed()
+        "{shape:?}: nobody's 8 ADDs answered in {:?}, codes {:?}",
+        t.elapsed(),
+        answers
+            .iter()
+            .map(|a| a["code"].clone())
+            .collect::<Vec<_>>()
     );
     for out in answers {
         assert!(
