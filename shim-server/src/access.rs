@@ -327,6 +327,50 @@ mod tests {
         }
     }
 
+    /// A non-root caller holds at most its slots, never the reserve for releases, and its
+    /// operations beyond --non-root-max-in-flight are refused at once: root keeps its room.
+    #[tokio::test]
+    async fn a_non_root_caller_never_takes_roots_room() {
+        let limits = crate::quota::Limits {
+            slots: 2,
+            in_flight: 3,
+            ..crate::quota::Limits::default()
+        };
+        let a = std::sync::Arc::new(Admission::with_quotas(
+            8,
+            16,
+            Duration::from_secs(1),
+            limits,
+        ));
+        let nobody = Caller {
+            uid: 65534,
+            admin: false,
+        };
+        let _d = a.admit_for(Class::Other, nobody).await.unwrap();
+        let _e = a.admit_for(Class::Add, nobody).await.unwrap();
+        // A third waits for one of its slots; a fourth meanwhile is over its in-flight.
+        let waiting = tokio::spawn({
+            let a = a.clone();
+            async move { a.admit_for(Class::Add, nobody).await.map(|_| ()) }
+        });
+        while a.quotas.enter(nobody.uid).is_ok() {
+            tokio::task::yield_now().await;
+        }
+        assert!(matches!(
+            a.admit_for(Class::Add, nobody).await,
+            Err(ShimError::Forbidden { .. })
+        ));
+        assert!(matches!(waiting.await.unwrap(), Err(ShimError::Busy(_))));
+        // Root: the 4 ADD slots nobody left, and the 2 held for releases.
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(a.admit_for(Class::Add, Caller::ROOT).await.unwrap());
+        }
+        for _ in 0..2 {
+            held.push(a.admit_for(Class::Other, Caller::ROOT).await.unwrap());
+        }
+    }
+
     #[tokio::test]
     async fn a_full_queue_is_refused_at_once() {
         let a = std::sync::Arc::new(Admission::new(2, 2, Duration::from_secs(30)));
