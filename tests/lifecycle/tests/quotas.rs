@@ -318,7 +318,9 @@ fn stuck_adds_never_take_roots_slots(shape: Shape) {
         failed.len()
     );
     assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
-    assert!(refused.len() >= 30 - 16, "{answers:#?}");
+    // 14 when all 30 arrive within the 4 s the first ones hold their slots (every run so
+    // far); fewer only if the plugins start slower than that. Without the bound: none.
+    assert!(refused.len() >= 8, "{answers:#?}");
     assert!(
         answers.iter().all(|a| a.get("code").is_some()),
         "{answers:#?}"
