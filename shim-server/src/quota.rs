@@ -122,10 +122,33 @@ pub enum NotReserved {
     Refused(ShimError),
 }
 
-/// The size a record counts for: its encoding, which is what the ledger and the journal
-/// hold.
+/// Fixed fields of a record, and its encoding's keys, counted as one block.
+const RECORD_OVERHEAD: u64 = 512;
+
+/// The size a record counts for: its variable fields (what the ledger and the journal hold,
+/// about), summed without encoding it: every ADD of the caller counts all its records, and
+/// encoding a 1 MB one each time cost root's pods CPU while a caller sent them.
 pub fn record_bytes(r: &AttachmentRecord) -> u64 {
-    serde_json::to_vec(r).map_or(0, |v| v.len() as u64)
+    let strings = [
+        &r.key.network,
+        &r.key.container_id,
+        &r.key.ifname,
+        &r.delegate_type,
+        &r.delegate_version,
+        &r.delegate_config,
+        &r.netns,
+        &r.cni_args,
+        &r.cni_path,
+        &r.config_digest,
+        &r.request_id,
+    ];
+    let result = r.result.as_ref().map_or(0, |v| v.to_string().len());
+    let extra = r.delegate_key.as_ref().map_or(0, |d| {
+        d.container_id.len() + d.ifname.len() + d.netns.len() + d.cni_args.len()
+    });
+    strings.iter().map(|s| s.len()).sum::<usize>() as u64
+        + (result + extra) as u64
+        + RECORD_OVERHEAD
 }
 
 fn refusal(uid: u32, what: String, flag: &str, limit: String) -> ShimError {
