@@ -356,6 +356,43 @@ mod tests {
         assert!(q.reserve(7, &key("c"), 100, &[], g).is_ok());
     }
 
+    /// The ledger's records of the uid count by their size (about their encoding, never
+    /// less than the config they hold), other uids' and root's not at all.
+    #[test]
+    fn the_ledgers_records_count_by_their_size() {
+        use dipam_state::{AttachmentState, Owner};
+        let mut big = crate::testing::record("big", Owner::Pod, AttachmentState::Committed, 1);
+        big.delegate_config = "x".repeat(600_000);
+        big.creator_uid = Some(7);
+        let encoded = serde_json::to_vec(&big).unwrap().len() as u64;
+        let counted = record_bytes(&big);
+        assert!(
+            counted >= 600_000 && counted.abs_diff(encoded) < 1024,
+            "{counted} {encoded}"
+        );
+        let mut other = big.clone();
+        other.key.container_id = "other".into();
+        other.creator_uid = Some(8);
+        let mut roots = big.clone();
+        roots.key.container_id = "root".into();
+        roots.creator_uid = None;
+        let q = Quotas::new(
+            Limits {
+                bytes: 1 << 20,
+                ..Limits::default()
+            },
+            12,
+        );
+        let ledger = [big, other, roots];
+        // 600 kB held: a 300 kB ADD fits, a 500 kB one does not; uid 8 has room for 400 kB.
+        assert!(q.reserve(7, &key("a"), 300_000, &ledger, 0).is_ok());
+        assert!(matches!(
+            q.reserve(7, &key("b"), 500_000, &ledger, q.generation(7)),
+            Err(NotReserved::Refused(_))
+        ));
+        assert!(q.reserve(8, &key("c"), 400_000, &ledger, 0).is_ok());
+    }
+
     #[test]
     fn bytes_are_bounded() {
         let q = Quotas::new(
