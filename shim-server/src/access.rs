@@ -178,17 +178,31 @@ pub struct Admission {
     waiting: [AtomicUsize; 2],
     max_queue: usize,
     max_wait: Duration,
+    /// What one non-root uid may take (quota.rs).
+    pub quotas: crate::quota::Quotas,
 }
 
 /// Held for the duration of one operation.
 pub struct Admitted {
     _total: OwnedSemaphorePermit,
     _add: Option<OwnedSemaphorePermit>,
+    // Dropped last: the uid's slot and in-flight count outlive the global slot.
+    _uid: Option<(crate::quota::InFlight, crate::quota::UidSlot)>,
 }
 
 impl Admission {
     /// `max` concurrent operations, a quarter of them (at least one) reserved for non-ADDs.
     pub fn new(max: usize, max_queue: usize, max_wait: Duration) -> Self {
+        Self::with_quotas(max, max_queue, max_wait, crate::quota::Limits::default())
+    }
+
+    /// [`Admission::new`] with the per-uid quotas of non-root callers.
+    pub fn with_quotas(
+        max: usize,
+        max_queue: usize,
+        max_wait: Duration,
+        limits: crate::quota::Limits,
+    ) -> Self {
         let max = max.max(2);
         let reserve = (max / 4).max(1);
         Self {
@@ -197,7 +211,23 @@ impl Admission {
             waiting: [AtomicUsize::new(0), AtomicUsize::new(0)],
             max_queue,
             max_wait,
+            quotas: crate::quota::Quotas::new(limits, max - reserve),
         }
+    }
+
+    /// Admits one operation of `caller`. A non-root caller first passes its own quotas (its
+    /// operations in flight, then one of its slots; quota.rs), and takes an ADD slot whatever
+    /// its verb: the slots reserved for releases are root's, so a non-root caller's stuck
+    /// DELs can never hold up root's.
+    pub async fn admit_for(&self, class: Class, caller: Caller) -> Result<Admitted, ShimError> {
+        if caller.is_root() {
+            return self.admit(class).await;
+        }
+        let in_flight = self.quotas.enter(caller.uid)?;
+        let slot = self.quotas.slot(caller.uid, self.max_wait).await?;
+        let mut admitted = self.admit(Class::Add).await?;
+        admitted._uid = Some((in_flight, slot));
+        Ok(admitted)
     }
 
     pub async fn admit(&self, class: Class) -> Result<Admitted, ShimError> {
@@ -224,6 +254,7 @@ impl Admission {
             Ok((add, Ok(total))) => Ok(Admitted {
                 _total: total,
                 _add: add.and_then(Result::ok),
+                _uid: None,
             }),
             Ok(_) => Err(busy("shutting down")),
             Err(_) => Err(busy("no slot within the queueing limit")),
@@ -293,6 +324,50 @@ mod tests {
         }
         for q in queued {
             q.abort();
+        }
+    }
+
+    /// A non-root caller holds at most its slots, never the reserve for releases, and its
+    /// operations beyond --non-root-max-in-flight are refused at once: root keeps its room.
+    #[tokio::test]
+    async fn a_non_root_caller_never_takes_roots_room() {
+        let limits = crate::quota::Limits {
+            slots: 2,
+            in_flight: 3,
+            ..crate::quota::Limits::default()
+        };
+        let a = std::sync::Arc::new(Admission::with_quotas(
+            8,
+            16,
+            Duration::from_secs(1),
+            limits,
+        ));
+        let nobody = Caller {
+            uid: 65534,
+            admin: false,
+        };
+        let _d = a.admit_for(Class::Other, nobody).await.unwrap();
+        let _e = a.admit_for(Class::Add, nobody).await.unwrap();
+        // A third waits for one of its slots; a fourth meanwhile is over its in-flight.
+        let waiting = tokio::spawn({
+            let a = a.clone();
+            async move { a.admit_for(Class::Add, nobody).await.map(|_| ()) }
+        });
+        while a.quotas.enter(nobody.uid).is_ok() {
+            tokio::task::yield_now().await;
+        }
+        assert!(matches!(
+            a.admit_for(Class::Add, nobody).await,
+            Err(ShimError::Forbidden { .. })
+        ));
+        assert!(matches!(waiting.await.unwrap(), Err(ShimError::Busy(_))));
+        // Root: the 4 ADD slots nobody left, and the 2 held for releases.
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(a.admit_for(Class::Add, Caller::ROOT).await.unwrap());
+        }
+        for _ in 0..2 {
+            held.push(a.admit_for(Class::Other, Caller::ROOT).await.unwrap());
         }
     }
 

@@ -23,6 +23,8 @@ pub mod metric_labels;
 pub mod order;
 pub mod perms;
 pub mod privilege;
+// What one non-root caller may take of dipamd (access.rs's admission uses it).
+pub mod quota;
 pub mod trim;
 pub mod validate;
 

@@ -117,6 +117,7 @@ fn short_id(id: &str) -> &str {
 async fn answer<F, T>(
     node: &Node,
     call: Call,
+    caller: Caller,
     class: Option<Class>,
     f: F,
 ) -> Result<Response<CniReply>, Status>
@@ -129,7 +130,7 @@ where
         let started = Instant::now();
         let outcome = match class {
             // The slot is held until the operation is done.
-            Some(c) => match node.admission.admit(c).await {
+            Some(c) => match node.admission.admit_for(c, caller).await {
                 Ok(_slot) => f.await.map(Into::into),
                 Err(e) => Err(e),
             },
@@ -238,7 +239,7 @@ async fn add(
         replayed = added.replayed;
         Ok(added.result)
     };
-    let mut reply = answer(node, call, Some(Class::Add), run)
+    let mut reply = answer(node, call, caller, Some(Class::Add), run)
         .await?
         .into_inner();
     if matches!(reply.outcome, Some(Outcome::Result(_))) {
@@ -309,6 +310,7 @@ impl Cni for Service {
         let mut reply = answer(
             &self.0,
             call,
+            caller,
             Some(Class::Other),
             rpc::del::run(&self.0, caller, req),
         )
@@ -330,6 +332,7 @@ impl Cni for Service {
         answer(
             &self.0,
             call,
+            caller,
             Some(Class::Other),
             rpc::check::run(&self.0, caller, req),
         )
@@ -343,6 +346,7 @@ impl Cni for Service {
         answer(
             &self.0,
             call,
+            caller,
             Some(Class::Other),
             rpc::gc::run(&self.0, caller, peer, req),
         )
@@ -354,6 +358,7 @@ impl Cni for Service {
         answer(
             &self.0,
             Call::of("STATUS", &req),
+            caller,
             None,
             rpc::status::run(&self.0, caller, req),
         )

@@ -171,6 +171,24 @@ pub struct Args {
     /// to a non-root caller: host-local runs as root and follows links in it.
     #[arg(long = "non-root-data-dir")]
     pub non_root_data_dirs: Vec<PathBuf>,
+    /// Per non-root uid (--allow-uid, --admin-uid): attachments its records may hold in the
+    /// ledger. More ADDs are refused with code 155. Root is never limited by it.
+    #[arg(long, default_value_t = crate::quota::Limits::default().records)]
+    pub non_root_max_records: usize,
+    /// Per non-root uid: bytes its records may take in the ledger (its ADDs in flight
+    /// included). More ADDs are refused with code 155. Kept far below the commit journal's
+    /// 4 MiB cap, so one caller can never make the ledger refuse commits for everyone.
+    #[arg(long, default_value_t = crate::quota::Limits::default().bytes)]
+    pub non_root_max_bytes: u64,
+    /// Per non-root uid: operations running or waiting at once; more are refused at once with
+    /// code 155.
+    #[arg(long, default_value_t = crate::quota::Limits::default().in_flight)]
+    pub non_root_max_in_flight: usize,
+    /// Per non-root uid: operations running at once (all non-root uids together at most
+    /// half of the ADD slots; a non-root operation never uses the slots held for root's
+    /// releases). More wait, as long as --max-queue's waiters do.
+    #[arg(long, default_value_t = crate::quota::Limits::default().slots)]
+    pub non_root_max_slots: usize,
     /// Operations run at once (a quarter is held for DEL, CHECK and GC).
     #[arg(long, default_value_t = 16)]
     pub max_concurrent: usize,
@@ -280,6 +298,10 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         info!(released = late.released, kept = late.kept, failed = late.failed, spool = %spool.dir.display(), "DELs spooled during start replayed");
     }
     info!(socket = %args.socket.display(), spool = %spool.dir.display(), cni_path = %args.cni_path, "serving");
+    // A non-root caller's interrupted operations never hold the socket closed (replay/).
+    tokio::spawn(crate::replay::interrupted::replay_non_root(Arc::clone(
+        &node,
+    )));
     spawn_background(&node, &args, observed.metrics.as_ref(), spool.dir, &budget).await?;
     let peers = crate::access::PeerCheck {
         allow_uids: args.allow_uids.clone(),
@@ -548,7 +570,17 @@ fn assemble(
             allow_empty: args.gc_allow_empty,
             parallel: usize::from(args.gc_parallel),
         },
-        crate::access::Admission::new(args.max_concurrent, args.max_queue, Duration::from_secs(10)),
+        crate::access::Admission::with_quotas(
+            args.max_concurrent,
+            args.max_queue,
+            Duration::from_secs(10),
+            crate::quota::Limits {
+                records: args.non_root_max_records,
+                bytes: args.non_root_max_bytes,
+                in_flight: args.non_root_max_in_flight,
+                slots: args.non_root_max_slots,
+            },
+        ),
     )
 }
 

@@ -1,6 +1,7 @@
 //! The replays: work that was left for dipamd to finish, done through the same paths a
-//! request takes. At start, before the socket is served, every record a crash left
-//! `adding` or `deleting` is released (interrupted.rs) and every DEL the plugin spooled while
+//! request takes. At start, before the socket is served, every record of root's a crash left
+//! `adding` or `deleting` is released (interrupted.rs; a non-root caller's, after the bind)
+//! and every DEL the plugin spooled while
 //! dipamd was down is replayed through the DEL RPC (spool.rs); the spool is drained again on
 //! a tick while dipamd serves. They sit above the RPCs they replay through.
 

@@ -36,9 +36,12 @@ pub async fn run(
     // `_guard`), whatever it answers: a GC that began before it never frees what it made
     // (core/births.rs), whether from the pool, the delegate or the ledger (a repeat).
     let _born = node.core.births.stamp_on_drop(&p.key);
-    if !p.caller.is_root() {
-        refuse_foreign_container_id(node, &p).await?;
-    }
+    // Held until the ADD ends: its share of the caller's record and byte quotas.
+    let _quota = if p.caller.is_root() {
+        None
+    } else {
+        Some(non_root_checks(node, &p).await?)
+    };
     // With the warm pool on: one commit hands a ready entry to the pod, no delegate exec.
     if let Some(result) = crate::pool::take::take(&node.core, &node.pool, &p, early).await? {
         return Ok(Added {
@@ -49,24 +52,56 @@ pub async fn run(
     attach(&node.core, &p, Owner::Pod, early).await
 }
 
+/// What a non-root caller's ADD must pass on the ledger, from one scan of it: the container
+/// ID rule below, then the caller's record and byte quotas (quota.rs), counted from the
+/// ledger itself so that they hold across restarts. Scanned again if one of the caller's
+/// ADDs ended meanwhile (its record was not counted by its estimate any more).
+async fn non_root_checks(
+    node: &Node,
+    p: &Prepared,
+) -> Result<crate::quota::Reservation, ShimError> {
+    use crate::quota::NotReserved;
+    let quotas = &node.admission.quotas;
+    let uid = p.caller.uid;
+    let r = &p.req;
+    // What its record will hold, about: the config and the CNI values it keeps.
+    let estimate = (r.stdin.len()
+        + r.netns.len()
+        + r.cni_args.len()
+        + r.cni_path.len()
+        + r.container_id.len()
+        + r.ifname.len()
+        + 1024) as u64;
+    for _ in 0..8 {
+        let generation = quotas.generation(uid);
+        let all = node.core.ledger(|l| l.list(None)).await?;
+        refuse_foreign_container_id(p, &all)?;
+        match quotas.reserve(uid, &p.key, estimate, &all, generation) {
+            Ok(held) => return Ok(held),
+            Err(NotReserved::Stale) => continue,
+            Err(NotReserved::Refused(e)) => return Err(e),
+        }
+    }
+    Err(ShimError::Busy(format!(
+        "uid {uid}'s ADDs kept ending while this one was counted"
+    )))
+}
+
 /// Refuses a non-root caller's ADD under a container ID that another caller's attachment
 /// uses, in any network. Delegates release by container ID (host-local frees every
 /// reservation of that ID and ifname in its directory, azure-vnet-ipam keys by the ID
 /// alone), and the caller chooses the delegate's config: its own attachment under a root
 /// pod's ID, DELed with a config pointing at that pod's store, would free the pod's address.
 /// Container IDs are not secret (`ps` shows them), so this is checked, not assumed.
-async fn refuse_foreign_container_id(node: &Node, p: &Prepared) -> Result<(), ShimError> {
-    let cid = p.req.container_id.clone();
-    let others = node
-        .core
-        .ledger(move |l| {
-            Ok(l.list(None)?
-                .into_iter()
-                .filter(|r| r.key.container_id == cid || r.delegate_ids().0 == cid)
-                .collect::<Vec<_>>())
-        })
-        .await?;
-    match others.iter().find(|r| !p.caller.owns(r.creator_uid)) {
+fn refuse_foreign_container_id(
+    p: &Prepared,
+    all: &[dipam_state::AttachmentRecord],
+) -> Result<(), ShimError> {
+    let cid = &p.req.container_id;
+    let mut others = all
+        .iter()
+        .filter(|r| r.key.container_id == *cid || r.delegate_ids().0 == cid);
+    match others.find(|r| !p.caller.owns(r.creator_uid)) {
         None => Ok(()),
         Some(r) => {
             warn!(uid = p.caller.uid, key = %p.key, other = %r.key, "refused: container ID in use by another caller");
