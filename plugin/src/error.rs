@@ -297,6 +297,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_refusal_at_accept_is_155_or_11_and_never_spooled() {
+        let refused = |why| PluginError::Refused {
+            socket: "/run/dipam/dipam.sock".into(),
+            uid: 1000,
+            why,
+        };
+        let e = refused(dipam_proto::Refused::NotAllowed);
+        let cni = e.to_cni(false);
+        assert_eq!(cni.code, codes::PERMISSION_DENIED);
+        assert!(cni.msg.contains("uid 1000"), "{cni:?}");
+        assert!(
+            cni.details.contains("Is uid 1000 in --allow-uid?"),
+            "{cni:?}"
+        );
+        assert!(!e.daemon_unreachable(), "a refused DEL is not spooled");
+        let e = refused(dipam_proto::Refused::TooManyConnections);
+        assert_eq!(e.to_cni(false).code, codes::TRY_AGAIN_LATER);
+        assert!(!e.daemon_unreachable());
+    }
+
+    #[test]
     fn status_unreachable_is_50_and_others_are_11() {
         let e = PluginError::Unreachable {
             socket: "/run/dipam/dipam.sock".into(),
