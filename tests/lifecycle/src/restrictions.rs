@@ -129,7 +129,7 @@ pub fn cap_name(word: &str) -> String {
     name
 }
 
-/// The restrictions of a systemd unit's [Service] section. Several lines of one setting add
+/// The restrictions of a systemd unit's `[Service]` section. Several lines of one setting add
 /// up, an empty one resets it (systemd.exec(5)); an inverted list (`~`) is refused, so the
 /// test never guesses.
 pub fn unit_restrictions(text: &str) -> Restrictions {
