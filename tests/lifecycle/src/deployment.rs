@@ -94,6 +94,20 @@ impl Deployment {
         argv.extend(caps.setpriv());
         lab.dipamd.run_under(&argv);
         lab.dipamd.start_again();
+        // The shape really applies: the kernel's view of dipamd.
+        let pid = lab.dipamd.pid().expect("dipamd runs");
+        assert_eq!(
+            shapes::bounding_mask(pid),
+            Some(caps.mask()),
+            "dipamd's capability bounding set under {}",
+            self.name()
+        );
+        if self == Self::DaemonSet {
+            assert!(
+                root_read_only(pid),
+                "dipamd started like the DaemonSet can write the host's /"
+            );
+        }
         std::fs::set_permissions(
             lab.dipamd.dir.path(),
             std::fs::Permissions::from_mode(0o755),
@@ -221,6 +235,17 @@ fn daemonset(lab: &mut Lab, writable: &[&Path]) -> Started {
     enter.extend(shapes::protect_system_strict(&dir, &rw));
     lab.dipamd.enter(&enter);
     started
+}
+
+/// Whether `/` is mounted read-only in `pid`'s mount namespace (mountinfo's mount point,
+/// field 5, and its per-mount options, field 6).
+fn root_read_only(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| l.split(' ').collect::<Vec<_>>())
+        .filter(|f| f.get(4) == Some(&"/"))
+        .any(|f| f.get(5).is_some_and(|o| o.split(',').any(|o| o == "ro")))
 }
 
 /// A loopback TCP port nothing listens on now.
