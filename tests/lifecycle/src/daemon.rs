@@ -229,7 +229,9 @@ impl Dipamd {
     }
 
     fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        // The longest start a test allows (stores.rs: 30 s, a DaemonSet-shaped dipamd whose
+        // agent's start-up CHECKs each wait --delegate-timeout on a hung store).
+        let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if UnixStream::connect(self.socket()).is_ok() {
                 return;
@@ -241,7 +243,7 @@ impl Dipamd {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("dipamd did not start serving within 20 s:\n{}", self.log());
+        panic!("dipamd did not start serving within 30 s:\n{}", self.log());
     }
 
     pub fn log(&self) -> String {
