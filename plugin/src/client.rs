@@ -29,8 +29,33 @@ pub fn call_reply(
     req: CniRequest,
 ) -> Result<Answer, PluginError> {
     let rt = runtime(socket)?;
-    let reply = rt.block_on(within(socket, timeout, exchange(socket, cmd, req)))?;
+    let reply = rt
+        .block_on(within(socket, timeout, exchange(socket, cmd, req)))
+        .map_err(|e| refused(socket, e))?;
     outcome(reply)
+}
+
+/// `e`, or dipamd's refusal at accept when that is what broke the call: a non-root caller
+/// whose connection ended without an answer asks dipamd why (docs/cfp.md §8.3). Root is
+/// never refused at accept, and a connection lost to a dipamd restart stays what it was
+/// (11, retried; a DEL spooled), as does anything dipamd answered.
+fn refused(socket: &Path, e: PluginError) -> PluginError {
+    let uid = nix::unistd::getuid();
+    if uid.is_root() || !e.daemon_unreachable() {
+        return e;
+    }
+    let seen = match &e {
+        PluginError::Rpc { status, .. } => dipam_proto::refused_at_accept(status),
+        _ => None,
+    };
+    match seen.or_else(|| dipam_proto::probe_refusal(socket, dipam_proto::PROBE_TIMEOUT)) {
+        Some(why) => PluginError::Refused {
+            socket: socket.to_owned(),
+            uid: uid.as_raw(),
+            why,
+        },
+        None => e,
+    }
 }
 
 /// What a main-mode ADD (`AddEarly`) got first from dipamd.
@@ -87,29 +112,31 @@ pub fn call_add_early(
 ) -> Result<Early, PluginError> {
     let deadline = Instant::now() + timeout;
     let rt = runtime(socket)?;
-    let first = rt.block_on(within(socket, timeout, async {
-        let mut client = connect(socket).await?;
-        let rpc = |status| PluginError::Rpc {
-            socket: socket.to_owned(),
-            status,
-        };
-        match client.add_early(req.clone()).await {
-            Ok(stream) => {
-                let mut stream = stream.into_inner();
-                match stream.message().await.map_err(rpc)? {
-                    Some(reply) => Ok((reply, Some(stream))),
-                    None => Err(rpc(tonic::Status::unavailable(
-                        "dipamd ended the ADD without an answer",
-                    ))),
+    let first = rt
+        .block_on(within(socket, timeout, async {
+            let mut client = connect(socket).await?;
+            let rpc = |status| PluginError::Rpc {
+                socket: socket.to_owned(),
+                status,
+            };
+            match client.add_early(req.clone()).await {
+                Ok(stream) => {
+                    let mut stream = stream.into_inner();
+                    match stream.message().await.map_err(rpc)? {
+                        Some(reply) => Ok((reply, Some(stream))),
+                        None => Err(rpc(tonic::Status::unavailable(
+                            "dipamd ended the ADD without an answer",
+                        ))),
+                    }
                 }
+                Err(status) if status.code() == tonic::Code::Unimplemented => {
+                    let reply = client.add(req).await.map_err(rpc)?;
+                    Ok((reply.into_inner(), None))
+                }
+                Err(status) => Err(rpc(status)),
             }
-            Err(status) if status.code() == tonic::Code::Unimplemented => {
-                let reply = client.add(req).await.map_err(rpc)?;
-                Ok((reply.into_inner(), None))
-            }
-            Err(status) => Err(rpc(status)),
-        }
-    }))?;
+        }))
+        .map_err(|e| refused(socket, e))?;
     match first {
         (reply, Some(stream)) if reply.pending_commit => Ok(Early::Pending(
             outcome(reply)?,

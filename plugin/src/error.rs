@@ -39,6 +39,14 @@ pub enum PluginError {
         socket: PathBuf,
         status: tonic::Status,
     },
+    /// dipamd closed this non-root caller's connection at accept (docs/cfp.md §8.3), as its
+    /// answer (dipam_proto::Refused) says.
+    #[error("{}", refused_msg(*uid, *why))]
+    Refused {
+        socket: PathBuf,
+        uid: u32,
+        why: dipam_proto::Refused,
+    },
     /// dipamd was unreachable for a DEL, and no spool that dipamd reads could be written.
     #[error("dipamd is unreachable and the DEL could not be spooled")]
     Spool {
@@ -86,6 +94,17 @@ pub enum PluginError {
         error: Box<PluginError>,
         note: String,
     },
+}
+
+fn refused_msg(uid: u32, why: dipam_proto::Refused) -> String {
+    match why {
+        dipam_proto::Refused::NotAllowed => {
+            format!("dipamd does not serve uid {uid}: it closed the connection at accept")
+        }
+        dipam_proto::Refused::TooManyConnections => {
+            format!("dipamd refused a connection of uid {uid}: it holds too many already")
+        }
+    }
 }
 
 /// A CNI error as printed on stdout.
@@ -175,6 +194,32 @@ impl PluginError {
                     ),
                 )
             }
+            Self::Refused {
+                socket,
+                uid,
+                why: dipam_proto::Refused::NotAllowed,
+            } => (
+                codes::PERMISSION_DENIED,
+                format!(
+                    "{} serves root and the uids in dipamd's --allow-uid (or --admin-uid) only; \
+                     a member of its --socket-group may connect, nothing more. Is uid {uid} in \
+                     --allow-uid? Add it there, or run the runtime as root",
+                    socket.display()
+                ),
+            ),
+            Self::Refused {
+                socket,
+                uid,
+                why: dipam_proto::Refused::TooManyConnections,
+            } => (
+                unavailable,
+                format!(
+                    "uid {uid} holds dipamd's --max-connections-per-uid connections to {} \
+                     already; the runtime retries once some close (raise \
+                     --max-connections-per-uid if this uid needs more at once)",
+                    socket.display()
+                ),
+            ),
             Self::Spool {
                 socket,
                 reason,
@@ -250,6 +295,27 @@ impl From<rscni_types::error::Error> for PluginError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refusal_at_accept_is_155_or_11_and_never_spooled() {
+        let refused = |why| PluginError::Refused {
+            socket: "/run/dipam/dipam.sock".into(),
+            uid: 1000,
+            why,
+        };
+        let e = refused(dipam_proto::Refused::NotAllowed);
+        let cni = e.to_cni(false);
+        assert_eq!(cni.code, codes::PERMISSION_DENIED);
+        assert!(cni.msg.contains("uid 1000"), "{cni:?}");
+        assert!(
+            cni.details.contains("Is uid 1000 in --allow-uid?"),
+            "{cni:?}"
+        );
+        assert!(!e.daemon_unreachable(), "a refused DEL is not spooled");
+        let e = refused(dipam_proto::Refused::TooManyConnections);
+        assert_eq!(e.to_cni(false).code, codes::TRY_AGAIN_LATER);
+        assert!(!e.daemon_unreachable());
+    }
 
     #[test]
     fn status_unreachable_is_50_and_others_are_11() {

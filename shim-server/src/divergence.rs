@@ -117,10 +117,15 @@ impl Misconfigured {
     }
 }
 
-/// Compares one network's ledger with its delegate's store (host-local only: the one whose
+/// Compares one scope's records (gc::scopes: those `creator`, None for root, added on the
+/// network of `dc` in its store) with the delegate's store (host-local only: the one whose
 /// store dipamd can read), and tells its unrecorded reservations apart by a look at the node.
-pub async fn check(w: &Watch, dc: &DelegateConf) -> Result<Option<Divergence>, ShimError> {
-    let Some(mut d) = look(w, dc, None).await?.0 else {
+pub async fn check(
+    w: &Watch,
+    dc: &DelegateConf,
+    creator: Option<u32>,
+) -> Result<Option<Divergence>, ShimError> {
+    let Some(mut d) = look(w, dc, creator).await?.0 else {
         return Ok(None);
     };
     if !d.unrecorded.is_empty() {

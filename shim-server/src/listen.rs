@@ -11,7 +11,9 @@
 //! - **A cap per listener**, and on the gRPC socket per non-root uid: a peer that is neither
 //!   root nor allowed is dropped at accept, from its `SO_PEERCRED`, before a byte of HTTP/2 is
 //!   read; an allowed uid holds at most `--max-connections-per-uid`. Root is bounded only by
-//!   the descriptor budget, so root's pods always reach dipamd.
+//!   the descriptor budget, so root's pods always reach dipamd. A dropped peer first gets a
+//!   fixed answer written, never parsed ([`Refusal::frames`]): its client then reports why
+//!   (the plugin's code 155, not 11 "transport error").
 //! - **Back-off on accept errors**, with the warning rate-limited: a loop that retried at once
 //!   wrote 10.9 million warning lines in 35 s.
 //! - **Timeouts on the connection** ([`Guarded`]): a connection that sends nothing within
@@ -230,6 +232,56 @@ impl Throttle {
     }
 }
 
+/// Why a peer is dropped at accept, as its client learns it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Neither root nor an allowed uid (or no credentials at all).
+    NotAllowed,
+    /// The uid holds --max-connections-per-uid connections already.
+    PerUidCap,
+}
+
+/// How long a dropped peer's connection stays open after its answer, so that its client
+/// reads the answer: closing at once lets the client's own preface hit a closed socket
+/// (EPIPE), and h2 then reports the failed write instead of the GOAWAY.
+pub const LINGER: Duration = Duration::from_secs(2);
+
+/// What a dropped peer may send while it lingers, discarded unread.
+const LINGER_BYTES: usize = 64 << 10;
+
+/// Dropped peers lingering at once; past this, a dropped peer is closed right after its
+/// answer, so a flood of refused connections holds no more than this many descriptors.
+const LINGERING: usize = 4;
+
+impl Refusal {
+    /// The HTTP/2 server preface (an empty SETTINGS frame, RFC 9113 §3.4) and a GOAWAY
+    /// (§6.8: last stream 0, so no request was processed) whose error code the client maps
+    /// by kind: INADEQUATE_SECURITY (0xc; gRPC's PERMISSION_DENIED, grpc/doc/PROTOCOL-HTTP2.md)
+    /// for a peer that is not allowed, ENHANCE_YOUR_CALM (0xb; RESOURCE_EXHAUSTED) for one
+    /// over its cap. The debug data says why, for a client that prints it. Fixed bytes: dipamd
+    /// writes them and never reads, let alone parses, what the peer sends.
+    pub fn frames(self) -> Vec<u8> {
+        let (code, debug): (u32, &[u8]) = match self {
+            Self::NotAllowed => (
+                0xc,
+                b"dipamd: this uid is not root and not in --allow-uid or --admin-uid",
+            ),
+            Self::PerUidCap => (
+                0xb,
+                b"dipamd: this uid holds --max-connections-per-uid connections already",
+            ),
+        };
+        let mut out = vec![0, 0, 0, 4, 0, 0, 0, 0, 0];
+        let len = u32::try_from(8 + debug.len()).unwrap_or(8).to_be_bytes();
+        out.extend_from_slice(&len[1..]);
+        out.extend_from_slice(&[7, 0, 0, 0, 0, 0]);
+        out.extend_from_slice(&0u32.to_be_bytes());
+        out.extend_from_slice(&code.to_be_bytes());
+        out.extend_from_slice(debug);
+        out
+    }
+}
+
 /// Who may connect, as decided at accept from the peer's credentials.
 pub trait Admit: Send + Sync {
     /// Whether a peer with this uid may use the listener at all.
@@ -244,6 +296,7 @@ pub struct Gate {
     listener: Option<Arc<tokio::sync::Semaphore>>,
     peers: Option<Arc<dyn Admit>>,
     per_uid: Arc<PerUid>,
+    lingering: Arc<tokio::sync::Semaphore>,
     refused: Throttle,
     errors: Throttle,
     capped: Throttle,
@@ -259,6 +312,7 @@ impl Gate {
             listener: max.map(|m| Arc::new(tokio::sync::Semaphore::new(m.max(1)))),
             peers: None,
             per_uid: Arc::default(),
+            lingering: Arc::new(tokio::sync::Semaphore::new(LINGERING)),
             refused: Throttle::default(),
             errors: Throttle::default(),
             capped: Throttle::default(),
@@ -306,30 +360,71 @@ impl Gate {
         *backoff = (*backoff * 2).min(Duration::from_secs(1));
     }
 
-    /// The unix peer's verdict: the slot it may hold, or None (dropped, logged throttled).
-    fn admit_peer(&self, uid: Option<u32>, mut slot: Slot) -> Option<Slot> {
+    /// The unix peer's verdict: the slot it may hold, or why it is dropped (logged
+    /// throttled).
+    fn admit_peer(&self, uid: Option<u32>, mut slot: Slot) -> Result<Slot, Refusal> {
         let Some(peers) = &self.peers else {
-            return Some(slot);
+            return Ok(slot);
         };
-        let refuse = |why: &str| {
+        let refuse = |why: &str, refusal| {
             if let Some(n) = self.refused.due() {
                 warn!(listener = self.name, uid = ?uid, suppressed = n, "connection dropped at accept: {why}");
             }
-            None
+            Err(refusal)
         };
         match uid {
-            Some(0) => Some(slot),
+            Some(0) => Ok(slot),
             Some(u) if peers.allows(u) => {
                 if self.per_uid.try_take(u) {
                     slot.uid = Some((Arc::clone(&self.per_uid), u));
-                    Some(slot)
+                    Ok(slot)
                 } else {
-                    refuse("the uid holds --max-connections-per-uid connections already")
+                    refuse(
+                        "the uid holds --max-connections-per-uid connections already",
+                        Refusal::PerUidCap,
+                    )
                 }
             }
-            Some(_) => refuse("not root and not in --allow-uid / --admin-uid"),
-            None => refuse("no peer credentials"),
+            Some(_) => refuse(
+                "not root and not in --allow-uid / --admin-uid",
+                Refusal::NotAllowed,
+            ),
+            None => refuse("no peer credentials", Refusal::NotAllowed),
         }
+    }
+
+    /// Answers a dropped peer with [`Refusal::frames`] and closes its connection: at once
+    /// when [`LINGERING`] others are lingering already, else once the peer closes its end,
+    /// has sent [`LINGER_BYTES`], or [`LINGER`] has passed. What it sends is discarded.
+    fn turn_away(&self, stream: tokio::net::UnixStream, refusal: Refusal) {
+        // A fresh socket's send buffer holds the few bytes; if not, the peer gets nothing.
+        let _ = stream.try_write(&refusal.frames());
+        let Ok(permit) = Arc::clone(&self.lingering).try_acquire_owned() else {
+            return;
+        };
+        // The peer reads our end's EOF after the answer: its client stops waiting at once.
+        let Ok(std) = stream.into_std() else {
+            return;
+        };
+        let _ = std.shutdown(std::net::Shutdown::Write);
+        let Ok(mut stream) = tokio::net::UnixStream::from_std(std) else {
+            return;
+        };
+        tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let mut buf = [0u8; 4096];
+            let mut read = 0;
+            let drain = async {
+                while let Ok(n @ 1..) = stream.read(&mut buf).await {
+                    read += n;
+                    if read >= LINGER_BYTES {
+                        break;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(LINGER, drain).await;
+            drop(permit);
+        });
     }
 
     /// The next admitted unix connection.
@@ -344,8 +439,9 @@ impl Gate {
                 Ok((stream, _)) => {
                     backoff = Duration::from_millis(5);
                     let uid = stream.peer_cred().ok().map(|c| c.uid());
-                    if let Some(slot) = self.admit_peer(uid, slot) {
-                        return Guarded::new(stream, slot);
+                    match self.admit_peer(uid, slot) {
+                        Ok(slot) => return Guarded::new(stream, slot),
+                        Err(refusal) => self.turn_away(stream, refusal),
                     }
                 }
                 Err(e) => {
@@ -587,6 +683,94 @@ mod tests {
         let flood = frame(9, 0, 16384);
         let sent = (0..20).map(|_| w.feed(&flood)).find(Result::is_err);
         assert!(sent.is_some(), "the flood was not cut");
+    }
+
+    /// What a tonic client dialling as the plugin and dipamctl do learns from a connection
+    /// that is turned away, as the plugin reads it: from the call's own error when the
+    /// GOAWAY reached h2 in time, else by probing (dipam_proto::probe_refusal). The flag says
+    /// whether the call's own error told.
+    async fn ask(path: &std::path::Path) -> (Option<dipam_proto::Refused>, bool) {
+        use dipam_proto::{refused_at_accept, v1::cni_client::CniClient};
+        let seen = match dipam_proto::connect(path).await {
+            Err(e) => refused_at_accept(&e),
+            Ok(ch) => {
+                let e = CniClient::new(ch)
+                    .status(dipam_proto::v1::CniRequest::default())
+                    .await
+                    .unwrap_err();
+                refused_at_accept(&e)
+            }
+        };
+        if seen.is_some() {
+            return (seen, true);
+        }
+        let path = path.to_owned();
+        let probed = tokio::task::spawn_blocking(move || {
+            dipam_proto::probe_refusal(&path, dipam_proto::PROBE_TIMEOUT)
+        });
+        (probed.await.unwrap(), false)
+    }
+
+    /// Waits (3 s at most) until `n` lingering places are free.
+    async fn free_places(gate: &Gate, n: usize) {
+        for _ in 0..300 {
+            if gate.lingering.available_permits() == n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("never {n} free lingering places");
+    }
+
+    /// A real tonic/h2 client turned away reads dipamd's refusal by kind, never a bare
+    /// transport error: whether the GOAWAY reaches it before or after its request (then it
+    /// probes), and whether the connection lingers or (past [`LINGERING`] lingering ones)
+    /// closes at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_turned_away_client_reads_why() {
+        use dipam_proto::Refused;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let gate = Arc::new(Gate::new("grpc", Budget::new(4096), None));
+        let refusal = Arc::new(Mutex::new(Refusal::NotAllowed));
+        let server = {
+            let (gate, refusal) = (Arc::clone(&gate), Arc::clone(&refusal));
+            tokio::spawn(async move {
+                loop {
+                    let (stream, _) = listener.accept().await.unwrap();
+                    let r = *refusal.lock().unwrap();
+                    gate.turn_away(stream, r);
+                }
+            })
+        };
+        let mut told = 0;
+        for i in 0..100 {
+            let (got, by_call) = ask(&path).await;
+            assert_eq!(got, Some(Refused::NotAllowed), "connection {i}");
+            told += usize::from(by_call);
+        }
+        eprintln!("the call's own error told the refusal {told} times of 100; the probe the rest");
+        *refusal.lock().unwrap() = Refusal::PerUidCap;
+        assert_eq!(ask(&path).await.0, Some(Refused::TooManyConnections));
+        // Silent peers that never close take every lingering place: the next ones are
+        // answered and closed at once.
+        *refusal.lock().unwrap() = Refusal::NotAllowed;
+        // The clients above close at once; their places come back.
+        free_places(&gate, LINGERING).await;
+        let silent: Vec<_> = (0..LINGERING)
+            .map(|_| std::os::unix::net::UnixStream::connect(&path).unwrap())
+            .collect();
+        free_places(&gate, 0).await;
+        for i in 0..100 {
+            assert_eq!(
+                ask(&path).await.0,
+                Some(Refused::NotAllowed),
+                "unlingered {i}"
+            );
+        }
+        drop(silent);
+        server.abort();
     }
 
     #[test]

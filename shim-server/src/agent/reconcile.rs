@@ -680,6 +680,21 @@ async fn settle_existing(
                         "",
                     ))));
                 }
+                // A delegate that did not answer said nothing about the address: keep it
+                // (its record and the delegate's reservation stand, so no pod gets it) and
+                // check again at the next pass. Releasing it meant a DEL and an ADD into the
+                // same hung delegate (a FIFO planted in host-local's store held dipamd's
+                // start 40 s) and could move the agent's address.
+                Err(why @ ShimError::DelegateTimeout { .. }) => {
+                    warn!(key = %key, reason = %error_text(&why), "the delegate did not answer the agent address's CHECK; kept, checked again at the next pass");
+                    return Ok(Existing::Held(Box::new(address(
+                        slot,
+                        &base.network,
+                        rec.result.as_ref(),
+                        "ready",
+                        &format!("not verified: {}", error_text(&why)),
+                    ))));
+                }
                 Err(why) => {
                     b.previous = mine(&rec, slot.family);
                     b.requested = slot.requested.or(b.previous);

@@ -131,7 +131,7 @@ fn grpc_code_name(code: tonic::Code) -> &'static str {
 /// the operator the wrong way.
 pub fn unreachable_hint(denied: bool) -> &'static str {
     if denied {
-        "dipamd's socket allows only root unless dipamd runs with --socket-group GROUP (this          user in GROUP) or --allow-uid UID: run as root, or ask for one of them"
+        "dipamd's socket allows only root unless dipamd runs with --socket-group GROUP (this user in GROUP) or --allow-uid UID: run as root, or ask for one of them"
     } else {
         "is dipamd running? is --socket right?"
     }

@@ -95,35 +95,6 @@ impl Collector {
     }
 }
 
-/// The delegate configs of every network dipamd knows: the agent's conflist, and one recorded
-/// config per network in the ledger.
-pub async fn networks(
-    core: &crate::core::Core,
-    agent: &crate::agent::Agent,
-) -> Result<Vec<crate::delegate::config::DelegateConf>, crate::error::ShimError> {
-    let mut out: Vec<crate::delegate::config::DelegateConf> = Vec::new();
-    if let Some(cfg) = &agent.config
-        && let Ok(base) = cfg.source.load()
-        && let Ok(bytes) = serde_json::to_vec(&base.request)
-        && let Ok(dc) = crate::delegate::config::DelegateConf::from_request(&bytes, base.mode)
-    {
-        out.push(dc);
-    }
-    // Root's records first: a non-root caller's record under root's network name (container
-    // ID `0` sorts first) once chose the config every node-level check used for root's pods.
-    let mut records = core.ledger(|l| l.list(None)).await?;
-    records.sort_by_key(|r| r.creator_uid.is_some());
-    for rec in records {
-        if out.iter().any(|d| d.network == rec.key.network) {
-            continue;
-        }
-        if let Some(dc) = recorded_conf(&rec) {
-            out.push(dc);
-        }
-    }
-    Ok(out)
-}
-
 /// The delegate config `rec` was added with.
 pub fn recorded_conf(
     rec: &dipam_state::AttachmentRecord,
@@ -154,9 +125,6 @@ pub async fn scopes(
     agent: &crate::agent::Agent,
 ) -> Result<Vec<(crate::delegate::config::DelegateConf, Option<u32>)>, crate::error::ShimError> {
     let mut out: Vec<(crate::delegate::config::DelegateConf, Option<u32>)> = Vec::new();
-    let store_of = |dc: &crate::delegate::config::DelegateConf| {
-        crate::delegate::store::readable_dir(&dc.kind, &dc.conf, &dc.network)
-    };
     if let Some(cfg) = &agent.config
         && let Ok(base) = cfg.source.load()
         && let Ok(bytes) = serde_json::to_vec(&base.request)
@@ -168,16 +136,42 @@ pub async fn scopes(
         let Some(dc) = recorded_conf(&rec) else {
             continue;
         };
-        let seen = out.iter().any(|(d, c)| {
-            d.network == dc.network
-                && *c == rec.creator_uid
-                && (d.kind != dc.kind || store_of(d) == store_of(&dc))
-        });
+        let seen = out
+            .iter()
+            .any(|(d, c)| same_scope(d, *c, &dc, rec.creator_uid));
         if !seen {
             out.push((dc, rec.creator_uid));
         }
     }
     Ok(out)
+}
+
+/// Whether a record added with `dc` by `creator` belongs to the scope of `scope` and
+/// `scope_creator`: same network, same creator, and the same delegate store (a record of
+/// another delegate type on the network joins the scope it shares network and creator with).
+fn same_scope(
+    scope: &crate::delegate::config::DelegateConf,
+    scope_creator: Option<u32>,
+    dc: &crate::delegate::config::DelegateConf,
+    creator: Option<u32>,
+) -> bool {
+    let store_of = |dc: &crate::delegate::config::DelegateConf| {
+        crate::delegate::store::readable_dir(&dc.kind, &dc.conf, &dc.network)
+    };
+    scope.network == dc.network
+        && scope_creator == creator
+        && (scope.kind != dc.kind || store_of(scope) == store_of(dc))
+}
+
+/// The index in `scopes` (as [`scopes`] returns them) of the scope `rec` belongs to.
+pub fn scope_of(
+    scopes: &[(crate::delegate::config::DelegateConf, Option<u32>)],
+    rec: &dipam_state::AttachmentRecord,
+) -> Option<usize> {
+    let dc = recorded_conf(rec)?;
+    scopes
+        .iter()
+        .position(|(d, c)| same_scope(d, *c, &dc, rec.creator_uid))
 }
 
 /// GC safety settings (dipamd flags).

@@ -428,3 +428,56 @@ fn digests_ignore_per_pod_parts_and_own_ips_are_seen() {
         Some(crate::keys::Internal::Pool)
     );
 }
+
+/// A non-root caller's ADD on a pooled network (its delegate type allowed it, as
+/// --non-root-delegate would), with a config of its own: never served from the pool, and its
+/// config never becomes the template the pool is refilled with as root (docs/cfp.md §8.3):
+/// the entry stays the one made from root's config.
+#[tokio::test]
+async fn a_non_root_callers_config_never_becomes_the_template() {
+    let store = Arc::new(MemStore::new());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fake-ipam");
+    std::fs::write(&path, SCRIPT).unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut exec = Executor::new(vec![dir.path().to_owned()], Duration::from_secs(10));
+    exec.non_root_kinds = vec!["fake-ipam".into()];
+    let node = crate::testing::node_on(store.clone(), exec);
+    node.pool.configure(PoolConfig {
+        size: 1,
+        node: "n1".into(),
+        namespace: "kube-system".into(),
+    });
+    let b = Bench { dir, node, store };
+    add_as(&b.node, Caller::ROOT, request("first", "1.0.0", json!({})))
+        .await
+        .unwrap();
+    b.refill().await;
+    let before = b.entries();
+    assert_eq!(before.len(), 1);
+
+    let nobody = Caller {
+        uid: 65534,
+        admin: false,
+    };
+    let mut theirs = request("nobody-pod", "1.0.0", json!({}));
+    let mut conf: Value = serde_json::from_slice(&theirs.stdin).unwrap();
+    conf["ipam"]["delegate"]["subnet"] = json!("10.9.7.0/24");
+    theirs.stdin = serde_json::to_vec(&conf).unwrap();
+    add_as(&b.node, nobody, theirs).await.unwrap();
+    let rec = b.record("nobody-pod").unwrap();
+    assert!(rec.delegate_key.is_none(), "served from the pool: {rec:?}");
+    assert_eq!(rec.creator_uid, Some(65534));
+    b.refill().await;
+    let after = b.entries();
+    assert_eq!(after.len(), 1);
+    assert_eq!(
+        after[0].config_digest, before[0].config_digest,
+        "the pool took nobody's config as its template"
+    );
+    assert!(
+        !b.calls().iter().any(|c| c.starts_with("DEL dipam-pool")),
+        "root's entry was released for nobody's config: {:?}",
+        b.calls()
+    );
+}

@@ -36,6 +36,9 @@ pub struct Dipamd {
     /// The delegate store a lab's pods use: allowed to non-root callers
     /// (`--non-root-data-dir`), as a node allows its own.
     store: Option<PathBuf>,
+    /// Flags of the deployment dipamd is started like (shapes::Deployment), after the test's
+    /// own; kept across [`Self::set_flags`].
+    shape: Vec<String>,
 }
 
 impl Dipamd {
@@ -68,6 +71,7 @@ impl Dipamd {
             starts: 0,
             cni_path: None,
             store: None,
+            shape: Vec::new(),
         }
     }
 
@@ -114,6 +118,16 @@ impl Dipamd {
     /// Replaces the extra flags used by the next start.
     pub fn set_flags(&mut self, extra: &[&str]) {
         self.extra = extra.iter().map(|s| (*s).to_owned()).collect();
+    }
+
+    /// The test's own flags for the next start.
+    pub fn flags(&self) -> &[String] {
+        &self.extra
+    }
+
+    /// Flags of the deployment the next start is shaped like, after the test's own.
+    pub fn set_shape_flags(&mut self, flags: Vec<String>) {
+        self.shape = flags;
     }
 
     pub fn socket(&self) -> PathBuf {
@@ -180,7 +194,8 @@ impl Dipamd {
                     .flat_map(|d| [std::ffi::OsStr::new("--non-root-data-dir"), d.as_os_str()]),
             )
             .args(["--log-level", "debug"])
-            .args(&self.extra);
+            .args(&self.extra)
+            .args(&self.shape);
         cmd
     }
 
@@ -214,7 +229,9 @@ impl Dipamd {
     }
 
     fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        // The longest start a test allows (stores.rs: 30 s, a DaemonSet-shaped dipamd whose
+        // agent's start-up CHECKs each wait --delegate-timeout on a hung store).
+        let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if UnixStream::connect(self.socket()).is_ok() {
                 return;
@@ -226,7 +243,7 @@ impl Dipamd {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("dipamd did not start serving within 20 s:\n{}", self.log());
+        panic!("dipamd did not start serving within 30 s:\n{}", self.log());
     }
 
     pub fn log(&self) -> String {

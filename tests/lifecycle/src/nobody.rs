@@ -34,6 +34,16 @@ pub fn run(cmd: &[&str], env: &[(&str, &str)], stdin: &str) -> Output {
 /// nobody runs the dipam plugin as the IPAM plugin (as ptp would) for `cid`; its JSON answer
 /// (`null` when it printed none).
 pub fn ipam(command: &str, cid: &str, conf: &serde_json::Value) -> serde_json::Value {
+    ipam_with_args(command, cid, "", conf)
+}
+
+/// [`ipam`] with `CNI_ARGS` (a CRI runtime's names the pod).
+pub fn ipam_with_args(
+    command: &str,
+    cid: &str,
+    args: &str,
+    conf: &serde_json::Value,
+) -> serde_json::Value {
     let dipam = crate::bins::bin("dipam").display().to_string();
     let out = run(
         &[&dipam],
@@ -42,7 +52,7 @@ pub fn ipam(command: &str, cid: &str, conf: &serde_json::Value) -> serde_json::V
             ("CNI_CONTAINERID", cid),
             ("CNI_NETNS", "/var/run/netns/nobodys"),
             ("CNI_IFNAME", "eth0"),
-            ("CNI_ARGS", ""),
+            ("CNI_ARGS", args),
             ("CNI_PATH", &crate::bins::cni_path()),
         ],
         &conf.to_string(),

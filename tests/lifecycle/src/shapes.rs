@@ -2,64 +2,14 @@
 //! unit's capability set, non-default paths, and SIGKILL at random moments from a seed that
 //! is printed (and replayed with `DIPAM_SEED`).
 
-use std::{
-    collections::BTreeSet,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
 use crate::bins;
 
 /// `setpriv` with the shipped unit's (deploy/systemd/dipamd.service) `CapabilityBoundingSet`
 /// and `NoNewPrivileges`, execing what follows: dipamd runs with what the unit leaves it.
-/// Several lines of one setting add up and an empty one resets it (systemd.exec(5)).
 pub fn shipped_unit_setpriv() -> Vec<String> {
-    let path = bins::workspace().join("deploy/systemd/dipamd.service");
-    let text =
-        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-    let mut bounding: Option<BTreeSet<String>> = None;
-    let mut no_new_privs = false;
-    for line in text.lines().map(str::trim) {
-        let Some((key, value)) = line.split_once('=') else {
-            continue;
-        };
-        match key.trim() {
-            "CapabilityBoundingSet" if value.trim().is_empty() => {
-                bounding = Some(BTreeSet::new());
-            }
-            "CapabilityBoundingSet" => {
-                assert!(
-                    !value.trim_start().starts_with('~'),
-                    "an inverted CapabilityBoundingSet is not handled here"
-                );
-                bounding
-                    .get_or_insert_default()
-                    .extend(value.split_whitespace().map(|c| {
-                        let c = c.to_ascii_lowercase();
-                        c.strip_prefix("cap_").unwrap_or(&c).to_owned()
-                    }));
-            }
-            "NoNewPrivileges" => no_new_privs = matches!(value.trim(), "yes" | "true"),
-            _ => {}
-        }
-    }
-    let bounding = bounding.expect("the shipped unit bounds dipamd's capabilities");
-    let set = std::iter::once("-all".to_owned())
-        .chain(bounding.iter().map(|c| format!("+{c}")))
-        .collect::<Vec<_>>()
-        .join(",");
-    let mut argv = vec![
-        "setpriv".to_owned(),
-        "--bounding-set".into(),
-        set,
-        "--inh-caps".into(),
-        "-all".into(),
-        "--ambient-caps".into(),
-        "-all".into(),
-    ];
-    if no_new_privs {
-        argv.push("--no-new-privs".into());
-    }
-    argv
+    crate::restrictions::shipped_unit().setpriv()
 }
 
 /// The `ReadWritePaths=` of the shipped unit and then of each drop-in in `dropins`, in that

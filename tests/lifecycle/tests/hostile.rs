@@ -1,8 +1,9 @@
 //! A hostile neighbour on the node (docs/cfp.md, "Threat model"): a local user (nobody, uid
 //! 65534, a real process through setpriv) floods dipamd's listeners while root's pods are
-//! added and deleted through the real plugin chain. dipamd runs as a node runs it: under
-//! the shipped unit's capability set and descriptor limit, or started like the DaemonSet
-//! (metrics on loopback TCP, a container runtime's soft limit below the hard one). Each test
+//! added and deleted through the real plugin chain. dipamd runs as a node runs it
+//! (deployment.rs): under the shipped unit's capability set and descriptor limit, and
+//! started like the DaemonSet (its flags, among them metrics on loopback TCP, its
+//! capabilities and mounts, a container runtime's soft limit below the hard one). Each test
 //! asserts that root's pods keep being served, nothing is lost, and prints its figures.
 
 // Tests: a panic is the failure report.
@@ -10,56 +11,16 @@
 
 use std::{
     io::{Read, Write},
-    os::unix::fs::PermissionsExt,
     time::{Duration, Instant},
 };
 
 use dipam_lifecycle::{
     Lab,
+    deployment::{CONTAINER_NOFILE, Deployment},
     flood::{self, Flood},
-    nobody::NOBODY,
-    require_root, shapes,
+    nobody::{self, NOBODY},
+    require_root,
 };
-
-/// Restarts the lab's dipamd through `prlimit` with `nofile` (SOFT:HARD) and, when
-/// `shipped`, the shipped unit's capability set (its `LimitNOFILE` is passed as `nofile`).
-fn restart_as(lab: &mut Lab, nofile: &str, shipped: bool) {
-    let mut argv = vec![
-        "prlimit".to_owned(),
-        format!("--nofile={nofile}"),
-        "--".into(),
-    ];
-    if shipped {
-        argv.extend(shapes::shipped_unit_setpriv());
-    }
-    lab.dipamd.kill9();
-    lab.dipamd.run_under(&argv);
-    lab.dipamd.start_again();
-    // nobody must reach the socket: its own mode, group and the peer check are what count.
-    std::fs::set_permissions(
-        lab.dipamd.dir.path(),
-        std::fs::Permissions::from_mode(0o755),
-    )
-    .unwrap();
-}
-
-/// The shipped unit's `LimitNOFILE` (SOFT:HARD for prlimit), within this process's own hard
-/// limit (raising it needs CAP_SYS_RESOURCE, which a container running the tests may lack).
-fn shipped_nofile() -> String {
-    let unit = std::fs::read_to_string(
-        dipam_lifecycle::bins::workspace().join("deploy/systemd/dipamd.service"),
-    )
-    .unwrap();
-    let n = unit
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("LimitNOFILE="))
-        .expect("the shipped unit sets LimitNOFILE")
-        .trim()
-        .parse::<u64>()
-        .unwrap()
-        .min(flood::own_hard_nofile());
-    format!("{n}:{n}")
-}
 
 fn scrape(port: u16) -> String {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -71,20 +32,17 @@ fn scrape(port: u16) -> String {
     out
 }
 
-/// Issue 28 §2. Started like the DaemonSet (`--metrics-address` on loopback, reachable by
-/// every local user; the container's soft descriptor limit 1024 below a hard 4096), dipamd
-/// raises its soft limit, accepts at most --metrics-max-connections metrics connections and
-/// keeps its descriptors for root's pods while nobody holds 1,500 connections to the port.
+/// Issue 28 §2. Started like the DaemonSet (its `--metrics-address` on loopback, reachable
+/// by every local user; the container's soft descriptor limit 1024 below a hard 4096),
+/// dipamd raises its soft limit, accepts at most --metrics-max-connections metrics
+/// connections and keeps its descriptors for root's pods while nobody holds 1,500
+/// connections to the port. (The shipped unit exposes no metrics port.)
 #[test]
 fn a_metrics_port_flood_never_starves_root_pods() {
     require_root!();
-    let port = 21_000 + (std::process::id() % 20_000) as u16;
-    let addr = format!("127.0.0.1:{port}");
-    let mut lab = Lab::with_flags(
-        "ptp-dipam-host-local.conflist",
-        &["--metrics-address", &addr],
-    );
-    restart_as(&mut lab, "1024:4096", false);
+    let mut lab = Lab::new("ptp-dipam-host-local.conflist");
+    let started = Deployment::DaemonSet.start(&mut lab, Some(CONTAINER_NOFILE), &[]);
+    let port = started.metrics_port.expect("the DaemonSet serves metrics");
     let pid = lab.dipamd.pid().unwrap();
     assert_eq!(
         flood::nofile(pid),
@@ -131,23 +89,73 @@ fn a_metrics_port_flood_never_starves_root_pods() {
     lab.assert_agree();
 }
 
+/// What a refused peer's plugin and dipamctl say: the plugin's CNI error is 155 (not 11,
+/// "transport error") with a msg naming its uid and details asking whether it is in
+/// --allow-uid; dipamctl says dipamd closed the connection at accept. Nothing is allocated.
+#[track_caller]
+fn assert_told_it_is_refused(lab: &Lab) {
+    let conf = dipam_lifecycle::Runtime::plugin_config(lab.list(), 0, None);
+    let cid = dipam_lifecycle::unique("refused");
+    let answer = nobody::ipam("ADD", &cid, &conf);
+    assert_eq!(answer["code"], 155, "{answer}");
+    let msg = answer["msg"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("uid 65534") && msg.contains("closed the connection at accept"),
+        "{answer}"
+    );
+    let details = answer["details"].as_str().unwrap_or_default();
+    assert!(details.contains("Is uid 65534 in --allow-uid?"), "{answer}");
+    let ctl = dipam_lifecycle::bins::bin("dipamctl").display().to_string();
+    let sock = lab.dipamd.socket().display().to_string();
+    let out = nobody::run(&[&ctl, "--socket", &sock, "status"], &[], "");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("closed the connection at accept")
+            && err.contains("--allow-uid")
+            && !err.contains("transport error"),
+        "{err}"
+    );
+    assert!(
+        !lab.ledger().iter().any(|(id, _)| *id == cid),
+        "a refused ADD was recorded"
+    );
+}
+
 /// Issue 28 §3. A member of `--socket-group` who is not an allowed uid is dropped at accept
-/// from its peer credentials, before any HTTP/2: 3,000 connections leave dipamd's descriptor
-/// count where it was, root's pods are served, and the drop is logged (rate-limited).
-/// dipamd runs under the shipped unit's capabilities and descriptor limit.
+/// from its peer credentials, before any HTTP/2 is read: it is told why (a fixed answer
+/// dipamd writes, never parses; its plugin answers 155), 3,000 connections leave dipamd's
+/// descriptor count where it was, root's pods are served, and the drop is logged
+/// (rate-limited). dipamd runs under the shipped unit's capabilities and descriptor limit.
 #[test]
 fn a_refused_peer_is_dropped_at_accept() {
+    refused_peer(Deployment::ShippedUnit);
+}
+
+/// As above, against a dipamd started like the DaemonSet.
+#[test]
+fn a_refused_peer_is_dropped_at_accept_daemonset() {
+    refused_peer(Deployment::DaemonSet);
+}
+
+fn refused_peer(d: Deployment) {
     require_root!();
     let mut lab = Lab::with_flags("ptp-dipam-host-local.conflist", &["--socket-group", NOBODY]);
-    restart_as(&mut lab, &shipped_nofile(), true);
+    d.start(&mut lab, None, &[]);
+    assert_told_it_is_refused(&lab);
     let pid = lab.dipamd.pid().unwrap();
     let sock = lab.dipamd.socket().display().to_string();
     let fds_before = flood::open_fds(pid);
     let attacker = Flood::start(&["unix", "3000", &sock]);
     let fds_during = flood::open_fds(pid);
+    // Under the flood every lingering place is taken: the answer is written and the
+    // connection closed at once, and the plugin still reads it.
+    assert_told_it_is_refused(&lab);
     let failed = lab.add_and_del(10);
     eprintln!(
-        "refused peer flood: {} connections in {:?}; dipamd fds {} -> {}; root pods failed: {}/10",
+        "refused peer flood ({}): {} connections in {:?}; dipamd fds {} -> {}; root pods \
+         failed: {}/10",
+        d.name(),
         attacker.held,
         attacker.took,
         fds_before,
@@ -175,6 +183,16 @@ fn a_refused_peer_is_dropped_at_accept() {
 /// leave RSS within a few tens of MiB, and it comes back once the attacker leaves.
 #[test]
 fn an_allowed_uid_is_capped_and_its_header_flood_is_bounded() {
+    allowed_uid(Deployment::ShippedUnit);
+}
+
+/// As above, against a dipamd started like the DaemonSet.
+#[test]
+fn an_allowed_uid_is_capped_and_its_header_flood_is_bounded_daemonset() {
+    allowed_uid(Deployment::DaemonSet);
+}
+
+fn allowed_uid(d: Deployment) {
     require_root!();
     let mut lab = Lab::with_flags(
         "ptp-dipam-host-local.conflist",
@@ -187,7 +205,7 @@ fn an_allowed_uid_is_capped_and_its_header_flood_is_bounded() {
             "8",
         ],
     );
-    restart_as(&mut lab, &shipped_nofile(), true);
+    d.start(&mut lab, None, &[]);
     let pid = lab.dipamd.pid().unwrap();
     let sock = lab.dipamd.socket().display().to_string();
     let fds_before = flood::open_fds(pid);
@@ -195,14 +213,17 @@ fn an_allowed_uid_is_capped_and_its_header_flood_is_bounded() {
     let fds_during = flood::open_fds(pid);
     let failed = lab.add_and_del(10);
     eprintln!(
-        "allowed-uid flood: {} connections; dipamd fds {fds_before} -> {fds_during}; root pods \
-         failed: {}/10",
+        "allowed-uid flood ({}): {} connections; dipamd fds {fds_before} -> {fds_during}; \
+         root pods failed: {}/10",
+        d.name(),
         attacker.held,
         failed.len()
     );
     assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
+    // The per-uid cap (8), the refused connections lingering with their answer (at most 4
+    // at once, listen.rs), and 4 to spare.
     assert!(
-        fds_during <= fds_before + 8 + 4,
+        fds_during <= fds_before + 8 + 4 + 4,
         "more than the per-uid cap is held: {fds_before} -> {fds_during}"
     );
     drop(attacker);
@@ -231,8 +252,9 @@ fn an_allowed_uid_is_capped_and_its_header_flood_is_bounded() {
     std::thread::sleep(Duration::from_secs(14));
     let rss_after = flood::rss_kib(pid);
     eprintln!(
-        "header flood: {held} connections sent their blocks; RSS {rss_before} KiB -> \
+        "header flood ({}): {held} connections sent their blocks; RSS {rss_before} KiB -> \
          {rss_during} KiB during -> {rss_after} KiB after; root pods failed: {}/10",
+        d.name(),
         failed.len()
     );
     assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());

@@ -4,7 +4,10 @@
 //! dipamd allows it (`--non-root-data-dir`), against a dipamd under the shipped unit's
 //! capability set with a reconcile every second. Its records decide nothing for root: root's
 //! ADDs are never refused with 159, `dipamctl status` shows root's range, and a reservation
-//! lost from its store makes neither CNI STATUS answer 51 nor health NOT_SERVING.
+//! lost from its store makes neither CNI STATUS answer 51 nor health NOT_SERVING. The
+//! runtime-aware GC (a real containerd) collects its record in its own scope, from its own
+//! store, and doctor reports each scope apart. Every case also runs against a dipamd started
+//! like the DaemonSet (deployment.rs).
 
 // Tests: a panic is the failure report.
 #![allow(clippy::unwrap_used)]
@@ -12,9 +15,11 @@
 use std::{os::unix::fs::PermissionsExt, time::Duration};
 
 use dipam_lifecycle::{
-    Attachment, Lab, Runtime,
+    Attachment, Containerd, Lab, Runtime,
+    deployment::Deployment,
+    hostlocal,
     nobody::{self, NOBODY},
-    require_root, shapes,
+    require_containerd, require_root,
 };
 use serde_json::{Value, json};
 use tonic_health::pb::{
@@ -54,14 +59,30 @@ fn status_json(lab: &Lab) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-#[test]
-fn a_non_root_callers_records_never_decide_for_roots_network() {
-    require_root!();
+/// A store dipamd allows nobody (`--non-root-data-dir`): root-owned, 0755.
+fn their_store() -> tempfile::TempDir {
     let theirs = tempfile::Builder::new()
         .prefix("nobodys-allowed-store-")
         .tempdir()
         .unwrap();
     std::fs::set_permissions(theirs.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    theirs
+}
+
+#[test]
+fn a_non_root_callers_records_never_decide_for_roots_network() {
+    never_decide(Deployment::ShippedUnit);
+}
+
+/// As above, against a dipamd started like the DaemonSet.
+#[test]
+fn a_non_root_callers_records_never_decide_for_roots_network_daemonset() {
+    never_decide(Deployment::DaemonSet);
+}
+
+fn never_decide(d: Deployment) {
+    require_root!();
+    let theirs = their_store();
     let dir = theirs.path().display().to_string();
     let mut lab = Lab::with_flags(
         "ptp-dipam-host-local.conflist",
@@ -76,14 +97,7 @@ fn a_non_root_callers_records_never_decide_for_roots_network() {
             &dir,
         ],
     );
-    lab.dipamd.kill9();
-    lab.dipamd.run_under(&shapes::shipped_unit_setpriv());
-    lab.dipamd.start_again();
-    std::fs::set_permissions(
-        lab.dipamd.dir.path(),
-        std::fs::Permissions::from_mode(0o755),
-    )
-    .unwrap();
+    d.start(&mut lab, None, &[theirs.path()]);
     let net = lab.network();
     let (_ns, kept) = lab.pod();
     lab.rt.add(lab.list(), &kept).unwrap();
@@ -145,4 +159,167 @@ fn a_non_root_callers_records_never_decide_for_roots_network() {
         .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
         .collect();
     assert!(left.is_empty(), "nobody's store still holds {left:?}");
+}
+
+/// `dipamctl doctor --json`'s check named `name`.
+fn doctor_check(lab: &Lab, name: &str) -> Value {
+    let out = lab.dipamd.ctl(&["doctor", "--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("doctor --json: {e}: {out:?}"));
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("no doctor check {name:?} in {v:#}"))
+}
+
+/// One runtime-aware GC pass now (`dipamctl gc --from-runtime --json`): each item's and
+/// kept entry's (containerID, outcome, keep codes).
+fn runtime_pass(lab: &Lab) -> Vec<(String, String, String)> {
+    let out = lab.dipamd.ctl(&["gc", "--from-runtime", "--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("gc --from-runtime: {e}: {out:?}"));
+    assert!(out.status.success(), "{v:#}");
+    ["items", "kept"]
+        .iter()
+        .flat_map(|k| v[*k].as_array().cloned().unwrap_or_default())
+        .map(|i| {
+            let s = |k: &str| i[k].as_str().unwrap_or_default().to_owned();
+            (s("containerID"), s("outcome"), i["keep"].to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn the_runtime_gc_and_doctor_take_a_non_root_record_in_its_own_scope() {
+    runtime_gc_and_doctor(Deployment::ShippedUnit);
+}
+
+/// As above, against a dipamd started like the DaemonSet.
+#[test]
+fn the_runtime_gc_and_doctor_take_a_non_root_record_in_its_own_scope_daemonset() {
+    runtime_gc_and_doctor(Deployment::DaemonSet);
+}
+
+/// nobody adds under root's network name (container ID `0`, first in key order), made
+/// through CRI as far as its CNI_ARGS say, in its own store and range. doctor reports its
+/// scope apart from root's (named with its uid, its own store); the runtime-aware GC, whose
+/// runtime (a real containerd) lists no such sandbox, frees it after two passes from its own
+/// store, while root's sandbox keeps its address and root's store is untouched.
+fn runtime_gc_and_doctor(d: Deployment) {
+    require_containerd!();
+    let theirs = their_store();
+    let dir = theirs.path().display().to_string();
+    let cd = Containerd::start();
+    let endpoint = format!("unix://{}", cd.socket().display());
+    let mut lab = Lab::with_flags(
+        "dipam-host-local-1.1.0.conflist",
+        &[
+            "--cri-endpoint",
+            &endpoint,
+            "--reconcile-interval",
+            "3600",
+            "--gc-grace",
+            "0",
+            "--gc-max-free-share",
+            "1",
+            "--socket-group",
+            NOBODY,
+            "--allow-uid",
+            NOBODY,
+            "--non-root-data-dir",
+            &dir,
+        ],
+    )
+    .with_version("1.0.0");
+    d.start(&mut lab, None, &[theirs.path()]);
+    cd.set_conflist(lab.list());
+    let net = lab.network();
+    let stays = cd.run_pod("stays").unwrap();
+    let ip_stays = cd.pod_ip(&stays.id).unwrap();
+
+    let their_subnet = format!("10.251.{}.0/24", std::process::id() % 250);
+    let conf = json!({
+        "cniVersion": "1.0.0",
+        "name": net,
+        "type": "ptp",
+        "ipam": {
+            "type": "dipam",
+            "socketPath": lab.dipamd.socket(),
+            "delegate": {"type": "host-local", "dataDir": dir, "ranges": [[{"subnet": their_subnet}]]}
+        }
+    });
+    let cri_args = "K8S_POD_NAMESPACE=default;K8S_POD_NAME=ghost;K8S_POD_INFRA_CONTAINER_ID=0;\
+                    K8S_POD_UID=0b5c1a7e-0000-4000-8000-000000000002;IgnoreUnknown=1";
+    let answer = nobody::ipam_with_args("ADD", "0", cri_args, &conf);
+    assert!(answer.get("code").is_none(), "{answer}");
+    let theirs_net = theirs.path().join(&net);
+    let held = |dir: &std::path::Path| hostlocal::store_pairs(dir, &net);
+    assert_eq!(held(theirs.path()).len(), 1, "nobody's reservation");
+
+    // doctor: root's scope and nobody's, each with its own store.
+    let root = doctor_check(
+        &lab,
+        &format!("network {net}: delegate store agrees with the ledger"),
+    );
+    let mine = doctor_check(
+        &lab,
+        &format!("network {net} (uid 65534): delegate store agrees with the ledger"),
+    );
+    eprintln!("doctor ({}): root's {root}\nnobody's {mine}", d.name());
+    assert_eq!(root["ok"], true, "{root:#}");
+    assert_eq!(mine["ok"], true, "{mine:#}");
+    let details = |c: &Value| c["detail"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        details(&root).contains(&lab.data.path().display().to_string()),
+        "{root:#}"
+    );
+    assert!(details(&mine).contains(&dir), "{mine:#}");
+
+    // Two passes: missed once, then freed from nobody's own store.
+    let verdict = |v: &[(String, String, String)], cid: &str| {
+        v.iter()
+            .find(|(c, _, _)| c == cid)
+            .map(|(_, o, k)| (o.clone(), k.clone()))
+            .unwrap_or_else(|| panic!("{cid} not in {v:?}"))
+    };
+    let first = runtime_pass(&lab);
+    assert_eq!(verdict(&first, "0").1, r#"["first-miss"]"#, "{first:?}");
+    assert_eq!(verdict(&first, &stays.id).1, r#"["listed"]"#, "{first:?}");
+    let root_store_before = held(lab.data.path());
+    let second = runtime_pass(&lab);
+    eprintln!("runtime-aware GC ({}): {second:?}", d.name());
+    assert_eq!(
+        verdict(&second, "0").0,
+        "freed",
+        "{second:?}\n{}",
+        lab.dipamd.log()
+    );
+    assert!(
+        held(theirs.path()).is_empty(),
+        "nobody's store still holds {:?}",
+        held(theirs.path())
+    );
+    assert!(theirs_net.is_dir());
+    assert_eq!(
+        held(lab.data.path()),
+        root_store_before,
+        "root's store changed"
+    );
+    assert!(
+        lab.ledger().contains(&(stays.id.clone(), ip_stays.clone())),
+        "{:?}",
+        lab.ledger()
+    );
+    assert!(!lab.ledger().iter().any(|(c, _)| c == "0"));
+    lab.assert_agree();
+    let failed = lab.add_and_del(3);
+    assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
+
+    // containerd's own DELs, while dipamd serves.
+    cd.stop_pod(&stays.id).unwrap();
+    cd.remove_pod(&stays.id).unwrap();
+    lab.assert_agree();
+    assert!(!lab.ledger().iter().any(|(c, _)| *c == stays.id));
 }

@@ -57,7 +57,8 @@ fn non_root_peers_are_refused_unless_allowed() {
         &conf,
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(v["code"].as_u64().is_some_and(|c| c > 0), "{v}");
+    // Told why (dipamd's answer at accept), not 11 "transport error" (hostile.rs has the rest).
+    assert_eq!(v["code"], 155, "{v}");
     eprintln!("a refused peer's plugin answer: {v}");
     assert!(d.ledger().is_empty());
 

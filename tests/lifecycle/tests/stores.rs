@@ -3,7 +3,8 @@
 //! (nobody, 65534, a real process through setpriv, `--allow-uid`) may not have the store kept
 //! in a directory it can write, and entries that are not small regular files (a FIFO, a link
 //! to a device of endless zeros, a huge file) never stop dipamd from serving: not while it
-//! runs, and not at its next start. dipamd runs under the shipped unit's capability set.
+//! runs, and not at its next start. dipamd runs under the shipped unit's capability set, and
+//! started like the DaemonSet (deployment.rs).
 
 // Tests: a panic is the failure report.
 #![allow(clippy::unwrap_used)]
@@ -15,25 +16,19 @@ use std::{
 
 use dipam_lifecycle::{
     Lab, Runtime,
+    deployment::Deployment,
     nobody::{self, NOBODY},
-    require_root, shapes,
+    require_root,
 };
 use serde_json::json;
 
-/// A lab whose dipamd admits nobody, restarted under the shipped unit's capability set.
-fn lab() -> Lab {
+/// A lab whose dipamd admits nobody, restarted as `d` starts it.
+fn lab(d: Deployment) -> Lab {
     let mut lab = Lab::with_flags(
         "ptp-dipam-host-local.conflist",
         &["--socket-group", NOBODY, "--allow-uid", NOBODY],
     );
-    lab.dipamd.kill9();
-    lab.dipamd.run_under(&shapes::shipped_unit_setpriv());
-    lab.dipamd.start_again();
-    std::fs::set_permissions(
-        lab.dipamd.dir.path(),
-        std::fs::Permissions::from_mode(0o755),
-    )
-    .unwrap();
+    d.start(&mut lab, None, &[]);
     lab
 }
 
@@ -44,8 +39,18 @@ fn lab() -> Lab {
 /// served and the ledger and host-local agree.
 #[test]
 fn a_non_root_caller_cannot_choose_where_root_writes_the_store() {
+    cannot_choose_the_store(Deployment::ShippedUnit);
+}
+
+/// As above, against a dipamd started like the DaemonSet.
+#[test]
+fn a_non_root_caller_cannot_choose_where_root_writes_the_store_daemonset() {
+    cannot_choose_the_store(Deployment::DaemonSet);
+}
+
+fn cannot_choose_the_store(d: Deployment) {
     require_root!();
-    let lab = lab();
+    let lab = lab(d);
     let net = lab.network();
     let mine = tempfile::Builder::new()
         .prefix("nobodys-store-")
@@ -105,8 +110,18 @@ fn a_non_root_caller_cannot_choose_where_root_writes_the_store() {
 /// (the test above); once the entries are gone, root's pods are served and nothing was lost.
 #[test]
 fn planted_store_entries_never_stop_dipamd() {
+    planted_entries(Deployment::ShippedUnit);
+}
+
+/// As above, against a dipamd started like the DaemonSet.
+#[test]
+fn planted_store_entries_never_stop_dipamd_daemonset() {
+    planted_entries(Deployment::DaemonSet);
+}
+
+fn planted_entries(d: Deployment) {
     require_root!();
-    let mut lab = lab();
+    let mut lab = lab(d);
     let (_ns, pod) = lab.pod();
     lab.rt.add(lab.list(), &pod).unwrap();
     let store = lab.data.path().join(lab.network());
@@ -142,7 +157,10 @@ fn planted_store_entries_never_stop_dipamd() {
     }
     let pid = lab.dipamd.pid().unwrap();
     let rss = dipam_lifecycle::flood::rss_kib(pid);
-    eprintln!("planted store: bound after {bound:?}, status in {took:?}, RSS {rss} KiB");
+    eprintln!(
+        "planted store ({}): bound after {bound:?}, status in {took:?}, RSS {rss} KiB",
+        d.name()
+    );
     assert!(bound < Duration::from_secs(30), "{bound:?}");
     assert!(took.iter().all(|t| *t < Duration::from_secs(5)), "{took:?}");
     assert!(rss < 256 * 1024, "RSS {rss} KiB");

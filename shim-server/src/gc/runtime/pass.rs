@@ -17,7 +17,10 @@ use super::{ListError, Refusal, RuntimeGc};
 use crate::{
     clock::now,
     core::births::GcStart,
-    delegate::{config::result_ips, store},
+    delegate::{
+        config::{DelegateConf, result_ips},
+        store,
+    },
     error::ShimError,
     events::Event,
     gc::{Valid, collect::collect},
@@ -362,8 +365,12 @@ fn refused(
     report
 }
 
-/// Frees `stale` network by network through the GC's entry point, the rest of each network's
-/// attachments given as valid; fills in each item's outcome. Returns how many were freed.
+/// Frees `stale` scope by scope (gc::scopes: network, creator, delegate store) through the
+/// GC's entry point, the rest of each network's attachments given as valid; fills in each
+/// item's outcome. Returns how many were freed. Each scope is collected with its own config:
+/// a non-root caller's record under root's network name is released from its own store, and
+/// root's store is never read, GC'd or searched for orphans with its config (docs/cfp.md
+/// §8.3).
 async fn free(
     c: &Collector,
     records: &[AttachmentRecord],
@@ -374,116 +381,145 @@ async fn free(
     if stale.is_empty() {
         return 0;
     }
-    let mut by_network: BTreeMap<&str, Vec<&AttachmentRecord>> = BTreeMap::new();
-    for r in stale {
-        by_network.entry(&r.key.network).or_default().push(r);
-    }
-    let networks = match super::super::networks(&c.core, &c.agent).await {
-        Ok(n) => n,
+    let scopes = match crate::gc::scopes(&c.core, &c.agent).await {
+        Ok(s) => s,
         Err(e) => {
-            fail_all(report, None, &e.to_string());
+            fail(report, None, &e.to_string());
             return 0;
         }
     };
-    for (network, gone) in by_network {
-        let Some(dc) = networks.iter().find(|d| d.network == network) else {
-            fail_all(report, Some(network), "no config recorded for the network");
-            continue;
-        };
-        let gone_keys: HashSet<&AttachmentKey> = gone.iter().map(|r| &r.key).collect();
-        let mine: Vec<&AttachmentRecord> = records
-            .iter()
-            .filter(|r| r.key.network == network)
-            .collect();
-        // Everything else of the network is valid: the GC frees exactly `gone`.
-        let mut valid: Vec<(String, String)> = mine
-            .iter()
-            .filter(|r| !gone_keys.contains(&r.key))
-            .map(|r| (r.key.container_id.clone(), r.key.ifname.clone()))
-            .collect();
-        // Reservations the delegate holds that dipamd never recorded are the reconcile's
-        // business (--reconcile-free), not the runtime's: valid here, so the GC keeps them.
-        if let Some(dir) = store::readable_dir(&dc.kind, &dc.conf, &dc.network) {
-            let known: HashSet<(&str, &str)> = mine.iter().map(|r| r.delegate_ids()).collect();
-            let known_ids: HashSet<&str> = known.iter().map(|(c, _)| *c).collect();
-            match store::read(dir.clone()).await {
-                Ok(held) => valid.extend(
-                    held.into_iter()
-                        .filter(|h| {
-                            if h.ifname.is_empty() {
-                                !known_ids.contains(h.container_id.as_str())
-                            } else {
-                                !known.contains(&(h.container_id.as_str(), h.ifname.as_str()))
-                            }
-                        })
-                        .map(|h| (h.container_id, h.ifname)),
-                ),
-                Err(e) => {
-                    fail_all(
-                        report,
-                        Some(network),
-                        &format!("reading {}: {e}", dir.display()),
-                    );
-                    continue;
-                }
-            }
+    let mut by_scope: BTreeMap<usize, Vec<&AttachmentRecord>> = BTreeMap::new();
+    for r in stale {
+        match crate::gc::scope_of(&scopes, r) {
+            Some(i) => by_scope.entry(i).or_default().push(r),
+            None => fail(report, Some(&[r]), "no config recorded for its scope"),
         }
-        // `force`: the node-wide share interlock above stands for the per-network one, which
-        // would keep the last attachment of a network the runtime no longer uses forever.
-        match collect(c, dc, "", Valid::List(valid), began, false, true).await {
-            Ok(plan) => {
-                for it in report.items.iter_mut().filter(|i| i.network == network) {
-                    let done = plan.items.iter().find(|g| {
-                        g.kind == "ledger"
-                            && g.container_id == it.container_id
-                            && g.ifname == it.ifname
-                    });
-                    match done {
-                        Some(g) => {
-                            it.outcome = g.outcome.clone();
-                            it.error = g.error.clone();
-                        }
-                        None => {
-                            // The GC kept it after all (it changed since the list was read).
-                            let why = plan
-                                .kept
-                                .iter()
-                                .find(|g| {
-                                    g.container_id == it.container_id && g.ifname == it.ifname
-                                })
-                                .map(|g| g.reason.clone())
-                                .unwrap_or_else(|| "gone from the ledger meanwhile".into());
-                            it.outcome = "kept".into();
-                            it.reason = format!("kept by the GC: {why}");
-                        }
-                    }
-                }
-                for other in plan.items.iter().filter(|g| {
-                    !(g.kind == "ledger"
-                        && gone.iter().any(|r| {
-                            r.key.container_id == g.container_id && r.key.ifname == g.ifname
-                        }))
-                }) {
-                    warn!(network, kind = %other.kind, container_id = %other.container_id, outcome = %other.outcome, "runtime-aware GC: the network's GC also collected this");
-                }
-            }
-            Err(e) => fail_all(report, Some(network), &e.to_string()),
-        }
+    }
+    for (i, gone) in by_scope {
+        free_scope(c, records, &scopes[i].0, &gone, began, report).await;
     }
     report.items.iter().filter(|i| i.outcome == "freed").count() as u64
 }
 
-fn fail_all(report: &mut Report, network: Option<&str>, error: &str) {
+/// Frees `gone` (one scope's stale records) with the scope's config `dc`.
+async fn free_scope(
+    c: &Collector,
+    records: &[AttachmentRecord],
+    dc: &DelegateConf,
+    gone: &[&AttachmentRecord],
+    began: GcStart,
+    report: &mut Report,
+) {
+    let network = dc.network.as_str();
+    let valid = match scope_valid(records, dc, gone).await {
+        Ok(v) => v,
+        Err(e) => return fail(report, Some(gone), &e),
+    };
+    let is_gone = |container_id: &str, ifname: &str| {
+        gone.iter()
+            .any(|r| r.key.container_id == container_id && r.key.ifname == ifname)
+    };
+    // `force`: the node-wide share interlock above stands for the per-network one, which
+    // would keep the last attachment of a network the runtime no longer uses forever.
+    let plan = match collect(c, dc, "", Valid::List(valid), began, false, true).await {
+        Ok(plan) => plan,
+        Err(e) => return fail(report, Some(gone), &e.to_string()),
+    };
     for it in report
         .items
         .iter_mut()
-        .filter(|i| network.is_none_or(|n| i.network == n))
+        .filter(|i| i.network == network && is_gone(&i.container_id, &i.ifname))
     {
+        let done = plan.items.iter().find(|g| {
+            g.kind == "ledger" && g.container_id == it.container_id && g.ifname == it.ifname
+        });
+        match done {
+            Some(g) => {
+                it.outcome = g.outcome.clone();
+                it.error = g.error.clone();
+            }
+            None => {
+                // The GC kept it after all (it changed since the list was read).
+                let why = plan
+                    .kept
+                    .iter()
+                    .find(|g| g.container_id == it.container_id && g.ifname == it.ifname)
+                    .map(|g| g.reason.clone())
+                    .unwrap_or_else(|| "gone from the ledger meanwhile".into());
+                it.outcome = "kept".into();
+                it.reason = format!("kept by the GC: {why}");
+            }
+        }
+    }
+    for other in plan
+        .items
+        .iter()
+        .filter(|g| !(g.kind == "ledger" && is_gone(&g.container_id, &g.ifname)))
+    {
+        warn!(network, kind = %other.kind, container_id = %other.container_id, outcome = %other.outcome, "runtime-aware GC: the network's GC also collected this");
+    }
+}
+
+/// The valid list a scope's GC gets: every record of its network but `gone`, and the
+/// reservations its store holds that dipamd never recorded (the reconcile's business,
+/// --reconcile-free, not the runtime's: valid here, so the GC keeps them).
+async fn scope_valid(
+    records: &[AttachmentRecord],
+    dc: &DelegateConf,
+    gone: &[&AttachmentRecord],
+) -> Result<Vec<(String, String)>, String> {
+    let gone_keys: HashSet<&AttachmentKey> = gone.iter().map(|r| &r.key).collect();
+    let mine: Vec<&AttachmentRecord> = records
+        .iter()
+        .filter(|r| r.key.network == dc.network)
+        .collect();
+    let mut valid: Vec<(String, String)> = mine
+        .iter()
+        .filter(|r| !gone_keys.contains(&r.key))
+        .map(|r| (r.key.container_id.clone(), r.key.ifname.clone()))
+        .collect();
+    let Some(dir) = store::readable_dir(&dc.kind, &dc.conf, &dc.network) else {
+        return Ok(valid);
+    };
+    let known: HashSet<(&str, &str)> = mine.iter().map(|r| r.delegate_ids()).collect();
+    let known_ids: HashSet<&str> = known.iter().map(|(c, _)| *c).collect();
+    let held = store::read(dir.clone())
+        .await
+        .map_err(|e| format!("reading {}: {e}", dir.display()))?;
+    valid.extend(
+        held.into_iter()
+            .filter(|h| {
+                if h.ifname.is_empty() {
+                    !known_ids.contains(h.container_id.as_str())
+                } else {
+                    !known.contains(&(h.container_id.as_str(), h.ifname.as_str()))
+                }
+            })
+            .map(|h| (h.container_id, h.ifname)),
+    );
+    Ok(valid)
+}
+
+/// Marks `gone`'s items (None: every item) failed with `error`.
+fn fail(report: &mut Report, gone: Option<&[&AttachmentRecord]>, error: &str) {
+    let hit = |it: &RuntimeGcItem| {
+        gone.is_none_or(|g| {
+            g.iter().any(|r| {
+                r.key.network == it.network
+                    && r.key.container_id == it.container_id
+                    && r.key.ifname == it.ifname
+            })
+        })
+    };
+    for it in report.items.iter_mut().filter(|i| hit(i)) {
         it.outcome = "failed".into();
         it.error = error.to_owned();
     }
+    let network = gone
+        .and_then(|g| g.first())
+        .map_or("*", |r| r.key.network.as_str());
     warn!(
-        network = network.unwrap_or("*"),
+        network,
         error, "runtime-aware GC could not free; the next pass tries again"
     );
 }

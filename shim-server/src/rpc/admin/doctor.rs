@@ -111,8 +111,8 @@ fn spool_checks(node: &Node, checks: &mut Vec<DoctorCheck>) {
 pub async fn run(node: &Node) -> Result<DoctorReply, ShimError> {
     let mut checks = Vec::new();
     let state_tmpfs = ledger_checks(node, &mut checks);
-    for dc in networks(node, &mut checks).await {
-        network_checks(node, &dc, state_tmpfs, &mut checks).await;
+    for (dc, creator) in scopes(node, &mut checks).await {
+        network_checks(node, &dc, creator, state_tmpfs, &mut checks).await;
     }
     agent_checks(node, &mut checks);
     runtime_gc_check(node, &mut checks);
@@ -195,11 +195,14 @@ fn ledger_checks(node: &Node, checks: &mut Vec<DoctorCheck>) -> bool {
     state_tmpfs
 }
 
-/// The networks to check: a ledger that cannot be read fails a check here and leaves none.
-async fn networks(node: &Node, checks: &mut Vec<DoctorCheck>) -> Vec<DelegateConf> {
+/// The scopes to check (gc::scopes: network, creator, delegate store), each with its own
+/// config: a non-root caller's records under root's network name are checked as its own,
+/// never as root's network (docs/cfp.md §8.3). A ledger that cannot be read fails a check
+/// here and leaves none.
+async fn scopes(node: &Node, checks: &mut Vec<DoctorCheck>) -> Vec<(DelegateConf, Option<u32>)> {
     // A ledger that cannot be read (its disk is full and the store is being reopened) fails
     // these checks, not the whole report: doctor is what the operator runs then.
-    match crate::gc::networks(&node.core, &node.agent).await {
+    match crate::gc::scopes(&node.core, &node.agent).await {
         Ok(n) => n,
         Err(e) => {
             checks.push(check(
@@ -213,15 +216,25 @@ async fn networks(node: &Node, checks: &mut Vec<DoctorCheck>) -> Vec<DelegateCon
     }
 }
 
-/// One network: its delegate answers VERSION, its store is persistent and agrees with the
-/// ledger (divergence.rs).
+/// How a scope's checks are named: `network NAME` for root's, `network NAME (uid N)` for a
+/// non-root caller's.
+fn scope_name(dc: &DelegateConf, creator: Option<u32>) -> String {
+    match creator {
+        None => dc.network.clone(),
+        Some(uid) => format!("{} (uid {uid})", dc.network),
+    }
+}
+
+/// One scope: its delegate answers VERSION, its store is persistent and agrees with the
+/// scope's records (divergence.rs).
 async fn network_checks(
     node: &Node,
     dc: &DelegateConf,
+    creator: Option<u32>,
     state_tmpfs: bool,
     checks: &mut Vec<DoctorCheck>,
 ) {
-    let net = &dc.network;
+    let net = &scope_name(dc, creator);
     match node.core.exec.probe(&dc.kind, "").await {
         Ok(p) => checks.push(check(
             format!("network {net}: delegate {}", dc.kind),
@@ -244,7 +257,7 @@ async fn network_checks(
             "install the delegate plugin or add its directory to dipamd --cni-path",
         )),
     }
-    let Some(dir) = store::readable_dir(&dc.kind, &dc.conf, net) else {
+    let Some(dir) = store::readable_dir(&dc.kind, &dc.conf, &dc.network) else {
         checks.push(check(
             format!("network {net}: delegate store"),
             true,
@@ -264,7 +277,7 @@ async fn network_checks(
         ),
         "put the delegate's dataDir on persistent storage, as dipamd's ledger is",
     ));
-    let divergence = match divergence::check(&node.watch(), dc).await {
+    let divergence = match divergence::check(&node.watch(), dc, creator).await {
         Ok(d) => d,
         Err(e) => {
             checks.push(check(
@@ -277,7 +290,7 @@ async fn network_checks(
         }
     };
     if let Some(d) = divergence {
-        divergence_checks(dc, &dir, d, checks);
+        divergence_checks(dc, net, &dir, d, checks);
     }
 }
 
@@ -285,11 +298,11 @@ async fn network_checks(
 /// running pods the ledger lacks, and a network refused for pod ADDs.
 fn divergence_checks(
     dc: &DelegateConf,
+    net: &str,
     dir: &std::path::Path,
     d: divergence::Divergence,
     checks: &mut Vec<DoctorCheck>,
 ) {
-    let net = &dc.network;
     checks.push(check(
         format!("network {net}: delegate store agrees with the ledger"),
         d.missing.is_empty(),
