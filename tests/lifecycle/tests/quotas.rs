@@ -1,10 +1,9 @@
 //! Per-caller quotas (issue 28 §6, docs/cfp.md §8.3 "an allowed uid's quotas"). An allowed
 //! uid (nobody, 65534, a real process through setpriv, `--allow-uid`) leaves ADDs stuck in
 //! `adding`, floods dipamd with ADDs that hang, and fills the ledger with large configs, the
-//! way an attacker would; dipamd runs under the shipped unit's capability set, or started
-//! like the DaemonSet (deploy/kubernetes/dipam.yaml: its securityContext's capabilities and
-//! no-new-privs, a container runtime's soft descriptor limit, its `--log-format json` and
-//! loopback `--metrics-address`). Each test asserts that root's pods keep being served within
+//! way an attacker would; dipamd runs under the shipped unit's restrictions, or started like
+//! the DaemonSet (its arguments, securityContext, descriptor limit and mounts: the shared
+//! harness, src/deployment.rs). Each test asserts that root's pods keep being served within
 //! a time bound, that nothing is lost (the ledger and host-local agree), and prints its
 //! figures.
 
@@ -13,66 +12,23 @@
 
 use std::{
     fs::File,
-    os::unix::fs::PermissionsExt,
     path::Path,
     time::{Duration, Instant},
 };
 
 use dipam_lifecycle::{
-    Lab, Runtime, bins, flood,
+    Lab, Runtime,
+    deployment::Deployment,
+    flood,
     nobody::{self, NOBODY},
-    require_root, shapes, yaml,
+    require_root,
 };
 use serde_json::{Value, json};
 
-#[derive(Clone, Copy, Debug)]
-enum Shape {
-    /// deploy/systemd/dipamd.service's capability bounding set and NoNewPrivileges.
-    Unit,
-    /// deploy/kubernetes/dipam.yaml's dipamd container.
-    DaemonSet,
-}
-
-/// `setpriv` with the DaemonSet's dipamd container's `securityContext`: every capability
-/// dropped but the ones it adds, `allowPrivilegeEscalation: false` as no-new-privs.
-fn daemonset_setpriv() -> Vec<String> {
-    let path = bins::workspace().join("deploy/kubernetes/dipam.yaml");
-    let docs = yaml::parse(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
-    let c = ds["spec"]["template"]["spec"]["containers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "dipamd")
-        .unwrap();
-    let sc = &c["securityContext"];
-    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]), "{sc}");
-    let caps: Vec<String> = sc["capabilities"]["add"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| format!("+{}", a.as_str().unwrap().to_ascii_lowercase()))
-        .collect();
-    let set = format!("-all,{}", caps.join(","));
-    let mut argv: Vec<String> = ["prlimit", "--nofile=1024:4096", "--", "setpriv"]
-        .map(String::from)
-        .into();
-    argv.extend(["--bounding-set".into(), set]);
-    argv.extend(["--inh-caps", "-all", "--ambient-caps", "-all"].map(String::from));
-    if sc["allowPrivilegeEscalation"] == false {
-        argv.push("--no-new-privs".into());
-    }
-    argv
-}
-
-/// A lab whose dipamd admits nobody, restarted in `shape`, with `extra` flags. host-local
-/// gets 2 s (`--delegate-timeout`), so that a held lock costs seconds, not the default's.
-fn lab(shape: Shape, extra: &[&str]) -> Lab {
-    // One port per lab: the tests of this file run in parallel in one process.
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let port = (21_000 + (std::process::id() * 8 + n) % 20_000).to_string();
-    let metrics = format!("127.0.0.1:{port}");
+/// A lab whose dipamd admits nobody, restarted as `d` starts it, with `extra` flags.
+/// host-local gets 2 s (`--delegate-timeout`), so that a held lock costs seconds, not the
+/// default's.
+fn lab(d: Deployment, extra: &[&str]) -> Lab {
     let mut flags = vec![
         "--socket-group",
         NOBODY,
@@ -81,23 +37,9 @@ fn lab(shape: Shape, extra: &[&str]) -> Lab {
         "--delegate-timeout",
         "2",
     ];
-    if matches!(shape, Shape::DaemonSet) {
-        flags.extend(["--log-format", "json", "--metrics-address", &metrics]);
-    }
     flags.extend(extra);
     let mut lab = Lab::with_flags("ptp-dipam-host-local.conflist", &flags);
-    lab.dipamd.kill9();
-    lab.dipamd.run_under(&match shape {
-        Shape::Unit => shapes::shipped_unit_setpriv(),
-        Shape::DaemonSet => daemonset_setpriv(),
-    });
-    lab.dipamd.start_again();
-    // nobody must reach the socket: its own mode, group and the peer check are what count.
-    std::fs::set_permissions(
-        lab.dipamd.dir.path(),
-        std::fs::Permissions::from_mode(0o755),
-    )
-    .unwrap();
+    d.start(&mut lab, None, &[]);
     lab
 }
 
@@ -219,8 +161,9 @@ fn dir_bytes(dir: &Path) -> u64 {
 /// once (before, each record's release waited out `--delegate-timeout` before the bind: 4 of
 /// them once delayed a start by 40 s) and replays nobody's records while serving; root's
 /// pods are served within seconds.
-fn stuck_intents_never_hold_the_socket_closed(shape: Shape) {
-    let mut lab = lab(shape, &[]);
+fn stuck_intents_never_hold_the_socket_closed(d: Deployment) {
+    let name = d.name();
+    let mut lab = lab(d, &[]);
     let lock = hold_lock(&lab);
     let cids: Vec<String> = (0..8)
         .map(|i| dipam_lifecycle::unique(&format!("stuck{i}")))
@@ -228,7 +171,7 @@ fn stuck_intents_never_hold_the_socket_closed(shape: Shape) {
     let t = Instant::now();
     let answers = nobody_adds(&cids, &nobodys_conf(&lab, 0));
     eprintln!(
-        "{shape:?}: nobody's 8 ADDs answered in {:?}, codes {:?}",
+        "{name}: nobody's 8 ADDs answered in {:?}, codes {:?}",
         t.elapsed(),
         answers
             .iter()
@@ -251,7 +194,7 @@ fn stuck_intents_never_hold_the_socket_closed(shape: Shape) {
     let served = Instant::now();
     let failed = root_served(&lab, 5, Duration::from_secs(5));
     eprintln!(
-        "{shape:?}: 8 stuck intents of nobody (release 2 s each): socket bound {bound:?} after \
+        "{name}: 8 stuck intents of nobody (release 2 s each): socket bound {bound:?} after \
          the start; 5 root pods served in {:?}, failed {}",
         served.elapsed(),
         failed.len()
@@ -262,19 +205,19 @@ fn stuck_intents_never_hold_the_socket_closed(shape: Shape) {
     drop(lock);
     let t = Instant::now();
     assert_nothing_lost(&lab, &cids);
-    eprintln!("{shape:?}: nobody's DELs done in {:?}", t.elapsed());
+    eprintln!("{name}: nobody's DELs done in {:?}", t.elapsed());
 }
 
 #[test]
 fn stuck_intents_never_hold_the_socket_closed_under_the_unit() {
     require_root!();
-    stuck_intents_never_hold_the_socket_closed(Shape::Unit);
+    stuck_intents_never_hold_the_socket_closed(Deployment::ShippedUnit);
 }
 
 #[test]
 fn stuck_intents_never_hold_the_socket_closed_like_the_daemonset() {
     require_root!();
-    stuck_intents_never_hold_the_socket_closed(Shape::DaemonSet);
+    stuck_intents_never_hold_the_socket_closed(Deployment::DaemonSet);
 }
 
 /// Issue 28 §6, slots: nobody sends 30 ADDs at once that hang on its store's lock (before,
@@ -282,8 +225,9 @@ fn stuck_intents_never_hold_the_socket_closed_like_the_daemonset() {
 /// `--non-root-max-in-flight` (16) in flight, the rest refused at once with 155 naming the
 /// flag, and at most `--non-root-max-slots` (4) running; root's pods are served meanwhile,
 /// each within 5 s.
-fn stuck_adds_never_take_roots_slots(shape: Shape) {
-    let lab = lab(shape, &[]);
+fn stuck_adds_never_take_roots_slots(d: Deployment) {
+    let name = d.name();
+    let lab = lab(d, &[]);
     let lock = hold_lock(&lab);
     let cids: Vec<String> = (0..30)
         .map(|i| dipam_lifecycle::unique(&format!("flood{i}")))
@@ -308,7 +252,7 @@ fn stuck_adds_never_take_roots_slots(shape: Shape) {
         })
         .collect();
     eprintln!(
-        "{shape:?}: nobody's 30 hanging ADDs: {} refused (in flight), codes {:?}; 8 root pods \
+        "{name}: nobody's 30 hanging ADDs: {} refused (in flight), codes {:?}; 8 root pods \
          served in {took:?}, failed {}",
         refused.len(),
         answers
@@ -332,13 +276,13 @@ fn stuck_adds_never_take_roots_slots(shape: Shape) {
 #[test]
 fn stuck_adds_never_take_roots_slots_under_the_unit() {
     require_root!();
-    stuck_adds_never_take_roots_slots(Shape::Unit);
+    stuck_adds_never_take_roots_slots(Deployment::ShippedUnit);
 }
 
 #[test]
 fn stuck_adds_never_take_roots_slots_like_the_daemonset() {
     require_root!();
-    stuck_adds_never_take_roots_slots(Shape::DaemonSet);
+    stuck_adds_never_take_roots_slots(Deployment::DaemonSet);
 }
 
 /// Issue 28 §6, ledger size: nobody sends 60 ADDs with 0.95 MB configs while root's pods are
@@ -348,8 +292,9 @@ fn stuck_adds_never_take_roots_slots_like_the_daemonset() {
 /// small configs nobody gets `--non-root-max-records` (here 12) attachments and no more, and
 /// the count holds across a restart. Root's pods are served, the state directory and RSS stay
 /// small, nothing is lost.
-fn a_caller_can_never_fault_the_ledger(shape: Shape) {
-    let mut lab = lab(shape, &["--non-root-max-records", "12"]);
+fn a_caller_can_never_fault_the_ledger(d: Deployment) {
+    let name = d.name();
+    let mut lab = lab(d, &["--non-root-max-records", "12"]);
     let big = nobodys_conf(&lab, 950_000);
     let cids: Vec<String> = (0..60)
         .map(|i| dipam_lifecycle::unique(&format!("big{i}")))
@@ -381,14 +326,28 @@ fn a_caller_can_never_fault_the_ledger(shape: Shape) {
         })
         .count();
     eprintln!(
-        "{shape:?}: nobody's 60 ADDs of 0.95 MB: {ok} served, {by_bytes} refused by bytes; 20 \
+        "{name}: nobody's 60 ADDs of 0.95 MB: {ok} served, {by_bytes} refused by bytes; 20 \
          root pods in {took:?}, failed {}; state dir {} KiB, RSS {rss} KiB",
         failed.len(),
         state / 1024
     );
+    // Started like the DaemonSet, the agent holds two addresses (router, health) of the same
+    // range; nobody's store, its own, may hand out one of them first, which dipamd refuses
+    // as a conflict (156) before the quota is reached.
+    let conflicts = answers
+        .iter()
+        .filter(|a| {
+            a["code"] == 156
+                && a["msg"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("is already held by agent:")
+        })
+        .count();
     assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
     assert_eq!(ok, 1, "{answers:#?}");
-    assert_eq!(by_bytes, 59, "{answers:#?}");
+    assert!(conflicts <= 2, "{answers:#?}");
+    assert_eq!(by_bytes + conflicts, 59, "{answers:#?}");
     assert!(state < 64 << 20, "state directory {state} bytes");
     assert!(rss < 256 << 10, "RSS {rss} KiB");
     assert_nothing_lost(&lab, &cids);
@@ -420,11 +379,11 @@ fn a_caller_can_never_fault_the_ledger(shape: Shape) {
 #[test]
 fn a_caller_can_never_fault_the_ledger_under_the_unit() {
     require_root!();
-    a_caller_can_never_fault_the_ledger(Shape::Unit);
+    a_caller_can_never_fault_the_ledger(Deployment::ShippedUnit);
 }
 
 #[test]
 fn a_caller_can_never_fault_the_ledger_like_the_daemonset() {
     require_root!();
-    a_caller_can_never_fault_the_ledger(Shape::DaemonSet);
+    a_caller_can_never_fault_the_ledger(Deployment::DaemonSet);
 }
