@@ -524,3 +524,14 @@ pub fn result_ips(result: &Value) -> Vec<String> {
 pub fn gc_entry(att: &Attachment) -> Value {
     json!({"containerID": att.container_id, "ifname": att.ifname})
 }
+
+/// Waits out the clock tick in which a CNI GC is about to begin, before a test sends a GC
+/// right after its last ADD. dipamd dates a CNI GC from its plugin's fork, which the kernel
+/// records only to the clock tick (10 ms at USER_HZ 100), and keeps every pod whose ADD
+/// ended in or after that tick for the next GC (docs/cfp.md §7.4, "Born after the GC"). A
+/// runtime sends GC long after its last ADD; a test can send it within a millisecond, and
+/// its stale pod is then (rightly) kept. Not for a GC that runs beside ADDs on purpose: those
+/// ADDs must end after the fork.
+pub fn settle_before_gc() {
+    std::thread::sleep(std::time::Duration::from_millis(30));
+}

@@ -236,6 +236,7 @@ fn pods_roles_claims(conflist: &str, version: &str) {
     b.del(&pods[0].1).unwrap();
     b.assert_agree();
     if version == "1.1.0" {
+        dipam_lifecycle::runtime::settle_before_gc();
         b.gc(&[&pods[1].1])
             .unwrap_or_else(|e| panic!("GC: {e}\n{}", b.lab.dipamd.log()));
         let held: Vec<String> = b.node().held().into_iter().map(|(_, ip)| ip).collect();

@@ -220,10 +220,7 @@ fn claims_survive_10_sigkills_azure() {
 
 /// CNI 1.1 GC through the plugin, with `valid` as the runtime's list.
 fn gc(lab: &AgentLab, valid: Value) {
-    // A CNI GC begins at its plugin's fork, which the kernel records to the clock tick
-    // (10 ms): a pod whose ADD ended inside that tick counts as born after the GC and is kept
-    // for the next one (docs/cfp.md §7.4). The stale pods here end a tick before.
-    std::thread::sleep(std::time::Duration::from_millis(30));
+    dipam_lifecycle::runtime::settle_before_gc();
     let mut l = lab.fx.list.clone();
     l["cniVersion"] = json!("1.1.0");
     l["plugins"][0]["cni.dev/valid-attachments"] = valid.clone();

@@ -271,10 +271,7 @@ fn an_add_finished_after_the_gc_began_is_never_freed() {
     for a in &stale {
         add(a);
     }
-    // A CNI GC begins at its plugin's fork, which the kernel records to the clock tick
-    // (10 ms): an ADD that ended inside the GC's tick counts as born after it and is kept for
-    // the next GC (docs/cfp.md §7.4). The stale pods end a tick before.
-    std::thread::sleep(std::time::Duration::from_millis(30));
+    dipam_lifecycle::runtime::settle_before_gc();
 
     // The runtime's GC, its list made before the new pod existed.
     let (born, born_ip) = std::thread::scope(|s| {

@@ -58,6 +58,7 @@ fn agent_addresses_survive_and_stale_pods_go_host_local() {
     let stale_ip = add(&lab.rt, &lab.fx.list, &stale);
     assert_eq!(lab.delegate_store().len(), 4);
 
+    dipam_lifecycle::runtime::settle_before_gc();
     gc(&lab.rt, &lab.fx.list, Some(json!([entry(&keep)]))).unwrap_or_else(|e| panic!("{e}"));
     let store = lab.delegate_store();
     assert_eq!(store.len(), 3, "{store:?}");
@@ -158,10 +159,7 @@ fn native_gc_delegate_frees_stale_pods() {
     let orphan_ip = result_ips(&serde_json::from_slice(&out.stdout).unwrap()).remove(0);
     assert_eq!(lab.delegate_store().len(), 3);
 
-    // A GC begins at its plugin's fork, which the kernel records to the clock tick (10 ms): a
-    // pod whose ADD ended inside that tick counts as born after the GC and is kept for the
-    // next one (docs/cfp.md §7.4). The stale pod's ADD ends a tick before.
-    std::thread::sleep(std::time::Duration::from_millis(30));
+    dipam_lifecycle::runtime::settle_before_gc();
     gc(&lab.rt, lab.list(), Some(json!([entry(&keep)]))).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(lab.delegate_store().len(), 1);
     assert!(
@@ -270,10 +268,7 @@ fn adds_during_a_large_gc_never_get_an_address_still_being_released() {
     let stale_ips: std::collections::HashSet<String> =
         lab.delegate_store().into_iter().map(|(_, ip)| ip).collect();
     assert_eq!(stale_ips.len(), STALE + 1, "the range is not full");
-    // A CNI GC begins at its plugin's fork, which the kernel records to the clock tick
-    // (10 ms): an ADD that ended inside the GC's tick counts as born after it and is kept for
-    // the next GC (docs/cfp.md §7.4). Every stale pod here ended a tick before.
-    std::thread::sleep(std::time::Duration::from_millis(30));
+    dipam_lifecycle::runtime::settle_before_gc();
 
     let gc_done = std::sync::atomic::AtomicBool::new(false);
     let (gc_out, added) = std::thread::scope(|s| {

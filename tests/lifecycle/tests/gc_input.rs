@@ -27,10 +27,7 @@ fn gc(
     list: &Value,
     keys: &[(&str, &Value)],
 ) -> Result<Value, CniError> {
-    // A CNI GC begins at its plugin's fork, kept by the kernel to the clock tick (10 ms): a
-    // pod whose ADD ended inside that tick counts as born after the GC and is not a candidate
-    // (docs/cfp.md §7.4). The pods here end a tick before, so the interlocks see them.
-    std::thread::sleep(std::time::Duration::from_millis(30));
+    dipam_lifecycle::runtime::settle_before_gc();
     let mut l = list.clone();
     l["cniVersion"] = json!("1.1.0");
     for (k, v) in keys {

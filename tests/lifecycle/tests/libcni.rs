@@ -169,6 +169,7 @@ fn sequence(lab: &Lab, client: &dyn Client, list: &Value, what: &str) -> Vec<Val
     out.push(outcome("ADD b", client.add(list, &b), |r| shape(&r)));
     out.push(outcome("CHECK a", client.check(list, &a), |()| json!(true)));
     out.push(outcome("STATUS", client.status(list), |()| json!(true)));
+    dipam_lifecycle::runtime::settle_before_gc();
     out.push(outcome("GC [a]", client.gc(list, &[&a]), |()| json!(true)));
     let after_gc = lab.ledger();
     assert_eq!(after_gc.len(), 1, "{what}: GC [a] left {after_gc:?}");
@@ -368,6 +369,7 @@ fn gc_keeps_agent_and_frees_stale(plugins: Plugins) {
     // pods[4]: stale, cached. pods[5]: stale, and its runtime lost its cache entry.
     libcni.forget(&list, &pods[5]);
     let valid: Vec<Attachment> = pods[..4].to_vec();
+    dipam_lifecycle::runtime::settle_before_gc();
     libcni
         .gc(&list, &Valid::List(valid))
         .unwrap_or_else(|e| panic!("GC: {e}\n{}", lab.dipamd.log()));
@@ -452,6 +454,7 @@ fn ipam_mode_gc_never_reaches_dipam_through_ptp() {
         libcni.add(&list, p).unwrap_or_else(|e| panic!("{e}"));
     }
     libcni.forget(&list, &pods[2]);
+    dipam_lifecycle::runtime::settle_before_gc();
     libcni
         .gc(&list, &Valid::List(vec![pods[0].clone()]))
         .unwrap_or_else(|e| panic!("{e}"));

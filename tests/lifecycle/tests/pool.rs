@@ -256,6 +256,7 @@ fn pods_take_from_the_pool_and_del_check_use_its_key() {
 }
 
 fn gc(lab: &Lab, valid: &[&Attachment]) -> Result<Value, dipam_lifecycle::CniError> {
+    dipam_lifecycle::runtime::settle_before_gc();
     let mut l = lab.list().clone();
     l["cniVersion"] = json!("1.1.0");
     let v: Vec<Value> = valid
