@@ -143,6 +143,14 @@ fn assert_nothing_lost(lab: &Lab, cids: &[String]) {
     lab.assert_agree();
 }
 
+/// How many of `answers` are quota refusals (155) whose details name `flag`.
+fn refused_naming(answers: &[Value], flag: &str) -> usize {
+    answers
+        .iter()
+        .filter(|a| a["code"] == 155 && a["details"].as_str().unwrap_or_default().contains(flag))
+        .count()
+}
+
 fn dir_bytes(dir: &Path) -> u64 {
     let out = std::process::Command::new("du")
         .args(["-sb"])
@@ -241,20 +249,10 @@ fn stuck_adds_never_take_roots_slots(d: Deployment) {
         let failed = root_served(&lab, 8, Duration::from_secs(5));
         (attacker.join().unwrap(), failed, t.elapsed())
     });
-    let refused: Vec<&Value> = answers
-        .iter()
-        .filter(|a| {
-            a["code"] == 155
-                && a["details"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .contains("--non-root-max-in-flight")
-        })
-        .collect();
+    let refused = refused_naming(&answers, "--non-root-max-in-flight");
     eprintln!(
-        "{name}: nobody's 30 hanging ADDs: {} refused (in flight), codes {:?}; 8 root pods \
-         served in {took:?}, failed {}",
-        refused.len(),
+        "{name}: nobody's 30 hanging ADDs: {refused} refused (in flight), codes {:?}; 8 root \
+         pods served in {took:?}, failed {}",
         answers
             .iter()
             .map(|a| a["code"].clone())
@@ -264,7 +262,7 @@ fn stuck_adds_never_take_roots_slots(d: Deployment) {
     assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
     // 14 when all 30 arrive within the 4 s the first ones hold their slots (every run so
     // far); fewer only if the plugins start slower than that. Without the bound: none.
-    assert!(refused.len() >= 8, "{answers:#?}");
+    assert!(refused >= 8, "{answers:#?}");
     assert!(
         answers.iter().all(|a| a.get("code").is_some()),
         "{answers:#?}"
@@ -315,16 +313,7 @@ fn a_caller_can_never_fault_the_ledger(d: Deployment) {
     let pid = lab.dipamd.pid().unwrap();
     let (state, rss) = (dir_bytes(&lab.dipamd.state_dir()), flood::rss_kib(pid));
     let ok = answers.iter().filter(|a| a.get("code").is_none()).count();
-    let by_bytes = answers
-        .iter()
-        .filter(|a| {
-            a["code"] == 155
-                && a["details"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .contains("--non-root-max-bytes")
-        })
-        .count();
+    let by_bytes = refused_naming(&answers, "--non-root-max-bytes");
     eprintln!(
         "{name}: nobody's 60 ADDs of 0.95 MB: {ok} served, {by_bytes} refused by bytes; 20 \
          root pods in {took:?}, failed {}; state dir {} KiB, RSS {rss} KiB",
