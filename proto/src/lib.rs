@@ -34,6 +34,23 @@ pub mod spool;
 pub mod v1 {
     tonic::include_proto!("dipam.v1");
 
+    impl DoctorCheck {
+        /// A check as doctor reports it: the fix is shown only for a failed check.
+        pub fn new(
+            name: impl Into<String>,
+            ok: bool,
+            detail: impl Into<String>,
+            fix: &str,
+        ) -> Self {
+            Self {
+                name: name.into(),
+                ok,
+                detail: detail.into(),
+                fix: if ok { String::new() } else { fix.to_owned() },
+            }
+        }
+    }
+
     /// The encoded `FileDescriptorSet` of dipam.v1 (proto/build.rs), for server reflection.
     #[cfg(feature = "server")]
     pub const FILE_DESCRIPTOR_SET: &[u8] =

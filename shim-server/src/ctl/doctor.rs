@@ -8,7 +8,6 @@ use std::{
 };
 
 use dipam_proto::v1::{DoctorRequest, admin_client::AdminClient};
-use serde_json::json;
 use tonic::transport::Channel;
 
 use super::{client, error::CtlError, offline, output};
@@ -74,25 +73,9 @@ async fn online(channel: Channel, json: bool, out: &mut dyn Write) -> Result<(),
         .into_inner();
     let failed = reply.checks.iter().filter(|c| !c.ok).count();
     if json {
-        let v: Vec<_> = reply
-            .checks
-            .iter()
-            .map(|c| json!({"name": c.name, "ok": c.ok, "detail": c.detail, "fix": c.fix}))
-            .collect();
-        output::json(out, &serde_json::Value::Array(v))?;
+        output::json(out, &output::checks_json(&reply.checks))?;
     } else {
-        for c in &reply.checks {
-            writeln!(
-                out,
-                "{} {}: {}",
-                if c.ok { "ok  " } else { "FAIL" },
-                c.name,
-                c.detail
-            )?;
-            if !c.ok && !c.fix.is_empty() {
-                writeln!(out, "       fix: {}", c.fix)?;
-            }
-        }
+        output::checks(out, &reply.checks)?;
         writeln!(out, "{} check(s), {failed} failed", reply.checks.len())?;
     }
     if failed > 0 {

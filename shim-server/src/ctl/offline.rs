@@ -60,22 +60,11 @@ pub const NOT_CHECKED: &[&str] = &[
     "the socket's mode (dipamd makes the socket at start)",
 ];
 
-/// One offline check, as doctor prints it.
-#[derive(Debug, Clone)]
-pub struct Check {
-    pub name: String,
-    pub ok: bool,
-    pub detail: String,
-    pub fix: String,
-}
+/// One offline check: the same record dipamd's doctor answers with, printed the same way.
+pub type Check = dipam_proto::v1::DoctorCheck;
 
 fn check(name: impl Into<String>, ok: bool, detail: impl Into<String>, fix: &str) -> Check {
-    Check {
-        name: name.into(),
-        ok,
-        detail: detail.into(),
-        fix: if ok { String::new() } else { fix.to_owned() },
-    }
+    Check::new(name, ok, detail, fix)
 }
 
 /// The offline report: why it is offline, the checks, and what was read.
@@ -505,9 +494,7 @@ impl Report {
         json!({
             "offline": true,
             "reason": self.reason,
-            "checks": self.checks.iter().map(|c| json!({
-                "name": c.name, "ok": c.ok, "detail": c.detail, "fix": c.fix,
-            })).collect::<Vec<_>>(),
+            "checks": super::output::checks_json(&self.checks),
             "notChecked": NOT_CHECKED,
             "ledger": match &self.ledger {
                 Ok(recs) => json!({"attachments": recs.iter().map(record_json).collect::<Vec<_>>()}),
@@ -528,18 +515,7 @@ impl Report {
             "OFFLINE: dipamd did not answer ({}); read from the node's files instead",
             self.reason
         )?;
-        for c in &self.checks {
-            writeln!(
-                out,
-                "{} {}: {}",
-                if c.ok { "ok  " } else { "FAIL" },
-                c.name,
-                c.detail
-            )?;
-            if !c.ok && !c.fix.is_empty() {
-                writeln!(out, "       fix: {}", c.fix)?;
-            }
-        }
+        super::output::checks(out, &self.checks)?;
         if let Ok(recs) = &self.ledger {
             writeln!(out, "ledger ({} attachment(s)):", recs.len())?;
             for r in recs {

@@ -5,7 +5,7 @@
 
 use std::{ffi::OsString, io::Write, process::ExitCode, time::Duration};
 
-use dipam_proto::v1::{GcItem, RuntimeGcItem};
+use dipam_proto::v1::{DoctorCheck, GcItem, RuntimeGcItem};
 use serde_json::{Map, Value, json};
 
 use super::error::error_json;
@@ -291,6 +291,27 @@ impl Drop for Progress {
 fn target() -> indicatif::ProgressDrawTarget {
     // 10 draws a second at most: enough to see it move, no flood over a slow link.
     indicatif::ProgressDrawTarget::stderr_with_hz(10)
+}
+
+/// Doctor's checks for people, one a line, a failed one's fix under it: the same whether
+/// dipamd answered or the node's files were read offline.
+pub fn checks(out: &mut dyn Write, checks: &[DoctorCheck]) -> std::io::Result<()> {
+    for c in checks {
+        let verdict = if c.ok { "ok  " } else { "FAIL" };
+        writeln!(out, "{verdict} {}: {}", c.name, c.detail)?;
+        if !c.ok && !c.fix.is_empty() {
+            writeln!(out, "       fix: {}", c.fix)?;
+        }
+    }
+    Ok(())
+}
+
+/// Doctor's checks for scripts: `[{name, ok, detail, fix}]`.
+pub fn checks_json(checks: &[DoctorCheck]) -> Value {
+    checks
+        .iter()
+        .map(|c| json!({"name": c.name, "ok": c.ok, "detail": c.detail, "fix": c.fix}))
+        .collect()
 }
 
 #[cfg(test)]

@@ -15,12 +15,7 @@ use crate::{
 };
 
 fn check(name: impl Into<String>, ok: bool, detail: impl Into<String>, fix: &str) -> DoctorCheck {
-    DoctorCheck {
-        name: name.into(),
-        ok,
-        detail: detail.into(),
-        fix: if ok { String::new() } else { fix.to_owned() },
-    }
+    DoctorCheck::new(name, ok, detail, fix)
 }
 
 /// The DEL spool: published where the plugin finds it, meeting the trust rule, drained, and
