@@ -254,25 +254,7 @@ fn podman_on(netd: &Path, bin: &Path) -> Podman {
             netd = netd.display(),
         ))
     });
-    let rootfs = p.path("rootfs");
-    for d in ["bin", "etc", "proc", "sys", "dev", "tmp"] {
-        fs::create_dir_all(rootfs.join(d)).unwrap();
-    }
-    fs::copy(busybox(), rootfs.join("bin/busybox")).unwrap();
-    for applet in ["sh", "ip", "ping", "sleep"] {
-        std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
-    }
-    let tar = p.path("rootfs.tar");
-    let status = Command::new("tar")
-        .arg("-C")
-        .arg(&rootfs)
-        .arg("-cf")
-        .arg(&tar)
-        .arg(".")
-        .status()
-        .unwrap();
-    assert!(status.success());
-    p.ok(&["import", tar.to_str().unwrap(), IMAGE]);
+    p.import_busybox(IMAGE, &["sh", "ip", "ping", "sleep"]);
     p
 }
 

@@ -12,8 +12,6 @@
 // Tests: a panic is the failure report.
 #![allow(clippy::unwrap_used)]
 
-use std::{path::PathBuf, process::Command};
-
 use dipam_lifecycle::{
     Lab, bins,
     links::{assert_no_host_veths, ipv4_addresses as addresses},
@@ -60,39 +58,8 @@ fn podman_on(conflist: &Value) -> Podman {
             netd = netd.display(),
         ))
     });
-    import_image(&p);
+    p.import_busybox(IMAGE, &["sh", "ip", "ping", "sleep", "cat"]);
     p
-}
-
-/// A one-binary image: busybox-static and the applets the tests use.
-fn import_image(p: &Podman) {
-    let rootfs = p.path("rootfs");
-    for d in ["bin", "etc", "proc", "sys", "dev", "tmp"] {
-        std::fs::create_dir_all(rootfs.join(d)).unwrap();
-    }
-    std::fs::copy(busybox(), rootfs.join("bin/busybox")).unwrap();
-    for applet in ["sh", "ip", "ping", "sleep", "cat"] {
-        std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
-    }
-    let tar = p.path("rootfs.tar");
-    let status = Command::new("tar")
-        .arg("-C")
-        .arg(&rootfs)
-        .arg("-cf")
-        .arg(&tar)
-        .arg(".")
-        .status()
-        .unwrap();
-    assert!(status.success());
-    p.ok(&["import", tar.to_str().unwrap(), IMAGE]);
-}
-
-fn busybox() -> PathBuf {
-    ["/bin/busybox", "/usr/bin/busybox"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.is_file())
-        .expect("busybox")
 }
 
 /// podman 4.3's libcni parses results as 0.4.0 at most (1.1.0 would fail to parse): its own
