@@ -29,6 +29,38 @@ pub fn private_state_dir(dir: &Path, skip: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Doctor's check that the state directory is private (online and offline alike): the
+/// ledger, journal and history name every pod's container ID, netns path and addresses.
+pub fn private_check(dir: &Path, skip: &Path) -> dipam_proto::v1::DoctorCheck {
+    let loose = loose(dir, skip);
+    let detail = if loose.is_empty() {
+        format!(
+            "{}: directories 0700, files 0600 or narrower",
+            dir.display()
+        )
+    } else {
+        let shown: Vec<String> = loose
+            .iter()
+            .take(5)
+            .map(|(p, m)| format!("{} mode {m:o}", p.display()))
+            .collect();
+        format!(
+            "{} entr{} readable beyond root: {}{}",
+            loose.len(),
+            if loose.len() == 1 { "y" } else { "ies" },
+            shown.join(", "),
+            if loose.len() > 5 { ", ..." } else { "" }
+        )
+    };
+    dipam_proto::v1::DoctorCheck::new(
+        "state directory is private",
+        loose.is_empty(),
+        detail,
+        "any local user can read pod container IDs, netns paths and addresses there: \
+         chmod -R go-rwx the state directory (dipamd narrows what it owns at its next start)",
+    )
+}
+
 /// What under `dir` (itself included, `skip` and links excluded) group or others may
 /// access, with its mode.
 pub fn loose(dir: &Path, skip: &Path) -> Vec<(PathBuf, u32)> {

@@ -174,24 +174,9 @@ fn state_checks(args: &Args, checks: &mut Vec<Check>) {
         ),
         "run dipamd with --state-dir on persistent storage (hostPath /var/lib/dipam)",
     ));
-    let loose = crate::perms::loose(dir, &args.state_dir.join("spool"));
-    checks.push(check(
-        "state directory is private",
-        loose.is_empty(),
-        if loose.is_empty() {
-            format!(
-                "{}: directories 0700, files 0600 or narrower",
-                dir.display()
-            )
-        } else {
-            let shown: Vec<String> = loose
-                .iter()
-                .take(5)
-                .map(|(p, m)| format!("{} mode {m:o}", p.display()))
-                .collect();
-            format!("readable beyond root: {}", shown.join(", "))
-        },
-        "chmod -R go-rwx the state directory (dipamd narrows what it owns at its next start)",
+    checks.push(crate::perms::private_check(
+        dir,
+        &args.state_dir.join("spool"),
     ));
 }
 

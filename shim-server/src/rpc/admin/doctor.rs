@@ -161,32 +161,7 @@ fn ledger_checks(node: &Node, checks: &mut Vec<DoctorCheck>) -> bool {
     ));
 
     // The ledger, journal and history name every pod's container ID, netns and addresses.
-    let loose = crate::perms::loose(&id.state_dir, &id.spool_dir);
-    checks.push(check(
-        "state directory is private",
-        loose.is_empty(),
-        if loose.is_empty() {
-            format!(
-                "{}: directories 0700, files 0600 or narrower",
-                id.state_dir.display()
-            )
-        } else {
-            let shown: Vec<String> = loose
-                .iter()
-                .take(5)
-                .map(|(p, m)| format!("{} mode {m:o}", p.display()))
-                .collect();
-            format!(
-                "{} entr{} readable beyond root: {}{}",
-                loose.len(),
-                if loose.len() == 1 { "y" } else { "ies" },
-                shown.join(", "),
-                if loose.len() > 5 { ", ..." } else { "" }
-            )
-        },
-        "any local user can read pod container IDs, netns paths and addresses there: \
-         chmod -R go-rwx the state directory (dipamd narrows what it owns at its next start)",
-    ));
+    checks.push(crate::perms::private_check(&id.state_dir, &id.spool_dir));
     state_tmpfs
 }
 
