@@ -29,7 +29,7 @@ mod scan;
 use std::{collections::BTreeMap, path::PathBuf};
 
 pub use graph::{Cycle, Upward, level_name};
-pub use scan::read_crate;
+pub use scan::{ReadError, read_crate};
 
 /// One module path from the crate root: `["pool", "take"]`.
 pub type ModPath = Vec<String>;

@@ -10,6 +10,26 @@ use crate::{
     lex::{Tok, lex},
 };
 
+/// Why a crate's module tree could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("{}: neither lib.rs nor main.rs", .0.display())]
+    NoRoot(PathBuf),
+    #[error("{}: {source}", file.display())]
+    Io {
+        file: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: mod {name}: no file {}", file.display(), path.display())]
+    NoModFile {
+        file: PathBuf,
+        name: String,
+        path: PathBuf,
+    },
+    #[error("{}: mod {name} is declared before the first `// Layer NAME:` line", file.display())]
+    OutsideLayers { file: PathBuf, name: String },
+}
+
 /// The files still to read: (file, its module, whether it owns its directory like `mod.rs`).
 type Todo = Vec<(PathBuf, ModPath, bool)>;
 
@@ -22,17 +42,20 @@ type Bare = (ModPath, ModPath, Vec<Import>, Site);
 
 /// Reads the crate whose `src/` is at `src`: its module tree, every reference, every name a
 /// `use` brings into a module, and the layers each module file declares.
-pub fn read_crate(src: &Path) -> Result<Crate, String> {
+pub fn read_crate(src: &Path) -> Result<Crate, ReadError> {
     let root = ["lib.rs", "main.rs"]
         .iter()
         .map(|f| src.join(f))
         .find(|p| p.is_file())
-        .ok_or_else(|| format!("{}: neither lib.rs nor main.rs", src.display()))?;
+        .ok_or_else(|| ReadError::NoRoot(src.to_owned()))?;
     let mut krate = Crate::default();
     let mut bare = Vec::new();
     let mut todo = vec![(root, Vec::<String>::new(), true)];
     while let Some((file, module, owns_dir)) = todo.pop() {
-        let text = fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let text = fs::read_to_string(&file).map_err(|source| ReadError::Io {
+            file: file.clone(),
+            source,
+        })?;
         let dir = if owns_dir {
             file.parent().map(Path::to_path_buf).unwrap_or_default()
         } else {
@@ -99,7 +122,7 @@ impl Scanner<'_> {
 
     /// Walks the file's tokens: module declarations (queued, or inline scopes), attributes,
     /// `use` declarations and paths into the crate.
-    fn scan(&mut self) -> Result<(), String> {
+    fn scan(&mut self) -> Result<(), ReadError> {
         self.declares_layers = self.toks.iter().any(|t| matches!(t.0, Tok::Layer(_)));
         let mut i = 0;
         while i < self.toks.len() {
@@ -187,7 +210,7 @@ impl Scanner<'_> {
     }
 
     /// `mod NAME;` (a file, queued) or `mod NAME { .. }` (an inline scope) at `i`.
-    fn module_decl(&mut self, i: usize) -> Result<usize, String> {
+    fn module_decl(&mut self, i: usize) -> Result<usize, ReadError> {
         let Some(Tok::Ident(name)) = self.tok(i + 1).cloned() else {
             return Ok(i + 1);
         };
@@ -225,11 +248,11 @@ impl Scanner<'_> {
             }
         };
         if !path.is_file() {
-            return Err(format!(
-                "{}: mod {name}: no file {}",
-                self.file.display(),
-                path.display()
-            ));
+            return Err(ReadError::NoModFile {
+                file: self.file.to_owned(),
+                name,
+                path,
+            });
         }
         self.todo.push((path, child, owns));
         Ok(i + 3)
@@ -237,7 +260,7 @@ impl Scanner<'_> {
 
     /// Puts the child `name` in the layer of the last `// Layer` line; once a file declares
     /// layers, every module it declares is in one.
-    fn declare_layer(&mut self, name: &str) -> Result<(), String> {
+    fn declare_layer(&mut self, name: &str) -> Result<(), ReadError> {
         match &self.layer {
             Some(layer) => {
                 self.krate
@@ -248,10 +271,10 @@ impl Scanner<'_> {
                 Ok(())
             }
             None if !self.declares_layers => Ok(()),
-            None => Err(format!(
-                "{}: mod {name} is declared before the first `// Layer NAME:` line",
-                self.file.display()
-            )),
+            None => Err(ReadError::OutsideLayers {
+                file: self.file.to_owned(),
+                name: name.to_owned(),
+            }),
         }
     }
 
