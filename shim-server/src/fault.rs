@@ -38,9 +38,9 @@ static PAUSE: std::sync::OnceLock<(String, std::path::PathBuf)> = std::sync::Onc
 pub enum FaultError {
     #[error("--pause-at {0:?}: expected POINT=FILE")]
     PauseSpec(String),
-    #[error("unknown pause point {0:?}; points: {}", PAUSE_POINTS.join(", "))]
+    #[error("unknown pause point {0:?}; points: {points}", points = PAUSE_POINTS.join(", "))]
     UnknownPause(String),
-    #[error("unknown crash point {0:?}; points: {}", POINTS.join(", "))]
+    #[error("unknown crash point {0:?}; points: {points}", points = POINTS.join(", "))]
     UnknownCrash(String),
 }
 

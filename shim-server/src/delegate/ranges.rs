@@ -138,7 +138,13 @@ pub enum RangesError {
     EmptySet(usize),
     #[error("host-local's range set {0}: {1}")]
     Range(usize, RangeError),
-    #[error("host-local's ranges {}-{} and {}-{} overlap", .0.0, .0.1, .1.0, .1.1)]
+    #[error(
+        "host-local's ranges {a}-{b} and {c}-{d} overlap",
+        a = .0.0,
+        b = .0.1,
+        c = .1.0,
+        d = .1.1
+    )]
     Overlap((IpAddr, IpAddr), (IpAddr, IpAddr)),
 }
 
@@ -151,7 +157,10 @@ pub enum RangeError {
     NotCidr(String),
     #[error("network {0} is too small to allocate from")]
     TooSmall(IpNet),
-    #[error("network {0} has host bits set (its network address is {})", .0.network())]
+    #[error(
+        "network {0} has host bits set (its network address is {network})",
+        network = .0.network()
+    )]
     HostBits(IpNet),
     #[error("{0} {1:?} is not an address")]
     NotAnAddress(&'static str, String),
