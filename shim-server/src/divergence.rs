@@ -271,23 +271,10 @@ fn unrecorded(
     all: &[AttachmentRecord],
     held: &[store::Reservation],
 ) -> Vec<store::Reservation> {
-    // The delegate holds each attachment under its delegate key (a pod served from the warm
-    // pool: the pool entry's), which is what its store names.
-    let known: HashSet<(String, String)> = all
-        .iter()
-        .map(|r| {
-            let (c, i) = r.delegate_ids();
-            (c.to_owned(), i.to_owned())
-        })
-        .collect();
-    let known_ids: HashSet<&str> = known.iter().map(|(c, _)| c.as_str()).collect();
+    let known = store::Known::of(all);
     let mut out = Vec::new();
     for r in held {
-        let ours = if r.ifname.is_empty() {
-            known_ids.contains(r.container_id.as_str())
-        } else {
-            known.contains(&(r.container_id.clone(), r.ifname.clone()))
-        };
+        let ours = known.accounts_for(r);
         // A reservation younger than the grace period may be an ADD's that is still being
         // recorded: neither adopted nor called an orphan yet.
         let young = r
