@@ -14,7 +14,12 @@ pub fn on_ci() -> bool {
 /// failure; elsewhere the SKIPPED line, after which the caller returns.
 #[track_caller]
 pub fn missing(test: &str, why: &str) {
-    if on_ci() {
+    verdict(on_ci(), test, why);
+}
+
+#[track_caller]
+fn verdict(ci: bool, test: &str, why: &str) {
+    if ci {
         panic!("{test} cannot run on CI: {why}");
     }
     eprintln!("\n*** SKIPPED {test}: {why} ***\n");
@@ -74,5 +79,36 @@ impl<T> Need for Result<T, String> {
     type Met = T;
     fn need(self) -> Result<T, String> {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn needs(missing: Option<String>, ci: bool) -> bool {
+        if let Err(why) = missing.need() {
+            verdict(ci, "t", &why);
+            return false;
+        }
+        true
+    }
+
+    #[test]
+    #[should_panic(expected = "t cannot run on CI: podman is not installed (tests/deps.sh)")]
+    fn on_ci_a_missing_need_fails_naming_what_installs_it() {
+        needs(Some("podman is not installed (tests/deps.sh)".into()), true);
+    }
+
+    #[test]
+    fn elsewhere_a_missing_need_skips_and_a_met_one_runs() {
+        assert!(!needs(Some("podman is not installed".into()), false));
+        assert!(needs(None, true));
+        assert_eq!(tool("sh", "").map(|p| p.is_file()), Ok(true));
+        assert!(
+            tool("no-such-tool-here", "package x")
+                .unwrap_err()
+                .contains("package x")
+        );
     }
 }
