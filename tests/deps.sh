@@ -53,6 +53,9 @@ if [ "${1:-}" != "demo" ]; then
   # to 1.30 (1.31 wants 3.4.29+).
   command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
   dpkg -s python3-venv >/dev/null 2>&1 || need+=(python3-venv)
+  # systemd-socket-activate passes dipamd its socket as systemd does
+  # (tests/lifecycle/tests/activation.rs).
+  command -v systemd-socket-activate >/dev/null 2>&1 || need+=(systemd)
   # man -l renders the man pages `dipamctl install` writes (tests/lifecycle/tests/install_docs.rs).
   command -v man >/dev/null 2>&1 || need+=(man-db)
   # The real peers (tests/peers/build.sh, below): CRI-O runs containers through Debian's

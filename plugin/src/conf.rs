@@ -198,36 +198,7 @@ impl PluginConf {
     /// Parses and validates stdin for `cmd`: JSON (code 6), network name (7), version and the
     /// version floors CHECK >= 0.4.0, GC/STATUS >= 1.1.0 (1), dipam's own keys (7).
     pub fn parse(stdin: &[u8], cmd: Cmd) -> Result<Self, PluginError> {
-        let raw: Value = serde_json::from_slice(stdin)
-            .map_err(|e| PluginError::Decode(format!("network config is not valid JSON: {e}")))?;
-        if !raw.is_object() {
-            return Err(PluginError::Decode(
-                "network config must be a JSON object".into(),
-            ));
-        }
-        // runtimeConfig is the runtime's and the delegate's business, in whatever key casing the
-        // runtime chose; typed parsing would reject containerd's capitalised portMappings.
-        // GC's valid list is dipamd's to check, entry by entry, with an error that names the
-        // entry (code 7); typed parsing would answer some shapes with a bare serde message and
-        // let others (an extra key) through.
-        let mut typed = raw.clone();
-        if let Some(obj) = typed.as_object_mut() {
-            obj.remove("runtimeConfig");
-            obj.remove("cni.dev/valid-attachments");
-            obj.remove("cni.dev/attachments");
-        }
-        let conf: NetConf = serde_json::from_value(typed)
-            .map_err(|e| PluginError::Decode(format!("network config: {e}")))?;
-        // libcni's rule (dipam_proto::cni::names, which dipamd applies too), in its words.
-        if conf.name.is_empty() {
-            return Err(config_error("missing network name", ""));
-        }
-        if !dipam_proto::cni::names::is_valid_name(&conf.name) {
-            return Err(config_error(
-                format!("invalid characters found in network name: {}", conf.name),
-                "",
-            ));
-        }
+        let (raw, conf) = decode(stdin)?;
         let version = plugin_info().negotiate(&conf, cmd)?;
 
         // The spec's `ipam` (where dipam's keys are in IPAM mode; the real IPAM in main mode).
@@ -299,6 +270,42 @@ impl PluginConf {
                     == Some("dipam"),
         })
     }
+}
+
+/// The config on stdin as JSON (code 6) and as the spec's keys, with a valid network name
+/// (code 7).
+fn decode(stdin: &[u8]) -> Result<(Value, NetConf), PluginError> {
+    let raw: Value = serde_json::from_slice(stdin)
+        .map_err(|e| PluginError::Decode(format!("network config is not valid JSON: {e}")))?;
+    if !raw.is_object() {
+        return Err(PluginError::Decode(
+            "network config must be a JSON object".into(),
+        ));
+    }
+    // runtimeConfig is the runtime's and the delegate's business, in whatever key casing the
+    // runtime chose; typed parsing would reject containerd's capitalised portMappings.
+    // GC's valid list is dipamd's to check, entry by entry, with an error that names the
+    // entry (code 7); typed parsing would answer some shapes with a bare serde message and
+    // let others (an extra key) through.
+    let mut typed = raw.clone();
+    if let Some(obj) = typed.as_object_mut() {
+        obj.remove("runtimeConfig");
+        obj.remove("cni.dev/valid-attachments");
+        obj.remove("cni.dev/attachments");
+    }
+    let conf: NetConf = serde_json::from_value(typed)
+        .map_err(|e| PluginError::Decode(format!("network config: {e}")))?;
+    // libcni's rule (dipam_proto::cni::names, which dipamd applies too), in its words.
+    if conf.name.is_empty() {
+        return Err(config_error("missing network name", ""));
+    }
+    if !dipam_proto::cni::names::is_valid_name(&conf.name) {
+        return Err(config_error(
+            format!("invalid characters found in network name: {}", conf.name),
+            "",
+        ));
+    }
+    Ok((raw, conf))
 }
 
 /// The mode the config's shape asks for (`ipam.delegate` set: IPAM mode; else main mode),

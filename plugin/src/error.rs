@@ -1,7 +1,7 @@
 //! The plugin's errors and the one place where they become CNI error codes
 //! (docs/sources.md §3.2). Nothing else in the plugin picks a code.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use tonic::Code;
 
@@ -156,70 +156,8 @@ impl PluginError {
                     socket.display()
                 ),
             ),
-            Self::Rpc { socket, status } => {
-                let code = match status.code() {
-                    // Transient by nature: the runtime should retry. tonic reports a
-                    // connection lost mid-call (dipamd killed or restarted) as Unknown; dipamd
-                    // itself never answers Unknown.
-                    Code::Unknown
-                    | Code::Unavailable
-                    | Code::DeadlineExceeded
-                    | Code::ResourceExhausted
-                    | Code::Aborted
-                    | Code::Cancelled => unavailable,
-                    // dipamd no longer serves this plugin's protocol: the binary in the CNI
-                    // bin dir is older than the daemon supports.
-                    Code::FailedPrecondition => codes::INCOMPATIBLE_VERSION,
-                    Code::PermissionDenied | Code::Unauthenticated => codes::PERMISSION_DENIED,
-                    _ => codes::INTERNAL,
-                };
-                let hint = match status.code() {
-                    Code::DeadlineExceeded => {
-                        " (dipamd did not answer in time; see its logs for the request id)"
-                    }
-                    Code::FailedPrecondition => " (install the dipam plugin that matches dipamd)",
-                    Code::Unknown => " (the connection to dipamd was lost mid-request)",
-                    Code::PermissionDenied => {
-                        " (the socket only accepts root or the configured allowlist)"
-                    }
-                    _ => "",
-                };
-                (
-                    code,
-                    format!(
-                        "{}: {:?}: {}{hint}",
-                        socket.display(),
-                        status.code(),
-                        status.message()
-                    ),
-                )
-            }
-            Self::Refused {
-                socket,
-                uid,
-                why: dipam_proto::Refused::NotAllowed,
-            } => (
-                codes::PERMISSION_DENIED,
-                format!(
-                    "{} serves root and the uids in dipamd's --allow-uid (or --admin-uid) only; \
-                     a member of its --socket-group may connect, nothing more. Is uid {uid} in \
-                     --allow-uid? Add it there, or run the runtime as root",
-                    socket.display()
-                ),
-            ),
-            Self::Refused {
-                socket,
-                uid,
-                why: dipam_proto::Refused::TooManyConnections,
-            } => (
-                unavailable,
-                format!(
-                    "uid {uid} holds dipamd's --max-connections-per-uid connections to {} \
-                     already; the runtime retries once some close (raise \
-                     --max-connections-per-uid if this uid needs more at once)",
-                    socket.display()
-                ),
-            ),
+            Self::Rpc { socket, status } => rpc(socket, status, unavailable),
+            Self::Refused { socket, uid, why } => refused(socket, *uid, *why, unavailable),
             Self::Spool {
                 socket,
                 reason,
@@ -269,6 +207,69 @@ impl PluginError {
             msg: self.to_string(),
             details,
         }
+    }
+}
+
+/// A gRPC failure's CNI code and details: transient codes are `unavailable` (the runtime
+/// retries), the rest by what they mean for the caller, with a hint of what to do.
+fn rpc(socket: &Path, status: &tonic::Status, unavailable: u32) -> (u32, String) {
+    let code = match status.code() {
+        // Transient by nature: the runtime should retry. tonic reports a
+        // connection lost mid-call (dipamd killed or restarted) as Unknown; dipamd
+        // itself never answers Unknown.
+        Code::Unknown
+        | Code::Unavailable
+        | Code::DeadlineExceeded
+        | Code::ResourceExhausted
+        | Code::Aborted
+        | Code::Cancelled => unavailable,
+        // dipamd no longer serves this plugin's protocol: the binary in the CNI
+        // bin dir is older than the daemon supports.
+        Code::FailedPrecondition => codes::INCOMPATIBLE_VERSION,
+        Code::PermissionDenied | Code::Unauthenticated => codes::PERMISSION_DENIED,
+        _ => codes::INTERNAL,
+    };
+    let hint = match status.code() {
+        Code::DeadlineExceeded => {
+            " (dipamd did not answer in time; see its logs for the request id)"
+        }
+        Code::FailedPrecondition => " (install the dipam plugin that matches dipamd)",
+        Code::Unknown => " (the connection to dipamd was lost mid-request)",
+        Code::PermissionDenied => " (the socket only accepts root or the configured allowlist)",
+        _ => "",
+    };
+    (
+        code,
+        format!(
+            "{}: {:?}: {}{hint}",
+            socket.display(),
+            status.code(),
+            status.message()
+        ),
+    )
+}
+
+/// A connection dipamd closed at accept: a uid it does not serve, or one over its budget.
+fn refused(socket: &Path, uid: u32, why: dipam_proto::Refused, unavailable: u32) -> (u32, String) {
+    match why {
+        dipam_proto::Refused::NotAllowed => (
+            codes::PERMISSION_DENIED,
+            format!(
+                "{} serves root and the uids in dipamd's --allow-uid (or --admin-uid) only; \
+                 a member of its --socket-group may connect, nothing more. Is uid {uid} in \
+                 --allow-uid? Add it there, or run the runtime as root",
+                socket.display()
+            ),
+        ),
+        dipam_proto::Refused::TooManyConnections => (
+            unavailable,
+            format!(
+                "uid {uid} holds dipamd's --max-connections-per-uid connections to {} \
+                 already; the runtime retries once some close (raise \
+                 --max-connections-per-uid if this uid needs more at once)",
+                socket.display()
+            ),
+        ),
     }
 }
 

@@ -11,11 +11,7 @@
 //! reconcile round (and the first, at start) and on an operator's `dipamctl adopt`, which
 //! `dipamctl install --wrap` calls.
 
-use std::{
-    collections::{BTreeMap, HashSet},
-    net::IpAddr,
-    time::SystemTime,
-};
+use std::{collections::BTreeMap, net::IpAddr, time::SystemTime};
 
 use dipam_proto::v1::GcItem;
 use dipam_state::AttachmentKey;
@@ -145,22 +141,10 @@ async fn unrecorded(
         .map_err(|e| ShimError::Internal(format!("reading {}: {e}", dir.display())))?;
     let net = dc.network.clone();
     let records = core.ledger(move |l| l.list(Some(&net))).await?;
-    let known: HashSet<(String, String)> = records
-        .iter()
-        .map(|r| {
-            let (c, i) = r.delegate_ids();
-            (c.to_owned(), i.to_owned())
-        })
-        .collect();
-    let known_ids: HashSet<&str> = known.iter().map(|(c, _)| c.as_str()).collect();
+    let known = store::Known::of(&records);
     let mut groups: BTreeMap<(String, String), Group> = BTreeMap::new();
     for r in &held {
-        let ours = if r.ifname.is_empty() {
-            known_ids.contains(r.container_id.as_str())
-        } else {
-            known.contains(&(r.container_id.clone(), r.ifname.clone()))
-        };
-        if ours {
+        if known.accounts_for(r) {
             continue;
         }
         let g = groups

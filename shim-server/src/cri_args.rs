@@ -24,12 +24,31 @@ pub const INFRA: &str = "K8S_POD_INFRA_CONTAINER_ID";
 /// Longest accepted pod UID: Kubernetes' are UUIDs (36), a static pod's a 32-digit hash.
 const UID_MAX: usize = 128;
 
+/// What is wrong with CNI_ARGS that name a pod, each value shown bounded
+/// (`validate::shown`).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NotCri {
+    #[error("{0} is given twice, with different values")]
+    Twice(&'static str),
+    #[error("{key} {0} is not a Kubernetes namespace name (1-63 of a-z, 0-9, '-')", key = NAMESPACE)]
+    Namespace(String),
+    #[error("{key} {0} is not a Kubernetes pod name (1-253 of a-z, 0-9, '-', '.')", key = NAME)]
+    Name(String),
+    #[error("{key} {0} is not a pod UID (1-{max} of letters, digits, '-')", key = UID, max = UID_MAX)]
+    Uid(String),
+    #[error(
+        "{key} {0} is not CNI_CONTAINERID (a CRI runtime sends the sandbox ID as both)",
+        key = INFRA
+    )]
+    Infra(String),
+}
+
 /// The pod an ADD with `cni_args` for `container_id` names, if it came through CRI.
 ///
 /// `Ok(None)`: not a CRI ADD (some of the four keys are missing). `Err`: all four are there
 /// but something is wrong with them (a repeated key, a value that is not a Kubernetes name,
 /// an infra container ID that is not the container's); the text says what, bounded.
-pub fn cri_pod(container_id: &str, cni_args: &str) -> Result<Option<CriPod>, String> {
+pub fn cri_pod(container_id: &str, cni_args: &str) -> Result<Option<CriPod>, NotCri> {
     let mut found: [Option<&str>; 4] = [None; 4];
     for pair in cni_args.split(';') {
         let Some((key, value)) = pair.split_once('=') else {
@@ -39,7 +58,7 @@ pub fn cri_pod(container_id: &str, cni_args: &str) -> Result<Option<CriPod>, Str
             continue;
         };
         if found[i].is_some_and(|v| v != value) {
-            return Err(format!("{key} is given twice, with different values"));
+            return Err(NotCri::Twice([NAMESPACE, NAME, UID, INFRA][i]));
         }
         found[i] = Some(value);
     }
@@ -47,31 +66,19 @@ pub fn cri_pod(container_id: &str, cni_args: &str) -> Result<Option<CriPod>, Str
         return Ok(None);
     };
     if !dns_label(namespace) {
-        return Err(format!(
-            "{NAMESPACE} {} is not a Kubernetes namespace name (1-63 of a-z, 0-9, '-')",
-            crate::validate::shown(namespace)
-        ));
+        return Err(NotCri::Namespace(crate::validate::shown(namespace)));
     }
     if !dns_subdomain(name) {
-        return Err(format!(
-            "{NAME} {} is not a Kubernetes pod name (1-253 of a-z, 0-9, '-', '.')",
-            crate::validate::shown(name)
-        ));
+        return Err(NotCri::Name(crate::validate::shown(name)));
     }
     if uid.is_empty()
         || uid.len() > UID_MAX
         || !uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
     {
-        return Err(format!(
-            "{UID} {} is not a pod UID (1-{UID_MAX} of letters, digits, '-')",
-            crate::validate::shown(uid)
-        ));
+        return Err(NotCri::Uid(crate::validate::shown(uid)));
     }
     if infra != container_id {
-        return Err(format!(
-            "{INFRA} {} is not CNI_CONTAINERID (a CRI runtime sends the sandbox ID as both)",
-            crate::validate::shown(infra)
-        ));
+        return Err(NotCri::Infra(crate::validate::shown(infra)));
     }
     Ok(Some(CriPod {
         namespace: namespace.to_owned(),
@@ -201,12 +208,12 @@ mod tests {
                 .iter()
                 .map(|(k, v)| if *k == key { (*k, bad) } else { (*k, *v) })
                 .collect();
-            let e = cri_pod(SANDBOX, &args(&parts)).unwrap_err();
+            let e = cri_pod(SANDBOX, &args(&parts)).unwrap_err().to_string();
             assert!(e.contains(says), "{key}={bad:.20}: {e}");
             assert!(e.len() < 300, "{}", e.len());
         }
         let twice = format!("{};{UID}=other", args(&good));
-        assert!(cri_pod(SANDBOX, &twice).unwrap_err().contains("twice"));
+        assert!(matches!(cri_pod(SANDBOX, &twice), Err(NotCri::Twice(UID))));
         // The same value twice is harmless.
         let same = format!("{};{UID}=u-1", args(&good));
         assert!(cri_pod(SANDBOX, &same).unwrap().is_some());

@@ -184,16 +184,6 @@ pub async fn look(
         .iter()
         .map(|r| (r.container_id.clone(), r.ip))
         .collect();
-    // The delegate holds each attachment under its delegate key (a pod served from the warm
-    // pool: the pool entry's), which is what its store names.
-    let known: HashSet<(String, String)> = all
-        .iter()
-        .map(|r| {
-            let (c, i) = r.delegate_ids();
-            (c.to_owned(), i.to_owned())
-        })
-        .collect();
-    let known_ids: HashSet<&str> = known.iter().map(|(c, _)| c.as_str()).collect();
     let mut d = Divergence::default();
     for r in records
         .iter()
@@ -212,6 +202,21 @@ pub async fn look(
             d.gone_adopted.push(r.clone());
         }
     }
+    d.misconfigured = misconfigured(w, dc, &dir, &records, &held_pairs);
+    d.unrecorded = unrecorded(w, &all, &held);
+    let ranges = census(dc, &same_store, Some(&held));
+    Ok((Some(d), ranges))
+}
+
+/// Why pod ADDs on the network must stop, if they must: the delegate's store holds none of the
+/// pod addresses the ledger records, or it is on tmpfs while the ledger persists.
+fn misconfigured(
+    w: &Watch,
+    dc: &DelegateConf,
+    dir: &std::path::Path,
+    records: &[AttachmentRecord],
+    held_pairs: &HashSet<(String, IpAddr)>,
+) -> Option<String> {
     // The CFP's worst case (F22, F7): dipamd's view of the delegate's state directory is not
     // the runtime's, or it does not survive a reboot. Every pod address the ledger records is
     // gone from it, or it is on tmpfs while the ledger is not: serving ADD would hand out
@@ -237,7 +242,7 @@ pub async fn look(
         })
         .count();
     if pod_ips > 0 && pod_missing == pod_ips {
-        d.misconfigured = Some(format!(
+        Some(format!(
             "{} holds none of the {pod_ips} pod address(es) the ledger records for network {}: \
              dipamd does not see the runtime's delegate state directory, or it was not \
              persistent. Mount the host's directory into dipamd at the same path (host-local: \
@@ -245,22 +250,31 @@ pub async fn look(
              both see; `dipamctl doctor` shows every check",
             dir.display(),
             dc.network
-        ));
-    } else if on_tmpfs(&dir) && !on_tmpfs(&w.core.identity.state_dir) {
-        d.misconfigured = Some(format!(
+        ))
+    } else if on_tmpfs(dir) && !on_tmpfs(&w.core.identity.state_dir) {
+        Some(format!(
             "{} is on tmpfs while dipamd's ledger ({}) persists: after a reboot the ledger \
              would list addresses host-local forgot, and they would be handed out twice. \
              Put host-local's dataDir on persistent storage",
             dir.display(),
             w.core.identity.state_dir.display()
-        ));
+        ))
+    } else {
+        None
     }
-    for r in &held {
-        let ours = if r.ifname.is_empty() {
-            known_ids.contains(r.container_id.as_str())
-        } else {
-            known.contains(&(r.container_id.clone(), r.ifname.clone()))
-        };
+}
+
+/// The reservations of the delegate's store that no record of the network (`all`) accounts
+/// for, past the grace period.
+fn unrecorded(
+    w: &Watch,
+    all: &[AttachmentRecord],
+    held: &[store::Reservation],
+) -> Vec<store::Reservation> {
+    let known = store::Known::of(all);
+    let mut out = Vec::new();
+    for r in held {
+        let ours = known.accounts_for(r);
         // A reservation younger than the grace period may be an ADD's that is still being
         // recorded: neither adopted nor called an orphan yet.
         let young = r
@@ -268,11 +282,10 @@ pub async fn look(
             .and_then(|m| std::time::SystemTime::now().duration_since(m).ok())
             .is_some_and(|age| age < w.gc.policy.grace);
         if !ours && !young {
-            d.unrecorded.push(r.clone());
+            out.push(r.clone());
         }
     }
-    let ranges = census(dc, &same_store, Some(&held));
-    Ok((Some(d), ranges))
+    out
 }
 
 /// Who holds what in one network's ranges, per family (docs/cfp.md §7.4, "The range view"). With the delegate's
@@ -287,48 +300,7 @@ pub fn census(
 ) -> Vec<RangeCount> {
     use std::collections::{BTreeMap, HashMap};
 
-    #[derive(Clone, Copy)]
-    enum Holder {
-        Pod,
-        Agent,
-        Pool,
-        Orphan,
-    }
-    let holder = |o: &Owner| match o {
-        Owner::Pod => Holder::Pod,
-        Owner::Agent { .. } => Holder::Agent,
-        Owner::Pool => Holder::Pool,
-    };
-    let mut held_by: Vec<(IpAddr, Holder)> = Vec::new();
-    let ranges = match held {
-        Some(held) => {
-            let by_pair: HashMap<(&str, &str), Holder> = records
-                .iter()
-                .map(|r| (r.delegate_ids(), holder(&r.owner)))
-                .collect();
-            let by_id: HashMap<&str, Holder> = records
-                .iter()
-                .map(|r| (r.delegate_ids().0, holder(&r.owner)))
-                .collect();
-            for r in held {
-                let h = if r.ifname.is_empty() {
-                    by_id.get(r.container_id.as_str())
-                } else {
-                    by_pair.get(&(r.container_id.as_str(), r.ifname.as_str()))
-                };
-                held_by.push((r.ip, h.copied().unwrap_or(Holder::Orphan)));
-            }
-            Some(ranges::host_local(&dc.conf["ipam"]))
-        }
-        None => {
-            for r in records {
-                for ip in r.result.as_ref().map(result_addrs).unwrap_or_default() {
-                    held_by.push((ip, holder(&r.owner)));
-                }
-            }
-            None
-        }
-    };
+    let (held_by, ranges) = holders(dc, records, held);
     let mut families: Vec<Family> = held_by.iter().map(|(ip, _)| Family::of(*ip)).collect();
     if let Some(Ok(r)) = &ranges {
         families.extend(r.families());
@@ -347,7 +319,7 @@ pub fn census(
                     row.size = Some(u64::try_from(r.size(f)).unwrap_or(u64::MAX));
                     row.ranges = r.describe(f);
                 }
-                Some(Err(why)) => row.unknown = why.clone(),
+                Some(Err(why)) => row.unknown = why.to_string(),
                 None => {
                     row.unknown = format!(
                         "{} keeps its ranges and reservations to itself: dipamd counts only \
@@ -383,6 +355,67 @@ pub fn census(
         }
     }
     rows.into_values().collect()
+}
+
+/// The network's ranges as the delegate's config gives them, or why they cannot be read;
+/// `None` where the delegate keeps them to itself.
+type RangesRead = Option<Result<ranges::Ranges, ranges::RangesError>>;
+
+/// Who holds a reservation, for [`census`].
+#[derive(Clone, Copy)]
+enum Holder {
+    Pod,
+    Agent,
+    Pool,
+    Orphan,
+}
+
+/// Each address held with its holder: the delegate's reservations matched to the records (as
+/// the orphan check matches them) with the network's ranges, or without the store
+/// (`held` None) the ledger's recorded addresses alone.
+fn holders(
+    dc: &DelegateConf,
+    records: &[AttachmentRecord],
+    held: Option<&[store::Reservation]>,
+) -> (Vec<(IpAddr, Holder)>, RangesRead) {
+    use std::collections::HashMap;
+
+    let holder = |o: &Owner| match o {
+        Owner::Pod => Holder::Pod,
+        Owner::Agent { .. } => Holder::Agent,
+        Owner::Pool => Holder::Pool,
+    };
+    let mut held_by: Vec<(IpAddr, Holder)> = Vec::new();
+    let ranges = match held {
+        Some(held) => {
+            let by_pair: HashMap<(&str, &str), Holder> = records
+                .iter()
+                .map(|r| (r.delegate_ids(), holder(&r.owner)))
+                .collect();
+            let by_id: HashMap<&str, Holder> = records
+                .iter()
+                .map(|r| (r.delegate_ids().0, holder(&r.owner)))
+                .collect();
+            for r in held {
+                let h = if r.ifname.is_empty() {
+                    by_id.get(r.container_id.as_str())
+                } else {
+                    by_pair.get(&(r.container_id.as_str(), r.ifname.as_str()))
+                };
+                held_by.push((r.ip, h.copied().unwrap_or(Holder::Orphan)));
+            }
+            Some(ranges::host_local(&dc.conf["ipam"]))
+        }
+        None => {
+            for r in records {
+                for ip in r.result.as_ref().map(result_addrs).unwrap_or_default() {
+                    held_by.push((ip, holder(&r.owner)));
+                }
+            }
+            None
+        }
+    };
+    (held_by, ranges)
 }
 
 /// Every known network's range per family, looked at now; observers get them too, so a scrape
@@ -439,30 +472,7 @@ pub async fn round(w: &Watch, free: bool) -> Result<(), ShimError> {
             forget_gone_adopted(&w.core, &mut d, now).await;
             classify(&mut d, now);
             if !d.alive.is_empty() {
-                match crate::adopt::adopt(&w.core, &w.gc.policy, &dc, now, false).await {
-                    Ok(r) => {
-                        info!(network = %dc.network, adopted = r.adopted.len(), "reconcile adopted reservations of running pods that the ledger lacked");
-                        for s in &r.skipped {
-                            warn!(network = %dc.network, ips = ?s.ips, container_id = %s.container_id, reason = %s.reason, "a running pod's reservation could not be adopted");
-                        }
-                        d.alive = r
-                            .skipped
-                            .iter()
-                            .map(|s| {
-                                format!(
-                                    "{} ({} {}): {}",
-                                    s.ips.join(","),
-                                    s.container_id,
-                                    s.ifname,
-                                    s.reason
-                                )
-                            })
-                            .collect();
-                    }
-                    Err(e) => {
-                        warn!(network = %dc.network, error = %e, "adopting running pods' reservations failed")
-                    }
-                }
+                adopt_alive(w, &dc, &mut d, now).await;
             }
             if !d.unverified.is_empty() {
                 warn!(network = %dc.network, unverified = ?d.unverified, "the delegate's store holds reservations dipamd never recorded and cannot tell in use or not; they are kept");
@@ -507,6 +517,35 @@ pub async fn round(w: &Watch, free: bool) -> Result<(), ShimError> {
     });
     w.core.events.emit(crate::events::Event::Ranges(&counts));
     Ok(())
+}
+
+/// Adopts the reservations of running pods the ledger lacks (`d.alive`); what could not be
+/// adopted stays in `d.alive`, with the reason.
+async fn adopt_alive(w: &Watch, dc: &DelegateConf, d: &mut Divergence, now: &Scan) {
+    match crate::adopt::adopt(&w.core, &w.gc.policy, dc, now, false).await {
+        Ok(r) => {
+            info!(network = %dc.network, adopted = r.adopted.len(), "reconcile adopted reservations of running pods that the ledger lacked");
+            for s in &r.skipped {
+                warn!(network = %dc.network, ips = ?s.ips, container_id = %s.container_id, reason = %s.reason, "a running pod's reservation could not be adopted");
+            }
+            d.alive = r
+                .skipped
+                .iter()
+                .map(|s| {
+                    format!(
+                        "{} ({} {}): {}",
+                        s.ips.join(","),
+                        s.container_id,
+                        s.ifname,
+                        s.reason
+                    )
+                })
+                .collect();
+        }
+        Err(e) => {
+            warn!(network = %dc.network, error = %e, "adopting running pods' reservations failed")
+        }
+    }
 }
 
 /// Forgets the adopted records whose addresses the delegate no longer holds and nothing on

@@ -32,18 +32,27 @@ static ARMED: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 #[cfg(feature = "fault-injection")]
 static PAUSE: std::sync::OnceLock<(String, std::path::PathBuf)> = std::sync::OnceLock::new();
 
+/// A `--crash-at` or `--pause-at` dipamd cannot arm.
+#[cfg(feature = "fault-injection")]
+#[derive(Debug, thiserror::Error)]
+pub enum FaultError {
+    #[error("--pause-at {0:?}: expected POINT=FILE")]
+    PauseSpec(String),
+    #[error("unknown pause point {0:?}; points: {points}", points = PAUSE_POINTS.join(", "))]
+    UnknownPause(String),
+    #[error("unknown crash point {0:?}; points: {points}", points = POINTS.join(", "))]
+    UnknownCrash(String),
+}
+
 /// Arms a pause point: `POINT=FILE` (once per process).
 #[cfg(feature = "fault-injection")]
-pub fn arm_pause(spec: &str) -> Result<(), String> {
+pub fn arm_pause(spec: &str) -> Result<(), FaultError> {
     let (point, file) = spec
         .split_once('=')
         .filter(|(_, f)| !f.is_empty())
-        .ok_or_else(|| format!("--pause-at {spec:?}: expected POINT=FILE"))?;
+        .ok_or_else(|| FaultError::PauseSpec(spec.to_owned()))?;
     if !PAUSE_POINTS.contains(&point) {
-        return Err(format!(
-            "unknown pause point {point:?}; points: {}",
-            PAUSE_POINTS.join(", ")
-        ));
+        return Err(FaultError::UnknownPause(point.to_owned()));
     }
     let _ = PAUSE.set((point.to_owned(), file.into()));
     Ok(())
@@ -72,12 +81,9 @@ pub async fn pause(point: &str) {
 
 /// Arms `point` (once per process).
 #[cfg(feature = "fault-injection")]
-pub fn arm(point: &str) -> Result<(), String> {
+pub fn arm(point: &str) -> Result<(), FaultError> {
     if !POINTS.contains(&point) {
-        return Err(format!(
-            "unknown crash point {point:?}; points: {}",
-            POINTS.join(", ")
-        ));
+        return Err(FaultError::UnknownCrash(point.to_owned()));
     }
     let _ = ARMED.set(point.to_owned());
     Ok(())

@@ -1,11 +1,11 @@
 //! dipamd and dipamctl: the CNI-over-gRPC shim that runs the delegated IPAM plugin like a
 //! runtime would and records every attachment in a durable ledger. See docs/cfp.md.
 
-// The layers, from the ground up (docs/architecture.md §2; `cargo run -p dipam-layers --
-// shim-server` fails on a cycle). A module uses only modules of its own group or of the
-// groups above it in this list.
+// The layers, from the ground up (docs/architecture.md §2). A module uses only modules of its
+// own layer or of the layers above it in this list: `cargo run -p dipam-layers -- shim-server`
+// reads each `// Layer NAME:` line below and fails on a cycle or on any edge up the layers.
 
-// Leaves: facts and small mechanisms every layer may use.
+// Layer leaves: facts and small mechanisms every layer may use.
 pub mod access;
 pub mod authority;
 pub mod clock;
@@ -28,12 +28,12 @@ pub mod quota;
 pub mod trim;
 pub mod validate;
 
-// The core: an attachment's life, over the delegate and the ledger.
+// Layer core: an attachment's life, over the delegate and the ledger.
 pub mod addrs;
 pub mod core;
 pub mod delegate;
 
-// The clients: each a handle and its work on the core.
+// Layer clients: each a handle and its work on the core.
 pub mod adopt;
 pub mod agent;
 pub mod divergence;
@@ -44,29 +44,29 @@ pub mod sandboxes;
 pub mod spool;
 pub mod teardown;
 
-// The observers, fed by events.
+// Layer observers: fed by events.
 pub mod history;
 pub mod metrics;
 
-// The node (the core and the clients' handles assembled), the RPCs on it, and the start-up
-// replays through them.
+// Layer node: the node (the core and the clients' handles assembled), the RPCs on it, and
+// the start-up replays through them.
 pub mod hints;
 pub mod node;
 pub mod replay;
 pub mod rpc;
 
-// Transport: the gRPC services, the socket and its activation, health.
+// Layer transport: the gRPC services, the socket and its activation, health.
 pub mod activation;
 pub mod health;
 pub mod server;
 pub mod service;
 
-// The daemon: flags, logging and start-up phases.
+// Layer daemon: flags, logging and start-up phases.
 pub mod daemon;
 pub mod logging;
 pub mod startup_checks;
 
-// dipamctl.
+// Layer ctl: dipamctl.
 pub mod ctl;
 
 // What the crate's unit tests share (docs/architecture.md §7).

@@ -74,16 +74,13 @@ pub struct Metrics {
     exec_duration: Family<L2, Histogram, Buckets>,
     ledger_duration: Histogram,
     stale_dels: Counter,
-    pool_requests: Family<L1, Counter>,
+    pool: PoolSeries,
     attachments: Family<L2, Gauge>,
     agent_addresses: Family<L1, Gauge>,
-    pool_ready: Family<L2, Gauge>,
-    pool_target: Family<L2, Gauge>,
     gc: GcSeries,
     conflicts: Counter,
     agent_reestablished: Counter,
     intents_replayed: Counter,
-    pool_refill_failures: Counter,
     teardown: TeardownSeries,
     privilege_failures: Counter,
     spool: SpoolSeries,
@@ -121,6 +118,45 @@ where
     metric
 }
 
+/// The warm pool: pod ADDs that met it, its level and target, its failed refills.
+struct PoolSeries {
+    requests: Family<L1, Counter>,
+    ready: Family<L2, Gauge>,
+    target: Family<L2, Gauge>,
+    refill_failures: Counter,
+}
+
+impl PoolSeries {
+    fn register(r: &mut Registry) -> Self {
+        Self {
+            requests: reg(
+                r,
+                "dipam_pool_requests_total",
+                "Pod ADDs that met the warm pool, by outcome (hit, miss, bypass).",
+                Family::default(),
+            ),
+            ready: reg(
+                r,
+                "dipam_pool_ready",
+                "Warm-pool entries ready to hand out, by network and config digest.",
+                Family::default(),
+            ),
+            target: reg(
+                r,
+                "dipam_pool_target",
+                "Warm-pool entries the refiller keeps (0: surplus being released).",
+                Family::default(),
+            ),
+            refill_failures: reg(
+                r,
+                "dipam_pool_refill_failures_total",
+                "Warm-pool refills that failed (retried with backoff).",
+                Counter::default(),
+            ),
+        }
+    }
+}
+
 /// GC of the network (CNI GC and `dipamctl gc`).
 struct GcSeries {
     freed: Counter,
@@ -128,6 +164,18 @@ struct GcSeries {
 }
 
 impl GcSeries {
+    fn observe(&self, event: &Event<'_>) {
+        match *event {
+            Event::GcFreed(n) => {
+                self.freed.inc_by(n);
+            }
+            Event::GcRefused => {
+                self.refused.inc();
+            }
+            _ => {}
+        }
+    }
+
     fn register(r: &mut Registry) -> Self {
         Self {
             freed: reg(
@@ -153,6 +201,18 @@ struct TeardownSeries {
 }
 
 impl TeardownSeries {
+    fn observe(&self, event: &Event<'_>) {
+        match *event {
+            Event::TeardownDeleted(n) => {
+                self.deleted.inc_by(n);
+            }
+            Event::TeardownFailed => {
+                self.failures.inc();
+            }
+            _ => {}
+        }
+    }
+
     fn register(r: &mut Registry) -> Self {
         Self {
             deleted: reg(
@@ -180,6 +240,25 @@ struct SpoolSeries {
 }
 
 impl SpoolSeries {
+    /// A spool event: its depth, a quarantined file, its trust, its mismatched files.
+    fn observe(&self, event: &Event<'_>) {
+        match *event {
+            Event::SpoolDepth(n) => {
+                self.depth.set(gauge_value(n));
+            }
+            Event::SpoolQuarantined => {
+                self.quarantined.inc();
+            }
+            Event::SpoolUntrusted(u) => {
+                self.untrusted.set(i64::from(u));
+            }
+            Event::SpoolMismatched(n) => {
+                self.mismatched.set(gauge_value(n));
+            }
+            _ => {}
+        }
+    }
+
     fn register(r: &mut Registry) -> Self {
         Self {
             depth: reg(
@@ -218,6 +297,12 @@ struct DivergenceSeries {
 }
 
 impl DivergenceSeries {
+    fn set(&self, missing: u64, orphans: u64, alive: u64) {
+        self.missing.set(gauge_value(missing));
+        self.orphans.set(gauge_value(orphans));
+        self.unrecorded_alive.set(gauge_value(alive));
+    }
+
     fn register(r: &mut Registry) -> Self {
         Self {
             missing: reg(
@@ -372,12 +457,6 @@ impl Metrics {
                 "DELs older than the last ADD of their attachment, ignored.",
                 Counter::default(),
             ),
-            pool_requests: reg(
-                &mut r,
-                "dipam_pool_requests_total",
-                "Pod ADDs that met the warm pool, by outcome (hit, miss, bypass).",
-                Family::default(),
-            ),
             attachments: reg(
                 &mut r,
                 "dipam_attachments",
@@ -390,18 +469,7 @@ impl Metrics {
                 "Agent-owned addresses by state.",
                 Family::default(),
             ),
-            pool_ready: reg(
-                &mut r,
-                "dipam_pool_ready",
-                "Warm-pool entries ready to hand out, by network and config digest.",
-                Family::default(),
-            ),
-            pool_target: reg(
-                &mut r,
-                "dipam_pool_target",
-                "Warm-pool entries the refiller keeps (0: surplus being released).",
-                Family::default(),
-            ),
+            pool: PoolSeries::register(&mut r),
             gc: GcSeries::register(&mut r),
             conflicts: reg(
                 &mut r,
@@ -419,12 +487,6 @@ impl Metrics {
                 &mut r,
                 "dipam_intents_replayed_total",
                 "Interrupted operations released at start.",
-                Counter::default(),
-            ),
-            pool_refill_failures: reg(
-                &mut r,
-                "dipam_pool_refill_failures_total",
-                "Warm-pool refills that failed (retried with backoff).",
                 Counter::default(),
             ),
             teardown: TeardownSeries::register(&mut r),
@@ -611,12 +673,7 @@ impl Observer for Metrics {
             Event::IntentReplayed => {
                 self.intents_replayed.inc();
             }
-            Event::GcFreed(n) => {
-                self.gc.freed.inc_by(n);
-            }
-            Event::GcRefused => {
-                self.gc.refused.inc();
-            }
+            Event::GcFreed(_) | Event::GcRefused => self.gc.observe(event),
             Event::Conflict => {
                 self.conflicts.inc();
             }
@@ -625,12 +682,13 @@ impl Observer for Metrics {
             }
             Event::AgentAddresses(states) => self.agent_addresses(states),
             Event::PoolRequest { outcome } => {
-                self.pool_requests
+                self.pool
+                    .requests
                     .get_or_create(&l1("outcome", outcome))
                     .inc();
             }
             Event::PoolRefillFailed => {
-                self.pool_refill_failures.inc();
+                self.pool.refill_failures.inc();
             }
             Event::PoolLevel {
                 network,
@@ -639,36 +697,19 @@ impl Observer for Metrics {
                 target,
             } => self.pool_level(network, digest, ready, target),
             Event::PoolLevels(levels) => self.pool_levels(levels),
-            Event::TeardownDeleted(n) => {
-                self.teardown.deleted.inc_by(n);
-            }
-            Event::TeardownFailed => {
-                self.teardown.failures.inc();
-            }
+            Event::TeardownDeleted(_) | Event::TeardownFailed => self.teardown.observe(event),
             Event::PrivilegeDenied => {
                 self.privilege_failures.inc();
             }
-            Event::SpoolDepth(n) => {
-                self.spool.depth.set(gauge_value(n));
-            }
-            Event::SpoolQuarantined => {
-                self.spool.quarantined.inc();
-            }
-            Event::SpoolUntrusted(u) => {
-                self.spool.untrusted.set(i64::from(u));
-            }
-            Event::SpoolMismatched(n) => {
-                self.spool.mismatched.set(gauge_value(n));
-            }
+            Event::SpoolDepth(_)
+            | Event::SpoolQuarantined
+            | Event::SpoolUntrusted(_)
+            | Event::SpoolMismatched(_) => self.spool.observe(event),
             Event::Divergence {
                 missing,
                 orphans,
                 alive,
-            } => {
-                self.divergence.missing.set(gauge_value(missing));
-                self.divergence.orphans.set(gauge_value(orphans));
-                self.divergence.unrecorded_alive.set(gauge_value(alive));
-            }
+            } => self.divergence.set(missing, orphans, alive),
             Event::Ranges(counts) => self.ranges(counts),
             Event::HistoryDropped => {
                 self.history_dropped.inc();
@@ -703,8 +744,8 @@ impl Metrics {
     /// One warm pool's level.
     fn pool_level(&self, network: &str, digest: &str, ready: u64, target: u64) {
         let l = l2("network", network, "digest", digest);
-        self.pool_ready.get_or_create(&l).set(gauge_value(ready));
-        self.pool_target.get_or_create(&l).set(gauge_value(target));
+        self.pool.ready.get_or_create(&l).set(gauge_value(ready));
+        self.pool.target.get_or_create(&l).set(gauge_value(target));
         if let Ok(mut seen) = self.pools.lock() {
             seen.insert((network.to_owned(), digest.to_owned()));
         }
@@ -713,7 +754,7 @@ impl Metrics {
     /// Every warm pool's level; a pool no longer present loses its series.
     fn pool_levels(&self, levels: &[(&str, &str, u64, u64)]) {
         set_whole(
-            &[&self.pool_ready, &self.pool_target],
+            &[&self.pool.ready, &self.pool.target],
             &self.pools,
             levels.iter().map(|(network, digest, ready, target)| {
                 (

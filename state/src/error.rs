@@ -57,8 +57,8 @@ pub enum StoreError {
          preallocated. Free space on that file system (or give --state-dir a larger one) and \
          start dipamd again",
         path.display(),
-        crate::space::human(*available),
-        crate::space::human(*needed)
+        human(*available),
+        human(*needed)
     )]
     NoSpace {
         /// The state directory.
@@ -135,5 +135,33 @@ impl StoreError {
             StoreError::Unavailable { disk_full, .. } => *disk_full,
             _ => false,
         }
+    }
+}
+
+/// `n` bytes for a person: "2.3 MiB" (the free space [`StoreError::NoSpace`] reports).
+fn human(n: u64) -> String {
+    const UNITS: [&str; 4] = ["bytes", "KiB", "MiB", "GiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} bytes")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::human;
+
+    #[test]
+    fn sizes_read_as_people_write_them() {
+        assert_eq!(human(512), "512 bytes");
+        assert_eq!(human(2_411_724), "2.3 MiB");
+        assert_eq!(human(8 * 1024 * 1024), "8.0 MiB");
     }
 }

@@ -52,32 +52,9 @@ pub(crate) fn check(dir: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// `n` bytes for a person: "2.3 MiB".
-pub(crate) fn human(n: u64) -> String {
-    const UNITS: [&str; 4] = ["bytes", "KiB", "MiB", "GiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} bytes")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_read_as_people_write_them() {
-        assert_eq!(human(512), "512 bytes");
-        assert_eq!(human(2_411_724), "2.3 MiB");
-        assert_eq!(human(8 * 1024 * 1024), "8.0 MiB");
-    }
 
     #[test]
     fn a_store_with_its_journal_needs_only_the_margin() {

@@ -1013,6 +1013,36 @@ async fn holder_of(
     }))
 }
 
+/// Refuses a claim whose name exists with another family or address (`old`): a claim's name
+/// is its identity. `slot`: the claim's slot, whose held address counts as its own.
+fn refuse_changed(
+    r: &Reconciler,
+    slot: &Slot,
+    c: &Claim,
+    old: &ClaimSpec,
+) -> Result<(), ShimError> {
+    let held = r
+        .agent
+        .snapshot()
+        .addresses
+        .into_iter()
+        .find(|a| a.container_id == slot.container_id)
+        .and_then(|a| a.ip.split('/').next()?.parse::<IpAddr>().ok());
+    let same_ip = c.spec.ip.is_none() || c.spec.ip == old.ip || c.spec.ip == held;
+    if old.family != c.spec.family || !same_ip {
+        return Err(ShimError::ClaimExists {
+            msg: format!("claim {:?} exists with another family or address", c.name),
+            details: format!(
+                "it is {}{}; a claim's name is its identity: unclaim it first, or choose \
+                 another name. Nothing was changed",
+                old.family,
+                old.ip.map(|i| format!(" at {i}")).unwrap_or_default()
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// `Agent.Claim`: records the claim, then establishes its one slot at once. A requested IP
 /// that someone holds is refused before anything is recorded, naming the holder; a requested
 /// IP the delegate refuses for a new claim is refused the same way and the claim forgotten
@@ -1032,27 +1062,8 @@ pub async fn claim(r: &Reconciler, c: Claim) -> Result<Outcome, ShimError> {
             limit: claims::limits::CLAIMS,
         });
     }
-    let slot = Slot::claim(&cfg, &c.name, &c.spec);
     if let Some(old) = &existing {
-        let held = r
-            .agent
-            .snapshot()
-            .addresses
-            .into_iter()
-            .find(|a| a.container_id == slot.container_id)
-            .and_then(|a| a.ip.split('/').next()?.parse::<IpAddr>().ok());
-        let same_ip = c.spec.ip.is_none() || c.spec.ip == old.ip || c.spec.ip == held;
-        if old.family != c.spec.family || !same_ip {
-            return Err(ShimError::ClaimExists {
-                msg: format!("claim {:?} exists with another family or address", c.name),
-                details: format!(
-                    "it is {}{}; a claim's name is its identity: unclaim it first, or choose \
-                     another name. Nothing was changed",
-                    old.family,
-                    old.ip.map(|i| format!(" at {i}")).unwrap_or_default()
-                ),
-            });
-        }
+        refuse_changed(r, &Slot::claim(&cfg, &c.name, &c.spec), &c, old)?;
     }
     let base = cfg.source.load();
     // The same spec again (an agent restarting, a retried call): keep what it asked first,

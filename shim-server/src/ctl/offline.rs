@@ -73,10 +73,35 @@ pub struct Report {
     pub reason: String,
     pub checks: Vec<Check>,
     /// The ledger's records, or why they could not be read.
-    pub ledger: Result<Vec<AttachmentRecord>, String>,
+    pub ledger: Result<Vec<AttachmentRecord>, ReadError>,
     pub spool_dir: PathBuf,
     /// Every entry of the spool (and of its quarantine), or why it could not be listed.
-    pub spool: Result<Vec<Value>, String>,
+    pub spool: Result<Vec<Value>, ReadError>,
+}
+
+/// Why a file the offline doctor (or the support bundle) reads could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error(
+        "no ledger in {} (no sled log \"db\"): a wrong --state-dir, or a dipamd that never \
+         started there",
+        .0.display()
+    )]
+    NoLedger(PathBuf),
+    #[error(transparent)]
+    Ledger(#[from] dipam_state::StoreError),
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+impl ReadError {
+    pub(super) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
+        let path = path.into();
+        move |source| Self::Io { path, source }
+    }
 }
 
 /// Reads the node's files as dipamd at `socket` with `args`' paths would use them.
@@ -111,13 +136,9 @@ pub fn inspect(
     }
     state_checks(args, &mut checks);
     let ledger = if args.state_dir.join("db").is_file() {
-        dipam_state::read_copy(&args.state_dir, scratch).map_err(|e| e.to_string())
+        dipam_state::read_copy(&args.state_dir, scratch).map_err(ReadError::from)
     } else {
-        Err(format!(
-            "no ledger in {} (no sled log \"db\"): a wrong --state-dir, or a dipamd that never \
-             started there",
-            args.state_dir.display()
-        ))
+        Err(ReadError::NoLedger(args.state_dir.clone()))
     };
     checks.push(ledger_check(&args.state_dir, &ledger));
     let spool_dir = spool_dir(args, socket);
@@ -180,7 +201,7 @@ fn state_checks(args: &Args, checks: &mut Vec<Check>) {
     ));
 }
 
-fn ledger_check(dir: &Path, ledger: &Result<Vec<AttachmentRecord>, String>) -> Check {
+fn ledger_check(dir: &Path, ledger: &Result<Vec<AttachmentRecord>, ReadError>) -> Check {
     match ledger {
         Ok(recs) => {
             let count = |f: fn(&Owner) -> bool| recs.iter().filter(|r| f(&r.owner)).count();
@@ -201,7 +222,7 @@ fn ledger_check(dir: &Path, ledger: &Result<Vec<AttachmentRecord>, String>) -> C
         Err(e) => check(
             "ledger is readable",
             false,
-            e.clone(),
+            e.to_string(),
             "if dipamd refuses this ledger at start too, `dipamctl recover --state-dir DIR \
              --conflist FILE` rebuilds it from the delegate's store (it moves the old one \
              aside and keeps the DEL spool)",
@@ -278,7 +299,7 @@ fn spool_checks(dir: &Path, socket: &Path, checks: &mut Vec<Check>) {
 
 /// Every entry of the spool and its quarantine: name, kind, size, owner, mode. Names only;
 /// a spooled DEL's contents (a pod's config) stay in the file.
-fn list_spool(dir: &Path) -> Result<Vec<Value>, String> {
+fn list_spool(dir: &Path) -> Result<Vec<Value>, ReadError> {
     let mut out = Vec::new();
     for (sub, path) in [
         ("", dir.to_owned()),
@@ -290,7 +311,7 @@ fn list_spool(dir: &Path) -> Result<Vec<Value>, String> {
         let entries = match std::fs::read_dir(&path) {
             Ok(e) => e,
             Err(e) if !sub.is_empty() && e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(format!("{}: {e}", path.display())),
+            Err(e) => return Err(ReadError::io(&path)(e)),
         };
         let mut here: Vec<Value> = entries
             .flatten()
@@ -326,7 +347,7 @@ fn conflist_checks(conf_dir: &Path, checks: &mut Vec<Check>) -> Vec<DelegateConf
             checks.push(check(
                 "CNI configuration directory",
                 false,
-                e,
+                e.to_string(),
                 "give --conf-dir as the runtime has it (containerd: conf_dir; CRI-O: \
                  network_dir; podman: cni_config_dir)",
             ));
@@ -483,11 +504,11 @@ impl Report {
             "notChecked": NOT_CHECKED,
             "ledger": match &self.ledger {
                 Ok(recs) => json!({"attachments": recs.iter().map(record_json).collect::<Vec<_>>()}),
-                Err(e) => json!({"error": e}),
+                Err(e) => json!({"error": e.to_string()}),
             },
             "spool": match &self.spool {
                 Ok(files) => json!({"dir": self.spool_dir, "files": files}),
-                Err(e) => json!({"dir": self.spool_dir, "error": e}),
+                Err(e) => json!({"dir": self.spool_dir, "error": e.to_string()}),
             },
         })
     }
@@ -558,16 +579,16 @@ impl Report {
 }
 
 /// The conflists of a CNI config directory (the files a runtime would consider), whole.
-pub(super) fn conflists(dir: &Path) -> Result<Vec<(String, Vec<u8>)>, String> {
+pub(super) fn conflists(dir: &Path) -> Result<Vec<(String, Vec<u8>)>, ReadError> {
     let mut out = Vec::new();
-    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let entries = std::fs::read_dir(dir).map_err(ReadError::io(dir))?;
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         let wanted = [".conf", ".conflist", ".json"]
             .iter()
             .any(|x| name.ends_with(x));
         if wanted && e.path().is_file() {
-            let bytes = std::fs::read(e.path()).map_err(|err| format!("{name}: {err}"))?;
+            let bytes = std::fs::read(e.path()).map_err(ReadError::io(&name))?;
             out.push((name, bytes));
         }
     }

@@ -38,15 +38,15 @@ pub async fn run(
     // Not under --ready: that is the readiness probe, run every few seconds, and doctor
     // execs every delegate and reads every store.
     let doctor = if args.ready {
-        Err("skipped under --ready".to_owned())
+        Err(NotCounted::Ready)
     } else {
-        doctor_count(&mut client).await
+        doctor_count(&mut client).await.map_err(NotCounted::Rpc)
     };
     if json {
         let mut v = to_json(&s);
         v["doctor"] = match &doctor {
             Ok((checks, failed)) => json!({"checks": checks, "failed": failed}),
-            Err(e) => json!({"error": e}),
+            Err(e) => json!({"error": e.to_string()}),
         };
         output::json(out, &v)?;
     } else {
@@ -72,13 +72,21 @@ pub async fn run(
 
 /// How many of doctor's checks there are and how many fail, as `dipamctl doctor` counts them.
 /// An older dipamd without Doctor, or one that fails it, gives the reason instead.
-async fn doctor_count(client: &mut AdminClient<Channel>) -> Result<(usize, usize), String> {
+/// Why `status` shows no count of doctor's checks.
+#[derive(Debug, thiserror::Error)]
+enum NotCounted {
+    #[error("skipped under --ready")]
+    Ready,
+    #[error("{:?}: {}", .0.code(), .0.message())]
+    Rpc(tonic::Status),
+}
+
+async fn doctor_count(client: &mut AdminClient<Channel>) -> Result<(usize, usize), tonic::Status> {
     let reply = client
         .doctor(DoctorRequest {
             protocol_version: dipam_proto::PROTOCOL_VERSION,
         })
-        .await
-        .map_err(|e| format!("{:?}: {}", e.code(), e.message()))?
+        .await?
         .into_inner();
     Ok((
         reply.checks.len(),
@@ -213,36 +221,7 @@ fn table(s: &StatusReply, out: &mut dyn Write) -> std::io::Result<()> {
     if !s.conflist.is_empty() {
         writeln!(out, "conflist:     {}", s.conflist)?;
     }
-    writeln!(
-        out,
-        "conflicts:    {} refused, {} agent addresses re-established",
-        s.conflicts_detected, s.agent_reestablished
-    )?;
-    writeln!(
-        out,
-        "divergence:   {} recorded address(es) missing from the delegate's store, \
-         {} orphaned reservation(s) (unrecorded, unused), {} unrecorded in use (kept)",
-        s.divergence_missing, s.divergence_orphans, s.divergence_unrecorded_alive
-    )?;
-    for r in &s.ranges {
-        writeln!(out, "range:        {}", range_line(r))?;
-    }
-    writeln!(
-        out,
-        "gc:           {} freed, {} refused",
-        s.gc_freed, s.gc_refused
-    )?;
-    if let Some(r) = &s.runtime_gc {
-        writeln!(
-            out,
-            "runtime gc:   {}: {} pass(es), {} freed, {} refused; last pass: {} sandbox(es), \
-             {} missed once, {} kept by grace",
-            r.endpoint, r.passes, r.freed, r.refusals, r.sandboxes, r.pending, r.kept_grace
-        )?;
-        if !r.refusing.is_empty() {
-            writeln!(out, "  refusing ({}): {}", r.refusing, r.refusing_detail)?;
-        }
-    }
+    outcomes(s, out)?;
     if s.warm_pool > 0 || !s.pools.is_empty() {
         warm_pool(s, out)?;
     }
@@ -277,6 +256,41 @@ fn table(s: &StatusReply, out: &mut dyn Write) -> std::io::Result<()> {
             d.path,
             d.supported_versions.join(", ")
         )?;
+    }
+    Ok(())
+}
+
+/// What dipamd found and did: conflicts, divergence, ranges, GC and the runtime GC.
+fn outcomes(s: &StatusReply, out: &mut dyn Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "conflicts:    {} refused, {} agent addresses re-established",
+        s.conflicts_detected, s.agent_reestablished
+    )?;
+    writeln!(
+        out,
+        "divergence:   {} recorded address(es) missing from the delegate's store, \
+         {} orphaned reservation(s) (unrecorded, unused), {} unrecorded in use (kept)",
+        s.divergence_missing, s.divergence_orphans, s.divergence_unrecorded_alive
+    )?;
+    for r in &s.ranges {
+        writeln!(out, "range:        {}", range_line(r))?;
+    }
+    writeln!(
+        out,
+        "gc:           {} freed, {} refused",
+        s.gc_freed, s.gc_refused
+    )?;
+    if let Some(r) = &s.runtime_gc {
+        writeln!(
+            out,
+            "runtime gc:   {}: {} pass(es), {} freed, {} refused; last pass: {} sandbox(es), \
+             {} missed once, {} kept by grace",
+            r.endpoint, r.passes, r.freed, r.refusals, r.sandboxes, r.pending, r.kept_grace
+        )?;
+        if !r.refusing.is_empty() {
+            writeln!(out, "  refusing ({}): {}", r.refusing, r.refusing_detail)?;
+        }
     }
     Ok(())
 }

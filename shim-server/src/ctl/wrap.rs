@@ -135,35 +135,7 @@ pub enum WrapError {
 pub fn wrap(text: &str, choice: Choice, socket: Option<&str>) -> Result<Rewritten, WrapError> {
     let doc = Doc::parse(text)?;
     let kinds: Vec<Kind> = doc.plugins.iter().map(Kind::of).collect();
-    let i = match choice.plugin {
-        Some(i) => {
-            doc.check_index(i)?;
-            match kinds[i] {
-                Kind::DipamMain | Kind::DipamIpam => return Err(WrapError::AlreadyDipam(i)),
-                Kind::Other => {
-                    return Err(WrapError::NotThere(format!(
-                        "plugins[{i}] ({}) carries no IPAM",
-                        doc.type_of(i)
-                    )));
-                }
-                Kind::Carrier | Kind::Bare => i,
-            }
-        }
-        None => {
-            if let Some(i) = kinds
-                .iter()
-                .position(|k| matches!(k, Kind::DipamMain | Kind::DipamIpam))
-            {
-                return Err(WrapError::AlreadyDipam(i));
-            }
-            doc.single(
-                &kinds,
-                |k| matches!(k, Kind::Carrier | Kind::Bare),
-                "carry an IPAM",
-            )?
-            .ok_or(WrapError::NoIpam)?
-        }
-    };
+    let i = chosen(&doc, &kinds, choice.plugin)?;
     let main = doc.type_of(i);
     let plugin = &doc.plugins[i];
     let ipam = plugin.get("ipam");
@@ -245,6 +217,38 @@ pub fn wrap(text: &str, choice: Choice, socket: Option<&str>) -> Result<Rewritte
         delegate: delegate.to_owned(),
         mode,
     })
+}
+
+/// The plugin to wrap: `plugin` (--plugin-index) if it carries an IPAM, else the one plugin
+/// that does; refused where dipam is there already.
+fn chosen(doc: &Doc<'_>, kinds: &[Kind], plugin: Option<usize>) -> Result<usize, WrapError> {
+    match plugin {
+        Some(i) => {
+            doc.check_index(i)?;
+            match kinds[i] {
+                Kind::DipamMain | Kind::DipamIpam => Err(WrapError::AlreadyDipam(i)),
+                Kind::Other => Err(WrapError::NotThere(format!(
+                    "plugins[{i}] ({}) carries no IPAM",
+                    doc.type_of(i)
+                ))),
+                Kind::Carrier | Kind::Bare => Ok(i),
+            }
+        }
+        None => {
+            if let Some(i) = kinds
+                .iter()
+                .position(|k| matches!(k, Kind::DipamMain | Kind::DipamIpam))
+            {
+                return Err(WrapError::AlreadyDipam(i));
+            }
+            doc.single(
+                kinds,
+                |k| matches!(k, Kind::Carrier | Kind::Bare),
+                "carry an IPAM",
+            )?
+            .ok_or(WrapError::NoIpam)
+        }
+    }
 }
 
 /// `--unwrap`: the IPAM dipam delegates to, back in dipam's place.

@@ -344,11 +344,11 @@ struct Flags {
 fn check_flags(args: &Args) -> Result<Flags, DaemonError> {
     #[cfg(feature = "fault-injection")]
     if let Some(point) = &args.crash_at {
-        crate::fault::arm(point).map_err(DaemonError::Usage)?;
+        crate::fault::arm(point).map_err(|e| DaemonError::Usage(e.to_string()))?;
     }
     #[cfg(feature = "fault-injection")]
     if let Some(spec) = &args.pause_at {
-        crate::fault::arm_pause(spec).map_err(DaemonError::Usage)?;
+        crate::fault::arm_pause(spec).map_err(|e| DaemonError::Usage(e.to_string()))?;
     }
     if !(args.delegate_timeout > 0.0 && args.delegate_timeout <= 3600.0) {
         return Err(DaemonError::Usage(

@@ -127,9 +127,52 @@ impl Ranges {
     }
 }
 
+/// Why host-local would refuse its `ipam` object's ranges (its config.go).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RangesError {
+    #[error("host-local's `ranges` must be a list of lists of ranges")]
+    NotLists,
+    #[error("host-local's config names no range (`ranges` or `subnet`)")]
+    NoRange,
+    #[error("host-local's range set {0} is empty")]
+    EmptySet(usize),
+    #[error("host-local's range set {0}: {1}")]
+    Range(usize, RangeError),
+    #[error(
+        "host-local's ranges {a}-{b} and {c}-{d} overlap",
+        a = .0.0,
+        b = .0.1,
+        c = .1.0,
+        d = .1.1
+    )]
+    Overlap((IpAddr, IpAddr), (IpAddr, IpAddr)),
+}
+
+/// Why host-local would refuse one range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RangeError {
+    #[error("a range needs a `subnet`")]
+    NoSubnet,
+    #[error("subnet {0:?} is not a CIDR")]
+    NotCidr(String),
+    #[error("network {0} is too small to allocate from")]
+    TooSmall(IpNet),
+    #[error(
+        "network {0} has host bits set (its network address is {network})",
+        network = .0.network()
+    )]
+    HostBits(IpNet),
+    #[error("{0} {1:?} is not an address")]
+    NotAnAddress(&'static str, String),
+    #[error("{0} {1} is not in network {2}")]
+    Outside(&'static str, IpAddr, IpNet),
+    #[error("rangeEnd {end} is before rangeStart {start}")]
+    Backwards { start: IpAddr, end: IpAddr },
+}
+
 /// host-local's ranges from its `ipam` object, or why host-local would refuse them (then the
 /// size is unknown: dipam never shows a number host-local would not stand behind).
-pub fn host_local(ipam: &Value) -> Result<Ranges, String> {
+pub fn host_local(ipam: &Value) -> Result<Ranges, RangesError> {
     // config.go: the legacy range, when it names a subnet, is the first range set.
     let mut sets: Vec<Vec<&Value>> = Vec::new();
     if ipam.get("subnet").is_some_and(|s| !s.is_null()) {
@@ -137,35 +180,32 @@ pub fn host_local(ipam: &Value) -> Result<Ranges, String> {
     }
     if let Some(listed) = ipam.get("ranges").filter(|r| !r.is_null()) {
         let Some(listed) = listed.as_array() else {
-            return Err("host-local's `ranges` must be a list of lists of ranges".into());
+            return Err(RangesError::NotLists);
         };
         for set in listed {
             let Some(set) = set.as_array() else {
-                return Err("host-local's `ranges` must be a list of lists of ranges".into());
+                return Err(RangesError::NotLists);
             };
             sets.push(set.iter().collect());
         }
     }
     if sets.is_empty() {
-        return Err("host-local's config names no range (`ranges` or `subnet`)".into());
+        return Err(RangesError::NoRange);
     }
     let mut out = Vec::new();
     for (i, set) in sets.iter().enumerate() {
         if set.is_empty() {
-            return Err(format!("host-local's range set {i} is empty"));
+            return Err(RangesError::EmptySet(i));
         }
         for r in set {
-            out.push(range(r).map_err(|e| format!("host-local's range set {i}: {e}"))?);
+            out.push(range(r).map_err(|e| RangesError::Range(i, e))?);
         }
     }
     // config.go refuses overlapping ranges, within a set and across sets.
     for (i, a) in out.iter().enumerate() {
         for b in &out[i + 1..] {
             if a.family() == b.family() && a.start <= b.end && b.start <= a.end {
-                return Err(format!(
-                    "host-local's ranges {}-{} and {}-{} overlap",
-                    a.start, a.end, b.start, b.end
-                ));
+                return Err(RangesError::Overlap((a.start, a.end), (b.start, b.end)));
             }
         }
     }
@@ -173,49 +213,46 @@ pub fn host_local(ipam: &Value) -> Result<Ranges, String> {
 }
 
 /// One range, as `Range.Canonicalize` makes it.
-fn range(r: &Value) -> Result<Range, String> {
+fn range(r: &Value) -> Result<Range, RangeError> {
     let subnet = r
         .get("subnet")
         .and_then(Value::as_str)
-        .ok_or("a range needs a `subnet`")?;
+        .ok_or(RangeError::NoSubnet)?;
     let net: IpNet = subnet
         .parse()
-        .map_err(|_| format!("subnet {subnet:?} is not a CIDR"))?;
+        .map_err(|_| RangeError::NotCidr(subnet.to_owned()))?;
     if net.prefix_len() > net.max_prefix_len().saturating_sub(2) {
-        return Err(format!("network {net} is too small to allocate from"));
+        return Err(RangeError::TooSmall(net));
     }
     if net.addr() != net.network() {
-        return Err(format!(
-            "network {net} has host bits set (its network address is {})",
-            net.network()
-        ));
+        return Err(RangeError::HostBits(net));
     }
-    let ip_at = |key: &str| -> Result<Option<IpAddr>, String> {
+    let ip_at = |key: &'static str| -> Result<Option<IpAddr>, RangeError> {
         match r.get(key).and_then(Value::as_str).filter(|s| !s.is_empty()) {
             None => Ok(None),
             Some(s) => {
                 let ip: IpAddr = s
                     .parse()
-                    .map_err(|_| format!("{key} {s:?} is not an address"))?;
+                    .map_err(|_| RangeError::NotAnAddress(key, s.to_owned()))?;
                 if !net.contains(&ip) {
-                    return Err(format!("{key} {ip} is not in network {net}"));
+                    return Err(RangeError::Outside(key, ip, net));
                 }
                 Ok(Some(ip))
             }
         }
     };
-    let first = next(net.network()).ok_or("no address after the network's")?;
+    let first = next(net.network()).ok_or(RangeError::TooSmall(net))?;
     let gateway = ip_at("gateway")?.unwrap_or(first);
     let start = ip_at("rangeStart")?.unwrap_or(first);
     let end = match ip_at("rangeEnd")? {
         Some(e) => e,
         None => match net {
-            IpNet::V4(_) => prev(net.broadcast()).ok_or("no address before the broadcast")?,
+            IpNet::V4(_) => prev(net.broadcast()).ok_or(RangeError::TooSmall(net))?,
             IpNet::V6(_) => net.broadcast(),
         },
     };
     if end < start {
-        return Err(format!("rangeEnd {end} is before rangeStart {start}"));
+        return Err(RangeError::Backwards { start, end });
     }
     Ok(Range {
         start,
@@ -346,7 +383,7 @@ mod tests {
             ),
             (json!({"ranges": "10.0.0.0/8"}), "list of lists"),
         ] {
-            let e = host_local(&ipam).unwrap_err();
+            let e = host_local(&ipam).unwrap_err().to_string();
             assert!(e.contains(why), "{ipam}: {e}");
         }
     }

@@ -23,6 +23,39 @@ pub struct Reservation {
     pub modified: Option<SystemTime>,
 }
 
+/// The delegate keys of a network's ledger records: which reservations of the store they
+/// account for. The delegate holds each attachment under its delegate key (a pod served from
+/// the warm pool: the pool entry's), which is what its store names.
+pub struct Known {
+    pairs: std::collections::HashSet<(String, String)>,
+    ids: std::collections::HashSet<String>,
+}
+
+impl Known {
+    pub fn of(records: &[dipam_state::AttachmentRecord]) -> Self {
+        let pairs: std::collections::HashSet<(String, String)> = records
+            .iter()
+            .map(|r| {
+                let (c, i) = r.delegate_ids();
+                (c.to_owned(), i.to_owned())
+            })
+            .collect();
+        let ids = pairs.iter().map(|(c, _)| c.clone()).collect();
+        Self { pairs, ids }
+    }
+
+    /// Whether a record accounts for `r`: by container ID alone for host-local's legacy
+    /// id-only files, else by container ID and ifname.
+    pub fn accounts_for(&self, r: &Reservation) -> bool {
+        if r.ifname.is_empty() {
+            self.ids.contains(&r.container_id)
+        } else {
+            self.pairs
+                .contains(&(r.container_id.clone(), r.ifname.clone()))
+        }
+    }
+}
+
 /// host-local's directory for `network` under the delegate config `conf` (the config sent to
 /// the delegate: `ipam` is host-local's own object).
 pub fn host_local_dir(conf: &Value, network: &str) -> PathBuf {

@@ -45,23 +45,10 @@ pub async fn run(
         }
         None => {}
     }
-    // A DEL issued before the ADD that made the current attachment belongs to an earlier
-    // incarnation of this key (reordered, or replayed late from the spool): releasing now
-    // would take the newer attachment's address away. Ordered on the boot clock, never the
-    // wall clock (order.rs: a step back made a live DEL look stale). When the order cannot
-    // be known, the DEL runs. One that is ignored is said loudly and counted.
     let issued = p.issued.clone();
     if let Some(rec) = &existing
-        && crate::order::before(issued.as_ref(), rec.issued_at.as_ref()) == Some(true)
+        && stale(node, &p.key, issued.as_ref(), rec)
     {
-        warn!(
-            key = %p.key,
-            del_issued = ?issued,
-            add_issued = ?rec.issued_at,
-            "DEL issued before the ADD of the current attachment (on the boot clock); it was \
-             meant for an earlier one, already gone: not releasing the current one"
-        );
-        node.core.events.emit(crate::events::Event::StaleDel);
         return Ok(Released::default());
     }
     // A pod served from the warm pool is known to the delegate by the pool entry's key.
@@ -123,4 +110,30 @@ pub async fn run(
     // At debug: the request's one info line, with the IPs, comes from the service.
     debug!(key = %p.key, known = existing.is_some(), "attachment deleted");
     Ok(Released { ips })
+}
+
+/// Whether this DEL, issued at `issued`, is older than the ADD of the current attachment
+/// `rec`: it belongs to an earlier incarnation of this key (reordered, or replayed late from
+/// the spool), and releasing now would take the newer attachment's address away. Ordered on
+/// the boot clock, never the wall clock (order.rs: a step back made a live DEL look stale).
+/// When the order cannot be known, the DEL runs. One that is ignored is said loudly and
+/// counted.
+fn stale(
+    node: &Node,
+    key: &dipam_state::AttachmentKey,
+    issued: Option<&dipam_state::BootStamp>,
+    rec: &dipam_state::AttachmentRecord,
+) -> bool {
+    if crate::order::before(issued, rec.issued_at.as_ref()) != Some(true) {
+        return false;
+    }
+    warn!(
+        key = %key,
+        del_issued = ?issued,
+        add_issued = ?rec.issued_at,
+        "DEL issued before the ADD of the current attachment (on the boot clock); it was \
+         meant for an earlier one, already gone: not releasing the current one"
+    );
+    node.core.events.emit(crate::events::Event::StaleDel);
+    true
 }

@@ -47,7 +47,7 @@ pub const IMAGE: &str = "docker.io/library/dipam-busybox:test";
 /// containerd's own directory for shim sockets, runc state and fifos, whatever its `state`.
 const RUN_DIR: &str = "/run/containerd";
 
-/// Why containerd cannot run here, if it cannot: the only reasons to skip.
+/// Why containerd cannot run here, if it cannot: the only reasons to skip (`require!`).
 pub fn unavailable() -> Option<String> {
     if !crate::is_root() {
         return Some("containerd tests need root (a rootful containerd with CNI)".into());
@@ -69,18 +69,6 @@ pub fn unavailable() -> Option<String> {
         return Some("busybox is not installed (tests/deps.sh installs busybox-static)".into());
     }
     None
-}
-
-/// Returns early from a test when containerd cannot run here, saying why in a way that
-/// cannot be missed.
-#[macro_export]
-macro_rules! require_containerd {
-    () => {
-        if let Some(why) = $crate::containerd::unavailable() {
-            eprintln!("\n*** SKIPPED {}: {why} ***\n", module_path!());
-            return;
-        }
-    };
 }
 
 fn which(tool: &str) -> Option<PathBuf> {

@@ -30,7 +30,8 @@ use tonic::Status;
 
 use crate::{containerd::IMAGE, cri::Cri, peers::Peer};
 
-/// Why CRI-O cannot run here (besides the peers themselves): the only reasons to skip.
+/// Why CRI-O cannot run here (besides the peers themselves): the only reasons to skip
+/// (`require!`).
 pub fn unavailable() -> Option<String> {
     if !crate::is_root() {
         return Some("CRI-O tests need root".into());
@@ -47,21 +48,6 @@ pub fn unavailable() -> Option<String> {
         }
     }
     None
-}
-
-/// Returns early from a test when CRI-O's Debian parts are missing, saying why (a failure on
-/// CI, where tests/deps.sh installs them).
-#[macro_export]
-macro_rules! require_crio {
-    () => {
-        if let Some(why) = $crate::crio::unavailable() {
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!("{why}");
-            }
-            eprintln!("\n*** SKIPPED {}: {why} ***\n", module_path!());
-            return;
-        }
-    };
 }
 
 /// A private CRI-O and a CRI client to it. Stops and removes every pod through CRI on drop

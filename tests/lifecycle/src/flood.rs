@@ -14,7 +14,9 @@ use crate::nobody::NOBODY;
 /// The attacker: `mode` is `tcp HOST PORT`, `unix PATH`, or `headers PATH SIZE` (an HTTP/2
 /// preface and settings, then a HEADERS frame and CONTINUATION frames of SIZE bytes in all,
 /// never ended). It opens N connections (each given 0.1 s; it stops after 50 misses: a full backlog drops the rest), prints
-/// `held <count>`, then holds them until its stdin closes.
+/// `held <count> cut <count>`, then holds them until its stdin closes. A connection is cut
+/// when it was made but dipamd closed it (or stopped reading it) before its header block was
+/// all sent: for `headers`, dipamd bounding what a connection may make it read.
 const SCRIPT: &str = r#"
 import os, socket, struct, sys, time, resource
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -24,9 +26,11 @@ def frame(kind, flags, stream, payload):
     return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
 held = []
 misses = 0
+cut = 0
 for i in range(n):
     if misses >= 50:
         break
+    connected = False
     try:
         if mode == "tcp":
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -36,6 +40,7 @@ for i in range(n):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.settimeout(0.1)
             s.connect(sys.argv[3])
+        connected = True
         if mode == "headers":
             size = int(sys.argv[4])
             s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0, b""))
@@ -47,8 +52,11 @@ for i in range(n):
                 sent += chunk
         held.append(s)
     except OSError:
-        misses += 1
-print("held", len(held), flush=True)
+        if connected:
+            cut += 1
+        else:
+            misses += 1
+print("held", len(held), "cut", cut, flush=True)
 sys.stdin.read()
 "#;
 
@@ -56,8 +64,11 @@ sys.stdin.read()
 pub struct Flood {
     child: Child,
     stdin: Option<ChildStdin>,
-    /// Connections it managed to open (connect succeeded).
+    /// Connections it managed to open (connect succeeded) and holds.
     pub held: usize,
+    /// Connections it opened that dipamd closed, or stopped reading, before the attacker had
+    /// sent what it meant to (`headers` mode).
+    pub cut: usize,
     /// How long opening them took.
     pub took: Duration,
 }
@@ -83,14 +94,18 @@ impl Flood {
         BufReader::new(child.stdout.take().expect("piped stdout"))
             .read_line(&mut line)
             .expect("read the attacker's report");
-        let held = line
-            .strip_prefix("held ")
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or_else(|| panic!("the attacker did not report: {line:?}"));
+        let counts: Vec<usize> = line
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        let [held, cut] = counts[..] else {
+            panic!("the attacker did not report: {line:?}");
+        };
         Self {
             child,
             stdin,
             held,
+            cut,
             took: started.elapsed(),
         }
     }

@@ -28,6 +28,7 @@ pub mod nobody;
 pub mod peers;
 pub mod podman;
 pub mod replay;
+pub mod require;
 pub mod restrictions;
 pub mod runtime;
 pub mod shapes;
@@ -45,23 +46,18 @@ pub use replay::Replay;
 pub use runtime::{Attachment, CniError, Runtime};
 
 /// Lifecycle tests need root (network namespaces, veths). Elsewhere they say so loudly and
-/// pass without running; on CI (root) they always run.
+/// pass without running; on CI, where they run as root, not being root fails them
+/// (require.rs).
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
 }
 
-/// Returns early from a test when not root, with a message that cannot be missed.
+/// Returns early from a test when not root, under the one rule of [`require!`].
 #[macro_export]
 macro_rules! require_root {
     () => {
-        if !$crate::is_root() {
-            eprintln!(
-                "\n*** SKIPPED {}: lifecycle tests need root (network namespaces) ***\n",
-                module_path!()
-            );
-            return;
-        }
+        $crate::require!($crate::require::root())
     };
 }
 

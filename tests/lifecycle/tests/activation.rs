@@ -7,17 +7,15 @@
 
 use std::process::{Command, Stdio};
 
-use dipam_lifecycle::{bins, require_root};
+use dipam_lifecycle::{bins, require, require_root};
 
 #[test]
 fn dipamd_serves_a_socket_passed_by_systemd() {
     require_root!();
-    let Ok(activate) = which("systemd-socket-activate") else {
-        eprintln!(
-            "\n*** SKIPPED: systemd-socket-activate is not installed (package systemd) ***\n"
-        );
-        return;
-    };
+    let activate = require!(require::tool(
+        "systemd-socket-activate",
+        "tests/deps.sh installs systemd"
+    ));
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("dipam.sock");
     let log = std::fs::File::create(dir.path().join("dipamd.log")).unwrap();
@@ -60,13 +58,4 @@ fn dipamd_serves_a_socket_passed_by_systemd() {
         .arg("-f")
         .arg(format!("dipamd --socket {}", sock.display()))
         .status();
-}
-
-fn which(name: &str) -> Result<std::path::PathBuf, ()> {
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-        .ok_or(())
 }

@@ -26,7 +26,7 @@ use dipam_lifecycle::{
     Containerd, Dipamd, Fixture, Lab, NetNs, Subnet, bins, hostlocal,
     links::ipv4_addresses as addresses,
     podman::{self, Podman},
-    require_containerd, require_root,
+    require, require_root,
 };
 use serde_json::{Value, json};
 use tempfile::TempDir;
@@ -283,10 +283,7 @@ fn podman_pod(p: &Podman, net: &str) -> (String, String) {
 /// the exact step, and dipamd, started on the wrapped conflist, adopts them at start.
 #[test]
 fn a_podman_node_with_20_running_pods_is_adopted_and_no_pod_loses_its_address() {
-    if let Some(why) = podman_unavailable() {
-        eprintln!("\n*** SKIPPED {}: {why} ***\n", module_path!());
-        return;
-    }
+    require!(podman_unavailable());
     let dir = TempDir::with_prefix("adopt-podman-node-").unwrap();
     let (netd, bin, store) = (
         dir.path().join("net.d"),
@@ -391,7 +388,7 @@ fn a_podman_node_with_20_running_pods_is_adopted_and_no_pod_loses_its_address() 
 /// adopts them at once.
 #[test]
 fn a_containerd_node_with_20_running_pods_is_adopted_and_no_pod_loses_its_address() {
-    require_containerd!();
+    require!(dipam_lifecycle::containerd::unavailable());
     let dir = TempDir::with_prefix("adopt-containerd-node-").unwrap();
     let (bin, store) = (dir.path().join("bin"), dir.path().join("store"));
     for d in [&bin, &store] {

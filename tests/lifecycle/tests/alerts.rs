@@ -22,41 +22,22 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dipam_lifecycle::{AgentLab, Attachment, NetNs, Runtime, bins, require_root, yaml};
+use dipam_lifecycle::{AgentLab, Attachment, NetNs, Runtime, bins, deps, require_root, yaml};
 use serde_json::{Value, json};
 
 const JOB: &str = "dipam";
 
-fn cache() -> PathBuf {
-    std::env::var_os("DIPAM_TEST_CACHE")
-        .map_or_else(|| PathBuf::from("/var/cache/dipam-tests"), PathBuf::from)
-}
-
 /// promtool, or `None` (after saying why, loudly) when tests/deps.sh recorded that it could
 /// not be installed. Never a silent pass: neither promtool nor a reason fails the test.
 fn promtool() -> Option<PathBuf> {
-    let exe = cache().join("prometheus/usr/bin/promtool");
-    if exe.is_file() {
-        return Some(exe);
-    }
-    let marker = cache().join("prometheus.unavailable");
-    match std::fs::read_to_string(&marker) {
-        Ok(why) => {
-            eprintln!(
-                "\n*** SKIPPED {}: {} (recorded by tests/deps.sh in {}) ***\n",
-                module_path!(),
-                why.trim(),
-                marker.display()
-            );
-            None
-        }
-        Err(_) => panic!(
-            "promtool is not installed at {}: run tests/deps.sh, which installs it (or records \
-             in {} why it cannot)",
-            exe.display(),
-            marker.display()
-        ),
-    }
+    let exe = deps::cache().join("prometheus/usr/bin/promtool");
+    deps::installed(
+        module_path!(),
+        "promtool",
+        &exe,
+        exe.is_file(),
+        "prometheus",
+    )
 }
 
 fn rules_file() -> PathBuf {

@@ -21,7 +21,7 @@ use dipam_lifecycle::{
     Containerd, Lab,
     containerd::Pod,
     links::{assert_no_host_veths, ipv4_addresses as addresses},
-    require_containerd,
+    require,
 };
 use serde_json::json;
 
@@ -180,13 +180,13 @@ fn lifecycle(mode: Mode) {
 
 #[test]
 fn containerd_runs_a_pod_on_dipam_as_the_main_plugin() {
-    require_containerd!();
+    require!(dipam_lifecycle::containerd::unavailable());
     lifecycle(Mode::Main);
 }
 
 #[test]
 fn containerd_runs_a_pod_on_ptp_with_dipam_as_ipam() {
-    require_containerd!();
+    require!(dipam_lifecycle::containerd::unavailable());
     lifecycle(Mode::Ipam);
 }
 
@@ -228,13 +228,13 @@ fn concurrent(mode: Mode) {
 
 #[test]
 fn containerd_runs_8_sandboxes_at_once_main_mode() {
-    require_containerd!();
+    require!(dipam_lifecycle::containerd::unavailable());
     concurrent(Mode::Main);
 }
 
 #[test]
 fn containerd_runs_8_sandboxes_at_once_ipam_mode() {
-    require_containerd!();
+    require!(dipam_lifecycle::containerd::unavailable());
     concurrent(Mode::Ipam);
 }
 
@@ -275,13 +275,13 @@ fn dipamd_down(mode: Mode) {
 
 #[test]
 fn containerd_reports_dipamd_down_at_run_main_mode() {
-    require_containerd!();
+    require!(dipam_lifecycle::containerd::unavailable());
     dipamd_down(Mode::Main);
 }
 
 #[test]
 fn containerd_reports_dipamd_down_at_run_ipam_mode() {
-    require_containerd!();
+    require!(dipam_lifecycle::containerd::unavailable());
     dipamd_down(Mode::Ipam);
 }
 
@@ -326,13 +326,13 @@ fn dipamd_restart(mode: Mode) {
 
 #[test]
 fn containerd_pods_survive_a_dipamd_sigkill_main_mode() {
-    require_containerd!();
+    require!(dipam_lifecycle::containerd::unavailable());
     dipamd_restart(Mode::Main);
 }
 
 #[test]
 fn containerd_pods_survive_a_dipamd_sigkill_ipam_mode() {
-    require_containerd!();
+    require!(dipam_lifecycle::containerd::unavailable());
     dipamd_restart(Mode::Ipam);
 }
 
@@ -379,13 +379,13 @@ impl Bench {
 
 #[test]
 fn containerd_pause_process_killed_then_stop_and_remove_main_mode() {
-    require_containerd!();
+    require!(dipam_lifecycle::containerd::unavailable());
     pause_killed(Mode::Main);
 }
 
 #[test]
 fn containerd_pause_process_killed_then_stop_and_remove_ipam_mode() {
-    require_containerd!();
+    require!(dipam_lifecycle::containerd::unavailable());
     pause_killed(Mode::Ipam);
 }
 
@@ -395,7 +395,7 @@ fn containerd_pause_process_killed_then_stop_and_remove_ipam_mode() {
 /// DEL containerd sends after a failed ADD releases what dipam allocated.
 #[test]
 fn containerd_cni_versions() {
-    require_containerd!();
+    require!(dipam_lifecycle::containerd::unavailable());
     let cd = Containerd::start();
     for mode in [Mode::Main, Mode::Ipam] {
         for version in ["0.3.1", "0.4.0", "1.0.0"] {
@@ -475,7 +475,7 @@ fn containerd_cni_versions() {
 /// mount, runc state or directory behind.
 #[test]
 fn containerd_guard_cleans_up_a_running_pod() {
-    require_containerd!();
+    require!(dipam_lifecycle::containerd::unavailable());
     let lab = Lab::new(Mode::Main.conflist()).with_version("1.0.0");
     let cd = Containerd::start();
     cd.set_conflist(lab.list());

@@ -16,7 +16,7 @@ use dipam_lifecycle::{
     AgentLab, Containerd,
     containerd::{Build, Pod},
     peers::Peer,
-    require_containerd, require_peers,
+    require, require_peers,
     shapes::{Seeded, churn_while_killing, retry, shipped_unit_setpriv},
     unique,
 };
@@ -121,14 +121,14 @@ fn pods_at_1_1_0(peers: &[Peer], conflist: &str) {
 
 #[test]
 fn main_mode_pods_at_1_1_0() {
-    require_containerd!();
+    require!(dipam_lifecycle::containerd::unavailable());
     let peers = require_peers!("containerd", "ctr", "containerd-shim-runc-v2");
     pods_at_1_1_0(&peers, "dipam-host-local-1.1.0.conflist");
 }
 
 #[test]
 fn ipam_mode_pods_at_1_1_0_under_ptp_1_10() {
-    require_containerd!();
+    require!(dipam_lifecycle::containerd::unavailable());
     let peers = require_peers!("containerd", "ctr", "containerd-shim-runc-v2", "ptp");
     pods_at_1_1_0(&peers, "ptp-dipam-host-local.conflist");
 }
@@ -155,7 +155,7 @@ fn wait_network_ready(cd: &Containerd, want: bool) -> String {
 /// runs then.
 #[test]
 fn network_ready_follows_dipamd() {
-    require_containerd!();
+    require!(dipam_lifecycle::containerd::unavailable());
     let peers = require_peers!("containerd", "ctr", "containerd-shim-runc-v2");
     let mut b = Bench::new(&peers, "dipam-host-local-1.1.0.conflist", &[], false);
     wait_network_ready(&b.cd, true);
@@ -181,7 +181,7 @@ fn network_ready_follows_dipamd() {
 /// sandbox and the agent's router keep theirs.
 #[test]
 fn runtime_aware_gc_frees_what_containerd_2_leaked() {
-    require_containerd!();
+    require!(dipam_lifecycle::containerd::unavailable());
     let peers = require_peers!("containerd", "ctr", "containerd-shim-runc-v2");
     let b = Bench::new(&peers, "dipam-host-local-1.1.0.conflist", &[], true);
     let a = b.lab.network();
@@ -248,7 +248,7 @@ fn runtime_aware_gc_frees_what_containerd_2_leaked() {
 /// follows a failure.
 #[test]
 fn sigkill_mid_traffic_converges_and_leaks_nothing() {
-    require_containerd!();
+    require!(dipam_lifecycle::containerd::unavailable());
     let peers = require_peers!("containerd", "ctr", "containerd-shim-runc-v2");
     let mut b = Bench::new(&peers, "dipam-host-local.conflist", &[], false);
     let mut rng = Seeded::new("containerd2 sigkill_mid_traffic_converges_and_leaks_nothing");

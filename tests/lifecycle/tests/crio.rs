@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use dipam_lifecycle::{
     AgentLab, Fixture, Lab, Subnet,
     crio::Crio,
-    examples, require_crio, require_peers,
+    examples, require, require_peers,
     shapes::{Seeded, churn_while_killing, retry, shipped_unit_setpriv},
     unique,
 };
@@ -105,7 +105,7 @@ fn wait_for(secs: u64, what: &str, mut done: impl FnMut() -> bool) {
 /// is answered with success, freeing nothing.
 #[test]
 fn the_start_up_gc_frees_exactly_the_lost_dels() {
-    require_crio!();
+    require!(dipam_lifecycle::crio::unavailable());
     let Some(mut b) = Bench::new(true) else {
         return;
     };
@@ -204,7 +204,7 @@ fn the_start_up_gc_frees_exactly_the_lost_dels() {
 /// runs with an address from the ledger.
 #[test]
 fn pods_wait_while_dipamd_is_down_and_run_once_it_is_back() {
-    require_crio!();
+    require!(dipam_lifecycle::crio::unavailable());
     let crictl = require_peers!("crictl").remove(0);
     let Some(mut b) = Bench::new(false) else {
         return;
@@ -273,7 +273,7 @@ fn pods_wait_while_dipamd_is_down_and_run_once_it_is_back() {
 /// failure.
 #[test]
 fn sigkill_mid_traffic_converges_and_leaks_nothing() {
-    require_crio!();
+    require!(dipam_lifecycle::crio::unavailable());
     let Some(mut b) = Bench::new(true) else {
         return;
     };
@@ -326,7 +326,7 @@ fn requests(socket: &std::path::Path, op: &str) -> Vec<(String, u64)> {
 /// unit's capability set.
 #[test]
 fn crio_runs_every_1_1_0_example() {
-    require_crio!();
+    require!(dipam_lifecycle::crio::unavailable());
     let Some(peers) = dipam_lifecycle::peers::all(module_path!(), &["crio", "pinns"]) else {
         return;
     };

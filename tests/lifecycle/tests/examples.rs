@@ -26,7 +26,7 @@ use dipam_lifecycle::{
     links::ipv4_addresses,
     peers::Peer,
     podman::{self, Podman},
-    require_containerd, require_peers,
+    require, require_peers,
 };
 
 const IMAGE: &str = "localhost/dipam-examples:test";
@@ -101,14 +101,11 @@ fn assert_freed(lab: &Lab, e: &Example) {
 
 #[test]
 fn podman_4_3_runs_every_example_below_1_1_0() {
-    if let Some(why) = podman::unavailable(
+    require!(podman::unavailable(
         "podman tests need root (rootful podman with CNI networks)",
         &["podman", "runc", "busybox"],
         "tests/deps.sh installs podman, runc and busybox-static",
-    ) {
-        eprintln!("\n*** SKIPPED {}: {why} ***\n", module_path!());
-        return;
-    }
+    ));
     let list = examples(false);
     assert!(!list.is_empty());
     for e in &list {
@@ -170,14 +167,14 @@ fn pods_on(cd: &Containerd, list: &[Example]) {
 
 #[test]
 fn containerd_1_6_runs_every_example_below_1_1_0() {
-    require_containerd!();
+    require!(dipam_lifecycle::containerd::unavailable());
     let cd = Containerd::start();
     pods_on(&cd, &examples(false));
 }
 
 #[test]
 fn containerd_2_runs_every_1_1_0_example() {
-    require_containerd!();
+    require!(dipam_lifecycle::containerd::unavailable());
     let peers: Vec<Peer> = require_peers!(
         "containerd",
         "ctr",
@@ -204,7 +201,7 @@ fn containerd_2_runs_every_1_1_0_example() {
 /// containerd 1.6 above, which runs them with Debian's.
 #[test]
 fn containerd_2_runs_the_azure_examples() {
-    require_containerd!();
+    require!(dipam_lifecycle::containerd::unavailable());
     let peers: Vec<Peer> = require_peers!("containerd", "ctr", "containerd-shim-runc-v2", "ptp");
     let cd = Containerd::start_build(Build::from_peers(&peers));
     let ptp = peers.iter().find(|p| p.name == "ptp").unwrap();

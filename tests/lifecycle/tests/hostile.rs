@@ -192,6 +192,19 @@ fn an_allowed_uid_is_capped_and_its_header_flood_is_bounded_daemonset() {
     allowed_uid(Deployment::DaemonSet);
 }
 
+/// dipamd's open descriptors once they reach `want` (it accepts after the attacker's
+/// connects return), or what they are after 5 s.
+fn settled_fds(pid: u32, want: usize) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let n = flood::open_fds(pid);
+        if n >= want || Instant::now() > deadline {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn allowed_uid(d: Deployment) {
     require_root!();
     let mut lab = Lab::with_flags(
@@ -210,7 +223,13 @@ fn allowed_uid(d: Deployment) {
     let sock = lab.dipamd.socket().display().to_string();
     let fds_before = flood::open_fds(pid);
     let attacker = Flood::start(&["unix", "500", &sock]);
-    let fds_during = flood::open_fds(pid);
+    // The attack was made: the attacker got past the cap, and dipamd holds the cap's 8.
+    assert!(
+        attacker.held > 8,
+        "the attacker opened only {} connections: nothing went past the cap",
+        attacker.held
+    );
+    let fds_during = settled_fds(pid, fds_before + 8);
     let failed = lab.add_and_del(10);
     eprintln!(
         "allowed-uid flood ({}): {} connections; dipamd fds {fds_before} -> {fds_during}; \
@@ -220,11 +239,23 @@ fn allowed_uid(d: Deployment) {
         failed.len()
     );
     assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
+    assert!(
+        fds_during >= fds_before + 8,
+        "dipamd never held the cap's 8 connections of uid {NOBODY}: {fds_before} -> {fds_during}"
+    );
     // The per-uid cap (8), the refused connections lingering with their answer (at most 4
     // at once, listen.rs), and 4 to spare.
     assert!(
         fds_during <= fds_before + 8 + 4 + 4,
         "more than the per-uid cap is held: {fds_before} -> {fds_during}"
+    );
+    // And the ones past it were refused, as the log says.
+    let log = lab.dipamd.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("connection dropped at accept")
+                && l.contains("max-connections-per-uid")),
+        "no connection of the flood was refused for the per-uid cap:\n{log}"
     );
     drop(attacker);
 
@@ -243,7 +274,14 @@ fn allowed_uid(d: Deployment) {
     assert!(lab.add_and_del(3).is_empty());
     let rss_before = flood::rss_kib(pid);
     let attacker = Flood::start(&["headers", "300", &sock, &(256 << 10).to_string()]);
-    let held = attacker.held;
+    let (held, cut) = (attacker.held, attacker.cut);
+    // The attack was made: all 300 connections got in and pushed their header block, until
+    // dipamd had read it all (held) or cut the connection (cut).
+    assert_eq!(
+        held + cut,
+        300,
+        "the header flood did not reach dipamd: {held} held, {cut} cut"
+    );
     std::thread::sleep(Duration::from_secs(1));
     let rss_during = flood::rss_kib(pid);
     let failed = lab.add_and_del(10);
@@ -252,7 +290,8 @@ fn allowed_uid(d: Deployment) {
     std::thread::sleep(Duration::from_secs(14));
     let rss_after = flood::rss_kib(pid);
     eprintln!(
-        "header flood ({}): {held} connections sent their blocks; RSS {rss_before} KiB -> \
+        "header flood ({}): {held} connections sent their blocks, {cut} cut by dipamd; RSS \
+         {rss_before} KiB -> \
          {rss_during} KiB during -> {rss_after} KiB after; root pods failed: {}/10",
         d.name(),
         failed.len()

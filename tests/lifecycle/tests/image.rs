@@ -124,10 +124,7 @@ fn strip(from: &Path, to: &Path) {
 
 #[test]
 fn the_image_builds_offline_and_runs_as_the_daemonset_runs_it() {
-    if let Some(why) = unavailable() {
-        eprintln!("\n*** SKIPPED {}: {why} ***\n", module_path!());
-        return;
-    }
+    dipam_lifecycle::require!(unavailable());
     let podman = Podman::new("image-", |_| None).removing_images();
     let ctx = podman.path("context");
     context(&ctx);

@@ -664,13 +664,8 @@ fn paths_the_real_azure_plugin_uses() -> Vec<PathBuf> {
 /// restart loses it and the host's azure-vnet never sees it (two pods, one address).
 #[test]
 fn the_daemonsets_azure_mounts_hold_every_path_the_real_plugin_uses() {
-    if !dipam_lifecycle::is_root() {
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("the azure mount test needs root (it runs the real azure-vnet-ipam)");
-        }
-        eprintln!("\n*** SKIPPED: needs root (it runs the real azure-vnet-ipam) ***\n");
-        return;
-    }
+    // It runs the real azure-vnet-ipam.
+    dipam_lifecycle::require_root!();
     let paths = paths_the_real_azure_plugin_uses();
     eprintln!("azure-vnet-ipam uses: {paths:?}");
     for want in [

@@ -19,7 +19,7 @@ use dipam_lifecycle::{
     deployment::Deployment,
     hostlocal,
     nobody::{self, NOBODY},
-    require_containerd, require_root,
+    require, require_root,
 };
 use serde_json::{Value, json};
 use tonic_health::pb::{
@@ -208,7 +208,7 @@ fn the_runtime_gc_and_doctor_take_a_non_root_record_in_its_own_scope_daemonset()
 /// runtime (a real containerd) lists no such sandbox, frees it after two passes from its own
 /// store, while root's sandbox keeps its address and root's store is untouched.
 fn runtime_gc_and_doctor(d: Deployment) {
-    require_containerd!();
+    require!(dipam_lifecycle::containerd::unavailable());
     let theirs = their_store();
     let dir = theirs.path().display().to_string();
     let cd = Containerd::start();

@@ -16,6 +16,7 @@ use dipam_lifecycle::{
     Lab, bins,
     links::{assert_no_host_veths, ipv4_addresses as addresses},
     podman::{self, Podman},
+    require,
 };
 use serde_json::Value;
 
@@ -28,15 +29,6 @@ fn unavailable() -> Option<String> {
         &["podman", "runc", "busybox", "timeout"],
         "tests/deps.sh installs podman, runc and busybox-static",
     )
-}
-
-macro_rules! require_podman {
-    () => {
-        if let Some(why) = unavailable() {
-            eprintln!("\n*** SKIPPED {}: {why} ***\n", module_path!());
-            return;
-        }
-    };
 }
 
 /// A private podman whose CNI backend loads `conflist` alone, with the busybox image.
@@ -135,12 +127,12 @@ fn run_on(conflist: &str) {
 
 #[test]
 fn podman_runs_a_container_on_dipam_as_the_main_plugin() {
-    require_podman!();
+    require!(unavailable());
     run_on("dipam-host-local-1.1.0.conflist");
 }
 
 #[test]
 fn podman_runs_a_container_on_ptp_with_dipam_as_ipam() {
-    require_podman!();
+    require!(unavailable());
     run_on("ptp-dipam-host-local.conflist");
 }

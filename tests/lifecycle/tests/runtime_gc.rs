@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use dipam_lifecycle::{
-    Attachment, Containerd, Lab, NetNs, Subnet, hostlocal, require_containerd, require_root,
+    Attachment, Containerd, Lab, NetNs, Subnet, hostlocal, require, require_root,
     runtime::result_ips,
 };
 use serde_json::Value;
@@ -156,7 +156,7 @@ fn doctor_check(lab: &Lab) -> Value {
 /// the old network keeps its address, and one on the new network its own.
 #[test]
 fn a_conflist_swapped_under_a_sandbox_leaks_its_address_and_two_passes_free_it() {
-    require_containerd!();
+    require!(dipam_lifecycle::containerd::unavailable());
     let subnet_b = Subnet::claim("10.77");
     // Passes only when asked (`dipamctl gc --from-runtime`), after the one at start: each
     // step below is one pass. A grace period the leak outlives by the first pass.
@@ -281,7 +281,7 @@ fn a_conflist_swapped_under_a_sandbox_leaks_its_address_and_two_passes_free_it()
 /// is never freed, however many passes miss it; the passes run on their own timer.
 #[test]
 fn an_attachment_made_outside_cri_is_never_freed() {
-    require_containerd!();
+    require!(dipam_lifecycle::containerd::unavailable());
     let bench = Bench::new("0.2", "0");
     let (cd, lab) = (&bench.cd, &bench.lab);
     let pod = cd.run_pod("web").unwrap();
@@ -365,7 +365,7 @@ fn an_unreachable_endpoint_frees_nothing_and_shows_the_refusal() {
 /// runtime still restoring, or not the one that made them) frees nothing.
 #[test]
 fn an_empty_sandbox_list_with_cri_attachments_frees_nothing() {
-    require_containerd!();
+    require!(dipam_lifecycle::containerd::unavailable());
     let bench = Bench::new("0.2", "0");
     let (cd, lab) = (&bench.cd, &bench.lab);
     assert!(cd.list_pods().unwrap().is_empty());

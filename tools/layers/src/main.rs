@@ -1,7 +1,8 @@
 //! `dipam-layers CRATE_DIR...`: exits 1 when a crate has a module cycle, at folder level (its
-//! top-level modules) or at file level (the files of one folder), naming each edge of the
-//! cycle with the line that makes it. `--edges` prints every level's edges as well, the
-//! picture docs/architecture.md draws. See the crate's doc for what counts as an edge.
+//! top-level modules) or at file level (the files of one folder), or an edge up the layers a
+//! module file declares, naming each such edge with the line that makes it. `--edges` prints
+//! every level's layers and edges as well, the picture docs/architecture.md draws. See the
+//! crate's doc for what counts as an edge.
 
 use std::{path::Path, process::ExitCode};
 
@@ -27,6 +28,9 @@ fn main() -> ExitCode {
         if edges {
             for (level, from) in krate.levels() {
                 println!("{dir}: {}", level_name(&level));
+                for (child, (_, layer)) in krate.layers.get(&level).into_iter().flatten() {
+                    println!("  {child} in layer {layer}");
+                }
                 for (a, tos) in from {
                     let tos: Vec<&str> = tos.keys().map(String::as_str).collect();
                     println!("  {a} -> {}", tos.join(", "));
@@ -50,8 +54,23 @@ fn main() -> ExitCode {
                 );
             }
         }
-        if cycles.is_empty() {
-            println!("{dir}: no module cycle");
+        let upward = krate.upward();
+        for u in &upward {
+            failed = true;
+            println!(
+                "{dir}: an edge up the layers in {}: {} (layer {}) -> {} (layer {}): {}:{} {}",
+                level_name(&u.level),
+                u.from.0,
+                u.from.1,
+                u.to.0,
+                u.to.1,
+                u.site.file.display(),
+                u.site.line,
+                u.site.path
+            );
+        }
+        if cycles.is_empty() && upward.is_empty() {
+            println!("{dir}: no module cycle, no edge up the layers");
         }
     }
     if failed {
