@@ -81,6 +81,10 @@ func (e *Error) Retryable() bool {
 	return false
 }
 
+// MapError maps the error of a call made with the generated client ([Client.Agent]) as this
+// package's own calls are mapped: an *[Error] by its gRPC code; nil stays nil.
+func MapError(op string, err error) error { return wrap(op, err) }
+
 // wrap maps a call's error by its gRPC code; nil stays nil.
 func wrap(op string, err error) error {
 	if err == nil {

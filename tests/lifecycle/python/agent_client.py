@@ -12,8 +12,9 @@ the next dipamd, the same addresses in its first lists; the claim unclaimed and 
 and the codes of requests dipamd refuses.
 
 For kill_dipamd it prints DIPAM-KILL and waits for a line on stdin (the test restarts dipamd
-in between). Every check fails with a message naming what differed; the last line on stdout
-is a JSON summary the Rust test compares with what dipamctl reports.
+in between). Every check fails with a message naming what differed; its findings go to stdout
+as a DIPAM-SUMMARY line of JSON, which the Rust test compares with what dipamctl reports
+(tests/lifecycle/src/scenario.rs).
 """
 
 import argparse
@@ -252,7 +253,7 @@ def main():
     run.summary["steps"] = [s["step"] for s in steps]
     run.watch.stop()
     run.channel.close()
-    print(json.dumps(run.summary))
+    print("DIPAM-SUMMARY " + json.dumps({"scenarios": run.summary}), flush=True)
 
 
 if __name__ == "__main__":
