@@ -23,6 +23,7 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -123,6 +124,7 @@ func lineOf(s agent.Snapshot) line {
 	for _, a := range s.List.Addresses {
 		l.Addresses = append(l.Addresses, address{a.Name, a.Ip, a.ClaimState.String(), a.Labels})
 	}
+	slices.SortFunc(l.Addresses, func(a, b address) int { return strings.Compare(a.Name, b.Name) })
 	return l
 }
 
