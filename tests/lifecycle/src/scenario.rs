@@ -143,7 +143,11 @@ pub fn assert_summary(lab: &AgentLab, summary: &Value, sc: &Scenario) {
     );
     // The claim held the address it asked for, across the SIGKILL too.
     let claimed = s["claimed"].as_str().unwrap_or_default();
-    assert_eq!(claimed.split('/').next(), Some(sc.claim_ip.as_str()), "{summary}");
+    assert_eq!(
+        claimed.split('/').next(),
+        Some(sc.claim_ip.as_str()),
+        "{summary}"
+    );
     let listed = s["claim_listed"].as_array().expect("claim_listed");
     assert!(
         listed
@@ -161,7 +165,11 @@ pub fn assert_summary(lab: &AgentLab, summary: &Value, sc: &Scenario) {
     // Refused requests answer the documented codes (docs/agent-api.md, Errors).
     for st in table["steps"].as_array().expect("steps") {
         if let Some(code) = st.get("code") {
-            assert_eq!(&s["codes"][st["step"].as_str().unwrap_or_default()], code, "{summary}");
+            assert_eq!(
+                &s["codes"][st["step"].as_str().unwrap_or_default()],
+                code,
+                "{summary}"
+            );
         }
     }
     // Released and unclaimed again: the ledger and the delegate's store hold the two roles

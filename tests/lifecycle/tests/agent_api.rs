@@ -35,7 +35,7 @@ use dipam_lifecycle::{
     restrictions::shipped_unit,
     scenario::{self, Scenario},
 };
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio_stream::StreamExt;
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
@@ -290,15 +290,24 @@ fn run_go(mut lab: AgentLab, uid: Option<&str>) {
     let summary = scenario::drive(&mut lab, cmd, "the Go module's tests");
     scenario::assert_summary(&lab, &summary, &sc);
     let example = &summary["example"];
-    assert_eq!(example["before"]["addresses"], example["after"]["addresses"], "{summary}");
-    assert_ne!(example["before"]["instance"], example["after"]["instance"], "{summary}");
+    assert_eq!(
+        example["before"]["addresses"], example["after"]["addresses"],
+        "{summary}"
+    );
+    assert_ne!(
+        example["before"]["instance"], example["after"]["instance"],
+        "{summary}"
+    );
     assert!(
         example["after"]["addresses"]
             .as_array()
             .unwrap()
             .iter()
             .any(|a| a["name"] == "egress-example"
-                && a["ip"].as_str().unwrap().starts_with(&format!("{}/", sc.example_ip))),
+                && a["ip"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with(&format!("{}/", sc.example_ip))),
         "{summary}"
     );
 }
