@@ -20,7 +20,8 @@
 # (tests/lifecycle/src/bins.rs says why); without it the plugin is built against glibc.
 # Also etcd (etcd-server) for the single-node Kubernetes cluster test.
 # Also the real CNI peers built from Go modules (tests/peers/build.sh; see the end), Kubernetes'
-# own components among them.
+# own components among them, and the Go API module's pinned tools (buf, protoc-gen-go,
+# protoc-gen-go-grpc) that api/check.sh runs.
 # Idempotent; a no-op when everything is present.
 set -euo pipefail
 host=$(rustc -vV | sed -n 's/^host: //p')

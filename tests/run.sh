@@ -14,4 +14,7 @@ cargo run "${locked[@]}" -q -p dipam-layers -- shim-server plugin state proto te
 # The API docs build, and every intra-doc link resolves: a moved item breaks the links to it.
 RUSTDOCFLAGS="-D rustdoc::broken_intra_doc_links -D warnings" \
   cargo doc "${locked[@]}" --no-deps --workspace
+# The Go module (api/) and the proto: buf lint, breaking changes against the previous commit,
+# the generated code up to date, go vet and the unit tests (api/check.sh says how).
+bash api/check.sh
 cargo test "${locked[@]}" --workspace

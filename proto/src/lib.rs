@@ -1,8 +1,8 @@
-//! The dipam.v1 wire contract, generated from `dipam/v1/dipam.proto`, and the few constants
-//! the plugin and dipamd must agree on outside the messages: the CNI facts (`cni`: versions,
-//! name rules, error codes) and the DEL spool's contract (`spool`), and how the clients dial
-//! dipamd and read its refusal at accept (`connect`, `refused_at_accept`). Nothing else lives
-//! here.
+//! The dipam.v1 wire contract, generated from `dipam/v1/dipam.proto` and `dipam/v1/agent.proto`
+//! (one proto package), and the few constants the plugin and dipamd must agree on outside the
+//! messages: the CNI facts (`cni`: versions, name rules, error codes) and the DEL spool's
+//! contract (`spool`), and how the clients dial dipamd and read its refusal at accept
+//! (`connect`, `refused_at_accept`). Nothing else lives here.
 
 /// The protocol version this build speaks. Bump it when a request or reply gains meaning
 /// that an older peer must know about; never remove support for an older version silently.

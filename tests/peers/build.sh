@@ -86,8 +86,11 @@ build_one() {
     install)
       local gobin=$dir/gobin.tmp
       rm -rf "$gobin" && mkdir -p "$gobin"
-      env "${envs[@]}" GOBIN="$gobin" go install "${goflags[@]}" "$module/$pkg@$version"
-      mv "$gobin/$(basename "$pkg")" "$out" && rm -rf "$gobin"
+      # PACKAGE "." is the module's own main package (protoc-gen-go-grpc is a module).
+      local target=$module/$pkg
+      [ "$pkg" = . ] && target=$module
+      env "${envs[@]}" GOBIN="$gobin" go install "${goflags[@]}" "$target@$version"
+      mv "$gobin/$(basename "$target")" "$out" && rm -rf "$gobin"
       ;;
     download)
       module_source "$module" "$version" "$dir"

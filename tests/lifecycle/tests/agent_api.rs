@@ -3,15 +3,21 @@
 //!   its conflist is neither), a Watch hears the change, and SIGTERM with a health watch open
 //!   still ends dipamd within its drain (NOT_SERVING, then UNAVAILABLE);
 //! - server reflection (v1 and v1alpha) lists dipam.v1 and the health service;
-//! - an agent written in Python with grpcio, its stubs generated from proto/ by grpcio-tools
-//!   at test time, works over the unix socket with no `:authority` override: health,
-//!   reflection, List, Watch, a role allocated and released, a claim at a requested IP with
-//!   labels made, seen ready on the watch, unclaimed and seen gone, and the codes of refused
-//!   requests (tests/lifecycle/python/agent_client.py says what it checks).
+//! - the Go module (api/, through examples/go-agent's tests) and an agent written in Python with
+//!   grpcio (its stubs generated from proto/ by grpcio-tools at test time) run the same table
+//!   of steps, tests/lifecycle/agent-scenarios.json, against a real dipamd with the real
+//!   host-local (src/scenario.rs): health, reflection, List, Watch, a role allocated and
+//!   released, a claim at a requested IP with labels, dipamd SIGKILLed under the watch and
+//!   the watch resumed on the next dipamd with the same addresses, the claim unclaimed, and
+//!   the codes of refused requests. The Go one also runs its worked example agent across a
+//!   SIGKILL. Go runs in both shapes an agent meets: as root against dipamd under the shipped
+//!   unit's capability set, and as a non-root uid that dipamd's --admin-uid and
+//!   --socket-group let in. Python, with no `:authority` override, as root.
 //!
 //! The Python venv comes from tests/deps.sh (under `$DIPAM_TEST_CACHE`, default
 //! /var/cache/dipam-tests); when deps.sh could not install it, it recorded why and the Python
-//! test skips, printing that; when deps.sh has not run at all, it fails.
+//! test skips, printing that; when deps.sh has not run at all, it fails. Go is the machine's
+//! (tests/peers/build.sh needs it too); the Go test binary is built from the Go module proxy.
 
 // Tests: a panic is the failure report.
 #![allow(clippy::unwrap_used)]
@@ -22,8 +28,14 @@ use std::{
     time::Duration,
 };
 
-use dipam_lifecycle::{AgentLab, Attachment, bins, deps, require_root};
-use serde_json::{Value, json};
+use dipam_lifecycle::{
+    AgentLab, Attachment, bins, deps, golang,
+    nobody::NOBODY,
+    require_root,
+    restrictions::shipped_unit,
+    scenario::{self, Scenario},
+};
+use serde_json::json;
 use tokio_stream::StreamExt;
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
@@ -193,7 +205,8 @@ fn python() -> Option<PathBuf> {
     deps::venv_tool(module_path!(), "the grpcio venv", "grpcio", "bin/python")
 }
 
-/// Python stubs for dipam.v1, generated from proto/ now, as an agent author would.
+/// Python stubs for dipam.v1, generated from proto/ now, as an agent author would: the Agent
+/// service's file alone is all an agent needs.
 fn python_stubs(python: &Path) -> tempfile::TempDir {
     let out = tempfile::Builder::new()
         .prefix("dipam-pystubs-")
@@ -205,7 +218,7 @@ fn python_stubs(python: &Path) -> tempfile::TempDir {
         .arg(&proto)
         .arg(format!("--python_out={}", out.path().display()))
         .arg(format!("--grpc_python_out={}", out.path().display()))
-        .arg("dipam/v1/dipam.proto")
+        .arg("dipam/v1/agent.proto")
         .output()
         .unwrap();
     assert!(
@@ -213,109 +226,108 @@ fn python_stubs(python: &Path) -> tempfile::TempDir {
         "grpc_tools.protoc: {}",
         String::from_utf8_lossy(&protoc.stderr)
     );
-    assert!(out.path().join("dipam/v1/dipam_pb2_grpc.py").is_file());
+    assert!(out.path().join("dipam/v1/agent_pb2_grpc.py").is_file());
     out
 }
 
 #[test]
-fn a_python_grpcio_agent_works_with_no_authority_override() {
+fn a_python_grpcio_agent_runs_the_scenarios_with_no_authority_override() {
     require_root!();
     let Some(python) = python() else { return };
-    let lab = AgentLab::new("ptp-dipam-host-local.conflist", "router,health", &[]);
+    let mut lab = AgentLab::new("ptp-dipam-host-local.conflist", "router,health", &[]);
     lab.wait_ready(2);
     let stubs = python_stubs(&python);
-    // A requested IP inside the lab's /24 that neither role holds (host-local hands out the
-    // lowest free addresses first).
-    let claim_ip = format!("{}.200", lab.subnet.cidr.trim_end_matches(".0/24"));
-    let out = Command::new(&python)
-        .arg(
-            bins::workspace()
-                .join("tests/lifecycle/python/agent_client.py")
-                .as_os_str(),
-        )
+    let sc = Scenario::new(&lab, "egress-python");
+    let mut cmd = Command::new(&python);
+    cmd.arg(bins::workspace().join("tests/lifecycle/python/agent_client.py"))
         .arg("--socket")
         .arg(lab.dipamd.socket())
         .arg("--stubs")
         .arg(stubs.path())
+        .arg("--scenarios")
+        .arg(sc.table())
         .arg("--protocol-version")
         .arg(dipam_proto::PROTOCOL_VERSION.to_string())
-        .arg("--role")
-        .arg("ingress")
-        .arg("--claim")
-        .arg("egress-python")
-        .arg("--claim-ip")
-        .arg(&claim_ip)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "the Python agent failed:\n{}\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        lab.dipamd.log()
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let summary: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
-        .unwrap_or_else(|e| panic!("summary: {e}: {stdout}"));
-
-    // What the Python agent saw is what dipamctl sees.
-    let rows = |v: &Value| -> Vec<(String, String, String, String)> {
-        let mut r: Vec<_> = v
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| {
-                let s = |i: usize| a[i].as_str().unwrap().to_owned();
-                (s(0), s(1), s(2), s(3))
-            })
-            .collect();
-        r.sort();
-        r
-    };
-    assert_eq!(rows(&summary["list"]), lab.addresses());
-    assert_eq!(summary["health"], "SERVING");
-    let allocated = summary["with_role"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|a| a[0] == "ingress")
-        .count();
-    assert_eq!(allocated, 1, "{summary}");
-    // The claim held the address it asked for, and was listed with it.
-    let claimed = summary["claimed"].as_str().unwrap();
-    assert_eq!(
-        claimed.split('/').next(),
-        Some(claim_ip.as_str()),
-        "{summary}"
-    );
-    assert!(
-        summary["claim_listed"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|a| a[0] == "egress-python" && a[1] == claimed && a[2] == "ready"),
-        "{summary}"
-    );
-    // Refused requests answer the documented codes (docs/agent-api.md, Errors).
-    let codes = &summary["codes"];
-    assert_eq!(codes["unknown_role"], "INVALID_ARGUMENT", "{summary}");
-    assert_eq!(codes["bad_name"], "INVALID_ARGUMENT", "{summary}");
-    assert_eq!(codes["bad_ip"], "INVALID_ARGUMENT", "{summary}");
-    assert_eq!(
-        codes["no_protocol_version"], "FAILED_PRECONDITION",
-        "{summary}"
-    );
-    // Released and unclaimed again: the ledger and the delegate's store hold the two roles
-    // only, and nothing holds the claimed IP.
-    assert_eq!(lab.addresses().len(), 2);
-    assert_eq!(lab.delegate_store().len(), 2);
-    lab.assert_agree();
-    assert!(
-        lab.delegate_store().iter().all(|(_, ip)| ip != &claim_ip),
-        "{:?}",
-        lab.delegate_store()
-    );
+        .args(["--claim", &sc.claim, "--claim-ip", &sc.claim_ip])
+        .args(["--other-ip", &sc.other_ip]);
+    let summary = scenario::drive(&mut lab, cmd, "the Python agent");
+    scenario::assert_summary(&lab, &summary, &sc);
     // The connection was served under the authority it sent, not refused: nothing in the
     // log about a protocol error.
     assert!(!lab.dipamd.log().contains("PROTOCOL_ERROR"));
+}
+
+/// Runs the Go module's tests (the scenario table, then the worked example across a SIGKILL)
+/// against `lab`'s dipamd, as `uid` (None: root), and checks what they saw.
+fn run_go(mut lab: AgentLab, uid: Option<&str>) {
+    lab.wait_ready(2);
+    let sc = Scenario::new(&lab, "egress-go");
+    let bin = golang::test_binary("examples/go-agent", sc.dir.path(), "go-agent.test");
+    let mut cmd = match uid {
+        Some(uid) => {
+            // The socket's directory is opened so that the socket's own mode and group and
+            // dipamd's peer check decide (as a DaemonSet shares /run/dipam).
+            std::fs::set_permissions(
+                lab.dipamd.dir.path(),
+                std::os::unix::fs::PermissionsExt::from_mode(0o755),
+            )
+            .unwrap();
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid", uid, "--regid", uid, "--clear-groups", "--"])
+                .arg(&bin)
+                .env("HOME", sc.dir.path());
+            c
+        }
+        None => Command::new(&bin),
+    };
+    cmd.args(["-test.v", "-test.count=1", "-test.timeout=5m"])
+        .env("DIPAM_SOCKET", lab.dipamd.socket())
+        .env("DIPAM_SCENARIOS", sc.table())
+        .env("DIPAM_CLAIM", &sc.claim)
+        .env("DIPAM_CLAIM_IP", &sc.claim_ip)
+        .env("DIPAM_OTHER_IP", &sc.other_ip)
+        .env("DIPAM_EXAMPLE_IP", &sc.example_ip);
+    let summary = scenario::drive(&mut lab, cmd, "the Go module's tests");
+    scenario::assert_summary(&lab, &summary, &sc);
+    let example = &summary["example"];
+    assert_eq!(
+        example["before"]["addresses"], example["after"]["addresses"],
+        "{summary}"
+    );
+    assert_ne!(
+        example["before"]["instance"], example["after"]["instance"],
+        "{summary}"
+    );
+    assert!(
+        example["after"]["addresses"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["name"] == "egress-example"
+                && a["ip"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with(&format!("{}/", sc.example_ip))),
+        "{summary}"
+    );
+}
+
+#[test]
+fn the_go_module_and_its_example_agent_as_root_under_the_shipped_unit() {
+    require_root!();
+    let mut lab = AgentLab::unstarted("ptp-dipam-host-local.conflist");
+    lab.write_conflist();
+    lab.set_roles("router,health", &[]);
+    // Every start of the test, the restarts after SIGKILL included, under the unit's set.
+    lab.dipamd.run_under(&shipped_unit().setpriv());
+    lab.dipamd.start_again();
+    run_go(lab, None);
+}
+
+#[test]
+fn the_go_module_and_its_example_agent_as_a_non_root_admin_uid() {
+    require_root!();
+    let flags = ["--socket-group", NOBODY, "--admin-uid", NOBODY];
+    let lab = AgentLab::new("ptp-dipam-host-local.conflist", "router,health", &flags);
+    run_go(lab, Some(NOBODY));
 }
