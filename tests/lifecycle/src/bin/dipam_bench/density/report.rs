@@ -72,7 +72,7 @@ impl Report {
                 mib(p.rss_kib),
                 mib(p.hwm_kib),
                 p.ledger.1 / 1024,
-                p.journal.1 / 1024,
+                p.journal.0 / 1024,
                 super::super::median(&p.ctl_status),
                 super::super::median(&p.ctl_attachments),
             ));
