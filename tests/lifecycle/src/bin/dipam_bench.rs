@@ -152,6 +152,17 @@ const SECTIONS: [&str; 7] = [
 /// (tens of minutes at full size).
 const DEFAULT_SECTIONS: [&str; 5] = ["latency", "concurrency", "cold", "scale", "gc"];
 
+/// The flags of a dipamd whose GCs free every stale attachment at once: JSON logs (for the
+/// breakdown), no grace period, no share limit.
+const COLLECTING: [&str; 6] = [
+    "--log-format",
+    "json",
+    "--gc-grace",
+    "0",
+    "--gc-max-free-share",
+    "1",
+];
+
 /// dipamd's `--gc-parallel` default (shim-server gc::DEFAULT_PARALLEL), the floor's
 /// parallelism when `--gc-parallel` is not given.
 const DIPAMD_GC_PARALLEL: usize = 2;
@@ -1210,14 +1221,7 @@ struct ScaleRound {
 /// all but one; `--scale-rounds` repeats the round on the same dipamd, to show how its RSS
 /// evolves under churn.
 fn scale(rt: &Runtime, opts: &Opts) -> Res<Scale> {
-    let d = Dipamd::start_with(&[
-        "--log-format",
-        "json",
-        "--gc-grace",
-        "0",
-        "--gc-max-free-share",
-        "1",
-    ]);
+    let d = Dipamd::start_with(&COLLECTING);
     // IPAM-mode calls need no namespace: ptp is not involved, and dipamd only records the
     // path. host-local keeps 253 addresses per /24, so enough /24s go into one range set.
     let n = opts.attachments + 1;
@@ -1470,14 +1474,7 @@ fn probe_pods(n: usize) -> Vec<Attachment> {
 fn gc_section(rt: &Runtime, opts: &Opts) -> Res<GcBench> {
     let parallel = opts.gc_parallel.unwrap_or(DIPAMD_GC_PARALLEL);
     let parallel_arg = parallel.to_string();
-    let mut flags = vec![
-        "--log-format",
-        "json",
-        "--gc-grace",
-        "0",
-        "--gc-max-free-share",
-        "1",
-    ];
+    let mut flags = COLLECTING.to_vec();
     if opts.gc_parallel.is_some() {
         flags.extend(["--gc-parallel", &parallel_arg]);
     }

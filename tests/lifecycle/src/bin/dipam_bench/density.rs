@@ -109,22 +109,18 @@ impl Node {
     /// dipamd with the flags every start of the section uses, plus `extra`.
     pub fn start(opts: &Opts, extra: &[&str]) -> Res<Self> {
         let cri = cri::StandIn::start()?;
-        let mut flags: Vec<String> = [
-            "--log-format",
-            "json",
-            "--gc-grace",
-            "0",
-            "--gc-max-free-share",
-            "1",
+        let own = [
             "--reconcile-interval",
             "86400",
             "--node-name",
             "density",
             "--cri-endpoint",
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
+        ];
+        let mut flags: Vec<String> = super::COLLECTING
+            .iter()
+            .chain(&own)
+            .map(|s| (*s).to_owned())
+            .collect();
         flags.push(format!("unix://{}", cri.socket().display()));
         if let Some(p) = opts.gc_parallel {
             flags.extend(["--gc-parallel".to_owned(), p.to_string()]);
