@@ -65,7 +65,8 @@ impl Tombstones {
             .map(|(issued, _)| issued.clone())
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.by_key.len()
     }
 
@@ -94,7 +95,7 @@ mod tests {
     use super::*;
 
     fn key(i: usize) -> AttachmentKey {
-        AttachmentKey::new("n", &format!("c{i}"), "eth0")
+        AttachmentKey::new("n", format!("c{i}"), "eth0")
     }
 
     fn stamp(ns: u64) -> BootStamp {
