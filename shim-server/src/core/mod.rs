@@ -15,6 +15,7 @@
 
 pub mod attach;
 pub mod births;
+pub mod tombstones;
 
 use std::{net::IpAddr, path::PathBuf, sync::Arc, time::Instant};
 
@@ -69,11 +70,8 @@ pub struct Core {
     pub events: crate::events::Events,
     /// Protocol versions seen from plugins since start (bit n = version n, up to 63).
     pub plugin_protocols: std::sync::atomic::AtomicU64,
-    /// Recent DELs by key: (issue time of the DEL on the boot clock, when to forget it).
-    /// Bounded in time and size; see `bury`.
-    tombstones: std::sync::Mutex<
-        std::collections::HashMap<AttachmentKey, (dipam_state::BootStamp, Instant)>,
-    >,
+    /// Recent DELs by key (tombstones.rs): bounded in time and size; see `bury`.
+    tombstones: std::sync::Mutex<tombstones::Tombstones>,
     pub identity: Identity,
     /// The agent's addresses (agent/), which no pod may take.
     owners: Arc<dyn AddressOwners>,
@@ -113,10 +111,7 @@ impl Prepared {
     }
 }
 
-/// How long a DEL is remembered against stale ADDs; longer than any runtime's CNI timeout.
-pub const TOMBSTONE_TTL: std::time::Duration = std::time::Duration::from_secs(600);
-/// The most tombstones kept: bounds memory under churn.
-pub const TOMBSTONE_MAX: usize = 65_536;
+pub use tombstones::{TOMBSTONE_MAX, TOMBSTONE_TTL};
 
 impl Core {
     pub fn new(
@@ -133,7 +128,7 @@ impl Core {
             births: births::Births::default(),
             addrs: crate::addrs::AddrIndex::default(),
             plugin_protocols: std::sync::atomic::AtomicU64::new(0),
-            tombstones: std::sync::Mutex::new(std::collections::HashMap::new()),
+            tombstones: std::sync::Mutex::default(),
             identity,
             owners,
         }
@@ -334,30 +329,13 @@ impl Core {
         let Ok(mut t) = self.tombstones.lock() else {
             return;
         };
-        let now = Instant::now();
-        t.retain(|_, (_, until)| *until > now);
-        if t.len() >= TOMBSTONE_MAX
-            && let Some(oldest) = t
-                .iter()
-                .min_by_key(|(_, (_, until))| *until)
-                .map(|(k, _)| k.clone())
-        {
-            t.remove(&oldest);
-        }
-        let entry = t.entry(key.clone()).or_insert((issued.clone(), now));
-        // The latest DEL is the one an ADD must postdate.
-        if crate::order::before(Some(&entry.0), Some(&issued)) == Some(true) {
-            entry.0 = issued;
-        }
-        entry.1 = now + TOMBSTONE_TTL;
+        t.bury(key, issued, Instant::now());
     }
 
     /// The issue time of the last DEL of `key`, if still remembered.
     pub fn tombstone(&self, key: &AttachmentKey) -> Option<dipam_state::BootStamp> {
         let t = self.tombstones.lock().ok()?;
-        t.get(key)
-            .filter(|(_, until)| *until > Instant::now())
-            .map(|(issued, _)| issued.clone())
+        t.get(key, Instant::now())
     }
 
     /// The stale-ADD rule (F4): an ADD issued before a DEL of the same attachment that dipamd

@@ -124,9 +124,44 @@ struct Opts {
     /// no such flag).
     gc_parallel: Option<usize>,
     gc_add_interval_ms: u64,
+    /// The density section (density.rs): the largest N of its curve.
+    density_max_n: usize,
+    /// Timed samples of each kind per N.
+    density_samples: usize,
+    /// The most stale attachments at one N (a tenth of N, at most this).
+    density_stale: usize,
+    /// `--warm-pool` of the curve's pooled run.
+    density_pool: usize,
+    density_svg: Option<PathBuf>,
+    /// The churn section: ADD/DEL cycles, and the live attachments they run beside.
+    churn_cycles: usize,
+    churn_live: usize,
 }
 
-const SECTIONS: [&str; 5] = ["latency", "concurrency", "cold", "scale", "gc"];
+const SECTIONS: [&str; 7] = [
+    "latency",
+    "concurrency",
+    "cold",
+    "scale",
+    "gc",
+    "density",
+    "churn",
+];
+
+/// The sections a run without `--sections` runs: density and churn take a run of their own
+/// (tens of minutes at full size).
+const DEFAULT_SECTIONS: [&str; 5] = ["latency", "concurrency", "cold", "scale", "gc"];
+
+/// The flags of a dipamd whose GCs free every stale attachment at once: JSON logs (for the
+/// breakdown), no grace period, no share limit.
+const COLLECTING: [&str; 6] = [
+    "--log-format",
+    "json",
+    "--gc-grace",
+    "0",
+    "--gc-max-free-share",
+    "1",
+];
 
 /// dipamd's `--gc-parallel` default (shim-server gc::DEFAULT_PARALLEL), the floor's
 /// parallelism when `--gc-parallel` is not given.
@@ -157,7 +192,16 @@ Options:
   --gc-parallel N        the floor's parallel DELs, and dipamd's --gc-parallel (default:
                          dipamd's own default, 2; the flag is then not passed)
   --gc-add-interval MS   pause between the ADDs that arrive during a GC (default 20)
-  --sections LIST        comma-separated subset of latency,concurrency,cold,scale,gc
+  --density-max-n N      the density curve's largest N, of 10,100,1000,2500,10000
+                         (default 10000)
+  --density-samples N    timed samples of each kind per N (default 40)
+  --density-stale N      stale attachments per N: a tenth of N, at most this (default 250)
+  --density-pool N       --warm-pool of the curve's pooled run (default 16)
+  --density-svg FILE     write the density curve as an SVG
+  --churn-cycles N       ADD/DEL cycles of the churn section (default 10000)
+  --churn-live N         live attachments beside the churn (default 2500)
+  --sections LIST        comma-separated subset of latency,concurrency,cold,scale,gc,
+                         density,churn (default: all but density and churn)
   --json FILE            write every number as JSON
   --quick                small numbers, for a smoke run
   -h, --help             this text";
@@ -177,10 +221,17 @@ fn parse_args(args: &[String]) -> Res<Opts> {
         warmup: 3,
         json: None,
         quick: false,
-        sections: SECTIONS.iter().map(|s| (*s).to_owned()).collect(),
+        sections: DEFAULT_SECTIONS.iter().map(|s| (*s).to_owned()).collect(),
         gc_rounds: 3,
         gc_parallel: None,
         gc_add_interval_ms: 20,
+        density_max_n: 10_000,
+        density_samples: 40,
+        density_stale: 250,
+        density_pool: 16,
+        density_svg: None,
+        churn_cycles: 10_000,
+        churn_live: 2_500,
     };
     // Explicit numbers win over --quick, whatever the order.
     let mut explicit: Vec<&str> = Vec::new();
@@ -230,6 +281,22 @@ fn parse_args(args: &[String]) -> Res<Opts> {
             }
             "--gc-parallel" => o.gc_parallel = Some(number(a, value(a)?)?),
             "--gc-add-interval" => o.gc_add_interval_ms = number(a, value(a)?)? as u64,
+            "--density-max-n" => o.density_max_n = number(a, value(a)?)?,
+            "--density-samples" => {
+                o.density_samples = number(a, value(a)?)?;
+                explicit.push("density-samples");
+            }
+            "--density-stale" => o.density_stale = number(a, value(a)?)?,
+            "--density-pool" => o.density_pool = number(a, value(a)?)?,
+            "--density-svg" => o.density_svg = Some(PathBuf::from(value(a)?)),
+            "--churn-cycles" => {
+                o.churn_cycles = number(a, value(a)?)?;
+                explicit.push("churn-cycles");
+            }
+            "--churn-live" => {
+                o.churn_live = number(a, value(a)?)?;
+                explicit.push("churn-live");
+            }
             "--attachments" => {
                 o.attachments = number(a, value(a)?)?;
                 explicit.push("attachments");
@@ -260,6 +327,9 @@ fn parse_args(args: &[String]) -> Res<Opts> {
         set("cold-iters", &mut o.cold_iters, 20);
         set("attachments", &mut o.attachments, 50);
         set("gc-rounds", &mut o.gc_rounds, 1);
+        set("density-samples", &mut o.density_samples, 10);
+        set("churn-cycles", &mut o.churn_cycles, 200);
+        set("churn-live", &mut o.churn_live, 100);
         o.warmup = 1;
     }
     if let Some(dir) = alt_bin_dir {
@@ -314,6 +384,10 @@ fn check_stop() -> Res<()> {
 macro_rules! progress {
     ($($arg:tt)*) => { eprintln!("[dipam-bench] {}", format!($($arg)*)) };
 }
+use progress;
+
+#[path = "dipam_bench/density.rs"]
+mod density;
 
 // ---------------------------------------------------------------------------------------
 // Statistics
@@ -1147,14 +1221,7 @@ struct ScaleRound {
 /// all but one; `--scale-rounds` repeats the round on the same dipamd, to show how its RSS
 /// evolves under churn.
 fn scale(rt: &Runtime, opts: &Opts) -> Res<Scale> {
-    let d = Dipamd::start_with(&[
-        "--log-format",
-        "json",
-        "--gc-grace",
-        "0",
-        "--gc-max-free-share",
-        "1",
-    ]);
+    let d = Dipamd::start_with(&COLLECTING);
     // IPAM-mode calls need no namespace: ptp is not involved, and dipamd only records the
     // path. host-local keeps 253 addresses per /24, so enough /24s go into one range set.
     let n = opts.attachments + 1;
@@ -1407,14 +1474,7 @@ fn probe_pods(n: usize) -> Vec<Attachment> {
 fn gc_section(rt: &Runtime, opts: &Opts) -> Res<GcBench> {
     let parallel = opts.gc_parallel.unwrap_or(DIPAMD_GC_PARALLEL);
     let parallel_arg = parallel.to_string();
-    let mut flags = vec![
-        "--log-format",
-        "json",
-        "--gc-grace",
-        "0",
-        "--gc-max-free-share",
-        "1",
-    ];
+    let mut flags = COLLECTING.to_vec();
     if opts.gc_parallel.is_some() {
         flags.extend(["--gc-parallel", &parallel_arg]);
     }
@@ -2307,6 +2367,23 @@ fn run(opts: &Opts) -> Res<()> {
             },
         }),
     );
+    // Density and churn run first, on dipamds of their own: the other sections' dipamds and
+    // networks are not even started when only these were asked for.
+    if opts.runs("density") {
+        let d = density::run(&rt, opts)?;
+        rep.density(&d, opts.density_svg.as_deref())?;
+    }
+    if opts.runs("churn") {
+        let c = density::churn(&rt, opts)?;
+        rep.churn(&c);
+    }
+    if !opts
+        .sections
+        .iter()
+        .any(|s| DEFAULT_SECTIONS.contains(&s.as_str()))
+    {
+        return publish(rep, opts);
+    }
     let mut spans = Spans::new();
 
     // The dipamd that (b) and (c) share, as the harness starts it (debug level, which logs
@@ -2553,6 +2630,11 @@ fn run(opts: &Opts) -> Res<()> {
         let g = gc_section(&rt, opts)?;
         rep.gc(&g);
     }
+    publish(rep, opts)
+}
+
+/// The report's last lines, the report on stdout and the JSON file.
+fn publish(mut rep: Report, opts: &Opts) -> Res<()> {
     let end = loadavg();
     rep.line(format!(
         "load average (1, 5, 15 min) at the end: {end:?} on {} CPUs",

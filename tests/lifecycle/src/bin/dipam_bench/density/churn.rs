@@ -1,0 +1,176 @@
+//! Churn (`--sections churn`): ADD/DEL cycles beside a ledger of live attachments, with
+//! dipamd's RSS and the ledger's and journal's bytes read every tenth of the run (issue 39:
+//! memory and disk stay bounded, the journal compacts).
+
+use std::{collections::HashSet, time::Instant};
+
+use dipam_lifecycle::{Attachment, Runtime};
+use serde_json::{Value, json};
+
+use super::super::{Opts, Report, Res, fan_out, loadavg, mib, r3, ratio, rss_kib};
+use super::{Kind, Node, disk_bytes};
+
+pub struct ChurnSample {
+    pub cycles: usize,
+    pub rss_kib: u64,
+    pub ledger: u64,
+    pub journal: u64,
+    pub secs: f64,
+}
+
+pub struct Churn {
+    pub live: usize,
+    pub cycles: usize,
+    pub samples: Vec<ChurnSample>,
+    pub load: Vec<f64>,
+}
+
+/// `--churn-cycles` ADD/DEL cycles (two at a time) on `--churn-live` live attachments.
+pub fn churn(rt: &Runtime, opts: &Opts) -> Res<Churn> {
+    let mut node = Node::start(opts, &[])?;
+    let live: Vec<Attachment> = (0..opts.churn_live)
+        .map(|i| node.att(Kind::Live, 0, i))
+        .collect();
+    super::super::progress!("churn: filling {} live attachments", live.len());
+    node.fill(rt, &live)?;
+    node.live = live;
+    node.restart(rt, false, &[])?;
+    let read = |node: &Node, cycles: usize, t: &Instant| {
+        let (l, j) = disk_bytes(&node.d.state_dir());
+        ChurnSample {
+            cycles,
+            rss_kib: rss_kib(node.d.pid()).0,
+            ledger: l.1,
+            journal: j.0,
+            secs: t.elapsed().as_secs_f64(),
+        }
+    };
+    let t = Instant::now();
+    let mut samples = vec![read(&node, 0, &t)];
+    let step = (opts.churn_cycles / 10).max(1);
+    let mut done = 0;
+    let list = node.list().clone();
+    while done < opts.churn_cycles {
+        let batch: Vec<Attachment> = (done..(done + step).min(opts.churn_cycles))
+            .map(|i| node.att(Kind::Churn, 0, i))
+            .collect();
+        fan_out(&batch, 2, |a| {
+            let r = rt
+                .ipam(&list, 0, "ADD", a, None)
+                .map_err(|e| format!("churn ADD: {e}"))?;
+            rt.ipam(&list, 0, "DEL", a, Some(&r))
+                .map(|_| ())
+                .map_err(|e| format!("churn DEL: {e}"))
+        })?;
+        done += batch.len();
+        let s = read(&node, done, &t);
+        super::super::progress!(
+            "churn: {done}/{} cycles in {:.0} s: RSS {:.1} MiB, ledger {} KiB, journal {} KiB",
+            opts.churn_cycles,
+            s.secs,
+            mib(s.rss_kib),
+            s.ledger / 1024,
+            s.journal / 1024
+        );
+        samples.push(s);
+    }
+    let held: HashSet<String> = node
+        .d
+        .ledger_pairs(&node.network())
+        .into_iter()
+        .map(|(c, _)| c)
+        .collect();
+    if held.len() != node.live.len() {
+        return Err(format!(
+            "after the churn the ledger holds {} attachments, expected {}",
+            held.len(),
+            node.live.len()
+        ));
+    }
+    Ok(Churn {
+        live: opts.churn_live,
+        cycles: opts.churn_cycles,
+        samples,
+        load: loadavg(),
+    })
+}
+
+impl Report {
+    pub fn churn(&mut self, c: &Churn) {
+        self.line(format!(
+            "\nChurn: {} ADD/DEL cycles on {} live attachments (2 at a time; load at the end {:?})",
+            c.cycles, c.live, c.load
+        ));
+        self.line(format!(
+            "{:>8} {:>8} {:>8} {:>11} {:>11}",
+            "cycles", "s", "RSS MiB", "ledger KiB", "journal KiB"
+        ));
+        for s in &c.samples {
+            self.line(format!(
+                "{:>8} {:>8.0} {:>8.1} {:>11} {:>11}",
+                s.cycles,
+                s.secs,
+                mib(s.rss_kib),
+                s.ledger / 1024,
+                s.journal / 1024
+            ));
+        }
+        let (Some(first), Some(last)) = (c.samples.get(1), c.samples.last()) else {
+            return;
+        };
+        // Measured from the first tenth on: the first cycles grow caches to their steady size.
+        self.target(
+            format!(
+                "RSS after {} churn cycles / after the first tenth",
+                c.cycles
+            ),
+            format!(
+                "{:.2}x ({:.1} vs {:.1} MiB)",
+                ratio(last.rss_kib as f64, first.rss_kib as f64),
+                mib(last.rss_kib),
+                mib(first.rss_kib)
+            ),
+            "<= 1.10x",
+            last.rss_kib as f64 <= 1.1 * first.rss_kib as f64,
+        );
+        self.target(
+            format!(
+                "ledger bytes after {} churn cycles / after the first tenth",
+                c.cycles
+            ),
+            format!(
+                "{:.2}x ({} vs {} KiB)",
+                ratio(last.ledger as f64, first.ledger as f64),
+                last.ledger / 1024,
+                first.ledger / 1024
+            ),
+            "<= 1.10x",
+            last.ledger as f64 <= 1.1 * first.ledger as f64,
+        );
+        let max_journal = c
+            .samples
+            .iter()
+            .map(|s| s.journal)
+            .max()
+            .unwrap_or_default();
+        self.target(
+            "journal compacts under churn (largest sample)",
+            format!("{} KiB", max_journal / 1024),
+            "<= 4096 KiB",
+            max_journal <= 4 << 20,
+        );
+        let samples: Vec<Value> = c
+            .samples
+            .iter()
+            .map(|s| {
+                json!({"cycles": s.cycles, "secs": r3(s.secs), "rss_kib": s.rss_kib,
+                       "ledger_allocated_bytes": s.ledger, "journal_bytes": s.journal})
+            })
+            .collect();
+        self.json.insert(
+            "churn".into(),
+            json!({"live": c.live, "cycles": c.cycles, "loadavg_end": c.load,
+                   "samples": samples}),
+        );
+    }
+}
