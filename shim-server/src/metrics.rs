@@ -79,6 +79,9 @@ pub struct Metrics {
     agent_addresses: Family<L1, Gauge>,
     pool_ready: Family<L2, Gauge>,
     pool_target: Family<L2, Gauge>,
+    pool_in_use: Family<L2, Gauge>,
+    pool_refills: Counter,
+    pool_releases: Counter,
     gc: GcSeries,
     conflicts: Counter,
     agent_reestablished: Counter,
@@ -375,7 +378,8 @@ impl Metrics {
             pool_requests: reg(
                 &mut r,
                 "dipam_pool_requests_total",
-                "Pod ADDs that met the warm pool, by outcome (hit, miss, bypass).",
+                "Pod ADDs that met the warm pool, by outcome (hit: a take, miss: found it empty, \
+                 bypass).",
                 Family::default(),
             ),
             attachments: reg(
@@ -399,8 +403,28 @@ impl Metrics {
             pool_target: reg(
                 &mut r,
                 "dipam_pool_target",
-                "Warm-pool entries the refiller keeps (0: surplus being released).",
+                "Warm-pool entries the refiller keeps now: the target raised by recent demand, \
+                 or what the minimum asks (0: surplus being released).",
                 Family::default(),
+            ),
+            pool_in_use: reg(
+                &mut r,
+                "dipam_pool_in_use",
+                "The network's attachments that are not the warm pool's (pods, agent), as its \
+                 refiller last counted them.",
+                Family::default(),
+            ),
+            pool_refills: reg(
+                &mut r,
+                "dipam_pool_refills_total",
+                "Warm-pool entries made.",
+                Counter::default(),
+            ),
+            pool_releases: reg(
+                &mut r,
+                "dipam_pool_releases_total",
+                "Warm-pool entries released (surplus after the cool-down, stale, given back).",
+                Counter::default(),
             ),
             gc: GcSeries::register(&mut r),
             conflicts: reg(
@@ -632,6 +656,12 @@ impl Observer for Metrics {
             Event::PoolRefillFailed => {
                 self.pool_refill_failures.inc();
             }
+            Event::PoolRefilled => {
+                self.pool_refills.inc();
+            }
+            Event::PoolReleased => {
+                self.pool_releases.inc();
+            }
             Event::PoolLevel {
                 network,
                 digest,
@@ -711,17 +741,23 @@ impl Metrics {
     }
 
     /// Every warm pool's level; a pool no longer present loses its series.
-    fn pool_levels(&self, levels: &[(&str, &str, u64, u64)]) {
+    fn pool_levels(&self, levels: &[crate::events::PoolLevel<'_>]) {
         set_whole(
-            &[&self.pool_ready, &self.pool_target],
+            &[&self.pool_ready, &self.pool_target, &self.pool_in_use],
             &self.pools,
-            levels.iter().map(|(network, digest, ready, target)| {
-                (
-                    ((*network).to_owned(), (*digest).to_owned()),
-                    l2("network", network, "digest", digest),
-                    vec![gauge_value(*ready), gauge_value(*target)],
-                )
-            }),
+            levels
+                .iter()
+                .map(|(network, digest, ready, target, in_use)| {
+                    (
+                        ((*network).to_owned(), (*digest).to_owned()),
+                        l2("network", network, "digest", digest),
+                        vec![
+                            gauge_value(*ready),
+                            gauge_value(*target),
+                            gauge_value(*in_use),
+                        ],
+                    )
+                }),
             |(network, digest)| l2("network", network, "digest", digest),
         )
     }
@@ -892,8 +928,12 @@ mod tests {
         });
         m.observe(&Event::AgentAddresses(&[("held", 2), ("lost", 1)]));
         m.observe(&Event::AgentAddresses(&[("held", 3)]));
-        m.observe(&Event::PoolLevels(&[("n", "d1", 4, 8), ("n", "d0", 1, 0)]));
-        m.observe(&Event::PoolLevels(&[("n", "d1", 5, 8)]));
+        m.observe(&Event::PoolLevels(&[
+            ("n", "d1", 4, 8, 3),
+            ("n", "d0", 1, 0, 0),
+        ]));
+        m.observe(&Event::PoolLevels(&[("n", "d1", 5, 8, 3)]));
+        m.observe(&Event::PoolRefilled);
         m.observe(&Event::PoolRequest { outcome: "hit" });
         m.observe(&Event::GcFreed(2));
         m.observe(&Event::SpoolDepth(7));
@@ -954,6 +994,8 @@ mod tests {
             "dipam_agent_addresses{state=\"held\"} 3",
             "dipam_pool_ready{network=\"n\",digest=\"d1\"} 5",
             "dipam_pool_target{network=\"n\",digest=\"d1\"} 8",
+            "dipam_pool_in_use{network=\"n\",digest=\"d1\"} 3",
+            "dipam_pool_refills_total 1",
             "dipam_pool_requests_total{outcome=\"hit\"} 1",
             "\ndipam_gc_freed_total 2\n",
             "\ndipam_gc_refused_total 0\n",
@@ -995,7 +1037,7 @@ mod tests {
         assert!(out.ends_with("# EOF\n"), "{out}");
         // Every series has its HELP and TYPE.
         let names = families(&out);
-        assert_eq!(names.len(), 35, "{names:?}");
+        assert_eq!(names.len(), 38, "{names:?}");
         for name in &names {
             assert!(
                 out.contains(&format!("# HELP {name} ")),

@@ -49,7 +49,18 @@ pub async fn run(
             replayed: false,
         });
     }
-    attach(&node.core, &p, Owner::Pod, early).await
+    match attach(&node.core, &p, Owner::Pod, early).await {
+        Ok(added) => Ok(added),
+        // The delegate refused (its range exhausted, while the pool holds what is left):
+        // the pool never starves a pod (pool/take.rs, `rescue`).
+        Err(e) => match crate::pool::take::rescue(&node.core, &node.pool, &p, &e, early).await? {
+            Some(result) => Ok(Added {
+                result,
+                replayed: false,
+            }),
+            None => Err(e),
+        },
+    }
 }
 
 /// What a non-root caller's ADD must pass on the ledger, from one scan of it: the container
