@@ -55,6 +55,9 @@
 //!   (p50/p99/max, minus the no-GC p50): what an ADD waited for the GC. Medians over
 //!   `--gc-rounds`.
 //!
+//! - **Warm pool bursts** (section `pool-bursts`, issue 40): bursts of 30, 110 and 250 pods
+//!   against the watermark pool, in IPAM and main mode (dipam_bench/pool_bursts.rs).
+//!
 //! - **Today's plugins beside Debian's**: (a) and (c) run a second time as (a+) and (c+)
 //!   with the reference plugins of the pinned current release (ptp and host-local v1.10,
 //!   built by tests/deps.sh into `$DIPAM_TEST_CACHE/peers`, tests/peers/pins), in the same
@@ -126,7 +129,14 @@ struct Opts {
     gc_add_interval_ms: u64,
 }
 
-const SECTIONS: [&str; 5] = ["latency", "concurrency", "cold", "scale", "gc"];
+const SECTIONS: [&str; 6] = [
+    "latency",
+    "concurrency",
+    "cold",
+    "scale",
+    "gc",
+    "pool-bursts",
+];
 
 /// dipamd's `--gc-parallel` default (shim-server gc::DEFAULT_PARALLEL), the floor's
 /// parallelism when `--gc-parallel` is not given.
@@ -157,7 +167,8 @@ Options:
   --gc-parallel N        the floor's parallel DELs, and dipamd's --gc-parallel (default:
                          dipamd's own default, 2; the flag is then not passed)
   --gc-add-interval MS   pause between the ADDs that arrive during a GC (default 20)
-  --sections LIST        comma-separated subset of latency,concurrency,cold,scale,gc
+  --sections LIST        comma-separated subset of latency,concurrency,cold,scale,gc,
+                         pool-bursts
   --json FILE            write every number as JSON
   --quick                small numbers, for a smoke run
   -h, --help             this text";
@@ -2252,6 +2263,10 @@ impl Report {
     }
 }
 
+// After `progress!`, which it uses.
+#[path = "dipam_bench/pool_bursts.rs"]
+mod pool_bursts;
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let opts = match parse_args(&args) {
@@ -2517,6 +2532,9 @@ fn run(opts: &Opts) -> Res<()> {
     } else {
         None
     };
+    if opts.runs("pool-bursts") {
+        pool_bursts::run(&rt, &socket, opts, &mut rep)?;
+    }
     std::thread::sleep(IDLE_WAIT);
     let (after_kib, hwm_kib) = rss_kib(dipamd.pid());
     let mut log = parse_log(&dipamd.log());
