@@ -77,7 +77,9 @@ pub async fn rescue(
     refused: &ShimError,
     early: &mut Early,
 ) -> Result<Option<Vec<u8>>, ShimError> {
-    if !matches!(refused, ShimError::Delegate(_)) {
+    // Only a delegate's refusal; and a request for its own addresses was counted as a
+    // bypass by its take already.
+    if !matches!(refused, ShimError::Delegate(_)) || wants_own_ips(p) {
         return Ok(None);
     }
     let Some(digest) = eligible(core, pool, p) else {
