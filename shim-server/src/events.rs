@@ -10,6 +10,9 @@ use std::{sync::Arc, time::Duration};
 
 use serde_json::Value;
 
+/// One warm pool's level: (network, config digest, ready, target, in use).
+pub type PoolLevel<'a> = (&'a str, &'a str, u64, u64, u64);
+
 /// One thing that happened. Borrowed: emitting costs no allocation for an observer that
 /// ignores the event.
 #[derive(Debug, Clone, Copy)]
@@ -66,6 +69,10 @@ pub enum Event<'a> {
     PoolRequest { outcome: &'static str },
     /// A warm-pool refill failed (retried with backoff).
     PoolRefillFailed,
+    /// A warm-pool entry was made.
+    PoolRefilled,
+    /// A warm-pool entry was released.
+    PoolReleased,
     /// The warm pool of one network and config digest: ready entries and the refill target.
     PoolLevel {
         network: &'a str,
@@ -73,9 +80,9 @@ pub enum Event<'a> {
         ready: u64,
         target: u64,
     },
-    /// Every warm pool, whole: (network, config digest, ready, target). A pool absent from
-    /// the list has gone (its entries released, its template replaced).
-    PoolLevels(&'a [(&'a str, &'a str, u64, u64)]),
+    /// Every warm pool, whole. A pool absent from the list has gone (its entries released,
+    /// its template replaced).
+    PoolLevels(&'a [PoolLevel<'a>]),
     /// Retired pod veths deleted by dipamd.
     TeardownDeleted(u64),
     /// A retired veth (or a link listing) dipamd failed to delete.

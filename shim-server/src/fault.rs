@@ -5,7 +5,8 @@
 //! exactly what an OOM kill or a node crash at that instant would leave behind.
 
 /// The points, in the order an ADD or DEL passes them; then the warm pool's take (right after
-/// the commit that hands an entry to a pod); then GC's (gc/collect.rs): right after the first
+/// the commit that hands an entry to a pod) and release (after the entry is marked
+/// `deleting`, and after it is forgotten); then GC's (gc/collect.rs): right after the first
 /// chunk of stale records is marked `deleting`, and before the first group commit that
 /// forgets released records (other DELs still running). A pool entry's fill passes the ADD
 /// points.
@@ -17,6 +18,8 @@ pub const POINTS: &[&str] = &[
     "del-after-mark",
     "del-after-exec",
     "pool-after-take",
+    "pool-release-after-mark",
+    "pool-after-release",
     "gc-after-mark",
     "gc-before-forget",
 ];

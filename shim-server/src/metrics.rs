@@ -123,6 +123,9 @@ struct PoolSeries {
     requests: Family<L1, Counter>,
     ready: Family<L2, Gauge>,
     target: Family<L2, Gauge>,
+    in_use: Family<L2, Gauge>,
+    refills: Counter,
+    releases: Counter,
     refill_failures: Counter,
 }
 
@@ -132,7 +135,8 @@ impl PoolSeries {
             requests: reg(
                 r,
                 "dipam_pool_requests_total",
-                "Pod ADDs that met the warm pool, by outcome (hit, miss, bypass).",
+                "Pod ADDs that met the warm pool, by outcome (hit: a take, miss: found it empty, \
+                 bypass).",
                 Family::default(),
             ),
             ready: reg(
@@ -144,8 +148,28 @@ impl PoolSeries {
             target: reg(
                 r,
                 "dipam_pool_target",
-                "Warm-pool entries the refiller keeps (0: surplus being released).",
+                "Warm-pool entries the refiller keeps now: the target raised by recent demand, \
+                 or what the minimum asks (0: surplus being released).",
                 Family::default(),
+            ),
+            in_use: reg(
+                r,
+                "dipam_pool_in_use",
+                "The network's attachments that are not the warm pool's (pods, agent), as its \
+                 refiller last counted them.",
+                Family::default(),
+            ),
+            refills: reg(
+                r,
+                "dipam_pool_refills_total",
+                "Warm-pool entries made.",
+                Counter::default(),
+            ),
+            releases: reg(
+                r,
+                "dipam_pool_releases_total",
+                "Warm-pool entries released (surplus after the cool-down, stale, given back).",
+                Counter::default(),
             ),
             refill_failures: reg(
                 r,
@@ -690,6 +714,12 @@ impl Observer for Metrics {
             Event::PoolRefillFailed => {
                 self.pool.refill_failures.inc();
             }
+            Event::PoolRefilled => {
+                self.pool.refills.inc();
+            }
+            Event::PoolReleased => {
+                self.pool.releases.inc();
+            }
             Event::PoolLevel {
                 network,
                 digest,
@@ -752,17 +782,23 @@ impl Metrics {
     }
 
     /// Every warm pool's level; a pool no longer present loses its series.
-    fn pool_levels(&self, levels: &[(&str, &str, u64, u64)]) {
+    fn pool_levels(&self, levels: &[crate::events::PoolLevel<'_>]) {
         set_whole(
-            &[&self.pool.ready, &self.pool.target],
+            &[&self.pool.ready, &self.pool.target, &self.pool.in_use],
             &self.pools,
-            levels.iter().map(|(network, digest, ready, target)| {
-                (
-                    ((*network).to_owned(), (*digest).to_owned()),
-                    l2("network", network, "digest", digest),
-                    vec![gauge_value(*ready), gauge_value(*target)],
-                )
-            }),
+            levels
+                .iter()
+                .map(|(network, digest, ready, target, in_use)| {
+                    (
+                        ((*network).to_owned(), (*digest).to_owned()),
+                        l2("network", network, "digest", digest),
+                        vec![
+                            gauge_value(*ready),
+                            gauge_value(*target),
+                            gauge_value(*in_use),
+                        ],
+                    )
+                }),
             |(network, digest)| l2("network", network, "digest", digest),
         )
     }
@@ -933,8 +969,12 @@ mod tests {
         });
         m.observe(&Event::AgentAddresses(&[("held", 2), ("lost", 1)]));
         m.observe(&Event::AgentAddresses(&[("held", 3)]));
-        m.observe(&Event::PoolLevels(&[("n", "d1", 4, 8), ("n", "d0", 1, 0)]));
-        m.observe(&Event::PoolLevels(&[("n", "d1", 5, 8)]));
+        m.observe(&Event::PoolLevels(&[
+            ("n", "d1", 4, 8, 3),
+            ("n", "d0", 1, 0, 0),
+        ]));
+        m.observe(&Event::PoolLevels(&[("n", "d1", 5, 8, 3)]));
+        m.observe(&Event::PoolRefilled);
         m.observe(&Event::PoolRequest { outcome: "hit" });
         m.observe(&Event::GcFreed(2));
         m.observe(&Event::SpoolDepth(7));
@@ -995,6 +1035,8 @@ mod tests {
             "dipam_agent_addresses{state=\"held\"} 3",
             "dipam_pool_ready{network=\"n\",digest=\"d1\"} 5",
             "dipam_pool_target{network=\"n\",digest=\"d1\"} 8",
+            "dipam_pool_in_use{network=\"n\",digest=\"d1\"} 3",
+            "dipam_pool_refills_total 1",
             "dipam_pool_requests_total{outcome=\"hit\"} 1",
             "\ndipam_gc_freed_total 2\n",
             "\ndipam_gc_refused_total 0\n",
@@ -1036,7 +1078,7 @@ mod tests {
         assert!(out.ends_with("# EOF\n"), "{out}");
         // Every series has its HELP and TYPE.
         let names = families(&out);
-        assert_eq!(names.len(), 35, "{names:?}");
+        assert_eq!(names.len(), 38, "{names:?}");
         for name in &names {
             assert!(
                 out.contains(&format!("# HELP {name} ")),

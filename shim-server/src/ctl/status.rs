@@ -110,13 +110,18 @@ fn to_json(s: &StatusReply) -> Value {
         "gc": {"freed": s.gc_freed, "refused": s.gc_refused},
         "agentReestablished": s.agent_reestablished,
         "warmPool": {
-            "size": s.warm_pool, "hits": s.pool_hits, "misses": s.pool_misses,
+            "size": s.warm_pool, "target": s.warm_pool, "minimum": s.pool_minimum,
+            "maxAbove": s.pool_max_above, "releaseAfterMs": s.pool_release_after_ms,
+            "hits": s.pool_hits, "misses": s.pool_misses,
             "bypassed": s.pool_bypassed,
             "pools": s.pools.iter().map(|p| json!({
                 "network": p.network, "configDigest": p.config_digest,
                 "ready": p.ready, "target": p.target, "hits": p.hits,
                 "misses": p.misses, "refillFailures": p.refill_failures,
                 "lastError": p.last_error, "source": p.source,
+                "inUse": p.in_use, "refills": p.refills, "releases": p.releases,
+                "rescues": p.rescues, "rangeShort": p.range_short,
+                "rangeFree": (p.range_free >= 0).then_some(p.range_free),
             })).collect::<Vec<_>>(),
         },
         "delegates": s.delegates.iter().map(|d| json!({"type": d.r#type, "path": d.path, "supportedVersions": d.supported_versions})).collect::<Vec<_>>(),
@@ -222,7 +227,7 @@ fn table(s: &StatusReply, out: &mut dyn Write) -> std::io::Result<()> {
         writeln!(out, "conflist:     {}", s.conflist)?;
     }
     outcomes(s, out)?;
-    if s.warm_pool > 0 || !s.pools.is_empty() {
+    if s.warm_pool > 0 || s.pool_minimum > 0 || !s.pools.is_empty() {
         warm_pool(s, out)?;
     }
     writeln!(
@@ -324,17 +329,34 @@ fn spool(p: &SpoolStatus, out: &mut dyn Write) -> std::io::Result<()> {
 fn warm_pool(s: &StatusReply, out: &mut dyn Write) -> std::io::Result<()> {
     writeln!(
         out,
-        "warm pool:    {} per network; {} ADDs served from it, {} found it empty, \
+        "warm pool:    target {} per network (minimum {}, up to {} above on demand, \
+         surplus released after {} s); {} ADDs served from it, {} found it empty, \
          {} bypassed it (own addresses)",
-        s.warm_pool, s.pool_hits, s.pool_misses, s.pool_bypassed
+        s.warm_pool,
+        s.pool_minimum,
+        s.pool_max_above,
+        s.pool_release_after_ms as f64 / 1000.0,
+        s.pool_hits,
+        s.pool_misses,
+        s.pool_bypassed
     )?;
     for p in &s.pools {
         writeln!(
             out,
-            "  {}: {}/{} ready (config {}, from {}){}",
+            "  {}: {}/{} ready, {} in use, {} made, {} released, {} rescued{} \
+             (config {}, from {}){}",
             p.network,
             p.ready,
             p.target,
+            p.in_use,
+            p.refills,
+            p.releases,
+            p.rescues,
+            match (p.range_free, p.range_short) {
+                (f, true) => format!("; range has {f} free, below the target: not refilling"),
+                (f, false) if f >= 0 => format!("; {f} free in the range"),
+                _ => String::new(),
+            },
             p.config_digest.get(..12).unwrap_or(&p.config_digest),
             if p.source.is_empty() {
                 "an older config: releasing"

@@ -9,6 +9,8 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 use clap::Parser;
 use tracing::{error, info};
 
+mod pool_args;
+
 use crate::{
     agent::{self, AgentConfig, Family, ROLES, conflist::Source},
     core::Identity,
@@ -120,20 +122,9 @@ pub struct Args {
     /// runtime that makes every CRI attachment on this node's networks (docs/cfp.md §7.4).
     #[arg(long, env = "DIPAM_CRI_ENDPOINT", value_name = "unix:///PATH")]
     pub cri_endpoint: Option<String>,
-    /// Keep this many addresses per network allocated ahead of time (the warm pool; 0: off).
-    ///
-    /// dipamd takes them from the delegate under its own keys (container ID
-    /// dipam-pool-<node>-<n>), and a pod's ADD gets one with a single ledger commit and no
-    /// delegate exec; a background refiller keeps N ready for each network dipamd has seen (a
-    /// pod's ADD, or --conflist). The trade-off: the delegate sees the pool's keys, not the
-    /// pods' IDs. host-local's files name dipam-pool-..., CNI_ARGS such as K8S_POD_NAME are
-    /// the pool's, a DEL sent to the delegate directly with a pod's ID finds nothing, and N
-    /// addresses per network stay held while idle. Use it only with delegates whose addresses
-    /// are local and plentiful, such as host-local; not with cloud IPAMs. Lowering N (or 0)
-    /// releases the surplus at the next start. Pods that ask for particular addresses
-    /// (runtimeConfig.ips, args.cni.ips, CNI_ARGS IP=) bypass the pool.
-    #[arg(long, env = "DIPAM_WARM_POOL", default_value_t = 0, value_name = "N")]
-    pub warm_pool: usize,
+    /// The warm pool's watermarks (pool_args.rs).
+    #[command(flatten)]
+    pub pool: pool_args::PoolArgs,
     /// Fault injection (test builds only): SIGKILL dipamd the first time it reaches POINT.
     #[cfg(feature = "fault-injection")]
     #[arg(long, value_name = "POINT")]
@@ -284,7 +275,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     attach_parts(
         &node,
         &args,
-        flags.pool_node,
+        (flags.pool, flags.pool_node),
         observed.history,
         flags.runtime,
     );
@@ -335,6 +326,8 @@ struct Flags {
     /// The runtime-aware GC's CRI client (--cri-endpoint).
     runtime: Option<crate::gc::runtime::cri::CriClient>,
     agent: Option<AgentConfig>,
+    /// The warm pool's watermarks.
+    pool: crate::pool::sizing::Watermarks,
     /// The warm pool entries' node name; empty when the pool is off.
     pool_node: String,
 }
@@ -396,15 +389,9 @@ fn check_flags(args: &Args) -> Result<Flags, DaemonError> {
         Some(e) => Some(crate::gc::runtime::cri::CriClient::new(e).map_err(DaemonError::Usage)?),
     };
     let agent = agent_config(args)?;
-    if args.warm_pool > crate::pool::MAX_SIZE {
-        return Err(DaemonError::Usage(format!(
-            "--warm-pool {} is more than {} addresses per network",
-            args.warm_pool,
-            crate::pool::MAX_SIZE
-        )));
-    }
+    let pool = args.pool.marks()?;
     // Only a pool that fills needs a node name (its entries' IDs carry it).
-    let pool_node = if args.warm_pool > 0 {
+    let pool_node = if pool.on() {
         node_name(args)?
     } else {
         String::new()
@@ -413,6 +400,7 @@ fn check_flags(args: &Args) -> Result<Flags, DaemonError> {
         dirs,
         runtime,
         agent,
+        pool,
         pool_node,
     })
 }
@@ -589,7 +577,7 @@ fn assemble(
 fn attach_parts(
     node: &Node,
     args: &Args,
-    pool_node: String,
+    (marks, pool_node): (crate::pool::sizing::Watermarks, String),
     history: crate::history::Sink,
     runtime: Option<crate::gc::runtime::cri::CriClient>,
 ) {
@@ -602,7 +590,8 @@ fn attach_parts(
         },
     ));
     node.pool.configure(crate::pool::PoolConfig {
-        size: args.warm_pool,
+        marks,
+        batch: crate::pool::BATCH,
         node: pool_node,
         namespace: args.agent_namespace.clone(),
     });

@@ -1,6 +1,7 @@
-//! The warm pool (`dipamd --warm-pool N`, off by default): addresses allocated from the
-//! delegate ahead of time under dipamd's own keys, so that a pod's ADD is answered with one
-//! ledger commit and no delegate exec.
+//! The warm pool (`dipamd --pool-target N` and its other watermarks, or `--warm-pool N`; off
+//! by default): addresses allocated from the delegate ahead of time under dipamd's own keys,
+//! so that a pod's ADD is answered with one ledger commit and no delegate exec. How many each
+//! network keeps is [`sizing`]'s rule.
 //!
 //! - **Entries** are ledger records with owner `pool`, container ID `dipam-pool-<node>-<n>`,
 //!   ifname `eth0`, a CNI_NETNS that never exists and CNI_ARGS naming the entry. They are
@@ -24,10 +25,14 @@
 //! - **Afterwards** the pod's record names the delegate's key: DEL, CHECK, GC, replay and the
 //!   reconcile call the delegate with it (`AttachmentRecord::delegate_ids`). Addresses are not
 //!   recycled into the pool: a pod's DEL releases them through the delegate.
-//! - **The refiller** ([`refill::run`]) keeps N committed entries per network for the current
-//!   template, retries failures with backoff (reported in `dipamctl status`), and releases
-//!   surplus entries: those of an old config, beyond a lowered N, or all of them when the pool
-//!   is off (N = 0) and a previous run left some.
+//! - **The refiller** ([`refill::run`]) keeps each network's committed entries for the current
+//!   template at the size [`sizing::plan`] says, in batches made concurrently, retries failures
+//!   with backoff (reported in `dipamctl status`), and releases surplus entries: those of an
+//!   old config, those above the size once surplus for the cool-down, or all of them when the
+//!   pool is off and a previous run left some.
+//! - **Never starving a pod**: refills stop while the range has fewer free addresses than the
+//!   target, an ADD the delegate refuses takes an entry ([`take::rescue`]), and while an agent
+//!   address or claim waits, the pool gives entries back ([`refill`]).
 //! - **Reserved IDs**: container IDs starting with `dipam-pool-` belong to the pool. A
 //!   runtime's ADD or CHECK for one is refused and its DEL does nothing, so no runtime call can
 //!   release or reuse what the pool (or a pod served from it) holds.
@@ -37,6 +42,10 @@
 pub mod take;
 
 pub mod refill;
+
+pub mod sizing;
+
+mod census;
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -68,14 +77,22 @@ const BACKOFF_MIN: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// A failed release of a surplus entry is retried after this long.
 const RELEASE_RETRY: Duration = Duration::from_secs(5);
+/// How often the refiller counts again while the range holds refills back or a minimum is set
+/// (pods leaving free addresses do not wake it).
+const RECOUNT: Duration = Duration::from_secs(1);
+/// The most entries made at once for one network: host-local serializes its ADDs on a file
+/// lock, so more would only queue there, while 8 execs overlap their start-up.
+pub const BATCH: usize = 8;
 /// How often the refiller looks for the agent's conflist while it has no template for it.
 const SEED_POLL: Duration = Duration::from_secs(2);
 
 /// The pool's settings (dipamd flags).
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
-    /// Entries kept per network; 0 is off.
-    pub size: usize,
+    /// How many entries each network keeps (target 0 and minimum 0: off).
+    pub marks: sizing::Watermarks,
+    /// The most entries made at once for one network ([`BATCH`] in dipamd).
+    pub batch: usize,
     /// `--node-name`: part of each entry's container ID.
     pub node: String,
     /// K8S_POD_NAMESPACE in the entries' CNI_ARGS (`--agent-namespace`).
@@ -109,6 +126,25 @@ struct Fill {
     retry_at: Option<Instant>,
 }
 
+/// One network's sizing state, as the last refill round counted it.
+#[derive(Debug, Default)]
+struct Sizing {
+    /// The pool's size now ([`sizing::Plan::want`]).
+    want: usize,
+    /// Pods and agent attachments of the network.
+    in_use: usize,
+    range_free: Option<usize>,
+    range_short: bool,
+    /// Entries being made.
+    filling: usize,
+    /// Since when ready entries have been above `want`.
+    above_since: Option<Instant>,
+    refills: u64,
+    releases: u64,
+    rescues: u64,
+    demand: sizing::Demand,
+}
+
 #[derive(Debug, Default)]
 struct State {
     templates: HashMap<String, Template>,
@@ -127,6 +163,8 @@ struct State {
     scanned: std::collections::HashSet<String>,
     /// (hits, misses) per (network, digest).
     counts: HashMap<(String, String), (u64, u64)>,
+    /// Per network.
+    sizing: HashMap<String, Sizing>,
 }
 
 /// The pool's live state, shared by the ADD path and the refiller.
@@ -136,6 +174,10 @@ pub struct Pool {
     state: Mutex<State>,
     /// Wakes the refiller: an entry was taken, a new template arrived.
     pub wake: Notify,
+    /// Wakes ADDs waiting for an entry being made ([`take::rescue`]): a fill ended.
+    pub filled: Notify,
+    /// One scan of a delegate's store for unrecorded pool IDs at a time (refill.rs).
+    scan: tokio::sync::Mutex<()>,
     pub hits: AtomicU64,
     pub misses: AtomicU64,
     /// ADDs that asked for particular addresses and so bypassed the pool.
@@ -199,9 +241,32 @@ impl Pool {
         let _ = self.config.set(config);
     }
 
-    /// The configured size; 0 (off) when unconfigured.
-    pub fn size(&self) -> usize {
-        self.config.get().map_or(0, |c| c.size)
+    /// The watermarks; all 0 (off) when unconfigured.
+    pub fn marks(&self) -> sizing::Watermarks {
+        self.config.get().map(|c| c.marks).unwrap_or_default()
+    }
+
+    /// Whether the pool is on.
+    pub fn on(&self) -> bool {
+        self.marks().on()
+    }
+
+    /// An ADD met the pool (hit or miss): recent demand.
+    fn note_demand(&self, network: &str) {
+        self.lock()
+            .sizing
+            .entry(network.to_owned())
+            .or_default()
+            .demand
+            .note(Instant::now());
+    }
+
+    /// Whether an entry is being made for `network`.
+    fn filling(&self, network: &str) -> bool {
+        self.lock()
+            .sizing
+            .get(network)
+            .is_some_and(|s| s.filling > 0)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -270,7 +335,6 @@ impl Pool {
 
     /// The pools for `dipamctl status` and the metrics.
     pub fn status(&self) -> Vec<PoolStatus> {
-        let size = self.size();
         let st = self.lock();
         let mut keys: Vec<(String, String)> = st.ready.keys().cloned().collect();
         for (net, t) in &st.templates {
@@ -297,9 +361,16 @@ impl Pool {
                     .copied()
                     .unwrap_or_default();
                 let fill = st.fill.get(&network).filter(|_| current);
+                let sz = st.sizing.get(&network).filter(|_| current);
                 Some(PoolStatus {
                     ready: ready as u32,
-                    target: if current { size as u32 } else { 0 },
+                    target: sz.map_or(0, |s| s.want as u32),
+                    in_use: sz.map_or(0, |s| s.in_use as u64),
+                    refills: sz.map_or(0, |s| s.refills),
+                    releases: sz.map_or(0, |s| s.releases),
+                    rescues: sz.map_or(0, |s| s.rescues),
+                    range_free: sz.and_then(|s| s.range_free).map_or(-1, |f| f as i64),
+                    range_short: sz.is_some_and(|s| s.range_short),
                     hits,
                     misses,
                     refill_failures: fill.map_or(0, |f| u64::from(f.failures)),

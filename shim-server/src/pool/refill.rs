@@ -1,5 +1,6 @@
-//! The refiller: the pool's background task, which keeps each network's entries at the
-//! target through the core's ADD flow and releases what is surplus or stale.
+//! The refiller: the pool's background task, which keeps each network's entries at the size
+//! the watermarks give (sizing.rs) through the core's ADD flow, in concurrent batches, and
+//! releases what is surplus (after the cool-down) or stale, or what the agent needs.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -12,7 +13,7 @@ use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, Owner};
 use rscni_types::version::SpecVersion;
 use tracing::{info, warn};
 
-use super::*;
+use super::{census, sizing, *};
 use crate::{
     clock::now_ms,
     core::attach::Early,
@@ -35,7 +36,7 @@ pub struct Refiller {
 /// and doom what must go (every entry when the pool is off; entries the replay could not
 /// release). The refiller ([`run`]) does the rest.
 pub async fn init(r: &Refiller) -> Result<(), ShimError> {
-    let size = r.pool.size();
+    let on = r.pool.on();
     let node_name = r
         .pool
         .config
@@ -54,7 +55,7 @@ pub async fn init(r: &Refiller) -> Result<(), ShimError> {
             }
         }
         if r.owner == Owner::Pool {
-            if r.state == AttachmentState::Committed && size > 0 {
+            if r.state == AttachmentState::Committed && on {
                 entries.push(r.clone());
             } else {
                 doomed.push(r.key.clone());
@@ -72,7 +73,7 @@ pub async fn init(r: &Refiller) -> Result<(), ShimError> {
     for (name, text) in &settings {
         let network = name.trim_start_matches(TEMPLATE_SETTING).to_owned();
         match serde_json::from_str::<Template>(text) {
-            Ok(t) if size > 0 => {
+            Ok(t) if on => {
                 persisted.insert(network.clone(), t.digest.clone());
                 templates.insert(network, t);
             }
@@ -100,14 +101,22 @@ pub async fn init(r: &Refiller) -> Result<(), ShimError> {
         info!(
             entries = doomed.len(),
             "warm pool: releasing entries left by an earlier run{}",
-            if size == 0 { " (the pool is off)" } else { "" }
+            if on { "" } else { " (the pool is off)" }
         );
     }
     st.doomed = doomed;
     drop(st);
     r.pool.next_id.store(max_id, Ordering::Relaxed);
-    if size > 0 {
-        info!(size, ready = ready_count, "warm pool on");
+    if on {
+        let m = r.pool.marks();
+        info!(
+            target = m.target,
+            minimum = m.minimum,
+            max_above = m.max_above,
+            release_after_ms = m.release_after.as_millis() as u64,
+            ready = ready_count,
+            "warm pool on"
+        );
     }
     report_levels(&r.core, &r.pool);
     Ok(())
@@ -133,10 +142,114 @@ pub(super) async fn step(r: &Refiller) -> Duration {
         warn!(error = %e, "warm pool: cannot record the templates; retrying");
         wait = wait.min(BACKOFF_MAX);
     }
-    release_surplus(r, &mut wait).await;
-    fill(r, &mut wait).await;
+    let plans = plan(r, &mut wait).await;
+    yield_to_agent(r, &plans);
+    release_surplus(r, &plans, &mut wait).await;
+    fill(r, &plans, &mut wait).await;
     report_levels(&r.core, &r.pool);
     wait
+}
+
+/// This round's plan per network with a current template.
+type Plans = HashMap<String, (Template, sizing::Plan, census::Count)>;
+
+/// Counts every network with a template and plans its pool (sizing.rs), recording what it
+/// counted for `dipamctl status` and the metrics.
+async fn plan(r: &Refiller, wait: &mut Duration) -> Plans {
+    let marks = r.pool.marks();
+    let mut plans = Plans::new();
+    if !marks.on() {
+        return plans;
+    }
+    let templates: Vec<(String, Template)> = r
+        .pool
+        .lock()
+        .templates
+        .iter()
+        .map(|(n, t)| (n.clone(), t.clone()))
+        .collect();
+    for (network, t) in templates {
+        let count = match census::count(&r.core, &network, &t).await {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(network = %network, error = %e, "warm pool: cannot count the network; retrying");
+                *wait = (*wait).min(BACKOFF_MAX);
+                continue;
+            }
+        };
+        let mut st = r.pool.lock();
+        let ready = st
+            .ready
+            .get(&(network.clone(), t.digest.clone()))
+            .map_or(0, VecDeque::len);
+        let sz = st.sizing.entry(network.clone()).or_default();
+        let recent = sz.demand.recent(Instant::now());
+        let p = sizing::plan(
+            &marks,
+            &sizing::Level {
+                ready,
+                filling: sz.filling,
+                in_use: count.in_use,
+                recent,
+                range_free: count.range_free,
+            },
+        );
+        sz.want = p.want;
+        sz.in_use = count.in_use;
+        sz.range_free = count.range_free;
+        sz.range_short = p.range_short;
+        // Demand decays, pods leave the range, the minimum follows the pods: look again.
+        if recent > 0 {
+            *wait = (*wait).min(sizing::DEMAND_WINDOW);
+        }
+        if p.range_short || marks.minimum > 0 {
+            *wait = (*wait).min(RECOUNT);
+        }
+        plans.insert(network, (t, p, count));
+    }
+    plans
+}
+
+/// Agent addresses and claims come before the pool: while one waits on a network, that
+/// network's pool takes nothing more (fill), and when the range has no free address left, or
+/// the claim asks for an IP an entry holds, one entry per round is released for it.
+fn yield_to_agent(r: &Refiller, plans: &Plans) {
+    let waiting = census::agent_waiting(&r.agent);
+    if waiting.is_empty() {
+        return;
+    }
+    let mut st = r.pool.lock();
+    let mut released = false;
+    for w in &waiting {
+        let exhausted = plans
+            .get(&w.network)
+            .is_some_and(|(_, _, c)| c.range_free == Some(0));
+        let holds = |e: &AttachmentRecord| {
+            w.requested.is_some_and(|ip| {
+                e.result
+                    .as_ref()
+                    .is_some_and(|v| crate::delegate::config::result_addrs(v).contains(&ip))
+            })
+        };
+        let victim = st
+            .ready
+            .iter_mut()
+            .filter(|((n, _), _)| *n == w.network)
+            .find_map(|(_, q)| match q.iter().position(holds) {
+                Some(i) => q.remove(i),
+                None if exhausted => q.pop_back(),
+                None => None,
+            });
+        if let Some(e) = victim {
+            info!(entry = %e.key, network = %w.network, "warm pool: giving an entry back for an agent address");
+            st.doomed.push(e.key);
+            released = true;
+        }
+    }
+    drop(st);
+    if released {
+        r.agent.wake.notify_one();
+    }
 }
 
 /// Reports every pool's level (the metrics' gauges), whole: on every change the pool makes
@@ -146,7 +259,7 @@ pub(super) fn report_levels(core: &Core, pool: &Pool) {
         return;
     }
     let pools = pool.status();
-    let rows: Vec<(&str, &str, u64, u64)> = pools
+    let rows: Vec<crate::events::PoolLevel<'_>> = pools
         .iter()
         .map(|p| {
             (
@@ -154,6 +267,7 @@ pub(super) fn report_levels(core: &Core, pool: &Pool) {
                 p.config_digest.as_str(),
                 u64::from(p.ready),
                 u64::from(p.target),
+                p.in_use,
             )
         })
         .collect();
@@ -162,7 +276,7 @@ pub(super) fn report_levels(core: &Core, pool: &Pool) {
 
 /// The agent's conflist seeds a network's template until a pod brings one.
 fn seed_from_conflist(r: &Refiller, wait: &mut Duration) {
-    if r.pool.size() == 0 {
+    if !r.pool.on() {
         return;
     }
     let Some(cfg) = &r.agent.config else {
@@ -233,9 +347,10 @@ async fn persist_templates(r: &Refiller) -> Result<(), ShimError> {
     Ok(())
 }
 
-/// Releases doomed entries, entries of a config no longer current, and entries beyond the size.
-async fn release_surplus(r: &Refiller, wait: &mut Duration) {
-    let size = r.pool.size();
+/// Releases doomed entries, entries of a config no longer current, and entries above the
+/// network's size once they have been surplus for the cool-down (`--pool-release-after`).
+async fn release_surplus(r: &Refiller, plans: &Plans, wait: &mut Duration) {
+    let cool = r.pool.marks().release_after;
     let todo: Vec<AttachmentKey> = {
         let mut st = r.pool.lock();
         if st.release_retry_at.is_some_and(|t| t > Instant::now()) {
@@ -244,32 +359,61 @@ async fn release_surplus(r: &Refiller, wait: &mut Duration) {
             }
             return;
         }
-        let current: HashMap<String, String> = st
-            .templates
-            .iter()
-            .map(|(n, t)| (n.clone(), t.digest.clone()))
-            .collect();
         let mut todo = std::mem::take(&mut st.doomed);
-        for ((network, digest), q) in &mut st.ready {
-            let keep = match current.get(network) {
-                Some(d) if d != digest => 0,
-                _ => size,
+        let now = Instant::now();
+        let State {
+            ready,
+            templates,
+            sizing,
+            ..
+        } = &mut *st;
+        for ((network, digest), q) in ready.iter_mut() {
+            let current = templates.get(network).is_some_and(|t| t.digest == *digest);
+            let keep = match plans.get(network) {
+                Some((_, p, _)) if current => p.want,
+                // A current pool the round could not count keeps what it has.
+                None if current => q.len(),
+                _ => 0,
             };
+            if current {
+                let sz = sizing.entry(network.clone()).or_default();
+                if q.len() <= keep {
+                    sz.above_since = None;
+                    continue;
+                }
+                let since = *sz.above_since.get_or_insert(now);
+                let due = since + cool;
+                if due > now {
+                    *wait = (*wait).min(due - now);
+                    continue;
+                }
+                sz.above_since = None;
+            }
             while q.len() > keep {
                 if let Some(e) = q.pop_back() {
                     todo.push(e.key);
                 }
             }
         }
-        st.ready.retain(|_, q| !q.is_empty());
+        ready.retain(|_, q| !q.is_empty());
         todo
     };
     let mut failed = Vec::new();
     for key in todo {
         match release_entry(r, &key).await {
-            Ok(()) => info!(entry = %key, "warm pool: surplus entry released"),
+            Ok(true) => {
+                info!(entry = %key, "warm pool: entry released");
+                r.pool
+                    .lock()
+                    .sizing
+                    .entry(key.network.clone())
+                    .or_default()
+                    .releases += 1;
+                r.core.events.emit(crate::events::Event::PoolReleased);
+            }
+            Ok(false) => {}
             Err(e) => {
-                warn!(entry = %key, error = %e, "warm pool: cannot release a surplus entry; will retry");
+                warn!(entry = %key, error = %e, "warm pool: cannot release an entry; will retry");
                 failed.push(key);
             }
         }
@@ -284,86 +428,128 @@ async fn release_surplus(r: &Refiller, wait: &mut Duration) {
 
 /// Releases one pool entry and forgets it, as any recorded attachment: marked `deleting`
 /// (durable), the delegate's DEL with the recorded config, then dropped.
-async fn release_entry(r: &Refiller, key: &AttachmentKey) -> Result<(), ShimError> {
+/// Whether it released one.
+async fn release_entry(r: &Refiller, key: &AttachmentKey) -> Result<bool, ShimError> {
     let _guard = r.core.locks.lock(key).await;
     let Some(rec) = r.core.lookup(key)? else {
-        return Ok(());
+        return Ok(false);
     };
     if rec.owner != Owner::Pool {
         // Taken meanwhile (it is a pod's now, under its own key): nothing of the pool's.
-        return Ok(());
+        return Ok(false);
     }
-    r.core.release(&rec).await
+    // Marked `deleting` durably before the delegate's DEL (as Core::release would), with a
+    // crash point between: a crash at any step of a release is finished by the next start.
+    let mut marked = rec;
+    marked.state = AttachmentState::Deleting;
+    marked.updated_at = crate::clock::now();
+    let put = marked.clone();
+    r.core.ledger(move |l| l.put(&put)).await?;
+    crate::fault::hit("pool-release-after-mark");
+    r.core.release(&marked).await?;
+    crate::fault::hit("pool-after-release");
+    Ok(true)
 }
 
-/// Fills every network's current pool up to the size, one entry at a time, round-robin over
-/// the networks; a network whose fill fails backs off.
-async fn fill(r: &Refiller, wait: &mut Duration) {
-    let size = r.pool.size();
-    if size == 0 {
-        return;
-    }
-    loop {
-        let due: Vec<(String, Template)> = {
-            let st = r.pool.lock();
-            let now = Instant::now();
-            st.templates
-                .iter()
-                .filter(|(n, t)| {
-                    st.ready
-                        .get(&((*n).clone(), t.digest.clone()))
-                        .map_or(0, VecDeque::len)
-                        < size
-                })
-                .filter(|(n, _)| match st.fill.get(*n).and_then(|f| f.retry_at) {
-                    Some(at) if at > now => {
-                        *wait = (*wait).min(at - now);
-                        false
-                    }
-                    _ => true,
-                })
-                .map(|(n, t)| (n.clone(), t.clone()))
-                .collect()
-        };
-        if due.is_empty() {
-            return;
-        }
-        for (network, t) in due {
-            skip_unrecorded_ids(r, &network, &t).await;
-            let outcome = fill_one(r, &network, &t).await;
-            let mut st = r.pool.lock();
-            let f = st.fill.entry(network.clone()).or_default();
-            match outcome {
-                Ok(entry) => {
-                    if f.failures > 0 {
-                        info!(network = %network, "warm pool: refill works again");
-                    }
-                    *f = Fill::default();
-                    // The template may have changed while the entry was being made: it then
-                    // sits under its own digest and is released as surplus.
-                    st.ready
-                        .entry((network.clone(), t.digest.clone()))
-                        .or_default()
-                        .push_back(entry);
-                }
-                Err(e) => {
-                    f.failures += 1;
-                    f.last_error = match e.code_and_details() {
-                        (_, d) if d.is_empty() => e.to_string(),
-                        (_, d) => format!("{e}: {d}"),
-                    };
-                    let backoff = BACKOFF_MIN
-                        .saturating_mul(1 << f.failures.min(8))
-                        .min(BACKOFF_MAX);
-                    f.retry_at = Some(Instant::now() + backoff);
-                    *wait = (*wait).min(backoff);
-                    r.pool.refill_failures.fetch_add(1, Ordering::Relaxed);
-                    r.core.events.emit(crate::events::Event::PoolRefillFailed);
-                    warn!(network = %network, failures = f.failures, retry_in_ms = backoff.as_millis() as u64, error = %f.last_error, "warm pool: refill failed");
-                }
+/// Makes the entries this round's plans ask for: up to a batch per network at once, every
+/// network's batch concurrently, while pod ADDs take from the pool; a network whose fill fails
+/// backs off. A network where an agent address waits takes nothing (it comes first).
+async fn fill(r: &Refiller, plans: &Plans, wait: &mut Duration) {
+    let waiting: Vec<String> = census::agent_waiting(&r.agent)
+        .into_iter()
+        .map(|w| w.network)
+        .collect();
+    let most = r.pool.config.get().map_or(1, |c| c.batch.max(1));
+    let mut batch = tokio::task::JoinSet::new();
+    {
+        let mut st = r.pool.lock();
+        let now = Instant::now();
+        for (network, (t, p, _)) in plans {
+            if p.refill == 0 || waiting.contains(network) {
+                continue;
             }
-            drop(st);
-            report_levels(&r.core, &r.pool);
+            if let Some(at) = st.fill.get(network).and_then(|f| f.retry_at)
+                && at > now
+            {
+                *wait = (*wait).min(at - now);
+                continue;
+            }
+            let n = p.refill.min(most);
+            st.sizing.entry(network.clone()).or_default().filling += n;
+            for _ in 0..n {
+                let (r, network, t) = (r.clone(), network.clone(), t.clone());
+                batch.spawn(async move {
+                    skip_unrecorded_ids(&r, &network, &t).await;
+                    let outcome = fill_one(&r, &network, &t).await;
+                    (network, t, outcome)
+                });
+            }
+        }
+    }
+    let mut made = false;
+    while let Some(done) = batch.join_next().await {
+        let Ok((network, t, outcome)) = done else {
+            // A fill task panicked: its count is lost with it, so recount from scratch.
+            warn!("warm pool: a refill task failed");
+            for sz in r.pool.lock().sizing.values_mut() {
+                sz.filling = 0;
+            }
+            continue;
+        };
+        made |= outcome.is_ok();
+        filled(r, &network, &t, outcome, wait);
+        r.pool.filled.notify_waiters();
+        report_levels(&r.core, &r.pool);
+    }
+    // More may be due (a plan larger than a batch, demand meanwhile): plan again at once.
+    if made {
+        *wait = Duration::ZERO;
+    }
+}
+
+/// One fill ended: its entry joins the ready ones, or the network backs off.
+fn filled(
+    r: &Refiller,
+    network: &str,
+    t: &Template,
+    outcome: Result<AttachmentRecord, ShimError>,
+    wait: &mut Duration,
+) {
+    let mut st = r.pool.lock();
+    let sz = st.sizing.entry(network.to_owned()).or_default();
+    sz.filling = sz.filling.saturating_sub(1);
+    if outcome.is_ok() {
+        sz.refills += 1;
+    }
+    let f = st.fill.entry(network.to_owned()).or_default();
+    match outcome {
+        Ok(entry) => {
+            if f.failures > 0 {
+                info!(network = %network, "warm pool: refill works again");
+            }
+            *f = Fill::default();
+            r.core.events.emit(crate::events::Event::PoolRefilled);
+            // The template may have changed while the entry was being made: it then sits
+            // under its own digest and is released as surplus.
+            st.ready
+                .entry((network.to_owned(), t.digest.clone()))
+                .or_default()
+                .push_back(entry);
+        }
+        Err(e) => {
+            f.failures += 1;
+            f.last_error = match e.code_and_details() {
+                (_, d) if d.is_empty() => e.to_string(),
+                (_, d) => format!("{e}: {d}"),
+            };
+            let backoff = BACKOFF_MIN
+                .saturating_mul(1 << f.failures.min(8))
+                .min(BACKOFF_MAX);
+            f.retry_at = Some(Instant::now() + backoff);
+            *wait = (*wait).min(backoff);
+            r.pool.refill_failures.fetch_add(1, Ordering::Relaxed);
+            r.core.events.emit(crate::events::Event::PoolRefillFailed);
+            warn!(network = %network, failures = f.failures, retry_in_ms = backoff.as_millis() as u64, error = %f.last_error, "warm pool: refill failed");
         }
     }
 }
@@ -372,6 +558,8 @@ async fn fill(r: &Refiller, wait: &mut Duration) {
 /// ledger does not know (a ledger rebuilt by `dipamctl recover` leaves those reserved) are
 /// skipped, so a new entry does not collide with one (host-local refuses a duplicate ID).
 async fn skip_unrecorded_ids(r: &Refiller, network: &str, t: &Template) {
+    // The first fill of a network scans; the others of its batch wait for it.
+    let _scan = r.pool.scan.lock().await;
     if !r.pool.lock().scanned.insert(network.to_owned()) {
         return;
     }

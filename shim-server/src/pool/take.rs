@@ -24,11 +24,29 @@ pub async fn take(
     p: &Prepared,
     early: &mut Early,
 ) -> Result<Option<Vec<u8>>, ShimError> {
+    let Some(digest) = eligible(core, pool, p) else {
+        return Ok(None);
+    };
+    pool.note_demand(&p.key.network);
+    let served = take_entry(core, pool, p, &digest, early).await?;
+    if served.is_none() {
+        // The normal path also handles a key that has a record (repeated, interrupted).
+        pool.misses.fetch_add(1, Ordering::Relaxed);
+        pool.count(&p.key.network, &digest, false);
+        core.events
+            .emit(crate::events::Event::PoolRequest { outcome: "miss" });
+        pool.wake.notify_one();
+    }
+    Ok(served)
+}
+
+/// The pool digest of a request the pool may serve; `None` for the normal path.
+fn eligible(core: &Core, pool: &Pool, p: &Prepared) -> Option<String> {
     // Root's pods only: a non-root caller's config must not become the template dipamd
     // fills the network's pool with, as root, in the background (docs/cfp.md, "Threat
     // model"); its ADDs take the normal path, recorded under its uid.
-    if pool.size() == 0 || !p.caller.is_root() {
-        return Ok(None);
+    if !pool.on() || !p.caller.is_root() {
+        return None;
     }
     let digest = pool_digest(&p.dc);
     pool.observe(p, &digest);
@@ -36,21 +54,72 @@ pub async fn take(
         pool.bypassed.fetch_add(1, Ordering::Relaxed);
         core.events
             .emit(crate::events::Event::PoolRequest { outcome: "bypass" });
-        return Ok(None);
+        return None;
     }
     // A stale ADD is refused, a repeated one answered from the ledger and an interrupted one
     // finished: all by the normal path (the refusal is the core's, Core::refuse_stale).
-    if core.refuse_stale(p).is_err() {
+    core.refuse_stale(p).ok()?;
+    Some(digest)
+}
+
+/// How long an ADD the delegate refused waits for an entry being made.
+const RESCUE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A pod's ADD the delegate refused (its normal path ran and rolled back): served from the
+/// pool if it holds an entry for it, or will once an entry being made is committed. A pool
+/// never starves a pod: the refiller may have taken the range's last addresses between this
+/// ADD's miss and its delegate call (docs/cfp.md §7.7, "Never starving a pod"). The caller
+/// holds the pod key's lock.
+pub async fn rescue(
+    core: &Core,
+    pool: &Pool,
+    p: &Prepared,
+    refused: &ShimError,
+    early: &mut Early,
+) -> Result<Option<Vec<u8>>, ShimError> {
+    // Only a delegate's refusal; and a request for its own addresses was counted as a
+    // bypass by its take already.
+    if !matches!(refused, ShimError::Delegate(_)) || wants_own_ips(p) {
         return Ok(None);
     }
+    let Some(digest) = eligible(core, pool, p) else {
+        return Ok(None);
+    };
+    let deadline = tokio::time::Instant::now() + RESCUE_WAIT;
     loop {
-        let Some(entry) = pool.claim(&p.key.network, &digest) else {
-            // The normal path also handles a key that has a record (repeated, interrupted).
-            pool.misses.fetch_add(1, Ordering::Relaxed);
-            pool.count(&p.key.network, &digest, false);
-            core.events
-                .emit(crate::events::Event::PoolRequest { outcome: "miss" });
-            pool.wake.notify_one();
+        // Registered before the look, so a fill that ends in between still wakes this.
+        let filled = pool.filled.notified();
+        tokio::pin!(filled);
+        filled.as_mut().enable();
+        if let Some(served) = take_entry(core, pool, p, &digest, early).await? {
+            pool.lock()
+                .sizing
+                .entry(p.key.network.clone())
+                .or_default()
+                .rescues += 1;
+            info!(key = %p.key, error = %refused, "the delegate refused this ADD; served from the warm pool");
+            return Ok(Some(served));
+        }
+        if !pool.filling(&p.key.network) {
+            return Ok(None);
+        }
+        if tokio::time::timeout_at(deadline, filled).await.is_err() {
+            return Ok(None);
+        }
+    }
+}
+
+/// Serves the pod from the oldest ready entry of (network, `digest`); `None` when there is
+/// none.
+async fn take_entry(
+    core: &Core,
+    pool: &Pool,
+    p: &Prepared,
+    digest: &str,
+    early: &mut Early,
+) -> Result<Option<Vec<u8>>, ShimError> {
+    loop {
+        let Some(entry) = pool.claim(&p.key.network, digest) else {
             return Ok(None);
         };
         let Some(result) = entry.result.clone() else {
@@ -95,7 +164,7 @@ pub async fn take(
             Ok((Take::Done, _)) => {}
             Ok((Take::KeyTaken, unused)) => {
                 early.restore(unused);
-                pool.unclaim(&digest, entry);
+                pool.unclaim(digest, entry);
                 return Ok(None);
             }
             Ok((Take::EntryChanged, unused)) => {
@@ -105,13 +174,13 @@ pub async fn take(
             }
             Err(e) => {
                 // Nothing was written: the entry is still the pool's.
-                pool.unclaim(&digest, entry);
+                pool.unclaim(digest, entry);
                 return Err(e);
             }
         }
         crate::fault::hit("pool-after-take");
         pool.hits.fetch_add(1, Ordering::Relaxed);
-        pool.count(&p.key.network, &digest, true);
+        pool.count(&p.key.network, digest, true);
         core.events
             .emit(crate::events::Event::PoolRequest { outcome: "hit" });
         // The pod's record replaced the entry's: one pool attachment fewer, one pod's more.

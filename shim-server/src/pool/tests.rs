@@ -29,6 +29,8 @@ case "$CNI_COMMAND" in
 VERSION) echo '{"cniVersion":"1.0.0","supportedVersions":["0.3.1","0.4.0","1.0.0"]}' ;;
 ADD)
   if [ -f "$d/fail-add" ]; then echo '{"code":999,"msg":"no addresses"}'; exit 1; fi
+  # The refiller makes entries concurrently: one counter update at a time.
+  exec 9>"$d/lock"; flock 9
   n=$(cat "$d/n" 2>/dev/null || echo 1); n=$((n+1)); echo $n > "$d/n"
   echo "{\"cniVersion\":\"1.0.0\",\"ips\":[{\"address\":\"10.9.0.$n/24\",\"gateway\":\"10.9.0.1\"}]}" ;;
 esac
@@ -42,10 +44,16 @@ struct Bench {
 
 impl Bench {
     fn new(size: usize) -> Self {
+        Self::with_marks(sizing::Watermarks::fixed(size))
+    }
+
+    fn with_marks(marks: sizing::Watermarks) -> Self {
         let store = Arc::new(MemStore::new());
         let (dir, node) = crate::testing::scripted_node(SCRIPT, store.clone());
         node.pool.configure(PoolConfig {
-            size,
+            marks,
+            // One at a time: the scripted delegate's addresses follow the entries' order.
+            batch: 1,
             node: "n1".into(),
             namespace: "kube-system".into(),
         });
@@ -85,10 +93,21 @@ impl Bench {
         self.node.pool.status().iter().map(|p| p.ready).sum()
     }
 
-    /// One refiller round, as the background task runs it.
+    /// The refiller's rounds until it would sleep, as the background task runs them (a
+    /// round that made entries plans again at once).
     async fn refill(&self) {
-        step(&self.node.refiller()).await;
+        settle(&self.node).await;
     }
+}
+
+/// Refiller rounds until one would sleep.
+async fn settle(node: &Node) {
+    for _ in 0..64 {
+        if step(&node.refiller()).await > Duration::ZERO {
+            return;
+        }
+    }
+    panic!("the refiller never settles");
 }
 
 /// The RPC tests' request, with a netns and request id of the pod's own.
@@ -346,7 +365,8 @@ async fn off_at_start_releases_every_entry_and_takes_none() {
         crate::access::Admission::default(),
     );
     node.pool.configure(PoolConfig {
-        size: 0,
+        marks: sizing::Watermarks::fixed(0),
+        batch: 1,
         node: String::new(),
         namespace: "kube-system".into(),
     });
@@ -444,7 +464,8 @@ async fn a_non_root_callers_config_never_becomes_the_template() {
     exec.non_root_kinds = vec!["fake-ipam".into()];
     let node = crate::testing::node_on(store.clone(), exec);
     node.pool.configure(PoolConfig {
-        size: 1,
+        marks: sizing::Watermarks::fixed(1),
+        batch: 1,
         node: "n1".into(),
         namespace: "kube-system".into(),
     });
@@ -480,4 +501,100 @@ async fn a_non_root_callers_config_never_becomes_the_template() {
         "root's entry was released for nobody's config: {:?}",
         b.calls()
     );
+}
+
+/// Demand raises the pool: every ADD that met it in the last 10 s adds one to the target, up
+/// to --pool-max-above; `dipamctl status` shows the raised target and the network's pods.
+#[tokio::test]
+async fn recent_adds_raise_the_target_within_max_above() {
+    let b = Bench::with_marks(sizing::Watermarks {
+        target: 2,
+        max_above: 3,
+        ..sizing::Watermarks::default()
+    });
+    add_as(&b.node, Caller::ROOT, request("first", "1.0.0", json!({})))
+        .await
+        .unwrap();
+    b.refill().await;
+    // One ADD (a miss) in the window: 2 + 1.
+    assert_eq!(b.ready(), 3);
+    for i in 0..5 {
+        add_as(
+            &b.node,
+            Caller::ROOT,
+            request(&format!("p{i}"), "1.0.0", json!({})),
+        )
+        .await
+        .unwrap();
+        b.refill().await;
+    }
+    // Six ADDs: 2 + min(3, 6).
+    let st = b.node.pool.status();
+    assert_eq!((st[0].ready, st[0].target), (5, 5), "{st:?}");
+    assert_eq!(st[0].in_use, 6);
+    assert_eq!(st[0].hits, 5);
+    assert_eq!(
+        st[0].range_free, -1,
+        "the scripted delegate's range is not known"
+    );
+    assert!(st[0].refills >= 10);
+}
+
+/// A pod's ADD the delegate refuses takes a pooled entry (the rescue): with the delegate out
+/// of addresses and one entry ready but claimed when the pod looked, the pod still succeeds.
+#[tokio::test]
+async fn an_add_the_delegate_refuses_takes_a_pooled_entry() {
+    let b = filled(1).await;
+    std::fs::write(b.dir.path().join("fail-add"), "").unwrap();
+    // The pod missed the pool (emulated: the entry is held aside while it looks), then the
+    // delegate refused it.
+    let entry = b
+        .node
+        .pool
+        .claim("net", &b.node.pool.status()[0].config_digest)
+        .unwrap();
+    let p = b
+        .node
+        .prepare(request("pod", "1.0.0", json!({})), true, Caller::ROOT)
+        .unwrap();
+    let refused = crate::core::attach::attach(
+        &b.node.core,
+        &p,
+        Owner::Pod,
+        &mut crate::core::attach::Early::default(),
+    )
+    .await
+    .unwrap_err();
+    let digest = entry.config_digest.clone();
+    b.node.pool.unclaim(&digest, entry);
+    let served = take::rescue(
+        &b.node.core,
+        &b.node.pool,
+        &p,
+        &refused,
+        &mut crate::core::attach::Early::default(),
+    )
+    .await
+    .unwrap()
+    .expect("served from the pool");
+    let v: Value = serde_json::from_slice(&served).unwrap();
+    assert_eq!(v["ips"][0]["address"], "10.9.0.3/24");
+    assert_eq!(b.record("pod").unwrap().owner, Owner::Pod);
+    assert!(b.entries().is_empty());
+    assert_eq!(b.node.pool.status()[0].rescues, 1);
+    // With nothing pooled and nothing being made, the refusal stands.
+    let q = b
+        .node
+        .prepare(request("late", "1.0.0", json!({})), true, Caller::ROOT)
+        .unwrap();
+    let none = take::rescue(
+        &b.node.core,
+        &b.node.pool,
+        &q,
+        &refused,
+        &mut crate::core::attach::Early::default(),
+    )
+    .await
+    .unwrap();
+    assert!(none.is_none());
 }

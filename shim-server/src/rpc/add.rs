@@ -49,8 +49,34 @@ pub async fn run(
             replayed: false,
         });
     }
-    attach(&node.core, &p, Owner::Pod, early).await
+    let mut tries = 0;
+    loop {
+        let e = match attach(&node.core, &p, Owner::Pod, early).await {
+            Ok(added) => return Ok(added),
+            Err(e) => e,
+        };
+        // The delegate refused (its range exhausted, while the pool holds what is left):
+        // the pool never starves a pod (pool/take.rs, `rescue`).
+        if let Some(result) =
+            crate::pool::take::rescue(&node.core, &node.pool, &p, &e, early).await?
+        {
+            return Ok(Added {
+                result,
+                replayed: false,
+            });
+        }
+        // Nothing pooled, nothing being made: an address the refiller was about to take, or
+        // a pod's DEL just freed, may be in the delegate again. Once more, with the pool on.
+        tries += 1;
+        if tries > RETRIES || !node.pool.on() || !matches!(e, ShimError::Delegate(_)) {
+            return Err(e);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
+
+/// How often an ADD the delegate refused is tried again while the warm pool is on.
+const RETRIES: u32 = 2;
 
 /// What a non-root caller's ADD must pass on the ledger, from one scan of it: the container
 /// ID rule below, then the caller's record and byte quotas (quota.rs), counted from the

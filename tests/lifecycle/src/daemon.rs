@@ -344,6 +344,33 @@ impl Dipamd {
         v
     }
 
+    /// The ledger of `network` as the delegate sees it: (container ID, bare IP), sorted, with a
+    /// pod served from the warm pool under the pool entry's key (its `delegateKey`).
+    pub fn delegate_pairs(&self, network: &str) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = self
+            .ledger()
+            .iter()
+            .filter(|a| a["network"] == network)
+            .flat_map(|a| {
+                let id = a["delegateKey"]["containerID"]
+                    .as_str()
+                    .or(a["containerID"].as_str())
+                    .unwrap_or_default()
+                    .to_owned();
+                a["ips"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(move |ip| {
+                        Some((id.clone(), ip.as_str()?.split('/').next()?.into()))
+                    })
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Ledger entries as (container ID, ifname, bare IP) triples, sorted.
     pub fn ledger_ips(&self, network: &str) -> Vec<(String, String, String)> {
         let mut out: Vec<_> = self

@@ -452,6 +452,69 @@ fn range_nearly_full_fires_on_a_real_scrape_of_a_filled_range() {
     promtool_test_rules(&promtool, &tests);
 }
 
+/// The "warm pool keeps missing" rule on a real scrape: dipamd with a watermark pool and
+/// metrics on loopback; its first pod's ADD misses (the pool has no config for the network
+/// yet), so the miss counter is in the scrape with its real labels. With that counter flat,
+/// nothing fires; growing 2 a minute (a pool that keeps missing), `DipamWarmPoolMissing`
+/// fires, and no other rule does.
+#[test]
+fn warm_pool_missing_fires_on_a_pool_that_keeps_missing() {
+    require_root!();
+    let Some(promtool) = promtool() else { return };
+    let addr = format!("127.0.0.1:{}", free_port());
+    let lab = AgentLab::new(
+        "ptp-dipam-host-local.conflist",
+        "",
+        &[
+            "--metrics-address",
+            &addr,
+            "--pool-target",
+            "2",
+            "--pool-release-after",
+            "0",
+        ],
+    );
+    let pod = Attachment::new(&dipam_lifecycle::unique("pod"), "/var/run/netns/none");
+    lab.rt.ipam(&lab.fx.list, 0, "ADD", &pod, None).unwrap();
+    let body = scrape(&addr).expect("dipamd answers");
+    let s = series(&body, &addr);
+    let miss = s
+        .keys()
+        .find(|k| k.starts_with("dipam_pool_requests_total{") && k.contains("outcome=\"miss\""))
+        .unwrap_or_else(|| panic!("no miss counter in:\n{body}"))
+        .clone();
+    assert_eq!(s[&miss], "1", "{body}");
+    let growing: Vec<Value> = input_series(&s, &s)
+        .into_iter()
+        .map(|mut v| {
+            if v["series"] == miss.as_str() {
+                v["values"] = json!(format!("1+2x{EVAL}"));
+            }
+            v
+        })
+        .collect();
+    let tests = json!({
+        "rule_files": [rules_file()],
+        "evaluation_interval": "1m",
+        "tests": [
+            test_case("flat", input_series(&s, &s), &BTreeMap::new(), &addr),
+            test_case_with(
+                "missing",
+                growing,
+                &[("DipamWarmPoolMissing", Some("30"))].into(),
+                &[(
+                    "DipamWarmPoolMissing",
+                    [("outcome".to_owned(), "miss".to_owned())].into(),
+                )]
+                .into(),
+                &addr,
+            ),
+        ],
+    });
+    promtool_test_rules(&promtool, &tests);
+    lab.rt.ipam(&lab.fx.list, 0, "DEL", &pod, None).unwrap();
+}
+
 /// Runs `promtool test rules` on one test file made from `tests` and fails the test with
 /// promtool's own output when a case does not hold.
 fn promtool_test_rules(promtool: &std::path::Path, tests: &serde_json::Value) {

@@ -2,8 +2,9 @@
 //! at random moments and restarted about 20 times. The harness behaves like a runtime: an ADD
 //! that failed is followed by DELs until one succeeds (spec §5), and "try again later" (11) is
 //! retried. At the end three records agree exactly: dipamd's ledger, host-local's directory
-//! and the harness's own list of live pods; no address is leaked or held twice. And dipamd
-//! SIGKILLed in the middle of a large parallel GC, with pods being added beside it.
+//! and the harness's own list of live pods; no address is leaked or held twice. The same with
+//! the watermark warm pool on (refills, takes, rescues and releases cut by the kills). And
+//! dipamd SIGKILLed in the middle of a large parallel GC, with pods being added beside it.
 
 // Tests: a panic is the failure report.
 #![allow(clippy::unwrap_used)]
@@ -75,6 +76,31 @@ fn sigkill_chaos_with_a_non_default_state_dir_and_no_spool_dir() {
         6,
         "sigkill_chaos_with_a_non_default_state_dir_and_no_spool_dir",
     );
+}
+
+/// The chaos with the warm pool on and sized by watermarks, its surplus released after 0.2 s:
+/// the kills land in refill batches, takes, rescues and releases as well as in pods' ADDs and
+/// DELs. At the end the pods' records are exactly the live pods, every other record is a
+/// committed pool entry, and the ledger read through delegate keys equals host-local's store.
+#[test]
+fn sigkill_chaos_with_the_watermark_pool_on() {
+    require_root!();
+    let lab = Lab::with_flags(
+        "ptp-dipam-host-local.conflist",
+        &[
+            "--max-queue",
+            "1024",
+            "--node-name",
+            "chaospool",
+            "--pool-target",
+            "4",
+            "--pool-max-above",
+            "8",
+            "--pool-release-after",
+            "0.2",
+        ],
+    );
+    chaos(lab, 600, 12, "sigkill_chaos_with_the_watermark_pool_on");
 }
 
 /// `ops` operations at least, `restarts` SIGKILLs and restarts, then the agreement checks.
@@ -171,21 +197,51 @@ fn chaos(mut lab: Lab, min_ops: usize, min_restarts: usize, test: &str) {
     assert_eq!(lab.spooled(), 0, "{}", lab.dipamd.log());
 
     let want: Vec<String> = live.into_inner().unwrap().into_iter().collect();
-    let ledger: Vec<String> = lab.ledger().into_iter().map(|(id, _)| id).collect();
+    let net = lab.network();
+    let records: Vec<serde_json::Value> = lab
+        .dipamd
+        .ledger()
+        .into_iter()
+        .filter(|a| a["network"] == net.as_str())
+        .collect();
+    // The pods' records; the pool's entries (none without the pool) must all be committed.
+    let mut ledger: Vec<String> = records
+        .iter()
+        .filter(|a| a["owner"] != "pool")
+        .map(|a| a["containerID"].as_str().unwrap().to_owned())
+        .collect();
+    ledger.sort();
+    let pooled: Vec<&serde_json::Value> = records.iter().filter(|a| a["owner"] == "pool").collect();
+    assert!(
+        pooled.iter().all(|a| a["state"] == "committed"),
+        "a pool entry left in flight, seed {seed}: {pooled:#?}"
+    );
     let store = lab.delegate_store();
-    let mut store_ids: Vec<String> = store.iter().map(|(id, _)| id.clone()).collect();
-    store_ids.sort();
+    // Pods served from the pool are held by host-local under the pool's keys.
+    let by_pod: Vec<String> = records
+        .iter()
+        .filter(|a| a["owner"] != "pool")
+        .filter(|a| {
+            let id = a["delegateKey"]["containerID"]
+                .as_str()
+                .or(a["containerID"].as_str());
+            store.iter().any(|(held, _)| Some(held.as_str()) == id)
+        })
+        .map(|a| a["containerID"].as_str().unwrap().to_owned())
+        .collect();
     let mut ips: Vec<&String> = store.iter().map(|(_, ip)| ip).collect();
     ips.sort();
     let before = ips.len();
     ips.dedup();
-    let leaked = store_ids.iter().filter(|id| !want.contains(id)).count();
-    let missing = want.iter().filter(|id| !store_ids.contains(id)).count();
+    let leaked = store.len().saturating_sub(want.len() + pooled.len());
+    let missing = want.iter().filter(|id| !by_pod.contains(id)).count();
     eprintln!(
-        "chaos: {} ops, {} restarts, {} live pods; {leaked} leaked, {missing} missing, {} doubled",
+        "chaos: {} ops, {} restarts, {} live pods, {} pooled; {leaked} leaked, {missing} missing, \
+         {} doubled",
         ops.load(Ordering::SeqCst),
         restarts.load(Ordering::SeqCst),
         want.len(),
+        pooled.len(),
         before - ips.len()
     );
     assert!(ops.load(Ordering::SeqCst) >= min_ops);
@@ -195,10 +251,15 @@ fn chaos(mut lab: Lab, min_ops: usize, min_restarts: usize, test: &str) {
         "ledger (left) vs the runtime's live pods (right), seed {seed}"
     );
     assert_eq!(
-        store_ids, want,
-        "host-local (left) vs live pods (right), seed {seed}"
+        (store.len(), missing),
+        (want.len() + pooled.len(), 0),
+        "host-local holds (left) one address per live pod and pool entry (right), seed {seed}"
     );
-    lab.assert_agree();
+    assert_eq!(
+        lab.dipamd.delegate_pairs(&net),
+        store,
+        "ledger through delegate keys (left) vs host-local (right), seed {seed}"
+    );
 }
 
 /// dipamd SIGKILLed in the middle of a large parallel GC (a random moment after 5 to 150 of

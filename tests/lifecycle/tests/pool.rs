@@ -31,29 +31,9 @@ fn lab(conflist: &str, size: usize, flags: &[&str]) -> Lab {
     Lab::with_flags(conflist, &all)
 }
 
-/// The ledger of `network` as the delegate sees it: (container ID, IP), with a pod served from
-/// the pool under its pool key.
+/// The ledger of `network` as the delegate sees it (a pooled pod under its pool key).
 fn delegate_view(d: &Dipamd, network: &str) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = d
-        .ledger()
-        .iter()
-        .filter(|a| a["network"] == network)
-        .flat_map(|a| {
-            let id = a["delegateKey"]["containerID"]
-                .as_str()
-                .or(a["containerID"].as_str())
-                .unwrap_or_default()
-                .to_owned();
-            a["ips"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-                .into_iter()
-                .filter_map(move |ip| Some((id.clone(), ip.as_str()?.split('/').next()?.into())))
-        })
-        .collect();
-    out.sort();
-    out
+    d.delegate_pairs(network)
 }
 
 /// host-local's reservations of `network`: (container ID, IP).
@@ -438,6 +418,47 @@ fn a_crash_right_after_a_take_converges_without_double_use() {
     pool_key(&lab.dipamd, &net, &pod.container_id);
     wait_pool(&lab.dipamd, &net, 2);
     assert_agree(&lab.dipamd, lab.data.path(), &net);
+}
+
+/// (4c): dipamd SIGKILLed at each step of releasing a surplus entry (after it is marked
+/// `deleting`, after it is forgotten): the next start finishes the release, the pool is at
+/// its new size, and nothing leaks.
+#[test]
+fn a_crash_while_releasing_leaks_nothing() {
+    require_root!();
+    for point in ["pool-release-after-mark", "pool-after-release"] {
+        let mut lab = lab("ptp-dipam-host-local.conflist", 4, &[]);
+        let net = lab.network();
+        let ns = NetNs::new();
+        let first = Attachment::new(&dipam_lifecycle::unique("first"), &ns.path());
+        lab.rt.ipam(lab.list(), 0, "ADD", &first, None).unwrap();
+        wait_pool(&lab.dipamd, &net, 4);
+        lab.dipamd.terminate();
+        lab.dipamd
+            .set_flags(&["--warm-pool", "2", "--node-name", NODE, "--crash-at", point]);
+        lab.dipamd.start_again();
+        wait_dead(&lab.dipamd);
+        assert!(lab.dipamd.log().contains("fault injection"), "{point}");
+        lab.dipamd.kill9();
+        lab.dipamd.set_flags(&[
+            "--pool-target",
+            "2",
+            "--pool-release-after",
+            "0",
+            "--node-name",
+            NODE,
+        ]);
+        lab.dipamd.start_again();
+        wait_pool(&lab.dipamd, &net, 2);
+        assert_agree(&lab.dipamd, lab.data.path(), &net);
+        assert_eq!(
+            store(lab.data.path(), &net).len(),
+            3,
+            "{point}: the pod and 2 entries, nothing leaked"
+        );
+        let s = status(&lab.dipamd);
+        assert_eq!(s["warmPool"]["target"], 2, "{s}");
+    }
 }
 
 /// (5): a lowered --warm-pool releases the surplus at restart, and --warm-pool 0 releases the

@@ -55,6 +55,9 @@
 //!   (p50/p99/max, minus the no-GC p50): what an ADD waited for the GC. Medians over
 //!   `--gc-rounds`.
 //!
+//! - **Warm pool bursts** (section `pool-bursts`, issue 40): bursts of 30, 110 and 250 pods
+//!   against the watermark pool, in IPAM and main mode (dipam_bench/pool_bursts.rs).
+//!
 //! - **Today's plugins beside Debian's**: (a) and (c) run a second time as (a+) and (c+)
 //!   with the reference plugins of the pinned current release (ptp and host-local v1.10,
 //!   built by tests/deps.sh into `$DIPAM_TEST_CACHE/peers`, tests/peers/pins), in the same
@@ -138,7 +141,7 @@ struct Opts {
     churn_live: usize,
 }
 
-const SECTIONS: [&str; 7] = [
+const SECTIONS: [&str; 8] = [
     "latency",
     "concurrency",
     "cold",
@@ -146,11 +149,19 @@ const SECTIONS: [&str; 7] = [
     "gc",
     "density",
     "churn",
+    "pool-bursts",
 ];
 
 /// The sections a run without `--sections` runs: density and churn take a run of their own
 /// (tens of minutes at full size).
-const DEFAULT_SECTIONS: [&str; 5] = ["latency", "concurrency", "cold", "scale", "gc"];
+const DEFAULT_SECTIONS: [&str; 6] = [
+    "latency",
+    "concurrency",
+    "cold",
+    "scale",
+    "gc",
+    "pool-bursts",
+];
 
 /// The flags of a dipamd whose GCs free every stale attachment at once: JSON logs (for the
 /// breakdown), no grace period, no share limit.
@@ -201,7 +212,7 @@ Options:
   --churn-cycles N       ADD/DEL cycles of the churn section (default 10000)
   --churn-live N         live attachments beside the churn (default 2500)
   --sections LIST        comma-separated subset of latency,concurrency,cold,scale,gc,
-                         density,churn (default: all but density and churn)
+                         pool-bursts,density,churn (default: all but density and churn)
   --json FILE            write every number as JSON
   --quick                small numbers, for a smoke run
   -h, --help             this text";
@@ -2312,6 +2323,10 @@ impl Report {
     }
 }
 
+// After `progress!`, which it uses.
+#[path = "dipam_bench/pool_bursts.rs"]
+mod pool_bursts;
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let opts = match parse_args(&args) {
@@ -2594,6 +2609,9 @@ fn run(opts: &Opts) -> Res<()> {
     } else {
         None
     };
+    if opts.runs("pool-bursts") {
+        pool_bursts::run(&rt, &socket, opts, &mut rep)?;
+    }
     std::thread::sleep(IDLE_WAIT);
     let (after_kib, hwm_kib) = rss_kib(dipamd.pid());
     let mut log = parse_log(&dipamd.log());

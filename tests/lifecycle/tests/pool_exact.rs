@@ -1,0 +1,198 @@
+//! The warm pool never starves a pod (docs/cfp.md §7.7, "Never starving a pod"): a range
+//! whose addresses are exactly the agent's plus the pods', against the real host-local, the
+//! real dipamd with its watermark pool on and the agent's router address held, churned by 8
+//! workers at once. Every ADD must succeed (a pod the delegate refuses takes a pooled
+//! address), nothing may leak, and at the end the ledger, read the way the delegate sees it,
+//! equals host-local's store.
+//!
+//! The churn calls the plugin in IPAM mode, as ptp does for each pod (the chain's own
+//! plugins add nothing to the pool's accounting and would only slow the 1,000 rounds).
+
+// Tests: a panic is the failure report.
+#![allow(clippy::unwrap_used)]
+
+use std::{
+    sync::atomic::{AtomicUsize, Ordering},
+    time::{Duration, Instant},
+};
+
+use dipam_lifecycle::{AgentLab, Attachment, NetNs, require_root};
+use serde_json::Value;
+
+/// A /27: host-local hands out .2 to .30, 29 addresses: the router's and 28 pods'.
+const PODS: usize = 28;
+const WORKERS: usize = 8;
+/// Churns (a DEL and an ADD of one pod) in all; DIPAM_POOL_CHURNS overrides it.
+const CHURNS: usize = 1000;
+
+fn churns() -> usize {
+    std::env::var("DIPAM_POOL_CHURNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(CHURNS)
+}
+
+fn status(lab: &AgentLab) -> Value {
+    let out = lab.dipamd.ctl(&["status", "--json"]);
+    assert!(out.status.success());
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Waits until no record of the network is in flight and the pool's refiller has settled
+/// (its entries stopped changing), then asserts the ledger equals host-local's store.
+#[track_caller]
+fn assert_settled(lab: &AgentLab, context: &str) {
+    let net = lab.network();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = Vec::new();
+    loop {
+        let now = lab.dipamd.delegate_pairs(&net);
+        let busy = lab
+            .dipamd
+            .ledger()
+            .iter()
+            .any(|a| a["network"] == net.as_str() && a["state"] != "committed");
+        if !busy && now == last && now == lab.delegate_store() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{context}: ledger through delegate keys (left) and host-local's store (right) \
+             disagree:\n{now:?}\n{:?}\n{}",
+            lab.delegate_store(),
+            lab.dipamd.log()
+        );
+        last = now;
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+#[test]
+fn a_range_exactly_as_large_as_its_pods_never_starves_one() {
+    require_root!();
+    let mut lab = AgentLab::unstarted("ptp-dipam-host-local.conflist");
+    let cidr = lab.subnet.cidr.replace("/24", "/27");
+    lab.fx = lab.fx.clone().with_subnet(&cidr);
+    lab.write_conflist();
+    lab.set_roles(
+        "router",
+        &[
+            "--pool-target",
+            "4",
+            "--pool-max-above",
+            "8",
+            "--pool-release-after",
+            "1",
+        ],
+    );
+    lab.dipamd.start_again();
+    lab.wait_ready(1);
+    let nss: Vec<NetNs> = (0..PODS).map(|_| NetNs::new()).collect();
+    let pods: Vec<Attachment> = nss
+        .iter()
+        .map(|ns| Attachment::new(&dipam_lifecycle::unique("exact"), &ns.path()))
+        .collect();
+    let list = lab.fx.list.clone();
+    let failures = std::sync::Mutex::new(Vec::<String>::new());
+    let add = |pod: &Attachment, what: &str| {
+        if let Err(e) = lab.rt.ipam(&list, 0, "ADD", pod, None) {
+            failures
+                .lock()
+                .unwrap()
+                .push(format!("{what} ADD {}: {e}", pod.container_id));
+        }
+    };
+    // Every pod up, 8 at a time: the pool started filling from the conflist, so some come
+    // from it and the last ones need what the pool holds.
+    std::thread::scope(|s| {
+        for w in 0..WORKERS {
+            let (pods, add) = (&pods, &add);
+            s.spawn(move || {
+                for pod in pods.iter().skip(w).step_by(WORKERS) {
+                    add(pod, "first");
+                }
+            });
+        }
+    });
+    let total = churns();
+    let done = AtomicUsize::new(0);
+    let dels = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for w in 0..WORKERS {
+            let (pods, add, done, dels, failures) = (&pods, &add, &done, &dels, &failures);
+            let (lab, list) = (&lab, &list);
+            s.spawn(move || {
+                let mine: Vec<&Attachment> = pods.iter().skip(w).step_by(WORKERS).collect();
+                for pod in mine.iter().cycle() {
+                    let n = done.fetch_add(1, Ordering::Relaxed);
+                    if n >= total {
+                        return;
+                    }
+                    match lab.rt.ipam(list, 0, "DEL", pod, None) {
+                        Ok(_) => {
+                            dels.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => failures
+                            .lock()
+                            .unwrap()
+                            .push(format!("churn {n} DEL {}: {e}", pod.container_id)),
+                    }
+                    add(pod, &format!("churn {n}"));
+                }
+            });
+        }
+    });
+    let failed = failures.into_inner().unwrap();
+    let s = status(&lab);
+    let pool = &s["warmPool"]["pools"][0];
+    println!(
+        "{total} churns, {} ADDs, {} failed; pool: {} taken, {} missed, {} rescued, {} made, \
+         {} released",
+        total + PODS,
+        failed.len(),
+        pool["hits"],
+        pool["misses"],
+        pool["rescues"],
+        pool["refills"],
+        pool["releases"]
+    );
+    assert!(failed.is_empty(), "{failed:#?}\n{s}\n{}", lab.dipamd.log());
+    assert_eq!(dels.load(Ordering::Relaxed), total);
+    // The pool served pods (it was on, not merely idle), and the range is full: every
+    // address is a pod's or the router's, none left in the pool.
+    assert!(pool["hits"].as_u64().unwrap() > 0, "{s}");
+    assert_settled(&lab, "after the churn");
+    let held = lab.delegate_store();
+    assert_eq!(
+        held.len(),
+        PODS + 1,
+        "every address is a pod's or the router's: {held:?}"
+    );
+    let mut ips: Vec<&String> = held.iter().map(|(_, ip)| ip).collect();
+    ips.sort();
+    ips.dedup();
+    assert_eq!(ips.len(), held.len(), "an address held twice: {held:?}");
+    // Every pod gone: their addresses go back to host-local, the pool refills to its
+    // target from them, and nothing else is held.
+    for pod in &pods {
+        lab.rt.ipam(&list, 0, "DEL", pod, None).unwrap();
+    }
+    assert_settled(&lab, "after every pod's DEL");
+    let held = lab.delegate_store();
+    let pooled = held
+        .iter()
+        .filter(|(id, _)| id.starts_with("dipam-pool-"))
+        .count();
+    assert_eq!(
+        held.len(),
+        1 + pooled,
+        "only the router and the pool: {held:?}"
+    );
+    assert!(
+        pooled <= 4 + 8,
+        "the pool above target + max-above: {held:?}"
+    );
+    let router = lab.addresses();
+    assert_eq!(router.len(), 1);
+    assert_eq!(router[0].3, "ready", "{router:?}");
+}
