@@ -335,7 +335,7 @@ fn ten_upgrades_fail_no_pod_call() {
             }
             Err(e) => note(&format!("RunPodSandbox {name}"), Err(e.to_string())),
         }
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             let ready = cd.network_ready().map_err(|e| e.to_string());
             note(
                 "NetworkReady",
@@ -395,6 +395,25 @@ fn freed_within_bound(b: &Bench, keep: &[&str], since: Instant, what: &str) -> D
     }
 }
 
+/// The running pod `stays` kept `ip`, the agent's router kept its address (`router`), the
+/// ledger agrees with host-local; then, the bench's own conflist back, the last pod goes and
+/// only the router is left.
+#[track_caller]
+fn nothing_live_was_freed(
+    b: &Bench,
+    stays: &Pod,
+    ip: &str,
+    router: &[(String, String, String, String)],
+) {
+    assert_eq!(b.address_of(stays), ip);
+    assert_eq!(b.lab.addresses(), router);
+    b.lab.assert_agree();
+    b.cd.set_conflist(&b.lab.fx.list);
+    b.cd.stop_pod(&stays.id).unwrap();
+    b.cd.remove_pod(&stays.id).unwrap();
+    b.lab.assert_converged(1, "after the last pod");
+}
+
 /// A chained plugin that fails both ADD and DEL (containerd/containerd#12130's shape): the
 /// sandbox's RunPodSandbox fails after dipam's ADD succeeded, containerd's teardown DEL stops
 /// at the failing plugin and never reaches dipam, and containerd drops the sandbox. With the
@@ -440,13 +459,7 @@ fn a_chained_plugin_failing_add_and_del_leaks_nothing_past_60_s() {
     );
     let took = freed_within_bound(&b, &[stays.id.as_str()], since, "containerd#12130");
     eprintln!("the failed sandbox's address was freed {took:?} after RunPodSandbox failed");
-    assert_eq!(b.address_of(&stays), ip_stays);
-    assert_eq!(b.lab.addresses(), router);
-    b.lab.assert_agree();
-    b.cd.set_conflist(&b.lab.fx.list);
-    b.cd.stop_pod(&stays.id).unwrap();
-    b.cd.remove_pod(&stays.id).unwrap();
-    b.lab.assert_converged(1, "after the last pod");
+    nothing_live_was_freed(&b, &stays, &ip_stays, &router);
 }
 
 /// The conflist swapped under running pods: containerd's DELs of a removed sandbox go to the
@@ -471,11 +484,5 @@ fn a_conflist_swapped_under_running_pods_leaks_nothing_past_60_s() {
     let since = Instant::now();
     let took = freed_within_bound(&b, &[stays.id.as_str()], since, "conflist swap");
     eprintln!("the swapped-out sandbox's address was freed {took:?} after its removal");
-    assert_eq!(b.address_of(&stays), ip_stays);
-    assert_eq!(b.lab.addresses(), router);
-    b.lab.assert_agree();
-    b.cd.set_conflist(&b.lab.fx.list);
-    b.cd.stop_pod(&stays.id).unwrap();
-    b.cd.remove_pod(&stays.id).unwrap();
-    b.lab.assert_converged(1, "after the last pod");
+    nothing_live_was_freed(&b, &stays, &ip_stays, &router);
 }
