@@ -1,4 +1,5 @@
-//! The gRPC client: one connection, one call, one deadline.
+//! The gRPC client: one connection per try, one call, one deadline; a call dipamd did not
+//! serve is tried again within it (crate::retry).
 
 use std::{
     path::{Path, PathBuf},
@@ -8,7 +9,10 @@ use std::{
 use dipam_proto::v1::{CniReply, CniRequest, cni_client::CniClient, cni_reply::Outcome};
 use rscni_types::types::Cmd;
 
-use crate::error::PluginError;
+use crate::{
+    error::PluginError,
+    retry::{self, Budget},
+};
 
 /// What dipamd answered, when it answered with success.
 #[derive(Debug, Default)]
@@ -21,17 +25,20 @@ pub struct Answer {
     pub replayed: Option<bool>,
 }
 
-/// Sends `req` for `cmd` and turns the reply into an [`Answer`] or a [`PluginError`].
+/// Sends `req` for `cmd` within `budget` and turns the reply into an [`Answer`] or a
+/// [`PluginError`].
 pub fn call_reply(
     socket: &Path,
-    timeout: Duration,
+    budget: Budget,
     cmd: Cmd,
     req: CniRequest,
 ) -> Result<Answer, PluginError> {
     let rt = runtime(socket)?;
-    let reply = rt
-        .block_on(within(socket, timeout, exchange(socket, cmd, req)))
-        .map_err(|e| refused(socket, e))?;
+    let reply = rt.block_on(retry::until_served(
+        budget,
+        |left| within(socket, left, exchange(socket, cmd, req.clone())),
+        |e| refused(socket, e),
+    ))?;
     outcome(reply)
 }
 
@@ -105,38 +112,20 @@ impl Pending {
 }
 
 /// Sends a main-mode ADD as `AddEarly`, falling back to `Add` on a dipamd that predates it.
+/// A try that is cut off before the first reply (dipamd restarting) is tried again: nothing
+/// was configured with it yet.
 pub fn call_add_early(
     socket: &Path,
-    timeout: Duration,
+    budget: Budget,
     req: CniRequest,
 ) -> Result<Early, PluginError> {
-    let deadline = Instant::now() + timeout;
+    let deadline = budget.deadline;
     let rt = runtime(socket)?;
-    let first = rt
-        .block_on(within(socket, timeout, async {
-            let mut client = connect(socket).await?;
-            let rpc = |status| PluginError::Rpc {
-                socket: socket.to_owned(),
-                status,
-            };
-            match client.add_early(req.clone()).await {
-                Ok(stream) => {
-                    let mut stream = stream.into_inner();
-                    match stream.message().await.map_err(rpc)? {
-                        Some(reply) => Ok((reply, Some(stream))),
-                        None => Err(rpc(tonic::Status::unavailable(
-                            "dipamd ended the ADD without an answer",
-                        ))),
-                    }
-                }
-                Err(status) if status.code() == tonic::Code::Unimplemented => {
-                    let reply = client.add(req).await.map_err(rpc)?;
-                    Ok((reply.into_inner(), None))
-                }
-                Err(status) => Err(rpc(status)),
-            }
-        }))
-        .map_err(|e| refused(socket, e))?;
+    let first = rt.block_on(retry::until_served(
+        budget,
+        |left| within(socket, left, first_reply(socket, req.clone())),
+        |e| refused(socket, e),
+    ))?;
     match first {
         (reply, Some(stream)) if reply.pending_commit => Ok(Early::Pending(
             outcome(reply)?,
@@ -151,6 +140,34 @@ pub fn call_add_early(
     }
 }
 
+/// One try of an `AddEarly`: its first reply, and the stream its outcome comes on.
+async fn first_reply(
+    socket: &Path,
+    req: CniRequest,
+) -> Result<(CniReply, Option<tonic::Streaming<CniReply>>), PluginError> {
+    let mut client = connect(socket).await?;
+    let rpc = |status| PluginError::Rpc {
+        socket: socket.to_owned(),
+        status,
+    };
+    match client.add_early(req.clone()).await {
+        Ok(stream) => {
+            let mut stream = stream.into_inner();
+            match stream.message().await.map_err(rpc)? {
+                Some(reply) => Ok((reply, Some(stream))),
+                None => Err(rpc(tonic::Status::unavailable(
+                    "dipamd ended the ADD without an answer",
+                ))),
+            }
+        }
+        Err(status) if status.code() == tonic::Code::Unimplemented => {
+            let reply = client.add(req).await.map_err(rpc)?;
+            Ok((reply.into_inner(), None))
+        }
+        Err(status) => Err(rpc(status)),
+    }
+}
+
 /// The plugin's I/O runtime: one thread, this one.
 fn runtime(socket: &Path) -> Result<tokio::runtime::Runtime, PluginError> {
     tokio::runtime::Builder::new_current_thread()
@@ -160,6 +177,8 @@ fn runtime(socket: &Path) -> Result<tokio::runtime::Runtime, PluginError> {
         .map_err(|e| PluginError::Unreachable {
             socket: socket.to_owned(),
             reason: format!("cannot start the I/O runtime: {e}"),
+            kind: None,
+            waited: None,
         })
 }
 
@@ -206,6 +225,8 @@ async fn connect(socket: &Path) -> Result<CniClient<tonic::transport::Channel>, 
         .map_err(|e| PluginError::Unreachable {
             socket: socket.to_owned(),
             reason: root_cause(&e),
+            kind: io_kind(&e),
+            waited: None,
         })?;
     Ok(CniClient::new(channel))
 }
@@ -225,6 +246,19 @@ async fn exchange(socket: &Path, cmd: Cmd, req: CniRequest) -> Result<CniReply, 
             socket: socket.to_owned(),
             status,
         })
+}
+
+/// The kind of the OS error under a connect's error (ENOENT, ECONNREFUSED, EAGAIN...): what
+/// says whether a dipamd may serve later (PluginError::dipamd_may_serve_again).
+fn io_kind(e: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
+    let mut cur = Some(e);
+    while let Some(e) = cur {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return Some(io.kind());
+        }
+        cur = e.source();
+    }
+    None
 }
 
 /// The innermost error text ("No such file or directory (os error 2)"): what an operator

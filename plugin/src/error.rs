@@ -32,7 +32,14 @@ pub enum PluginError {
     Version(String),
     /// dipamd could not be reached at all.
     #[error("dipamd is not reachable at {}", socket.display())]
-    Unreachable { socket: PathBuf, reason: String },
+    Unreachable {
+        socket: PathBuf,
+        reason: String,
+        /// The connect's own error, when it was one: whether a dipamd may serve later.
+        kind: Option<std::io::ErrorKind>,
+        /// How long the plugin waited for dipamd to serve again (crate::retry).
+        waited: Option<std::time::Duration>,
+    },
     /// dipamd answered with a gRPC status instead of a CNI reply.
     #[error("dipamd refused the request: {}", status.message())]
     Rpc {
@@ -133,6 +140,56 @@ impl PluginError {
         }
     }
 
+    /// dipamd did not serve this call, and a dipamd may serve the same call a moment later:
+    /// the socket is missing or stale (a restart), its backlog is full (EAGAIN), or the
+    /// connection broke without an answer (crate::retry). Never an answer dipamd sent, a
+    /// refusal at accept, nor a socket this caller may not open.
+    pub fn dipamd_may_serve_again(&self) -> bool {
+        use std::io::ErrorKind as K;
+        match self {
+            Self::Unreachable { kind, .. } => matches!(
+                kind,
+                Some(
+                    K::NotFound
+                        | K::ConnectionRefused
+                        | K::WouldBlock
+                        | K::ConnectionReset
+                        | K::ConnectionAborted
+                        | K::BrokenPipe
+                        | K::UnexpectedEof
+                        | K::Interrupted
+                )
+            ),
+            // Lost on the way (tonic's Unknown and Unavailable: reset, GOAWAY, refused
+            // stream); dipamd's CNI service answers neither itself.
+            Self::Rpc { status, .. } => {
+                matches!(
+                    status.code(),
+                    Code::Unknown | Code::Unavailable | Code::Cancelled | Code::Aborted
+                ) && dipam_proto::refused_at_accept(status).is_none()
+            }
+            _ => false,
+        }
+    }
+
+    /// This error, saying that dipamd was waited for `waited` first.
+    pub fn waited(self, waited: std::time::Duration) -> Self {
+        match self {
+            Self::Unreachable {
+                socket,
+                reason,
+                kind,
+                waited: None,
+            } if waited >= crate::retry::FIRST_PAUSE => Self::Unreachable {
+                socket,
+                reason,
+                kind,
+                waited: Some(waited),
+            },
+            other => other,
+        }
+    }
+
     /// The single mapping from plugin errors to CNI error codes. `status` is true for the
     /// STATUS verb, whose "cannot serve" code is 50, not 11 (spec 1.1 §STATUS).
     pub fn to_cni(&self, status: bool) -> CniError {
@@ -148,12 +205,21 @@ impl PluginError {
             Self::Config { details, .. } => (codes::INVALID_CONFIG, details.clone()),
             Self::Version(d) => (codes::INCOMPATIBLE_VERSION, d.clone()),
             Self::Busy(d) => (codes::TRY_AGAIN_LATER, d.clone()),
-            Self::Unreachable { socket, reason } => (
+            Self::Unreachable {
+                socket,
+                reason,
+                waited,
+                ..
+            } => (
                 unavailable,
                 format!(
-                    "connect to {}: {reason}. Start dipamd (e.g. `systemctl start dipamd`) or \
+                    "connect to {}: {reason}{}. Start dipamd (e.g. `systemctl start dipamd`) or \
                      point socketPath in the network config at the socket dipamd listens on",
-                    socket.display()
+                    socket.display(),
+                    waited.map_or(String::new(), |w| format!(
+                        " (waited {:.1} s for dipamd to serve again; timeoutSeconds bounds the wait)",
+                        w.as_secs_f64()
+                    )),
                 ),
             ),
             Self::Rpc { socket, status } => rpc(socket, status, unavailable),
@@ -323,6 +389,8 @@ mod tests {
         let e = PluginError::Unreachable {
             socket: "/run/dipam/dipam.sock".into(),
             reason: "No such file or directory".into(),
+            kind: Some(std::io::ErrorKind::NotFound),
+            waited: None,
         };
         assert_eq!(e.to_cni(true).code, 50);
         let add = e.to_cni(false);

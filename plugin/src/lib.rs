@@ -13,6 +13,7 @@ pub mod env;
 pub mod error;
 pub mod help;
 pub mod lock;
+pub mod retry;
 pub mod spool;
 
 use std::io::{Read, Write};
@@ -244,7 +245,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("dipam.sock");
         let conf = format!(
-            r#"{{"cniVersion":"1.0.0","name":"n","type":"ptp","ipam":{{"type":"dipam","socketPath":"{}","delegate":{{"type":"host-local"}}}}}}"#,
+            r#"{{"cniVersion":"1.0.0","name":"n","type":"ptp","ipam":{{"type":"dipam","socketPath":"{}","timeoutSeconds":1,"delegate":{{"type":"host-local"}}}}}}"#,
             socket.display()
         );
         let env = [
@@ -293,7 +294,7 @@ mod tests {
 
     #[test]
     fn unreachable_daemon_is_11_for_add_and_50_for_status() {
-        let conf = r#"{"cniVersion":"1.1.0","name":"n","type":"ptp","ipam":{"type":"dipam","socketPath":"/nonexistent/dipam.sock","delegate":{"type":"host-local"}}}"#;
+        let conf = r#"{"cniVersion":"1.1.0","name":"n","type":"ptp","ipam":{"type":"dipam","socketPath":"/nonexistent/dipam.sock","timeoutSeconds":1,"delegate":{"type":"host-local"}}}"#;
         let (code, v) = invoke(
             &[
                 ("CNI_COMMAND", "ADD"),

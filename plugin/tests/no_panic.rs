@@ -51,6 +51,37 @@ fn mutate(seed: &[u8], rng: &mut u64) -> Vec<u8> {
     b
 }
 
+/// The socket and timeout every seed is given: a path under a file fails to connect with
+/// ENOTDIR, which the plugin does not wait out (a missing socket it would, until
+/// `timeoutSeconds`: plugin/src/retry.rs), and the short timeout bounds the mutants that turn
+/// the path into a missing one.
+const HERMETIC: &str = "\"socketPath\": \"/dev/null/dipam.sock\",\"timeoutSeconds\":0.001";
+
+/// A mutant of `seed` that the plugin would not send to a real socket, nor wait long for: one
+/// whose mutation renamed `socketPath` or `timeoutSeconds`, or moved them out of the section
+/// the plugin reads (a mangled `type`), would reach the node's default socket and wait for
+/// it up to 55 s.
+fn hermetic_mutant(seed: &[u8], rng: &mut u64) -> Vec<u8> {
+    loop {
+        // As the test sends it: invalid UTF-8 replaced (which can make a mutant parse).
+        let m = String::from_utf8_lossy(&mutate(seed, rng))
+            .into_owned()
+            .into_bytes();
+        use rscni_types::types::Cmd;
+        let hermetic = [Cmd::Add, Cmd::Del, Cmd::Check, Cmd::Gc, Cmd::Status]
+            .into_iter()
+            .all(|cmd| {
+                dipam_plugin::conf::PluginConf::parse(&m, cmd).map_or(true, |c| {
+                    c.socket == Path::new("/dev/null/dipam.sock")
+                        && c.timeout < std::time::Duration::from_secs(1)
+                })
+            });
+        if hermetic {
+            return m;
+        }
+    }
+}
+
 #[test]
 fn mutated_inputs_never_panic() {
     let mut rng = 0x5eed_u64;
@@ -59,13 +90,14 @@ fn mutated_inputs_never_panic() {
         // Hermetic: no socketPath points anywhere real.
         let seed = String::from_utf8(seed)
             .unwrap()
-            .replace("/run/dipam/dipam.sock", "/nonexistent/dipam.sock")
+            .replace("\"socketPath\": \"/run/dipam/dipam.sock\"", HERMETIC)
             .into_bytes();
+        assert!(String::from_utf8_lossy(&seed).contains(HERMETIC));
         for i in 0..400 {
             let input = if i == 0 {
                 seed.clone()
             } else {
-                mutate(&seed, &mut rng)
+                hermetic_mutant(&seed, &mut rng)
             };
             let command = COMMANDS[(next(&mut rng) % COMMANDS.len() as u64) as usize];
             let getenv = |k: &str| -> Option<String> {

@@ -18,6 +18,7 @@ use crate::{
     datapath::Attachment,
     env::CmdArgs,
     error::PluginError,
+    retry::Budget,
 };
 
 /// Everything a verb needs: the validated environment and config, and the raw stdin.
@@ -62,15 +63,33 @@ impl Ctx<'_> {
         retired_link: Option<RetiredLink>,
     ) -> Result<client::Answer, PluginError> {
         let req = self.request(command, retired_link);
-        match client::call_reply(&self.conf.socket, self.conf.timeout, command, req.clone()) {
-            Err(e) if command == Cmd::Del && e.daemon_unreachable() => {
-                let mut spooled = req;
-                spooled.retired_link = None;
-                self.spool(spooled, &e).map(|result| client::Answer {
-                    result,
-                    ..client::Answer::default()
-                })
-            }
+        let budget = Budget::new(self.conf.timeout);
+        if command != Cmd::Del {
+            return client::call_reply(&self.conf.socket, budget, command, req);
+        }
+        // A DEL is not waited for while the spool can take it: a spooled DEL is as certain
+        // as an answered one (every dipamd drains the spool before it serves anything), and
+        // the runtime's teardown goes on at once. Only a DEL the spool cannot take waits for
+        // dipamd to serve again, within the deadline.
+        let e = match client::call_reply(&self.conf.socket, budget.once(), command, req.clone()) {
+            Err(e) if e.daemon_unreachable() => e,
+            other => return other,
+        };
+        let spooled = || {
+            let mut spooled = req.clone();
+            spooled.retired_link = None;
+            spooled
+        };
+        let refused = match self.spool(spooled(), &e) {
+            Ok(answer) => return Ok(answer),
+            Err(refused) => refused,
+        };
+        if !e.dipamd_may_serve_again() {
+            return Err(refused);
+        }
+        match client::call_reply(&self.conf.socket, budget, command, req.clone()) {
+            // A dipamd that started meanwhile may have published its spool already.
+            Err(e) if e.daemon_unreachable() => self.spool(spooled(), &e),
             other => other,
         }
     }
@@ -79,7 +98,7 @@ impl Ctx<'_> {
     pub fn forward_add_early(&self) -> Result<client::Early, PluginError> {
         client::call_add_early(
             &self.conf.socket,
-            self.conf.timeout,
+            Budget::new(self.conf.timeout),
             self.request(Cmd::Add, None),
         )
     }
@@ -110,7 +129,7 @@ impl Ctx<'_> {
     /// not retry, so the DEL is spooled durably for dipamd to replay, and DEL succeeds; but
     /// only into the spool the dipamd of this socket published (crate::spool). Otherwise the
     /// DEL fails with code 11 and the runtime retries it.
-    fn spool(&self, req: CniRequest, cause: &PluginError) -> Result<Vec<u8>, PluginError> {
+    fn spool(&self, req: CniRequest, cause: &PluginError) -> Result<client::Answer, PluginError> {
         match crate::spool::write(&self.conf.socket, self.conf.spool_dir.as_deref(), &req) {
             Ok(spooled) => {
                 if let Some(w) = &spooled.warning {
@@ -120,7 +139,7 @@ impl Ctx<'_> {
                     "dipam: {cause}; DEL spooled to {} for dipamd to replay",
                     spooled.path.display()
                 );
-                Ok(Vec::new())
+                Ok(client::Answer::default())
             }
             Err(reason) => Err(PluginError::Spool {
                 socket: self.conf.socket.clone(),

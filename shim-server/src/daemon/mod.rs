@@ -94,8 +94,9 @@ pub struct Args {
     #[arg(long, default_value_t = 60.0)]
     pub agent_check_interval: f64,
     /// GC never frees an attachment younger than this many seconds: a pod being created while
-    /// GC runs keeps its address.
-    #[arg(long, default_value_t = 60.0)]
+    /// GC runs keeps its address. 30 s, so that the runtime-aware GC frees a sandbox that
+    /// died at once (a failed RunPodSandbox) within 60 s: grace plus two passes.
+    #[arg(long, default_value_t = DEFAULT_GC_GRACE.as_secs_f64())]
     pub gc_grace: f64,
     /// GC refuses to free more than this share (0-1) of a network's pod attachments at once, at
     /// any size (the only pod of a network too); `dipamctl gc --force` overrides it once.
@@ -120,8 +121,14 @@ pub struct Args {
     /// sandboxes and frees the attachments made through CRI whose sandbox two consecutive
     /// passes did not find (containerd never sends a CNI GC). Off by default. Give it only the
     /// runtime that makes every CRI attachment on this node's networks (docs/cfp.md §7.4).
+    /// Empty: off (the shipped unit sets containerd's; `DIPAM_CRI_ENDPOINT=` turns it off).
     #[arg(long, env = "DIPAM_CRI_ENDPOINT", value_name = "unix:///PATH")]
     pub cri_endpoint: Option<String>,
+    /// Seconds between the runtime-aware GC's passes (with --cri-endpoint; above 0). Two
+    /// passes in a row must miss a sandbox, so an attachment whose pod is gone is freed
+    /// within 2 × this after its sandbox went (--gc-grace + 2 × this after its ADD).
+    #[arg(long, env = "DIPAM_RUNTIME_GC_INTERVAL", default_value_t = DEFAULT_RUNTIME_GC_INTERVAL.as_secs_f64())]
+    pub runtime_gc_interval: f64,
     /// The warm pool's watermarks (pool_args.rs).
     #[command(flatten)]
     pub pool: pool_args::PoolArgs,
@@ -377,11 +384,17 @@ fn check_flags(args: &Args) -> Result<Flags, DaemonError> {
              metrics beyond this node"
         )));
     }
-    let runtime = match &args.cri_endpoint {
+    // Empty turns it off: the unit sets DIPAM_CRI_ENDPOINT, and `DIPAM_CRI_ENDPOINT=` in
+    // /etc/default/dipamd is how a node without containerd's CRI says so.
+    let runtime = match args
+        .cri_endpoint
+        .as_deref()
+        .filter(|e| !e.trim().is_empty())
+    {
         None => None,
-        Some(_) if args.reconcile_interval.is_nan() || args.reconcile_interval <= 0.0 => {
+        Some(_) if args.runtime_gc_interval.is_nan() || args.runtime_gc_interval <= 0.0 => {
             return Err(DaemonError::Usage(
-                "--cri-endpoint needs --reconcile-interval above 0: the runtime-aware GC runs \
+                "--cri-endpoint needs --runtime-gc-interval above 0: the runtime-aware GC runs \
                  a pass every interval"
                     .into(),
             ));
@@ -759,14 +772,24 @@ async fn spawn_background(
         args.reconcile_free,
     ));
     if let Some(rt) = node.gc.runtime.get() {
-        info!(endpoint = %rt.client.endpoint(), every_s = args.reconcile_interval, grace_s = args.gc_grace, "runtime-aware GC on");
+        info!(endpoint = %rt.client.endpoint(), every_s = args.runtime_gc_interval, grace_s = args.gc_grace, "runtime-aware GC on");
         tokio::spawn(crate::gc::runtime::pass::run(
             node.collector(),
-            Duration::from_secs_f64(args.reconcile_interval),
+            Duration::from_secs_f64(args.runtime_gc_interval),
         ));
     }
     Ok(())
 }
+
+/// `--gc-grace`'s default: long enough for a runtime to list a sandbox after its CNI ADD
+/// (containerd lists it within a second), short enough for the leak bound below.
+pub const DEFAULT_GC_GRACE: Duration = Duration::from_secs(30);
+
+/// `--runtime-gc-interval`'s default. With [`DEFAULT_GC_GRACE`], an attachment whose pod is
+/// gone is freed within 30 + 2 × 10 = 50 s of its ADD, or 20 s of its sandbox's removal,
+/// on a runtime that never sends a CNI GC (containerd); each pass is one ListPodSandbox and
+/// a read of the ledger (docs/performance.md).
+pub const DEFAULT_RUNTIME_GC_INTERVAL: Duration = Duration::from_secs(10);
 
 /// After the server has stopped, how long dipamd's exit waits for work still running on
 /// blocking threads (a ledger commit, a delegate exec cut short by the drain) before the

@@ -300,6 +300,29 @@ impl Dipamd {
         }
     }
 
+    /// An upgrade as a package manager with `systemctl restart`, or a DaemonSet's rolling
+    /// update, performs it: a new dipamd binary is installed (a copy of the running one at a
+    /// new path, so that the old process keeps its own), then SIGTERM, then the new binary
+    /// starts on the same socket and state directory. Panics unless the old dipamd exits
+    /// cleanly within `limit`; returns once the new one serves.
+    pub fn upgrade(&mut self, limit: Duration) {
+        let next = self.dir.path().join(format!("dipamd-{}", self.starts + 1));
+        let running = self.binary.clone().unwrap_or_else(|| bins::bin("dipamd"));
+        std::fs::copy(&running, &next)
+            .unwrap_or_else(|e| panic!("install {}: {e}", next.display()));
+        let status = self.terminate_within(limit);
+        assert!(
+            status.success(),
+            "dipamd exited with {status}:\n{}",
+            tail(&self.log(), 40)
+        );
+        if running.starts_with(self.dir.path()) {
+            let _ = std::fs::remove_file(&running);
+        }
+        self.binary = Some(next);
+        self.spawn();
+    }
+
     /// Starts dipamd again on the same socket and state directory.
     pub fn restart(&mut self) {
         self.kill9();

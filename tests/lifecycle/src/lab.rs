@@ -97,12 +97,24 @@ impl Lab {
     }
 
     /// Sets the dipam plugin's `spoolDir` key in the conflist (older configs carry one).
-    pub fn with_spool_dir_key(mut self, dir: &std::path::Path) -> Self {
+    pub fn with_spool_dir_key(self, dir: &std::path::Path) -> Self {
+        self.with_dipam_key("spoolDir", serde_json::json!(dir))
+    }
+
+    /// Sets the dipam plugin's `timeoutSeconds`: how long the plugin waits for a dipamd that
+    /// does not serve. A test that keeps dipamd down on purpose and expects the call to fail
+    /// sets it short, instead of waiting the default 55 s for each call.
+    pub fn with_plugin_timeout(self, secs: u64) -> Self {
+        self.with_dipam_key("timeoutSeconds", serde_json::json!(secs))
+    }
+
+    /// Sets `key` of the dipam plugin (or of its `ipam` section in IPAM mode).
+    pub fn with_dipam_key(mut self, key: &str, value: Value) -> Self {
         for p in self.fx.list["plugins"].as_array_mut().into_iter().flatten() {
             if p["ipam"]["type"] == "dipam" {
-                p["ipam"]["spoolDir"] = serde_json::json!(dir);
+                p["ipam"][key] = value.clone();
             } else if p["type"] == "dipam" {
-                p["spoolDir"] = serde_json::json!(dir);
+                p[key] = value.clone();
             }
         }
         self

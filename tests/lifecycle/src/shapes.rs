@@ -132,6 +132,45 @@ pub fn churn_while_killing(
     rounds: u32,
     cycle: &(dyn Fn(u32) + Sync),
 ) -> u32 {
+    churn_while(dipamd, rng, rounds, cycle, &mut |dipamd, rng, round, up| {
+        let down = rng.below(1500);
+        eprintln!(
+            "round {round} (seed {}): SIGKILL after {up} ms up, {down} ms down",
+            rng.seed
+        );
+        dipamd.kill9();
+        std::thread::sleep(std::time::Duration::from_millis(down));
+        dipamd.start_again();
+    })
+}
+
+/// As [`churn_while_killing`], but each round is an upgrade ([`crate::Dipamd::upgrade`]: a
+/// new binary installed, SIGTERM, start), which must end the old dipamd within `drain`.
+pub fn churn_while_upgrading(
+    dipamd: &mut crate::Dipamd,
+    rng: &mut Seeded,
+    rounds: u32,
+    drain: std::time::Duration,
+    cycle: &(dyn Fn(u32) + Sync),
+) -> u32 {
+    churn_while(dipamd, rng, rounds, cycle, &mut |dipamd, rng, round, up| {
+        eprintln!(
+            "round {round} (seed {}): upgrade after {up} ms up",
+            rng.seed
+        );
+        dipamd.upgrade(drain);
+    })
+}
+
+/// `cycle` on a thread of its own while this thread runs `restart` `rounds` times, each after
+/// a pause drawn from `rng`. Returns how many cycles completed.
+fn churn_while(
+    dipamd: &mut crate::Dipamd,
+    rng: &mut Seeded,
+    rounds: u32,
+    cycle: &(dyn Fn(u32) + Sync),
+    restart: &mut dyn FnMut(&mut crate::Dipamd, &mut Seeded, u32, u64),
+) -> u32 {
     use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
     let stop = AtomicBool::new(false);
     let done = AtomicU32::new(0);
@@ -145,15 +184,8 @@ pub fn churn_while_killing(
         for round in 0..rounds {
             let up = 300 + rng.below(2000);
             std::thread::sleep(std::time::Duration::from_millis(up));
-            let down = rng.below(1500);
-            eprintln!(
-                "round {round} (seed {}): SIGKILL after {up} ms up, {down} ms down, {} cycles so far",
-                rng.seed,
-                done.load(Ordering::Relaxed)
-            );
-            dipamd.kill9();
-            std::thread::sleep(std::time::Duration::from_millis(down));
-            dipamd.start_again();
+            eprintln!("{} cycles so far", done.load(Ordering::Relaxed));
+            restart(dipamd, rng, round, up);
         }
         // Traffic on the last dipamd too.
         std::thread::sleep(std::time::Duration::from_millis(1000));

@@ -407,6 +407,8 @@ fn a_containerd_node_with_20_running_pods_is_adopted_and_no_pod_loses_its_addres
     let dipamd = Dipamd::start_with(&[
         "--reconcile-interval",
         "1",
+        "--runtime-gc-interval",
+        "1",
         "--reconcile-free",
         "--gc-grace",
         "1",

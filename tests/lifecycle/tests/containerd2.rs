@@ -17,10 +17,20 @@ use dipam_lifecycle::{
     containerd::{Build, Pod},
     peers::Peer,
     require, require_peers,
-    shapes::{Seeded, churn_while_killing, retry, shipped_unit_setpriv},
+    shapes::{Seeded, churn_while_killing, churn_while_upgrading, retry, shipped_unit_setpriv},
     unique,
 };
 use serde_json::Value;
+
+/// How a bench's dipamd runs the runtime-aware GC.
+#[derive(Clone, Copy)]
+enum Gc {
+    Off,
+    /// On, with passes only when the test asks (`dipamctl gc --from-runtime`), no grace.
+    Manual,
+    /// On, as shipped: `--gc-grace` and `--runtime-gc-interval` at their defaults.
+    Shipped,
+}
 
 /// A dipamd with an agent (role `router`) and a private containerd 2 using its conflist at
 /// cniVersion 1.1.0. Fields drop in order: containerd first, so its last DELs reach dipamd.
@@ -31,6 +41,11 @@ struct Bench {
 
 impl Bench {
     fn new(peers: &[Peer], conflist: &str, flags: &[&str], cri: bool) -> Self {
+        let gc = if cri { Gc::Manual } else { Gc::Off };
+        Self::with_gc(peers, conflist, flags, gc)
+    }
+
+    fn with_gc(peers: &[Peer], conflist: &str, flags: &[&str], gc: Gc) -> Self {
         let cd = Containerd::start_build(Build::from_peers(peers));
         // A ptp that takes 1.1.0 (Debian's 1.1.1 refuses it), when IPAM mode needs one.
         if let Some(ptp) = peers.iter().find(|p| p.name == "ptp") {
@@ -42,14 +57,21 @@ impl Bench {
         let spool = lab.dipamd.dir.path().join("elsewhere/spool");
         let spool = spool.display().to_string();
         let endpoint = format!("unix://{}", cd.socket().display());
-        let mut all = vec!["--spool-dir", spool.as_str(), "--gc-grace", "0"];
-        if cri {
-            all.extend([
+        let mut all = vec!["--spool-dir", spool.as_str()];
+        match gc {
+            Gc::Off => all.extend(["--gc-grace", "0"]),
+            Gc::Manual => all.extend([
+                "--gc-grace",
+                "0",
                 "--cri-endpoint",
                 endpoint.as_str(),
                 "--reconcile-interval",
                 "3600",
-            ]);
+                "--runtime-gc-interval",
+                "3600",
+            ]),
+            // As the shipped unit and DaemonSet run it: the endpoint, every default kept.
+            Gc::Shipped => all.extend(["--cri-endpoint", endpoint.as_str()]),
         }
         all.extend_from_slice(flags);
         lab.set_roles("router", &all);
@@ -269,4 +291,198 @@ fn sigkill_mid_traffic_converges_and_leaks_nothing() {
     assert!(b.cd.list_pods().unwrap().is_empty(), "sandboxes left");
     b.lab.assert_converged(1, &format!("seed {}", rng.seed));
     watch.finish_across_restarts();
+}
+
+/// Upgrades fail no pod (docs/cfp.md §8.4): while containerd 2 runs, stops and removes pods
+/// through CRI, dipamd is upgraded 10 times as a package upgrade or a DaemonSet's rolling
+/// update does it (new binary installed, SIGTERM, start), under the shipped unit's
+/// restrictions with an agent watching. No CRI call fails (nothing is retried here, unlike
+/// the SIGKILL test above), containerd's NetworkReady (its CNI STATUS) never turns false,
+/// the agent's router keeps its address, and nothing is left behind.
+#[test]
+fn ten_upgrades_fail_no_pod_call() {
+    require!(dipam_lifecycle::containerd::unavailable());
+    let peers = require_peers!("containerd", "ctr", "containerd-shim-runc-v2");
+    let mut b = Bench::new(
+        &peers,
+        "dipam-host-local-1.1.0.conflist",
+        &["--shutdown-timeout", "3"],
+        false,
+    );
+    let mut rng = Seeded::new("containerd2 ten_upgrades_fail_no_pod_call");
+    let router = b.lab.addresses();
+    let watch = b.lab.watch();
+    let failed = std::sync::Mutex::new(Vec::new());
+    let Bench { cd, lab } = &mut b;
+    let cd = &*cd;
+    let note = |what: &str, r: Result<(), String>| {
+        if let Err(e) = r {
+            failed.lock().unwrap().push(format!("{what}: {e}"));
+        }
+    };
+    let cycle = |i: u32| {
+        let name = unique("upgrade");
+        match cd.run_pod(&name) {
+            Ok(pod) => {
+                note(
+                    "StopPodSandbox",
+                    cd.stop_pod(&pod.id).map_err(|e| e.to_string()),
+                );
+                note(
+                    "RemovePodSandbox",
+                    cd.remove_pod(&pod.id).map_err(|e| e.to_string()),
+                );
+            }
+            Err(e) => note(&format!("RunPodSandbox {name}"), Err(e.to_string())),
+        }
+        if i.is_multiple_of(2) {
+            let ready = cd.network_ready().map_err(|e| e.to_string());
+            note(
+                "NetworkReady",
+                ready.and_then(|(ok, why)| if ok { Ok(()) } else { Err(why) }),
+            );
+        }
+    };
+    let cycles = churn_while_upgrading(
+        &mut lab.dipamd,
+        &mut rng,
+        10,
+        Duration::from_secs(8),
+        &cycle,
+    );
+    let failed = failed.into_inner().unwrap();
+    eprintln!("{cycles} pod cycles across 10 upgrades (seed {})", rng.seed);
+    assert!(cycles >= 10, "too few pods to mean anything: {cycles}");
+    assert!(
+        failed.is_empty(),
+        "{} calls failed (seed {}):\n{failed:#?}\n{}",
+        failed.len(),
+        rng.seed,
+        b.lab.dipamd.log()
+    );
+    b.lab.wait_ready(1);
+    assert_eq!(b.lab.addresses(), router, "seed {}", rng.seed);
+    assert!(b.cd.list_pods().unwrap().is_empty(), "sandboxes left");
+    b.lab.assert_converged(1, &format!("seed {}", rng.seed));
+    watch.finish_across_restarts();
+}
+
+/// The leak bound (docs/cfp.md §7.4): on containerd 2, which never sends a CNI GC, an address
+/// whose pod is gone is freed within this, by the runtime-aware GC as shipped.
+const LEAK_BOUND: Duration = Duration::from_secs(60);
+
+/// Waits until no pod record of `b`'s network but `keep`'s is left; returns how long it took,
+/// or panics past [`LEAK_BOUND`] with the ledger and dipamd's log.
+#[track_caller]
+fn freed_within_bound(b: &Bench, keep: &[&str], since: Instant, what: &str) -> Duration {
+    loop {
+        let left: Vec<_> = b
+            .lab
+            .ledger()
+            .into_iter()
+            .filter(|(id, _)| !id.starts_with("dipam-") && !keep.contains(&id.as_str()))
+            .collect();
+        if left.is_empty() {
+            return since.elapsed();
+        }
+        assert!(
+            since.elapsed() < LEAK_BOUND,
+            "{what}: {left:?} still held {:?} after the pod went\n{}",
+            LEAK_BOUND,
+            b.lab.dipamd.log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// The running pod `stays` kept `ip`, the agent's router kept its address (`router`), the
+/// ledger agrees with host-local; then, the bench's own conflist back, the last pod goes and
+/// only the router is left.
+#[track_caller]
+fn nothing_live_was_freed(
+    b: &Bench,
+    stays: &Pod,
+    ip: &str,
+    router: &[(String, String, String, String)],
+) {
+    assert_eq!(b.address_of(stays), ip);
+    assert_eq!(b.lab.addresses(), router);
+    b.lab.assert_agree();
+    b.cd.set_conflist(&b.lab.fx.list);
+    b.cd.stop_pod(&stays.id).unwrap();
+    b.cd.remove_pod(&stays.id).unwrap();
+    b.lab.assert_converged(1, "after the last pod");
+}
+
+/// A chained plugin that fails both ADD and DEL (containerd/containerd#12130's shape): the
+/// sandbox's RunPodSandbox fails after dipam's ADD succeeded, containerd's teardown DEL stops
+/// at the failing plugin and never reaches dipam, and containerd drops the sandbox. With the
+/// runtime-aware GC as shipped, its address is freed within 60 s, while a running pod and the
+/// agent's router keep theirs.
+#[test]
+fn a_chained_plugin_failing_add_and_del_leaks_nothing_past_60_s() {
+    require!(dipam_lifecycle::containerd::unavailable());
+    let peers = require_peers!("containerd", "ctr", "containerd-shim-runc-v2");
+    let b = Bench::with_gc(&peers, "dipam-host-local-1.1.0.conflist", &[], Gc::Shipped);
+    let router = b.lab.addresses();
+    let stays = b.cd.run_pod("stays").unwrap();
+    let ip_stays = b.address_of(&stays);
+    let bin = tempfile::tempdir().unwrap();
+    let failing = bin.path().join("fails-add-and-del");
+    std::fs::write(
+        &failing,
+        "#!/bin/sh\ncat >/dev/null\ncase \"$CNI_COMMAND\" in\n\
+         VERSION) echo '{\"cniVersion\":\"1.1.0\",\"supportedVersions\":[\"1.0.0\",\"1.1.0\"]}' ;;\n\
+         ADD|DEL) echo '{\"cniVersion\":\"1.1.0\",\"code\":999,\"msg\":\"chained plugin fails\"}'; exit 1 ;;\n\
+         esac\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &failing,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    b.cd.use_plugin("fails-add-and-del", &failing);
+    let mut chained = b.lab.fx.list.clone();
+    chained["plugins"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"type": "fails-add-and-del"}));
+    b.cd.set_conflist(&chained);
+    let e = b.cd.run_pod("fails").unwrap_err();
+    let since = Instant::now();
+    assert!(e.message().contains("chained plugin fails"), "{e}");
+    assert!(
+        b.lab.ledger().len() >= 3,
+        "dipam's ADD of the failed sandbox is recorded: {:?}",
+        b.lab.ledger()
+    );
+    let took = freed_within_bound(&b, &[stays.id.as_str()], since, "containerd#12130");
+    eprintln!("the failed sandbox's address was freed {took:?} after RunPodSandbox failed");
+    nothing_live_was_freed(&b, &stays, &ip_stays, &router);
+}
+
+/// The conflist swapped under running pods: containerd's DELs of a removed sandbox go to the
+/// new network, and the old network's attachment would stay forever. With the runtime-aware
+/// GC as shipped it is freed within 60 s of the sandbox's removal; the pod still running on
+/// the old network keeps its address.
+#[test]
+fn a_conflist_swapped_under_running_pods_leaks_nothing_past_60_s() {
+    require!(dipam_lifecycle::containerd::unavailable());
+    let peers = require_peers!("containerd", "ctr", "containerd-shim-runc-v2");
+    let b = Bench::with_gc(&peers, "dipam-host-local-1.1.0.conflist", &[], Gc::Shipped);
+    let router = b.lab.addresses();
+    let stays = b.cd.run_pod("stays").unwrap();
+    let leaks = b.cd.run_pod("leaks").unwrap();
+    let ip_stays = b.address_of(&stays);
+    b.address_of(&leaks);
+    let subnet_b = dipam_lifecycle::Subnet::claim("10.77");
+    let fx_b = b.lab.fx.clone().unique_name().with_subnet(&subnet_b.cidr);
+    b.cd.set_conflist(&fx_b.list);
+    b.cd.stop_pod(&leaks.id).unwrap();
+    b.cd.remove_pod(&leaks.id).unwrap();
+    let since = Instant::now();
+    let took = freed_within_bound(&b, &[stays.id.as_str()], since, "conflist swap");
+    eprintln!("the swapped-out sandbox's address was freed {took:?} after its removal");
+    nothing_live_was_freed(&b, &stays, &ip_stays, &router);
 }

@@ -13,7 +13,8 @@ use dipam_lifecycle::{Lab, daemon::socket_gone, require_root, runtime::result_ip
 #[test]
 fn daemon_down_add_is_11_and_nothing_leaks() {
     require_root!();
-    let mut lab = Lab::new("ptp-dipam-host-local.conflist");
+    // dipamd stays down: each call fails once the plugin's wait for it ends.
+    let mut lab = Lab::new("ptp-dipam-host-local.conflist").with_plugin_timeout(2);
     lab.dipamd.kill9();
     let (ns, att) = lab.pod();
     let e = lab.rt.add(lab.list(), &att).unwrap_err();
@@ -211,7 +212,7 @@ fn dipamctl_without_daemon_explains() {
 fn killed_mid_add_is_released_at_the_next_start() {
     require_root!();
     use std::os::unix::fs::PermissionsExt;
-    let mut lab = Lab::new("ptp-dipam-host-local.conflist");
+    let mut lab = Lab::new("ptp-dipam-host-local.conflist").with_plugin_timeout(2);
     let wrappers = tempfile::tempdir().unwrap();
     let slow = wrappers.path().join("slow-host-local");
     // Slow only for ADD, so the VERSION probe is quick and the kill lands during the ADD.

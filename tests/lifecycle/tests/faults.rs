@@ -26,7 +26,10 @@ fn restart_clean(lab: &mut Lab) {
 fn every_add_crash_point_converges() {
     require_root!();
     for point in ["add-after-intent", "add-after-exec", "add-after-commit"] {
-        let mut lab = Lab::with_flags("ptp-dipam-host-local.conflist", &["--crash-at", point]);
+        // The crashed dipamd stays down until the test restarts it: the plugin's wait for it
+        // ends after 2 s.
+        let mut lab = Lab::with_flags("ptp-dipam-host-local.conflist", &["--crash-at", point])
+            .with_plugin_timeout(2);
         let _replay = replay(&lab, "every_add_crash_point_converges", point);
         let (_ns, pod) = lab.pod();
         let e = lab.rt.ipam(lab.list(), 0, "ADD", &pod, None).unwrap_err();
@@ -97,7 +100,8 @@ fn main_mode_crash_between_early_result_and_commit_converges() {
     let mut lab = Lab::with_flags(
         "dipam-host-local-1.1.0.conflist",
         &["--crash-at", "add-before-commit"],
-    );
+    )
+    .with_plugin_timeout(2);
     let _replay = replay(
         &lab,
         "main_mode_crash_between_early_result_and_commit_converges",
@@ -150,7 +154,8 @@ fn every_gc_crash_point_converges() {
     for point in ["gc-after-mark", "gc-before-forget"] {
         let mut flags = gc_flags.to_vec();
         flags.extend(["--crash-at", point]);
-        let mut lab = Lab::with_flags("ptp-dipam-host-local.conflist", &flags);
+        let mut lab =
+            Lab::with_flags("ptp-dipam-host-local.conflist", &flags).with_plugin_timeout(2);
         let _replay = replay(&lab, "every_gc_crash_point_converges", point);
         let list = lab.list().clone();
         let gc = |lab: &Lab, keep: &[&dipam_lifecycle::Attachment]| {

@@ -148,7 +148,12 @@ fn malformed_env_and_stdin_table() {
             6,
         ),
         case("huge config, daemon down", &add, &huge, 7),
-        case("daemon down", &add, OK_CONF, 11),
+        case(
+            "daemon down",
+            &add,
+            &OK_CONF.replace(r#""socketPath""#, r#""timeoutSeconds":1,"socketPath""#),
+            11,
+        ),
     ];
     let mut failures = Vec::new();
     for c in &cases {

@@ -547,7 +547,8 @@ fn status_is_50_while_dipamd_is_down_and_0_once_it_is_up() {
         "dipam-host-local-1.1.0.conflist",
         "ptp-dipam-host-local.conflist",
     ] {
-        let mut lab = Lab::with_flags(conflist, &[]);
+        // dipamd stays down: STATUS fails once the plugin's 2 s wait for it ends.
+        let mut lab = Lab::with_flags(conflist, &[]).with_plugin_timeout(2);
         lab.fx = lab.fx.clone().with_version("1.1.0");
         lab.rt = Runtime::new(peers::cni_path(Plugins::Current));
         let libcni = LibCni::new(peers::cni_path(Plugins::Current));

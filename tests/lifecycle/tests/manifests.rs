@@ -378,7 +378,7 @@ fn flag_value(c: &Value, name: &str) -> Option<String> {
 /// read-only, and, being a directory of the runtime's, with the host's unmounts propagated
 /// (it holds the containers' rootfs mounts, which this pod must not pin). Its type lets
 /// dipamd start on a node where the directory is missing (another runtime): pods' networking
-/// must not depend on the GC. `--reconcile-interval` stays above 0 (dipamd refuses
+/// must not depend on the GC. `--runtime-gc-interval` stays above 0 (dipamd refuses
 /// `--cri-endpoint` without it).
 fn cri_endpoint_and_mount_agree(docs: &[Value]) -> Result<(), String> {
     let pod = &one(docs, "DaemonSet")["spec"]["template"]["spec"];
@@ -391,13 +391,13 @@ fn cri_endpoint_and_mount_agree(docs: &[Value]) -> Result<(), String> {
         .strip_prefix("unix://")
         .filter(|p| p.starts_with('/'))
         .ok_or_else(|| format!("--cri-endpoint {endpoint} is not unix:///PATH"))?;
-    if let Some(every) = flag_value(d, "--reconcile-interval")
+    if let Some(every) = flag_value(d, "--runtime-gc-interval")
         && every
             .parse::<f64>()
             .map_or(true, |s| s.is_nan() || s <= 0.0)
     {
         return Err(format!(
-            "--reconcile-interval {every}: the GC would never run"
+            "--runtime-gc-interval {every}: the GC would never run"
         ));
     }
     let mounts = d["volumeMounts"].as_array().ok_or("no volumeMounts")?;

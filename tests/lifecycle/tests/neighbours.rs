@@ -220,6 +220,8 @@ fn runtime_gc_and_doctor(d: Deployment) {
             &endpoint,
             "--reconcile-interval",
             "3600",
+            "--runtime-gc-interval",
+            "3600",
             "--gc-grace",
             "0",
             "--gc-max-free-share",

@@ -381,7 +381,8 @@ fn a_crash_right_after_a_take_converges_without_double_use() {
         "ptp-dipam-host-local.conflist",
         2,
         &["--crash-at", "pool-after-take"],
-    );
+    )
+    .with_plugin_timeout(2);
     let net = lab.network();
     let ns = NetNs::new();
     let first = Attachment::new(&dipam_lifecycle::unique("first"), &ns.path());

@@ -41,7 +41,7 @@ fn lab(endpoint: &str, interval: &str, grace: &str) -> Lab {
         &[
             "--cri-endpoint",
             endpoint,
-            "--reconcile-interval",
+            "--runtime-gc-interval",
             interval,
             "--gc-grace",
             grace,

@@ -124,7 +124,8 @@ fn del_while_dipamd_is_down_reaches_a_non_default_state_dir_without_spool_dir() 
 #[test]
 fn a_del_that_cannot_be_spooled_fails_with_11_and_a_stray_spool_dir_cannot_divert_one() {
     require_root!();
-    let mut lab = Lab::new(CONFLIST);
+    // A DEL the spool cannot take waits for dipamd: 2 s here, as it stays down.
+    let mut lab = Lab::new(CONFLIST).with_plugin_timeout(2);
     let (_a, a) = lab.pod();
     let ra = lab.rt.ipam(lab.list(), 0, "ADD", &a, None).unwrap();
     lab.dipamd.kill9();
@@ -384,7 +385,7 @@ fn a_spool_published_by_the_previous_dipamd_is_taken_over() {
 #[test]
 fn a_spool_the_plugin_does_not_see_gets_11_not_a_lost_del() {
     require_root!();
-    let mut lab = Lab::new(CONFLIST);
+    let mut lab = Lab::new(CONFLIST).with_plugin_timeout(2);
     let (_a, a) = lab.pod();
     let ra = lab.rt.ipam(lab.list(), 0, "ADD", &a, None).unwrap();
     lab.dipamd.kill9();

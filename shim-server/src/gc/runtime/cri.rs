@@ -2,7 +2,7 @@
 //! the API kubelet uses, on the runtime's unix socket: containerd's
 //! (unix:///run/containerd/containerd.sock) or CRI-O's (unix:///var/run/crio/crio.sock).
 //!
-//! A connection per pass: a pass runs every `--reconcile-interval`, and a runtime that was
+//! A connection per pass: a pass runs every `--runtime-gc-interval`, and a runtime that was
 //! restarted in between is simply reached again. Every step is bounded in time, so a runtime
 //! that hangs is a refusal ("unreachable"), never a pass that never ends.
 

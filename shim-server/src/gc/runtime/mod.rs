@@ -4,7 +4,7 @@
 //! containerd never sends a CNI GC (containerd/containerd#12130 is open; go-cni#131), and
 //! CRI-O sends one only when it starts. An attachment whose DEL went elsewhere (a conflist
 //! changed under a running pod, so the runtime's DEL went to the new network) or never came
-//! stays held forever. So every `--reconcile-interval` dipamd lists the runtime's pod sandboxes
+//! stays held forever. So every `--runtime-gc-interval` dipamd lists the runtime's pod sandboxes
 //! through the CRI API (ListPodSandbox with no filter: every state, ready or not) and collects
 //! what the list no longer names, through the same path as a CNI GC ([`super::collect`]).
 //!
