@@ -1007,7 +1007,7 @@ mod tests {
         assert!(out.ends_with("# EOF\n"), "{out}");
         // Every series has its HELP and TYPE.
         let names = families(&out);
-        assert_eq!(names.len(), 35, "{names:?}");
+        assert_eq!(names.len(), 36, "{names:?}");
         for name in &names {
             assert!(
                 out.contains(&format!("# HELP {name} ")),
