@@ -40,10 +40,24 @@ pub struct DelegateFailure {
     pub stderr: String,
 }
 
+/// What a refused protocol version says. 0 is proto3's default: the field was never set,
+/// which is most often a new client generated from dipam.proto that forgot it, not an old
+/// plugin (every dipam plugin ever released sets it).
+fn protocol_too_old(client: u32, min: u32) -> String {
+    if client == 0 {
+        format!(
+            "the request sets no protocol_version (0): a client built from dipam.proto must \
+             send dipam_proto's PROTOCOL_VERSION (this dipamd serves v{min} and newer)"
+        )
+    } else {
+        format!("plugin protocol v{client} is older than the oldest this dipamd serves (v{min})")
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ShimError {
-    /// The plugin speaks a protocol older than this daemon still serves.
-    #[error("plugin protocol v{client} is older than the oldest this dipamd serves (v{min})")]
+    /// The plugin speaks a protocol older than this daemon still serves, or (0) set none.
+    #[error("{}", protocol_too_old(*client, *min))]
     ProtocolTooOld { client: u32, min: u32 },
     /// A CNI_* value that the plugin should have rejected (defence in depth: these become
     /// ledger keys and delegate arguments).
@@ -455,6 +469,17 @@ mod tests {
             .into_reply()
             .unwrap_err();
         assert_eq!(s.code(), tonic::Code::FailedPrecondition);
+        assert!(
+            s.message()
+                .starts_with("the request sets no protocol_version (0)"),
+            "{}",
+            s.message()
+        );
+        let older = ShimError::ProtocolTooOld { client: 1, min: 2 }.to_string();
+        assert_eq!(
+            older,
+            "plugin protocol v1 is older than the oldest this dipamd serves (v2)"
+        );
     }
 
     #[test]

@@ -53,6 +53,8 @@ pub enum Event<'a> {
     },
     /// A DEL older than the last ADD of its key, ignored (F4).
     StaleDel,
+    /// A DEL of a container dipamd holds on another network only (crossed.rs).
+    CrossedDel,
     /// An operation interrupted by a crash, released at start.
     IntentReplayed,
     /// GC freed attachments.

@@ -36,6 +36,8 @@ pub mod delegate;
 // Layer clients: each a handle and its work on the core.
 pub mod adopt;
 pub mod agent;
+// DELs of containers held on another network only (a swapped conflist).
+pub mod crossed;
 pub mod divergence;
 pub mod gc;
 pub mod liveness;

@@ -74,6 +74,7 @@ pub struct Metrics {
     exec_duration: Family<L2, Histogram, Buckets>,
     ledger_duration: Histogram,
     stale_dels: Counter,
+    crossed_dels: Counter,
     pool: PoolSeries,
     attachments: Family<L2, Gauge>,
     agent_addresses: Family<L1, Gauge>,
@@ -481,6 +482,13 @@ impl Metrics {
                 "DELs older than the last ADD of their attachment, ignored.",
                 Counter::default(),
             ),
+            crossed_dels: reg(
+                &mut r,
+                "dipam_crossed_dels_total",
+                "DELs of a container held on another network only (a conflist swapped under \
+                 running pods).",
+                Counter::default(),
+            ),
             attachments: reg(
                 &mut r,
                 "dipam_attachments",
@@ -693,6 +701,9 @@ impl Observer for Metrics {
             }
             Event::StaleDel => {
                 self.stale_dels.inc();
+            }
+            Event::CrossedDel => {
+                self.crossed_dels.inc();
             }
             Event::IntentReplayed => {
                 self.intents_replayed.inc();
@@ -1041,6 +1052,7 @@ mod tests {
             "\ndipam_gc_freed_total 2\n",
             "\ndipam_gc_refused_total 0\n",
             "\ndipam_stale_dels_total 0\n",
+            "\ndipam_crossed_dels_total 0\n",
             "\ndipam_spool_depth 7\n",
             "\ndipam_ledger_writable 1\n",
             "\ndipam_divergence_missing 1\n",
@@ -1078,7 +1090,7 @@ mod tests {
         assert!(out.ends_with("# EOF\n"), "{out}");
         // Every series has its HELP and TYPE.
         let names = families(&out);
-        assert_eq!(names.len(), 38, "{names:?}");
+        assert_eq!(names.len(), 39, "{names:?}");
         for name in &names {
             assert!(
                 out.contains(&format!("# HELP {name} ")),

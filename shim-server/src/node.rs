@@ -40,6 +40,8 @@ pub struct Node {
     /// The delegate's own STATUS answers, briefly remembered: containerd 2.x calls STATUS on
     /// every kubelet status poll, and each answer costs a delegate exec.
     pub status_cache: Mutex<HashMap<String, (Instant, Option<String>)>>,
+    /// DELs of containers held on another network only (crossed.rs), for doctor.
+    pub crossed: Arc<crate::crossed::Crossed>,
     pub started: Instant,
     /// Deletes the pod veths main-mode DELs retired (teardown.rs); set by the daemon, absent
     /// in tests that run without netlink.
@@ -78,6 +80,7 @@ impl Node {
             pool: Arc::default(),
             misconfigured: Arc::default(),
             status_cache: Mutex::new(HashMap::new()),
+            crossed: Arc::default(),
             started: Instant::now(),
             teardown: Arc::default(),
             denials,

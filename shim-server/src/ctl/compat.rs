@@ -33,7 +33,8 @@ use serde_json::Value;
 /// a plugin that hangs, and `install` must not hang with it.
 const VERSION_TIMEOUT: Duration = Duration::from_secs(5);
 
-const FORCE_HINT: &str = "(--force installs it anyway)";
+const FORCE_HINT: &str = "(--force=CHECK installs it anyway, CHECK naming what to override: \
+                          cni-version, missing or chaining; --force alone overrides all three)";
 
 /// The dipam plugin's type, never probed: it takes every version dipam supports.
 const DIPAM: &str = "dipam";
@@ -84,13 +85,14 @@ pub enum Problem {
         dirs: Vec<PathBuf>,
     },
     #[error(
-        "{runtime} {found} is installed ({path}): {why}, so every pod's ADD would fail at \
-         cniVersion {version}"
+        "{runtime} {found} reads this conf dir ({path}; {reads}): {why}, so every pod's ADD \
+         would fail at cniVersion {version}"
     )]
     Runtime {
         runtime: &'static str,
         found: String,
         path: PathBuf,
+        reads: String,
         why: &'static str,
         version: String,
         /// The highest version it takes.
@@ -159,29 +161,67 @@ impl std::error::Error for Refusal {}
 /// `dipamctl install`'s flags for these checks.
 #[derive(Debug, Clone, clap::Args)]
 pub struct NodeCheckArgs {
-    /// Install the conflist even when its cniVersion is one a chained plugin or a container
-    /// runtime on this node cannot take, or its delegate IPAM is not installed (the reasons
-    /// are then printed as a warning).
-    #[arg(long)]
-    force: bool,
+    /// Install the conflist despite the checks named (comma-separated): `cni-version` (a
+    /// chained plugin, or a runtime that reads --conf-dir, cannot take its cniVersion),
+    /// `missing` (a chained plugin or the delegate IPAM is not installed, or does not
+    /// answer VERSION), `chaining` (an interface plugin after dipam as the main plugin).
+    /// `--force` alone overrides all three. What was overridden is printed as a warning;
+    /// every check not named still refuses.
+    #[arg(
+        long,
+        value_name = "CHECKS",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "all",
+        value_delimiter = ','
+    )]
+    force: Vec<Force>,
     /// Where the conflist's plugins and its delegate IPAM are looked for, besides
     /// --cni-bin-dir: dipamd's --cni-path (colon-separated).
     #[arg(long, value_name = "DIRS", default_value = DEFAULT_CNI_PATH)]
     cni_path: String,
 }
 
+/// A check `--force` overrides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Force {
+    /// Every check.
+    All,
+    /// A chained plugin or a runtime that cannot take the cniVersion.
+    CniVersion,
+    /// A plugin or the delegate that is not installed or does not answer.
+    Missing,
+    /// An interface plugin after dipam as the main plugin.
+    Chaining,
+}
+
+impl Problem {
+    /// The check this problem fails, as `--force` names it.
+    fn check(&self) -> Force {
+        match self {
+            Self::PluginVersion { .. } | Self::Runtime { .. } => Force::CniVersion,
+            Self::PluginUnanswered { .. } | Self::NotInstalled { .. } => Force::Missing,
+            Self::InterfaceAfterMainMode { .. } => Force::Chaining,
+        }
+    }
+}
+
 /// dipamd's default --cni-path, where it looks for delegates.
 pub const DEFAULT_CNI_PATH: &str = "/opt/cni/bin:/usr/lib/cni";
 
 impl NodeCheckArgs {
-    /// The check, with the runtimes found in `path` (the PATH of dipamctl's environment).
-    pub fn resolve(self, path: Option<String>) -> NodeCheck {
+    /// The check, with the runtimes that read `conf_dir`: running, or installed in `path`
+    /// (the PATH of dipamctl's environment) (conf_readers.rs).
+    pub fn resolve(self, path: Option<String>, conf_dir: &Path) -> NodeCheck {
+        let host = super::conf_readers::Host::default();
         NodeCheck {
             force: self.force,
             dirs: std::env::split_paths(&self.cni_path).collect(),
-            runtimes: path
-                .map(|p| find_runtimes(OsStr::new(&p)))
-                .unwrap_or_default(),
+            runtimes: super::conf_readers::readers(
+                conf_dir,
+                OsStr::new(path.as_deref().unwrap_or_default()),
+                &host,
+            ),
         }
     }
 }
@@ -189,7 +229,8 @@ impl NodeCheckArgs {
 /// The checks `install` makes of a conflist on this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeCheck {
-    pub force: bool,
+    /// The checks `--force` overrides.
+    pub force: Vec<Force>,
     /// Where plugins are looked for after the CNI bin directory.
     pub dirs: Vec<PathBuf>,
     pub runtimes: Vec<Runtime>,
@@ -200,10 +241,18 @@ impl NodeCheck {
     pub fn run(&self, conflist: &[u8], cni_bin_dir: &Path) -> Result<Option<String>, Refusal> {
         let mut dirs = vec![cni_bin_dir.to_owned()];
         dirs.extend(self.dirs.iter().filter(|d| *d != cni_bin_dir).cloned());
+        let forced = |p: &Problem| {
+            self.force
+                .iter()
+                .any(|f| *f == Force::All || *f == p.check())
+        };
         match check(conflist, &dirs, &self.runtimes) {
             Ok(()) => Ok(None),
-            // The hint to use --force, which was used.
-            Err(r) if self.force => Ok(Some(r.to_string().replace(&format!("\n{FORCE_HINT}"), ""))),
+            // Every problem overridden: the refusal becomes the warning (without the hint to
+            // use --force, which was used).
+            Err(r) if r.problems.iter().all(forced) => {
+                Ok(Some(r.to_string().replace(&format!("\n{FORCE_HINT}"), "")))
+            }
             Err(r) => Err(r),
         }
     }
@@ -218,47 +267,76 @@ pub struct Runtime {
     /// The highest cniVersion whose result it parses; `None`: every version dipam speaks.
     pub max: Option<&'static str>,
     pub why: &'static str,
+    /// How it is known to read the conf dir (conf_readers.rs).
+    pub reads: String,
 }
 
-/// The runtimes in `path` (a PATH value) that dipam knows the limits of: containerd before 2
-/// and podman 4 are built on libcni v1.1, which cannot parse a 1.1.0 result
-/// (docs/sources.md §1, §16).
-pub fn find_runtimes(path: &OsStr) -> Vec<Runtime> {
-    let mut found = Vec::new();
-    for (name, major_ok, why) in [
-        (
-            "containerd",
-            2,
-            "containerd before 2.0 (libcni v1.1) cannot parse a 1.1.0 result",
-        ),
-        (
-            "podman",
-            5,
-            "podman 4 (libcni v1.1, its CNI backend) cannot parse a 1.1.0 result",
-        ),
-    ] {
-        let Some(bin) = std::env::split_paths(path)
-            .map(|d| d.join(name))
+impl Runtime {
+    /// With how it is known to read the conf dir.
+    pub fn reading(mut self, reads: String) -> Self {
+        self.reads = reads;
+        self
+    }
+}
+
+/// The runtimes dipam knows the cniVersion limits of: containerd before 2 and podman 4 are
+/// built on libcni v1.1, which cannot parse a 1.1.0 result (docs/sources.md §1, §16).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuntimeKind {
+    Containerd,
+    Podman,
+}
+
+impl RuntimeKind {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Containerd => "containerd",
+            Self::Podman => "podman",
+        }
+    }
+
+    /// Its binary in `path` (a PATH value), if installed there.
+    pub fn in_path(self, path: &OsStr) -> Option<PathBuf> {
+        std::env::split_paths(path)
+            .map(|d| d.join(self.name()))
             .find(|p| is_executable(p))
-        else {
-            continue;
+    }
+
+    /// The runtime `run --version` says it is, shown as `path`; `None` when it does not say.
+    pub fn judge(self, run: &Path, path: &Path) -> Option<Runtime> {
+        let (major_ok, why) = match self {
+            Self::Containerd => (
+                2,
+                "containerd before 2.0 (libcni v1.1) cannot parse a 1.1.0 result",
+            ),
+            Self::Podman => (
+                5,
+                "podman 4 (libcni v1.1, its CNI backend) cannot parse a 1.1.0 result",
+            ),
         };
-        let Some(version) = runtime_version(&bin) else {
-            continue;
-        };
+        let version = runtime_version(run)?;
         let major = version
             .split('.')
             .next()
             .and_then(|m| m.parse::<u32>().ok());
-        found.push(Runtime {
-            name,
+        Some(Runtime {
+            name: self.name(),
             max: major.filter(|m| *m < major_ok).map(|_| "1.0.0"),
             version,
-            path: bin,
+            path: path.to_owned(),
             why,
-        });
+            reads: String::new(),
+        })
     }
-    found
+}
+
+/// The runtimes installed in `path` (a PATH value) that dipam knows the limits of, whatever
+/// directory they read (conf_readers.rs chooses among them).
+pub fn find_runtimes(path: &OsStr) -> Vec<Runtime> {
+    [RuntimeKind::Containerd, RuntimeKind::Podman]
+        .into_iter()
+        .filter_map(|k| k.in_path(path).and_then(|bin| k.judge(&bin, &bin)))
+        .collect()
 }
 
 /// `containerd --version` prints "containerd github.com/containerd/containerd 1.6.20~ds1 …"
@@ -485,6 +563,7 @@ pub fn check(conflist: &[u8], dirs: &[PathBuf], runtimes: &[Runtime]) -> Result<
                 runtime: r.name,
                 found: r.version.clone(),
                 path: r.path.clone(),
+                reads: r.reads.clone(),
                 why: r.why,
                 version: version.clone(),
                 max,
@@ -623,6 +702,7 @@ mod tests {
             path: "/usr/bin/containerd".into(),
             max: Some("1.0.0"),
             why: "old",
+            reads: "runs as pid 1".into(),
         };
         let r = check(&main_mode("1.1.0", ""), &dirs, std::slice::from_ref(&old)).unwrap_err();
         assert_eq!(r.use_version.as_deref(), Some("1.0.0"));

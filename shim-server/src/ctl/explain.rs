@@ -12,8 +12,11 @@ use super::{error::CtlError, output};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The container ID (CNI_CONTAINERID), or a Kubernetes pod as NAMESPACE/NAME (for
-    /// attachments a CRI runtime made, which carry the pod's name).
+    /// What names the container: its ID (CNI_CONTAINERID) or a unique prefix of it (as
+    /// crictl prints them, 4 characters at least); a Kubernetes pod as NAMESPACE/NAME (for
+    /// attachments a CRI runtime made, which carry the pod's name); or an IP address (the
+    /// container that holds it now, else the last one the history shows it given to, and
+    /// every earlier one).
     container_id: String,
 }
 
@@ -23,15 +26,21 @@ pub async fn run(
     json: bool,
     out: &mut dyn Write,
 ) -> Result<(), CtlError> {
-    let container_id = args.container_id;
+    let asked = args.container_id;
     let r = AdminClient::new(channel)
         .explain(ExplainRequest {
             protocol_version: dipam_proto::PROTOCOL_VERSION,
-            container_id: container_id.clone(),
+            container_id: asked.clone(),
         })
         .await
         .map_err(CtlError::Rpc)?
         .into_inner();
+    // What the IP, prefix or pod name resolved to (an older dipamd leaves it empty).
+    let container_id = if r.container_id.is_empty() {
+        asked.clone()
+    } else {
+        r.container_id.clone()
+    };
     let events: Vec<serde_json::Value> = r
         .events
         .iter()
@@ -41,7 +50,9 @@ pub async fn run(
     // must not take an empty answer for "this container is fine".
     if r.attachments.is_empty() && events.is_empty() {
         return Err(CtlError::Failed(format!(
-            "dipamd knows nothing of container {container_id:?}: no attachment in the ledger              and no history (the history keeps the last requests of each container;              `dipamctl attachments` lists the ledger's)"
+            "dipamd knows nothing of container {container_id:?}: no attachment in the ledger \
+             and no history (the history keeps the last requests of each container; \
+             `dipamctl attachments` lists the ledger's)"
         )));
     }
     if json {
@@ -55,6 +66,7 @@ pub async fn run(
 fn to_json(container_id: &str, r: &ExplainReply, events: Vec<Value>) -> Value {
     json!({
         "containerID": container_id,
+        "earlierHolders": r.earlier_holders,
         "attachments": r.attachments.iter().map(|a| json!({
             "network": a.network, "ifname": a.ifname, "owner": a.owner,
             "state": a.state, "ips": a.ips, "delegate": a.delegate_type,
@@ -84,6 +96,13 @@ fn table(
     out: &mut dyn Write,
 ) -> std::io::Result<()> {
     writeln!(out, "container {container_id}")?;
+    if !r.earlier_holders.is_empty() {
+        writeln!(
+            out,
+            "  the history shows the address given to: {}",
+            r.earlier_holders.join(", ")
+        )?;
+    }
     if r.attachments.is_empty() {
         writeln!(out, "  no attachment in the ledger now")?;
     }

@@ -20,7 +20,9 @@ pub mod atomic;
 pub mod attachments;
 pub mod client;
 pub mod compat;
+// Which runtimes read a CNI conf dir (compat.rs judges the conflist by them).
 pub mod completions;
+pub mod conf_readers;
 pub mod doctor;
 pub mod error;
 pub mod explain;

@@ -166,10 +166,28 @@ fn allocated(r: &RangeStatus) -> u64 {
     r.pods + r.agent + r.pool + r.orphans.unwrap_or(0)
 }
 
+/// A count of addresses as an operator reads it: an IPv6 /64 holds 2^64 - 2 addresses a
+/// pod can get, which printed whole (18446744073709551614) reads as noise. Counts past
+/// 2^32 are written as the power of two they sit just under, or rounded.
+fn count(n: u64) -> String {
+    if n < 1 << 32 {
+        return n.to_string();
+    }
+    let bits = 64 - n.leading_zeros();
+    let gap = (1u128 << bits) - u128::from(n);
+    match gap {
+        0 => format!("2^{bits}"),
+        1..=16 => format!("2^{bits}-{gap}"),
+        // Just above a power of two (a /63 less its reserved addresses is below 2^64 too).
+        _ if n.is_power_of_two() => format!("2^{}", bits - 1),
+        _ => format!("~{:.2e}", n as f64),
+    }
+}
+
 /// `net1 ipv4: 5/253 allocated (3 pods, 1 agent, 0 pool, 1 orphan), 248 free; 10.1.0.2-10.1.0.254`
 fn range_line(r: &RangeStatus) -> String {
     let held = match r.size {
-        Some(size) => format!("{}/{size} allocated", allocated(r)),
+        Some(size) => format!("{}/{} allocated", allocated(r), count(size)),
         None => format!("{} allocated", allocated(r)),
     };
     let mut who = format!("{} pod, {} agent, {} pool", r.pods, r.agent, r.pool);
@@ -178,7 +196,7 @@ fn range_line(r: &RangeStatus) -> String {
     }
     let mut line = format!("{} {}: {held} ({who})", r.network, r.family);
     if let Some(free) = r.free {
-        line.push_str(&format!(", {free} free"));
+        line.push_str(&format!(", {} free", count(free)));
     }
     if r.size.is_some() {
         line.push_str(&format!("; {}", r.ranges.join(", ")));
@@ -374,4 +392,21 @@ fn warm_pool(s: &StatusReply, out: &mut dyn Write) -> std::io::Result<()> {
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::count;
+
+    #[test]
+    fn counts_read_as_an_operator_would() {
+        assert_eq!(count(253), "253");
+        assert_eq!(count((1 << 32) - 1), "4294967295");
+        // An IPv6 /64 less host-local's two reserved addresses.
+        assert_eq!(count(u64::MAX - 1), "2^64-2");
+        assert_eq!(count(u64::MAX), "2^64-1");
+        assert_eq!(count(1 << 40), "2^40");
+        assert_eq!(count((1 << 40) - 2), "2^40-2");
+        assert_eq!(count((1 << 40) + 12345), "~1.10e12");
+    }
 }

@@ -43,7 +43,14 @@ pub async fn run(
             node.core.bury(&p.key, p.issued.clone());
             return Ok(Released::default());
         }
-        None => {}
+        // A root DEL of a key the ledger does not hold: seen at once when dipamd holds the
+        // container on another network (a conflist swapped under running pods), unless it
+        // repeats a DEL of this key that already released it (a runtime's retry).
+        None => {
+            if node.core.tombstone(&p.key).is_none() {
+                node.crossed.look(&node.core, &p.key);
+            }
+        }
     }
     let issued = p.issued.clone();
     if let Some(rec) = &existing

@@ -340,6 +340,43 @@ fn a_taken_requested_ip_is_refused_naming_the_holder() {
     lab.rt.ipam(&lab.fx.list, 0, "DEL", &pod, None).unwrap();
 }
 
+/// A claim the network cannot give says why in dipam's words and names the fix that applies
+/// to a claim: a requested IP outside every range names the range (host-local's own text
+/// names neither), and a v6 claim on a v4-only network names the claim, not
+/// `--agent-families` (which configures the roles only). Nothing is held for either.
+#[test]
+fn an_impossible_claim_names_the_range_and_the_fix() {
+    require_root!();
+    let lab = lab("ptp-dipam-host-local.conflist", "router", &[], None);
+    lab.wait_ready(1);
+    let before = lab.delegate_store();
+
+    let (ok, v, _) = agent(&lab, &["claim", "far", "--ip", "192.0.2.77"]);
+    assert!(!ok, "{v:#}");
+    let msg = v["claim"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("requested IP 192.0.2.77 is outside the network's ranges")
+            && msg.contains(&lab.subnet.cidr)
+            && msg.contains("claim \"far\""),
+        "{msg}"
+    );
+
+    let (ok, v, _) = agent(&lab, &["claim", "six", "--family", "ipv6"]);
+    assert!(!ok, "{v:#}");
+    let msg = v["claim"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("no ipv6 range") && msg.contains("claim \"six\" asks for an ipv6 address"),
+        "{msg}"
+    );
+    assert!(!msg.contains("--agent-families"), "{msg}");
+    assert_eq!(
+        lab.delegate_store(),
+        before,
+        "an impossible claim allocated"
+    );
+    lab.assert_agree();
+}
+
 fn block_on<F: std::future::Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()

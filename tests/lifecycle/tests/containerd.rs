@@ -418,15 +418,17 @@ fn containerd_cni_versions() {
     }
     // Main mode at 1.1.0 (in IPAM mode Debian's ptp 1.1.1 refuses a 1.1.0 config first),
     // installed as a node installs it: `dipamctl install` into the running containerd's
-    // conf_dir refuses it, naming containerd 1.6 and the version to use; with --force it
-    // installs it, and containerd picks it up and fails exactly as the refusal said.
+    // conf_dir refuses it, naming containerd 1.6 (found running with this conf_dir, from its
+    // own config) and the version to use; --force=chaining names another check and still
+    // refuses; --force=cni-version installs it, and containerd picks it up and fails exactly
+    // as the refusal said.
     let lab = Lab::new(Mode::Main.conflist()).with_version("1.1.0");
     for e in std::fs::read_dir(cd.conf_dir()).unwrap().flatten() {
         std::fs::remove_file(e.path()).unwrap();
     }
     let src = lab.dipamd.dir.path().join("v110.conflist");
     std::fs::write(&src, serde_json::to_vec_pretty(lab.list()).unwrap()).unwrap();
-    let install = |force: bool| {
+    let install = |force: Option<&str>| {
         let mut cmd = Command::new(dipam_lifecycle::bins::bin("dipamctl"));
         cmd.arg("install")
             .arg("--cni-bin-dir")
@@ -438,22 +440,34 @@ fn containerd_cni_versions() {
             .arg("--no-man-pages")
             // The runtime is found in PATH, as on a node: this one's containerd 1.6.
             .env("PATH", runtime_path(cd.build()));
-        if force {
-            cmd.arg("--force");
-        }
+        cmd.args(force);
         cmd.output().unwrap()
     };
-    let out = install(false);
+    let out = install(None);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "refused: {stderr}");
     assert!(
         stderr.contains("containerd 1.6") && stderr.contains("\"cniVersion\": \"1.0.0\""),
         "the refusal names containerd 1.6 and the version to use: {stderr}"
     );
+    assert!(
+        stderr.contains("reads this conf dir") && stderr.contains("runs as pid"),
+        "the refusal says how containerd 1.6 is known to read the conf dir: {stderr}"
+    );
     assert_eq!(std::fs::read_dir(cd.conf_dir()).unwrap().count(), 0);
-    let out = install(true);
+    let out = install(Some("--force=chaining"));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "--force=chaining overrode the cniVersion check"
+    );
+    assert_eq!(std::fs::read_dir(cd.conf_dir()).unwrap().count(), 0);
+    let out = install(Some("--force=cni-version"));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "dipamctl install --force: {stderr}");
+    assert!(
+        out.status.success(),
+        "dipamctl install --force=cni-version: {stderr}"
+    );
     assert!(
         stderr.contains("warning") && stderr.contains("cannot parse a 1.1.0 result"),
         "--force installs and warns: {stderr}"

@@ -486,3 +486,50 @@ fn a_conflist_swapped_under_running_pods_leaks_nothing_past_60_s() {
     eprintln!("the swapped-out sandbox's address was freed {took:?} after its removal");
     nothing_live_was_freed(&b, &stays, &ip_stays, &router);
 }
+
+/// `dipamctl install` judges the runtimes that read the conf dir, found from their own
+/// configs: a 1.1.0 conflist for the directory a running containerd 2 reads installs without
+/// --force and without the 1.1.0 warning, although Debian's containerd 1.6 and podman 4 are
+/// in PATH (they read /etc/cni/net.d, which the conflist never reaches). (The refusal when
+/// the running reader is containerd 1.6 is containerd.rs `containerd_cni_versions`.)
+#[test]
+fn install_judges_the_runtime_that_reads_the_conf_dir() {
+    require!(dipam_lifecycle::containerd::unavailable());
+    let peers = require_peers!("containerd", "ctr", "containerd-shim-runc-v2");
+    let cd = Containerd::start_build(Build::from_peers(&peers));
+    let dir = tempfile::tempdir().unwrap();
+    let conflist = dir.path().join("src.conflist");
+    let mut list: Value = serde_json::from_slice(
+        &std::fs::read(
+            dipam_lifecycle::bins::workspace().join("conflist/dipam-host-local-1.1.0.conflist"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    list["name"] = unique("judged").into();
+    std::fs::write(&conflist, list.to_string()).unwrap();
+    let install = |conf_dir: &std::path::Path, extra: &[&str]| {
+        std::process::Command::new(dipam_lifecycle::bins::bin("dipamctl"))
+            .args(["install", "--no-man-pages", "--plugin"])
+            .arg(dipam_lifecycle::bins::bin("dipam"))
+            .arg("--cni-bin-dir")
+            .arg(dir.path().join("bin"))
+            .arg("--conf-dir")
+            .arg(conf_dir)
+            .arg("--conflist")
+            .arg(&conflist)
+            .args(["--cni-path", "/usr/lib/cni"])
+            .args(extra)
+            // Debian's containerd 1.6 and podman 4.3 are here, as on the node.
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .output()
+            .unwrap()
+    };
+    let out = install(&cd.conf_dir(), &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "refused for containerd 2's own conf dir: {err}"
+    );
+    assert!(!err.contains("warning"), "{err}");
+}

@@ -5,7 +5,7 @@
 // Tests: a panic is the failure report.
 #![allow(clippy::unwrap_used)]
 
-use dipam_lifecycle::{Lab, require_root};
+use dipam_lifecycle::{Attachment, Lab, NetNs, require_root};
 use serde_json::Value;
 
 fn explain(lab: &Lab, cid: &str) -> Value {
@@ -84,4 +84,77 @@ fn explain_shows_requests_and_delegate_execs_across_a_restart() {
     let ms = failed["atMs"].as_u64().unwrap();
     assert_eq!(&at[20..23], format!("{:03}", ms % 1000), "{at} vs {ms}");
     assert!(text.contains(&format!("  {at} ADD ")), "{text}");
+}
+
+/// `dipamctl explain` runs as root with the unit's restrictions; these are what an operator
+/// has in hand when a pod misbehaves.
+fn explain_fails(lab: &Lab, what: &str) -> String {
+    let out = lab.dipamd.ctl(&["explain", what]);
+    assert!(!out.status.success(), "{what} explained");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// An operator holds an IP (from an alert or a packet capture) or crictl's short container
+/// ID, not the full ID: `explain` takes both. An IP finds the container holding it now and,
+/// once freed, the last one the history shows it given to; a prefix matching two containers
+/// is refused naming both; a message never carries runs of spaces from a continued literal.
+#[test]
+fn explain_finds_a_container_by_ip_and_by_id_prefix() {
+    require_root!();
+    let lab = Lab::new("ptp-dipam-host-local.conflist");
+    let tag = format!("{:08x}", std::process::id());
+    let (ns1, ns2) = (NetNs::new(), NetNs::new());
+    let one = Attachment::new(&format!("c0ffee01{tag}aa"), &ns1.path());
+    let two = Attachment::new(&format!("c0ffee02{tag}bb"), &ns2.path());
+    let r1 = lab.rt.ipam(lab.list(), 0, "ADD", &one, None).unwrap();
+    lab.rt.ipam(lab.list(), 0, "ADD", &two, None).unwrap();
+    let ip1 = dipam_lifecycle::runtime::result_ips(&r1).remove(0);
+
+    let v = explain(&lab, &ip1);
+    assert_eq!(v["containerID"], one.container_id.as_str(), "{v:#}");
+    assert_eq!(
+        v["attachments"][0]["ips"][0]
+            .as_str()
+            .unwrap()
+            .split('/')
+            .next(),
+        Some(ip1.as_str())
+    );
+
+    let v = explain(&lab, &format!("c0ffee01{tag}"));
+    assert_eq!(v["containerID"], one.container_id.as_str(), "{v:#}");
+    let err = explain_fails(&lab, "c0ffee0");
+    assert!(
+        err.contains("2 containers start with")
+            && err.contains(&one.container_id)
+            && err.contains(&two.container_id),
+        "{err}"
+    );
+
+    // Freed: the IP still leads to the pod the history shows it given to.
+    lab.rt.ipam(lab.list(), 0, "DEL", &one, Some(&r1)).unwrap();
+    let v = explain(&lab, &ip1);
+    assert_eq!(v["containerID"], one.container_id.as_str(), "{v:#}");
+    assert!(v["attachments"].as_array().unwrap().is_empty(), "{v:#}");
+    assert_eq!(
+        v["earlierHolders"],
+        serde_json::json!([one.container_id]),
+        "{v:#}"
+    );
+    let text = lab.dipamd.ctl(&["explain", &ip1]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("the history shows the address given to"),
+        "{text}"
+    );
+
+    let err = explain_fails(&lab, "192.0.2.250");
+    assert!(err.contains("no attachment holds 192.0.2.250"), "{err}");
+    let err = explain_fails(&lab, "nosuchcontainer");
+    assert!(err.contains("knows nothing of container"), "{err}");
+    assert!(
+        !err.contains("   "),
+        "a message with a run of spaces: {err:?}"
+    );
+    lab.rt.ipam(lab.list(), 0, "DEL", &two, None).unwrap();
 }

@@ -82,3 +82,54 @@ fn a_tmpfs_delegate_store_under_a_persistent_ledger_is_refused() {
     assert!(e.details.contains("tmpfs"), "{e}");
     lab.rt.ipam(lab.list(), 0, "DEL", &first, None).unwrap();
 }
+
+/// A conflist swapped under running pods (here: its network renamed): the runtime DELs the
+/// pods through the new network, where the delegate holds nothing, and the DEL succeeds
+/// while the address stays held on the old network. dipamd sees it at once: a WARN naming
+/// both networks and a failed doctor line; the address is not freed by it (only seen).
+#[test]
+fn a_del_through_a_swapped_conflist_is_seen_at_once() {
+    require_root!();
+    let lab = Lab::new("ptp-dipam-host-local.conflist");
+    let (_ns, pod) = lab.pod();
+    lab.rt.ipam(lab.list(), 0, "ADD", &pod, None).unwrap();
+    let held = lab.delegate_store();
+    let old = lab.network();
+    let new = format!("{old}-swapped");
+    let mut swapped = lab.list().clone();
+    swapped["name"] = new.clone().into();
+
+    lab.rt.ipam(&swapped, 0, "DEL", &pod, None).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let doctor = loop {
+        let out = lab.dipamd.ctl(&["doctor"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if text.contains("DELed on network") || std::time::Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(
+        doctor.contains(&format!(
+            "container {} DELed on network {new:?}, held on {old}",
+            pod.container_id
+        )),
+        "{doctor}"
+    );
+    let log = lab.dipamd.log();
+    assert!(
+        log.lines().any(|l| l.contains("WARN")
+            && l.contains("held_on")
+            && l.contains(&old)
+            && l.contains(&new)),
+        "no WARN naming both networks:\n{log}"
+    );
+    // Seen, not freed: the old network's address is still the delegate's and the ledger's.
+    assert_eq!(lab.delegate_store(), held);
+    lab.assert_agree();
+
+    // A repeated DEL of a key already released is a runtime's retry, not a crossing.
+    lab.rt.ipam(lab.list(), 0, "DEL", &pod, None).unwrap();
+    lab.rt.ipam(lab.list(), 0, "DEL", &pod, None).unwrap();
+    assert!(lab.delegate_store().is_empty());
+}

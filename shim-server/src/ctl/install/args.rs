@@ -144,6 +144,8 @@ impl Options {
                     .to_owned(),
             )
         };
+        // Judged against the runtimes that read this very conf dir (ctl/conf_readers.rs).
+        let node_check = a.node_check.resolve(env("PATH"), &a.conf_dir);
         Ok(Self {
             cni_bin_dir: a.cni_bin_dir,
             conf_dir: a.conf_dir,
@@ -167,7 +169,7 @@ impl Options {
                 (false, Some(dir)) => Some(dir),
                 (false, None) => Some(default_man_dir()),
             },
-            node_check: Some(a.node_check.resolve(env("PATH"))),
+            node_check: Some(node_check),
         })
     }
 }

@@ -143,9 +143,19 @@ pub fn run(opts: &Options, json: bool, out: &mut dyn Write) -> Result<(), Instal
     if let Some(f) = &r.forced {
         output::warn(json, &format!("warning: installed with --force: {f}"));
     }
+    // The general 1.1.0 warning is for a conf dir whose readers are unknown (an init
+    // container sees none of the host's runtimes). Where they were found, the check judged
+    // them (conf_readers.rs): a forced install's warning names those that cannot take it,
+    // and saying it again in other words, or of runtimes that do not read this directory,
+    // only misleads.
+    let readers_known = opts
+        .node_check
+        .as_ref()
+        .is_some_and(|c| !c.runtimes.is_empty());
     if let Some(w) = opts
         .conflist
         .as_deref()
+        .filter(|_| !readers_known)
         .and_then(|p| fs::read(p).ok())
         .and_then(|b| version_warning(&b))
     {

@@ -113,6 +113,7 @@ pub async fn run(node: &Node) -> Result<DoctorReply, ShimError> {
     runtime_gc_check(node, &mut checks);
     checks.push(teardown_check(node.teardown.get()));
     checks.push(privilege_check(node));
+    checks.push(crossed_del_check(node));
     unmanaged_agent_check(node, &mut checks);
     spool_checks(node, &mut checks);
     Ok(DoctorReply {
@@ -400,6 +401,29 @@ fn runtime_gc_check(node: &Node, checks: &mut Vec<DoctorCheck>) {
             },
         ));
     }
+}
+
+/// No runtime DELed a container through one network while dipamd holds it on another only
+/// (crossed.rs): the mark of a conflist swapped under running pods.
+fn crossed_del_check(node: &Node) -> DoctorCheck {
+    let (seen, last) = node.crossed.seen();
+    check(
+        "no DEL named a network other than the one holding its container",
+        seen == 0,
+        match last {
+            None => "none since start".to_owned(),
+            Some(s) => format!(
+                "{seen} since start; the last: container {} DELed on network {:?}, held on {}",
+                s.container_id,
+                s.del_network,
+                s.held_on.join(", ")
+            ),
+        },
+        "the conflist was most likely swapped (renamed network, or another file sorting \
+         first) while pods ran: their DELs went to the new network and released nothing on \
+         the old one. If those pods are gone, the runtime-aware GC (--cri-endpoint) frees \
+         their addresses; `dipamctl explain <container>` shows each one's attachments",
+    )
 }
 
 /// No operation dipamd tried lacked a privilege (a capability the unit or the DaemonSet
