@@ -47,6 +47,7 @@ pub mod teardown;
 // The observers, fed by events.
 pub mod history;
 pub mod metrics;
+pub mod metrics_listen;
 
 // The node (the core and the clients' handles assembled), the RPCs on it, and the start-up
 // replays through them.

@@ -3,6 +3,7 @@
 pub mod config;
 pub mod exec;
 pub mod import;
+pub mod keys;
 pub mod ranges;
 pub mod store;
 pub mod survivors;

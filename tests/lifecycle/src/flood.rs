@@ -11,7 +11,10 @@ use std::{
 
 use crate::nobody::NOBODY;
 
-/// The attacker: `mode` is `tcp HOST PORT`, `unix PATH`, or `headers PATH SIZE` (an HTTP/2
+/// The attacker: `mode` is `bind HOST PORT` (it listens on that TCP port, accepting nothing),
+/// `churn PATH SECONDS` (for that long it connects to the socket without waiting, as fast as
+/// it can, keeping the last N connections open; it reports `held 0` at once),
+/// `tcp HOST PORT`, `unix PATH`, or `headers PATH SIZE` (an HTTP/2
 /// preface and settings, then a HEADERS frame and CONTINUATION frames of SIZE bytes in all,
 /// never ended). It opens N connections (each given 0.1 s; it stops after 50 misses: a full backlog drops the rest), prints
 /// `held <count>`, then holds them until its stdin closes.
@@ -22,6 +25,29 @@ resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 mode, n = sys.argv[1], int(sys.argv[2])
 def frame(kind, flags, stream, payload):
     return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+if mode == "churn":
+    end = time.time() + float(sys.argv[4])
+    print("held", 0, flush=True)
+    held = []
+    while time.time() < end:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.setblocking(False)
+        try:
+            s.connect(sys.argv[3])
+        except OSError:
+            pass
+        held.append(s)
+        if len(held) > n:
+            held.pop(0).close()
+    sys.stdin.read()
+    sys.exit(0)
+if mode == "bind":
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind((sys.argv[3], int(sys.argv[4])))
+    s.listen(1)
+    print("held", 1, flush=True)
+    sys.stdin.read()
+    sys.exit(0)
 held = []
 misses = 0
 for i in range(n):
