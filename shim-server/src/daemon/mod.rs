@@ -152,7 +152,7 @@ pub struct Args {
     /// A second socket, for the non-root callers of --socket-group (mode 0660, that group):
     /// --socket then stays root-only (0600), so that no group member can fill the listen
     /// backlog root's pods connect through. Needs --socket-group; non-root callers name this
-    /// path as their config's `socket`.
+    /// path as their config's `socketPath`.
     #[arg(long, requires = "socket_group")]
     pub users_socket: Option<PathBuf>,
     /// Also accept requests from these uids (SO_PEERCRED), besides root; repeatable. Such a

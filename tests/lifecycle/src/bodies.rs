@@ -5,13 +5,9 @@
 //! a real client does, so that only dipamd's limits stop it. A stand-in for a real gRPC
 //! client: none lets a caller leave a message unfinished on purpose.
 
-use std::{
-    io::{BufRead, BufReader},
-    path::Path,
-    process::{Child, ChildStdin, Command, Stdio},
-};
+use std::path::Path;
 
-use crate::nobody::NOBODY;
+use crate::flood::Attacker;
 
 const SCRIPT: &str = r#"
 import socket, struct, sys, threading, time
@@ -122,8 +118,7 @@ sys.stdin.read()
 
 /// The running attacker; its connections close when it is dropped.
 pub struct Bodies {
-    child: Child,
-    stdin: Option<ChildStdin>,
+    _attacker: Attacker,
     /// Connections it opened.
     pub conns: usize,
     /// Body bytes it sent on streams dipamd did not reset.
@@ -134,40 +129,17 @@ impl Bodies {
     /// Starts the attacker on `socket` and waits (30 s at most) until it has sent what the
     /// windows allow.
     pub fn start(socket: &Path, conns: usize, streams: usize, bytes: usize) -> Self {
-        let mut child = Command::new("setpriv")
-            .args(["--reuid", NOBODY, "--regid", NOBODY, "--clear-groups", "--"])
-            .args(["/usr/bin/python3", "-c", SCRIPT])
-            .arg(socket)
-            .args([conns, streams, bytes].map(|n| n.to_string()))
-            .env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("setpriv (util-linux) and /usr/bin/python3");
-        let stdin = child.stdin.take();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("piped stdout"))
-            .read_line(&mut line)
-            .expect("read the attacker's report");
+        let mut args = vec![socket.display().to_string()];
+        args.extend([conns, streams, bytes].map(|n| n.to_string()));
+        let (attacker, line) = Attacker::start(SCRIPT, &args);
         let mut words = line.split_whitespace().skip(1).map(str::parse::<u64>);
         let (Some(Ok(conns)), Some(Ok(held))) = (words.next(), words.next()) else {
             panic!("the attacker did not report: {line:?}");
         };
         Self {
-            child,
-            stdin,
+            _attacker: attacker,
             conns: usize::try_from(conns).unwrap_or(usize::MAX),
             held,
         }
-    }
-}
-
-impl Drop for Bodies {
-    fn drop(&mut self) {
-        drop(self.stdin.take());
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }

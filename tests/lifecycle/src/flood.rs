@@ -78,24 +78,19 @@ print("held", len(held), flush=True)
 sys.stdin.read()
 "#;
 
-/// A running attacker; its connections close when it is dropped.
-pub struct Flood {
+/// A python3 script running as nobody; killed when dropped (its connections close).
+pub struct Attacker {
     child: Child,
     stdin: Option<ChildStdin>,
-    /// Connections it managed to open (connect succeeded).
-    pub held: usize,
-    /// How long opening them took.
-    pub took: Duration,
 }
 
-impl Flood {
-    /// Starts the attacker as nobody with `args` (see `SCRIPT`) and waits until it holds
-    /// its connections.
-    pub fn start(args: &[&str]) -> Self {
-        let started = Instant::now();
+impl Attacker {
+    /// Starts `script` with `args` as nobody, and returns it with the first line it prints
+    /// (its report, once it has done what it holds).
+    pub fn start(script: &str, args: &[String]) -> (Self, String) {
         let mut child = Command::new("setpriv")
             .args(["--reuid", NOBODY, "--regid", NOBODY, "--clear-groups", "--"])
-            .args(["/usr/bin/python3", "-c", SCRIPT])
+            .args(["/usr/bin/python3", "-c", script])
             .args(args)
             .env_clear()
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
@@ -109,24 +104,43 @@ impl Flood {
         BufReader::new(child.stdout.take().expect("piped stdout"))
             .read_line(&mut line)
             .expect("read the attacker's report");
+        (Self { child, stdin }, line)
+    }
+}
+
+impl Drop for Attacker {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A running attacker; its connections close when it is dropped.
+pub struct Flood {
+    _attacker: Attacker,
+    /// Connections it managed to open (connect succeeded).
+    pub held: usize,
+    /// How long opening them took.
+    pub took: Duration,
+}
+
+impl Flood {
+    /// Starts the attacker as nobody with `args` (see `SCRIPT`) and waits until it holds
+    /// its connections.
+    pub fn start(args: &[&str]) -> Self {
+        let started = Instant::now();
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        let (attacker, line) = Attacker::start(SCRIPT, &args);
         let held = line
             .strip_prefix("held ")
             .and_then(|n| n.trim().parse().ok())
             .unwrap_or_else(|| panic!("the attacker did not report: {line:?}"));
         Self {
-            child,
-            stdin,
+            _attacker: attacker,
             held,
             took: started.elapsed(),
         }
-    }
-}
-
-impl Drop for Flood {
-    fn drop(&mut self) {
-        drop(self.stdin.take());
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -301,7 +301,7 @@ fn assert_told_it_is_refused(lab: &Lab) {
 #[track_caller]
 fn assert_told_it_is_refused_at(lab: &Lab, sock: &std::path::Path) {
     let mut conf = dipam_lifecycle::Runtime::plugin_config(lab.list(), 0, None);
-    conf["ipam"]["socket"] = serde_json::json!(sock);
+    conf["ipam"]["socketPath"] = serde_json::json!(sock);
     let cid = dipam_lifecycle::unique("refused");
     let answer = nobody::ipam("ADD", &cid, &conf);
     assert_eq!(answer["code"], 155, "{answer}");
