@@ -40,9 +40,9 @@ pub fn get<'a>(obj: &'a Value, name: &str) -> Option<&'a Value> {
     let want = fold(name);
     obj.as_object()?
         .iter()
-        .filter(|(k, _)| fold(k) == want)
+        .rev()
+        .find(|(k, _)| fold(k) == want)
         .map(|(_, v)| v)
-        .last()
 }
 
 /// Keys dipamd itself reads, by the object they are read from: the delegate config's top

@@ -153,40 +153,37 @@ fn a_non_root_caller_cannot_respell_the_store_key_daemonset() {
     cannot_respell_the_store_key(Deployment::DaemonSet);
 }
 
+/// A respelling nobody tries: the key it uses, and how it puts it into a config (given the
+/// directory nobody owns).
+type Respell = (&'static str, fn(&mut serde_json::Value, &serde_json::Value));
+
 fn cannot_respell_the_store_key(d: Deployment) {
     require_root!();
     let lab = lab(d);
     let planted = Planted::new(&lab.network());
     let mine = json!(planted.mine.path());
-    let respelled: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>)> = vec![
-        (
-            "DataDir",
-            Box::new(|c| c["ipam"]["delegate"]["DataDir"] = mine.clone()),
-        ),
-        (
-            "datadir",
-            Box::new(|c| c["ipam"]["delegate"]["datadir"] = mine.clone()),
-        ),
-        (
-            "DATADIR",
-            Box::new(|c| c["ipam"]["delegate"]["DATADIR"] = mine.clone()),
-        ),
-        (
-            "datadir",
-            Box::new(|c| {
-                c["ipam"]["delegate"]["dataDir"] = json!("/var/lib/cni/networks");
-                c["ipam"]["delegate"]["datadir"] = mine.clone();
-            }),
-        ),
-        (
-            "IPAM",
-            Box::new(|c| c["IPAM"] = json!({"type": "host-local", "dataDir": mine})),
-        ),
-        ("Name", Box::new(|c| c["Name"] = json!("other-net"))),
+    let respelled: [Respell; 6] = [
+        ("DataDir", |c, mine| {
+            c["ipam"]["delegate"]["DataDir"] = mine.clone()
+        }),
+        ("datadir", |c, mine| {
+            c["ipam"]["delegate"]["datadir"] = mine.clone()
+        }),
+        ("DATADIR", |c, mine| {
+            c["ipam"]["delegate"]["DATADIR"] = mine.clone()
+        }),
+        ("datadir", |c, mine| {
+            c["ipam"]["delegate"]["dataDir"] = json!("/var/lib/cni/networks");
+            c["ipam"]["delegate"]["datadir"] = mine.clone();
+        }),
+        ("IPAM", |c, mine| {
+            c["IPAM"] = json!({"type": "host-local", "dataDir": mine});
+        }),
+        ("Name", |c, _| c["Name"] = json!("other-net")),
     ];
-    for (key, respell) in &respelled {
+    for (key, respell) in respelled {
         let mut conf = Runtime::plugin_config(lab.list(), 0, None);
-        respell(&mut conf);
+        respell(&mut conf, &mine);
         let cid = dipam_lifecycle::unique("nobody-respelled");
         let answer = nobody::ipam("ADD", &cid, &conf);
         assert_eq!(answer["code"], 7, "{key}: {answer}");
