@@ -28,6 +28,30 @@ pub fn excerpt(bytes: &[u8]) -> String {
     format!("...{}", &text[start..])
 }
 
+/// How much of a delegate's own error `msg` or `details` dipamd keeps. host-local quotes an
+/// invalid config value whole in its message: a 0.9 MB value echoed through the reply, the
+/// log and two history events per failed ADD once took the commit journal to 46 MiB against
+/// its 4 MiB cap and filled a state disk (docs/cfp.md, "Threat model"). A reason is a line or
+/// two; a value quoted past this is no help to a reader.
+pub const DELEGATE_TEXT: usize = 1024;
+
+/// A delegate's text clipped to [`DELEGATE_TEXT`] bytes at a character boundary, saying how
+/// long it was.
+pub fn clip_delegate_text(text: String) -> String {
+    if text.len() <= DELEGATE_TEXT {
+        return text;
+    }
+    let mut end = DELEGATE_TEXT;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(
+        "{}... ({} bytes; clipped by dipamd)",
+        &text[..end],
+        text.len()
+    )
+}
+
 /// A delegate's own CNI error, with what dipamd saw of the exec.
 #[derive(Debug)]
 pub struct DelegateFailure {
@@ -480,6 +504,16 @@ mod tests {
             older,
             "plugin protocol v1 is older than the oldest this dipamd serves (v2)"
         );
+    }
+
+    #[test]
+    fn a_delegates_long_text_is_clipped_saying_so() {
+        assert_eq!(clip_delegate_text("short".into()), "short");
+        let long = format!("invalid value {}", "é".repeat(500_000));
+        let c = clip_delegate_text(long.clone());
+        assert!(c.len() < DELEGATE_TEXT + 64, "{}", c.len());
+        assert!(c.starts_with("invalid value "));
+        assert!(c.ends_with(&format!("({} bytes; clipped by dipamd)", long.len())));
     }
 
     #[test]

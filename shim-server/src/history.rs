@@ -33,6 +33,45 @@ pub const PER_CONTAINER: usize = 64;
 pub const MAX_CONTAINERS: usize = 1024;
 /// Events waiting to be written; beyond that new ones are dropped.
 const QUEUE: usize = 4096;
+/// The longest string one event keeps (a delegate's message, CNI_ARGS, a netns path): the
+/// rest is clipped, saying how long it was.
+pub const MAX_STRING: usize = 1024;
+/// The most one event takes in the history, serialized: one with more (a result with many
+/// addresses and routes) keeps only its top-level scalar fields. Bounds `explain` to
+/// [`PER_CONTAINER`] times this per container.
+pub const MAX_EVENT: usize = 16 << 10;
+/// The most one batch (one commit) takes: the history commits through the same journal as
+/// the ledger, and failed ADDs echoing 0.9 MB values once took that journal past its cap, so
+/// that root's own commits failed (docs/cfp.md, "Threat model").
+pub const MAX_BATCH: usize = 1 << 20;
+
+/// `body` within [`MAX_EVENT`]: its strings clipped to [`MAX_STRING`], and if that is not
+/// enough, only its top-level fields that are not objects or arrays, marked `clipped`.
+fn bounded(mut body: Value) -> Value {
+    fn clip_strings(v: &mut Value) {
+        match v {
+            Value::String(s) if s.len() > MAX_STRING => {
+                let mut end = MAX_STRING;
+                while !s.is_char_boundary(end) {
+                    end -= 1;
+                }
+                *s = format!("{}... ({} bytes; clipped)", &s[..end], s.len());
+            }
+            Value::Array(a) => a.iter_mut().for_each(clip_strings),
+            Value::Object(o) => o.values_mut().for_each(clip_strings),
+            _ => {}
+        }
+    }
+    clip_strings(&mut body);
+    if body.to_string().len() <= MAX_EVENT {
+        return body;
+    }
+    if let Value::Object(o) = &mut body {
+        o.retain(|_, v| !v.is_object() && !v.is_array());
+        o.insert("clipped".into(), Value::Bool(true));
+    }
+    body
+}
 
 /// One event; `body` is its JSON (kind, times, details).
 #[derive(Debug, Clone)]
@@ -64,11 +103,12 @@ pub struct Sink {
 impl Sink {
     /// Records `body` for `container_id` (empty IDs, as in GC and STATUS, are not recorded).
     /// Returns false when the event was dropped because the writer fell behind.
-    pub fn record(&self, container_id: &str, mut body: Value) -> bool {
+    pub fn record(&self, container_id: &str, body: Value) -> bool {
         let Some(tx) = &self.tx else { return true };
         if container_id.is_empty() {
             return true;
         }
+        let mut body = bounded(body);
         body["atMs"] = Value::from(crate::clock::now_ms());
         body["seq"] = Value::from(self.seq.fetch_add(1, Ordering::Relaxed));
         let ev = Event {
@@ -214,17 +254,25 @@ fn start_bounded(ledger: Ledger, max_containers: usize) -> Sink {
             let Some(first) = rx.recv().await else { return };
             let mut batch = Vec::new();
             let mut acks = Vec::new();
+            let mut bytes = 0;
             match first {
-                Msg::Event(ev) => batch.push(ev),
+                Msg::Event(ev) => {
+                    bytes += ev.body.to_string().len();
+                    batch.push(ev);
+                }
                 Msg::Flush(ack) => acks.push(ack),
             }
-            // Gather what arrives within a second into one commit; a flush writes at once.
+            // Gather what arrives within a second into one commit, of at most 512 events and
+            // MAX_BATCH bytes; a flush writes at once.
             let deadline = tokio::time::sleep(Duration::from_secs(1));
             tokio::pin!(deadline);
-            while acks.is_empty() && batch.len() < 512 {
+            while acks.is_empty() && batch.len() < 512 && bytes < MAX_BATCH {
                 tokio::select! {
                     msg = rx.recv() => match msg {
-                        Some(Msg::Event(ev)) => batch.push(ev),
+                        Some(Msg::Event(ev)) => {
+                            bytes += ev.body.to_string().len();
+                            batch.push(ev);
+                        }
                         Some(Msg::Flush(ack)) => acks.push(ack),
                         None => break,
                     },
@@ -320,6 +368,30 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn an_event_is_bounded_whatever_it_holds() {
+        let huge = "v".repeat(900_000);
+        let ev = bounded(json!({"kind": "request", "msg": huge, "env": {"CNI_ARGS": huge}}));
+        assert!(
+            ev.to_string().len() < 4 * MAX_STRING,
+            "{}",
+            ev.to_string().len()
+        );
+        assert!(
+            ev["msg"]
+                .as_str()
+                .unwrap()
+                .ends_with("(900000 bytes; clipped)")
+        );
+        let many: Vec<String> = (0..2000).map(|i| format!("10.0.{i}.1/24")).collect();
+        let ev = bounded(json!({"kind": "request", "code": 7, "result": {"ips": many}}));
+        assert!(ev.to_string().len() <= MAX_EVENT);
+        assert_eq!(ev["clipped"], true);
+        assert_eq!(ev["code"], 7);
+        let small = json!({"kind": "exec", "exit": "exited with status 0"});
+        assert_eq!(bounded(small.clone()), small);
+    }
 
     #[tokio::test]
     async fn events_are_written_in_order_and_bounded_per_container() {

@@ -49,6 +49,7 @@ pub mod teardown;
 // Layer observers: fed by events.
 pub mod history;
 pub mod metrics;
+pub mod metrics_listen;
 
 // Layer node: the node (the core and the clients' handles assembled), the RPCs on it, and
 // the start-up replays through them.

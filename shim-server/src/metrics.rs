@@ -86,6 +86,7 @@ pub struct Metrics {
     privilege_failures: Counter,
     spool: SpoolSeries,
     ledger_writable: Gauge,
+    listener_up: Family<L1, Gauge>,
     divergence: DivergenceSeries,
     history_dropped: Counter,
     runtime_gc: RuntimeGcSeries,
@@ -536,6 +537,13 @@ impl Metrics {
                  --state-dir: every ADD and DEL fails until it is 1 again).",
                 Gauge::default(),
             ),
+            listener_up: reg(
+                &mut r,
+                "dipam_metrics_listener_up",
+                "1 while the metrics listener (tcp: --metrics-address, unix: --metrics-socket) \
+                 is bound; 0 while dipamd retries its bind (something else holds the address).",
+                Family::default(),
+            ),
             divergence: DivergenceSeries::register(&mut r),
             history_dropped: reg(
                 &mut r,
@@ -550,6 +558,13 @@ impl Metrics {
             agent_states: Mutex::default(),
             pools: Mutex::default(),
         }
+    }
+
+    /// Whether the metrics listener `kind` (tcp, unix) is bound.
+    pub fn listener_up(&self, kind: &'static str, up: bool) {
+        self.listener_up
+            .get_or_create(&[("listener", kind.to_owned())])
+            .set(i64::from(up));
     }
 
     /// The exposition: every registered series, then `# EOF`.

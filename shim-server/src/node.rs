@@ -54,6 +54,8 @@ pub struct Node {
     pub history: OnceLock<crate::history::Sink>,
     /// Not-ready reasons found once at start (startup_checks.rs); set by the daemon.
     pub startup: OnceLock<Vec<String>>,
+    /// Whether each metrics listener is bound (metrics_listen.rs), for doctor.
+    pub metrics_listeners: Arc<crate::metrics_listen::Listeners>,
 }
 
 impl Node {
@@ -87,6 +89,7 @@ impl Node {
             spool: Arc::default(),
             history: OnceLock::new(),
             startup: OnceLock::new(),
+            metrics_listeners: Arc::default(),
         })
     }
 

@@ -22,7 +22,9 @@ use crate::{
 };
 use tonic::service::interceptor::InterceptedService;
 
+mod bodies;
 mod deadline;
+pub use bodies::{Bodies, BodiesLayer};
 pub use deadline::{DEADLINE, Deadline, DeadlineLayer};
 
 #[derive(Debug, thiserror::Error)]
@@ -137,15 +139,35 @@ pub const CONNECTION_WINDOW: u32 = 1 << 20;
 /// Streams one connection may have open at once (the plugin uses one; an agent a few).
 pub const MAX_STREAMS: u32 = 64;
 
-/// The incoming connections: each admitted by `gate` (peer credentials and caps checked at
-/// accept, docs/cfp.md "Threat model"), then C-core clients' `:authority` fixed
+/// One socket dipamd serves: root's (--socket) or the non-root callers' (--users-socket).
+pub struct Listener {
+    listener: UnixListener,
+    gate: Gate,
+    path: PathBuf,
+    /// Whether dipamd removes the path at shutdown (not systemd's activated socket).
+    unlink: bool,
+}
+
+impl Listener {
+    pub fn new(listener: UnixListener, gate: Gate, path: PathBuf, unlink: bool) -> Self {
+        Self {
+            listener,
+            gate,
+            path,
+            unlink,
+        }
+    }
+}
+
+type Incoming = crate::authority::Fixed<crate::listen::Guarded<tokio::net::UnixStream>>;
+
+/// One socket's incoming connections: each admitted by its gate (peer credentials and caps
+/// checked at accept, docs/cfp.md "Threat model"), then C-core clients' `:authority` fixed
 /// (authority.rs).
 fn incoming(
     listener: UnixListener,
     gate: Gate,
-) -> impl tokio_stream::Stream<
-    Item = io::Result<crate::authority::Fixed<crate::listen::Guarded<tokio::net::UnixStream>>>,
-> {
+) -> std::pin::Pin<Box<dyn tokio_stream::Stream<Item = io::Result<Incoming>> + Send>> {
     let gate = Arc::new(gate);
     Box::pin(futures_util::stream::unfold(
         (listener, gate),
@@ -161,21 +183,31 @@ fn incoming(
 
 /// Serves until `shutdown` resolves, then stops accepting, ends every agent watch with
 /// UNAVAILABLE, lets the requests in flight finish for at most `drain`, and unlinks the
-/// socket.
+/// sockets dipamd made. Root's socket and the users' socket each have their own listen
+/// backlog: a flood of one never fills the other's.
 #[allow(clippy::too_many_arguments)]
 pub async fn serve<F>(
     node: Arc<Node>,
-    listener: UnixListener,
-    gate: Gate,
-    path: &Path,
+    root: Listener,
+    users: Option<Listener>,
     peers: PeerCheck,
-    unlink: bool,
     drain: Duration,
+    non_root_open: usize,
     shutdown: F,
 ) -> Result<(), ServeError>
 where
     F: std::future::Future<Output = ()> + Send,
 {
+    let path = root.path.clone();
+    let unlink = root.unlink;
+    let users_path = users.as_ref().map(|u| u.path.clone());
+    let mut conns = incoming(root.listener, root.gate);
+    if let Some(u) = users {
+        conns = Box::pin(futures_util::stream::select(
+            conns,
+            incoming(u.listener, u.gate),
+        ));
+    }
     let svc = Service(node.clone());
     let check = move |req| peers.check(req);
     let health = crate::health::Monitor::new(node.clone());
@@ -196,13 +228,17 @@ where
     // What the server awaits before its graceful shutdown: the signal. It also tells every
     // watch to end (a stream that never ends would hold the graceful shutdown forever), and
     // starts the drain's clock.
-    let early = unlink.then(|| path.to_owned());
+    let early: Vec<PathBuf> = unlink
+        .then(|| path.clone())
+        .into_iter()
+        .chain(users_path.clone())
+        .collect();
     let signal = async move {
         shutdown.await;
         // A plugin that connects now would wait in the listen backlog until dipamd exits;
         // without the path it fails at once and spools its DEL (or answers 11 to an ADD).
         // systemd's activated socket stays: systemd owns it, and queues for the next dipamd.
-        if let Some(path) = early {
+        for path in early {
             let _ = std::fs::remove_file(path);
         }
         info!(
@@ -228,6 +264,8 @@ where
         ))
         // One code for an expired deadline (service.rs).
         .layer(deadline::DeadlineLayer)
+        // Before tonic reads a body: what a non-root uid may make dipamd buffer.
+        .layer(bodies::BodiesLayer::new(non_root_open))
         .add_service(InterceptedService::new(
             CniServer::new(svc.clone()).max_decoding_message_size(MAX_REQUEST_BYTES),
             check.clone(),
@@ -255,7 +293,7 @@ where
             reflection_v1alpha.max_decoding_message_size(MAX_REQUEST_BYTES),
             check,
         ))
-        .serve_with_incoming_shutdown(incoming(listener, gate), signal);
+        .serve_with_incoming_shutdown(conns, signal);
     tokio::pin!(server);
     let deadline = async {
         if draining.await.is_err() {
@@ -275,8 +313,11 @@ where
             Ok(())
         }
     };
+    if let Some(users) = users_path {
+        let _ = std::fs::remove_file(users);
+    }
     if unlink {
-        let _ = std::fs::remove_file(path);
+        let _ = std::fs::remove_file(&path);
         info!(socket = %path.display(), "socket removed; dipamd stopped");
     } else {
         info!(socket = %path.display(), "dipamd stopped; the socket stays with systemd");

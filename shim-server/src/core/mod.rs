@@ -238,6 +238,7 @@ impl Core {
         crate::delegate::config::refuse_mixed_shape(&req.stdin, mode, &req.command)?;
         let dc = DelegateConf::from_request(&req.stdin, mode)?;
         self.exec.allow_kind(&dc.kind, caller)?;
+        crate::delegate::keys::refuse_ambiguous(&dc.conf, caller)?;
         self.exec.allow_store(&dc.conf, caller)?;
         let mut req = req;
         req.cni_path = self.exec.confine_cni_path(&req.cni_path, caller);

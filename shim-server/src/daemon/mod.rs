@@ -4,6 +4,9 @@
 //! on the same state directory), replay interrupted operations, and only then bind the socket
 //! and serve.
 
+mod metrics_bind;
+mod sockets;
+
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use clap::Parser;
@@ -141,9 +144,16 @@ pub struct Args {
     #[cfg(feature = "fault-injection")]
     #[arg(long, value_name = "POINT=FILE")]
     pub pause_at: Option<String>,
-    /// Give the socket this group (name or gid) and mode 0660 instead of root-only 0600.
+    /// Give the socket this group (name or gid) and mode 0660 instead of root-only 0600. With
+    /// --users-socket, that socket gets the group and --socket stays root-only.
     #[arg(long)]
     pub socket_group: Option<String>,
+    /// A second socket, for the non-root callers of --socket-group (mode 0660, that group):
+    /// --socket then stays root-only (0600), so that no group member can fill the listen
+    /// backlog root's pods connect through. Needs --socket-group; non-root callers name this
+    /// path as their config's `socketPath`.
+    #[arg(long, requires = "socket_group")]
+    pub users_socket: Option<PathBuf>,
     /// Also accept requests from these uids (SO_PEERCRED), besides root; repeatable. Such a
     /// caller is confined (docs/cfp.md, "Threat model"): the delegate is searched only in
     /// --cni-path, only --non-root-delegate types run for it, it may CHECK, DEL and list only
@@ -288,7 +298,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     );
     note_spool(&node, spool.inherited, spool.unpublished, &spool.dir);
     replay_before_serving(&node, &args, &spool.dir).await?;
-    let (listener, unlink, stop) = listen(&args).await?;
+    let sockets = sockets::listen(&args).await?;
     // DELs the plugin spooled during the start (it could not connect until now) are released
     // before the first ADD is accepted; connections wait in the backlog meanwhile.
     let late = crate::replay::spool::drain_all(&node, &spool.dir).await;
@@ -305,8 +315,13 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         allow_uids: args.allow_uids.clone(),
         admin_uids: args.admin_uids.clone(),
     };
-    let gate = crate::listen::Gate::new("grpc", Arc::clone(&budget), None)
-        .with_peers(Arc::new(peers.clone()), args.max_connections_per_uid);
+    let gate = |name| {
+        crate::listen::Gate::new(name, Arc::clone(&budget), None)
+            .with_peers(Arc::new(peers.clone()), args.max_connections_per_uid)
+    };
+    let users = sockets
+        .users
+        .map(|(l, path)| server::Listener::new(l, gate("grpc-users"), path, true));
     info!(
         connections = budget.limit(),
         per_uid = args.max_connections_per_uid,
@@ -314,13 +329,19 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     );
     server::serve(
         node,
-        listener,
-        gate,
-        &args.socket,
+        server::Listener::new(
+            sockets.root,
+            gate("grpc"),
+            args.socket.clone(),
+            sockets.unlink,
+        ),
+        users,
         peers,
-        unlink,
         Duration::from_secs_f64(args.shutdown_timeout),
-        stop,
+        // Twice the quota: a request over the quota still reaches its handler, which names
+        // the flag (155); only past this is one answered unread (server/bodies.rs).
+        args.non_root_max_in_flight.saturating_mul(2),
+        sockets.stop,
     )
     .await?;
     Ok(())
@@ -685,41 +706,6 @@ async fn replay_before_serving(
     Ok(())
 }
 
-/// Phase 8: the socket (bound here, or passed by systemd), whether to unlink it at exit, and
-/// the shutdown signal.
-async fn listen(
-    args: &Args,
-) -> Result<
-    (
-        tokio::net::UnixListener,
-        bool,
-        impl std::future::Future<Output = ()> + use<>,
-    ),
-    DaemonError,
-> {
-    let group = match &args.socket_group {
-        None => None,
-        Some(g) => Some(server::resolve_group(g).map_err(DaemonError::Usage)?),
-    };
-    let getenv = |k: &str| std::env::var(k).ok();
-    let activated = crate::activation::listener(&getenv).map_err(DaemonError::Usage)?;
-    let unlink = activated.is_none();
-    // Listened for from before the bind: a SIGTERM that arrives once clients can connect (a
-    // unit stopped right after it started; a node shutting down) must stop dipamd gracefully,
-    // not kill it with the default action between the bind and the server's first poll of
-    // its shutdown future. Before this point the default action is right: nothing is served
-    // yet, and what the start-up was doing is replayed by the next start.
-    let stop = shutdown_signal();
-    let listener = match activated {
-        Some(l) => {
-            info!("using the socket systemd passed (socket activation)");
-            l
-        }
-        None => server::bind(&args.socket, group).await?,
-    };
-    Ok((listener, unlink, stop))
-}
-
 /// Phase 9: the background tasks (the agent's checks, the metrics listeners, the pool's
 /// refiller, the spool's tick, the reconcile with the delegate's store, the runtime-aware
 /// GC).
@@ -738,26 +724,13 @@ async fn spawn_background(
         node.reconciler(),
         Duration::from_secs_f64(args.agent_check_interval.max(1.0)),
     ));
-    if let Some(addr) = args.metrics_address {
-        let l = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| DaemonError::Usage(format!("--metrics-address {addr}: {e}")))?;
-        if let Some(m) = metrics {
-            tokio::spawn(crate::metrics::serve_tcp(
-                Arc::clone(m),
-                l,
-                metrics_gate("metrics-tcp"),
-            ));
+    // Bound in the background: the metrics never decide whether dipamd serves (metrics_bind.rs).
+    if let Some(m) = metrics {
+        if let Some(addr) = args.metrics_address {
+            metrics_bind::spawn_tcp(node, m, addr, metrics_gate("metrics-tcp"));
         }
-    }
-    if let Some(path) = &args.metrics_socket {
-        let l = server::bind(path, None).await?;
-        if let Some(m) = metrics {
-            tokio::spawn(crate::metrics::serve_unix(
-                Arc::clone(m),
-                l,
-                metrics_gate("metrics-unix"),
-            ));
+        if let Some(path) = &args.metrics_socket {
+            metrics_bind::spawn_unix(node, m, path.clone(), metrics_gate("metrics-unix"));
         }
     }
     tokio::spawn(crate::pool::refill::run(node.refiller()));

@@ -427,8 +427,10 @@ pub fn check(kind: &str, command: &str, out: &Output) -> Result<(), ShimError> {
                 command: command.into(),
                 // Code 0 is reserved by the spec; Go's skel reports an untyped error as 999.
                 code: if e.code == 0 { 999 } else { e.code },
-                msg: e.msg,
-                details: e.details,
+                // Clipped here, where the delegate's text enters dipamd: the reply, the log
+                // and the history all quote this (error.rs, DELEGATE_TEXT).
+                msg: crate::error::clip_delegate_text(e.msg),
+                details: crate::error::clip_delegate_text(e.details),
                 exit: out.describe_exit(),
                 stderr: excerpt(&out.stderr),
             })))

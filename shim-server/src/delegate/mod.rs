@@ -3,6 +3,7 @@
 pub mod config;
 pub mod exec;
 pub mod import;
+pub mod keys;
 pub mod ranges;
 pub mod store;
 pub mod survivors;
@@ -130,7 +131,24 @@ impl Executor {
             .iter()
             .any(|d| d.as_path() == wanted)
         {
-            return Ok(());
+            // Checked again at each use, not only at start: a directory removed since then
+            // could be made again by the caller (in a parent open to others, such as /tmp).
+            return store::root_only_dir(wanted).map_err(|why| {
+                warn!(uid = caller.uid, data_dir = %wanted.display(), why = %why,
+                    "refused: a --non-root-data-dir directory is no longer root's alone");
+                ShimError::Forbidden {
+                    msg: format!(
+                        "uid {} may not have the delegate keep its store in {}: {why}",
+                        caller.uid,
+                        crate::validate::shown(named)
+                    ),
+                    details: "dipamd runs the delegate as root, and it would follow links in a \
+                         directory others can write; the node's administrator must make it \
+                         root-owned and writable by root only again (it was when dipamd \
+                         started)"
+                        .to_owned(),
+                }
+            });
         }
         warn!(
             uid = caller.uid,

@@ -59,19 +59,20 @@ impl Known {
 /// host-local's directory for `network` under the delegate config `conf` (the config sent to
 /// the delegate: `ipam` is host-local's own object).
 pub fn host_local_dir(conf: &Value, network: &str) -> PathBuf {
-    let base = conf["ipam"]["dataDir"]
-        .as_str()
-        .filter(|d| !d.is_empty())
-        .unwrap_or("/var/lib/cni/networks");
-    Path::new(base).join(network)
+    Path::new(data_dir(conf).unwrap_or(DEFAULT_DATA_DIR)).join(network)
 }
 
 /// host-local's default `dataDir`.
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/networks";
 
-/// The `dataDir` a delegate config names, if any.
+/// The `dataDir` a delegate config names, if any, read as host-local reads it (keys.rs: the
+/// last key that folds to `ipam`, then to `dataDir`), so that the store dipamd checks and
+/// reads is the one host-local writes.
 pub fn data_dir(conf: &Value) -> Option<&str> {
-    conf["ipam"]["dataDir"].as_str().filter(|d| !d.is_empty())
+    use super::keys::get;
+    get(get(conf, "ipam")?, "dataDir")?
+        .as_str()
+        .filter(|d| !d.is_empty())
 }
 
 /// Whether `dir` is a store directory that no one but root can change, from `/` down: every

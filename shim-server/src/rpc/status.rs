@@ -87,18 +87,15 @@ async fn delegate_checks(node: &Node, p: &crate::core::Prepared) -> Result<(), S
     }
     if probe.supported.contains(&SpecVersion::new(1, 1, 0)) {
         // A non-root caller's config is its own (docs/cfp.md §8.3): its answer must not
-        // stand for root's network for the next few seconds, nor root's for its.
-        let shared = p.caller.is_root();
-        let cached = node
-            .status_cache
-            .lock()
-            .ok()
-            .filter(|_| shared)
-            .and_then(|c| {
-                c.get(&p.dc.kind)
-                    .filter(|(at, _)| at.elapsed() < DELEGATE_STATUS_TTL)
-                    .map(|(_, r)| r.clone())
-            });
+        // stand for root's network for the next few seconds, nor root's for its. It is
+        // remembered for that uid alone, so that its STATUS calls never cost an exec each
+        // (1,024 of them once ran 827 delegates as root at once).
+        let key = cache_key(&p.dc.kind, p.caller);
+        let cached = node.status_cache.lock().ok().and_then(|c| {
+            c.get(&key)
+                .filter(|(at, _)| at.elapsed() < DELEGATE_STATUS_TTL)
+                .map(|(_, r)| r.clone())
+        });
         let failure = match cached {
             Some(r) => r,
             None => {
@@ -109,10 +106,10 @@ async fn delegate_checks(node: &Node, p: &crate::core::Prepared) -> Result<(), S
                     .await
                     .err()
                     .map(|e| e.to_string());
-                if let Ok(mut c) = node.status_cache.lock()
-                    && shared
-                {
-                    c.insert(p.dc.kind.clone(), (Instant::now(), r.clone()));
+                if let Ok(mut c) = node.status_cache.lock() {
+                    // Entries of callers gone quiet go: the map holds one per uid at most.
+                    c.retain(|_, (at, _)| at.elapsed() < DELEGATE_STATUS_TTL);
+                    c.insert(key, (Instant::now(), r.clone()));
                 }
                 r
             }
@@ -126,7 +123,17 @@ async fn delegate_checks(node: &Node, p: &crate::core::Prepared) -> Result<(), S
     Ok(())
 }
 
-/// The delegates whose own STATUS failed within the last few seconds, as any caller of
+/// Where a delegate's STATUS answer is remembered: by its type for root, by its type and
+/// the uid for a non-root caller (never read for root's readiness).
+fn cache_key(kind: &str, caller: crate::access::Caller) -> String {
+    if caller.is_root() {
+        kind.to_owned()
+    } else {
+        format!("{kind}\0{}", caller.uid)
+    }
+}
+
+/// The delegates whose own STATUS failed within the last few seconds, as root's callers of
 /// STATUS (a runtime, the health service) saw it: for readiness when no network config is at
 /// hand.
 pub fn recent_delegate_failures(node: &Node) -> Vec<String> {
@@ -135,7 +142,7 @@ pub fn recent_delegate_failures(node: &Node) -> Vec<String> {
     };
     let mut out: Vec<String> = cache
         .iter()
-        .filter(|(_, (at, _))| at.elapsed() < DELEGATE_STATUS_TTL)
+        .filter(|(kind, (at, _))| !kind.contains('\0') && at.elapsed() < DELEGATE_STATUS_TTL)
         .filter_map(|(kind, (_, r))| {
             r.as_ref()
                 .map(|why| format!("delegate {kind} STATUS: {why}"))

@@ -249,7 +249,7 @@ fn root_read_only(pid: u32) -> bool {
 }
 
 /// A loopback TCP port nothing listens on now.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free loopback port")

@@ -11,7 +11,10 @@ use std::{
 
 use crate::nobody::NOBODY;
 
-/// The attacker: `mode` is `tcp HOST PORT`, `unix PATH`, or `headers PATH SIZE` (an HTTP/2
+/// The attacker: `mode` is `bind HOST PORT` (it listens on that TCP port, accepting nothing),
+/// `churn PATH SECONDS` (for that long it connects to the socket without waiting, as fast as
+/// it can, keeping the last N connections open; it reports `held 0` at once),
+/// `tcp HOST PORT`, `unix PATH`, or `headers PATH SIZE` (an HTTP/2
 /// preface and settings, then a HEADERS frame and CONTINUATION frames of SIZE bytes in all,
 /// never ended). It opens N connections (each given 0.1 s; it stops after 50 misses: a full backlog drops the rest), prints
 /// `held <count> cut <count>`, then holds them until its stdin closes. A connection is cut
@@ -24,6 +27,29 @@ resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 mode, n = sys.argv[1], int(sys.argv[2])
 def frame(kind, flags, stream, payload):
     return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+if mode == "churn":
+    end = time.time() + float(sys.argv[4])
+    print("held", 0, flush=True)
+    held = []
+    while time.time() < end:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.setblocking(False)
+        try:
+            s.connect(sys.argv[3])
+        except OSError:
+            pass
+        held.append(s)
+        if len(held) > n:
+            held.pop(0).close()
+    sys.stdin.read()
+    sys.exit(0)
+if mode == "bind":
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind((sys.argv[3], int(sys.argv[4])))
+    s.listen(1)
+    print("held", 1, flush=True)
+    sys.stdin.read()
+    sys.exit(0)
 held = []
 misses = 0
 cut = 0
@@ -60,10 +86,47 @@ print("held", len(held), "cut", cut, flush=True)
 sys.stdin.read()
 "#;
 
-/// A running attacker; its connections close when it is dropped.
-pub struct Flood {
+/// A python3 script running as nobody; killed when dropped (its connections close).
+pub struct Attacker {
     child: Child,
     stdin: Option<ChildStdin>,
+}
+
+impl Attacker {
+    /// Starts `script` with `args` as nobody, and returns it with the first line it prints
+    /// (its report, once it has done what it holds).
+    pub fn start(script: &str, args: &[String]) -> (Self, String) {
+        let mut child = Command::new("setpriv")
+            .args(["--reuid", NOBODY, "--regid", NOBODY, "--clear-groups", "--"])
+            .args(["/usr/bin/python3", "-c", script])
+            .args(args)
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("setpriv (util-linux) and /usr/bin/python3");
+        let stdin = child.stdin.take();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped stdout"))
+            .read_line(&mut line)
+            .expect("read the attacker's report");
+        (Self { child, stdin }, line)
+    }
+}
+
+impl Drop for Attacker {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A running attacker; its connections close when it is dropped.
+pub struct Flood {
+    _attacker: Attacker,
     /// Connections it managed to open (connect succeeded) and holds.
     pub held: usize,
     /// Connections it opened that dipamd closed, or stopped reading, before the attacker had
@@ -78,44 +141,24 @@ impl Flood {
     /// its connections.
     pub fn start(args: &[&str]) -> Self {
         let started = Instant::now();
-        let mut child = Command::new("setpriv")
-            .args(["--reuid", NOBODY, "--regid", NOBODY, "--clear-groups", "--"])
-            .args(["/usr/bin/python3", "-c", SCRIPT])
-            .args(args)
-            .env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("setpriv (util-linux) and /usr/bin/python3");
-        let stdin = child.stdin.take();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("piped stdout"))
-            .read_line(&mut line)
-            .expect("read the attacker's report");
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        let (attacker, line) = Attacker::start(SCRIPT, &args);
+        // `held N cut M`; the bind and churn modes report `held N` alone.
         let counts: Vec<usize> = line
             .split_whitespace()
             .filter_map(|w| w.parse().ok())
             .collect();
-        let [held, cut] = counts[..] else {
-            panic!("the attacker did not report: {line:?}");
+        let (held, cut) = match counts[..] {
+            [held] => (held, 0),
+            [held, cut] => (held, cut),
+            _ => panic!("the attacker did not report: {line:?}"),
         };
         Self {
-            child,
-            stdin,
+            _attacker: attacker,
             held,
             cut,
             took: started.elapsed(),
         }
-    }
-}
-
-impl Drop for Flood {
-    fn drop(&mut self) {
-        drop(self.stdin.take());
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

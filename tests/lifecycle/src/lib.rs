@@ -7,6 +7,7 @@
 pub mod agentlab;
 pub mod azure;
 pub mod bins;
+pub mod bodies;
 pub mod clock;
 pub mod cluster;
 pub mod containerd;

@@ -89,12 +89,219 @@ fn a_metrics_port_flood_never_starves_root_pods() {
     lab.assert_agree();
 }
 
+/// The doctor check of the TCP metrics listener.
+fn metrics_check(lab: &Lab) -> serde_json::Value {
+    let doctor: serde_json::Value =
+        serde_json::from_slice(&lab.dipamd.ctl(&["doctor", "--json"]).stdout).unwrap();
+    doctor
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "metrics listener bound (tcp)")
+        .unwrap_or_else(|| panic!("no metrics check: {doctor}"))
+        .clone()
+}
+
+/// Issue 38 §3. nobody listens on the `--metrics-address` port before dipamd starts (any local
+/// user or hostNetwork pod can, during any restart: an upgrade, a crash, a reboot). dipamd
+/// once exited 1 on EADDRINUSE, a crash loop with no pod networking. Now it serves root's
+/// pods, says why the port is not served (log, doctor), and binds it within seconds of the
+/// port coming free; nothing is lost.
+#[test]
+fn a_held_metrics_port_never_keeps_dipamd_from_serving() {
+    held_metrics_port(Deployment::ShippedUnit);
+}
+
+/// As above, against a dipamd started like the DaemonSet.
+#[test]
+fn a_held_metrics_port_never_keeps_dipamd_from_serving_daemonset() {
+    held_metrics_port(Deployment::DaemonSet);
+}
+
+fn held_metrics_port(d: Deployment) {
+    require_root!();
+    let port = dipam_lifecycle::deployment::free_port();
+    let holder = Flood::start(&["bind", "1", "127.0.0.1", &port.to_string()]);
+    let addr = format!("127.0.0.1:{port}");
+    let mut lab = Lab::with_flags(
+        "ptp-dipam-host-local.conflist",
+        &["--metrics-address", &addr],
+    );
+    let started = Instant::now();
+    d.start(&mut lab, None, &[]);
+    eprintln!(
+        "held metrics port ({}): ready in {:?}",
+        d.name(),
+        started.elapsed()
+    );
+    let failed = lab.add_and_del(5);
+    assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
+    let check = metrics_check(&lab);
+    assert_eq!(check["ok"], false, "{check}");
+    assert!(check["detail"].as_str().unwrap().contains(&addr), "{check}");
+    assert!(
+        lab.dipamd.log().contains("metrics listener not bound"),
+        "{}",
+        lab.dipamd.log()
+    );
+    drop(holder);
+    let freed = Instant::now();
+    let deadline = freed + Duration::from_secs(10);
+    let body = loop {
+        let out = std::net::TcpStream::connect(("127.0.0.1", port))
+            .map(|_| scrape(port))
+            .unwrap_or_default();
+        if out.starts_with("HTTP/1.1 200") || Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    eprintln!(
+        "metrics served {:?} after the port came free",
+        freed.elapsed()
+    );
+    assert!(
+        body.starts_with("HTTP/1.1 200"),
+        "{body}\n{}",
+        lab.dipamd.log()
+    );
+    assert!(
+        body.contains("dipam_metrics_listener_up{listener=\"tcp\"} 1"),
+        "{body}"
+    );
+    assert_eq!(metrics_check(&lab)["ok"], true);
+    let failed = lab.add_and_del(5);
+    assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
+    lab.assert_agree();
+}
+
+/// Issue 38 §3, request bodies: an allowed uid (nobody, `--allow-uid`) opens 8 connections,
+/// starts 64 `Cni/Add` calls on each and sends 1.9 MB of each body within the windows dipamd
+/// grants, never finishing one. tonic buffers a body whole before any handler (and the uid's
+/// quotas) sees it: 8 such connections once held 995 MiB of dipamd's memory, and the per-uid
+/// connection cap allowed about 3.9 GiB. Now a uid has at most twice
+/// `--non-root-max-in-flight` (16) calls open; the rest are answered at once, unread. RSS
+/// stays bounded, root's pods are served, nothing is lost.
+#[test]
+fn unfinished_request_bodies_are_bounded_per_uid() {
+    unfinished_bodies(Deployment::ShippedUnit);
+}
+
+/// As above, against a dipamd started like the DaemonSet.
+#[test]
+fn unfinished_request_bodies_are_bounded_per_uid_daemonset() {
+    unfinished_bodies(Deployment::DaemonSet);
+}
+
+fn unfinished_bodies(d: Deployment) {
+    require_root!();
+    let mut lab = Lab::with_flags(
+        "ptp-dipam-host-local.conflist",
+        &["--socket-group", NOBODY, "--allow-uid", NOBODY],
+    );
+    d.start(&mut lab, None, &[]);
+    let pid = lab.dipamd.pid().unwrap();
+    let before = flood::rss_kib(pid);
+    let attacker = dipam_lifecycle::bodies::Bodies::start(&lab.dipamd.socket(), 8, 64, 1_900_000);
+    let during = flood::rss_kib(pid);
+    let failed = lab.add_and_del(5);
+    eprintln!(
+        "unfinished bodies ({}): {} connections, {} MiB sent on streams dipamd kept open; \
+         dipamd RSS {} -> {} MiB; root pods failed: {}/5",
+        d.name(),
+        attacker.conns,
+        attacker.held >> 20,
+        before >> 10,
+        during >> 10,
+        failed.len()
+    );
+    assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
+    assert_eq!(attacker.conns, 8, "the attack did not happen");
+    assert!(
+        attacker.held <= 32 * 1_900_000,
+        "dipamd read {} bytes of unfinished bodies",
+        attacker.held
+    );
+    assert!(
+        during.saturating_sub(before) < 256 << 10,
+        "RSS {before} -> {during} KiB"
+    );
+    drop(attacker);
+    let failed = lab.add_and_del(3);
+    assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
+    lab.assert_agree();
+}
+
+/// Issue 38 §3, the listen backlog: 4 processes of a member of `--socket-group` who is not
+/// allowed (nobody) connect as fast as they can for 20 s. On one socket they once filled the
+/// listen backlog root's pods share, and the plugin's connect then failed at once (75 of 106
+/// root ADDs answered 11 under 4 flooders; descriptors and RSS stayed flat). With
+/// `--users-socket` the group gets a socket of its own and root's stays 0600: every root ADD
+/// and DEL beside the flood succeeds, and nothing is lost.
+#[test]
+fn a_group_members_connect_flood_never_fills_roots_backlog() {
+    backlog_flood(Deployment::ShippedUnit);
+}
+
+/// As above, against a dipamd started like the DaemonSet.
+#[test]
+fn a_group_members_connect_flood_never_fills_roots_backlog_daemonset() {
+    backlog_flood(Deployment::DaemonSet);
+}
+
+fn backlog_flood(d: Deployment) {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    require_root!();
+    let mut lab = Lab::new("ptp-dipam-host-local.conflist");
+    let users = lab.dipamd.dir.path().join("users.sock");
+    let users_flag = users.display().to_string();
+    lab.dipamd
+        .set_flags(&["--socket-group", NOBODY, "--users-socket", &users_flag]);
+    d.start(&mut lab, None, &[]);
+    let root = std::fs::metadata(lab.dipamd.socket()).unwrap();
+    assert_eq!(root.permissions().mode() & 0o777, 0o600, "root's socket");
+    let theirs = std::fs::metadata(&users).unwrap();
+    assert_eq!(
+        theirs.permissions().mode() & 0o777,
+        0o660,
+        "the users' socket"
+    );
+    assert_eq!(theirs.gid(), 65534);
+    let flooders: Vec<Flood> = (0..4)
+        .map(|_| Flood::start(&["churn", "512", &users_flag, "20"]))
+        .collect();
+    let started = Instant::now();
+    let mut failed = Vec::new();
+    let mut done = 0;
+    while started.elapsed() < Duration::from_secs(18) {
+        failed.extend(lab.add_and_del(1));
+        done += 1;
+    }
+    eprintln!(
+        "connect flood on the users' socket ({}): root ADD+DELs {done}, failed {}",
+        d.name(),
+        failed.len()
+    );
+    assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
+    assert!(done >= 5, "only {done} root ADD+DELs in 18 s");
+    drop(flooders);
+    assert_told_it_is_refused_at(&lab, &users);
+    lab.assert_agree();
+}
+
 /// What a refused peer's plugin and dipamctl say: the plugin's CNI error is 155 (not 11,
 /// "transport error") with a msg naming its uid and details asking whether it is in
 /// --allow-uid; dipamctl says dipamd closed the connection at accept. Nothing is allocated.
 #[track_caller]
 fn assert_told_it_is_refused(lab: &Lab) {
-    let conf = dipam_lifecycle::Runtime::plugin_config(lab.list(), 0, None);
+    assert_told_it_is_refused_at(lab, &lab.dipamd.socket());
+}
+
+/// [`assert_told_it_is_refused`] on the socket `sock`.
+#[track_caller]
+fn assert_told_it_is_refused_at(lab: &Lab, sock: &std::path::Path) {
+    let mut conf = dipam_lifecycle::Runtime::plugin_config(lab.list(), 0, None);
+    conf["ipam"]["socketPath"] = serde_json::json!(sock);
     let cid = dipam_lifecycle::unique("refused");
     let answer = nobody::ipam("ADD", &cid, &conf);
     assert_eq!(answer["code"], 155, "{answer}");
@@ -106,7 +313,7 @@ fn assert_told_it_is_refused(lab: &Lab) {
     let details = answer["details"].as_str().unwrap_or_default();
     assert!(details.contains("Is uid 65534 in --allow-uid?"), "{answer}");
     let ctl = dipam_lifecycle::bins::bin("dipamctl").display().to_string();
-    let sock = lab.dipamd.socket().display().to_string();
+    let sock = sock.display().to_string();
     let out = nobody::run(&[&ctl, "--socket", &sock, "status"], &[], "");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");

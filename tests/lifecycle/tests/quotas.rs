@@ -376,3 +376,84 @@ fn a_caller_can_never_fault_the_ledger_like_the_daemonset() {
     require_root!();
     a_caller_can_never_fault_the_ledger(Deployment::DaemonSet);
 }
+
+/// Issue 38 §3, echoed errors: nobody sends 24 ADDs whose host-local config holds an invalid
+/// 0.9 MB subnet, which host-local quotes whole in its error. Failed ADDs cost no quota, and
+/// dipamd once passed that text unclipped into the reply, its log and two history events
+/// each (the commit journal reached 46 MiB against its 4 MiB cap, root's commits failed with
+/// 150, two uids filled a state disk to 727 MiB in 60 s, `explain` of one container returned
+/// 1.8 MB). Now each answer, the log's growth, the state directory's growth and `explain`
+/// stay small; root's pods are served and nothing is lost.
+fn echoed_errors_are_bounded(d: Deployment) {
+    let name = d.name();
+    let lab = lab(d, &[]);
+    let mut conf = nobodys_conf(&lab, 0);
+    conf["ipam"]["delegate"]["ranges"] = json!([[{ "subnet": "x".repeat(900_000) }]]);
+    let cids: Vec<String> = (0..24)
+        .map(|i| dipam_lifecycle::unique(&format!("echo{i}")))
+        .collect();
+    let state_before = dir_bytes(&lab.dipamd.state_dir());
+    let log_before = lab.dipamd.log().len();
+    let (answers, failed) = std::thread::scope(|s| {
+        let attacker = s.spawn(|| {
+            cids.chunks(6)
+                .flat_map(|c| nobody_adds(c, &conf))
+                .collect::<Vec<_>>()
+        });
+        let failed = root_served(&lab, 10, Duration::from_secs(15));
+        (attacker.join().unwrap(), failed)
+    });
+    let state = dir_bytes(&lab.dipamd.state_dir()).saturating_sub(state_before);
+    let logged = lab.dipamd.log().len().saturating_sub(log_before);
+    let longest = answers
+        .iter()
+        .map(|a| a.to_string().len())
+        .max()
+        .unwrap_or_default();
+    let explain = lab.dipamd.ctl(&["explain", &cids[0], "--json"]);
+    eprintln!(
+        "{name}: nobody's 24 ADDs echoing 0.9 MB: longest answer {longest} B, log +{logged} B, \
+         state dir +{} KiB, explain {} B; root pods failed: {}",
+        state / 1024,
+        explain.stdout.len(),
+        failed.len()
+    );
+    assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
+    for a in &answers {
+        assert!(
+            a.get("code").is_some_and(|c| c != 0),
+            "{}",
+            a.to_string().len()
+        );
+    }
+    assert!(
+        answers.iter().any(|a| a["msg"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("clipped by dipamd")),
+        "host-local's echo did not reach dipamd: {:.2000}",
+        answers[0]
+    );
+    assert!(longest < 8 << 10, "an answer of {longest} bytes");
+    assert!(logged < 1 << 20, "the log grew {logged} bytes");
+    assert!(state < 16 << 20, "the state directory grew {state} bytes");
+    assert!(explain.status.success(), "{explain:?}");
+    assert!(
+        explain.stdout.len() < 256 << 10,
+        "explain: {} bytes",
+        explain.stdout.len()
+    );
+    assert_nothing_lost(&lab, &cids);
+}
+
+#[test]
+fn echoed_errors_are_bounded_under_the_unit() {
+    require_root!();
+    echoed_errors_are_bounded(Deployment::ShippedUnit);
+}
+
+#[test]
+fn echoed_errors_are_bounded_like_the_daemonset() {
+    require_root!();
+    echoed_errors_are_bounded(Deployment::DaemonSet);
+}

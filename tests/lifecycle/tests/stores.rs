@@ -48,31 +48,79 @@ fn a_non_root_caller_cannot_choose_where_root_writes_the_store_daemonset() {
     cannot_choose_the_store(Deployment::DaemonSet);
 }
 
+/// A directory nobody owns, holding `<network>/lock` linked to a root-only file and
+/// `<network>/last_reserved_ip.0` linked to a path nobody chose: what host-local, as root,
+/// would overwrite and create if it kept its store there.
+struct Planted {
+    mine: tempfile::TempDir,
+    _victim: tempfile::TempDir,
+    secret: std::path::PathBuf,
+    chosen: std::path::PathBuf,
+}
+
+impl Planted {
+    fn new(net: &str) -> Self {
+        let mine = tempfile::Builder::new()
+            .prefix("nobodys-store-")
+            .tempdir()
+            .unwrap();
+        let victim = tempfile::Builder::new()
+            .prefix("root-only-")
+            .tempdir()
+            .unwrap();
+        let secret = victim.path().join("secret");
+        std::fs::write(&secret, "root's\n").unwrap();
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let chosen = victim.path().join("created-by-root");
+        let planted = mine.path().join(net);
+        std::fs::create_dir(&planted).unwrap();
+        std::os::unix::fs::symlink(&secret, planted.join("lock")).unwrap();
+        std::os::unix::fs::symlink(&chosen, planted.join("last_reserved_ip.0")).unwrap();
+        for p in [mine.path(), &planted] {
+            std::os::unix::fs::lchown(p, Some(65534), Some(65534)).unwrap();
+        }
+        Self {
+            mine,
+            _victim: victim,
+            secret,
+            chosen,
+        }
+    }
+
+    /// Root's file is as it was and nothing was created where nobody pointed.
+    fn assert_untouched(&self, lab: &Lab) {
+        assert_eq!(std::fs::read_to_string(&self.secret).unwrap(), "root's\n");
+        assert!(
+            !self.chosen.exists(),
+            "host-local created {}",
+            self.chosen.display()
+        );
+        assert!(
+            !lab.dipamd.state_dir().join(lab.network()).exists(),
+            "host-local wrote into dipamd's state directory"
+        );
+    }
+}
+
+/// Root's pods are served, nobody's own pod in the store dipamd allows still works, and the
+/// ledger and host-local agree throughout.
+fn assert_served(lab: &Lab) {
+    let failed = lab.add_and_del(5);
+    assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
+    let conf = Runtime::plugin_config(lab.list(), 0, None);
+    let cid = dipam_lifecycle::unique("nobody-ok");
+    let answer = nobody::ipam("ADD", &cid, &conf);
+    assert!(answer.get("code").is_none(), "{answer}");
+    lab.assert_agree();
+    assert!(nobody::ipam("DEL", &cid, &conf).get("code").is_none());
+    lab.assert_agree();
+}
+
 fn cannot_choose_the_store(d: Deployment) {
     require_root!();
     let lab = lab(d);
-    let net = lab.network();
-    let mine = tempfile::Builder::new()
-        .prefix("nobodys-store-")
-        .tempdir()
-        .unwrap();
-    let victim = tempfile::Builder::new()
-        .prefix("root-only-")
-        .tempdir()
-        .unwrap();
-    let secret = victim.path().join("secret");
-    std::fs::write(&secret, "root's\n").unwrap();
-    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let chosen = victim.path().join("created-by-root");
-    let planted = mine.path().join(&net);
-    std::fs::create_dir(&planted).unwrap();
-    std::os::unix::fs::symlink(&secret, planted.join("lock")).unwrap();
-    std::os::unix::fs::symlink(&chosen, planted.join("last_reserved_ip.0")).unwrap();
-    for p in [mine.path(), &planted] {
-        std::os::unix::fs::lchown(p, Some(65534), Some(65534)).unwrap();
-    }
-
-    for dir in [mine.path(), lab.dipamd.state_dir().as_path()] {
+    let planted = Planted::new(&lab.network());
+    for dir in [planted.mine.path(), lab.dipamd.state_dir().as_path()] {
         let mut conf = Runtime::plugin_config(lab.list(), 0, None);
         conf["ipam"]["delegate"]["dataDir"] = json!(dir);
         let cid = dipam_lifecycle::unique("nobody-store");
@@ -84,22 +132,76 @@ fn cannot_choose_the_store(d: Deployment) {
             "{answer}"
         );
     }
-    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "root's\n");
-    assert!(!chosen.exists(), "host-local created {}", chosen.display());
+    planted.assert_untouched(&lab);
+    assert_served(&lab);
+}
+
+/// nobody spells host-local's `dataDir` another way (`DataDir`, `datadir`, `DATADIR`, alone or
+/// after an allowed `dataDir`), or names the network or `ipam` in another case at the top:
+/// host-local's Go decoder matches keys case-insensitively and keeps the last, so each once
+/// put the store where nobody chose while dipamd checked the allowed one. Each is refused
+/// with 7 naming the spelling, before host-local runs; nothing is written through nobody's
+/// links, and root's pods are served.
+#[test]
+fn a_non_root_caller_cannot_respell_the_store_key() {
+    cannot_respell_the_store_key(Deployment::ShippedUnit);
+}
+
+/// As above, against a dipamd started like the DaemonSet.
+#[test]
+fn a_non_root_caller_cannot_respell_the_store_key_daemonset() {
+    cannot_respell_the_store_key(Deployment::DaemonSet);
+}
+
+/// A respelling nobody tries: the key it uses, and how it puts it into a config (given the
+/// directory nobody owns).
+type Respell = (&'static str, fn(&mut serde_json::Value, &serde_json::Value));
+
+fn cannot_respell_the_store_key(d: Deployment) {
+    require_root!();
+    let lab = lab(d);
+    let planted = Planted::new(&lab.network());
+    let mine = json!(planted.mine.path());
+    let respelled: [Respell; 6] = [
+        ("DataDir", |c, mine| {
+            c["ipam"]["delegate"]["DataDir"] = mine.clone()
+        }),
+        ("datadir", |c, mine| {
+            c["ipam"]["delegate"]["datadir"] = mine.clone()
+        }),
+        ("DATADIR", |c, mine| {
+            c["ipam"]["delegate"]["DATADIR"] = mine.clone()
+        }),
+        ("datadir", |c, mine| {
+            c["ipam"]["delegate"]["dataDir"] = json!("/var/lib/cni/networks");
+            c["ipam"]["delegate"]["datadir"] = mine.clone();
+        }),
+        ("IPAM", |c, mine| {
+            c["IPAM"] = json!({"type": "host-local", "dataDir": mine});
+        }),
+        ("Name", |c, _| c["Name"] = json!("other-net")),
+    ];
+    for (key, respell) in respelled {
+        let mut conf = Runtime::plugin_config(lab.list(), 0, None);
+        respell(&mut conf, &mine);
+        let cid = dipam_lifecycle::unique("nobody-respelled");
+        let answer = nobody::ipam("ADD", &cid, &conf);
+        assert_eq!(answer["code"], 7, "{key}: {answer}");
+        let said = format!("{}{}", answer["msg"], answer["details"]);
+        assert!(said.contains(key), "{key}: {answer}");
+        // Nothing was allocated: a DEL has nothing to release, and succeeds.
+        let del = nobody::ipam("DEL", &cid, &Runtime::plugin_config(lab.list(), 0, None));
+        assert!(del.get("code").is_none(), "{key}: {del}");
+    }
+    planted.assert_untouched(&lab);
     assert!(
-        !lab.dipamd.state_dir().join(&net).exists(),
-        "host-local wrote into dipamd's state directory"
+        std::fs::read_dir(planted.mine.path().join(lab.network()))
+            .unwrap()
+            .count()
+            == 2,
+        "host-local reserved an address in nobody's directory"
     );
-    let failed = lab.add_and_del(5);
-    assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
-    // nobody's own pod in the store dipamd allows still works.
-    let conf = Runtime::plugin_config(lab.list(), 0, None);
-    let cid = dipam_lifecycle::unique("nobody-ok");
-    let answer = nobody::ipam("ADD", &cid, &conf);
-    assert!(answer.get("code").is_none(), "{answer}");
-    lab.assert_agree();
-    assert!(nobody::ipam("DEL", &cid, &conf).get("code").is_none());
-    lab.assert_agree();
+    assert_served(&lab);
 }
 
 /// Entries planted in a network's store (a FIFO, a link to /dev/zero, a 1 MiB file, each

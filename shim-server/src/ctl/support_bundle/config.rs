@@ -18,8 +18,8 @@ fn host_local_dirs(lists: &[(String, Vec<u8>)]) -> Vec<PathBuf> {
         match v {
             Value::Object(m) => {
                 if m.get("type").and_then(Value::as_str) == Some("host-local") {
-                    let base = m
-                        .get("dataDir")
+                    // Read as host-local reads it (delegate/keys.rs).
+                    let base = crate::delegate::keys::get(v, "dataDir")
                         .and_then(Value::as_str)
                         .unwrap_or("/var/lib/cni/networks");
                     out.push(Path::new(base).join(network));

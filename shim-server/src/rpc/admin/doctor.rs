@@ -116,10 +116,36 @@ pub async fn run(node: &Node) -> Result<DoctorReply, ShimError> {
     checks.push(crossed_del_check(node));
     unmanaged_agent_check(node, &mut checks);
     spool_checks(node, &mut checks);
+    metrics_checks(node, &mut checks);
     Ok(DoctorReply {
         protocol_version: dipam_proto::PROTOCOL_VERSION,
         checks,
     })
+}
+
+/// Each configured metrics listener bound (daemon/metrics_bind.rs: dipamd serves pods
+/// without it, and retries its bind).
+fn metrics_checks(node: &Node, checks: &mut Vec<DoctorCheck>) {
+    for l in node.metrics_listeners.snapshot() {
+        checks.push(check(
+            format!("metrics listener bound ({})", l.kind),
+            l.bound,
+            if l.bound {
+                format!("serving metrics on {}", l.address)
+            } else {
+                format!(
+                    "{}: {} ({} binds tried; retried every {} s)",
+                    l.address,
+                    l.error,
+                    l.attempts,
+                    crate::metrics_listen::RETRY.as_secs()
+                )
+            },
+            "something else holds the address: find it (ss -ltnp, or ss -lxp for a socket) and \
+             stop it, or move --metrics-address / --metrics-socket; dipamd serves pods \
+             meanwhile and binds as soon as the address is free",
+        ));
+    }
 }
 
 /// The ledger (persistent, taking commits), the socket and the state directory (private).
