@@ -327,6 +327,9 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         per_uid = args.max_connections_per_uid,
         "connection budget"
     );
+    // Written at the clean stop below: the history is batched, and what is queued when the
+    // server has drained would otherwise be lost to the exit (docs/troubleshooting.md).
+    let history = node.history.get().cloned();
     server::serve(
         node,
         server::Listener::new(
@@ -344,6 +347,9 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         sockets.stop,
     )
     .await?;
+    if let Some(h) = history {
+        h.flush().await;
+    }
     Ok(())
 }
 
