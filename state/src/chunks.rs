@@ -158,9 +158,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::{
-        Batch, Store, StoreError, Tree, sled_store::SledStore, suite::sled_only::SmallFs,
-    };
+    use crate::{Batch, Store, StoreError, Tree, sled_store::SledStore, suite::sled_only::SmallFs};
 
     /// A network config of the size that wedged dipamd (400 kB), distinct per `i`.
     fn large(i: usize) -> String {

@@ -741,7 +741,10 @@ async fn an_add_whose_plugin_leaves_runs_to_its_end_and_is_rolled_back() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(b.path("add-done").exists(), "the delegate was killed mid-ADD");
+    assert!(
+        b.path("add-done").exists(),
+        "the delegate was killed mid-ADD"
+    );
     // The key is free again: the runtime's retry gets a fresh ADD.
     std::fs::remove_file(b.path("slow-add")).unwrap();
     add_as(&b.node, Caller::ROOT, request("c1", "1.0.0", json!({})))
