@@ -1263,7 +1263,7 @@ fn transact(trees: &[sled::Tree], dir: &Path, batch: &Batch, seq: u64) -> Result
     // the transactional views (no I/O, no side effects).
     let result = trees.transaction(
         |txs| -> ConflictableTransactionResult<(), std::convert::Infallible> {
-            chunks::write(&txs, &txs[pieces_index], batch.ops(), seq)?;
+            chunks::write(txs, &txs[pieces_index], batch.ops(), seq)?;
             txs[seq_index].insert(SEQ_KEY, &seq.to_be_bytes()[..])?;
             Ok(())
         },

@@ -295,12 +295,15 @@ fn flock_within(
     }
 }
 
+/// An entry's bytes and mtime.
+type Entry = (Vec<u8>, Option<SystemTime>);
+
 /// One entry's text and mtime, read only as a regular file of at most [`MAX_ENTRY_BYTES`]:
 /// opened without following a link (O_NOFOLLOW) and without waiting for a writer
 /// (O_NONBLOCK: a FIFO planted in a store once froze dipamd, and after a restart kept it from
 /// ever binding its socket). Ok(None): gone or unreadable (host-local removed it meanwhile).
 /// Err: what it is instead, for the skip warning.
-fn entry_text(path: &Path) -> Result<Option<(Vec<u8>, Option<SystemTime>)>, String> {
+fn entry_text(path: &Path) -> Result<Option<Entry>, String> {
     use std::{io::Read, os::unix::fs::OpenOptionsExt};
     let file = match std::fs::OpenOptions::new()
         .read(true)
