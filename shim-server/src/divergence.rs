@@ -40,8 +40,12 @@ pub struct Divergence {
     /// Reservations the ledger does not know, no evidence names, but the look was partial:
     /// kept, never freed.
     pub unverified: Vec<String>,
-    /// Every reservation the ledger does not know (outside the grace period), as read.
+    /// Every reservation the ledger does not know (outside the grace period), as read; blank
+    /// ones (store::Contents::blank) with an empty container ID.
     pub unrecorded: Vec<store::Reservation>,
+    /// The blank reservations among the orphans, after [`classify`]: `--reconcile-free`
+    /// removes them (no DEL can).
+    pub blank_orphans: Vec<store::Reservation>,
     /// Adopted records whose every address the store no longer holds: their pod was deleted
     /// by a runtime that used the config cached at its ADD (from before the node was
     /// adopted: podman does), so the DEL went straight to the delegate. [`round`] forgets
@@ -139,11 +143,25 @@ pub fn classify(d: &mut Divergence, scan: &Scan) {
     d.orphans.clear();
     d.alive.clear();
     d.unverified.clear();
+    d.blank_orphans.clear();
     for r in &d.unrecorded {
-        let what = format!("{} ({} {})", r.ip, r.container_id, r.ifname);
+        let blank = r.container_id.is_empty();
+        let what = if blank {
+            format!(
+                "{} (a blank reservation: its file names no owner, so no DEL releases it)",
+                r.ip
+            )
+        } else {
+            format!("{} ({} {})", r.ip, r.container_id, r.ifname)
+        };
         match scan.verdict(r.ip, &r.container_id) {
             Verdict::Alive(why) => d.alive.push(format!("{what}: {why}")),
-            Verdict::Dead => d.orphans.push(what),
+            Verdict::Dead => {
+                d.orphans.push(what);
+                if blank {
+                    d.blank_orphans.push(r.clone());
+                }
+            }
             Verdict::Unknown(why) => d.unverified.push(format!("{what}: {why}")),
         }
     }
@@ -177,9 +195,16 @@ pub async fn look(
         .filter(|r| r.creator_uid == creator)
         .cloned()
         .collect();
-    let held = store::read(dir.clone())
+    let store::Contents { mut held, blank } = store::read_contents(dir.clone())
         .await
         .map_err(|e| ShimError::Internal(format!("reading {}: {e}", dir.display())))?;
+    // A blank file at an address a record holds is that record's (reported missing below);
+    // any other is an orphan once older than store::BLANK_MIN_AGE.
+    let recorded_ips: HashSet<IpAddr> = all
+        .iter()
+        .flat_map(|r| r.result.as_ref().map(result_addrs).unwrap_or_default())
+        .collect();
+    held.extend(blank.into_iter().filter(|r| !recorded_ips.contains(&r.ip)));
     let held_pairs: HashSet<(String, std::net::IpAddr)> = held
         .iter()
         .map(|r| (r.container_id.clone(), r.ip))
@@ -274,13 +299,25 @@ fn unrecorded(
     let known = store::Known::of(all);
     let mut out = Vec::new();
     for r in held {
-        let ours = known.accounts_for(r);
+        let blank = r.container_id.is_empty();
+        // A blank reservation (host-local killed between creating the file and writing its
+        // owner) names no container: no record accounts for it.
+        let ours = !blank && known.accounts_for(r);
         // A reservation younger than the grace period may be an ADD's that is still being
-        // recorded: neither adopted nor called an orphan yet.
-        let young = r
+        // recorded: neither adopted nor called an orphan yet. A blank one may be a file
+        // host-local is writing: never younger than store::BLANK_MIN_AGE either.
+        let grace = match blank {
+            true => w.gc.policy.grace.max(store::BLANK_MIN_AGE),
+            false => w.gc.policy.grace,
+        };
+        let age = r
             .modified
-            .and_then(|m| std::time::SystemTime::now().duration_since(m).ok())
-            .is_some_and(|age| age < w.gc.policy.grace);
+            .and_then(|m| std::time::SystemTime::now().duration_since(m).ok());
+        // A blank one of unknown age (its mtime ahead of the clock) is kept as young.
+        let young = match blank {
+            true => age.is_none_or(|age| age < grace),
+            false => age.is_some_and(|age| age < grace),
+        };
         if !ours && !young {
             out.push(r.clone());
         }
@@ -499,7 +536,8 @@ pub async fn round(w: &Watch, free: bool) -> Result<(), ShimError> {
                 )
                 .await?;
                 let freed = plan.items.iter().filter(|i| i.outcome == "freed").count();
-                info!(network = %dc.network, freed, "reconcile freed orphaned reservations");
+                let blank = free_blanks(&dc, std::mem::take(&mut d.blank_orphans)).await;
+                info!(network = %dc.network, freed, blank, "reconcile freed orphaned reservations");
             }
         }
         missing += d.missing.len() as u64;
@@ -545,6 +583,39 @@ async fn adopt_alive(w: &Watch, dc: &DelegateConf, d: &mut Divergence, now: &Sca
         Err(e) => {
             warn!(network = %dc.network, error = %e, "adopting running pods' reservations failed")
         }
+    }
+}
+
+/// Removes the blank orphans of the network of `dc` (store::free_blank: under host-local's
+/// lock, each checked again there); how many went. No DEL can free them: host-local releases
+/// by the owner the file lacks.
+async fn free_blanks(dc: &DelegateConf, blank: Vec<store::Reservation>) -> usize {
+    let Some(dir) = store::readable_dir(&dc.kind, &dc.conf, &dc.network) else {
+        return 0;
+    };
+    if blank.is_empty() {
+        return 0;
+    }
+    let network = dc.network.clone();
+    let task = tokio::task::spawn_blocking(move || {
+        let mut freed = 0;
+        for r in &blank {
+            match store::free_blank(&dir, r, store::BLANK_MIN_AGE) {
+                Ok(true) => {
+                    info!(network = %network, ip = %r.ip, dir = %dir.display(), "freed a blank reservation (its file named no owner: a delegate killed between creating and writing it)");
+                    freed += 1;
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    warn!(network = %network, ip = %r.ip, error = %e, "could not free a blank reservation")
+                }
+            }
+        }
+        freed
+    });
+    match tokio::time::timeout(store::READ_TIMEOUT, task).await {
+        Ok(Ok(freed)) => freed,
+        _ => 0,
     }
 }
 

@@ -171,6 +171,10 @@ pub enum ShimError {
     /// Saturated: answered at once rather than queued forever.
     #[error("dipamd is busy: {0}")]
     Busy(String),
+    /// An ADD's plugin left before its answer (rpc/add.rs); the reply reaches only the log
+    /// and the history.
+    #[error("the plugin left before the ADD of {key} was answered")]
+    RequesterLeft { key: String, released: bool },
     /// A runtime's ADD, CHECK or DEL of one of dipamd's own keys (keys/).
     #[error("container ID {container_id} is reserved for {family}; a runtime may not {command} it")]
     Reserved {
@@ -237,6 +241,15 @@ impl ShimError {
         match self {
             Self::ProtocolTooOld { .. } | Self::Internal(_) => (codes::INTERNAL, String::new()),
             Self::Busy(_) => (codes::TRY_AGAIN_LATER, "retry shortly".into()),
+            Self::RequesterLeft { released, .. } => (
+                codes::TRY_AGAIN_LATER,
+                if *released {
+                    "it was killed or its runtime's timeout passed; the ADD ran to its end and                      what it allocated was released"
+                } else {
+                    "it was killed or its runtime's timeout passed; what the ADD allocated is                      still recorded, for the runtime's DEL, GC or the next start to release"
+                }
+                .into(),
+            ),
             Self::Forbidden { details, .. } => (codes::PERMISSION_DENIED, details.clone()),
             Self::TooLarge { code, .. } => (
                 *code,

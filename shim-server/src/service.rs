@@ -253,23 +253,32 @@ type ReplyStream =
 
 #[tonic::async_trait]
 impl Cni for Service {
+    /// The ADD runs in a task of its own, to its end, whether or not the plugin stays for the
+    /// answer: dropped with this handler (the plugin killed by its runtime's timeout, or with
+    /// its caller), it would abandon its delegate mid-ADD and let go of the key's lock while
+    /// the delegate still works. A plugin that left has the ADD rolled back (rpc/add.rs).
+    /// Bounded: each task holds an admission slot until it ends (access.rs).
     async fn add(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
         let caller = Caller::of(&r);
-        add(
-            &self.0,
-            caller,
-            r.into_inner(),
-            crate::core::attach::Early::default(),
-        )
-        .await
-        .map(Response::new)
+        let req = r.into_inner();
+        let node = Arc::clone(&self.0);
+        // Lives as long as this handler: the ADD sees the plugin leave by its end.
+        let waiting = Arc::new(());
+        let early = crate::core::attach::Early::default().watched(&waiting);
+        let task = tokio::spawn(async move { add(&node, caller, req, early).await });
+        let reply = task
+            .await
+            .map_err(|e| Status::internal(format!("ADD task: {e}")))?;
+        drop(waiting);
+        reply.map(Response::new)
     }
 
     type AddEarlyStream = ReplyStream;
 
     /// The ADD runs in a task of its own: it goes on to its commit (or its rollback) even if
-    /// the plugin disconnects mid-stream, as any ADD whose caller died; the runtime's DEL
-    /// after the failed ADD then releases it.
+    /// the plugin disconnects mid-stream. If it left before a result was offered, the ADD is
+    /// rolled back as a unary one is; after, the plugin may have wired the pod with it, and
+    /// the runtime's DEL after the failed ADD releases it.
     async fn add_early(
         &self,
         r: Request<CniRequest>,
@@ -278,8 +287,11 @@ impl Cni for Service {
         let req = r.into_inner();
         let node = Arc::clone(&self.0);
         let (tx, out) = tokio::sync::mpsc::channel(2);
+        // Lives as long as the reply stream: the ADD sees the plugin leave by its end.
+        let waiting = Arc::new(());
+        let (early_tx, early_rx) = tokio::sync::oneshot::channel::<Vec<u8>>();
+        let early = crate::core::attach::Early::to(early_tx).watched(&waiting);
         tokio::spawn(async move {
-            let (early_tx, early_rx) = tokio::sync::oneshot::channel::<Vec<u8>>();
             // Sends the early result, if the ADD offers one; done when it does, or when the
             // ADD ends without (its sender dropped with the ADD).
             let forward = async {
@@ -294,13 +306,18 @@ impl Cni for Service {
                     let _ = tx.send(Ok(early)).await;
                 }
             };
-            let handler = add(&node, caller, req, crate::core::attach::Early::to(early_tx));
+            let handler = add(&node, caller, req, early);
             let (last, ()) = tokio::join!(handler, forward);
             let _ = tx.send(last).await;
         });
-        Ok(Response::new(Box::pin(
+        let replies = tokio_stream::StreamExt::map(
             tokio_stream::wrappers::ReceiverStream::new(out),
-        )))
+            move |reply| {
+                let _alive = Arc::clone(&waiting);
+                reply
+            },
+        );
+        Ok(Response::new(Box::pin(replies)))
     }
     async fn del(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
         let caller = Caller::of(&r);

@@ -14,6 +14,7 @@
 //! Every write path ends in [`Store::commit`], which returns only once the change is durable.
 //! All calls block on disk I/O: call them from `spawn_blocking`, not directly on a tokio worker.
 
+mod chunks;
 mod error;
 mod journal;
 mod ledger;

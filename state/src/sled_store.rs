@@ -59,10 +59,10 @@ use std::time::{Duration, Instant, SystemTime};
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionResult, TransactionError};
 
+use crate::chunks;
 use crate::journal::{CHECKPOINT_BYTES, JOURNAL_FILE, Journal, Tail};
 use crate::pending::{Pending, merge};
 use crate::schema::ensure_schema;
-use crate::store::Op;
 use crate::{Batch, Durability, KeyValue, Store, StoreError, Tree};
 
 /// sled's page cache size. The ledger holds one small record per attachment (a node has at
@@ -141,8 +141,10 @@ const LOCK_RETRY: Duration = Duration::from_millis(500);
 /// after every failed attempt, up to [`REOPEN_BACKOFF_MAX`]: a full disk costs one reopen
 /// attempt every few seconds, never a busy loop, and a freed disk is noticed within that.
 const REOPEN_BACKOFF_MIN: Duration = Duration::from_millis(250);
-/// The longest wait between two reopen attempts.
-const REOPEN_BACKOFF_MAX: Duration = Duration::from_secs(4);
+/// The longest wait between two reopen attempts: dipamd serves again within about this long
+/// of space returning (docs/configuration.md promises a few seconds). An attempt on a disk
+/// still full costs a close and an open of sled, which a 2-CPU node does not notice every 2 s.
+const REOPEN_BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// The journal's size beyond which commits are refused while checkpoints fail: every
 /// journaled commit is also held in memory until sled has it, so this bounds that memory
 /// whatever the disk does.
@@ -162,6 +164,88 @@ impl Engine {
     fn tree(&self, tree: Tree) -> &sled::Tree {
         &self.trees[tree.index()]
     }
+
+    /// The tree of large values' pieces (chunks.rs): the one before sled's default tree.
+    fn pieces(&self) -> &sled::Tree {
+        &self.trees[self.trees.len() - 2]
+    }
+
+    /// A value as sled holds it, with a large one put together from its pieces.
+    fn resolve(
+        &self,
+        dir: &Path,
+        value: sled::IVec,
+    ) -> Result<Result<Vec<u8>, chunks::Torn>, StoreError> {
+        match chunks::Stub::parse(&value) {
+            None => Ok(Ok(value.to_vec())),
+            Some(stub) => stub
+                .assemble(|k| self.pieces().get(k))
+                .map_err(|e| map_sled(dir, e)),
+        }
+    }
+}
+
+/// How many times a read starts over when a large value it read was replaced meanwhile.
+const TORN_RETRIES: usize = 8;
+
+/// The error of a read that kept meeting replaced values.
+fn kept_changing(dir: &Path) -> StoreError {
+    StoreError::Backend(format!(
+        "a large value in {} kept changing while it was read",
+        dir.display()
+    ))
+}
+
+/// The longest a read or a reopen waits for the engine's lock: a reopen holds it only to
+/// swap the engine, so a longer wait means something holds it that should not, and the
+/// caller gets an error (150 for a CNI request) instead of a hang.
+const ENGINE_WAIT: Duration = Duration::from_secs(2);
+
+/// How long a reopen waits for the old sled engine to close (it flushes and joins its
+/// threads) before it leaves it to a thread of its own. sled's files stay locked until it
+/// has closed, so the reopen fails meanwhile, and is retried.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+/// The most old engines left closing at once. sled 0.34 can wait forever in its close after
+/// a failed write of a large value (chunks.rs says why such writes no longer happen); each
+/// such engine holds a thread and its memory, so past this many the store stops reopening
+/// and reports a fault a restart clears.
+const MAX_CLOSING: usize = 2;
+
+/// Old engines whose close has not finished.
+static CLOSING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Closes `engine` on a thread of its own, waiting at most [`CLOSE_WAIT`] for it: never
+/// under a lock, so that readers and commits get errors rather than a hang while sled
+/// closes. Err: it is still closing (its files are still locked).
+fn close_engine(dir: &Path, engine: Engine) -> Result<(), StoreError> {
+    if CLOSING.load(Ordering::Acquire) >= MAX_CLOSING {
+        // Dropped here would hang this thread: leaked instead (bounded: it takes no reopen).
+        std::mem::forget(engine);
+        return Err(StoreError::Backend(format!(
+            "{MAX_CLOSING} earlier sled engines of {} never finished closing; restart dipamd",
+            dir.display()
+        )));
+    }
+    CLOSING.fetch_add(1, Ordering::AcqRel);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let spawned = thread::Builder::new()
+        .name("dipam-ledger-close".into())
+        .spawn(move || {
+            drop(engine);
+            CLOSING.fetch_sub(1, Ordering::AcqRel);
+            let _ = done_tx.send(());
+        });
+    if let Err(e) = spawned {
+        CLOSING.fetch_sub(1, Ordering::AcqRel);
+        return Err(io_err(dir)(e));
+    }
+    done_rx.recv_timeout(CLOSE_WAIT).map_err(|_| {
+        StoreError::Backend(format!(
+            "the previous sled engine of {} has not finished closing after {CLOSE_WAIT:?}",
+            dir.display()
+        ))
+    })
 }
 
 /// Why commits are failing, for [`Store::fault`] and the error every commit gets meanwhile.
@@ -273,6 +357,7 @@ fn open_engine(dir: &Path) -> Result<Engine, StoreError> {
         .map(|t| db.open_tree(t.name()))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| map_sled(dir, e))?;
+    trees.push(db.open_tree(chunks::TREE).map_err(|e| map_sled(dir, e))?);
     trees.push((*db).clone());
     let data_path = dir.join("db");
     let data_file = File::open(&data_path).map_err(io_err(&data_path))?;
@@ -511,15 +596,51 @@ impl Inner {
         move |e| map_sled(&self.dir, e)
     }
 
-    /// The engine, or the fault that took it away.
+    /// The engine, or the fault that took it away. Waits at most [`ENGINE_WAIT`] for it.
     fn engine(&self) -> Result<RwLockReadGuard<'_, Option<Engine>>, StoreError> {
-        let engine = self.engine.read().map_err(|_| {
-            StoreError::Backend("SledStore lock poisoned by an earlier panic".into())
-        })?;
+        let until = Instant::now() + ENGINE_WAIT;
+        let engine = loop {
+            match self.engine.try_read() {
+                Ok(engine) => break engine,
+                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < until => {
+                    thread::sleep(Duration::from_millis(1));
+                }
+                Err(std::sync::TryLockError::WouldBlock) => return Err(self.unavailable()),
+                Err(std::sync::TryLockError::Poisoned(_)) => {
+                    return Err(StoreError::Backend(
+                        "SledStore lock poisoned by an earlier panic".into(),
+                    ));
+                }
+            }
+        };
         if engine.is_none() {
             return Err(self.unavailable());
         }
         Ok(engine)
+    }
+
+    /// Swaps the engine for `engine`, waiting at most [`ENGINE_WAIT`] for the lock; the old
+    /// one is returned, to be closed without the lock ([`close_engine`]).
+    fn swap_engine(&self, engine: Option<Engine>) -> Result<Option<Engine>, StoreError> {
+        let until = Instant::now() + ENGINE_WAIT;
+        loop {
+            match self.engine.try_write() {
+                Ok(mut slot) => return Ok(std::mem::replace(&mut *slot, engine)),
+                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < until => {
+                    thread::sleep(Duration::from_millis(1));
+                }
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    return Err(StoreError::Backend(format!(
+                        "the ledger's engine stayed in use for {ENGINE_WAIT:?}; reopen deferred"
+                    )));
+                }
+                Err(std::sync::TryLockError::Poisoned(_)) => {
+                    return Err(StoreError::Backend(
+                        "SledStore lock poisoned by an earlier panic".into(),
+                    ));
+                }
+            }
+        }
     }
 
     /// The error a commit (or a read without sled) gets while the store is in a fault.
@@ -608,15 +729,43 @@ impl Inner {
     /// sled's flushed log), so the reopened store must hold every one the witness claims;
     /// if it does not, it cannot prove what it holds and stays refused until a restart runs
     /// the start-up checks.
+    ///
+    /// No lock is held while sled closes or opens (either can take long, and sled 0.34's
+    /// close can wait forever, chunks.rs): the old engine is taken out in one short swap and
+    /// closed on a thread of its own ([`close_engine`]); reads meanwhile fail at once with the
+    /// fault (150 for a CNI request), and commits too, as they do during any fault.
     fn reopen(&self) -> Result<(), StoreError> {
-        let mut commits = lock(&self.commits)?;
-        let _applying = lock(&self.applying)?;
-        let mut slot = self.engine.write().map_err(|_| {
-            StoreError::Backend("SledStore lock poisoned by an earlier panic".into())
-        })?;
-        // Dropped first: sled's lock on `db` goes with it, and the open below needs it.
-        *slot = None;
+        if let Some(old) = self.swap_engine(None)? {
+            // Closed first: sled's lock on `db` goes with it, and the open below needs it.
+            close_engine(&self.dir, old)?;
+        }
         let engine = open_engine(&self.dir)?;
+        let mut commits = lock(&self.commits)?;
+        let applying = lock(&self.applying)?;
+        let replayed_to = match self.replay_into(&engine, &mut commits) {
+            Ok(seq) => seq,
+            Err(e) => {
+                drop(applying);
+                drop(commits);
+                // Not dropped here: the applier would hang with it if sled's close did.
+                let _ = close_engine(&self.dir, engine);
+                return Err(e);
+            }
+        };
+        if let Some(other) = self.swap_engine(Some(engine))? {
+            // Only a reopen puts an engine in, and only the applier reopens.
+            close_engine(&self.dir, other)?;
+        }
+        self.claim(replayed_to, Durability::SurvivesPowerCut)?;
+        self.journal_full.store(false, Ordering::Release);
+        drop(applying);
+        Ok(())
+    }
+
+    /// The reopen's work on the freshly opened `engine`, under the commit lock: the journal
+    /// replayed into it, the witness checked against what it holds, a checkpoint. Returns the
+    /// number of its last commit.
+    fn replay_into(&self, engine: &Engine, commits: &mut Commits) -> Result<u64, StoreError> {
         let sled_seq = read_seq(&engine.db, &self.dir)?;
         let (mut journal, entries, tail) =
             Journal::open(&self.dir).map_err(io_err(&self.journal_path))?;
@@ -645,15 +794,11 @@ impl Inner {
         }
         // Everything pending was journaled before it was pending: it is in sled now.
         *lock(&self.pending)? = Pending::default();
-        self.persist(&engine, Durability::SurvivesPowerCut)?;
+        self.persist(engine, Durability::SurvivesPowerCut)?;
         journal.reset().map_err(io_err(&self.journal_path))?;
         commits.seq = replayed_to;
         commits.journal = Some(journal);
-        *slot = Some(engine);
-        drop(slot);
-        self.claim(replayed_to, Durability::SurvivesPowerCut)?;
-        self.journal_full.store(false, Ordering::Release);
-        Ok(())
+        Ok(replayed_to)
     }
 
     /// The applier thread: once commits are pending, waits until none has come for
@@ -812,48 +957,59 @@ impl Inner {
 
 impl Inner {
     fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        if let Some(pending) = lock(&self.pending)?.get(tree, key) {
-            return Ok(pending);
+        for _ in 0..TORN_RETRIES {
+            if let Some(pending) = lock(&self.pending)?.get(tree, key) {
+                return Ok(pending);
+            }
+            let engine = self.engine()?;
+            let engine = engine.as_ref().expect("checked by engine()");
+            let Some(value) = engine.tree(tree).get(key).map_err(self.sled_err())? else {
+                return Ok(None);
+            };
+            if let Ok(value) = engine.resolve(&self.dir, value)? {
+                return Ok(Some(value));
+            }
         }
-        let engine = self.engine()?;
-        let engine = engine.as_ref().expect("checked by engine()");
-        Ok(engine
-            .tree(tree)
-            .get(key)
-            .map_err(self.sled_err())?
-            .map(|v| v.to_vec()))
+        Err(kept_changing(&self.dir))
     }
 
     fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<KeyValue>, StoreError> {
-        // The overlay first: a commit applied meanwhile is then in sled, with the same value.
-        let overlay = lock(&self.pending)?.overlay(tree, prefix);
-        self.scan_under(tree, prefix, overlay)
+        for _ in 0..TORN_RETRIES {
+            // The overlay first: a commit applied meanwhile is then in sled, with the same
+            // value.
+            let overlay = lock(&self.pending)?.overlay(tree, prefix);
+            if let Ok(entries) = self.scan_under(tree, prefix, overlay)? {
+                return Ok(entries);
+            }
+        }
+        Err(kept_changing(&self.dir))
     }
 
     /// sled's entries under `prefix`, with `overlay` (pending ops read before) laid over them.
+    /// Torn: a large value was replaced while it was read; read again.
     fn scan_under(
         &self,
         tree: Tree,
         prefix: &[u8],
         overlay: Vec<(Vec<u8>, Option<Vec<u8>>)>,
-    ) -> Result<Vec<KeyValue>, StoreError> {
+    ) -> Result<Result<Vec<KeyValue>, chunks::Torn>, StoreError> {
         let engine = self.engine()?;
         let engine = engine.as_ref().expect("checked by engine()");
-        let base = engine
-            .tree(tree)
-            .scan_prefix(prefix)
-            .map(|kv| {
-                kv.map(|(k, v)| (k.to_vec(), v.to_vec()))
-                    .map_err(self.sled_err())
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(merge(base, overlay))
+        let mut base = Vec::new();
+        for kv in engine.tree(tree).scan_prefix(prefix) {
+            let (k, v) = kv.map_err(self.sled_err())?;
+            match engine.resolve(&self.dir, v)? {
+                Ok(v) => base.push((k.to_vec(), v)),
+                Err(torn) => return Ok(Err(torn)),
+            }
+        }
+        Ok(Ok(merge(base, overlay)))
     }
 
     fn scan_keys(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
         let overlay = lock(&self.pending)?.overlay(tree, prefix);
         if !overlay.is_empty() {
-            let entries = self.scan_under(tree, prefix, overlay)?;
+            let entries = self.scan_prefix(tree, prefix)?;
             return Ok(entries.into_iter().map(|(k, _)| k).collect());
         }
         // Nothing pending here: sled's keys alone, without reading the values.
@@ -1101,21 +1257,13 @@ fn boot_id() -> Option<String> {
 /// Applies `batch` plus the commit number `seq` in one sled transaction.
 fn transact(trees: &[sled::Tree], dir: &Path, batch: &Batch, seq: u64) -> Result<(), StoreError> {
     let seq_index = trees.len() - 1;
+    let pieces_index = trees.len() - 2;
     // Transact over every tree: simpler than collecting the touched ones, and the cost is
     // one overlay per tree. sled may re-run this closure on conflict, so it only touches
     // the transactional views (no I/O, no side effects).
     let result = trees.transaction(
         |txs| -> ConflictableTransactionResult<(), std::convert::Infallible> {
-            for op in batch.ops() {
-                match op {
-                    Op::Put { tree, key, value } => {
-                        txs[tree.index()].insert(key.as_slice(), value.as_slice())?;
-                    }
-                    Op::Delete { tree, key } => {
-                        txs[tree.index()].remove(key.as_slice())?;
-                    }
-                }
-            }
+            chunks::write(txs, &txs[pieces_index], batch.ops(), seq)?;
             txs[seq_index].insert(SEQ_KEY, &seq.to_be_bytes()[..])?;
             Ok(())
         },

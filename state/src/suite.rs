@@ -374,7 +374,7 @@ fn mem_injected_failure_applies_nothing() {
 
 // ---- SledStore only ----------------------------------------------------------------------
 
-mod sled_only {
+pub(crate) mod sled_only {
     use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
     use std::os::unix::fs::FileExt;
     use std::os::unix::process::ExitStatusExt;
@@ -972,13 +972,13 @@ mod sled_only {
     }
 
     /// A small tmpfs mounted for one test, unmounted on drop.
-    struct SmallFs {
+    pub(crate) struct SmallFs {
         dir: tempfile::TempDir,
     }
 
     impl SmallFs {
         /// `None` when not root (mounting needs it).
-        fn mount(bytes: u64) -> Option<Self> {
+        pub(crate) fn mount(bytes: u64) -> Option<Self> {
             let dir = tempfile::tempdir().unwrap();
             let ok = Command::new("mount")
                 .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "dipam-test"])
@@ -988,12 +988,12 @@ mod sled_only {
             ok.then_some(Self { dir })
         }
 
-        fn path(&self) -> &Path {
+        pub(crate) fn path(&self) -> &Path {
             self.dir.path()
         }
 
         /// Writes a filler file until the file system is full.
-        fn fill(&self) -> std::path::PathBuf {
+        pub(crate) fn fill(&self) -> std::path::PathBuf {
             let path = self.path().join("filler");
             let mut f = std::fs::File::create(&path).unwrap();
             let chunk = vec![0xAB; 64 * 1024];

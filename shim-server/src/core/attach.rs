@@ -21,18 +21,51 @@ use crate::{clock::now, delegate::Gated, delegate::version, error::ShimError};
 /// (~0.5 ms of every main-mode ADD, docs/performance.md). A fresh result (the delegate's, or
 /// a warm pool entry's before the take's commit) goes here; a replayed answer is durable
 /// already and is simply the stream's one reply. Empty for a plain ADD.
+///
+/// It also knows whether the ADD's requester still waits for its answer ([`Self::watched`]):
+/// an ADD runs to its end in a task of its own whoever leaves (service.rs), and one whose
+/// plugin left is then rolled back (rpc/add.rs).
 #[derive(Debug, Default)]
-pub struct Early(Option<oneshot::Sender<Vec<u8>>>);
+pub struct Early {
+    tx: Option<oneshot::Sender<Vec<u8>>>,
+    /// Whether the stream had a sender: once it is gone, a result was offered.
+    stream: bool,
+    /// Alive while the requester waits; `None`: dipamd's own ADD, which no one leaves.
+    requester: Option<std::sync::Weak<()>>,
+}
 
 impl Early {
     /// An AddEarly stream's sender.
     pub fn to(tx: oneshot::Sender<Vec<u8>>) -> Self {
-        Self(Some(tx))
+        Self {
+            tx: Some(tx),
+            stream: true,
+            requester: None,
+        }
+    }
+
+    /// The same, for an ADD whose requester waits while `waiting` lives.
+    pub fn watched(mut self, waiting: &std::sync::Arc<()>) -> Self {
+        self.requester = Some(std::sync::Arc::downgrade(waiting));
+        self
+    }
+
+    /// Whether the requester left before its answer (its plugin was killed, or its
+    /// runtime's timeout passed).
+    pub fn requester_left(&self) -> bool {
+        self.requester
+            .as_ref()
+            .is_some_and(|w| w.strong_count() == 0)
+    }
+
+    /// Whether a result went out early: the plugin may have wired the pod with it.
+    pub fn offered(&self) -> bool {
+        self.stream && self.tx.is_none()
     }
 
     /// Hands `result` to the AddEarly stream, if this ADD is one (at most once).
     pub fn offer(&mut self, result: &[u8]) {
-        if let Some(tx) = self.0.take() {
+        if let Some(tx) = self.tx.take() {
             let _ = tx.send(result.to_vec());
         }
     }
@@ -41,13 +74,13 @@ impl Early {
     /// between its checks and its commit on the blocking pool); [`Self::restore`] gives an
     /// unused one back.
     pub fn take(&mut self) -> Option<oneshot::Sender<Vec<u8>>> {
-        self.0.take()
+        self.tx.take()
     }
 
     /// Puts back a sender [`Self::take`] took and did not use.
     pub fn restore(&mut self, tx: Option<oneshot::Sender<Vec<u8>>>) {
         if tx.is_some() {
-            self.0 = tx;
+            self.tx = tx;
         }
     }
 }

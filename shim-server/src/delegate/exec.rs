@@ -184,7 +184,17 @@ pub async fn run_gated(
     }
     feed(&mut child, inv);
     let remaining = timeout.saturating_sub(started.elapsed());
-    let collected = tokio::time::timeout(remaining, collect(child, peek)).await;
+    let collected = tokio::time::timeout(remaining, collect(&mut child, peek)).await;
+    if !matches!(collected, Ok(Ok(_))) {
+        // dipamd's own limits, never its caller leaving: past --delegate-timeout the delegate
+        // is hung (host-local's create and write of a reservation are two syscalls back to
+        // back, so a hung one waits on its store lock, before any file exists), and one that
+        // writes more than a result is broken. Left running, either would hold its key's lock
+        // and a process for good. An ADD it interrupts is rolled back by DEL like any failed
+        // one, and a blank reservation left anyway is reported and freed by the reconcile
+        // (divergence.rs).
+        let _ = child.start_kill();
+    }
     Gated::Ran(outcome(kind, binary, inv, timeout, started, pid, collected))
 }
 
@@ -207,7 +217,15 @@ fn command(binary: &Path, inv: &Invocation) -> Command {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .kill_on_drop(true);
+        // An ADD is never signalled because the future that awaits it was dropped (its RPC's
+        // caller left, dipamd stopping): host-local killed between its O_EXCL create of
+        // `<store>/<ip>` and writing the owner leaves an empty reservation that no DEL
+        // matches, an address lost for good. It runs to its end, reaped by tokio once
+        // abandoned, and a dipamd that stops meanwhile has its successor wait for it
+        // (survivors.rs). Other commands reserve nothing (VERSION, CHECK, STATUS) or are
+        // retried whole (DEL, GC): abandoned, they are killed, so that callers who leave
+        // cannot pile up processes.
+        .kill_on_drop(inv.command != "ADD");
     cmd
 }
 
@@ -256,7 +274,7 @@ fn outcome(
                 elapsed,
             })
         }
-        // Killed (kill_on_drop) for writing too much: unreadable output, 154. It may have
+        // Killed (run_gated) for writing too much: unreadable output, 154. It may have
         // acted first, so an ADD's caller releases it as after any garbage (core/attach.rs).
         Ok(Err(source))
             if source
@@ -277,7 +295,7 @@ fn outcome(
             path: binary.to_owned(),
             source,
         }),
-        // Dropping the wait future drops the child, and kill_on_drop SIGKILLs it.
+        // run_gated SIGKILLs it.
         Err(_) => Err(ShimError::DelegateTimeout {
             kind: kind.to_owned(),
             command: inv.command.clone(),
@@ -323,10 +341,10 @@ const PEEK_MAX: usize = 64 << 10;
 /// on exit 0 with the same stdout (core/attach.rs). A document that parses cannot be a prefix
 /// of a longer one (serde_json refuses trailing non-whitespace), so a partial write is
 /// never peeked.
-async fn collect(mut child: Child, peek: Option<Peek>) -> std::io::Result<std::process::Output> {
+async fn collect(child: &mut Child, peek: Option<Peek>) -> std::io::Result<std::process::Output> {
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
-    // On an error (stdout over its limit) `child` is dropped here, and kill_on_drop ends it.
+    // On an error (stdout over its limit) the caller kills it.
     let (status, stdout, stderr) = tokio::try_join!(
         child.wait(),
         read_all(stdout, peek, Limit::Fail(MAX_STDOUT)),
@@ -638,22 +656,70 @@ mod tests {
         assert_eq!(out.stdout, b"{}\n");
     }
 
+    /// dipamd's own deadline kills a hung delegate, an ADD too (see run_gated for why).
     #[tokio::test]
     async fn a_hung_delegate_is_killed_at_the_timeout() {
         let d = tempfile::tempdir().unwrap();
-        let p = script(d.path(), "hang", "exec sleep 30");
-        let started = Instant::now();
-        let e = run(
+        let pid_file = d.path().join("pid");
+        let p = script(
+            d.path(),
             "hang",
-            &p,
-            &Invocation::default(),
-            Duration::from_millis(300),
-            None,
-        )
-        .await
-        .unwrap_err();
-        assert!(matches!(e, ShimError::DelegateTimeout { .. }), "{e}");
-        assert!(started.elapsed() < Duration::from_secs(5));
+            &format!("echo $$ > {}; exec sleep 30", pid_file.display()),
+        );
+        for command in ["VERSION", "ADD"] {
+            let started = Instant::now();
+            let inv = Invocation {
+                command: command.into(),
+                ..Invocation::default()
+            };
+            let e = run("hang", &p, &inv, Duration::from_millis(300), None)
+                .await
+                .unwrap_err();
+            assert!(matches!(e, ShimError::DelegateTimeout { .. }), "{e}");
+            assert!(started.elapsed() < Duration::from_secs(5));
+            let pid: i32 = std::fs::read_to_string(&pid_file)
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            let gone = (0..100).any(|_| {
+                std::thread::sleep(Duration::from_millis(20));
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err()
+            });
+            assert!(gone, "{command}: the hung delegate {pid} still runs");
+        }
+    }
+
+    /// An ADD whose awaiting future is dropped (its caller left) runs to its end: killed
+    /// between its create and its write, host-local leaves a reservation no DEL matches.
+    /// Other commands are killed.
+    #[tokio::test]
+    async fn an_abandoned_add_runs_to_its_end_and_nothing_else_does() {
+        let d = tempfile::tempdir().unwrap();
+        for (command, finishes) in [("ADD", true), ("CHECK", false)] {
+            let done = d.path().join(format!("done-{command}"));
+            let p = script(
+                d.path(),
+                &format!("slow-{command}"),
+                &format!("cat >/dev/null; sleep 0.3; touch {}", done.display()),
+            );
+            let inv = Invocation {
+                command: command.into(),
+                stdin: b"{}".to_vec(),
+                ..Invocation::default()
+            };
+            let abandoned = tokio::time::timeout(
+                Duration::from_millis(100),
+                run("slow", &p, &inv, Duration::from_secs(5), None),
+            )
+            .await;
+            assert!(
+                abandoned.is_err(),
+                "{command} ended before it was abandoned"
+            );
+            tokio::time::sleep(Duration::from_millis(800)).await;
+            assert_eq!(done.exists(), finishes, "{command}");
+        }
     }
 
     #[tokio::test]

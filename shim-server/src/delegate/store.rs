@@ -17,6 +17,7 @@ use serde_json::Value;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reservation {
     pub ip: IpAddr,
+    /// Empty for a blank reservation ([`Contents::blank`]).
     pub container_id: String,
     /// Empty for host-local's legacy id-only files.
     pub ifname: String,
@@ -161,11 +162,29 @@ pub fn skipped() -> u64 {
     SKIPPED.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// What one reading of a host-local directory found.
+#[derive(Debug, Default)]
+pub struct Contents {
+    /// The reservations with an owner, by address.
+    pub held: Vec<Reservation>,
+    /// Blank reservations: a file named by an address that holds no owner (empty, blanks or
+    /// NULs only, or not text). host-local writes the owner right after its O_EXCL create,
+    /// under its store lock; one killed in between, or a power cut before the data reached
+    /// the disk, leaves such a file, and no DEL ever matches it (host-local releases by
+    /// owner): the address is lost until it is removed. Their `container_id` is empty.
+    pub blank: Vec<Reservation>,
+}
+
 /// [`reservations`] on a blocking thread, under [`READ_TIMEOUT`]: callers are async tasks
 /// that serve pods' ADDs, and the store is a directory dipamd does not own.
 pub async fn read(dir: PathBuf) -> std::io::Result<Vec<Reservation>> {
+    read_contents(dir).await.map(|c| c.held)
+}
+
+/// [`contents`] on a blocking thread, under [`READ_TIMEOUT`] (see [`read`]).
+pub async fn read_contents(dir: PathBuf) -> std::io::Result<Contents> {
     let shown = dir.display().to_string();
-    let task = tokio::task::spawn_blocking(move || reservations(&dir));
+    let task = tokio::task::spawn_blocking(move || contents(&dir));
     match tokio::time::timeout(READ_TIMEOUT, task).await {
         Ok(Ok(out)) => out,
         Ok(Err(e)) => Err(std::io::Error::other(format!("store task: {e}"))),
@@ -182,12 +201,19 @@ pub async fn read(dir: PathBuf) -> std::io::Result<Vec<Reservation>> {
 /// Every reservation in a host-local network directory. A missing directory is an empty
 /// store (host-local creates it on first ADD). Blocking: call [`read`] from async code.
 pub fn reservations(dir: &Path) -> std::io::Result<Vec<Reservation>> {
+    contents(dir).map(|c| c.held)
+}
+
+/// Every reservation in a host-local network directory, and its blank ones
+/// ([`Contents::blank`]). Blocking: call [`read_contents`] from async code.
+pub fn contents(dir: &Path) -> std::io::Result<Contents> {
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Contents::default()),
         Err(e) => return Err(e),
     };
     let mut out = Vec::new();
+    let mut blank = Vec::new();
     for entry in entries {
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -204,12 +230,18 @@ pub fn reservations(dir: &Path) -> std::io::Result<Vec<Reservation>> {
                 continue;
             }
         };
+        let Some(content) = owner_text(&content) else {
+            blank.push(Reservation {
+                ip,
+                container_id: String::new(),
+                ifname: String::new(),
+                modified,
+            });
+            continue;
+        };
         let mut parts = content.split("\r\n");
         let container_id = parts.next().unwrap_or_default().trim().to_owned();
         let ifname = parts.next().unwrap_or_default().trim().to_owned();
-        if container_id.is_empty() {
-            continue;
-        }
         out.push(Reservation {
             ip,
             container_id,
@@ -218,15 +250,94 @@ pub fn reservations(dir: &Path) -> std::io::Result<Vec<Reservation>> {
         });
     }
     out.sort_by_key(|r| r.ip);
-    Ok(out)
+    blank.sort_by_key(|r| r.ip);
+    Ok(Contents { held: out, blank })
 }
+
+/// The owner text of a reservation file, or `None` for a blank one ([`Contents::blank`]):
+/// nothing but blanks and NULs (a power cut can leave a file of NULs), or not text.
+fn owner_text(content: &[u8]) -> Option<&str> {
+    let text = std::str::from_utf8(content).ok()?;
+    let owner = text.trim_matches(|c: char| c.is_whitespace() || c == '\0');
+    (!owner.is_empty() && !owner.contains('\0')).then_some(text)
+}
+
+/// The youngest a blank reservation is reported or freed at. host-local writes the owner
+/// within microseconds of the create, under its store lock, which [`free_blank`] takes too;
+/// this keeps a blank file that another writer may still be filling out of every report.
+pub const BLANK_MIN_AGE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long [`free_blank`] tries host-local's store lock: one ADD or DEL holds it for
+/// milliseconds; a hung one must not hang the reconcile.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Removes the blank reservation `r` (see [`Contents::blank`]) from the host-local
+/// directory `dir`, under host-local's own store lock (flock on `<dir>/lock`, which every
+/// host-local ADD holds from before its create to after its write): if it is still there,
+/// still blank, and at least `min_age` old, no host-local is writing it, and no DEL ever will
+/// match it. The one edit dipamd makes in a delegate's store: nothing but this removal frees
+/// such an address. Ok(false): not removed (gone, no longer blank, young, or the lock busy).
+/// Blocking.
+pub fn free_blank(
+    dir: &Path,
+    r: &Reservation,
+    min_age: std::time::Duration,
+) -> std::io::Result<bool> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let lock = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(dir.join("lock"))?;
+    let lock = match flock_within(lock, LOCK_WAIT) {
+        Some(l) => l,
+        None => return Ok(false),
+    };
+    let path = dir.join(r.ip.to_string());
+    let blank_now = match entry_text(&path) {
+        Ok(Some((content, modified))) => {
+            owner_text(&content).is_none()
+                && modified
+                    .and_then(|m| SystemTime::now().duration_since(m).ok())
+                    .is_some_and(|age| age >= min_age)
+        }
+        Ok(None) | Err(_) => false,
+    };
+    let removed = blank_now && std::fs::remove_file(&path).is_ok();
+    drop(lock);
+    Ok(removed)
+}
+
+/// `file` flocked exclusively, tried until `wait` has passed.
+fn flock_within(
+    file: std::fs::File,
+    wait: std::time::Duration,
+) -> Option<nix::fcntl::Flock<std::fs::File>> {
+    let until = std::time::Instant::now() + wait;
+    let mut file = file;
+    loop {
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(locked) => return Some(locked),
+            Err((back, _)) if std::time::Instant::now() < until => {
+                file = back;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(_) => return None,
+        }
+    }
+}
+
+/// An entry's bytes and mtime.
+type Entry = (Vec<u8>, Option<SystemTime>);
 
 /// One entry's text and mtime, read only as a regular file of at most [`MAX_ENTRY_BYTES`]:
 /// opened without following a link (O_NOFOLLOW) and without waiting for a writer
 /// (O_NONBLOCK: a FIFO planted in a store once froze dipamd, and after a restart kept it from
 /// ever binding its socket). Ok(None): gone or unreadable (host-local removed it meanwhile).
 /// Err: what it is instead, for the skip warning.
-fn entry_text(path: &Path) -> Result<Option<(String, Option<SystemTime>)>, String> {
+fn entry_text(path: &Path) -> Result<Option<Entry>, String> {
     use std::{io::Read, os::unix::fs::OpenOptionsExt};
     let file = match std::fs::OpenOptions::new()
         .read(true)
@@ -256,10 +367,7 @@ fn entry_text(path: &Path) -> Result<Option<(String, Option<SystemTime>)>, Strin
     if bytes.len() as u64 > MAX_ENTRY_BYTES {
         return Err(format!("more than {MAX_ENTRY_BYTES} bytes"));
     }
-    let Ok(text) = String::from_utf8(bytes) else {
-        return Err("not text".into());
-    };
-    Ok(Some((text, meta.modified().ok())))
+    Ok(Some((bytes, meta.modified().ok())))
 }
 
 /// Counts a skipped entry and warns, at most once per [`crate::listen::Throttle::EVERY`]: a
@@ -307,6 +415,41 @@ mod tests {
             ]
         );
         assert!(reservations(&d.path().join("missing")).unwrap().is_empty());
+    }
+
+    /// Files that name no owner are blank reservations, and are freed only under
+    /// host-local's lock, once old enough, and while still blank.
+    #[test]
+    fn blank_reservations_are_told_apart_and_freed_only_when_abandoned() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("10.0.0.2"), "abc\r\neth0").unwrap();
+        std::fs::write(d.path().join("10.0.0.3"), "").unwrap();
+        std::fs::write(d.path().join("10.0.0.4"), " \r\n\0\0").unwrap();
+        std::fs::write(d.path().join("10.0.0.5"), [0xff, 0xfe]).unwrap();
+        let c = contents(d.path()).unwrap();
+        assert_eq!(c.held.len(), 1);
+        let blank: Vec<String> = c.blank.iter().map(|r| r.ip.to_string()).collect();
+        assert_eq!(blank, ["10.0.0.3", "10.0.0.4", "10.0.0.5"]);
+        assert!(c.blank.iter().all(|r| r.container_id.is_empty()));
+        let young = std::time::Duration::from_secs(3600);
+        assert!(!free_blank(d.path(), &c.blank[0], young).unwrap());
+        assert!(
+            d.path().join("10.0.0.3").exists(),
+            "a young blank was freed"
+        );
+        // host-local holds its lock: nothing is freed meanwhile.
+        let held = std::fs::File::open(d.path().join("lock")).unwrap();
+        let held = nix::fcntl::Flock::lock(held, nix::fcntl::FlockArg::LockExclusive).unwrap();
+        let zero = std::time::Duration::ZERO;
+        assert!(!free_blank(d.path(), &c.blank[0], zero).unwrap());
+        drop(held);
+        assert!(free_blank(d.path(), &c.blank[0], zero).unwrap());
+        assert!(!d.path().join("10.0.0.3").exists());
+        // Written meanwhile: no longer blank, kept.
+        std::fs::write(d.path().join("10.0.0.4"), "late\r\neth0").unwrap();
+        assert!(!free_blank(d.path(), &c.blank[1], zero).unwrap());
+        assert!(d.path().join("10.0.0.4").exists());
+        assert!(d.path().join("10.0.0.2").exists());
     }
 
     #[test]

@@ -32,6 +32,13 @@ pub async fn run(
         });
     }
     let _guard = node.core.locks.lock(&p.key).await;
+    // Nothing is done yet: a requester that left while this ADD waited its turn gets nothing.
+    if early.requester_left() {
+        return Err(ShimError::RequesterLeft {
+            key: p.key.to_string(),
+            released: false,
+        });
+    }
     // The ADD's birth, stamped again as its last act under the key's lock (dropped before
     // `_guard`), whatever it answers: a GC that began before it never frees what it made
     // (core/births.rs), whether from the pool, the delegate or the ledger (a repeat).
@@ -43,22 +50,62 @@ pub async fn run(
         Some(non_root_checks(node, &p).await?)
     };
     // With the warm pool on: one commit hands a ready entry to the pod, no delegate exec.
-    if let Some(result) = crate::pool::take::take(&node.core, &node.pool, &p, early).await? {
-        return Ok(Added {
+    let added = match crate::pool::take::take(&node.core, &node.pool, &p, early).await? {
+        Some(result) => Added {
             result,
             replayed: false,
-        });
+        },
+        None => attach_or_rescue(node, &p, early).await?,
+    };
+    if !added.replayed && early.requester_left() && !early.offered() {
+        return Err(roll_back_unanswered(node, &p).await);
     }
+    Ok(added)
+}
+
+/// Releases what a fresh ADD committed for a requester that left before its answer (its
+/// plugin killed mid-ADD, or its runtime's timeout passed). No one got the result, so no pod
+/// uses it, and a runtime that never DELs (its own caller gone too) would leak it. Under the
+/// key's lock, through [`crate::core::Core::release`]: marked `deleting` durably, released by
+/// the delegate, forgotten, so that a dipamd killed at any point finishes it at its next
+/// start, and a runtime's DEL meanwhile finds the record. An AddEarly result already offered
+/// is left for the runtime's DEL: the plugin may have wired the pod with it.
+async fn roll_back_unanswered(node: &Node, p: &Prepared) -> ShimError {
+    let key = p.key.to_string();
+    let released = match node.core.lookup(&p.key) {
+        Ok(Some(rec)) => match node.core.release(&rec).await {
+            Ok(()) => true,
+            Err(e) => {
+                warn!(%key, error = %e, "could not release the ADD of a plugin that left; its record stays for the runtime's DEL, GC or the next start");
+                false
+            }
+        },
+        Ok(None) => true,
+        Err(e) => {
+            warn!(%key, error = %e, "could not read the ADD of a plugin that left");
+            false
+        }
+    };
+    if released {
+        warn!(%key, "the plugin left before its ADD was answered; released what the ADD allocated");
+    }
+    ShimError::RequesterLeft { key, released }
+}
+
+/// How often an ADD the delegate refused is tried again while the warm pool is on.
+const RETRIES: u32 = 2;
+
+/// The core's ADD flow; when the delegate refuses (its range exhausted, while the pool holds
+/// what is left), the pool never starves a pod (pool/take.rs, `rescue`).
+async fn attach_or_rescue(node: &Node, p: &Prepared, early: &mut Early) -> Result<Added, ShimError> {
     let mut tries = 0;
     loop {
-        let e = match attach(&node.core, &p, Owner::Pod, early).await {
+        let e = match attach(&node.core, p, Owner::Pod, early).await {
             Ok(added) => return Ok(added),
             Err(e) => e,
         };
-        // The delegate refused (its range exhausted, while the pool holds what is left):
-        // the pool never starves a pod (pool/take.rs, `rescue`).
         if let Some(result) =
-            crate::pool::take::rescue(&node.core, &node.pool, &p, &e, early).await?
+            crate::pool::take::rescue(&node.core, &node.pool, p, &e, early).await?
         {
             return Ok(Added {
                 result,
@@ -74,9 +121,6 @@ pub async fn run(
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
-
-/// How often an ADD the delegate refused is tried again while the warm pool is on.
-const RETRIES: u32 = 2;
 
 /// What a non-root caller's ADD must pass on the ledger, from one scan of it: the container
 /// ID rule below, then the caller's record and byte quotas (quota.rs), counted from the

@@ -26,12 +26,14 @@ echo "$CNI_COMMAND $CNI_CONTAINERID" >> "$d/calls"
 case "$CNI_COMMAND" in
 VERSION) echo '{"cniVersion":"1.0.0","supportedVersions":["0.3.1","0.4.0","1.0.0"]}' ;;
 ADD)
+  if [ -f "$d/slow-add" ]; then sleep 0.4; fi
   if [ -f "$d/fail-add" ]; then cat "$d/fail-add"; exit 1; fi
   if [ -f "$d/garbage-add" ]; then echo 'this is not json'; exit 0; fi
   if [ -f "$d/panic-add" ]; then echo 'panic: runtime error' >&2; exit 2; fi
   # A fresh address per ADD, .2 first, as an IPAM hands them out (dipamd refuses a duplicate).
   n=$(cat "$d/next" 2>/dev/null || echo 2); echo $((n + 1)) > "$d/next"
   echo "{\"cniVersion\":\"1.0.0\",\"ips\":[{\"address\":\"10.9.0.$n/24\",\"gateway\":\"10.9.0.1\"}],\"dns\":{}}"
+  if [ -f "$d/slow-add" ]; then touch "$d/add-done"; fi
   if [ -f "$d/linger-add" ]; then sleep 0.5; touch "$d/exited"; fi
   if [ -f "$d/more-add" ]; then sleep 0.1; echo 'and one more thing'; fi
   if [ -f "$d/exit-add" ]; then sleep 0.1; exit 1; fi ;;
@@ -713,6 +715,42 @@ async fn add_early_sends_the_result_before_its_commit_and_then_the_outcome() {
     let refused = replies("c3").await;
     assert_eq!(refused.len(), 1, "{refused:?}");
     assert!(matches!(&refused[0].outcome, Some(Outcome::Error(e)) if e.code == 7));
+}
+
+/// A unary ADD whose plugin leaves while the delegate works (its handler dropped, as when a
+/// runtime's timeout kills the plugin): the delegate runs to its end, never signalled, and
+/// the ADD is then rolled back by the delegate's DEL, under the key's lock, leaving no
+/// record. Before, the dropped handler SIGKILLed the delegate mid-ADD and left `adding`.
+#[tokio::test]
+async fn an_add_whose_plugin_leaves_runs_to_its_end_and_is_rolled_back() {
+    use dipam_proto::v1::cni_server::Cni;
+    let b = Bench::new();
+    b.touch("slow-add", "");
+    let svc = crate::service::Service(Arc::clone(&b.node));
+    let mut req = tonic::Request::new(request("c1", "1.0.0", json!({})));
+    req.extensions_mut().insert(Caller::ROOT);
+    let left = tokio::time::timeout(Duration::from_millis(150), svc.add(req)).await;
+    assert!(left.is_err(), "the ADD ended before its plugin left");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while b.calls() != ["ADD c1", "DEL c1"] || b.record("c1").is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "calls {:?}, record {:?}",
+            b.calls(),
+            b.record("c1").map(|r| r.state)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        b.path("add-done").exists(),
+        "the delegate was killed mid-ADD"
+    );
+    // The key is free again: the runtime's retry gets a fresh ADD.
+    std::fs::remove_file(b.path("slow-add")).unwrap();
+    add_as(&b.node, Caller::ROOT, request("c1", "1.0.0", json!({})))
+        .await
+        .unwrap();
+    assert_eq!(b.calls(), vec!["ADD c1", "DEL c1", "ADD c1"]);
 }
 
 /// A delegate that hands out an address another pod of the network holds (two allocators on

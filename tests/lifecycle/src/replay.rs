@@ -29,6 +29,28 @@ pub fn seed() -> u64 {
     }
 }
 
+/// xorshift64, seeded from [`seed`]: enough randomness for a crash test's schedule, and the
+/// same schedule again from the same seed.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed | 1)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// A number below `n` (which must not be 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+}
+
 /// Held for a crash test's whole run, declared after the `Lab` (so dropped before it, while
 /// the log still exists): on a panic it prints the replay line, the kill points and the
 /// dipamd logs in full.

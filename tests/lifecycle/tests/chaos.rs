@@ -18,29 +18,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dipam_lifecycle::{Attachment, Lab, Replay, replay, require_root};
+use dipam_lifecycle::{
+    Attachment, Lab, Replay,
+    replay::{self, Rng},
+    require_root,
+};
 
 const OPS: usize = 1_000;
 const RESTARTS: usize = 20;
 const WORKERS: usize = 8;
-
-/// xorshift64: enough randomness for scheduling, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Self(seed | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// The conflist names dipamd's spool explicitly (`spoolDir`), as configs written for older
 /// plugins do; the key is only checked against dipamd's spool now.

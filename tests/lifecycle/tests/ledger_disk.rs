@@ -148,23 +148,52 @@ fn says_disk_full(text: &str) -> bool {
     text.contains("No space left on device") && text.contains("full")
 }
 
+/// A dipamd whose state directory is a `mib` MiB ext4 file system of its own, with a
+/// conflist for it on a subnet and host-local store of its own.
+struct OnSmallDisk {
+    dipamd: Dipamd,
+    fs: SmallExt4,
+    _subnet: Subnet,
+    data: tempfile::TempDir,
+    fx: Fixture,
+}
+
+impl OnSmallDisk {
+    fn start(mib: u64) -> Self {
+        let mut dipamd = Dipamd::unstarted(&[]);
+        let fs = SmallExt4::mount(&dipamd.state_dir(), mib);
+        dipamd.start_again();
+        let subnet = Subnet::claim("10.77");
+        let data = tempfile::Builder::new()
+            .prefix("delegate-store-")
+            .tempdir()
+            .unwrap();
+        let fx = Fixture::load("ptp-dipam-host-local.conflist")
+            .unique_name()
+            .with_socket(&dipamd.socket())
+            .with_delegate_state(data.path())
+            .with_subnet(&subnet.cidr);
+        Self {
+            dipamd,
+            fs,
+            _subnet: subnet,
+            data,
+            fx,
+        }
+    }
+}
+
 /// Pods are added while the state directory's file system fills up.
 #[test]
 fn a_full_state_disk_is_reported_and_served_again_once_space_returns() {
     require_root!();
-    let mut dipamd = Dipamd::unstarted(&[]);
-    let fs = SmallExt4::mount(&dipamd.state_dir(), 32);
-    dipamd.start_again();
-    let subnet = Subnet::claim("10.77");
-    let data = tempfile::Builder::new()
-        .prefix("delegate-store-")
-        .tempdir()
-        .unwrap();
-    let fx = Fixture::load("ptp-dipam-host-local.conflist")
-        .unique_name()
-        .with_socket(&dipamd.socket())
-        .with_delegate_state(data.path())
-        .with_subnet(&subnet.cidr);
+    let OnSmallDisk {
+        mut dipamd,
+        fs,
+        _subnet,
+        data,
+        fx,
+    } = OnSmallDisk::start(32);
     let rt = Runtime::new(bins::cni_path());
     let ns = NetNs::new();
     let pod = || Attachment::new(&unique("full"), &ns.path());
@@ -297,6 +326,167 @@ fn a_full_state_disk_is_reported_and_served_again_once_space_returns() {
     }
     agree(&dipamd);
     assert!(dipamd.ledger_pairs(&network).is_empty());
+}
+
+/// How many full-disk rounds [`a_full_state_disk_during_roots_traffic_recovers_within_5s`]
+/// makes per config size (`DIPAM_DISK_ROUNDS`, default 3).
+fn disk_rounds() -> usize {
+    std::env::var("DIPAM_DISK_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
+}
+
+/// Root's own traffic (4 runtimes adding and deleting pods at once) while the state disk is
+/// full for 4 s, then freed, round after round, with small and with 400 kB network configs
+/// (docs/cfp.md §8.1, F39). Each time dipamd serves an ADD again by itself within 5 s of space
+/// returning, and at the end the ledger and host-local agree on exactly the pods the runtimes
+/// hold. With 400 kB configs, sled wrote its pages as blob files, and a blob write that failed
+/// on the full disk made its close wait forever while the reopen held every lock: dipamd
+/// deadlocked in the first round (ADD 11, `status` hung).
+#[test]
+fn a_full_state_disk_during_roots_traffic_recovers_within_5s() {
+    require_root!();
+    // Built first: the guard below is for dipamd, not for cargo.
+    bins::dir();
+    for pad in [0, 400_000] {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (log_tx, log_rx) = std::sync::mpsc::channel();
+        let runner = std::thread::spawn(move || {
+            full_disk_rounds(pad, disk_rounds(), &log_tx);
+            let _ = tx.send(());
+        });
+        // A guard against the deadlock, not a timing: a round takes about 10 s.
+        match rx.recv_timeout(Duration::from_secs(120 + 60 * disk_rounds() as u64)) {
+            Ok(()) => runner.join().unwrap(),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                std::panic::resume_unwind(runner.join().unwrap_err())
+            }
+            Err(_) => {
+                let log = log_rx
+                    .try_recv()
+                    .ok()
+                    .and_then(|p| std::fs::read_to_string(p).ok())
+                    .unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(80).collect();
+                panic!(
+                    "configs of {pad} bytes: dipamd hung after a full disk; its log ends:\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                )
+            }
+        }
+    }
+}
+
+/// [`a_full_state_disk_during_roots_traffic_recovers_within_5s`] with `pad` bytes of padding in
+/// the delegate's config (host-local ignores the key), `rounds` times.
+fn full_disk_rounds(pad: usize, rounds: usize, log: &std::sync::mpsc::Sender<PathBuf>) {
+    let OnSmallDisk {
+        dipamd,
+        fs,
+        _subnet,
+        data,
+        mut fx,
+    } = OnSmallDisk::start(128);
+    let _ = log.send(dipamd.log_path());
+    eprintln!("configs of {pad} bytes: dipamd started on a 128 MiB ext4");
+    if pad > 0 {
+        fx.list["plugins"][0]["ipam"]["delegate"]["pad"] = json!("x".repeat(pad));
+    }
+    let list = &fx.list;
+    let network = fx.name();
+    let rt = Runtime::new(bins::cni_path());
+    let ns = NetNs::new();
+    let netns = ns.path();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let del_until_ok = |p: &Attachment| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while let Err(e) = rt.ipam(list, 0, "DEL", p, None) {
+            assert!(Instant::now() < deadline, "DEL {}: {e}", p.container_id);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let live: Vec<Attachment> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..4)
+            .map(|_| {
+                let (rt, stop, netns, del_until_ok) = (&rt, &stop, &netns, &del_until_ok);
+                s.spawn(move || {
+                    let mut mine: Vec<Attachment> = Vec::new();
+                    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                        if mine.len() >= 3 {
+                            del_until_ok(&mine.remove(0));
+                            continue;
+                        }
+                        let p = Attachment::new(&unique("traffic"), netns);
+                        match rt.ipam(list, 0, "ADD", &p, None) {
+                            Ok(_) => mine.push(p),
+                            // As a runtime does after a failed ADD.
+                            Err(_) => {
+                                del_until_ok(&p);
+                                std::thread::sleep(Duration::from_millis(50));
+                            }
+                        }
+                    }
+                    mine
+                })
+            })
+            .collect();
+        for round in 0..rounds {
+            std::thread::sleep(Duration::from_secs(1));
+            let filler = fs.fill("filler");
+            eprintln!(
+                "configs of {pad} bytes, round {round}: disk full ({} bytes left)",
+                fs.available()
+            );
+            std::thread::sleep(Duration::from_secs(4));
+            std::fs::remove_file(&filler).unwrap();
+            let freed = Instant::now();
+            let probe = Attachment::new(&unique("probe"), &netns);
+            loop {
+                match rt.ipam(list, 0, "ADD", &probe, None) {
+                    Ok(_) => break,
+                    Err(e) => {
+                        assert!(
+                            freed.elapsed() < Duration::from_secs(5),
+                            "configs of {pad} bytes, round {round}: ADD still fails 5 s after \
+                             space returned: {e}\n{}",
+                            dipamd.log()
+                        );
+                        rt.ipam(list, 0, "DEL", &probe, None).ok();
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                }
+            }
+            eprintln!(
+                "configs of {pad} bytes, round {round}: served again {:?} after space returned",
+                freed.elapsed()
+            );
+            del_until_ok(&probe);
+        }
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect()
+    });
+    let mut want: Vec<String> = live.iter().map(|p| p.container_id.clone()).collect();
+    want.sort();
+    let ledger = dipamd.ledger_pairs(&network);
+    assert_eq!(
+        ledger,
+        hostlocal::store_pairs(data.path(), &network),
+        "configs of {pad} bytes: ledger (left) and host-local (right) disagree"
+    );
+    let ids: Vec<String> = ledger.into_iter().map(|(id, _)| id).collect();
+    assert_eq!(
+        ids, want,
+        "configs of {pad} bytes: ledger (left) vs live pods (right)"
+    );
+    for p in &live {
+        del_until_ok(p);
+    }
+    assert!(dipamd.ledger_pairs(&network).is_empty());
+    assert!(hostlocal::store_pairs(data.path(), &network).is_empty());
 }
 
 /// A start on a file system with less free space than an open needs is refused before
