@@ -97,7 +97,11 @@ const RETRIES: u32 = 2;
 
 /// The core's ADD flow; when the delegate refuses (its range exhausted, while the pool holds
 /// what is left), the pool never starves a pod (pool/take.rs, `rescue`).
-async fn attach_or_rescue(node: &Node, p: &Prepared, early: &mut Early) -> Result<Added, ShimError> {
+async fn attach_or_rescue(
+    node: &Node,
+    p: &Prepared,
+    early: &mut Early,
+) -> Result<Added, ShimError> {
     let mut tries = 0;
     loop {
         let e = match attach(&node.core, p, Owner::Pod, early).await {
