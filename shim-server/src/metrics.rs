@@ -614,6 +614,9 @@ impl Observer for Metrics {
             Event::GcFreed(n) => {
                 self.gc.freed.inc_by(n);
             }
+            Event::Freed { .. } => {
+                self.gc.freed.inc();
+            }
             Event::GcRefused => {
                 self.gc.refused.inc();
             }

@@ -49,7 +49,24 @@ pub async fn run(
             replayed: false,
         });
     }
-    attach(&node.core, &p, Owner::Pod, early).await
+    match attach(&node.core, &p, Owner::Pod, early).await {
+        // The delegate handed out an address a pod's record holds (its state went with a
+        // reboot, or was wiped): when that pod is provably dead, its record goes and the ADD
+        // is served once more (gc/evidence.rs), instead of failing a pod for a dead one.
+        Err(ShimError::Conflict { ip, .. })
+            if crate::gc::evidence::free_dead_holder(
+                &node.collector(),
+                &p.key.network,
+                &ip,
+                &p.key,
+            )
+            .await
+            .unwrap_or(false) =>
+        {
+            attach(&node.core, &p, Owner::Pod, early).await
+        }
+        other => other,
+    }
 }
 
 /// What a non-root caller's ADD must pass on the ledger, from one scan of it: the container
