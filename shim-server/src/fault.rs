@@ -8,7 +8,8 @@
 /// the commit that hands an entry to a pod); then GC's (gc/collect.rs): right after the first
 /// chunk of stale records is marked `deleting`, and before the first group commit that
 /// forgets released records (other DELs still running). A pool entry's fill passes the ADD
-/// points.
+/// points. At start, after a reboot: right after the first pod of the earlier boot is freed
+/// (replay/reboot.rs), before the new boot id is written.
 pub const POINTS: &[&str] = &[
     "add-after-intent",
     "add-after-exec",
@@ -19,6 +20,7 @@ pub const POINTS: &[&str] = &[
     "pool-after-take",
     "gc-after-mark",
     "gc-before-forget",
+    "reboot-after-release",
 ];
 
 /// The points where `dipamd --pause-at POINT=FILE` holds the daemon's work until FILE exists

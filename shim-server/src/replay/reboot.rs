@@ -120,6 +120,7 @@ async fn release_all(node: &Node, previous: &str, current: &str) -> Result<Reboo
             Outcome::Forgotten(_) => done.forgotten += 1,
             Outcome::Kept(_) => done.kept += 1,
         }
+        crate::fault::hit("reboot-after-release");
     }
     info!(
         previous,

@@ -299,3 +299,54 @@ fn dead_without_a_del(d: Deployment) {
 fn pods_dead_without_a_del_are_freed_by_evidence_unit() {
     dead_without_a_del(Deployment::ShippedUnit);
 }
+
+/// dipamd SIGKILLed at start right after it freed the first pod of the earlier boot (crash
+/// point `reboot-after-release`), before the new boot id is written: the next start frees the
+/// rest, and the ledger, host-local's store and the new pods end up as with no crash.
+#[test]
+fn a_crash_while_freeing_the_earlier_boot_converges() {
+    require_root!();
+    let boot = Boot::new();
+    let flag = boot.flag();
+    let mut lab = Lab::with_flags(
+        "ptp-dipam-host-local.conflist",
+        &["--boot-id-file", &flag, "--dead-after", "0"],
+    );
+    let before = pods(&lab.rt, lab.list(), 3);
+    let dead: Vec<String> = before.iter().map(|(_, a)| a.container_id.clone()).collect();
+    lab.dipamd.kill9();
+    drop(before);
+    boot.next();
+    let log = std::fs::File::options()
+        .append(true)
+        .open(lab.dipamd.log_path())
+        .unwrap();
+    let crashed = lab
+        .dipamd
+        .command()
+        .args(["--crash-at", "reboot-after-release"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .status()
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        crashed.signal(),
+        Some(libc::SIGKILL),
+        "dipamd did not reach reboot-after-release: {crashed}\n{}",
+        lab.dipamd.log()
+    );
+    // host-local's own files (read without dipamd): one of the 3 released before the crash.
+    let halfway = lab.delegate_store();
+    assert_eq!(halfway.len(), 2, "{halfway:?}\n{}", lab.dipamd.log());
+    lab.dipamd.start_again();
+    assert!(lab.ledger().is_empty(), "{:?}\n{}", lab.ledger(), lab.dipamd.log());
+    lab.assert_agree();
+    for cid in &dead {
+        assert_freed_by(&lab.dipamd, cid, "reboot");
+    }
+    let (failed, _) = new_pods(&lab.rt, lab.list(), 4);
+    assert!(failed.is_empty(), "{failed:#?}");
+    lab.assert_agree();
+}
