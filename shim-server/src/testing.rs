@@ -190,3 +190,14 @@ pub async fn node_with(script: &str, records: Vec<AttachmentRecord>) -> (TempDir
     }
     (dir, node)
 }
+
+/// The container IDs of every record in `node`'s ledger, in key order.
+pub async fn ledger_ids(node: &Node) -> Vec<String> {
+    node.core
+        .ledger(|l| l.list(None))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.key.container_id)
+        .collect()
+}

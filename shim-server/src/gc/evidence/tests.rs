@@ -16,7 +16,7 @@ use crate::{
     gc::GcPolicy,
     liveness::{fixed_with, seen_from_own_pid_namespace},
     node::Node,
-    testing::{record, script, scripted_node_policy},
+    testing::{ledger_ids, record, script, scripted_node_policy},
 };
 
 /// DEL succeeds; ADD hands out 10.9.0.9 (a dead pod's address, for the conflict case).
@@ -90,14 +90,7 @@ impl Bench {
     }
 
     async fn ledger(&self) -> Vec<String> {
-        self.node
-            .core
-            .ledger(|l| l.list(None))
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|r| r.key.container_id)
-            .collect()
+        ledger_ids(&self.node).await
     }
 
     fn dels(&self) -> Vec<String> {

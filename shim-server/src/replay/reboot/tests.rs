@@ -7,7 +7,7 @@ use std::sync::Arc;
 use dipam_state::{AttachmentState, MemStore, Owner};
 
 use super::*;
-use crate::testing::{node_with, record, script, scripted_node};
+use crate::testing::{ledger_ids, node_with, record, script, scripted_node};
 
 fn records() -> Vec<AttachmentRecord> {
     let t = crate::clock::now();
@@ -26,16 +26,6 @@ fn records() -> Vec<AttachmentRecord> {
     ]
 }
 
-async fn left(node: &Node) -> Vec<String> {
-    node.core
-        .ledger(|l| l.list(None))
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.key.container_id)
-        .collect()
-}
-
 #[tokio::test]
 async fn a_new_boot_frees_every_pod_of_the_earlier_one_and_only_those() {
     let (dir, node) = node_with(&script("DEL) ;;\n"), records()).await;
@@ -45,14 +35,14 @@ async fn a_new_boot_frees_every_pod_of_the_earlier_one_and_only_those() {
         Rebooted::default(),
         "a ledger naming no boot proves nothing"
     );
-    assert_eq!(left(&node).await.len(), 4);
+    assert_eq!(ledger_ids(&node).await.len(), 4);
     let same = release_earlier_boot(&node, Some("boot-1")).await.unwrap();
     assert_eq!(same, Rebooted::default());
 
     let done = release_earlier_boot(&node, Some("boot-2")).await.unwrap();
     assert_eq!(done.previous.as_deref(), Some("boot-1"));
     assert_eq!(done.released, 2, "{done:?}");
-    assert_eq!(left(&node).await, ["agent", "pool"]);
+    assert_eq!(ledger_ids(&node).await, ["agent", "pool"]);
     let calls = std::fs::read_to_string(dir.path().join("calls")).unwrap();
     assert!(
         calls.contains("DEL pod-a") && calls.contains("DEL pod-b"),
@@ -82,7 +72,7 @@ async fn a_delegate_whose_state_went_with_the_reboot_has_its_pods_forgotten() {
         .unwrap();
     let done = release_earlier_boot(&node, Some("boot-2")).await.unwrap();
     assert_eq!(done.forgotten, 2, "{done:?}");
-    assert_eq!(left(&node).await, ["agent", "pool"]);
+    assert_eq!(ledger_ids(&node).await, ["agent", "pool"]);
 }
 
 #[tokio::test]
@@ -96,7 +86,7 @@ async fn no_boot_id_changes_nothing() {
         release_earlier_boot(&node, None).await.unwrap(),
         Rebooted::default()
     );
-    assert_eq!(left(&node).await.len(), 4);
+    assert_eq!(ledger_ids(&node).await.len(), 4);
 }
 
 #[test]
