@@ -123,8 +123,8 @@ pub struct Args {
     /// Seconds between the two looks at the node that must both find a pod's attachment
     /// dead (no network namespace holds its address, no host route leads to it, the runtime
     /// lists no such sandbox, its network namespace is gone) before dipamd frees it (0: never;
-    /// docs/cfp.md §7.5). The agent's and the warm pool's, those in flight and those younger
-    /// than --gc-grace are never freed so.
+    /// docs/cfp.md §7.4, "Dead attachments"). The agent's and the warm pool's, those in
+    /// flight and those younger than --gc-grace are never freed so.
     #[arg(long, default_value_t = crate::gc::evidence::DEFAULT_DEAD_AFTER as f64)]
     pub dead_after: f64,
     /// Where the kernel's boot id is read (tests simulate a reboot with another file).

@@ -1,4 +1,5 @@
-//! Dead pod attachments found by evidence, not only by a runtime's list (docs/cfp.md §7.5).
+//! Dead pod attachments found by evidence, not only by a runtime's list (docs/cfp.md §7.4,
+//! "Dead attachments").
 //!
 //! containerd never sends a CNI GC, the runtime-aware GC is off without `--cri-endpoint`, and a
 //! pod can die without a DEL (a crashed runtime, a lost DEL, a delegate whose state was wiped):

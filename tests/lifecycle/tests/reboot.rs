@@ -1,5 +1,6 @@
-//! A node's reboot, simulated without rebooting (docs/cfp.md §7.5): dipamd is SIGKILLed, the
-//! pods' network namespaces are deleted (none survives a reboot), the kernel's boot id changes
+//! A node's reboot, simulated without rebooting (docs/cfp.md §7.4, "Dead attachments"): dipamd
+//! is SIGKILLed, the pods' network namespaces are deleted (none survives a reboot), the
+//! kernel's boot id changes
 //! (dipamd reads it from the file its hidden `--boot-id-file` names), and the delegate's own
 //! state goes where it lives on /run (azure-vnet-ipam's state file, wiped). dipamd starts again
 //! with its ledger: every pod of the earlier boot must be freed before the socket serves, the
