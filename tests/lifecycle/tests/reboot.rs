@@ -65,10 +65,17 @@ fn pods(rt: &dipam_lifecycle::Runtime, list: &Value, n: usize) -> Vec<(NetNs, At
         .collect()
 }
 
-/// `n` new pods after the reboot: the failures, each with its error.
-fn new_pods(rt: &dipam_lifecycle::Runtime, list: &Value, n: usize) -> (Vec<String>, Vec<String>) {
+/// `n` new pods after the reboot: the failures, each with its error, and the addresses
+/// served. The pods run until the end of the test (their namespaces, returned, are deleted
+/// on drop, and with them their veths and host routes).
+fn new_pods(
+    rt: &dipam_lifecycle::Runtime,
+    list: &Value,
+    n: usize,
+) -> (Vec<String>, Vec<String>, Vec<NetNs>) {
     let mut failed = Vec::new();
     let mut ips = Vec::new();
+    let mut running = Vec::new();
     for _ in 0..n {
         let ns = NetNs::new();
         let att = Attachment::new(&dipam_lifecycle::unique("new"), &ns.path());
@@ -76,10 +83,9 @@ fn new_pods(rt: &dipam_lifecycle::Runtime, list: &Value, n: usize) -> (Vec<Strin
             Ok(r) => ips.push(result_ips(&r).remove(0)),
             Err(e) => failed.push(format!("{}: {e}", att.container_id)),
         }
-        // The pod stays up: its namespace is pinned until the end of the test.
-        std::mem::forget(ns);
+        running.push(ns);
     }
-    (failed, ips)
+    (failed, ips, running)
 }
 
 /// `dipamctl explain <cid> --json`'s events.
@@ -142,7 +148,7 @@ fn azure_reboot(same_boot: bool, extra: &[&str]) {
     lab.dipamd.start_again();
     lab.wait_ready(2);
 
-    let (failed, ips) = new_pods(&lab.rt, &lab.fx.list, 4);
+    let (failed, ips, _running) = new_pods(&lab.rt, &lab.fx.list, 4);
     assert!(
         failed.is_empty(),
         "{} of 4 new pods failed after the {}: {failed:#?}\n{}",
@@ -224,7 +230,7 @@ fn host_local_reboot(d: Deployment) {
     for cid in &dead {
         assert_freed_by(&lab.dipamd, cid, "reboot");
     }
-    let (failed, _) = new_pods(&lab.rt, lab.list(), 4);
+    let (failed, _, _running) = new_pods(&lab.rt, lab.list(), 4);
     assert!(failed.is_empty(), "{}: {failed:#?}", d.name());
     lab.assert_agree();
     assert!(
@@ -350,7 +356,7 @@ fn a_crash_while_freeing_the_earlier_boot_converges() {
         })
         .count();
     assert!(said >= 2, "{said} of 3 histories say freed by reboot");
-    let (failed, _) = new_pods(&lab.rt, lab.list(), 4);
+    let (failed, _, _running) = new_pods(&lab.rt, lab.list(), 4);
     assert!(failed.is_empty(), "{failed:#?}");
     lab.assert_agree();
 }
