@@ -49,23 +49,29 @@ pub async fn run(
             replayed: false,
         });
     }
-    match attach(&node.core, &p, Owner::Pod, early).await {
-        // The delegate handed out an address a pod's record holds (its state went with a
-        // reboot, or was wiped): when that pod is provably dead, its record goes and the ADD
-        // is served once more (gc/evidence.rs), instead of failing a pod for a dead one.
-        Err(ShimError::Conflict { ip, .. })
-            if crate::gc::evidence::free_dead_holder(
-                &node.collector(),
-                &p.key.network,
-                &ip,
-                &p.key,
-            )
-            .await
-            .unwrap_or(false) =>
-        {
-            attach(&node.core, &p, Owner::Pod, early).await
+    // The delegate may hand out an address a pod's record holds (its state went with a
+    // reboot, or was wiped): when that pod is provably dead, its record goes and the ADD is
+    // served once more (gc/evidence.rs), instead of failing a pod for a dead one. The next
+    // address may be another dead pod's: at most DEAD_HOLDERS of them per ADD.
+    const DEAD_HOLDERS: usize = 8;
+    let mut freed = 0;
+    loop {
+        match attach(&node.core, &p, Owner::Pod, early).await {
+            Err(ShimError::Conflict { ip, .. })
+                if freed < DEAD_HOLDERS
+                    && crate::gc::evidence::free_dead_holder(
+                        &node.collector(),
+                        &p.key.network,
+                        &ip,
+                        &p.key,
+                    )
+                    .await
+                    .unwrap_or(false) =>
+            {
+                freed += 1;
+            }
+            other => return other,
         }
-        other => other,
     }
 }
 
