@@ -121,6 +121,14 @@ pub enum Event<'a> {
         kept_grace: u64,
         refusing: Option<&'a str>,
     },
+    /// dipamd freed a pod's attachment whose pod is dead (replay/reboot.rs, gc/evidence.rs),
+    /// with the history entry that says who freed it (`by`: `reboot`, `evidence`,
+    /// `conflict`) and why: `dipamctl explain` shows it beside the pod's own requests.
+    Freed {
+        by: &'static str,
+        container_id: &'a str,
+        record: &'a Value,
+    },
 }
 
 /// One network's addresses of one family: how many the delegate hands out, and who holds

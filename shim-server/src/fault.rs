@@ -9,7 +9,8 @@
 /// `deleting`, and after it is forgotten); then GC's (gc/collect.rs): right after the first
 /// chunk of stale records is marked `deleting`, and before the first group commit that
 /// forgets released records (other DELs still running). A pool entry's fill passes the ADD
-/// points.
+/// points. At start, after a reboot: right after the first pod of the earlier boot is freed
+/// (replay/reboot.rs), before the new boot id is written.
 pub const POINTS: &[&str] = &[
     "add-after-intent",
     "add-after-exec",
@@ -22,6 +23,7 @@ pub const POINTS: &[&str] = &[
     "pool-after-release",
     "gc-after-mark",
     "gc-before-forget",
+    "reboot-after-release",
 ];
 
 /// The points where `dipamd --pause-at POINT=FILE` holds the daemon's work until FILE exists

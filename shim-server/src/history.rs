@@ -182,6 +182,11 @@ impl crate::events::Observer for Recorder {
                 container_id,
                 record,
                 ..
+            }
+            | E::Freed {
+                container_id,
+                record,
+                ..
             } => (*container_id, *record),
             _ => return,
         };

@@ -51,6 +51,10 @@ pub struct Scan {
     sandboxes: Option<HashSet<String>>,
     /// Why an address no evidence names is not proven dead.
     partial: Vec<String>,
+    /// dipamd saw /proc from its own PID namespace: none of the node's processes (kept when
+    /// the runtime's list stands in for them: the evidence pass then judges only what the
+    /// runtime made).
+    own_pid_namespace: bool,
 }
 
 /// What the evidence says about one reservation.
@@ -65,6 +69,35 @@ pub enum Verdict {
 }
 
 impl Scan {
+    /// Whether the look had the runtime's list of sandboxes.
+    pub fn has_sandboxes(&self) -> bool {
+        self.sandboxes.is_some()
+    }
+
+    /// Why this look cannot prove a recorded pod dead, if it cannot: it was partial (dipamd
+    /// in its own PID namespace without the runtime's list, a scan or a list that failed), or
+    /// the runtime listed no sandbox at all while `cri_records` attachments made through CRI
+    /// are recorded (a runtime still restoring its state, a wrong socket).
+    pub fn incomplete_for_records(&self, cri_records: usize) -> Option<String> {
+        if !self.partial.is_empty() {
+            return Some(self.partial.join("; "));
+        }
+        match &self.sandboxes {
+            Some(s) if s.is_empty() && cri_records > 0 => Some(format!(
+                "the runtime lists no pod sandbox while {cri_records} attachment(s) made \
+                 through CRI are recorded"
+            )),
+            _ => None,
+        }
+    }
+
+    /// Whether the runtime's list is all this look has of the node's pods (dipamd in its own
+    /// PID namespace sees none of their processes): it then speaks only for the attachments
+    /// made through CRI, as the runtime-aware GC's does.
+    pub fn runtime_only(&self) -> bool {
+        self.own_pid_namespace && self.sandboxes.is_some()
+    }
+
     /// The verdict on `ip`, reserved under `container_id`.
     pub fn verdict(&self, ip: IpAddr, container_id: &str) -> Verdict {
         if let Some(w) = self.local.get(&ip) {
@@ -108,6 +141,7 @@ pub async fn scan(runtime: Option<&dyn Sandboxes>) -> Scan {
                     .push(format!("the host's routes could not be read: {e}")),
             }
             if let Some(why) = pid_view {
+                scan.own_pid_namespace = true;
                 scan.partial.push(why);
             }
         }
@@ -316,6 +350,33 @@ pub fn fixed(local: &[(&str, &str)], partial: &[&str]) -> Scan {
             .collect(),
         partial: partial.iter().map(|p| (*p).to_owned()).collect(),
         ..Scan::default()
+    }
+}
+
+/// A scan with host routes and, if given, the runtime's list, for unit tests elsewhere.
+#[cfg(test)]
+pub fn fixed_with(
+    local: &[(&str, &str)],
+    routes: &[(&str, &str)],
+    sandboxes: Option<&[&str]>,
+    partial: &[&str],
+) -> Scan {
+    Scan {
+        routes: routes
+            .iter()
+            .filter_map(|(ip, w)| Some((ip.parse().ok()?, (*w).to_owned())))
+            .collect(),
+        sandboxes: sandboxes.map(|s| s.iter().map(|x| (*x).to_owned()).collect()),
+        ..fixed(local, partial)
+    }
+}
+
+/// `scan`, as dipamd in its own PID namespace would have made it (for unit tests elsewhere).
+#[cfg(test)]
+pub fn seen_from_own_pid_namespace(scan: Scan) -> Scan {
+    Scan {
+        own_pid_namespace: true,
+        ..scan
     }
 }
 

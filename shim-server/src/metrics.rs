@@ -724,6 +724,9 @@ impl Observer for Metrics {
                 self.intents_replayed.inc();
             }
             Event::GcFreed(_) | Event::GcRefused => self.gc.observe(event),
+            Event::Freed { .. } => {
+                self.gc.freed.inc();
+            }
             Event::Conflict => {
                 self.conflicts.inc();
             }

@@ -26,18 +26,37 @@ pub fn scripted_node_with(
     store: Arc<MemStore>,
     events: crate::events::Events,
 ) -> (TempDir, Arc<Node>) {
+    scripted_node_policy(script, store, events, crate::gc::GcPolicy::default())
+}
+
+/// [`scripted_node_with`] with the GC's `policy`.
+pub fn scripted_node_policy(
+    script: &str,
+    store: Arc<MemStore>,
+    events: crate::events::Events,
+    policy: crate::gc::GcPolicy,
+) -> (TempDir, Arc<Node>) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fake-ipam");
     std::fs::write(&path, script).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     let mut exec = Executor::new(vec![dir.path().to_owned()], Duration::from_secs(10));
     exec.events = events;
-    (dir, node_on(store, exec))
+    (dir, node_on_with(store, exec, policy))
 }
 
 /// A node on `store` running delegates with `exec`: no socket, no agent, default GC and
 /// admission.
 pub fn node_on(store: Arc<MemStore>, exec: Executor) -> Arc<Node> {
+    node_on_with(store, exec, crate::gc::GcPolicy::default())
+}
+
+/// [`node_on`] with the GC's `policy`.
+pub fn node_on_with(
+    store: Arc<MemStore>,
+    exec: Executor,
+    policy: crate::gc::GcPolicy,
+) -> Arc<Node> {
     Node::new(
         store,
         exec,
@@ -47,7 +66,7 @@ pub fn node_on(store: Arc<MemStore>, exec: Executor) -> Arc<Node> {
             spool_dir: "/unused".into(),
         },
         None,
-        crate::gc::GcPolicy::default(),
+        policy,
         crate::access::Admission::default(),
     )
 }
@@ -170,4 +189,15 @@ pub async fn node_with(script: &str, records: Vec<AttachmentRecord>) -> (TempDir
             .expect("an in-memory ledger takes the record");
     }
     (dir, node)
+}
+
+/// The container IDs of every record in `node`'s ledger, in key order.
+pub async fn ledger_ids(node: &Node) -> Vec<String> {
+    node.core
+        .ledger(|l| l.list(None))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.key.container_id)
+        .collect()
 }

@@ -166,6 +166,15 @@ fn event(e: &Value, out: &mut dyn Write) -> std::io::Result<()> {
             )?;
             writeln!(out, "      env: {}", e["env"])?;
         }
+        Some("freed") => writeln!(
+            out,
+            "  {at} freed {}/{} {} by {}: {}",
+            e["network"].as_str().unwrap_or_default(),
+            e["ifname"].as_str().unwrap_or_default(),
+            e["ips"],
+            e["by"].as_str().unwrap_or_default(),
+            e["reason"].as_str().unwrap_or_default()
+        )?,
         _ => writeln!(
             out,
             "  {at} {} {}/{} request {} ({:.1} ms): {}{}",

@@ -135,6 +135,16 @@ pub struct Args {
     /// The warm pool's watermarks (pool_args.rs).
     #[command(flatten)]
     pub pool: pool_args::PoolArgs,
+    /// Seconds between the two looks at the node that must both find a pod's attachment
+    /// dead (no network namespace holds its address, no host route leads to it, the runtime
+    /// lists no such sandbox, its network namespace is gone) before dipamd frees it (0: never;
+    /// docs/cfp.md §7.4, "Dead attachments"). The agent's and the warm pool's, those in
+    /// flight and those younger than --gc-grace are never freed so.
+    #[arg(long, default_value_t = crate::gc::evidence::DEFAULT_DEAD_AFTER as f64)]
+    pub dead_after: f64,
+    /// Where the kernel's boot id is read (tests simulate a reboot with another file).
+    #[arg(long, hide = true, default_value = crate::order::BOOT_ID_FILE)]
+    pub boot_id_file: PathBuf,
     /// Fault injection (test builds only): SIGKILL dipamd the first time it reaches POINT.
     #[cfg(feature = "fault-injection")]
     #[arg(long, value_name = "POINT")]
@@ -380,6 +390,11 @@ fn check_flags(args: &Args) -> Result<Flags, DaemonError> {
     if !(args.delegate_timeout > 0.0 && args.delegate_timeout <= 3600.0) {
         return Err(DaemonError::Usage(
             "--delegate-timeout must be between 0 and 3600 seconds".into(),
+        ));
+    }
+    if !(args.dead_after >= 0.0 && args.dead_after <= 86400.0) {
+        return Err(DaemonError::Usage(
+            "--dead-after must be between 0 and 86400 seconds".into(),
         ));
     }
     if !(args.shutdown_timeout >= 0.0 && args.shutdown_timeout <= 3600.0) {
@@ -681,6 +696,9 @@ async fn replay_before_serving(
     spool_dir: &std::path::Path,
 ) -> Result<(), DaemonError> {
     census(node).await?;
+    // First: what died in a reboot goes before anything else may meet its addresses.
+    let boot = crate::replay::reboot::boot_id(&args.boot_id_file);
+    crate::replay::reboot::release_earlier_boot(node, boot.as_deref()).await?;
     let replay = crate::replay::interrupted::replay(node).await?;
     // Releases the plugin could not deliver while dipamd was down, before any ADD can take
     // their addresses' place (F3).
@@ -749,6 +767,10 @@ async fn spawn_background(
         node.watch(),
         Duration::from_secs_f64(args.reconcile_interval.max(0.0)),
         args.reconcile_free,
+    ));
+    tokio::spawn(crate::gc::evidence::run(
+        node.collector(),
+        Duration::from_secs_f64(args.dead_after.max(0.0)),
     ));
     if let Some(rt) = node.gc.runtime.get() {
         info!(endpoint = %rt.client.endpoint(), every_s = args.runtime_gc_interval, grace_s = args.gc_grace, "runtime-aware GC on");

@@ -28,6 +28,7 @@
 //! compared with, name that key.
 
 pub mod collect;
+pub mod evidence;
 pub mod runtime;
 
 use std::time::Duration;
@@ -44,6 +45,8 @@ pub struct Gc {
     pub policy: GcPolicy,
     pub stats: GcStats,
     pub runtime: std::sync::OnceLock<runtime::RuntimeGc>,
+    /// The evidence pass's looks (evidence.rs).
+    pub evidence: evidence::Evidence,
 }
 
 impl Gc {
@@ -59,6 +62,7 @@ impl Gc {
             policy,
             stats: GcStats::default(),
             runtime: std::sync::OnceLock::new(),
+            evidence: evidence::Evidence::default(),
         }
     }
 }

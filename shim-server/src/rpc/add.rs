@@ -95,19 +95,35 @@ async fn roll_back_unanswered(node: &Node, p: &Prepared) -> ShimError {
 /// How often an ADD the delegate refused is tried again while the warm pool is on.
 const RETRIES: u32 = 2;
 
-/// The core's ADD flow; when the delegate refuses (its range exhausted, while the pool holds
-/// what is left), the pool never starves a pod (pool/take.rs, `rescue`).
+/// The core's ADD flow. When the delegate hands out an address a dead pod's record holds,
+/// that record goes and the ADD is served once more; when the delegate refuses (its range
+/// exhausted, while the pool holds what is left), the pool never starves a pod (pool/take.rs,
+/// `rescue`).
 async fn attach_or_rescue(
     node: &Node,
     p: &Prepared,
     early: &mut Early,
 ) -> Result<Added, ShimError> {
-    let mut tries = 0;
+    // The next address may be another dead pod's: at most this many of them per ADD.
+    const DEAD_HOLDERS: usize = 8;
+    let (mut tries, mut freed) = (0, 0);
     loop {
         let e = match attach(&node.core, p, Owner::Pod, early).await {
             Ok(added) => return Ok(added),
             Err(e) => e,
         };
+        // A pod's record holds the address the delegate handed out (its state went with a
+        // reboot, or was wiped): when that pod is provably dead, its record goes and the ADD
+        // is served once more (gc/evidence.rs), instead of failing a pod for a dead one.
+        if let ShimError::Conflict { ip, .. } = &e
+            && freed < DEAD_HOLDERS
+            && crate::gc::evidence::free_dead_holder(&node.collector(), &p.key.network, ip, &p.key)
+                .await
+                .unwrap_or(false)
+        {
+            freed += 1;
+            continue;
+        }
         if let Some(result) =
             crate::pool::take::rescue(&node.core, &node.pool, p, &e, early).await?
         {

@@ -194,6 +194,15 @@ impl Dipamd {
                     .flat_map(|d| [std::ffi::OsStr::new("--non-root-data-dir"), d.as_os_str()]),
             )
             .args(["--log-level", "debug"])
+            // The evidence pass (on by default) frees a pod whose netns is gone: most tests'
+            // pods name a netns that never existed (/var/run/netns/none) and are not about
+            // it. Off unless the test turns it on; a given binary (an older dipamd) may not
+            // know the flag.
+            .args(if self.binary.is_none() {
+                &["--dead-after", "0"][..]
+            } else {
+                &[]
+            })
             .args(&self.extra)
             .args(&self.shape);
         cmd
