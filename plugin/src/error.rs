@@ -172,7 +172,8 @@ impl PluginError {
         }
     }
 
-    /// This error, saying that dipamd was waited for `waited` first.
+    /// This error, saying that dipamd was waited for `waited` first (retry.rs calls it only
+    /// after a wait).
     pub fn waited(self, waited: std::time::Duration) -> Self {
         match self {
             Self::Unreachable {
@@ -180,7 +181,7 @@ impl PluginError {
                 reason,
                 kind,
                 waited: None,
-            } if waited >= crate::retry::FIRST_PAUSE => Self::Unreachable {
+            } => Self::Unreachable {
                 socket,
                 reason,
                 kind,

@@ -85,7 +85,13 @@ where
             Err(e) => judge(e),
         };
         if !e.dipamd_may_serve_again() || Instant::now() + pause >= budget.retry_until {
-            return Err(e.waited(started.elapsed()));
+            // A failure at the first try waited for nothing: said as it is.
+            let waited = started.elapsed();
+            return Err(if waited >= FIRST_PAUSE {
+                e.waited(waited)
+            } else {
+                e
+            });
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(MAX_PAUSE);

@@ -1016,9 +1016,11 @@ func (x *RuntimeGcItem) GetError() string {
 type ExplainRequest struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	ProtocolVersion uint32                 `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
-	ContainerId     string                 `protobuf:"bytes,2,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"` // next field: 3
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// A container ID, a unique prefix of one (as crictl prints them), a Kubernetes pod as
+	// namespace/name, or an IP address.
+	ContainerId   string `protobuf:"bytes,2,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"` // next field: 3
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ExplainRequest) Reset() {
@@ -1073,9 +1075,15 @@ type ExplainReply struct {
 	// Oldest first, each a JSON object: {"kind":"request"|"exec", "atMs", ...}.
 	Events []string `protobuf:"bytes,3,rep,name=events,proto3" json:"events,omitempty"`
 	// Events lost because the history writer fell behind (since start).
-	EventsDropped uint64 `protobuf:"varint,4,opt,name=events_dropped,json=eventsDropped,proto3" json:"events_dropped,omitempty"` // next field: 5
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	EventsDropped uint64 `protobuf:"varint,4,opt,name=events_dropped,json=eventsDropped,proto3" json:"events_dropped,omitempty"`
+	// The container explained: the request's own ID, or what its IP, ID prefix or
+	// namespace/name resolved to.
+	ContainerId string `protobuf:"bytes,5,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	// For a request by IP: the containers whose history shows they were given it, oldest
+	// first (the one explained among them when it no longer holds it).
+	EarlierHolders []string `protobuf:"bytes,6,rep,name=earlier_holders,json=earlierHolders,proto3" json:"earlier_holders,omitempty"` // next field: 7
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ExplainReply) Reset() {
@@ -1134,6 +1142,20 @@ func (x *ExplainReply) GetEventsDropped() uint64 {
 		return x.EventsDropped
 	}
 	return 0
+}
+
+func (x *ExplainReply) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *ExplainReply) GetEarlierHolders() []string {
+	if x != nil {
+		return x.EarlierHolders
+	}
+	return nil
 }
 
 type DoctorRequest struct {
@@ -1714,7 +1736,7 @@ type StatusReply struct {
 	GcFreed   uint64 `protobuf:"varint,17,opt,name=gc_freed,json=gcFreed,proto3" json:"gc_freed,omitempty"`
 	// Protocol versions the plugins that called since start spoke (version skew at a glance).
 	PluginProtocols []uint32 `protobuf:"varint,18,rep,packed,name=plugin_protocols,json=pluginProtocols,proto3" json:"plugin_protocols,omitempty"`
-	// The warm pool (dipamd --warm-pool): entries kept per network (0: off), and since start
+	// The warm pool (dipamd --pool-target, --warm-pool): the target per network (0: off), and since start
 	// the pod ADDs served from it, those that found it empty, and those that asked for their
 	// own addresses and so bypassed it.
 	WarmPool     uint32 `protobuf:"varint,19,opt,name=warm_pool,json=warmPool,proto3" json:"warm_pool,omitempty"`
@@ -1744,9 +1766,14 @@ type StatusReply struct {
 	// The last reconcile: reservations the ledger does not know that a running pod uses (or
 	// that dipamd cannot tell unused), which it adopts or keeps, never frees. divergence_orphans
 	// counts only those nothing on the node uses.
-	DivergenceUnrecordedAlive uint64 `protobuf:"varint,31,opt,name=divergence_unrecorded_alive,json=divergenceUnrecordedAlive,proto3" json:"divergence_unrecorded_alive,omitempty"` // next field: 32 (40 and 41 are taken)
-	unknownFields             protoimpl.UnknownFields
-	sizeCache                 protoimpl.SizeCache
+	DivergenceUnrecordedAlive uint64 `protobuf:"varint,31,opt,name=divergence_unrecorded_alive,json=divergenceUnrecordedAlive,proto3" json:"divergence_unrecorded_alive,omitempty"`
+	// The warm pool's other watermarks (dipamd --pool-minimum, --pool-max-above,
+	// --pool-release-after), beside its target (warm_pool).
+	PoolMinimum        uint32 `protobuf:"varint,32,opt,name=pool_minimum,json=poolMinimum,proto3" json:"pool_minimum,omitempty"`
+	PoolMaxAbove       uint32 `protobuf:"varint,33,opt,name=pool_max_above,json=poolMaxAbove,proto3" json:"pool_max_above,omitempty"`
+	PoolReleaseAfterMs uint64 `protobuf:"varint,34,opt,name=pool_release_after_ms,json=poolReleaseAfterMs,proto3" json:"pool_release_after_ms,omitempty"` // next field: 35 (40 and 41 are taken)
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *StatusReply) Reset() {
@@ -2006,6 +2033,27 @@ func (x *StatusReply) GetRanges() []*RangeStatus {
 func (x *StatusReply) GetDivergenceUnrecordedAlive() uint64 {
 	if x != nil {
 		return x.DivergenceUnrecordedAlive
+	}
+	return 0
+}
+
+func (x *StatusReply) GetPoolMinimum() uint32 {
+	if x != nil {
+		return x.PoolMinimum
+	}
+	return 0
+}
+
+func (x *StatusReply) GetPoolMaxAbove() uint32 {
+	if x != nil {
+		return x.PoolMaxAbove
+	}
+	return 0
+}
+
+func (x *StatusReply) GetPoolReleaseAfterMs() uint64 {
+	if x != nil {
+		return x.PoolReleaseAfterMs
 	}
 	return 0
 }
@@ -2396,7 +2444,20 @@ type PoolStatus struct {
 	RefillFailures uint64 `protobuf:"varint,7,opt,name=refill_failures,json=refillFailures,proto3" json:"refill_failures,omitempty"`
 	LastError      string `protobuf:"bytes,8,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
 	// Where the config came from: "pod" (the last pod ADD) or "conflist" (dipamd --conflist).
-	Source        string `protobuf:"bytes,9,opt,name=source,proto3" json:"source,omitempty"` // next field: 10
+	Source string `protobuf:"bytes,9,opt,name=source,proto3" json:"source,omitempty"`
+	// The network's other attachments (pods and agent) when the refiller last counted.
+	InUse uint64 `protobuf:"varint,10,opt,name=in_use,json=inUse,proto3" json:"in_use,omitempty"`
+	// Entries made and released since start.
+	Refills  uint64 `protobuf:"varint,11,opt,name=refills,proto3" json:"refills,omitempty"`
+	Releases uint64 `protobuf:"varint,12,opt,name=releases,proto3" json:"releases,omitempty"`
+	// Free addresses in the delegate's range when last counted; -1 when dipamd cannot count
+	// them (a delegate whose store it does not read).
+	RangeFree int64 `protobuf:"varint,13,opt,name=range_free,json=rangeFree,proto3" json:"range_free,omitempty"`
+	// Whether refills are held back because the range has fewer free addresses than the
+	// pool's target.
+	RangeShort bool `protobuf:"varint,14,opt,name=range_short,json=rangeShort,proto3" json:"range_short,omitempty"`
+	// Pod ADDs the delegate refused (its range exhausted) that were served from the pool.
+	Rescues       uint64 `protobuf:"varint,15,opt,name=rescues,proto3" json:"rescues,omitempty"` // next field: 16
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2492,6 +2553,48 @@ func (x *PoolStatus) GetSource() string {
 		return x.Source
 	}
 	return ""
+}
+
+func (x *PoolStatus) GetInUse() uint64 {
+	if x != nil {
+		return x.InUse
+	}
+	return 0
+}
+
+func (x *PoolStatus) GetRefills() uint64 {
+	if x != nil {
+		return x.Refills
+	}
+	return 0
+}
+
+func (x *PoolStatus) GetReleases() uint64 {
+	if x != nil {
+		return x.Releases
+	}
+	return 0
+}
+
+func (x *PoolStatus) GetRangeFree() int64 {
+	if x != nil {
+		return x.RangeFree
+	}
+	return 0
+}
+
+func (x *PoolStatus) GetRangeShort() bool {
+	if x != nil {
+		return x.RangeShort
+	}
+	return false
+}
+
+func (x *PoolStatus) GetRescues() uint64 {
+	if x != nil {
+		return x.Rescues
+	}
+	return 0
 }
 
 type DelegateInfo struct {
@@ -2967,12 +3070,14 @@ const file_dipam_v1_dipam_proto_rawDesc = "" +
 	"\x05error\x18\f \x01(\tR\x05error\"^\n" +
 	"\x0eExplainRequest\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12!\n" +
-	"\fcontainer_id\x18\x02 \x01(\tR\vcontainerId\"\xb0\x01\n" +
+	"\fcontainer_id\x18\x02 \x01(\tR\vcontainerId\"\xfc\x01\n" +
 	"\fExplainReply\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x126\n" +
 	"\vattachments\x18\x02 \x03(\v2\x14.dipam.v1.AttachmentR\vattachments\x12\x16\n" +
 	"\x06events\x18\x03 \x03(\tR\x06events\x12%\n" +
-	"\x0eevents_dropped\x18\x04 \x01(\x04R\reventsDropped\":\n" +
+	"\x0eevents_dropped\x18\x04 \x01(\x04R\reventsDropped\x12!\n" +
+	"\fcontainer_id\x18\x05 \x01(\tR\vcontainerId\x12'\n" +
+	"\x0fearlier_holders\x18\x06 \x03(\tR\x0eearlierHolders\":\n" +
 	"\rDoctorRequest\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\"g\n" +
 	"\vDoctorReply\x12)\n" +
@@ -3011,8 +3116,7 @@ const file_dipam_v1_dipam_proto_rawDesc = "" +
 	"\x05error\x18\a \x01(\tR\x05error\x12\x12\n" +
 	"\x04keep\x18\b \x03(\tR\x04keep\":\n" +
 	"\rStatusRequest\x12)\n" +
-	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\"\xbe\n" +
-	"\n" +
+	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\"\xba\v\n" +
 	"\vStatusReply\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x120\n" +
 	"\x14min_protocol_version\x18\x02 \x01(\rR\x12minProtocolVersion\x12%\n" +
@@ -3050,7 +3154,10 @@ const file_dipam_v1_dipam_proto_rawDesc = "" +
 	"\n" +
 	"runtime_gc\x18) \x01(\v2\x19.dipam.v1.RuntimeGcStatusR\truntimeGc\x12-\n" +
 	"\x06ranges\x18\x1e \x03(\v2\x15.dipam.v1.RangeStatusR\x06ranges\x12>\n" +
-	"\x1bdivergence_unrecorded_alive\x18\x1f \x01(\x04R\x19divergenceUnrecordedAlive\"\x9e\x02\n" +
+	"\x1bdivergence_unrecorded_alive\x18\x1f \x01(\x04R\x19divergenceUnrecordedAlive\x12!\n" +
+	"\fpool_minimum\x18  \x01(\rR\vpoolMinimum\x12$\n" +
+	"\x0epool_max_above\x18! \x01(\rR\fpoolMaxAbove\x121\n" +
+	"\x15pool_release_after_ms\x18\" \x01(\x04R\x12poolReleaseAfterMs\"\x9e\x02\n" +
 	"\vRangeStatus\x12\x18\n" +
 	"\anetwork\x18\x01 \x01(\tR\anetwork\x12\x16\n" +
 	"\x06family\x18\x02 \x01(\tR\x06family\x12\x17\n" +
@@ -3092,7 +3199,7 @@ const file_dipam_v1_dipam_proto_rawDesc = "" +
 	"\n" +
 	"mismatched\x18\a \x03(\tR\n" +
 	"mismatched\x12\x1c\n" +
-	"\tinherited\x18\b \x03(\tR\tinherited\"\x85\x02\n" +
+	"\tinherited\x18\b \x03(\tR\tinherited\"\xac\x03\n" +
 	"\n" +
 	"PoolStatus\x12\x18\n" +
 	"\anetwork\x18\x01 \x01(\tR\anetwork\x12#\n" +
@@ -3104,7 +3211,16 @@ const file_dipam_v1_dipam_proto_rawDesc = "" +
 	"\x0frefill_failures\x18\a \x01(\x04R\x0erefillFailures\x12\x1d\n" +
 	"\n" +
 	"last_error\x18\b \x01(\tR\tlastError\x12\x16\n" +
-	"\x06source\x18\t \x01(\tR\x06source\"e\n" +
+	"\x06source\x18\t \x01(\tR\x06source\x12\x15\n" +
+	"\x06in_use\x18\n" +
+	" \x01(\x04R\x05inUse\x12\x18\n" +
+	"\arefills\x18\v \x01(\x04R\arefills\x12\x1a\n" +
+	"\breleases\x18\f \x01(\x04R\breleases\x12\x1d\n" +
+	"\n" +
+	"range_free\x18\r \x01(\x03R\trangeFree\x12\x1f\n" +
+	"\vrange_short\x18\x0e \x01(\bR\n" +
+	"rangeShort\x12\x18\n" +
+	"\arescues\x18\x0f \x01(\x04R\arescues\"e\n" +
 	"\fDelegateInfo\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12-\n" +

@@ -210,18 +210,12 @@ impl Problem {
 pub const DEFAULT_CNI_PATH: &str = "/opt/cni/bin:/usr/lib/cni";
 
 impl NodeCheckArgs {
-    /// The check, with the runtimes that read `conf_dir`: running, or installed in `path`
-    /// (the PATH of dipamctl's environment) (conf_readers.rs).
-    pub fn resolve(self, path: Option<String>, conf_dir: &Path) -> NodeCheck {
-        let host = super::conf_readers::Host::default();
+    /// The check, judging by `runtimes`: those that read the conf dir (conf_readers.rs).
+    pub fn resolve(self, runtimes: Vec<Runtime>) -> NodeCheck {
         NodeCheck {
             force: self.force,
             dirs: std::env::split_paths(&self.cni_path).collect(),
-            runtimes: super::conf_readers::readers(
-                conf_dir,
-                OsStr::new(path.as_deref().unwrap_or_default()),
-                &host,
-            ),
+            runtimes,
         }
     }
 }

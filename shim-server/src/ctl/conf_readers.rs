@@ -9,7 +9,7 @@
 //!   `[plugins."io.containerd.grpc.v1.cri".cni]`; version 3, containerd 2:
 //!   `[plugins."io.containerd.cri.v1.runtime".cni]`), in the file given with `--config`/`-c`,
 //!   else /etc/containerd/config.toml; default /etc/cni/net.d
-//!   (https://github.com/containerd/containerd/blob/main/docs/cri/config.md);
+//!   (<https://github.com/containerd/containerd/blob/main/docs/cri/config.md>);
 //! - podman's CNI backend: `[network] network_config_dir` of containers.conf (the system's
 //!   /usr/share/containers/containers.conf, then /etc/containers/containers.conf and its
 //!   .d drop-ins); default /etc/cni/net.d; with `network_backend = "netavark"` it reads no

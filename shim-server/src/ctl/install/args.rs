@@ -145,7 +145,12 @@ impl Options {
             )
         };
         // Judged against the runtimes that read this very conf dir (ctl/conf_readers.rs).
-        let node_check = a.node_check.resolve(env("PATH"), &a.conf_dir);
+        let readers = crate::ctl::conf_readers::readers(
+            &a.conf_dir,
+            std::ffi::OsStr::new(env("PATH").as_deref().unwrap_or_default()),
+            &crate::ctl::conf_readers::Host::default(),
+        );
+        let node_check = a.node_check.resolve(readers);
         Ok(Self {
             cni_bin_dir: a.cni_bin_dir,
             conf_dir: a.conf_dir,
