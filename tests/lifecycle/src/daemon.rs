@@ -209,6 +209,11 @@ impl Dipamd {
     }
 
     fn spawn(&mut self) {
+        self.spawn_unready();
+        self.wait_ready();
+    }
+
+    fn spawn_unready(&mut self) {
         let mut log = File::options()
             .create(true)
             .append(true)
@@ -234,7 +239,6 @@ impl Dipamd {
             .spawn()
             .expect("spawn dipamd");
         self.child = Some(child);
-        self.wait_ready();
     }
 
     fn wait_ready(&mut self) {
@@ -341,6 +345,13 @@ impl Dipamd {
     pub fn start_again(&mut self) {
         assert!(self.child.is_none(), "dipamd is still running");
         self.spawn();
+    }
+
+    /// Starts dipamd again without waiting for it to serve: for a start a crash point may end
+    /// at any moment, before or after the socket answers.
+    pub fn start_again_unwaited(&mut self) {
+        assert!(self.child.is_none(), "dipamd is still running");
+        self.spawn_unready();
     }
 
     /// `dipamctl --socket S <args>`.
