@@ -58,6 +58,15 @@ impl Budget {
         }
     }
 
+    /// The same deadline, tried again only for `wait` from now: a STATUS, which a runtime
+    /// asks on every status poll and must not block on a dipamd that stays down.
+    pub fn retrying_for(self, wait: Duration) -> Self {
+        Self {
+            retry_until: self.deadline.min(Instant::now() + wait),
+            ..self
+        }
+    }
+
     /// What is left of the deadline.
     pub fn left(&self) -> Duration {
         self.deadline.saturating_duration_since(Instant::now())

@@ -21,6 +21,9 @@ use crate::{
     retry::Budget,
 };
 
+/// How long a STATUS waits for a dipamd that does not serve (a restart's gap).
+const STATUS_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Everything a verb needs: the validated environment and config, and the raw stdin.
 pub struct Ctx<'a> {
     pub args: &'a CmdArgs,
@@ -63,7 +66,14 @@ impl Ctx<'_> {
         retired_link: Option<RetiredLink>,
     ) -> Result<client::Answer, PluginError> {
         let req = self.request(command, retired_link);
-        let budget = Budget::new(self.conf.timeout);
+        let mut budget = Budget::new(self.conf.timeout);
+        // A STATUS waits out a restart's gap (a second or two), not the whole deadline: a
+        // runtime asks it on every status poll (containerd 2 for each of kubelet's), and one
+        // blocked for the deadline on a dipamd that stays down blocks the runtime's own
+        // status answer (CRI-O's then timed out); "not ready" at once is the right answer.
+        if command == Cmd::Status {
+            budget = budget.retrying_for(STATUS_WAIT);
+        }
         if command != Cmd::Del {
             return client::call_reply(&self.conf.socket, budget, command, req);
         }
