@@ -301,7 +301,19 @@ fn sigkill_mid_traffic_converges_and_leaks_nothing() {
 /// (code, count).
 fn requests(socket: &std::path::Path, op: &str) -> Vec<(String, u64)> {
     use std::io::{Read, Write};
-    let mut stream = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    // The metrics listener is bound in the background, after the socket serves (a held
+    // metrics address never decides whether dipamd serves): wait for it a moment.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut stream = loop {
+        match std::os::unix::net::UnixStream::connect(socket) {
+            Ok(s) => break s,
+            Err(e) if std::time::Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => panic!("metrics socket {}: {e}", socket.display()),
+        }
+    };
     stream
         .write_all(b"GET /metrics HTTP/1.1\r\nHost: dipamd\r\n\r\n")
         .unwrap();
