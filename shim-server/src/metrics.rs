@@ -1016,6 +1016,8 @@ mod tests {
         m.observe(&Event::PoolLevels(&[("n", "d1", 5, 8, 3)]));
         m.observe(&Event::PoolRefilled);
         m.observe(&Event::PoolRequest { outcome: "hit" });
+        // A family renders only once it has a series: the metrics listener's, bound.
+        m.listener_up("tcp", true);
         m.observe(&Event::GcFreed(2));
         m.observe(&Event::SpoolDepth(7));
         m.observe(&Event::LedgerWritable(true));
@@ -1119,7 +1121,7 @@ mod tests {
         assert!(out.ends_with("# EOF\n"), "{out}");
         // Every series has its HELP and TYPE.
         let names = families(&out);
-        assert_eq!(names.len(), 39, "{names:?}");
+        assert_eq!(names.len(), 40, "{names:?}");
         for name in &names {
             assert!(
                 out.contains(&format!("# HELP {name} ")),
