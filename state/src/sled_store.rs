@@ -106,8 +106,8 @@ const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 /// why). Until then reads lay the pending commits over what sled returns.
 ///
 /// If the journal cannot be written, commits fall back to a sled transaction, sled's own
-/// flush and an fdatasync of sled's data file, until the applier has reopened the store
-/// (which starts a fresh journal).
+/// flush and an fdatasync of sled's data file, until the applier has made sled durable and
+/// started a fresh journal.
 ///
 /// # Single daemon
 ///
@@ -145,9 +145,9 @@ const REOPEN_BACKOFF_MIN: Duration = Duration::from_millis(250);
 /// of space returning (docs/configuration.md promises a few seconds). An attempt on a disk
 /// still full costs a close and an open of sled, which a 2-CPU node does not notice every 2 s.
 const REOPEN_BACKOFF_MAX: Duration = Duration::from_secs(2);
-/// The journal's size beyond which commits are refused while checkpoints fail: every
-/// journaled commit is also held in memory until sled has it, so this bounds that memory
-/// whatever the disk does.
+/// The journal's size at which a commit checkpoints before it appends (and, should that
+/// race, is refused): every journaled commit is also held in memory until sled has it, so
+/// this bounds that memory whatever the disk does.
 const JOURNAL_HARD_LIMIT: u64 = 2 * CHECKPOINT_BYTES;
 
 /// The sled database and the handles that go with it; replaced whole by a reopen.
@@ -257,6 +257,20 @@ struct Fault {
     /// The store cannot prove what it holds any more: no reopen is attempted; a restart
     /// runs the start-up checks.
     permanent: bool,
+    /// Why the last reopen attempt failed, if one did: an operator whose disk has room again
+    /// must see what still stands in the way (a lock, a close that never ended), not only
+    /// the first cause.
+    last_attempt: Option<String>,
+}
+
+impl Fault {
+    /// The first cause, and what stands in the way now if a reopen failed since.
+    fn text(self) -> String {
+        match self.last_attempt {
+            Some(attempt) => format!("{}; the last reopen failed: {attempt}", self.cause),
+            None => self.cause,
+        }
+    }
 }
 
 pub(crate) struct Inner {
@@ -275,8 +289,12 @@ pub(crate) struct Inner {
     /// Set by a commit that took the journal past [`CHECKPOINT_BYTES`]: the applier
     /// checkpoints after its next apply.
     journal_full: AtomicBool,
-    /// Set when a write failed or the journal was given up: the applier reopens the store.
+    /// Set when a write failed: the applier reopens the store.
     needs_reopen: AtomicBool,
+    /// Set when an append to the journal failed and commits went to sled's own flush: the
+    /// applier starts a fresh journal ([`Inner::restart_journal`]), without a reopen, so
+    /// that commits keep being served meanwhile.
+    journal_lost: AtomicBool,
     /// Held while pending commits are written into sled, by the applier or a checkpoint, so
     /// that two writes of the same commits never race.
     applying: Mutex<()>,
@@ -297,7 +315,7 @@ pub(crate) struct Commits {
     seq: u64,
     /// `None` once an append failed: a later record behind a missing one would never be
     /// read back (the journal's numbering must be unbroken), so commits go through sled's
-    /// flush instead until the applier reopens the store, which starts a fresh journal.
+    /// flush instead until the applier starts a fresh journal.
     pub(crate) journal: Option<Journal>,
 }
 
@@ -320,6 +338,7 @@ impl fmt::Debug for SledStore {
 /// job in sled's I/O pool holds the file until it returns. So a lock conflict is retried
 /// briefly before it is reported (another dipamd holds it for good).
 fn open_engine(dir: &Path) -> Result<Engine, StoreError> {
+    discard_unfinished_snapshots(dir)?;
     // Mode: LowSpace (sled's default) keeps the log compact; our write rate is a few
     // commits per pod start, far from where HighThroughput would pay off.
     let config = sled::Config::new()
@@ -366,6 +385,36 @@ fn open_engine(dir: &Path) -> Result<Engine, StoreError> {
         trees,
         data_file,
     })
+}
+
+/// Removes the snapshot files sled 0.34 left half-written. sled writes a snapshot to
+/// `snap.<lsn>.generating`, syncs it and renames it to `snap.<lsn>`; but its open reads the
+/// highest-named `snap.` file without skipping `.generating` ones, so one left by a write
+/// that failed (a full disk) or a kill in between was read as the latest snapshot, failed
+/// its checksum, and sled refused to open: a store that lost nothing was reported damaged,
+/// and after a full disk dipamd never served again until `dipamctl recover` (measured: one
+/// round in ten of a full disk with 400 kB values). Such a file is by construction never the
+/// snapshot of record (the rename is what makes it one), and the log is authoritative
+/// beyond the last complete snapshot, so it is removed unread.
+fn discard_unfinished_snapshots(dir: &Path) -> Result<(), StoreError> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_err(dir)(e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(io_err(dir))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("snap.") && name.ends_with(".generating") {
+            match fs::remove_file(entry.path()) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err(&entry.path())(e)),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The commits an open replays from the journal: those after sled's last (`seq`), which must
@@ -534,6 +583,7 @@ impl SledStore {
             closing: AtomicBool::new(false),
             journal_full: AtomicBool::new(false),
             needs_reopen: AtomicBool::new(false),
+            journal_lost: AtomicBool::new(false),
             applying: Mutex::new(()),
             journal_file,
             journal_path,
@@ -650,7 +700,7 @@ impl Inner {
             path: self.dir.clone(),
             since: fault.as_ref().map_or_else(SystemTime::now, |f| f.since),
             disk_full: fault.as_ref().is_some_and(|f| f.disk_full),
-            cause: fault.map_or_else(|| "the ledger is being reopened".into(), |f| f.cause),
+            cause: fault.map_or_else(|| "the ledger is being reopened".into(), Fault::text),
         }
     }
 
@@ -668,13 +718,20 @@ impl Inner {
     fn record_fault(&self, e: &StoreError, permanent: bool) {
         if let Ok(mut fault) = self.fault.lock() {
             match fault.as_mut() {
-                Some(f) => f.permanent |= permanent,
+                Some(f) => {
+                    // What made it permanent is what the operator must read.
+                    if permanent && !f.permanent {
+                        f.last_attempt = Some(e.to_string());
+                    }
+                    f.permanent |= permanent;
+                }
                 None => {
                     *fault = Some(Fault {
                         since: SystemTime::now(),
                         cause: e.to_string(),
                         disk_full: e.is_disk_full(),
                         permanent,
+                        last_attempt: None,
                     })
                 }
             }
@@ -691,8 +748,12 @@ impl Inner {
     /// zeroed. Holds the commit lock, so no commit lands in between. Every commit so far is
     /// then on the disk, which the witness may claim.
     fn checkpoint(&self) -> Result<(), StoreError> {
-        let mut commits = lock(&self.commits)?;
-        let Commits { seq, journal } = &mut *commits;
+        self.checkpoint_locked(&mut *lock(&self.commits)?)
+    }
+
+    /// [`Inner::checkpoint`] for a caller that holds the commit lock.
+    fn checkpoint_locked(&self, commits: &mut Commits) -> Result<(), StoreError> {
+        let Commits { seq, journal } = commits;
         let Some(journal) = journal.as_mut().filter(|j| j.is_dirty()) else {
             return Ok(());
         };
@@ -837,7 +898,14 @@ impl Inner {
                             backoff = REOPEN_BACKOFF_MIN;
                             continue;
                         }
-                        Err(e) => self.record_fault(&e, false),
+                        Err(e) => {
+                            self.record_fault(&e, false);
+                            if let Ok(mut f) = self.fault.lock()
+                                && let Some(f) = f.as_mut()
+                            {
+                                f.last_attempt = Some(e.to_string());
+                            }
+                        }
                     }
                 }
                 pending = match self.wake.wait_timeout(pending, backoff) {
@@ -845,6 +913,18 @@ impl Inner {
                     Err(_) => return,
                 };
                 backoff = (backoff * 2).min(REOPEN_BACKOFF_MAX);
+                continue;
+            }
+            if self.journal_lost.swap(false, Ordering::AcqRel) {
+                drop(pending);
+                if let Err(e) = self.restart_journal() {
+                    // sled's own writes fail too: a fault, which the reopen clears.
+                    self.fail(&e, false);
+                }
+                pending = match self.pending.lock() {
+                    Ok(p) => p,
+                    Err(_) => return,
+                };
                 continue;
             }
             let Some((last, oldest)) = pending.times() else {
@@ -880,6 +960,29 @@ impl Inner {
                 Err(_) => return,
             };
         }
+    }
+
+    /// A fresh journal after an append failed (commits meanwhile went through sled's own
+    /// flush): sled made durable, then the journal zeroed and taken back into use, under the
+    /// commit lock. No reopen: the engine stays, and commits are served throughout (a reopen
+    /// swapped the engine out, and commits in that window failed with 150 although nothing
+    /// had failed but one append).
+    fn restart_journal(&self) -> Result<(), StoreError> {
+        let mut commits = lock(&self.commits)?;
+        if commits.journal.is_some() {
+            return Ok(());
+        }
+        self.apply_pending()?;
+        {
+            let engine = self.engine()?;
+            let engine = engine.as_ref().expect("checked by engine()");
+            self.persist(engine, Durability::SurvivesPowerCut)?;
+        }
+        // What the journal holds (a torn record among them) is in sled now: zeroed unread.
+        let (mut journal, _, _) = Journal::open(&self.dir).map_err(io_err(&self.journal_path))?;
+        journal.reset().map_err(io_err(&self.journal_path))?;
+        commits.journal = Some(journal);
+        self.claim(commits.seq, Durability::SurvivesPowerCut)
     }
 
     /// Records in the witness that every commit up to `seq` is in the kernel and, for
@@ -1030,15 +1133,27 @@ impl Inner {
         let sled = engine.tree(tree);
         // Not `sled::Tree::len`: it counts an iterator that, after a failed write, yields the
         // same error forever (see the module doc). The first error ends the count here.
+        //
+        // The overlay is laid over the keys this iteration saw, not over a second look at
+        // sled: the applier may write the overlay's commits into sled between the two, and a
+        // count that iterated before and looked after missed them both ways (a ledger of 4
+        // counted 0 under a loaded test run).
+        let mut overlay: HashMap<Vec<u8>, (bool, bool)> = overlay
+            .into_iter()
+            .map(|(key, value)| (key, (value.is_some(), false)))
+            .collect();
         let mut len = 0;
         for key in sled.iter().keys() {
-            key.map_err(self.sled_err())?;
+            let key = key.map_err(self.sled_err())?;
             len += 1;
+            if let Some((_, seen)) = overlay.get_mut(key.as_ref()) {
+                *seen = true;
+            }
         }
-        for (key, value) in overlay {
-            match (sled.contains_key(&key).map_err(self.sled_err())?, value) {
-                (false, Some(_)) => len += 1,
-                (true, None) => len -= 1,
+        for (present, seen) in overlay.into_values() {
+            match (seen, present) {
+                (false, true) => len += 1,
+                (true, false) => len -= 1,
                 _ => {}
             }
         }
@@ -1063,17 +1178,17 @@ impl Inner {
         let (seq, journaled) = {
             let mut commits = lock(&self.commits)?;
             let seq = commits.seq + 1;
-            if let Some(j) = commits.journal.as_ref()
-                && j.len() >= JOURNAL_HARD_LIMIT
+            if commits
+                .journal
+                .as_ref()
+                .is_some_and(|j| j.len() >= JOURNAL_HARD_LIMIT)
             {
-                return Err(StoreError::Io {
-                    path: self.journal_path.clone(),
-                    source: io::Error::other(format!(
-                        "the commit journal has reached {} MiB because sled could not take \
-                         its commits (checkpoints failing)",
-                        j.len() >> 20
-                    )),
-                });
+                // Backpressure: this commit checkpoints before it appends. Large values
+                // (400 kB network configs) filled the journal faster than the applier's
+                // checkpoints emptied it, and the 11th such commit in a row was refused
+                // although nothing had failed. A checkpoint that fails is a real write
+                // failure: the fault and a reopen follow.
+                self.checkpoint_locked(&mut commits)?;
             }
             let appended = commits
                 .journal
@@ -1089,9 +1204,9 @@ impl Inner {
                 Some(Err(_)) | None => {
                     // From now on sled's flush makes commits durable (see `Commits`); what
                     // is pending goes into sled first, to keep the order. The applier
-                    // reopens the store, which starts a fresh journal.
+                    // then starts a fresh journal (`restart_journal`).
                     if commits.journal.take().is_some() {
-                        self.needs_reopen.store(true, Ordering::Release);
+                        self.journal_lost.store(true, Ordering::Release);
                         if let Ok(_p) = self.pending.lock() {
                             self.wake.notify_all();
                         }
@@ -1141,8 +1256,8 @@ impl Inner {
             StoreError::Unavailable {
                 path: self.dir.clone(),
                 since: f.since,
-                cause: f.cause,
                 disk_full: f.disk_full,
+                cause: f.text(),
             }
             .to_string(),
         )
