@@ -531,8 +531,11 @@ pub async fn round(w: &Watch, free: bool) -> Result<(), ShimError> {
                     "",
                     Valid::Ledger,
                     w.core.births.gc_began(None, None),
-                    false,
-                    false,
+                    gc::collect::Run {
+                        dry_run: false,
+                        force: false,
+                        by: crate::events::FreedBy::Reconcile,
+                    },
                 )
                 .await?;
                 let freed = plan.items.iter().filter(|i| i.outcome == "freed").count();

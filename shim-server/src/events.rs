@@ -121,14 +121,106 @@ pub enum Event<'a> {
         kept_grace: u64,
         refusing: Option<&'a str>,
     },
-    /// dipamd freed a pod's attachment whose pod is dead (replay/reboot.rs, gc/evidence.rs),
-    /// with the history entry that says who freed it (`by`: `reboot`, `evidence`,
-    /// `conflict`) and why: `dipamctl explain` shows it beside the pod's own requests.
+    /// dipamd freed a pod's attachment, with the history entry that says who freed it and
+    /// why: `dipamctl explain` shows it beside the pod's own requests (history.rs).
     Freed {
-        by: &'static str,
+        by: FreedBy,
         container_id: &'a str,
         record: &'a Value,
     },
+}
+
+/// Who freed an attachment: the `by` of its history entry. Every way an address leaves a pod
+/// has one, so that `dipamctl explain <ip>` can say of each earlier holder what ended its
+/// holding, instead of leaving the operator to guess from the requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FreedBy {
+    /// The runtime's DEL: live, spooled while dipamd was down and replayed, or interrupted
+    /// by a crash and finished at the next start.
+    Del,
+    /// A CNI GC the runtime sent (rpc/gc.rs).
+    CniGc,
+    /// The runtime-aware GC (--cri-endpoint): the runtime listed no sandbox for it in two
+    /// passes (gc/runtime/).
+    RuntimeGc,
+    /// An operator: `dipamctl gc` (by a list, `--use-ledger`, or `--from-runtime`).
+    Operator,
+    /// The reconcile (--reconcile-free): a reservation no record knows and nothing uses.
+    Reconcile,
+    /// The reboot rule at start: recorded in an earlier boot (replay/reboot.rs).
+    Reboot,
+    /// Two looks at the node found the pod dead (gc/evidence.rs).
+    Evidence,
+    /// The delegate handed its address to another pod and a look proved it dead
+    /// (gc/evidence.rs).
+    Conflict,
+}
+
+impl FreedBy {
+    /// The name the history and `explain` show.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Del => "del",
+            Self::CniGc => "cni-gc",
+            Self::RuntimeGc => "runtime-gc",
+            Self::Operator => "operator",
+            Self::Reconcile => "reconcile",
+            Self::Reboot => "reboot",
+            Self::Evidence => "evidence",
+            Self::Conflict => "conflict",
+        }
+    }
+
+    /// Whether `dipam_gc_freed_total` counts it at its [`Event::Freed`]: the dead pods'
+    /// frees. A GC's are counted as it frees them ([`Event::GcFreed`]), and a DEL is no GC.
+    pub fn counted_at_freed(self) -> bool {
+        matches!(self, Self::Reboot | Self::Evidence | Self::Conflict)
+    }
+}
+
+/// An attachment leaving a container, as its history entry says it: which one, and why.
+#[derive(Debug, Clone)]
+pub struct Freeing<'a> {
+    pub network: &'a str,
+    pub container_id: &'a str,
+    pub ifname: &'a str,
+    /// Its addresses, as CIDRs (`explain <ip>` matches its earlier holders by them).
+    pub ips: Vec<String>,
+    pub reason: &'a str,
+    /// The request that recorded it (or, for a DEL, the DEL's own).
+    pub request_id: &'a str,
+}
+
+impl<'a> Freeing<'a> {
+    /// `rec` freed for `reason`.
+    pub fn of(rec: &'a dipam_state::AttachmentRecord, reason: &'a str) -> Self {
+        Self {
+            network: &rec.key.network,
+            container_id: &rec.key.container_id,
+            ifname: &rec.key.ifname,
+            // The CNI result's addresses, as result_ips reads them (delegate/config.rs, a
+            // layer this one may not use).
+            ips: rec
+                .result
+                .as_ref()
+                .and_then(|r| r.get("ips"))
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|ip| ip.get("address")?.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            reason,
+            request_id: &rec.request_id,
+        }
+    }
+}
+
+impl std::fmt::Display for FreedBy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// One network's addresses of one family: how many the delegate hands out, and who holds
@@ -210,6 +302,26 @@ impl Events {
         for o in self.observers.iter() {
             o.observe(&event);
         }
+    }
+
+    /// Who freed an attachment and why, for its container's history (`kind: freed`):
+    /// `explain` shows it among the requests, and `explain <ip>` says of each earlier holder
+    /// of the address what ended its holding.
+    pub fn freed(&self, by: FreedBy, f: &Freeing<'_>) {
+        let body = serde_json::json!({
+            "kind": "freed",
+            "by": by.as_str(),
+            "network": f.network,
+            "ifname": f.ifname,
+            "ips": f.ips,
+            "reason": f.reason,
+            "requestId": f.request_id,
+        });
+        self.emit(Event::Freed {
+            by,
+            container_id: f.container_id,
+            record: &body,
+        });
     }
 }
 

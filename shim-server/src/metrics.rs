@@ -735,8 +735,10 @@ impl Observer for Metrics {
                 self.intents_replayed.inc();
             }
             Event::GcFreed(_) | Event::GcRefused => self.gc.observe(event),
-            Event::Freed { .. } => {
-                self.gc.freed.inc();
+            Event::Freed { by, .. } => {
+                if by.counted_at_freed() {
+                    self.gc.freed.inc();
+                }
             }
             Event::Conflict => {
                 self.conflicts.inc();

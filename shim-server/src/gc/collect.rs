@@ -48,9 +48,20 @@ use crate::{
 /// making the marks' disk writes a small share of a GC's time (one per 32 DELs).
 pub const CHUNK: usize = 32;
 
-/// Plans and (unless `dry_run`) runs GC of the network of `dc`. `force` overrides the share
-/// interlock (`dipamctl gc --force`); nothing else does. `began` is when the GC began (its
-/// valid list was made before it): nothing an ADD finished since is freed (core/births.rs).
+/// How a GC run is asked for.
+#[derive(Debug, Clone, Copy)]
+pub struct Run {
+    /// Only plan: say what would be freed and kept, and change nothing.
+    pub dry_run: bool,
+    /// Override the share interlock (`dipamctl gc --force`); nothing else does.
+    pub force: bool,
+    /// Who asked: the `by` of the history entry of each attachment it frees.
+    pub by: crate::events::FreedBy,
+}
+
+/// Plans and (unless `run.dry_run`) runs GC of the network of `dc`. `began` is when the GC
+/// began (its valid list was made before it): nothing an ADD finished since is freed
+/// (core/births.rs).
 ///
 /// The steps, in order: read what the delegate and the ledger hold (`read`), plan what to
 /// keep and what is stale (`plan`), refuse what the share interlock forbids (`interlock`),
@@ -61,8 +72,7 @@ pub async fn collect(
     cni_path: &str,
     valid: Valid,
     began: GcStart,
-    dry_run: bool,
-    force: bool,
+    run: Run,
 ) -> Result<Plan, ShimError> {
     // One GC of a network at a time; ADD, DEL and CHECK are not held up (keylock.rs).
     let _collection = c.core.locks.collection(&dc.network).await;
@@ -72,10 +82,10 @@ pub async fn collect(
         resolved,
     } = read(c, dc, cni_path).await?;
     let mut planned = plan(c, &seen, &valid, began);
-    interlock(c, &dc.network, &seen.records, &planned.stale, force)?;
+    interlock(c, &dc.network, &seen.records, &planned.stale, run.force)?;
     let (probe, send) = resolved?;
     let orphans = plan_orphans(c, dc, &seen, reservations, &mut planned).await;
-    if dry_run {
+    if run.dry_run {
         return Ok(Plan {
             items: planned.items,
             kept: planned.kept,
@@ -86,6 +96,7 @@ pub async fn collect(
         cni_path,
         probe: &probe,
         send,
+        by: run.by,
     };
     release(c, &delegate, &seen, planned, orphans, began).await
 }
@@ -450,6 +461,8 @@ struct Delegate<'a> {
     cni_path: &'a str,
     probe: &'a crate::delegate::Probe,
     send: Option<SpecVersion>,
+    /// Who asked for the GC (the history's `by` of what it frees).
+    by: crate::events::FreedBy,
 }
 
 /// Runs the plan: the stale records' DELs, the delegate's own GC where it has one, the
@@ -473,15 +486,15 @@ async fn release(
     let parallel = c.gc.policy.parallel.max(1);
     let n = stale.len();
     let chosen: Vec<AttachmentRecord> = stale.iter().map(|r| (*r).clone()).collect();
-    let mut busy_now = release_stale(c, chosen, began, parallel, &mut items[..n]).await;
+    let mut busy_now = release_stale(c, d, chosen, began, parallel, &mut items[..n]).await;
     if seen.native_gc {
         native_gc(c, d, &listed, &stale, &busy_now).await?;
     }
     let outcomes = release_orphans(c, d, &orphans, parallel).await;
     for (i, outcome) in outcomes.into_iter().enumerate() {
         match outcome {
-            Released::Freed => finish(c, &mut items[n + i], Ok(())),
-            Released::Failed(e) => finish(c, &mut items[n + i], Err(e)),
+            Released::Freed => finish(c, d, &mut items[n + i], Ok(())),
+            Released::Failed(e) => finish(c, d, &mut items[n + i], Err(e)),
             Released::Busy(code, why) => busy_now.push((n + i, code, why)),
         }
     }
@@ -675,6 +688,7 @@ type Forgetting<'a> = Boxed<'a, (Vec<Job<'a>>, Result<(), ShimError>)>;
 /// module's documentation for the order of the writes.
 async fn release_stale(
     c: &Collector,
+    d: &Delegate<'_>,
     planned: Vec<AttachmentRecord>,
     began: GcStart,
     parallel: usize,
@@ -687,8 +701,8 @@ async fn release_stale(
     let network = network.as_str();
     let mut busy = Vec::new();
     let mut settle = |i: usize, outcome: Released| match outcome {
-        Released::Freed => finish(c, &mut items[i], Ok(())),
-        Released::Failed(e) => finish(c, &mut items[i], Err(e)),
+        Released::Freed => finish(c, d, &mut items[i], Ok(())),
+        Released::Failed(e) => finish(c, d, &mut items[i], Err(e)),
         Released::Busy(code, why) => busy.push((i, code, why)),
     };
     let mut chunks = planned
@@ -909,7 +923,9 @@ async fn release_orphan(
     }
 }
 
-fn finish(c: &Collector, it: &mut GcItem, outcome: Result<(), ShimError>) {
+/// One item's outcome: counted, logged, and (freed) recorded in its container's history
+/// with who asked for the GC.
+fn finish(c: &Collector, d: &Delegate<'_>, it: &mut GcItem, outcome: Result<(), ShimError>) {
     match outcome {
         Ok(()) => {
             it.outcome = "freed".into();
@@ -917,7 +933,18 @@ fn finish(c: &Collector, it: &mut GcItem, outcome: Result<(), ShimError>) {
                 .freed
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             c.core.events.emit(crate::events::Event::GcFreed(1));
-            info!(kind = %it.kind, container_id = %it.container_id, ifname = %it.ifname, ips = ?it.ips, reason = %it.reason, "GC freed");
+            info!(kind = %it.kind, container_id = %it.container_id, ifname = %it.ifname, ips = ?it.ips, reason = %it.reason, by = %d.by, "GC freed");
+            let reason = format!("{} ({})", gc_reason(d.by), it.reason);
+            c.core.events.freed(d.by,
+                &crate::events::Freeing {
+                    network: &d.dc.network,
+                    container_id: &it.container_id,
+                    ifname: &it.ifname,
+                    ips: it.ips.clone(),
+                    reason: &reason,
+                    request_id: "",
+                },
+            );
         }
         Err(e) => {
             it.outcome = "failed".into();
@@ -927,12 +954,36 @@ fn finish(c: &Collector, it: &mut GcItem, outcome: Result<(), ShimError>) {
     }
 }
 
+/// What a GC asked for by `by` is, for the history entry of what it frees.
+fn gc_reason(by: crate::events::FreedBy) -> &'static str {
+    use crate::events::FreedBy as B;
+    match by {
+        B::CniGc => "a CNI GC from the runtime: not in its valid list",
+        B::RuntimeGc => {
+            "the runtime-aware GC: made through CRI, and the runtime listed no sandbox for it \
+             in two passes"
+        }
+        B::Operator => "`dipamctl gc`",
+        B::Reconcile => "the reconcile (--reconcile-free): a reservation no record knows",
+        _ => "a GC",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use dipam_state::{AttachmentKey, MemStore};
 
     use super::*;
     use crate::testing::{node_with, record as rec, request, script, scripted_node};
+
+    /// A run by an operator: `dry_run` and `force` as `dipamctl gc` gives them.
+    fn run(dry_run: bool, force: bool) -> Run {
+        Run {
+            dry_run,
+            force,
+            by: crate::events::FreedBy::Operator,
+        }
+    }
 
     async fn bench(
         records: Vec<AttachmentRecord>,
@@ -991,8 +1042,7 @@ mod tests {
             "",
             list(&["listed"]),
             node.core.births.gc_began(None, None),
-            true,
-            false,
+            run(true, false),
         )
         .await
         .unwrap();
@@ -1087,8 +1137,7 @@ mod tests {
             "",
             list(&["keep"]),
             began,
-            true,
-            true,
+            run(true, true),
         )
         .await
         .unwrap();
@@ -1130,8 +1179,7 @@ mod tests {
             "",
             list(&["keep"]),
             began,
-            false,
-            true,
+            run(false, true),
         )
         .await
         .unwrap();
@@ -1170,8 +1218,7 @@ mod tests {
             "",
             list(&["other"]),
             node.core.births.gc_began(None, None),
-            false,
-            false,
+            run(false, false),
         )
         .await
         .unwrap_err();
@@ -1188,8 +1235,7 @@ mod tests {
             "",
             list(&["other"]),
             node.core.births.gc_began(None, None),
-            false,
-            true,
+            run(false, true),
         )
         .await
         .unwrap();
@@ -1214,8 +1260,7 @@ mod tests {
                 "",
                 list(&["other"]),
                 node.core.births.gc_began(None, None),
-                false,
-                false
+                run(false, false)
             )
             .await
             .is_err()
@@ -1226,8 +1271,7 @@ mod tests {
             "",
             list(&["a"]),
             node.core.births.gc_began(None, None),
-            false,
-            false,
+            run(false, false),
         )
         .await
         .unwrap();
@@ -1285,8 +1329,7 @@ esac
             "",
             list(&["c000"]),
             node.core.births.gc_began(None, None),
-            false,
-            true,
+            run(false, true),
         )
         .await
         .unwrap();
@@ -1345,8 +1388,7 @@ esac
             "",
             list(&["keep"]),
             node.core.births.gc_began(None, None),
-            true,
-            true,
+            run(true, true),
         )
         .await
         .unwrap();
@@ -1362,8 +1404,7 @@ esac
             "",
             list(&["keep"]),
             node.core.births.gc_began(None, None),
-            false,
-            true,
+            run(false, true),
         )
         .await
         .unwrap();
@@ -1402,8 +1443,7 @@ esac
                     "",
                     list(&["s00"]),
                     node.core.births.gc_began(None, None),
-                    false,
-                    true,
+                    run(false, true),
                 )
                 .await
             })

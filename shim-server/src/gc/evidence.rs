@@ -31,7 +31,6 @@ use std::{
 };
 
 use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, Owner};
-use serde_json::json;
 use tracing::{info, warn};
 
 use crate::{
@@ -41,6 +40,7 @@ use crate::{
         store,
     },
     error::ShimError,
+    events::FreedBy,
     gc::Collector,
     liveness::{Scan, Verdict},
 };
@@ -258,7 +258,7 @@ pub async fn judge(
             },
             apart.as_secs()
         );
-        match free_locked(c, r, began, "evidence", &why).await {
+        match free_locked(c, r, began, FreedBy::Evidence, &why).await {
             Ok(Outcome::Released | Outcome::Forgotten(_)) => freed += 1,
             Ok(Outcome::Kept(_)) => {}
             Err(e) => {
@@ -279,7 +279,7 @@ async fn free_locked(
     c: &Collector,
     rec: &AttachmentRecord,
     began: GcStart,
-    by: &'static str,
+    by: FreedBy,
     why: &str,
 ) -> Result<Outcome, ShimError> {
     let Some(_guard) = c.core.locks.try_lock(&rec.key) else {
@@ -303,7 +303,7 @@ async fn free_locked(
 pub async fn release_dead(
     c: &Collector,
     rec: &AttachmentRecord,
-    by: &'static str,
+    by: FreedBy,
     why: &str,
 ) -> Result<Outcome, ShimError> {
     c.retire_datapath(rec).await;
@@ -335,7 +335,7 @@ pub async fn release_dead(
         Outcome::Forgotten(w) => format!("forgotten: {w}"),
         Outcome::Kept(_) => String::new(),
     };
-    info!(key = %rec.key, ips = %ips_text(rec), by, "dead pod's attachment freed ({how}): {why}");
+    info!(key = %rec.key, ips = %ips_text(rec), by = %by, "dead pod's attachment freed ({how}): {why}");
     record_freed(c, rec, by, &format!("{why}; {how}"));
     Ok(outcome)
 }
@@ -353,21 +353,10 @@ async fn still_held(rec: &AttachmentRecord) -> Option<bool> {
 }
 
 /// The pod's history entry: who freed its attachment and why (`dipamctl explain`).
-pub fn record_freed(c: &Collector, rec: &AttachmentRecord, by: &'static str, reason: &str) {
-    let body = json!({
-        "kind": "freed",
-        "by": by,
-        "network": rec.key.network,
-        "ifname": rec.key.ifname,
-        "ips": rec.result.as_ref().map(result_ips).unwrap_or_default(),
-        "reason": reason,
-        "requestId": rec.request_id,
-    });
-    c.core.events.emit(crate::events::Event::Freed {
-        by,
-        container_id: &rec.key.container_id,
-        record: &body,
-    });
+pub fn record_freed(c: &Collector, rec: &AttachmentRecord, by: FreedBy, reason: &str) {
+    c.core.events.freed(by,
+        &crate::events::Freeing::of(rec, reason),
+    );
 }
 
 fn ips_text(rec: &AttachmentRecord) -> String {
@@ -446,7 +435,7 @@ pub async fn free_dead_holder(
          its network namespace is gone"
     );
     warn!(key = %holder.key, %ip, "dead pod's attachment forgotten at a conflict: {why}");
-    record_freed(c, &holder, "conflict", &format!("{why}; forgotten"));
+    record_freed(c, &holder, FreedBy::Conflict, &format!("{why}; forgotten"));
     c.gc.evidence
         .freed
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

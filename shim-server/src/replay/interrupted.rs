@@ -62,6 +62,16 @@ async fn release(node: &Node, rec: &AttachmentRecord) -> Result<bool, ShimError>
     match node.core.release_recorded(rec).await {
         Ok(()) => {
             node.core.forget(rec).await?;
+            // An interrupted DEL, finished: the runtime's DEL freed it. (An interrupted ADD
+            // was never answered, so no pod held what its rollback frees.)
+            if rec.state == AttachmentState::Deleting {
+                node.core.events.freed(crate::events::FreedBy::Del,
+                    &crate::events::Freeing::of(
+                        rec,
+                        "its DEL was interrupted (dipamd stopped); finished at dipamd's start",
+                    ),
+                );
+            }
             node.core.events.emit(crate::events::Event::IntentReplayed);
             info!(key = %rec.key, state = rec.state.as_str(), creator_uid = ?rec.creator_uid, "replayed an interrupted operation: released");
             Ok(true)

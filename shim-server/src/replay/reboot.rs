@@ -115,7 +115,7 @@ async fn release_all(node: &Node, previous: &str, current: &str) -> Result<Reboo
         let Some(rec) = node.core.lookup(&rec.key)? else {
             continue;
         };
-        match release_dead(&c, &rec, "reboot", &why).await? {
+        match release_dead(&c, &rec, crate::events::FreedBy::Reboot, &why).await? {
             Outcome::Released => done.released += 1,
             Outcome::Forgotten(_) => done.forgotten += 1,
             Outcome::Kept(_) => done.kept += 1,

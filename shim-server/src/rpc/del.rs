@@ -112,6 +112,17 @@ pub async fn run(
 
     if let Some(rec) = &existing {
         node.core.forget(rec).await?;
+        let reason = if p.caller.is_root() {
+            format!("the runtime's DEL (request {})", p.req.request_id)
+        } else {
+            format!(
+                "a DEL from uid {} (request {})",
+                p.caller.uid, p.req.request_id
+            )
+        };
+        let mut freeing = crate::events::Freeing::of(rec, &reason);
+        freeing.request_id = &p.req.request_id;
+        node.core.events.freed(crate::events::FreedBy::Del, &freeing);
     }
     node.core.bury(&p.key, issued);
     // At debug: the request's one info line, with the IPs, comes from the service.

@@ -88,8 +88,11 @@ pub async fn run(
         &p.req.cni_path,
         Valid::List(list),
         began,
-        false,
-        false,
+        gc::collect::Run {
+            dry_run: false,
+            force: false,
+            by: crate::events::FreedBy::CniGc,
+        },
     )
     .await?;
     let failed: Vec<String> = plan

@@ -38,7 +38,7 @@ impl Observer for Freed {
             && let Ok(mut f) = self.0.lock()
         {
             f.push((
-                (*by).to_owned(),
+                by.as_str().to_owned(),
                 (*container_id).to_owned(),
                 record["reason"].as_str().unwrap_or_default().to_owned(),
             ));

@@ -22,8 +22,11 @@ use crate::{
         store,
     },
     error::ShimError,
-    events::Event,
-    gc::{Valid, collect::collect},
+    events::{Event, FreedBy},
+    gc::{
+        Valid,
+        collect::{Run, collect},
+    },
 };
 
 /// What a pass did, or (dry run) would do.
@@ -421,7 +424,14 @@ async fn free_scope(
     };
     // `force`: the node-wide share interlock above stands for the per-network one, which
     // would keep the last attachment of a network the runtime no longer uses forever.
-    let plan = match collect(c, dc, "", Valid::List(valid), began, false, true).await {
+    // Whoever runs the pass (its timer, or `dipamctl gc --from-runtime`), its rule frees:
+    // the history says so.
+    let run = Run {
+        dry_run: false,
+        force: true,
+        by: FreedBy::RuntimeGc,
+    };
+    let plan = match collect(c, dc, "", Valid::List(valid), began, run).await {
         Ok(plan) => plan,
         Err(e) => return fail(report, Some(gone), &e.to_string()),
     };

@@ -55,8 +55,11 @@ pub async fn run(node: &Node, req: GcRequest) -> Result<GcReply, ShimError> {
         "",
         valid,
         began,
-        req.dry_run,
-        req.force,
+        gc::collect::Run {
+            dry_run: req.dry_run,
+            force: req.force,
+            by: crate::events::FreedBy::Operator,
+        },
     )
     .await
     {
