@@ -157,3 +157,117 @@ fn explain_finds_a_container_by_ip_and_by_id_prefix() {
     );
     lab.rt.ipam(lab.list(), 0, "DEL", &two, None).unwrap();
 }
+
+/// CNI 1.1 GC through the plugin, with `valid` as the runtime's list.
+fn cni_gc(lab: &Lab, valid: Value) {
+    dipam_lifecycle::runtime::settle_before_gc();
+    let mut l = lab.list().clone();
+    l["cniVersion"] = serde_json::json!("1.1.0");
+    l["plugins"][0]["cni.dev/valid-attachments"] = valid.clone();
+    l["plugins"][0]["cni.dev/attachments"] = valid;
+    lab.rt
+        .ipam(&l, 0, "GC", &Attachment::new("", ""), None)
+        .unwrap_or_else(|e| panic!("GC: {e}"));
+}
+
+/// One address, four holders in turn, each let go a different way: the runtime's DEL, an
+/// operator's `dipamctl gc`, the runtime's CNI GC; the fourth holds it now. `explain <ip>`
+/// says of each earlier holding when it was given, when it was freed, by whom and why (the
+/// operator's second day: "who freed it?" was a guess from the requests).
+#[test]
+fn explain_by_ip_says_who_freed_each_earlier_holding() {
+    require_root!();
+    // Grace 0 and any share: the GCs here free the one pod of the network on purpose.
+    let lab = Lab::with_flags(
+        "ptp-dipam-host-local.conflist",
+        &["--gc-grace", "0", "--gc-max-free-share", "1"],
+    );
+    let tag = format!("{:08x}", std::process::id());
+    let nss: Vec<NetNs> = (0..4).map(|_| NetNs::new()).collect();
+    let pods: Vec<Attachment> = ["de1", "0be", "c91", "a11"]
+        .iter()
+        .zip(&nss)
+        .map(|(p, ns)| Attachment::new(&format!("{p}{tag}f00d"), &ns.path()))
+        .collect();
+    let r = lab.rt.ipam(lab.list(), 0, "ADD", &pods[0], None).unwrap();
+    let ip = dipam_lifecycle::runtime::result_ips(&r).remove(0);
+    // Each next pod asks host-local for the same address (CNI_ARGS IP=).
+    let same = |a: &Attachment| {
+        let mut a = a.clone();
+        a.args.push_str(&format!(";IP={ip}"));
+        a
+    };
+    lab.rt.ipam(lab.list(), 0, "DEL", &pods[0], Some(&r)).unwrap();
+
+    let b = same(&pods[1]);
+    let rb = lab.rt.ipam(lab.list(), 0, "ADD", &b, None).unwrap();
+    assert_eq!(dipam_lifecycle::runtime::result_ips(&rb), vec![ip.clone()]);
+    let dir = tempfile::tempdir().unwrap();
+    let (conflist, valid) = (dir.path().join("net.conflist"), dir.path().join("v.json"));
+    std::fs::write(&conflist, serde_json::to_vec(lab.list()).unwrap()).unwrap();
+    let nobody = serde_json::json!([{"containerID": "nobody", "ifname": "eth0"}]);
+    std::fs::write(&valid, nobody.to_string()).unwrap();
+    let gc = lab.dipamd.ctl(&[
+        "gc",
+        "--conflist",
+        conflist.to_str().unwrap(),
+        "--valid",
+        valid.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(gc.status.success(), "{gc:?}");
+
+    let c = same(&pods[2]);
+    lab.rt.ipam(lab.list(), 0, "ADD", &c, None).unwrap();
+    cni_gc(&lab, nobody);
+
+    let d = same(&pods[3]);
+    lab.rt.ipam(lab.list(), 0, "ADD", &d, None).unwrap();
+
+    let v = explain(&lab, &ip);
+    assert_eq!(v["containerID"], d.container_id.as_str(), "{v:#}");
+    let h = v["holdings"].as_array().unwrap_or_else(|| panic!("{v:#}"));
+    let ids: Vec<&str> = h.iter().map(|x| x["containerID"].as_str().unwrap()).collect();
+    let want: Vec<&str> = pods.iter().map(|p| p.container_id.as_str()).collect();
+    assert_eq!(ids, want, "{v:#}");
+    let by: Vec<&Value> = h.iter().map(|x| &x["freedBy"]).collect();
+    assert_eq!(
+        by,
+        [&"del".into(), &"operator".into(), &"cni-gc".into(), &Value::Null],
+        "{v:#}"
+    );
+    assert!(h[0]["reason"].as_str().unwrap().contains("the runtime's DEL"), "{v:#}");
+    assert!(h[1]["reason"].as_str().unwrap().contains("dipamctl gc"), "{v:#}");
+    assert!(h[2]["reason"].as_str().unwrap().contains("CNI GC"), "{v:#}");
+    assert_eq!(h[3]["holdsNow"], true, "{v:#}");
+    for x in &h[..3] {
+        assert!(
+            x["givenAtMs"].as_u64().unwrap() <= x["freedAtMs"].as_u64().unwrap(),
+            "{v:#}"
+        );
+    }
+
+    // For people: one line per holding, the freeing's author on it.
+    let text = lab.dipamd.ctl(&["explain", &ip]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("the history shows the address given to"), "{text}");
+    for (pod, said) in pods.iter().zip(["by del: ", "by operator: ", "by cni-gc: ", "holds it now"]) {
+        assert!(
+            text.lines()
+                .any(|l| l.contains(&pod.container_id) && l.contains(said)),
+            "{} {said}: {text}",
+            pod.container_id
+        );
+    }
+    // The freeing is in the pod's own history too.
+    let v = explain(&lab, &pods[1].container_id);
+    assert!(
+        v["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["kind"] == "freed" && e["by"] == "operator"),
+        "{v:#}"
+    );
+    lab.rt.ipam(lab.list(), 0, "DEL", &d, None).unwrap();
+}

@@ -261,6 +261,20 @@ fn a_conflist_swapped_under_a_sandbox_leaks_its_address_and_two_passes_free_it()
         "only the running sandbox stays on the old network"
     );
     lab.assert_agree();
+    // The address says who freed it: the runtime-aware GC, not a DEL.
+    let v = json(&lab.dipamd.ctl(&["explain", &ip_leaks, "--json"]));
+    let holding = v["holdings"]
+        .as_array()
+        .and_then(|h| h.iter().find(|x| x["containerID"] == leaks.id.as_str()))
+        .unwrap_or_else(|| panic!("{v:#}"));
+    assert_eq!(holding["freedBy"], "runtime-gc", "{v:#}");
+    assert!(
+        holding["reason"]
+            .as_str()
+            .unwrap()
+            .contains("the runtime-aware GC"),
+        "{v:#}"
+    );
     let on_b = lab.dipamd.ledger_pairs(&b);
     assert_eq!(on_b, vec![(new.id.clone(), ip_new.clone())]);
     assert_eq!(
