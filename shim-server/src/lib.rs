@@ -21,6 +21,8 @@ pub mod listen;
 // The bounded label set of the attachments gauge (the core and the daemon's census).
 pub mod metric_labels;
 pub mod order;
+// The record of dipamd's paths that the offline tools read (the daemon writes it).
+pub mod paths_record;
 pub mod perms;
 pub mod privilege;
 // What one non-root caller may take of dipamd (access.rs's admission uses it).

@@ -5,6 +5,7 @@
 //! and serve.
 
 mod metrics_bind;
+mod paths;
 mod sockets;
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
@@ -278,6 +279,14 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     let budget = crate::listen::Budget::new(crate::listen::raise_nofile());
     let flags = check_flags(&args)?;
     let spool = publish_spool(&args)?;
+    // Beside the socket by the dipamd that holds its lock, before the ledger opens: a dipamd
+    // that crash-loops on its ledger still tells the offline tools where everything is. The
+    // socket's directory is read by non-root tooling too (0644, as the spool pointer).
+    let record = paths::record(&args, &spool.dir);
+    if spool.socket_lock.is_some() {
+        let at = crate::paths_record::beside_socket(&args.socket);
+        paths::leave(at, record.clone(), 0o644).await;
+    }
     let store: Arc<dyn dipam_state::Store> = Arc::new(dipam_state::open(&args.state_dir)?);
     // Held until dipamd exits.
     let Some(_socket_lock) = spool.socket_lock else {
@@ -286,6 +295,14 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         }
         .into());
     };
+    // In the state directory by the dipamd that holds the ledger's lock (and the socket's);
+    // private (0600) like everything there (perms.rs).
+    paths::leave(
+        crate::paths_record::in_state_dir(&args.state_dir),
+        record,
+        0o600,
+    )
+    .await;
     let (executor, kills_denied) = executor(&args, flags.dirs);
     let observed = observe(&args, &store);
     let node = assemble(
