@@ -10,16 +10,18 @@ use std::{
 use dipam_proto::v1::{DoctorRequest, admin_client::AdminClient};
 use tonic::transport::Channel;
 
-use super::{client, error::CtlError, offline, output};
+use super::{client, error::CtlError, node_paths, offline, output};
 
 /// dipamd runs every check; the flags are for the offline view, when it cannot.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     #[command(flatten)]
     pub offline: offline::Args,
-    /// The CNI configuration directory whose conflists are checked when offline.
-    #[arg(long, value_name = "DIR", default_value = "/etc/cni/net.d")]
-    pub conf_dir: PathBuf,
+    /// The CNI configuration directory whose conflists are checked when offline. Default:
+    /// dipamd's --conf-dir, or the directory of its --conflist, as the record it leaves at
+    /// start says; else /etc/cni/net.d.
+    #[arg(long, value_name = "DIR")]
+    pub conf_dir: Option<PathBuf>,
 }
 
 /// Asks dipamd at `socket`; when it does not answer (or with `--offline`), reads the node's
@@ -42,15 +44,14 @@ pub async fn run(
         }
     };
     let scratch = std::env::temp_dir();
-    let (a, s, c) = (
-        args.offline.clone(),
-        socket.to_owned(),
-        args.conf_dir.clone(),
-    );
-    let report =
-        tokio::task::spawn_blocking(move || offline::inspect(reason, &a, &s, &c, &scratch))
-            .await
-            .map_err(|e| CtlError::Failed(e.to_string()))?;
+    let given = args.offline.given(args.conf_dir.clone());
+    let s = socket.to_owned();
+    let report = tokio::task::spawn_blocking(move || {
+        let paths = node_paths::learn(&s, &given);
+        offline::inspect(reason, paths, &s, &scratch)
+    })
+    .await
+    .map_err(|e| CtlError::Failed(e.to_string()))?;
     if json {
         output::json(out, &report.to_json())?;
     } else {

@@ -315,6 +315,11 @@ pub enum RecoverError {
     NotEmpty { state_dir: PathBuf, n: usize },
     #[error("dipamd is running on {}; stop it first", .0.display())]
     Running(PathBuf),
+    #[error(
+        "no conflist to recover from: give --conflist FILE, the network's conflist (the record \
+         of dipamd's paths names none: dipamd runs without --conflist and --conf-dir)"
+    )]
+    NoConflist,
     #[error("moving {} aside: {source}", state_dir.display())]
     MoveAside {
         state_dir: PathBuf,

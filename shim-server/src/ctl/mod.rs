@@ -30,6 +30,8 @@ pub mod gc;
 pub mod install;
 pub mod kube;
 pub mod man;
+// dipamd's paths for the tools that run while it is down (doctor, support-bundle, recover).
+pub mod node_paths;
 pub mod offline;
 pub mod output;
 pub mod ranges;
@@ -106,15 +108,19 @@ pub enum Command {
     /// one fails. When dipamd does not answer (or with --offline), an OFFLINE report from the
     /// node's files instead: the ledger (read from a copy, never opened in place), the DEL
     /// spool and its files, the conflists, the delegates and their stores; it lists what it
-    /// could not check.
+    /// could not check. dipamd's paths come from the record it leaves at start (beside
+    /// --socket, or in --state-dir), each printed with where it was learned.
     Doctor(WithSocket<doctor::Args>),
     /// A container's attachments and the full history of what dipamd did for it: every
     /// request with its outcome, every delegate exec with argv, environment, exit status,
-    /// stderr excerpt and duration.
+    /// stderr excerpt and duration, and who freed its addresses (a DEL, a CNI GC, the
+    /// runtime-aware GC, an operator, a reboot, ...). By IP: also each earlier holder of the
+    /// address, and who freed it.
     Explain(WithSocket<explain::Args>),
     /// Offline: rebuild the ledger from host-local's own store, with dipamd stopped. A corrupt
     /// ledger is moved aside (never deleted); a healthy one is only added to, with --force.
-    Recover(WithJson<recover::Args>),
+    /// The paths not given are learned from the record dipamd leaves beside its socket.
+    Recover(WithSocket<recover::Args>),
     /// The agent's own addresses (router, health, ingress).
     Agent(agent::Args),
     /// Record in dipamd's ledger the running pods that got their addresses before dipam was
@@ -263,7 +269,9 @@ pub async fn run(args: Args, out: &mut dyn Write) -> Result<(), CtlError> {
         }
         Command::Completions(a) => completions::run(a, Args::command(), out),
         Command::Man(w) => man::run(w.args, w.format.json, out),
-        Command::Recover(w) => recover::run(w.args, w.format.json, progress, out).await,
+        Command::Recover(w) => {
+            recover::run(w.args, &w.conn.socket, w.format.json, progress, out).await
+        }
         // The rest ask dipamd, connecting before anything else (a gc's files are read after).
         Command::Status(w) => {
             let channel = client::connect(&w.conn.socket).await?;
@@ -323,7 +331,8 @@ mod tests {
             Command::Status(w) => Some(w.conn.socket),
             Command::Install(w) => Some(w.conn.socket),
             Command::Agent(a) => Some(a.conn.socket),
-            Command::Recover(_) | Command::Completions(_) => None,
+            Command::Recover(w) => Some(w.conn.socket),
+            Command::Completions(_) => None,
             other => panic!("{other:?}"),
         };
         (socket, json)
@@ -355,15 +364,16 @@ mod tests {
             (s("/a"), false)
         );
         assert!(flags(&["agent", "watch", "--json"]).1);
-        // install writes --socket into a wrapped conflist; recover needs no dipamd.
+        // install writes --socket into a wrapped conflist; recover reads the record of
+        // dipamd's paths beside it.
         assert_eq!(flags(&["--socket", "/a", "install"]).0, s("/a"));
         assert_eq!(
             flags(&["install", "--wrap", "f", "--socket", "/a"]).0,
             s("/a")
         );
         assert_eq!(
-            flags(&["--json", "recover", "--conflist", "c"]),
-            (None, true)
+            flags(&["--json", "--socket", "/a", "recover", "--conflist", "c"]),
+            (s("/a"), true)
         );
     }
 
@@ -375,7 +385,6 @@ mod tests {
             &["--json", "completions", "bash"],
             &["--socket", "/a", "completions", "bash"],
             &["completions", "--socket=/a", "bash"],
-            &["--socket", "/a", "recover", "--conflist", "c"],
             &["status", "--jsno"],
             &["--json"],
             &["nonsense"],

@@ -17,6 +17,7 @@ use std::{
 use dipam_state::{AttachmentRecord, Owner};
 use serde_json::{Value, json};
 
+use super::node_paths::{self, NodePaths};
 use crate::{
     agent::conflist,
     delegate::{
@@ -26,8 +27,8 @@ use crate::{
     divergence::on_tmpfs,
 };
 
-/// The paths dipamd would use, for the commands that read them with dipamd down. Defaults are
-/// dipamd's own.
+/// The paths dipamd would use, for the commands that read them with dipamd down. Each not
+/// given is learned from the record dipamd leaves at start (node_paths.rs), else defaulted.
 // No group of its own: it is flattened into commands whose own Args group has the same name.
 #[derive(Debug, Clone, clap::Args)]
 #[group(skip)]
@@ -37,16 +38,32 @@ pub struct Args {
     /// dipamd does not answer on its socket.
     #[arg(long)]
     pub offline: bool,
-    /// dipamd's --state-dir, read when offline.
-    #[arg(long, value_name = "DIR", default_value = "/var/lib/dipam")]
-    pub state_dir: PathBuf,
-    /// dipamd's --spool-dir, read when offline. Default: the spool the pointer beside the
-    /// socket names, else the folder spool in the state directory.
+    /// dipamd's --state-dir, read when offline. Default: what the record dipamd leaves at
+    /// start says (<socket>.paths beside the socket, else /var/lib/dipam/dipamd.paths),
+    /// else /var/lib/dipam.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// dipamd's --spool-dir, read when offline. Default: the record's, else the spool the
+    /// pointer beside the socket names, else the folder spool in the state directory.
     #[arg(long, value_name = "DIR")]
     pub spool_dir: Option<PathBuf>,
     /// Where the delegate plugins are installed (dipamd's --cni-path), checked when offline.
-    #[arg(long, value_name = "DIRS", default_value = "/opt/cni/bin:/usr/lib/cni")]
-    pub cni_path: String,
+    /// Default: the record's, else /opt/cni/bin:/usr/lib/cni.
+    #[arg(long, value_name = "DIRS")]
+    pub cni_path: Option<String>,
+}
+
+impl Args {
+    /// What was given, for node_paths::learn; `conf_dir`: the command's own --conf-dir.
+    pub fn given(&self, conf_dir: Option<PathBuf>) -> node_paths::Given {
+        node_paths::Given {
+            state_dir: self.state_dir.clone(),
+            spool_dir: self.spool_dir.clone(),
+            cni_path: self.cni_path.clone(),
+            conf_dir,
+            conflist: None,
+        }
+    }
 }
 
 /// What an offline report cannot tell: each needs the running dipamd.
@@ -67,10 +84,12 @@ fn check(name: impl Into<String>, ok: bool, detail: impl Into<String>, fix: &str
     Check::new(name, ok, detail, fix)
 }
 
-/// The offline report: why it is offline, the checks, and what was read.
+/// The offline report: why it is offline, where it looked, the checks, and what was read.
 #[derive(Debug)]
 pub struct Report {
     pub reason: String,
+    /// dipamd's paths, each with where it was learned.
+    pub paths: NodePaths,
     pub checks: Vec<Check>,
     /// The ledger's records, or why they could not be read.
     pub ledger: Result<Vec<AttachmentRecord>, ReadError>,
@@ -104,16 +123,9 @@ impl ReadError {
     }
 }
 
-/// Reads the node's files as dipamd at `socket` with `args`' paths would use them.
-/// `reason`: why dipamd is not asked; `conf_dir`: the CNI configuration directory;
-/// `scratch`: where the ledger's copy is made (and removed).
-pub fn inspect(
-    reason: String,
-    args: &Args,
-    socket: &Path,
-    conf_dir: &Path,
-    scratch: &Path,
-) -> Report {
+/// Reads the node's files as dipamd at `socket` with `paths` would use them. `reason`: why
+/// dipamd is not asked; `scratch`: where the ledger's copy is made (and removed).
+pub fn inspect(reason: String, paths: NodePaths, socket: &Path, scratch: &Path) -> Report {
     let mut checks = vec![check(
         "dipamd answers",
         false,
@@ -121,34 +133,36 @@ pub fn inspect(
         "start dipamd (`systemctl start dipamd`, or its pod); if it does not stay up, its log \
          says why (`journalctl -u dipamd`)",
     )];
-    if let Some(pid) = ledger_holder(&args.state_dir) {
+    let state_dir = &paths.state_dir.value;
+    if let Some(pid) = ledger_holder(state_dir) {
         checks.push(check(
             "no process holds the ledger unanswered",
             false,
             format!(
                 "process {pid} holds the ledger's lock in {} but does not answer on {}",
-                args.state_dir.display(),
+                state_dir.display(),
                 socket.display()
             ),
             "a dipamd that is starting holds it a moment before it serves; one that stays so \
              is stuck or listens on another --socket (`cat /proc/PID/cmdline`)",
         ));
     }
-    state_checks(args, &mut checks);
-    let ledger = if args.state_dir.join("db").is_file() {
-        dipam_state::read_copy(&args.state_dir, scratch).map_err(ReadError::from)
+    state_checks(&paths, &mut checks);
+    let ledger = if state_dir.join("db").is_file() {
+        dipam_state::read_copy(state_dir, scratch).map_err(ReadError::from)
     } else {
-        Err(ReadError::NoLedger(args.state_dir.clone()))
+        Err(ReadError::NoLedger(state_dir.clone()))
     };
-    checks.push(ledger_check(&args.state_dir, &ledger));
-    let spool_dir = spool_dir(args, socket);
+    checks.push(ledger_check(state_dir, &ledger));
+    let spool_dir = paths.spool_dir.value.clone();
     spool_checks(&spool_dir, socket, &mut checks);
     let spool = list_spool(&spool_dir);
-    for dc in conflist_checks(conf_dir, &mut checks) {
-        delegate_checks(&dc, &args.cni_path, ledger.as_deref().ok(), &mut checks);
+    for dc in conflist_checks(&paths.conf_dir.value, &mut checks) {
+        delegate_checks(&dc, &paths.cni_path.value, ledger.as_deref().ok(), &mut checks);
     }
     Report {
         reason,
+        paths,
         checks,
         ledger,
         spool_dir,
@@ -173,14 +187,20 @@ pub(super) fn ledger_holder(state_dir: &Path) -> Option<u32> {
 }
 
 /// The state directory: there, persistent, private.
-fn state_checks(args: &Args, checks: &mut Vec<Check>) {
-    let dir = &args.state_dir;
+fn state_checks(paths: &NodePaths, checks: &mut Vec<Check>) {
+    let dir = &paths.state_dir.value;
     if !dir.is_dir() {
         checks.push(check(
             "state directory exists",
             false,
-            format!("{}: not a directory", dir.display()),
-            "give --state-dir as dipamd's unit or DaemonSet sets it",
+            format!(
+                "{}: not a directory (the path {})",
+                dir.display(),
+                paths.state_dir.source
+            ),
+            "give dipamctl --state-dir DIR as dipamd's unit or DaemonSet sets its --state-dir \
+             (dipamd leaves a record of its paths at start: a dipamd that never started with \
+             this dipamctl's version left none)",
         ));
         return;
     }
@@ -195,10 +215,7 @@ fn state_checks(args: &Args, checks: &mut Vec<Check>) {
         ),
         "run dipamd with --state-dir on persistent storage (hostPath /var/lib/dipam)",
     ));
-    checks.push(crate::perms::private_check(
-        dir,
-        &args.state_dir.join("spool"),
-    ));
+    checks.push(crate::perms::private_check(dir, &paths.spool_dir.value));
 }
 
 fn ledger_check(dir: &Path, ledger: &Result<Vec<AttachmentRecord>, ReadError>) -> Check {
@@ -230,16 +247,6 @@ fn ledger_check(dir: &Path, ledger: &Result<Vec<AttachmentRecord>, ReadError>) -
     }
 }
 
-/// The spool dipamd would drain: `--spool-dir`, else the one the pointer beside the socket
-/// names (what the plugin spools into while dipamd is down), else `<state-dir>/spool`.
-fn spool_dir(args: &Args, socket: &Path) -> PathBuf {
-    args.spool_dir.clone().unwrap_or_else(|| {
-        dipam_proto::spool::read_pointer(socket)
-            .map(|p| p.dir)
-            .unwrap_or_else(|_| args.state_dir.join("spool"))
-    })
-}
-
 /// The spool: published, meeting the rule, private, and how many DELs wait in it.
 fn spool_checks(dir: &Path, socket: &Path, checks: &mut Vec<Check>) {
     let published = dipam_proto::spool::read_pointer(socket);
@@ -265,8 +272,8 @@ fn spool_checks(dir: &Path, socket: &Path, checks: &mut Vec<Check>) {
             "DEL spool exists",
             false,
             format!("{}: not a directory", dir.display()),
-            "give --spool-dir (or --state-dir) as dipamd has it; dipamd creates its spool at \
-             start",
+            "give dipamctl --spool-dir (or --state-dir) as dipamd has it; dipamd creates its \
+             spool at start",
         ));
         return;
     }
@@ -412,7 +419,7 @@ fn delegate_checks(
             Some(p) => format!("{} is an executable file", p.display()),
             None => format!("no executable {} in {cni_path}", dc.kind),
         },
-        "install the delegate plugin, or give --cni-path as dipamd's",
+        "install the delegate plugin, or give dipamctl --cni-path as dipamd's --cni-path",
     ));
     let Some(dir) = store::readable_dir(&dc.kind, &dc.conf, net) else {
         return;
@@ -500,6 +507,7 @@ impl Report {
         json!({
             "offline": true,
             "reason": self.reason,
+            "paths": self.paths.to_json(),
             "checks": super::output::checks_json(&self.checks),
             "notChecked": NOT_CHECKED,
             "ledger": match &self.ledger {
@@ -521,6 +529,7 @@ impl Report {
             "OFFLINE: dipamd did not answer ({}); read from the node's files instead",
             self.reason
         )?;
+        self.paths.print(out)?;
         super::output::checks(out, &self.checks)?;
         if let Ok(recs) = &self.ledger {
             writeln!(out, "ledger ({} attachment(s)):", recs.len())?;

@@ -24,6 +24,7 @@ use serde_json::json;
 
 use super::{
     error::{CtlError, RecoverError},
+    node_paths,
     output::{self, Progress},
 };
 use crate::{
@@ -32,47 +33,85 @@ use crate::{
     delegate::{Executor, config::DelegateConf, import, store, version},
 };
 
+/// Each path not given is learned from the record dipamd leaves at start (beside --socket,
+/// or in --state-dir), else defaulted; the output says where each came from.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// dipamd's --state-dir.
-    #[arg(long, default_value = "/var/lib/dipam")]
-    state_dir: PathBuf,
+    /// dipamd's --state-dir. Default: what the record of dipamd's paths says (beside
+    /// --socket), else /var/lib/dipam.
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
     /// The network's conflist (says how host-local is configured, and where its store is).
-    #[arg(long)]
-    conflist: PathBuf,
-    /// Where to find the delegate plugin (colon-separated).
-    #[arg(long, default_value = "/opt/cni/bin:/usr/lib/cni")]
-    cni_path: String,
+    /// Default: dipamd's --conflist (or its --network in its --conf-dir), as its record says.
+    #[arg(long, value_name = "FILE")]
+    conflist: Option<PathBuf>,
+    /// Where to find the delegate plugin (colon-separated). Default: dipamd's --cni-path as
+    /// its record says, else /opt/cni/bin:/usr/lib/cni.
+    #[arg(long, value_name = "DIRS")]
+    cni_path: Option<String>,
     /// Add to a ledger that opens fine.
     #[arg(long)]
     force: bool,
 }
 
 /// `dipamctl recover`: rebuilds, then says what it did (moved aside, spool kept, how many
-/// recovered, what was skipped and why). `progress`: count the reservations on stderr as
-/// they are recorded (`output::progress_wanted`).
+/// recovered, what was skipped and why). `socket`: where dipamd serves, whose record beside
+/// it says where its state is. `progress`: count the reservations on stderr as they are
+/// recorded (`output::progress_wanted`).
 pub async fn run(
     args: Args,
+    socket: &Path,
     json: bool,
     progress: bool,
     out: &mut dyn Write,
 ) -> Result<(), CtlError> {
-    let dirs = args
+    let given = node_paths::Given {
+        state_dir: args.state_dir.clone(),
+        cni_path: args.cni_path.clone(),
+        conflist: args.conflist.clone(),
+        ..node_paths::Given::default()
+    };
+    let s = socket.to_owned();
+    let paths = tokio::task::spawn_blocking(move || node_paths::learn(&s, &given))
+        .await
+        .map_err(|e| CtlError::Failed(e.to_string()))?;
+    // Before anything is moved: a record refused (planted?) always, and a state directory
+    // taken for want of any record, which would be rebuilt in the wrong place.
+    for w in &paths.refused {
+        output::warn(json, w);
+    }
+    if paths.record.is_none()
+        && args.state_dir.is_none()
+        && let Some(w) = &paths.no_record
+    {
+        output::warn(json, w);
+    }
+    let conflist = paths.conflist.clone().ok_or(RecoverError::NoConflist)?;
+    let dirs = paths
         .cni_path
+        .value
         .split(':')
         .filter(|s| !s.is_empty())
         .map(PathBuf::from)
         .collect();
-    let state_dir = &args.state_dir;
-    let r = rebuild(state_dir, &args.conflist, dirs, args.force, json, progress).await?;
+    let state_dir = &paths.state_dir.value;
+    let r = rebuild(state_dir, &conflist.value, dirs, args.force, json, progress).await?;
     if json {
         let v = json!({
+            "paths": paths.to_json(),
             "movedAside": r.moved_aside.as_ref().map(|p| p.display().to_string()),
             "spoolKept": r.spool_kept,
             "pods": r.pods, "agent": r.agent, "skipped": r.skipped,
         });
         output::json(out, &v)?;
     } else {
+        // What it was not told, and where it learned it.
+        for (name, value, source) in paths.rows() {
+            let used = !matches!(name, "DEL spool" | "CNI config directory" | "metrics");
+            if used && !source.starts_with("given") {
+                writeln!(out, "{name}: {value} ({source})")?;
+            }
+        }
         if let Some(p) = &r.moved_aside {
             writeln!(out, "old ledger moved to {}", p.display())?;
         }

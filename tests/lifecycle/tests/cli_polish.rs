@@ -321,10 +321,6 @@ fn usage_errors_exit_2_and_the_flags_go_where_they_are_used() {
             owned(&["--socket", &sock, "completions", "bash"]),
         ),
         (
-            "--socket for recover, which runs with dipamd stopped",
-            owned(&["--socket", &sock, "recover", "--conflist", &conflist_s]),
-        ),
-        (
             "flags that exclude each other",
             owned(&["gc", "--socket", &sock, "--from-runtime", "--use-ledger"]),
         ),
@@ -403,8 +399,9 @@ fn usage_errors_exit_2_and_the_flags_go_where_they_are_used() {
     };
     let h = help(&["status", "--help"]);
     assert!(h.contains("--socket") && h.contains("--json"), "{h}");
+    // recover reads the record of dipamd's paths beside the socket.
     let h = help(&["recover", "--help"]);
-    assert!(!h.contains("--socket") && h.contains("--json"), "{h}");
+    assert!(h.contains("--socket") && h.contains("--json"), "{h}");
     let h = help(&["completions", "--help"]);
     assert!(!h.contains("--socket") && !h.contains("--json"), "{h}");
     let h = help(&["--help"]);

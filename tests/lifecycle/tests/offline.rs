@@ -383,3 +383,213 @@ fn status_counts_the_doctor_checks_that_fail() {
         assert!(t.contains("doctor:       all "), "{t}");
     }
 }
+
+/// The record dipamd leaves beside `socket`.
+fn record_beside(socket: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.paths", s(socket)))
+}
+
+/// `path`'s permission bits and owner.
+fn mode_uid(path: &Path) -> (u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path).unwrap();
+    (m.mode() & 0o7777, m.uid())
+}
+
+/// The offline doctor's report, given nothing but the socket.
+fn doctor_at(socket: &Path) -> Value {
+    let out = dipamctl(&["doctor", "--socket", s(socket), "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"))
+}
+
+/// dipamd on paths that are all non-default (socket, state directory, spool outside it,
+/// --cni-path, --conflist in a conf dir of its own) leaves a record of them at start. With
+/// it stopped, then SIGKILLed, `doctor`, `support-bundle` and `recover`, given nothing but
+/// --socket, find the real state directory, spool, conf dir, conflist and delegates, and say
+/// where they learned each (issue 43: offline doctor failed "no ledger in /var/lib/dipam").
+#[test]
+fn offline_tools_learn_dipamds_non_default_paths_from_its_record() {
+    require_root!();
+    let (mut lab, spool, ids, ra, a) = lab_with_pods();
+    let sp = spool.path().join("spool");
+    let net_d = tempfile::tempdir().unwrap();
+    let own = net_d.path().join("10-dipam.conflist");
+    std::fs::write(&own, serde_json::to_vec_pretty(lab.list()).unwrap()).unwrap();
+    let mut flags = lab.dipamd.flags().to_vec();
+    flags.extend(["--conflist".to_owned(), s(&own).to_owned()]);
+    lab.dipamd
+        .set_flags(&flags.iter().map(String::as_str).collect::<Vec<_>>());
+    lab.dipamd.restart();
+
+    // Running: both copies, root's, the socket's readable by all, the state directory's
+    // private like everything there.
+    let (socket, state) = (lab.dipamd.socket(), lab.dipamd.state_dir());
+    let beside = record_beside(&socket);
+    let rec: Value = serde_json::from_slice(&std::fs::read(&beside).unwrap()).unwrap();
+    assert_eq!(rec["stateDir"], s(&state), "{rec:#}");
+    assert_eq!(rec["spoolDir"], s(&sp), "{rec:#}");
+    assert_eq!(rec["conflist"], s(&own), "{rec:#}");
+    assert_eq!(rec["cniPath"], bins::cni_path().as_str(), "{rec:#}");
+    assert_eq!(rec["pid"], lab.dipamd.pid().unwrap(), "{rec:#}");
+    assert_eq!(mode_uid(&beside), (0o644, 0));
+    let in_state = state.join("dipamd.paths");
+    assert_eq!(mode_uid(&in_state), (0o600, 0));
+    let copy: Value = serde_json::from_slice(&std::fs::read(&in_state).unwrap()).unwrap();
+    assert_eq!(copy, rec);
+
+    // Stopped, a DEL spooled meanwhile: doctor with nothing but --socket.
+    assert!(lab.dipamd.terminate().success());
+    lab.rt
+        .ipam(lab.list(), 0, "DEL", &a, Some(&ra))
+        .expect("DEL with dipamd down is spooled");
+    let learned = format!("from {} written by dipamd pid ", beside.display());
+    let r = doctor_at(&socket);
+    let p = &r["paths"];
+    for (key, want) in [
+        ("stateDir", s(&state)),
+        ("spoolDir", s(&sp)),
+        ("conflist", s(&own)),
+    ] {
+        assert_eq!(p[key]["path"], want, "{key}: {p:#}");
+        assert!(
+            p[key]["source"].as_str().unwrap().starts_with(&learned),
+            "{key}: {p:#}"
+        );
+    }
+    assert_eq!(p["cniPath"]["path"], bins::cni_path().as_str(), "{p:#}");
+    assert_eq!(p["confDir"]["path"], s(net_d.path()), "{p:#}");
+    assert!(
+        p["confDir"]["source"]
+            .as_str()
+            .unwrap()
+            .starts_with("the directory of dipamd's --conflist, from "),
+        "{p:#}"
+    );
+    assert_eq!(p["warnings"], serde_json::json!([]), "{p:#}");
+    let recorded = r["ledger"]["attachments"].to_string();
+    assert!(ids.iter().all(|id| recorded.contains(id.as_str())), "{r:#}");
+    assert_eq!(r["spool"]["files"].as_array().unwrap().len(), 1, "{r:#}");
+    let ok = |name: &str| {
+        r["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("no check {name}: {r:#}"))["ok"]
+            == true
+    };
+    assert!(ok("ledger is readable") && ok("conflist 10-dipam.conflist"));
+    assert!(ok(&format!(
+        "network {}: delegate host-local installed",
+        lab.network()
+    )));
+    let text = dipamctl(&["doctor", "--socket", s(&socket)]);
+    let t = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        t.contains(&format!("  state directory: {} ({learned}", s(&state))),
+        "{t}"
+    );
+
+    // SIGKILLed (after replaying the spooled DEL): the bundle, given nothing but --socket.
+    lab.dipamd.start_again();
+    lab.dipamd.kill9();
+    let work = tempfile::tempdir().unwrap();
+    let f = work.path().join("killed.tar.gz");
+    let none = "dipamd-offline-test-no-such-unit";
+    let m = bundle(&["--socket", s(&socket), "--journal-unit", none], &f);
+    assert_eq!(part(&m, "dipamd's paths")["ok"], true, "{m:#}");
+    assert_eq!(part(&m, "conflists")["ok"], true, "{m:#}");
+    let x = root(&f.with_extension("x"));
+    let read = |name: &str| -> Value {
+        serde_json::from_slice(&std::fs::read(x.join(name)).unwrap()).unwrap()
+    };
+    assert_eq!(read("dipamd-paths.json")["stateDir"]["path"], s(&state));
+    let lists = read("conflists.json");
+    assert_eq!(lists["dir"], s(net_d.path()), "{lists:#}");
+    assert!(lists["files"]["10-dipam.conflist"].is_object(), "{lists:#}");
+    let off = read("offline-doctor.json");
+    assert_eq!(off["paths"]["spoolDir"]["path"], s(&sp), "{off:#}");
+    assert!(off["ledger"]["attachments"].to_string().contains(&ids[1]));
+
+    // A ledger dipamd refuses: recover, given nothing but --socket, rebuilds it where dipamd
+    // keeps it, from the conflist dipamd uses, with the delegate dipamd runs.
+    lab.dipamd.garble_ledger();
+    let out = dipamctl(&["recover", "--socket", s(&socket)]);
+    assert!(out.status.success(), "{out:?}");
+    let t = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        format!("state directory: {} ({learned}", s(&state)),
+        format!("dipamd's conflist: {} ({learned}", s(&own)),
+        format!("delegate search path: {} ({learned}", bins::cni_path()),
+        "recovered 1 pod and 0 agent attachment(s)".to_owned(),
+    ] {
+        assert!(t.contains(&line), "{line}: {t}");
+    }
+    lab.dipamd.start_again();
+    let ledger = lab.ledger();
+    assert_eq!(ledger.len(), 1, "{ledger:?}");
+    assert_eq!(ledger[0]["containerID"], ids[1].as_str());
+}
+
+/// A record of dipamd's paths is believed only when it is root's, writable by no one else,
+/// and no link: one another user could have planted (owned by nobody, group-writable, a
+/// link) is refused with a warning that says why, and the offline tools fall back to the
+/// defaults, saying so. dipamd, starting, replaces a link planted at the record's name
+/// instead of writing through it.
+#[test]
+fn a_record_of_paths_another_user_could_have_planted_is_refused() {
+    require_root!();
+    let mut lab = Lab::new(CONFLIST);
+    let (socket, state) = (lab.dipamd.socket(), lab.dipamd.state_dir());
+    let beside = record_beside(&socket);
+    assert!(lab.dipamd.terminate().success());
+    let good = std::fs::read(&beside).unwrap();
+    assert_eq!(doctor_at(&socket)["paths"]["stateDir"]["path"], s(&state));
+    let elsewhere = tempfile::tempdir().unwrap();
+    let copy = elsewhere.path().join("copy.paths");
+    std::fs::write(&copy, &good).unwrap();
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o644)).unwrap();
+    for (how, why) in [
+        ("owned by nobody", "owned by uid 65534, not by root"),
+        ("group-writable", "writable by group or others"),
+        ("a link to a good copy", "symbolic link"),
+    ] {
+        match how {
+            "owned by nobody" => std::os::unix::fs::chown(&beside, Some(65534), None).unwrap(),
+            "group-writable" => {
+                std::fs::set_permissions(&beside, std::fs::Permissions::from_mode(0o664))
+                    .unwrap()
+            }
+            _ => {
+                std::fs::remove_file(&beside).unwrap();
+                std::os::unix::fs::symlink(&copy, &beside).unwrap();
+            }
+        }
+        let r = doctor_at(&socket);
+        let warnings = r["paths"]["warnings"].to_string();
+        assert!(
+            warnings.contains("refused a record of dipamd's paths") && warnings.contains(why),
+            "{how}: {r:#}"
+        );
+        assert_ne!(r["paths"]["stateDir"]["path"], s(&state), "{how}: {r:#}");
+        let text = dipamctl(&["doctor", "--socket", s(&socket)]);
+        let t = String::from_utf8_lossy(&text.stdout);
+        assert!(t.contains("WARNING: refused a record"), "{how}: {t}");
+        // Put back as dipamd leaves it.
+        std::fs::remove_file(&beside).unwrap();
+        std::fs::write(&beside, &good).unwrap();
+        std::fs::set_permissions(&beside, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    assert_eq!(doctor_at(&socket)["paths"]["stateDir"]["path"], s(&state));
+
+    // A link planted at the name: dipamd's start replaces it, its target untouched.
+    let target = elsewhere.path().join("target");
+    std::fs::write(&target, b"keep").unwrap();
+    std::fs::remove_file(&beside).unwrap();
+    std::os::unix::fs::symlink(&target, &beside).unwrap();
+    lab.dipamd.start_again();
+    assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+    assert!(std::fs::symlink_metadata(&beside).unwrap().is_file());
+    assert_eq!(mode_uid(&beside), (0o644, 0));
+}

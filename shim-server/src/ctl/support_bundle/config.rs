@@ -4,11 +4,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
-use super::{
-    Args,
-    part::{Bundle, blocking},
-};
-use crate::ctl::offline;
+use super::part::{Bundle, blocking};
+use crate::ctl::{node_paths::NodePaths, offline};
 
 /// host-local's store directories named by the conflists: every object with
 /// `"type": "host-local"` (a plain IPAM, dipam's `delegate`, or main mode's `ipam`) keeps its
@@ -61,11 +58,24 @@ fn store_listing(dirs: &[PathBuf]) -> Value {
     Value::Array(listed)
 }
 
-/// The CNI config directory's conflists and the names in the delegate's store.
-pub(super) async fn config_parts(b: &mut Bundle, args: &Args) {
-    let dir = args.conf_dir.clone();
-    let lists = blocking(move || Ok(offline::conflists(&dir)?)).await;
+/// The CNI config directory's conflists (and dipamd's own conflist, wherever it is) and the
+/// names in the delegate's store.
+pub(super) async fn config_parts(b: &mut Bundle, paths: &NodePaths) {
+    let dir = paths.conf_dir.value.clone();
+    let own = paths.conflist.as_ref().map(|c| c.value.clone());
+    let lists = blocking(move || {
+        let mut lists = offline::conflists(&dir)?;
+        // dipamd's --conflist outside the directory is the one that mattered (issue 43: the
+        // bundle held /etc/cni/net.d, not dipamd's /etc/node-a/net.d/10-dipam.conflist).
+        if let Some(own) = own.filter(|o| o.parent() != Some(dir.as_path())) {
+            let bytes = std::fs::read(&own).map_err(offline::ReadError::io(&own))?;
+            lists.push((own.display().to_string(), bytes));
+        }
+        Ok(lists)
+    })
+    .await;
     let dirs = host_local_dirs(lists.as_deref().unwrap_or_default());
+    let (conf_dir, source) = (&paths.conf_dir.value, &paths.conf_dir.source);
     b.part("conflists", "conflists.json", async {
         let lists = lists?;
         let v: serde_json::Map<String, Value> = lists
@@ -77,7 +87,7 @@ pub(super) async fn config_parts(b: &mut Bundle, args: &Args) {
             })
             .collect();
         Ok(serde_json::to_vec_pretty(
-            &json!({"dir": args.conf_dir, "files": v}),
+            &json!({"dir": conf_dir, "dirSource": source, "files": v}),
         )?)
     })
     .await;

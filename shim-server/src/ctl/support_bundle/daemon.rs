@@ -6,10 +6,10 @@ use std::{io::Write, path::Path};
 use serde_json::{Value, json};
 
 use super::{
-    Args, EXPLAINED,
+    EXPLAINED,
     part::{Bundle, PartError, blocking},
 };
-use crate::ctl::offline;
+use crate::ctl::{node_paths::NodePaths, offline};
 
 /// Runs `dipamctl --socket S --json <argv>` in-process and returns what it printed. A command
 /// that printed something and then failed (doctor with a failing check) still gives its
@@ -54,19 +54,20 @@ pub(super) async fn daemon_parts(b: &mut Bundle, socket: &Path, down: Option<&st
 }
 
 /// With dipamd not answering: the offline doctor's report (offline.rs), from the node's
-/// files.
-pub(super) async fn offline_part(b: &mut Bundle, socket: &Path, args: &Args, down: Option<String>) {
+/// files at `paths`.
+pub(super) async fn offline_part(
+    b: &mut Bundle,
+    socket: &Path,
+    paths: NodePaths,
+    down: Option<String>,
+) {
     let Some(reason) = down else {
         return;
     };
-    let (a, s, c) = (
-        args.offline.clone(),
-        socket.to_owned(),
-        args.conf_dir.clone(),
-    );
+    let s = socket.to_owned();
     b.part("offline doctor", "offline-doctor.json", async {
         blocking(move || {
-            let report = offline::inspect(reason, &a, &s, &c, &std::env::temp_dir());
+            let report = offline::inspect(reason, paths, &s, &std::env::temp_dir());
             Ok(serde_json::to_vec_pretty(&report.to_json())?)
         })
         .await

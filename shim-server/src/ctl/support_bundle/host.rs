@@ -8,7 +8,10 @@ use super::{
     Args, log,
     part::{Bundle, PartError, blocking},
 };
-use crate::ctl::offline::{self, ReadError};
+use crate::ctl::{
+    node_paths::NodePaths,
+    offline::{self, ReadError},
+};
 
 /// dipamd's pid, from the socket's peer credentials: the process that listens is the one
 /// whose flags and log matter, whatever its unit or pod is called. A dipamd that holds the
@@ -122,9 +125,11 @@ async fn scrape(target: &str) -> Result<Vec<u8>, PartError> {
     Ok(all[split + 4..].to_vec())
 }
 
-/// dipamd's command line and versions, its metrics and its log.
-pub(super) async fn host_parts(b: &mut Bundle, socket: &Path, args: &Args) {
-    let (owned, state_dir) = (socket.to_owned(), args.offline.state_dir.clone());
+/// dipamd's command line and versions, its metrics and its log. `paths`: where dipamd keeps
+/// its ledger (its lock finds a dipamd that does not answer), and its metrics when its
+/// command line cannot be read.
+pub(super) async fn host_parts(b: &mut Bundle, socket: &Path, args: &Args, paths: &NodePaths) {
+    let (owned, state_dir) = (socket.to_owned(), paths.state_dir.value.clone());
     let pid = blocking(move || dipamd_pid(&owned, &state_dir)).await;
     // Kept as text: both the versions part and the metrics part report it.
     let argv = match &pid {
@@ -156,7 +161,8 @@ pub(super) async fn host_parts(b: &mut Bundle, socket: &Path, args: &Args) {
     })
     .await;
 
-    let target = metrics_target(args.metrics_url.as_deref(), argv.as_deref().ok());
+    let target = metrics_target(args.metrics_url.as_deref(), argv.as_deref().ok())
+        .or_else(|| paths.metrics.as_ref().map(|m| m.value.clone()));
     b.part("metrics", "metrics.txt", async {
         match (&target, &argv) {
             (Some(t), _) => scrape(t).await,

@@ -42,7 +42,7 @@ use std::{
 
 use serde_json::{Value, json};
 
-use super::{client, error::CtlError, offline, output};
+use super::{client, error::CtlError, node_paths, offline, output};
 use part::{Bundle, Entry};
 
 // The doc comments below are clap's help text (plain text, shown by --help and the man
@@ -64,11 +64,14 @@ pub struct Args {
     /// How many of the log's last lines to take.
     #[arg(long, value_name = "N", default_value_t = 5000)]
     pub log_lines: usize,
-    /// The CNI configuration directory whose conflists go in the bundle.
-    #[arg(long, value_name = "DIR", default_value = "/etc/cni/net.d")]
-    pub conf_dir: PathBuf,
+    /// The CNI configuration directory whose conflists go in the bundle. Default: dipamd's
+    /// --conf-dir, or the directory of its --conflist, as the record it leaves at start says;
+    /// else /etc/cni/net.d. dipamd's own conflist goes in too, wherever it is.
+    #[arg(long, value_name = "DIR")]
+    pub conf_dir: Option<PathBuf>,
     /// Where to scrape dipamd's metrics: http://HOST:PORT/metrics or unix:PATH. Default: the
-    /// --metrics-socket or --metrics-address on dipamd's command line, if it has one.
+    /// --metrics-socket or --metrics-address on dipamd's command line, if it has one (else
+    /// in the record of its paths).
     #[arg(long, value_name = "URL")]
     pub metrics_url: Option<String>,
     /// Also explain this container ID (repeatable). The ledger's containers are explained
@@ -103,8 +106,13 @@ pub async fn run(
         entries: Vec::new(),
         limit: Duration::from_secs(args.part_timeout.max(1)),
         progress: !json && std::io::stderr().is_terminal(),
-        total: 12,
+        total: 13,
     };
+    // Where dipamd keeps everything, learned once for every part (node_paths.rs).
+    let (s, given) = (socket.to_owned(), args.offline.given(args.conf_dir.clone()));
+    let paths = part::blocking(move || Ok(node_paths::learn(&s, &given)))
+        .await
+        .map_err(|e| CtlError::Failed(e.to_string()))?;
 
     // Asked once up front: with dipamd down, its own view is replaced by the offline one.
     let down = if args.offline.offline {
@@ -114,11 +122,22 @@ pub async fn run(
     };
     daemon::daemon_parts(&mut b, socket, down.as_deref()).await;
     daemon::explain_part(&mut b, socket, &args.explain, down.as_deref()).await;
-    host::host_parts(&mut b, socket, &args).await;
-    config::config_parts(&mut b, &args).await;
-    daemon::offline_part(&mut b, socket, &args, down).await;
+    paths_part(&mut b, &paths).await;
+    host::host_parts(&mut b, socket, &args, &paths).await;
+    config::config_parts(&mut b, &paths).await;
+    daemon::offline_part(&mut b, socket, paths, down).await;
     let manifest = write(&mut b, made_ms, &path, &root)?;
     report(out, json, manifest, &b.entries, &path)
+}
+
+/// Where the bundle looked: dipamd's paths, where each was learned, the record it read and
+/// the warnings (records refused, defaults assumed).
+async fn paths_part(b: &mut Bundle, paths: &node_paths::NodePaths) {
+    let v = paths.to_json();
+    b.part("dipamd's paths", "dipamd-paths.json", async {
+        Ok(serde_json::to_vec_pretty(&v)?)
+    })
+    .await;
 }
 
 /// The archive: every part and the manifest. Returns the manifest.
