@@ -158,9 +158,8 @@ fn spans(cid: &str, ip: IpAddr, events: &[Value], now: bool) -> Vec<Holding> {
             h.freed = Some(e.clone());
             out.push(h);
         } else if open.is_none()
-            && e.get("result").is_some_and(|r| {
-                crate::delegate::config::result_addrs(r).contains(&ip)
-            })
+            && e.get("result")
+                .is_some_and(|r| crate::delegate::config::result_addrs(r).contains(&ip))
         {
             open = Some(Holding {
                 container_id: cid.to_owned(),
@@ -180,7 +179,10 @@ fn spans(cid: &str, ip: IpAddr, events: &[Value], now: bool) -> Vec<Holding> {
 
 /// Whether `cidr` (`10.9.0.5/24`, or a bare address) is the address `ip`, however written.
 fn is_ip(cidr: &str, ip: IpAddr) -> bool {
-    cidr.split('/').next().and_then(|a| a.parse::<IpAddr>().ok()) == Some(ip)
+    cidr.split('/')
+        .next()
+        .and_then(|a| a.parse::<IpAddr>().ok())
+        == Some(ip)
 }
 
 fn holding_json(h: &Holding) -> Value {
@@ -260,7 +262,10 @@ fn table(
 ) -> std::io::Result<()> {
     writeln!(out, "container {container_id}")?;
     if !holdings.is_empty() {
-        writeln!(out, "  the history shows the address given to (oldest first):")?;
+        writeln!(
+            out,
+            "  the history shows the address given to (oldest first):"
+        )?;
         for h in holdings {
             writeln!(out, "    {}", holding_line(h))?;
         }

@@ -135,10 +135,7 @@ fn find(socket: &Path, given: &Given) -> Search {
             Err(e) => search.refused.push(refused(&e)),
         }
     }
-    let shown: Vec<String> = candidates
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect();
+    let shown: Vec<String> = candidates.iter().map(|p| p.display().to_string()).collect();
     search.no_record = Some(format!(
         "no record of dipamd's paths believed (looked for {}): where no flag says otherwise, \
          the defaults are assumed, and they may not be this node's (a dipamd older than this \
@@ -194,10 +191,7 @@ pub fn learn(socket: &Path, given: &Given) -> NodePaths {
             })
         })
         .unwrap_or_else(|| {
-            Learned::new(
-                state_dir.value.join("spool"),
-                "default (<state-dir>/spool)",
-            )
+            Learned::new(state_dir.value.join("spool"), "default (<state-dir>/spool)")
         });
     let cni_path = given
         .cni_path
@@ -205,14 +199,22 @@ pub fn learn(socket: &Path, given: &Given) -> NodePaths {
         .map(|v| Learned::new(v, "given (--cni-path)"))
         .or_else(|| Some(Learned::new(rec?.cni_path.clone(), from?)))
         .unwrap_or_else(|| Learned::new(DEFAULT_CNI_PATH.to_owned(), "default"));
-    let conflist = pick(&given.conflist, "--conflist", rec.and_then(conflist_of).as_ref());
+    let conflist = pick(
+        &given.conflist,
+        "--conflist",
+        rec.and_then(conflist_of).as_ref(),
+    );
     let conf_dir = conf_dir(given, rec, from, conflist.as_ref());
     let metrics = rec.and_then(|r| {
         let target = r
             .metrics_socket
             .as_ref()
             .map(|p| format!("unix:{}", p.display()))
-            .or_else(|| r.metrics_address.as_ref().map(|a| format!("http://{a}/metrics")))?;
+            .or_else(|| {
+                r.metrics_address
+                    .as_ref()
+                    .map(|a| format!("http://{a}/metrics"))
+            })?;
         Some(Learned::new(target, from?))
     });
     NodePaths {

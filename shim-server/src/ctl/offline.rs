@@ -158,7 +158,12 @@ pub fn inspect(reason: String, paths: NodePaths, socket: &Path, scratch: &Path) 
     spool_checks(&spool_dir, socket, &mut checks);
     let spool = list_spool(&spool_dir);
     for dc in conflist_checks(&paths.conf_dir.value, &mut checks) {
-        delegate_checks(&dc, &paths.cni_path.value, ledger.as_deref().ok(), &mut checks);
+        delegate_checks(
+            &dc,
+            &paths.cni_path.value,
+            ledger.as_deref().ok(),
+            &mut checks,
+        );
     }
     Report {
         reason,

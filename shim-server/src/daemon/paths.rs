@@ -26,10 +26,7 @@ pub(super) fn record(args: &Args, spool_dir: &Path) -> Record {
         network: args.network.clone(),
         metrics_address: args.metrics_address.map(|a| a.to_string()),
         metrics_socket: args.metrics_socket.as_deref().map(absolute),
-        cri_endpoint: args
-            .cri_endpoint
-            .clone()
-            .filter(|e| !e.trim().is_empty()),
+        cri_endpoint: args.cri_endpoint.clone().filter(|e| !e.trim().is_empty()),
     }
 }
 

@@ -935,7 +935,8 @@ fn finish(c: &Collector, d: &Delegate<'_>, it: &mut GcItem, outcome: Result<(), 
             c.core.events.emit(crate::events::Event::GcFreed(1));
             info!(kind = %it.kind, container_id = %it.container_id, ifname = %it.ifname, ips = ?it.ips, reason = %it.reason, by = %d.by, "GC freed");
             let reason = format!("{} ({})", gc_reason(d.by), it.reason);
-            c.core.events.freed(d.by,
+            c.core.events.freed(
+                d.by,
                 &crate::events::Freeing {
                     network: &d.dc.network,
                     container_id: &it.container_id,

@@ -354,9 +354,9 @@ async fn still_held(rec: &AttachmentRecord) -> Option<bool> {
 
 /// The pod's history entry: who freed its attachment and why (`dipamctl explain`).
 pub fn record_freed(c: &Collector, rec: &AttachmentRecord, by: FreedBy, reason: &str) {
-    c.core.events.freed(by,
-        &crate::events::Freeing::of(rec, reason),
-    );
+    c.core
+        .events
+        .freed(by, &crate::events::Freeing::of(rec, reason));
 }
 
 fn ips_text(rec: &AttachmentRecord) -> String {

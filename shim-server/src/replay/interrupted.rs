@@ -65,7 +65,8 @@ async fn release(node: &Node, rec: &AttachmentRecord) -> Result<bool, ShimError>
             // An interrupted DEL, finished: the runtime's DEL freed it. (An interrupted ADD
             // was never answered, so no pod held what its rollback frees.)
             if rec.state == AttachmentState::Deleting {
-                node.core.events.freed(crate::events::FreedBy::Del,
+                node.core.events.freed(
+                    crate::events::FreedBy::Del,
                     &crate::events::Freeing::of(
                         rec,
                         "its DEL was interrupted (dipamd stopped); finished at dipamd's start",

@@ -122,7 +122,9 @@ pub async fn run(
         };
         let mut freeing = crate::events::Freeing::of(rec, &reason);
         freeing.request_id = &p.req.request_id;
-        node.core.events.freed(crate::events::FreedBy::Del, &freeing);
+        node.core
+            .events
+            .freed(crate::events::FreedBy::Del, &freeing);
     }
     node.core.bury(&p.key, issued);
     // At debug: the request's one info line, with the IPs, comes from the service.

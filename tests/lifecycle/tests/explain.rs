@@ -197,7 +197,9 @@ fn explain_by_ip_says_who_freed_each_earlier_holding() {
         a.args.push_str(&format!(";IP={ip}"));
         a
     };
-    lab.rt.ipam(lab.list(), 0, "DEL", &pods[0], Some(&r)).unwrap();
+    lab.rt
+        .ipam(lab.list(), 0, "DEL", &pods[0], Some(&r))
+        .unwrap();
 
     let b = same(&pods[1]);
     let rb = lab.rt.ipam(lab.list(), 0, "ADD", &b, None).unwrap();
@@ -227,17 +229,34 @@ fn explain_by_ip_says_who_freed_each_earlier_holding() {
     let v = explain(&lab, &ip);
     assert_eq!(v["containerID"], d.container_id.as_str(), "{v:#}");
     let h = v["holdings"].as_array().unwrap_or_else(|| panic!("{v:#}"));
-    let ids: Vec<&str> = h.iter().map(|x| x["containerID"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = h
+        .iter()
+        .map(|x| x["containerID"].as_str().unwrap())
+        .collect();
     let want: Vec<&str> = pods.iter().map(|p| p.container_id.as_str()).collect();
     assert_eq!(ids, want, "{v:#}");
     let by: Vec<&Value> = h.iter().map(|x| &x["freedBy"]).collect();
     assert_eq!(
         by,
-        [&"del".into(), &"operator".into(), &"cni-gc".into(), &Value::Null],
+        [
+            &"del".into(),
+            &"operator".into(),
+            &"cni-gc".into(),
+            &Value::Null
+        ],
         "{v:#}"
     );
-    assert!(h[0]["reason"].as_str().unwrap().contains("the runtime's DEL"), "{v:#}");
-    assert!(h[1]["reason"].as_str().unwrap().contains("dipamctl gc"), "{v:#}");
+    assert!(
+        h[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("the runtime's DEL"),
+        "{v:#}"
+    );
+    assert!(
+        h[1]["reason"].as_str().unwrap().contains("dipamctl gc"),
+        "{v:#}"
+    );
     assert!(h[2]["reason"].as_str().unwrap().contains("CNI GC"), "{v:#}");
     assert_eq!(h[3]["holdsNow"], true, "{v:#}");
     for x in &h[..3] {
@@ -250,8 +269,14 @@ fn explain_by_ip_says_who_freed_each_earlier_holding() {
     // For people: one line per holding, the freeing's author on it.
     let text = lab.dipamd.ctl(&["explain", &ip]);
     let text = String::from_utf8_lossy(&text.stdout);
-    assert!(text.contains("the history shows the address given to"), "{text}");
-    for (pod, said) in pods.iter().zip(["by del: ", "by operator: ", "by cni-gc: ", "holds it now"]) {
+    assert!(
+        text.contains("the history shows the address given to"),
+        "{text}"
+    );
+    for (pod, said) in pods
+        .iter()
+        .zip(["by del: ", "by operator: ", "by cni-gc: ", "holds it now"])
+    {
         assert!(
             text.lines()
                 .any(|l| l.contains(&pod.container_id) && l.contains(said)),

@@ -558,8 +558,7 @@ fn a_record_of_paths_another_user_could_have_planted_is_refused() {
         match how {
             "owned by nobody" => std::os::unix::fs::chown(&beside, Some(65534), None).unwrap(),
             "group-writable" => {
-                std::fs::set_permissions(&beside, std::fs::Permissions::from_mode(0o664))
-                    .unwrap()
+                std::fs::set_permissions(&beside, std::fs::Permissions::from_mode(0o664)).unwrap()
             }
             _ => {
                 std::fs::remove_file(&beside).unwrap();
