@@ -512,9 +512,10 @@ fn offline_tools_learn_dipamds_non_default_paths_from_its_record() {
     assert_eq!(off["paths"]["spoolDir"]["path"], s(&sp), "{off:#}");
     assert!(off["ledger"]["attachments"].to_string().contains(&ids[1]));
 
-    // A ledger dipamd refuses: recover, given nothing but --socket, rebuilds it where dipamd
-    // keeps it, from the conflist dipamd uses, with the delegate dipamd runs.
-    lab.dipamd.garble_ledger();
+    // The ledger lost (its state directory gone with its copy of the record): recover, given
+    // nothing but --socket, rebuilds it where dipamd keeps it, from the conflist dipamd
+    // uses, with the delegate dipamd runs.
+    std::fs::remove_dir_all(&state).unwrap();
     let out = dipamctl(&["recover", "--socket", s(&socket)]);
     assert!(out.status.success(), "{out:?}");
     let t = String::from_utf8_lossy(&out.stdout);
@@ -529,7 +530,8 @@ fn offline_tools_learn_dipamds_non_default_paths_from_its_record() {
     lab.dipamd.start_again();
     let ledger = lab.ledger();
     assert_eq!(ledger.len(), 1, "{ledger:?}");
-    assert_eq!(ledger[0]["containerID"], ids[1].as_str());
+    assert_eq!(ledger[0].0, ids[1], "{ledger:?}");
+    lab.assert_agree();
 }
 
 /// A record of dipamd's paths is believed only when it is root's, writable by no one else,
