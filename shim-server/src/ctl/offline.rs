@@ -39,7 +39,7 @@ pub struct Args {
     #[arg(long)]
     pub offline: bool,
     /// dipamd's --state-dir, read when offline. Default: what the record dipamd leaves at
-    /// start says (<socket>.paths beside the socket, else /var/lib/dipam/dipamd.paths),
+    /// start says (SOCKET.paths beside the socket, else /var/lib/dipam/dipamd.paths),
     /// else /var/lib/dipam.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
