@@ -174,12 +174,17 @@ pub async fn run_gated(
     // Noted while it runs, so that a dipamd killed now makes its successor wait for it; and
     // noted before it gets its config, so before it can act. One pwrite, on this task.
     let pid = child.id();
-    let _noted = pid.zip(tracker).map(|(pid, t)| t.note(pid, since));
+    let noted = pid
+        .zip(tracker)
+        .map(|(pid, t)| t.note(pid, since).kept_if_abandoned(inv.command == "ADD"));
     let gate = gate.await;
     if let Err(e) = gate {
         // It has not read a byte of config: killing it cannot leave anything half-done.
         let _ = child.start_kill();
         let _ = child.wait().await;
+        if let Some(n) = noted {
+            n.finish();
+        }
         return Gated::GateFailed(e);
     }
     feed(&mut child, inv);
@@ -194,6 +199,9 @@ pub async fn run_gated(
         // one, and a blank reservation left anyway is reported and freed by the reconcile
         // (divergence.rs).
         let _ = child.start_kill();
+    }
+    if let Some(n) = noted {
+        n.finish();
     }
     Gated::Ran(outcome(kind, binary, inv, timeout, started, pid, collected))
 }
