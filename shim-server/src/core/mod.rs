@@ -321,6 +321,7 @@ impl Core {
             stdin,
             request_id: p.req.request_id.clone(),
             network: p.key.network.clone(),
+            uid: p.caller.recorded_uid(),
         };
         self.exec
             .call_gated(&p.dc.kind, probe, &inv, gate, peek)
@@ -564,6 +565,7 @@ impl Core {
             stdin: dc.bytes_for(None)?,
             request_id: rec.request_id.clone(),
             network: rec.key.network.clone(),
+            uid: rec.creator_uid,
         };
         match self.exec.call(&rec.delegate_type, &probe, &inv).await {
             Ok(_) => Ok(()),

@@ -361,6 +361,9 @@ impl Executor {
             },
             "durationMs": took.as_secs_f64() * 1e3,
         });
+        if let Some(uid) = inv.uid {
+            ev["uid"] = uid.into();
+        }
         match outcome {
             Ok(out) => {
                 ev["exit"] = out.describe_exit().into();
