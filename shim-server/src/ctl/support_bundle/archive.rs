@@ -30,9 +30,10 @@ pub(super) fn utc_at(ms: u64) -> (String, String) {
 /// The temporary file is made new, never opened if it exists and never through a link
 /// (`O_CREAT|O_EXCL|O_NOFOLLOW`), under a name no one can plant ahead (the pid and the
 /// clock's nanoseconds, tried again if taken), and the rename replaces a link planted at the
-/// target rather than writing through it. Before, the fixed name `<target>.partial` was
-/// opened with truncate: another user's link there (with `fs.protected_symlinks=0`, or in a
-/// directory without the sticky bit) made root truncate and overwrite the file it pointed at.
+/// target rather than writing through it. Before, the fixed name `bundle.tar.partial` (the
+/// target's last extension replaced) was opened with truncate: another user's link there
+/// (in a directory without the sticky bit, or with `fs.protected_symlinks=0`) made root
+/// truncate and overwrite the file it pointed at.
 pub(super) fn write_archive(
     path: &Path,
     files: &[(String, Vec<u8>)],
@@ -111,7 +112,7 @@ fn fill(f: std::fs::File, files: &[(String, Vec<u8>)], root: &str) -> Result<(),
 mod tests {
     use super::*;
 
-    /// Links planted at every name a bundle once used (the target, `<target>.partial`) are
+    /// Links planted at every name a bundle once used (the target, and the target with its last extension `partial`) are
     /// never written through: the victim keeps its bytes, and the target becomes the bundle.
     #[test]
     fn planted_links_are_never_written_through() {
