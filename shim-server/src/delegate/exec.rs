@@ -27,9 +27,11 @@ pub struct Invocation {
     /// CNI_PATH for the delegate (colon-separated).
     pub path: String,
     pub stdin: Vec<u8>,
-    /// For the history only: which request and network this exec serves.
+    /// For the history only: which request and network this exec serves, and the non-root
+    /// caller it serves (None: root).
     pub request_id: String,
     pub network: String,
+    pub uid: Option<u32>,
 }
 
 /// What the process did.

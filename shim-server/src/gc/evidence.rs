@@ -354,7 +354,7 @@ async fn still_held(rec: &AttachmentRecord) -> Option<bool> {
 
 /// The pod's history entry: who freed its attachment and why (`dipamctl explain`).
 pub fn record_freed(c: &Collector, rec: &AttachmentRecord, by: &'static str, reason: &str) {
-    let body = json!({
+    let mut body = json!({
         "kind": "freed",
         "by": by,
         "network": rec.key.network,
@@ -363,6 +363,9 @@ pub fn record_freed(c: &Collector, rec: &AttachmentRecord, by: &'static str, rea
         "reason": reason,
         "requestId": rec.request_id,
     });
+    if let Some(uid) = rec.creator_uid {
+        body["uid"] = uid.into();
+    }
     c.core.events.emit(crate::events::Event::Freed {
         by,
         container_id: &rec.key.container_id,
