@@ -50,11 +50,38 @@ impl Default for AddrIndex {
 #[derive(Debug, Default)]
 struct Inner {
     /// network -> address -> holder.
-    nets: HashMap<String, HashMap<IpAddr, AttachmentKey>>,
+    nets: HashMap<String, HashMap<IpAddr, Holder>>,
     /// Networks whose part was loaded from the ledger.
     loaded: HashSet<String>,
     /// network -> address -> the attachment whose release of it is in flight.
     releasing: HashMap<String, HashMap<IpAddr, AttachmentKey>>,
+}
+
+/// Who the index says holds an address: the attachment's key and the request that made the
+/// record the entry came from. A key is reused (a runtime retries an ADD under the same
+/// container ID, the churn of a busy node), so the key alone confirmed an entry left by the
+/// key's previous attachment against its next one: an ADD of that key still under way (its
+/// record `adding`, which holds whatever it claims) made another pod's ADD fail with 156 for
+/// an address nobody held (3 of 1,028 ADDs of the exact-range churn).
+#[derive(Debug, Clone)]
+struct Holder {
+    key: AttachmentKey,
+    request_id: String,
+}
+
+impl Holder {
+    fn of(rec: &AttachmentRecord) -> Self {
+        Self {
+            key: rec.key.clone(),
+            request_id: rec.request_id.clone(),
+        }
+    }
+
+    /// Whether `rec` (as the ledger has it now) is the attachment this entry was made for.
+    /// Records without a request ID (written before it was kept) match by key alone.
+    fn is(&self, rec: &AttachmentRecord) -> bool {
+        rec.key == self.key && (self.request_id.is_empty() || rec.request_id == self.request_id)
+    }
 }
 
 /// An attachment's addresses marked as being released ([`AddrIndex::releasing`]); dropping it
@@ -125,7 +152,7 @@ impl AddrIndex {
         let mut map = HashMap::new();
         for rec in records {
             for ip in rec.result.as_ref().map(result_addrs).unwrap_or_default() {
-                map.insert(ip, rec.key.clone());
+                map.insert(ip, Holder::of(rec));
             }
         }
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
@@ -158,17 +185,19 @@ impl AddrIndex {
         }
         let net = inner.nets.entry(rec.key.network.clone()).or_default();
         for ip in ips {
-            let Some(holder) = net.get(ip).filter(|h| **h != rec.key) else {
+            let Some(holder) = net.get(ip).filter(|h| h.key != rec.key) else {
                 continue;
             };
-            match ledger.get(holder)? {
-                Some(h) if holds(&h, ip) => return Ok(Claim::Held(*ip, Box::new(h))),
+            match ledger.get(&holder.key)? {
+                Some(h) if holder.is(&h) && holds(&h, ip) => {
+                    return Ok(Claim::Held(*ip, Box::new(h)));
+                }
                 _ if !rescanned => return Ok(Claim::Stale),
                 _ => {}
             }
         }
         for ip in ips {
-            net.insert(*ip, rec.key.clone());
+            net.insert(*ip, Holder::of(rec));
         }
         Ok(Claim::Done)
     }
@@ -256,7 +285,7 @@ impl AddrIndex {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(net) = inner.nets.get_mut(&key.network) {
             for ip in ips {
-                if net.get(&ip) == Some(key) {
+                if net.get(&ip).is_some_and(|h| h.key == *key) {
                     net.remove(&ip);
                 }
             }
@@ -369,5 +398,43 @@ mod tests {
         // Its own attachment is never made to wait for itself.
         let _mine = index.releasing(&old);
         assert!(matches!(claim(&index, &ledger, &old).await, Claimed::Done));
+    }
+
+    /// An entry the index kept from a key's previous attachment (its DEL's forget lost to a
+    /// rescan that listed the ledger just before) does not make the key's next attachment,
+    /// still `adding`, the holder of an address it never claimed: the ADD handed that address
+    /// is served, not refused with 156 (the exact-range churn failed 3 of 1,028 ADDs so).
+    #[tokio::test]
+    async fn a_reused_key_adding_again_holds_only_what_it_claims() {
+        let ledger = Ledger::shared(MemStore::new());
+        let index = AddrIndex::default();
+        let first = rec("reused", "10.9.0.9");
+        ledger.put(&first).unwrap();
+        assert!(matches!(
+            claim(&index, &ledger, &first).await,
+            Claimed::Done
+        ));
+        // Its DEL: the record goes, but the index keeps the entry (the lost forget).
+        ledger.remove(&first.key).unwrap();
+        // The same key ADDs again: its intent, no result yet, another request.
+        let mut again = rec("reused", "10.9.0.50");
+        again.state = AttachmentState::Adding;
+        again.result = None;
+        again.request_id = "next".into();
+        ledger.put(&again).unwrap();
+        let other = rec("other", "10.9.0.9");
+        let got = claim(&index, &ledger, &other).await;
+        assert!(matches!(got, Claimed::Done), "{got:?}");
+        // While an entry the same ADD made still counts: its own claim holds the address.
+        let mut claimed = rec("reused", "10.9.0.51");
+        claimed.request_id = "next".into();
+        assert!(matches!(
+            claim(&index, &ledger, &claimed).await,
+            Claimed::Done
+        ));
+        let late = rec("late", "10.9.0.51");
+        assert!(
+            matches!(claim(&index, &ledger, &late).await, Claimed::Held(_, h) if h.key == again.key)
+        );
     }
 }

@@ -189,6 +189,9 @@ pub struct Freeing<'a> {
     pub reason: &'a str,
     /// The request that recorded it (or, for a DEL, the DEL's own).
     pub request_id: &'a str,
+    /// The non-root uid that made it, if one did: the history bounds each uid's share
+    /// (history.rs), and a freeing counts toward its maker's.
+    pub uid: Option<u32>,
 }
 
 impl<'a> Freeing<'a> {
@@ -213,6 +216,7 @@ impl<'a> Freeing<'a> {
                 .unwrap_or_default(),
             reason,
             request_id: &rec.request_id,
+            uid: rec.creator_uid,
         }
     }
 }
@@ -308,7 +312,7 @@ impl Events {
     /// `explain` shows it among the requests, and `explain <ip>` says of each earlier holder
     /// of the address what ended its holding.
     pub fn freed(&self, by: FreedBy, f: &Freeing<'_>) {
-        let body = serde_json::json!({
+        let mut body = serde_json::json!({
             "kind": "freed",
             "by": by.as_str(),
             "network": f.network,
@@ -317,6 +321,9 @@ impl Events {
             "reason": f.reason,
             "requestId": f.request_id,
         });
+        if let Some(uid) = f.uid {
+            body["uid"] = uid.into();
+        }
         self.emit(Event::Freed {
             by,
             container_id: f.container_id,

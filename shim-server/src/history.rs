@@ -31,6 +31,17 @@ use tokio::sync::mpsc;
 pub const PER_CONTAINER: usize = 64;
 /// Containers whose history is kept.
 pub const MAX_CONTAINERS: usize = 1024;
+/// Of those, the most one non-root caller's take (a quarter), and all non-root callers'
+/// together (half): when the 1,024 were shared by all callers, one allowed uid churning
+/// container IDs pushed every root pod's history out, and `explain` had nothing to say.
+/// A container is a caller's when every event of it came from that caller; one root
+/// touched is root's.
+const fn per_uid(max: usize) -> usize {
+    max / 4
+}
+const fn non_root(max: usize) -> usize {
+    max / 2
+}
 /// Events waiting to be written; beyond that new ones are dropped.
 const QUEUE: usize = 4096;
 /// The longest string one event keeps (a delegate's message, CNI_ARGS, a netns path): the
@@ -142,13 +153,32 @@ impl Sink {
     }
 }
 
+/// `CID\0` + when (16 digits of ms, 12 of sequence) + `uUID` for a non-root caller's event
+/// (the event's `uid`): the index learns whose a container is from the keys alone.
 fn key(container_id: &str, body: &Value) -> Vec<u8> {
+    let uid = body["uid"]
+        .as_u64()
+        .map(|u| format!("u{u}"))
+        .unwrap_or_default();
     format!(
-        "{container_id}\0{:016}{:012}",
+        "{container_id}\0{:016}{:012}{uid}",
         body["atMs"].as_u64().unwrap_or_default(),
         body["seq"].as_u64().unwrap_or_default()
     )
     .into_bytes()
+}
+
+/// The length of a key's time part, after the separator.
+const WHEN: usize = 28;
+
+/// Of a root container's [`PER_CONTAINER`] events, the most other callers' may take.
+const FOREIGN: usize = PER_CONTAINER / 4;
+
+/// Whether `key` is of a non-root caller's event.
+fn has_uid(key: &[u8]) -> bool {
+    key.iter()
+        .position(|b| *b == 0)
+        .is_some_and(|sep| key.len() > sep + 1 + WHEN)
 }
 
 fn prefix(container_id: &str) -> Vec<u8> {
@@ -205,12 +235,14 @@ pub fn start(ledger: Ledger) -> Sink {
     start_bounded(ledger, MAX_CONTAINERS)
 }
 
-/// The time of each container's last event (from its keys), to know whose history goes
-/// first when there are more than `max`. Built from the tree's keys on the first write.
+/// The time of each container's last event and whose it is (from its keys), to know whose
+/// history goes first when there are more than allowed. Built from the tree's keys on the
+/// first write.
 #[derive(Default)]
 struct Index {
     built: bool,
-    last: std::collections::HashMap<String, Vec<u8>>,
+    /// container -> (time part of its last key, its non-root caller; None: root's).
+    last: std::collections::HashMap<String, (Vec<u8>, Option<u32>)>,
 }
 
 impl Index {
@@ -218,31 +250,59 @@ impl Index {
         let Some(sep) = key.iter().position(|b| *b == 0) else {
             return;
         };
-        let (cid, at) = (String::from_utf8_lossy(&key[..sep]), &key[sep + 1..]);
+        let cid = String::from_utf8_lossy(&key[..sep]);
+        let rest = &key[sep + 1..];
+        let (at, who) = rest.split_at(rest.len().min(WHEN));
+        let uid = who
+            .strip_prefix(b"u")
+            .and_then(|u| std::str::from_utf8(u).ok()?.parse::<u32>().ok());
         match self.last.get_mut(cid.as_ref()) {
-            Some(last) if last.as_slice() >= at => {}
-            Some(last) => *last = at.to_vec(),
+            Some((last, owner)) => {
+                if last.as_slice() < at {
+                    *last = at.to_vec();
+                }
+                // Root's once root touched it; else the latest caller's.
+                if owner.is_some() {
+                    *owner = uid;
+                }
+            }
             None => {
-                self.last.insert(cid.into_owned(), at.to_vec());
+                self.last.insert(cid.into_owned(), (at.to_vec(), uid));
             }
         }
     }
 
-    /// The containers beyond `max`, oldest last event first; forgotten here.
+    /// The containers beyond the bounds, oldest last event first; forgotten here: first each
+    /// non-root caller's beyond [`per_uid`], then all non-root callers' beyond [`non_root`],
+    /// then everyone's beyond `max`.
     fn evict(&mut self, max: usize) -> Vec<String> {
-        if self.last.len() <= max {
-            return Vec::new();
+        let mut out = Vec::new();
+        let uids: std::collections::BTreeSet<u32> =
+            self.last.values().filter_map(|(_, o)| *o).collect();
+        for uid in uids {
+            out.extend(self.oldest_beyond(per_uid(max), |o| o == Some(uid)));
         }
-        let mut by_age: Vec<(Vec<u8>, String)> = self
+        out.extend(self.oldest_beyond(non_root(max), |o| o.is_some()));
+        out.extend(self.oldest_beyond(max, |_| true));
+        out
+    }
+
+    /// The oldest of the containers whose owner `mine` takes, beyond `keep` of them;
+    /// forgotten here.
+    fn oldest_beyond(&mut self, keep: usize, mine: impl Fn(Option<u32>) -> bool) -> Vec<String> {
+        let mut by_age: Vec<(&Vec<u8>, &String)> = self
             .last
             .iter()
-            .map(|(cid, at)| (at.clone(), cid.clone()))
+            .filter(|(_, (_, o))| mine(*o))
+            .map(|(cid, (at, _))| (at, cid))
             .collect();
+        if by_age.len() <= keep {
+            return Vec::new();
+        }
         by_age.sort();
-        let out: Vec<String> = by_age
-            .into_iter()
-            .take(self.last.len() - max)
-            .map(|(_, cid)| cid)
+        let out: Vec<String> = by_age[..by_age.len() - keep]
+            .iter()
+            .map(|(_, cid)| (*cid).clone())
             .collect();
         for cid in &out {
             self.last.remove(cid);
@@ -339,7 +399,28 @@ fn write(
     store.commit_with(batch, Durability::SurvivesProcessCrash)?;
     let mut prune = Batch::new();
     for cid in touched {
-        let all = store.scan_keys(Tree::History, &prefix(cid))?;
+        let mut all = store.scan_keys(Tree::History, &prefix(cid))?;
+        // In a root container, other callers' events (refused requests under its ID) keep
+        // at most FOREIGN places, so they never push root's own events out.
+        if index
+            .last
+            .get(cid)
+            .is_some_and(|(_, owner)| owner.is_none())
+        {
+            let foreign: Vec<usize> = (0..all.len()).filter(|i| has_uid(&all[*i])).collect();
+            if foreign.len() > FOREIGN {
+                let gone = &foreign[..foreign.len() - FOREIGN];
+                for i in gone {
+                    prune.delete(Tree::History, all[*i].clone());
+                }
+                all = all
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(i, _)| !gone.contains(i))
+                    .map(|(_, k)| k)
+                    .collect();
+            }
+        }
         if all.len() > PER_CONTAINER {
             for k in &all[..all.len() - PER_CONTAINER] {
                 prune.delete(Tree::History, k.clone());
@@ -417,6 +498,60 @@ mod tests {
         sink.record("c10", json!({"kind": "x"}));
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert_eq!(read(&ledger, "c1").unwrap().len(), PER_CONTAINER);
+    }
+
+    /// One allowed uid churning container IDs, and several together, never push root's
+    /// containers out: each uid keeps at most a quarter, all of them half.
+    #[tokio::test]
+    async fn a_non_root_caller_takes_at_most_its_share_of_the_containers() {
+        let ledger = Ledger::shared(MemStore::new());
+        let sink = start_bounded(ledger.clone(), 16);
+        for i in 0..6 {
+            sink.record(&format!("root{i}"), json!({"kind": "request"}));
+        }
+        // An attacker's refused request under root's container: root's it stays.
+        sink.record("root0", json!({"kind": "request", "uid": 1000}));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        for uid in [1000, 1001, 1002] {
+            for i in 0..20 {
+                sink.record(
+                    &format!("u{uid}-{i}"),
+                    json!({"kind": "request", "uid": uid}),
+                );
+            }
+        }
+        sink.flush().await;
+        for i in 0..6 {
+            assert!(
+                !read(&ledger, &format!("root{i}")).unwrap().is_empty(),
+                "root{i}"
+            );
+        }
+        let kept = |uid: u32| {
+            (0..20)
+                .filter(|i| !read(&ledger, &format!("u{uid}-{i}")).unwrap().is_empty())
+                .count()
+        };
+        let (a, b, c) = (kept(1000), kept(1001), kept(1002));
+        assert!(a <= 4 && b <= 4 && c <= 4, "{a} {b} {c}");
+        assert!(a + b + c <= 8, "{a} {b} {c}");
+        // The newest of each uid are the ones kept.
+        assert!(!read(&ledger, "u1002-19").unwrap().is_empty());
+        // Under root's container ID, the others' events take at most FOREIGN places.
+        for i in 0..PER_CONTAINER {
+            sink.record("root1", json!({"kind": "request", "uid": 1000, "i": i}));
+        }
+        sink.flush().await;
+        let root1 = read(&ledger, "root1").unwrap();
+        assert_eq!(root1.len(), FOREIGN + 1, "root's own event is kept");
+        assert!(root1[0].get("uid").is_none(), "{}", root1[0]);
+        // An index rebuilt from the keys knows whose each container is.
+        let mut idx = Index::default();
+        for k in ledger.store().scan_keys(Tree::History, b"").unwrap() {
+            idx.note(&k);
+        }
+        assert_eq!(idx.last["root0"].1, None);
+        assert_eq!(idx.last["u1002-19"].1, Some(1002));
     }
 
     #[tokio::test]

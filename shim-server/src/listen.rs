@@ -452,16 +452,43 @@ impl Gate {
         }
     }
 
-    /// The next TCP connection (the metrics port: no peer credentials to check).
-    pub async fn accept_tcp(
+    /// The next TCP connection, for a listener whose connections can make room (the metrics
+    /// port): the shared budget is taken first, the listener's cap only once a connection has
+    /// been accepted. At the cap, `make_room` asks one of the listener's connections to close
+    /// (the oldest that has not sent its request) and the new one takes its place; when new
+    /// ones waited in the backlog instead, idle connections held by anyone kept every scrape
+    /// waiting behind them. At most one accepted connection waits for its place.
+    pub async fn accept_tcp_making_room(
         &self,
         listener: &tokio::net::TcpListener,
+        make_room: impl Fn() -> bool,
     ) -> Guarded<tokio::net::TcpStream> {
         let mut backoff = Duration::from_millis(5);
         loop {
-            let slot = self.room().await;
+            let mut slot = self.budget.take().await;
             match listener.accept().await {
-                Ok((stream, _)) => return Guarded::new(stream, slot),
+                Ok((stream, _)) => {
+                    if let Some(sem) = &self.listener {
+                        let permit = match Arc::clone(sem).try_acquire_owned() {
+                            Ok(p) => Some(p),
+                            Err(_) => {
+                                if !make_room()
+                                    && let Some(n) = self.capped.due()
+                                {
+                                    warn!(
+                                        listener = self.name,
+                                        suppressed = n,
+                                        "connection cap reached and every connection is \
+                                         answering; the new one waits"
+                                    );
+                                }
+                                Arc::clone(sem).acquire_owned().await.ok()
+                            }
+                        };
+                        slot.listener = permit;
+                    }
+                    return Guarded::new(stream, slot);
+                }
                 Err(e) => {
                     drop(slot);
                     self.backoff(&e, &mut backoff).await;

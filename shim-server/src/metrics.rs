@@ -38,6 +38,7 @@ use prometheus_client::{
 use tracing::{info, warn};
 
 use crate::events::{Event, Observer};
+use crate::metrics_listen::Unrequested;
 
 /// Latency buckets, in seconds: a delegate exec is milliseconds, a slow one seconds.
 const BUCKETS: [f64; 13] = [
@@ -889,12 +890,14 @@ fn answer(metrics: &Metrics, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     res
 }
 
-/// Serves one connection: one request, then the connection is closed.
-async fn connection<IO>(metrics: Arc<Metrics>, io: IO)
+/// Serves one connection: one request, then the connection is closed. `requested` is called
+/// once its request head has arrived.
+async fn connection<IO>(metrics: Arc<Metrics>, io: IO, requested: impl Fn() + Send + Sync + 'static)
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        requested();
         let res = answer(&metrics, &req);
         async move { Ok::<_, Infallible>(res) }
     });
@@ -914,20 +917,35 @@ where
 /// would otherwise hold its place in the listener's cap forever.
 const CONNECTION_LIFETIME: std::time::Duration = std::time::Duration::from_secs(30);
 
-async fn bounded<IO>(metrics: Arc<Metrics>, io: IO)
+/// Serves one connection within [`CONNECTION_LIFETIME`], and closes it early if, before its
+/// request head has arrived, a newer connection needs its place (`room`).
+async fn bounded<IO>(metrics: Arc<Metrics>, io: IO, room: Arc<Unrequested>)
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    if tokio::time::timeout(CONNECTION_LIFETIME, connection(metrics, io))
-        .await
-        .is_err()
-    {
-        tracing::debug!("metrics connection closed: it outlived its time");
+    let (id, evicted) = room.enter();
+    let requested = {
+        let room = Arc::clone(&room);
+        move || room.leave(id)
+    };
+    let served = tokio::time::timeout(CONNECTION_LIFETIME, connection(metrics, io, requested));
+    tokio::select! {
+        outcome = served => if outcome.is_err() {
+            tracing::debug!("metrics connection closed: it outlived its time");
+        },
+        // A sender dropped (the head arrived) disables this branch; only an eviction ends here.
+        Ok(()) = evicted => {
+            tracing::debug!("metrics connection closed before its request: a newer one needed its place");
+        }
     }
+    room.leave(id);
 }
 
 /// Serves metrics on a TCP address until the process ends, through `gate` (listen.rs: a cap
-/// on connections, the shared descriptor budget, back-off on accept errors).
+/// on connections, the shared descriptor budget, back-off on accept errors). At the cap, the
+/// oldest connection that has not sent its request makes room for the new one
+/// ([`Unrequested`]): when new ones waited instead, anyone holding idle connections to the
+/// port kept every scrape waiting behind them (0 of 3 scrapes answered).
 pub async fn serve_tcp(
     metrics: Arc<Metrics>,
     listener: tokio::net::TcpListener,
@@ -938,9 +956,12 @@ pub async fn serve_tcp(
         Ok(a) => info!(address = %a, "metrics on TCP"),
         Err(e) => info!(error = %e, "metrics on TCP (its address is unknown)"),
     }
+    let room = Arc::new(Unrequested::default());
     loop {
-        let stream = gate.accept_tcp(&listener).await;
-        tokio::spawn(bounded(Arc::clone(&metrics), stream));
+        let stream = gate
+            .accept_tcp_making_room(&listener, || room.evict_oldest())
+            .await;
+        tokio::spawn(bounded(Arc::clone(&metrics), stream, Arc::clone(&room)));
     }
 }
 
@@ -950,9 +971,10 @@ pub async fn serve_unix(
     listener: tokio::net::UnixListener,
     gate: crate::listen::Gate,
 ) {
+    let room = Arc::new(Unrequested::default());
     loop {
         let stream = gate.accept_unix(&listener).await;
-        tokio::spawn(bounded(Arc::clone(&metrics), stream));
+        tokio::spawn(bounded(Arc::clone(&metrics), stream, Arc::clone(&room)));
     }
 }
 

@@ -46,6 +46,24 @@ pub fn now() -> Option<BootStamp> {
     })
 }
 
+/// `stamp`, or dipamd's now if `stamp` is of this boot and later than now. A request cannot
+/// have been issued after it arrived: a later stamp is forged (any caller writes its own
+/// request) or comes from a boot clock that runs ahead (a time namespace's offset), and
+/// would outrank every other request of its key for as long as it is ahead: a DEL's
+/// tombstone would refuse the ADDs of that key, an ADD's record would make every DEL of it
+/// look stale. A stamp of another boot is left alone: it is older than any of this boot.
+pub fn clamp(stamp: BootStamp) -> BootStamp {
+    clamp_to(stamp, now())
+}
+
+/// [`clamp`], with "now" given.
+fn clamp_to(stamp: BootStamp, now: Option<BootStamp>) -> BootStamp {
+    match now {
+        Some(now) if now.boot_id == stamp.boot_id && stamp.ns > now.ns => now,
+        _ => stamp,
+    }
+}
+
 /// A request's stamp as the wire carries it; an empty boot id is no stamp.
 pub fn from_wire(w: Option<&dipam_proto::v1::BootStamp>) -> Option<BootStamp> {
     w.filter(|w| !w.boot_id.is_empty()).map(|w| BootStamp {
@@ -106,6 +124,24 @@ mod tests {
         );
         assert_eq!(before_in(&at("x", 1), &at("y", 2), Some("now")), None);
         assert_eq!(before_in(&at("x", 1), &at("y", 2), None), None);
+    }
+
+    #[test]
+    fn a_stamp_from_the_future_is_now_and_others_are_kept() {
+        let now = Some(at("b", 1_000));
+        assert_eq!(clamp_to(at("b", 9_999_999), now.clone()).ns, 1_000);
+        assert_eq!(clamp_to(at("b", 999), now.clone()).ns, 999);
+        // Another boot's stamp is older than this boot's anyway.
+        assert_eq!(clamp_to(at("x", 9_999_999), now).ns, 9_999_999);
+        assert_eq!(clamp_to(at("b", 5), None).ns, 5);
+        // The real clock: a stamp a day ahead comes back no later than a fresh now.
+        let real = super::now().unwrap();
+        let ahead = BootStamp {
+            ns: real.ns + 86_400_000_000_000,
+            ..real.clone()
+        };
+        let clamped = clamp(ahead);
+        assert!(clamped.ns >= real.ns && clamped.ns < real.ns + 60_000_000_000);
     }
 
     #[test]

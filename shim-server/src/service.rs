@@ -143,6 +143,10 @@ where
             "kind": "request", "op": call.command, "requestId": call.request_id,
             "network": call.network, "ifname": call.ifname, "durationMs": ms,
         });
+        // Whose the container's history is (history.rs bounds each caller's share).
+        if let Some(uid) = caller.recorded_uid() {
+            event["uid"] = uid.into();
+        }
         let container = short_id(&call.container_id);
         let network = call.network.as_str();
         let reply = match outcome {

@@ -70,8 +70,12 @@ pub struct Core {
     pub events: crate::events::Events,
     /// Protocol versions seen from plugins since start (bit n = version n, up to 63).
     pub plugin_protocols: std::sync::atomic::AtomicU64,
-    /// Recent DELs by key (tombstones.rs): bounded in time and size; see `bury`.
-    tombstones: std::sync::Mutex<tombstones::Tombstones>,
+    /// Recent DELs by key (tombstones.rs): bounded in time and size; see `bury`. Root's
+    /// DELs bind every caller's ADDs of the key.
+    tombstones: std::sync::Mutex<tombstones::Tombstones<AttachmentKey>>,
+    /// A non-root caller's recent DELs, by its uid and the key: they bind only that caller's
+    /// ADDs, and kept apart, their churn never pushes root's tombstones out.
+    their_tombstones: std::sync::Mutex<tombstones::Tombstones<(u32, AttachmentKey)>>,
     pub identity: Identity,
     /// The agent's addresses (agent/), which no pod may take.
     owners: Arc<dyn AddressOwners>,
@@ -129,6 +133,7 @@ impl Core {
             addrs: crate::addrs::AddrIndex::default(),
             plugin_protocols: std::sync::atomic::AtomicU64::new(0),
             tombstones: std::sync::Mutex::default(),
+            their_tombstones: std::sync::Mutex::default(),
             identity,
             owners,
         }
@@ -243,7 +248,10 @@ impl Core {
         let mut req = req;
         req.cni_path = self.exec.confine_cni_path(&req.cni_path, caller);
         let key = AttachmentKey::new(&dc.network, &req.container_id, &req.ifname);
-        let issued = crate::order::from_wire(req.issued_at.as_ref());
+        // Never later than now: a stamp from the future (a forged one, or a plugin whose boot
+        // clock runs ahead in a time namespace) would make this request outrank every other
+        // of its key for as long as it is ahead (order::clamp).
+        let issued = crate::order::from_wire(req.issued_at.as_ref()).map(crate::order::clamp);
         Ok(Prepared {
             req,
             caller,
@@ -313,30 +321,69 @@ impl Core {
             stdin,
             request_id: p.req.request_id.clone(),
             network: p.key.network.clone(),
+            uid: p.caller.recorded_uid(),
         };
         self.exec
             .call_gated(&p.dc.kind, probe, &inv, gate, peek)
             .await
     }
 
-    /// Remembers that `key` was deleted by a DEL issued at `issued` (on the boot clock;
-    /// `None`: now), so that an older ADD arriving later cannot resurrect it. Tombstones live
-    /// `TOMBSTONE_TTL` and at most `TOMBSTONE_MAX` are kept (the oldest go first): a plugin
-    /// older than that has long been killed by its runtime's timeout.
-    pub fn bury(&self, key: &AttachmentKey, issued: Option<dipam_state::BootStamp>) {
+    /// Remembers that `key` was deleted by `caller`'s DEL issued at `issued` (on the boot
+    /// clock, never later than now: order::clamp; `None`: now), so that an older ADD arriving
+    /// later cannot resurrect it. Tombstones live `TOMBSTONE_TTL` and at most `TOMBSTONE_MAX`
+    /// are kept of each kind (the oldest go first): a plugin older than that has long been
+    /// killed by its runtime's timeout.
+    ///
+    /// A non-root caller's DEL binds only that caller's ADDs. It can release only what that
+    /// caller added (Prepared::authorize), and a DEL of a key it holds nothing under is a
+    /// success that does nothing (CNI spec: DEL of what is not there succeeds): it speaks for
+    /// no one else's attachment. When it bound every caller, an allowed uid's DEL of a key
+    /// root was about to ADD, stamped an hour ahead, made root's ADD of that key fail with 3
+    /// for the tombstone's ten minutes.
+    pub fn bury(
+        &self,
+        key: &AttachmentKey,
+        issued: Option<dipam_state::BootStamp>,
+        caller: Caller,
+    ) {
         let Some(issued) = issued.or_else(crate::order::now) else {
             return;
         };
-        let Ok(mut t) = self.tombstones.lock() else {
-            return;
-        };
-        t.bury(key, issued, Instant::now());
+        if caller.is_root() {
+            if let Ok(mut t) = self.tombstones.lock() {
+                t.bury(key, issued, Instant::now());
+            }
+        } else if let Ok(mut t) = self.their_tombstones.lock() {
+            t.bury(&(caller.uid, key.clone()), issued, Instant::now());
+        }
     }
 
-    /// The issue time of the last DEL of `key`, if still remembered.
+    /// The issue time of root's last DEL of `key`, if still remembered.
     pub fn tombstone(&self, key: &AttachmentKey) -> Option<dipam_state::BootStamp> {
         let t = self.tombstones.lock().ok()?;
         t.get(key, Instant::now())
+    }
+
+    /// The issue time of the last DEL of `key` that binds `caller`'s ADDs: root's, or the
+    /// caller's own, whichever is later.
+    fn tombstone_for(&self, key: &AttachmentKey, caller: Caller) -> Option<dipam_state::BootStamp> {
+        let roots = self.tombstone(key);
+        if caller.is_root() {
+            return roots;
+        }
+        let own = self
+            .their_tombstones
+            .lock()
+            .ok()?
+            .get(&(caller.uid, key.clone()), Instant::now());
+        match (roots, own) {
+            (Some(r), Some(o)) => Some(if crate::order::before(Some(&r), Some(&o)) == Some(true) {
+                o
+            } else {
+                r
+            }),
+            (r, o) => r.or(o),
+        }
     }
 
     /// The stale-ADD rule (F4): an ADD issued before a DEL of the same attachment that dipamd
@@ -344,7 +391,7 @@ impl Core {
     /// Ordered on the boot clock (order.rs): the wall clock steps. [`attach::attach`] refuses
     /// such an ADD; the warm pool leaves it to that refusal.
     pub fn refuse_stale(&self, p: &Prepared) -> Result<(), ShimError> {
-        if let Some(del_issued) = self.tombstone(&p.key)
+        if let Some(del_issued) = self.tombstone_for(&p.key, p.caller)
             && crate::order::before(p.issued.as_ref(), Some(&del_issued)) == Some(true)
         {
             return Err(ShimError::StaleAdd {
@@ -518,6 +565,7 @@ impl Core {
             stdin: dc.bytes_for(None)?,
             request_id: rec.request_id.clone(),
             network: rec.key.network.clone(),
+            uid: rec.creator_uid,
         };
         match self.exec.call(&rec.delegate_type, &probe, &inv).await {
             Ok(_) => Ok(()),

@@ -1,6 +1,7 @@
 //! The tombstones of recent DELs (the stale-ADD rule, F4): by key, the issue time of the last
 //! DEL on the boot clock and when to forget it; at most [`TOMBSTONE_MAX`], each for
-//! [`TOMBSTONE_TTL`].
+//! [`TOMBSTONE_TTL`]. The core keeps two sets: root's, which bind every caller's ADDs, and
+//! non-root callers' by (uid, key), which bind only that caller's (Core::bury).
 //!
 //! Every DEL buries a key, so burying must not cost more as tombstones pile up: a node that
 //! churns pods holds tens of thousands within the TTL, and a sweep of all of them on every
@@ -11,28 +12,40 @@
 
 use std::{
     collections::{HashMap, VecDeque},
+    hash::Hash,
     time::{Duration, Instant},
 };
 
-use dipam_state::{AttachmentKey, BootStamp};
+use dipam_state::BootStamp;
 
 /// How long a DEL is remembered against stale ADDs; longer than any runtime's CNI timeout.
 pub const TOMBSTONE_TTL: Duration = Duration::from_secs(600);
 /// The most tombstones kept: bounds memory under churn.
 pub const TOMBSTONE_MAX: usize = 65_536;
 
-#[derive(Debug, Default)]
-pub struct Tombstones {
+/// Keyed by `K`: the attachment's key for root's DELs, which bind every caller's ADDs, and
+/// (uid, key) for a non-root caller's, which bind only that caller's (Core::bury says why).
+#[derive(Debug)]
+pub struct Tombstones<K> {
     /// key -> (issue time of its last DEL, when to forget it).
-    by_key: HashMap<AttachmentKey, (BootStamp, Instant)>,
+    by_key: HashMap<K, (BootStamp, Instant)>,
     /// (expiry, key) in the order they were set. A key buried again has an older entry here
     /// too, which no longer matches `by_key` and is skipped when it comes up.
-    order: VecDeque<(Instant, AttachmentKey)>,
+    order: VecDeque<(Instant, K)>,
 }
 
-impl Tombstones {
+impl<K> Default for Tombstones<K> {
+    fn default() -> Self {
+        Self {
+            by_key: HashMap::new(),
+            order: VecDeque::new(),
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone> Tombstones<K> {
     /// Remembers a DEL of `key` issued at `issued`, at `now`.
-    pub fn bury(&mut self, key: &AttachmentKey, issued: BootStamp, now: Instant) {
+    pub fn bury(&mut self, key: &K, issued: BootStamp, now: Instant) {
         self.expire(now);
         if !self.by_key.contains_key(key) {
             while self.by_key.len() >= TOMBSTONE_MAX && self.pop_front() {}
@@ -58,7 +71,7 @@ impl Tombstones {
     }
 
     /// The issue time of the last DEL of `key`, if still remembered at `now`.
-    pub fn get(&self, key: &AttachmentKey, now: Instant) -> Option<BootStamp> {
+    pub fn get(&self, key: &K, now: Instant) -> Option<BootStamp> {
         self.by_key
             .get(key)
             .filter(|(_, until)| *until > now)
@@ -92,6 +105,8 @@ impl Tombstones {
 
 #[cfg(test)]
 mod tests {
+    use dipam_state::AttachmentKey;
+
     use super::*;
 
     fn key(i: usize) -> AttachmentKey {
@@ -107,7 +122,7 @@ mod tests {
 
     #[test]
     fn a_tombstone_lives_its_ttl_and_a_second_del_extends_it() {
-        let mut t = Tombstones::default();
+        let mut t = Tombstones::<AttachmentKey>::default();
         let t0 = Instant::now();
         t.bury(&key(1), stamp(10), t0);
         assert_eq!(t.get(&key(1), t0).map(|s| s.ns), Some(10));
@@ -125,7 +140,7 @@ mod tests {
 
     #[test]
     fn the_oldest_go_first_above_the_bound_and_reburied_keys_stay_bounded() {
-        let mut t = Tombstones::default();
+        let mut t = Tombstones::<AttachmentKey>::default();
         let t0 = Instant::now();
         for i in 0..TOMBSTONE_MAX + 10 {
             t.bury(
@@ -138,7 +153,7 @@ mod tests {
         assert!(t.get(&key(9), t0).is_none(), "the oldest went");
         assert!(t.get(&key(10), t0).is_some());
         // One key buried a million times holds one tombstone and a bounded queue.
-        let mut one = Tombstones::default();
+        let mut one = Tombstones::<AttachmentKey>::default();
         for i in 0..1_000_000u64 {
             one.bury(&key(0), stamp(i), t0 + Duration::from_nanos(i));
         }

@@ -550,13 +550,14 @@ fn executor(args: &Args, dirs: Vec<PathBuf>) -> (Executor, Vec<String>) {
 }
 
 /// The `dataDir`s a non-root caller may name: host-local's default and --non-root-data-dir,
-/// each only if root alone can write it along its path (a start-up check: such a directory
-/// cannot become unsafe afterwards without root). Only with --allow-uid do they matter.
+/// each only if root alone can write it along its path (one missing from an open directory
+/// such as /tmp is made by root first). Checked again at each use (Executor::allow_store):
+/// removed later, it could be made again by a caller. Only with --allow-uid do they matter.
 fn non_root_data_dirs(args: &Args) -> Vec<PathBuf> {
     let mut dirs = vec![PathBuf::from(crate::delegate::store::DEFAULT_DATA_DIR)];
     dirs.extend(args.non_root_data_dirs.iter().cloned());
     dirs.dedup();
-    dirs.retain(|d| match crate::delegate::store::root_only_dir(d) {
+    dirs.retain(|d| match crate::delegate::store::root_only_dir_remade(d) {
         Ok(()) => true,
         Err(why) => {
             if !args.allow_uids.is_empty() || !args.admin_uids.is_empty() {

@@ -27,9 +27,11 @@ pub struct Invocation {
     /// CNI_PATH for the delegate (colon-separated).
     pub path: String,
     pub stdin: Vec<u8>,
-    /// For the history only: which request and network this exec serves.
+    /// For the history only: which request and network this exec serves, and the non-root
+    /// caller it serves (None: root).
     pub request_id: String,
     pub network: String,
+    pub uid: Option<u32>,
 }
 
 /// What the process did.
@@ -174,12 +176,17 @@ pub async fn run_gated(
     // Noted while it runs, so that a dipamd killed now makes its successor wait for it; and
     // noted before it gets its config, so before it can act. One pwrite, on this task.
     let pid = child.id();
-    let _noted = pid.zip(tracker).map(|(pid, t)| t.note(pid, since));
+    let noted = pid
+        .zip(tracker)
+        .map(|(pid, t)| t.note(pid, since).kept_if_abandoned(inv.command == "ADD"));
     let gate = gate.await;
     if let Err(e) = gate {
         // It has not read a byte of config: killing it cannot leave anything half-done.
         let _ = child.start_kill();
         let _ = child.wait().await;
+        if let Some(n) = noted {
+            n.finish();
+        }
         return Gated::GateFailed(e);
     }
     feed(&mut child, inv);
@@ -194,6 +201,9 @@ pub async fn run_gated(
         // one, and a blank reservation left anyway is reported and freed by the reconcile
         // (divergence.rs).
         let _ = child.start_kill();
+    }
+    if let Some(n) = noted {
+        n.finish();
     }
     Gated::Ran(outcome(kind, binary, inv, timeout, started, pid, collected))
 }

@@ -40,7 +40,8 @@ pub struct Executor {
     /// config and netns.
     pub non_root_kinds: Vec<String>,
     /// The host-local `dataDir`s a non-root caller may name (--non-root-data-dir, and
-    /// host-local's default), each checked root-only at start (store::root_only_dir).
+    /// host-local's default), each checked root-only at start and at each use
+    /// (store::root_only_dir_remade).
     pub non_root_data_dirs: Vec<PathBuf>,
     pub timeout: Duration,
     /// Notes running delegates for the next start (daemon only; tests run without).
@@ -133,7 +134,8 @@ impl Executor {
         {
             // Checked again at each use, not only at start: a directory removed since then
             // could be made again by the caller (in a parent open to others, such as /tmp).
-            return store::root_only_dir(wanted).map_err(|why| {
+            // Missing there, root makes it first; one the caller made is refused.
+            return store::root_only_dir_remade(wanted).map_err(|why| {
                 warn!(uid = caller.uid, data_dir = %wanted.display(), why = %why,
                     "refused: a --non-root-data-dir directory is no longer root's alone");
                 ShimError::Forbidden {
@@ -359,6 +361,9 @@ impl Executor {
             },
             "durationMs": took.as_secs_f64() * 1e3,
         });
+        if let Some(uid) = inv.uid {
+            ev["uid"] = uid.into();
+        }
         match outcome {
             Ok(out) => {
                 ev["exit"] = out.describe_exit().into();

@@ -79,48 +79,99 @@ pub fn data_dir(conf: &Value) -> Option<&str> {
 /// Whether `dir` is a store directory that no one but root can change, from `/` down: every
 /// existing component a directory (not a link) owned by root, and none writable by group or
 /// others, except an intermediate one with the sticky bit (`/tmp`), where others cannot
-/// replace root's entries. A missing tail is fine (host-local creates it, as root). host-local
-/// runs as root and follows links for `lock` and `last_reserved_ip.*` in `<dir>/<network>`:
-/// in a directory a caller could write, that caller would choose what root overwrites.
+/// replace root's entries. A missing tail is fine (host-local creates it, as root), unless
+/// its first missing component is in such an open directory. host-local runs as root and
+/// follows links for `lock` and `last_reserved_ip.*` in `<dir>/<network>`: in a directory a
+/// caller could write, that caller would choose what root overwrites.
 pub fn root_only_dir(dir: &Path) -> Result<(), String> {
+    judge_dir(dir).map_err(Unsafe::into_reason)
+}
+
+/// [`root_only_dir`], after making, as root, the first missing component of `dir` when it
+/// is missing from an open (sticky) directory such as `/tmp`. A --non-root-data-dir removed
+/// since dipamd started (by a tmp cleaner, an operator) could otherwise be made again by a
+/// caller, with its own links in it; made by root first, it is root's. `mkdir` never follows
+/// a link at its last component and fails if anything is there already: what a caller
+/// planted first is then judged, and refused.
+pub fn root_only_dir_remade(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::DirBuilderExt;
+    match judge_dir(dir) {
+        Err(Unsafe::MissingInOpen(first, _)) => {
+            match std::fs::DirBuilder::new().mode(0o755).create(&first) {
+                Ok(()) => tracing::info!(dir = %first.display(),
+                    "made a missing --non-root-data-dir directory again, as root"),
+                Err(e) => tracing::warn!(dir = %first.display(), error = %e,
+                    "could not make a missing --non-root-data-dir directory"),
+            }
+            root_only_dir(dir)
+        }
+        other => other.map_err(Unsafe::into_reason),
+    }
+}
+
+/// Why a directory is not a safe store.
+enum Unsafe {
+    /// This component is missing, in a directory others may create entries in.
+    MissingInOpen(PathBuf, String),
+    Other(String),
+}
+
+impl Unsafe {
+    fn into_reason(self) -> String {
+        match self {
+            Self::MissingInOpen(_, why) | Self::Other(why) => why,
+        }
+    }
+}
+
+fn judge_dir(dir: &Path) -> Result<(), Unsafe> {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     if !dir.is_absolute() {
-        return Err(format!("{} is not an absolute path", dir.display()));
+        return Err(Unsafe::Other(format!(
+            "{} is not an absolute path",
+            dir.display()
+        )));
     }
     let mut at = PathBuf::from("/");
     let parts: Vec<_> = dir.components().skip(1).collect();
     // Whether the parent is open to others (sticky): a missing entry there could be made by
     // anyone before host-local makes it.
     let mut parent_open = false;
-    let mut check = |p: &Path, last: bool| -> Result<bool, String> {
+    let mut check = |p: &Path, last: bool| -> Result<bool, Unsafe> {
         let meta = match std::fs::symlink_metadata(p) {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && parent_open => {
-                return Err(format!(
-                    "{} is missing, and anyone may create it in its parent",
-                    p.display()
+                return Err(Unsafe::MissingInOpen(
+                    p.to_owned(),
+                    format!(
+                        "{} is missing, and anyone may create it in its parent",
+                        p.display()
+                    ),
                 ));
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-            Err(e) => return Err(format!("{}: {e}", p.display())),
+            Err(e) => return Err(Unsafe::Other(format!("{}: {e}", p.display()))),
         };
         let mode = meta.permissions().mode();
         if !meta.is_dir() {
-            return Err(format!("{} is not a directory (a link?)", p.display()));
+            return Err(Unsafe::Other(format!(
+                "{} is not a directory (a link?)",
+                p.display()
+            )));
         }
         if meta.uid() != 0 {
-            return Err(format!(
+            return Err(Unsafe::Other(format!(
                 "{} is owned by uid {}, not root",
                 p.display(),
                 meta.uid()
-            ));
+            )));
         }
         if mode & 0o022 != 0 && (last || mode & 0o1000 == 0) {
-            return Err(format!(
+            return Err(Unsafe::Other(format!(
                 "{} is writable by group or others (mode {:o})",
                 p.display(),
                 mode & 0o7777
-            ));
+            )));
         }
         parent_open = mode & 0o022 != 0;
         Ok(true)
@@ -128,7 +179,10 @@ pub fn root_only_dir(dir: &Path) -> Result<(), String> {
     check(&at, parts.is_empty())?;
     for (i, c) in parts.iter().enumerate() {
         if !matches!(c, std::path::Component::Normal(_)) {
-            return Err(format!("{} is not a plain path", dir.display()));
+            return Err(Unsafe::Other(format!(
+                "{} is not a plain path",
+                dir.display()
+            )));
         }
         at.push(c);
         if !check(&at, i + 1 == parts.len())? {
@@ -492,6 +546,35 @@ mod tests {
         )
         .unwrap();
         assert!(root_only_dir(&d.path().join("theirs")).is_err());
+    }
+
+    /// A --non-root-data-dir missing from an open directory is made again by root, with its
+    /// parents beyond it left to host-local; one a caller made first is refused, not adopted.
+    #[test]
+    fn a_missing_store_in_an_open_directory_is_made_by_root_and_a_planted_one_refused() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let d = tempfile::tempdir().unwrap();
+        let open = d.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let store = open.join("store/deeper");
+        assert!(root_only_dir(&store).is_err());
+        assert!(root_only_dir_remade(&store).is_ok());
+        let made = std::fs::symlink_metadata(open.join("store")).unwrap();
+        assert!(made.is_dir() && made.uid() == 0 && made.mode() & 0o022 == 0);
+        // Planted by a caller before root's next look: refused, and left as it is.
+        let planted = open.join("planted");
+        std::fs::create_dir(&planted).unwrap();
+        nix::unistd::chown(&planted, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+        let why = root_only_dir_remade(&planted).unwrap_err();
+        assert!(why.contains("65534"), "{why}");
+        std::os::unix::fs::symlink("/etc", open.join("link")).unwrap();
+        assert!(root_only_dir_remade(&open.join("link")).is_err());
+        assert!(
+            std::fs::symlink_metadata(open.join("link"))
+                .unwrap()
+                .is_symlink()
+        );
     }
 
     #[test]

@@ -144,11 +144,17 @@ impl Tracker {
     pub fn note(&self, pid: u32, since: u64) -> Noted {
         let until = ticks_now();
         let Some(file) = &self.inner.slots else {
-            return Noted { slot: None };
+            return Noted {
+                slot: None,
+                keep_if_abandoned: false,
+            };
         };
         let slot = {
             let Ok(mut free) = self.inner.free.lock() else {
-                return Noted { slot: None };
+                return Noted {
+                    slot: None,
+                    keep_if_abandoned: false,
+                };
             };
             let (list, used) = &mut *free;
             list.pop().unwrap_or_else(|| {
@@ -162,6 +168,7 @@ impl Tracker {
         let _ = file.write_all_at(&text, slot * SLOT as u64);
         Noted {
             slot: Some((self.inner.clone(), slot)),
+            keep_if_abandoned: false,
         }
     }
 
@@ -279,13 +286,39 @@ fn wait_or_kill(
     Ok(())
 }
 
-/// Frees its slot on drop.
+/// Frees its slot on drop, unless it was kept for a delegate still running
+/// ([`Noted::kept_if_abandoned`]).
 pub struct Noted {
     slot: Option<(Arc<Inner>, u64)>,
+    keep_if_abandoned: bool,
+}
+
+impl Noted {
+    /// A note that stays in the file when it is dropped before [`Noted::finish`]: for a
+    /// delegate that keeps running after the future awaiting it is dropped (an ADD, which is
+    /// never signalled for that, exec.rs). A dipamd stopping drops that future; the note then
+    /// is what makes the next start wait for the delegate before it replays the ADD. Cleared,
+    /// that note let the replay release the ADD while host-local was still to reserve: the
+    /// reservation it then wrote was no one's, and the runtime's retry failed (CNI error 999,
+    /// "duplicate allocation") (shutdown.rs, a request that outlasts the drain).
+    pub fn kept_if_abandoned(mut self, keep: bool) -> Self {
+        self.keep_if_abandoned = keep;
+        self
+    }
+
+    /// The delegate has ended, or was killed: its note goes.
+    pub fn finish(mut self) {
+        self.keep_if_abandoned = false;
+    }
 }
 
 impl Drop for Noted {
     fn drop(&mut self) {
+        if self.keep_if_abandoned {
+            // Left for the successor; its slot number is not reused by this dipamd, which
+            // is stopping (an ADD's future is dropped only then: it runs in its own task).
+            return;
+        }
         let Some((inner, slot)) = self.slot.take() else {
             return;
         };
@@ -346,6 +379,35 @@ mod tests {
         );
         // Settled notes are forgotten: the next start has nothing to wait for.
         assert_eq!(std::fs::metadata(dir.join(SLOTS_FILE)).unwrap().len(), 0);
+    }
+
+    /// An ADD's note survives the drop of the future awaiting it (dipamd stopping while the
+    /// delegate runs), so the successor waits for the delegate; a finished one's goes.
+    #[test]
+    fn an_abandoned_adds_note_stays_for_the_successor() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("exec");
+        let t = Tracker::new(dir.clone());
+        let (mut child, since) = sleeper("0.3");
+        drop(t.note(child.id(), since).kept_if_abandoned(true));
+        t.note(std::process::id(), 0)
+            .kept_if_abandoned(true)
+            .finish();
+        let notes: Vec<_> = std::fs::read(dir.join(SLOTS_FILE))
+            .unwrap()
+            .chunks(SLOT)
+            .filter_map(parse_slot)
+            .map(|(pid, ..)| pid)
+            .collect();
+        assert_eq!(
+            notes,
+            [child.id()],
+            "the abandoned note went, or the finished one stayed"
+        );
+        let reaper = std::thread::spawn(move || child.wait());
+        let waited = settle_as_successor(&dir, Duration::from_secs(5));
+        assert!(waited >= Duration::from_millis(150), "did not wait");
+        assert!(reaper.join().unwrap().unwrap().success());
     }
 
     #[test]

@@ -944,6 +944,8 @@ fn finish(c: &Collector, d: &Delegate<'_>, it: &mut GcItem, outcome: Result<(), 
                     ips: it.ips.clone(),
                     reason: &reason,
                     request_id: "",
+                    // What GC frees from the delegate's store is no caller's record.
+                    uid: None,
                 },
             );
         }

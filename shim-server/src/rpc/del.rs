@@ -36,11 +36,14 @@ pub async fn run(
         Some(rec) => p.authorize(rec, "DEL")?,
         // Everything a non-root caller added is recorded before its delegate ran, so a key
         // with no record holds nothing of its: the delegate's DEL, with a config the caller
-        // chose, could only release someone else's reservation.
+        // chose, could only release someone else's reservation. The spec makes a DEL of what
+        // is not there a success, and so it is here, doing nothing.
         None if !p.caller.is_root() => {
             info!(key = %p.key, uid = p.caller.uid, "DEL from a non-root caller of a key with no record; nothing of its to release");
-            // Still a DEL: an ADD issued before it must not bring the key back (F4).
-            node.core.bury(&p.key, p.issued.clone());
+            // Still a DEL: this caller's own ADD issued before it must not bring the key back
+            // (F4). Its tombstone binds this caller alone (Core::bury): root's ADD of the key
+            // is no attachment of this caller's.
+            node.core.bury(&p.key, p.issued.clone(), p.caller);
             return Ok(Released::default());
         }
         // A root DEL of a key the ledger does not hold: seen at once when dipamd holds the
@@ -126,7 +129,7 @@ pub async fn run(
             .events
             .freed(crate::events::FreedBy::Del, &freeing);
     }
-    node.core.bury(&p.key, issued);
+    node.core.bury(&p.key, issued, p.caller);
     // At debug: the request's one info line, with the IPs, comes from the service.
     debug!(key = %p.key, known = existing.is_some(), "attachment deleted");
     Ok(Released { ips })

@@ -325,3 +325,95 @@ fn runtime_gc_and_doctor(d: Deployment) {
     lab.assert_agree();
     assert!(!lab.ledger().iter().any(|(c, _)| *c == stays.id));
 }
+
+/// nobody runs the dipam plugin as [`nobody::ipam`] does, but in a user and time namespace of
+/// its own whose boot clock runs a day ahead (any unprivileged user may make one): its
+/// request carries an `issued_at` a day in the future, as one it wrote itself would.
+fn ipam_a_day_ahead(command: &str, cid: &str, conf: &Value) -> Value {
+    let dipam = dipam_lifecycle::bins::bin("dipam").display().to_string();
+    let out = nobody::run(
+        &[
+            "unshare",
+            "--user",
+            "--map-current-user",
+            "--time",
+            "--fork",
+            "--boottime",
+            "86400",
+            &dipam,
+        ],
+        &[
+            ("CNI_COMMAND", command),
+            ("CNI_CONTAINERID", cid),
+            ("CNI_NETNS", "/var/run/netns/nobodys"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", &dipam_lifecycle::bins::cni_path()),
+        ],
+        &conf.to_string(),
+    );
+    assert!(
+        out.status.success() || !out.stdout.is_empty(),
+        "the plugin in nobody's time namespace did not run: {out:?}"
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+}
+
+/// Issue 38 §3 (low). nobody DELs, a day ahead on the boot clock, the key of a pod root is
+/// about to add (and a key of its own). Before, dipamd kept that DEL's tombstone against
+/// every caller: root's ADD of the key failed with 3 for ten minutes. Now nobody's DEL
+/// succeeds and does nothing (the spec's DEL of what is not there), its tombstone binds
+/// nobody alone and its stamp is clamped to dipamd's now: root's ADD is served, so is
+/// nobody's own ADD after its DEL, and nothing is lost.
+#[test]
+fn a_non_root_del_from_the_future_never_blocks_roots_add() {
+    future_del(Deployment::ShippedUnit);
+}
+
+/// As above, against a dipamd started like the DaemonSet.
+#[test]
+fn a_non_root_del_from_the_future_never_blocks_roots_add_daemonset() {
+    future_del(Deployment::DaemonSet);
+}
+
+fn future_del(d: Deployment) {
+    require_root!();
+    let theirs = their_store();
+    let dir = theirs.path().display().to_string();
+    let mut lab = Lab::with_flags(
+        "ptp-dipam-host-local.conflist",
+        &[
+            "--socket-group",
+            NOBODY,
+            "--allow-uid",
+            NOBODY,
+            "--non-root-data-dir",
+            &dir,
+        ],
+    );
+    d.start(&mut lab, None, &[theirs.path()]);
+    let mut conf = Runtime::plugin_config(lab.list(), 0, None);
+    conf["ipam"]["delegate"]["dataDir"] = json!(dir);
+    let their_subnet = format!("10.249.{}.0/24", std::process::id() % 250);
+    conf["ipam"]["delegate"]["ranges"] = json!([[{ "subnet": their_subnet }]]);
+
+    let (_ns, pod) = lab.pod();
+    let own = dipam_lifecycle::unique("nobody-own");
+    for cid in [pod.container_id.as_str(), own.as_str()] {
+        let answer = ipam_a_day_ahead("DEL", cid, &conf);
+        assert!(answer.get("code").is_none(), "{cid}: {answer}");
+    }
+    let served = lab.rt.add(lab.list(), &pod);
+    assert!(served.is_ok(), "{served:?}\n{}", lab.dipamd.log());
+    lab.assert_agree();
+    let answer = nobody::ipam("ADD", &own, &conf);
+    assert!(answer.get("code").is_none(), "nobody's own ADD: {answer}");
+    assert!(nobody::ipam("DEL", &own, &conf).get("code").is_none());
+    lab.rt.del(lab.list(), &pod).unwrap();
+    let failed = lab.add_and_del(5);
+    assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
+    lab.assert_agree();
+    eprintln!(
+        "a DEL a day ahead ({}): root's ADD of its key served, nobody's own ADD served",
+        d.name()
+    );
+}

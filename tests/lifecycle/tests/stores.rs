@@ -204,6 +204,111 @@ fn cannot_respell_the_store_key(d: Deployment) {
     assert_served(&lab);
 }
 
+/// Issue 38 §3 (low). A `--non-root-data-dir` in a directory open to everyone (sticky, as
+/// /tmp is) is removed while dipamd runs (a tmp cleaner, an operator). It was checked only at
+/// start, so nobody could make it again, with its own links in it, and have host-local write
+/// through them as root. Now it is judged at each use: missing, root makes it again before
+/// nobody's ADD runs (served, and the directory is root's); made first by nobody, with links
+/// to a root-only file and to a path of its choosing, nobody's ADD is refused with 155 naming
+/// the owner, and nothing is written through the links. Root's pods are served throughout.
+#[test]
+fn a_removed_non_root_data_dir_is_made_again_by_root_never_by_the_caller() {
+    removed_store(Deployment::ShippedUnit);
+}
+
+/// As above, against a dipamd started like the DaemonSet.
+#[test]
+fn a_removed_non_root_data_dir_is_made_again_by_root_never_by_the_caller_daemonset() {
+    removed_store(Deployment::DaemonSet);
+}
+
+/// nobody runs `cmd` and it succeeds.
+fn as_nobody(cmd: &[&str]) {
+    let out = nobody::run(cmd, &[], "");
+    assert!(out.status.success(), "nobody's {cmd:?}: {out:?}");
+}
+
+fn removed_store(d: Deployment) {
+    use std::os::unix::fs::MetadataExt;
+    require_root!();
+    let open = tempfile::Builder::new()
+        .prefix("open-to-all-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let store = open.path().join("nobodys-store");
+    std::fs::create_dir(&store).unwrap();
+    std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = store.display().to_string();
+    let mut lab = Lab::with_flags(
+        "ptp-dipam-host-local.conflist",
+        &[
+            "--socket-group",
+            NOBODY,
+            "--allow-uid",
+            NOBODY,
+            "--non-root-data-dir",
+            &dir,
+        ],
+    );
+    d.start(&mut lab, None, &[open.path()]);
+    let net = lab.network();
+    let mut conf = Runtime::plugin_config(lab.list(), 0, None);
+    conf["ipam"]["delegate"]["dataDir"] = json!(dir);
+    let subnet = format!("10.248.{}.0/24", std::process::id() % 250);
+    conf["ipam"]["delegate"]["ranges"] = json!([[{ "subnet": subnet }]]);
+    let served = |when: &str| {
+        let cid = dipam_lifecycle::unique("nobody-store");
+        let answer = nobody::ipam("ADD", &cid, &conf);
+        assert!(answer.get("code").is_none(), "{when}: {answer}");
+        let del = nobody::ipam("DEL", &cid, &conf);
+        assert!(del.get("code").is_none(), "{when}: {del}");
+    };
+    served("while the directory is as the operator made it");
+
+    std::fs::remove_dir_all(&store).unwrap();
+    served("after the directory was removed");
+    let remade = std::fs::symlink_metadata(&store).unwrap();
+    assert!(
+        remade.is_dir() && remade.uid() == 0 && remade.mode() & 0o022 == 0,
+        "made again, and root's alone: {remade:?}"
+    );
+
+    std::fs::remove_dir_all(&store).unwrap();
+    let victim = tempfile::tempdir().unwrap();
+    let secret = victim.path().join("secret");
+    std::fs::write(&secret, "root's\n").unwrap();
+    let chosen = victim.path().join("created-by-root");
+    let theirs = store.join(&net);
+    as_nobody(&["mkdir", &dir]);
+    as_nobody(&["mkdir", theirs.to_str().unwrap()]);
+    as_nobody(&[
+        "ln",
+        "-s",
+        secret.to_str().unwrap(),
+        theirs.join("lock").to_str().unwrap(),
+    ]);
+    as_nobody(&[
+        "ln",
+        "-s",
+        chosen.to_str().unwrap(),
+        theirs.join("last_reserved_ip.0").to_str().unwrap(),
+    ]);
+    let cid = dipam_lifecycle::unique("nobody-planted");
+    let answer = nobody::ipam("ADD", &cid, &conf);
+    assert_eq!(answer["code"], 155, "{answer}");
+    assert!(
+        answer["msg"].as_str().unwrap_or_default().contains("65534"),
+        "{answer}"
+    );
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "root's\n");
+    assert!(!chosen.exists(), "host-local created {}", chosen.display());
+    assert_eq!(std::fs::symlink_metadata(&store).unwrap().uid(), 65534);
+    let failed = lab.add_and_del(5);
+    assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
+    lab.assert_agree();
+}
+
 /// Entries planted in a network's store (a FIFO, a link to /dev/zero, a 1 MiB file, each
 /// named by an address), as whoever could write there would: dipamd restarted on that store
 /// binds its socket, `dipamctl status` answers at once, the entries are skipped with a

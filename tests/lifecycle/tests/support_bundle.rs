@@ -202,3 +202,71 @@ fn a_broken_node_still_gets_a_bundle_with_each_failure_noted() {
     );
     assert!(!root.join("status.json").exists());
 }
+
+/// Issue 38 §3 (low). Root runs `dipamctl support-bundle -o DIR/bundle.tar.gz` in a directory
+/// every user can write (0777, no sticky bit: `fs.protected_symlinks` guards no link there),
+/// where nobody has planted links to a root-only file at the bundle's name and at the
+/// temporary name it used (`bundle.tar.partial`: the target's last extension replaced).
+/// Before, root truncated and overwrote the file the link pointed at. Now the victim keeps
+/// its bytes, the bundle is a new regular file (root's, 0600, whole), nobody's temporary
+/// link is left as it was, and root's pods are served meanwhile with nothing lost.
+#[test]
+fn a_bundle_never_writes_through_a_planted_link() {
+    require_root!();
+    let lab = Lab::new(CONFLIST);
+    let shared = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let private = tempfile::tempdir().unwrap();
+    let victim = private.path().join("root-only");
+    std::fs::write(&victim, "root's\n").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out_file = shared.path().join("bundle.tar.gz");
+    let partial = shared.path().join("bundle.tar.partial");
+    for link in [&out_file, &partial] {
+        let planted = dipam_lifecycle::nobody::run(
+            &["ln", "-s", victim.to_str().unwrap(), link.to_str().unwrap()],
+            &[],
+            "",
+        );
+        assert!(planted.status.success(), "nobody's link: {planted:?}");
+    }
+    let conf = tempfile::tempdir().unwrap();
+    let log = lab.dipamd.log_path();
+    let out = bundle(
+        &lab.dipamd.socket(),
+        &[
+            "-o",
+            out_file.to_str().unwrap(),
+            "--log-file",
+            log.to_str().unwrap(),
+            "--conf-dir",
+            conf.path().to_str().unwrap(),
+            "--part-timeout",
+            "5",
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let kept = std::fs::read(&victim).unwrap();
+    assert!(
+        kept == b"root's\n",
+        "the bundle was written through nobody's link: the victim now holds {} bytes",
+        kept.len()
+    );
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(&out_file).unwrap();
+    assert!(meta.is_file(), "the bundle is no link: {meta:?}");
+    assert_eq!((meta.uid(), meta.mode() & 0o777), (0, 0o600));
+    assert!(std::fs::symlink_metadata(&partial).unwrap().is_symlink());
+    let x = tempfile::tempdir().unwrap();
+    let root = extract(&out_file, x.path());
+    assert!(read_json(&root.join("MANIFEST.json"))["parts"].is_array());
+    let left: Vec<String> = std::fs::read_dir(shared.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "bundle.tar.gz" && n != "bundle.tar.partial")
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let failed = lab.add_and_del(3);
+    assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
+    lab.assert_agree();
+}

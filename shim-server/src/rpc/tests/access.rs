@@ -211,6 +211,49 @@ async fn a_non_root_caller_may_check_and_del_only_its_own() {
     assert!(b.record("net", "u2").is_none());
 }
 
+/// A non-root DEL of a key it holds nothing under, stamped a day ahead (issue 38 §3): it
+/// succeeds and does nothing; root's and another uid's ADDs of that key are served (its
+/// tombstone binds its own uid alone), and its own ADD issued after it is served too (the
+/// stamp was clamped to dipamd's now). Before, root's ADD of the key failed with 3 for ten
+/// minutes.
+#[tokio::test]
+async fn a_non_root_del_from_the_future_blocks_no_one_elses_add() {
+    let b = bench();
+    let ahead = |cid: &str| {
+        let mut r = request(cid, "1.0.0", json!({}));
+        if let Some(s) = r.issued_at.as_mut() {
+            s.ns += 86_400_000_000_000;
+        }
+        r
+    };
+    for cid in ["roots", "others", "own"] {
+        del::run(&b.node, USER, ahead(cid)).await.unwrap();
+    }
+    assert!(b.calls().is_empty(), "nothing of the caller's to release");
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    add_as(&b.node, Caller::ROOT, request("roots", "1.0.0", json!({})))
+        .await
+        .unwrap();
+    add_as(&b.node, OTHER, request("others", "1.0.0", json!({})))
+        .await
+        .unwrap();
+    add_as(&b.node, USER, request("own", "1.0.0", json!({})))
+        .await
+        .unwrap();
+    for cid in ["roots", "others", "own"] {
+        assert!(b.record("net", cid).is_some(), "{cid}");
+    }
+    // Root's DEL from the future is clamped as well: root's next ADD is served.
+    del::run(&b.node, Caller::ROOT, ahead("roots"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    add_as(&b.node, Caller::ROOT, request("roots", "1.0.0", json!({})))
+        .await
+        .unwrap();
+    assert!(b.record("net", "roots").is_some());
+}
+
 #[tokio::test]
 async fn gc_is_roots_and_the_listing_shows_a_caller_its_own() {
     let b = bench();
