@@ -603,9 +603,10 @@ const STATUS_TTL_SECS: u64 = 5;
 const NON_ROOT_SLOTS: u64 = 4;
 /// Each root ADD and each DEL, through ptp, the plugin and host-local, while 256 plugin
 /// processes of nobody compete for a loaded 2-CPU machine (before: 2.9 s for ADD+DEL).
-/// Measured 0.6-0.7 s alone, up to 1.0 s with both variants' floods at once: hence they
-/// take turns, and the bound leaves half as much again.
-const ROOT_BOUND: Duration = Duration::from_millis(1500);
+/// Measured 0.5-0.8 s at the slowest; up to 1.0 s with both variants' floods at once (hence
+/// they take turns) and 1.6 s while another test's flood of 3,000 connections shared the
+/// CPUs: the bound leaves half as much again over that.
+const ROOT_BOUND: Duration = Duration::from_millis(2500);
 /// The two variants take turns: 512 processes on 2 CPUs measure the machine, not dipamd.
 static STATUS_FLOODS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -708,7 +709,10 @@ fn status_flood(d: Deployment) {
     let execs = status_execs(&log) - execs_before;
     let (served, refused) = (served.into_inner(), refused.into_inner());
     let other = other.into_inner().unwrap();
-    let slowest = times.iter().map(|(_, t, _)| *t).max().unwrap_or_default();
+    let mut sorted: Vec<Duration> = times.iter().map(|(_, t, _)| *t).collect();
+    sorted.sort();
+    let slowest = sorted.last().copied().unwrap_or_default();
+    let median = sorted.get(sorted.len() / 2).copied().unwrap_or_default();
     let failed: Vec<_> = times.iter().filter(|(_, _, r)| r.is_err()).collect();
     // At most the uid's slots' worth of cache misses in each 5 s the flood spans (the first
     // window's answer is usually the one kept from before the flood).
@@ -717,7 +721,7 @@ fn status_flood(d: Deployment) {
     eprintln!(
         "STATUS flood ({}, host-local {}): {STATUS_FLOODERS} processes for {flood_took:.1?}: \
          {served} served, {refused} refused (quotas, connection cap), {} other; host-local STATUS runs {execs} \
-         (bound {exec_bound}); root {} ADD/DELs, slowest {slowest:.0?}, failed {}",
+         (bound {exec_bound}); root {} ADD/DELs, median {median:.2?}, slowest {slowest:.2?}, failed {}",
         d.name(),
         plugins.version,
         other.len(),
