@@ -69,6 +69,19 @@ fn their_store() -> tempfile::TempDir {
     theirs
 }
 
+/// A lab in shape `d` that lets nobody in (its socket group, `--allow-uid`) with
+/// [`their_store`] as nobody's allowed store, plus `extra` flags.
+fn nobodys_lab(d: Deployment, extra: &[&str]) -> (Lab, tempfile::TempDir) {
+    let theirs = their_store();
+    let dir = theirs.path().display().to_string();
+    let mut flags = vec!["--socket-group", NOBODY, "--allow-uid", NOBODY];
+    flags.extend_from_slice(extra);
+    flags.extend(["--non-root-data-dir", dir.as_str()]);
+    let mut lab = Lab::with_flags("ptp-dipam-host-local.conflist", &flags);
+    d.start(&mut lab, None, &[theirs.path()]);
+    (lab, theirs)
+}
+
 #[test]
 fn a_non_root_callers_records_never_decide_for_roots_network() {
     never_decide(Deployment::ShippedUnit);
@@ -82,22 +95,8 @@ fn a_non_root_callers_records_never_decide_for_roots_network_daemonset() {
 
 fn never_decide(d: Deployment) {
     require_root!();
-    let theirs = their_store();
+    let (lab, theirs) = nobodys_lab(d, &["--reconcile-interval", "1"]);
     let dir = theirs.path().display().to_string();
-    let mut lab = Lab::with_flags(
-        "ptp-dipam-host-local.conflist",
-        &[
-            "--socket-group",
-            NOBODY,
-            "--allow-uid",
-            NOBODY,
-            "--reconcile-interval",
-            "1",
-            "--non-root-data-dir",
-            &dir,
-        ],
-    );
-    d.start(&mut lab, None, &[theirs.path()]);
     let net = lab.network();
     let (_ns, kept) = lab.pod();
     lab.rt.add(lab.list(), &kept).unwrap();
@@ -377,20 +376,8 @@ fn a_non_root_del_from_the_future_never_blocks_roots_add_daemonset() {
 
 fn future_del(d: Deployment) {
     require_root!();
-    let theirs = their_store();
+    let (lab, theirs) = nobodys_lab(d, &[]);
     let dir = theirs.path().display().to_string();
-    let mut lab = Lab::with_flags(
-        "ptp-dipam-host-local.conflist",
-        &[
-            "--socket-group",
-            NOBODY,
-            "--allow-uid",
-            NOBODY,
-            "--non-root-data-dir",
-            &dir,
-        ],
-    );
-    d.start(&mut lab, None, &[theirs.path()]);
     let mut conf = Runtime::plugin_config(lab.list(), 0, None);
     conf["ipam"]["delegate"]["dataDir"] = json!(dir);
     let their_subnet = format!("10.249.{}.0/24", std::process::id() % 250);
