@@ -40,6 +40,9 @@ use tonic::{Status, transport::Channel};
 
 use crate::{bins, cri::Cri};
 
+mod restart;
+pub use restart::delete_netns;
+
 /// The image every pod and container runs (the sandbox image too): busybox sleeping forever.
 /// Fully qualified, as CRI normalises image names.
 pub const IMAGE: &str = "docker.io/library/dipam-busybox:test";
@@ -187,26 +190,7 @@ impl Containerd {
             config(d)
         };
         std::fs::write(d.join("config.toml"), text).expect("containerd config");
-        let log = File::create(d.join("containerd.log")).expect("containerd log");
-        let mut cmd = Command::new(&build.containerd);
-        if let Some(shims) = &build.shim_dir {
-            // The shim is looked up in PATH: this build's first, then Debian's runc.
-            let path = std::env::var_os("PATH").unwrap_or_default();
-            let dirs = std::iter::once(shims.clone()).chain(std::env::split_paths(&path));
-            cmd.env(
-                "PATH",
-                std::env::join_paths(dirs).expect("a PATH of valid directories"),
-            );
-        }
-        let child = cmd
-            .arg("--config")
-            .arg(d.join("config.toml"))
-            .args(["--log-level", "info"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn containerd");
+        let child = spawn(d, &build);
         let cri = Cri::unix(d.join("containerd.sock"), "containerd");
         let mut c = Self {
             dir,
@@ -669,6 +653,34 @@ impl Drop for Containerd {
             let _ = std::fs::remove_file(ns);
         }
     }
+}
+
+/// Starts `build` on the configuration under `d`, logging to `d`/containerd.log (appended: a
+/// restart keeps the earlier run's lines).
+fn spawn(d: &Path, build: &Build) -> Child {
+    let log = File::options()
+        .create(true)
+        .append(true)
+        .open(d.join("containerd.log"))
+        .expect("containerd log");
+    let mut cmd = Command::new(&build.containerd);
+    if let Some(shims) = &build.shim_dir {
+        // The shim is looked up in PATH: this build's first, then Debian's runc.
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let dirs = std::iter::once(shims.clone()).chain(std::env::split_paths(&path));
+        cmd.env(
+            "PATH",
+            std::env::join_paths(dirs).expect("a PATH of valid directories"),
+        );
+    }
+    cmd.arg("--config")
+        .arg(d.join("config.toml"))
+        .args(["--log-level", "info"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn containerd")
 }
 
 /// The netns path in a verbose PodSandboxStatus (containerd's `info`: the runtime spec).
