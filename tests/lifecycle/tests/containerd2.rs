@@ -496,6 +496,12 @@ fn a_conflist_swapped_under_running_pods_leaks_nothing_past_60_s() {
     nothing_live_was_freed(&b, &stays, &ip_stays, &router);
 }
 
+/// Stops and removes sandbox `id` as kubelet does, each retried until it succeeds (60 s).
+fn remove_as_kubelet(b: &Bench, id: &str) {
+    retry("StopPodSandbox", 60, || b.cd.stop_pod(id));
+    retry("RemovePodSandbox", 60, || b.cd.remove_pod(id));
+}
+
 /// A DEL lost with the spool unreachable: dipamd is SIGKILLed and its spool is out of reach
 /// (the pointer beside the socket and the spool directory itself gone, as after /run was
 /// emptied), so the plugin's DEL of a stopped pod fails (11) and nothing is spooled.
@@ -538,9 +544,7 @@ fn a_del_lost_with_the_spool_unreachable_leaks_nothing_past_60_s() {
             .any(|(id, ip)| *id == lost.id && *ip == ip_lost),
         "nothing released the lost DEL's address while dipamd was down"
     );
-    // As kubelet: the pod's sandbox stopped and removed, retried until it is.
-    retry("StopPodSandbox", 60, || b.cd.stop_pod(&lost.id));
-    retry("RemovePodSandbox", 60, || b.cd.remove_pod(&lost.id));
+    remove_as_kubelet(&b, &lost.id);
     let took = freed_within_bound(&b, &[stays.id.as_str()], since, "a DEL lost");
     eprintln!("the lost DEL's address was freed {took:?} after dipamd started again");
     nothing_live_was_freed(&b, &stays, &ip_stays, &router);
@@ -595,8 +599,7 @@ fn a_runtime_killed_with_its_pods_leaks_nothing_past_60_s() {
     got.sort();
     assert_eq!(got, want, "containerd restored the dead pods NOTREADY");
     for id in &notready {
-        retry("StopPodSandbox", 60, || b.cd.stop_pod(id));
-        retry("RemovePodSandbox", 60, || b.cd.remove_pod(id));
+        remove_as_kubelet(&b, id);
     }
     let took = freed_within_bound(&b, &[live.id.as_str()], since, "a runtime killed");
     eprintln!("the dead pods' addresses were freed {took:?} after containerd started again");
@@ -727,8 +730,7 @@ fn idle_cpu_with_110_pods_and_every_look_on() {
         share * 100.0
     );
     for p in &pods {
-        retry("StopPodSandbox", 60, || b.cd.stop_pod(&p.id));
-        retry("RemovePodSandbox", 60, || b.cd.remove_pod(&p.id));
+        remove_as_kubelet(&b, &p.id);
     }
     b.lab.assert_converged(1, "after the idle pods");
 }

@@ -14,10 +14,13 @@
 //! - scaled to 0, the ledger and host-local hold only the agent's addresses;
 //! - `dipamctl status` and `doctor` in the DaemonSet pod say healthy; the metrics answer;
 //! - `kubectl rollout restart` of the DaemonSet while the Deployment scales up and down: no
-//!   pod stays failed, nothing leaks, the agent keeps its addresses;
-//! - a node restart (kubelet, containerd and every pod SIGKILLed, the pods' network
-//!   namespaces and /run gone): every pod comes back with an address, and after the
-//!   runtime-aware GC nothing from before is held.
+//!   sandbox creation fails (the kubelet's events), no pod stays failed, nothing leaks, the
+//!   agent keeps its addresses;
+//! - a node reboot (kubelet, containerd and every pod SIGKILLed, the pods' network
+//!   namespaces and /run gone, a new boot id in the file dipamd is pointed at): every pod
+//!   comes back with an address, and within 30 s of dipamd's start, with no GC asked for, the
+//!   ledger holds exactly the pods' and the agent's (unchanged) addresses and host-local
+//!   exactly the ledger's.
 //!
 //! With DIPAM_CLUSTER_LATENCY set it then measures pod start latency (create to Ready, 20
 //! pods) for dipam as shipped, the reference ptp + host-local, dipam with dipamd requesting
