@@ -510,11 +510,28 @@ fn remove_as_kubelet(b: &Bench, id: &str) {
 /// test retries as kubelet does. dipamd starts again (on containerd 2, which never sends a CNI
 /// GC, with the GC as shipped): the lost pod's address is freed within 60 s, ledger =
 /// host-local's store, and the running pod and the agent's router keep theirs.
+/// `DIPAM_LOST_DEL_RUNS` sets how many runs it makes (default 1), each on a fresh bench.
 #[test]
 fn a_del_lost_with_the_spool_unreachable_leaks_nothing_past_60_s() {
     require!(dipam_lifecycle::containerd::unavailable());
     let peers = require_peers!("containerd", "ctr", "containerd-shim-runc-v2");
-    let mut b = Bench::with_gc(&peers, "dipam-host-local-1.1.0.conflist", &[], Gc::Shipped);
+    let n = runs("DIPAM_LOST_DEL_RUNS");
+    for run in 1..=n {
+        eprintln!("run {run} of {n}: dipamd SIGKILLed, its spool removed, then a DEL");
+        a_del_lost_with_the_spool_unreachable(&peers);
+    }
+}
+
+/// How many runs a looped test makes: `var`, default 1.
+fn runs(var: &str) -> u32 {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+}
+
+fn a_del_lost_with_the_spool_unreachable(peers: &[Peer]) {
+    let mut b = Bench::with_gc(peers, "dipam-host-local-1.1.0.conflist", &[], Gc::Shipped);
     let router = b.lab.addresses();
     let stays = b.cd.run_pod("stays").unwrap();
     let lost = b.cd.run_pod("lost").unwrap();
@@ -559,11 +576,23 @@ fn a_del_lost_with_the_spool_unreachable_leaks_nothing_past_60_s() {
 /// sandbox. Their addresses are freed within 60 s of containerd's start; the live pod keeps
 /// its address through the passes and the evidence looks of the following 45 s, and the
 /// agent's router keeps its own.
+/// `DIPAM_RUNTIME_KILL_RUNS` sets how many runs it makes (default 1), each on a fresh bench.
 #[test]
 fn a_runtime_killed_with_its_pods_leaks_nothing_past_60_s() {
     require!(dipam_lifecycle::containerd::unavailable());
     let peers = require_peers!("containerd", "ctr", "containerd-shim-runc-v2");
-    let mut b = Bench::with_gc(&peers, "dipam-host-local-1.1.0.conflist", &[], Gc::Shipped);
+    let n = runs("DIPAM_RUNTIME_KILL_RUNS");
+    for run in 1..=n {
+        eprintln!(
+            "run {run} of {n}: containerd SIGKILLed with the shims of dead-0 and dead-1, \
+             dead-0's netns deleted"
+        );
+        a_runtime_killed_with_its_pods(&peers);
+    }
+}
+
+fn a_runtime_killed_with_its_pods(peers: &[Peer]) {
+    let mut b = Bench::with_gc(peers, "dipam-host-local-1.1.0.conflist", &[], Gc::Shipped);
     let router = b.lab.addresses();
     let live = b.cd.run_pod("live").unwrap();
     let dead: Vec<Pod> = (0..2)
