@@ -1,13 +1,19 @@
-//! A containerd killed with some of its pods, as a node's OOM killer or a crashed runtime
-//! takes them, and started again on the same root and state: CRI restores every sandbox from
-//! its metadata, reconnects to the shims that survived (their pods keep running) and reports
-//! the others NOTREADY, still listed until they are stopped and removed (kubelet does that
-//! for a pod whose sandbox died; containerd's `internal/cri/server/sandbox_stop.go` sends
-//! their DEL then, with an empty netns path where the namespace is gone).
+//! containerd's process: spawned; killed with some of its pods, as a node's OOM killer or a
+//! crashed runtime takes them; started again on the same root and state. CRI then restores
+//! every sandbox from its metadata, reconnects to the shims that survived (their pods keep
+//! running) and reports the others NOTREADY, still listed until they are stopped and removed
+//! (kubelet does that for a pod whose sandbox died; containerd's
+//! `internal/cri/server/sandbox_stop.go` sends their DEL then, with an empty netns path where
+//! the namespace is gone).
 
-use std::time::Duration;
+use std::{
+    fs::File,
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
 
-use super::{Containerd, children, spawn};
+use super::{Build, Containerd, children};
 
 impl Containerd {
     /// SIGKILLs containerd and the shims of `pods`, each with every process under it (the
@@ -57,6 +63,34 @@ impl Containerd {
         self.child = Some(spawn(self.dir.path(), &self.build));
         self.wait_ready();
     }
+}
+
+/// Starts `build` on the configuration under `d`, logging to `d`/containerd.log (appended: a
+/// restart keeps the earlier run's lines).
+pub(super) fn spawn(d: &Path, build: &Build) -> Child {
+    let log = File::options()
+        .create(true)
+        .append(true)
+        .open(d.join("containerd.log"))
+        .expect("containerd log");
+    let mut cmd = Command::new(&build.containerd);
+    if let Some(shims) = &build.shim_dir {
+        // The shim is looked up in PATH: this build's first, then Debian's runc.
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let dirs = std::iter::once(shims.clone()).chain(std::env::split_paths(&path));
+        cmd.env(
+            "PATH",
+            std::env::join_paths(dirs).expect("a PATH of valid directories"),
+        );
+    }
+    cmd.arg("--config")
+        .arg(d.join("config.toml"))
+        .args(["--log-level", "info"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn containerd")
 }
 
 /// Deletes a pod's network namespace (unmounts and removes its file), as a reboot or a
