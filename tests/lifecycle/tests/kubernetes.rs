@@ -14,10 +14,13 @@
 //! - scaled to 0, the ledger and host-local hold only the agent's addresses;
 //! - `dipamctl status` and `doctor` in the DaemonSet pod say healthy; the metrics answer;
 //! - `kubectl rollout restart` of the DaemonSet while the Deployment scales up and down: no
-//!   pod stays failed, nothing leaks, the agent keeps its addresses;
-//! - a node restart (kubelet, containerd and every pod SIGKILLed, the pods' network
-//!   namespaces and /run gone): every pod comes back with an address, and after the
-//!   runtime-aware GC nothing from before is held.
+//!   sandbox creation fails (the kubelet's events), no pod stays failed, nothing leaks, the
+//!   agent keeps its addresses;
+//! - a node reboot (kubelet, containerd and every pod SIGKILLed, the pods' network
+//!   namespaces and /run gone, a new boot id in the file dipamd is pointed at): every pod
+//!   comes back with an address, and within 30 s of dipamd's start, with no GC asked for, the
+//!   ledger holds exactly the pods' and the agent's (unchanged) addresses and host-local
+//!   exactly the ledger's.
 //!
 //! With DIPAM_CLUSTER_LATENCY set it then measures pod start latency (create to Ready, 20
 //! pods) for dipam as shipped, the reference ptp + host-local, dipam with dipamd requesting
@@ -40,8 +43,24 @@ use serde_json::Value;
 const DS: &str = "daemonset/dipam";
 const SOCKET: &str = "/run/dipam/dipam.sock";
 
-/// Applies deploy/kubernetes as shipped, through a kustomization that only sets the image.
+/// Where the node's boot id is kept for dipamd (node path, the state volume's): a node
+/// restart here cannot change the kernel's, so the DaemonSet's dipamd is pointed at this file
+/// (its hidden `--boot-id-file`) and the test writes a new one for each "boot".
+const BOOT_ID: &str = "/var/lib/dipam/boot-id";
+
+/// Writes a new boot id for the node's next dipamd start.
+fn next_boot(c: &Cluster) {
+    std::fs::write(
+        c.node.path(BOOT_ID),
+        format!("{}\n", dipam_lifecycle::unique("boot")),
+    )
+    .unwrap();
+}
+
+/// Applies deploy/kubernetes as shipped, through a kustomization that only sets the image and
+/// points dipamd at the node's boot id file ([`BOOT_ID`]).
 fn apply_shipped(c: &Cluster) {
+    next_boot(c);
     let k = c.dir.path().join("kustomize");
     std::fs::create_dir_all(&k).unwrap();
     std::fs::copy(
@@ -53,7 +72,12 @@ fn apply_shipped(c: &Cluster) {
         k.join("kustomization.yaml"),
         format!(
             "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
-             resources:\n  - dipam.yaml\nimages:\n  - name: dipam\n    newName: {}\n    newTag: {}\n",
+             resources:\n  - dipam.yaml\nimages:\n  - name: dipam\n    newName: {}\n    newTag: {}\n\
+             patches:\n  - target:\n      kind: DaemonSet\n      name: dipam\n    patch: |-\n\
+             \x20     - op: add\n        path: /spec/template/spec/containers/0/command/-\n\
+             \x20       value: --boot-id-file\n\
+             \x20     - op: add\n        path: /spec/template/spec/containers/0/command/-\n\
+             \x20       value: {BOOT_ID}\n",
             cluster::DIPAM_IMAGE,
             cluster::DIPAM_TAG
         ),
@@ -577,9 +601,37 @@ fn assert_no_leak(c: &Cluster, app: &str, n: usize, agent: &BTreeSet<String>, ci
     );
 }
 
-/// `kubectl rollout restart daemonset/dipam` while the Deployment is scaled up and down: no
-/// pod stays failed, nothing leaks, the agent keeps its addresses.
+/// The kubelet's FailedCreatePodSandBox events (a RunPodSandbox that failed: the CNI ADD,
+/// among others), by UID.
+fn failed_sandboxes(c: &Cluster) -> BTreeSet<(String, String)> {
+    let ev = c.get_json(&[
+        "events",
+        "-A",
+        "--field-selector",
+        "reason=FailedCreatePodSandBox",
+    ]);
+    ev["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            (
+                e["metadata"]["uid"].as_str().unwrap_or_default().to_owned(),
+                format!(
+                    "{}: {}",
+                    e["involvedObject"]["name"].as_str().unwrap_or_default(),
+                    e["message"].as_str().unwrap_or_default()
+                ),
+            )
+        })
+        .collect()
+}
+
+/// `kubectl rollout restart daemonset/dipam` while the Deployment is scaled up and down (docs/cfp.md
+/// §8.4): no sandbox creation fails (the kubelet's events), no pod stays failed, nothing
+/// leaks, the agent keeps its addresses.
 fn rollout_restart_under_churn(c: &Cluster, agent: &BTreeSet<String>, cidr: Ipv4Net) {
+    let failed_before = failed_sandboxes(c);
     let before = wait_daemonset_ready(c, 60)["metadata"]["uid"].clone();
     c.kubectl_ok(&["scale", "deployment/web", "--replicas=8"]);
     c.kubectl_ok(&["-n", "kube-system", "rollout", "restart", DS]);
@@ -598,12 +650,26 @@ fn rollout_restart_under_churn(c: &Cluster, agent: &BTreeSet<String>, cidr: Ipv4
     for p in pods["items"].as_array().unwrap() {
         assert_eq!(p["status"]["phase"], "Running", "{p}");
     }
+    let failed: Vec<_> = failed_sandboxes(c)
+        .difference(&failed_before)
+        .cloned()
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "sandbox creations failed during the rollout: {failed:#?}"
+    );
 }
 
-/// The node restarts as after a power loss; every pod comes back with an address, and
-/// once the runtime-aware GC has run (two passes), nothing from before is held.
+/// The node restarts as after a power loss, with a new boot id (docs/cfp.md §7.4, "Dead
+/// attachments"): every pod comes back with an address, and within 30 s of dipamd's start
+/// the ledger holds exactly the running pods' and the agent's addresses (the agent's
+/// unchanged), host-local exactly the ledger's, with no GC asked for: the reboot rule freed
+/// every pod of the earlier boot before dipamd served.
 fn node_restart(c: &mut Cluster, agent: &BTreeSet<String>, cidr: Ipv4Net) {
     let before: BTreeSet<String> = containers(c, "-A").into_iter().collect();
+    let failed_before = failed_sandboxes(c);
+    // Read by the next dipamd only (once, at its start).
+    next_boot(c);
     c.reboot_node();
     // The API still shows the pods Ready from before until the kubelet reports again: wait
     // for every pod's containers to be new ones.
@@ -615,14 +681,61 @@ fn node_restart(c: &mut Cluster, agent: &BTreeSet<String>, cidr: Ipv4Net) {
             (now.len() == before.len() && now.iter().all(|id| !before.contains(id))).then_some(())
         },
     );
-    wait_daemonset_ready(c, 300);
+    let ds = wait_daemonset_ready(c, 300);
+    let started = ds["status"]["containerStatuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["name"] == "dipamd")
+        .and_then(|s| s["state"]["running"]["startedAt"].as_str())
+        .map(str::to_owned)
+        .expect("dipamd's start time");
+    // The API's stamps have whole seconds: from the second after, 30 s.
+    let started = rfc3339_secs(&started) + 1;
     let pods = wait_pods_ready(c, "web", 12, 300);
     assert!(pods.iter().all(|(_, ip)| !ip.is_empty()), "{pods:?}");
-    for _ in 0..2 {
-        let out = dipamctl_in_pod(c, &["gc", "--from-runtime", "--force"]);
-        assert!(out.status.success(), "runtime-aware GC: {out:?}");
-    }
+    let log = c.kubectl_ok(&["-n", "kube-system", "logs", DS, "-c", "dipamd"]);
+    assert!(
+        log.contains("a reboot: the pod attachments of the earlier boot"),
+        "dipamd saw no reboot:\n{log}"
+    );
     assert_no_leak(c, "web", 12, agent, cidr);
+    let agreed = unix_now();
+    assert!(
+        agreed <= started + 30,
+        "ledger, host-local and the pods agreed only {} s after dipamd started",
+        agreed - started
+    );
+    eprintln!(
+        "after the reboot: ledger = host-local = pods {} s after dipamd started",
+        agreed.saturating_sub(started)
+    );
+    let failed: Vec<_> = failed_sandboxes(c)
+        .difference(&failed_before)
+        .cloned()
+        .collect();
+    eprintln!(
+        "{} sandbox creations failed after the reboot: {failed:#?}",
+        failed.len()
+    );
+}
+
+/// Seconds since the epoch now.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// An RFC 3339 UTC stamp as the API writes them (`2026-11-29T01:02:03Z`), in seconds since the
+/// epoch.
+fn rfc3339_secs(stamp: &str) -> u64 {
+    let out = std::process::Command::new("date")
+        .args(["-u", "-d", stamp, "+%s"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
 }
 
 /// The running containers' IDs of every pod (kube-system's and the Deployment's), Ready ones
