@@ -29,6 +29,7 @@ pub mod explain;
 pub mod gc;
 pub mod install;
 pub mod kube;
+pub mod launch_args;
 pub mod man;
 // dipamd's paths for the tools that run while it is down (doctor, support-bundle, recover).
 pub mod node_paths;

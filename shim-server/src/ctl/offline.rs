@@ -51,6 +51,8 @@ pub struct Args {
     /// Default: the record's, else /opt/cni/bin:/usr/lib/cni.
     #[arg(long, value_name = "DIRS")]
     pub cni_path: Option<String>,
+    #[command(flatten)]
+    pub launch: super::launch_args::Flags,
 }
 
 impl Args {
@@ -62,6 +64,7 @@ impl Args {
             cni_path: self.cni_path.clone(),
             conf_dir,
             conflist: None,
+            sources: self.launch.sources(),
         }
     }
 }
