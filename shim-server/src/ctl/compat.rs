@@ -274,7 +274,7 @@ impl Runtime {
 }
 
 /// The runtimes dipam knows the cniVersion limits of: containerd before 2, podman 4 and
-/// CRI-O before 1.31 are built on libcni v1.1, which cannot parse a 1.1.0 result
+/// CRI-O before 1.32 are built on libcni v1.1, which cannot parse a 1.1.0 result
 /// (docs/sources.md §1, §10.4, §16).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RuntimeKind {
@@ -313,8 +313,8 @@ impl RuntimeKind {
                 "podman 4 (libcni v1.1, its CNI backend) cannot parse a 1.1.0 result",
             ),
             Self::Crio => (
-                (1, 31),
-                "CRI-O before 1.31 (libcni v1.1, through ocicni) cannot parse a 1.1.0 result",
+                (1, 32),
+                "CRI-O before 1.32 (libcni v1.1, through ocicni before v0.4.3) cannot parse a 1.1.0 result",
             ),
         };
         let version = runtime_version(run)?;
