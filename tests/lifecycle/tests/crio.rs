@@ -621,3 +621,76 @@ fn crio_runs_every_1_1_0_example() {
         drop(crio);
     }
 }
+
+/// `dipamctl install` judges a conflist by the runtime that reads the conf dir, found from the
+/// runtime's own configuration: a running CRI-O whose `network_dir` a drop-in of its
+/// `--config-dir` moved to a non-default directory. Installing a 1.1.0 conflist there names
+/// CRI-O 1.36.3 (the pid it runs as, the drop-in that set the directory) as the reader that
+/// takes every cniVersion, and gives no blanket 1.1.0 warning; the directory its `--config`
+/// file names, overridden, is read by no runtime.
+#[test]
+fn install_is_judged_by_the_running_crio_that_reads_its_network_dir() {
+    dipam_lifecycle::require_root!();
+    let Some(peers) = dipam_lifecycle::peers::all(module_path!(), &["crio", "pinns"]) else {
+        return;
+    };
+    let mut crio = Crio::new(&peers[0], &peers[1]);
+    let net = crio.dir().join("node-c/net.d");
+    std::fs::create_dir_all(&net).unwrap();
+    std::fs::write(
+        crio.dir().join("conf.d/50-network.conf"),
+        format!("[crio.network]\nnetwork_dir = \"{}/\"\n", net.display()),
+    )
+    .unwrap();
+    crio.start();
+    let pid = crio.pid().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src.conflist");
+    let fx = Fixture::load("dipam-host-local-1.1.0.conflist").with_version("1.1.0");
+    std::fs::write(&src, serde_json::to_vec_pretty(&fx.list).unwrap()).unwrap();
+    let bin = work.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let install = |conf_dir: &std::path::Path| {
+        std::process::Command::new(dipam_lifecycle::bins::bin("dipamctl"))
+            .args(["install", "--no-man-pages", "--json", "--plugin"])
+            .arg(dipam_lifecycle::bins::bin("dipam"))
+            .arg("--cni-bin-dir")
+            .arg(&bin)
+            .arg("--conf-dir")
+            .arg(conf_dir)
+            .arg("--conflist")
+            .arg(&src)
+            .args(["--cni-path", &dipam_lifecycle::bins::cni_path()])
+            .output()
+            .unwrap()
+    };
+    let out = install(&net);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let readers = v["readers"].as_array().unwrap();
+    assert_eq!(readers.len(), 1, "{v:#}");
+    let r = &readers[0];
+    assert_eq!(r["runtime"], "crio", "{v:#}");
+    assert_eq!(r["version"], "1.36.3", "{v:#}");
+    assert_eq!(r["maxCniVersion"], Value::Null, "{v:#}");
+    let reads = r["reads"].as_str().unwrap();
+    assert!(
+        reads.contains(&format!("runs as pid {pid} with ")) && reads.contains("50-network.conf"),
+        "{reads}"
+    );
+    assert!(!err.contains("cannot parse a 1.1.0 result"), "{err}");
+    assert!(net.join("10-dipam.conflist").is_file());
+    // The network_dir of its --config file is overridden: CRI-O does not read it.
+    let out = install(&crio.conf_dir());
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        v["readers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["runtime"] != "crio"),
+        "{v:#}"
+    );
+}
