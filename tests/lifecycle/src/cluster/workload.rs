@@ -202,49 +202,81 @@ pub struct Burst {
     pub failures: u64,
 }
 
+/// `kubectl get pods -w` of one app's pods, each line sent with the instant it arrived.
+struct PodWatch {
+    child: std::process::Child,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl PodWatch {
+    fn spawn(c: &Cluster, app: &str, tx: std::sync::mpsc::Sender<(Instant, String)>) -> Self {
+        use std::io::BufRead as _;
+        let template =
+            "jsonpath={.metadata.name} {.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}";
+        let mut child = c
+            .kubectl_command(&[
+                "get",
+                "pods",
+                "-l",
+                &format!("app={app}"),
+                "-w",
+                "-o",
+                template,
+            ])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send((Instant::now(), line)).is_err() {
+                    break;
+                }
+            }
+        });
+        Self { child, reader }
+    }
+
+    /// The watch's exit status, once kubectl has exited.
+    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    fn stop(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = self.reader.join();
+    }
+}
+
 /// A Deployment `app` of `n` pods created at once; returns when every pod is Ready (at most
 /// `secs`), after deleting the Deployment and waiting for its pods to go.
 pub fn start_burst(c: &Cluster, app: &str, n: u32, secs: u64) -> Burst {
-    use std::io::BufRead as _;
-    let template =
-        "jsonpath={.metadata.name} {.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}";
-    let mut watch = c
-        .kubectl_command(&[
-            "get",
-            "pods",
-            "-l",
-            &format!("app={app}"),
-            "-w",
-            "-o",
-            template,
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = watch.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send((Instant::now(), line)).is_err() {
-                break;
-            }
-        }
-    });
+    let mut watch = PodWatch::spawn(c, app, tx.clone());
     std::thread::sleep(Duration::from_secs(1));
     apply_text(c, app, &deployment(app, n));
     let mut created = std::collections::BTreeMap::new();
     let mut ready_at = std::collections::BTreeMap::new();
     let deadline = Instant::now() + Duration::from_secs(secs);
     while ready_at.len() < n as usize {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let (at, line) = rx.recv_timeout(left).unwrap_or_else(|_| {
-            panic!(
-                "{app}: {} of {n} pods Ready in {secs} s\n{}",
-                ready_at.len(),
-                c.diagnostics()
-            )
-        });
+        assert!(
+            Instant::now() < deadline,
+            "{app}: {} of {n} pods Ready in {secs} s\n{}",
+            ready_at.len(),
+            c.diagnostics()
+        );
+        let Ok((at, line)) = rx.recv_timeout(Duration::from_secs(1)) else {
+            // A watch the API server ended (it did once under a 250-pod burst, at load 20)
+            // is started again: its first lines list every pod as it is now, and a pod's
+            // creation keeps the first time it was seen.
+            if let Some(status) = watch.exited() {
+                eprintln!("{app}: the pod watch ended ({status}); watching again");
+                watch = PodWatch::spawn(c, app, tx.clone());
+            }
+            continue;
+        };
         let mut words = line.split_whitespace();
         let Some(name) = words.next() else { continue };
         created.entry(name.to_owned()).or_insert(at);
@@ -252,9 +284,7 @@ pub fn start_burst(c: &Cluster, app: &str, n: u32, secs: u64) -> Burst {
             ready_at.entry(name.to_owned()).or_insert(at);
         }
     }
-    let _ = watch.kill();
-    let _ = watch.wait();
-    let _ = reader.join();
+    watch.stop();
     let failures = sandbox_failures(c, app);
     c.kubectl_ok(&["delete", "deployment", app, "--wait=true"]);
     c.wait_for(&format!("{app}'s pods to go"), secs, |c| {
