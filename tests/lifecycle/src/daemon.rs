@@ -275,8 +275,10 @@ impl Dipamd {
             // A delegate dipamd was forking at that moment holds a copy of the listening
             // socket until its exec closes it: until then a connect still succeeds, and the
             // next start's readiness check would take the old socket for the new dipamd's
-            // (seen with azure-vnet-ipam, whose agent checks fork often). Wait it out, briefly.
-            let deadline = Instant::now() + Duration::from_secs(2);
+            // (seen with azure-vnet-ipam, whose agent checks fork often, and with the warm
+            // pool's refills at load 150, where 2 s were not enough: chaos seed
+            // 1795918605112563098). Wait it out.
+            let deadline = Instant::now() + Duration::from_secs(10);
             while UnixStream::connect(self.socket()).is_ok() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(10));
             }
