@@ -93,16 +93,17 @@ fn compare(c: &Cluster, cidr: Ipv4Net, pods: u32, agent: &BTreeSet<String>) {
             {"type": "portmap", "capabilities": {"portMappings": true}}]
     });
     let conf = c.node.path("/etc/cni/net.d/05-ptp-ref.conflist");
-    let reference = |label: &str| {
-        let dense = burst_with(c, &conf, &ptp, &format!("ref-dense{label}"), pods, 900);
+    // `run` names the Deployments (a DNS label), `label` the printed lines.
+    let reference = |run: &str, label: &str| {
+        let dense = burst_with(c, &conf, &ptp, &format!("ref-dense{run}"), pods, 900);
         report(&format!("ptp + host-local{label}, {pods} pods"), &dense);
-        let burst = burst_with(c, &conf, &ptp, &format!("ref-burst{label}"), BURST, 600);
+        let burst = burst_with(c, &conf, &ptp, &format!("ref-burst{run}"), BURST, 600);
         report(
             &format!("ptp + host-local{label}, burst of {BURST}"),
             &burst,
         );
     };
-    reference("");
+    reference("", "");
 
     // docs/configuration.md's watermarks for the node's size (110 pods: target 8, 32 above;
     // 250: 16 and 64), through the DaemonSet's DIPAM_POOL_* variables.
@@ -120,7 +121,7 @@ fn compare(c: &Cluster, cidr: Ipv4Net, pods: u32, agent: &BTreeSet<String>) {
     );
     pool(c, 0, 0);
     only_the_agent_left(c, agent);
-    reference(", again");
+    reference("-again", ", again");
 }
 
 /// Sets the DaemonSet's pool watermarks (a rollout), waiting for the target to be ready.
