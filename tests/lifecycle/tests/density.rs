@@ -36,12 +36,7 @@ fn a_dense_node_starts_every_pod() {
     let Some(peers) = dipam_lifecycle::peers::all(module_path!(), cluster::PEERS) else {
         return;
     };
-    dipam_lifecycle::require!(
-        (!std::path::Path::new(cluster::ETCD).is_file()).then(|| format!(
-            "{} is missing (tests/deps.sh installs etcd-server)",
-            cluster::ETCD
-        ))
-    );
+    dipam_lifecycle::require!(cluster::etcd_missing());
     let pods: u32 = std::env::var("DIPAM_DENSITY_PODS")
         .ok()
         .and_then(|v| v.parse().ok())

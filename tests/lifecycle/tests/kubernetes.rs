@@ -47,12 +47,7 @@ fn the_shipped_daemonset_on_a_real_node() {
     let Some(peers) = dipam_lifecycle::peers::all(module_path!(), cluster::PEERS) else {
         return;
     };
-    dipam_lifecycle::require!(
-        (!std::path::Path::new(cluster::ETCD).is_file()).then(|| format!(
-            "{} is missing (tests/deps.sh installs etcd-server)",
-            cluster::ETCD
-        ))
-    );
+    dipam_lifecycle::require!(cluster::etcd_missing());
     let start = Instant::now();
     let c = Cluster::start(peers);
     let node = c.node_object().unwrap();

@@ -87,6 +87,13 @@ impl Proc {
     }
 }
 
+/// Why no cluster can start on this machine, if none can: Debian's etcd is missing (for
+/// `require!`).
+pub fn etcd_missing() -> Option<String> {
+    (!Path::new(ETCD).is_file())
+        .then(|| format!("{ETCD} is missing (tests/deps.sh installs etcd-server)"))
+}
+
 /// How many pods the node takes (the kubelet's `maxPods`) and the size of the pod range it
 /// gets for them (the controller manager's `--node-cidr-mask-size`): a density run needs more
 /// than the upstream default of 110 pods in a /24.
