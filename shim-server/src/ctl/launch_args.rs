@@ -179,6 +179,10 @@ pub fn find(sources: &Sources, wanted: Wanted<'_>) -> Found {
                 return found;
             }
             Ok(l) => others.push(format!("pid {} ({})", pid, l.record.socket.display())),
+            // It ended between the listing and the reading: not a running dipamd, and
+            // nothing to warn of (a warning here broke a quiet `recover` while another
+            // dipamd on the node was stopping).
+            Err(e) if vanished(&e) => {}
             Err(e) => found
                 .refused
                 .push(format!("refused the arguments of a running dipamd: {e}")),
@@ -208,6 +212,14 @@ pub fn find(sources: &Sources, wanted: Wanted<'_>) -> Found {
         )),
     }
     found
+}
+
+/// Whether `e` says the process was gone by the time its files were read: /proc answers
+/// ENOENT, or ESRCH for a process that is exiting.
+fn vanished(e: &LaunchError) -> bool {
+    matches!(e, LaunchError::Read { source, .. }
+        if source.kind() == std::io::ErrorKind::NotFound
+            || source.raw_os_error() == Some(libc::ESRCH))
 }
 
 /// The pids whose binary (or, unreadable, whose name) is dipamd.

@@ -224,6 +224,38 @@ fn the_running_dipamd_of_the_socket_is_read_and_a_non_roots_refused() {
     );
 }
 
+/// A dipamd that ends while it is read (its /proc files gone, as when another dipamd on the
+/// node is stopping) is no running dipamd and no warning: a quiet `recover` stayed quiet.
+#[test]
+fn a_dipamd_that_ends_while_it_is_read_is_passed_over_in_silence() {
+    let t = tempfile::tempdir().unwrap();
+    let (proc, units) = (t.path().join("proc"), t.path().join("units"));
+    let exe = t.path().join("bin/dipamd");
+    std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
+    std::fs::write(&exe, "").unwrap();
+    process(
+        &proc,
+        40,
+        0,
+        &exe,
+        &["dipamd", "--socket", "/run/a.sock"],
+        &[],
+    );
+    std::fs::remove_file(proc.join("40/environ")).unwrap();
+    let sources = Sources {
+        proc,
+        unit_dirs: vec![units],
+    };
+    let wanted = Wanted {
+        socket: Path::new("/run/a.sock"),
+        state_dir: None,
+    };
+    let f = find(&sources, wanted);
+    assert!(f.launch.is_none());
+    assert_eq!(f.refused, Vec::<String>::new());
+    assert_eq!(f.passed_over, Vec::<String>::new());
+}
+
 #[test]
 fn an_installed_unit_is_read_when_trusted_and_refused_when_loose() {
     if !nix::unistd::geteuid().is_root() {
