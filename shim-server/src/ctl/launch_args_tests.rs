@@ -156,13 +156,18 @@ fn process(proc: &Path, pid: u32, uid: u32, exe: &Path, argv: &[&str], environ: 
     .unwrap();
 }
 
+/// A node under `root`: its /proc and unit directories (both empty) and a dipamd binary.
+fn fake_node(root: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let exe = root.join("bin/dipamd");
+    std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
+    std::fs::write(&exe, "").unwrap();
+    (root.join("proc"), root.join("units"), exe)
+}
+
 #[test]
 fn the_running_dipamd_of_the_socket_is_read_and_a_non_roots_refused() {
     let t = tempfile::tempdir().unwrap();
-    let (proc, units) = (t.path().join("proc"), t.path().join("units"));
-    let exe = t.path().join("bin/dipamd");
-    std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
-    std::fs::write(&exe, "").unwrap();
+    let (proc, units, exe) = fake_node(t.path());
     process(
         &proc,
         10,
@@ -229,10 +234,7 @@ fn the_running_dipamd_of_the_socket_is_read_and_a_non_roots_refused() {
 #[test]
 fn a_dipamd_that_ends_while_it_is_read_is_passed_over_in_silence() {
     let t = tempfile::tempdir().unwrap();
-    let (proc, units) = (t.path().join("proc"), t.path().join("units"));
-    let exe = t.path().join("bin/dipamd");
-    std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
-    std::fs::write(&exe, "").unwrap();
+    let (proc, units, exe) = fake_node(t.path());
     process(
         &proc,
         40,

@@ -52,7 +52,7 @@ fn a_dense_node_starts_every_pod() {
     let node = c.node_object().unwrap();
     let cidr: Ipv4Net = node["spec"]["podCIDR"].as_str().unwrap().parse().unwrap();
     assert_eq!(cidr.prefix_len(), sizing.node_mask, "{node}");
-    apply_shipped(&c);
+    apply_shipped(&c, &[]);
     wait_daemonset_ready(&c, 300);
     c.wait_for("the node to be Ready", 120, |c| {
         c.node_object().filter(ready)

@@ -33,15 +33,12 @@
 
 use std::{collections::BTreeSet, time::Instant};
 
-use dipam_lifecycle::{
-    bins,
-    cluster::{
-        self, Cluster,
-        workload::{
-            DS, agent_ips, apply_text, deployment, dipamctl_in_pod, host_local_store, ips_of,
-            latencies_with, ledger, patch_daemonset, percentile, pod_start_latencies, ready,
-            rollout_status, wait_daemonset_ready, wait_pods_ready,
-        },
+use dipam_lifecycle::cluster::{
+    self, Cluster,
+    workload::{
+        self, DS, agent_ips, apply_text, deployment, dipamctl_in_pod, host_local_store, ips_of,
+        latencies_with, ledger, patch_daemonset, percentile, pod_start_latencies, ready,
+        rollout_status, wait_daemonset_ready, wait_pods_ready,
     },
 };
 use ipnet::Ipv4Net;
@@ -61,33 +58,11 @@ fn next_boot(c: &Cluster) {
     .unwrap();
 }
 
-/// Applies deploy/kubernetes as shipped, through a kustomization that only sets the image and
-/// points dipamd at the node's boot id file ([`BOOT_ID`]).
+/// Applies deploy/kubernetes as shipped, with dipamd pointed at the node's boot id file
+/// ([`BOOT_ID`]).
 fn apply_shipped(c: &Cluster) {
     next_boot(c);
-    let k = c.dir.path().join("kustomize");
-    std::fs::create_dir_all(&k).unwrap();
-    std::fs::copy(
-        bins::workspace().join("deploy/kubernetes/dipam.yaml"),
-        k.join("dipam.yaml"),
-    )
-    .unwrap();
-    std::fs::write(
-        k.join("kustomization.yaml"),
-        format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
-             resources:\n  - dipam.yaml\nimages:\n  - name: dipam\n    newName: {}\n    newTag: {}\n\
-             patches:\n  - target:\n      kind: DaemonSet\n      name: dipam\n    patch: |-\n\
-             \x20     - op: add\n        path: /spec/template/spec/containers/0/command/-\n\
-             \x20       value: --boot-id-file\n\
-             \x20     - op: add\n        path: /spec/template/spec/containers/0/command/-\n\
-             \x20       value: {BOOT_ID}\n",
-            cluster::DIPAM_IMAGE,
-            cluster::DIPAM_TAG
-        ),
-    )
-    .unwrap();
-    c.kubectl_ok(&["apply", "-k", &k.to_string_lossy()]);
+    workload::apply_shipped(c, &["--boot-id-file", BOOT_ID]);
 }
 
 #[test]

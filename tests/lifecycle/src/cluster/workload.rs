@@ -21,8 +21,9 @@ pub const DS: &str = "daemonset/dipam";
 /// dipamd's socket in the shipped DaemonSet.
 pub const SOCKET: &str = "/run/dipam/dipam.sock";
 
-/// Applies deploy/kubernetes as shipped, through a kustomization that only sets the image.
-pub fn apply_shipped(c: &Cluster) {
+/// Applies deploy/kubernetes as shipped, through a kustomization that only sets the image
+/// and appends `args` to dipamd's command (none: the DaemonSet exactly as shipped).
+pub fn apply_shipped(c: &Cluster, args: &[&str]) {
     let k = c.dir.path().join("kustomize");
     std::fs::create_dir_all(&k).unwrap();
     std::fs::copy(
@@ -30,16 +31,24 @@ pub fn apply_shipped(c: &Cluster) {
         k.join("dipam.yaml"),
     )
     .unwrap();
-    std::fs::write(
-        k.join("kustomization.yaml"),
-        format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
-             resources:\n  - dipam.yaml\nimages:\n  - name: dipam\n    newName: {}\n    newTag: {}\n",
-            super::DIPAM_IMAGE,
-            super::DIPAM_TAG
-        ),
-    )
-    .unwrap();
+    let mut text = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
+         resources:\n  - dipam.yaml\nimages:\n  - name: dipam\n    newName: {}\n    newTag: {}\n",
+        super::DIPAM_IMAGE,
+        super::DIPAM_TAG
+    );
+    if !args.is_empty() {
+        text.push_str(
+            "patches:\n  - target:\n      kind: DaemonSet\n      name: dipam\n    patch: |-\n",
+        );
+        for arg in args {
+            text.push_str(&format!(
+                "      - op: add\n        path: /spec/template/spec/containers/0/command/-\n\
+                 \x20       value: {arg}\n"
+            ));
+        }
+    }
+    std::fs::write(k.join("kustomization.yaml"), text).unwrap();
     c.kubectl_ok(&["apply", "-k", &k.to_string_lossy()]);
 }
 
