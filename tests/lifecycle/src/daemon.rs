@@ -487,3 +487,25 @@ fn tail(s: &str, lines: usize) -> String {
 pub fn socket_gone(path: &Path) -> bool {
     !path.exists() && UnixStream::connect(path).is_err()
 }
+
+/// GET /metrics on a dipamd metrics socket (`--metrics-socket`): the whole HTTP answer,
+/// asserted to be a 200.
+pub fn scrape_socket(path: &Path) -> String {
+    use std::io::{Read, Write};
+    let mut s = UnixStream::connect(path).expect("connect to the metrics socket");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: dipamd\r\nConnection: close\r\n\r\n")
+        .expect("send the scrape");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read the scrape");
+    assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
+    out
+}
+
+/// CNI requests dipamd is serving now, every verb together (`dipam_requests_in_flight`).
+pub fn requests_in_flight(scrape: &str) -> i64 {
+    scrape
+        .lines()
+        .filter(|l| l.starts_with("dipam_requests_in_flight{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<i64>().ok())
+        .sum()
+}
