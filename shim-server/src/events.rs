@@ -26,6 +26,9 @@ pub enum Event<'a> {
         container_id: &'a str,
         record: &'a Value,
     },
+    /// A CNI call began (`+1`) or ended, answered or abandoned (`-1`): service.rs. What a
+    /// killed plugin's ADD still does (its delegate, its rollback) counts until it is done.
+    InFlight { op: &'static str, delta: i64 },
     /// A delegate exec finished (delegate/), with its history entry.
     Exec {
         delegate: &'a str,
@@ -128,6 +131,21 @@ pub enum Event<'a> {
         container_id: &'a str,
         record: &'a Value,
     },
+}
+
+/// A CNI call in flight ([`Events::in_flight`]); its drop ends it.
+pub struct InFlight {
+    events: Events,
+    op: &'static str,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.events.emit(Event::InFlight {
+            op: self.op,
+            delta: -1,
+        });
+    }
 }
 
 /// Who freed an attachment: the `by` of its history entry. Every way an address leaves a pod
@@ -305,6 +323,16 @@ impl Events {
     pub fn emit(&self, event: Event<'_>) {
         for o in self.observers.iter() {
             o.observe(&event);
+        }
+    }
+
+    /// Counts a CNI call of `op` in flight until the handle is dropped: when the call ends,
+    /// answered or abandoned (a future dropped with its plugin's connection still ends it).
+    pub fn in_flight(&self, op: &'static str) -> InFlight {
+        self.emit(Event::InFlight { op, delta: 1 });
+        InFlight {
+            events: self.clone(),
+            op,
         }
     }
 

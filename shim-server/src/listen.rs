@@ -717,6 +717,14 @@ mod tests {
     /// GOAWAY reached h2 in time, else by probing (dipam_proto::probe_refusal). The flag says
     /// whether the call's own error told.
     async fn ask(path: &std::path::Path) -> (Option<dipam_proto::Refused>, bool) {
+        // A refusal is read within a second or two; a hang here is the defect under test
+        // (a client left waiting on a turned-away connection), so it fails, never stalls.
+        tokio::time::timeout(Duration::from_secs(20), ask_once(path))
+            .await
+            .expect("a turned-away client waited 20 s without learning why")
+    }
+
+    async fn ask_once(path: &std::path::Path) -> (Option<dipam_proto::Refused>, bool) {
         use dipam_proto::{refused_at_accept, v1::cni_client::CniClient};
         let seen = match dipam_proto::connect(path).await {
             Err(e) => refused_at_accept(&e),

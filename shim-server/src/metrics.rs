@@ -72,6 +72,7 @@ pub struct Metrics {
     registry: Registry,
     requests: Family<L2, Counter>,
     request_duration: Family<L1, Histogram, Buckets>,
+    in_flight: Family<L1, Gauge>,
     exec_duration: Family<L2, Histogram, Buckets>,
     ledger_duration: Histogram,
     stale_dels: Counter,
@@ -477,6 +478,12 @@ impl Metrics {
                 "Time to answer a CNI request, by verb.",
                 Family::new_with_constructor(Buckets),
             ),
+            in_flight: reg(
+                &mut r,
+                "dipam_requests_in_flight",
+                "CNI requests being served now, by verb (an ADD whose plugin left counts until its rollback is done).",
+                Family::default(),
+            ),
             exec_duration: reg(
                 &mut r,
                 "dipam_delegate_exec_duration_seconds",
@@ -694,6 +701,9 @@ impl Observer for Metrics {
                 self.request_duration
                     .get_or_create(&l1("op", op))
                     .observe(took.as_secs_f64());
+            }
+            Event::InFlight { op, delta } => {
+                self.in_flight.get_or_create(&l1("op", op)).inc_by(delta);
             }
             Event::Exec {
                 delegate,
@@ -998,6 +1008,31 @@ mod tests {
             .collect()
     }
 
+    /// A call counts while its handle lives, and no longer once dropped: a DEL whose plugin
+    /// left drops its future, and an ADD's rollback ends with its task.
+    #[test]
+    fn a_call_is_in_flight_until_its_handle_is_dropped() {
+        let m = Arc::new(Metrics::new());
+        let events =
+            crate::events::Events::new(vec![Arc::clone(&m) as Arc<dyn crate::events::Observer>]);
+        let line = |m: &Metrics, op: &str| {
+            m.render().lines().find_map(|l| {
+                l.strip_prefix(&format!("dipam_requests_in_flight{{op=\"{op}\"}} "))
+                    .map(str::to_owned)
+            })
+        };
+        let add = events.in_flight("ADD");
+        let del = events.in_flight("DEL");
+        let second = events.in_flight("ADD");
+        assert_eq!(line(&m, "ADD").as_deref(), Some("2"));
+        drop(add);
+        drop(del);
+        assert_eq!(line(&m, "ADD").as_deref(), Some("1"));
+        assert_eq!(line(&m, "DEL").as_deref(), Some("0"));
+        drop(second);
+        assert_eq!(line(&m, "ADD").as_deref(), Some("0"));
+    }
+
     #[test]
     fn events_render_with_help_and_type_on_every_series() {
         let m = Metrics::new();
@@ -1011,6 +1046,10 @@ mod tests {
                 record: &record,
             });
         }
+        m.observe(&Event::InFlight {
+            op: "ADD",
+            delta: 1,
+        });
         m.observe(&Event::Exec {
             delegate: "host-local",
             command: "ADD",
@@ -1094,6 +1133,7 @@ mod tests {
             "dipam_request_duration_seconds_bucket{le=\"0.0025\",op=\"ADD\"} 0",
             "dipam_request_duration_seconds_bucket{le=\"0.005\",op=\"ADD\"} 3",
             "dipam_request_duration_seconds_count{op=\"ADD\"} 3",
+            "dipam_requests_in_flight{op=\"ADD\"} 1",
             "dipam_delegate_exec_duration_seconds_count{delegate=\"host-local\",command=\"ADD\"} 1",
             "dipam_ledger_op_duration_seconds_bucket{le=\"0.001\"} 1",
             "dipam_ledger_op_duration_seconds_count 1",
@@ -1145,7 +1185,7 @@ mod tests {
         assert!(out.ends_with("# EOF\n"), "{out}");
         // Every series has its HELP and TYPE.
         let names = families(&out);
-        assert_eq!(names.len(), 40, "{names:?}");
+        assert_eq!(names.len(), 41, "{names:?}");
         for name in &names {
             assert!(
                 out.contains(&format!("# HELP {name} ")),

@@ -127,6 +127,8 @@ where
 {
     let span = call.span();
     async move {
+        // Counted until this call's end, answered or dropped (dipam_requests_in_flight).
+        let _in_flight = node.core.events.in_flight(call.command);
         let started = Instant::now();
         let outcome = match class {
             // The slot is held until the operation is done.

@@ -273,19 +273,23 @@ impl Runtime {
     }
 }
 
-/// The runtimes dipam knows the cniVersion limits of: containerd before 2 and podman 4 are
-/// built on libcni v1.1, which cannot parse a 1.1.0 result (docs/sources.md §1, §16).
+/// The runtimes dipam knows the cniVersion limits of: containerd before 2, podman 4 and
+/// CRI-O before 1.32 are built on libcni v1.1, which cannot parse a 1.1.0 result
+/// (docs/sources.md §1, §10.4, §16).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RuntimeKind {
     Containerd,
     Podman,
+    Crio,
 }
 
 impl RuntimeKind {
-    fn name(self) -> &'static str {
+    /// Its binary's name.
+    pub fn name(self) -> &'static str {
         match self {
             Self::Containerd => "containerd",
             Self::Podman => "podman",
+            Self::Crio => "crio",
         }
     }
 
@@ -298,24 +302,32 @@ impl RuntimeKind {
 
     /// The runtime `run --version` says it is, shown as `path`; `None` when it does not say.
     pub fn judge(self, run: &Path, path: &Path) -> Option<Runtime> {
-        let (major_ok, why) = match self {
+        // The first (major, minor) whose libcni parses a 1.1.0 result.
+        let (first_ok, why) = match self {
             Self::Containerd => (
-                2,
+                (2, 0),
                 "containerd before 2.0 (libcni v1.1) cannot parse a 1.1.0 result",
             ),
             Self::Podman => (
-                5,
+                (5, 0),
                 "podman 4 (libcni v1.1, its CNI backend) cannot parse a 1.1.0 result",
+            ),
+            Self::Crio => (
+                (1, 32),
+                "CRI-O before 1.32 (libcni v1.1, through ocicni before v0.4.3) cannot parse a 1.1.0 result",
             ),
         };
         let version = runtime_version(run)?;
-        let major = version
-            .split('.')
-            .next()
-            .and_then(|m| m.parse::<u32>().ok());
+        let mut parts = version
+            .split(['.', '-', '~', '+'])
+            .map(|p| p.parse::<u32>().ok());
+        let at = (parts.next().flatten(), parts.next().flatten().unwrap_or(0));
         Some(Runtime {
             name: self.name(),
-            max: major.filter(|m| *m < major_ok).map(|_| "1.0.0"),
+            max: at
+                .0
+                .filter(|major| (*major, at.1) < first_ok)
+                .map(|_| "1.0.0"),
             version,
             path: path.to_owned(),
             why,
@@ -327,14 +339,19 @@ impl RuntimeKind {
 /// The runtimes installed in `path` (a PATH value) that dipam knows the limits of, whatever
 /// directory they read (conf_readers.rs chooses among them).
 pub fn find_runtimes(path: &OsStr) -> Vec<Runtime> {
-    [RuntimeKind::Containerd, RuntimeKind::Podman]
-        .into_iter()
-        .filter_map(|k| k.in_path(path).and_then(|bin| k.judge(&bin, &bin)))
-        .collect()
+    [
+        RuntimeKind::Containerd,
+        RuntimeKind::Podman,
+        RuntimeKind::Crio,
+    ]
+    .into_iter()
+    .filter_map(|k| k.in_path(path).and_then(|bin| k.judge(&bin, &bin)))
+    .collect()
 }
 
 /// `containerd --version` prints "containerd github.com/containerd/containerd 1.6.20~ds1 …"
-/// (v2: "… containerd/v2 v2.4.2 …"); `podman --version` "podman version 4.3.1". The first
+/// (v2: "… containerd/v2 v2.4.2 …"); `podman --version` "podman version 4.3.1"; `crio
+/// --version` "crio version 1.36.3" and then more lines. The first
 /// word that starts with a digit (after an optional `v`) is the version.
 fn runtime_version(bin: &Path) -> Option<String> {
     let out = run_with_timeout(Command::new(bin).arg("--version"), None).ok()?;

@@ -10,14 +10,20 @@
 //!   `[plugins."io.containerd.cri.v1.runtime".cni]`), in the file given with `--config`/`-c`,
 //!   else /etc/containerd/config.toml; default /etc/cni/net.d
 //!   (<https://github.com/containerd/containerd/blob/main/docs/cri/config.md>);
+//! - CRI-O: `[crio.network] network_dir` of its config (`--config`/`-c`, else
+//!   /etc/crio/crio.conf) and then of every file under its drop-in directory
+//!   (`--config-dir`/`-d`, else /etc/crio/crio.conf.d, walked in lexical order, a later file
+//!   winning), which `--cni-config-dir` (or `CONTAINER_CNI_CONFIG_DIR`) overrides; default
+//!   /etc/cni/net.d/ (crio.conf(5); cri-o v1.36.3 `internal/criocli/criocli.go`,
+//!   `pkg/config/config.go` `UpdateFromPath`);
 //! - podman's CNI backend: `[network] network_config_dir` of containers.conf (the system's
 //!   /usr/share/containers/containers.conf, then /etc/containers/containers.conf and its
 //!   .d drop-ins); default /etc/cni/net.d; with `network_backend = "netavark"` it reads no
 //!   CNI directory at all (containers.conf(5)).
 //!
-//! A running containerd is judged by the binary it runs and the config its command line
-//! names (read from /proc); an installed one that does not run, by its binary in PATH and
-//! its default config, since it reads that directory once started. Where a config cannot be
+//! A running containerd or CRI-O is judged by the binary it runs and the config its command
+//! line names (read from /proc); an installed one that does not run, by its binary in PATH
+//! and its default config, since it reads that directory once started. Where a config cannot be
 //! read, the runtime is judged (the safe side: a refusal that names it, not a silent pass).
 
 use std::{
@@ -51,52 +57,71 @@ impl Default for Host {
 pub fn readers(conf_dir: &Path, path: &OsStr, host: &Host) -> Vec<Runtime> {
     let want = canonical(conf_dir);
     let mut found = Vec::new();
-    let running = running_containerds(host);
-    for (pid, exe, config) in &running {
-        let dir = containerd_conf_dir(&host.file(config));
-        if canonical(&dir) == want
-            && let Some(r) = RuntimeKind::Containerd.judge(&host.proc.join(pid).join("exe"), exe)
-        {
-            found.push(r.reading(format!(
-                "runs as pid {pid} with {} (cni conf_dir {})",
-                config.display(),
-                dir.display()
-            )));
+    let mut running = Vec::new();
+    for kind in [RuntimeKind::Containerd, RuntimeKind::Crio] {
+        for p in running_as(host, kind) {
+            let (dir, how) = runtime_conf_dir(host, kind, &p.args, &p.environ);
+            if canonical(&dir) == want
+                && let Some(r) = kind.judge(&host.proc.join(&p.pid).join("exe"), &p.exe)
+            {
+                found.push(r.reading(format!(
+                    "runs as pid {} with {how} (CNI directory {})",
+                    p.pid,
+                    dir.display()
+                )));
+            }
+            running.push(p.exe);
         }
     }
-    for kind in [RuntimeKind::Containerd, RuntimeKind::Podman] {
+    for kind in [
+        RuntimeKind::Containerd,
+        RuntimeKind::Crio,
+        RuntimeKind::Podman,
+    ] {
         let Some(bin) = kind.in_path(path) else {
             continue;
         };
         // A running binary is judged above, by the config it runs with.
-        if running
-            .iter()
-            .any(|(_, exe, _)| canonical(exe) == canonical(&bin))
-        {
+        if running.iter().any(|exe| canonical(exe) == canonical(&bin)) {
             continue;
         }
         let (dir, source) = match kind {
-            RuntimeKind::Containerd => {
-                let config = PathBuf::from("/etc/containerd/config.toml");
-                (containerd_conf_dir(&host.file(&config)), config)
-            }
             RuntimeKind::Podman => match podman_conf_dir(host) {
-                Some(found) => found,
+                Some((dir, file)) => (dir, file.display().to_string()),
                 // netavark: podman reads no CNI directory.
                 None => continue,
             },
+            _ => runtime_conf_dir(host, kind, &[], &[]),
         };
         if canonical(&dir) == want
             && let Some(r) = kind.judge(&bin, &bin)
         {
             found.push(r.reading(format!(
-                "installed, not running; its config {} names {}",
-                source.display(),
+                "installed, not running; its config {source} names {}",
                 dir.display()
             )));
         }
     }
     found
+}
+
+/// The CNI directory a containerd or CRI-O started with `args` (its command line, after the
+/// binary) and `environ` reads, and what said so.
+fn runtime_conf_dir(
+    host: &Host,
+    kind: RuntimeKind,
+    args: &[String],
+    environ: &[String],
+) -> (PathBuf, String) {
+    let config = flag(args, &["--config", "-c"]);
+    match kind {
+        RuntimeKind::Crio => crio_network_dir(host, args, environ),
+        _ => {
+            let config = PathBuf::from(config.unwrap_or("/etc/containerd/config.toml"));
+            let dir = containerd_conf_dir(&host.file(&config));
+            (dir, config.display().to_string())
+        }
+    }
 }
 
 impl Host {
@@ -112,10 +137,24 @@ fn canonical(p: &Path) -> PathBuf {
     std::fs::canonicalize(p).unwrap_or_else(|_| p.components().collect())
 }
 
-/// Every running containerd: (pid, its binary, the config it was started with).
-fn running_containerds(host: &Host) -> Vec<(String, PathBuf, PathBuf)> {
+/// A running runtime: its pid, binary, arguments (after the binary) and environment.
+struct Running {
+    pid: String,
+    exe: PathBuf,
+    args: Vec<String>,
+    environ: Vec<String>,
+}
+
+/// Every running process whose binary is `kind`'s.
+fn running_as(host: &Host, kind: RuntimeKind) -> Vec<Running> {
     let Ok(entries) = std::fs::read_dir(&host.proc) else {
         return Vec::new();
+    };
+    let words = |b: Vec<u8>| -> Vec<String> {
+        b.split(|c| *c == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect()
     };
     entries
         .filter_map(Result::ok)
@@ -124,34 +163,102 @@ fn running_containerds(host: &Host) -> Vec<(String, PathBuf, PathBuf)> {
             pid.parse::<u32>().ok()?;
             let exe = std::fs::read_link(e.path().join("exe")).ok()?;
             let exe = PathBuf::from(exe.to_string_lossy().trim_end_matches(" (deleted)"));
-            (exe.file_name()? == "containerd").then_some(())?;
-            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
-            Some((pid, exe, config_flag(&cmdline)))
+            (exe.file_name()? == kind.name()).then_some(())?;
+            let args = words(std::fs::read(e.path().join("cmdline")).ok()?);
+            let environ = words(std::fs::read(e.path().join("environ")).unwrap_or_default());
+            Some(Running {
+                pid,
+                exe,
+                args: args.into_iter().skip(1).collect(),
+                environ,
+            })
         })
         .collect()
 }
 
-/// The `--config`/`-c` of a containerd command line (NUL-separated), else its default.
-fn config_flag(cmdline: &[u8]) -> PathBuf {
-    let args: Vec<String> = cmdline
-        .split(|b| *b == 0)
-        .map(|a| String::from_utf8_lossy(a).into_owned())
+/// The value of the first of `names` in a command line (`--name V` or `--name=V`; urfave/cli
+/// and Go's flag package also take a long name after a single dash).
+fn flag<'a>(args: &'a [String], names: &[&str]) -> Option<&'a str> {
+    let spellings: Vec<&str> = names
+        .iter()
+        .flat_map(|n| {
+            [
+                *n,
+                n.strip_prefix('-')
+                    .filter(|r| r.starts_with('-'))
+                    .unwrap_or(n),
+            ]
+        })
         .collect();
     let mut it = args.iter();
     while let Some(a) = it.next() {
-        if let Some(v) = a
-            .strip_prefix("--config=")
-            .or_else(|| a.strip_prefix("-c="))
-        {
-            return PathBuf::from(v);
-        }
-        if (a == "--config" || a == "-c")
-            && let Some(v) = it.next()
-        {
-            return PathBuf::from(v);
+        for n in &spellings {
+            if a == n {
+                return it.next().map(String::as_str);
+            }
+            if let Some(v) = a.strip_prefix(n).and_then(|r| r.strip_prefix('=')) {
+                return Some(v);
+            }
         }
     }
-    PathBuf::from("/etc/containerd/config.toml")
+    None
+}
+
+/// CRI-O's `network_dir` and what set it: `--cni-config-dir`, `CONTAINER_CNI_CONFIG_DIR`, the
+/// last of its config and drop-ins to set it, else its default.
+fn crio_network_dir(host: &Host, args: &[String], environ: &[String]) -> (PathBuf, String) {
+    let from_env = |name: &str| {
+        environ
+            .iter()
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+    };
+    if let Some(d) = flag(args, &["--cni-config-dir"]) {
+        return (PathBuf::from(d), "--cni-config-dir".into());
+    }
+    if let Some(d) = from_env("CONTAINER_CNI_CONFIG_DIR") {
+        return (PathBuf::from(d), "CONTAINER_CNI_CONFIG_DIR".into());
+    }
+    let config = flag(args, &["--config", "-c"])
+        .or_else(|| from_env("CONTAINER_CONFIG"))
+        .unwrap_or("/etc/crio/crio.conf");
+    let drop_ins = flag(args, &["--config-dir", "-d"]).unwrap_or("/etc/crio/crio.conf.d");
+    let mut files = vec![PathBuf::from(config)];
+    files.extend(walk(host, Path::new(drop_ins)));
+    let mut dir = (
+        PathBuf::from(DEFAULT_CONF_DIR),
+        format!("{config} (its default)"),
+    );
+    for f in files {
+        let set = std::fs::read_to_string(host.file(&f))
+            .ok()
+            .and_then(|t| t.parse::<toml::Table>().ok())
+            .and_then(|d| {
+                let d = d.get("crio")?.get("network")?.get("network_dir")?;
+                d.as_str().map(PathBuf::from)
+            });
+        if let Some(d) = set {
+            dir = (d, f.display().to_string());
+        }
+    }
+    dir
+}
+
+/// Every file under `dir` (on the node), recursively, in lexical order (Go's filepath.Walk).
+fn walk(host: &Host, dir: &Path) -> Vec<PathBuf> {
+    let mut names: Vec<_> = std::fs::read_dir(host.file(dir))
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|e| (e.file_name(), e.file_type().is_ok_and(|t| t.is_dir())))
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .flat_map(|(name, is_dir)| {
+            let p = dir.join(name);
+            if is_dir { walk(host, &p) } else { vec![p] }
+        })
+        .collect()
 }
 
 /// The CRI plugin's `cni.conf_dir` in a containerd config (any config version: the CRI
@@ -321,5 +428,85 @@ mod tests {
         );
         let found = readers(Path::new("/srv/cni"), &n.path(), &n.host());
         assert_eq!(found.len(), 1, "netavark reads no CNI directory: {found:?}");
+    }
+
+    #[test]
+    fn a_running_crio_is_judged_by_its_network_dir_and_its_version() {
+        let n = Node::new();
+        let old = n.binary(
+            "crio",
+            "version 1.29.1\n   GitCommit: x\n   GoVersion: go1.22.5",
+        );
+        n.file(
+            "/etc/node-b/crio.conf",
+            "[crio.network]\nnetwork_dir = \"/etc/node-b/ignored\"\n",
+        );
+        // A drop-in under the drop-in directory's subdirectory wins over the config.
+        n.file(
+            "/etc/node-b/crio.d/sub/20-net.conf",
+            "[crio.network]\nnetwork_dir = \"/etc/node-b/net.d/\"\n",
+        );
+        n.file("/etc/node-b/crio.d/10-other.conf", "[crio.runtime]\n");
+        n.running(
+            77,
+            &old,
+            &[
+                "crio",
+                "-c",
+                "/etc/node-b/crio.conf",
+                "--config-dir=/etc/node-b/crio.d",
+            ],
+        );
+        let found = readers(Path::new("/etc/node-b/net.d"), OsStr::new(""), &n.host());
+        assert_eq!(found.len(), 1, "{found:?}");
+        let r = &found[0];
+        assert_eq!(
+            (r.name, r.version.as_str(), r.max),
+            ("crio", "1.29.1", Some("1.0.0"))
+        );
+        assert!(
+            r.reads
+                .contains("pid 77 with /etc/node-b/crio.d/sub/20-net.conf"),
+            "{}",
+            r.reads
+        );
+        // Not the directory of its config, which a drop-in overrode.
+        assert!(readers(Path::new("/etc/node-b/ignored"), OsStr::new(""), &n.host()).is_empty());
+    }
+
+    #[test]
+    fn crios_command_line_beats_its_config_and_a_new_crio_takes_1_1_0() {
+        let n = Node::new();
+        let new = n.binary("crio", "version 1.36.3");
+        n.file(
+            "/etc/crio/crio.conf",
+            "[crio.network]\nnetwork_dir = \"/etc/cni/other\"\n",
+        );
+        n.running(88, &new, &["crio", "--cni-config-dir", "/srv/crio-net"]);
+        let found = readers(Path::new("/srv/crio-net"), OsStr::new(""), &n.host());
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!((found[0].version.as_str(), found[0].max), ("1.36.3", None));
+        assert!(
+            found[0].reads.contains("--cni-config-dir"),
+            "{}",
+            found[0].reads
+        );
+    }
+
+    #[test]
+    fn an_installed_crio_reads_its_default_config_and_drop_ins() {
+        let n = Node::new();
+        n.binary("crio", "version 1.30.4");
+        // Nothing set: CRI-O's default, /etc/cni/net.d/.
+        let found = readers(Path::new(DEFAULT_CONF_DIR), &n.path(), &n.host());
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].max, Some("1.0.0"));
+        n.file(
+            "/etc/crio/crio.conf.d/50-net.conf",
+            "[crio.network]\nnetwork_dir = \"/srv/cni\"\n",
+        );
+        let found = readers(Path::new("/srv/cni"), &n.path(), &n.host());
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].reads.contains("50-net.conf"), "{}", found[0].reads);
     }
 }

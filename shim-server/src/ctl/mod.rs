@@ -29,6 +29,7 @@ pub mod explain;
 pub mod gc;
 pub mod install;
 pub mod kube;
+pub mod launch_args;
 pub mod man;
 // dipamd's paths for the tools that run while it is down (doctor, support-bundle, recover).
 pub mod node_paths;
@@ -108,8 +109,12 @@ pub enum Command {
     /// one fails. When dipamd does not answer (or with --offline), an OFFLINE report from the
     /// node's files instead: the ledger (read from a copy, never opened in place), the DEL
     /// spool and its files, the conflists, the delegates and their stores; it lists what it
-    /// could not check. dipamd's paths come from the record it leaves at start (beside
-    /// --socket, or in --state-dir), each printed with where it was learned.
+    /// could not check. dipamd's paths, each printed with where it was learned, come from, in
+    /// order: dipamctl's own flag; the record dipamd leaves at start (beside --socket, or in
+    /// --state-dir); without one, the running dipamd's command line (/proc; in the
+    /// DaemonSet, the container's command and env); else the installed systemd unit
+    /// dipamd.service with its drop-ins; the spool pointer beside the socket; the default,
+    /// with a warning. A record, process or unit another user could have planted is refused.
     Doctor(WithSocket<doctor::Args>),
     /// A container's attachments and the full history of what dipamd did for it: every
     /// request with its outcome, every delegate exec with argv, environment, exit status,
@@ -119,7 +124,9 @@ pub enum Command {
     Explain(WithSocket<explain::Args>),
     /// Offline: rebuild the ledger from host-local's own store, with dipamd stopped. A corrupt
     /// ledger is moved aside (never deleted); a healthy one is only added to, with --force.
-    /// The paths not given are learned from the record dipamd leaves beside its socket.
+    /// The paths not given are learned as doctor learns them: the record dipamd leaves beside
+    /// its socket, else the running dipamd's command line, else the systemd unit's, else the
+    /// defaults (refused: a rebuild in the wrong place).
     Recover(WithSocket<recover::Args>),
     /// The agent's own addresses (router, health, ingress).
     Agent(agent::Args),

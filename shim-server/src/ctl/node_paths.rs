@@ -1,14 +1,18 @@
 //! Where the tools that run with dipamd down (`doctor`, `support-bundle`, `recover`) look:
 //! dipamd's own paths, learned from the record it leaves on the node at every start
 //! (paths_record.rs), each saying where it was learned. A flag given on dipamctl's command
-//! line wins; then the record; the spool also from the pointer beside the socket; the
-//! defaults only when nothing else is known, with a warning. A record that fails the trust
-//! rule is refused with a warning naming why: dipamctl runs as root and would act on it.
+//! line wins; then the record; then, where there is none (a dipamd older than this dipamctl,
+//! or a record refused), the running dipamd's command line, else the installed systemd
+//! unit's (launch_args.rs); the spool also from the pointer beside the socket; the defaults
+//! only when nothing else is known, with a warning. A record, process or unit that fails the
+//! trust rule is refused with a warning naming why: dipamctl runs as root and would act on
+//! it.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
+use super::launch_args::{self, Sources, Wanted};
 use crate::paths_record::{self, Record, RecordError};
 
 /// dipamd's default --state-dir, --cni-path, and the runtimes' usual CNI config directory.
@@ -41,24 +45,37 @@ pub struct Given {
     pub cni_path: Option<String>,
     pub conf_dir: Option<PathBuf>,
     pub conflist: Option<PathBuf>,
+    /// Where dipamd's start-up is read when it left no record (`/proc`, systemd's unit
+    /// directories; a test's own).
+    pub sources: Sources,
 }
 
-/// The record believed, and where it was read.
+/// The record believed (or, without one, dipamd's arguments), and where it was read.
 #[derive(Debug, Clone)]
 pub struct Found {
     pub path: PathBuf,
     pub record: Record,
+    /// "from PATH written by dipamd pid N at T", "from the command line of the running
+    /// dipamd pid N", "from the systemd unit F (dipamd not running)".
+    pub source: String,
+    /// It names the spool: a record always does; arguments only with --spool-dir.
+    pub spool_named: bool,
 }
 
 impl Found {
-    /// "from PATH written by dipamd pid N at T".
-    fn source(&self) -> String {
-        format!(
+    fn record(path: PathBuf, record: Record) -> Self {
+        let source = format!(
             "from {} written by dipamd pid {} at {}",
-            self.path.display(),
-            self.record.pid,
-            crate::clock::rfc3339_ms(self.record.started_at_ms)
-        )
+            path.display(),
+            record.pid,
+            crate::clock::rfc3339_ms(record.started_at_ms)
+        );
+        Self {
+            path,
+            record,
+            source,
+            spool_named: true,
+        }
     }
 }
 
@@ -125,22 +142,39 @@ fn find(socket: &Path, given: &Given) -> Search {
                     ));
                     continue;
                 }
-                search.found = Some(Found {
-                    path: path.clone(),
-                    record,
-                });
+                search.found = Some(Found::record(path.clone(), record));
                 return search;
             }
             Err(e) if e.not_found() => {}
             Err(e) => search.refused.push(refused(&e)),
         }
     }
+    let launched = launch_args::find(
+        &given.sources,
+        Wanted {
+            socket,
+            state_dir: given.state_dir.as_deref(),
+        },
+    );
+    search.refused.extend(launched.refused);
+    search.passed_over.extend(launched.passed_over);
+    if let Some(l) = launched.launch {
+        search.found = Some(Found {
+            path: l.path,
+            record: l.record,
+            source: l.source,
+            spool_named: l.spool_named,
+        });
+        return search;
+    }
     let shown: Vec<String> = candidates.iter().map(|p| p.display().to_string()).collect();
     search.no_record = Some(format!(
-        "no record of dipamd's paths believed (looked for {}): where no flag says otherwise, \
-         the defaults are assumed, and they may not be this node's (a dipamd older than this \
-         dipamctl writes none; give --state-dir, --spool-dir, --cni-path as dipamd has them)",
-        shown.join(", ")
+        "no record of dipamd's paths believed (looked for {}), no running dipamd serving it \
+         and no systemd unit {} of it: where no flag says otherwise, the defaults are \
+         assumed, and they may not be this node's (give dipamctl's own --state-dir, \
+         --spool-dir, --cni-path, --conf-dir as dipamd has them)",
+        shown.join(", "),
+        launch_args::UNIT
     ));
     search
 }
@@ -168,9 +202,12 @@ pub fn learn(socket: &Path, given: &Given) -> NodePaths {
         passed_over,
         no_record,
     } = find(socket, given);
-    let from = record.as_ref().map(Found::source);
-    let from = from.as_deref();
+    let from = record.as_ref().map(|f| f.source.as_str());
     let rec = record.as_ref().map(|f| &f.record);
+    let spool_rec = record
+        .as_ref()
+        .filter(|f| f.spool_named)
+        .map(|f| &f.record.spool_dir);
     let pick = |flag: &Option<PathBuf>, name: &str, recorded: Option<&PathBuf>| {
         flag.clone()
             .map(|v| Learned::new(v, format!("given ({name})")))
@@ -178,7 +215,7 @@ pub fn learn(socket: &Path, given: &Given) -> NodePaths {
     };
     let state_dir = pick(&given.state_dir, "--state-dir", rec.map(|r| &r.state_dir))
         .unwrap_or_else(|| Learned::new(PathBuf::from(DEFAULT_STATE_DIR), "default"));
-    let spool_dir = pick(&given.spool_dir, "--spool-dir", rec.map(|r| &r.spool_dir))
+    let spool_dir = pick(&given.spool_dir, "--spool-dir", spool_rec)
         .or_else(|| {
             dipam_proto::spool::read_pointer(socket).ok().map(|p| {
                 Learned::new(
@@ -190,8 +227,12 @@ pub fn learn(socket: &Path, given: &Given) -> NodePaths {
                 )
             })
         })
-        .unwrap_or_else(|| {
-            Learned::new(state_dir.value.join("spool"), "default (<state-dir>/spool)")
+        .unwrap_or_else(|| match from {
+            Some(from) if state_dir.source.as_str() == from => Learned::new(
+                state_dir.value.join("spool"),
+                format!("<state-dir>/spool, {from}"),
+            ),
+            _ => Learned::new(state_dir.value.join("spool"), "default (<state-dir>/spool)"),
         });
     let cni_path = given
         .cni_path
@@ -331,7 +372,7 @@ impl NodePaths {
     pub fn to_json(&self) -> Value {
         let one = |v: String, s: &str| json!({"path": v, "source": s});
         json!({
-            "record": self.record.as_ref().map(|f| json!({"path": f.path, "contents": f.record})),
+            "record": self.record.as_ref().map(|f| json!({"path": f.path, "source": f.source, "contents": f.record})),
             "warnings": self.warnings(),
             "stateDir": one(self.state_dir.value.display().to_string(), &self.state_dir.source),
             "spoolDir": one(self.spool_dir.value.display().to_string(), &self.spool_dir.source),

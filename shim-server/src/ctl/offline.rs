@@ -39,18 +39,23 @@ pub struct Args {
     #[arg(long)]
     pub offline: bool,
     /// dipamd's --state-dir, read when offline. Default: what the record dipamd leaves at
-    /// start says (SOCKET.paths beside the socket, else /var/lib/dipam/dipamd.paths),
-    /// else /var/lib/dipam.
+    /// start says (SOCKET.paths beside the socket, else /var/lib/dipam/dipamd.paths); without
+    /// one, the running dipamd's command line, else the systemd unit dipamd.service's; else
+    /// /var/lib/dipam.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
-    /// dipamd's --spool-dir, read when offline. Default: the record's, else the spool the
-    /// pointer beside the socket names, else the folder spool in the state directory.
+    /// dipamd's --spool-dir, read when offline. Default: the record's, else the one the
+    /// running dipamd's or the unit's arguments name, else the spool the pointer beside the
+    /// socket names, else the folder spool in the state directory.
     #[arg(long, value_name = "DIR")]
     pub spool_dir: Option<PathBuf>,
     /// Where the delegate plugins are installed (dipamd's --cni-path), checked when offline.
-    /// Default: the record's, else /opt/cni/bin:/usr/lib/cni.
+    /// Default: the record's, else the running dipamd's or the unit's, else
+    /// /opt/cni/bin:/usr/lib/cni.
     #[arg(long, value_name = "DIRS")]
     pub cni_path: Option<String>,
+    #[command(flatten)]
+    pub launch: super::launch_args::Flags,
 }
 
 impl Args {
@@ -62,6 +67,7 @@ impl Args {
             cni_path: self.cni_path.clone(),
             conf_dir,
             conflist: None,
+            sources: self.launch.sources(),
         }
     }
 }

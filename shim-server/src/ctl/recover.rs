@@ -52,6 +52,8 @@ pub struct Args {
     /// Add to a ledger that opens fine.
     #[arg(long)]
     force: bool,
+    #[command(flatten)]
+    launch: super::launch_args::Flags,
 }
 
 /// `dipamctl recover`: rebuilds, then says what it did (moved aside, spool kept, how many
@@ -69,6 +71,7 @@ pub async fn run(
         state_dir: args.state_dir.clone(),
         cni_path: args.cni_path.clone(),
         conflist: args.conflist.clone(),
+        sources: args.launch.sources(),
         ..node_paths::Given::default()
     };
     let s = socket.to_owned();

@@ -5,7 +5,7 @@
 //! and serve.
 
 mod metrics_bind;
-mod paths;
+pub(crate) mod paths;
 mod sockets;
 
 use std::{path::PathBuf, sync::Arc, time::Duration};

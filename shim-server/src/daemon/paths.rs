@@ -10,11 +10,17 @@ use crate::paths_record::Record;
 
 /// What this dipamd runs with: its flags after their defaults, `spool_dir` as published.
 pub(super) fn record(args: &Args, spool_dir: &Path) -> Record {
+    describe(args, spool_dir, std::process::id(), crate::clock::now_ms())
+}
+
+/// The record of a dipamd started with `args` (`pid`, at `started_at_ms`): also how
+/// `dipamctl` reads a dipamd's paths from its command line or its unit when it left no record.
+pub(crate) fn describe(args: &Args, spool_dir: &Path, pid: u32, started_at_ms: u64) -> Record {
     Record {
         format: crate::paths_record::FORMAT,
         version: env!("CARGO_PKG_VERSION").to_owned(),
-        pid: std::process::id(),
-        started_at_ms: crate::clock::now_ms(),
+        pid,
+        started_at_ms,
         socket: absolute(&args.socket),
         users_socket: args.users_socket.as_deref().map(absolute),
         state_dir: absolute(&args.state_dir),

@@ -19,7 +19,6 @@
 
 use std::{
     collections::BTreeSet,
-    fs::File,
     os::unix::ffi::OsStrExt,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -39,6 +38,10 @@ use tempfile::TempDir;
 use tonic::{Status, transport::Channel};
 
 use crate::{bins, cri::Cri};
+
+mod config;
+mod process;
+pub use process::delete_netns;
 
 /// The image every pod and container runs (the sandbox image too): busybox sleeping forever.
 /// Fully qualified, as CRI normalises image names.
@@ -182,31 +185,12 @@ impl Containerd {
         }
         link_plugins(&d.join("bin"));
         let text = if build.format >= 3 {
-            config_v3(d)
+            config::config_v3(d)
         } else {
-            config(d)
+            config::config(d)
         };
         std::fs::write(d.join("config.toml"), text).expect("containerd config");
-        let log = File::create(d.join("containerd.log")).expect("containerd log");
-        let mut cmd = Command::new(&build.containerd);
-        if let Some(shims) = &build.shim_dir {
-            // The shim is looked up in PATH: this build's first, then Debian's runc.
-            let path = std::env::var_os("PATH").unwrap_or_default();
-            let dirs = std::iter::once(shims.clone()).chain(std::env::split_paths(&path));
-            cmd.env(
-                "PATH",
-                std::env::join_paths(dirs).expect("a PATH of valid directories"),
-            );
-        }
-        let child = cmd
-            .arg("--config")
-            .arg(d.join("config.toml"))
-            .args(["--log-level", "info"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn containerd");
+        let child = process::spawn(d, &build);
         let cri = Cri::unix(d.join("containerd.sock"), "containerd");
         let mut c = Self {
             dir,
@@ -698,109 +682,6 @@ pub(crate) fn link_plugins(bin: &Path) {
             }
         }
     }
-}
-
-/// containerd's configuration (format version 2, as 1.6 reads it). Everything it can move
-/// is under `d`; plugins that would touch the host's own paths are disabled.
-fn config(d: &Path) -> String {
-    let p = |s: &str| d.join(s).to_string_lossy().into_owned();
-    format!(
-        r#"version = 2
-root = "{root}"
-state = "{state}"
-disabled_plugins = [
-  "io.containerd.internal.v1.opt",
-  "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.tracing.processor.v1.otlp",
-]
-
-[grpc]
-  address = "{grpc}"
-
-[ttrpc]
-  address = "{ttrpc}"
-
-[metrics]
-  address = ""
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{IMAGE}"
-  # Without it runc fails with "can't get final child's PID from pipe" where root lacks
-  # CAP_SYS_RESOURCE (docs/sources.md §10.2).
-  restrict_oom_score_adj = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{bin}"
-    conf_dir = "{netd}"
-    max_conf_num = 1
-"#,
-        root = p("root"),
-        state = p("state"),
-        grpc = p("containerd.sock"),
-        ttrpc = p("containerd.sock.ttrpc"),
-        bin = p("bin"),
-        netd = p("net.d"),
-    )
-}
-
-/// containerd 2.x's configuration (format version 3; containerd's `docs/cri/config.md`): the
-/// same settings as [`config`], under the plugins 2.x splits the CRI plugin into. NRI (a
-/// socket under /var/run/nri) is disabled with the rest that would touch the host's paths.
-fn config_v3(d: &Path) -> String {
-    let p = |s: &str| d.join(s).to_string_lossy().into_owned();
-    format!(
-        r#"version = 3
-root = "{root}"
-state = "{state}"
-disabled_plugins = [
-  "io.containerd.internal.v1.opt",
-  "io.containerd.nri.v1.nri",
-  "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.erofs",
-  "io.containerd.tracing.processor.v1.otlp",
-]
-
-[grpc]
-  address = "{grpc}"
-
-[ttrpc]
-  address = "{ttrpc}"
-
-[metrics]
-  address = ""
-
-[plugins.'io.containerd.cri.v1.images']
-  snapshotter = "overlayfs"
-  [plugins.'io.containerd.cri.v1.images'.pinned_images]
-    sandbox = "{IMAGE}"
-
-[plugins.'io.containerd.cri.v1.runtime']
-  # As in config(): runc fails where root lacks CAP_SYS_RESOURCE otherwise.
-  restrict_oom_score_adj = true
-  [plugins.'io.containerd.cri.v1.runtime'.cni]
-    bin_dirs = ["{bin}"]
-    conf_dir = "{netd}"
-    max_conf_num = 1
-
-[plugins.'io.containerd.grpc.v1.cri']
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-"#,
-        root = p("root"),
-        state = p("state"),
-        grpc = p("containerd.sock"),
-        ttrpc = p("containerd.sock.ttrpc"),
-        bin = p("bin"),
-        netd = p("net.d"),
-    )
 }
 
 /// The image as a docker-archive tar, built once per busybox binary and cached.

@@ -97,6 +97,11 @@ impl Crio {
         self.dir.path()
     }
 
+    /// The running crio's pid.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// CRI-O's `network_dir`.
     pub fn conf_dir(&self) -> PathBuf {
         self.dir().join("net.d")

@@ -275,8 +275,10 @@ impl Dipamd {
             // A delegate dipamd was forking at that moment holds a copy of the listening
             // socket until its exec closes it: until then a connect still succeeds, and the
             // next start's readiness check would take the old socket for the new dipamd's
-            // (seen with azure-vnet-ipam, whose agent checks fork often). Wait it out, briefly.
-            let deadline = Instant::now() + Duration::from_secs(2);
+            // (seen with azure-vnet-ipam, whose agent checks fork often, and with the warm
+            // pool's refills at load 150, where 2 s were not enough: chaos seed
+            // 1795918605112563098). Wait it out.
+            let deadline = Instant::now() + Duration::from_secs(10);
             while UnixStream::connect(self.socket()).is_ok() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(10));
             }
@@ -414,6 +416,30 @@ impl Dipamd {
         out
     }
 
+    /// Waits (up to 30 s) until `network` is at rest: no record of it in flight, and the
+    /// ledger read through delegate keys equal to `store` (the delegate's own view) on two
+    /// reads 300 ms apart. A warm pool releases its surplus and refills in the background
+    /// after a start, so a check that reads the ledger and then the store without this can
+    /// see a release land between the two. Returns false when it never settled (the
+    /// caller's assertions then show how they disagree).
+    pub fn wait_settled(&self, network: &str, store: impl Fn() -> Vec<(String, String)>) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut last = Vec::new();
+        while Instant::now() < deadline {
+            let now = self.delegate_pairs(network);
+            let busy = self
+                .ledger()
+                .iter()
+                .any(|a| a["network"] == network && a["state"] != "committed");
+            if !busy && now == last && now == store() {
+                return true;
+            }
+            last = now;
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        false
+    }
+
     /// Ledger entries as (container ID, ifname, bare IP) triples, sorted.
     pub fn ledger_ips(&self, network: &str) -> Vec<(String, String, String)> {
         let mut out: Vec<_> = self
@@ -460,4 +486,26 @@ fn tail(s: &str, lines: usize) -> String {
 /// True when nothing listens on `path` any more (and the file is gone).
 pub fn socket_gone(path: &Path) -> bool {
     !path.exists() && UnixStream::connect(path).is_err()
+}
+
+/// GET /metrics on a dipamd metrics socket (`--metrics-socket`): the whole HTTP answer,
+/// asserted to be a 200.
+pub fn scrape_socket(path: &Path) -> String {
+    use std::io::{Read, Write};
+    let mut s = UnixStream::connect(path).expect("connect to the metrics socket");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: dipamd\r\nConnection: close\r\n\r\n")
+        .expect("send the scrape");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read the scrape");
+    assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
+    out
+}
+
+/// CNI requests dipamd is serving now, every verb together (`dipam_requests_in_flight`).
+pub fn requests_in_flight(scrape: &str) -> i64 {
+    scrape
+        .lines()
+        .filter(|l| l.starts_with("dipam_requests_in_flight{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<i64>().ok())
+        .sum()
 }

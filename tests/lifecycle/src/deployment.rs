@@ -58,6 +58,14 @@ impl Deployment {
         }
     }
 
+    /// A lab for `conflist` whose dipamd has `flags` and is started as this deployment
+    /// starts it.
+    pub fn lab(self, conflist: &str, flags: &[&str]) -> Lab {
+        let mut lab = Lab::with_flags(conflist, flags);
+        self.start(&mut lab, None, &[]);
+        lab
+    }
+
     /// Restarts `lab`'s dipamd as this deployment starts it. `nofile` (SOFT:HARD) replaces
     /// the deployment's descriptor limit; `writable` are further directories the deployment
     /// would have writable (a `--non-root-data-dir` the DaemonSet would mount under

@@ -172,6 +172,15 @@ fn churn_while(
     restart: &mut dyn FnMut(&mut crate::Dipamd, &mut Seeded, u32, u64),
 ) -> u32 {
     use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    /// Stops the cycles when dropped: also when `restart` panics (a dipamd that did not exit
+    /// or start in time), which would otherwise leave the scope waiting forever for a worker
+    /// that never stops, and the test hung with its failure unreported.
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
     let stop = AtomicBool::new(false);
     let done = AtomicU32::new(0);
     std::thread::scope(|s| {
@@ -181,6 +190,7 @@ fn churn_while(
                 done.fetch_add(1, Ordering::Relaxed);
             }
         });
+        let _stop = StopOnDrop(&stop);
         for round in 0..rounds {
             let up = 300 + rng.below(2000);
             std::thread::sleep(std::time::Duration::from_millis(up));

@@ -34,6 +34,17 @@ struct Bench {
 impl Bench {
     /// Everything written; dipamd started when `dipamd_up`; CRI-O not started.
     fn new(dipamd_up: bool) -> Option<Self> {
+        Self::with(dipamd_up, |_| Vec::new(), false)
+    }
+
+    /// As [`Self::new`], with dipamd's further flags from `flags` (given CRI-O's socket), and
+    /// in its own PID namespace when `own_pid_ns` (the DaemonSet without hostPID: it sees
+    /// none of the pods' processes, nor, in its private mounts, their pinned namespaces).
+    fn with(
+        dipamd_up: bool,
+        flags: impl FnOnce(&std::path::Path) -> Vec<String>,
+        own_pid_ns: bool,
+    ) -> Option<Self> {
         let peers = dipam_lifecycle::peers::all(module_path!(), &["crio", "pinns"])?;
         let crio = Crio::new(&peers[0], &peers[1]);
         let mut lab = AgentLab::unstarted("dipam-host-local-1.1.0.conflist");
@@ -41,7 +52,19 @@ impl Bench {
         lab.write_conflist();
         let spool = lab.dipamd.dir.path().join("elsewhere/spool");
         let spool = spool.display().to_string();
-        lab.set_roles("router", &["--spool-dir", &spool, "--gc-grace", "0"]);
+        let mut all = vec![
+            "--spool-dir".to_owned(),
+            spool,
+            "--gc-grace".into(),
+            "0".into(),
+        ];
+        all.extend(flags(&crio.dir().join("crio.sock")));
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        lab.set_roles("router", &all);
+        if own_pid_ns {
+            let unshare = ["unshare", "-p", "-f", "--kill-child", "--mount-proc"];
+            lab.dipamd.enter(&unshare.map(str::to_owned));
+        }
         lab.dipamd.run_under(&shipped_unit_setpriv());
         crio.write_conflist("10", &lab.fx.list);
         let idle_subnet = Subnet::claim("10.77");
@@ -197,6 +220,183 @@ fn the_start_up_gc_frees_exactly_the_lost_dels() {
             .collect::<Vec<_>>()
             .join("\n")
     );
+}
+
+/// The no-false-free rows CRI-O owns (docs/cfp.md §7.4), with every look dipamd makes at
+/// its most eager: the runtime-aware GC on CRI-O's socket every second (with hostPID; without
+/// it the evidence pass alone), the evidence pass's two looks 2 s apart, the grace period
+/// (30 s) as shipped, which the pods have outlived by the time CRI-O restarts. A pod whose
+/// DEL was lost (dipamd down, its spool out of reach; CRI-O removes the pod anyway) is freed
+/// through the runtime's list within 60 s.
+/// CRI-O is then SIGKILLed and kept down for 6 s (its list unreachable: the looks prove
+/// nothing) and started again: it restores the two running pods and sends its start-up GC
+/// with them as the valid list. Neither, nor the agent's router and claim, is freed in the
+/// 20 s of passes that follow, and each keeps its address.
+fn crio_restored_pods_are_never_freed(own_pid_ns: bool) {
+    require!(dipam_lifecycle::crio::unavailable());
+    // Without hostPID, the evidence pass alone (the runtime-aware GC's next pass after the
+    // one at start is an hour away): what it makes of the runtime's list is the question.
+    let interval = if own_pid_ns { "3600" } else { "1" };
+    let flags = |sock: &std::path::Path| {
+        [
+            "--cri-endpoint",
+            &format!("unix://{}", sock.display()),
+            "--runtime-gc-interval",
+            interval,
+            "--dead-after",
+            "2",
+            // The grace period as shipped: it is the rule that keeps a pod whose sandbox the
+            // runtime does not list yet (CRI-O lists it once RunPodSandbox returns, which
+            // took over a second here under load, beyond two one-second passes).
+            "--gc-grace",
+            "30",
+            "--metrics-socket",
+            &sock
+                .with_file_name("dipamd-metrics.sock")
+                .display()
+                .to_string(),
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    };
+    let Some(mut b) = Bench::with(true, flags, own_pid_ns) else {
+        return;
+    };
+    if own_pid_ns {
+        let outer = b.lab.dipamd.pid().unwrap();
+        assert!(
+            child_in_another_pid_namespace(outer),
+            "dipamd runs in its own PID namespace"
+        );
+    }
+    b.start_crio();
+    b.claim("egress");
+    let agent = b.lab.addresses();
+    let pods: Vec<String> = (0..3)
+        .map(|i| b.crio.run_pod(&format!("web-{i}")).unwrap())
+        .collect();
+    let added = Instant::now();
+    let ips: Vec<String> = pods.iter().map(|id| b.crio.pod_ip(id).unwrap()).collect();
+    let (lost, live) = (&pods[0], &pods[1..]);
+    b.lab.dipamd.kill9();
+    let pointer = format!("{}.spool", b.lab.dipamd.socket().display());
+    std::fs::remove_file(&pointer).unwrap();
+    assert!(b.crio.stop_pod(lost).is_err(), "the DEL is lost");
+    b.crio.remove_pod(lost).unwrap();
+    b.lab.dipamd.start_again();
+    b.lab.wait_ready(2);
+    let since = Instant::now();
+    wait_for(60, "the lost pod freed through the runtime's list", || {
+        b.pods_in_ledger().iter().all(|(id, _)| id != lost)
+    });
+    let freed_by = freed_by(&b.lab.dipamd, lost);
+    eprintln!(
+        "own PID namespace {own_pid_ns}: the lost pod freed by {freed_by} after {:?}",
+        since.elapsed()
+    );
+    let by: &[&str] = if own_pid_ns {
+        &["evidence"]
+    } else {
+        &["runtime-gc", "evidence"]
+    };
+    assert!(by.contains(&freed_by.as_str()), "freed by {freed_by}");
+    let msock = b.crio.dir().join("dipamd-metrics.sock");
+    let gcs_served = || -> u64 {
+        requests(&msock, "GC")
+            .iter()
+            .filter(|(code, _)| code == "0")
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let gcs_before = gcs_served();
+    // Every look from here on judges the running pods too: they are past the grace period.
+    if let Some(left) = Duration::from_secs(31).checked_sub(added.elapsed()) {
+        std::thread::sleep(left);
+    }
+    b.crio.kill9();
+    std::thread::sleep(Duration::from_secs(6));
+    b.start_crio();
+    let crio_back = Instant::now();
+    while crio_back.elapsed() < Duration::from_secs(20) {
+        let ledger = b.pods_in_ledger();
+        for (id, ip) in live.iter().zip(&ips[1..]) {
+            assert!(
+                ledger.contains(&(id.clone(), ip.clone())),
+                "own PID namespace {own_pid_ns}: the live pod {id} ({ip}) was freed: {ledger:?}\n{}",
+                b.lab.dipamd.log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    for (id, ip) in live.iter().zip(&ips[1..]) {
+        assert_eq!(b.crio.pod_ip(id).as_ref(), Some(ip), "CRI-O restored {id}");
+    }
+    assert_eq!(
+        b.lab.addresses(),
+        agent,
+        "the agent's router and claim are kept"
+    );
+    b.lab.assert_agree();
+    // CRI-O's start-up GC (one per network of its directory) reached dipamd and was answered
+    // with success, and freed none of the above.
+    assert!(
+        gcs_served() > gcs_before,
+        "CRI-O's start-up GC reached dipamd: {:?}",
+        requests(&msock, "GC")
+    );
+    assert!(
+        !b.crio
+            .log()
+            .contains("Garbage collect stale network resources during server startup failed"),
+        "CRI-O's start-up GC failed"
+    );
+}
+
+/// Whether a child of `pid` (`unshare -f`'s: dipamd) runs in a PID namespace other than this
+/// process's.
+fn child_in_another_pid_namespace(pid: u32) -> bool {
+    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/pid")).ok();
+    let own = ns("self");
+    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let stat = std::fs::read_to_string(format!("/proc/{name}/stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit(')')
+            .next()
+            .and_then(|rest| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        ppid == Some(pid) && ns(&name).is_some() && ns(&name) != own
+    })
+}
+
+/// Who freed `cid`'s attachment, as its history (`dipamctl explain`) says.
+fn freed_by(dipamd: &dipam_lifecycle::Dipamd, cid: &str) -> String {
+    let out = dipamd.ctl(&["explain", cid, "--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    v["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["kind"] == "freed")
+        .and_then(|e| e["by"].as_str())
+        .unwrap_or("nothing")
+        .to_owned()
+}
+
+/// Under the shipped unit (the host's PID namespace): the pods' namespaces, routes and
+/// CRI-O's list all speak.
+#[test]
+fn a_pod_crio_restored_is_never_freed_by_any_look_unit() {
+    crio_restored_pods_are_never_freed(false);
+}
+
+/// As the DaemonSet without hostPID: dipamd in its own PID namespace sees none of the pods'
+/// processes and none of their pinned namespaces; only CRI-O's list counts, and while CRI-O
+/// is down the look is incomplete and proves nothing. The lost pod is still freed, by the
+/// evidence pass through the list.
+#[test]
+fn a_pod_crio_restored_is_never_freed_by_any_look_without_host_pid() {
+    crio_restored_pods_are_never_freed(true);
 }
 
 /// CRI-O started while dipamd is down: NetworkReady is false and a RunPodSandbox (from
@@ -420,4 +620,77 @@ fn crio_runs_every_1_1_0_example() {
         );
         drop(crio);
     }
+}
+
+/// `dipamctl install` judges a conflist by the runtime that reads the conf dir, found from the
+/// runtime's own configuration: a running CRI-O whose `network_dir` a drop-in of its
+/// `--config-dir` moved to a non-default directory. Installing a 1.1.0 conflist there names
+/// CRI-O 1.36.3 (the pid it runs as, the drop-in that set the directory) as the reader that
+/// takes every cniVersion, and gives no blanket 1.1.0 warning; the directory its `--config`
+/// file names, overridden, is read by no runtime.
+#[test]
+fn install_is_judged_by_the_running_crio_that_reads_its_network_dir() {
+    dipam_lifecycle::require_root!();
+    let Some(peers) = dipam_lifecycle::peers::all(module_path!(), &["crio", "pinns"]) else {
+        return;
+    };
+    let mut crio = Crio::new(&peers[0], &peers[1]);
+    let net = crio.dir().join("node-c/net.d");
+    std::fs::create_dir_all(&net).unwrap();
+    std::fs::write(
+        crio.dir().join("conf.d/50-network.conf"),
+        format!("[crio.network]\nnetwork_dir = \"{}/\"\n", net.display()),
+    )
+    .unwrap();
+    crio.start();
+    let pid = crio.pid().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src.conflist");
+    let fx = Fixture::load("dipam-host-local-1.1.0.conflist").with_version("1.1.0");
+    std::fs::write(&src, serde_json::to_vec_pretty(&fx.list).unwrap()).unwrap();
+    let bin = work.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let install = |conf_dir: &std::path::Path| {
+        std::process::Command::new(dipam_lifecycle::bins::bin("dipamctl"))
+            .args(["install", "--no-man-pages", "--json", "--plugin"])
+            .arg(dipam_lifecycle::bins::bin("dipam"))
+            .arg("--cni-bin-dir")
+            .arg(&bin)
+            .arg("--conf-dir")
+            .arg(conf_dir)
+            .arg("--conflist")
+            .arg(&src)
+            .args(["--cni-path", &dipam_lifecycle::bins::cni_path()])
+            .output()
+            .unwrap()
+    };
+    let out = install(&net);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let readers = v["readers"].as_array().unwrap();
+    assert_eq!(readers.len(), 1, "{v:#}");
+    let r = &readers[0];
+    assert_eq!(r["runtime"], "crio", "{v:#}");
+    assert_eq!(r["version"], "1.36.3", "{v:#}");
+    assert_eq!(r["maxCniVersion"], Value::Null, "{v:#}");
+    let reads = r["reads"].as_str().unwrap();
+    assert!(
+        reads.contains(&format!("runs as pid {pid} with ")) && reads.contains("50-network.conf"),
+        "{reads}"
+    );
+    assert!(!err.contains("cannot parse a 1.1.0 result"), "{err}");
+    assert!(net.join("10-dipam.conflist").is_file());
+    // The network_dir of its --config file is overridden: CRI-O does not read it.
+    let out = install(&crio.conf_dir());
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        v["readers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["runtime"] != "crio"),
+        "{v:#}"
+    );
 }

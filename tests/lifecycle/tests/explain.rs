@@ -1,11 +1,12 @@
 //! `dipamctl explain <container-id>`: the full history of an attachment — each request and
 //! its outcome, each delegate exec with argv, environment, exit status and duration — kept
-//! in the ledger, so it survives a restart.
+//! in the ledger, so it survives a restart. Each case runs with dipamd under the shipped unit's
+//! capability set and in the DaemonSet's shape (deployment.rs).
 
 // Tests: a panic is the failure report.
 #![allow(clippy::unwrap_used)]
 
-use dipam_lifecycle::{Attachment, Lab, NetNs, require_root};
+use dipam_lifecycle::{Attachment, Lab, NetNs, deployment::Deployment, require_root};
 use serde_json::Value;
 
 fn explain(lab: &Lab, cid: &str) -> Value {
@@ -20,8 +21,17 @@ fn explain(lab: &Lab, cid: &str) -> Value {
 
 #[test]
 fn explain_shows_requests_and_delegate_execs_across_a_restart() {
+    explain_shows_requests_and_delegate_execs_across_a_restart_in(Deployment::ShippedUnit);
+}
+
+#[test]
+fn explain_shows_requests_and_delegate_execs_across_a_restart_daemonset() {
+    explain_shows_requests_and_delegate_execs_across_a_restart_in(Deployment::DaemonSet);
+}
+
+fn explain_shows_requests_and_delegate_execs_across_a_restart_in(d: Deployment) {
     require_root!();
-    let mut lab = Lab::new("ptp-dipam-host-local.conflist");
+    let mut lab = d.lab("ptp-dipam-host-local.conflist", &[]);
     let (_ns, pod) = lab.pod();
     let r = lab.rt.ipam(lab.list(), 0, "ADD", &pod, None).unwrap();
     lab.rt.ipam(lab.list(), 0, "DEL", &pod, Some(&r)).unwrap();
@@ -99,8 +109,17 @@ fn explain_fails(lab: &Lab, what: &str) -> String {
 /// is refused naming both; a message never carries runs of spaces from a continued literal.
 #[test]
 fn explain_finds_a_container_by_ip_and_by_id_prefix() {
+    explain_finds_a_container_by_ip_and_by_id_prefix_in(Deployment::ShippedUnit);
+}
+
+#[test]
+fn explain_finds_a_container_by_ip_and_by_id_prefix_daemonset() {
+    explain_finds_a_container_by_ip_and_by_id_prefix_in(Deployment::DaemonSet);
+}
+
+fn explain_finds_a_container_by_ip_and_by_id_prefix_in(d: Deployment) {
     require_root!();
-    let lab = Lab::new("ptp-dipam-host-local.conflist");
+    let lab = d.lab("ptp-dipam-host-local.conflist", &[]);
     let tag = format!("{:08x}", std::process::id());
     let (ns1, ns2) = (NetNs::new(), NetNs::new());
     let one = Attachment::new(&format!("c0ffee01{tag}aa"), &ns1.path());
@@ -176,9 +195,18 @@ fn cni_gc(lab: &Lab, valid: Value) {
 /// operator's second day: "who freed it?" was a guess from the requests).
 #[test]
 fn explain_by_ip_says_who_freed_each_earlier_holding() {
+    explain_by_ip_says_who_freed_each_earlier_holding_in(Deployment::ShippedUnit);
+}
+
+#[test]
+fn explain_by_ip_says_who_freed_each_earlier_holding_daemonset() {
+    explain_by_ip_says_who_freed_each_earlier_holding_in(Deployment::DaemonSet);
+}
+
+fn explain_by_ip_says_who_freed_each_earlier_holding_in(d: Deployment) {
     require_root!();
     // Grace 0 and any share: the GCs here free the one pod of the network on purpose.
-    let lab = Lab::with_flags(
+    let lab = d.lab(
         "ptp-dipam-host-local.conflist",
         &["--gc-grace", "0", "--gc-max-free-share", "1"],
     );

@@ -14,10 +14,13 @@
 //! - scaled to 0, the ledger and host-local hold only the agent's addresses;
 //! - `dipamctl status` and `doctor` in the DaemonSet pod say healthy; the metrics answer;
 //! - `kubectl rollout restart` of the DaemonSet while the Deployment scales up and down: no
-//!   pod stays failed, nothing leaks, the agent keeps its addresses;
-//! - a node restart (kubelet, containerd and every pod SIGKILLed, the pods' network
-//!   namespaces and /run gone): every pod comes back with an address, and after the
-//!   runtime-aware GC nothing from before is held.
+//!   sandbox creation fails (the kubelet's events), no pod stays failed, nothing leaks, the
+//!   agent keeps its addresses;
+//! - a node reboot (kubelet, containerd and every pod SIGKILLed, the pods' network
+//!   namespaces and /run gone, a new boot id in the file dipamd is pointed at): every pod
+//!   comes back with an address, and within 30 s of dipamd's start, with no GC asked for, the
+//!   ledger holds exactly the pods' and the agent's (unchanged) addresses and host-local
+//!   exactly the ledger's.
 //!
 //! With DIPAM_CLUSTER_LATENCY set it then measures pod start latency (create to Ready, 20
 //! pods) for dipam as shipped, the reference ptp + host-local, dipam with dipamd requesting
@@ -30,176 +33,36 @@
 
 use std::{collections::BTreeSet, time::Instant};
 
-use dipam_lifecycle::{
-    bins,
-    cluster::{self, Cluster},
+use dipam_lifecycle::cluster::{
+    self, Cluster,
+    workload::{
+        self, DS, agent_ips, apply_text, deployment, dipamctl_in_pod, host_local_store, ips_of,
+        latencies_with, ledger, patch_daemonset, percentile, pod_start_latencies, ready,
+        rollout_status, wait_daemonset_ready, wait_pods_ready,
+    },
 };
 use ipnet::Ipv4Net;
 use serde_json::Value;
 
-const DS: &str = "daemonset/dipam";
-const SOCKET: &str = "/run/dipam/dipam.sock";
+/// Where the node's boot id is kept for dipamd (node path, the state volume's): a node
+/// restart here cannot change the kernel's, so the DaemonSet's dipamd is pointed at this file
+/// (its hidden `--boot-id-file`) and the test writes a new one for each "boot".
+const BOOT_ID: &str = "/var/lib/dipam/boot-id";
 
-/// Applies deploy/kubernetes as shipped, through a kustomization that only sets the image.
-fn apply_shipped(c: &Cluster) {
-    let k = c.dir.path().join("kustomize");
-    std::fs::create_dir_all(&k).unwrap();
-    std::fs::copy(
-        bins::workspace().join("deploy/kubernetes/dipam.yaml"),
-        k.join("dipam.yaml"),
-    )
-    .unwrap();
+/// Writes a new boot id for the node's next dipamd start.
+fn next_boot(c: &Cluster) {
     std::fs::write(
-        k.join("kustomization.yaml"),
-        format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
-             resources:\n  - dipam.yaml\nimages:\n  - name: dipam\n    newName: {}\n    newTag: {}\n",
-            cluster::DIPAM_IMAGE,
-            cluster::DIPAM_TAG
-        ),
+        c.node.path(BOOT_ID),
+        format!("{}\n", dipam_lifecycle::unique("boot")),
     )
     .unwrap();
-    c.kubectl_ok(&["apply", "-k", &k.to_string_lossy()]);
 }
 
-fn ready(obj: &Value) -> bool {
-    obj["status"]["conditions"].as_array().is_some_and(|cs| {
-        cs.iter()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True")
-    })
-}
-
-/// The DaemonSet's pod, once Ready.
-fn wait_daemonset_ready(c: &Cluster, secs: u64) -> Value {
-    c.wait_for("the DaemonSet's pod to be Ready", secs, |c| {
-        let pods = c.get_json(&[
-            "pods",
-            "-n",
-            "kube-system",
-            "-l",
-            "app.kubernetes.io/name=dipam",
-        ]);
-        let items = pods["items"].as_array()?.clone();
-        (items.len() == 1
-            && ready(&items[0])
-            && items[0]["metadata"]["deletionTimestamp"].is_null())
-        .then(|| items[0].clone())
-    })
-}
-
-/// `dipamctl ARGS` inside the DaemonSet's dipamd container (`kubectl exec`: the image has no
-/// shell, dipamctl is exec'd directly).
-fn dipamctl_in_pod(c: &Cluster, args: &[&str]) -> std::process::Output {
-    let mut all = vec![
-        "-n",
-        "kube-system",
-        "exec",
-        DS,
-        "-c",
-        "dipamd",
-        "--",
-        "dipamctl",
-    ];
-    all.extend_from_slice(args);
-    all.extend(["--socket", SOCKET]);
-    c.kubectl(&all)
-}
-
-/// The ledger, read on the node through dipamd's socket.
-fn ledger(c: &Cluster) -> Vec<Value> {
-    let out = std::process::Command::new(bins::bin("dipamctl"))
-        .arg("--socket")
-        .arg(c.node.path(SOCKET))
-        .args(["attachments", "--json"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "dipamctl attachments: {out:?}");
-    serde_json::from_slice::<Value>(&out.stdout)
-        .unwrap()
-        .as_array()
-        .cloned()
-        .unwrap()
-}
-
-fn ips_of(a: &Value) -> Vec<String> {
-    a["ips"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|ip| ip.as_str().unwrap().split('/').next().unwrap().to_owned())
-        .collect()
-}
-
-/// host-local's reservations on the node: the addresses with a file in its store.
-fn host_local_store(c: &Cluster) -> BTreeSet<String> {
-    let dir = c.node.path("/var/lib/cni/networks/dipam");
-    std::fs::read_dir(&dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.parse::<std::net::IpAddr>().is_ok())
-        .collect()
-}
-
-/// The agent's addresses in the ledger.
-fn agent_ips(c: &Cluster) -> BTreeSet<String> {
-    ledger(c)
-        .iter()
-        .filter(|a| a["owner"].as_str().unwrap_or_default().starts_with("agent"))
-        .flat_map(ips_of)
-        .collect()
-}
-
-fn deployment(name: &str, replicas: u32) -> String {
-    format!(
-        "apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: {name}
-  namespace: default
-spec:
-  replicas: {replicas}
-  selector:
-    matchLabels: {{app: {name}}}
-  template:
-    metadata:
-      labels: {{app: {name}}}
-    spec:
-      terminationGracePeriodSeconds: 1
-      containers:
-        - name: sleep
-          image: {image}
-          imagePullPolicy: Never
-          command: [sleep, '2147483647']
-",
-        image = cluster::BUSYBOX_IMAGE
-    )
-}
-
-fn apply_text(c: &Cluster, name: &str, text: &str) {
-    let f = c.dir.path().join(format!("{name}.yaml"));
-    std::fs::write(&f, text).unwrap();
-    c.kubectl_ok(&["apply", "-f", &f.to_string_lossy()]);
-}
-
-/// The Deployment's pods once `n` are Ready (and no other is left): (name, IP).
-fn wait_pods_ready(c: &Cluster, app: &str, n: usize, secs: u64) -> Vec<(String, String)> {
-    c.wait_for(&format!("{n} pods of {app} to be Ready"), secs, |c| {
-        let pods = c.get_json(&["pods", "-l", &format!("app={app}")]);
-        let items = pods["items"].as_array()?.clone();
-        (items.len() == n && items.iter().all(ready)).then(|| {
-            items
-                .iter()
-                .map(|p| {
-                    (
-                        p["metadata"]["name"].as_str().unwrap().to_owned(),
-                        p["status"]["podIP"].as_str().unwrap_or_default().to_owned(),
-                    )
-                })
-                .collect()
-        })
-    })
+/// Applies deploy/kubernetes as shipped, with dipamd pointed at the node's boot id file
+/// ([`BOOT_ID`]).
+fn apply_shipped(c: &Cluster) {
+    next_boot(c);
+    workload::apply_shipped(c, &["--boot-id-file", BOOT_ID]);
 }
 
 #[test]
@@ -208,12 +71,7 @@ fn the_shipped_daemonset_on_a_real_node() {
     let Some(peers) = dipam_lifecycle::peers::all(module_path!(), cluster::PEERS) else {
         return;
     };
-    dipam_lifecycle::require!(
-        (!std::path::Path::new(cluster::ETCD).is_file()).then(|| format!(
-            "{} is missing (tests/deps.sh installs etcd-server)",
-            cluster::ETCD
-        ))
-    );
+    dipam_lifecycle::require!(cluster::etcd_missing());
     let start = Instant::now();
     let c = Cluster::start(peers);
     let node = c.node_object().unwrap();
@@ -345,79 +203,6 @@ fn the_shipped_daemonset_on_a_real_node() {
     }
 }
 
-/// Create-to-Ready latency of each of `n` pods of a new Deployment `app`, as a watch sees the
-/// events (stamped on arrival: the API's own timestamps have whole seconds), then the
-/// Deployment deleted and its pods gone.
-fn pod_start_latencies(c: &Cluster, app: &str, n: u32) -> Vec<std::time::Duration> {
-    use std::io::BufRead as _;
-    let template =
-        "jsonpath={.metadata.name} {.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}";
-    let mut watch = c
-        .kubectl_command(&[
-            "get",
-            "pods",
-            "-l",
-            &format!("app={app}"),
-            "-w",
-            "-o",
-            template,
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = watch.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send((Instant::now(), line)).is_err() {
-                break;
-            }
-        }
-    });
-    std::thread::sleep(std::time::Duration::from_secs(1));
-    apply_text(c, app, &deployment(app, n));
-    let mut created = std::collections::BTreeMap::new();
-    let mut ready_at = std::collections::BTreeMap::new();
-    let deadline = Instant::now() + std::time::Duration::from_secs(300);
-    while ready_at.len() < n as usize {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let (at, line) = rx.recv_timeout(left).unwrap_or_else(|_| {
-            panic!(
-                "{app}: {} of {n} pods Ready in 300 s\n{}",
-                ready_at.len(),
-                c.diagnostics()
-            )
-        });
-        let mut words = line.split_whitespace();
-        let Some(name) = words.next() else { continue };
-        created.entry(name.to_owned()).or_insert(at);
-        if words.next() == Some("True") {
-            ready_at.entry(name.to_owned()).or_insert(at);
-        }
-    }
-    let _ = watch.kill();
-    let _ = watch.wait();
-    let _ = reader.join();
-    c.kubectl_ok(&["delete", "deployment", app, "--wait=true"]);
-    c.wait_for(&format!("{app}'s pods to go"), 180, |c| {
-        c.get_json(&["pods", "-l", &format!("app={app}")])["items"]
-            .as_array()?
-            .is_empty()
-            .then_some(())
-    });
-    let mut out: Vec<_> = ready_at
-        .iter()
-        .map(|(k, r)| r.duration_since(created[k]))
-        .collect();
-    out.sort();
-    out
-}
-
-fn percentile(sorted: &[std::time::Duration], p: usize) -> std::time::Duration {
-    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
-}
-
 /// Pod start latency over a 20-pod Deployment, p50 and p90: dipam as shipped (main mode),
 /// the reference ptp + host-local conflist, and dipam with a warm pool of 20.
 fn measure(c: &Cluster, cidr: Ipv4Net) {
@@ -497,41 +282,6 @@ fn set_cpu_request(c: &Cluster, request: &str) {
     );
 }
 
-/// Applies a JSON patch to the DaemonSet and waits for the rollout and its pod to be Ready.
-fn patch_daemonset(c: &Cluster, patch: &str) {
-    c.kubectl_ok(&["-n", "kube-system", "patch", DS, "--type=json", "-p", patch]);
-    rollout_status(c);
-    wait_daemonset_ready(c, 120);
-}
-
-/// Waits (up to 300 s) for the DaemonSet's rollout to finish.
-fn rollout_status(c: &Cluster) {
-    c.kubectl_ok(&[
-        "-n",
-        "kube-system",
-        "rollout",
-        "status",
-        DS,
-        "--timeout=300s",
-    ]);
-}
-
-/// Pod start latencies with `conflist` placed before dipam's (the lexically first conflist
-/// containerd loads), then removed.
-fn latencies_with(
-    c: &Cluster,
-    conf: &std::path::Path,
-    conflist: &Value,
-    app: &str,
-) -> Vec<std::time::Duration> {
-    std::fs::write(conf, conflist.to_string()).unwrap();
-    std::thread::sleep(std::time::Duration::from_secs(3));
-    let l = pod_start_latencies(c, app, 20);
-    std::fs::remove_file(conf).unwrap();
-    std::thread::sleep(std::time::Duration::from_secs(3));
-    l
-}
-
 /// The pods' addresses in the ledger, by pod name (namespace default).
 fn pod_addresses(c: &Cluster) -> Vec<(String, String)> {
     let mut out: Vec<_> = ledger(c)
@@ -577,9 +327,37 @@ fn assert_no_leak(c: &Cluster, app: &str, n: usize, agent: &BTreeSet<String>, ci
     );
 }
 
-/// `kubectl rollout restart daemonset/dipam` while the Deployment is scaled up and down: no
-/// pod stays failed, nothing leaks, the agent keeps its addresses.
+/// The kubelet's FailedCreatePodSandBox events (a RunPodSandbox that failed: the CNI ADD,
+/// among others), by UID.
+fn failed_sandboxes(c: &Cluster) -> BTreeSet<(String, String)> {
+    let ev = c.get_json(&[
+        "events",
+        "-A",
+        "--field-selector",
+        "reason=FailedCreatePodSandBox",
+    ]);
+    ev["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            (
+                e["metadata"]["uid"].as_str().unwrap_or_default().to_owned(),
+                format!(
+                    "{}: {}",
+                    e["involvedObject"]["name"].as_str().unwrap_or_default(),
+                    e["message"].as_str().unwrap_or_default()
+                ),
+            )
+        })
+        .collect()
+}
+
+/// `kubectl rollout restart daemonset/dipam` while the Deployment is scaled up and down (docs/cfp.md
+/// §8.4): no sandbox creation fails (the kubelet's events), no pod stays failed, nothing
+/// leaks, the agent keeps its addresses.
 fn rollout_restart_under_churn(c: &Cluster, agent: &BTreeSet<String>, cidr: Ipv4Net) {
+    let failed_before = failed_sandboxes(c);
     let before = wait_daemonset_ready(c, 60)["metadata"]["uid"].clone();
     c.kubectl_ok(&["scale", "deployment/web", "--replicas=8"]);
     c.kubectl_ok(&["-n", "kube-system", "rollout", "restart", DS]);
@@ -598,12 +376,26 @@ fn rollout_restart_under_churn(c: &Cluster, agent: &BTreeSet<String>, cidr: Ipv4
     for p in pods["items"].as_array().unwrap() {
         assert_eq!(p["status"]["phase"], "Running", "{p}");
     }
+    let failed: Vec<_> = failed_sandboxes(c)
+        .difference(&failed_before)
+        .cloned()
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "sandbox creations failed during the rollout: {failed:#?}"
+    );
 }
 
-/// The node restarts as after a power loss; every pod comes back with an address, and
-/// once the runtime-aware GC has run (two passes), nothing from before is held.
+/// The node restarts as after a power loss, with a new boot id (docs/cfp.md §7.4, "Dead
+/// attachments"): every pod comes back with an address, and within 30 s of dipamd's start
+/// the ledger holds exactly the running pods' and the agent's addresses (the agent's
+/// unchanged), host-local exactly the ledger's, with no GC asked for: the reboot rule freed
+/// every pod of the earlier boot before dipamd served.
 fn node_restart(c: &mut Cluster, agent: &BTreeSet<String>, cidr: Ipv4Net) {
     let before: BTreeSet<String> = containers(c, "-A").into_iter().collect();
+    let failed_before = failed_sandboxes(c);
+    // Read by the next dipamd only (once, at its start).
+    next_boot(c);
     c.reboot_node();
     // The API still shows the pods Ready from before until the kubelet reports again: wait
     // for every pod's containers to be new ones.
@@ -615,14 +407,61 @@ fn node_restart(c: &mut Cluster, agent: &BTreeSet<String>, cidr: Ipv4Net) {
             (now.len() == before.len() && now.iter().all(|id| !before.contains(id))).then_some(())
         },
     );
-    wait_daemonset_ready(c, 300);
+    let ds = wait_daemonset_ready(c, 300);
+    let started = ds["status"]["containerStatuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["name"] == "dipamd")
+        .and_then(|s| s["state"]["running"]["startedAt"].as_str())
+        .map(str::to_owned)
+        .expect("dipamd's start time");
+    // The API's stamps have whole seconds: from the second after, 30 s.
+    let started = rfc3339_secs(&started) + 1;
     let pods = wait_pods_ready(c, "web", 12, 300);
     assert!(pods.iter().all(|(_, ip)| !ip.is_empty()), "{pods:?}");
-    for _ in 0..2 {
-        let out = dipamctl_in_pod(c, &["gc", "--from-runtime", "--force"]);
-        assert!(out.status.success(), "runtime-aware GC: {out:?}");
-    }
+    let log = c.kubectl_ok(&["-n", "kube-system", "logs", DS, "-c", "dipamd"]);
+    assert!(
+        log.contains("a reboot: the pod attachments of the earlier boot"),
+        "dipamd saw no reboot:\n{log}"
+    );
     assert_no_leak(c, "web", 12, agent, cidr);
+    let agreed = unix_now();
+    assert!(
+        agreed <= started + 30,
+        "ledger, host-local and the pods agreed only {} s after dipamd started",
+        agreed - started
+    );
+    eprintln!(
+        "after the reboot: ledger = host-local = pods {} s after dipamd started",
+        agreed.saturating_sub(started)
+    );
+    let failed: Vec<_> = failed_sandboxes(c)
+        .difference(&failed_before)
+        .cloned()
+        .collect();
+    eprintln!(
+        "{} sandbox creations failed after the reboot: {failed:#?}",
+        failed.len()
+    );
+}
+
+/// Seconds since the epoch now.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// An RFC 3339 UTC stamp as the API writes them (`2026-11-29T01:02:03Z`), in seconds since the
+/// epoch.
+fn rfc3339_secs(stamp: &str) -> u64 {
+    let out = std::process::Command::new("date")
+        .args(["-u", "-d", stamp, "+%s"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
 }
 
 /// The running containers' IDs of every pod (kube-system's and the Deployment's), Ready ones

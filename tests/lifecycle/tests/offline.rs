@@ -14,7 +14,11 @@ use std::{
     process::{Command, Output},
 };
 
-use dipam_lifecycle::{Lab, bins, require_root};
+use dipam_lifecycle::{
+    Lab, bins,
+    deployment::{Deployment, Started},
+    require_root,
+};
 use serde_json::Value;
 
 const CONFLIST: &str = "ptp-dipam-host-local.conflist";
@@ -403,14 +407,22 @@ fn doctor_at(socket: &Path) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"))
 }
 
-/// dipamd on paths that are all non-default (socket, state directory, spool outside it,
-/// --cni-path, --conflist in a conf dir of its own) leaves a record of them at start. With
-/// it stopped, then SIGKILLed, `doctor`, `support-bundle` and `recover`, given nothing but
-/// --socket, find the real state directory, spool, conf dir, conflist and delegates, and say
-/// where they learned each (issue 43: offline doctor failed "no ledger in /var/lib/dipam").
-#[test]
-fn offline_tools_learn_dipamds_non_default_paths_from_its_record() {
-    require_root!();
+/// dipamd on paths that are all non-default (socket, state directory, spool outside the state
+/// directory, --cni-path, --conflist in a directory of its own), with two pods, started as
+/// `d` starts it.
+struct NonDefault {
+    lab: Lab,
+    _spool: tempfile::TempDir,
+    sp: PathBuf,
+    ids: Vec<String>,
+    ra: Value,
+    a: dipam_lifecycle::Attachment,
+    net_d: tempfile::TempDir,
+    own: PathBuf,
+    started: Started,
+}
+
+fn non_default(d: Deployment) -> NonDefault {
     let (mut lab, spool, ids, ra, a) = lab_with_pods();
     let sp = spool.path().join("spool");
     let net_d = tempfile::tempdir().unwrap();
@@ -420,7 +432,58 @@ fn offline_tools_learn_dipamds_non_default_paths_from_its_record() {
     flags.extend(["--conflist".to_owned(), s(&own).to_owned()]);
     lab.dipamd
         .set_flags(&flags.iter().map(String::as_str).collect::<Vec<_>>());
-    lab.dipamd.restart();
+    // The DaemonSet's mounts make only its own volumes writable: the spool's too.
+    let started = d.start(&mut lab, None, &[spool.path()]);
+    NonDefault {
+        lab,
+        _spool: spool,
+        sp,
+        ids,
+        ra,
+        a,
+        net_d,
+        own,
+        started,
+    }
+}
+
+/// The pods' entries of the ledger (the DaemonSet's agent addresses left out).
+fn pods_in(lab: &Lab) -> Vec<(String, String)> {
+    lab.ledger()
+        .into_iter()
+        .filter(|(id, _)| !id.starts_with("dipam-"))
+        .collect()
+}
+
+/// dipamd on non-default paths leaves a record of them at start. With it stopped, then
+/// SIGKILLed, `doctor`, `support-bundle` and `recover`, given nothing but --socket, find the
+/// real state directory, spool, conf dir, conflist and delegates, and say where they learned
+/// each (issue 43: offline doctor failed "no ledger in /var/lib/dipam"). Under the shipped
+/// unit's capability set, and in the DaemonSet's shape.
+#[test]
+fn offline_tools_learn_dipamds_non_default_paths_from_its_record() {
+    learn_from_the_record(Deployment::ShippedUnit);
+}
+
+#[test]
+fn offline_tools_learn_dipamds_non_default_paths_from_its_record_daemonset() {
+    learn_from_the_record(Deployment::DaemonSet);
+}
+
+fn learn_from_the_record(d: Deployment) {
+    require_root!();
+    let NonDefault {
+        mut lab,
+        sp,
+        ids,
+        ra,
+        a,
+        net_d,
+        own,
+        // Bound, so that the spool's directory lives as long as the test.
+        _spool: _keep,
+        ..
+    } = non_default(d);
 
     // Running: both copies, root's, the socket's readable by all, the state directory's
     // private like everything there.
@@ -523,12 +586,12 @@ fn offline_tools_learn_dipamds_non_default_paths_from_its_record() {
         format!("state directory: {} ({learned}", s(&state)),
         format!("dipamd's conflist: {} ({learned}", s(&own)),
         format!("delegate search path: {} ({learned}", bins::cni_path()),
-        "recovered 1 pod and 0 agent attachment(s)".to_owned(),
+        "recovered 1 pod and ".to_owned(),
     ] {
         assert!(t.contains(&line), "{line}: {t}");
     }
     lab.dipamd.start_again();
-    let ledger = lab.ledger();
+    let ledger = pods_in(&lab);
     assert_eq!(ledger.len(), 1, "{ledger:?}");
     assert_eq!(ledger[0].0, ids[1], "{ledger:?}");
     lab.assert_agree();
@@ -593,4 +656,180 @@ fn a_record_of_paths_another_user_could_have_planted_is_refused() {
     assert_eq!(std::fs::read(&target).unwrap(), b"keep");
     assert!(std::fs::symlink_metadata(&beside).unwrap().is_file());
     assert_eq!(mode_uid(&beside), (0o644, 0));
+}
+
+/// Removes both copies of dipamd's record of its paths, as a dipamd older than this
+/// dipamctl would have left the node.
+fn remove_records(lab: &Lab) {
+    for r in [
+        record_beside(&lab.dipamd.socket()),
+        lab.dipamd.state_dir().join("dipamd.paths"),
+    ] {
+        std::fs::remove_file(&r).unwrap_or_else(|e| panic!("{}: {e}", r.display()));
+    }
+}
+
+/// Asserts that the offline doctor's `paths` found each of dipamd's non-default paths, each
+/// learned from a source starting with `from`.
+fn assert_learned(r: &Value, n: &NonDefault, from: &str) {
+    let p = &r["paths"];
+    let (state, cni) = (n.lab.dipamd.state_dir(), bins::cni_path());
+    for (key, want) in [
+        ("stateDir", s(&state)),
+        ("spoolDir", s(&n.sp)),
+        ("conflist", s(&n.own)),
+        ("cniPath", cni.as_str()),
+    ] {
+        assert_eq!(p[key]["path"], want, "{key}: {p:#}");
+        assert!(
+            p[key]["source"].as_str().unwrap().starts_with(from),
+            "{key} not {from}: {p:#}"
+        );
+    }
+    assert_eq!(p["confDir"]["path"], s(n.net_d.path()), "{p:#}");
+    let w = p["warnings"].to_string();
+    assert!(!w.contains("no record of dipamd's paths"), "{p:#}");
+    let recorded = r["ledger"]["attachments"].to_string();
+    assert!(
+        n.ids.iter().all(|id| recorded.contains(id.as_str())),
+        "{r:#}"
+    );
+}
+
+/// A dipamd that left no record (one older than this dipamctl) but runs: the offline tools
+/// read its paths from its own command line and environment (/proc), which in the DaemonSet's
+/// shape are the manifest's `command` and `env` (its --metrics-address too), and say so.
+#[test]
+fn offline_tools_read_a_running_dipamds_arguments_when_it_left_no_record() {
+    read_running_arguments(Deployment::ShippedUnit);
+}
+
+#[test]
+fn offline_tools_read_a_running_dipamds_arguments_when_it_left_no_record_daemonset() {
+    read_running_arguments(Deployment::DaemonSet);
+}
+
+fn read_running_arguments(d: Deployment) {
+    require_root!();
+    let n = non_default(d);
+    remove_records(&n.lab);
+    let socket = n.lab.dipamd.socket();
+    let pid = n.lab.dipamd.pid().unwrap();
+    let out = dipamctl(&["doctor", "--offline", "--socket", s(&socket), "--json"]);
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    let from = format!("from the command line of the running dipamd pid {pid}");
+    assert_learned(&r, &n, &from);
+    assert_eq!(r["paths"]["record"]["path"], format!("/proc/{pid}/cmdline"));
+    if let Some(port) = n.started.metrics_port {
+        let m = &r["paths"]["metrics"];
+        assert_eq!(
+            m["path"],
+            format!("http://127.0.0.1:{port}/metrics"),
+            "{m:#}"
+        );
+        assert_eq!(m["source"], from.as_str(), "{m:#}");
+    }
+    let text = dipamctl(&["doctor", "--offline", "--socket", s(&socket)]);
+    let t = String::from_utf8_lossy(&text.stdout);
+    let line = format!(
+        "  state directory: {} ({from})",
+        s(&n.lab.dipamd.state_dir())
+    );
+    assert!(t.contains(&line), "{line}: {t}");
+}
+
+/// A stopped dipamd that left no record: the offline tools read its paths from the installed
+/// systemd unit (the shipped one, a drop-in naming an environment file, that file's
+/// DIPAMD_OPTS), doctor sees the DEL spooled meanwhile, recover rebuilds the ledger where the
+/// unit keeps it; a drop-in another user could have written is refused, saying why, and the
+/// defaults are then assumed, saying so. dipamd ran under the unit's capability set.
+#[test]
+fn offline_tools_read_the_installed_unit_when_dipamd_left_no_record() {
+    require_root!();
+    let n = non_default(Deployment::ShippedUnit);
+    let mut lab = n.lab;
+    assert!(lab.dipamd.terminate().success());
+    lab.rt
+        .ipam(lab.list(), 0, "DEL", &n.a, Some(&n.ra))
+        .expect("DEL with dipamd down is spooled");
+    remove_records(&lab);
+    let (socket, state) = (lab.dipamd.socket(), lab.dipamd.state_dir());
+    let units = tempfile::tempdir().unwrap();
+    let unit = units.path().join("dipamd.service");
+    std::fs::copy(
+        bins::workspace().join("deploy/systemd/dipamd.service"),
+        &unit,
+    )
+    .unwrap();
+    let dropin_dir = units.path().join("dipamd.service.d");
+    std::fs::create_dir(&dropin_dir).unwrap();
+    let env_file = units.path().join("default-dipamd");
+    std::fs::write(
+        &env_file,
+        format!(
+            "DIPAM_STATE_DIR={}\nDIPAMD_OPTS=\"--spool-dir {} --conflist {} --cni-path {}\"\n",
+            s(&state),
+            s(&n.sp),
+            s(&n.own),
+            bins::cni_path()
+        ),
+    )
+    .unwrap();
+    let dropin = dropin_dir.join("50-node.conf");
+    std::fs::write(
+        &dropin,
+        format!(
+            "[Service]\nEnvironment=DIPAM_SOCKET={}\nEnvironmentFile=-{}\n",
+            s(&socket),
+            s(&env_file)
+        ),
+    )
+    .unwrap();
+    let u = ["--unit-dir", s(units.path())];
+    let out = dipamctl(&[&["doctor", "--socket", s(&socket), "--json"][..], &u].concat());
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    let from = format!(
+        "from the systemd unit {} + {} (dipamd not running)",
+        unit.display(),
+        dropin.display()
+    );
+    let n = NonDefault { lab, ..n };
+    assert_learned(&r, &n, &from);
+    assert_eq!(r["spool"]["files"].as_array().unwrap().len(), 1, "{r:#}");
+    let mut lab = n.lab;
+
+    // The ledger lost: recover rebuilds it where the unit keeps it, from host-local's store,
+    // which still holds the pod whose DEL is spooled; dipamd replays that DEL at start.
+    std::fs::remove_dir_all(&state).unwrap();
+    let out = dipamctl(&[&["recover", "--socket", s(&socket)][..], &u].concat());
+    assert!(out.status.success(), "{out:?}");
+    let t = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        format!("state directory: {} ({from})", s(&state)),
+        format!("dipamd's conflist: {} ({from})", s(&n.own)),
+        "recovered 2 pod and ".to_owned(),
+    ] {
+        assert!(t.contains(&line), "{line}: {t}");
+    }
+
+    // A drop-in another user could have written: refused, and the defaults assumed.
+    std::fs::set_permissions(&dropin, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = dipamctl(&[&["doctor", "--socket", s(&socket), "--json"][..], &u].concat());
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    let w = r["paths"]["warnings"].to_string();
+    assert!(
+        w.contains("refused the systemd unit of dipamd")
+            && w.contains("50-node.conf")
+            && w.contains("writable by group or others")
+            && w.contains("no record of dipamd's paths"),
+        "{r:#}"
+    );
+    assert_eq!(r["paths"]["stateDir"]["source"], "default", "{r:#}");
+
+    std::fs::set_permissions(&dropin, std::fs::Permissions::from_mode(0o644)).unwrap();
+    lab.dipamd.start_again();
+    let ledger = pods_in(&lab);
+    assert_eq!(ledger.len(), 1, "{ledger:?}");
+    assert_eq!(ledger[0].0, n.ids[1], "{ledger:?}");
+    lab.assert_agree();
 }

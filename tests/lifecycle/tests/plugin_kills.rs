@@ -139,11 +139,21 @@ fn blank_files(dir: &Path) -> Vec<String> {
 }
 
 /// The lab: root's own network, or nobody's (a network of its own in the lab's store, which
-/// dipamd allows it: `--non-root-data-dir`).
-fn lab(caller: Caller) -> (Lab, Value, PathBuf) {
+/// dipamd allows it: `--non-root-data-dir`); dipamd's metrics on a socket in `metrics`, where
+/// [`settle`] reads what it is still serving.
+fn lab(caller: Caller, metrics: &Path) -> (Lab, Value, PathBuf) {
+    let msock = metrics.join("metrics.sock");
+    let msock = msock.to_str().unwrap();
     let flags: &[&str] = match caller {
-        Caller::Root => &[],
-        Caller::Nobody => &["--socket-group", NOBODY, "--allow-uid", NOBODY],
+        Caller::Root => &["--metrics-socket", msock],
+        Caller::Nobody => &[
+            "--socket-group",
+            NOBODY,
+            "--allow-uid",
+            NOBODY,
+            "--metrics-socket",
+            msock,
+        ],
     };
     let lab = Lab::with_flags("ptp-dipam-host-local.conflist", flags);
     let mut conf = Runtime::plugin_config(lab.list(), 0, None);
@@ -156,30 +166,43 @@ fn lab(caller: Caller) -> (Lab, Value, PathBuf) {
 }
 
 /// Waits until dipamd has finished every ADD whose plugin it lost (each runs to its end,
-/// then is rolled back): nothing `adding` or `deleting` in the ledger, for this network.
-fn settle(lab: &Lab, network: &str) {
+/// then is rolled back): no request in flight (`dipam_requests_in_flight`), nothing `adding`
+/// or `deleting` in the ledger for this network, on two looks 200 ms apart. The ledger alone
+/// cannot tell: an ADD whose plugin left after the commit is `committed` until its rollback
+/// begins, and a check in that gap finds host-local's reservation and then no record.
+fn settle(lab: &Lab, network: &str, metrics: &Path) {
     let deadline = Instant::now() + Duration::from_secs(60);
+    let mut quiet = 0;
     loop {
+        let serving = dipam_lifecycle::daemon::requests_in_flight(
+            &dipam_lifecycle::daemon::scrape_socket(&metrics.join("metrics.sock")),
+        );
         let busy = lab
             .dipamd
             .ledger()
             .iter()
             .filter(|r| r["network"] == network && r["state"] != "committed")
             .count();
-        if busy == 0 {
+        quiet = if serving == 0 && busy == 0 {
+            quiet + 1
+        } else {
+            0
+        };
+        if quiet == 2 {
             return;
         }
         assert!(
             Instant::now() < deadline,
-            "{busy} operations still in flight 60 s after the last kill"
+            "{serving} requests and {busy} operations still in flight 60 s after the last kill"
         );
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(200));
     }
 }
 
 /// `runs()` runs of [`KILLS`] plugins killed mid-ADD as `caller`; after each, the checks.
 fn kills(caller: Caller, test: &str) {
-    let (lab, conf, dir) = lab(caller);
+    let metrics = tempfile::tempdir().unwrap();
+    let (lab, conf, dir) = lab(caller, metrics.path());
     let network = conf["name"].as_str().unwrap().to_owned();
     let seed = replay::seed();
     let replay = Replay::new("plugin_kills", test, Some(seed), lab.dipamd.log_path());
@@ -210,7 +233,7 @@ fn kills(caller: Caller, test: &str) {
         replay.kill(format!(
             "run {run}: {KILLS} plugins SIGKILLed 0-{MAX_DELAY_US} µs into their ADD (seed {run_seed})"
         ));
-        settle(&lab, &network);
+        settle(&lab, &network, metrics.path());
         let blank = blank_files(&dir);
         assert!(
             blank.is_empty(),

@@ -16,8 +16,8 @@ use std::{
 };
 
 use dipam_lifecycle::{
-    AgentLab, Attachment, Dipamd, Lab, NetNs, hostlocal, peers::Plugins, require_root,
-    runtime::result_ips,
+    AgentLab, Attachment, Dipamd, Lab, NetNs, deployment::Deployment, hostlocal, peers::Plugins,
+    require_root, runtime::result_ips,
 };
 use serde_json::{Value, json};
 
@@ -426,9 +426,30 @@ fn a_crash_right_after_a_take_converges_without_double_use() {
 /// its new size, and nothing leaks.
 #[test]
 fn a_crash_while_releasing_leaks_nothing() {
+    crash_while_releasing(None);
+}
+
+/// (4c) with dipamd under the shipped unit's capability set and descriptor limit.
+#[test]
+fn a_crash_while_releasing_leaks_nothing_unit() {
+    crash_while_releasing(Some(Deployment::ShippedUnit));
+}
+
+/// (4c) with dipamd started like the DaemonSet: its flags (an agent's router and health
+/// addresses from its `--conflist`, so the pool also fills from that conflist before any
+/// pod), its securityContext and its read-only root.
+#[test]
+fn a_crash_while_releasing_leaks_nothing_daemonset() {
+    crash_while_releasing(Some(Deployment::DaemonSet));
+}
+
+fn crash_while_releasing(shape: Option<Deployment>) {
     require_root!();
     for point in ["pool-release-after-mark", "pool-after-release"] {
         let mut lab = lab("ptp-dipam-host-local.conflist", 4, &[]);
+        if let Some(d) = shape {
+            d.start(&mut lab, None, &[]);
+        }
         let net = lab.network();
         let ns = NetNs::new();
         let first = Attachment::new(&dipam_lifecycle::unique("first"), &ns.path());
@@ -454,10 +475,16 @@ fn a_crash_while_releasing_leaks_nothing() {
         lab.dipamd.start_again();
         wait_pool(&lab.dipamd, &net, 2);
         assert_agree(&lab.dipamd, lab.data.path(), &net);
+        let agent = lab
+            .dipamd
+            .ledger()
+            .iter()
+            .filter(|a| a["owner"].as_str().is_some_and(|o| o.starts_with("agent")))
+            .count();
         assert_eq!(
             store(lab.data.path(), &net).len(),
-            3,
-            "{point}: the pod and 2 entries, nothing leaked"
+            3 + agent,
+            "{point}: the pod, 2 entries and the agent's {agent}, nothing leaked"
         );
         let s = status(&lab.dipamd);
         assert_eq!(s["warmPool"]["target"], 2, "{s}");

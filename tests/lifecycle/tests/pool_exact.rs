@@ -11,10 +11,7 @@
 // Tests: a panic is the failure report.
 #![allow(clippy::unwrap_used)]
 
-use std::{
-    sync::atomic::{AtomicUsize, Ordering},
-    time::{Duration, Instant},
-};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use dipam_lifecycle::{AgentLab, Attachment, NetNs, require_root};
 use serde_json::Value;
@@ -38,33 +35,20 @@ fn status(lab: &AgentLab) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// Waits until no record of the network is in flight and the pool's refiller has settled
-/// (its entries stopped changing), then asserts the ledger equals host-local's store.
+/// Waits until the network is at rest (no record in flight, the pool's refiller settled),
+/// then asserts the ledger, read through delegate keys, equals host-local's store.
 #[track_caller]
 fn assert_settled(lab: &AgentLab, context: &str) {
     let net = lab.network();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut last = Vec::new();
-    loop {
-        let now = lab.dipamd.delegate_pairs(&net);
-        let busy = lab
-            .dipamd
-            .ledger()
-            .iter()
-            .any(|a| a["network"] == net.as_str() && a["state"] != "committed");
-        if !busy && now == last && now == lab.delegate_store() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{context}: ledger through delegate keys (left) and host-local's store (right) \
-             disagree:\n{now:?}\n{:?}\n{}",
-            lab.delegate_store(),
-            lab.dipamd.log()
-        );
-        last = now;
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    let settled = lab.dipamd.wait_settled(&net, || lab.delegate_store());
+    assert!(
+        settled,
+        "{context}: ledger through delegate keys (left) and host-local's store (right) \
+         disagree:\n{:?}\n{:?}\n{}",
+        lab.dipamd.delegate_pairs(&net),
+        lab.delegate_store(),
+        lab.dipamd.log()
+    );
 }
 
 #[test]

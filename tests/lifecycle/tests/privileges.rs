@@ -355,14 +355,7 @@ fn one_capability_short_the_veths_still_go_and_doctor_says_why() {
 
 /// GET /metrics on dipamd's metrics socket.
 fn scrape(path: &std::path::Path) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::os::unix::net::UnixStream::connect(path).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: dipamd\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
-    out
+    dipam_lifecycle::daemon::scrape_socket(path)
 }
 
 /// Every capability, but in a user namespace that does not own the host's network namespace

@@ -14,22 +14,13 @@
 // Tests: a panic is the failure report.
 #![allow(clippy::unwrap_used)]
 
-use std::{
-    io::{Read, Write},
-    path::Path,
-};
+use std::path::Path;
 
 use dipam_lifecycle::{AgentLab, Attachment, Lab, hostlocal, require_root, unique};
 use serde_json::{Value, json};
 
 fn scrape(sock: &Path) -> String {
-    let mut s = std::os::unix::net::UnixStream::connect(sock).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: dipamd\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
-    out
+    dipam_lifecycle::daemon::scrape_socket(sock)
 }
 
 /// A range gauge's value in a scrape, or `None` when the series is absent.

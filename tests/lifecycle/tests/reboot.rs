@@ -315,9 +315,22 @@ fn pods_dead_without_a_del_are_freed_by_evidence_unit() {
 /// dipamd SIGKILLed at start right after it freed the first pod of the earlier boot (crash
 /// point `reboot-after-release`), before the new boot id is written: the next start frees the
 /// rest, and the ledger, host-local's store and the new pods end up as with no crash.
+/// `DIPAM_REBOOT_RUNS` sets how many runs it makes (default 1), each on a fresh lab; each
+/// prints its run and kill point.
 #[test]
 fn a_crash_while_freeing_the_earlier_boot_converges() {
     require_root!();
+    let runs: u32 = std::env::var("DIPAM_REBOOT_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    for run in 1..=runs {
+        eprintln!("run {run} of {runs}: kill point reboot-after-release");
+        crash_while_freeing_the_earlier_boot();
+    }
+}
+
+fn crash_while_freeing_the_earlier_boot() {
     let boot = Boot::new();
     let mut lab = host_local_lab(&boot, &["--dead-after", "0"]);
     let before = pods(&lab.rt, lab.list(), 3);

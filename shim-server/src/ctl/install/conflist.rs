@@ -213,8 +213,8 @@ pub(super) fn has_ranges(bytes: &[u8]) -> Result<(), ConflistError> {
 pub fn version_warning(conflist: &[u8]) -> Option<String> {
     let v: Value = serde_json::from_slice(conflist).ok()?;
     (v.get("cniVersion")?.as_str()? == "1.1.0").then(|| {
-        "the conflist is at cniVersion 1.1.0: containerd 1.6 and 1.7 and podman 4 (libcni \
-         before v1.2) cannot parse a 1.1.0 result and fail every pod's ADD with \
+        "the conflist is at cniVersion 1.1.0: containerd 1.6 and 1.7, podman 4 and CRI-O \
+         before 1.32 (libcni before v1.2) cannot parse a 1.1.0 result and fail every pod's ADD with \
          \"unsupported CNI result version\"; use 1.0.0 on nodes that run them"
             .to_owned()
     })

@@ -128,6 +128,9 @@ pub struct Report {
     pub man_pages: Option<(PathBuf, Vec<Placed>)>,
     /// What `--force` installed despite (compat.rs), to print as a warning.
     pub forced: Option<String>,
+    /// The runtimes found to read the conf dir, whose cniVersion limits judged the conflist
+    /// (conf_readers.rs): said, so that an operator sees which runtime was judged.
+    pub readers: Vec<compat::Runtime>,
 }
 
 /// `dipamctl install`: installs, then prints what was done (a table line per file, or one
@@ -192,6 +195,12 @@ pub fn install_with(
     let placed_plugin = binaries::place(opts, &plugin)?;
     let conflist = conflist::place(opts, conflist)?;
     let adopted = adopted.map(wrap_files::write_adopted).transpose()?;
+    let readers = opts
+        .node_check
+        .as_ref()
+        .filter(|_| conflist.is_some())
+        .map(|c| c.runtimes.clone())
+        .unwrap_or_default();
     Ok(Report {
         plugin: placed_plugin,
         plugin_version: plugin.version,
@@ -200,6 +209,7 @@ pub fn install_with(
         ranges,
         man_pages,
         forced,
+        readers,
     })
 }
 

@@ -23,6 +23,10 @@ pub(super) fn print(r: &Report, json: bool, out: &mut dyn Write) -> io::Result<(
             })),
             "wrapped": r.adopted.as_ref().map(Adopted::json),
             "ranges": r.ranges.as_ref().map(NodeRanges::json),
+            "readers": r.readers.iter().map(|x| json!({
+                "runtime": x.name, "version": x.version, "path": x.path,
+                "maxCniVersion": x.max, "reads": x.reads,
+            })).collect::<Vec<_>>(),
             "manPages": r.man_pages.as_ref().map(|(dir, pages)| json!({
                 "dir": dir,
                 "pages": pages.iter().map(|p| json!({"path": p.path, "changed": p.changed})).collect::<Vec<_>>(),
@@ -49,6 +53,18 @@ pub(super) fn print(r: &Report, json: bool, out: &mut dyn Write) -> io::Result<(
                 state(p)
             ),
             None => Ok(()),
+        })
+        .and_then(|()| {
+            r.readers.iter().try_for_each(|x| {
+                let max = x
+                    .max
+                    .map_or("every cniVersion".into(), |m| format!("up to {m}"));
+                writeln!(
+                    out,
+                    "judged:    by {} {}, which reads it ({}; takes {max})",
+                    x.name, x.version, x.reads
+                )
+            })
         })
         .and_then(|()| match &r.adopted {
             Some(a) => a.print(out),

@@ -21,6 +21,7 @@
 mod images;
 mod node;
 mod pki;
+pub mod workload;
 
 use std::{
     fs::File,
@@ -41,7 +42,7 @@ use crate::peers::Peer;
 pub const NODE_NAME: &str = "dipam-node";
 /// Debian's etcd (tests/deps.sh installs etcd-server).
 pub const ETCD: &str = "/usr/bin/etcd";
-/// The cluster's pod range; the node gets the first /24 of it.
+/// The cluster's pod range; the node gets the first block of it, of `Sizing::node_mask`.
 pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
 /// containerd's CRI socket, at the path the shipped DaemonSet's `--cri-endpoint` names.
 pub const CRI_SOCKET: &str = "/run/containerd/containerd.sock";
@@ -86,7 +87,34 @@ impl Proc {
     }
 }
 
+/// Why no cluster can start on this machine, if none can: Debian's etcd is missing (for
+/// `require!`).
+pub fn etcd_missing() -> Option<String> {
+    (!Path::new(ETCD).is_file())
+        .then(|| format!("{ETCD} is missing (tests/deps.sh installs etcd-server)"))
+}
+
+/// How many pods the node takes (the kubelet's `maxPods`) and the size of the pod range it
+/// gets for them (the controller manager's `--node-cidr-mask-size`): a density run needs more
+/// than the upstream default of 110 pods in a /24.
+#[derive(Clone, Copy, Debug)]
+pub struct Sizing {
+    pub max_pods: u32,
+    pub node_mask: u8,
+}
+
+impl Default for Sizing {
+    /// The upstream defaults: 110 pods, a /24.
+    fn default() -> Self {
+        Self {
+            max_pods: 110,
+            node_mask: 24,
+        }
+    }
+}
+
 pub struct Cluster {
+    sizing: Sizing,
     control: Vec<Proc>,
     node_procs: Vec<Proc>,
     peers: Vec<Peer>,
@@ -101,6 +129,11 @@ impl Cluster {
     /// waits until the Node is registered with a pod CIDR. The node is NotReady until a CNI
     /// config is installed.
     pub fn start(peers: Vec<Peer>) -> Self {
+        Self::start_sized(peers, Sizing::default())
+    }
+
+    /// [`Cluster::start`] with a node of `sizing`.
+    pub fn start_sized(peers: Vec<Peer>, sizing: Sizing) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("cluster-")
             .tempdir()
@@ -123,6 +156,7 @@ impl Cluster {
             })
             .collect();
         let mut c = Self {
+            sizing,
             control: Vec::new(),
             node_procs: Vec::new(),
             peers,
@@ -262,7 +296,7 @@ impl Cluster {
                 "--bind-address=127.0.0.1",
                 "--allocate-node-cidrs=true",
                 &format!("--cluster-cidr={CLUSTER_CIDR}"),
-                "--node-cidr-mask-size=24",
+                &format!("--node-cidr-mask-size={}", self.sizing.node_mask),
                 &format!("--service-cluster-ip-range={SERVICE_RANGE}"),
                 &format!("--service-account-private-key-file={}", f("sa.key")),
                 &format!("--root-ca-file={}", f("ca.crt")),
@@ -380,7 +414,9 @@ serializeImagePulls: false
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {{memory.available: 1Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}}
+maxPods: {max_pods}
 ",
+            max_pods = self.sizing.max_pods,
             ca = self.pki.file("ca.crt"),
             cgroup = self.node.cgroup,
         )

@@ -165,6 +165,13 @@ pub(super) fn run(rt: &Runtime, socket: &Path, opts: &Opts, rep: &mut Report) ->
                 all.push((n, Some((p.dipamd.socket(), p.target))));
             }
         }
+        // A pool fills only for a network dipamd has seen (a pod's ADD or --conflist): one
+        // untimed pod teaches each pooled network its template before the first burst.
+        for p in &pools {
+            for n in &p.nets {
+                burst(rt, n, 1, 1)?;
+            }
+        }
         let mut cells: Vec<Cell> = all.iter().map(|_| Cell::default()).collect();
         for round in 0..rounds {
             for k in order(all.len(), round) {
