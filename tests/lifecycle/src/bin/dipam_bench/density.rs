@@ -645,13 +645,23 @@ fn gc(rt: &Runtime, node: &mut Node, n: usize, opts: &Opts) -> Res<GcPoint> {
         stale: node.stale.len(),
         ..GcPoint::default()
     };
+    // The live pods themselves, not only as many: a live pod freed and a stale one kept
+    // would leave the counts right.
     let expect_live = |node: &Node, what: &str| {
         let held = node.reservations();
-        let recorded = node.d.ledger_pairs(&node.network()).len();
-        if held != node.live.len() || recorded != node.live.len() {
+        let pairs = node.d.ledger_pairs(&node.network());
+        let recorded: std::collections::HashSet<&str> =
+            pairs.iter().map(|(id, _)| id.as_str()).collect();
+        let lost = node
+            .live
+            .iter()
+            .filter(|a| !recorded.contains(a.container_id.as_str()))
+            .count();
+        if held != node.live.len() || pairs.len() != node.live.len() || lost > 0 {
             return Err(format!(
-                "N={n}: after the {what}, host-local holds {held} and the ledger {recorded}; \
-                 expected the {} live",
+                "N={n}: after the {what}, host-local holds {held} and the ledger {} ({lost} \
+                 live pods missing); expected the {} live",
+                pairs.len(),
                 node.live.len()
             ));
         }
