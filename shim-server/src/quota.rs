@@ -281,6 +281,18 @@ mod tests {
         assert!(q.enter(7).is_ok());
     }
 
+    /// Quotas of two records per uid, beside an empty ledger.
+    fn two_records() -> (Quotas, dipam_state::Ledger) {
+        let q = Quotas::new(
+            Limits {
+                records: 2,
+                ..Limits::default()
+            },
+            12,
+        );
+        (q, census(&[]))
+    }
+
     fn census(ledger: &[dipam_state::AttachmentRecord]) -> dipam_state::Ledger {
         let l = dipam_state::Ledger::shared(dipam_state::MemStore::new());
         for r in ledger {
@@ -302,14 +314,7 @@ mod tests {
 
     #[test]
     fn pending_adds_count_until_they_end() {
-        let q = Quotas::new(
-            Limits {
-                records: 2,
-                ..Limits::default()
-            },
-            12,
-        );
-        let l = census(&[]);
+        let (q, l) = two_records();
         let r1 = reserve(&q, &l, 7, "a", 100).ok().unwrap();
         let _r2 = reserve(&q, &l, 7, "b", 100).ok().unwrap();
         assert!(reserve(&q, &l, 7, "c", 100).is_err());
@@ -324,14 +329,7 @@ mod tests {
     #[test]
     fn an_add_counts_once_by_its_record_or_its_estimate() {
         use dipam_state::{AttachmentState, Owner};
-        let q = Quotas::new(
-            Limits {
-                records: 2,
-                ..Limits::default()
-            },
-            12,
-        );
-        let l = census(&[]);
+        let (q, l) = two_records();
         let held = reserve(&q, &l, 7, "a", 100).ok().unwrap();
         let mut a = crate::testing::record("a", Owner::Pod, AttachmentState::Committed, 1);
         a.key = key("a");
