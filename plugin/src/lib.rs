@@ -67,7 +67,9 @@ pub fn run(
 
     let mut input = Vec::new();
     // A network config is a few KiB; refuse to hold (and send) more than dipamd accepts.
-    let read = stdin.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut input);
+    let read = stdin
+        .take(max_config_bytes(command) + 1)
+        .read_to_end(&mut input);
     if command == Cmd::Version {
         let _ = writeln!(stdout, "{}", cmd::version::reply(&input));
         return 0;
@@ -93,14 +95,29 @@ pub fn run(
 /// The largest network config the plugin reads (dipamd's request limit is the same).
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
+/// The largest GC config: its `cni.dev/valid-attachments` names every attachment of the
+/// node (about 100 bytes each, CNI spec 1.1 §GC), so 1 MiB refused a GC above about 5,300
+/// pods; 16 MiB is room for 160,000, and dipamd accepts the same (access.rs).
+pub const MAX_GC_CONFIG_BYTES: u64 = 16 << 20;
+
+/// The config limit of `command`.
+pub fn max_config_bytes(command: Cmd) -> u64 {
+    if command == Cmd::Gc {
+        MAX_GC_CONFIG_BYTES
+    } else {
+        MAX_CONFIG_BYTES
+    }
+}
+
 fn dispatch(
     command: Cmd,
     getenv: &dyn Fn(&str) -> Option<String>,
     stdin: &[u8],
 ) -> Result<Vec<u8>, PluginError> {
-    if stdin.len() as u64 > MAX_CONFIG_BYTES {
+    let max = max_config_bytes(command);
+    if stdin.len() as u64 > max {
         return Err(PluginError::Config {
-            msg: "network config larger than 1 MiB".into(),
+            msg: format!("network config larger than {} MiB", max >> 20),
             details: "a network config is a few KiB; check what the runtime writes on stdin".into(),
         });
     }

@@ -29,11 +29,17 @@ use tonic::{Request, Status, transport::server::UdsConnectInfo};
 
 use crate::error::ShimError;
 
-/// The largest request dipamd decodes: a network config of up to 1 MiB (the plugin's own
-/// limit) plus the CNI_* values within their limits (validate.rs). Bounds what one request
-/// can make dipamd hold; a larger one is refused by tonic before any handler runs, and that
-/// refusal leaves dipamd as RESOURCE_EXHAUSTED (server.rs).
-pub const MAX_REQUEST_BYTES: usize = 2 << 20;
+/// The largest request dipamd decodes: a CNI GC's config of up to 16 MiB (its valid list
+/// names every attachment of the node, about 100 bytes each: containerd's list for 5,300
+/// pods passed the 1 MiB every other config is held to) plus the CNI_* values within their
+/// limits (validate.rs). Bounds what one request can make dipamd hold; a larger one is
+/// refused by tonic before any handler runs, and that refusal leaves dipamd as
+/// RESOURCE_EXHAUSTED (server.rs). Only root may GC: a non-root caller's requests are held
+/// to [`NON_ROOT_REQUEST_BYTES`] before they are read (server/bodies.rs).
+pub const MAX_REQUEST_BYTES: usize = 17 << 20;
+
+/// The largest request of a non-root caller: a 1 MiB config and its CNI_* values.
+pub const NON_ROOT_REQUEST_BYTES: usize = 2 << 20;
 
 /// Who sent a request, from the kernel's peer credentials (never from the request itself).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -148,7 +148,7 @@ fn holds(holder: &AttachmentRecord, ip: &IpAddr) -> bool {
 
 impl AddrIndex {
     /// Replaces `network`'s part with what `records` hold.
-    fn load(&self, network: &str, records: &[AttachmentRecord]) {
+    fn load<'a>(&self, network: &str, records: impl IntoIterator<Item = &'a AttachmentRecord>) {
         let mut map = HashMap::new();
         for rec in records {
             for ip in rec.result.as_ref().map(result_addrs).unwrap_or_default() {
@@ -158,6 +158,21 @@ impl AddrIndex {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner.nets.insert(network.to_owned(), map);
         inner.loaded.insert(network.to_owned());
+    }
+
+    /// Loads every network's part from `records` (the whole ledger), as dipamd does at start
+    /// before it serves: the first ADD of a network after a start then claims through the
+    /// index, instead of reading every record of its network (437 ms at 2,500 attachments,
+    /// docs/performance.md). A network with no record yet is loaded when first needed, from
+    /// an empty read.
+    pub fn load_all(&self, records: &[AttachmentRecord]) {
+        let mut by: HashMap<&str, Vec<&AttachmentRecord>> = HashMap::new();
+        for rec in records {
+            by.entry(&rec.key.network).or_default().push(rec);
+        }
+        for (network, recs) in by {
+            self.load(network, recs);
+        }
     }
 
     fn loaded(&self, network: &str) -> bool {

@@ -9,8 +9,9 @@
 //!   together at most half of the ADD slots. A non-root operation never uses the slots kept
 //!   for root's releases.
 //! - **Records and bytes**: the ledger records a uid's attachments may hold
-//!   (--non-root-max-records) and their size (--non-root-max-bytes), counted from the ledger
-//!   itself (so the counts survive a restart) plus the ADDs still in flight. 186 ADDs with
+//!   (--non-root-max-records) and their size (--non-root-max-bytes), counted from the ledger's
+//!   census (so the counts survive a restart, and no ADD reads every record) plus the ADDs
+//!   still in flight. 186 ADDs with
 //!   0.95 MB configs once grew the state directory to 953 MiB, and the commit journal's cap
 //!   then refused commits for everyone: 10 of 57 root ADDs failed with 150.
 //!
@@ -25,7 +26,7 @@ use std::{
     time::Duration,
 };
 
-use dipam_state::{AttachmentKey, AttachmentRecord};
+use dipam_state::{AttachmentKey, CensusCounts};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::ShimError;
@@ -66,12 +67,10 @@ struct Uid {
 }
 
 /// The uid's ADDs past the quota check that have not ended yet, each with the bytes it was
-/// counted for, and a generation that changes whenever one ends (its record is then in the
-/// ledger, or gone): a check that scanned the ledger before that must scan again.
+/// counted for.
 #[derive(Debug, Default)]
 struct Adds {
     pending: HashMap<AttachmentKey, u64>,
-    generation: u64,
 }
 
 /// The quotas of every non-root uid. The map only ever holds allowed uids (the peer check
@@ -109,46 +108,7 @@ impl Drop for Reservation {
     fn drop(&mut self) {
         let mut adds = self.uid.adds.lock().unwrap_or_else(|e| e.into_inner());
         adds.pending.remove(&self.key);
-        adds.generation += 1;
     }
-}
-
-/// Why [`Quotas::reserve`] did not reserve.
-#[derive(Debug)]
-pub enum NotReserved {
-    /// An ADD of this uid ended after the ledger was scanned: scan again.
-    Stale,
-    /// Over a quota (code 155).
-    Refused(ShimError),
-}
-
-/// Fixed fields of a record, and its encoding's keys, counted as one block.
-const RECORD_OVERHEAD: u64 = 512;
-
-/// The size a record counts for: its variable fields (what the ledger and the journal hold,
-/// about), summed without encoding it: every ADD of the caller counts all its records, and
-/// encoding a 1 MB one each time cost root's pods CPU while a caller sent them.
-pub fn record_bytes(r: &AttachmentRecord) -> u64 {
-    let strings = [
-        &r.key.network,
-        &r.key.container_id,
-        &r.key.ifname,
-        &r.delegate_type,
-        &r.delegate_version,
-        &r.delegate_config,
-        &r.netns,
-        &r.cni_args,
-        &r.cni_path,
-        &r.config_digest,
-        &r.request_id,
-    ];
-    let result = r.result.as_ref().map_or(0, |v| v.to_string().len());
-    let extra = r.delegate_key.as_ref().map_or(0, |d| {
-        d.container_id.len() + d.ifname.len() + d.netns.len() + d.cni_args.len()
-    });
-    strings.iter().map(|s| s.len()).sum::<usize>() as u64
-        + (result + extra) as u64
-        + RECORD_OVERHEAD
 }
 
 fn refusal(uid: u32, what: String, flag: &str, limit: String) -> ShimError {
@@ -227,39 +187,31 @@ impl Quotas {
         }
     }
 
-    /// The generation to pass to [`Quotas::reserve`]: read it before scanning the ledger.
-    pub fn generation(&self, uid: u32) -> u64 {
-        let u = self.uid(uid);
-        let adds = u.adds.lock().unwrap_or_else(|e| e.into_inner());
-        adds.generation
-    }
-
     /// Checks an ADD of `key` by `uid`, estimated at `estimate` bytes, against the record
-    /// and byte quotas, counting the records of `ledger` (every record; only `uid`'s count)
-    /// and the uid's ADDs in flight; reserves its share until the returned guard drops.
-    /// `generation` is [`Quotas::generation`] from before `ledger` was read.
+    /// and byte quotas, counting the uid's records from the ledger's census (kept with every
+    /// commit, rebuilt from the ledger at start: the counts survive restarts and crashes,
+    /// and no ADD reads every record) and the uid's ADDs in flight; reserves its share
+    /// until the returned guard drops. `census` is the census's view, held for the call: a
+    /// record commits (and enters the census) before its ADD's reservation drops, so each
+    /// ADD of the uid is counted once, by its record or by its estimate.
     pub fn reserve(
         &self,
         uid: u32,
         key: &AttachmentKey,
         estimate: u64,
-        ledger: &[AttachmentRecord],
-        generation: u64,
-    ) -> Result<Reservation, NotReserved> {
+        census: &CensusCounts,
+    ) -> Result<Reservation, ShimError> {
         let u = self.uid(uid);
         let mut adds = u.adds.lock().unwrap_or_else(|e| e.into_inner());
-        if adds.generation != generation {
-            return Err(NotReserved::Stale);
-        }
         // An ADD in flight is counted by its estimate, not by its intent already in the
         // ledger; a repeat ADD of a key the uid holds replaces that key's record.
-        let mine = ledger.iter().filter(|r| {
-            r.creator_uid == Some(uid) && r.key != *key && !adds.pending.contains_key(&r.key)
-        });
-        let (mut records, mut bytes) = (0usize, 0u64);
-        for r in mine {
-            records += 1;
-            bytes += record_bytes(r);
+        let (mut records, mut bytes) = census.of_uid(uid);
+        let this = (!adds.pending.contains_key(key)).then_some(key);
+        for k in adds.pending.keys().chain(this) {
+            if let Some(e) = census.entry(k).filter(|e| e.creator_uid == Some(uid)) {
+                records = records.saturating_sub(1);
+                bytes = bytes.saturating_sub(e.bytes);
+            }
         }
         records += adds.pending.len() + 1;
         bytes += adds.pending.values().sum::<u64>() + estimate;
@@ -281,7 +233,7 @@ impl Quotas {
             None
         };
         if let Some(e) = refused {
-            return Err(NotReserved::Refused(e));
+            return Err(e);
         }
         adds.pending.insert(key.clone(), estimate);
         drop(adds);
@@ -329,8 +281,8 @@ mod tests {
         assert!(q.enter(7).is_ok());
     }
 
-    #[test]
-    fn pending_adds_count_until_they_end_and_a_late_end_forces_a_rescan() {
+    /// Quotas of two records per uid, beside an empty ledger.
+    fn two_records() -> (Quotas, dipam_state::Ledger) {
         let q = Quotas::new(
             Limits {
                 records: 2,
@@ -338,38 +290,67 @@ mod tests {
             },
             12,
         );
-        let g = q.generation(7);
-        let r1 = q.reserve(7, &key("a"), 100, &[], g).ok().unwrap();
-        let _r2 = q.reserve(7, &key("b"), 100, &[], g).ok().unwrap();
-        assert!(matches!(
-            q.reserve(7, &key("c"), 100, &[], g),
-            Err(NotReserved::Refused(_))
-        ));
-        // Root and other uids are not counted against uid 7.
-        assert!(q.reserve(8, &key("c"), 100, &[], q.generation(8)).is_ok());
-        drop(r1);
-        assert!(matches!(
-            q.reserve(7, &key("c"), 100, &[], g),
-            Err(NotReserved::Stale)
-        ));
-        let g = q.generation(7);
-        assert!(q.reserve(7, &key("c"), 100, &[], g).is_ok());
+        (q, census(&[]))
     }
 
-    /// The ledger's records of the uid count by their size (about their encoding, never
-    /// less than the config they hold), other uids' and root's not at all.
+    fn census(ledger: &[dipam_state::AttachmentRecord]) -> dipam_state::Ledger {
+        let l = dipam_state::Ledger::shared(dipam_state::MemStore::new());
+        for r in ledger {
+            l.put(r).unwrap();
+        }
+        l
+    }
+
+    fn reserve(
+        q: &Quotas,
+        l: &dipam_state::Ledger,
+        uid: u32,
+        cid: &str,
+        estimate: u64,
+    ) -> Result<Reservation, ShimError> {
+        l.census(|c| q.reserve(uid, &key(cid), estimate, c))
+            .unwrap()
+    }
+
+    #[test]
+    fn pending_adds_count_until_they_end() {
+        let (q, l) = two_records();
+        let r1 = reserve(&q, &l, 7, "a", 100).ok().unwrap();
+        let _r2 = reserve(&q, &l, 7, "b", 100).ok().unwrap();
+        assert!(reserve(&q, &l, 7, "c", 100).is_err());
+        // Root and other uids are not counted against uid 7.
+        assert!(reserve(&q, &l, 8, "c", 100).is_ok());
+        drop(r1);
+        assert!(reserve(&q, &l, 7, "c", 100).is_ok());
+    }
+
+    /// An ADD that ended left its record: it counts once, by the record, whether its
+    /// reservation is still held or not; a repeat ADD of a key replaces its record.
+    #[test]
+    fn an_add_counts_once_by_its_record_or_its_estimate() {
+        use dipam_state::{AttachmentState, Owner};
+        let (q, l) = two_records();
+        let held = reserve(&q, &l, 7, "a", 100).ok().unwrap();
+        let mut a = crate::testing::record("a", Owner::Pod, AttachmentState::Committed, 1);
+        a.key = key("a");
+        a.creator_uid = Some(7);
+        l.put(&a).unwrap();
+        let b = reserve(&q, &l, 7, "b", 100).ok().unwrap();
+        drop(held);
+        assert!(reserve(&q, &l, 7, "c", 100).is_err(), "a and b hold both");
+        // Its repeat ADD is not a third.
+        drop(b);
+        assert!(reserve(&q, &l, 7, "a", 100).is_ok());
+    }
+
+    /// The ledger's records of the uid count by their encoded size (never less than the
+    /// config they hold), other uids' and root's not at all.
     #[test]
     fn the_ledgers_records_count_by_their_size() {
         use dipam_state::{AttachmentState, Owner};
         let mut big = crate::testing::record("big", Owner::Pod, AttachmentState::Committed, 1);
         big.delegate_config = "x".repeat(600_000);
         big.creator_uid = Some(7);
-        let encoded = serde_json::to_vec(&big).unwrap().len() as u64;
-        let counted = record_bytes(&big);
-        assert!(
-            counted >= 600_000 && counted.abs_diff(encoded) < 1024,
-            "{counted} {encoded}"
-        );
         let mut other = big.clone();
         other.key.container_id = "other".into();
         other.creator_uid = Some(8);
@@ -383,14 +364,11 @@ mod tests {
             },
             12,
         );
-        let ledger = [big, other, roots];
+        let l = census(&[big, other, roots]);
         // 600 kB held: a 300 kB ADD fits, a 500 kB one does not; uid 8 has room for 400 kB.
-        assert!(q.reserve(7, &key("a"), 300_000, &ledger, 0).is_ok());
-        assert!(matches!(
-            q.reserve(7, &key("b"), 500_000, &ledger, q.generation(7)),
-            Err(NotReserved::Refused(_))
-        ));
-        assert!(q.reserve(8, &key("c"), 400_000, &ledger, 0).is_ok());
+        assert!(reserve(&q, &l, 7, "a", 300_000).is_ok());
+        assert!(reserve(&q, &l, 7, "b", 500_000).is_err());
+        assert!(reserve(&q, &l, 8, "c", 400_000).is_ok());
     }
 
     #[test]
@@ -402,12 +380,9 @@ mod tests {
             },
             12,
         );
-        let g = q.generation(7);
-        let e = q.reserve(7, &key("a"), 1001, &[], g);
-        match e {
-            Err(NotReserved::Refused(e)) => {
-                assert!(e.to_string().contains("--non-root-max-bytes"), "{e}")
-            }
+        let l = census(&[]);
+        match reserve(&q, &l, 7, "a", 1001) {
+            Err(e) => assert!(e.to_string().contains("--non-root-max-bytes"), "{e}"),
             _ => panic!("not refused"),
         }
     }

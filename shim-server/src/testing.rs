@@ -53,7 +53,7 @@ pub fn node_on(store: Arc<MemStore>, exec: Executor) -> Arc<Node> {
 
 /// [`node_on`] with the GC's `policy`.
 pub fn node_on_with(
-    store: Arc<MemStore>,
+    store: Arc<dyn dipam_state::Store>,
     exec: Executor,
     policy: crate::gc::GcPolicy,
 ) -> Arc<Node> {
@@ -200,4 +200,48 @@ pub async fn ledger_ids(node: &Node) -> Vec<String> {
         .into_iter()
         .map(|r| r.key.container_id)
         .collect()
+}
+
+/// A [`MemStore`] that counts the reads of the attachments that return more than one record
+/// (scans): a request whose cost must not grow with the ledger makes none.
+#[derive(Debug, Default)]
+pub struct CountingStore {
+    inner: MemStore,
+    pub scans: std::sync::atomic::AtomicUsize,
+}
+
+impl dipam_state::Store for CountingStore {
+    fn get(
+        &self,
+        tree: dipam_state::Tree,
+        key: &[u8],
+    ) -> Result<Option<Vec<u8>>, dipam_state::StoreError> {
+        self.inner.get(tree, key)
+    }
+
+    fn scan_prefix(
+        &self,
+        tree: dipam_state::Tree,
+        prefix: &[u8],
+    ) -> Result<Vec<dipam_state::KeyValue>, dipam_state::StoreError> {
+        if tree == dipam_state::Tree::Attachments {
+            self.scans.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        self.inner.scan_prefix(tree, prefix)
+    }
+
+    fn commit_with(
+        &self,
+        batch: dipam_state::Batch,
+        durability: dipam_state::Durability,
+    ) -> Result<(), dipam_state::StoreError> {
+        self.inner.commit_with(batch, durability)
+    }
+
+    fn len(&self, tree: dipam_state::Tree) -> Result<usize, dipam_state::StoreError> {
+        if tree == dipam_state::Tree::Attachments {
+            self.scans.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        self.inner.len(tree)
+    }
 }

@@ -37,6 +37,8 @@ pub mod limits {
     pub const CNI_PATH: usize = 64 << 10;
     pub const REQUEST_ID: usize = 256;
     pub const CONFIG: usize = 1 << 20;
+    /// A GC's config: its valid list names every attachment of the node (access.rs).
+    pub const GC_CONFIG: usize = 16 << 20;
     pub const NETWORK: usize = 1024;
     /// Agent roles, owners and other short names in the operator and agent APIs.
     pub const NAME: usize = 256;
@@ -73,7 +75,12 @@ pub fn request_sizes(req: &dipam_proto::v1::CniRequest) -> Result<(), ShimError>
         limits::REQUEST_ID,
         4,
     )?;
-    bounded("the network config", &req.stdin, limits::CONFIG, 7)?;
+    let config = if req.command == "GC" {
+        limits::GC_CONFIG
+    } else {
+        limits::CONFIG
+    };
+    bounded("the network config", &req.stdin, config, 7)?;
     Ok(())
 }
 

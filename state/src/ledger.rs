@@ -8,7 +8,10 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Batch, Durability, Store, StoreError, Tree};
+use crate::{
+    Batch, Durability, Store, StoreError, Tree,
+    census::{Census, Change, Counts},
+};
 
 /// Separator between key fields. Container ids and ifnames cannot contain it (CNI forbids it
 /// and so does the kernel), and [`AttachmentKey::encode`] refuses it anywhere.
@@ -297,12 +300,15 @@ impl AttachmentRecord {
 /// the work it does. A concrete `Ledger<S>` stays available for tests of one store.
 pub struct Ledger<S: Store + ?Sized = dyn Store> {
     store: Arc<S>,
+    /// Counts kept beside the records (census.rs), shared by the clones.
+    census: Arc<Census>,
 }
 
 impl<S: Store + ?Sized> Clone for Ledger<S> {
     fn clone(&self) -> Self {
         Self {
             store: Arc::clone(&self.store),
+            census: Arc::clone(&self.census),
         }
     }
 }
@@ -315,12 +321,13 @@ impl<S: Store + fmt::Debug + ?Sized> fmt::Debug for Ledger<S> {
     }
 }
 
-/// Adds `rec`, encoded, to `batch` under its key.
-fn put_record(batch: &mut Batch, rec: &AttachmentRecord) -> Result<(), StoreError> {
+/// Adds `rec`, encoded, to `batch` under its key; returns the census's change.
+fn put_record(batch: &mut Batch, rec: &AttachmentRecord) -> Result<Change, StoreError> {
     let value = serde_json::to_vec(rec)
         .map_err(|e| StoreError::Backend(format!("cannot encode record {}: {e}", rec.key)))?;
+    let change = Change::put(rec, value.len());
     batch.put(Tree::Attachments, rec.key.encode()?, value);
-    Ok(())
+    Ok(change)
 }
 
 impl<S: Store> Ledger<S> {
@@ -328,12 +335,16 @@ impl<S: Store> Ledger<S> {
     pub fn new(store: S) -> Self {
         Self {
             store: Arc::new(store),
+            census: Arc::default(),
         }
     }
 
     /// The same ledger, its store's type erased.
     pub fn erased(self) -> Ledger {
-        Ledger { store: self.store }
+        Ledger {
+            store: self.store,
+            census: self.census,
+        }
     }
 }
 
@@ -342,6 +353,7 @@ impl Ledger {
     pub fn shared(store: impl Store) -> Self {
         Self {
             store: Arc::new(store),
+            census: Arc::default(),
         }
     }
 }
@@ -349,7 +361,22 @@ impl Ledger {
 impl<S: Store + ?Sized> Ledger<S> {
     /// Wraps a store that is already shared.
     pub fn from_arc(store: Arc<S>) -> Self {
-        Self { store }
+        Self {
+            store,
+            census: Arc::default(),
+        }
+    }
+
+    /// Commits `batch` and, once it is committed, tells the census what it changed.
+    fn commit_counted(
+        &self,
+        batch: Batch,
+        durability: Durability,
+        changes: Vec<Change>,
+    ) -> Result<(), StoreError> {
+        self.store.commit_with(batch, durability)?;
+        self.census.apply(changes);
+        Ok(())
     }
 
     /// The record for `key`, if any.
@@ -374,8 +401,8 @@ impl<S: Store + ?Sized> Ledger<S> {
         durability: Durability,
     ) -> Result<(), StoreError> {
         let mut batch = Batch::new();
-        put_record(&mut batch, rec)?;
-        self.store.commit_with(batch, durability)
+        let change = put_record(&mut batch, rec)?;
+        self.commit_counted(batch, durability, vec![change])
     }
 
     /// Writes `rec` and removes the record under `gone` in one atomic commit, as durable as
@@ -389,8 +416,8 @@ impl<S: Store + ?Sized> Ledger<S> {
     ) -> Result<(), StoreError> {
         let mut batch = Batch::new();
         batch.delete(Tree::Attachments, gone.encode()?);
-        put_record(&mut batch, rec)?;
-        self.store.commit_with(batch, durability)
+        let change = put_record(&mut batch, rec)?;
+        self.commit_counted(batch, durability, vec![Change::Gone(gone.clone()), change])
     }
 
     /// Writes every record of `recs` in one atomic commit, as durable as `durability` says:
@@ -401,10 +428,11 @@ impl<S: Store + ?Sized> Ledger<S> {
         durability: Durability,
     ) -> Result<(), StoreError> {
         let mut batch = Batch::new();
-        for rec in recs {
-            put_record(&mut batch, rec)?;
-        }
-        self.store.commit_with(batch, durability)
+        let changes = recs
+            .iter()
+            .map(|rec| put_record(&mut batch, rec))
+            .collect::<Result<_, _>>()?;
+        self.commit_counted(batch, durability, changes)
     }
 
     /// Removes the records of `keys` in one atomic commit, as durable as `durability` says.
@@ -418,14 +446,19 @@ impl<S: Store + ?Sized> Ledger<S> {
         for key in keys {
             batch.delete(Tree::Attachments, key.encode()?);
         }
-        self.store.commit_with(batch, durability)
+        let changes = keys.iter().cloned().map(Change::Gone).collect();
+        self.commit_counted(batch, durability, changes)
     }
 
     /// Removes the record for `key`; durable when it returns. Removing an absent key is `Ok`.
     pub fn remove(&self, key: &AttachmentKey) -> Result<(), StoreError> {
         let mut batch = Batch::new();
         batch.delete(Tree::Attachments, key.encode()?);
-        self.store.commit(batch)
+        self.commit_counted(
+            batch,
+            Durability::SurvivesPowerCut,
+            vec![Change::Gone(key.clone())],
+        )
     }
 
     /// Every record, or only those of `network`, sorted by key.
@@ -441,9 +474,29 @@ impl<S: Store + ?Sized> Ledger<S> {
             .collect()
     }
 
-    /// Number of records.
+    /// Number of records, from the census (built by one scan if it never was).
     pub fn count(&self) -> Result<usize, StoreError> {
-        self.store.len(Tree::Attachments)
+        self.census(|c| c.len())
+    }
+
+    /// Runs `f` on the census (census.rs): the counts dipamd needs of every record without
+    /// reading them. The first call builds it from one scan; dipamd makes that call at start.
+    pub fn census<R>(&self, f: impl FnOnce(&Counts) -> R) -> Result<R, StoreError> {
+        self.census.with(
+            || {
+                self.store
+                    .scan_prefix(Tree::Attachments, &[])?
+                    .iter()
+                    .map(|(k, v)| Ok((decode_record(k, v)?, v.len())))
+                    .collect()
+            },
+            f,
+        )
+    }
+
+    /// How many full scans the census made (tests: no request may cause one).
+    pub fn census_scans(&self) -> u64 {
+        self.census.scans()
     }
 
     /// The underlying store.

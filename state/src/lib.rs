@@ -14,6 +14,7 @@
 //! Every write path ends in [`Store::commit`], which returns only once the change is durable.
 //! All calls block on disk I/O: call them from `spawn_blocking`, not directly on a tokio worker.
 
+mod census;
 mod chunks;
 mod error;
 mod journal;
@@ -29,6 +30,7 @@ mod store;
 #[cfg(test)]
 mod suite;
 
+pub use census::{Counts as CensusCounts, Entry as CensusEntry};
 pub use error::StoreError;
 pub use ledger::{
     AttachmentKey, AttachmentRecord, AttachmentState, BootStamp, CriPod, DelegateKey, Ledger, Owner,

@@ -437,6 +437,20 @@ impl Core {
         }
     }
 
+    /// Reads the whole ledger once, at start before serving, so that no request has to: the
+    /// ledger's census (record counts, per-uid quotas, container IDs) and the address index
+    /// are built from it, and both follow every change from here on. Returns the records.
+    pub async fn index_ledger(&self) -> Result<Vec<AttachmentRecord>, ShimError> {
+        let records = self
+            .ledger(|l| {
+                l.census(|_| ())?;
+                l.list(None)
+            })
+            .await?;
+        self.addrs.load_all(&records);
+        Ok(records)
+    }
+
     /// Claims the addresses of `rec`'s result in the network's address index, or refuses
     /// them (156) when another attachment of the network holds one (addrs.rs says why).
     pub async fn claim_addresses(&self, rec: &AttachmentRecord) -> Result<(), ShimError> {

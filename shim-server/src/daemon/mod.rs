@@ -834,13 +834,15 @@ pub fn tune_allocator() {
     }
 }
 
-/// Reports the ledger's attachments by owner and network, whole, before anything changes
-/// them: from here on every record and release reports its own change (the metrics' gauge).
+/// Reads the whole ledger once before anything changes it, so that no request has to: the
+/// ledger's census (record counts, quotas and container IDs, kept by every commit from here
+/// on) and the address index are built from it, and the metrics' gauge gets the attachments
+/// by owner and network (from here on every record and release reports its own change).
 async fn census(node: &Node) -> Result<(), DaemonError> {
+    let records = node.core.index_ledger().await?;
     if !node.core.events.listened() {
         return Ok(());
     }
-    let records = node.core.ledger(|l| l.list(None)).await?;
     let mut by: std::collections::BTreeMap<(String, String), u64> = Default::default();
     for r in &records {
         *by.entry((crate::metric_labels::owner(&r.owner), r.key.network.clone()))

@@ -47,7 +47,7 @@ pub async fn run(
     let _quota = if p.caller.is_root() {
         None
     } else {
-        Some(non_root_checks(node, &p).await?)
+        Some(non_root_checks(node, &p)?)
     };
     // With the warm pool on: one commit hands a ready entry to the pod, no delegate exec.
     let added = match crate::pool::take::take(&node.core, &node.pool, &p, early).await? {
@@ -142,17 +142,13 @@ async fn attach_or_rescue(
     }
 }
 
-/// What a non-root caller's ADD must pass on the ledger, from one scan of it: the container
-/// ID rule below, then the caller's record and byte quotas (quota.rs), counted from the
-/// ledger itself so that they hold across restarts. Scanned again if one of the caller's
-/// ADDs ended meanwhile (its record was not counted by its estimate any more).
-async fn non_root_checks(
-    node: &Node,
-    p: &Prepared,
-) -> Result<crate::quota::Reservation, ShimError> {
-    use crate::quota::NotReserved;
+/// What a non-root caller's ADD must pass on the ledger: the container ID rule below, then
+/// the caller's record and byte quotas (quota.rs). Both are read from the ledger's census
+/// (dipam_state's census.rs), which dipamd builds at start and every commit keeps: they hold
+/// across restarts, and the ADD reads a few entries instead of every record (a scan of 2,500
+/// records on every non-root ADD before, docs/performance.md).
+fn non_root_checks(node: &Node, p: &Prepared) -> Result<crate::quota::Reservation, ShimError> {
     let quotas = &node.admission.quotas;
-    let uid = p.caller.uid;
     let r = &p.req;
     // What its record will hold, about: the config and the CNI values it keeps.
     let estimate = (r.stdin.len()
@@ -162,19 +158,11 @@ async fn non_root_checks(
         + r.container_id.len()
         + r.ifname.len()
         + 1024) as u64;
-    for _ in 0..8 {
-        let generation = quotas.generation(uid);
-        let all = node.core.ledger(|l| l.list(None)).await?;
-        refuse_foreign_container_id(p, &all)?;
-        match quotas.reserve(uid, &p.key, estimate, &all, generation) {
-            Ok(held) => return Ok(held),
-            Err(NotReserved::Stale) => continue,
-            Err(NotReserved::Refused(e)) => return Err(e),
-        }
-    }
-    Err(ShimError::Busy(format!(
-        "uid {uid}'s ADDs kept ending while this one was counted"
-    )))
+    // No disk read: the census is in memory (built before dipamd serves).
+    node.core.ledger.census(|c| {
+        refuse_foreign_container_id(p, c)?;
+        quotas.reserve(p.caller.uid, &p.key, estimate, c)
+    })?
 }
 
 /// Refuses a non-root caller's ADD under a container ID that another caller's attachment
@@ -185,16 +173,13 @@ async fn non_root_checks(
 /// Container IDs are not secret (`ps` shows them), so this is checked, not assumed.
 fn refuse_foreign_container_id(
     p: &Prepared,
-    all: &[dipam_state::AttachmentRecord],
+    census: &dipam_state::CensusCounts,
 ) -> Result<(), ShimError> {
-    let cid = &p.req.container_id;
-    let mut others = all
-        .iter()
-        .filter(|r| r.key.container_id == *cid || r.delegate_ids().0 == cid);
-    match others.find(|r| !p.caller.owns(r.creator_uid)) {
+    let mut others = census.using_container_id(&p.req.container_id);
+    match others.find(|(_, creator)| !p.caller.owns(*creator)) {
         None => Ok(()),
-        Some(r) => {
-            warn!(uid = p.caller.uid, key = %p.key, other = %r.key, "refused: container ID in use by another caller");
+        Some((other, _)) => {
+            warn!(uid = p.caller.uid, key = %p.key, %other, "refused: container ID in use by another caller");
             Err(ShimError::Forbidden {
                 msg: format!(
                     "uid {} may not ADD under container ID {}: another caller's attachment \

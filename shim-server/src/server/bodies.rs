@@ -7,7 +7,9 @@
 //! at once, over all its connections (those over the quota itself still reach their handler,
 //! which refuses them naming the flag); the next is answered RESOURCE_EXHAUSTED at once and
 //! its body is never read (h2 then resets the stream and drops what it buffered). Root is not
-//! counted: root's pods never wait on a non-root caller.
+//! counted: root's pods never wait on a non-root caller. A non-root request's body is read up
+//! to [`NON_ROOT_REQUEST_BYTES`](crate::access::NON_ROOT_REQUEST_BYTES), not up to the root
+//! GC's larger limit.
 
 use std::{
     collections::HashMap,
@@ -95,12 +97,11 @@ pub struct Bodies<S> {
 pub const OVER: &str = "this uid has twice --non-root-max-in-flight requests open at dipamd \
      already; its request was not read. Retry once one of them is answered";
 
-impl<S, Req, B> tower::Service<tonic::codegen::http::Request<Req>> for Bodies<S>
+type Request = tonic::codegen::http::Request<tonic::body::Body>;
+
+impl<S, B> tower::Service<Request> for Bodies<S>
 where
-    S: tower::Service<
-            tonic::codegen::http::Request<Req>,
-            Response = tonic::codegen::http::Response<B>,
-        >,
+    S: tower::Service<Request, Response = tonic::codegen::http::Response<B>>,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     B: Default + Send + 'static,
@@ -118,17 +119,27 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: tonic::codegen::http::Request<Req>) -> Self::Future {
+    fn call(&mut self, req: Request) -> Self::Future {
         let uid = req
             .extensions()
             .get::<UdsConnectInfo>()
             .and_then(|i| i.peer_cred)
             .map_or(u32::MAX, |c| c.uid());
-        let held = if uid == 0 {
-            None
+        let (held, req) = if uid == 0 {
+            (None, req)
         } else {
             match self.open.try_take(uid) {
-                Some(h) => Some(h),
+                // Read up to a non-root request's size: dipamd decodes up to a root GC's
+                // (access.rs), which no other caller may make it hold.
+                Some(h) => (
+                    Some(h),
+                    req.map(|b| {
+                        tonic::body::Body::new(http_body_util::Limited::new(
+                            b,
+                            crate::access::NON_ROOT_REQUEST_BYTES,
+                        ))
+                    }),
+                ),
                 None => {
                     drop(req);
                     return Box::pin(async { Ok(Status::resource_exhausted(OVER).into_http()) });

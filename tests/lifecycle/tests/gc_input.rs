@@ -143,6 +143,39 @@ fn malformed_runtime_lists_refuse_the_whole_gc() {
     lab.assert_agree();
 }
 
+/// A node's valid list is one entry per pod, about 100 bytes each, and libcni >= 1.2.3 sends
+/// it under both keys: at 10,000 pods a GC's config is about 1.9 MiB, past the 1 MiB every
+/// other config is held to (a GC above ~5,300 pods was refused as too large). Through the
+/// real plugin and dipamd, a list of 10,000 entries besides the two live pods frees exactly
+/// the third; a config past the GC's own 16 MiB bound is refused with code 7 and frees
+/// nothing.
+#[test]
+fn a_gc_naming_ten_thousand_pods_goes_through() {
+    require_root!();
+    let (lab, pods) = three_pods();
+    let mut entries: Vec<Value> = (0..10_000)
+        .map(|i| json!({"containerID": format!("{i:064x}"), "ifname": "eth0"}))
+        .collect();
+    entries.push(gc_entry(&pods[0].1));
+    entries.push(gc_entry(&pods[1].1));
+    let list = json!(entries);
+    let bytes = list.to_string().len() * 2;
+    assert!(bytes > 3 << 19, "{bytes}: the config is past 1.5 MiB");
+    gc(&lab.rt, lab.list(), &[(VALID, &list), (LEGACY, &list)]).unwrap_or_else(|e| panic!("{e}"));
+    let after = lab.delegate_store();
+    assert_eq!(after.len(), 2, "{after:?}");
+    assert!(!after.iter().any(|(id, _)| *id == pods[2].1.container_id));
+    lab.assert_agree();
+
+    // Past the bound: refused whole, with what to fix, and the two pods stay.
+    let pad = json!("x".repeat(17 << 20));
+    let e = gc(&lab.rt, lab.list(), &[(VALID, &list), ("padding", &pad)]).unwrap_err();
+    assert_eq!(e.code, 7, "{e}");
+    assert!(e.msg.contains("larger than 16 MiB"), "{e}");
+    assert_eq!(lab.delegate_store(), after);
+    lab.assert_agree();
+}
+
 /// The same check when dipam is the main plugin (`"type": "dipam"`): its GC reaches dipamd
 /// the same way, and a wrong-case key refuses it whole.
 #[test]

@@ -11,7 +11,8 @@
 //!   after a SIGKILL, with N records; its RSS; the ledger's and the journal's bytes on disk;
 //! - `dipamctl status` and `dipamctl attachments` (spawn to reap);
 //! - GC of every stale attachment: a runtime-aware pass pair (`dipamctl gc --from-runtime`,
-//!   against a CRI stand-in that lists the live pods) and a CNI GC (cniVersion 1.1.0, the
+//!   against a CRI stand-in that lists every pod from its ADD on, and stops listing the
+//!   stale ones just before the pair) and a CNI GC (cniVersion 1.1.0, the
 //!   live pods in `cni.dev/valid-attachments`), each against the floor: `host-local`'s DEL of
 //!   the same reservations exec'd directly, `--gc-parallel` at a time, on a copy of the
 //!   directory;
@@ -248,8 +249,13 @@ impl Node {
                 self.guard_wrap(chunk.len())?;
                 fan_out(chunk, FILL_THREADS, |a| {
                     rt.ipam(list, 0, "ADD", a, None)
-                        .map(|_| ())
-                        .map_err(|e| format!("density fill ADD: {e}"))
+                        .map_err(|e| format!("density fill ADD: {e}"))?;
+                    // As a runtime lists a sandbox once its network is set up (containerd
+                    // within a second of the ADD): dipamd runs with `--gc-grace 0`, so a
+                    // pod the stand-in left out until the fill ended was freed, alive, by
+                    // two runtime-aware passes during a fill longer than their interval.
+                    self.cri.add([a.container_id.as_str()]);
+                    Ok(())
                 })?;
             }
             Ok::<(), String>(())
@@ -284,10 +290,31 @@ impl Node {
         count_reservations(&self.dir())
     }
 
-    /// The runtime's view for the CRI stand-in: every live pod.
-    pub fn publish_live(&self) {
+    /// The runtime lists these pods from now on (the fill lists its own as it adds them).
+    fn listed(&self, atts: &[Attachment]) {
+        self.cri.add(atts.iter().map(|a| a.container_id.as_str()));
+    }
+
+    /// The runtime lists these pods no more: lost without a DEL (the stale ones), or deleted.
+    fn unlisted(&self, atts: &[Attachment]) {
         self.cri
-            .set(self.live.iter().map(|a| a.container_id.clone()).collect());
+            .forget(atts.iter().map(|a| a.container_id.as_str()));
+    }
+
+    /// Waits until one of dipamd's own runtime-aware passes has asked for the runtime's list
+    /// (it runs one at its start, then one every `--runtime-gc-interval`, 10 s): the next one
+    /// is then an interval away, and two passes timed by the bench run unmixed with it.
+    fn after_a_background_pass(&self) -> Res<()> {
+        let seen = self.cri.lists();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while self.cri.lists() == seen {
+            check_stop()?;
+            if Instant::now() > deadline {
+                return Err("dipamd's runtime-aware GC asked for no list within 120 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
     }
 }
 
@@ -360,13 +387,18 @@ pub fn disk_bytes(state: &Path) -> ((u64, u64), (u64, u64)) {
 
 /// Spawn-to-reap of a command, in ms; fails on a non-zero exit.
 fn time_cmd(cmd: &mut std::process::Command) -> Res<f64> {
+    time_output(cmd).map(|(took, _)| took)
+}
+
+/// Spawn-to-reap of a command, in ms, and its stdout; fails on a non-zero exit.
+fn time_output(cmd: &mut std::process::Command) -> Res<(f64, Vec<u8>)> {
     let t = Instant::now();
     let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
     let took = ms(t.elapsed());
     if !out.status.success() {
         return Err(format!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr)));
     }
-    Ok(took)
+    Ok((took, out.stdout))
 }
 
 fn dipamctl(socket: &Path, args: &[&str]) -> std::process::Command {
@@ -455,8 +487,9 @@ pub fn point(rt: &Runtime, node: &mut Node, n: usize, opts: &Opts) -> Res<Point>
     super::progress!("density N={n}: filling {} attachments", add.len());
     p.fill_ms = node.fill(rt, &add)?;
     node.live.extend(add[..add.len() - stale].iter().cloned());
+    // Listed by the runtime like the live ones until the GC is measured, which drops them
+    // from the list first (`gc`): no pass of dipamd's own frees them before that.
     node.stale = stale_atts;
-    node.publish_live();
     let held = node.reservations();
     if held != n {
         return Err(format!(
@@ -612,30 +645,56 @@ fn gc(rt: &Runtime, node: &mut Node, n: usize, opts: &Opts) -> Res<GcPoint> {
         stale: node.stale.len(),
         ..GcPoint::default()
     };
+    // The live pods themselves, not only as many: a live pod freed and a stale one kept
+    // would leave the counts right.
     let expect_live = |node: &Node, what: &str| {
         let held = node.reservations();
-        let recorded = node.d.ledger_pairs(&node.network()).len();
-        if held != node.live.len() || recorded != node.live.len() {
+        let pairs = node.d.ledger_pairs(&node.network());
+        let recorded: std::collections::HashSet<&str> =
+            pairs.iter().map(|(id, _)| id.as_str()).collect();
+        let lost = node
+            .live
+            .iter()
+            .filter(|a| !recorded.contains(a.container_id.as_str()))
+            .count();
+        if held != node.live.len() || pairs.len() != node.live.len() || lost > 0 {
             return Err(format!(
-                "N={n}: after the {what}, host-local holds {held} and the ledger {recorded}; \
-                 expected the {} live",
+                "N={n}: after the {what}, host-local holds {held} and the ledger {} ({lost} \
+                 live pods missing); expected the {} live",
+                pairs.len(),
                 node.live.len()
             ));
         }
         Ok(())
     };
-    // The runtime-aware GC: the first pass marks what the runtime does not list, the second
-    // frees it (gc/runtime/mod.rs, "Two passes").
+    // The runtime-aware GC: the runtime loses the stale pods (the stand-in lists them no
+    // more) just after one of dipamd's own passes, then the first timed pass marks what the
+    // runtime does not list and the second frees it (gc/runtime/mod.rs, "Two passes").
     g.runtime_floor_ms = gc_floor(rt, node, &node.stale, parallel)?;
-    dipam_lifecycle::runtime::settle_before_gc();
-    g.runtime_first_ms = time_cmd(&mut dipamctl(
-        &node.d.socket(),
-        &["gc", "--from-runtime", "--json"],
-    ))?;
-    g.runtime_second_ms = time_cmd(&mut dipamctl(
-        &node.d.socket(),
-        &["gc", "--from-runtime", "--json"],
-    ))?;
+    node.after_a_background_pass()?;
+    node.unlisted(&node.stale);
+    let mut freed = 0;
+    for took in [&mut g.runtime_first_ms, &mut g.runtime_second_ms] {
+        let (ms, out) = time_output(&mut dipamctl(
+            &node.d.socket(),
+            &["gc", "--from-runtime", "--json"],
+        ))?;
+        *took = ms;
+        let v: Value = serde_json::from_slice(&out).map_err(|e| format!("gc --json: {e}"))?;
+        freed += v["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|i| i["outcome"] == "freed")
+            .count();
+    }
+    if freed != g.stale {
+        return Err(format!(
+            "N={n}: the two timed runtime-aware passes freed {freed} of {} stale; a pass of \
+             dipamd's own freed the rest, and the times would not be the GC's",
+            g.stale
+        ));
+    }
     expect_live(node, "runtime-aware GC")?;
 
     // The stale ones again, then a CNI GC naming every live pod (libcni 1.2.3 and later send
@@ -643,6 +702,8 @@ fn gc(rt: &Runtime, node: &mut Node, n: usize, opts: &Opts) -> Res<GcPoint> {
     let again: Vec<Attachment> = (0..g.stale)
         .map(|i| node.att(Kind::Stale, n + 1, i))
         .collect();
+    // The fill lists them, and they stay listed through the CNI GC: only the CNI GC's valid
+    // list, which names the live ones alone, frees them, never a runtime-aware pass.
     node.fill(rt, &again)?;
     node.stale = again;
     g.floor_ms = gc_floor(rt, node, &node.stale, parallel)?;
@@ -661,6 +722,7 @@ fn gc(rt: &Runtime, node: &mut Node, n: usize, opts: &Opts) -> Res<GcPoint> {
         .map_err(|e| format!("N={n}: CNI GC: {e}"))?;
     g.cni_gc_ms = ms(t.elapsed());
     expect_live(node, "CNI GC")?;
+    node.unlisted(&node.stale);
     node.stale.clear();
     super::progress!(
         "density N={n}: GC of {} stale: CNI GC {:.0} ms, runtime-aware {:.0} + {:.0} ms; \
@@ -734,11 +796,14 @@ fn pooled(rt: &Runtime, node: &mut Node, n: usize, opts: &Opts) -> Res<PoolPoint
             .ipam(node.list(), 0, "ADD", &a, None)
             .map_err(|e| format!("pooled ADD: {e}"))?;
         pp.add.push(ms(t.elapsed()));
+        // Alive while the pool refills, which may take longer than two passes' interval.
+        node.listed(std::slice::from_ref(&a));
         wait_pool(node, size as u64)?;
         let t = Instant::now();
         rt.ipam(node.list(), 0, "DEL", &a, Some(&r))
             .map_err(|e| format!("pooled DEL: {e}"))?;
         pp.del.push(ms(t.elapsed()));
+        node.unlisted(std::slice::from_ref(&a));
     }
     let (_, h, m) = pool_ready(node)?;
     (pp.hits, pp.misses) = (h - h0, m - m0);

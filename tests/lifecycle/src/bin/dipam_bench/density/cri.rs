@@ -5,6 +5,7 @@
 //! tests/crio.rs. Every other method answers UNIMPLEMENTED, as a runtime that lacks it would.
 
 use std::{
+    collections::HashSet,
     convert::Infallible,
     path::PathBuf,
     sync::{Arc, Mutex},
@@ -16,8 +17,15 @@ use tonic::codegen::{BoxFuture, Context, Poll, Service, http};
 
 use super::super::Res;
 
-/// The sandbox IDs the stand-in lists.
-type Listed = Arc<Mutex<Vec<String>>>;
+/// The sandbox IDs the stand-in lists, and how many lists it has answered (each pass of
+/// dipamd's runtime-aware GC asks once).
+#[derive(Default)]
+struct Sandboxes {
+    ids: HashSet<String>,
+    lists: u64,
+}
+
+type Listed = Arc<Mutex<Sandboxes>>;
 
 #[derive(Clone)]
 struct RuntimeService(Listed);
@@ -33,7 +41,14 @@ impl tonic::server::UnaryService<ListPodSandboxRequest> for List {
     type Future = BoxFuture<tonic::Response<Self::Response>, tonic::Status>;
 
     fn call(&mut self, _: tonic::Request<ListPodSandboxRequest>) -> Self::Future {
-        let ids = self.0.lock().map(|v| v.clone()).unwrap_or_default();
+        let ids: Vec<String> = self
+            .0
+            .lock()
+            .map(|mut v| {
+                v.lists += 1;
+                v.ids.iter().cloned().collect()
+            })
+            .unwrap_or_default();
         Box::pin(async move {
             let items = ids
                 .into_iter()
@@ -126,11 +141,26 @@ impl StandIn {
         self.dir.path().join("cri.sock")
     }
 
-    /// The sandboxes listed from now on.
-    pub fn set(&self, ids: Vec<String>) {
+    /// Lists these sandboxes from now on, beside those already listed (a runtime lists a
+    /// sandbox once its network is set up).
+    pub fn add<'a>(&self, ids: impl IntoIterator<Item = &'a str>) {
         if let Ok(mut v) = self.listed.lock() {
-            *v = ids;
+            v.ids.extend(ids.into_iter().map(str::to_owned));
         }
+    }
+
+    /// Lists these sandboxes no more (the runtime lost them, or removed them).
+    pub fn forget<'a>(&self, ids: impl IntoIterator<Item = &'a str>) {
+        if let Ok(mut v) = self.listed.lock() {
+            for id in ids {
+                v.ids.remove(id);
+            }
+        }
+    }
+
+    /// How many lists the stand-in has answered so far.
+    pub fn lists(&self) -> u64 {
+        self.listed.lock().map(|v| v.lists).unwrap_or_default()
     }
 }
 
