@@ -81,7 +81,10 @@ pub(super) fn check_flags(args: &Args) -> Result<Flags, DaemonError> {
                     .into(),
             ));
         }
-        Some(e) => Some(crate::gc::runtime::cri::CriClient::new(e).map_err(DaemonError::Usage)?),
+        Some(e) => Some(
+            crate::gc::runtime::cri::CriClient::new(e)
+                .map_err(|e| DaemonError::Usage(e.to_string()))?,
+        ),
     };
     let agent = agent_config(args)?;
     let pool = args.pool.marks()?;

@@ -357,7 +357,7 @@ async fn serve(
         admin_uids: args.admin_uids.clone(),
     };
     let gate = |name| {
-        crate::listen::Gate::new(name, Arc::clone(&budget), None)
+        crate::listen::Gate::new(name, Arc::clone(budget), None)
             .with_peers(Arc::new(peers.clone()), args.max_connections_per_uid)
     };
     let users = sockets
@@ -480,7 +480,7 @@ fn non_root_data_dirs(args: &Args) -> Vec<PathBuf> {
             if !args.allow_uids.is_empty() || !args.admin_uids.is_empty() {
                 tracing::error!(
                     dir = %d.display(),
-                    why,
+                    why = %why,
                     "not a dataDir for non-root callers: make it root-owned and writable by \
                      root only along its whole path"
                 );
