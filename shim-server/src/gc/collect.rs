@@ -49,32 +49,67 @@ use orphans::{plan_orphans, release_orphans};
 /// making the marks' disk writes a small share of a GC's time (one per 32 DELs).
 pub const CHUNK: usize = 32;
 
-/// How a GC run is asked for.
-#[derive(Debug, Clone, Copy)]
-pub struct Run {
-    /// Only plan: say what would be freed and kept, and change nothing.
-    pub dry_run: bool,
-    /// Override the share interlock (`dipamctl gc --force`); nothing else does.
-    pub force: bool,
-    /// Who asked: the `by` of the history entry of each attachment it frees.
+/// What a GC does with what it finds stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Free it, unless the share interlock refuses the whole GC.
+    Free,
+    /// Free it past the share interlock (`dipamctl gc --force`, the runtime-aware GC).
+    FreeForced,
+    /// Only plan: say what `Free` would free and keep, and change nothing (`--dry-run`).
+    Plan,
+    /// Only plan what `FreeForced` would free (`--dry-run --force`).
+    PlanForced,
+}
+
+impl Mode {
+    /// The mode `dipamctl gc`'s --dry-run and --force ask for.
+    pub fn of(dry_run: bool, force: bool) -> Self {
+        match (dry_run, force) {
+            (false, false) => Self::Free,
+            (false, true) => Self::FreeForced,
+            (true, false) => Self::Plan,
+            (true, true) => Self::PlanForced,
+        }
+    }
+
+    fn plans_only(self) -> bool {
+        matches!(self, Self::Plan | Self::PlanForced)
+    }
+
+    /// Past the share interlock; nothing but an operator's --force and the runtime-aware GC is.
+    fn forced(self) -> bool {
+        matches!(self, Self::FreeForced | Self::PlanForced)
+    }
+}
+
+/// One GC, as every caller asks for it: the network (its delegate config, and the CNI_PATH
+/// its delegate is found in), the valid set, when the GC began (its valid list was made
+/// before it: nothing an ADD finished since is freed, core/births.rs), what to do, and who
+/// asked (the `by` of the history entry of each attachment it frees).
+pub struct Request<'a> {
+    pub dc: &'a DelegateConf,
+    pub cni_path: &'a str,
+    pub valid: Valid,
+    pub began: GcStart,
+    pub mode: Mode,
     pub by: crate::events::FreedBy,
 }
 
-/// Plans and (unless `run.dry_run`) runs GC of the network of `dc`. `began` is when the GC
-/// began (its valid list was made before it): nothing an ADD finished since is freed
-/// (core/births.rs).
+/// Plans and (unless the mode only plans) runs the GC `req` asks for.
 ///
 /// The steps, in order: read what the delegate and the ledger hold (`read`), plan what to
 /// keep and what is stale (`plan`), refuse what the share interlock forbids (`interlock`),
 /// tell the orphans apart (`plan_orphans`), and release the rest (`release`).
-pub async fn collect(
-    c: &Collector,
-    dc: &DelegateConf,
-    cni_path: &str,
-    valid: Valid,
-    began: GcStart,
-    run: Run,
-) -> Result<Plan, ShimError> {
+pub async fn collect(c: &Collector, req: Request<'_>) -> Result<Plan, ShimError> {
+    let Request {
+        dc,
+        cni_path,
+        valid,
+        began,
+        mode,
+        by,
+    } = req;
     // One GC of a network at a time; ADD, DEL and CHECK are not held up (keylock.rs).
     let _collection = c.core.locks.collection(&dc.network).await;
     let Read {
@@ -83,10 +118,10 @@ pub async fn collect(
         resolved,
     } = read(c, dc, cni_path).await?;
     let mut planned = plan(c, &seen, &valid, began);
-    interlock(c, &dc.network, &seen.records, &planned.stale, run.force)?;
+    interlock(c, &dc.network, &seen.records, &planned.stale, mode.forced())?;
     let (probe, send) = resolved?;
     let orphans = plan_orphans(c, dc, &seen, reservations, &mut planned).await;
-    if run.dry_run {
+    if mode.plans_only() {
         return Ok(Plan {
             items: planned.items,
             kept: planned.kept,
@@ -97,7 +132,7 @@ pub async fn collect(
         cni_path,
         probe: &probe,
         send,
-        by: run.by,
+        by,
     };
     release(c, &delegate, &seen, planned, orphans, began).await
 }
@@ -328,11 +363,8 @@ fn interlock(
         .count();
     if !force && !stale.is_empty() && stale.len() as f64 > c.gc.policy.max_free_share * pods as f64
     {
-        c.gc.stats
-            .refused
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        c.core.events.emit(crate::events::Event::GcRefused);
-        return Err(ShimError::GcRefused {
+        let admission = super::admit::Admission::new(&c.gc, &c.core.events, network);
+        return Err(admission.refuse(ShimError::GcRefused {
             network: network.to_owned(),
             reason: format!(
                 "it would free {} of the network's {pods} pod attachments, more than the \
@@ -341,7 +373,7 @@ fn interlock(
                 stale.len(),
                 c.gc.policy.max_free_share * 100.0
             ),
-        });
+        }));
     }
     Ok(())
 }

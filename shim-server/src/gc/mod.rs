@@ -27,6 +27,7 @@
 //! pool entry's key: the valid set handed to the delegate's GC, and the one its store is
 //! compared with, name that key.
 
+pub mod admit;
 pub mod collect;
 pub mod evidence;
 pub mod runtime;

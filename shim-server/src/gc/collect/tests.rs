@@ -3,11 +3,21 @@ use dipam_state::{AttachmentKey, MemStore};
 use super::*;
 use crate::testing::{node_with, record as rec, request, script, scripted_node};
 
-/// A run by an operator: `dry_run` and `force` as `dipamctl gc` gives them.
-fn run(dry_run: bool, force: bool) -> Run {
-    Run {
-        dry_run,
-        force,
+/// A GC asked for by an operator: `dry_run` and `force` as `dipamctl gc` gives them.
+fn run<'a>(
+    dc: &'a DelegateConf,
+    cni_path: &'a str,
+    valid: Valid,
+    began: GcStart,
+    dry_run: bool,
+    force: bool,
+) -> Request<'a> {
+    Request {
+        dc,
+        cni_path,
+        valid,
+        began,
+        mode: Mode::of(dry_run, force),
         by: crate::events::FreedBy::Operator,
     }
 }
@@ -65,11 +75,14 @@ async fn a_plan_says_why_it_keeps_each_attachment() {
     .await;
     let plan = collect(
         &node.collector(),
-        &dc,
-        "",
-        list(&["listed"]),
-        node.core.births.gc_began(None, None),
-        run(true, false),
+        run(
+            &dc,
+            "",
+            list(&["listed"]),
+            node.core.births.gc_began(None, None),
+            true,
+            false,
+        ),
     )
     .await
     .unwrap();
@@ -160,11 +173,7 @@ async fn an_add_finished_after_the_gc_began_is_kept_whatever_the_wall_clock_says
     // as before).
     let plan = collect(
         &node.collector(),
-        &dc,
-        "",
-        list(&["keep"]),
-        began,
-        run(true, true),
+        run(&dc, "", list(&["keep"]), began, true, true),
     )
     .await
     .unwrap();
@@ -202,11 +211,7 @@ async fn an_add_finished_after_the_gc_began_is_kept_whatever_the_wall_clock_says
     // the rest are born after it or young.
     let plan = collect(
         &node.collector(),
-        &dc,
-        "",
-        list(&["keep"]),
-        began,
-        run(false, true),
+        run(&dc, "", list(&["keep"]), began, false, true),
     )
     .await
     .unwrap();
@@ -241,11 +246,14 @@ async fn freeing_all_of_a_small_network_takes_force() {
     .await;
     let e = collect(
         &node.collector(),
-        &dc,
-        "",
-        list(&["other"]),
-        node.core.births.gc_began(None, None),
-        run(false, false),
+        run(
+            &dc,
+            "",
+            list(&["other"]),
+            node.core.births.gc_began(None, None),
+            false,
+            false,
+        ),
     )
     .await
     .unwrap_err();
@@ -258,11 +266,14 @@ async fn freeing_all_of_a_small_network_takes_force() {
     );
     let plan = collect(
         &node.collector(),
-        &dc,
-        "",
-        list(&["other"]),
-        node.core.births.gc_began(None, None),
-        run(false, true),
+        run(
+            &dc,
+            "",
+            list(&["other"]),
+            node.core.births.gc_began(None, None),
+            false,
+            true,
+        ),
     )
     .await
     .unwrap();
@@ -283,22 +294,28 @@ async fn freeing_all_of_a_small_network_takes_force() {
     assert!(
         collect(
             &node.collector(),
-            &dc,
-            "",
-            list(&["other"]),
-            node.core.births.gc_began(None, None),
-            run(false, false)
+            run(
+                &dc,
+                "",
+                list(&["other"]),
+                node.core.births.gc_began(None, None),
+                false,
+                false
+            )
         )
         .await
         .is_err()
     );
     let plan = collect(
         &node.collector(),
-        &dc,
-        "",
-        list(&["a"]),
-        node.core.births.gc_began(None, None),
-        run(false, false),
+        run(
+            &dc,
+            "",
+            list(&["a"]),
+            node.core.births.gc_began(None, None),
+            false,
+            false,
+        ),
     )
     .await
     .unwrap();
@@ -352,11 +369,14 @@ async fn stale_records_are_released_in_parallel_bounded_and_forgotten() {
         .dc;
     let plan = collect(
         &node.collector(),
-        &dc,
-        "",
-        list(&["c000"]),
-        node.core.births.gc_began(None, None),
-        run(false, true),
+        run(
+            &dc,
+            "",
+            list(&["c000"]),
+            node.core.births.gc_began(None, None),
+            false,
+            true,
+        ),
     )
     .await
     .unwrap();
@@ -411,11 +431,14 @@ async fn a_stale_record_whose_key_an_operation_holds_is_kept() {
     // Planned while held: kept, and said why.
     let plan = collect(
         &node.collector(),
-        &dc,
-        "",
-        list(&["keep"]),
-        node.core.births.gc_began(None, None),
-        run(true, true),
+        run(
+            &dc,
+            "",
+            list(&["keep"]),
+            node.core.births.gc_began(None, None),
+            true,
+            true,
+        ),
     )
     .await
     .unwrap();
@@ -427,11 +450,14 @@ async fn a_stale_record_whose_key_an_operation_holds_is_kept() {
     );
     let plan = collect(
         &node.collector(),
-        &dc,
-        "",
-        list(&["keep"]),
-        node.core.births.gc_began(None, None),
-        run(false, true),
+        run(
+            &dc,
+            "",
+            list(&["keep"]),
+            node.core.births.gc_began(None, None),
+            false,
+            true,
+        ),
     )
     .await
     .unwrap();
@@ -466,11 +492,14 @@ async fn an_add_on_the_network_does_not_wait_for_the_gc() {
         tokio::spawn(async move {
             collect(
                 &node.collector(),
-                &dc,
-                "",
-                list(&["s00"]),
-                node.core.births.gc_began(None, None),
-                run(false, true),
+                run(
+                    &dc,
+                    "",
+                    list(&["s00"]),
+                    node.core.births.gc_began(None, None),
+                    false,
+                    true,
+                ),
             )
             .await
         })

@@ -25,7 +25,7 @@ use crate::{
     events::{Event, FreedBy},
     gc::{
         Valid,
-        collect::{Run, collect},
+        collect::{Mode, Request, collect},
     },
 };
 
@@ -426,12 +426,15 @@ async fn free_scope(
     // would keep the last attachment of a network the runtime no longer uses forever.
     // Whoever runs the pass (its timer, or `dipamctl gc --from-runtime`), its rule frees:
     // the history says so.
-    let run = Run {
-        dry_run: false,
-        force: true,
+    let gc = Request {
+        dc,
+        cni_path: "",
+        valid: Valid::List(valid),
+        began,
+        mode: Mode::FreeForced,
         by: FreedBy::RuntimeGc,
     };
-    let plan = match collect(c, dc, "", Valid::List(valid), began, run).await {
+    let plan = match collect(c, gc).await {
         Ok(plan) => plan,
         Err(e) => return fail(report, Some(gone), &e.to_string()),
     };
