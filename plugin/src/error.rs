@@ -58,7 +58,7 @@ pub enum PluginError {
     #[error("dipamd is unreachable and the DEL could not be spooled")]
     Spool {
         socket: PathBuf,
-        reason: String,
+        reason: crate::spool::SpoolError,
         unreachable: String,
     },
     /// dipamd answered with a CNI error (its own, or the delegate's): passed on unchanged.

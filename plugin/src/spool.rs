@@ -36,32 +36,42 @@ pub struct Spooled {
 
 /// Writes `req` (a DEL) durably into the spool dipamd published beside `socket`. The error
 /// says why no spool dipamd reads could be written.
-pub fn write(socket: &Path, conf_dir: Option<&Path>, req: &CniRequest) -> Result<Spooled, String> {
+pub fn write(
+    socket: &Path,
+    conf_dir: Option<&Path>,
+    req: &CniRequest,
+) -> Result<Spooled, SpoolError> {
     let pointer_path = spool::pointer_path(socket);
     let pointer = spool::read_pointer(socket).map_err(|e| {
         if e.not_found() {
-            format!(
-                "no dipamd has published a spool beside {} ({} is missing: dipamd has not run \
-                 since boot, or socketPath names a socket no dipamd serves), so nothing would \
-                 replay it",
-                socket.display(),
-                pointer_path.display()
-            )
+            SpoolError::NoPointer {
+                socket: socket.to_owned(),
+                pointer: pointer_path.clone(),
+            }
         } else {
-            format!("dipamd's spool pointer cannot be trusted: {e}")
+            SpoolError::Pointer(e)
         }
     })?;
+    let not_dipamds = || SpoolError::NotDipamds {
+        pointer: pointer_path.clone(),
+        dir: pointer.dir.clone(),
+    };
     let dir = spool::open_dir(&pointer.dir).map_err(|e| {
         if e.not_found() {
-            not_dipamds(&pointer, &pointer_path)
+            not_dipamds()
         } else {
-            format!("dipamd's spool fails the spool rule: {e}")
+            SpoolError::Rule(e)
         }
     })?;
     match spool::identity(&dir) {
         Ok((dev, ino)) if dev == pointer.dev && ino == pointer.ino => {}
-        Ok(_) => return Err(not_dipamds(&pointer, &pointer_path)),
-        Err(e) => return Err(format!("{}: {e}", pointer.dir.display())),
+        Ok(_) => return Err(not_dipamds()),
+        Err(source) => {
+            return Err(SpoolError::Identity {
+                dir: pointer.dir.clone(),
+                source,
+            });
+        }
     }
     let body = json!({
         "format": spool::FORMAT,
@@ -84,22 +94,50 @@ pub fn write(socket: &Path, conf_dir: Option<&Path>, req: &CniRequest) -> Result
         std::process::id(),
         req.request_id
     );
-    spool::write_file(&dir, &name, body.to_string().as_bytes(), 0o600)
-        .map_err(|e| format!("writing into {}: {e}", pointer.dir.display()))?;
+    spool::write_file(&dir, &name, body.to_string().as_bytes(), 0o600).map_err(|source| {
+        SpoolError::Write {
+            dir: pointer.dir.clone(),
+            source,
+        }
+    })?;
     Ok(Spooled {
         path: pointer.dir.join(&name),
         warning: conf_dir.and_then(|c| other_dir(c, &pointer)),
     })
 }
 
-fn not_dipamds(pointer: &Pointer, pointer_path: &Path) -> String {
-    format!(
+/// Why no spool dipamd reads could be written: the DEL fails, and the runtime retries it.
+#[derive(Debug, thiserror::Error)]
+pub enum SpoolError {
+    #[error(
+        "no dipamd has published a spool beside {} ({} is missing: dipamd has not run since \
+         boot, or socketPath names a socket no dipamd serves), so nothing would replay it",
+        socket.display(),
+        pointer.display()
+    )]
+    NoPointer { socket: PathBuf, pointer: PathBuf },
+    #[error("dipamd's spool pointer cannot be trusted: {0}")]
+    Pointer(#[source] spool::Untrusted),
+    #[error(
         "{} names dipamd's spool {}, but that path is another directory here (or none): dipamd \
          runs in another mount namespace where it is not the host's directory. Mount the host's \
          directory into dipamd at the same path (deploy/kubernetes/dipam.yaml)",
-        pointer_path.display(),
-        pointer.dir.display()
-    )
+        pointer.display(),
+        dir.display()
+    )]
+    NotDipamds { pointer: PathBuf, dir: PathBuf },
+    #[error("dipamd's spool fails the spool rule: {0}")]
+    Rule(#[source] spool::Untrusted),
+    #[error("{}: {source}", dir.display())]
+    Identity {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("writing into {}: {source}", dir.display())]
+    Write {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// A warning when the config's `spoolDir` is not the directory dipamd drains.
@@ -185,7 +223,11 @@ mod tests {
     fn no_pointer_or_another_directory_is_refused() {
         let d = tempfile::tempdir().unwrap();
         let e = write(&d.path().join("none.sock"), None, &req()).unwrap_err();
-        assert!(e.contains("no dipamd has published a spool"), "{e}");
+        assert!(matches!(e, SpoolError::NoPointer { .. }), "{e}");
+        assert!(
+            e.to_string().contains("no dipamd has published a spool"),
+            "{e}"
+        );
         // The pointer names a directory whose identity is not the one at that path here (as
         // when dipamd's spool is inside its container, not the host's directory).
         let (socket, dir) = publish(d.path());
@@ -193,7 +235,8 @@ mod tests {
         std::fs::create_dir(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
         let e = write(&socket, None, &req()).unwrap_err();
-        assert!(e.contains("another mount namespace"), "{e}");
+        assert!(matches!(e, SpoolError::NotDipamds { .. }), "{e}");
+        assert!(e.to_string().contains("another mount namespace"), "{e}");
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
         // A pointer that is a link is never followed.
         let (socket, _) = publish(&d.path().join("b"));
@@ -201,6 +244,7 @@ mod tests {
         std::fs::rename(&pointer, d.path().join("real")).unwrap();
         std::os::unix::fs::symlink(d.path().join("real"), &pointer).unwrap();
         let e = write(&socket, None, &req()).unwrap_err();
-        assert!(e.contains("symbolic link"), "{e}");
+        assert!(matches!(e, SpoolError::Pointer(_)), "{e}");
+        assert!(e.to_string().contains("symbolic link"), "{e}");
     }
 }

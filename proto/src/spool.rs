@@ -90,18 +90,17 @@ impl Pointer {
     }
 
     /// Parses a pointer's text.
-    pub fn parse(text: &[u8]) -> Result<Self, String> {
-        let v: serde_json::Value =
-            serde_json::from_slice(text).map_err(|e| format!("not a spool pointer: {e}"))?;
+    pub fn parse(text: &[u8]) -> Result<Self, BadPointer> {
+        let v: serde_json::Value = serde_json::from_slice(text).map_err(BadPointer::Json)?;
         if v["format"].as_u64() != Some(u64::from(POINTER_FORMAT)) {
-            return Err(format!("unknown spool pointer format {}", v["format"]));
+            return Err(BadPointer::Format(v["format"].to_string()));
         }
         let dir = v["spoolDir"]
             .as_str()
             .filter(|d| d.starts_with('/'))
-            .ok_or("the spool pointer names no absolute spoolDir")?;
+            .ok_or(BadPointer::NoDir)?;
         let (Some(dev), Some(ino)) = (v["dev"].as_u64(), v["ino"].as_u64()) else {
-            return Err("the spool pointer carries no directory identity".into());
+            return Err(BadPointer::NoIdentity);
         };
         Ok(Self {
             dir: PathBuf::from(dir),
@@ -114,6 +113,19 @@ impl Pointer {
     pub fn names(&self, st: &FileStat) -> bool {
         st.st_dev == self.dev && st.st_ino == self.ino
     }
+}
+
+/// Why a spool pointer's text is not one this build reads.
+#[derive(Debug, thiserror::Error)]
+pub enum BadPointer {
+    #[error("not a spool pointer: {0}")]
+    Json(#[source] serde_json::Error),
+    #[error("unknown spool pointer format {0}")]
+    Format(String),
+    #[error("the spool pointer names no absolute spoolDir")]
+    NoDir,
+    #[error("the spool pointer carries no directory identity")]
+    NoIdentity,
 }
 
 /// Why a path fails the spool's trust rule, or cannot be opened.

@@ -10,11 +10,20 @@ use std::os::{fd::FromRawFd, unix::net::UnixListener as StdListener};
 /// The first fd systemd passes (SD_LISTEN_FDS_START).
 const FIRST_FD: i32 = 3;
 
+/// Why the socket systemd passed cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum ActivationError {
+    #[error("systemd passed {0} sockets; dipamd.socket must declare exactly one ListenStream")]
+    TooMany(u32),
+    #[error("activated socket: {0}")]
+    Socket(#[source] std::io::Error),
+}
+
 /// The activated listener, when systemd passed one to this process. `getenv` is the process
 /// environment (injected: tests pass their own).
 pub fn listener(
     getenv: &dyn Fn(&str) -> Option<String>,
-) -> Result<Option<tokio::net::UnixListener>, String> {
+) -> Result<Option<tokio::net::UnixListener>, ActivationError> {
     let pid_ok = getenv("LISTEN_PID")
         .and_then(|p| p.parse::<u32>().ok())
         .is_some_and(|p| p == std::process::id());
@@ -25,18 +34,15 @@ pub fn listener(
         return Ok(None);
     }
     if fds > 1 {
-        return Err(format!(
-            "systemd passed {fds} sockets; dipamd.socket must declare exactly one ListenStream"
-        ));
+        return Err(ActivationError::TooMany(fds));
     }
     // SAFETY: systemd guarantees fd 3 is an open listening socket owned by this process when
     // LISTEN_PID is our pid and LISTEN_FDS >= 1; nothing else in dipamd uses fd 3.
     let std = unsafe { StdListener::from_raw_fd(FIRST_FD) };
-    std.set_nonblocking(true)
-        .map_err(|e| format!("activated socket: {e}"))?;
+    std.set_nonblocking(true).map_err(ActivationError::Socket)?;
     tokio::net::UnixListener::from_std(std)
         .map(Some)
-        .map_err(|e| format!("activated socket: {e}"))
+        .map_err(ActivationError::Socket)
 }
 
 #[cfg(test)]

@@ -525,19 +525,15 @@ pub async fn round(w: &Watch, free: bool) -> Result<(), ShimError> {
         if !d.orphans.is_empty() {
             warn!(network = %dc.network, orphans = ?d.orphans, "the delegate's store holds reservations dipamd never recorded, and nothing on the node uses them");
             if free {
-                let plan = gc::collect::collect(
-                    &w.collector(),
-                    &dc,
-                    "",
-                    Valid::Ledger,
-                    w.core.births.gc_began(None, None),
-                    gc::collect::Run {
-                        dry_run: false,
-                        force: false,
-                        by: crate::events::FreedBy::Reconcile,
-                    },
-                )
-                .await?;
+                let gc = gc::collect::Request {
+                    dc: &dc,
+                    cni_path: "",
+                    valid: Valid::Ledger,
+                    began: w.core.births.gc_began(None, None),
+                    mode: gc::collect::Mode::Free,
+                    by: crate::events::FreedBy::Reconcile,
+                };
+                let plan = gc::collect::collect(&w.collector(), gc).await?;
                 let freed = plan.items.iter().filter(|i| i.outcome == "freed").count();
                 let blank = free_blanks(&dc, std::mem::take(&mut d.blank_orphans)).await;
                 info!(network = %dc.network, freed, blank, "reconcile freed orphaned reservations");

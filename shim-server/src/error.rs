@@ -289,42 +289,11 @@ impl ShimError {
                 codes::INTERNAL,
                 format!("{e}; nothing was allocated by this request"),
             ),
-            Self::ExistsWithOtherConfig { .. } => (
-                codes::EXISTS_WITH_OTHER_CONFIG,
-                "the runtime must DEL an attachment before adding it again with a changed \
-                 network config"
-                    .into(),
-            ),
-            Self::Conflict { holder, .. } => (
-                codes::AGENT_CONFLICT,
-                format!(
-                    "the delegate IPAM handed out an address that dipamd records for {holder}; \
-                     the allocation was rolled back. Another IPAM may manage the same range, or \
-                     the delegate's state directory was wiped or is not the one dipamd sees \
-                     (check that /var/lib/cni is shared and persistent)"
-                ),
-            ),
-            Self::StaleAdd { .. } => (
-                // Spec code 3: the container is gone, the runtime need not clean up.
-                codes::UNKNOWN_CONTAINER,
-                "the runtime deleted this attachment after this ADD was issued; nothing was \
-                 allocated"
-                    .into(),
-            ),
-            Self::NoRecord { .. } => (
-                codes::NO_RECORD,
-                "dipamd has no ADD on record for this container and interface; it was never \
-                 added through dipam, or it was deleted"
-                    .into(),
-            ),
-            Self::PrevResultMismatch { recorded, prev, .. } => (
-                codes::PREV_RESULT_MISMATCH,
-                format!(
-                    "recorded [{}], prevResult has [{}]",
-                    recorded.join(", "),
-                    prev.join(", ")
-                ),
-            ),
+            Self::ExistsWithOtherConfig { .. }
+            | Self::Conflict { .. }
+            | Self::StaleAdd { .. }
+            | Self::NoRecord { .. }
+            | Self::PrevResultMismatch { .. } => self.attachment_code_and_details(),
             Self::NotReady { missing } => (codes::NOT_AVAILABLE, missing.join("; ")),
             Self::LimitedConnectivity { reasons } => {
                 (codes::LIMITED_CONNECTIVITY, reasons.join("; "))
@@ -340,6 +309,51 @@ impl ShimError {
                 codes::GC_INCOMPLETE,
                 format!("freed {freed}; failed: {}", failed.join("; ")),
             ),
+        }
+    }
+
+    /// The code and details of an attachment the request does not match: added with another
+    /// config, an address someone else holds, an ADD the runtime deleted, no record, a
+    /// prevResult that is not the recorded result.
+    fn attachment_code_and_details(&self) -> (u32, String) {
+        match self {
+            Self::ExistsWithOtherConfig { .. } => (
+                codes::EXISTS_WITH_OTHER_CONFIG,
+                "the runtime must DEL an attachment before adding it again with a changed \
+                     network config"
+                    .into(),
+            ),
+            Self::Conflict { holder, .. } => (
+                codes::AGENT_CONFLICT,
+                format!(
+                    "the delegate IPAM handed out an address that dipamd records for {holder}; \
+                         the allocation was rolled back. Another IPAM may manage the same range, or \
+                         the delegate's state directory was wiped or is not the one dipamd sees \
+                         (check that /var/lib/cni is shared and persistent)"
+                ),
+            ),
+            Self::StaleAdd { .. } => (
+                // Spec code 3: the container is gone, the runtime need not clean up.
+                codes::UNKNOWN_CONTAINER,
+                "the runtime deleted this attachment after this ADD was issued; nothing was \
+                     allocated"
+                    .into(),
+            ),
+            Self::NoRecord { .. } => (
+                codes::NO_RECORD,
+                "dipamd has no ADD on record for this container and interface; it was never \
+                     added through dipam, or it was deleted"
+                    .into(),
+            ),
+            Self::PrevResultMismatch { recorded, prev, .. } => (
+                codes::PREV_RESULT_MISMATCH,
+                format!(
+                    "recorded [{}], prevResult has [{}]",
+                    recorded.join(", "),
+                    prev.join(", ")
+                ),
+            ),
+            _ => (codes::INTERNAL, String::new()),
         }
     }
 

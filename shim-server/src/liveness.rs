@@ -271,19 +271,27 @@ fn if_inet6(text: &str) -> HashSet<IpAddr> {
         .collect()
 }
 
+/// Why the host's routes could not be read (the scan goes on without them, and says so).
+#[derive(Debug, thiserror::Error)]
+enum RoutesError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Netlink(#[from] rtnetlink::Error),
+}
+
 /// Host routes to exactly one address (/32, /128) in the main table through a link that is
 /// up: address -> the link's name.
-fn routes() -> Result<HashMap<IpAddr, String>, String> {
+fn routes() -> Result<HashMap<IpAddr, String>, RoutesError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
-        .build()
-        .map_err(|e| e.to_string())?;
+        .build()?;
     rt.block_on(async {
-        let (conn, h, _) = rtnetlink::new_connection().map_err(|e| e.to_string())?;
+        let (conn, h, _) = rtnetlink::new_connection()?;
         tokio::spawn(conn);
         let mut up: HashMap<u32, String> = HashMap::new();
         let mut links = h.link().get().execute();
-        while let Some(l) = links.try_next().await.map_err(|e| e.to_string())? {
+        while let Some(l) = links.try_next().await? {
             if !l.header.flags.contains(LinkFlags::Up) {
                 continue;
             }
@@ -303,7 +311,7 @@ fn routes() -> Result<HashMap<IpAddr, String>, String> {
             rtnetlink::RouteMessageBuilder::<std::net::Ipv6Addr>::new().build(),
         ] {
             let mut stream = h.route().get(query).execute();
-            while let Some(msg) = stream.try_next().await.map_err(|e| e.to_string())? {
+            while let Some(msg) = stream.try_next().await? {
                 let host = match msg.header.address_family {
                     rtnetlink::packet_route::AddressFamily::Inet => 32,
                     _ => 128,

@@ -7,6 +7,7 @@
 
 use std::{
     collections::VecDeque,
+    fmt::Display,
     sync::{
         Mutex,
         atomic::{AtomicU64, Ordering},
@@ -41,7 +42,7 @@ pub struct Listeners {
 
 impl Listeners {
     /// Notes one bind's outcome for `kind` on `address`.
-    pub fn note(&self, kind: &'static str, address: &str, outcome: Result<(), String>) {
+    pub fn note(&self, kind: &'static str, address: &str, outcome: Result<(), &dyn Display>) {
         let mut all = self.all.lock().unwrap_or_else(|e| e.into_inner());
         let at = match all.iter().position(|l| l.kind == kind) {
             Some(i) => i,
@@ -59,7 +60,7 @@ impl Listeners {
         let l = &mut all[at];
         l.attempts += 1;
         l.bound = outcome.is_ok();
-        l.error = outcome.err().unwrap_or_default();
+        l.error = outcome.err().map(ToString::to_string).unwrap_or_default();
     }
 
     /// The listeners' conditions now.
@@ -133,8 +134,8 @@ mod tests {
     fn a_listener_is_waiting_until_a_bind_succeeds() {
         let l = Listeners::default();
         assert!(l.snapshot().is_empty());
-        l.note("tcp", "127.0.0.1:9", Err("Address in use".into()));
-        l.note("tcp", "127.0.0.1:9", Err("Address in use".into()));
+        l.note("tcp", "127.0.0.1:9", Err(&"Address in use"));
+        l.note("tcp", "127.0.0.1:9", Err(&"Address in use"));
         let s = &l.snapshot()[0];
         assert!(!s.bound && s.attempts == 2 && s.error.contains("in use"));
         l.note("tcp", "127.0.0.1:9", Ok(()));

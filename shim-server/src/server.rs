@@ -85,15 +85,24 @@ pub async fn bind(path: &Path, group: Option<u32>) -> Result<UnixListener, Serve
     Ok(listener)
 }
 
+/// Why a --socket-group names no group.
+#[derive(Debug, thiserror::Error)]
+pub enum GroupError {
+    #[error("--socket-group: no group named {0:?}")]
+    Unknown(String),
+    #[error("--socket-group {0:?}: {1}")]
+    Lookup(String, #[source] nix::errno::Errno),
+}
+
 /// A group name or numeric gid.
-pub fn resolve_group(g: &str) -> Result<u32, String> {
+pub fn resolve_group(g: &str) -> Result<u32, GroupError> {
     if let Ok(gid) = g.parse::<u32>() {
         return Ok(gid);
     }
     match nix::unistd::Group::from_name(g) {
         Ok(Some(group)) => Ok(group.gid.as_raw()),
-        Ok(None) => Err(format!("--socket-group: no group named {g:?}")),
-        Err(e) => Err(format!("--socket-group {g:?}: {e}")),
+        Ok(None) => Err(GroupError::Unknown(g.to_owned())),
+        Err(e) => Err(GroupError::Lookup(g.to_owned(), e)),
     }
 }
 
@@ -181,6 +190,103 @@ fn incoming(
     ))
 }
 
+/// Server reflection (grpc.reflection.v1 and the v1alpha that older grpcurl releases ask
+/// for): it describes dipam.v1 and grpc.health.v1, from the descriptors proto/build.rs
+/// compiled with the code.
+#[allow(clippy::type_complexity)]
+fn reflection() -> Result<
+    (
+        tonic_reflection::server::v1::ServerReflectionServer<
+            impl tonic_reflection::server::v1::ServerReflection,
+        >,
+        tonic_reflection::server::v1alpha::ServerReflectionServer<
+            impl tonic_reflection::server::v1alpha::ServerReflection,
+        >,
+    ),
+    ServeError,
+> {
+    let builder = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(dipam_proto::v1::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    Ok((builder().build_v1()?, builder().build_v1alpha()?))
+}
+
+/// What the server awaits before its graceful shutdown: the signal. It also tells every
+/// watch to end (a stream that never ends would hold the graceful shutdown forever), and
+/// starts the drain's clock (`draining`).
+async fn stop_signal<F>(
+    shutdown: F,
+    early: Vec<PathBuf>,
+    drain: Duration,
+    stopping: Arc<Node>,
+    draining_health: Arc<crate::health::Monitor>,
+    draining: tokio::sync::oneshot::Sender<()>,
+) where
+    F: std::future::Future<Output = ()> + Send,
+{
+    shutdown.await;
+    // A plugin that connects now would wait in the listen backlog until dipamd exits;
+    // without the path it fails at once and spools its DEL (or answers 11 to an ADD).
+    // systemd's activated socket stays: systemd owns it, and queues for the next dipamd.
+    for path in early {
+        let _ = std::fs::remove_file(path);
+    }
+    info!(
+        drain_seconds = drain.as_secs_f64(),
+        "no longer accepting; agent watches end, requests in flight may finish"
+    );
+    stopping.agent.close_watches();
+    draining_health.drain();
+    let _ = draining.send(());
+}
+
+/// The sockets dipamd made, removed once it stopped (systemd's activated socket stays).
+fn remove_sockets(users_path: Option<PathBuf>, unlink: bool, path: &std::path::Path) {
+    if let Some(users) = users_path {
+        let _ = std::fs::remove_file(users);
+    }
+    if unlink {
+        let _ = std::fs::remove_file(path);
+        info!(socket = %path.display(), "socket removed; dipamd stopped");
+    } else {
+        info!(socket = %path.display(), "dipamd stopped; the socket stays with systemd");
+    }
+}
+
+/// The server's end, or the drain's: requests still in flight `drain` after the signal
+/// (`draining`) are left to the next start, as after a crash.
+async fn within_drain<S>(
+    server: S,
+    draining: tokio::sync::oneshot::Receiver<()>,
+    drain: Duration,
+) -> Result<(), tonic::transport::Error>
+where
+    S: std::future::Future<Output = Result<(), tonic::transport::Error>>,
+{
+    tokio::pin!(server);
+    let deadline = async {
+        if draining.await.is_err() {
+            // The server ended before any signal: nothing to bound.
+            return std::future::pending().await;
+        }
+        tokio::time::sleep(drain).await;
+    };
+    let result = tokio::select! {
+        r = &mut server => r,
+        () = deadline => {
+            warn!(
+                drain_seconds = drain.as_secs_f64(),
+                "requests still in flight after the shutdown drain; exiting anyway (the next \
+                 start completes or releases them, as after a crash)"
+            );
+            Ok(())
+        }
+    };
+    result
+}
+
 /// Serves until `shutdown` resolves, then stops accepting, ends every agent watch with
 /// UNAVAILABLE, lets the requests in flight finish for at most `drain`, and unlinks the
 /// sockets dipamd made. Root's socket and the users' socket each have their own listen
@@ -212,43 +318,21 @@ where
     let check = move |req| peers.check(req);
     let health = crate::health::Monitor::new(node.clone());
     tokio::spawn(health.clone().run(crate::health::RECHECK));
-    let draining_health = health.clone();
-    // Server reflection (grpc.reflection.v1 and the v1alpha that older grpcurl releases
-    // ask for) describes dipam.v1 and grpc.health.v1, from the descriptors proto/build.rs
-    // compiled with the code.
-    let reflection = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(dipam_proto::v1::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-    };
-    let reflection_v1 = reflection().build_v1()?;
-    let reflection_v1alpha = reflection().build_v1alpha()?;
+    let (reflection_v1, reflection_v1alpha) = reflection()?;
     let (draining_tx, draining) = tokio::sync::oneshot::channel::<()>();
-    let stopping = node.clone();
-    // What the server awaits before its graceful shutdown: the signal. It also tells every
-    // watch to end (a stream that never ends would hold the graceful shutdown forever), and
-    // starts the drain's clock.
     let early: Vec<PathBuf> = unlink
         .then(|| path.clone())
         .into_iter()
         .chain(users_path.clone())
         .collect();
-    let signal = async move {
-        shutdown.await;
-        // A plugin that connects now would wait in the listen backlog until dipamd exits;
-        // without the path it fails at once and spools its DEL (or answers 11 to an ADD).
-        // systemd's activated socket stays: systemd owns it, and queues for the next dipamd.
-        for path in early {
-            let _ = std::fs::remove_file(path);
-        }
-        info!(
-            drain_seconds = drain.as_secs_f64(),
-            "no longer accepting; agent watches end, requests in flight may finish"
-        );
-        stopping.agent.close_watches();
-        draining_health.drain();
-        let _ = draining_tx.send(());
-    };
+    let signal = stop_signal(
+        shutdown,
+        early,
+        drain,
+        node.clone(),
+        health.clone(),
+        draining_tx,
+    );
     let server = tonic::transport::Server::builder()
         .http2_max_header_list_size(MAX_HEADER_LIST)
         .max_frame_size(MAX_FRAME)
@@ -294,33 +378,7 @@ where
             check,
         ))
         .serve_with_incoming_shutdown(conns, signal);
-    tokio::pin!(server);
-    let deadline = async {
-        if draining.await.is_err() {
-            // The server ended before any signal: nothing to bound.
-            return std::future::pending().await;
-        }
-        tokio::time::sleep(drain).await;
-    };
-    let result = tokio::select! {
-        r = &mut server => r,
-        () = deadline => {
-            warn!(
-                drain_seconds = drain.as_secs_f64(),
-                "requests still in flight after the shutdown drain; exiting anyway (the next \
-                 start completes or releases them, as after a crash)"
-            );
-            Ok(())
-        }
-    };
-    if let Some(users) = users_path {
-        let _ = std::fs::remove_file(users);
-    }
-    if unlink {
-        let _ = std::fs::remove_file(&path);
-        info!(socket = %path.display(), "socket removed; dipamd stopped");
-    } else {
-        info!(socket = %path.display(), "dipamd stopped; the socket stays with systemd");
-    }
+    let result = within_drain(server, draining, drain).await;
+    remove_sockets(users_path, unlink, &path);
     result.map_err(ServeError::from)
 }

@@ -185,29 +185,7 @@ where
                     pending_commit: false,
                 })
             }
-            Err(e) => {
-                node.denials.note_error(call.command, &e);
-                let reply = e.into_reply();
-                match &reply {
-                    Ok(CniReply {
-                        outcome: Some(Outcome::Error(err)),
-                        ..
-                    }) => {
-                        warn!(network = %network, pod = %call.pod, container = %container, elapsed_ms = ms, code = err.code, msg = %err.msg, details = %err.details, "failed");
-                        event["outcome"] = "error".into();
-                        event["code"] = err.code.into();
-                        event["msg"] = err.msg.clone().into();
-                        event["details"] = err.details.clone().into();
-                    }
-                    Err(status) => {
-                        warn!(network = %network, pod = %call.pod, container = %container, elapsed_ms = ms, status = ?status.code(), msg = status.message(), "refused");
-                        event["outcome"] = "refused".into();
-                        event["msg"] = status.message().into();
-                    }
-                    _ => {}
-                }
-                reply
-            }
+            Err(e) => failed(node, &call, ms, e, &mut event),
         };
         let code = match &reply {
             Ok(CniReply {
@@ -228,6 +206,40 @@ where
     }
     .instrument(span)
     .await
+}
+
+/// A failed call: its one warn line, its history entry's outcome, and its reply (a CNI error,
+/// or a gRPC status when dipamd refuses the call itself).
+fn failed(
+    node: &Node,
+    call: &Call,
+    ms: f64,
+    e: ShimError,
+    event: &mut serde_json::Value,
+) -> Result<CniReply, Status> {
+    let network = call.network.as_str();
+    let container = short_id(&call.container_id);
+    node.denials.note_error(call.command, &e);
+    let reply = e.into_reply();
+    match &reply {
+        Ok(CniReply {
+            outcome: Some(Outcome::Error(err)),
+            ..
+        }) => {
+            warn!(network = %network, pod = %call.pod, container = %container, elapsed_ms = ms, code = err.code, msg = %err.msg, details = %err.details, "failed");
+            event["outcome"] = "error".into();
+            event["code"] = err.code.into();
+            event["msg"] = err.msg.clone().into();
+            event["details"] = err.details.clone().into();
+        }
+        Err(status) => {
+            warn!(network = %network, pod = %call.pod, container = %container, elapsed_ms = ms, status = ?status.code(), msg = status.message(), "refused");
+            event["outcome"] = "refused".into();
+            event["msg"] = status.message().into();
+        }
+        _ => {}
+    }
+    reply
 }
 
 /// One ADD, answered as `Add` answers it (with `replayed` set on success); `early` is the

@@ -322,7 +322,7 @@ async fn take_up(
     crate::fault::hit("add-after-exec");
     let parsed = match version::parse_result(stdout) {
         Ok(parsed) => parsed,
-        Err(detail) => return TakenUp::Unparsable(detail),
+        Err(detail) => return TakenUp::Unparsable(detail.to_string()),
     };
     let mut rec = rec.clone();
     rec.result = match serde_json::to_value(&parsed) {

@@ -108,18 +108,15 @@ async fn holdings_of(
             .any(|a| a.container_id == cid && a.ips.iter().any(|c| is_ip(c, ip)))
     };
     for cid in &r.earlier_holders {
-        let theirs: Result<Vec<Value>, String> = if cid == explained {
+        let theirs: Result<Vec<Value>, CtlError> = if cid == explained {
             Ok(events.to_vec())
         } else {
-            ask(client, cid)
-                .await
-                .map(|x| {
-                    x.events
-                        .iter()
-                        .filter_map(|e| serde_json::from_str(e).ok())
-                        .collect()
-                })
-                .map_err(|e| e.to_string())
+            ask(client, cid).await.map(|x| {
+                x.events
+                    .iter()
+                    .filter_map(|e| serde_json::from_str(e).ok())
+                    .collect()
+            })
         };
         match theirs {
             Ok(ev) => out.extend(spans(cid, ip, &ev, holds_now(cid))),
@@ -128,7 +125,7 @@ async fn holdings_of(
                 given_at_ms: None,
                 freed: None,
                 now: false,
-                error: Some(e),
+                error: Some(e.to_string()),
             }),
         }
     }

@@ -466,7 +466,7 @@ impl Service {
             match key.trim() {
                 "Environment" if value.is_empty() => self.environment.clear(),
                 "Environment" => {
-                    for a in words(value).map_err(syntax)? {
+                    for a in words(value).map_err(|e| syntax(e.to_string()))? {
                         if let Some((k, v)) = a.text.split_once('=') {
                             self.environment.push((k.to_owned(), v.to_owned()));
                         }
@@ -521,7 +521,7 @@ impl Service {
                 .map_or("", |(_, v)| v.as_str())
         };
         let mut argv = Vec::new();
-        for w in words(line).map_err(syntax)? {
+        for w in words(line).map_err(|e| syntax(e.to_string()))? {
             match w.bare_var() {
                 // `$VAR` alone: split at white space, an empty one adds no word.
                 Some(name) => argv.extend(lookup(name).split_whitespace().map(OsString::from)),
@@ -548,9 +548,14 @@ impl Word {
     }
 }
 
+/// A unit line whose quote never closes.
+#[derive(Debug, thiserror::Error)]
+#[error("unterminated quote in {0:?}")]
+struct UnterminatedQuote(String);
+
 /// A unit line's words: split at white space, "double" and 'single' quotes kept together,
 /// a backslash escaping the next character (systemd.syntax(7), "Quoting").
-fn words(line: &str) -> Result<Vec<Word>, String> {
+fn words(line: &str) -> Result<Vec<Word>, UnterminatedQuote> {
     let mut out = Vec::new();
     let mut chars = line.chars().peekable();
     loop {
@@ -573,7 +578,7 @@ fn words(line: &str) -> Result<Vec<Word>, String> {
             }
         }
         if quote.is_some() {
-            return Err(format!("unterminated quote in {line:?}"));
+            return Err(UnterminatedQuote(line.to_owned()));
         }
         out.push(w);
     }

@@ -38,8 +38,7 @@ where
             }
             Err(e) => {
                 failed = true;
-                node.metrics_listeners
-                    .note(kind, address, Err(e.to_string()));
+                node.metrics_listeners.note(kind, address, Err(&e));
                 metrics.listener_up(kind, false);
                 if let Some(n) = throttle.due() {
                     warn!(

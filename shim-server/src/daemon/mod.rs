@@ -4,6 +4,7 @@
 //! on the same state directory), replay interrupted operations, and only then bind the socket
 //! and serve.
 
+mod flags;
 mod metrics_bind;
 pub(crate) mod paths;
 mod sockets;
@@ -14,6 +15,8 @@ use clap::Parser;
 use tracing::{error, info};
 
 mod pool_args;
+
+use flags::check_flags;
 
 use crate::{
     agent::{self, AgentConfig, Family, ROLES, conflist::Source},
@@ -338,12 +341,23 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         &node,
     )));
     spawn_background(&node, &args, observed.metrics.as_ref(), spool.dir, &budget).await?;
+    serve(node, &args, sockets, &budget).await
+}
+
+/// The last phase: the sockets served, each connection through the shared descriptor budget
+/// and the peer checks, until SIGTERM or SIGINT; then the history's queue is written.
+async fn serve(
+    node: Arc<Node>,
+    args: &Args,
+    sockets: sockets::Sockets<impl std::future::Future<Output = ()> + Send + 'static>,
+    budget: &Arc<crate::listen::Budget>,
+) -> Result<(), DaemonError> {
     let peers = crate::access::PeerCheck {
         allow_uids: args.allow_uids.clone(),
         admin_uids: args.admin_uids.clone(),
     };
     let gate = |name| {
-        crate::listen::Gate::new(name, Arc::clone(&budget), None)
+        crate::listen::Gate::new(name, Arc::clone(budget), None)
             .with_peers(Arc::new(peers.clone()), args.max_connections_per_uid)
     };
     let users = sockets
@@ -378,103 +392,6 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         h.flush().await;
     }
     Ok(())
-}
-
-/// What the flags decide before anything is touched on disk.
-struct Flags {
-    /// The delegate search path (--cni-path).
-    dirs: Vec<PathBuf>,
-    /// The runtime-aware GC's CRI client (--cri-endpoint).
-    runtime: Option<crate::gc::runtime::cri::CriClient>,
-    agent: Option<AgentConfig>,
-    /// The warm pool's watermarks.
-    pool: crate::pool::sizing::Watermarks,
-    /// The warm pool entries' node name; empty when the pool is off.
-    pool_node: String,
-}
-
-/// Phase 1: every flag checked (a usage error before any side effect but the state
-/// directory's creation), in the order the errors are reported.
-fn check_flags(args: &Args) -> Result<Flags, DaemonError> {
-    #[cfg(feature = "fault-injection")]
-    if let Some(point) = &args.crash_at {
-        crate::fault::arm(point).map_err(|e| DaemonError::Usage(e.to_string()))?;
-    }
-    #[cfg(feature = "fault-injection")]
-    if let Some(spec) = &args.pause_at {
-        crate::fault::arm_pause(spec).map_err(|e| DaemonError::Usage(e.to_string()))?;
-    }
-    if !(args.delegate_timeout > 0.0 && args.delegate_timeout <= 3600.0) {
-        return Err(DaemonError::Usage(
-            "--delegate-timeout must be between 0 and 3600 seconds".into(),
-        ));
-    }
-    if !(args.dead_after >= 0.0 && args.dead_after <= 86400.0) {
-        return Err(DaemonError::Usage(
-            "--dead-after must be between 0 and 86400 seconds".into(),
-        ));
-    }
-    if !(args.shutdown_timeout >= 0.0 && args.shutdown_timeout <= 3600.0) {
-        return Err(DaemonError::Usage(
-            "--shutdown-timeout must be between 0 and 3600 seconds".into(),
-        ));
-    }
-    let dirs: Vec<PathBuf> = args
-        .cni_path
-        .split(':')
-        .filter(|s| !s.is_empty())
-        .map(PathBuf::from)
-        .collect();
-    crate::perms::private_state_dir(&args.state_dir, spool_dir_of(args).as_path()).map_err(
-        |e| {
-            DaemonError::Usage(format!(
-                "cannot create --state-dir {}: {e}",
-                args.state_dir.display()
-            ))
-        },
-    )?;
-    // No TCP listener beyond this node unless explicitly asked for.
-    if let Some(addr) = args.metrics_address
-        && !addr.ip().is_loopback()
-        && !args.metrics_allow_remote
-    {
-        return Err(DaemonError::Usage(format!(
-            "--metrics-address {addr} is not loopback; pass --metrics-allow-remote to expose \
-             metrics beyond this node"
-        )));
-    }
-    // Empty turns it off: the unit sets DIPAM_CRI_ENDPOINT, and `DIPAM_CRI_ENDPOINT=` in
-    // /etc/default/dipamd is how a node without containerd's CRI says so.
-    let runtime = match args
-        .cri_endpoint
-        .as_deref()
-        .filter(|e| !e.trim().is_empty())
-    {
-        None => None,
-        Some(_) if args.runtime_gc_interval.is_nan() || args.runtime_gc_interval <= 0.0 => {
-            return Err(DaemonError::Usage(
-                "--cri-endpoint needs --runtime-gc-interval above 0: the runtime-aware GC runs \
-                 a pass every interval"
-                    .into(),
-            ));
-        }
-        Some(e) => Some(crate::gc::runtime::cri::CriClient::new(e).map_err(DaemonError::Usage)?),
-    };
-    let agent = agent_config(args)?;
-    let pool = args.pool.marks()?;
-    // Only a pool that fills needs a node name (its entries' IDs carry it).
-    let pool_node = if pool.on() {
-        node_name(args)?
-    } else {
-        String::new()
-    };
-    Ok(Flags {
-        dirs,
-        runtime,
-        agent,
-        pool,
-        pool_node,
-    })
 }
 
 /// The socket's lock and the DEL spool, published beside the socket.
@@ -563,7 +480,7 @@ fn non_root_data_dirs(args: &Args) -> Vec<PathBuf> {
             if !args.allow_uids.is_empty() || !args.admin_uids.is_empty() {
                 tracing::error!(
                     dir = %d.display(),
-                    why,
+                    why = %why,
                     "not a dataDir for non-root callers: make it root-owned and writable by \
                      root only along its whole path"
                 );
@@ -955,67 +872,4 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(argv: &[&str]) -> Args {
-        Args::try_parse_from(std::iter::once("dipamd").chain(argv.iter().copied()))
-            .unwrap_or_else(|e| panic!("{argv:?}: {e}"))
-    }
-
-    #[test]
-    fn a_repeated_flag_takes_its_last_value() {
-        // The systemd unit's flags first, then the operator's DIPAMD_OPTS.
-        let a = parse(&[
-            "--socket",
-            "/run/dipam/dipam.sock",
-            "--state-dir",
-            "/var/lib/dipam",
-            "--log-format",
-            "text",
-            "--gc-allow-empty",
-            "--socket",
-            "/srv/dipam.sock",
-            "--state-dir",
-            "/srv/dipam",
-            "--log-format",
-            "json",
-            "--gc-allow-empty",
-        ]);
-        assert_eq!(a.socket, PathBuf::from("/srv/dipam.sock"));
-        assert_eq!(a.state_dir, PathBuf::from("/srv/dipam"));
-        assert_eq!(a.log_format, LogFormat::Json);
-        assert!(a.gc_allow_empty);
-    }
-
-    #[test]
-    fn repeatable_flags_still_add_up() {
-        let a = parse(&[
-            "--allow-uid",
-            "1000",
-            "--allow-uid",
-            "1001",
-            "--agent-roles",
-            "router",
-            "--agent-roles",
-            "health,ingress",
-        ]);
-        assert_eq!(a.allow_uids, [1000, 1001]);
-        assert_eq!(a.agent_roles, ["router", "health", "ingress"]);
-    }
-
-    #[test]
-    fn conflicting_flags_are_still_refused() {
-        let e = Args::try_parse_from([
-            "dipamd",
-            "--conflist",
-            "/etc/cni/net.d/a.conflist",
-            "--conf-dir",
-            "/etc/cni/net.d",
-            "--network",
-            "n",
-        ])
-        .unwrap_err();
-        assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict, "{e}");
-    }
-}
+mod tests;

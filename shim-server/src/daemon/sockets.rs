@@ -14,10 +14,11 @@ pub(super) async fn listen(
 ) -> Result<Sockets<impl std::future::Future<Output = ()> + use<>>, DaemonError> {
     let group = match &args.socket_group {
         None => None,
-        Some(g) => Some(server::resolve_group(g).map_err(DaemonError::Usage)?),
+        Some(g) => Some(server::resolve_group(g).map_err(|e| DaemonError::Usage(e.to_string()))?),
     };
     let getenv = |k: &str| std::env::var(k).ok();
-    let activated = crate::activation::listener(&getenv).map_err(DaemonError::Usage)?;
+    let activated =
+        crate::activation::listener(&getenv).map_err(|e| DaemonError::Usage(e.to_string()))?;
     let unlink = activated.is_none();
     // Listened for from before the bind: a SIGTERM that arrives once clients can connect (a
     // unit stopped right after it started; a node shutting down) must stop dipamd gracefully,

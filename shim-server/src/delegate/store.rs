@@ -83,8 +83,8 @@ pub fn data_dir(conf: &Value) -> Option<&str> {
 /// its first missing component is in such an open directory. host-local runs as root and
 /// follows links for `lock` and `last_reserved_ip.*` in `<dir>/<network>`: in a directory a
 /// caller could write, that caller would choose what root overwrites.
-pub fn root_only_dir(dir: &Path) -> Result<(), String> {
-    judge_dir(dir).map_err(Unsafe::into_reason)
+pub fn root_only_dir(dir: &Path) -> Result<(), Unsafe> {
+    judge_dir(dir)
 }
 
 /// [`root_only_dir`], after making, as root, the first missing component of `dir` when it
@@ -93,7 +93,7 @@ pub fn root_only_dir(dir: &Path) -> Result<(), String> {
 /// caller, with its own links in it; made by root first, it is root's. `mkdir` never follows
 /// a link at its last component and fails if anything is there already: what a caller
 /// planted first is then judged, and refused.
-pub fn root_only_dir_remade(dir: &Path) -> Result<(), String> {
+pub fn root_only_dir_remade(dir: &Path) -> Result<(), Unsafe> {
     use std::os::unix::fs::DirBuilderExt;
     match judge_dir(dir) {
         Err(Unsafe::MissingInOpen(first, _)) => {
@@ -105,23 +105,18 @@ pub fn root_only_dir_remade(dir: &Path) -> Result<(), String> {
             }
             root_only_dir(dir)
         }
-        other => other.map_err(Unsafe::into_reason),
+        other => other,
     }
 }
 
 /// Why a directory is not a safe store.
-enum Unsafe {
+#[derive(Debug, thiserror::Error)]
+pub enum Unsafe {
     /// This component is missing, in a directory others may create entries in.
+    #[error("{1}")]
     MissingInOpen(PathBuf, String),
+    #[error("{0}")]
     Other(String),
-}
-
-impl Unsafe {
-    fn into_reason(self) -> String {
-        match self {
-            Self::MissingInOpen(_, why) | Self::Other(why) => why,
-        }
-    }
 }
 
 fn judge_dir(dir: &Path) -> Result<(), Unsafe> {
@@ -280,7 +275,7 @@ pub fn contents(dir: &Path) -> std::io::Result<Contents> {
             Ok(Some(read)) => read,
             Ok(None) => continue,
             Err(why) => {
-                skip(dir, &name, &why);
+                skip(dir, &name, &why.to_string());
                 continue;
             }
         };
@@ -383,6 +378,22 @@ fn flock_within(
     }
 }
 
+/// What a store entry is instead of one host-local wrote, for the skip warning.
+#[derive(Debug, thiserror::Error)]
+enum NotAnEntry {
+    #[error("a symbolic link")]
+    Link,
+    #[error("{0}")]
+    Stat(std::io::Error),
+    #[error("not a regular file ({0:?})")]
+    NotAFile(std::fs::FileType),
+    #[error("{0} bytes, more than {MAX_ENTRY_BYTES}")]
+    TooLarge(u64),
+    /// It grew past the bound between its fstat and its read.
+    #[error("more than {MAX_ENTRY_BYTES} bytes")]
+    Grew,
+}
+
 /// An entry's bytes and mtime.
 type Entry = (Vec<u8>, Option<SystemTime>);
 
@@ -391,7 +402,7 @@ type Entry = (Vec<u8>, Option<SystemTime>);
 /// (O_NONBLOCK: a FIFO planted in a store once froze dipamd, and after a restart kept it from
 /// ever binding its socket). Ok(None): gone or unreadable (host-local removed it meanwhile).
 /// Err: what it is instead, for the skip warning.
-fn entry_text(path: &Path) -> Result<Option<Entry>, String> {
+fn entry_text(path: &Path) -> Result<Option<Entry>, NotAnEntry> {
     use std::{io::Read, os::unix::fs::OpenOptionsExt};
     let file = match std::fs::OpenOptions::new()
         .read(true)
@@ -399,15 +410,15 @@ fn entry_text(path: &Path) -> Result<Option<Entry>, String> {
         .open(path)
     {
         Ok(f) => f,
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err("a symbolic link".into()),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(NotAnEntry::Link),
         Err(_) => return Ok(None),
     };
-    let meta = file.metadata().map_err(|e| e.to_string())?;
+    let meta = file.metadata().map_err(NotAnEntry::Stat)?;
     if !meta.file_type().is_file() {
-        return Err(format!("not a regular file ({:?})", meta.file_type()));
+        return Err(NotAnEntry::NotAFile(meta.file_type()));
     }
     if meta.len() > MAX_ENTRY_BYTES {
-        return Err(format!("{} bytes, more than {MAX_ENTRY_BYTES}", meta.len()));
+        return Err(NotAnEntry::TooLarge(meta.len()));
     }
     // The size may change after fstat: the read itself is bounded too.
     let mut bytes = Vec::with_capacity(meta.len() as usize);
@@ -419,7 +430,7 @@ fn entry_text(path: &Path) -> Result<Option<Entry>, String> {
         return Ok(None);
     }
     if bytes.len() as u64 > MAX_ENTRY_BYTES {
-        return Err(format!("more than {MAX_ENTRY_BYTES} bytes"));
+        return Err(NotAnEntry::Grew);
     }
     Ok(Some((bytes, meta.modified().ok())))
 }
@@ -567,7 +578,7 @@ mod tests {
         std::fs::create_dir(&planted).unwrap();
         nix::unistd::chown(&planted, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
         let why = root_only_dir_remade(&planted).unwrap_err();
-        assert!(why.contains("65534"), "{why}");
+        assert!(why.to_string().contains("65534"), "{why}");
         std::os::unix::fs::symlink("/etc", open.join("link")).unwrap();
         assert!(root_only_dir_remade(&open.join("link")).is_err());
         assert!(

@@ -37,8 +37,8 @@ pub fn choose(conf: SpecVersion, supported: &[SpecVersion]) -> Option<SpecVersio
 }
 
 /// Parses a result in any layout from 0.3.0 on (`ips[].version` is ignored; 1.1 fields kept).
-pub fn parse_result(raw: &[u8]) -> Result<CNIResult, String> {
-    serde_json::from_slice::<CNIResult>(raw).map_err(|e| e.to_string())
+pub fn parse_result(raw: &[u8]) -> Result<CNIResult, serde_json::Error> {
+    serde_json::from_slice::<CNIResult>(raw)
 }
 
 /// Serializes `result` in exactly the layout of `version`: 0.3.x and 0.4.0 carry

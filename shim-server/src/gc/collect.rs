@@ -42,38 +42,74 @@ use crate::{
     keylock::KeyGuard,
     liveness::Verdict,
 };
+use orphans::{plan_orphans, release_orphans};
 
 /// Stale records marked `deleting` per ledger commit. Bounds what a crash leaves for the next
 /// start to release again (at most about a chunk and a half plus the DELs running), while
 /// making the marks' disk writes a small share of a GC's time (one per 32 DELs).
 pub const CHUNK: usize = 32;
 
-/// How a GC run is asked for.
-#[derive(Debug, Clone, Copy)]
-pub struct Run {
-    /// Only plan: say what would be freed and kept, and change nothing.
-    pub dry_run: bool,
-    /// Override the share interlock (`dipamctl gc --force`); nothing else does.
-    pub force: bool,
-    /// Who asked: the `by` of the history entry of each attachment it frees.
+/// What a GC does with what it finds stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Free it, unless the share interlock refuses the whole GC.
+    Free,
+    /// Free it past the share interlock (`dipamctl gc --force`, the runtime-aware GC).
+    FreeForced,
+    /// Only plan: say what `Free` would free and keep, and change nothing (`--dry-run`).
+    Plan,
+    /// Only plan what `FreeForced` would free (`--dry-run --force`).
+    PlanForced,
+}
+
+impl Mode {
+    /// The mode `dipamctl gc`'s --dry-run and --force ask for.
+    pub fn of(dry_run: bool, force: bool) -> Self {
+        match (dry_run, force) {
+            (false, false) => Self::Free,
+            (false, true) => Self::FreeForced,
+            (true, false) => Self::Plan,
+            (true, true) => Self::PlanForced,
+        }
+    }
+
+    fn plans_only(self) -> bool {
+        matches!(self, Self::Plan | Self::PlanForced)
+    }
+
+    /// Past the share interlock; nothing but an operator's --force and the runtime-aware GC is.
+    fn forced(self) -> bool {
+        matches!(self, Self::FreeForced | Self::PlanForced)
+    }
+}
+
+/// One GC, as every caller asks for it: the network (its delegate config, and the CNI_PATH
+/// its delegate is found in), the valid set, when the GC began (its valid list was made
+/// before it: nothing an ADD finished since is freed, core/births.rs), what to do, and who
+/// asked (the `by` of the history entry of each attachment it frees).
+pub struct Request<'a> {
+    pub dc: &'a DelegateConf,
+    pub cni_path: &'a str,
+    pub valid: Valid,
+    pub began: GcStart,
+    pub mode: Mode,
     pub by: crate::events::FreedBy,
 }
 
-/// Plans and (unless `run.dry_run`) runs GC of the network of `dc`. `began` is when the GC
-/// began (its valid list was made before it): nothing an ADD finished since is freed
-/// (core/births.rs).
+/// Plans and (unless the mode only plans) runs the GC `req` asks for.
 ///
 /// The steps, in order: read what the delegate and the ledger hold (`read`), plan what to
 /// keep and what is stale (`plan`), refuse what the share interlock forbids (`interlock`),
 /// tell the orphans apart (`plan_orphans`), and release the rest (`release`).
-pub async fn collect(
-    c: &Collector,
-    dc: &DelegateConf,
-    cni_path: &str,
-    valid: Valid,
-    began: GcStart,
-    run: Run,
-) -> Result<Plan, ShimError> {
+pub async fn collect(c: &Collector, req: Request<'_>) -> Result<Plan, ShimError> {
+    let Request {
+        dc,
+        cni_path,
+        valid,
+        began,
+        mode,
+        by,
+    } = req;
     // One GC of a network at a time; ADD, DEL and CHECK are not held up (keylock.rs).
     let _collection = c.core.locks.collection(&dc.network).await;
     let Read {
@@ -82,10 +118,10 @@ pub async fn collect(
         resolved,
     } = read(c, dc, cni_path).await?;
     let mut planned = plan(c, &seen, &valid, began);
-    interlock(c, &dc.network, &seen.records, &planned.stale, run.force)?;
+    interlock(c, &dc.network, &seen.records, &planned.stale, mode.forced())?;
     let (probe, send) = resolved?;
     let orphans = plan_orphans(c, dc, &seen, reservations, &mut planned).await;
-    if run.dry_run {
+    if mode.plans_only() {
         return Ok(Plan {
             items: planned.items,
             kept: planned.kept,
@@ -96,7 +132,7 @@ pub async fn collect(
         cni_path,
         probe: &probe,
         send,
-        by: run.by,
+        by,
     };
     release(c, &delegate, &seen, planned, orphans, began).await
 }
@@ -327,11 +363,8 @@ fn interlock(
         .count();
     if !force && !stale.is_empty() && stale.len() as f64 > c.gc.policy.max_free_share * pods as f64
     {
-        c.gc.stats
-            .refused
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        c.core.events.emit(crate::events::Event::GcRefused);
-        return Err(ShimError::GcRefused {
+        let admission = super::admit::Admission::new(&c.gc, &c.core.events, network);
+        return Err(admission.refuse(ShimError::GcRefused {
             network: network.to_owned(),
             reason: format!(
                 "it would free {} of the network's {pods} pod attachments, more than the \
@@ -340,119 +373,9 @@ fn interlock(
                 stale.len(),
                 c.gc.policy.max_free_share * 100.0
             ),
-        });
+        }));
     }
     Ok(())
-}
-
-/// Orphans: reservations in the delegate's own store, unknown to the ledger and to the valid
-/// set. Kept when listed, young, or not shown unused; the rest are planned for release
-/// (their items appended after the stale records') and returned.
-async fn plan_orphans(
-    c: &Collector,
-    dc: &DelegateConf,
-    seen: &Seen,
-    reservations: Option<Vec<store::Reservation>>,
-    planned: &mut Planned<'_>,
-) -> Vec<store::Reservation> {
-    let (Some(dir), Some(reservations)) = (&seen.dir, reservations) else {
-        return Vec::new();
-    };
-    let grace = c.gc.policy.grace.as_secs();
-    let delegate_keep = &planned.delegate_keep;
-    let known: HashSet<(String, String)> = seen.records.iter().map(delegate_pair).collect();
-    let known_ids: HashSet<&str> = known.iter().map(|(c, _)| c.as_str()).collect();
-    let keep_ids: HashSet<&str> = delegate_keep.iter().map(|(c, _)| c.as_str()).collect();
-    let mut candidates = Vec::new();
-    for r in reservations {
-        let pair = (r.container_id.clone(), r.ifname.clone());
-        // Legacy id-only files (empty ifname) match by container ID.
-        let (recorded, listed) = if r.ifname.is_empty() {
-            (
-                known_ids.contains(r.container_id.as_str()),
-                keep_ids.contains(r.container_id.as_str()),
-            )
-        } else {
-            (known.contains(&pair), delegate_keep.contains(&pair))
-        };
-        if recorded {
-            // The ledger's record stands for it (kept or collected above).
-            continue;
-        }
-        let age = r
-            .modified
-            .and_then(|m| SystemTime::now().duration_since(m).ok());
-        let young = age.is_some_and(|d| d < c.gc.policy.grace);
-        if listed || young {
-            let mut why = Vec::new();
-            if listed {
-                why.push((
-                    "valid-list",
-                    format!(
-                        "held by {} and in the valid list, unknown to dipamd",
-                        dc.kind
-                    ),
-                ));
-            }
-            if young {
-                why.push((
-                    "grace",
-                    format!(
-                        "reserved {} ago, inside the grace period (--gc-grace {grace}s)",
-                        self::age(age.map_or(0, |d| d.as_secs()))
-                    ),
-                ));
-            }
-            planned.kept.push(kept(
-                "orphan",
-                &r.container_id,
-                &r.ifname,
-                vec![r.ip.to_string()],
-                why,
-            ));
-            continue;
-        }
-        candidates.push(r);
-    }
-    // An unrecorded reservation is freed only when nothing on the node uses its address
-    // (liveness.rs): a running pod dipamd never saw (a node adopted with pods running)
-    // lost its address to the next pod when this freed it.
-    let scan = match candidates.is_empty() {
-        true => crate::liveness::Scan::default(),
-        false => c.gc.scan().await,
-    };
-    let mut orphans = Vec::new();
-    for r in candidates {
-        let kept_why = match scan.verdict(r.ip, &r.container_id) {
-            Verdict::Dead => None,
-            Verdict::Alive(why) => Some(("alive", format!("{why}: adopt it, never free it"))),
-            Verdict::Unknown(why) => Some(("unverified", format!("not shown unused: {why}"))),
-        };
-        if let Some(why) = kept_why {
-            planned.kept.push(kept(
-                "orphan",
-                &r.container_id,
-                &r.ifname,
-                vec![r.ip.to_string()],
-                vec![why],
-            ));
-            continue;
-        }
-        planned.items.push(item(
-            "orphan",
-            &r.container_id,
-            &r.ifname,
-            vec![r.ip.to_string()],
-            format!(
-                "held by {} in {} but unknown to dipamd and not in the valid list; nothing \
-                 on the node uses it",
-                dc.kind,
-                dir.display()
-            ),
-        ));
-        orphans.push(r);
-    }
-    orphans
 }
 
 /// The network's delegate, resolved once for every exec of the release.
@@ -565,61 +488,6 @@ async fn native_gc(
     c.core.exec.call(&d.dc.kind, d.probe, &inv).await?;
     info!(network = %network, delegate = %d.dc.kind, kept = delegate_keep.len(), "delegate GC run with the augmented valid list");
     Ok(())
-}
-
-/// The orphans' DELs, `parallel` at a time (fewer while a pod's operation is in flight), with
-/// the network's config stripped of any valid list; one outcome per orphan, in order.
-async fn release_orphans(
-    c: &Collector,
-    d: &Delegate<'_>,
-    orphans: &[store::Reservation],
-    parallel: usize,
-) -> Vec<Released> {
-    let network = &d.dc.network;
-    let mut conf = d.dc.conf.clone();
-    if let Some(o) = conf.as_object_mut() {
-        o.remove("cni.dev/valid-attachments");
-        o.remove("cni.dev/attachments");
-    }
-    let stripped = DelegateConf {
-        conf,
-        ..d.dc.clone()
-    };
-    match stripped.bytes_for(d.send) {
-        _ if orphans.is_empty() => Vec::new(),
-        Ok(stdin) => {
-            let mut outcomes: Vec<Option<Released>> = orphans.iter().map(|_| None).collect();
-            let mut next = orphans.iter().enumerate();
-            let mut running = FuturesUnordered::new();
-            loop {
-                while running.len() < limit(c, network, parallel)
-                    && let Some((i, r)) = next.next()
-                {
-                    let (probe, kind, stdin) = (d.probe, &d.dc.kind, &stdin);
-                    running.push(async move {
-                        let outcome =
-                            release_orphan(c, network, r, probe, d.cni_path, kind, stdin).await;
-                        (i, outcome)
-                    });
-                }
-                match running.next().await {
-                    Some((i, outcome)) => outcomes[i] = Some(outcome),
-                    None => break,
-                }
-            }
-            outcomes
-                .into_iter()
-                .map(|o| o.unwrap_or(Released::Busy(IN_FLIGHT, "not reached")))
-                .collect()
-        }
-        Err(e) => {
-            let e = e.to_string();
-            orphans
-                .iter()
-                .map(|_| Released::Failed(ShimError::Internal(e.clone())))
-                .collect()
-        }
-    }
 }
 
 /// How many delegate DELs may run now: `parallel`, or one while an operation (a pod's ADD,
@@ -747,17 +615,7 @@ async fn release_stale(
             let jobs = std::mem::take(&mut freed);
             let last =
                 running.is_empty() && ready.is_empty() && chunks.is_empty() && marking.is_none();
-            let durability = if last {
-                Durability::SurvivesPowerCut
-            } else {
-                Durability::SurvivesProcessCrash
-            };
-            forgetting = Some(Box::pin(async move {
-                crate::fault::hit("gc-before-forget");
-                let recs: Vec<AttachmentRecord> = jobs.iter().map(|j| j.rec.clone()).collect();
-                let outcome = c.core.forget_all(&recs, durability).await;
-                (jobs, outcome)
-            }));
+            forgetting = Some(forget(c, jobs, last));
         }
         if marking.is_none() && running.is_empty() && forgetting.is_none() {
             break;
@@ -794,6 +652,22 @@ async fn release_stale(
         }
     }
     busy
+}
+
+/// One group commit forgetting the records of `jobs` (released): into the kernel, or onto the
+/// disk when it is the `last` of the GC.
+fn forget<'a>(c: &'a Collector, jobs: Vec<Job<'a>>, last: bool) -> Forgetting<'a> {
+    let durability = if last {
+        Durability::SurvivesPowerCut
+    } else {
+        Durability::SurvivesProcessCrash
+    };
+    Box::pin(async move {
+        crate::fault::hit("gc-before-forget");
+        let recs: Vec<AttachmentRecord> = jobs.iter().map(|j| j.rec.clone()).collect();
+        let outcome = c.core.forget_all(&recs, durability).await;
+        (jobs, outcome)
+    })
 }
 
 /// Takes the key locks of a chunk of stale records (skipping any key an operation holds, any
@@ -879,50 +753,6 @@ async fn mark<'a>(
     (jobs, skipped)
 }
 
-/// Releases a reservation the delegate holds behind dipamd's back, under its own key's lock
-/// (busy: kept) and only if the ledger still does not know that key.
-async fn release_orphan(
-    c: &Collector,
-    network: &str,
-    r: &store::Reservation,
-    probe: &crate::delegate::Probe,
-    cni_path: &str,
-    kind: &str,
-    stdin: &[u8],
-) -> Released {
-    // host-local releases `<id>\r\n<ifname>`, and falls back to legacy id-only files when
-    // nothing matches: any valid ifname reaches those.
-    let ifname = if r.ifname.is_empty() {
-        "eth0".to_owned()
-    } else {
-        r.ifname.clone()
-    };
-    let key = AttachmentKey::new(network, &r.container_id, &ifname);
-    let Some(_guard) = c.core.locks.try_lock(&key) else {
-        return Released::Busy(IN_FLIGHT, "an operation on its key started after the plan");
-    };
-    match c.core.lookup(&key) {
-        Ok(None) => {}
-        Ok(Some(_)) => {
-            return Released::Busy(IN_FLIGHT, "recorded by an ADD that started after the plan");
-        }
-        Err(e) => return Released::Failed(e),
-    }
-    let _releasing = c.core.addrs.releasing_ips(&key, vec![r.ip]);
-    let inv = Invocation {
-        command: "DEL".into(),
-        container_id: r.container_id.clone(),
-        ifname,
-        path: c.core.exec.delegate_cni_path(cni_path),
-        stdin: stdin.to_vec(),
-        ..Invocation::default()
-    };
-    match c.core.exec.call(kind, probe, &inv).await {
-        Ok(_) => Released::Freed,
-        Err(e) => Released::Failed(e),
-    }
-}
-
 /// One item's outcome: counted, logged, and (freed) recorded in its container's history
 /// with who asked for the GC.
 fn finish(c: &Collector, d: &Delegate<'_>, it: &mut GcItem, outcome: Result<(), ShimError>) {
@@ -972,500 +802,6 @@ fn gc_reason(by: crate::events::FreedBy) -> &'static str {
     }
 }
 
+mod orphans;
 #[cfg(test)]
-mod tests {
-    use dipam_state::{AttachmentKey, MemStore};
-
-    use super::*;
-    use crate::testing::{node_with, record as rec, request, script, scripted_node};
-
-    /// A run by an operator: `dry_run` and `force` as `dipamctl gc` gives them.
-    fn run(dry_run: bool, force: bool) -> Run {
-        Run {
-            dry_run,
-            force,
-            by: crate::events::FreedBy::Operator,
-        }
-    }
-
-    async fn bench(
-        records: Vec<AttachmentRecord>,
-    ) -> (
-        tempfile::TempDir,
-        std::sync::Arc<crate::node::Node>,
-        DelegateConf,
-    ) {
-        let (dir, node) = node_with(&script(""), records).await;
-        let dc = node
-            .prepare(
-                request("", "1.1.0", json!({})),
-                false,
-                crate::access::Caller::ROOT,
-            )
-            .unwrap()
-            .dc;
-        (dir, node, dc)
-    }
-
-    fn list(ids: &[&str]) -> Valid {
-        Valid::List(
-            ids.iter()
-                .map(|c| ((*c).to_owned(), "eth0".to_owned()))
-                .collect(),
-        )
-    }
-
-    #[tokio::test]
-    async fn a_plan_says_why_it_keeps_each_attachment() {
-        let old = now() - 1000; // older than the default grace (60 s)
-        let (_d, node, dc) = bench(vec![
-            rec("listed", Owner::Pod, AttachmentState::Committed, old),
-            rec("stale", Owner::Pod, AttachmentState::Committed, old),
-            rec("young", Owner::Pod, AttachmentState::Committed, now()),
-            rec("busy", Owner::Pod, AttachmentState::Adding, old),
-            rec(
-                "dipam-router-ipv4-n1",
-                Owner::Agent {
-                    role: "router".into(),
-                },
-                AttachmentState::Committed,
-                old,
-            ),
-            rec(
-                "dipam-pool-n1-0",
-                Owner::Pool,
-                AttachmentState::Committed,
-                old,
-            ),
-        ])
-        .await;
-        let plan = collect(
-            &node.collector(),
-            &dc,
-            "",
-            list(&["listed"]),
-            node.core.births.gc_began(None, None),
-            run(true, false),
-        )
-        .await
-        .unwrap();
-        let freed: Vec<_> = plan.items.iter().map(|i| i.container_id.as_str()).collect();
-        assert_eq!(freed, vec!["stale"]);
-        assert_eq!(plan.items[0].outcome, "planned");
-        let mut kept: Vec<_> = plan
-            .kept
-            .iter()
-            .map(|i| {
-                assert_eq!(i.outcome, "kept");
-                assert!(!i.reason.is_empty());
-                (i.container_id.as_str(), i.keep.join(","))
-            })
-            .collect();
-        kept.sort();
-        assert_eq!(
-            kept,
-            vec![
-                ("busy", "in-flight".to_owned()),
-                ("dipam-pool-n1-0", "pool".to_owned()),
-                ("dipam-router-ipv4-n1", "agent".to_owned()),
-                ("listed", "valid-list".to_owned()),
-                ("young", "grace".to_owned()),
-            ]
-        );
-        assert!(
-            node.core
-                .lookup(&AttachmentKey::new("net", "stale", "eth0"))
-                .unwrap()
-                .is_some(),
-            "a dry run freed"
-        );
-    }
-
-    /// The rule of core/births.rs against the wall clock stepping either way between an ADD
-    /// and a GC. Ages come from the wall clock (`created_at`), so a step forward makes a pod
-    /// ADDed a moment ago look an hour old (outside any grace period), and a step back makes
-    /// one look as if it were ADDed in the future. Neither decides: a pod whose ADD finished
-    /// after the GC began is kept, and one that finished before is freed, whatever the
-    /// grace, through the plan and through the check under the key's lock.
-    #[tokio::test]
-    async fn an_add_finished_after_the_gc_began_is_kept_whatever_the_wall_clock_says() {
-        let stepped_forward = now() - 3600;
-        let stepped_back = now() + 3600;
-        let (_d, node, dc) = bench(vec![
-            rec(
-                "keep",
-                Owner::Pod,
-                AttachmentState::Committed,
-                stepped_forward,
-            ),
-            rec(
-                "before",
-                Owner::Pod,
-                AttachmentState::Committed,
-                stepped_forward,
-            ),
-            rec(
-                "before-back",
-                Owner::Pod,
-                AttachmentState::Committed,
-                stepped_back,
-            ),
-            rec(
-                "fwd",
-                Owner::Pod,
-                AttachmentState::Committed,
-                stepped_forward,
-            ),
-            rec("back", Owner::Pod, AttachmentState::Committed, stepped_back),
-        ])
-        .await;
-        for c in ["keep", "before", "before-back"] {
-            node.core
-                .births
-                .stamp(&AttachmentKey::new("net", c, "eth0"));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(2));
-        let began = node.core.births.gc_began(None, None);
-        for c in ["fwd", "back"] {
-            node.core
-                .births
-                .stamp(&AttachmentKey::new("net", c, "eth0"));
-        }
-        // The default grace (60 s). Stepped forward, a pod born after the GC began would have
-        // been freed as an hour old; stepped back, everything looks young (kept by grace,
-        // as before).
-        let plan = collect(
-            &node.collector(),
-            &dc,
-            "",
-            list(&["keep"]),
-            began,
-            run(true, true),
-        )
-        .await
-        .unwrap();
-        let freed: Vec<_> = plan.items.iter().map(|i| i.container_id.as_str()).collect();
-        assert_eq!(freed, vec!["before"], "{:?}", plan.kept);
-        let codes = |c: &str| {
-            let k = plan.kept.iter().find(|k| k.container_id == c).unwrap();
-            k.keep.join(",")
-        };
-        assert_eq!(codes("fwd"), BORN_AFTER_GC);
-        assert_eq!(codes("back"), format!("{BORN_AFTER_GC},grace"));
-        assert_eq!(codes("before-back"), "grace");
-        let fwd = plan.kept.iter().find(|k| k.container_id == "fwd").unwrap();
-        assert!(fwd.reason.contains("after this GC began"), "{}", fwd.reason);
-        // The check under the key's lock, for an ADD that finishes between the plan and the
-        // mark: planned stale, then stamped, then kept.
-        let planned = node
-            .core
-            .lookup(&AttachmentKey::new("net", "before", "eth0"))
-            .unwrap()
-            .unwrap();
-        node.core.births.stamp(&planned.key);
-        let c = node.collector();
-        let (jobs, skipped) = mark(&c, vec![(0, planned.clone())], began).await;
-        assert!(jobs.is_empty());
-        assert!(
-            matches!(skipped.as_slice(), [(0, Released::Busy(BORN_AFTER_GC, _))]),
-            "marked an attachment born after the GC"
-        );
-        assert_eq!(
-            node.core.lookup(&planned.key).unwrap().unwrap().state,
-            AttachmentState::Committed
-        );
-        // The real GC frees nothing: "before" was ADDed again after it began (above), and
-        // the rest are born after it or young.
-        let plan = collect(
-            &node.collector(),
-            &dc,
-            "",
-            list(&["keep"]),
-            began,
-            run(false, true),
-        )
-        .await
-        .unwrap();
-        let freed: Vec<_> = plan
-            .items
-            .iter()
-            .filter(|i| i.outcome == "freed")
-            .map(|i| i.container_id.as_str())
-            .collect();
-        assert!(freed.is_empty(), "{freed:?}");
-        for c in ["keep", "before", "before-back", "fwd", "back"] {
-            assert!(
-                node.core
-                    .lookup(&AttachmentKey::new("net", c, "eth0"))
-                    .unwrap()
-                    .is_some(),
-                "{c} was freed"
-            );
-        }
-    }
-
-    #[tokio::test]
-    async fn freeing_all_of_a_small_network_takes_force() {
-        let old = now() - 1000;
-        // One pod, not in the list: 1 of 1.
-        let (_d, node, dc) = bench(vec![rec(
-            "only",
-            Owner::Pod,
-            AttachmentState::Committed,
-            old,
-        )])
-        .await;
-        let e = collect(
-            &node.collector(),
-            &dc,
-            "",
-            list(&["other"]),
-            node.core.births.gc_began(None, None),
-            run(false, false),
-        )
-        .await
-        .unwrap_err();
-        assert!(matches!(e, ShimError::GcRefused { .. }), "{e:?}");
-        assert!(
-            node.core
-                .lookup(&AttachmentKey::new("net", "only", "eth0"))
-                .unwrap()
-                .is_some()
-        );
-        let plan = collect(
-            &node.collector(),
-            &dc,
-            "",
-            list(&["other"]),
-            node.core.births.gc_began(None, None),
-            run(false, true),
-        )
-        .await
-        .unwrap();
-        assert_eq!(plan.items[0].outcome, "freed", "{:?}", plan.items);
-        assert!(
-            node.core
-                .lookup(&AttachmentKey::new("net", "only", "eth0"))
-                .unwrap()
-                .is_none()
-        );
-
-        // Two pods: both is refused, one of two is not.
-        let (_d, node, dc) = bench(vec![
-            rec("a", Owner::Pod, AttachmentState::Committed, old),
-            rec("b", Owner::Pod, AttachmentState::Committed, old),
-        ])
-        .await;
-        assert!(
-            collect(
-                &node.collector(),
-                &dc,
-                "",
-                list(&["other"]),
-                node.core.births.gc_began(None, None),
-                run(false, false)
-            )
-            .await
-            .is_err()
-        );
-        let plan = collect(
-            &node.collector(),
-            &dc,
-            "",
-            list(&["a"]),
-            node.core.births.gc_began(None, None),
-            run(false, false),
-        )
-        .await
-        .unwrap();
-        assert_eq!(plan.items.len(), 1);
-        assert_eq!(plan.items[0].container_id, "b");
-        assert_eq!(plan.items[0].outcome, "freed");
-    }
-
-    /// A delegate whose DEL takes a while and logs how many DELs were running at once.
-    const SLOW_DEL: &str = r#"#!/bin/sh
-d=$(dirname "$0")
-case "$CNI_COMMAND" in
-VERSION) echo '{"cniVersion":"1.0.0","supportedVersions":["0.4.0","1.0.0"]}' ;;
-DEL)
-  touch "$d/running.$CNI_CONTAINERID"
-  ls "$d" | grep -c '^running\.' >> "$d/concurrency"
-  sleep 0.05
-  rm -f "$d/running.$CNI_CONTAINERID"
-  echo "DEL $CNI_CONTAINERID" >> "$d/calls"
-  ;;
-esac
-"#;
-
-    fn rec_ip(cid: &str, ip: &str, created_at: u64) -> AttachmentRecord {
-        AttachmentRecord {
-            result: Some(json!({"cniVersion":"1.0.0","ips":[{"address": format!("{ip}/24")}]})),
-            ..rec(cid, Owner::Pod, AttachmentState::Committed, created_at)
-        }
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn stale_records_are_released_in_parallel_bounded_and_forgotten() {
-        let old = now() - 1000;
-        let (dir, node) = scripted_node(SLOW_DEL, std::sync::Arc::new(MemStore::new()));
-        let stale = CHUNK * 2 + 5; // more than one chunk of marks
-        for i in 0..=stale {
-            let r = rec_ip(
-                &format!("c{i:03}"),
-                &format!("10.9.{}.{}", i / 200, 1 + i % 200),
-                old,
-            );
-            node.core.ledger(move |l| l.put(&r)).await.unwrap();
-        }
-        let dc = node
-            .prepare(
-                request("", "1.1.0", json!({})),
-                false,
-                crate::access::Caller::ROOT,
-            )
-            .unwrap()
-            .dc;
-        let plan = collect(
-            &node.collector(),
-            &dc,
-            "",
-            list(&["c000"]),
-            node.core.births.gc_began(None, None),
-            run(false, true),
-        )
-        .await
-        .unwrap();
-        assert_eq!(plan.items.len(), stale);
-        assert!(
-            plan.items.iter().all(|i| i.outcome == "freed"),
-            "{:?}",
-            plan.items
-        );
-        let left = node.core.ledger(|l| l.list(None)).await.unwrap();
-        assert_eq!(left.len(), 1);
-        assert_eq!(left[0].key.container_id, "c000");
-        let calls = std::fs::read_to_string(dir.path().join("calls")).unwrap();
-        assert_eq!(
-            calls.lines().count(),
-            stale,
-            "each stale record DELed once: {calls}"
-        );
-        let most = std::fs::read_to_string(dir.path().join("concurrency"))
-            .unwrap()
-            .lines()
-            .filter_map(|l| l.trim().parse::<usize>().ok())
-            .max()
-            .unwrap();
-        let parallel = node.gc.policy.parallel;
-        assert!(
-            most <= parallel,
-            "{most} DELs at once, more than {parallel}"
-        );
-        assert!(most >= 2, "the DELs never overlapped");
-        // Nothing is left marked as being released.
-        assert!(
-            !node
-                .core
-                .addrs
-                .is_releasing("net", &"10.9.0.5".parse().unwrap())
-        );
-        assert!(node.core.locks.in_flight().is_empty());
-    }
-
-    #[tokio::test]
-    async fn a_stale_record_whose_key_an_operation_holds_is_kept() {
-        let old = now() - 1000;
-        let (_d, node, dc) = bench(vec![
-            rec("keep", Owner::Pod, AttachmentState::Committed, old),
-            rec("a", Owner::Pod, AttachmentState::Committed, old),
-            rec("b", Owner::Pod, AttachmentState::Committed, old),
-        ])
-        .await;
-        let busy = AttachmentKey::new("net", "a", "eth0");
-        let held = node.core.locks.lock(&busy).await;
-        // Planned while held: kept, and said why.
-        let plan = collect(
-            &node.collector(),
-            &dc,
-            "",
-            list(&["keep"]),
-            node.core.births.gc_began(None, None),
-            run(true, true),
-        )
-        .await
-        .unwrap();
-        assert_eq!(plan.items.len(), 1, "{:?}", plan.items);
-        assert!(
-            plan.kept
-                .iter()
-                .any(|k| k.container_id == "a" && k.keep == vec!["in-flight".to_owned()])
-        );
-        let plan = collect(
-            &node.collector(),
-            &dc,
-            "",
-            list(&["keep"]),
-            node.core.births.gc_began(None, None),
-            run(false, true),
-        )
-        .await
-        .unwrap();
-        assert_eq!(plan.items.len(), 1);
-        assert_eq!(plan.items[0].container_id, "b");
-        assert_eq!(plan.items[0].outcome, "freed");
-        assert!(
-            node.core.lookup(&busy).unwrap().is_some(),
-            "freed under a held key"
-        );
-        drop(held);
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_add_on_the_network_does_not_wait_for_the_gc() {
-        let old = now() - 1000;
-        let (_dir, node) = scripted_node(SLOW_DEL, std::sync::Arc::new(MemStore::new()));
-        for i in 0..40 {
-            let r = rec_ip(&format!("s{i:02}"), &format!("10.9.0.{}", 10 + i), old);
-            node.core.ledger(move |l| l.put(&r)).await.unwrap();
-        }
-        let dc = node
-            .prepare(
-                request("", "1.1.0", json!({})),
-                false,
-                crate::access::Caller::ROOT,
-            )
-            .unwrap()
-            .dc;
-        let gc = {
-            let (node, dc) = (node.clone(), dc.clone());
-            tokio::spawn(async move {
-                collect(
-                    &node.collector(),
-                    &dc,
-                    "",
-                    list(&["s00"]),
-                    node.core.births.gc_began(None, None),
-                    run(false, true),
-                )
-                .await
-            })
-        };
-        // Once the GC is releasing, another key of the network locks at once: GC holds
-        // the keys it frees, not the network.
-        while node.core.locks.in_flight().is_empty() {
-            tokio::task::yield_now().await;
-        }
-        let other = AttachmentKey::new("net", "a-new-pod", "eth0");
-        let got = tokio::time::timeout(
-            std::time::Duration::from_secs(1),
-            node.core.locks.lock(&other),
-        )
-        .await;
-        assert!(got.is_ok(), "an ADD's key lock waited for the GC");
-        assert!(!gc.is_finished(), "the GC was over before the check");
-        drop(got);
-        let plan = gc.await.unwrap().unwrap();
-        assert!(plan.items.iter().all(|i| i.outcome == "freed"));
-    }
-}
+mod tests;

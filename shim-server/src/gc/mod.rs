@@ -27,6 +27,7 @@
 //! pool entry's key: the valid set handed to the delegate's GC, and the one its store is
 //! compared with, name that key.
 
+pub mod admit;
 pub mod collect;
 pub mod evidence;
 pub mod runtime;
@@ -308,40 +309,50 @@ pub fn parse_list(v: &Value, source: &str) -> Result<Vec<(String, String)>, Inpu
         .collect()
 }
 
-fn entry(e: &Value) -> Result<(String, String), String> {
+/// Why one entry of a valid list is not an attachment (the `why` of [`parse_list`]'s error).
+#[derive(Debug, thiserror::Error)]
+enum BadEntry {
+    #[error("it is {0}, not an object")]
+    NotAnObject(&'static str),
+    #[error("key {key} is not allowed{}", if *.wrong_case { " (wrong case)" } else { "" })]
+    Key { key: String, wrong_case: bool },
+    #[error("\"{0}\" is missing")]
+    Missing(&'static str),
+    #[error("\"{0}\" is {1}, not a string")]
+    NotAString(&'static str, &'static str),
+    #[error(
+        "\"containerID\" is not a container ID (letters, digits, '_', '.', '-', starting with \
+         a letter or digit)"
+    )]
+    ContainerId,
+    #[error(
+        "\"ifname\" is not an interface name (1-15 characters, no '/', ':' or white space, \
+         not '.' or '..')"
+    )]
+    Ifname,
+}
+
+fn entry(e: &Value) -> Result<(String, String), BadEntry> {
     let o = e
         .as_object()
-        .ok_or_else(|| format!("it is {}, not an object", kind(e)))?;
+        .ok_or_else(|| BadEntry::NotAnObject(kind(e)))?;
     if let Some(k) = o.keys().find(|k| *k != "containerID" && *k != "ifname") {
-        let hint = if k.eq_ignore_ascii_case("containerID") || k.eq_ignore_ascii_case("ifname") {
-            " (wrong case)"
-        } else {
-            ""
-        };
-        return Err(format!(
-            "key {} is not allowed{hint}",
-            quote(&Value::String(k.clone()))
-        ));
+        return Err(BadEntry::Key {
+            key: quote(&Value::String(k.clone())),
+            wrong_case: k.eq_ignore_ascii_case("containerID") || k.eq_ignore_ascii_case("ifname"),
+        });
     }
-    let field = |k: &str| match o.get(k) {
-        None => Err(format!("\"{k}\" is missing")),
+    let field = |k: &'static str| match o.get(k) {
+        None => Err(BadEntry::Missing(k)),
         Some(Value::String(s)) => Ok(s.clone()),
-        Some(other) => Err(format!("\"{k}\" is {}, not a string", kind(other))),
+        Some(other) => Err(BadEntry::NotAString(k, kind(other))),
     };
     let (cid, ifname) = (field("containerID")?, field("ifname")?);
     if validate::container_id(&cid).is_err() {
-        return Err(
-            "\"containerID\" is not a container ID (letters, digits, '_', '.', '-', \
-                    starting with a letter or digit)"
-                .into(),
-        );
+        return Err(BadEntry::ContainerId);
     }
     if validate::ifname(&ifname).is_err() {
-        return Err(
-            "\"ifname\" is not an interface name (1-15 characters, no '/', ':' or \
-                    white space, not '.' or '..')"
-                .into(),
-        );
+        return Err(BadEntry::Ifname);
     }
     Ok((cid, ifname))
 }

@@ -80,7 +80,7 @@ fn open_checked(node: &Node, dir: &Path) -> Option<OwnedFd> {
 fn quarantine(node: &Node, fd: &OwnedFd, dir: &Path, name: &OsStr, why: &str) {
     let file = dir.join(name);
     let moved = open_quarantine(fd, dir).and_then(|q| {
-        renameat(fd, name, &q, name).map_err(|e| e.to_string())?;
+        renameat(fd, name, &q, name).map_err(crate::spool::QuarantineError::Move)?;
         let _ = fsync(&q);
         let _ = fsync(fd);
         Ok(())

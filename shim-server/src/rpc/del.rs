@@ -8,10 +8,10 @@
 //! when neither the ledger nor prevResult has it: then there is nothing it could release.
 
 use dipam_proto::v1::CniRequest;
-use dipam_state::AttachmentState;
+use dipam_state::{AttachmentRecord, AttachmentState};
 use tracing::{debug, info, warn};
 
-use crate::{clock::now, error::ShimError, node::Node};
+use crate::{clock::now, core::Prepared, error::ShimError, node::Node};
 
 /// What a DEL released: the addresses it concerned, for the request's log line and the spool's
 /// replay line. DEL's reply to the plugin stays empty (spec §2.5: DEL returns no result).
@@ -85,16 +85,7 @@ pub async fn run(
     let stdin = p.dc.bytes_for(send)?;
     // The record is marked `deleting` while the delegate starts; it reads its config (and so
     // releases anything) only once the mark is durable (exec::run_gated).
-    let mark = existing
-        .as_ref()
-        .filter(|r| r.state != AttachmentState::Deleting)
-        .map(|rec| {
-            let mut marked = rec.clone();
-            marked.state = AttachmentState::Deleting;
-            marked.updated_at = now();
-            marked.request_id = p.req.request_id.clone();
-            marked
-        });
+    let mark = deleting_mark(existing.as_ref(), &p.req.request_id);
     let gate = async {
         if let Some(marked) = mark {
             node.core.ledger(move |l| l.put(&marked)).await?;
@@ -114,25 +105,47 @@ pub async fn run(
     crate::fault::hit("del-after-exec");
 
     if let Some(rec) = &existing {
-        node.core.forget(rec).await?;
-        let reason = if p.caller.is_root() {
-            format!("the runtime's DEL (request {})", p.req.request_id)
-        } else {
-            format!(
-                "a DEL from uid {} (request {})",
-                p.caller.uid, p.req.request_id
-            )
-        };
-        let mut freeing = crate::events::Freeing::of(rec, &reason);
-        freeing.request_id = &p.req.request_id;
-        node.core
-            .events
-            .freed(crate::events::FreedBy::Del, &freeing);
+        forget(node, &p, rec).await?;
     }
     node.core.bury(&p.key, issued, p.caller);
     // At debug: the request's one info line, with the IPs, comes from the service.
     debug!(key = %p.key, known = existing.is_some(), "attachment deleted");
     Ok(Released { ips })
+}
+
+/// The record as marked `deleting` by this DEL (none when an earlier DEL marked it already).
+fn deleting_mark(
+    existing: Option<&AttachmentRecord>,
+    request_id: &str,
+) -> Option<AttachmentRecord> {
+    existing
+        .filter(|r| r.state != AttachmentState::Deleting)
+        .map(|rec| {
+            let mut marked = rec.clone();
+            marked.state = AttachmentState::Deleting;
+            marked.updated_at = now();
+            marked.request_id = request_id.to_owned();
+            marked
+        })
+}
+
+/// The released record forgotten, and its history told who freed it.
+async fn forget(node: &Node, p: &Prepared, rec: &AttachmentRecord) -> Result<(), ShimError> {
+    node.core.forget(rec).await?;
+    let reason = if p.caller.is_root() {
+        format!("the runtime's DEL (request {})", p.req.request_id)
+    } else {
+        format!(
+            "a DEL from uid {} (request {})",
+            p.caller.uid, p.req.request_id
+        )
+    };
+    let mut freeing = crate::events::Freeing::of(rec, &reason);
+    freeing.request_id = &p.req.request_id;
+    node.core
+        .events
+        .freed(crate::events::FreedBy::Del, &freeing);
+    Ok(())
 }
 
 /// Whether this DEL, issued at `issued`, is older than the ADD of the current attachment

@@ -42,17 +42,8 @@ pub async fn run(
                 .into(),
         });
     }
-    let refused = || {
-        node.gc
-            .stats
-            .refused
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        node.core.events.emit(crate::events::Event::GcRefused);
-    };
-    let input = gc::valid_input(&p.dc.conf).map_err(|e| {
-        refused();
-        ShimError::GcInput(e)
-    })?;
+    let admission = gc::admit::Admission::new(&node.gc, &node.core.events, &p.dc.network);
+    let input = admission.input(gc::valid_input(&p.dc.conf))?;
     let names_nothing = !matches!(&input, ValidInput::List(l) if !l.is_empty());
     if names_nothing && !node.gc.policy.allow_empty && !has_pods(&node.core, &p.dc.network).await? {
         // Nothing a list could have named: freeing nothing is the only answer, and a success
@@ -67,34 +58,25 @@ pub async fn run(
         );
         return Ok(Vec::new());
     }
+    let names = format!("the valid-attachments list is {}", input.describe());
     let list = match input {
-        ValidInput::List(l) if !l.is_empty() => l,
-        _ if node.gc.policy.allow_empty => Vec::new(),
-        other => {
-            refused();
-            return Err(ShimError::GcRefused {
-                network: p.dc.network.clone(),
-                reason: format!(
-                    "the valid-attachments list is {}, which would free every pod of the \
-                     network (start dipamd with --gc-allow-empty to accept that)",
-                    other.describe()
-                ),
-            });
-        }
+        ValidInput::List(l) => l,
+        ValidInput::Absent | ValidInput::Null => Vec::new(),
     };
-    let plan = gc::collect::collect(
-        &node.collector(),
-        &p.dc,
-        &p.req.cni_path,
-        Valid::List(list),
+    let list = admission.non_empty(
+        list,
+        &names,
+        " (start dipamd with --gc-allow-empty to accept that)",
+    )?;
+    let gc = gc::collect::Request {
+        dc: &p.dc,
+        cni_path: &p.req.cni_path,
+        valid: Valid::List(list),
         began,
-        gc::collect::Run {
-            dry_run: false,
-            force: false,
-            by: crate::events::FreedBy::CniGc,
-        },
-    )
-    .await?;
+        mode: gc::collect::Mode::Free,
+        by: crate::events::FreedBy::CniGc,
+    };
+    let plan = gc::collect::collect(&node.collector(), gc).await?;
     let failed: Vec<String> = plan
         .items
         .iter()

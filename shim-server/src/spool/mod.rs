@@ -244,25 +244,46 @@ pub fn quarantine_state(dir: &Path) -> (usize, Option<String>) {
     }
 }
 
+/// Why the spool's quarantine could not be opened: nothing is moved into it.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum QuarantineError {
+    #[error("{0}; moving it aside failed: {1}")]
+    NotMovedAside(spool::Untrusted, nix::errno::Errno),
+    #[error("creating {}: {errno}", path.display())]
+    Create {
+        path: std::path::PathBuf,
+        errno: nix::errno::Errno,
+    },
+    #[error("{0}")]
+    Untrusted(#[from] spool::Untrusted),
+    #[error("{0}")]
+    Move(nix::errno::Errno),
+}
+
 /// The quarantine, opened without following a link. Whatever else is at its name (a link, a
 /// file, a directory failing the rule) is moved aside within the spool, never written
 /// through, and a fresh 0700 directory takes its place.
-pub(crate) fn open_quarantine(fd: &OwnedFd, dir: &Path) -> Result<OwnedFd, String> {
+pub(crate) fn open_quarantine(fd: &OwnedFd, dir: &Path) -> Result<OwnedFd, QuarantineError> {
     match spool::open_subdir(fd, dir, QUARANTINE) {
         Ok(q) => return Ok(q),
         Err(e) if e.not_found() => {}
         Err(e) => {
             let aside = format!(".untrusted-{QUARANTINE}-{}", crate::clock::now_ms());
             renameat(fd, QUARANTINE, fd, aside.as_str())
-                .map_err(|r| format!("{e}; moving it aside failed: {r}"))?;
+                .map_err(|r| QuarantineError::NotMovedAside(e.clone(), r))?;
             error!(spool = %dir.display(), problem = %e, moved_to = %aside, "the spool's quarantine was not a directory meeting the spool rule; moved aside unread");
         }
     }
     match mkdirat(fd, QUARANTINE, Mode::from_bits_truncate(0o700)) {
         Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
-        Err(e) => return Err(format!("creating {}: {e}", dir.join(QUARANTINE).display())),
+        Err(e) => {
+            return Err(QuarantineError::Create {
+                path: dir.join(QUARANTINE),
+                errno: e,
+            });
+        }
     }
-    spool::open_subdir(fd, dir, QUARANTINE).map_err(|e| e.to_string())
+    Ok(spool::open_subdir(fd, dir, QUARANTINE)?)
 }
 
 /// Names in `dir` that the drain (`crate::replay::spool::drain`) would consider (for tests and tools).

@@ -27,6 +27,18 @@ const ANSWER: Duration = Duration::from_secs(10);
 const MAX_ANSWER: usize = 64 << 20;
 
 /// A CRI runtime on a unix socket.
+/// Why a --cri-endpoint is refused (the endpoint shown as the operator wrote it, bounded).
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    #[error(
+        "--cri-endpoint {0}: expected unix:///path/to/the/runtime.sock (e.g. \
+         unix:///run/containerd/containerd.sock)"
+    )]
+    NotUnix(String),
+    #[error("--cri-endpoint {0}: the socket path must be absolute (unix:///run/...)")]
+    NotAbsolute(String),
+}
+
 #[derive(Debug, Clone)]
 pub struct CriClient {
     endpoint: String,
@@ -36,19 +48,13 @@ pub struct CriClient {
 impl CriClient {
     /// The runtime at `endpoint`, `unix://` and an absolute path, as kubelet's
     /// `--container-runtime-endpoint` names it. Anything else is refused with why.
-    pub fn new(endpoint: &str) -> Result<Self, String> {
-        let path = endpoint.strip_prefix("unix://").ok_or_else(|| {
-            format!(
-                "--cri-endpoint {}: expected unix:///path/to/the/runtime.sock (e.g. \
-                 unix:///run/containerd/containerd.sock)",
-                crate::validate::shown(endpoint)
-            )
-        })?;
+    pub fn new(endpoint: &str) -> Result<Self, EndpointError> {
+        let shown = || crate::validate::shown(endpoint);
+        let path = endpoint
+            .strip_prefix("unix://")
+            .ok_or_else(|| EndpointError::NotUnix(shown()))?;
         if !path.starts_with('/') || path.len() > crate::validate::limits::NETNS {
-            return Err(format!(
-                "--cri-endpoint {}: the socket path must be absolute (unix:///run/...)",
-                crate::validate::shown(endpoint)
-            ));
+            return Err(EndpointError::NotAbsolute(shown()));
         }
         Ok(Self {
             endpoint: endpoint.to_owned(),
@@ -156,7 +162,7 @@ mod tests {
             "",
         ] {
             let e = CriClient::new(bad).unwrap_err();
-            assert!(e.starts_with("--cri-endpoint"), "{bad}: {e}");
+            assert!(e.to_string().starts_with("--cri-endpoint"), "{bad}: {e}");
         }
     }
 

@@ -25,7 +25,7 @@ use crate::{
     events::{Event, FreedBy},
     gc::{
         Valid,
-        collect::{Run, collect},
+        collect::{Mode, Request, collect},
     },
 };
 
@@ -416,7 +416,7 @@ async fn free_scope(
     let network = dc.network.as_str();
     let valid = match scope_valid(records, dc, gone).await {
         Ok(v) => v,
-        Err(e) => return fail(report, Some(gone), &e),
+        Err(e) => return fail(report, Some(gone), &e.to_string()),
     };
     let is_gone = |container_id: &str, ifname: &str| {
         gone.iter()
@@ -426,12 +426,15 @@ async fn free_scope(
     // would keep the last attachment of a network the runtime no longer uses forever.
     // Whoever runs the pass (its timer, or `dipamctl gc --from-runtime`), its rule frees:
     // the history says so.
-    let run = Run {
-        dry_run: false,
-        force: true,
+    let gc = Request {
+        dc,
+        cni_path: "",
+        valid: Valid::List(valid),
+        began,
+        mode: Mode::FreeForced,
         by: FreedBy::RuntimeGc,
     };
-    let plan = match collect(c, dc, "", Valid::List(valid), began, run).await {
+    let plan = match collect(c, gc).await {
         Ok(plan) => plan,
         Err(e) => return fail(report, Some(gone), &e.to_string()),
     };
@@ -470,6 +473,14 @@ async fn free_scope(
     }
 }
 
+/// The delegate's store a scope's valid list needs could not be read: its GC is not run.
+#[derive(Debug, thiserror::Error)]
+#[error("reading {}: {source}", dir.display())]
+struct UnreadStore {
+    dir: std::path::PathBuf,
+    source: std::io::Error,
+}
+
 /// The valid list a scope's GC gets: every record of its network but `gone`, and the
 /// reservations its store holds that dipamd never recorded (the reconcile's business,
 /// --reconcile-free, not the runtime's: valid here, so the GC keeps them).
@@ -477,7 +488,7 @@ async fn scope_valid(
     records: &[AttachmentRecord],
     dc: &DelegateConf,
     gone: &[&AttachmentRecord],
-) -> Result<Vec<(String, String)>, String> {
+) -> Result<Vec<(String, String)>, UnreadStore> {
     let gone_keys: HashSet<&AttachmentKey> = gone.iter().map(|r| &r.key).collect();
     let mine: Vec<&AttachmentRecord> = records
         .iter()
@@ -495,7 +506,7 @@ async fn scope_valid(
     let known_ids: HashSet<&str> = known.iter().map(|(c, _)| *c).collect();
     let held = store::read(dir.clone())
         .await
-        .map_err(|e| format!("reading {}: {e}", dir.display()))?;
+        .map_err(|source| UnreadStore { dir, source })?;
     valid.extend(
         held.into_iter()
             .filter(|h| {

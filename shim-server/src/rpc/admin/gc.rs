@@ -14,6 +14,7 @@ pub async fn run(node: &Node, req: GcRequest) -> Result<GcReply, ShimError> {
     // The operator made the valid list before asking: nothing born since is freed.
     let began = node.core.births.gc_began(None, None);
     let p = prepare(node, &req.config, req.mode, "dipamctl-gc")?;
+    let admission = gc::admit::Admission::new(&node.gc, &node.core.events, &p.dc.network);
     let valid = if req.use_ledger {
         Valid::Ledger
     } else {
@@ -25,44 +26,23 @@ pub async fn run(node: &Node, req: GcRequest) -> Result<GcReply, ShimError> {
                 .map(|a| serde_json::json!({"containerID": a.container_id, "ifname": a.ifname}))
                 .collect(),
         );
-        let list = gc::parse_list(&entries, "valid").map_err(|e| {
-            node.gc
-                .stats
-                .refused
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            node.core.events.emit(crate::events::Event::GcRefused);
-            ShimError::GcInput(e)
-        })?;
-        if list.is_empty() && !node.gc.policy.allow_empty {
-            node.gc
-                .stats
-                .refused
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            node.core.events.emit(crate::events::Event::GcRefused);
-            return Err(ShimError::GcRefused {
-                network: p.dc.network.clone(),
-                reason: "no valid attachments given, which would free every pod of the \
-                         network; pass --valid FILE or --use-ledger"
-                    .into(),
-            });
-        }
-        Valid::List(list)
+        let list = admission.input(gc::parse_list(&entries, "valid"))?;
+        Valid::List(admission.non_empty(
+            list,
+            "no valid attachments given",
+            "; pass --valid FILE or --use-ledger",
+        )?)
     };
     let network = p.dc.network.clone();
-    match gc::collect::collect(
-        &node.collector(),
-        &p.dc,
-        "",
+    let gc = gc::collect::Request {
+        dc: &p.dc,
+        cni_path: "",
         valid,
         began,
-        gc::collect::Run {
-            dry_run: req.dry_run,
-            force: req.force,
-            by: crate::events::FreedBy::Operator,
-        },
-    )
-    .await
-    {
+        mode: gc::collect::Mode::of(req.dry_run, req.force),
+        by: crate::events::FreedBy::Operator,
+    };
+    match gc::collect::collect(&node.collector(), gc).await {
         Ok(plan) => Ok(GcReply {
             protocol_version: dipam_proto::PROTOCOL_VERSION,
             network,
