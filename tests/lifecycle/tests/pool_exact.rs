@@ -230,7 +230,8 @@ fn never_starves(shape: Option<Deployment>) {
     let seen = router_seen(&watch.finish());
     assert!(!seen.is_empty(), "{shape_name}: the agent saw nothing");
     assert!(
-        seen.iter().all(|s| *s == (router[0].2.clone(), "ready".into())),
+        seen.iter()
+            .all(|s| *s == (router[0].2.clone(), "ready".into())),
         "{shape_name}: the agent saw the router as {seen:?}, not only {:?} ready",
         router[0].2
     );
