@@ -37,13 +37,12 @@ pub struct Invocation {
     pub background: bool,
 }
 
-/// How much lower than dipamd's the priority of the warm pool's delegate execs is. A refill made during a burst of pods is
-/// the same host-local exec a pod's ADD would have made: on a node whose CPUs the burst's
-/// plugins already fill, at equal priority it took as much CPU as it saved the pod it serves,
-/// and a pooled ADD in IPAM mode (the chained plugin's own exec and netns work around it)
-/// gained little (docs/performance.md, "Warm pool bursts"). Niced, it runs in the gaps the
-/// pods leave and keeps the pool filled at rest, the way the ENI IPAMs fill theirs off the
-/// pods' path.
+/// How much lower than dipamd's the priority of the warm pool's delegate execs is. A refill
+/// made during a burst of pods is the same host-local exec a pod's ADD would have made: on a
+/// node whose CPUs the burst's plugins already fill, at equal priority it took as much CPU as
+/// it saved the pod it serves (docs/performance.md, "IPAM mode: where a pooled ADD's time
+/// goes"). Niced, it runs in the gaps the pods leave and keeps the pool filled at rest, the
+/// way the ENI IPAMs fill theirs off the pods' path.
 pub const BACKGROUND_NICE: libc::c_int = 10;
 
 /// What the process did.
