@@ -73,35 +73,15 @@ impl Deployment {
     /// group and dipamd's peer check are what count; returns once dipamd is ready (the
     /// DaemonSet's agent addresses allocated).
     pub fn start(self, lab: &mut Lab, nofile: Option<&str>, writable: &[&Path]) -> Started {
-        let Lab {
-            dipamd, fx, data, ..
-        } = lab;
-        self.start_bench(
-            Bench {
-                dipamd,
-                list: &fx.list,
-                data: data.path(),
-            },
-            nofile,
-            writable,
-        )
+        let bench = Bench::new(&mut lab.dipamd, &lab.fx, &lab.data);
+        self.start_bench(bench, nofile, writable)
     }
 
     /// [`Self::start`] for an [`crate::AgentLab`], whose own flags (`--conflist`, its roles,
     /// its node name) win over the DaemonSet's.
     pub fn start_agent_lab(self, lab: &mut crate::AgentLab) -> Started {
-        let crate::AgentLab {
-            dipamd, fx, data, ..
-        } = lab;
-        self.start_bench(
-            Bench {
-                dipamd,
-                list: &fx.list,
-                data: data.path(),
-            },
-            None,
-            &[],
-        )
+        let bench = Bench::new(&mut lab.dipamd, &lab.fx, &lab.data);
+        self.start_bench(bench, None, &[])
     }
 
     fn start_bench(self, mut lab: Bench<'_>, nofile: Option<&str>, writable: &[&Path]) -> Started {
@@ -164,6 +144,20 @@ struct Bench<'a> {
     dipamd: &'a mut crate::Dipamd,
     list: &'a Value,
     data: &'a Path,
+}
+
+impl<'a> Bench<'a> {
+    fn new(
+        dipamd: &'a mut crate::Dipamd,
+        fx: &'a crate::Fixture,
+        data: &'a tempfile::TempDir,
+    ) -> Self {
+        Self {
+            dipamd,
+            list: &fx.list,
+            data: data.path(),
+        }
+    }
 }
 
 /// The shipped unit's `LimitNOFILE` (SOFT:HARD for prlimit), within this process's own hard
