@@ -322,6 +322,7 @@ impl Core {
             request_id: p.req.request_id.clone(),
             network: p.key.network.clone(),
             uid: p.caller.recorded_uid(),
+            background: is_pool(&p.key),
         };
         self.exec
             .call_gated(&p.dc.kind, probe, &inv, gate, peek)
@@ -580,6 +581,9 @@ impl Core {
             request_id: rec.request_id.clone(),
             network: rec.key.network.clone(),
             uid: rec.creator_uid,
+            // A pool entry's release; a pod served from the pool is released at its own
+            // (the pod's) priority: its key is the pod's.
+            background: is_pool(&rec.key),
         };
         match self.exec.call(&rec.delegate_type, &probe, &inv).await {
             Ok(_) => Ok(()),
@@ -594,4 +598,10 @@ impl Core {
             Err(e) => Err(e),
         }
     }
+}
+
+/// Whether `key` is a warm-pool entry's: its delegate execs run in the background
+/// (delegate::exec::BACKGROUND_NICE).
+fn is_pool(key: &AttachmentKey) -> bool {
+    crate::keys::internal(&key.container_id) == Some(crate::keys::Internal::Pool)
 }

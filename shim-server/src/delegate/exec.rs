@@ -32,7 +32,18 @@ pub struct Invocation {
     pub request_id: String,
     pub network: String,
     pub uid: Option<u32>,
+    /// The warm pool's own work (a refill's ADD, an entry's release): run at a lower CPU
+    /// priority ([`BACKGROUND_NICE`]), so that on a busy node it yields to the pods' ADDs.
+    pub background: bool,
 }
+
+/// How much lower than dipamd's the priority of the warm pool's delegate execs is. A refill
+/// made during a burst of pods is the same host-local exec a pod's ADD would have made: on a
+/// node whose CPUs the burst's plugins already fill, at equal priority it took as much CPU as
+/// it saved the pod it serves (docs/performance.md, "IPAM mode: where a pooled ADD's time
+/// goes"). Niced, it runs in the gaps the pods leave and keeps the pool filled at rest, the
+/// way the ENI IPAMs fill theirs off the pods' path.
+pub const BACKGROUND_NICE: libc::c_int = 10;
 
 /// What the process did.
 #[derive(Debug)]
@@ -176,6 +187,9 @@ pub async fn run_gated(
     // Noted while it runs, so that a dipamd killed now makes its successor wait for it; and
     // noted before it gets its config, so before it can act. One pwrite, on this task.
     let pid = child.id();
+    if inv.background {
+        lower_priority(kind, pid);
+    }
     let noted = pid
         .zip(tracker)
         .map(|(pid, t)| t.note(pid, since).kept_if_abandoned(inv.command == "ADD"));
@@ -237,6 +251,39 @@ fn command(binary: &Path, inv: &Invocation) -> Command {
         // cannot pile up processes.
         .kill_on_drop(inv.command != "ADD");
     cmd
+}
+
+/// Lowers the CPU priority of the delegate `pid` by [`BACKGROUND_NICE`] below dipamd's own
+/// (an operator who runs dipamd niced keeps the pool below it). Set from here, after the
+/// exec, rather than in the child before it (`pre_exec` forces a full fork of dipamd): a Go
+/// delegate spends its first milliseconds starting its runtime, and the priority is set
+/// before it gets its config. Best effort: a delegate left at dipamd's priority only competes
+/// as it used to.
+fn lower_priority(kind: &str, pid: Option<u32>) {
+    let Some(pid) = pid.and_then(|p| libc::id_t::try_from(p).ok()) else {
+        return;
+    };
+    let nice = own_nice().saturating_add(BACKGROUND_NICE).min(MAX_NICE);
+    // SAFETY: setpriority(2) takes integers only and touches none of this process's memory.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, pid, nice) };
+    if rc != 0 {
+        debug!(delegate = kind, pid, error = %std::io::Error::last_os_error(), "could not lower a pool delegate's priority");
+    }
+}
+
+/// The weakest priority Linux has.
+const MAX_NICE: libc::c_int = 19;
+
+/// dipamd's own nice value (0 when it cannot be read).
+pub fn own_nice() -> libc::c_int {
+    // getpriority(2) may return -1 as a value: errno tells an error apart.
+    nix::errno::Errno::clear();
+    // SAFETY: getpriority(2) takes integers only and touches none of this process's memory.
+    let n = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+    if n == -1 && nix::errno::Errno::last_raw() != 0 {
+        return 0;
+    }
+    n
 }
 
 /// Writes the config to the delegate's stdin.
@@ -527,6 +574,38 @@ mod tests {
         );
         assert_eq!(String::from_utf8_lossy(&out.stderr), "err\n");
         check("echo", "ADD", &out).unwrap();
+    }
+
+    /// The pool's execs run niced, a pod's at dipamd's own priority. The delegate reads its
+    /// nice value (field 19 of /proc/self/stat) after its config: by then it is set.
+    #[tokio::test]
+    async fn the_pools_execs_run_at_a_lower_priority() {
+        let d = tempfile::tempdir().unwrap();
+        let p = script(
+            d.path(),
+            "nice",
+            "cat >/dev/null; cut -d' ' -f19 /proc/$$/stat",
+        );
+        let nice = |background| {
+            let p = p.clone();
+            async move {
+                let inv = Invocation {
+                    background,
+                    ..Invocation::default()
+                };
+                let out = run("nice", &p, &inv, Duration::from_secs(5), None)
+                    .await
+                    .unwrap();
+                String::from_utf8_lossy(&out.stdout)
+                    .trim()
+                    .parse::<i32>()
+                    .unwrap()
+            }
+        };
+        let own = nice(false).await;
+        let pooled = nice(true).await;
+        assert_eq!(own, own_nice(), "a pod's exec at dipamd's priority");
+        assert_eq!(pooled, (own + BACKGROUND_NICE).min(MAX_NICE));
     }
 
     #[tokio::test]

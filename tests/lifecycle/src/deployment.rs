@@ -73,6 +73,18 @@ impl Deployment {
     /// group and dipamd's peer check are what count; returns once dipamd is ready (the
     /// DaemonSet's agent addresses allocated).
     pub fn start(self, lab: &mut Lab, nofile: Option<&str>, writable: &[&Path]) -> Started {
+        let bench = Bench::new(&mut lab.dipamd, &lab.fx, &lab.data);
+        self.start_bench(bench, nofile, writable)
+    }
+
+    /// [`Self::start`] for an [`crate::AgentLab`], whose own flags (`--conflist`, its roles,
+    /// its node name) win over the DaemonSet's.
+    pub fn start_agent_lab(self, lab: &mut crate::AgentLab) -> Started {
+        let bench = Bench::new(&mut lab.dipamd, &lab.fx, &lab.data);
+        self.start_bench(bench, None, &[])
+    }
+
+    fn start_bench(self, mut lab: Bench<'_>, nofile: Option<&str>, writable: &[&Path]) -> Started {
         lab.dipamd.kill9();
         let (started, limit, caps) = match self {
             Self::ShippedUnit => {
@@ -85,7 +97,7 @@ impl Deployment {
                 )
             }
             Self::DaemonSet => {
-                let started = daemonset(lab, writable);
+                let started = daemonset(&mut lab, writable);
                 (
                     started,
                     CONTAINER_NOFILE.to_owned(),
@@ -121,8 +133,30 @@ impl Deployment {
             std::fs::Permissions::from_mode(0o755),
         )
         .expect("open the socket's directory");
-        wait_ready(lab, self);
+        wait_ready(&lab, self);
         started
+    }
+}
+
+/// What [`Deployment::start`] needs of a bench: its dipamd, the conflist its pods use and
+/// the delegate's store directory.
+struct Bench<'a> {
+    dipamd: &'a mut crate::Dipamd,
+    list: &'a Value,
+    data: &'a Path,
+}
+
+impl<'a> Bench<'a> {
+    fn new(
+        dipamd: &'a mut crate::Dipamd,
+        fx: &'a crate::Fixture,
+        data: &'a tempfile::TempDir,
+    ) -> Self {
+        Self {
+            dipamd,
+            list: &fx.list,
+            data: data.path(),
+        }
     }
 }
 
@@ -166,7 +200,7 @@ fn container() -> Value {
 }
 
 /// Sets `lab`'s dipamd up as the DaemonSet's container: its flags, its env and its mounts.
-fn daemonset(lab: &mut Lab, writable: &[&Path]) -> Started {
+fn daemonset(lab: &mut Bench<'_>, writable: &[&Path]) -> Started {
     let c = container();
     let dir = lab.dipamd.dir.path().to_owned();
     let mut started = Started::default();
@@ -200,7 +234,7 @@ fn daemonset(lab: &mut Lab, writable: &[&Path]) -> Started {
                 let net_d = dir.join("net.d");
                 std::fs::create_dir_all(&net_d).expect("the conflist's directory");
                 let path = net_d.join(name);
-                std::fs::write(&path, lab.list().to_string()).expect("write the conflist");
+                std::fs::write(&path, lab.list.to_string()).expect("write the conflist");
                 path.display().to_string()
             }
             "--node-name" => value.replace("$(NODE_NAME)", NODE_NAME),
@@ -219,7 +253,7 @@ fn daemonset(lab: &mut Lab, writable: &[&Path]) -> Started {
         flags.push(mapped);
     }
     lab.dipamd.set_shape_flags(flags);
-    let mut rw: Vec<PathBuf> = vec![dir.clone(), lab.data.path().to_owned()];
+    let mut rw: Vec<PathBuf> = vec![dir.clone(), lab.data.to_owned()];
     rw.extend(writable.iter().map(|p| p.to_path_buf()));
     for m in c["volumeMounts"].as_array().expect("volumeMounts") {
         let at = m["mountPath"].as_str().expect("a mountPath");
@@ -267,7 +301,7 @@ pub fn free_port() -> u16 {
 /// Waits (60 s at most) until `dipamctl status --ready` says dipamd is ready: the agent's
 /// addresses, where the deployment names an agent conflist, are allocated before the test
 /// compares the ledger with the store.
-fn wait_ready(lab: &Lab, d: Deployment) {
+fn wait_ready(lab: &Bench<'_>, d: Deployment) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let out = lab.dipamd.ctl(&["status", "--ready"]);

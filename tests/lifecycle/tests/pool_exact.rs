@@ -7,13 +7,18 @@
 //!
 //! The churn calls the plugin in IPAM mode, as ptp does for each pod (the chain's own
 //! plugins add nothing to the pool's accounting and would only slow the 1,000 rounds).
+//!
+//! It runs three times: under the test's own start, under the shipped unit's restrictions and
+//! started like the DaemonSet (deployment.rs), each with an agent watching
+//! (`dipamctl agent watch`): the router's address must stay the same and ready in every
+//! message the agent gets while the pool and the pods fight over the range's last addresses.
 
 // Tests: a panic is the failure report.
 #![allow(clippy::unwrap_used)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use dipam_lifecycle::{AgentLab, Attachment, NetNs, require_root};
+use dipam_lifecycle::{AgentLab, Attachment, NetNs, deployment::Deployment, require_root};
 use serde_json::Value;
 
 /// A /27: host-local hands out .2 to .30, 29 addresses: the router's and 28 pods'.
@@ -53,6 +58,33 @@ fn assert_settled(lab: &AgentLab, context: &str) {
 
 #[test]
 fn a_range_exactly_as_large_as_its_pods_never_starves_one() {
+    never_starves(None);
+}
+
+/// The same, dipamd under the shipped unit's capability set and descriptor limit.
+#[test]
+fn a_range_exactly_as_large_as_its_pods_never_starves_one_unit() {
+    never_starves(Some(Deployment::ShippedUnit));
+}
+
+/// The same, dipamd started like the DaemonSet (its securityContext, read-only root, mounts,
+/// and its flags beside the test's own: the test's `--conflist`, roles and node name win).
+#[test]
+fn a_range_exactly_as_large_as_its_pods_never_starves_one_daemonset() {
+    never_starves(Some(Deployment::DaemonSet));
+}
+
+/// The router's (IP, state) in every message an agent's watch printed.
+fn router_seen(lines: &[Value]) -> Vec<(String, String)> {
+    lines
+        .iter()
+        .flat_map(dipam_lifecycle::agentlab::addresses_of)
+        .filter(|a| a.0 == "router")
+        .map(|a| (a.2, a.3))
+        .collect()
+}
+
+fn never_starves(shape: Option<Deployment>) {
     require_root!();
     let mut lab = AgentLab::unstarted("ptp-dipam-host-local.conflist");
     let cidr = lab.subnet.cidr.replace("/24", "/27");
@@ -69,8 +101,18 @@ fn a_range_exactly_as_large_as_its_pods_never_starves_one() {
             "1",
         ],
     );
-    lab.dipamd.start_again();
+    match shape {
+        Some(d) => {
+            d.start_agent_lab(&mut lab);
+        }
+        None => lab.dipamd.start_again(),
+    }
     lab.wait_ready(1);
+    let router = lab.addresses();
+    let watch = lab.watch();
+    watch.wait_for("the router ready", |v| {
+        router_seen(std::slice::from_ref(v)).contains(&(router[0].2.clone(), "ready".into()))
+    });
     let nss: Vec<NetNs> = (0..PODS).map(|_| NetNs::new()).collect();
     let pods: Vec<Attachment> = nss
         .iter()
@@ -127,11 +169,12 @@ fn a_range_exactly_as_large_as_its_pods_never_starves_one() {
         }
     });
     let failed = failures.into_inner().unwrap();
+    let shape_name = shape.map_or("the test's own start", Deployment::name);
     let s = status(&lab);
     let pool = &s["warmPool"]["pools"][0];
     println!(
-        "{total} churns, {} ADDs, {} failed; pool: {} taken, {} missed, {} rescued, {} made, \
-         {} released",
+        "{shape_name}: {total} churns, {} ADDs, {} failed; pool: {} taken, {} missed, {} \
+         rescued, {} made, {} released",
         total + PODS,
         failed.len(),
         pool["hits"],
@@ -140,7 +183,11 @@ fn a_range_exactly_as_large_as_its_pods_never_starves_one() {
         pool["refills"],
         pool["releases"]
     );
-    assert!(failed.is_empty(), "{failed:#?}\n{s}\n{}", lab.dipamd.log());
+    assert!(
+        failed.is_empty(),
+        "{shape_name}: {failed:#?}\n{s}\n{}",
+        lab.dipamd.log()
+    );
     assert_eq!(dels.load(Ordering::Relaxed), total);
     // The pool served pods (it was on, not merely idle), and the range is full: every
     // address is a pod's or the router's, none left in the pool.
@@ -176,7 +223,16 @@ fn a_range_exactly_as_large_as_its_pods_never_starves_one() {
         pooled <= 4 + 8,
         "the pool above target + max-above: {held:?}"
     );
-    let router = lab.addresses();
-    assert_eq!(router.len(), 1);
-    assert_eq!(router[0].3, "ready", "{router:?}");
+    let after = lab.addresses();
+    assert_eq!(after, router, "{shape_name}: the router's address changed");
+    // What the agent saw all along: the router's one address, ready, never taken away by the
+    // pool or a pod while the range was full.
+    let seen = router_seen(&watch.finish());
+    assert!(!seen.is_empty(), "{shape_name}: the agent saw nothing");
+    assert!(
+        seen.iter()
+            .all(|s| *s == (router[0].2.clone(), "ready".into())),
+        "{shape_name}: the agent saw the router as {seen:?}, not only {:?} ready",
+        router[0].2
+    );
 }
