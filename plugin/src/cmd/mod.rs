@@ -22,8 +22,10 @@ use crate::{
 };
 
 /// How long a STATUS waits for a dipamd that does not serve and that no process is starting
-/// or draining: the gap between one dipamd's exit and the next one's first step.
-const STATUS_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// or draining: the gap between one dipamd's exit and the next one's first step, which holds
+/// the creation of its process (a container's, in a DaemonSet): up to 5.0 s seen on a loaded
+/// 2-CPU node, where a 5 s bound failed a STATUS mid-upgrade.
+const STATUS_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// Everything a verb needs: the validated environment and config, and the raw stdin.
 pub struct Ctx<'a> {
@@ -69,7 +71,7 @@ impl Ctx<'_> {
         let req = self.request(command, retired_link);
         let mut budget = Budget::new(self.conf.timeout);
         // A STATUS waits, within the deadline, for as long as a dipamd is starting or
-        // draining (it holds the socket's lock), and 5 s past the last sign of one: a runtime
+        // draining (it holds the socket's lock), and 15 s past the last sign of one: a runtime
         // asks it on every status poll (containerd 2 for each of kubelet's), a failure marks
         // the node's network not ready, and a loaded node's start took 6.4 s (a fixed 5 s
         // failed it); but one blocked for the deadline on a dipamd that stays down blocks

@@ -6,7 +6,7 @@
 //! spool instead when it can, and waits only when the spool cannot take it.
 //!
 //! - every verb made while dipamd is down is served once the next dipamd serves;
-//! - a STATUS waits for a start slower than its 5 s gap (the socket's lock says one is
+//! - a STATUS waits for a start slower than its 15 s gap (the socket's lock says one is
 //!   under way), and answers 50 after that gap when no dipamd runs or starts;
 //! - a stale socket (SIGKILL) and a listen backlog filled by a non-allowed `--socket-group`
 //!   member are waited out;
@@ -193,15 +193,15 @@ fn a_stale_socket_and_a_full_backlog_are_waited_out() {
     lab.assert_agree();
 }
 
-/// How long the next dipamd's start is held here: longer than the 5 s a STATUS waits for a
+/// How long the next dipamd's start is held here: longer than the 15 s a STATUS waits for a
 /// dipamd that nothing starts, as a loaded node's start was (6.4 s seen under a load of 56 to
 /// 100 on 2 CPUs: the exec of the binary and the ledger's open, each stretched by the load).
-const SLOW_START: Duration = Duration::from_secs(8);
+const SLOW_START: Duration = Duration::from_secs(20);
 
 /// A STATUS made while the next dipamd is starting slowly (it holds the socket's lock and has
 /// not opened its ledger) waits for it, within the deadline, instead of failing and marking
 /// the node's network not ready; one made while no dipamd runs or starts answers 50 once the
-/// 5 s gap is over, not after the whole deadline (the runtime's own status answer waits).
+/// 15 s gap is over, not after the whole deadline (the runtime's own status answer waits).
 #[test]
 fn a_status_waits_for_a_slow_start_but_not_for_a_dipamd_that_stays_down() {
     require_root!();
@@ -247,7 +247,7 @@ fn a_status_waits_for_a_slow_start_but_not_for_a_dipamd_that_stays_down() {
     let took = started.elapsed();
     assert_eq!(e.code, 50, "{e}");
     assert!(
-        took >= Duration::from_secs(4) && took < Duration::from_secs(20),
+        took >= Duration::from_secs(14) && took < Duration::from_secs(35),
         "STATUS with dipamd down answered after {took:?}: {e}"
     );
 }
