@@ -38,6 +38,7 @@ pub fn call_reply(
         budget,
         |left| within(socket, left, exchange(socket, cmd, req.clone())),
         |e| refused(socket, e),
+        || dipam_proto::spool::lock_held(socket),
     ))?;
     outcome(reply)
 }
@@ -125,6 +126,7 @@ pub fn call_add_early(
         budget,
         |left| within(socket, left, first_reply(socket, req.clone())),
         |e| refused(socket, e),
+        || dipam_proto::spool::lock_held(socket),
     ))?;
     match first {
         (reply, Some(stream)) if reply.pending_commit => Ok(Early::Pending(

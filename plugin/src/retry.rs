@@ -38,6 +38,9 @@ pub const MAX_PAUSE: Duration = Duration::from_millis(500);
 pub struct Budget {
     pub deadline: Instant,
     pub retry_until: Instant,
+    /// A STATUS's gap ([`Budget::retrying_for`]): while a dipamd is seen starting or
+    /// draining, the wait goes on, up to the deadline, until this long after it was last seen.
+    pub gap: Option<Duration>,
 }
 
 impl Budget {
@@ -47,6 +50,7 @@ impl Budget {
         Self {
             deadline,
             retry_until: deadline,
+            gap: None,
         }
     }
 
@@ -58,11 +62,14 @@ impl Budget {
         }
     }
 
-    /// The same deadline, tried again only for `wait` from now: a STATUS, which a runtime
-    /// asks on every status poll and must not block on a dipamd that stays down.
-    pub fn retrying_for(self, wait: Duration) -> Self {
+    /// The same deadline, tried again for `gap` from now, and for as long as a dipamd is
+    /// starting or draining (until `gap` after it was last seen so): a STATUS, which a runtime
+    /// asks on every status poll and must not block on a dipamd that stays down, nor fail
+    /// while one comes up, however long a loaded node makes its start.
+    pub fn retrying_for(self, gap: Duration) -> Self {
         Self {
-            retry_until: self.deadline.min(Instant::now() + wait),
+            retry_until: self.deadline.min(Instant::now() + gap),
+            gap: Some(gap),
             ..self
         }
     }
@@ -75,12 +82,14 @@ impl Budget {
 
 /// Runs `attempt` until it succeeds, fails in a way trying again cannot change, or
 /// `budget` allows no further try. `judge` sees each failure first (the non-root caller's
-/// refusal at accept is found there) and says what it is. The error returned is the last
-/// try's, saying how long dipamd was waited for.
+/// refusal at accept is found there) and says what it is. `starting` says whether a dipamd
+/// is starting or draining now; it is asked only of a budget with a gap, when the gap runs
+/// out. The error returned is the last try's, saying how long dipamd was waited for.
 pub async fn until_served<T, F, Fut>(
     budget: Budget,
     mut attempt: F,
     judge: impl Fn(PluginError) -> PluginError,
+    starting: impl Fn() -> bool,
 ) -> Result<T, PluginError>
 where
     F: FnMut(Duration) -> Fut,
@@ -88,12 +97,21 @@ where
 {
     let started = Instant::now();
     let mut pause = FIRST_PAUSE;
+    let mut retry_until = budget.retry_until;
     loop {
         let e = match attempt(budget.left()).await {
             Ok(v) => return Ok(v),
             Err(e) => judge(e),
         };
-        if !e.dipamd_may_serve_again() || Instant::now() + pause >= budget.retry_until {
+        if let Some(gap) = budget.gap
+            && e.dipamd_may_serve_again()
+            && Instant::now() + pause >= retry_until
+            && starting()
+        {
+            // Seen starting: the gap counts again from the next try.
+            retry_until = budget.deadline.min(Instant::now() + pause + gap);
+        }
+        if !e.dipamd_may_serve_again() || Instant::now() + pause >= retry_until {
             // A failure at the first try waited for nothing: said as it is.
             let waited = started.elapsed();
             return Err(if waited >= FIRST_PAUSE {
@@ -145,6 +163,7 @@ mod tests {
                     async move { if n < 4 { Err(gone(kind)) } else { Ok(n) } }
                 },
                 |e| e,
+                || false,
             ));
             assert_eq!(got.unwrap(), 4, "{kind:?}");
         }
@@ -174,6 +193,7 @@ mod tests {
                     async move { Err::<(), _>(e) }
                 },
                 |e| e,
+                || false,
             ));
             assert_eq!(got.unwrap_err().to_cni(false).code, want);
             assert_eq!(tries.get(), 1);
@@ -188,6 +208,7 @@ mod tests {
                 Budget::new(Duration::from_millis(400)),
                 |_| async { Err::<(), _>(gone(std::io::ErrorKind::NotFound)) },
                 |e| e,
+                || false,
             ))
             .unwrap_err();
         let took = started.elapsed();
@@ -203,8 +224,55 @@ mod tests {
                 Budget::new(Duration::from_secs(5)).once(),
                 |_| async { Err::<(), _>(gone(std::io::ErrorKind::NotFound)) },
                 |e| e,
+                || false,
             ))
             .unwrap_err();
         assert!(!e.to_cni(false).details.contains("waited"), "{e:?}");
+    }
+
+    #[test]
+    fn a_status_waits_past_its_gap_only_while_a_dipamd_is_starting() {
+        // dipamd starts for 600 ms (longer than the 200 ms gap), then serves.
+        let started = Instant::now();
+        let up = Duration::from_millis(600);
+        let got = rt().block_on(until_served(
+            Budget::new(Duration::from_secs(5)).retrying_for(Duration::from_millis(200)),
+            |_| async move {
+                if started.elapsed() < up {
+                    Err(gone(std::io::ErrorKind::NotFound))
+                } else {
+                    Ok(())
+                }
+            },
+            |e| e,
+            || started.elapsed() < up,
+        ));
+        assert!(got.is_ok(), "{got:?}");
+        // No dipamd starting: "not ready" once the gap is over, long before the deadline.
+        let started = Instant::now();
+        let got = rt().block_on(until_served(
+            Budget::new(Duration::from_secs(5)).retrying_for(Duration::from_millis(200)),
+            |_| async { Err::<(), _>(gone(std::io::ErrorKind::NotFound)) },
+            |e| e,
+            || false,
+        ));
+        assert_eq!(got.unwrap_err().to_cni(false).code, 11);
+        assert!(
+            started.elapsed() < Duration::from_millis(700),
+            "{:?}",
+            started.elapsed()
+        );
+        // One that stays starting is waited for until the deadline, and no longer.
+        let started = Instant::now();
+        let got = rt().block_on(until_served(
+            Budget::new(Duration::from_millis(900)).retrying_for(Duration::from_millis(200)),
+            |_| async { Err::<(), _>(gone(std::io::ErrorKind::ConnectionRefused)) },
+            |e| e,
+            || true,
+        ));
+        assert_eq!(got.unwrap_err().to_cni(false).code, 11);
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(500), "{took:?}");
+        assert!(took < Duration::from_millis(1500), "{took:?}");
     }
 }

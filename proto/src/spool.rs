@@ -69,6 +69,39 @@ pub fn lock_path(socket: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
+/// Whether a dipamd holds the lock of `socket` ([`lock_path`]) now: one is running for it,
+/// starting (it takes the lock before it opens its ledger, seconds before it serves on a
+/// loaded node) or draining (it unlinked the socket at SIGTERM). Read from `/proc/locks`, so
+/// the caller needs no access to the root-only lock file and never takes the lock itself (a
+/// probe that did would make a starting dipamd find the socket in use). The kernel lists
+/// only the locks of processes this caller's PID namespace can see: the runtime's plugin on
+/// the host sees a DaemonSet's dipamd. False when anything cannot be read.
+pub fn lock_held(socket: &Path) -> bool {
+    let Ok(m) = nix::sys::stat::stat(&lock_path(socket)) else {
+        return false;
+    };
+    let Ok(locks) = std::fs::read_to_string("/proc/locks") else {
+        return false;
+    };
+    let id = format!(
+        "{:02x}:{:02x}:{}",
+        nix::sys::stat::major(m.st_dev),
+        nix::sys::stat::minor(m.st_dev),
+        m.st_ino
+    );
+    locks_name(&locks, &id)
+}
+
+/// Whether `/proc/locks` text `locks` lists a held `flock(2)` lock on the file `id`
+/// (`MAJOR:MINOR:INODE` as the kernel prints it). Waiters (`->`) hold nothing.
+fn locks_name(locks: &str, id: &str) -> bool {
+    locks.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        // "1: FLOCK  ADVISORY  WRITE 1234 fd:00:5678 0 EOF"
+        f.get(1) == Some(&"FLOCK") && f.get(5) == Some(&id)
+    })
+}
+
 /// What the pointer says: the spool directory, as a path and as an identity.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pointer {
@@ -467,5 +500,31 @@ mod tests {
         std::os::unix::fs::chown(&spool, Some(65534), None).unwrap();
         assert!(matches!(open_dir(&spool), Err(Untrusted::Owner { .. })));
         assert!(open_dir(&t.path().join("missing")).unwrap_err().not_found());
+    }
+
+    #[test]
+    fn a_held_socket_lock_is_seen_from_proc_locks_and_only_while_held() {
+        let t = tempfile::tempdir().unwrap();
+        let socket = t.path().join("dipam.sock");
+        assert!(!lock_held(&socket), "no lock file");
+        let file = std::fs::File::create(lock_path(&socket)).unwrap();
+        assert!(!lock_held(&socket), "a lock file nobody locks");
+        let held = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, e)| e)
+            .unwrap();
+        assert!(lock_held(&socket));
+        // Another file's lock is not this socket's.
+        assert!(!lock_held(&t.path().join("other.sock")));
+        drop(held);
+        assert!(!lock_held(&socket));
+        // A waiter's line holds nothing.
+        assert!(!locks_name(
+            "1: FLOCK  ADVISORY  WRITE 9 fd:00:77 0 EOF\n1: -> FLOCK  ADVISORY  WRITE 8 fd:00:78 0 EOF\n",
+            "fd:00:78"
+        ));
+        assert!(locks_name(
+            "1: FLOCK  ADVISORY  WRITE 9 fd:00:77 0 EOF\n",
+            "fd:00:77"
+        ));
     }
 }

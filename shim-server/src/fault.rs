@@ -28,8 +28,11 @@ pub const POINTS: &[&str] = &[
 
 /// The points where `dipamd --pause-at POINT=FILE` holds the daemon's work until FILE exists
 /// (deleted again when it goes on): a window a test must hit every time, not by luck. GC's
-/// `gc-before-read` is after the GC began and before it reads the ledger (gc/collect.rs).
-pub const PAUSE_POINTS: &[&str] = &["gc-before-read"];
+/// `gc-before-read` is after the GC began and before it reads the ledger (gc/collect.rs);
+/// `start-before-ledger` is a start that holds the socket's lock and has not opened its
+/// ledger yet (daemon/mod.rs): the seconds a loaded node's start takes, made as long as a
+/// test needs.
+pub const PAUSE_POINTS: &[&str] = &["gc-before-read", "start-before-ledger"];
 
 #[cfg(feature = "fault-injection")]
 static ARMED: std::sync::OnceLock<String> = std::sync::OnceLock::new();

@@ -21,8 +21,11 @@ use crate::{
     retry::Budget,
 };
 
-/// How long a STATUS waits for a dipamd that does not serve (a restart's gap).
-const STATUS_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long a STATUS waits for a dipamd that does not serve and that no process is starting
+/// or draining: the gap between one dipamd's exit and the next one's first step, which holds
+/// the creation of its process (a container's, in a DaemonSet): up to 5.0 s seen on a loaded
+/// 2-CPU node, where a 5 s bound failed a STATUS mid-upgrade.
+const STATUS_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// Everything a verb needs: the validated environment and config, and the raw stdin.
 pub struct Ctx<'a> {
@@ -67,10 +70,13 @@ impl Ctx<'_> {
     ) -> Result<client::Answer, PluginError> {
         let req = self.request(command, retired_link);
         let mut budget = Budget::new(self.conf.timeout);
-        // A STATUS waits out a restart's gap (a second or two), not the whole deadline: a
-        // runtime asks it on every status poll (containerd 2 for each of kubelet's), and one
-        // blocked for the deadline on a dipamd that stays down blocks the runtime's own
-        // status answer (CRI-O's then timed out); "not ready" at once is the right answer.
+        // A STATUS waits, within the deadline, for as long as a dipamd is starting or
+        // draining (it holds the socket's lock), and 15 s past the last sign of one: a runtime
+        // asks it on every status poll (containerd 2 for each of kubelet's), a failure marks
+        // the node's network not ready, and a loaded node's start took 6.4 s (a fixed 5 s
+        // failed it); but one blocked for the deadline on a dipamd that stays down blocks
+        // the runtime's own status answer (CRI-O's then timed out), and "not ready" soon is
+        // the right answer there.
         if command == Cmd::Status {
             budget = budget.retrying_for(STATUS_WAIT);
         }

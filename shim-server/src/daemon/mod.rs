@@ -290,6 +290,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
         let at = crate::paths_record::beside_socket(&args.socket);
         paths::leave(at, record.clone(), 0o644).await;
     }
+    crate::fault::pause("start-before-ledger").await;
     let store: Arc<dyn dipam_state::Store> = Arc::new(dipam_state::open(&args.state_dir)?);
     // Held until dipamd exits.
     let Some(_socket_lock) = spool.socket_lock else {

@@ -244,9 +244,15 @@ impl Dipamd {
     fn wait_ready(&mut self) {
         // The longest start a test allows (stores.rs: 30 s, a DaemonSet-shaped dipamd whose
         // agent's start-up CHECKs each wait --delegate-timeout on a hung store).
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(30);
         while Instant::now() < deadline {
             if UnixStream::connect(self.socket()).is_ok() {
+                eprintln!(
+                    "dipamd start #{} serving after {} ms",
+                    self.starts,
+                    started.elapsed().as_millis()
+                );
                 return;
             }
             if let Some(child) = self.child.as_mut()
