@@ -17,7 +17,7 @@ use std::{
     sync::Mutex,
 };
 
-use crate::{AttachmentKey, AttachmentRecord};
+use crate::record::{AttachmentKey, AttachmentRecord};
 
 /// What the census keeps of one record.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -21,6 +21,7 @@ mod journal;
 mod ledger;
 mod mem;
 mod pending;
+mod record;
 mod schema;
 mod sled_store;
 mod snapshot;
@@ -32,10 +33,11 @@ mod suite;
 
 pub use census::{Counts as CensusCounts, Entry as CensusEntry};
 pub use error::StoreError;
-pub use ledger::{
-    AttachmentKey, AttachmentRecord, AttachmentState, BootStamp, CriPod, DelegateKey, Ledger, Owner,
-};
+pub use ledger::Ledger;
 pub use mem::MemStore;
+pub use record::{
+    AttachmentKey, AttachmentRecord, AttachmentState, BootStamp, CriPod, DelegateKey, Owner,
+};
 pub use schema::{SCHEMA_KEY, SCHEMA_VERSION, ensure_schema};
 pub use snapshot::read_copy;
 pub use space::{OPEN_MARGIN, needed_to_open};
