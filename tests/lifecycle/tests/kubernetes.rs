@@ -18,7 +18,8 @@
 //!   agent keeps its addresses;
 //! - a node reboot (kubelet, containerd and every pod SIGKILLed, the pods' network
 //!   namespaces and /run gone, a new boot id in the file dipamd is pointed at): every pod
-//!   comes back with an address, and within 30 s of dipamd's start, with no GC asked for, the
+//!   comes back with an address, no sandbox creation fails (the pods' ADDs wait for the new
+//!   dipamd), and within 30 s of dipamd's start, with no GC asked for, the
 //!   ledger holds exactly the pods' and the agent's (unchanged) addresses and host-local
 //!   exactly the ledger's.
 //!
@@ -321,15 +322,7 @@ fn azure_vnet_ipam_as_the_delegate_through_a_node_reboot() {
         "the agent's entries"
     );
     assert_eq!(after.len(), AZURE_PODS, "{after:?}");
-    let failed: Vec<_> = failed_sandboxes(&c)
-        .difference(&failed_before)
-        .cloned()
-        .collect();
-    assert!(
-        failed.is_empty(),
-        "{} sandbox creations failed after the reboot: {failed:#?}",
-        failed.len()
-    );
+    assert_none_failed_since(&c, &failed_before, "after the reboot");
     eprintln!("azure case done after {:?}", start.elapsed());
 }
 
@@ -527,8 +520,8 @@ fn assert_no_leak(c: &Cluster, app: &str, n: usize, agent: &BTreeSet<String>, ci
 }
 
 /// The kubelet's FailedCreatePodSandBox events (a RunPodSandbox that failed: the CNI ADD,
-/// among others), by UID.
-fn failed_sandboxes(c: &Cluster) -> BTreeSet<(String, String)> {
+/// among others), by UID and count: an event that recurs keeps its UID and counts up.
+fn failed_sandboxes(c: &Cluster) -> BTreeSet<(String, u64, String)> {
     let ev = c.get_json(&[
         "events",
         "-A",
@@ -542,6 +535,7 @@ fn failed_sandboxes(c: &Cluster) -> BTreeSet<(String, String)> {
         .map(|e| {
             (
                 e["metadata"]["uid"].as_str().unwrap_or_default().to_owned(),
+                e["count"].as_u64().unwrap_or(1),
                 format!(
                     "{}: {}",
                     e["involvedObject"]["name"].as_str().unwrap_or_default(),
@@ -550,6 +544,17 @@ fn failed_sandboxes(c: &Cluster) -> BTreeSet<(String, String)> {
             )
         })
         .collect()
+}
+
+/// No sandbox creation failed since `before` ([`failed_sandboxes`]) was taken.
+#[track_caller]
+fn assert_none_failed_since(c: &Cluster, before: &BTreeSet<(String, u64, String)>, when: &str) {
+    let failed: Vec<_> = failed_sandboxes(c).difference(before).cloned().collect();
+    assert!(
+        failed.is_empty(),
+        "{} sandbox creations failed {when}: {failed:#?}",
+        failed.len()
+    );
 }
 
 /// `kubectl rollout restart daemonset/dipam` while the Deployment is scaled up and down (docs/cfp.md
@@ -575,18 +580,12 @@ fn rollout_restart_under_churn(c: &Cluster, agent: &BTreeSet<String>, cidr: Ipv4
     for p in pods["items"].as_array().unwrap() {
         assert_eq!(p["status"]["phase"], "Running", "{p}");
     }
-    let failed: Vec<_> = failed_sandboxes(c)
-        .difference(&failed_before)
-        .cloned()
-        .collect();
-    assert!(
-        failed.is_empty(),
-        "sandbox creations failed during the rollout: {failed:#?}"
-    );
+    assert_none_failed_since(c, &failed_before, "during the rollout");
 }
 
 /// The node restarts as after a power loss, with a new boot id (docs/cfp.md §7.4, "Dead
-/// attachments"): every pod comes back with an address, and within 30 s of dipamd's start
+/// attachments"): every pod comes back with an address, no sandbox creation fails (an ADD
+/// before dipamd serves waits for it, within the plugin's deadline), and within 30 s of dipamd's start
 /// the ledger holds exactly the running pods' and the agent's addresses (the agent's
 /// unchanged), host-local exactly the ledger's, with no GC asked for: the reboot rule freed
 /// every pod of the earlier boot before dipamd served.
@@ -606,14 +605,7 @@ fn node_restart(c: &mut Cluster, agent: &BTreeSet<String>, cidr: Ipv4Net) {
         "after the reboot: ledger = host-local = pods {} s after dipamd started",
         agreed.saturating_sub(started)
     );
-    let failed: Vec<_> = failed_sandboxes(c)
-        .difference(&failed_before)
-        .cloned()
-        .collect();
-    eprintln!(
-        "{} sandbox creations failed after the reboot: {failed:#?}",
-        failed.len()
-    );
+    assert_none_failed_since(c, &failed_before, "after the reboot");
 }
 
 /// Reboots the node with a new boot id, waits until every pod runs new containers and
