@@ -277,8 +277,19 @@ fn azure_vnet_ipam_as_the_delegate_through_a_node_reboot() {
 
     apply_text(&c, "web", &deployment("web", AZURE_PODS as u32));
     let before = azure_agrees(&c, &agent, &pool);
+    // The overlay's mounts carry the plugin's files to the node's own: its state and lock
+    // (/var/run), its log (/var/log); it read interfaces.json (/etc/kubernetes) or it would
+    // have handed out nothing.
     let state = c.node.path(AZURE_STATE);
     assert!(state.is_file(), "azure's state is on the node's /run");
+    assert!(
+        c.node.path("/run/azure-vnet").is_dir(),
+        "azure's lock directory"
+    );
+    assert!(
+        c.node.path("/var/log/azure-vnet-ipam.log").is_file(),
+        "azure's log is on the node's /var/log"
+    );
     let held_before = dipam_lifecycle::azure::held_in(&state);
 
     let failed_before = failed_sandboxes(&c);
