@@ -53,6 +53,7 @@ use dipam_lifecycle::cluster::{
         pod_start_latencies, ready, rollout_status, wait_daemonset_ready, wait_pods_ready,
     },
 };
+use dipam_lifecycle::daemon::delegate_pairs_in;
 use ipnet::Ipv4Net;
 use serde_json::Value;
 
@@ -379,29 +380,14 @@ fn azure_agrees(
         |c| {
             let mut want = pods.clone();
             want.sort();
-            let entries = ledger(c);
-            let recorded: Vec<(String, String)> = entries
-                .iter()
-                .flat_map(|a| {
-                    let id = a["delegateKey"]["containerID"]
-                        .as_str()
-                        .or(a["containerID"].as_str())
-                        .unwrap_or_default()
-                        .to_owned();
-                    ips_of(a).into_iter().map(move |ip| (id.clone(), ip))
-                })
-                .collect();
-            let mut recorded_sorted = recorded.clone();
-            recorded_sorted.sort();
+            let recorded = delegate_pairs_in(&ledger(c), "dipam");
             let held = dipam_lifecycle::azure::held_in(&state);
-            (pod_addresses(c) == want && agent_ips(c) == *agent && held == recorded_sorted).then(
-                || {
-                    recorded_sorted
-                        .into_iter()
-                        .filter(|(_, ip)| !agent.contains(ip))
-                        .collect()
-                },
-            )
+            (pod_addresses(c) == want && agent_ips(c) == *agent && held == recorded).then(|| {
+                recorded
+                    .into_iter()
+                    .filter(|(_, ip)| !agent.contains(ip))
+                    .collect()
+            })
         },
     )
 }
