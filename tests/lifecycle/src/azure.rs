@@ -99,20 +99,7 @@ impl AzureNode {
         let _ = Command::new("ip").args(["link", "del", &link]).output();
         run(Command::new("ip").args(["link", "add", &link, "type", "bridge"]));
         run(Command::new("ip").args(["link", "set", &link, "address", &mac]));
-        let base = cidr.trim_end_matches(".0/24").to_owned();
-        let pool: Vec<Ipv4Addr> = (10..10 + u16::from(count))
-            .map(|h| format!("{base}.{h}").parse().expect("an IPv4 address"))
-            .collect();
-        let mut addresses = vec![json!({"Address": format!("{base}.4"), "IsPrimary": true})];
-        addresses.extend(
-            pool.iter()
-                .map(|a| json!({"Address": a.to_string(), "IsPrimary": false})),
-        );
-        let interfaces = json!({"Interfaces": [{
-            "MacAddress": mac.replace(':', ""),
-            "IsPrimary": true,
-            "IPSubnets": [{"Prefix": cidr, "IPAddresses": addresses}],
-        }]});
+        let (interfaces, pool) = interfaces_json(&mac, cidr, count);
         std::fs::write(
             d.join("kube/interfaces.json"),
             serde_json::to_vec_pretty(&interfaces).expect("JSON"),
@@ -174,28 +161,7 @@ impl AzureNode {
 
     /// What the plugin holds: (container ID, address) of every address in use, sorted.
     pub fn held(&self) -> Vec<(String, String)> {
-        let Ok(text) = std::fs::read_to_string(self.state_path()) else {
-            return Vec::new();
-        };
-        let state: Value = serde_json::from_str(&text).unwrap_or_else(|e| {
-            panic!("{} is not JSON ({e}): {text}", self.state_path().display())
-        });
-        let mut held: Vec<(String, String)> = state["IPAM"]["AddressSpaces"]
-            .as_object()
-            .into_iter()
-            .flat_map(|spaces| spaces.values())
-            .flat_map(|space| space["Pools"].as_object().into_iter().flatten())
-            .flat_map(|(_, pool)| pool["Addresses"].as_object().into_iter().flatten())
-            .filter(|(_, rec)| rec["InUse"] == true)
-            .map(|(addr, rec)| {
-                (
-                    rec["ID"].as_str().unwrap_or_default().to_owned(),
-                    addr.clone(),
-                )
-            })
-            .collect();
-        held.sort();
-        held
+        held_in(&self.state_path())
     }
 
     /// Removes the plugin's state, as a reboot does (it lives on /run, a tmpfs): dipamd must
@@ -288,6 +254,54 @@ impl Drop for AzureNode {
             );
         }
     }
+}
+
+/// What the plugin's state file at `state` holds: (container ID, address) of every address in
+/// use, sorted; nothing when there is no file (a fresh node, or /run after a reboot).
+pub fn held_in(state: &Path) -> Vec<(String, String)> {
+    let Ok(text) = std::fs::read_to_string(state) else {
+        return Vec::new();
+    };
+    let state: Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{} is not JSON ({e}): {text}", state.display()));
+    let mut held: Vec<(String, String)> = state["IPAM"]["AddressSpaces"]
+        .as_object()
+        .into_iter()
+        .flat_map(|spaces| spaces.values())
+        .flat_map(|space| space["Pools"].as_object().into_iter().flatten())
+        .flat_map(|(_, pool)| pool["Addresses"].as_object().into_iter().flatten())
+        .filter(|(_, rec)| rec["InUse"] == true)
+        .map(|(addr, rec)| {
+            (
+                rec["ID"].as_str().unwrap_or_default().to_owned(),
+                addr.clone(),
+            )
+        })
+        .collect();
+    held.sort();
+    held
+}
+
+/// The plugin's file-backed address source (`/etc/kubernetes/interfaces.json` with
+/// `"environment": "fileIpam"`): one primary interface, the link whose MAC is `mac` (the
+/// plugin matches MACs only), whose subnet `cidr` (a /24) offers `count` addresses from .10
+/// up (.4 is the interface's own); and those addresses, in order.
+pub fn interfaces_json(mac: &str, cidr: &str, count: u8) -> (Value, Vec<Ipv4Addr>) {
+    let base = cidr.trim_end_matches(".0/24").to_owned();
+    let pool: Vec<Ipv4Addr> = (10..10 + u16::from(count))
+        .map(|h| format!("{base}.{h}").parse().expect("an IPv4 address"))
+        .collect();
+    let mut addresses = vec![json!({"Address": format!("{base}.4"), "IsPrimary": true})];
+    addresses.extend(
+        pool.iter()
+            .map(|a| json!({"Address": a.to_string(), "IsPrimary": false})),
+    );
+    let interfaces = json!({"Interfaces": [{
+        "MacAddress": mac.replace(':', ""),
+        "IsPrimary": true,
+        "IPSubnets": [{"Prefix": cidr, "IPAddresses": addresses}],
+    }]});
+    (interfaces, pool)
 }
 
 /// The namespace's set-up, run by `unshare` before it execs the rest of its arguments. The

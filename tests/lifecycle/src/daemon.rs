@@ -398,28 +398,7 @@ impl Dipamd {
     /// The ledger of `network` as the delegate sees it: (container ID, bare IP), sorted, with a
     /// pod served from the warm pool under the pool entry's key (its `delegateKey`).
     pub fn delegate_pairs(&self, network: &str) -> Vec<(String, String)> {
-        let mut out: Vec<(String, String)> = self
-            .ledger()
-            .iter()
-            .filter(|a| a["network"] == network)
-            .flat_map(|a| {
-                let id = a["delegateKey"]["containerID"]
-                    .as_str()
-                    .or(a["containerID"].as_str())
-                    .unwrap_or_default()
-                    .to_owned();
-                a["ips"]
-                    .as_array()
-                    .cloned()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter_map(move |ip| {
-                        Some((id.clone(), ip.as_str()?.split('/').next()?.into()))
-                    })
-            })
-            .collect();
-        out.sort();
-        out
+        delegate_pairs_in(&self.ledger(), network)
     }
 
     /// Waits (up to 30 s) until `network` is at rest: no record of it in flight, and the
@@ -514,4 +493,29 @@ pub fn requests_in_flight(scrape: &str) -> i64 {
         .filter(|l| l.starts_with("dipam_requests_in_flight{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<i64>().ok())
         .sum()
+}
+
+/// The ledger `entries` (`dipamctl attachments --json`) of `network` as the delegate sees
+/// them: (container ID, bare IP), sorted, with a pod served from the warm pool under the pool
+/// entry's key (its `delegateKey`).
+pub fn delegate_pairs_in(entries: &[serde_json::Value], network: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = entries
+        .iter()
+        .filter(|a| a["network"] == network)
+        .flat_map(|a| {
+            let id = a["delegateKey"]["containerID"]
+                .as_str()
+                .or(a["containerID"].as_str())
+                .unwrap_or_default()
+                .to_owned();
+            a["ips"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(move |ip| Some((id.clone(), ip.as_str()?.split('/').next()?.into())))
+        })
+        .collect();
+    out.sort();
+    out
 }

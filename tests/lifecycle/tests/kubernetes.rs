@@ -18,9 +18,17 @@
 //!   agent keeps its addresses;
 //! - a node reboot (kubelet, containerd and every pod SIGKILLed, the pods' network
 //!   namespaces and /run gone, a new boot id in the file dipamd is pointed at): every pod
-//!   comes back with an address, and within 30 s of dipamd's start, with no GC asked for, the
+//!   comes back with an address, no sandbox creation fails (the pods' ADDs wait for the new
+//!   dipamd), and within 30 s of dipamd's start, with no GC asked for, the
 //!   ledger holds exactly the pods' and the agent's (unchanged) addresses and host-local
 //!   exactly the ledger's.
+//!
+//! A second cluster (one at a time: [`one_cluster`]) runs the azure-vnet-ipam overlay
+//! (deploy/kubernetes-azure-vnet-ipam) with the real plugin as the delegate, its
+//! interfaces.json naming the node's link, and reboots the node: azure's state file on /run
+//! goes with the reboot, every pod comes back, no sandbox creation fails, and within 30 s of
+//! dipamd's start the ledger holds exactly the pods' and the agent's (unchanged) addresses
+//! and azure's state exactly the ledger's.
 //!
 //! With DIPAM_CLUSTER_LATENCY set it then measures pod start latency (create to Ready, 20
 //! pods) for dipam as shipped, the reference ptp + host-local, dipam with dipamd requesting
@@ -31,16 +39,21 @@
 // Tests: a panic is the failure report.
 #![allow(clippy::unwrap_used)]
 
-use std::{collections::BTreeSet, time::Instant};
+use std::{
+    collections::BTreeSet,
+    sync::{Mutex, MutexGuard, PoisonError},
+    time::Instant,
+};
 
 use dipam_lifecycle::cluster::{
     self, Cluster,
     workload::{
-        self, DS, agent_ips, apply_text, deployment, dipamctl_in_pod, host_local_store, ips_of,
-        latencies_with, ledger, patch_daemonset, percentile, pod_start_latencies, ready,
-        rollout_status, wait_daemonset_ready, wait_pods_ready,
+        self, DS, agent_ips, apply_kustomized, apply_text, deployment, dipamctl_in_pod,
+        host_local_store, ips_of, latencies_with, ledger, patch_daemonset, percentile,
+        pod_start_latencies, ready, rollout_status, wait_daemonset_ready, wait_pods_ready,
     },
 };
+use dipam_lifecycle::daemon::delegate_pairs_in;
 use ipnet::Ipv4Net;
 use serde_json::Value;
 
@@ -48,6 +61,14 @@ use serde_json::Value;
 /// restart here cannot change the kernel's, so the DaemonSet's dipamd is pointed at this file
 /// (its hidden `--boot-id-file`) and the test writes a new one for each "boot".
 const BOOT_ID: &str = "/var/lib/dipam/boot-id";
+
+/// One cluster at a time in this process: two would share the node's host paths, its
+/// cgroup root's name (the process id) and the API server's ports on the machine's loopback.
+static CLUSTER: Mutex<()> = Mutex::new(());
+
+fn one_cluster() -> MutexGuard<'static, ()> {
+    CLUSTER.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// Writes a new boot id for the node's next dipamd start.
 fn next_boot(c: &Cluster) {
@@ -72,6 +93,7 @@ fn the_shipped_daemonset_on_a_real_node() {
         return;
     };
     dipam_lifecycle::require!(cluster::etcd_missing());
+    let _one = one_cluster();
     let start = Instant::now();
     let c = Cluster::start(peers);
     let node = c.node_object().unwrap();
@@ -203,6 +225,173 @@ fn the_shipped_daemonset_on_a_real_node() {
     }
 }
 
+/// The node's path of azure-vnet-ipam's state (its `/var/run/azure-vnet-ipam.json`, the
+/// node's /run through the overlay's `azure-run` mount).
+const AZURE_STATE: &str = "/run/azure-vnet-ipam.json";
+/// The pods of the azure case.
+const AZURE_PODS: usize = 8;
+
+/// The azure-vnet-ipam overlay on a real node, through a reboot (issue: "the real node reboot
+/// with azure-vnet-ipam as the delegate and its state file wiped: 0 failed pod starts"): the
+/// overlay applied as deploy/kubernetes-azure-vnet-ipam says (its subnet set, the plugin in
+/// the node's /opt/cni/bin, interfaces.json naming the node's link), pods Running with
+/// addresses of the plugin's pool, then a power loss with a new boot id. The plugin's state
+/// file lived on the node's /run and is gone; dipamd forgets the earlier boot's pods before it
+/// serves (docs/cfp.md §7.4). Every pod comes back, no sandbox creation fails after the
+/// reboot, and within 30 s of dipamd's start the ledger holds exactly the running pods' and
+/// the agent's addresses (the agent's unchanged), and azure's state exactly the ledger's.
+#[test]
+fn azure_vnet_ipam_as_the_delegate_through_a_node_reboot() {
+    dipam_lifecycle::require_root!();
+    let mut names = cluster::PEERS.to_vec();
+    names.push("azure-vnet-ipam");
+    let Some(peers) = dipam_lifecycle::peers::all(module_path!(), &names) else {
+        return;
+    };
+    dipam_lifecycle::require!(cluster::etcd_missing());
+    let _one = one_cluster();
+    let start = Instant::now();
+    let mut c = Cluster::start(peers);
+    let node = c.node_object().unwrap();
+    let pod_cidr: Ipv4Net = node["spec"]["podCIDR"].as_str().unwrap().parse().unwrap();
+    c.install_cni_plugin("azure-vnet-ipam");
+    let pool = azure_source(&c, pod_cidr);
+    next_boot(&c);
+    let subnet = format!("\"subnet\": \"{pod_cidr}\"");
+    apply_kustomized(
+        &c,
+        "kubernetes-azure-vnet-ipam",
+        &[("\"subnet\": \"10.240.0.0/16\"", &subnet)],
+        &["--boot-id-file", BOOT_ID],
+    );
+    wait_daemonset_ready(&c, 300);
+    c.wait_for("the node to be Ready", 120, |c| {
+        c.node_object().filter(ready)
+    });
+    eprintln!("azure: DaemonSet Ready after {:?}", start.elapsed());
+    let agent = agent_ips(&c);
+    assert_eq!(agent.len(), 2, "router and health: {:?}", ledger(&c));
+    assert!(
+        agent.iter().all(|ip| pool.contains(ip)),
+        "{agent:?} of {pool:?}"
+    );
+
+    apply_text(&c, "web", &deployment("web", AZURE_PODS as u32));
+    let before = azure_agrees(&c, &agent, &pool);
+    // The overlay's mounts carry the plugin's files to the node's own: its state and lock
+    // (/var/run), its log (/var/log); it read interfaces.json (/etc/kubernetes) or it would
+    // have handed out nothing.
+    let state = c.node.path(AZURE_STATE);
+    assert!(state.is_file(), "azure's state is on the node's /run");
+    assert!(
+        c.node.path("/run/azure-vnet").is_dir(),
+        "azure's lock directory"
+    );
+    assert!(
+        c.node.path("/var/log/azure-vnet-ipam.log").is_file(),
+        "azure's log is on the node's /var/log"
+    );
+    let held_before = dipam_lifecycle::azure::held_in(&state);
+
+    let failed_before = failed_sandboxes(&c);
+    let started = reboot(&mut c);
+    // Every pod of the earlier boot freed before dipamd served: released through the plugin
+    // or forgotten (its state gone), none kept.
+    let freed = reboot_counts(&c);
+    assert_eq!(
+        (freed["released"] + freed["forgotten"], freed["kept"]),
+        (AZURE_PODS as u64, 0),
+        "{freed:?}"
+    );
+    let after = azure_agrees(&c, &agent, &pool);
+    let agreed = unix_now();
+    eprintln!(
+        "azure, after the reboot: ledger = azure's state = pods {} s after dipamd started",
+        agreed.saturating_sub(started)
+    );
+    assert!(
+        agreed <= started + 30,
+        "ledger, azure's state and the pods agreed only {} s after dipamd started",
+        agreed - started
+    );
+    // The state was wiped, not carried over: no pod of the earlier boot is in it (each new
+    // sandbox has a new container ID), only the agent's own IDs are, with the same addresses.
+    let held = dipam_lifecycle::azure::held_in(&state);
+    let pod_ids: BTreeSet<&String> = before.iter().map(|(id, _)| id).collect();
+    assert!(
+        held.iter().all(|(id, _)| !pod_ids.contains(id)),
+        "a pod of the earlier boot is in azure's state: {held:?}"
+    );
+    let agent_held = |h: &[(String, String)]| -> Vec<(String, String)> {
+        h.iter()
+            .filter(|(_, ip)| agent.contains(ip))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(
+        agent_held(&held),
+        agent_held(&held_before),
+        "the agent's entries"
+    );
+    assert_eq!(after.len(), AZURE_PODS, "{after:?}");
+    assert_none_failed_since(&c, &failed_before, "after the reboot");
+    eprintln!("azure case done after {:?}", start.elapsed());
+}
+
+/// Writes the node's /etc/kubernetes/interfaces.json, azure-vnet-ipam's file-backed source:
+/// the node's link (node0, whose MAC the plugin matches) with `cidr` and 40 addresses of it to
+/// hand out. Those addresses.
+fn azure_source(c: &Cluster, cidr: Ipv4Net) -> BTreeSet<String> {
+    let out = c
+        .node
+        .command(false, std::path::Path::new("ip"))
+        .args(["-j", "link", "show", "node0"])
+        .output()
+        .unwrap();
+    let links: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mac = links[0]["address"].as_str().unwrap();
+    let (interfaces, pool) = dipam_lifecycle::azure::interfaces_json(mac, &cidr.to_string(), 40);
+    std::fs::write(
+        c.node.path("/etc/kubernetes/interfaces.json"),
+        serde_json::to_vec_pretty(&interfaces).unwrap(),
+    )
+    .unwrap();
+    pool.iter().map(ToString::to_string).collect()
+}
+
+/// Waits (up to 60 s past the pods' Ready) until the ledger holds exactly the web pods'
+/// addresses (each of the plugin's pool, none shared) and the agent's, and azure's state
+/// exactly the ledger's, by container ID; the pods' (container ID, address).
+fn azure_agrees(
+    c: &Cluster,
+    agent: &BTreeSet<String>,
+    pool: &BTreeSet<String>,
+) -> Vec<(String, String)> {
+    let pods = wait_pods_ready(c, "web", AZURE_PODS, 300);
+    let ips: BTreeSet<&String> = pods.iter().map(|(_, ip)| ip).collect();
+    assert_eq!(ips.len(), AZURE_PODS, "no address shared: {pods:?}");
+    for (name, ip) in &pods {
+        assert!(pool.contains(ip), "{name}: {ip} is not of azure's pool");
+    }
+    let state = c.node.path(AZURE_STATE);
+    c.wait_for(
+        "the ledger to hold exactly the pods and the agent, and azure's state the ledger's",
+        60,
+        |c| {
+            let mut want = pods.clone();
+            want.sort();
+            let recorded = delegate_pairs_in(&ledger(c), "dipam");
+            let held = dipam_lifecycle::azure::held_in(&state);
+            (pod_addresses(c) == want && agent_ips(c) == *agent && held == recorded).then(|| {
+                recorded
+                    .into_iter()
+                    .filter(|(_, ip)| !agent.contains(ip))
+                    .collect()
+            })
+        },
+    )
+}
+
 /// Pod start latency over a 20-pod Deployment, p50 and p90: dipam as shipped (main mode),
 /// the reference ptp + host-local conflist, and dipam with a warm pool of 20.
 fn measure(c: &Cluster, cidr: Ipv4Net) {
@@ -328,8 +517,8 @@ fn assert_no_leak(c: &Cluster, app: &str, n: usize, agent: &BTreeSet<String>, ci
 }
 
 /// The kubelet's FailedCreatePodSandBox events (a RunPodSandbox that failed: the CNI ADD,
-/// among others), by UID.
-fn failed_sandboxes(c: &Cluster) -> BTreeSet<(String, String)> {
+/// among others), by UID and count: an event that recurs keeps its UID and counts up.
+fn failed_sandboxes(c: &Cluster) -> BTreeSet<(String, u64, String)> {
     let ev = c.get_json(&[
         "events",
         "-A",
@@ -343,6 +532,7 @@ fn failed_sandboxes(c: &Cluster) -> BTreeSet<(String, String)> {
         .map(|e| {
             (
                 e["metadata"]["uid"].as_str().unwrap_or_default().to_owned(),
+                e["count"].as_u64().unwrap_or(1),
                 format!(
                     "{}: {}",
                     e["involvedObject"]["name"].as_str().unwrap_or_default(),
@@ -351,6 +541,17 @@ fn failed_sandboxes(c: &Cluster) -> BTreeSet<(String, String)> {
             )
         })
         .collect()
+}
+
+/// No sandbox creation failed since `before` ([`failed_sandboxes`]) was taken.
+#[track_caller]
+fn assert_none_failed_since(c: &Cluster, before: &BTreeSet<(String, u64, String)>, when: &str) {
+    let failed: Vec<_> = failed_sandboxes(c).difference(before).cloned().collect();
+    assert!(
+        failed.is_empty(),
+        "{} sandbox creations failed {when}: {failed:#?}",
+        failed.len()
+    );
 }
 
 /// `kubectl rollout restart daemonset/dipam` while the Deployment is scaled up and down (docs/cfp.md
@@ -376,24 +577,39 @@ fn rollout_restart_under_churn(c: &Cluster, agent: &BTreeSet<String>, cidr: Ipv4
     for p in pods["items"].as_array().unwrap() {
         assert_eq!(p["status"]["phase"], "Running", "{p}");
     }
-    let failed: Vec<_> = failed_sandboxes(c)
-        .difference(&failed_before)
-        .cloned()
-        .collect();
-    assert!(
-        failed.is_empty(),
-        "sandbox creations failed during the rollout: {failed:#?}"
-    );
+    assert_none_failed_since(c, &failed_before, "during the rollout");
 }
 
 /// The node restarts as after a power loss, with a new boot id (docs/cfp.md §7.4, "Dead
-/// attachments"): every pod comes back with an address, and within 30 s of dipamd's start
+/// attachments"): every pod comes back with an address, no sandbox creation fails (an ADD
+/// before dipamd serves waits for it, within the plugin's deadline), and within 30 s of dipamd's start
 /// the ledger holds exactly the running pods' and the agent's addresses (the agent's
 /// unchanged), host-local exactly the ledger's, with no GC asked for: the reboot rule freed
 /// every pod of the earlier boot before dipamd served.
 fn node_restart(c: &mut Cluster, agent: &BTreeSet<String>, cidr: Ipv4Net) {
-    let before: BTreeSet<String> = containers(c, "-A").into_iter().collect();
     let failed_before = failed_sandboxes(c);
+    let started = reboot(c);
+    let pods = wait_pods_ready(c, "web", 12, 300);
+    assert!(pods.iter().all(|(_, ip)| !ip.is_empty()), "{pods:?}");
+    assert_no_leak(c, "web", 12, agent, cidr);
+    let agreed = unix_now();
+    assert!(
+        agreed <= started + 30,
+        "ledger, host-local and the pods agreed only {} s after dipamd started",
+        agreed - started
+    );
+    eprintln!(
+        "after the reboot: ledger = host-local = pods {} s after dipamd started",
+        agreed.saturating_sub(started)
+    );
+    assert_none_failed_since(c, &failed_before, "after the reboot");
+}
+
+/// Reboots the node with a new boot id, waits until every pod runs new containers and
+/// dipamd is Ready, and checks that dipamd saw the reboot; dipamd's start, in seconds since
+/// the epoch (the second after its stamp: the API's stamps have whole seconds).
+fn reboot(c: &mut Cluster) -> u64 {
+    let before: BTreeSet<String> = containers(c, "-A").into_iter().collect();
     // Read by the next dipamd only (once, at its start).
     next_boot(c);
     c.reboot_node();
@@ -416,34 +632,36 @@ fn node_restart(c: &mut Cluster, agent: &BTreeSet<String>, cidr: Ipv4Net) {
         .and_then(|s| s["state"]["running"]["startedAt"].as_str())
         .map(str::to_owned)
         .expect("dipamd's start time");
-    // The API's stamps have whole seconds: from the second after, 30 s.
-    let started = rfc3339_secs(&started) + 1;
-    let pods = wait_pods_ready(c, "web", 12, 300);
-    assert!(pods.iter().all(|(_, ip)| !ip.is_empty()), "{pods:?}");
     let log = c.kubectl_ok(&["-n", "kube-system", "logs", DS, "-c", "dipamd"]);
     assert!(
         log.contains("a reboot: the pod attachments of the earlier boot"),
         "dipamd saw no reboot:\n{log}"
     );
-    assert_no_leak(c, "web", 12, agent, cidr);
-    let agreed = unix_now();
-    assert!(
-        agreed <= started + 30,
-        "ledger, host-local and the pods agreed only {} s after dipamd started",
-        agreed - started
-    );
-    eprintln!(
-        "after the reboot: ledger = host-local = pods {} s after dipamd started",
-        agreed.saturating_sub(started)
-    );
-    let failed: Vec<_> = failed_sandboxes(c)
-        .difference(&failed_before)
-        .cloned()
-        .collect();
-    eprintln!(
-        "{} sandbox creations failed after the reboot: {failed:#?}",
-        failed.len()
-    );
+    rfc3339_secs(&started) + 1
+}
+
+/// dipamd's counts from its reboot line (JSON log): released, forgotten, kept.
+fn reboot_counts(c: &Cluster) -> std::collections::BTreeMap<&'static str, u64> {
+    let log = c.kubectl_ok(&["-n", "kube-system", "logs", DS, "-c", "dipamd"]);
+    let line: Value = log
+        .lines()
+        .filter(|l| l.contains("a reboot: the pod attachments of the earlier boot"))
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no reboot line in JSON:\n{log}"));
+    let fields = if line["fields"].is_object() {
+        &line["fields"]
+    } else {
+        &line
+    };
+    ["released", "forgotten", "kept"]
+        .into_iter()
+        .map(|k| {
+            let n = fields[k]
+                .as_u64()
+                .unwrap_or_else(|| panic!("no {k} in {line}"));
+            (k, n)
+        })
+        .collect()
 }
 
 /// Seconds since the epoch now.

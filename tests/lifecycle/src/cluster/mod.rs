@@ -227,6 +227,15 @@ impl Cluster {
         }
     }
 
+    /// Puts the peer `name` (one of those the cluster was given) into the node's
+    /// /opt/cni/bin, as a node's installer does for a delegate the network names: dipamd runs
+    /// it from there (the DaemonSet's `--cni-path`). Static, like the reference plugins.
+    pub fn install_cni_plugin(&self, name: &str) {
+        let to = self.node.path("/opt/cni/bin").join(name);
+        std::fs::copy(self.peer(name), &to)
+            .unwrap_or_else(|e| panic!("install {name} as {}: {e}", to.display()));
+    }
+
     fn start_control_plane(&mut self) {
         let d = self.dir.path().display().to_string();
         let f = |n: &str| self.pki.file(n);

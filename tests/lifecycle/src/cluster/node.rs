@@ -2,11 +2,12 @@
 //! mount of its nsfs file, so that every component can be started (and restarted) in them.
 //!
 //! The shipped DaemonSet mounts host paths (`/opt/cni/bin`, `/etc/cni/net.d`, `/var/lib/cni`,
-//! `/run/dipam`, `/var/lib/dipam`, `/run/containerd`) and names containerd's socket at its
-//! host path. To run it as shipped without touching the machine's own directories, the
-//! kubelet and containerd run in a mount namespace where each of those paths (and the
-//! kubelet's and the pods' own: `/var/lib/kubelet`, `/var/log/pods`, `/run/netns`, ...) is a
-//! private directory of the test bind-mounted over it. Everything of the cluster runs in one
+//! `/run/dipam`, `/var/lib/dipam`, `/run/containerd`; with azure-vnet-ipam also `/run`,
+//! `/var/log` and `/etc/kubernetes`) and names containerd's socket at its host path. To run
+//! it as shipped without touching the machine's own directories, the kubelet and containerd
+//! run in a mount namespace where each of those paths (and the kubelet's and the pods' own:
+//! `/var/lib/kubelet`, `/var/log/pods`, `/run/netns`, ...) is, or is below, a private
+//! directory of the test bind-mounted over it. Everything of the cluster runs in one
 //! network namespace with a veth pair (the kernel here has no dummy links) holding the node's address, so the components use
 //! their usual ports, and kube-proxy's iptables rules and the pods' routes live and die with
 //! it. The control plane and kube-proxy share only the network namespace.
@@ -24,22 +25,24 @@ use std::{
 /// The node's address (on a veth inside the node's network namespace: its "NIC").
 pub const NODE_IP: &str = "10.250.0.10";
 
-/// The host paths the node gets private copies of, inside its mount namespace.
+/// The host paths the node gets private copies of, inside its mount namespace. The whole of
+/// /run, /var/log and /etc/kubernetes: with azure-vnet-ipam as the delegate the DaemonSet
+/// mounts the node's /run, /var/log and /etc/kubernetes (its state file, lock, logs and
+/// interfaces.json), which must be the node's, never the machine's.
 pub const PRIVATE_PATHS: &[&str] = &[
     "/opt/cni/bin",
     "/etc/cni/net.d",
+    "/etc/kubernetes",
     "/var/lib/cni",
     "/var/lib/dipam",
-    "/run/dipam",
-    "/run/containerd",
-    "/run/netns",
+    "/run",
     "/var/lib/kubelet",
-    "/var/log/pods",
-    "/var/log/containers",
+    "/var/log",
 ];
 
-/// Paths that a reboot empties (tmpfs on every distribution this runs on).
-pub const VOLATILE_PATHS: &[&str] = &["/run/dipam", "/run/containerd", "/run/netns"];
+/// What a reboot empties: /run, a tmpfs on every distribution this runs on (dipamd's socket,
+/// containerd's state, the pods' netns files, azure-vnet-ipam's state and lock).
+pub const VOLATILE_PATH: &str = "/run";
 
 pub struct Node {
     /// `<dir>/ns`: a private mount holding the `net` and `mnt` nsfs bind mounts.
@@ -219,9 +222,15 @@ impl Node {
         let pats: Vec<String> = PRIVATE_PATHS.iter().map(|p| format!("{p}/*")).collect();
         script.push_str(&pats.join("|"));
         script.push_str(") umount -l \"$m\" ;; esac; done; ");
-        for p in VOLATILE_PATHS {
-            script.push_str(&format!("find {p} -mindepth 1 -delete; "));
-        }
+        // Only the node's own /run (its inode checked first: a namespace that somehow saw the
+        // machine's would lose every other process's sockets), never across a mount left.
+        let private = std::fs::metadata(self.path(VOLATILE_PATH)).expect("the node's /run");
+        script.push_str(&format!(
+            "[ \"$(stat -c %d:%i {VOLATILE_PATH})\" = {}:{} ] || {{ echo {VOLATILE_PATH} is not the private one >&2; exit 3; }}; \
+             find {VOLATILE_PATH} -xdev -mindepth 1 -delete",
+            private.dev(),
+            private.ino()
+        ));
         let out = self.sh(&script);
         assert!(out.status.success(), "reboot cleanup: {out:?}");
         self.remove_cgroups(false);

@@ -24,16 +24,51 @@ pub const SOCKET: &str = "/run/dipam/dipam.sock";
 /// Applies deploy/kubernetes as shipped, through a kustomization that only sets the image
 /// and appends `args` to dipamd's command (none: the DaemonSet exactly as shipped).
 pub fn apply_shipped(c: &Cluster, args: &[&str]) {
+    apply_kustomized(c, "kubernetes", &[], args);
+}
+
+/// Applies the shipped kustomization in deploy/`dir` (deploy/kubernetes, whose
+/// `Kustomization` names dipam.yaml, or an overlay beside it such as
+/// deploy/kubernetes-azure-vnet-ipam) as deploy/README.md says: a kustomization of the
+/// test's names it in `resources:`, sets the image and appends `args` to dipamd's command.
+/// `edits` are (from, to) replacements in that directory's kustomization, what its comments
+/// tell an operator to set; each must occur exactly once.
+pub fn apply_kustomized(c: &Cluster, dir: &str, edits: &[(&str, &str)], args: &[&str]) {
+    let deploy = c.dir.path().join("deploy");
+    let target = if dir == "kubernetes" {
+        "kubernetes/Kustomization".to_owned()
+    } else {
+        format!("{dir}/kustomization.yaml")
+    };
+    let mut files = vec![
+        "kubernetes/dipam.yaml".to_owned(),
+        "kubernetes/Kustomization".to_owned(),
+    ];
+    if !files.contains(&target) {
+        files.push(target.clone());
+    }
+    for file in &files {
+        let mut text =
+            std::fs::read_to_string(bins::workspace().join("deploy").join(file)).unwrap();
+        if *file == target {
+            for (from, to) in edits {
+                assert_eq!(
+                    text.matches(from).count(),
+                    1,
+                    "{from:?} once in deploy/{file}"
+                );
+                text = text.replacen(from, to, 1);
+            }
+        }
+        let to = deploy.join(file);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::write(to, text).unwrap();
+    }
     let k = c.dir.path().join("kustomize");
     std::fs::create_dir_all(&k).unwrap();
-    std::fs::copy(
-        bins::workspace().join("deploy/kubernetes/dipam.yaml"),
-        k.join("dipam.yaml"),
-    )
-    .unwrap();
     let mut text = format!(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
-         resources:\n  - dipam.yaml\nimages:\n  - name: dipam\n    newName: {}\n    newTag: {}\n",
+         resources:\n  - ../deploy/{dir}\nimages:\n  - name: dipam\n    newName: {}\n    newTag: {}\n",
         super::DIPAM_IMAGE,
         super::DIPAM_TAG
     );
