@@ -1,4 +1,4 @@
-//! dipamd and dipamctl: the CNI-over-gRPC shim that runs the delegated IPAM plugin like a
+//! dipamd: the CNI-over-gRPC shim that runs the delegated IPAM plugin like a
 //! runtime would and records every attachment in a durable ledger. See docs/cfp.md.
 
 // The layers, from the ground up (docs/architecture.md §2). A module uses only modules of its
@@ -70,9 +70,6 @@ pub mod service;
 pub mod daemon;
 pub mod logging;
 pub mod startup_checks;
-
-// Layer ctl: dipamctl.
-pub mod ctl;
 
 // What the crate's unit tests share (docs/architecture.md §7).
 #[cfg(test)]

@@ -6,7 +6,7 @@
 
 mod flags;
 mod metrics_bind;
-pub(crate) mod paths;
+pub mod paths;
 mod sockets;
 
 use std::{path::PathBuf, sync::Arc, time::Duration};

@@ -15,7 +15,7 @@ pub(super) fn record(args: &Args, spool_dir: &Path) -> Record {
 
 /// The record of a dipamd started with `args` (`pid`, at `started_at_ms`): also how
 /// `dipamctl` reads a dipamd's paths from its command line or its unit when it left no record.
-pub(crate) fn describe(args: &Args, spool_dir: &Path, pid: u32, started_at_ms: u64) -> Record {
+pub fn describe(args: &Args, spool_dir: &Path, pid: u32, started_at_ms: u64) -> Record {
     Record {
         format: crate::paths_record::FORMAT,
         version: env!("CARGO_PKG_VERSION").to_owned(),
