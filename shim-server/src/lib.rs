@@ -1,75 +1,46 @@
 //! dipamd: the CNI-over-gRPC shim that runs the delegated IPAM plugin like a
 //! runtime would and records every attachment in a durable ledger. See docs/cfp.md.
 
-// The layers, from the ground up (docs/architecture.md §2). A module uses only modules of its
-// own layer or of the layers above it in this list: `cargo run -p dipam-layers -- shim-server`
-// reads each `// Layer NAME:` line below and fails on a cycle or on any edge up the layers.
+// The layers, from the ground up (docs/architecture.md §2), each a folder: `ls` lists them in
+// this order. A module uses only modules of its own layer or of the layers above it in this
+// list: `cargo run -p dipam-layers -- shim-server` reads each `// Layer NAME:` line below and
+// fails on a cycle or on any edge up the layers. Each folder's modules are re-exported here
+// under their own names (`crate::gc`, `dipam_shim::clock`): the folder says the layer, the
+// path says the module.
 
 // Layer leaves: facts and small mechanisms every layer may use.
-pub mod access;
-pub mod authority;
-pub mod clock;
-pub mod cri_args;
-pub mod error;
-pub mod events;
-pub mod fault;
-pub mod keylock;
-pub mod keys;
-// Every listener's connection budget and accept-time checks (access.rs and the transport
-// below use it).
-pub mod listen;
-// The bounded label set of the attachments gauge (the core and the daemon's census).
-pub mod metric_labels;
-pub mod order;
-// The record of dipamd's paths that the offline tools read (the daemon writes it).
-pub mod paths_record;
-pub mod perms;
-pub mod privilege;
-// What one non-root caller may take of dipamd (access.rs's admission uses it).
-pub mod quota;
-pub mod trim;
-pub mod validate;
+mod l1_leaves;
+pub use l1_leaves::{
+    access, authority, clock, cri_args, error, events, fault, keylock, keys, listen, metric_labels,
+    order, paths_record, perms, privilege, quota, trim, validate,
+};
 
 // Layer core: an attachment's life, over the delegate and the ledger.
-pub mod addrs;
-pub mod core;
-pub mod delegate;
+mod l2_core;
+pub use l2_core::{addrs, core, delegate};
 
 // Layer clients: each a handle and its work on the core.
-pub mod adopt;
-pub mod agent;
-// DELs of containers held on another network only (a swapped conflist).
-pub mod crossed;
-pub mod divergence;
-pub mod gc;
-pub mod liveness;
-pub mod pool;
-pub mod sandboxes;
-pub mod spool;
-pub mod teardown;
+mod l3_clients;
+pub use l3_clients::{
+    adopt, agent, crossed, divergence, gc, liveness, pool, sandboxes, spool, teardown,
+};
 
 // Layer observers: fed by events.
-pub mod history;
-pub mod metrics;
-pub mod metrics_listen;
+mod l4_observers;
+pub use l4_observers::{history, metrics, metrics_listen};
 
 // Layer node: the node (the core and the clients' handles assembled), the RPCs on it, and
 // the start-up replays through them.
-pub mod hints;
-pub mod node;
-pub mod replay;
-pub mod rpc;
+mod l5_node;
+pub use l5_node::{hints, node, replay, rpc};
 
 // Layer transport: the gRPC services, the socket and its activation, health.
-pub mod activation;
-pub mod health;
-pub mod server;
-pub mod service;
+mod l6_transport;
+pub use l6_transport::{activation, health, server, service};
 
 // Layer daemon: flags, logging and start-up phases.
-pub mod daemon;
-pub mod logging;
-pub mod startup_checks;
+mod l7_daemon;
+pub use l7_daemon::{daemon, logging, startup_checks};
 
 // What the crate's unit tests share (docs/architecture.md §7).
 #[cfg(test)]

@@ -244,3 +244,35 @@ fn a_cycle_through_an_attribute() {
     // A path in an attribute's string is an edge too.
     assert_eq!(root["codec"]["space"].line, 3);
 }
+
+/// shim-server's shape: each layer a folder, its modules re-exported at the root under their
+/// own names. A path through the re-export (`crate::gc`) is the folder's edge: one up the
+/// layers fails, and a cycle inside one folder is still found, at that folder's level.
+#[test]
+fn layer_folders_re_exported_at_the_root() {
+    let lib = "// Layer leaves: facts.\nmod l1_leaves;\npub use l1_leaves::{clock, keys};\n\n\
+               // Layer clients: on the leaves.\nmod l2_clients;\npub use l2_clients::{gc, pool};\n";
+    let (_d, k) = crate_of(&[
+        ("lib.rs", lib),
+        ("l1_leaves/mod.rs", "pub mod clock;\npub mod keys;\n"),
+        ("l1_leaves/clock.rs", "pub fn now() { crate::gc::run() }\n"),
+        ("l1_leaves/keys.rs", "pub fn k() {}\n"),
+        ("l2_clients/mod.rs", "pub mod gc;\npub mod pool;\n"),
+        ("l2_clients/gc.rs", "pub fn run() { crate::pool::take() }\n"),
+        (
+            "l2_clients/pool.rs",
+            "use crate::{gc, keys};\npub fn take() {}\n",
+        ),
+    ]);
+    assert_eq!(upward(&k), vec!["l1_leaves -> l2_clients line 1"]);
+    // The edge up closes a cycle with the edge down (pool -> keys) between the two folders.
+    let cycle =
+        |level: &str, a: &str, b: &str| (level.to_owned(), vec![a.to_owned(), b.to_owned()]);
+    assert_eq!(
+        names(&k.cycles()),
+        vec![
+            cycle("crate", "l1_leaves", "l2_clients"),
+            cycle("crate::l2_clients", "gc", "pool")
+        ]
+    );
+}

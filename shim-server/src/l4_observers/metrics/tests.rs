@@ -210,7 +210,7 @@ fn events_render_with_help_and_type_on_every_series() {
         assert!(help.ends_with('.') && !help.ends_with(".."), "{help:?}");
     }
     // docs/metrics.md lists every series (with its labels and meaning), and nothing else.
-    let doc = include_str!("../../../docs/metrics.md");
+    let doc = include_str!("../../../../docs/metrics.md");
     let documented: BTreeSet<String> = doc
         .lines()
         .filter_map(|l| l.strip_prefix("| `dipam_"))
