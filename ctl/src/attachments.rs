@@ -46,9 +46,9 @@ pub async fn run(
             .iter()
             .map(|a| {
                 let (created, created_ms) =
-                    dipam_shim::clock::json_time(dipam_shim::clock::ms_or_secs(a.created_at_ms, a.created_at));
+                    dipam_shim::l1_leaves::clock::json_time(dipam_shim::l1_leaves::clock::ms_or_secs(a.created_at_ms, a.created_at));
                 let (updated, updated_ms) =
-                    dipam_shim::clock::json_time(dipam_shim::clock::ms_or_secs(a.updated_at_ms, a.updated_at));
+                    dipam_shim::l1_leaves::clock::json_time(dipam_shim::l1_leaves::clock::ms_or_secs(a.updated_at_ms, a.updated_at));
                 json!({
                     "network": a.network, "containerID": a.container_id, "ifname": a.ifname,
                     "owner": a.owner, "state": a.state, "delegate": a.delegate_type,

@@ -341,11 +341,11 @@ pub enum RecoverError {
     #[error("{}: {source}", path.display())]
     Read { path: PathBuf, source: io::Error },
     #[error("{0}")]
-    Conflist(dipam_shim::agent::conflist::Missing),
+    Conflist(dipam_shim::l3_clients::agent::conflist::Missing),
     #[error(transparent)]
     Json(#[from] serde_json::Error),
     #[error(transparent)]
-    Delegate(#[from] dipam_shim::error::ShimError),
+    Delegate(#[from] dipam_shim::l1_leaves::error::ShimError),
     #[error("dipamd cannot read {0}'s store; only host-local's can be recovered from")]
     Unreadable(String),
     #[error(transparent)]

@@ -155,8 +155,9 @@ fn spans(cid: &str, ip: IpAddr, events: &[Value], now: bool) -> Vec<Holding> {
             h.freed = Some(e.clone());
             out.push(h);
         } else if open.is_none()
-            && e.get("result")
-                .is_some_and(|r| dipam_shim::delegate::config::result_addrs(r).contains(&ip))
+            && e.get("result").is_some_and(|r| {
+                dipam_shim::l2_core::delegate::config::result_addrs(r).contains(&ip)
+            })
         {
             open = Some(Holding {
                 container_id: cid.to_owned(),
@@ -183,7 +184,7 @@ fn is_ip(cidr: &str, ip: IpAddr) -> bool {
 }
 
 fn holding_json(h: &Holding) -> Value {
-    let at = |ms: Option<u64>| ms.map(dipam_shim::clock::rfc3339_ms);
+    let at = |ms: Option<u64>| ms.map(dipam_shim::l1_leaves::clock::rfc3339_ms);
     let freed_at = h.freed.as_ref().and_then(|f| f["atMs"].as_u64());
     json!({
         "containerID": h.container_id,
@@ -200,13 +201,13 @@ fn holding_json(h: &Holding) -> Value {
 fn holding_line(h: &Holding) -> String {
     let given = h.given_at_ms.map_or_else(
         || "given before what the history keeps".to_owned(),
-        |ms| format!("given {}", dipam_shim::clock::rfc3339_ms(ms)),
+        |ms| format!("given {}", dipam_shim::l1_leaves::clock::rfc3339_ms(ms)),
     );
     let end = match (&h.freed, &h.error) {
         (_, Some(e)) => format!("its history could not be read: {e}"),
         (Some(f), _) => format!(
             "freed {} by {}: {}",
-            dipam_shim::clock::rfc3339_ms(f["atMs"].as_u64().unwrap_or_default()),
+            dipam_shim::l1_leaves::clock::rfc3339_ms(f["atMs"].as_u64().unwrap_or_default()),
             f["by"].as_str().unwrap_or_default(),
             f["reason"].as_str().unwrap_or_default()
         ),
@@ -242,7 +243,7 @@ fn to_json(
         // Each event keeps `atMs` (Unix ms, for scripts) and gains `at` (RFC 3339, for people).
         "events": events.into_iter().map(|mut e| {
             if let Some(ms) = e["atMs"].as_u64() {
-                e["at"] = dipam_shim::clock::rfc3339_ms(ms).into();
+                e["at"] = dipam_shim::l1_leaves::clock::rfc3339_ms(ms).into();
             }
             e
         }).collect::<Vec<_>>(),
@@ -314,7 +315,7 @@ fn table(
 
 /// One history event on one line (an exec adds its environment on a second).
 fn event(e: &Value, out: &mut dyn Write) -> std::io::Result<()> {
-    let at = dipam_shim::clock::rfc3339_ms(e["atMs"].as_u64().unwrap_or_default());
+    let at = dipam_shim::l1_leaves::clock::rfc3339_ms(e["atMs"].as_u64().unwrap_or_default());
     let ms = e["durationMs"].as_f64().unwrap_or_default();
     match e["kind"].as_str() {
         Some("exec") => {

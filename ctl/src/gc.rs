@@ -104,7 +104,7 @@ pub async fn run(
 pub(super) fn network_config(path: &Path) -> Result<(Vec<u8>, Mode), CtlError> {
     let text =
         std::fs::read(path).map_err(|e| CtlError::Input(format!("{}: {e}", path.display())))?;
-    let base = dipam_shim::agent::conflist::parse(path, &text, None)
+    let base = dipam_shim::l3_clients::agent::conflist::parse(path, &text, None)
         .map_err(|m| CtlError::Input(m.to_string()))?;
     let bytes = serde_json::to_vec(&base.request).map_err(|e| CtlError::Input(e.to_string()))?;
     Ok((bytes, base.mode))
@@ -118,7 +118,7 @@ fn valid_list(path: &Path) -> Result<Vec<GcAttachment>, CtlError> {
     // Checked here, entry by entry, so that the operator sees which entry
     // is wrong before anything reaches dipamd (which checks again).
     let source = path.display().to_string();
-    Ok(dipam_shim::gc::parse_list(&v, &source)
+    Ok(dipam_shim::l3_clients::gc::parse_list(&v, &source)
         .map_err(|e| CtlError::Input(format!("{}; {}", e.msg, e.details)))?
         .into_iter()
         .map(|(container_id, ifname)| GcAttachment {

@@ -33,7 +33,7 @@ use std::{
 use clap::{CommandFactory, FromArgMatches};
 use dipam_proto::spool::{self, Untrusted};
 
-use dipam_shim::{daemon, paths_record::Record};
+use dipam_shim::{l1_leaves::paths_record::Record, l7_daemon::daemon};
 
 /// systemd's unit directories, highest priority first (systemd.unit(5), "System Unit Search
 /// Path"; /lib on a system whose /usr is not merged).

@@ -65,7 +65,7 @@ pub fn pages() -> Vec<Page> {
     // Gives each command its display name (`dipamctl-agent-watch`) and the global flags.
     ctl.build();
     command_pages(&ctl, &mut out);
-    let dipamd = dipam_shim::daemon::Args::command()
+    let dipamd = dipam_shim::l7_daemon::daemon::Args::command()
         .version(VERSION)
         .about("the dipam shim daemon, which runs the delegated IPAM for the dipam CNI plugin");
     out.push(render(dipamd, "8", |_| Ok(())));

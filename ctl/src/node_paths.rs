@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use super::launch_args::{self, Sources, Wanted};
-use dipam_shim::paths_record::{self, Record, RecordError};
+use dipam_shim::l1_leaves::paths_record::{self, Record, RecordError};
 
 /// dipamd's default --state-dir, --cni-path, and the runtimes' usual CNI config directory.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/dipam";
@@ -68,7 +68,7 @@ impl Found {
             "from {} written by dipamd pid {} at {}",
             path.display(),
             record.pid,
-            dipam_shim::clock::rfc3339_ms(record.started_at_ms)
+            dipam_shim::l1_leaves::clock::rfc3339_ms(record.started_at_ms)
         );
         Self {
             path,

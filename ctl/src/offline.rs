@@ -19,12 +19,12 @@ use serde_json::{Value, json};
 
 use super::node_paths::{self, NodePaths};
 use dipam_shim::{
-    agent::conflist,
-    delegate::{
+    l2_core::delegate::{
         config::{DelegateConf, result_ips},
         store,
     },
-    divergence::on_tmpfs,
+    l3_clients::agent::conflist,
+    l3_clients::divergence::on_tmpfs,
 };
 
 /// The paths dipamd would use, for the commands that read them with dipamd down. Each not
@@ -226,7 +226,10 @@ fn state_checks(paths: &NodePaths, checks: &mut Vec<Check>) {
         ),
         "run dipamd with --state-dir on persistent storage (hostPath /var/lib/dipam)",
     ));
-    checks.push(dipam_shim::perms::private_check(dir, &paths.spool_dir.value));
+    checks.push(dipam_shim::l1_leaves::perms::private_check(
+        dir,
+        &paths.spool_dir.value,
+    ));
 }
 
 fn ledger_check(dir: &Path, ledger: &Result<Vec<AttachmentRecord>, ReadError>) -> Check {
@@ -305,7 +308,7 @@ fn spool_checks(dir: &Path, socket: &Path, checks: &mut Vec<Check>) {
         format!("{} mode {mode:04o}", dir.display()),
         "chmod 0700 the spool: only root needs it",
     ));
-    let waiting = dipam_shim::spool::pending(dir).len();
+    let waiting = dipam_shim::l3_clients::spool::pending(dir).len();
     checks.push(check(
         "DEL spool drained",
         waiting == 0,

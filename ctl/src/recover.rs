@@ -28,9 +28,9 @@ use super::{
     output::{self, Progress},
 };
 use dipam_shim::{
-    agent::conflist,
-    clock::now,
-    delegate::{Executor, config::DelegateConf, import, store, version},
+    l1_leaves::clock::now,
+    l2_core::delegate::{Executor, config::DelegateConf, import, store, version},
+    l3_clients::agent::conflist,
 };
 
 /// Each path not given is learned from the record dipamd leaves at start (beside --socket,
@@ -282,7 +282,9 @@ fn record_all<S: Store + ?Sized>(
     );
     for ((cid, ifname), ips) in groups {
         counter.inc(ips.len() as u64);
-        if dipam_shim::keys::internal(&cid) == Some(dipam_shim::keys::Internal::Pool) {
+        if dipam_shim::l1_leaves::keys::internal(&cid)
+            == Some(dipam_shim::l1_leaves::keys::Internal::Pool)
+        {
             for ip in &ips {
                 report.skipped.push(format!(
                     "{ip} ({cid}): a warm-pool entry, possibly handed to a running pod; it stays \

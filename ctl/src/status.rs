@@ -133,7 +133,7 @@ fn to_json(s: &StatusReply) -> Value {
             "count": s.privilege_failures, "lastError": s.privilege_last_error,
         },
         "runtimeGc": s.runtime_gc.as_ref().map(|r| {
-            let (at, at_ms) = dipam_shim::clock::json_time(dipam_shim::clock::ms_or_secs(r.last_pass_at_ms, r.last_pass_at));
+            let (at, at_ms) = dipam_shim::l1_leaves::clock::json_time(dipam_shim::l1_leaves::clock::ms_or_secs(r.last_pass_at_ms, r.last_pass_at));
             json!({
                 "endpoint": r.endpoint, "passes": r.passes, "freed": r.freed,
                 "refusing": r.refusing, "refusingDetail": r.refusing_detail,

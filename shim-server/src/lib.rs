@@ -4,43 +4,30 @@
 // The layers, from the ground up (docs/architecture.md §2), each a folder: `ls` lists them in
 // this order. A module uses only modules of its own layer or of the layers above it in this
 // list: `cargo run -p dipam-layers -- shim-server` reads each `// Layer NAME:` line below and
-// fails on a cycle or on any edge up the layers. Each folder's modules are re-exported here
-// under their own names (`crate::gc`, `dipam_shim::clock`): the folder says the layer, the
-// path says the module.
+// fails on a cycle or on any edge up the layers. A path names its layer
+// (`crate::l3_clients::gc`), so an edge up shows in review as it does in the check.
 
 // Layer leaves: facts and small mechanisms every layer may use.
-mod l1_leaves;
-pub use l1_leaves::{
-    access, authority, clock, cri_args, error, events, fault, keylock, keys, listen, metric_labels,
-    order, paths_record, perms, privilege, quota, trim, validate,
-};
+pub mod l1_leaves;
 
 // Layer core: an attachment's life, over the delegate and the ledger.
-mod l2_core;
-pub use l2_core::{addrs, core, delegate};
+pub mod l2_core;
 
 // Layer clients: each a handle and its work on the core.
-mod l3_clients;
-pub use l3_clients::{
-    adopt, agent, crossed, divergence, gc, liveness, pool, sandboxes, spool, teardown,
-};
+pub mod l3_clients;
 
 // Layer observers: fed by events.
-mod l4_observers;
-pub use l4_observers::{history, metrics, metrics_listen};
+pub mod l4_observers;
 
 // Layer node: the node (the core and the clients' handles assembled), the RPCs on it, and
 // the start-up replays through them.
-mod l5_node;
-pub use l5_node::{hints, node, replay, rpc};
+pub mod l5_node;
 
 // Layer transport: the gRPC services, the socket and its activation, health.
-mod l6_transport;
-pub use l6_transport::{activation, health, server, service};
+pub mod l6_transport;
 
 // Layer daemon: flags, logging and start-up phases.
-mod l7_daemon;
-pub use l7_daemon::{daemon, logging, startup_checks};
+pub mod l7_daemon;
 
 // What the crate's unit tests share (docs/architecture.md §7).
 #[cfg(test)]

@@ -14,7 +14,7 @@ use super::{
     error::CtlError,
     output::{self, table},
 };
-use dipam_shim::clock::rfc3339_ms;
+use dipam_shim::l1_leaves::clock::rfc3339_ms;
 
 pub mod claim;
 pub mod unclaim;

@@ -98,7 +98,12 @@ async fn watch_once(
     loop {
         match stream.message().await {
             Ok(Some(item)) => {
-                print_agent(&item, Some(dipam_shim::clock::now_ms()), json, out)?;
+                print_agent(
+                    &item,
+                    Some(dipam_shim::l1_leaves::clock::now_ms()),
+                    json,
+                    out,
+                )?;
                 out.flush()?;
             }
             Ok(None) => return Ok(tonic::Status::unavailable("dipamd closed the watch")),

@@ -15,7 +15,7 @@ pub(super) fn hostname() -> String {
 
 /// The bundle's name stamp (`20261124T071500Z`) and its RFC 3339 time to the second.
 pub(super) fn utc_at(ms: u64) -> (String, String) {
-    let rfc = dipam_shim::clock::rfc3339_ms(ms);
+    let rfc = dipam_shim::l1_leaves::clock::rfc3339_ms(ms);
     let stamp: String = rfc[..19]
         .chars()
         .filter(|c| !matches!(c, '-' | ':'))
@@ -90,7 +90,7 @@ fn create_temp(path: &Path) -> Result<(std::path::PathBuf, std::fs::File), Archi
 fn fill(f: std::fs::File, files: &[(String, Vec<u8>)], root: &str) -> Result<(), ArchiveError> {
     let gz = flate2::write::GzEncoder::new(f, flate2::Compression::default());
     let mut tar = tar::Builder::new(gz);
-    let mtime = dipam_shim::clock::now();
+    let mtime = dipam_shim::l1_leaves::clock::now();
     for (name, bytes) in files {
         let mut h = tar::Header::new_gnu();
         h.set_size(bytes.len() as u64);
@@ -139,7 +139,7 @@ mod tests {
 
     #[test]
     fn the_time_stamp_is_utc_civil_time() {
-        let (stamp, rfc) = utc_at(dipam_shim::clock::now_ms());
+        let (stamp, rfc) = utc_at(dipam_shim::l1_leaves::clock::now_ms());
         assert_eq!(stamp.len(), "20261124T071500Z".len(), "{stamp}");
         assert!(rfc.ends_with('Z') && rfc.len() == 20, "{rfc}");
         assert_eq!(&stamp[..4], &rfc[..4]);

@@ -16,7 +16,7 @@ fn host_local_dirs(lists: &[(String, Vec<u8>)]) -> Vec<PathBuf> {
             Value::Object(m) => {
                 if m.get("type").and_then(Value::as_str) == Some("host-local") {
                     // Read as host-local reads it (delegate/keys.rs).
-                    let base = dipam_shim::delegate::keys::get(v, "dataDir")
+                    let base = dipam_shim::l2_core::delegate::keys::get(v, "dataDir")
                         .and_then(Value::as_str)
                         .unwrap_or("/var/lib/cni/networks");
                     out.push(Path::new(base).join(network));

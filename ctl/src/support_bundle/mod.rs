@@ -94,7 +94,7 @@ pub async fn run(
     json: bool,
     out: &mut dyn Write,
 ) -> Result<(), CtlError> {
-    let made_ms = dipam_shim::clock::now_ms();
+    let made_ms = dipam_shim::l1_leaves::clock::now_ms();
     let (stamp, _) = archive::utc_at(made_ms);
     let root = format!("dipam-support-{}-{stamp}", archive::hostname());
     let path = args

@@ -150,7 +150,7 @@ impl Bundle {
 
     /// The manifest; `made_ms`: when the bundle was begun, Unix ms.
     pub(super) fn manifest(&self, made_ms: u64) -> Value {
-        let (made, made_ms) = dipam_shim::clock::json_time(made_ms);
+        let (made, made_ms) = dipam_shim::l1_leaves::clock::json_time(made_ms);
         json!({
             "madeAt": made,
             "madeAtMs": made_ms,

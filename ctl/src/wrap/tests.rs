@@ -23,8 +23,7 @@ const PTP: &str = r#"{
 }
 "#;
 
-const PODMAN: &str =
-    include_str!("../../../tests/lifecycle/fixtures/podman-4.3.1-bridge.conflist");
+const PODMAN: &str = include_str!("../../../tests/lifecycle/fixtures/podman-4.3.1-bridge.conflist");
 
 fn parse(s: &str) -> Value {
     serde_json::from_str(s).unwrap()

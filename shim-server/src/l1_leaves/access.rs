@@ -27,7 +27,7 @@ use std::{
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{Request, Status, transport::server::UdsConnectInfo};
 
-use crate::error::ShimError;
+use crate::l1_leaves::error::ShimError;
 
 /// The largest request dipamd decodes: a CNI GC's config of up to 16 MiB (its valid list
 /// names every attachment of the node, about 100 bytes each: containerd's list for 5,300
@@ -122,7 +122,7 @@ pub struct PeerCheck {
     pub admin_uids: Vec<u32>,
 }
 
-impl crate::listen::Admit for PeerCheck {
+impl crate::l1_leaves::listen::Admit for PeerCheck {
     fn allows(&self, uid: u32) -> bool {
         uid == 0 || self.allow_uids.contains(&uid) || self.admin_uids.contains(&uid)
     }
@@ -185,7 +185,7 @@ pub struct Admission {
     max_queue: usize,
     max_wait: Duration,
     /// What one non-root uid may take (quota.rs).
-    pub quotas: crate::quota::Quotas,
+    pub quotas: crate::l1_leaves::quota::Quotas,
 }
 
 /// Held for the duration of one operation.
@@ -193,13 +193,21 @@ pub struct Admitted {
     _total: OwnedSemaphorePermit,
     _add: Option<OwnedSemaphorePermit>,
     // Dropped last: the uid's slot and in-flight count outlive the global slot.
-    _uid: Option<(crate::quota::InFlight, crate::quota::UidSlot)>,
+    _uid: Option<(
+        crate::l1_leaves::quota::InFlight,
+        crate::l1_leaves::quota::UidSlot,
+    )>,
 }
 
 impl Admission {
     /// `max` concurrent operations, a quarter of them (at least one) reserved for non-ADDs.
     pub fn new(max: usize, max_queue: usize, max_wait: Duration) -> Self {
-        Self::with_quotas(max, max_queue, max_wait, crate::quota::Limits::default())
+        Self::with_quotas(
+            max,
+            max_queue,
+            max_wait,
+            crate::l1_leaves::quota::Limits::default(),
+        )
     }
 
     /// [`Admission::new`] with the per-uid quotas of non-root callers.
@@ -207,7 +215,7 @@ impl Admission {
         max: usize,
         max_queue: usize,
         max_wait: Duration,
-        limits: crate::quota::Limits,
+        limits: crate::l1_leaves::quota::Limits,
     ) -> Self {
         let max = max.max(2);
         let reserve = (max / 4).max(1);
@@ -217,7 +225,7 @@ impl Admission {
             waiting: [AtomicUsize::new(0), AtomicUsize::new(0)],
             max_queue,
             max_wait,
-            quotas: crate::quota::Quotas::new(limits, max - reserve),
+            quotas: crate::l1_leaves::quota::Quotas::new(limits, max - reserve),
         }
     }
 
@@ -337,10 +345,10 @@ mod tests {
     /// operations beyond --non-root-max-in-flight are refused at once: root keeps its room.
     #[tokio::test]
     async fn a_non_root_caller_never_takes_roots_room() {
-        let limits = crate::quota::Limits {
+        let limits = crate::l1_leaves::quota::Limits {
             slots: 2,
             in_flight: 3,
-            ..crate::quota::Limits::default()
+            ..crate::l1_leaves::quota::Limits::default()
         };
         let a = std::sync::Arc::new(Admission::with_quotas(
             8,

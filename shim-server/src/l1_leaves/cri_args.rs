@@ -66,19 +66,21 @@ pub fn cri_pod(container_id: &str, cni_args: &str) -> Result<Option<CriPod>, Not
         return Ok(None);
     };
     if !dns_label(namespace) {
-        return Err(NotCri::Namespace(crate::validate::shown(namespace)));
+        return Err(NotCri::Namespace(crate::l1_leaves::validate::shown(
+            namespace,
+        )));
     }
     if !dns_subdomain(name) {
-        return Err(NotCri::Name(crate::validate::shown(name)));
+        return Err(NotCri::Name(crate::l1_leaves::validate::shown(name)));
     }
     if uid.is_empty()
         || uid.len() > UID_MAX
         || !uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
     {
-        return Err(NotCri::Uid(crate::validate::shown(uid)));
+        return Err(NotCri::Uid(crate::l1_leaves::validate::shown(uid)));
     }
     if infra != container_id {
-        return Err(NotCri::Infra(crate::validate::shown(infra)));
+        return Err(NotCri::Infra(crate::l1_leaves::validate::shown(infra)));
     }
     Ok(Some(CriPod {
         namespace: namespace.to_owned(),

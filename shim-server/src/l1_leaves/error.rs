@@ -180,7 +180,7 @@ pub enum ShimError {
     Reserved {
         command: String,
         container_id: String,
-        family: crate::keys::Internal,
+        family: crate::l1_leaves::keys::Internal,
     },
     /// A GC's list of valid attachments that is not exactly what the spec defines; nothing
     /// was freed (gc/).
@@ -226,8 +226,8 @@ pub struct InputError {
     pub details: String,
 }
 
-impl From<crate::keys::Reserved> for ShimError {
-    fn from(r: crate::keys::Reserved) -> Self {
+impl From<crate::l1_leaves::keys::Reserved> for ShimError {
+    fn from(r: crate::l1_leaves::keys::Reserved) -> Self {
         Self::Reserved {
             command: r.command,
             container_id: r.container_id,
@@ -266,7 +266,7 @@ impl ShimError {
                      itself (the agent's, the warm pool's); no runtime makes such IDs, and \
                      dipamd refuses ADD, CHECK and DEL of them so that no pod can take or \
                      release those addresses. Nothing was allocated or released",
-                    crate::keys::PREFIX
+                    crate::l1_leaves::keys::PREFIX
                 ),
             ),
             Self::GcInput(e) => (codes::INVALID_CONFIG, e.details.clone()),

@@ -167,7 +167,7 @@ impl Drop for Slot {
         }
         // A connection that never made a request (a flood of idle or half-sent ones) leaves
         // buffers behind as well: let the heap trimmer give them back (trim.rs).
-        crate::trim::touch();
+        crate::l1_leaves::trim::touch();
     }
 }
 

@@ -24,7 +24,7 @@ mod tests {
     #[test]
     fn claims_share_one_label_and_roles_keep_theirs() {
         let claim = |n: &str| Owner::Agent {
-            role: crate::agent::claim_role(n),
+            role: crate::l3_clients::agent::claim_role(n),
         };
         assert_eq!(owner(&claim("egress-1")), "agent:claim");
         assert_eq!(owner(&claim("egress-2")), "agent:claim");

@@ -18,19 +18,19 @@ use std::{
 
 use tracing::warn;
 
-use crate::error::ShimError;
+use crate::l1_leaves::error::ShimError;
 
 /// The failures since start: how many, and the last one.
 #[derive(Debug, Default)]
 pub struct Denials {
     count: AtomicU64,
     last: Mutex<String>,
-    events: crate::events::Events,
+    events: crate::l1_leaves::events::Events,
 }
 
 impl Denials {
     /// Counts that also report each failure as an event (the metrics).
-    pub fn with_events(events: crate::events::Events) -> Self {
+    pub fn with_events(events: crate::l1_leaves::events::Events) -> Self {
         Self {
             events,
             ..Self::default()
@@ -42,7 +42,8 @@ impl Denials {
         let message = format!("{op}: {error}");
         warn!(%message, "operation not permitted: dipamd lacks a privilege it needs (deploy/README.md lists the capabilities and why)");
         self.count.fetch_add(1, Ordering::Relaxed);
-        self.events.emit(crate::events::Event::PrivilegeDenied);
+        self.events
+            .emit(crate::l1_leaves::events::Event::PrivilegeDenied);
         if let Ok(mut last) = self.last.lock() {
             *last = message;
         }

@@ -29,7 +29,7 @@ use std::{
 use dipam_state::{AttachmentKey, CensusCounts};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::error::ShimError;
+use crate::l1_leaves::error::ShimError;
 
 /// The per-uid limits (dipamd's flags).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

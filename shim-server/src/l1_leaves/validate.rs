@@ -2,7 +2,7 @@
 //! environment (docs/sources.md §2.9). The plugin checks the same rules; dipamd does not
 //! trust that it did (any local root process can speak to the socket).
 
-use crate::error::ShimError;
+use crate::l1_leaves::error::ShimError;
 
 /// How much of a rejected value an error quotes. Errors travel back in gRPC status messages
 /// (HTTP/2 headers) and CNI error JSON: a 1 MiB value echoed there broke the client, and

@@ -29,7 +29,7 @@ use std::{
 
 use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, Ledger, StoreError};
 
-use crate::delegate::config::result_addrs;
+use crate::l2_core::delegate::config::result_addrs;
 
 #[derive(Debug)]
 pub struct AddrIndex {
@@ -225,10 +225,12 @@ impl AddrIndex {
         ledger: &Ledger,
         rec: &AttachmentRecord,
         list: F,
-    ) -> Result<Claimed, crate::error::ShimError>
+    ) -> Result<Claimed, crate::l1_leaves::error::ShimError>
     where
         F: Fn(String) -> Fut,
-        Fut: std::future::Future<Output = Result<Vec<AttachmentRecord>, crate::error::ShimError>>,
+        Fut: std::future::Future<
+                Output = Result<Vec<AttachmentRecord>, crate::l1_leaves::error::ShimError>,
+            >,
     {
         let ips = rec.result.as_ref().map(result_addrs).unwrap_or_default();
         if ips.is_empty() {
@@ -346,7 +348,10 @@ mod tests {
         index
             .claim(ledger, rec, move |n| {
                 let l = l.clone();
-                async move { l.list(Some(&n)).map_err(crate::error::ShimError::from) }
+                async move {
+                    l.list(Some(&n))
+                        .map_err(crate::l1_leaves::error::ShimError::from)
+                }
             })
             .await
             .unwrap()

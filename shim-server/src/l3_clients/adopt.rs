@@ -18,12 +18,12 @@ use dipam_state::AttachmentKey;
 use tracing::info;
 
 use crate::{
-    clock::now,
-    core::Core,
-    delegate::{config::DelegateConf, import, store},
-    error::ShimError,
-    gc::GcPolicy,
-    liveness::{Scan, Verdict},
+    l1_leaves::clock::now,
+    l1_leaves::error::ShimError,
+    l2_core::core::Core,
+    l2_core::delegate::{config::DelegateConf, import, store},
+    l3_clients::gc::GcPolicy,
+    l3_clients::liveness::{Scan, Verdict},
 };
 
 /// What one adoption found and did.
@@ -98,7 +98,7 @@ pub async fn adopt(
             )));
             continue;
         }
-        if crate::keys::internal(&cid) == Some(crate::keys::Internal::Pool) {
+        if crate::l1_leaves::keys::internal(&cid) == Some(crate::l1_leaves::keys::Internal::Pool) {
             report.skipped.push(skip(format!(
                 "{why}; but it is held under a warm-pool ID, which is never recorded for a pod"
             )));

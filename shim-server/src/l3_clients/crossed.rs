@@ -19,7 +19,7 @@ use dipam_state::AttachmentKey;
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use crate::core::Core;
+use crate::l2_core::core::Core;
 
 /// DELs waiting to be looked up; past this a DEL is not looked at (and counted as such).
 const QUEUE: usize = 256;
@@ -77,7 +77,8 @@ impl Crossed {
              stay held (was the conflist swapped under running pods? see docs/troubleshooting.md)"
         );
         self.seen.fetch_add(1, Ordering::Relaxed);
-        core.events.emit(crate::events::Event::CrossedDel);
+        core.events
+            .emit(crate::l1_leaves::events::Event::CrossedDel);
         if let Ok(mut last) = self.last.lock() {
             *last = Some(sighting);
         }

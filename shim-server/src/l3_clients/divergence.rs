@@ -13,17 +13,17 @@ use dipam_state::{AttachmentRecord, AttachmentState, Owner};
 use tracing::{info, warn};
 
 use crate::{
-    core::Core,
-    delegate::{
+    l1_leaves::error::ShimError,
+    l1_leaves::events::RangeCount,
+    l2_core::core::Core,
+    l2_core::delegate::{
         config::{DelegateConf, result_addrs},
         import,
         ranges::{self, Family},
         store,
     },
-    error::ShimError,
-    events::RangeCount,
-    gc::{self, Valid},
-    liveness::{Scan, Verdict},
+    l3_clients::gc::{self, Valid},
+    l3_clients::liveness::{Scan, Verdict},
 };
 
 /// One network's divergence.
@@ -78,11 +78,11 @@ pub fn on_tmpfs(path: &std::path::Path) -> bool {
 /// counters) and the networks it refuses.
 #[derive(Clone)]
 pub struct Watch {
-    pub core: Arc<crate::core::Core>,
-    pub agent: Arc<crate::agent::Agent>,
+    pub core: Arc<crate::l2_core::core::Core>,
+    pub agent: Arc<crate::l3_clients::agent::Agent>,
     pub gc: Arc<gc::Gc>,
     pub misconfigured: Arc<Misconfigured>,
-    pub teardown: Arc<std::sync::OnceLock<crate::teardown::Teardown>>,
+    pub teardown: Arc<std::sync::OnceLock<crate::l3_clients::teardown::Teardown>>,
 }
 
 impl Watch {
@@ -468,7 +468,9 @@ pub async fn ranges(w: &Watch) -> Result<Vec<RangeCount>, ShimError> {
     {
         out.extend(look(w, &dc, None).await?.1);
     }
-    w.core.events.emit(crate::events::Event::Ranges(&out));
+    w.core
+        .events
+        .emit(crate::l1_leaves::events::Event::Ranges(&out));
     Ok(out)
 }
 
@@ -531,7 +533,7 @@ pub async fn round(w: &Watch, free: bool) -> Result<(), ShimError> {
                     valid: Valid::Ledger,
                     began: w.core.births.gc_began(None, None),
                     mode: gc::collect::Mode::Free,
-                    by: crate::events::FreedBy::Reconcile,
+                    by: crate::l1_leaves::events::FreedBy::Reconcile,
                 };
                 let plan = gc::collect::collect(&w.collector(), gc).await?;
                 let freed = plan.items.iter().filter(|i| i.outcome == "freed").count();
@@ -547,19 +549,23 @@ pub async fn round(w: &Watch, free: bool) -> Result<(), ShimError> {
     w.gc.stats.missing.store(missing, Ordering::Relaxed);
     w.gc.stats.orphans.store(orphans, Ordering::Relaxed);
     w.gc.stats.unrecorded_alive.store(alive, Ordering::Relaxed);
-    w.core.events.emit(crate::events::Event::Divergence {
-        missing,
-        orphans,
-        alive,
-    });
-    w.core.events.emit(crate::events::Event::Ranges(&counts));
+    w.core
+        .events
+        .emit(crate::l1_leaves::events::Event::Divergence {
+            missing,
+            orphans,
+            alive,
+        });
+    w.core
+        .events
+        .emit(crate::l1_leaves::events::Event::Ranges(&counts));
     Ok(())
 }
 
 /// Adopts the reservations of running pods the ledger lacks (`d.alive`); what could not be
 /// adopted stays in `d.alive`, with the reason.
 async fn adopt_alive(w: &Watch, dc: &DelegateConf, d: &mut Divergence, now: &Scan) {
-    match crate::adopt::adopt(&w.core, &w.gc.policy, dc, now, false).await {
+    match crate::l3_clients::adopt::adopt(&w.core, &w.gc.policy, dc, now, false).await {
         Ok(r) => {
             info!(network = %dc.network, adopted = r.adopted.len(), "reconcile adopted reservations of running pods that the ledger lacked");
             for s in &r.skipped {

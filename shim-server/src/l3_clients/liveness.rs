@@ -34,7 +34,7 @@ use rtnetlink::packet_route::{
     route::{RouteAddress, RouteAttribute},
 };
 
-use crate::sandboxes::Sandboxes;
+use crate::l3_clients::sandboxes::Sandboxes;
 
 /// How long one look may take before it counts as incomplete (a /proc that hangs, a netlink
 /// dump that does not end).

@@ -22,7 +22,7 @@ pub enum ListError {
 /// The sandbox IDs a runtime lists: a boxed future, so the trait stays object-safe.
 pub type Listing<'a> = Pin<Box<dyn Future<Output = Result<Vec<String>, ListError>> + Send + 'a>>;
 
-/// A container runtime that lists its pod sandboxes: the CRI client ([`crate::gc::runtime::cri::CriClient`]), or
+/// A container runtime that lists its pod sandboxes: the CRI client ([`crate::l3_clients::gc::runtime::cri::CriClient`]), or
 /// an in-memory twin in tests.
 pub trait Sandboxes: Send + Sync {
     /// What dipamctl and the logs call it (the CRI endpoint).

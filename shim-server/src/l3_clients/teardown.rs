@@ -41,7 +41,7 @@ use rtnetlink::{
 };
 use tracing::{debug, info, warn};
 
-use crate::privilege::Denials;
+use crate::l1_leaves::privilege::Denials;
 
 /// How often the worker sweeps without being asked: the bound on how long a retired link
 /// whose hand-off was lost can linger.
@@ -65,13 +65,14 @@ pub struct TeardownStats {
     /// delete their own veths, as they do when dipamd cannot take them at all.
     pub refused: AtomicBool,
     /// Where deletions and failures are reported (the metrics).
-    pub events: crate::events::Events,
+    pub events: crate::l1_leaves::events::Events,
 }
 
 impl TeardownStats {
     fn failed(&self, message: String) {
         self.failures.fetch_add(1, Ordering::Relaxed);
-        self.events.emit(crate::events::Event::TeardownFailed);
+        self.events
+            .emit(crate::l1_leaves::events::Event::TeardownFailed);
         if let Ok(mut last) = self.last_error.lock() {
             *last = message;
         }
@@ -127,7 +128,10 @@ pub struct Teardown {
 impl Teardown {
     /// Starts the worker thread once it has proven it may change links; it then sweeps once
     /// right away (leftovers of a previous run). A denied probe is recorded in `denials`.
-    pub fn start(denials: Arc<Denials>, events: crate::events::Events) -> Result<Self, StartError> {
+    pub fn start(
+        denials: Arc<Denials>,
+        events: crate::l1_leaves::events::Events,
+    ) -> Result<Self, StartError> {
         let netns_inode = own_netns_inode()?;
         let (wake, rx) = mpsc::channel();
         let (ready_tx, ready) = mpsc::channel();
@@ -210,7 +214,7 @@ async fn retire(h: &Handle, keys: &[(String, String, String)], stats: &TeardownS
 /// answers EINVAL (no link given). Nothing is ever deleted.
 async fn probe(h: &Handle) -> Result<(), StartError> {
     match h.link().del(0).execute().await {
-        Err(e) if errno(&e).is_some_and(crate::privilege::is_denial) => {
+        Err(e) if errno(&e).is_some_and(crate::l1_leaves::privilege::is_denial) => {
             Err(StartError::Denied(e.to_string()))
         }
         _ => Ok(()),
@@ -260,7 +264,9 @@ fn worker(
                 handle
             }
             Err(e) => {
-                if e.raw_os_error().is_some_and(crate::privilege::is_denial) {
+                if e.raw_os_error()
+                    .is_some_and(crate::l1_leaves::privilege::is_denial)
+                {
                     denials.note("opening netlink for the veth teardown", &e);
                 }
                 let _ = ready.send(Err(StartError::Worker(format!("cannot open netlink: {e}"))));
@@ -377,7 +383,7 @@ async fn sweep(h: &Handle, stats: &TeardownStats, denials: &Denials) {
                     link.header.index
                 ));
                 stats.failing.store(true, Ordering::Relaxed);
-                if errno(&e).is_some_and(crate::privilege::is_denial) {
+                if errno(&e).is_some_and(crate::l1_leaves::privilege::is_denial) {
                     // Not a passing fault: every later delete would fail the same way. The
                     // plugins take their veths back; this one goes with its pod's netns.
                     stats.refused.store(true, Ordering::Relaxed);
@@ -391,11 +397,11 @@ async fn sweep(h: &Handle, stats: &TeardownStats, denials: &Denials) {
     if deleted > 0 {
         stats
             .events
-            .emit(crate::events::Event::TeardownDeleted(deleted));
+            .emit(crate::l1_leaves::events::Event::TeardownDeleted(deleted));
     }
     stats.batches.fetch_add(1, Ordering::Relaxed);
     let took = started.elapsed();
-    let ms = crate::clock::log_ms(took);
+    let ms = crate::l1_leaves::clock::log_ms(took);
     if took.as_millis() > 1000 {
         info!(deleted, elapsed_ms = ms, "teardown: deleted retired veths");
     } else {

@@ -120,7 +120,7 @@ impl Sink {
             return true;
         }
         let mut body = bounded(body);
-        body["atMs"] = Value::from(crate::clock::now_ms());
+        body["atMs"] = Value::from(crate::l1_leaves::clock::now_ms());
         body["seq"] = Value::from(self.seq.fetch_add(1, Ordering::Relaxed));
         let ev = Event {
             container_id: container_id.to_owned(),
@@ -185,23 +185,23 @@ fn prefix(container_id: &str) -> Vec<u8> {
     format!("{container_id}\0").into_bytes()
 }
 
-/// The history as an [`crate::events::Observer`]: it records every CNI request and every
+/// The history as an [`crate::l1_leaves::events::Observer`]: it records every CNI request and every
 /// delegate exec (their entries come with the events), and tells `dropped` when its writer
 /// fell behind (the metrics count it). Nothing that emits knows of it.
 pub struct Recorder {
     sink: Sink,
-    dropped: crate::events::Events,
+    dropped: crate::l1_leaves::events::Events,
 }
 
 impl Recorder {
-    pub fn new(sink: Sink, dropped: crate::events::Events) -> Self {
+    pub fn new(sink: Sink, dropped: crate::l1_leaves::events::Events) -> Self {
         Self { sink, dropped }
     }
 }
 
-impl crate::events::Observer for Recorder {
-    fn observe(&self, event: &crate::events::Event<'_>) {
-        use crate::events::Event as E;
+impl crate::l1_leaves::events::Observer for Recorder {
+    fn observe(&self, event: &crate::l1_leaves::events::Event<'_>) {
+        use crate::l1_leaves::events::Event as E;
         let (container_id, record) = match event {
             E::Request {
                 container_id,

@@ -11,12 +11,15 @@ pub const POD_BY_NAME: &str = "a pod is known by name only when its runtime sent
 
 /// doctor's fix for the agent's conflist: a file that is there but names no dipam plugin is
 /// adopted with `install --wrap`, not installed again; a missing one is installed.
-pub fn agent_conflist_fix(waiting: &str, source: &crate::agent::conflist::Source) -> String {
-    if waiting.contains(crate::agent::conflist::NO_DIPAM) {
+pub fn agent_conflist_fix(
+    waiting: &str,
+    source: &crate::l3_clients::agent::conflist::Source,
+) -> String {
+    if waiting.contains(crate::l3_clients::agent::conflist::NO_DIPAM) {
         let source = match source {
-            crate::agent::conflist::Source::File(p) => p.display().to_string(),
+            crate::l3_clients::agent::conflist::Source::File(p) => p.display().to_string(),
             // The message names the file the directory held.
-            crate::agent::conflist::Source::Dir { .. } => "FILE".into(),
+            crate::l3_clients::agent::conflist::Source::Dir { .. } => "FILE".into(),
         };
         format!(
             "put dipam in front of its IPAM: `dipamctl install --wrap {source} --in-place` \
@@ -30,7 +33,7 @@ pub fn agent_conflist_fix(waiting: &str, source: &crate::agent::conflist::Source
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cri_args;
+    use crate::l1_leaves::cri_args;
 
     #[test]
     fn the_pod_hint_names_every_key_a_cri_add_carries() {

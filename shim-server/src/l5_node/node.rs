@@ -13,18 +13,18 @@ use dipam_proto::v1::CniRequest;
 use dipam_state::{Ledger, Store};
 
 use crate::{
-    access::{Admission, Caller},
-    agent::{Agent, AgentConfig, reconcile::Reconciler},
-    core::{Core, Identity, Prepared},
-    delegate::Executor,
-    divergence::Misconfigured,
-    divergence::Watch,
-    error::ShimError,
-    gc::{Collector, Gc, GcPolicy},
-    pool::{Pool, refill::Refiller},
-    privilege::Denials,
-    spool::SpoolState,
-    teardown::Teardown,
+    l1_leaves::access::{Admission, Caller},
+    l1_leaves::error::ShimError,
+    l1_leaves::privilege::Denials,
+    l2_core::core::{Core, Identity, Prepared},
+    l2_core::delegate::Executor,
+    l3_clients::agent::{Agent, AgentConfig, reconcile::Reconciler},
+    l3_clients::divergence::Misconfigured,
+    l3_clients::divergence::Watch,
+    l3_clients::gc::{Collector, Gc, GcPolicy},
+    l3_clients::pool::{Pool, refill::Refiller},
+    l3_clients::spool::SpoolState,
+    l3_clients::teardown::Teardown,
 };
 
 pub struct Node {
@@ -41,7 +41,7 @@ pub struct Node {
     /// every kubelet status poll, and each answer costs a delegate exec.
     pub status_cache: Mutex<HashMap<String, (Instant, Option<String>)>>,
     /// DELs of containers held on another network only (crossed.rs), for doctor.
-    pub crossed: Arc<crate::crossed::Crossed>,
+    pub crossed: Arc<crate::l3_clients::crossed::Crossed>,
     pub started: Instant,
     /// Deletes the pod veths main-mode DELs retired (teardown.rs); set by the daemon, absent
     /// in tests that run without netlink.
@@ -51,11 +51,11 @@ pub struct Node {
     /// The DEL spool's condition, for status, doctor and metrics (spool/).
     pub spool: Arc<SpoolState>,
     /// The explain history's writer (history.rs), for status (its drops); set by the daemon.
-    pub history: OnceLock<crate::history::Sink>,
+    pub history: OnceLock<crate::l4_observers::history::Sink>,
     /// Not-ready reasons found once at start (startup_checks.rs); set by the daemon.
     pub startup: OnceLock<Vec<String>>,
     /// Whether each metrics listener is bound (metrics_listen.rs), for doctor.
-    pub metrics_listeners: Arc<crate::metrics_listen::Listeners>,
+    pub metrics_listeners: Arc<crate::l4_observers::metrics_listen::Listeners>,
 }
 
 impl Node {

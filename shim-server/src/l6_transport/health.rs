@@ -30,7 +30,7 @@ use tonic_health::pb::{
 };
 use tracing::{info, warn};
 
-use crate::{access::Caller, error::ShimError, node::Node};
+use crate::{l1_leaves::access::Caller, l1_leaves::error::ShimError, l5_node::node::Node};
 
 /// How often readiness is re-evaluated when nothing wakes the monitor. A delegate's own
 /// STATUS is remembered for 5 s (rpc/status.rs), so this costs at most one delegate exec per
@@ -76,12 +76,12 @@ pub async fn readiness(node: &Node) -> Result<(), ShimError> {
             mode: base.mode as i32,
             ..CniRequest::default()
         };
-        return crate::rpc::status::run(node, Caller::ROOT, req)
+        return crate::l5_node::rpc::status::run(node, Caller::ROOT, req)
             .await
             .map(drop);
     }
-    crate::rpc::status::node_checks(node)?;
-    let failed = crate::rpc::status::recent_delegate_failures(node);
+    crate::l5_node::rpc::status::node_checks(node)?;
+    let failed = crate::l5_node::rpc::status::recent_delegate_failures(node);
     if !failed.is_empty() {
         return Err(ShimError::NotReady { missing: failed });
     }
@@ -274,7 +274,7 @@ mod tests {
 
     fn node() -> (Arc<MemStore>, Arc<Node>) {
         let store = Arc::new(MemStore::new());
-        let exec = crate::delegate::Executor::new(Vec::new(), Duration::from_secs(1));
+        let exec = crate::l2_core::delegate::Executor::new(Vec::new(), Duration::from_secs(1));
         (store.clone(), crate::testing::node_on(store, exec))
     }
 

@@ -14,13 +14,18 @@ use tonic::{Request, Response, Status};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::{
-    access::{Caller, Class},
-    error::ShimError,
-    node::Node,
-    rpc,
+    l1_leaves::access::{Caller, Class},
+    l1_leaves::error::ShimError,
+    l5_node::node::Node,
+    l5_node::rpc,
 };
 
 pub struct Service(pub Arc<Node>);
+
+/// The target of the one line each CNI call logs (how it ended): what operators grep for
+/// and filter on (docs/troubleshooting.md shows it), kept as it was when this module sat at
+/// the crate's root, wherever its file moves.
+const CALL_LOG: &str = "dipam_shim::service";
 
 impl Clone for Service {
     fn clone(&self) -> Self {
@@ -44,7 +49,7 @@ impl Call {
     /// key its history before the request is validated, and a 1 MiB container ID must not
     /// become a 1 MiB history key (the request itself is refused, validate.rs).
     fn of(command: &'static str, req: &CniRequest) -> Self {
-        use crate::validate::{clip, limits};
+        use crate::l1_leaves::validate::{clip, limits};
         Self {
             command,
             request_id: clip(&req.request_id, limits::REQUEST_ID),
@@ -55,7 +60,7 @@ impl Call {
                 .and_then(|v| v.get("name")?.as_str().map(|n| clip(n, limits::NETWORK)))
                 .unwrap_or_default(),
             // Validated there (Kubernetes names, bounded): safe on a log line.
-            pod: match crate::cri_args::cri_pod(&req.container_id, &req.cni_args) {
+            pod: match crate::l1_leaves::cri_args::cri_pod(&req.container_id, &req.cni_args) {
                 Ok(Some(p)) => format!("{}/{}", p.namespace, p.name),
                 _ => "-".to_owned(),
             },
@@ -139,8 +144,8 @@ where
             None => f.await.map(Into::into),
         };
         let took = started.elapsed();
-        let ms = crate::clock::log_ms(took);
-        crate::trim::touch();
+        let ms = crate::l1_leaves::clock::log_ms(took);
+        crate::l1_leaves::trim::touch();
         let mut event = serde_json::json!({
             "kind": "request", "op": call.command, "requestId": call.request_id,
             "network": call.network, "ifname": call.ifname, "durationMs": ms,
@@ -159,7 +164,7 @@ where
                     serde_json::from_slice(&stdout).unwrap_or_default()
                 };
                 let ips = if released.is_empty() {
-                    crate::delegate::config::result_ips(&result)
+                    crate::l2_core::delegate::config::result_ips(&result)
                 } else {
                     released
                 };
@@ -169,9 +174,9 @@ where
                     ips.join(",")
                 };
                 if matches!(call.command, "STATUS" | "GC") {
-                    debug!(network = %network, container = %container, elapsed_ms = ms, "ok");
+                    debug!(target: CALL_LOG, network = %network, container = %container, elapsed_ms = ms, "ok");
                 } else {
-                    info!(network = %network, pod = %call.pod, container = %container, ips = %ips, elapsed_ms = ms, "ok");
+                    info!(target: CALL_LOG, network = %network, pod = %call.pod, container = %container, ips = %ips, elapsed_ms = ms, "ok");
                 }
                 event["outcome"] = "ok".into();
                 if !result.is_null() {
@@ -195,7 +200,7 @@ where
             Ok(_) => "0".to_owned(),
             Err(status) => format!("grpc:{:?}", status.code()),
         };
-        node.core.events.emit(crate::events::Event::Request {
+        node.core.events.emit(crate::l1_leaves::events::Event::Request {
             op: call.command,
             code: &code,
             took,
@@ -226,14 +231,14 @@ fn failed(
             outcome: Some(Outcome::Error(err)),
             ..
         }) => {
-            warn!(network = %network, pod = %call.pod, container = %container, elapsed_ms = ms, code = err.code, msg = %err.msg, details = %err.details, "failed");
+            warn!(target: CALL_LOG, network = %network, pod = %call.pod, container = %container, elapsed_ms = ms, code = err.code, msg = %err.msg, details = %err.details, "failed");
             event["outcome"] = "error".into();
             event["code"] = err.code.into();
             event["msg"] = err.msg.clone().into();
             event["details"] = err.details.clone().into();
         }
         Err(status) => {
-            warn!(network = %network, pod = %call.pod, container = %container, elapsed_ms = ms, status = ?status.code(), msg = status.message(), "refused");
+            warn!(target: CALL_LOG, network = %network, pod = %call.pod, container = %container, elapsed_ms = ms, status = ?status.code(), msg = status.message(), "refused");
             event["outcome"] = "refused".into();
             event["msg"] = status.message().into();
         }
@@ -248,7 +253,7 @@ async fn add(
     node: &Node,
     caller: Caller,
     req: CniRequest,
-    mut early: crate::core::attach::Early,
+    mut early: crate::l2_core::core::attach::Early,
 ) -> Result<CniReply, Status> {
     let call = Call::of("ADD", &req);
     let mut replayed = false;
@@ -282,7 +287,7 @@ impl Cni for Service {
         let node = Arc::clone(&self.0);
         // Lives as long as this handler: the ADD sees the plugin leave by its end.
         let waiting = Arc::new(());
-        let early = crate::core::attach::Early::default().watched(&waiting);
+        let early = crate::l2_core::core::attach::Early::default().watched(&waiting);
         let task = tokio::spawn(async move { add(&node, caller, req, early).await });
         let reply = task
             .await
@@ -308,7 +313,7 @@ impl Cni for Service {
         // Lives as long as the reply stream: the ADD sees the plugin leave by its end.
         let waiting = Arc::new(());
         let (early_tx, early_rx) = tokio::sync::oneshot::channel::<Vec<u8>>();
-        let early = crate::core::attach::Early::to(early_tx).watched(&waiting);
+        let early = crate::l2_core::core::attach::Early::to(early_tx).watched(&waiting);
         tokio::spawn(async move {
             // Sends the early result, if the ADD offers one; done when it does, or when the
             // ADD ends without (its sender dropped with the ADD).
@@ -375,7 +380,7 @@ impl Cni for Service {
     }
     async fn gc(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
         let caller = Caller::of(&r);
-        let peer = crate::access::PeerPid::of(&r);
+        let peer = crate::l1_leaves::access::PeerPid::of(&r);
         let req = r.into_inner();
         let call = Call::of("GC", &req);
         answer(
@@ -577,7 +582,7 @@ impl Agent for Service {
     async fn claim(&self, r: Request<ClaimRequest>) -> Result<Response<ClaimReply>, Status> {
         guarded(r, AGENT, |_, req| {
             // Bounded before it names the span: the name is checked in full by the claim module.
-            let span = info_span!("agent", command = "claim", claim = %crate::validate::clip(&req.name, 63));
+            let span = info_span!("agent", command = "claim", claim = %crate::l1_leaves::validate::clip(&req.name, 63));
             rpc::agent::claim::claim(self.0.clone(), req).instrument(span)
         })
         .await
@@ -585,7 +590,7 @@ impl Agent for Service {
 
     async fn unclaim(&self, r: Request<UnclaimRequest>) -> Result<Response<ClaimReply>, Status> {
         guarded(r, AGENT, |_, req| {
-            let span = info_span!("agent", command = "unclaim", claim = %crate::validate::clip(&req.name, 63));
+            let span = info_span!("agent", command = "unclaim", claim = %crate::l1_leaves::validate::clip(&req.name, 63));
             rpc::agent::claim::unclaim(self.0.clone(), req).instrument(span)
         })
         .await
@@ -609,10 +614,10 @@ fn protocol(version: u32) -> Result<(), Status> {
 
 /// A role from the Agent service, bounded before it reaches a log span or an error message.
 fn agent_role(role: String) -> Result<String, ShimError> {
-    crate::validate::bounded(
+    crate::l1_leaves::validate::bounded(
         "the role",
         role.as_bytes(),
-        crate::validate::limits::NAME,
+        crate::l1_leaves::validate::limits::NAME,
         7,
     )?;
     Ok(role)

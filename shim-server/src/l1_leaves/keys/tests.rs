@@ -7,7 +7,10 @@ fn every_key_dipamd_makes_is_refused_to_a_runtime() {
     for role in ROLES {
         for fam in ["ipv4", "ipv6"] {
             let id = agent_id(role, fam, "node-1.example");
-            assert!(crate::validate::container_id(&id).is_ok(), "{id}");
+            assert!(
+                crate::l1_leaves::validate::container_id(&id).is_ok(),
+                "{id}"
+            );
             assert_eq!(internal(&id), Some(Internal::Agent { role: role.into() }));
             for cmd in ["ADD", "CHECK", "DEL"] {
                 assert!(refuse_runtime(cmd, &id).is_err(), "{cmd} {id}");
@@ -20,7 +23,7 @@ fn every_key_dipamd_makes_is_refused_to_a_runtime() {
     assert!(refuse_runtime("DEL", &p).is_err());
     let c = claim_id("egress-1", "n1");
     assert_eq!(c, "dipam-claim-egress-1-n1");
-    assert!(crate::validate::container_id(&c).is_ok());
+    assert!(crate::l1_leaves::validate::container_id(&c).is_ok());
     assert_eq!(internal(&c), Some(Internal::Claim));
     assert!(refuse_runtime("ADD", &c).is_err());
     // A family this build does not make is reserved too.
@@ -47,7 +50,7 @@ fn runtime_ids_pass() {
 
 #[test]
 fn refusal_is_code_4_and_names_the_family() {
-    let e = crate::error::ShimError::from(
+    let e = crate::l1_leaves::error::ShimError::from(
         refuse_runtime("ADD", &agent_id("router", "ipv4", "n1")).unwrap_err(),
     );
     let (code, details) = e.code_and_details();

@@ -14,7 +14,10 @@ use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
 use super::{Core, Prepared};
-use crate::{clock::now, delegate::Gated, delegate::version, error::ShimError};
+use crate::{
+    l1_leaves::clock::now, l1_leaves::error::ShimError, l2_core::delegate::Gated,
+    l2_core::delegate::version,
+};
 
 /// Where a fresh ADD result goes the moment it is known, before its commit, for an AddEarly
 /// stream (service.rs): the plugin's netlink work then overlaps the commit's fdatasync
@@ -120,8 +123,8 @@ pub async fn attach(
     debug!(
         key = %p.key,
         delegate = %p.dc.kind,
-        ips = ?crate::delegate::config::result_ips(rec.result.as_ref().unwrap_or(&serde_json::Value::Null)),
-        delegate_ms = crate::clock::log_ms(out.elapsed),
+        ips = ?crate::l2_core::delegate::config::result_ips(rec.result.as_ref().unwrap_or(&serde_json::Value::Null)),
+        delegate_ms = crate::l1_leaves::clock::log_ms(out.elapsed),
         "attachment added"
     );
     Ok(Added {
@@ -197,7 +200,7 @@ fn intent(
         issued_at: p.issued.clone(),
         delegate_key: None,
         creator_uid: p.caller.recorded_uid(),
-        cri_pod: crate::cri_args::for_record(owner, &p.key, &p.req.cni_args),
+        cri_pod: crate::l1_leaves::cri_args::for_record(owner, &p.key, &p.req.cni_args),
     }
 }
 
@@ -207,24 +210,25 @@ fn intent(
 async fn exec_and_commit(
     core: &Core,
     p: &Prepared,
-    probe: &crate::delegate::Probe,
+    probe: &crate::l2_core::delegate::Probe,
     stdin: Vec<u8>,
     rec: AttachmentRecord,
     early: &mut Early,
-) -> Result<(AttachmentRecord, Vec<u8>, crate::delegate::Output), ShimError> {
+) -> Result<(AttachmentRecord, Vec<u8>, crate::l2_core::delegate::Output), ShimError> {
     let intent = rec.clone();
     // The intent is made durable while the delegate starts; it reads its config only after
     // (exec::run_gated): write-ahead without paying the commit and the exec in sequence.
     let gate = async {
         core.ledger(move |l| l.put(&intent)).await?;
         if core.events.listened() {
-            core.events.emit(crate::events::Event::AttachmentDelta {
-                network: &p.key.network,
-                owner: &crate::metric_labels::owner(&rec.owner),
-                delta: 1,
-            });
+            core.events
+                .emit(crate::l1_leaves::events::Event::AttachmentDelta {
+                    network: &p.key.network,
+                    owner: &crate::l1_leaves::metric_labels::owner(&rec.owner),
+                    delta: 1,
+                });
         }
-        crate::fault::hit("add-after-intent");
+        crate::l1_leaves::fault::hit("add-after-intent");
         Ok(())
     };
     // The result is taken up the moment the delegate has written it, while it is still
@@ -260,8 +264,8 @@ async fn exec_and_commit(
         kind: p.dc.kind.clone(),
         command: "ADD".into(),
         exit,
-        stdout: crate::error::excerpt(&out.stdout),
-        stderr: crate::error::excerpt(&out.stderr),
+        stdout: crate::l1_leaves::error::excerpt(&out.stdout),
+        stderr: crate::l1_leaves::error::excerpt(&out.stderr),
     };
     let taken = match taken_early {
         Some((taken, peeked)) if peeked.trim_ascii() == out.stdout.trim_ascii() => taken,
@@ -319,7 +323,7 @@ async fn take_up(
     stdout: &[u8],
     early: &mut Early,
 ) -> TakenUp {
-    crate::fault::hit("add-after-exec");
+    crate::l1_leaves::fault::hit("add-after-exec");
     let parsed = match version::parse_result(stdout) {
         Ok(parsed) => parsed,
         Err(detail) => return TakenUp::Unparsable(detail.to_string()),
@@ -348,12 +352,12 @@ async fn take_up(
         Err(e) => return TakenUp::Refused(e),
     };
     early.offer(&rendered);
-    if crate::fault::armed("add-before-commit") {
+    if crate::l1_leaves::fault::armed("add-before-commit") {
         // The worst instant of an early answer: the plugin has had the result long enough to
         // configure the pod with it, and it is not durable yet.
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
-    crate::fault::hit("add-before-commit");
+    crate::l1_leaves::fault::hit("add-before-commit");
     let commit = rec.clone();
     // A pod's result needs to survive a dipamd kill, not a power cut (Durability::SurvivesProcessCrash):
     // the intent is on the disk, so a cut that loses this commit leaves `adding`, which the
@@ -366,7 +370,7 @@ async fn take_up(
     if let Err(e) = core.ledger(move |l| l.put_with(&commit, durability)).await {
         return TakenUp::Refused(e);
     }
-    crate::fault::hit("add-after-commit");
+    crate::l1_leaves::fault::hit("add-after-commit");
     TakenUp::Committed(rec, rendered)
 }
 
@@ -376,7 +380,7 @@ async fn take_up(
 /// (a Go panic) may have reserved an address.
 fn may_hold_allocation(e: &ShimError) -> bool {
     match e {
-        ShimError::Delegate(f) => f.code == crate::error::codes::DELEGATE_BAD_OUTPUT,
+        ShimError::Delegate(f) => f.code == crate::l1_leaves::error::codes::DELEGATE_BAD_OUTPUT,
         ShimError::DelegateNotFound { .. } | ShimError::DelegateSpawn { .. } => false,
         _ => true,
     }

@@ -153,7 +153,7 @@ impl Births {
             return GcStart(0);
         };
         let plugin = issued
-            .filter(|s| Some(s.boot_id.as_str()) == crate::order::current_boot_id())
+            .filter(|s| Some(s.boot_id.as_str()) == crate::l1_leaves::order::current_boot_id())
             .map(|s| s.ns);
         GcStart(
             [Some(now), plugin, process]
@@ -285,7 +285,7 @@ mod tests {
     #[test]
     fn the_plugins_instant_is_used_but_never_one_from_the_future_or_another_boot() {
         let (b, _t) = clocked(500 * S);
-        let Some(boot) = crate::order::current_boot_id() else {
+        let Some(boot) = crate::l1_leaves::order::current_boot_id() else {
             return; // no /proc: nothing to compare with
         };
         let at = |ns| BootStamp {

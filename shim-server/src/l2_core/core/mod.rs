@@ -24,15 +24,15 @@ use dipam_state::{AttachmentKey, AttachmentRecord, Ledger, Owner, StoreError};
 use rscni_types::version::SpecVersion;
 
 use crate::{
-    access::Caller,
-    delegate::{
+    l1_leaves::access::Caller,
+    l1_leaves::error::ShimError,
+    l1_leaves::keylock::KeyLocks,
+    l1_leaves::validate,
+    l2_core::delegate::{
         Executor, Gated, Invocation, Output, Probe,
         config::{DelegateConf, result_addrs},
         version,
     },
-    error::ShimError,
-    keylock::KeyLocks,
-    validate,
 };
 
 /// Static facts about this daemon, for status output.
@@ -65,9 +65,9 @@ pub struct Core {
     pub births: births::Births,
     /// Which attachment holds each address of a network (addrs.rs): a delegate's duplicate
     /// is refused.
-    pub addrs: crate::addrs::AddrIndex,
+    pub addrs: crate::l2_core::addrs::AddrIndex,
     /// Where the core and its clients report what they do (events.rs): the executor's.
-    pub events: crate::events::Events,
+    pub events: crate::l1_leaves::events::Events,
     /// Protocol versions seen from plugins since start (bit n = version n, up to 63).
     pub plugin_protocols: std::sync::atomic::AtomicU64,
     /// Recent DELs by key (tombstones.rs): bounded in time and size; see `bury`. Root's
@@ -130,7 +130,7 @@ impl Core {
             exec,
             locks: KeyLocks::default(),
             births: births::Births::default(),
-            addrs: crate::addrs::AddrIndex::default(),
+            addrs: crate::l2_core::addrs::AddrIndex::default(),
             plugin_protocols: std::sync::atomic::AtomicU64::new(0),
             tombstones: std::sync::Mutex::default(),
             their_tombstones: std::sync::Mutex::default(),
@@ -162,7 +162,7 @@ impl Core {
     /// Ledger time (commits wait for fdatasync) is one of the parts of a request's latency
     /// that the logs alone cannot separate from lock waits and delegate execs.
     fn observe_ledger(&self, started: Instant) {
-        self.events.emit(crate::events::Event::LedgerOp {
+        self.events.emit(crate::l1_leaves::events::Event::LedgerOp {
             took: started.elapsed(),
         });
     }
@@ -173,11 +173,12 @@ impl Core {
         if !self.events.listened() {
             return;
         }
-        self.events.emit(crate::events::Event::AttachmentDelta {
-            network: &rec.key.network,
-            owner: &crate::metric_labels::owner(&rec.owner),
-            delta,
-        });
+        self.events
+            .emit(crate::l1_leaves::events::Event::AttachmentDelta {
+                network: &rec.key.network,
+                owner: &crate::l1_leaves::metric_labels::owner(&rec.owner),
+                delta,
+            });
     }
 
     /// Reports whether the ledger takes commits (the store's fault, a full disk).
@@ -185,9 +186,10 @@ impl Core {
         if !self.events.listened() {
             return;
         }
-        self.events.emit(crate::events::Event::LedgerWritable(
-            self.ledger.store().fault().is_none(),
-        ));
+        self.events
+            .emit(crate::l1_leaves::events::Event::LedgerWritable(
+                self.ledger.store().fault().is_none(),
+            ));
     }
 
     /// `rec` was committed: its owner's index learns it (the agent's addresses).
@@ -240,10 +242,10 @@ impl Core {
         } else {
             mode
         };
-        crate::delegate::config::refuse_mixed_shape(&req.stdin, mode, &req.command)?;
+        crate::l2_core::delegate::config::refuse_mixed_shape(&req.stdin, mode, &req.command)?;
         let dc = DelegateConf::from_request(&req.stdin, mode)?;
         self.exec.allow_kind(&dc.kind, caller)?;
-        crate::delegate::keys::refuse_ambiguous(&dc.conf, caller)?;
+        crate::l2_core::delegate::keys::refuse_ambiguous(&dc.conf, caller)?;
         self.exec.allow_store(&dc.conf, caller)?;
         let mut req = req;
         req.cni_path = self.exec.confine_cni_path(&req.cni_path, caller);
@@ -251,7 +253,8 @@ impl Core {
         // Never later than now: a stamp from the future (a forged one, or a plugin whose boot
         // clock runs ahead in a time namespace) would make this request outrank every other
         // of its key for as long as it is ahead (order::clamp).
-        let issued = crate::order::from_wire(req.issued_at.as_ref()).map(crate::order::clamp);
+        let issued = crate::l1_leaves::order::from_wire(req.issued_at.as_ref())
+            .map(crate::l1_leaves::order::clamp);
         Ok(Prepared {
             req,
             caller,
@@ -309,7 +312,7 @@ impl Core {
         command: &str,
         stdin: Vec<u8>,
         gate: impl std::future::Future<Output = Result<(), ShimError>>,
-        peek: Option<crate::delegate::exec::Peek>,
+        peek: Option<crate::l2_core::delegate::exec::Peek>,
     ) -> Gated {
         let inv = Invocation {
             command: command.into(),
@@ -347,7 +350,7 @@ impl Core {
         issued: Option<dipam_state::BootStamp>,
         caller: Caller,
     ) {
-        let Some(issued) = issued.or_else(crate::order::now) else {
+        let Some(issued) = issued.or_else(crate::l1_leaves::order::now) else {
             return;
         };
         if caller.is_root() {
@@ -378,11 +381,13 @@ impl Core {
             .ok()?
             .get(&(caller.uid, key.clone()), Instant::now());
         match (roots, own) {
-            (Some(r), Some(o)) => Some(if crate::order::before(Some(&r), Some(&o)) == Some(true) {
-                o
-            } else {
-                r
-            }),
+            (Some(r), Some(o)) => Some(
+                if crate::l1_leaves::order::before(Some(&r), Some(&o)) == Some(true) {
+                    o
+                } else {
+                    r
+                },
+            ),
             (r, o) => r.or(o),
         }
     }
@@ -393,7 +398,7 @@ impl Core {
     /// such an ADD; the warm pool leaves it to that refusal.
     pub fn refuse_stale(&self, p: &Prepared) -> Result<(), ShimError> {
         if let Some(del_issued) = self.tombstone_for(&p.key, p.caller)
-            && crate::order::before(p.issued.as_ref(), Some(&del_issued)) == Some(true)
+            && crate::l1_leaves::order::before(p.issued.as_ref(), Some(&del_issued)) == Some(true)
         {
             return Err(ShimError::StaleAdd {
                 key: p.key.to_string(),
@@ -427,7 +432,7 @@ impl Core {
             Some((ip, holder)) => {
                 // The agent's own address may be what the delegate lost: re-check it now.
                 self.owners.conflict(true);
-                self.events.emit(crate::events::Event::Conflict);
+                self.events.emit(crate::l1_leaves::events::Event::Conflict);
                 tracing::error!(%ip, key = %rec.key, %holder, "address conflict: refusing the delegate's result");
                 Err(ShimError::Conflict {
                     ip: ip.to_string(),
@@ -461,11 +466,11 @@ impl Core {
                 self.ledger(move |l| l.list(Some(&network)))
             })
             .await?;
-        let crate::addrs::Claimed::Held(ip, holder) = held else {
+        let crate::l2_core::addrs::Claimed::Held(ip, holder) = held else {
             return Ok(());
         };
         self.owners.conflict(false);
-        self.events.emit(crate::events::Event::Conflict);
+        self.events.emit(crate::l1_leaves::events::Event::Conflict);
         let holder = format!("{} ({})", holder.owner.label(), holder.key);
         tracing::error!(%ip, key = %rec.key, %holder, "address conflict: the delegate handed out an address another attachment holds; refusing its result");
         Err(ShimError::Conflict {
@@ -486,7 +491,7 @@ impl Core {
                 self.ledger(move |l| l.list(Some(&network)))
             })
             .await?;
-        if let crate::addrs::Claimed::Held(ip, holder) = held {
+        if let crate::l2_core::addrs::Claimed::Held(ip, holder) = held {
             return Ok(Some(format!(
                 "{ip} is recorded for {} ({})",
                 holder.owner.label(),
@@ -512,7 +517,7 @@ impl Core {
         if rec.state != dipam_state::AttachmentState::Deleting {
             let mut marked = rec.clone();
             marked.state = dipam_state::AttachmentState::Deleting;
-            marked.updated_at = crate::clock::now();
+            marked.updated_at = crate::l1_leaves::clock::now();
             self.ledger(move |l| l.put(&marked)).await?;
         }
         // Until the record is forgotten, an ADD handed one of its addresses waits (addrs.rs).
@@ -603,5 +608,6 @@ impl Core {
 /// Whether `key` is a warm-pool entry's: its delegate execs run in the background
 /// (delegate::exec::BACKGROUND_NICE).
 fn is_pool(key: &AttachmentKey) -> bool {
-    crate::keys::internal(&key.container_id) == Some(crate::keys::Internal::Pool)
+    crate::l1_leaves::keys::internal(&key.container_id)
+        == Some(crate::l1_leaves::keys::Internal::Pool)
 }

@@ -56,7 +56,7 @@ impl<K: Hash + Eq + Clone> Tombstones<K> {
             .entry(key.clone())
             .or_insert((issued.clone(), now));
         // The latest DEL is the one an ADD must postdate.
-        if crate::order::before(Some(&entry.0), Some(&issued)) == Some(true) {
+        if crate::l1_leaves::order::before(Some(&entry.0), Some(&issued)) == Some(true) {
             entry.0 = issued;
         }
         entry.1 = until;

@@ -13,7 +13,7 @@ use rscni_types::version::SpecVersion;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::error::ShimError;
+use crate::l1_leaves::error::ShimError;
 
 /// A request config turned into a delegate config.
 #[derive(Debug, Clone)]
@@ -74,7 +74,7 @@ impl DelegateConf {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_owned();
-        crate::validate::network_name(&network)?;
+        crate::l1_leaves::validate::network_name(&network)?;
         let version = obj
             .get("cniVersion")
             .and_then(Value::as_str)
@@ -83,7 +83,7 @@ impl DelegateConf {
         let version = version.parse::<SpecVersion>().map_err(|_| {
             ShimError::Decode(format!(
                 "invalid version format: {}",
-                crate::validate::shown(version)
+                crate::l1_leaves::validate::shown(version)
             ))
         })?;
         if mode == Mode::Main && obj.get("ipam").and_then(|i| i.get("delegate")).is_some() {
@@ -109,10 +109,10 @@ impl DelegateConf {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_owned();
-        crate::validate::bounded(
+        crate::l1_leaves::validate::bounded(
             "the delegate type",
             kind.as_bytes(),
-            crate::validate::limits::NAME,
+            crate::l1_leaves::validate::limits::NAME,
             7,
         )?;
         // dipamd running dipam as its delegate would wait on its own key lock until the
@@ -187,7 +187,7 @@ impl DelegateConf {
             } else {
                 format!(
                     "azure-vnet-ipam's ipam.subnet {} is not a CIDR",
-                    crate::validate::shown(subnet)
+                    crate::l1_leaves::validate::shown(subnet)
                 )
             },
             "set \"subnet\" in the azure-vnet-ipam config to the pool's prefix (the subnet \

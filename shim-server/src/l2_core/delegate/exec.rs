@@ -14,7 +14,7 @@ use tokio::{
 };
 use tracing::{debug, warn};
 
-use crate::error::{DelegateFailure, ShimError, excerpt};
+use crate::l1_leaves::error::{DelegateFailure, ShimError, excerpt};
 
 /// One call of a delegate: the CNI environment and stdin.
 #[derive(Debug, Clone, Default)]
@@ -321,7 +321,7 @@ fn outcome(
                 command = %inv.command,
                 pid,
                 status = ?out.status,
-                elapsed_ms = crate::clock::log_ms(elapsed),
+                elapsed_ms = crate::l1_leaves::clock::log_ms(elapsed),
                 "delegate exec finished"
             );
             Ok(Output {
@@ -488,7 +488,7 @@ pub fn check(kind: &str, command: &str, out: &Output) -> Result<(), ShimError> {
         return Err(ShimError::Delegate(Box::new(DelegateFailure {
             kind: kind.into(),
             command: command.into(),
-            code: crate::error::codes::DELEGATE_BAD_OUTPUT,
+            code: crate::l1_leaves::error::codes::DELEGATE_BAD_OUTPUT,
             msg: stderr,
             details: String::new(),
             exit: out.describe_exit(),
@@ -504,8 +504,8 @@ pub fn check(kind: &str, command: &str, out: &Output) -> Result<(), ShimError> {
                 code: if e.code == 0 { 999 } else { e.code },
                 // Clipped here, where the delegate's text enters dipamd: the reply, the log
                 // and the history all quote this (error.rs, DELEGATE_TEXT).
-                msg: crate::error::clip_delegate_text(e.msg),
-                details: crate::error::clip_delegate_text(e.details),
+                msg: crate::l1_leaves::error::clip_delegate_text(e.msg),
+                details: crate::l1_leaves::error::clip_delegate_text(e.details),
                 exit: out.describe_exit(),
                 stderr: excerpt(&out.stderr),
             })))

@@ -38,12 +38,12 @@ pub fn placement(conf: &Value, ip: IpAddr) -> Option<(u8, String)> {
 
 /// The agent role of a container ID dipamd gave an agent address, if it is one.
 pub fn agent_role(container_id: &str) -> Option<String> {
-    match crate::keys::internal(container_id)? {
-        crate::keys::Internal::Agent { role } => Some(role),
+    match crate::l1_leaves::keys::internal(container_id)? {
+        crate::l1_leaves::keys::Internal::Agent { role } => Some(role),
         // A claim's name cannot be told from the node name in its container ID; "claim"
         // keeps it the agent's (never freed by GC, never handed to a pod), and the next
         // reconcile pass keeps or releases it by its key.
-        crate::keys::Internal::Claim => Some("claim".into()),
+        crate::l1_leaves::keys::Internal::Claim => Some("claim".into()),
         _ => None,
     }
 }

@@ -14,7 +14,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::{access::Caller, error::ShimError};
+use crate::{l1_leaves::access::Caller, l1_leaves::error::ShimError};
 
 /// `key` as Go's encoding/json compares it (bytes.EqualFold). Non-ASCII letters are lowered
 /// whole, which may join a few more keys than Go does: for a refusal that errs on the safe
@@ -99,7 +99,7 @@ fn misspelled(obj: &Map<String, Value>, read: &[&str], at: &str) -> Result<(), S
             return Err(ambiguous(
                 format!(
                     "the network config's {at}{} must be spelled {at}{exact}",
-                    crate::validate::shown(key)
+                    crate::l1_leaves::validate::shown(key)
                 ),
                 format!(
                     "the delegate matches config keys without regard to case, so it would read \
@@ -122,8 +122,8 @@ fn duplicates(v: &Value, at: &str) -> Result<(), ShimError> {
                     return Err(ambiguous(
                         format!(
                             "the network config's {at} has both {} and {}",
-                            crate::validate::shown(first),
-                            crate::validate::shown(key)
+                            crate::l1_leaves::validate::shown(first),
+                            crate::l1_leaves::validate::shown(key)
                         ),
                         "the delegate matches config keys without regard to case and keeps the \
                          last of them, so which one it reads depends on the order it gets them \
@@ -131,7 +131,10 @@ fn duplicates(v: &Value, at: &str) -> Result<(), ShimError> {
                             .to_owned(),
                     ));
                 }
-                duplicates(inner, &format!("{at}{}.", crate::validate::clip(key, 64)))?;
+                duplicates(
+                    inner,
+                    &format!("{at}{}.", crate::l1_leaves::validate::clip(key, 64)),
+                )?;
             }
             Ok(())
         }

@@ -21,7 +21,7 @@ use serde_json::Value;
 use tracing::{info, warn};
 
 pub use self::exec::{Gated, Invocation, Output};
-use crate::error::ShimError;
+use crate::l1_leaves::error::ShimError;
 
 /// What a delegate binary said about itself.
 #[derive(Debug, Clone)]
@@ -47,7 +47,7 @@ pub struct Executor {
     /// Notes running delegates for the next start (daemon only; tests run without).
     pub tracker: Option<survivors::Tracker>,
     /// Where execs are reported (events.rs); the daemon's observers listen.
-    pub events: crate::events::Events,
+    pub events: crate::l1_leaves::events::Events,
     /// VERSION answers by (path, mtime): a replaced binary is probed again.
     probes: Mutex<HashMap<PathBuf, (SystemTime, Vec<SpecVersion>)>>,
     /// Held while probing: the first requests after a start (or an upgrade) arrive together,
@@ -64,7 +64,7 @@ impl Executor {
             non_root_data_dirs: vec![PathBuf::from(store::DEFAULT_DATA_DIR)],
             timeout,
             tracker: None,
-            events: crate::events::Events::default(),
+            events: crate::l1_leaves::events::Events::default(),
             probes: Mutex::new(HashMap::new()),
             probing: tokio::sync::Mutex::new(()),
         }
@@ -75,7 +75,11 @@ impl Executor {
     /// nowhere else (empty: dipamd's directories): dipamd runs it as root, and a directory
     /// the caller can write would let it pick the binary (docs/cfp.md, "Threat model"). The
     /// result is what the ledger records, so replays as root later use it too.
-    pub fn confine_cni_path(&self, cni_path: &str, caller: crate::access::Caller) -> String {
+    pub fn confine_cni_path(
+        &self,
+        cni_path: &str,
+        caller: crate::l1_leaves::access::Caller,
+    ) -> String {
         if caller.is_root() {
             return cni_path.to_owned();
         }
@@ -94,7 +98,11 @@ impl Executor {
     }
 
     /// Refuses a delegate type a non-root caller may not have run as root.
-    pub fn allow_kind(&self, kind: &str, caller: crate::access::Caller) -> Result<(), ShimError> {
+    pub fn allow_kind(
+        &self,
+        kind: &str,
+        caller: crate::l1_leaves::access::Caller,
+    ) -> Result<(), ShimError> {
         if caller.is_root() || self.non_root_kinds.iter().any(|k| k == kind) {
             return Ok(());
         }
@@ -102,7 +110,7 @@ impl Executor {
             msg: format!(
                 "uid {} may not have dipamd run the delegate type {}",
                 caller.uid,
-                crate::validate::shown(kind)
+                crate::l1_leaves::validate::shown(kind)
             ),
             details: format!(
                 "dipamd runs delegates as root; for non-root callers it runs only {} \
@@ -120,7 +128,7 @@ impl Executor {
     pub fn allow_store(
         &self,
         conf: &serde_json::Value,
-        caller: crate::access::Caller,
+        caller: crate::l1_leaves::access::Caller,
     ) -> Result<(), ShimError> {
         if caller.is_root() {
             return Ok(());
@@ -142,7 +150,7 @@ impl Executor {
                     msg: format!(
                         "uid {} may not have the delegate keep its store in {}: {why}",
                         caller.uid,
-                        crate::validate::shown(named)
+                        crate::l1_leaves::validate::shown(named)
                     ),
                     details: "dipamd runs the delegate as root, and it would follow links in a \
                          directory others can write; the node's administrator must make it \
@@ -154,7 +162,7 @@ impl Executor {
         }
         warn!(
             uid = caller.uid,
-            data_dir = %crate::validate::shown(named),
+            data_dir = %crate::l1_leaves::validate::shown(named),
             "refused: a non-root caller's delegate dataDir is not one of --non-root-data-dir"
         );
         let allowed: Vec<String> = self
@@ -166,7 +174,7 @@ impl Executor {
             msg: format!(
                 "uid {} may not have the delegate keep its store in {}",
                 caller.uid,
-                crate::validate::shown(named)
+                crate::l1_leaves::validate::shown(named)
             ),
             details: format!(
                 "dipamd runs the delegate as root, and it would follow links in a directory \
@@ -367,14 +375,14 @@ impl Executor {
         match outcome {
             Ok(out) => {
                 ev["exit"] = out.describe_exit().into();
-                ev["stderr"] = crate::error::excerpt(&out.stderr).into();
+                ev["stderr"] = crate::l1_leaves::error::excerpt(&out.stderr).into();
             }
             Err(e) => {
                 ev["error"] = e.to_string().into();
                 ev["details"] = e.code_and_details().1.into();
             }
         }
-        self.events.emit(crate::events::Event::Exec {
+        self.events.emit(crate::l1_leaves::events::Event::Exec {
             delegate: kind,
             command: inv.command.as_str(),
             took,

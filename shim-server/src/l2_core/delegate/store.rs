@@ -203,8 +203,8 @@ pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10)
 
 /// Entries skipped because they were not regular files or were too large, since start.
 static SKIPPED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-static SKIP_WARN: std::sync::LazyLock<crate::listen::Throttle> =
-    std::sync::LazyLock::new(crate::listen::Throttle::default);
+static SKIP_WARN: std::sync::LazyLock<crate::l1_leaves::listen::Throttle> =
+    std::sync::LazyLock::new(crate::l1_leaves::listen::Throttle::default);
 
 /// Entries skipped since start (not regular files, or larger than [`MAX_ENTRY_BYTES`]).
 pub fn skipped() -> u64 {
@@ -435,14 +435,14 @@ fn entry_text(path: &Path) -> Result<Option<Entry>, NotAnEntry> {
     Ok(Some((bytes, meta.modified().ok())))
 }
 
-/// Counts a skipped entry and warns, at most once per [`crate::listen::Throttle::EVERY`]: a
+/// Counts a skipped entry and warns, at most once per [`crate::l1_leaves::listen::Throttle::EVERY`]: a
 /// store full of planted entries must not flood the log.
 fn skip(dir: &Path, name: &str, why: &str) {
     let total = SKIPPED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
     if let Some(suppressed) = SKIP_WARN.due() {
         tracing::warn!(
             dir = %dir.display(),
-            entry = %crate::validate::shown(name),
+            entry = %crate::l1_leaves::validate::shown(name),
             why,
             suppressed,
             total,

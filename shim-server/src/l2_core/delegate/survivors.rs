@@ -267,7 +267,7 @@ fn wait_or_kill(
         let e = std::io::Error::from(errno);
         warn!(pid, error = %e, "cannot kill the delegate; starting without waiting for it");
         return match e.raw_os_error() {
-            Some(errno) if crate::privilege::is_denial(errno) => Err(e),
+            Some(errno) if crate::l1_leaves::privilege::is_denial(errno) => Err(e),
             _ => Ok(()),
         };
     }

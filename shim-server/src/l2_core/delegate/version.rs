@@ -13,7 +13,7 @@ use rscni_types::{
 };
 use serde_json::Value;
 
-use crate::error::ShimError;
+use crate::l1_leaves::error::ShimError;
 
 /// Picks the version to send a delegate that supports `supported`, for a config at `conf`:
 /// the config's own when supported; else the newest supported one below it (converting a

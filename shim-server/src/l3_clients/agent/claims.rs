@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{Family, ROLES};
 use crate::{
-    error::ShimError,
-    validate::{bounded, shown},
+    l1_leaves::error::ShimError,
+    l1_leaves::validate::{bounded, shown},
 };
 
 /// Where claim specs live among the ledger's settings.
@@ -221,7 +221,7 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::error::ShimError;
+    use crate::l1_leaves::error::ShimError;
 
     fn labels(n: usize) -> HashMap<String, String> {
         (0..n).map(|i| (format!("k{i}"), "v".into())).collect()

@@ -26,9 +26,9 @@ use dipam_proto::v1::{AgentAddress, AgentListReply};
 use dipam_state::{AttachmentRecord, Owner};
 use tokio::sync::{Notify, watch};
 
-use crate::delegate::config::result_addrs;
+use crate::l2_core::delegate::config::result_addrs;
 
-pub use crate::keys::ROLES;
+pub use crate::l1_leaves::keys::ROLES;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Family {
@@ -111,7 +111,7 @@ impl Slot {
     /// (`dipam-<role>-<family>-<node>`, ifname `<role>`), so a node upgraded from before
     /// claims keeps its addresses.
     pub fn new(cfg: &AgentConfig, role: &str, family: Family) -> Self {
-        let container_id = crate::keys::agent_id(role, family.as_str(), &cfg.node);
+        let container_id = crate::l1_leaves::keys::agent_id(role, family.as_str(), &cfg.node);
         Self::with_key(
             cfg,
             role.to_owned(),
@@ -130,7 +130,7 @@ impl Slot {
             claim_role(name),
             name.to_owned(),
             spec.family(),
-            crate::keys::claim_id(name, &cfg.node),
+            crate::l1_leaves::keys::claim_id(name, &cfg.node),
             "claim".to_owned(),
             false,
         );
@@ -378,7 +378,7 @@ impl Agent {
 }
 
 /// The agent is the core's owner of addresses outside any pod.
-impl crate::core::AddressOwners for Agent {
+impl crate::l2_core::core::AddressOwners for Agent {
     fn owner_of(&self, ip: &std::net::IpAddr) -> Option<String> {
         Agent::owner_of(self, ip)
     }
@@ -419,8 +419,8 @@ mod tests {
         assert_ne!(a.container_id, b.container_id);
         assert_ne!(a.container_id, h.container_id);
         for s in [&a, &b, &h] {
-            assert!(crate::validate::container_id(&s.container_id).is_ok());
-            assert!(crate::validate::ifname(&s.ifname).is_ok());
+            assert!(crate::l1_leaves::validate::container_id(&s.container_id).is_ok());
+            assert!(crate::l1_leaves::validate::ifname(&s.ifname).is_ok());
             assert!(!std::path::Path::new(&s.netns).exists());
             assert!(
                 s.args.contains("K8S_POD_NAME=")

@@ -7,8 +7,8 @@
 
 use super::Gc;
 use crate::{
-    error::{InputError, ShimError},
-    events::{Event, Events},
+    l1_leaves::error::{InputError, ShimError},
+    l1_leaves::events::{Event, Events},
 };
 
 /// A GC of `network` on its way in: what refuses it, and counts the refusal.

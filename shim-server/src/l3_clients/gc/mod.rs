@@ -37,7 +37,7 @@ use std::time::Duration;
 use dipam_proto::v1::{GcItem, Mode};
 use serde_json::Value;
 
-use crate::validate;
+use crate::l1_leaves::validate;
 
 /// The GC's own state, held by the daemon's context: its policy (the flags), its counters,
 /// and the runtime-aware GC when dipamd runs with --cri-endpoint.
@@ -53,9 +53,9 @@ pub struct Gc {
 impl Gc {
     /// Looks at the node for the evidence that an address is in use (liveness.rs), with the
     /// runtime's sandbox list when dipamd has one.
-    pub async fn scan(&self) -> crate::liveness::Scan {
+    pub async fn scan(&self) -> crate::l3_clients::liveness::Scan {
         let runtime = self.runtime.get().map(|r| r.client.clone());
-        crate::liveness::scan(runtime.as_deref()).await
+        crate::l3_clients::liveness::scan(runtime.as_deref()).await
     }
 
     pub fn new(policy: GcPolicy) -> Self {
@@ -72,11 +72,11 @@ impl Gc {
 /// names one of the networks GC knows).
 #[derive(Clone)]
 pub struct Collector {
-    pub core: std::sync::Arc<crate::core::Core>,
+    pub core: std::sync::Arc<crate::l2_core::core::Core>,
     pub gc: std::sync::Arc<Gc>,
-    pub agent: std::sync::Arc<crate::agent::Agent>,
+    pub agent: std::sync::Arc<crate::l3_clients::agent::Agent>,
     /// The veth teardown worker (teardown.rs), when the daemon started one.
-    pub teardown: std::sync::Arc<std::sync::OnceLock<crate::teardown::Teardown>>,
+    pub teardown: std::sync::Arc<std::sync::OnceLock<crate::l3_clients::teardown::Teardown>>,
 }
 
 impl Collector {
@@ -103,9 +103,9 @@ impl Collector {
 /// The delegate config `rec` was added with.
 pub fn recorded_conf(
     rec: &dipam_state::AttachmentRecord,
-) -> Option<crate::delegate::config::DelegateConf> {
+) -> Option<crate::l2_core::delegate::config::DelegateConf> {
     let conf = serde_json::from_str(&rec.delegate_config).ok()?;
-    Some(crate::delegate::config::DelegateConf {
+    Some(crate::l2_core::delegate::config::DelegateConf {
         kind: rec.delegate_type.clone(),
         network: rec.key.network.clone(),
         version: rec
@@ -119,21 +119,25 @@ pub fn recorded_conf(
 /// The delegate's store a record's addresses live in (None: one dipamd cannot read).
 pub fn record_store(rec: &dipam_state::AttachmentRecord) -> Option<std::path::PathBuf> {
     let conf = serde_json::from_str(&rec.delegate_config).ok()?;
-    crate::delegate::store::readable_dir(&rec.delegate_type, &conf, &rec.key.network)
+    crate::l2_core::delegate::store::readable_dir(&rec.delegate_type, &conf, &rec.key.network)
 }
 
 /// The scopes the node-level checks judge apart: one per network, creator (None: root) and
 /// delegate store. A non-root caller's records never decide anything for root's pods or the
 /// node's readiness (docs/cfp.md, "Threat model"): each scope's verdict binds its own creator.
 pub async fn scopes(
-    core: &crate::core::Core,
-    agent: &crate::agent::Agent,
-) -> Result<Vec<(crate::delegate::config::DelegateConf, Option<u32>)>, crate::error::ShimError> {
-    let mut out: Vec<(crate::delegate::config::DelegateConf, Option<u32>)> = Vec::new();
+    core: &crate::l2_core::core::Core,
+    agent: &crate::l3_clients::agent::Agent,
+) -> Result<
+    Vec<(crate::l2_core::delegate::config::DelegateConf, Option<u32>)>,
+    crate::l1_leaves::error::ShimError,
+> {
+    let mut out: Vec<(crate::l2_core::delegate::config::DelegateConf, Option<u32>)> = Vec::new();
     if let Some(cfg) = &agent.config
         && let Ok(base) = cfg.source.load()
         && let Ok(bytes) = serde_json::to_vec(&base.request)
-        && let Ok(dc) = crate::delegate::config::DelegateConf::from_request(&bytes, base.mode)
+        && let Ok(dc) =
+            crate::l2_core::delegate::config::DelegateConf::from_request(&bytes, base.mode)
     {
         out.push((dc, None));
     }
@@ -155,13 +159,13 @@ pub async fn scopes(
 /// `scope_creator`: same network, same creator, and the same delegate store (a record of
 /// another delegate type on the network joins the scope it shares network and creator with).
 fn same_scope(
-    scope: &crate::delegate::config::DelegateConf,
+    scope: &crate::l2_core::delegate::config::DelegateConf,
     scope_creator: Option<u32>,
-    dc: &crate::delegate::config::DelegateConf,
+    dc: &crate::l2_core::delegate::config::DelegateConf,
     creator: Option<u32>,
 ) -> bool {
-    let store_of = |dc: &crate::delegate::config::DelegateConf| {
-        crate::delegate::store::readable_dir(&dc.kind, &dc.conf, &dc.network)
+    let store_of = |dc: &crate::l2_core::delegate::config::DelegateConf| {
+        crate::l2_core::delegate::store::readable_dir(&dc.kind, &dc.conf, &dc.network)
     };
     scope.network == dc.network
         && scope_creator == creator
@@ -170,7 +174,7 @@ fn same_scope(
 
 /// The index in `scopes` (as [`scopes`] returns them) of the scope `rec` belongs to.
 pub fn scope_of(
-    scopes: &[(crate::delegate::config::DelegateConf, Option<u32>)],
+    scopes: &[(crate::l2_core::delegate::config::DelegateConf, Option<u32>)],
     rec: &dipam_state::AttachmentRecord,
 ) -> Option<usize> {
     let dc = recorded_conf(rec)?;
@@ -224,7 +228,7 @@ pub const LEGACY_KEY: &str = "cni.dev/attachments";
 /// never the whole of a hostile one.
 const QUOTE: usize = 120;
 
-pub use crate::error::InputError;
+pub use crate::l1_leaves::error::InputError;
 
 /// What a CNI GC request says is valid (spec 1.1 "GC"; libcni's `GCArgs`).
 #[derive(Debug, Clone, PartialEq, Eq)]

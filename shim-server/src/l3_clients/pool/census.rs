@@ -7,12 +7,12 @@ use dipam_state::Owner;
 
 use super::Template;
 use crate::{
-    core::Core,
-    delegate::{
+    l1_leaves::error::ShimError,
+    l2_core::core::Core,
+    l2_core::delegate::{
         ranges::{self, Family},
         store,
     },
-    error::ShimError,
 };
 
 /// One network's count.
@@ -63,7 +63,7 @@ pub struct Waiting {
 }
 
 /// The agent's addresses that wait (pending, failed): the pool yields to them.
-pub fn agent_waiting(agent: &crate::agent::Agent) -> Vec<Waiting> {
+pub fn agent_waiting(agent: &crate::l3_clients::agent::Agent) -> Vec<Waiting> {
     agent
         .snapshot()
         .addresses

@@ -6,7 +6,7 @@
 //! - **Entries** are ledger records with owner `pool`, container ID `dipam-pool-<node>-<n>`,
 //!   ifname `eth0`, a CNI_NETNS that never exists and CNI_ARGS naming the entry. They are
 //!   allocated through the same intent-before-exec ADD path as any attachment
-//!   ([`crate::core::attach::attach`]), so a crash while filling leaves an `adding` record that the
+//!   ([`crate::l2_core::core::attach::attach`]), so a crash while filling leaves an `adding` record that the
 //!   start-up replay releases.
 //! - **Per network and config**: each network has one template, the delegate config of the
 //!   last pod ADD it saw (or of the agent's `--conflist`, until a pod brings one), without the
@@ -60,11 +60,11 @@ use serde_json::Value;
 use tokio::sync::Notify;
 use tracing::info;
 
-use crate::{core::Prepared, delegate::config::DelegateConf};
+use crate::{l2_core::core::Prepared, l2_core::delegate::config::DelegateConf};
 
 /// Every pool entry's container ID starts with this; the runtime may not use such IDs
 /// (keys/ reserves them, with every other key dipamd makes for itself).
-pub const ID_PREFIX: &str = crate::keys::POOL_PREFIX;
+pub const ID_PREFIX: &str = crate::l1_leaves::keys::POOL_PREFIX;
 /// The ifname of every pool entry.
 pub const IFNAME: &str = "eth0";
 /// The most entries per network `--warm-pool` accepts.

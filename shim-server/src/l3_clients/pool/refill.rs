@@ -15,11 +15,11 @@ use tracing::{info, warn};
 
 use super::{census, sizing, *};
 use crate::{
-    clock::now_ms,
-    core::attach::Early,
-    core::{Core, Prepared},
-    delegate::{config::DelegateConf, store},
-    error::ShimError,
+    l1_leaves::clock::now_ms,
+    l1_leaves::error::ShimError,
+    l2_core::core::attach::Early,
+    l2_core::core::{Core, Prepared},
+    l2_core::delegate::{config::DelegateConf, store},
 };
 
 /// What the refiller works with: the core, the pool, the agent's conflist (a network's first
@@ -28,8 +28,8 @@ use crate::{
 pub struct Refiller {
     pub core: Arc<Core>,
     pub pool: Arc<Pool>,
-    pub agent: Arc<crate::agent::Agent>,
-    pub misconfigured: Arc<crate::divergence::Misconfigured>,
+    pub agent: Arc<crate::l3_clients::agent::Agent>,
+    pub misconfigured: Arc<crate::l3_clients::divergence::Misconfigured>,
 }
 
 /// At start, after the replay: index the ledger's committed pool entries, load the templates,
@@ -226,9 +226,9 @@ fn yield_to_agent(r: &Refiller, plans: &Plans) {
             .is_some_and(|(_, _, c)| c.range_free == Some(0));
         let holds = |e: &AttachmentRecord| {
             w.requested.is_some_and(|ip| {
-                e.result
-                    .as_ref()
-                    .is_some_and(|v| crate::delegate::config::result_addrs(v).contains(&ip))
+                e.result.as_ref().is_some_and(|v| {
+                    crate::l2_core::delegate::config::result_addrs(v).contains(&ip)
+                })
             })
         };
         let victim = st
@@ -259,7 +259,7 @@ pub(super) fn report_levels(core: &Core, pool: &Pool) {
         return;
     }
     let pools = pool.status();
-    let rows: Vec<crate::events::PoolLevel<'_>> = pools
+    let rows: Vec<crate::l1_leaves::events::PoolLevel<'_>> = pools
         .iter()
         .map(|p| {
             (
@@ -271,7 +271,8 @@ pub(super) fn report_levels(core: &Core, pool: &Pool) {
             )
         })
         .collect();
-    core.events.emit(crate::events::Event::PoolLevels(&rows));
+    core.events
+        .emit(crate::l1_leaves::events::Event::PoolLevels(&rows));
 }
 
 /// The agent's conflist seeds a network's template until a pod brings one.
@@ -409,7 +410,9 @@ async fn release_surplus(r: &Refiller, plans: &Plans, wait: &mut Duration) {
                     .entry(key.network.clone())
                     .or_default()
                     .releases += 1;
-                r.core.events.emit(crate::events::Event::PoolReleased);
+                r.core
+                    .events
+                    .emit(crate::l1_leaves::events::Event::PoolReleased);
             }
             Ok(false) => {}
             Err(e) => {
@@ -442,12 +445,12 @@ async fn release_entry(r: &Refiller, key: &AttachmentKey) -> Result<bool, ShimEr
     // crash point between: a crash at any step of a release is finished by the next start.
     let mut marked = rec;
     marked.state = AttachmentState::Deleting;
-    marked.updated_at = crate::clock::now();
+    marked.updated_at = crate::l1_leaves::clock::now();
     let put = marked.clone();
     r.core.ledger(move |l| l.put(&put)).await?;
-    crate::fault::hit("pool-release-after-mark");
+    crate::l1_leaves::fault::hit("pool-release-after-mark");
     r.core.release(&marked).await?;
-    crate::fault::hit("pool-after-release");
+    crate::l1_leaves::fault::hit("pool-after-release");
     Ok(true)
 }
 
@@ -528,7 +531,9 @@ fn filled(
                 info!(network = %network, "warm pool: refill works again");
             }
             *f = Fill::default();
-            r.core.events.emit(crate::events::Event::PoolRefilled);
+            r.core
+                .events
+                .emit(crate::l1_leaves::events::Event::PoolRefilled);
             // The template may have changed while the entry was being made: it then sits
             // under its own digest and is released as surplus.
             st.ready
@@ -548,7 +553,9 @@ fn filled(
             f.retry_at = Some(Instant::now() + backoff);
             *wait = (*wait).min(backoff);
             r.pool.refill_failures.fetch_add(1, Ordering::Relaxed);
-            r.core.events.emit(crate::events::Event::PoolRefillFailed);
+            r.core
+                .events
+                .emit(crate::l1_leaves::events::Event::PoolRefillFailed);
             warn!(network = %network, failures = f.failures, retry_in_ms = backoff.as_millis() as u64, error = %f.last_error, "warm pool: refill failed");
         }
     }
@@ -598,8 +605,8 @@ async fn fill_one(
         });
     }
     let n = r.pool.next_id.fetch_add(1, Ordering::Relaxed);
-    let id = crate::keys::pool_id(&cfg.node, n);
-    crate::validate::container_id(&id)?;
+    let id = crate::l1_leaves::keys::pool_id(&cfg.node, n);
+    crate::l1_leaves::validate::container_id(&id)?;
     let version: SpecVersion = t
         .version
         .parse()
@@ -620,15 +627,15 @@ async fn fill_one(
         stdin: serde_json::to_vec(&t.conf).map_err(|e| ShimError::Internal(e.to_string()))?,
         mode: t.mode,
         issued_at_ms: now_ms(),
-        issued_at: crate::order::now().map(|b| dipam_proto::v1::BootStamp {
+        issued_at: crate::l1_leaves::order::now().map(|b| dipam_proto::v1::BootStamp {
             boot_id: b.boot_id,
             ns: b.ns,
         }),
         ..CniRequest::default()
     };
     let p = Prepared {
-        issued: crate::order::from_wire(req.issued_at.as_ref()),
-        caller: crate::access::Caller::ROOT,
+        issued: crate::l1_leaves::order::from_wire(req.issued_at.as_ref()),
+        caller: crate::l1_leaves::access::Caller::ROOT,
         key: AttachmentKey::new(network, &id, IFNAME),
         dc: DelegateConf {
             kind: t.kind.clone(),
@@ -639,7 +646,7 @@ async fn fill_one(
         req,
     };
     let _guard = r.core.locks.lock(&p.key).await;
-    crate::core::attach::attach(&r.core, &p, Owner::Pool, &mut Early::default()).await?;
+    crate::l2_core::core::attach::attach(&r.core, &p, Owner::Pool, &mut Early::default()).await?;
     // The committed record, as the take will find it in the ledger.
     r.core
         .lookup(&p.key)?

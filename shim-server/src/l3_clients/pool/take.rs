@@ -9,11 +9,11 @@ use tracing::{info, warn};
 
 use super::*;
 use crate::{
-    clock::now,
-    core::attach::Early,
-    core::{Core, Prepared},
-    delegate::{config::result_ips, version},
-    error::ShimError,
+    l1_leaves::clock::now,
+    l1_leaves::error::ShimError,
+    l2_core::core::attach::Early,
+    l2_core::core::{Core, Prepared},
+    l2_core::delegate::{config::result_ips, version},
 };
 
 /// A pod's ADD from the pool, if it can be served from it; `None` sends the request down the
@@ -34,7 +34,7 @@ pub async fn take(
         pool.misses.fetch_add(1, Ordering::Relaxed);
         pool.count(&p.key.network, &digest, false);
         core.events
-            .emit(crate::events::Event::PoolRequest { outcome: "miss" });
+            .emit(crate::l1_leaves::events::Event::PoolRequest { outcome: "miss" });
         pool.wake.notify_one();
     }
     Ok(served)
@@ -53,7 +53,7 @@ fn eligible(core: &Core, pool: &Pool, p: &Prepared) -> Option<String> {
     if wants_own_ips(p) {
         pool.bypassed.fetch_add(1, Ordering::Relaxed);
         core.events
-            .emit(crate::events::Event::PoolRequest { outcome: "bypass" });
+            .emit(crate::l1_leaves::events::Event::PoolRequest { outcome: "bypass" });
         return None;
     }
     // A stale ADD is refused, a repeated one answered from the ledger and an interrupted one
@@ -178,11 +178,11 @@ async fn take_entry(
                 return Err(e);
             }
         }
-        crate::fault::hit("pool-after-take");
+        crate::l1_leaves::fault::hit("pool-after-take");
         pool.hits.fetch_add(1, Ordering::Relaxed);
         pool.count(&p.key.network, digest, true);
         core.events
-            .emit(crate::events::Event::PoolRequest { outcome: "hit" });
+            .emit(crate::l1_leaves::events::Event::PoolRequest { outcome: "hit" });
         // The pod's record replaced the entry's: one pool attachment fewer, one pod's more.
         core.attachment_delta(&entry, -1);
         core.attachment_delta(&rec, 1);
@@ -233,7 +233,7 @@ fn pod_record(
         }),
         creator_uid: p.caller.recorded_uid(),
         // The pod's own CNI_ARGS, not the pool entry's: the pod came through CRI or not.
-        cri_pod: crate::cri_args::for_record(&Owner::Pod, &p.key, &p.req.cni_args),
+        cri_pod: crate::l1_leaves::cri_args::for_record(&Owner::Pod, &p.key, &p.req.cni_args),
     }
 }
 

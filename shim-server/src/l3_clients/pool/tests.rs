@@ -7,7 +7,7 @@ use dipam_proto::v1::CniRequest;
 use dipam_state::{AttachmentState, Owner};
 
 use super::refill::{init, step};
-use crate::{access::Caller, node::Node, testing::add_as};
+use crate::{l1_leaves::access::Caller, l5_node::node::Node, testing::add_as};
 use std::time::Duration;
 
 use dipam_proto::v1::Mode;
@@ -17,8 +17,8 @@ use tempfile::TempDir;
 
 use super::*;
 use crate::{
-    delegate::Executor,
-    rpc::{check, del},
+    l2_core::delegate::Executor,
+    l5_node::rpc::{check, del},
 };
 
 /// A delegate that records each call and hands out 10.9.0.2, .3, ... in turn.
@@ -361,8 +361,8 @@ async fn off_at_start_releases_every_entry_and_takes_none() {
         Executor::new(vec![b.dir.path().to_owned()], Duration::from_secs(10)),
         b.node.core.identity.clone(),
         None,
-        crate::gc::GcPolicy::default(),
-        crate::access::Admission::default(),
+        crate::l3_clients::gc::GcPolicy::default(),
+        crate::l1_leaves::access::Admission::default(),
     );
     node.pool.configure(PoolConfig {
         marks: sizing::Watermarks::fixed(0),
@@ -428,7 +428,7 @@ fn digests_ignore_per_pod_parts_and_own_ips_are_seen() {
         let key = AttachmentKey::new("net", "x", "eth0");
         wants_own_ips(&Prepared {
             req,
-            caller: crate::access::Caller::ROOT,
+            caller: crate::l1_leaves::access::Caller::ROOT,
             dc,
             key,
             issued: None,
@@ -444,8 +444,8 @@ fn digests_ignore_per_pod_parts_and_own_ips_are_seen() {
     assert_eq!(entry_number("dipam-pool-n1-x", "n1"), None);
     assert_eq!(entry_number("dipam-pool-n2-1", "n1"), None);
     assert_eq!(
-        crate::keys::internal("dipam-pool-anything"),
-        Some(crate::keys::Internal::Pool)
+        crate::l1_leaves::keys::internal("dipam-pool-anything"),
+        Some(crate::l1_leaves::keys::Internal::Pool)
     );
 }
 
@@ -557,11 +557,11 @@ async fn an_add_the_delegate_refuses_takes_a_pooled_entry() {
         .node
         .prepare(request("pod", "1.0.0", json!({})), true, Caller::ROOT)
         .unwrap();
-    let refused = crate::core::attach::attach(
+    let refused = crate::l2_core::core::attach::attach(
         &b.node.core,
         &p,
         Owner::Pod,
-        &mut crate::core::attach::Early::default(),
+        &mut crate::l2_core::core::attach::Early::default(),
     )
     .await
     .unwrap_err();
@@ -572,7 +572,7 @@ async fn an_add_the_delegate_refuses_takes_a_pooled_entry() {
         &b.node.pool,
         &p,
         &refused,
-        &mut crate::core::attach::Early::default(),
+        &mut crate::l2_core::core::attach::Early::default(),
     )
     .await
     .unwrap()
@@ -592,7 +592,7 @@ async fn an_add_the_delegate_refuses_takes_a_pooled_entry() {
         &b.node.pool,
         &q,
         &refused,
-        &mut crate::core::attach::Early::default(),
+        &mut crate::l2_core::core::attach::Early::default(),
     )
     .await
     .unwrap();

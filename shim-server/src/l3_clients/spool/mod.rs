@@ -268,7 +268,10 @@ pub(crate) fn open_quarantine(fd: &OwnedFd, dir: &Path) -> Result<OwnedFd, Quara
         Ok(q) => return Ok(q),
         Err(e) if e.not_found() => {}
         Err(e) => {
-            let aside = format!(".untrusted-{QUARANTINE}-{}", crate::clock::now_ms());
+            let aside = format!(
+                ".untrusted-{QUARANTINE}-{}",
+                crate::l1_leaves::clock::now_ms()
+            );
             renameat(fd, QUARANTINE, fd, aside.as_str())
                 .map_err(|r| QuarantineError::NotMovedAside(e.clone(), r))?;
             error!(spool = %dir.display(), problem = %e, moved_to = %aside, "the spool's quarantine was not a directory meeting the spool rule; moved aside unread");
@@ -286,7 +289,7 @@ pub(crate) fn open_quarantine(fd: &OwnedFd, dir: &Path) -> Result<OwnedFd, Quara
     Ok(spool::open_subdir(fd, dir, QUARANTINE)?)
 }
 
-/// Names in `dir` that the drain (`crate::replay::spool::drain`) would consider (for tests and tools).
+/// Names in `dir` that the drain (`crate::l5_node::replay::spool::drain`) would consider (for tests and tools).
 pub fn pending(dir: &Path) -> Vec<OsString> {
     spool::open_dir(dir)
         .ok()
@@ -297,7 +300,7 @@ pub fn pending(dir: &Path) -> Vec<OsString> {
 /// The spool as `dipamctl status` shows it.
 pub fn status(
     state: &SpoolState,
-    identity: &crate::core::Identity,
+    identity: &crate::l2_core::core::Identity,
 ) -> dipam_proto::v1::SpoolStatus {
     let dir = &identity.spool_dir;
     dipam_proto::v1::SpoolStatus {

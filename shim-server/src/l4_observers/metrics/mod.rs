@@ -25,7 +25,7 @@ use prometheus_client::{
 };
 use tracing::warn;
 
-use crate::events::{Event, Observer};
+use crate::l1_leaves::events::{Event, Observer};
 
 mod series;
 mod serve;
@@ -251,7 +251,7 @@ const SIZE: &str = "size";
 
 impl Metrics {
     /// Sets the range series to exactly `counts`: a series not among them is removed.
-    fn ranges(&self, counts: &[crate::events::RangeCount]) {
+    fn ranges(&self, counts: &[crate::l1_leaves::events::RangeCount]) {
         let mut now = BTreeSet::new();
         for c in counts {
             let rows = [
@@ -427,7 +427,7 @@ impl Metrics {
     }
 
     /// Every warm pool's level; a pool no longer present loses its series.
-    fn pool_levels(&self, levels: &[crate::events::PoolLevel<'_>]) {
+    fn pool_levels(&self, levels: &[crate::l1_leaves::events::PoolLevel<'_>]) {
         set_whole(
             &[&self.pool.ready, &self.pool.target, &self.pool.in_use],
             &self.pools,

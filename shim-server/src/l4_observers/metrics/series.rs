@@ -7,7 +7,7 @@ use prometheus_client::{
 };
 
 use super::{BUCKETS, Buckets, Count, L1, L2, L3, gauge_value, l1, l2, reg};
-use crate::events::Event;
+use crate::l1_leaves::events::Event;
 
 /// The CNI requests dipamd answers, the delegate execs and ledger operations behind them.
 pub(super) struct RequestSeries {
@@ -392,7 +392,7 @@ impl RuntimeGcSeries {
                     Family::default(),
                 );
                 // Every reason from the start, so that a rate over it needs no first refusal.
-                for reason in crate::gc::runtime::REFUSALS {
+                for reason in crate::l3_clients::gc::runtime::REFUSALS {
                     family.get_or_create(&l1("reason", reason)).inc_by(0);
                 }
                 family

@@ -13,7 +13,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tracing::info;
 
 use super::{CONTENT_TYPE, Metrics};
-use crate::metrics_listen::Unrequested;
+use crate::l4_observers::metrics_listen::Unrequested;
 
 /// How long a connection may take to send its request head.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
@@ -106,7 +106,7 @@ where
 pub async fn serve_tcp(
     metrics: Arc<Metrics>,
     listener: tokio::net::TcpListener,
-    gate: crate::listen::Gate,
+    gate: crate::l1_leaves::listen::Gate,
 ) {
     // Displayed, not debugged: an operator reads `address=127.0.0.1:9090`, never `Some(..)`.
     match listener.local_addr() {
@@ -126,7 +126,7 @@ pub async fn serve_tcp(
 pub async fn serve_unix(
     metrics: Arc<Metrics>,
     listener: tokio::net::UnixListener,
-    gate: crate::listen::Gate,
+    gate: crate::l1_leaves::listen::Gate,
 ) {
     let room = Arc::new(Unrequested::default());
     loop {

@@ -23,8 +23,9 @@ fn families(text: &str) -> BTreeSet<String> {
 #[test]
 fn a_call_is_in_flight_until_its_handle_is_dropped() {
     let m = Arc::new(Metrics::new());
-    let events =
-        crate::events::Events::new(vec![Arc::clone(&m) as Arc<dyn crate::events::Observer>]);
+    let events = crate::l1_leaves::events::Events::new(vec![
+        Arc::clone(&m) as Arc<dyn crate::l1_leaves::events::Observer>
+    ]);
     let line = |m: &Metrics, op: &str| {
         m.render().lines().find_map(|l| {
             l.strip_prefix(&format!("dipam_requests_in_flight{{op=\"{op}\"}} "))
@@ -99,7 +100,7 @@ fn events_render_with_help_and_type_on_every_series() {
         orphans: 0,
         alive: 0,
     });
-    let hl = crate::events::RangeCount {
+    let hl = crate::l1_leaves::events::RangeCount {
         network: "net1".into(),
         family: "ipv4",
         size: Some(253),
@@ -110,13 +111,13 @@ fn events_render_with_help_and_type_on_every_series() {
         free: Some(248),
         ..Default::default()
     };
-    let v6 = crate::events::RangeCount {
+    let v6 = crate::l1_leaves::events::RangeCount {
         family: "ipv6",
         size: Some(u64::MAX),
         free: Some(u64::MAX - 1),
         ..hl.clone()
     };
-    let opaque = crate::events::RangeCount {
+    let opaque = crate::l1_leaves::events::RangeCount {
         network: "az".into(),
         family: "ipv4",
         pods: 2,

@@ -18,7 +18,7 @@ use std::{sync::Arc, time::Duration};
 use dipam_state::{AttachmentRecord, AttachmentState};
 use tracing::{info, warn};
 
-use crate::{error::ShimError, node::Node};
+use crate::{l1_leaves::error::ShimError, l5_node::node::Node};
 
 /// Non-root records replayed at once after the bind (and never more than the non-root share
 /// of the admission slots, quota.rs).
@@ -66,14 +66,16 @@ async fn release(node: &Node, rec: &AttachmentRecord) -> Result<bool, ShimError>
             // was never answered, so no pod held what its rollback frees.)
             if rec.state == AttachmentState::Deleting {
                 node.core.events.freed(
-                    crate::events::FreedBy::Del,
-                    &crate::events::Freeing::of(
+                    crate::l1_leaves::events::FreedBy::Del,
+                    &crate::l1_leaves::events::Freeing::of(
                         rec,
                         "its DEL was interrupted (dipamd stopped); finished at dipamd's start",
                     ),
                 );
             }
-            node.core.events.emit(crate::events::Event::IntentReplayed);
+            node.core
+                .events
+                .emit(crate::l1_leaves::events::Event::IntentReplayed);
             info!(key = %rec.key, state = rec.state.as_str(), creator_uid = ?rec.creator_uid, "replayed an interrupted operation: released");
             Ok(true)
         }
@@ -129,7 +131,7 @@ pub async fn replay_non_root(node: Arc<Node>) -> Result<Replay, ShimError> {
         records = total,
         released = out.released,
         failed = out.failed,
-        took_ms = crate::clock::log_ms(started.elapsed()),
+        took_ms = crate::l1_leaves::clock::log_ms(started.elapsed()),
         "non-root callers' interrupted operations replayed while serving"
     );
     Ok(out)

@@ -19,11 +19,11 @@ use serde::Deserialize;
 use tracing::{error, info, warn};
 
 use crate::{
-    delegate::store,
-    error::ShimError,
-    node::Node,
-    rpc,
-    spool::{Drained, depth, open_quarantine, set},
+    l1_leaves::error::ShimError,
+    l2_core::delegate::store,
+    l3_clients::spool::{Drained, depth, open_quarantine, set},
+    l5_node::node::Node,
+    l5_node::rpc,
 };
 
 /// The plugin's spool file (format 1).
@@ -80,7 +80,7 @@ fn open_checked(node: &Node, dir: &Path) -> Option<OwnedFd> {
 fn quarantine(node: &Node, fd: &OwnedFd, dir: &Path, name: &OsStr, why: &str) {
     let file = dir.join(name);
     let moved = open_quarantine(fd, dir).and_then(|q| {
-        renameat(fd, name, &q, name).map_err(crate::spool::QuarantineError::Move)?;
+        renameat(fd, name, &q, name).map_err(crate::l3_clients::spool::QuarantineError::Move)?;
         let _ = fsync(&q);
         let _ = fsync(fd);
         Ok(())
@@ -90,7 +90,7 @@ fn quarantine(node: &Node, fd: &OwnedFd, dir: &Path, name: &OsStr, why: &str) {
             node.spool.quarantined.fetch_add(1, Ordering::Relaxed);
             node.core
                 .events
-                .emit(crate::events::Event::SpoolQuarantined);
+                .emit(crate::l1_leaves::events::Event::SpoolQuarantined);
             warn!(file = %file.display(), why, "spooled DEL not replayed; moved to {QUARANTINE}/");
         }
         Err(e) => {
@@ -132,7 +132,7 @@ fn read_file(node: &Node, fd: &OwnedFd, dir: &Path, name: &OsStr) -> Option<Spoo
 /// DEL has nothing to release. Only a store dipamd can read (host-local's) proves it; the
 /// answer for each store directory is read once per drain.
 async fn provably_nothing_held(
-    p: &crate::core::Prepared,
+    p: &crate::l2_core::core::Prepared,
     cache: &mut HashMap<PathBuf, Option<HashSet<(String, String)>>>,
 ) -> bool {
     let Some(dir) = store::readable_dir(&p.dc.kind, &p.dc.conf, &p.dc.network) else {
@@ -198,7 +198,7 @@ pub async fn drain(node: &Node, dir: &Path) -> Drained {
         // restored from a backup). Only when the delegate's own store proves it holds
         // nothing for the key is the exec skipped, which keeps the drain (run before
         // serving) fast after a runtime retried ADDs in a tight loop while dipamd was down.
-        if let Ok(p) = node.prepare(req.clone(), true, crate::access::Caller::ROOT)
+        if let Ok(p) = node.prepare(req.clone(), true, crate::l1_leaves::access::Caller::ROOT)
             && let Ok(None) = node.core.lookup(&p.key)
             && provably_nothing_held(&p, &mut stores).await
         {
@@ -207,7 +207,7 @@ pub async fn drain(node: &Node, dir: &Path) -> Drained {
             out.released += 1;
             continue;
         }
-        match rpc::del::run(node, crate::access::Caller::ROOT, req).await {
+        match rpc::del::run(node, crate::l1_leaves::access::Caller::ROOT, req).await {
             Ok(released) => {
                 let _ = spool::remove(&fd, &name);
                 info!(attachment = %what, ips = %released.ips.join(","), file = %dir.join(&name).display(), "spooled DEL replayed");
@@ -299,7 +299,7 @@ pub async fn drain_all(node: &Node, dir: &Path) -> Drained {
 /// files while dipamd runs and the store recovers from a full disk in the background, so
 /// both are sampled here, at start and on every tick of [`run`] (docs/metrics.md).
 pub fn report(node: &Node, dir: &Path) {
-    use crate::events::Event;
+    use crate::l1_leaves::events::Event;
     node.core.events.emit(Event::SpoolDepth(depth(dir) as u64));
     node.core
         .events

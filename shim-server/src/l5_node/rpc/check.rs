@@ -8,15 +8,17 @@ use dipam_proto::v1::CniRequest;
 use dipam_state::AttachmentState;
 use rscni_types::version::SpecVersion;
 
-use crate::{delegate::config::result_addrs, error::ShimError, node::Node};
+use crate::{
+    l1_leaves::error::ShimError, l2_core::delegate::config::result_addrs, l5_node::node::Node,
+};
 
 pub async fn run(
     node: &Node,
-    caller: crate::access::Caller,
+    caller: crate::l1_leaves::access::Caller,
     req: CniRequest,
 ) -> Result<Vec<u8>, ShimError> {
     let mut p = node.prepare(req, true, caller)?;
-    crate::keys::refuse_runtime("CHECK", &p.req.container_id)?;
+    crate::l1_leaves::keys::refuse_runtime("CHECK", &p.req.container_id)?;
     let _guard = node.core.locks.lock(&p.key).await;
 
     let prev =
@@ -56,10 +58,10 @@ pub async fn run(
     }
 
     // A pod served from the warm pool is known to the delegate by the pool entry's key.
-    crate::pool::take::redirect(&mut p, &rec)?;
+    crate::l3_clients::pool::take::redirect(&mut p, &rec)?;
     let (probe, send) = node.core.resolve(&p.dc, &p.req.cni_path).await?;
-    let effective = crate::core::Core::effective(&p.dc, send);
-    if crate::core::Core::delegate_allows(&probe, effective, SpecVersion::new(0, 4, 0))
+    let effective = crate::l2_core::core::Core::effective(&p.dc, send);
+    if crate::l2_core::core::Core::delegate_allows(&probe, effective, SpecVersion::new(0, 4, 0))
         && effective >= SpecVersion::new(0, 4, 0)
     {
         let stdin = p.dc.bytes_for(send)?;

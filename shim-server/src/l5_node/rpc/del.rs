@@ -11,7 +11,10 @@ use dipam_proto::v1::CniRequest;
 use dipam_state::{AttachmentRecord, AttachmentState};
 use tracing::{debug, info, warn};
 
-use crate::{clock::now, core::Prepared, error::ShimError, node::Node};
+use crate::{
+    l1_leaves::clock::now, l1_leaves::error::ShimError, l2_core::core::Prepared,
+    l5_node::node::Node,
+};
 
 /// What a DEL released: the addresses it concerned, for the request's log line and the spool's
 /// replay line. DEL's reply to the plugin stays empty (spec §2.5: DEL returns no result).
@@ -22,13 +25,13 @@ pub struct Released {
 
 pub async fn run(
     node: &Node,
-    caller: crate::access::Caller,
+    caller: crate::l1_leaves::access::Caller,
     req: CniRequest,
 ) -> Result<Released, ShimError> {
     let mut p = node.prepare(req, true, caller)?;
     // dipamd's own keys (the agent's, the warm pool's) are never a pod's: a runtime's DEL of
     // one must not release what the agent, the pool, or a pod served from it holds.
-    crate::keys::refuse_runtime("DEL", &p.req.container_id)?;
+    crate::l1_leaves::keys::refuse_runtime("DEL", &p.req.container_id)?;
     let _guard = node.core.locks.lock(&p.key).await;
 
     let existing = node.core.lookup(&p.key)?;
@@ -63,7 +66,7 @@ pub async fn run(
     }
     // A pod served from the warm pool is known to the delegate by the pool entry's key.
     if let Some(rec) = &existing {
-        crate::pool::take::redirect(&mut p, rec)?;
+        crate::l3_clients::pool::take::redirect(&mut p, rec)?;
     }
     let prev =
         p.dc.conf
@@ -75,7 +78,7 @@ pub async fn run(
         .and_then(|r| r.result.as_ref())
         .or(prev.as_ref());
     let ips = known
-        .map(crate::delegate::config::result_ips)
+        .map(crate::l2_core::delegate::config::result_ips)
         .unwrap_or_default();
     if !p.dc.inject_for_del(known) && existing.is_none() {
         info!(key = %p.key, delegate = %p.dc.kind, "nothing recorded and no prevResult: the delegate has nothing dipam could release");
@@ -89,7 +92,7 @@ pub async fn run(
     let gate = async {
         if let Some(marked) = mark {
             node.core.ledger(move |l| l.put(&marked)).await?;
-            crate::fault::hit("del-after-mark");
+            crate::l1_leaves::fault::hit("del-after-mark");
         }
         Ok(())
     };
@@ -102,7 +105,7 @@ pub async fn run(
         .run_delegate_gated(&p, &probe, "DEL", stdin, gate, None)
         .await
         .into_result()?;
-    crate::fault::hit("del-after-exec");
+    crate::l1_leaves::fault::hit("del-after-exec");
 
     if let Some(rec) = &existing {
         forget(node, &p, rec).await?;
@@ -140,11 +143,11 @@ async fn forget(node: &Node, p: &Prepared, rec: &AttachmentRecord) -> Result<(),
             p.caller.uid, p.req.request_id
         )
     };
-    let mut freeing = crate::events::Freeing::of(rec, &reason);
+    let mut freeing = crate::l1_leaves::events::Freeing::of(rec, &reason);
     freeing.request_id = &p.req.request_id;
     node.core
         .events
-        .freed(crate::events::FreedBy::Del, &freeing);
+        .freed(crate::l1_leaves::events::FreedBy::Del, &freeing);
     Ok(())
 }
 
@@ -160,7 +163,7 @@ fn stale(
     issued: Option<&dipam_state::BootStamp>,
     rec: &dipam_state::AttachmentRecord,
 ) -> bool {
-    if crate::order::before(issued, rec.issued_at.as_ref()) != Some(true) {
+    if crate::l1_leaves::order::before(issued, rec.issued_at.as_ref()) != Some(true) {
         return false;
     }
     warn!(
@@ -170,6 +173,8 @@ fn stale(
         "DEL issued before the ADD of the current attachment (on the boot clock); it was \
          meant for an earlier one, already gone: not releasing the current one"
     );
-    node.core.events.emit(crate::events::Event::StaleDel);
+    node.core
+        .events
+        .emit(crate::l1_leaves::events::Event::StaleDel);
     true
 }

@@ -15,22 +15,22 @@
 use dipam_proto::v1::CniRequest;
 
 use crate::{
-    core::Core,
-    error::ShimError,
-    gc::{self, Valid, ValidInput},
-    node::Node,
+    l1_leaves::error::ShimError,
+    l2_core::core::Core,
+    l3_clients::gc::{self, Valid, ValidInput},
+    l5_node::node::Node,
 };
 
 pub async fn run(
     node: &Node,
-    caller: crate::access::Caller,
+    caller: crate::l1_leaves::access::Caller,
     peer: Option<u32>,
     req: CniRequest,
 ) -> Result<Vec<u8>, ShimError> {
     // When the runtime started the plugin, after it made the valid list: the plugin's
     // process start (the kernel's, from its pid), else its own stamp. Nothing an ADD finished
     // since then is freed, whatever the grace period and the wall clock (core/births.rs).
-    let started = peer.and_then(crate::core::births::process_start_ns);
+    let started = peer.and_then(crate::l2_core::core::births::process_start_ns);
     let p = node.prepare(req, false, caller)?;
     let began = node.core.births.gc_began(p.issued.as_ref(), started);
     // GC frees every attachment of the network that is not in the list: every caller's.
@@ -74,7 +74,7 @@ pub async fn run(
         valid: Valid::List(list),
         began,
         mode: gc::collect::Mode::Free,
-        by: crate::events::FreedBy::CniGc,
+        by: crate::l1_leaves::events::FreedBy::CniGc,
     };
     let plan = gc::collect::collect(&node.collector(), gc).await?;
     let failed: Vec<String> = plan

@@ -19,13 +19,13 @@ use std::time::{Duration, Instant};
 use dipam_proto::v1::CniRequest;
 use rscni_types::version::SpecVersion;
 
-use crate::{error::ShimError, node::Node};
+use crate::{l1_leaves::error::ShimError, l5_node::node::Node};
 
 const DELEGATE_STATUS_TTL: Duration = Duration::from_secs(5);
 
 pub async fn run(
     node: &Node,
-    caller: crate::access::Caller,
+    caller: crate::l1_leaves::access::Caller,
     req: CniRequest,
 ) -> Result<Vec<u8>, ShimError> {
     let p = node.prepare(req, false, caller)?;
@@ -67,7 +67,7 @@ pub fn node_checks(node: &Node) -> Result<(), ShimError> {
 
 /// The network's delegate: it answers VERSION, and, when it speaks 1.1, its own STATUS
 /// (remembered for a few seconds).
-async fn delegate_checks(node: &Node, p: &crate::core::Prepared) -> Result<(), ShimError> {
+async fn delegate_checks(node: &Node, p: &crate::l2_core::core::Prepared) -> Result<(), ShimError> {
     let probe = node
         .core
         .exec
@@ -125,7 +125,7 @@ async fn delegate_checks(node: &Node, p: &crate::core::Prepared) -> Result<(), S
 
 /// Where a delegate's STATUS answer is remembered: by its type for root, by its type and
 /// the uid for a non-root caller (never read for root's readiness).
-fn cache_key(kind: &str, caller: crate::access::Caller) -> String {
+fn cache_key(kind: &str, caller: crate::l1_leaves::access::Caller) -> String {
     if caller.is_root() {
         kind.to_owned()
     } else {

@@ -1,5 +1,5 @@
 //! What a non-root uid's requests may make dipamd buffer (docs/cfp.md, "Threat model"). tonic
-//! reads a request's whole body, up to [`MAX_REQUEST_BYTES`](crate::access::MAX_REQUEST_BYTES),
+//! reads a request's whole body, up to [`MAX_REQUEST_BYTES`](crate::l1_leaves::access::MAX_REQUEST_BYTES),
 //! before any handler (and so before the uid's in-flight quota, quota.rs) sees it: an allowed
 //! uid that opened 64 streams on each of 8 connections and sent ~1.9 MiB on each held 995 MiB
 //! of dipamd's memory, and its connection cap allowed about 3.9 GiB. This layer runs before
@@ -8,7 +8,7 @@
 //! which refuses them naming the flag); the next is answered RESOURCE_EXHAUSTED at once and
 //! its body is never read (h2 then resets the stream and drops what it buffered). Root is not
 //! counted: root's pods never wait on a non-root caller. A non-root request's body is read up
-//! to [`NON_ROOT_REQUEST_BYTES`](crate::access::NON_ROOT_REQUEST_BYTES), not up to the root
+//! to [`NON_ROOT_REQUEST_BYTES`](crate::l1_leaves::access::NON_ROOT_REQUEST_BYTES), not up to the root
 //! GC's larger limit.
 
 use std::{
@@ -136,7 +136,7 @@ where
                     req.map(|b| {
                         tonic::body::Body::new(http_body_util::Limited::new(
                             b,
-                            crate::access::NON_ROOT_REQUEST_BYTES,
+                            crate::l1_leaves::access::NON_ROOT_REQUEST_BYTES,
                         ))
                     }),
                 ),

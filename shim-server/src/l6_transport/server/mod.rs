@@ -15,10 +15,10 @@ use tokio::net::UnixListener;
 use tracing::{info, warn};
 
 use crate::{
-    access::{MAX_REQUEST_BYTES, PeerCheck},
-    listen::{Gate, KEEPALIVE},
-    node::Node,
-    service::Service,
+    l1_leaves::access::{MAX_REQUEST_BYTES, PeerCheck},
+    l1_leaves::listen::{Gate, KEEPALIVE},
+    l5_node::node::Node,
+    l6_transport::service::Service,
 };
 use tonic::service::interceptor::InterceptedService;
 
@@ -168,7 +168,8 @@ impl Listener {
     }
 }
 
-type Incoming = crate::authority::Fixed<crate::listen::Guarded<tokio::net::UnixStream>>;
+type Incoming =
+    crate::l1_leaves::authority::Fixed<crate::l1_leaves::listen::Guarded<tokio::net::UnixStream>>;
 
 /// One socket's incoming connections: each admitted by its gate (peer credentials and caps
 /// checked at accept, docs/cfp.md "Threat model"), then C-core clients' `:authority` fixed
@@ -183,7 +184,7 @@ fn incoming(
         |(listener, gate)| async move {
             let conn = gate.accept_unix(&listener).await;
             Some((
-                Ok(crate::authority::Fixed::new(conn.http2())),
+                Ok(crate::l1_leaves::authority::Fixed::new(conn.http2())),
                 (listener, gate),
             ))
         },
@@ -221,7 +222,7 @@ async fn stop_signal<F>(
     early: Vec<PathBuf>,
     drain: Duration,
     stopping: Arc<Node>,
-    draining_health: Arc<crate::health::Monitor>,
+    draining_health: Arc<crate::l6_transport::health::Monitor>,
     draining: tokio::sync::oneshot::Sender<()>,
 ) where
     F: std::future::Future<Output = ()> + Send,
@@ -316,8 +317,8 @@ where
     }
     let svc = Service(node.clone());
     let check = move |req| peers.check(req);
-    let health = crate::health::Monitor::new(node.clone());
-    tokio::spawn(health.clone().run(crate::health::RECHECK));
+    let health = crate::l6_transport::health::Monitor::new(node.clone());
+    tokio::spawn(health.clone().run(crate::l6_transport::health::RECHECK));
     let (reflection_v1, reflection_v1alpha) = reflection()?;
     let (draining_tx, draining) = tokio::sync::oneshot::channel::<()>();
     let early: Vec<PathBuf> = unlink

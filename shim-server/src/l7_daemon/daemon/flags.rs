@@ -8,10 +8,10 @@ pub(super) struct Flags {
     /// The delegate search path (--cni-path).
     pub(super) dirs: Vec<PathBuf>,
     /// The runtime-aware GC's CRI client (--cri-endpoint).
-    pub(super) runtime: Option<crate::gc::runtime::cri::CriClient>,
+    pub(super) runtime: Option<crate::l3_clients::gc::runtime::cri::CriClient>,
     pub(super) agent: Option<AgentConfig>,
     /// The warm pool's watermarks.
-    pub(super) pool: crate::pool::sizing::Watermarks,
+    pub(super) pool: crate::l3_clients::pool::sizing::Watermarks,
     /// The warm pool entries' node name; empty when the pool is off.
     pub(super) pool_node: String,
 }
@@ -21,11 +21,11 @@ pub(super) struct Flags {
 pub(super) fn check_flags(args: &Args) -> Result<Flags, DaemonError> {
     #[cfg(feature = "fault-injection")]
     if let Some(point) = &args.crash_at {
-        crate::fault::arm(point).map_err(|e| DaemonError::Usage(e.to_string()))?;
+        crate::l1_leaves::fault::arm(point).map_err(|e| DaemonError::Usage(e.to_string()))?;
     }
     #[cfg(feature = "fault-injection")]
     if let Some(spec) = &args.pause_at {
-        crate::fault::arm_pause(spec).map_err(|e| DaemonError::Usage(e.to_string()))?;
+        crate::l1_leaves::fault::arm_pause(spec).map_err(|e| DaemonError::Usage(e.to_string()))?;
     }
     if !(args.delegate_timeout > 0.0 && args.delegate_timeout <= 3600.0) {
         return Err(DaemonError::Usage(
@@ -48,14 +48,13 @@ pub(super) fn check_flags(args: &Args) -> Result<Flags, DaemonError> {
         .filter(|s| !s.is_empty())
         .map(PathBuf::from)
         .collect();
-    crate::perms::private_state_dir(&args.state_dir, spool_dir_of(args).as_path()).map_err(
-        |e| {
+    crate::l1_leaves::perms::private_state_dir(&args.state_dir, spool_dir_of(args).as_path())
+        .map_err(|e| {
             DaemonError::Usage(format!(
                 "cannot create --state-dir {}: {e}",
                 args.state_dir.display()
             ))
-        },
-    )?;
+        })?;
     // No TCP listener beyond this node unless explicitly asked for.
     if let Some(addr) = args.metrics_address
         && !addr.ip().is_loopback()
@@ -82,7 +81,7 @@ pub(super) fn check_flags(args: &Args) -> Result<Flags, DaemonError> {
             ));
         }
         Some(e) => Some(
-            crate::gc::runtime::cri::CriClient::new(e)
+            crate::l3_clients::gc::runtime::cri::CriClient::new(e)
                 .map_err(|e| DaemonError::Usage(e.to_string()))?,
         ),
     };

@@ -1,14 +1,15 @@
 //! The metrics listeners, bound in the background: dipamd serves pods whether or not it can
 //! bind them (metrics_listen.rs says why). A failed bind is logged (throttled), shown by
 //! `dipamctl doctor` and the `dipam_metrics_listener_up` gauge, and tried again every
-//! [`RETRY`](crate::metrics_listen::RETRY) until it succeeds.
+//! [`RETRY`](crate::l4_observers::metrics_listen::RETRY) until it succeeds.
 
 use std::{fmt::Display, future::Future, net::SocketAddr, path::PathBuf, sync::Arc};
 
 use tracing::{info, warn};
 
 use crate::{
-    listen::Gate, listen::Throttle, metrics::Metrics, metrics_listen::RETRY, node::Node, server,
+    l1_leaves::listen::Gate, l1_leaves::listen::Throttle, l4_observers::metrics::Metrics,
+    l4_observers::metrics_listen::RETRY, l5_node::node::Node, l6_transport::server,
 };
 
 /// Tries `bind` until it succeeds, noting each outcome for doctor and the gauge.
@@ -66,7 +67,7 @@ pub fn spawn_tcp(node: &Arc<Node>, metrics: &Arc<Metrics>, addr: SocketAddr, gat
             tokio::net::TcpListener::bind(addr)
         })
         .await;
-        crate::metrics::serve_tcp(metrics, l, gate).await;
+        crate::l4_observers::metrics::serve_tcp(metrics, l, gate).await;
     });
 }
 
@@ -79,6 +80,6 @@ pub fn spawn_unix(node: &Arc<Node>, metrics: &Arc<Metrics>, path: PathBuf, gate:
             server::bind(&path, None)
         })
         .await;
-        crate::metrics::serve_unix(metrics, l, gate).await;
+        crate::l4_observers::metrics::serve_unix(metrics, l, gate).await;
     });
 }

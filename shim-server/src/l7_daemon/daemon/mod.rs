@@ -19,14 +19,15 @@ mod pool_args;
 use flags::check_flags;
 
 use crate::{
-    agent::{self, AgentConfig, Family, ROLES, conflist::Source},
-    core::Identity,
-    delegate::Executor,
-    divergence,
-    gc::GcPolicy,
-    logging::{self, LogFormat},
-    node::Node,
-    server, spool,
+    l2_core::core::Identity,
+    l2_core::delegate::Executor,
+    l3_clients::agent::{self, AgentConfig, Family, ROLES, conflist::Source},
+    l3_clients::divergence,
+    l3_clients::gc::GcPolicy,
+    l3_clients::spool,
+    l5_node::node::Node,
+    l6_transport::server,
+    l7_daemon::logging::{self, LogFormat},
 };
 
 /// dipamd: the dipam shim daemon.
@@ -114,7 +115,7 @@ pub struct Args {
     pub gc_allow_empty: bool,
     /// Delegate DELs a GC runs at a time (1-64). GC locks only what it frees, so pods' ADDs
     /// go on beside it; more at once mostly queue on the delegate's own lock and the CPUs.
-    #[arg(long, default_value_t = crate::gc::DEFAULT_PARALLEL, value_parser = clap::value_parser!(u16).range(1..=64))]
+    #[arg(long, default_value_t = crate::l3_clients::gc::DEFAULT_PARALLEL, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub gc_parallel: u16,
     /// Seconds between comparisons of the ledger with the delegate's own store (0: never).
     #[arg(long, default_value_t = 300.0)]
@@ -144,10 +145,10 @@ pub struct Args {
     /// lists no such sandbox, its network namespace is gone) before dipamd frees it (0: never;
     /// docs/cfp.md §7.4, "Dead attachments"). The agent's and the warm pool's, those in
     /// flight and those younger than --gc-grace are never freed so.
-    #[arg(long, default_value_t = crate::gc::evidence::DEFAULT_DEAD_AFTER as f64)]
+    #[arg(long, default_value_t = crate::l3_clients::gc::evidence::DEFAULT_DEAD_AFTER as f64)]
     pub dead_after: f64,
     /// Where the kernel's boot id is read (tests simulate a reboot with another file).
-    #[arg(long, hide = true, default_value = crate::order::BOOT_ID_FILE)]
+    #[arg(long, hide = true, default_value = crate::l1_leaves::order::BOOT_ID_FILE)]
     pub boot_id_file: PathBuf,
     /// Fault injection (test builds only): SIGKILL dipamd the first time it reaches POINT.
     #[cfg(feature = "fault-injection")]
@@ -195,21 +196,21 @@ pub struct Args {
     pub non_root_data_dirs: Vec<PathBuf>,
     /// Per non-root uid (--allow-uid, --admin-uid): attachments its records may hold in the
     /// ledger. More ADDs are refused with code 155. Root is never limited by it.
-    #[arg(long, default_value_t = crate::quota::Limits::default().records)]
+    #[arg(long, default_value_t = crate::l1_leaves::quota::Limits::default().records)]
     pub non_root_max_records: usize,
     /// Per non-root uid: bytes its records may take in the ledger (its ADDs in flight
     /// included). More ADDs are refused with code 155. Kept far below the commit journal's
     /// 4 MiB cap, so one caller can never make the ledger refuse commits for everyone.
-    #[arg(long, default_value_t = crate::quota::Limits::default().bytes)]
+    #[arg(long, default_value_t = crate::l1_leaves::quota::Limits::default().bytes)]
     pub non_root_max_bytes: u64,
     /// Per non-root uid: operations running or waiting at once; more are refused at once with
     /// code 155.
-    #[arg(long, default_value_t = crate::quota::Limits::default().in_flight)]
+    #[arg(long, default_value_t = crate::l1_leaves::quota::Limits::default().in_flight)]
     pub non_root_max_in_flight: usize,
     /// Per non-root uid: operations running at once (all non-root uids together at most
     /// half of the ADD slots; a non-root operation never uses the slots held for root's
     /// releases). More wait, as long as --max-queue's waiters do.
-    #[arg(long, default_value_t = crate::quota::Limits::default().slots)]
+    #[arg(long, default_value_t = crate::l1_leaves::quota::Limits::default().slots)]
     pub non_root_max_slots: usize,
     /// Operations run at once (a quarter is held for DEL, CHECK and GC).
     #[arg(long, default_value_t = 16)]
@@ -221,11 +222,11 @@ pub struct Args {
     /// are closed at accept. Root is bounded only by the descriptor budget (the soft
     /// RLIMIT_NOFILE, raised to the hard limit at start, less a reserve of 256 for delegates
     /// and the ledger).
-    #[arg(long, default_value_t = crate::listen::DEFAULT_PER_UID)]
+    #[arg(long, default_value_t = crate::l1_leaves::listen::DEFAULT_PER_UID)]
     pub max_connections_per_uid: usize,
     /// Metrics connections (TCP and unix socket, each) open at once; more wait in the
     /// kernel's backlog.
-    #[arg(long, default_value_t = crate::listen::DEFAULT_METRICS)]
+    #[arg(long, default_value_t = crate::l1_leaves::listen::DEFAULT_METRICS)]
     pub metrics_max_connections: usize,
     /// Serve Prometheus metrics on this address (HOST:PORT). Off by default; only loopback
     /// addresses unless --metrics-allow-remote.
@@ -270,7 +271,7 @@ pub enum DaemonError {
     #[error("{0}")]
     Usage(String),
     #[error("start-up replay failed: {0}")]
-    Replay(#[from] crate::error::ShimError),
+    Replay(#[from] crate::l1_leaves::error::ShimError),
 }
 
 /// dipamd's start, phase by phase, then serving until SIGTERM or SIGINT. The order is the
@@ -279,7 +280,7 @@ pub enum DaemonError {
 pub async fn run(args: Args) -> Result<(), DaemonError> {
     logging::init(args.log_format, &args.log_level);
     // Before anything opens a descriptor: the budget every listener shares (listen.rs).
-    let budget = crate::listen::Budget::new(crate::listen::raise_nofile());
+    let budget = crate::l1_leaves::listen::Budget::new(crate::l1_leaves::listen::raise_nofile());
     let flags = check_flags(&args)?;
     let spool = publish_spool(&args)?;
     // Beside the socket by the dipamd that holds its lock, before the ledger opens: a dipamd
@@ -287,10 +288,10 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     // socket's directory is read by non-root tooling too (0644, as the spool pointer).
     let record = paths::record(&args, &spool.dir);
     if spool.socket_lock.is_some() {
-        let at = crate::paths_record::beside_socket(&args.socket);
+        let at = crate::l1_leaves::paths_record::beside_socket(&args.socket);
         paths::leave(at, record.clone(), 0o644).await;
     }
-    crate::fault::pause("start-before-ledger").await;
+    crate::l1_leaves::fault::pause("start-before-ledger").await;
     let store: Arc<dyn dipam_state::Store> = Arc::new(dipam_state::open(&args.state_dir)?);
     // Held until dipamd exits.
     let Some(_socket_lock) = spool.socket_lock else {
@@ -302,7 +303,7 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     // In the state directory by the dipamd that holds the ledger's lock (and the socket's);
     // private (0600) like everything there (perms.rs).
     paths::leave(
-        crate::paths_record::in_state_dir(&args.state_dir),
+        crate::l1_leaves::paths_record::in_state_dir(&args.state_dir),
         record,
         0o600,
     )
@@ -332,15 +333,15 @@ pub async fn run(args: Args) -> Result<(), DaemonError> {
     let sockets = sockets::listen(&args).await?;
     // DELs the plugin spooled during the start (it could not connect until now) are released
     // before the first ADD is accepted; connections wait in the backlog meanwhile.
-    let late = crate::replay::spool::drain_all(&node, &spool.dir).await;
+    let late = crate::l5_node::replay::spool::drain_all(&node, &spool.dir).await;
     if late != spool::Drained::default() {
         info!(released = late.released, kept = late.kept, failed = late.failed, spool = %spool.dir.display(), "DELs spooled during start replayed");
     }
     info!(socket = %args.socket.display(), spool = %spool.dir.display(), cni_path = %args.cni_path, "serving");
     // A non-root caller's interrupted operations never hold the socket closed (replay/).
-    tokio::spawn(crate::replay::interrupted::replay_non_root(Arc::clone(
-        &node,
-    )));
+    tokio::spawn(crate::l5_node::replay::interrupted::replay_non_root(
+        Arc::clone(&node),
+    ));
     spawn_background(&node, &args, observed.metrics.as_ref(), spool.dir, &budget).await?;
     serve(node, &args, sockets, &budget).await
 }
@@ -351,14 +352,14 @@ async fn serve(
     node: Arc<Node>,
     args: &Args,
     sockets: sockets::Sockets<impl std::future::Future<Output = ()> + Send + 'static>,
-    budget: &Arc<crate::listen::Budget>,
+    budget: &Arc<crate::l1_leaves::listen::Budget>,
 ) -> Result<(), DaemonError> {
-    let peers = crate::access::PeerCheck {
+    let peers = crate::l1_leaves::access::PeerCheck {
         allow_uids: args.allow_uids.clone(),
         admin_uids: args.admin_uids.clone(),
     };
     let gate = |name| {
-        crate::listen::Gate::new(name, Arc::clone(budget), None)
+        crate::l1_leaves::listen::Gate::new(name, Arc::clone(budget), None)
             .with_peers(Arc::new(peers.clone()), args.max_connections_per_uid)
     };
     let users = sockets
@@ -451,9 +452,9 @@ fn publish_spool(args: &Args) -> Result<Spool, DaemonError> {
 /// die) first, so none can complete after the replay's DEL; the kills refused are returned
 /// for doctor.
 fn executor(args: &Args, dirs: Vec<PathBuf>) -> (Executor, Vec<String>) {
-    let tracker = crate::delegate::survivors::Tracker::new(crate::delegate::survivors::dir_in(
-        &args.state_dir,
-    ));
+    let tracker = crate::l2_core::delegate::survivors::Tracker::new(
+        crate::l2_core::delegate::survivors::dir_in(&args.state_dir),
+    );
     let kills_denied = tracker.settle(Duration::from_secs_f64(args.delegate_timeout));
     let mut executor = Executor::new(dirs, Duration::from_secs_f64(args.delegate_timeout));
     executor.non_root_kinds = args
@@ -472,31 +473,35 @@ fn executor(args: &Args, dirs: Vec<PathBuf>) -> (Executor, Vec<String>) {
 /// such as /tmp is made by root first). Checked again at each use (Executor::allow_store):
 /// removed later, it could be made again by a caller. Only with --allow-uid do they matter.
 fn non_root_data_dirs(args: &Args) -> Vec<PathBuf> {
-    let mut dirs = vec![PathBuf::from(crate::delegate::store::DEFAULT_DATA_DIR)];
+    let mut dirs = vec![PathBuf::from(
+        crate::l2_core::delegate::store::DEFAULT_DATA_DIR,
+    )];
     dirs.extend(args.non_root_data_dirs.iter().cloned());
     dirs.dedup();
-    dirs.retain(|d| match crate::delegate::store::root_only_dir_remade(d) {
-        Ok(()) => true,
-        Err(why) => {
-            if !args.allow_uids.is_empty() || !args.admin_uids.is_empty() {
-                tracing::error!(
-                    dir = %d.display(),
-                    why = %why,
-                    "not a dataDir for non-root callers: make it root-owned and writable by \
-                     root only along its whole path"
-                );
+    dirs.retain(
+        |d| match crate::l2_core::delegate::store::root_only_dir_remade(d) {
+            Ok(()) => true,
+            Err(why) => {
+                if !args.allow_uids.is_empty() || !args.admin_uids.is_empty() {
+                    tracing::error!(
+                        dir = %d.display(),
+                        why = %why,
+                        "not a dataDir for non-root callers: make it root-owned and writable by \
+                         root only along its whole path"
+                    );
+                }
+                false
             }
-            false
-        }
-    });
+        },
+    );
     dirs
 }
 
 /// The observers and the events handle that reaches them.
 struct Observed {
-    metrics: Option<Arc<crate::metrics::Metrics>>,
-    history: crate::history::Sink,
-    events: crate::events::Events,
+    metrics: Option<Arc<crate::l4_observers::metrics::Metrics>>,
+    history: crate::l4_observers::history::Sink,
+    events: crate::l1_leaves::events::Events,
 }
 
 /// Phase 4: the observers. The metrics registry listens to the events of every part
@@ -505,22 +510,22 @@ struct Observed {
 /// its drops are counted by the metrics.
 fn observe(args: &Args, store: &Arc<dyn dipam_state::Store>) -> Observed {
     let metrics = (args.metrics_address.is_some() || args.metrics_socket.is_some())
-        .then(|| Arc::new(crate::metrics::Metrics::new()));
-    let counters: Vec<Arc<dyn crate::events::Observer>> = metrics
+        .then(|| Arc::new(crate::l4_observers::metrics::Metrics::new()));
+    let counters: Vec<Arc<dyn crate::l1_leaves::events::Observer>> = metrics
         .iter()
-        .map(|m| Arc::clone(m) as Arc<dyn crate::events::Observer>)
+        .map(|m| Arc::clone(m) as Arc<dyn crate::l1_leaves::events::Observer>)
         .collect();
-    let history = crate::history::start(dipam_state::Ledger::from_arc(store.clone()));
-    let recorder = crate::history::Recorder::new(
+    let history = crate::l4_observers::history::start(dipam_state::Ledger::from_arc(store.clone()));
+    let recorder = crate::l4_observers::history::Recorder::new(
         history.clone(),
-        crate::events::Events::new(counters.clone()),
+        crate::l1_leaves::events::Events::new(counters.clone()),
     );
     let mut observers = counters;
     observers.push(Arc::new(recorder));
     Observed {
         metrics,
         history,
-        events: crate::events::Events::new(observers),
+        events: crate::l1_leaves::events::Events::new(observers),
     }
 }
 
@@ -529,7 +534,7 @@ fn assemble(
     args: &Args,
     store: Arc<dyn dipam_state::Store>,
     mut executor: Executor,
-    events: crate::events::Events,
+    events: crate::l1_leaves::events::Events,
     agent: Option<AgentConfig>,
     spool_dir: &std::path::Path,
 ) -> Arc<Node> {
@@ -549,11 +554,11 @@ fn assemble(
             allow_empty: args.gc_allow_empty,
             parallel: usize::from(args.gc_parallel),
         },
-        crate::access::Admission::with_quotas(
+        crate::l1_leaves::access::Admission::with_quotas(
             args.max_concurrent,
             args.max_queue,
             Duration::from_secs(10),
-            crate::quota::Limits {
+            crate::l1_leaves::quota::Limits {
                 records: args.non_root_max_records,
                 bytes: args.non_root_max_bytes,
                 in_flight: args.non_root_max_in_flight,
@@ -568,21 +573,21 @@ fn assemble(
 fn attach_parts(
     node: &Node,
     args: &Args,
-    (marks, pool_node): (crate::pool::sizing::Watermarks, String),
-    history: crate::history::Sink,
-    runtime: Option<crate::gc::runtime::cri::CriClient>,
+    (marks, pool_node): (crate::l3_clients::pool::sizing::Watermarks, String),
+    history: crate::l4_observers::history::Sink,
+    runtime: Option<crate::l3_clients::gc::runtime::cri::CriClient>,
 ) {
-    let _ = node.startup.set(crate::startup_checks::check(
+    let _ = node.startup.set(crate::l7_daemon::startup_checks::check(
         &args.state_dir,
         &args.socket,
-        crate::startup_checks::Accepted {
+        crate::l7_daemon::startup_checks::Accepted {
             volatile_state: args.allow_volatile_state,
             shared_socket_dir: args.allow_shared_socket_dir,
         },
     ));
-    node.pool.configure(crate::pool::PoolConfig {
+    node.pool.configure(crate::l3_clients::pool::PoolConfig {
         marks,
-        batch: crate::pool::BATCH,
+        batch: crate::l3_clients::pool::BATCH,
         node: pool_node,
         namespace: args.agent_namespace.clone(),
     });
@@ -591,11 +596,16 @@ fn attach_parts(
         let _ = node
             .gc
             .runtime
-            .set(crate::gc::runtime::RuntimeGc::new(Arc::new(client)));
+            .set(crate::l3_clients::gc::runtime::RuntimeGc::new(Arc::new(
+                client,
+            )));
     }
     // Without the worker, main-mode plugins simply delete their veths themselves (slower
     // DEL, same outcome), so a failure here is a warning, not a reason not to serve.
-    match crate::teardown::Teardown::start(node.denials.clone(), node.core.events.clone()) {
+    match crate::l3_clients::teardown::Teardown::start(
+        node.denials.clone(),
+        node.core.events.clone(),
+    ) {
         Ok(td) => {
             let _ = node.teardown.set(td);
         }
@@ -633,12 +643,12 @@ async fn replay_before_serving(
 ) -> Result<(), DaemonError> {
     census(node).await?;
     // First: what died in a reboot goes before anything else may meet its addresses.
-    let boot = crate::replay::reboot::boot_id(&args.boot_id_file);
-    crate::replay::reboot::release_earlier_boot(node, boot.as_deref()).await?;
-    let replay = crate::replay::interrupted::replay(node).await?;
+    let boot = crate::l5_node::replay::reboot::boot_id(&args.boot_id_file);
+    crate::l5_node::replay::reboot::release_earlier_boot(node, boot.as_deref()).await?;
+    let replay = crate::l5_node::replay::interrupted::replay(node).await?;
     // Releases the plugin could not deliver while dipamd was down, before any ADD can take
     // their addresses' place (F3).
-    let drained = crate::replay::spool::drain_all(node, spool_dir).await;
+    let drained = crate::l5_node::replay::spool::drain_all(node, spool_dir).await;
     if drained != spool::Drained::default() {
         info!(released = drained.released, kept = drained.kept, failed = drained.failed, spool = %spool_dir.display(), "spooled DELs replayed");
     }
@@ -653,7 +663,7 @@ async fn replay_before_serving(
     );
     // After the replay: entries it could not release, and every entry when the pool is off,
     // are released by the refiller; the rest are ready to hand out.
-    crate::pool::refill::init(&node.refiller()).await?;
+    crate::l3_clients::pool::refill::init(&node.refiller()).await?;
     // The agent's addresses before the first pod, when the conflist is there: otherwise a pod
     // could take the address the agent held before this restart.
     let reconciler = node.reconciler();
@@ -672,14 +682,18 @@ async fn replay_before_serving(
 async fn spawn_background(
     node: &Arc<Node>,
     args: &Args,
-    metrics: Option<&Arc<crate::metrics::Metrics>>,
+    metrics: Option<&Arc<crate::l4_observers::metrics::Metrics>>,
     spool_dir: PathBuf,
-    budget: &Arc<crate::listen::Budget>,
+    budget: &Arc<crate::l1_leaves::listen::Budget>,
 ) -> Result<(), DaemonError> {
     let metrics_gate = |name| {
-        crate::listen::Gate::new(name, Arc::clone(budget), Some(args.metrics_max_connections))
+        crate::l1_leaves::listen::Gate::new(
+            name,
+            Arc::clone(budget),
+            Some(args.metrics_max_connections),
+        )
     };
-    tokio::spawn(crate::trim::run());
+    tokio::spawn(crate::l1_leaves::trim::run());
     tokio::spawn(agent::reconcile::run(
         node.reconciler(),
         Duration::from_secs_f64(args.agent_check_interval.max(1.0)),
@@ -693,8 +707,8 @@ async fn spawn_background(
             metrics_bind::spawn_unix(node, m, path.clone(), metrics_gate("metrics-unix"));
         }
     }
-    tokio::spawn(crate::pool::refill::run(node.refiller()));
-    tokio::spawn(crate::replay::spool::run(
+    tokio::spawn(crate::l3_clients::pool::refill::run(node.refiller()));
+    tokio::spawn(crate::l5_node::replay::spool::run(
         Arc::clone(node),
         spool_dir,
         Duration::from_secs(5),
@@ -704,13 +718,13 @@ async fn spawn_background(
         Duration::from_secs_f64(args.reconcile_interval.max(0.0)),
         args.reconcile_free,
     ));
-    tokio::spawn(crate::gc::evidence::run(
+    tokio::spawn(crate::l3_clients::gc::evidence::run(
         node.collector(),
         Duration::from_secs_f64(args.dead_after.max(0.0)),
     ));
     if let Some(rt) = node.gc.runtime.get() {
         info!(endpoint = %rt.client.endpoint(), every_s = args.runtime_gc_interval, grace_s = args.gc_grace, "runtime-aware GC on");
-        tokio::spawn(crate::gc::runtime::pass::run(
+        tokio::spawn(crate::l3_clients::gc::runtime::pass::run(
             node.collector(),
             Duration::from_secs_f64(args.runtime_gc_interval),
         ));
@@ -763,15 +777,20 @@ async fn census(node: &Node) -> Result<(), DaemonError> {
     }
     let mut by: std::collections::BTreeMap<(String, String), u64> = Default::default();
     for r in &records {
-        *by.entry((crate::metric_labels::owner(&r.owner), r.key.network.clone()))
-            .or_default() += 1;
+        *by.entry((
+            crate::l1_leaves::metric_labels::owner(&r.owner),
+            r.key.network.clone(),
+        ))
+        .or_default() += 1;
     }
     for ((owner, network), count) in &by {
-        node.core.events.emit(crate::events::Event::Attachments {
-            network,
-            owner,
-            count: *count,
-        });
+        node.core
+            .events
+            .emit(crate::l1_leaves::events::Event::Attachments {
+                network,
+                owner,
+                count: *count,
+            });
     }
     Ok(())
 }

@@ -6,18 +6,23 @@ use std::path::{Path, PathBuf};
 use tracing::warn;
 
 use super::Args;
-use crate::paths_record::Record;
+use crate::l1_leaves::paths_record::Record;
 
 /// What this dipamd runs with: its flags after their defaults, `spool_dir` as published.
 pub(super) fn record(args: &Args, spool_dir: &Path) -> Record {
-    describe(args, spool_dir, std::process::id(), crate::clock::now_ms())
+    describe(
+        args,
+        spool_dir,
+        std::process::id(),
+        crate::l1_leaves::clock::now_ms(),
+    )
 }
 
 /// The record of a dipamd started with `args` (`pid`, at `started_at_ms`): also how
 /// `dipamctl` reads a dipamd's paths from its command line or its unit when it left no record.
 pub fn describe(args: &Args, spool_dir: &Path, pid: u32, started_at_ms: u64) -> Record {
     Record {
-        format: crate::paths_record::FORMAT,
+        format: crate::l1_leaves::paths_record::FORMAT,
         version: env!("CARGO_PKG_VERSION").to_owned(),
         pid,
         started_at_ms,
@@ -25,7 +30,9 @@ pub fn describe(args: &Args, spool_dir: &Path, pid: u32, started_at_ms: u64) -> 
         users_socket: args.users_socket.as_deref().map(absolute),
         state_dir: absolute(&args.state_dir),
         spool_dir: absolute(spool_dir),
-        exec_dir: absolute(&crate::delegate::survivors::dir_in(&args.state_dir)),
+        exec_dir: absolute(&crate::l2_core::delegate::survivors::dir_in(
+            &args.state_dir,
+        )),
         cni_path: args.cni_path.clone(),
         conflist: args.conflist.as_deref().map(absolute),
         conf_dir: args.conf_dir.as_deref().map(absolute),
@@ -46,11 +53,12 @@ fn absolute(p: &Path) -> PathBuf {
 /// written costs the offline tools their guide, never the node its IPAM: warned, not fatal.
 pub(super) async fn leave(path: PathBuf, record: Record, mode: u32) {
     let shown = path.clone();
-    let written =
-        tokio::task::spawn_blocking(move || crate::paths_record::write(&path, &record, mode))
-            .await
-            .map_err(|e| std::io::Error::other(e.to_string()))
-            .and_then(|r| r);
+    let written = tokio::task::spawn_blocking(move || {
+        crate::l1_leaves::paths_record::write(&path, &record, mode)
+    })
+    .await
+    .map_err(|e| std::io::Error::other(e.to_string()))
+    .and_then(|r| r);
     if let Err(e) = written {
         warn!(path = %shown.display(), error = %e, "cannot leave the record of dipamd's paths; with dipamd down, dipamctl doctor, support-bundle and recover will assume the default paths");
     }

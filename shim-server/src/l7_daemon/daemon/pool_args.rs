@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::DaemonError;
-use crate::pool::{MAX_SIZE, sizing::Watermarks};
+use crate::l3_clients::pool::{MAX_SIZE, sizing::Watermarks};
 
 /// The pool's watermarks, the same for every network; each network is sized by its own pods,
 /// demand and range. Off (the default) while the target and the minimum are both 0.

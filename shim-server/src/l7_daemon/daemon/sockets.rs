@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use tracing::info;
 
 use super::{Args, DaemonError, shutdown_signal};
-use crate::server;
+use crate::l6_transport::server;
 
 /// Phase 8: the socket (bound here, or passed by systemd), whether to unlink it at exit, and
 /// the shutdown signal.
@@ -17,8 +17,8 @@ pub(super) async fn listen(
         Some(g) => Some(server::resolve_group(g).map_err(|e| DaemonError::Usage(e.to_string()))?),
     };
     let getenv = |k: &str| std::env::var(k).ok();
-    let activated =
-        crate::activation::listener(&getenv).map_err(|e| DaemonError::Usage(e.to_string()))?;
+    let activated = crate::l6_transport::activation::listener(&getenv)
+        .map_err(|e| DaemonError::Usage(e.to_string()))?;
     let unlink = activated.is_none();
     // Listened for from before the bind: a SIGTERM that arrives once clients can connect (a
     // unit stopped right after it started; a node shutting down) must stop dipamd gracefully,

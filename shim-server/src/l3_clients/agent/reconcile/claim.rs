@@ -64,7 +64,7 @@ pub(super) async fn holder_of(
         {
             return None;
         }
-        let id = crate::validate::clip(&r.key.container_id, 64);
+        let id = crate::l1_leaves::validate::clip(&r.key.container_id, 64);
         Some(match &r.owner {
             Owner::Pod => format!("pod {id}/{} on network {}", r.key.ifname, r.key.network),
             Owner::Pool => format!("the warm pool's entry {id}"),
@@ -178,7 +178,7 @@ pub async fn claim(r: &Reconciler, c: Claim) -> Result<Outcome, ShimError> {
             let why =
                 match holder_of(r, spec.ip.unwrap_or(IpAddr::from([0, 0, 0, 0])), &key).await? {
                     Some(h) => format!("held by {h}"),
-                    None => crate::validate::clip(&error_text(&e), 512),
+                    None => crate::l1_leaves::validate::clip(&error_text(&e), 512),
                 };
             let a = address(
                 &slot,

@@ -14,7 +14,7 @@
 //! "feature turned off leaks its address" gap of the delegated-IPAM CFP.
 //!
 //! ADDs go through the same intent-before-exec path as pods
-//! ([`crate::core::attach::attach`]), so a crash at any point leaves a record that start-up
+//! ([`crate::l2_core::core::attach::attach`]), so a crash at any point leaves a record that start-up
 //! replay or the next pass resolves.
 //!
 //! The enabled slots are the roles' (predefined claims) and the agent's claims (claims.rs).
@@ -38,10 +38,10 @@ use super::{
     conflist::Base,
 };
 use crate::{
-    core::{Core, Prepared},
-    delegate::{config::result_addrs, version},
-    error::ShimError,
-    spool::SpoolState,
+    l1_leaves::error::ShimError,
+    l2_core::core::{Core, Prepared},
+    l2_core::delegate::{config::result_addrs, version},
+    l3_clients::spool::SpoolState,
 };
 
 mod claim;
@@ -71,7 +71,7 @@ impl Reconciler {
         &self,
         req: CniRequest,
         attachment: bool,
-        caller: crate::access::Caller,
+        caller: crate::l1_leaves::access::Caller,
     ) -> Result<Prepared, ShimError> {
         let p = self.core.prepare(req, attachment, caller)?;
         self.spool
@@ -264,7 +264,10 @@ pub async fn set_role(r: &Reconciler, role: &str, on: bool) -> Result<(), ShimEr
         // Never the role itself in full: a 1 MiB role echoed into the status message broke
         // the client's HTTP/2 header limit.
         return Err(ShimError::Invalid {
-            msg: format!("unknown agent role {}", crate::validate::shown(role)),
+            msg: format!(
+                "unknown agent role {}",
+                crate::l1_leaves::validate::shown(role)
+            ),
             details: format!("roles are {}", ROLES.join(", ")),
         });
     }
@@ -400,7 +403,7 @@ async fn release_unwanted(
                     ip: rec
                         .result
                         .as_ref()
-                        .map(crate::delegate::config::result_ips)
+                        .map(crate::l2_core::delegate::config::result_ips)
                         .and_then(|v| v.first().cloned())
                         .unwrap_or_default(),
                     state: "releasing".into(),
@@ -428,7 +431,7 @@ fn report_addresses(r: &Reconciler) {
     let rows: Vec<(&str, u64)> = by.iter().map(|(s, n)| (s.as_str(), *n)).collect();
     r.core
         .events
-        .emit(crate::events::Event::AgentAddresses(&rows));
+        .emit(crate::l1_leaves::events::Event::AgentAddresses(&rows));
 }
 
 /// The retry loop: passes until every address is established, then a periodic CHECK.
@@ -624,7 +627,9 @@ async fn settle_existing(
                     r.agent
                         .reestablished
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    r.core.events.emit(crate::events::Event::AgentReestablished);
+                    r.core
+                        .events
+                        .emit(crate::l1_leaves::events::Event::AgentReestablished);
                     b.message = format!(
                         "re-established: the delegate had lost it ({})",
                         error_text(&why)
@@ -663,7 +668,7 @@ async fn add(
     slot: &Slot,
     key: &AttachmentKey,
     b: &mut Before,
-) -> Result<crate::core::attach::Added, ShimError> {
+) -> Result<crate::l2_core::core::attach::Added, ShimError> {
     let owner = Owner::Agent {
         role: slot.role.clone(),
     };
@@ -671,11 +676,11 @@ async fn add(
     if let Some(ip) = b.requested {
         request_ip(&mut p, ip);
     }
-    let added = match crate::core::attach::attach(
+    let added = match crate::l2_core::core::attach::attach(
         &r.core,
         &p,
         owner.clone(),
-        &mut crate::core::attach::Early::default(),
+        &mut crate::l2_core::core::attach::Early::default(),
     )
     .await
     {
@@ -691,11 +696,11 @@ async fn add(
                 b.requested.map(|i| i.to_string()).unwrap_or_default()
             );
             let p = prepare(r, base, slot, "ADD")?;
-            crate::core::attach::attach(
+            crate::l2_core::core::attach::attach(
                 &r.core,
                 &p,
                 owner.clone(),
-                &mut crate::core::attach::Early::default(),
+                &mut crate::l2_core::core::attach::Early::default(),
             )
             .await?
         }
@@ -710,7 +715,7 @@ async fn the_address(
     r: &Reconciler,
     slot: &Slot,
     key: &AttachmentKey,
-    added: &crate::core::attach::Added,
+    added: &crate::l2_core::core::attach::Added,
 ) -> Result<(IpAddr, Value), ShimError> {
     let result: Value =
         serde_json::from_slice(&added.result).map_err(|e| ShimError::Internal(e.to_string()))?;
@@ -726,7 +731,7 @@ async fn the_address(
             msg: format!("the delegate gave no {} address", slot.family.as_str()),
             details: format!(
                 "it answered {}",
-                crate::validate::shown(&String::from_utf8_lossy(&added.result))
+                crate::l1_leaves::validate::shown(&String::from_utf8_lossy(&added.result))
             ),
         });
     };
@@ -806,9 +811,11 @@ async fn verify(
         return reassert(r, base, slot, rec).await;
     }
     let (probe, send) = r.core.resolve(&p.dc, "").await?;
-    let effective = crate::core::Core::effective(&p.dc, send);
+    let effective = crate::l2_core::core::Core::effective(&p.dc, send);
     let floor = rscni_types::version::SpecVersion::new(0, 4, 0);
-    if !(crate::core::Core::delegate_allows(&probe, effective, floor) && effective >= floor) {
+    if !(crate::l2_core::core::Core::delegate_allows(&probe, effective, floor)
+        && effective >= floor)
+    {
         return Ok(());
     }
     let recorded = rec

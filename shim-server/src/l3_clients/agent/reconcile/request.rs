@@ -22,14 +22,14 @@ pub(super) fn prepare(
         cni_path: String::new(),
         stdin: serde_json::to_vec(&base.request).map_err(|e| ShimError::Internal(e.to_string()))?,
         mode: base.mode as i32,
-        issued_at_ms: crate::clock::now_ms(),
-        issued_at: crate::order::now().map(|b| dipam_proto::v1::BootStamp {
+        issued_at_ms: crate::l1_leaves::clock::now_ms(),
+        issued_at: crate::l1_leaves::order::now().map(|b| dipam_proto::v1::BootStamp {
             boot_id: b.boot_id,
             ns: b.ns,
         }),
         retired_link: None,
     };
-    let mut p = r.prepare(req, true, crate::access::Caller::ROOT)?;
+    let mut p = r.prepare(req, true, crate::l1_leaves::access::Caller::ROOT)?;
     // host-local hands out one address per range set: keep only this family's, so that
     // each (role, family) holds exactly one address.
     if p.dc.kind == "host-local"

@@ -30,17 +30,17 @@ use tracing::{info, warn};
 
 use super::*;
 use crate::{
-    addrs::Releasing,
-    clock::now,
-    core::births::{Born, GcStart},
-    delegate::{
+    l1_leaves::clock::now,
+    l1_leaves::error::ShimError,
+    l1_leaves::keylock::KeyGuard,
+    l2_core::addrs::Releasing,
+    l2_core::core::births::{Born, GcStart},
+    l2_core::delegate::{
         Invocation,
         config::{DelegateConf, result_ips},
         store,
     },
-    error::ShimError,
-    keylock::KeyGuard,
-    liveness::Verdict,
+    l3_clients::liveness::Verdict,
 };
 use orphans::{plan_orphans, release_orphans};
 
@@ -93,7 +93,7 @@ pub struct Request<'a> {
     pub valid: Valid,
     pub began: GcStart,
     pub mode: Mode,
-    pub by: crate::events::FreedBy,
+    pub by: crate::l1_leaves::events::FreedBy,
 }
 
 /// Plans and (unless the mode only plans) runs the GC `req` asks for.
@@ -143,7 +143,7 @@ struct Read {
     seen: Seen,
     /// The delegate's store, where dipamd reads it (host-local's directory).
     reservations: Option<Vec<store::Reservation>>,
-    resolved: Result<(crate::delegate::Probe, Option<SpecVersion>), ShimError>,
+    resolved: Result<(crate::l2_core::delegate::Probe, Option<SpecVersion>), ShimError>,
 }
 
 /// The network as the plan sees it.
@@ -184,7 +184,7 @@ async fn read(c: &Collector, dc: &DelegateConf, cni_path: &str) -> Result<Read, 
     };
     // Test builds: hold the GC here, after it began and before it reads the ledger, for an
     // ADD to finish in between (the window in which one was freed, chaos.rs).
-    crate::fault::pause("gc-before-read").await;
+    crate::l1_leaves::fault::pause("gc-before-read").await;
     let net = network.clone();
     let records: Vec<AttachmentRecord> = c.core.ledger(move |l| l.list(Some(&net))).await?;
     // Keys with an operation in flight (held or awaited): kept, like `adding`/`deleting`.
@@ -382,10 +382,10 @@ fn interlock(
 struct Delegate<'a> {
     dc: &'a DelegateConf,
     cni_path: &'a str,
-    probe: &'a crate::delegate::Probe,
+    probe: &'a crate::l2_core::delegate::Probe,
     send: Option<SpecVersion>,
     /// Who asked for the GC (the history's `by` of what it frees).
-    by: crate::events::FreedBy,
+    by: crate::l1_leaves::events::FreedBy,
 }
 
 /// Runs the plan: the stale records' DELs, the delegate's own GC where it has one, the
@@ -663,7 +663,7 @@ fn forget<'a>(c: &'a Collector, jobs: Vec<Job<'a>>, last: bool) -> Forgetting<'a
         Durability::SurvivesProcessCrash
     };
     Box::pin(async move {
-        crate::fault::hit("gc-before-forget");
+        crate::l1_leaves::fault::hit("gc-before-forget");
         let recs: Vec<AttachmentRecord> = jobs.iter().map(|j| j.rec.clone()).collect();
         let outcome = c.core.forget_all(&recs, durability).await;
         (jobs, outcome)
@@ -738,7 +738,7 @@ async fn mark<'a>(
             }
             return (Vec::new(), skipped);
         }
-        crate::fault::hit("gc-after-mark");
+        crate::l1_leaves::fault::hit("gc-after-mark");
     }
     let jobs = locked
         .into_iter()
@@ -762,12 +762,14 @@ fn finish(c: &Collector, d: &Delegate<'_>, it: &mut GcItem, outcome: Result<(), 
             c.gc.stats
                 .freed
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            c.core.events.emit(crate::events::Event::GcFreed(1));
+            c.core
+                .events
+                .emit(crate::l1_leaves::events::Event::GcFreed(1));
             info!(kind = %it.kind, container_id = %it.container_id, ifname = %it.ifname, ips = ?it.ips, reason = %it.reason, by = %d.by, "GC freed");
             let reason = format!("{} ({})", gc_reason(d.by), it.reason);
             c.core.events.freed(
                 d.by,
-                &crate::events::Freeing {
+                &crate::l1_leaves::events::Freeing {
                     network: &d.dc.network,
                     container_id: &it.container_id,
                     ifname: &it.ifname,
@@ -788,8 +790,8 @@ fn finish(c: &Collector, d: &Delegate<'_>, it: &mut GcItem, outcome: Result<(), 
 }
 
 /// What a GC asked for by `by` is, for the history entry of what it frees.
-fn gc_reason(by: crate::events::FreedBy) -> &'static str {
-    use crate::events::FreedBy as B;
+fn gc_reason(by: crate::l1_leaves::events::FreedBy) -> &'static str {
+    use crate::l1_leaves::events::FreedBy as B;
     match by {
         B::CniGc => "a CNI GC from the runtime: not in its valid list",
         B::RuntimeGc => {

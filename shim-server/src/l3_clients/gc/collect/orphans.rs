@@ -22,7 +22,7 @@ pub(super) async fn plan_orphans(
     // (liveness.rs): a running pod dipamd never saw (a node adopted with pods running)
     // lost its address to the next pod when this freed it.
     let scan = match candidates.is_empty() {
-        true => crate::liveness::Scan::default(),
+        true => crate::l3_clients::liveness::Scan::default(),
         false => c.gc.scan().await,
     };
     let mut orphans = Vec::new();
@@ -188,7 +188,7 @@ async fn release_orphan(
     c: &Collector,
     network: &str,
     r: &store::Reservation,
-    probe: &crate::delegate::Probe,
+    probe: &crate::l2_core::delegate::Probe,
     cni_path: &str,
     kind: &str,
     stdin: &[u8],

@@ -18,7 +18,7 @@ fn run<'a>(
         valid,
         began,
         mode: Mode::of(dry_run, force),
-        by: crate::events::FreedBy::Operator,
+        by: crate::l1_leaves::events::FreedBy::Operator,
     }
 }
 
@@ -26,7 +26,7 @@ async fn bench(
     records: Vec<AttachmentRecord>,
 ) -> (
     tempfile::TempDir,
-    std::sync::Arc<crate::node::Node>,
+    std::sync::Arc<crate::l5_node::node::Node>,
     DelegateConf,
 ) {
     let (dir, node) = node_with(&script(""), records).await;
@@ -34,7 +34,7 @@ async fn bench(
         .prepare(
             request("", "1.1.0", json!({})),
             false,
-            crate::access::Caller::ROOT,
+            crate::l1_leaves::access::Caller::ROOT,
         )
         .unwrap()
         .dc;
@@ -363,7 +363,7 @@ async fn stale_records_are_released_in_parallel_bounded_and_forgotten() {
         .prepare(
             request("", "1.1.0", json!({})),
             false,
-            crate::access::Caller::ROOT,
+            crate::l1_leaves::access::Caller::ROOT,
         )
         .unwrap()
         .dc;
@@ -483,7 +483,7 @@ async fn an_add_on_the_network_does_not_wait_for_the_gc() {
         .prepare(
             request("", "1.1.0", json!({})),
             false,
-            crate::access::Caller::ROOT,
+            crate::l1_leaves::access::Caller::ROOT,
         )
         .unwrap()
         .dc;

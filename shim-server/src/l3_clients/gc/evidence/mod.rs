@@ -34,15 +34,15 @@ use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, Owner};
 use tracing::{info, warn};
 
 use crate::{
-    core::births::{Born, GcStart, boot_ns},
-    delegate::{
+    l1_leaves::error::ShimError,
+    l1_leaves::events::FreedBy,
+    l2_core::core::births::{Born, GcStart, boot_ns},
+    l2_core::delegate::{
         config::{result_addrs, result_ips},
         store,
     },
-    error::ShimError,
-    events::FreedBy,
-    gc::Collector,
-    liveness::{Scan, Verdict},
+    l3_clients::gc::Collector,
+    l3_clients::liveness::{Scan, Verdict},
 };
 
 /// `--dead-after`'s default: two looks this far apart must both find a pod dead. Looks run
@@ -125,7 +125,7 @@ pub fn rule_keeps(
         Owner::Pod => {}
     }
     if rec.state != AttachmentState::Committed {
-        return Some(crate::gc::interrupted(rec));
+        return Some(crate::l3_clients::gc::interrupted(rec));
     }
     if busy.contains(&rec.key) {
         return Some(("in-flight", "an operation on it is in flight".into()));
@@ -160,7 +160,7 @@ fn plan<'a>(
     busy: &HashSet<AttachmentKey>,
     apart: Duration,
 ) -> Vec<&'a AttachmentRecord> {
-    let t = crate::clock::now();
+    let t = crate::l1_leaves::clock::now();
     let Some(boot) = boot_ns() else {
         return Vec::new();
     };
@@ -343,7 +343,7 @@ pub async fn release_dead(
 /// Whether the delegate's store still holds `rec`'s reservation: `None` where dipamd does not
 /// read the store (azure-vnet-ipam's) or could not read it now.
 async fn still_held(rec: &AttachmentRecord) -> Option<bool> {
-    let dir = crate::gc::record_store(rec)?;
+    let dir = crate::l3_clients::gc::record_store(rec)?;
     let held = store::read(dir).await.ok()?;
     let (cid, ifname) = rec.delegate_ids();
     Some(
@@ -356,7 +356,7 @@ async fn still_held(rec: &AttachmentRecord) -> Option<bool> {
 pub fn record_freed(c: &Collector, rec: &AttachmentRecord, by: FreedBy, reason: &str) {
     c.core
         .events
-        .freed(by, &crate::events::Freeing::of(rec, reason));
+        .freed(by, &crate::l1_leaves::events::Freeing::of(rec, reason));
 }
 
 fn ips_text(rec: &AttachmentRecord) -> String {
@@ -392,7 +392,9 @@ pub async fn free_dead_holder(
         return Ok(false);
     };
     let busy: HashSet<AttachmentKey> = c.core.locks.in_flight().into_iter().collect();
-    if let Some((code, why)) = rule_keeps(c, &holder, &busy, crate::clock::now(), boot_ns()) {
+    if let Some((code, why)) =
+        rule_keeps(c, &holder, &busy, crate::l1_leaves::clock::now(), boot_ns())
+    {
         info!(key = %holder.key, %ip, code, "the conflict's holder is kept: {why}");
         return Ok(false);
     }

@@ -12,10 +12,10 @@ use serde_json::json;
 
 use super::*;
 use crate::{
-    events::{Event, Events, Observer},
-    gc::GcPolicy,
-    liveness::{fixed_with, seen_from_own_pid_namespace},
-    node::Node,
+    l1_leaves::events::{Event, Events, Observer},
+    l3_clients::gc::GcPolicy,
+    l3_clients::liveness::{fixed_with, seen_from_own_pid_namespace},
+    l5_node::node::Node,
     testing::{ledger_ids, record, script, scripted_node_policy},
 };
 
@@ -58,7 +58,7 @@ fn pod(cid: &str, ip: &str) -> AttachmentRecord {
         cid,
         Owner::Pod,
         AttachmentState::Committed,
-        crate::clock::now() - 3600,
+        crate::l1_leaves::clock::now() - 3600,
     );
     r.result = Some(json!({"cniVersion":"1.0.0","ips":[{"address": format!("{ip}/24")}]}));
     r
@@ -159,7 +159,7 @@ async fn no_live_attachment_is_ever_freed() {
     let mut deleting = pod("deleting", "10.9.0.6");
     deleting.state = AttachmentState::Deleting;
     let mut young = pod("young", "10.9.0.7");
-    young.created_at = crate::clock::now();
+    young.created_at = crate::l1_leaves::clock::now();
     let netns = pod("in-a-netns", "10.9.0.10");
     let routed = pod("routed", "10.9.0.11");
     let mut listed = pod("listed-unseen", "10.9.0.12");
@@ -329,7 +329,7 @@ async fn a_conflict_with_a_dead_holder_serves_the_add_again() {
     let b = Bench::new(60, vec![dead]).await;
     let added = crate::testing::add_as(
         &b.node,
-        crate::access::Caller::ROOT,
+        crate::l1_leaves::access::Caller::ROOT,
         crate::testing::request("new-pod", "1.0.0", json!({})),
     )
     .await;
@@ -346,7 +346,7 @@ async fn a_conflict_with_a_dead_holder_serves_the_add_again() {
     let b = Bench::new(60, vec![agent]).await;
     let refused = crate::testing::add_as(
         &b.node,
-        crate::access::Caller::ROOT,
+        crate::l1_leaves::access::Caller::ROOT,
         crate::testing::request("new-pod", "1.0.0", json!({})),
     )
     .await;

@@ -49,11 +49,11 @@ impl CriClient {
     /// The runtime at `endpoint`, `unix://` and an absolute path, as kubelet's
     /// `--container-runtime-endpoint` names it. Anything else is refused with why.
     pub fn new(endpoint: &str) -> Result<Self, EndpointError> {
-        let shown = || crate::validate::shown(endpoint);
+        let shown = || crate::l1_leaves::validate::shown(endpoint);
         let path = endpoint
             .strip_prefix("unix://")
             .ok_or_else(|| EndpointError::NotUnix(shown()))?;
-        if !path.starts_with('/') || path.len() > crate::validate::limits::NETNS {
+        if !path.starts_with('/') || path.len() > crate::l1_leaves::validate::limits::NETNS {
             return Err(EndpointError::NotAbsolute(shown()));
         }
         Ok(Self {
@@ -108,7 +108,7 @@ impl CriClient {
                     s.code(),
                     std::error::Error::source(&s)
                         .map(root_cause)
-                        .unwrap_or_else(|| crate::validate::clip(s.message(), 200))
+                        .unwrap_or_else(|| crate::l1_leaves::validate::clip(s.message(), 200))
                 )))
             }
             Err(s) => Err(ListError::Answered {
@@ -119,7 +119,7 @@ impl CriClient {
                      1.6 and later and CRI-O 1.20 and later do"
                         .into()
                 } else {
-                    crate::validate::clip(s.message(), 200)
+                    crate::l1_leaves::validate::clip(s.message(), 200)
                 },
             }),
         }
@@ -143,7 +143,7 @@ fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     while let Some(next) = cur.source() {
         cur = next;
     }
-    crate::validate::clip(&cur.to_string(), 200)
+    crate::l1_leaves::validate::clip(&cur.to_string(), 200)
 }
 
 #[cfg(test)]

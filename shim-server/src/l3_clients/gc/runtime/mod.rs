@@ -36,7 +36,7 @@ use std::{
 use dipam_proto::v1::RuntimeGcStatus;
 use dipam_state::AttachmentKey;
 
-pub use crate::sandboxes::{ListError, Listing, Sandboxes};
+pub use crate::l3_clients::sandboxes::{ListError, Listing, Sandboxes};
 
 /// Why a pass freed nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]

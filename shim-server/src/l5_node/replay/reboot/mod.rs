@@ -28,9 +28,9 @@ use dipam_state::{AttachmentRecord, Owner};
 use tracing::{info, warn};
 
 use crate::{
-    error::ShimError,
-    gc::evidence::{Outcome, release_dead},
-    node::Node,
+    l1_leaves::error::ShimError,
+    l3_clients::gc::evidence::{Outcome, release_dead},
+    l5_node::node::Node,
 };
 
 /// The ledger setting that names the boot the ledger's dipamd last started in.
@@ -115,12 +115,12 @@ async fn release_all(node: &Node, previous: &str, current: &str) -> Result<Reboo
         let Some(rec) = node.core.lookup(&rec.key)? else {
             continue;
         };
-        match release_dead(&c, &rec, crate::events::FreedBy::Reboot, &why).await? {
+        match release_dead(&c, &rec, crate::l1_leaves::events::FreedBy::Reboot, &why).await? {
             Outcome::Released => done.released += 1,
             Outcome::Forgotten(_) => done.forgotten += 1,
             Outcome::Kept(_) => done.kept += 1,
         }
-        crate::fault::hit("reboot-after-release");
+        crate::l1_leaves::fault::hit("reboot-after-release");
     }
     info!(
         previous,

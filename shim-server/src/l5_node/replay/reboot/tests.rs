@@ -10,7 +10,7 @@ use super::*;
 use crate::testing::{ledger_ids, node_with, record, script, scripted_node};
 
 fn records() -> Vec<AttachmentRecord> {
-    let t = crate::clock::now();
+    let t = crate::l1_leaves::clock::now();
     vec![
         record("pod-a", Owner::Pod, AttachmentState::Committed, t),
         record("pod-b", Owner::Pod, AttachmentState::Adding, t),
@@ -100,5 +100,5 @@ fn the_boot_id_is_read_trimmed_and_bounded() {
     std::fs::write(&f, "x".repeat(4096)).unwrap();
     assert_eq!(boot_id(&f), None);
     assert_eq!(boot_id(&dir.path().join("absent")), None);
-    assert!(boot_id(std::path::Path::new(crate::order::BOOT_ID_FILE)).is_some());
+    assert!(boot_id(std::path::Path::new(crate::l1_leaves::order::BOOT_ID_FILE)).is_some());
 }

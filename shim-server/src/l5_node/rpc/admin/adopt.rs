@@ -3,7 +3,7 @@
 
 use dipam_proto::v1::{AdoptReply, AdoptRequest};
 
-use crate::{adopt, error::ShimError, node::Node};
+use crate::{l1_leaves::error::ShimError, l3_clients::adopt, l5_node::node::Node};
 
 /// Adopts (or, dry run, lists) what the network's delegate holds for running pods that the
 /// ledger lacks; says which unrecorded reservations are dead, and which cannot be told.

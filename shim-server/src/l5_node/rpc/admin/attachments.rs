@@ -3,16 +3,16 @@
 
 use dipam_proto::v1::{ListAttachmentsReply, ListAttachmentsRequest};
 
-use crate::{error::ShimError, node::Node};
+use crate::{l1_leaves::error::ShimError, l5_node::node::Node};
 
 /// The ledger's attachments. Root and --admin-uid see all; another caller only those it
 /// created (their netns paths and results are no one else's business).
 pub async fn run(
     node: &Node,
-    caller: crate::access::Caller,
+    caller: crate::l1_leaves::access::Caller,
     req: ListAttachmentsRequest,
 ) -> Result<ListAttachmentsReply, ShimError> {
-    use crate::validate::{bounded, limits};
+    use crate::l1_leaves::validate::{bounded, limits};
     bounded(
         "the network filter",
         req.network.as_bytes(),

@@ -7,11 +7,11 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use dipam_proto::v1::{DoctorCheck, DoctorReply};
 
 use crate::{
-    delegate::{config::DelegateConf, store},
-    divergence::{self, on_tmpfs},
-    error::ShimError,
-    node::Node,
-    spool,
+    l1_leaves::error::ShimError,
+    l2_core::delegate::{config::DelegateConf, store},
+    l3_clients::divergence::{self, on_tmpfs},
+    l3_clients::spool,
+    l5_node::node::Node,
 };
 
 fn check(name: impl Into<String>, ok: bool, detail: impl Into<String>, fix: &str) -> DoctorCheck {
@@ -138,7 +138,7 @@ fn metrics_checks(node: &Node, checks: &mut Vec<DoctorCheck>) {
                     l.address,
                     l.error,
                     l.attempts,
-                    crate::metrics_listen::RETRY.as_secs()
+                    crate::l4_observers::metrics_listen::RETRY.as_secs()
                 )
             },
             "something else holds the address: find it (ss -ltnp, or ss -lxp for a socket) and \
@@ -188,7 +188,10 @@ fn ledger_checks(node: &Node, checks: &mut Vec<DoctorCheck>) -> bool {
     ));
 
     // The ledger, journal and history name every pod's container ID, netns and addresses.
-    checks.push(crate::perms::private_check(&id.state_dir, &id.spool_dir));
+    checks.push(crate::l1_leaves::perms::private_check(
+        &id.state_dir,
+        &id.spool_dir,
+    ));
     state_tmpfs
 }
 
@@ -199,7 +202,7 @@ fn ledger_checks(node: &Node, checks: &mut Vec<DoctorCheck>) -> bool {
 async fn scopes(node: &Node, checks: &mut Vec<DoctorCheck>) -> Vec<(DelegateConf, Option<u32>)> {
     // A ledger that cannot be read (its disk is full and the store is being reopened) fails
     // these checks, not the whole report: doctor is what the operator runs then.
-    match crate::gc::scopes(&node.core, &node.agent).await {
+    match crate::l3_clients::gc::scopes(&node.core, &node.agent).await {
         Ok(n) => n,
         Err(e) => {
             checks.push(check(
@@ -378,7 +381,7 @@ fn agent_checks(node: &Node, checks: &mut Vec<DoctorCheck>) {
             } else {
                 snap.waiting.clone()
             },
-            &crate::hints::agent_conflist_fix(&snap.waiting, &cfg.source),
+            &crate::l5_node::hints::agent_conflist_fix(&snap.waiting, &cfg.source),
         ));
         for a in &snap.addresses {
             checks.push(check(
@@ -500,9 +503,9 @@ fn unmanaged_agent_check(node: &Node, checks: &mut Vec<DoctorCheck>) {
 }
 
 /// Retired pod veths (main mode): dipamd deletes them, or has handed that back to the plugins.
-fn teardown_check(t: Option<&crate::teardown::Teardown>) -> DoctorCheck {
+fn teardown_check(t: Option<&crate::l3_clients::teardown::Teardown>) -> DoctorCheck {
     use std::sync::atomic::Ordering;
-    let by = crate::teardown::who(t);
+    let by = crate::l3_clients::teardown::who(t);
     let Some(t) = t else {
         return check("retired veths are deleted", true, by, "");
     };

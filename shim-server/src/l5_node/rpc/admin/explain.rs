@@ -10,9 +10,9 @@ use dipam_state::{AttachmentRecord, Ledger, StoreError, Tree};
 use serde_json::Value;
 
 use crate::{
-    delegate::config::result_addrs,
-    error::{InputError, ShimError},
-    node::Node,
+    l1_leaves::error::{InputError, ShimError},
+    l2_core::delegate::config::result_addrs,
+    l5_node::node::Node,
 };
 
 /// The shortest ID prefix taken: shorter ones match too much to be what anyone meant.
@@ -43,7 +43,7 @@ pub async fn run(node: &Node, req: ExplainRequest) -> Result<ExplainReply, ShimE
                 .into_iter()
                 .filter(|r| r.key.container_id == cid || r.delegate_ids().0 == cid)
                 .collect();
-            let events = crate::history::read(l, &cid)?;
+            let events = crate::l4_observers::history::read(l, &cid)?;
             Ok(Ok((cid, earlier, mine, events)))
         })
         .await??;
@@ -51,7 +51,10 @@ pub async fn run(node: &Node, req: ExplainRequest) -> Result<ExplainReply, ShimE
         protocol_version: dipam_proto::PROTOCOL_VERSION,
         attachments: super::list_from(records, ""),
         events: events.iter().map(ToString::to_string).collect(),
-        events_dropped: node.history.get().map_or(0, crate::history::Sink::dropped),
+        events_dropped: node
+            .history
+            .get()
+            .map_or(0, crate::l4_observers::history::Sink::dropped),
         container_id: cid,
         earlier_holders: earlier,
     })
@@ -69,7 +72,7 @@ fn resolve(
     if let Ok(ip) = asked.parse::<IpAddr>() {
         return by_ip(l, records, ip);
     }
-    if let Err(e) = crate::validate::container_id(asked) {
+    if let Err(e) = crate::l1_leaves::validate::container_id(asked) {
         return Ok(Err(e));
     }
     Ok(by_prefix(l, records, asked).map(|c| (c, Vec::new())))
@@ -132,7 +135,7 @@ fn holders_in_history(l: &Ledger, ip: IpAddr) -> Result<Vec<String>, StoreError>
 /// wrong pod.
 fn by_prefix(l: &Ledger, records: &[AttachmentRecord], asked: &str) -> Result<String, ShimError> {
     let known = records.iter().any(|r| r.key.container_id == asked)
-        || crate::history::read(l, asked).is_ok_and(|e| !e.is_empty());
+        || crate::l4_observers::history::read(l, asked).is_ok_and(|e| !e.is_empty());
     if known || asked.len() < MIN_PREFIX {
         return Ok(asked.to_owned());
     }
@@ -150,7 +153,7 @@ fn by_prefix(l: &Ledger, records: &[AttachmentRecord], asked: &str) -> Result<St
             format!(
                 "{} containers start with {}",
                 many.len(),
-                crate::validate::shown(asked)
+                crate::l1_leaves::validate::shown(asked)
             ),
             format!(
                 "give more of the ID: {}",
@@ -180,10 +183,10 @@ fn pod_container(
             not_found(
                 format!(
                     "no attachment in the ledger for pod {}/{}",
-                    crate::validate::shown(namespace),
-                    crate::validate::shown(name)
+                    crate::l1_leaves::validate::shown(namespace),
+                    crate::l1_leaves::validate::shown(name)
                 ),
-                crate::hints::POD_BY_NAME.into(),
+                crate::l5_node::hints::POD_BY_NAME.into(),
             )
         })
 }

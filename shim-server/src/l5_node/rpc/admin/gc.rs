@@ -3,9 +3,9 @@
 use dipam_proto::v1::{CniRequest, GcReply, GcRequest, Mode};
 
 use crate::{
-    error::ShimError,
-    gc::{self, Valid},
-    node::Node,
+    l1_leaves::error::ShimError,
+    l3_clients::gc::{self, Valid},
+    l5_node::node::Node,
 };
 
 /// `dipamctl gc`: one network, the operator's valid list or the ledger as the valid set, and
@@ -40,7 +40,7 @@ pub async fn run(node: &Node, req: GcRequest) -> Result<GcReply, ShimError> {
         valid,
         began,
         mode: gc::collect::Mode::of(req.dry_run, req.force),
-        by: crate::events::FreedBy::Operator,
+        by: crate::l1_leaves::events::FreedBy::Operator,
     };
     match gc::collect::collect(&node.collector(), gc).await {
         Ok(plan) => Ok(GcReply {
@@ -68,7 +68,7 @@ pub(super) fn prepare(
     config: &[u8],
     mode: i32,
     request_id: &str,
-) -> Result<crate::core::Prepared, ShimError> {
+) -> Result<crate::l2_core::core::Prepared, ShimError> {
     let (stdin, mode) = if config.is_empty() {
         let base = node
             .agent
@@ -103,6 +103,6 @@ pub(super) fn prepare(
             ..CniRequest::default()
         },
         false,
-        crate::access::Caller::ROOT,
+        crate::l1_leaves::access::Caller::ROOT,
     )
 }

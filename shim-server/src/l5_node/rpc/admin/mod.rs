@@ -10,7 +10,7 @@ pub mod status;
 
 use dipam_proto::v1::Attachment;
 
-use crate::delegate::config::result_ips;
+use crate::l2_core::delegate::config::result_ips;
 
 /// Ledger records as wire attachments, filtered by owner ("" for all; "agent" for every role;
 /// "pool" for the warm pool's entries).

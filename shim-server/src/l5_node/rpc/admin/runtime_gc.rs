@@ -3,7 +3,7 @@
 
 use dipam_proto::v1::{RuntimeGcReply, RuntimeGcRequest};
 
-use crate::{error::ShimError, gc::runtime::pass, node::Node};
+use crate::{l1_leaves::error::ShimError, l3_clients::gc::runtime::pass, l5_node::node::Node};
 
 /// One pass now, or (dry run) what the next pass would free and keep, and why. A pass run
 /// here is a pass like any other: it frees only what the pass before it missed too, and it

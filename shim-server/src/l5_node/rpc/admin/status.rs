@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use dipam_proto::v1::{DelegateInfo, RangeStatus, StatusReply};
 
-use crate::{error::ShimError, events::RangeCount, node::Node};
+use crate::{l1_leaves::error::ShimError, l1_leaves::events::RangeCount, l5_node::node::Node};
 
 fn range_status(c: RangeCount) -> RangeStatus {
     RangeStatus {
@@ -40,7 +40,7 @@ pub async fn run(node: &Node) -> Result<StatusReply, ShimError> {
     };
     // Looked at now, not at the last reconcile: what the operator asks about is the node as it
     // is. A network whose store cannot be read is left out, and the log says why.
-    let ranges = match crate::divergence::ranges(&node.watch()).await {
+    let ranges = match crate::l3_clients::divergence::ranges(&node.watch()).await {
         Ok(r) => r.into_iter().map(range_status).collect(),
         Err(e) => {
             tracing::warn!(error = %e, "cannot count the ranges for status");
@@ -82,10 +82,13 @@ pub async fn run(node: &Node) -> Result<StatusReply, ShimError> {
             .get()
             .map(|t| t.stats.last_error())
             .unwrap_or_default(),
-        teardown: crate::teardown::who(node.teardown.get()),
+        teardown: crate::l3_clients::teardown::who(node.teardown.get()),
         privilege_failures: node.denials.count(),
         privilege_last_error: node.denials.last(),
-        spool: Some(crate::spool::status(&node.spool, &node.core.identity)),
+        spool: Some(crate::l3_clients::spool::status(
+            &node.spool,
+            &node.core.identity,
+        )),
         runtime_gc: node.gc.runtime.get().map(|r| r.status()),
         plugin_protocols: {
             let bits = node.core.plugin_protocols.load(Relaxed);
@@ -112,7 +115,7 @@ pub async fn run(node: &Node) -> Result<StatusReply, ShimError> {
 }
 
 /// A delegate dipamd has probed: its type (the binary's name), path and CNI versions.
-fn delegate_info(p: crate::delegate::Probe) -> DelegateInfo {
+fn delegate_info(p: crate::l2_core::delegate::Probe) -> DelegateInfo {
     DelegateInfo {
         r#type: p
             .path

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use dipam_proto::v1::{ClaimReply, ClaimRequest, UnclaimRequest};
 
 use crate::{
-    agent::{claims, reconcile},
-    error::ShimError,
-    node::Node,
+    l1_leaves::error::ShimError,
+    l3_clients::agent::{claims, reconcile},
+    l5_node::node::Node,
 };
 
 /// Runs `work` detached from the caller's request.

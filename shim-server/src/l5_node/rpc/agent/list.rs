@@ -3,7 +3,7 @@
 
 use dipam_proto::v1::AgentListReply;
 
-use crate::{agent::reconcile, error::ShimError, node::Node};
+use crate::{l1_leaves::error::ShimError, l3_clients::agent::reconcile, l5_node::node::Node};
 
 /// The list as published, changed marks included; reading it clears them (the caller has now
 /// seen the change), which Watch messages never do.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use dipam_proto::v1::AgentListReply;
 
-use crate::{agent::reconcile, error::ShimError, node::Node};
+use crate::{l1_leaves::error::ShimError, l3_clients::agent::reconcile, l5_node::node::Node};
 
 /// Enables or disables `role`, runs a reconcile pass at once, and answers with the result:
 /// the agent gets its address (or the reason it has none) in the reply. The work runs in a

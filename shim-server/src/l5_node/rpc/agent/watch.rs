@@ -7,7 +7,7 @@ use dipam_proto::v1::AgentListReply;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
-use crate::node::Node;
+use crate::l5_node::node::Node;
 
 /// The message of the UNAVAILABLE that ends every `Agent.Watch` when dipamd stops (server.rs
 /// closes the watches).

@@ -9,13 +9,13 @@ use dipam_state::{AttachmentKey, AttachmentRecord, MemStore};
 use serde_json::json;
 use tempfile::TempDir;
 
-use crate::rpc::{admin, check, del, gc};
+use crate::l5_node::rpc::{admin, check, del, gc};
 use crate::testing::{add_as, request};
 use crate::{
-    access::Caller,
-    delegate::Executor,
-    error::{ShimError, codes},
-    node::Node,
+    l1_leaves::access::Caller,
+    l1_leaves::error::{ShimError, codes},
+    l2_core::delegate::Executor,
+    l5_node::node::Node,
 };
 
 /// Records each call in `calls` next to itself, tagged with its directory's `tag`.
@@ -62,7 +62,8 @@ fn bench_on(store: Arc<dyn dipam_state::Store>) -> Bench {
     }
     let mut exec = Executor::new(vec![dir.path().join("trusted")], Duration::from_secs(10));
     exec.non_root_kinds = vec!["fake-ipam".into()];
-    let node = crate::testing::node_on_with(store, exec, crate::gc::GcPolicy::default());
+    let node =
+        crate::testing::node_on_with(store, exec, crate::l3_clients::gc::GcPolicy::default());
     Bench { dir, node }
 }
 
@@ -357,7 +358,7 @@ async fn admin_and_agent_services_need_an_admin() {
         AgentListRequest, AgentRoleRequest, StatusRequest, admin_server::Admin, agent_server::Agent,
     };
     let b = bench();
-    let svc = crate::service::Service(Arc::clone(&b.node));
+    let svc = crate::l6_transport::service::Service(Arc::clone(&b.node));
     let with = |c: Option<Caller>| {
         let mut r = tonic::Request::new(StatusRequest {
             protocol_version: dipam_proto::PROTOCOL_VERSION,

@@ -8,11 +8,11 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 
 use super::{check, del};
-use crate::access::Caller;
+use crate::l1_leaves::access::Caller;
 use crate::{
-    error::ShimError,
-    node::Node,
-    replay::interrupted as replay,
+    l1_leaves::error::ShimError,
+    l5_node::node::Node,
+    l5_node::replay::interrupted as replay,
     testing::{add_as, add_early_replies, request, scripted_node, scripted_node_with},
 };
 
@@ -132,11 +132,11 @@ async fn the_agents_result_goes_to_the_disk() {
     let owner = Owner::Agent {
         role: "router".into(),
     };
-    crate::core::attach::attach(
+    crate::l2_core::core::attach::attach(
         &b.node.core,
         &p,
         owner.clone(),
-        &mut crate::core::attach::Early::default(),
+        &mut crate::l2_core::core::attach::Early::default(),
     )
     .await
     .unwrap();
@@ -323,18 +323,18 @@ async fn gc_without_a_list_is_refused() {
 /// once commits succeed again all three say so.
 #[tokio::test]
 async fn a_ledger_that_cannot_commit_is_reported_everywhere() {
-    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let metrics = Arc::new(crate::l4_observers::metrics::Metrics::new());
     let store = Arc::new(MemStore::new());
     let (dir, node) = scripted_node_with(
         SCRIPT,
         store.clone(),
-        crate::events::Events::new(vec![metrics.clone()]),
+        crate::l1_leaves::events::Events::new(vec![metrics.clone()]),
     );
     let b = Bench { dir, node, store };
     // What a scrape shows after dipamd's periodic tick (replay/spool.rs `report`) has sampled the
     // ledger: the fault can clear with no commit to report it.
     let scrape = || {
-        crate::replay::spool::report(&b.node, &b.dir.path().join("spool"));
+        crate::l5_node::replay::spool::report(&b.node, &b.dir.path().join("spool"));
         metrics.render()
     };
     let full = "the ledger in /var/lib/dipam cannot be written (3s ago): No space left on device \
@@ -521,7 +521,9 @@ async fn a_stale_add_cannot_resurrect_and_a_stale_del_cannot_release() {
     let b = Bench::new();
     // Ordered by the boot clock; the wall clock (issued_at_ms) runs backwards here, as after
     // a step back, and must not matter.
-    let boot = crate::order::current_boot_id().unwrap().to_owned();
+    let boot = crate::l1_leaves::order::current_boot_id()
+        .unwrap()
+        .to_owned();
     let at = |ns: u64| {
         let mut r = request("c1", "1.0.0", json!({}));
         r.issued_at_ms = 10_000 - ns;
@@ -559,18 +561,18 @@ async fn spooled_dels_are_drained_and_unusable_ones_quarantined() {
     std::fs::create_dir_all(&spool).unwrap();
     let req = request("c1", "1.0.0", json!({}));
     let good = json!({
-        "format": 1, "requestId": "r", "issuedAtMs": crate::clock::now_ms(), "command": "DEL",
+        "format": 1, "requestId": "r", "issuedAtMs": crate::l1_leaves::clock::now_ms(), "command": "DEL",
         "containerId": "c1", "netns": "", "ifname": "eth0", "cniArgs": "", "cniPath": "",
         "mode": 1, "stdin": String::from_utf8(req.stdin).unwrap(),
     });
     std::fs::write(spool.join("0001-a.json"), good.to_string()).unwrap();
     std::fs::write(spool.join("0002-b.json"), "{ not json").unwrap();
     std::fs::write(spool.join(".tmp-0003-c.json"), "partial").unwrap();
-    let d = crate::replay::spool::drain(&b.node, &spool).await;
+    let d = crate::l5_node::replay::spool::drain(&b.node, &spool).await;
     assert_eq!(d.released, 1);
     assert_eq!(d.failed, 1);
     assert!(b.record("c1").is_none());
-    assert!(crate::spool::pending(&spool).is_empty());
+    assert!(crate::l3_clients::spool::pending(&spool).is_empty());
     assert!(spool.join("failed").join("0002-b.json").exists());
 }
 
@@ -590,7 +592,7 @@ async fn spool_replays_only_roots_files_and_releases_keys_the_ledger_lacks() {
     let del = |cid: &str| {
         let req = request(cid, "1.0.0", json!({}));
         json!({
-            "format": 1, "requestId": "r", "issuedAtMs": crate::clock::now_ms(), "command": "DEL",
+            "format": 1, "requestId": "r", "issuedAtMs": crate::l1_leaves::clock::now_ms(), "command": "DEL",
             "containerId": cid, "netns": "", "ifname": "eth0", "cniArgs": "",
             "cniPath": "", "mode": 1, "stdin": String::from_utf8(req.stdin).unwrap(),
         })
@@ -612,7 +614,7 @@ async fn spool_replays_only_roots_files_and_releases_keys_the_ledger_lacks() {
     std::fs::create_dir(&elsewhere).unwrap();
     std::os::unix::fs::symlink(&elsewhere, spool.join("failed")).unwrap();
 
-    let d = crate::replay::spool::drain(&b.node, &spool).await;
+    let d = crate::l5_node::replay::spool::drain(&b.node, &spool).await;
     assert_eq!((d.released, d.failed, d.kept), (1, 3, 0), "{d:?}");
     assert_eq!(
         b.calls(),
@@ -657,8 +659,8 @@ async fn spool_replays_only_roots_files_and_releases_keys_the_ledger_lacks() {
     // A spool directory writable by others is not read at all.
     std::fs::write(spool.join("0005-later.json"), del("later")).unwrap();
     std::fs::set_permissions(&spool, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let d = crate::replay::spool::drain(&b.node, &spool).await;
-    assert_eq!(d, crate::spool::Drained::default());
+    let d = crate::l5_node::replay::spool::drain(&b.node, &spool).await;
+    assert_eq!(d, crate::l3_clients::spool::Drained::default());
     assert!(
         b.node
             .spool
@@ -726,7 +728,7 @@ async fn an_add_whose_plugin_leaves_runs_to_its_end_and_is_rolled_back() {
     use dipam_proto::v1::cni_server::Cni;
     let b = Bench::new();
     b.touch("slow-add", "");
-    let svc = crate::service::Service(Arc::clone(&b.node));
+    let svc = crate::l6_transport::service::Service(Arc::clone(&b.node));
     let mut req = tonic::Request::new(request("c1", "1.0.0", json!({})));
     req.extensions_mut().insert(Caller::ROOT);
     let left = tokio::time::timeout(Duration::from_millis(150), svc.add(req)).await;

@@ -1,6 +1,6 @@
 //! One pass of the runtime-aware GC: list the runtime's sandboxes, decide what is kept and
 //! why, refuse what cannot be trusted, and free the rest through the GC's entry point
-//! ([`crate::gc::collect::collect`]), network by network, exactly as a CNI GC would.
+//! ([`crate::l3_clients::gc::collect::collect`]), network by network, exactly as a CNI GC would.
 
 use std::{
     collections::{BTreeMap, HashSet},
@@ -11,19 +11,19 @@ use dipam_proto::v1::RuntimeGcItem;
 use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, Owner};
 use tracing::{debug, info, warn};
 
-use crate::gc::Collector;
+use crate::l3_clients::gc::Collector;
 
 use super::{ListError, Refusal, RuntimeGc};
 use crate::{
-    clock::now,
-    core::births::GcStart,
-    delegate::{
+    l1_leaves::clock::now,
+    l1_leaves::error::ShimError,
+    l1_leaves::events::{Event, FreedBy},
+    l2_core::core::births::GcStart,
+    l2_core::delegate::{
         config::{DelegateConf, result_ips},
         store,
     },
-    error::ShimError,
-    events::{Event, FreedBy},
-    gc::{
+    l3_clients::gc::{
         Valid,
         collect::{Mode, Request, collect},
     },
@@ -90,7 +90,7 @@ fn plan<'a>(
             Owner::Pod => {}
         }
         if r.state != AttachmentState::Committed {
-            why.push(crate::gc::interrupted(r));
+            why.push(crate::l3_clients::gc::interrupted(r));
         }
         let age = t.saturating_sub(r.created_at);
         if age < grace {
@@ -384,7 +384,7 @@ async fn free(
     if stale.is_empty() {
         return 0;
     }
-    let scopes = match crate::gc::scopes(&c.core, &c.agent).await {
+    let scopes = match crate::l3_clients::gc::scopes(&c.core, &c.agent).await {
         Ok(s) => s,
         Err(e) => {
             fail(report, None, &e.to_string());
@@ -393,7 +393,7 @@ async fn free(
     };
     let mut by_scope: BTreeMap<usize, Vec<&AttachmentRecord>> = BTreeMap::new();
     for r in stale {
-        match crate::gc::scope_of(&scopes, r) {
+        match crate::l3_clients::gc::scope_of(&scopes, r) {
             Some(i) => by_scope.entry(i).or_default().push(r),
             None => fail(report, Some(&[r]), "no config recorded for its scope"),
         }

@@ -8,9 +8,9 @@ use dipam_state::CriPod;
 use serde_json::json;
 
 use super::*;
-use crate::node::Node;
+use crate::l5_node::node::Node;
 use crate::{
-    gc::runtime::{Listing, Sandboxes},
+    l3_clients::gc::runtime::{Listing, Sandboxes},
     testing::{add_as, node_with, record, request, script},
 };
 
@@ -351,13 +351,13 @@ async fn an_add_through_cri_is_recorded_as_such_and_becomes_eligible() {
     req.cni_args = format!(
         "K8S_POD_UID=7f1c;IgnoreUnknown=1;K8S_POD_NAME=web-0;K8S_POD_INFRA_CONTAINER_ID={sandbox};K8S_POD_NAMESPACE=shop"
     );
-    add_as(&b.node, crate::access::Caller::ROOT, req)
+    add_as(&b.node, crate::l1_leaves::access::Caller::ROOT, req)
         .await
         .unwrap();
     let mut podman = request("podman-1", "1.0.0", json!({}));
     podman.cni_args =
         "IgnoreUnknown=1;K8S_POD_NAMESPACE=podman-1;K8S_POD_INFRA_CONTAINER_ID=podman-1;K8S_POD_NAME=podman-1".into();
-    add_as(&b.node, crate::access::Caller::ROOT, podman)
+    add_as(&b.node, crate::l1_leaves::access::Caller::ROOT, podman)
         .await
         .unwrap();
     let key = AttachmentKey::new("net", sandbox, "eth0");
@@ -378,9 +378,9 @@ async fn an_add_through_cri_is_recorded_as_such_and_becomes_eligible() {
         .unwrap();
     assert_eq!(podman.cri_pod, None);
     // Shown by the operator's listing.
-    let list = crate::rpc::admin::attachments::run(
+    let list = crate::l5_node::rpc::admin::attachments::run(
         &b.node,
-        crate::access::Caller::ROOT,
+        crate::l1_leaves::access::Caller::ROOT,
         dipam_proto::v1::ListAttachmentsRequest::default(),
     )
     .await
@@ -416,7 +416,7 @@ async fn an_add_through_cri_is_recorded_as_such_and_becomes_eligible() {
 #[tokio::test]
 async fn without_cri_endpoint_the_rpc_says_how_to_turn_it_on() {
     let (_d, node) = node_with(&script(ADD), Vec::new()).await;
-    let e = crate::rpc::admin::runtime_gc::run(&node, Default::default())
+    let e = crate::l5_node::rpc::admin::runtime_gc::run(&node, Default::default())
         .await
         .unwrap_err();
     assert!(matches!(e, ShimError::Config { .. }), "{e:?}");
