@@ -139,7 +139,7 @@ pub async fn add_early_replies(
         .collect()
 }
 
-// The GC's shared delegate and records (gc/collect.rs's tests, gc/runtime/pass/tests.rs).
+// The GC's shared delegate and records (gc/collect/mod.rs's tests, gc/runtime/pass/tests.rs).
 
 /// The delegate "fake-ipam": appends `COMMAND CONTAINERID` to `calls` beside itself for every
 /// call, answers VERSION, and runs `cases` (more `case` arms) for the other commands.

@@ -34,7 +34,7 @@ use crate::l1_leaves::error::ShimError;
 /// pods passed the 1 MiB every other config is held to) plus the CNI_* values within their
 /// limits (validate.rs). Bounds what one request can make dipamd hold; a larger one is
 /// refused by tonic before any handler runs, and that refusal leaves dipamd as
-/// RESOURCE_EXHAUSTED (server.rs). Only root may GC: a non-root caller's requests are held
+/// RESOURCE_EXHAUSTED (server/mod.rs). Only root may GC: a non-root caller's requests are held
 /// to [`NON_ROOT_REQUEST_BYTES`] before they are read (server/bodies.rs).
 pub const MAX_REQUEST_BYTES: usize = 17 << 20;
 

@@ -171,7 +171,7 @@ pub enum ShimError {
     /// Saturated: answered at once rather than queued forever.
     #[error("dipamd is busy: {0}")]
     Busy(String),
-    /// An ADD's plugin left before its answer (rpc/add.rs); the reply reaches only the log
+    /// An ADD's plugin left before its answer (rpc/add/mod.rs); the reply reaches only the log
     /// and the history.
     #[error("the plugin left before the ADD of {key} was answered")]
     RequesterLeft { key: String, released: bool },

@@ -165,12 +165,12 @@ pub enum FreedBy {
     Operator,
     /// The reconcile (--reconcile-free): a reservation no record knows and nothing uses.
     Reconcile,
-    /// The reboot rule at start: recorded in an earlier boot (replay/reboot.rs).
+    /// The reboot rule at start: recorded in an earlier boot (replay/reboot/mod.rs).
     Reboot,
-    /// Two looks at the node found the pod dead (gc/evidence.rs).
+    /// Two looks at the node found the pod dead (gc/evidence/mod.rs).
     Evidence,
     /// The delegate handed its address to another pod and a look proved it dead
-    /// (gc/evidence.rs).
+    /// (gc/evidence/mod.rs).
     Conflict,
 }
 

@@ -6,11 +6,11 @@
 
 /// The points, in the order an ADD or DEL passes them; then the warm pool's take (right after
 /// the commit that hands an entry to a pod) and release (after the entry is marked
-/// `deleting`, and after it is forgotten); then GC's (gc/collect.rs): right after the first
+/// `deleting`, and after it is forgotten); then GC's (gc/collect/mod.rs): right after the first
 /// chunk of stale records is marked `deleting`, and before the first group commit that
 /// forgets released records (other DELs still running). A pool entry's fill passes the ADD
 /// points. At start, after a reboot: right after the first pod of the earlier boot is freed
-/// (replay/reboot.rs), before the new boot id is written.
+/// (replay/reboot/mod.rs), before the new boot id is written.
 pub const POINTS: &[&str] = &[
     "add-after-intent",
     "add-after-exec",
@@ -28,7 +28,7 @@ pub const POINTS: &[&str] = &[
 
 /// The points where `dipamd --pause-at POINT=FILE` holds the daemon's work until FILE exists
 /// (deleted again when it goes on): a window a test must hit every time, not by luck. GC's
-/// `gc-before-read` is after the GC began and before it reads the ledger (gc/collect.rs);
+/// `gc-before-read` is after the GC began and before it reads the ledger (gc/collect/mod.rs);
 /// `start-before-ledger` is a start that holds the socket's lock and has not opened its
 /// ledger yet (daemon/mod.rs): the seconds a loaded node's start takes, made as long as a
 /// test needs.

@@ -16,7 +16,7 @@
 //!
 //! GC also yields: [`KeyLocks::operations`] counts the operations in flight on a network (ADD,
 //! DEL, CHECK, the pool's and the agent's; everything that takes a key with [`KeyLocks::lock`]),
-//! and while there is one, GC starts no second delegate DEL (gc/collect.rs). host-local takes
+//! and while there is one, GC starts no second delegate DEL (gc/collect/mod.rs). host-local takes
 //! one lock per network directory for every ADD and DEL and walks the whole directory under
 //! it, so each extra DEL in flight is one more walk an ADD may queue behind, and one more
 //! process for the CPUs (docs/performance.md, run 13).

@@ -500,7 +500,7 @@ impl Gate {
 
 /// What an HTTP/2 client may send before it acknowledges dipamd's SETTINGS: its preface and
 /// SETTINGS, a request's headers and the 65,535 bytes of DATA the protocol's initial window
-/// allows. dipamd's own limits (server.rs: the header list, frame and window sizes) bind a
+/// allows. dipamd's own limits (server/mod.rs: the header list, frame and window sizes) bind a
 /// client only from its acknowledgement on (RFC 9113 §6.5.3); until then h2 accepts header
 /// blocks up to 16 MiB, and 300 connections that never acknowledged, each sending a 256 KiB
 /// header block, took RSS from 48 to 220 MiB.

@@ -97,7 +97,7 @@ impl Watch {
 }
 
 /// Networks whose delegate store dipamd must not trust, with the reason: pod ADDs there are
-/// refused (rpc/add.rs), and the warm pool does not fill them. Written by [`round`].
+/// refused (rpc/add/mod.rs), and the warm pool does not fill them. Written by [`round`].
 #[derive(Debug, Default)]
 pub struct Misconfigured(
     std::sync::Mutex<std::collections::HashMap<(String, Option<u32>), String>>,

@@ -279,7 +279,7 @@ impl Cni for Service {
     /// The ADD runs in a task of its own, to its end, whether or not the plugin stays for the
     /// answer: dropped with this handler (the plugin killed by its runtime's timeout, or with
     /// its caller), it would abandon its delegate mid-ADD and let go of the key's lock while
-    /// the delegate still works. A plugin that left has the ADD rolled back (rpc/add.rs).
+    /// the delegate still works. A plugin that left has the ADD rolled back (rpc/add/mod.rs).
     /// Bounded: each task holds an admission slot until it ends (access.rs).
     async fn add(&self, r: Request<CniRequest>) -> Result<Response<CniReply>, Status> {
         let caller = Caller::of(&r);

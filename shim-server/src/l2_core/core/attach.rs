@@ -27,7 +27,7 @@ use crate::{
 ///
 /// It also knows whether the ADD's requester still waits for its answer ([`Self::watched`]):
 /// an ADD runs to its end in a task of its own whoever leaves (service.rs), and one whose
-/// plugin left is then rolled back (rpc/add.rs).
+/// plugin left is then rolled back (rpc/add/mod.rs).
 #[derive(Debug, Default)]
 pub struct Early {
     tx: Option<oneshot::Sender<Vec<u8>>>,

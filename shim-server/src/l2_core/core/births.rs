@@ -14,7 +14,7 @@
 //! ([`Births::stamp_on_drop`]). A GC has a start instant on the same clock ([`GcStart`]: the
 //! CNI GC plugin's `issued_at`, else when the request arrived; the runtime-aware GC's, before
 //! it asked the runtime). A key stamped at or after that instant is kept. GC checks it under
-//! the key's lock, right before it marks the record `deleting` (gc/collect.rs), so no ADD can
+//! the key's lock, right before it marks the record `deleting` (gc/collect/mod.rs), so no ADD can
 //! slip between the check and the release: one still running holds the lock (kept as
 //! in-flight), one done has stamped. CLOCK_BOOTTIME never steps, counts suspend, and is the
 //! same clock in every process of a boot, so the plugin's stamp and dipamd's compare.

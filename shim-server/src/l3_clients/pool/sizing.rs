@@ -18,7 +18,7 @@
 //!
 //! The range guard: refills stop while the delegate's range has fewer free addresses than the
 //! target, so a pool never takes the last addresses pods (or the agent) still need from the
-//! delegate; and an ADD the delegate refuses takes a pooled entry (rpc/add.rs).
+//! delegate; and an ADD the delegate refuses takes a pooled entry (rpc/add/mod.rs).
 
 use std::{collections::VecDeque, time::Duration, time::Instant};
 

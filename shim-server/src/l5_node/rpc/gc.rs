@@ -1,4 +1,4 @@
-//! CNI GC: the runtime's valid list, checked and made safe, then collected (gc/collect.rs): through
+//! CNI GC: the runtime's valid list, checked and made safe, then collected (gc/collect/mod.rs): through
 //! the delegate's own GC where it has one, emulated where it has none.
 //!
 //! - Every entry of the list must be exactly `{containerID, ifname}`; one that is not refuses

@@ -1,4 +1,4 @@
-//! The deadline layer server.rs installs in front of every service: one status code,
+//! The deadline layer server/mod.rs installs in front of every service: one status code,
 //! DEADLINE_EXCEEDED, for a call whose `grpc-timeout` expires.
 
 use std::future::Future;

@@ -505,7 +505,7 @@ struct Observed {
 }
 
 /// Phase 4: the observers. The metrics registry listens to the events of every part
-/// (metrics.rs); without a metrics listener nothing listens and emitting costs nothing. The
+/// (metrics/mod.rs); without a metrics listener nothing listens and emitting costs nothing. The
 /// explain history listens too: every request and exec is recorded for `dipamctl explain`;
 /// its drops are counted by the metrics.
 fn observe(args: &Args, store: &Arc<dyn dipam_state::Store>) -> Observed {

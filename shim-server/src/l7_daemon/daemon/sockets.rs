@@ -28,7 +28,7 @@ pub(super) async fn listen(
     let stop = shutdown_signal();
     // With a users socket, the group connects there and root's socket stays root's alone:
     // a listen backlog is per socket, and a group member's connects once filled the one root's
-    // pods shared with it (server.rs).
+    // pods shared with it (server/mod.rs).
     let (root_group, users) = match &args.users_socket {
         Some(path) => {
             let l = server::bind(path, group).await?;

@@ -692,7 +692,7 @@ async fn mark<'a>(
             continue;
         };
         // Under the key's lock: an ADD still running holds it (above), and one that is done
-        // stamped its key before letting go (rpc/add.rs), so none can slip between this check
+        // stamped its key before letting go (rpc/add/mod.rs), so none can slip between this check
         // and the release.
         if let Some(why) = born_after(c, &planned.key, began) {
             skipped.push((idx, Released::Busy(BORN_AFTER_GC, why)));

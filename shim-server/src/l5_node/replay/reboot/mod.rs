@@ -14,13 +14,13 @@
 //!
 //! The agent's addresses and claims and the warm pool's entries are dipamd's own, not a
 //! pod's: they are not touched here, and the agent's reconcile takes them again with the same
-//! addresses (agent/reconcile.rs). Each freed pod's history says who freed it and why
+//! addresses (agent/reconcile/mod.rs). Each freed pod's history says who freed it and why
 //! (`dipamctl explain`, "freed ... by reboot").
 //!
 //! The new boot id is written only once every pod of the earlier boot has been dealt with: a
 //! crash in the middle is finished by the next start. A ledger that names no boot (a new one,
 //! or one written before the id was kept) proves nothing: the id is recorded, and the
-//! evidence pass (gc/evidence.rs) judges its pods by what the node shows.
+//! evidence pass (gc/evidence/mod.rs) judges its pods by what the node shows.
 
 use std::path::Path;
 

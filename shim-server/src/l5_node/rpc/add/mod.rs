@@ -93,7 +93,7 @@ async fn attach_or_rescue(
         };
         // A pod's record holds the address the delegate handed out (its state went with a
         // reboot, or was wiped): when that pod is provably dead, its record goes and the ADD
-        // is served once more (gc/evidence.rs), instead of failing a pod for a dead one.
+        // is served once more (gc/evidence/mod.rs), instead of failing a pod for a dead one.
         if let ShimError::Conflict { ip, .. } = &e
             && freed < DEAD_HOLDERS
             && crate::l3_clients::gc::evidence::free_dead_holder(

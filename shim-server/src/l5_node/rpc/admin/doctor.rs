@@ -479,7 +479,7 @@ fn privilege_check(node: &Node) -> DoctorCheck {
 /// Agent records kept while agent management is off.
 fn unmanaged_agent_check(node: &Node, checks: &mut Vec<DoctorCheck>) {
     if node.agent.config.is_none() {
-        // Agent records left from when agent management was on (agent/reconcile.rs
+        // Agent records left from when agent management was on (agent/reconcile/mod.rs
         // keep_unmanaged): held, never a pod's, and released only by turning it back on.
         let kept: Vec<String> = node
             .agent

@@ -9,7 +9,7 @@ use tonic::Status;
 
 use crate::l5_node::node::Node;
 
-/// The message of the UNAVAILABLE that ends every `Agent.Watch` when dipamd stops (server.rs
+/// The message of the UNAVAILABLE that ends every `Agent.Watch` when dipamd stops (server/mod.rs
 /// closes the watches).
 pub const STOPPING: &str =
     "dipamd is shutting down; reconnect: the next dipamd sends the full list first";
