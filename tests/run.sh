@@ -10,7 +10,7 @@ cargo fmt --all -- --check
 cargo clippy "${locked[@]}" --workspace --all-targets -- -D warnings
 # No module cycle in any crate, between its folders or between the files of one folder, and
 # no edge up the layers a crate declares (docs/architecture.md, "Checking the layers").
-cargo run "${locked[@]}" -q -p dipam-layers -- shim-server plugin state proto tests/lifecycle tools/layers
+cargo run "${locked[@]}" -q -p dipam-layers -- shim-server ctl plugin state proto tests/lifecycle tools/layers
 # The API docs build, and every intra-doc link resolves: a moved item breaks the links to it.
 RUSTDOCFLAGS="-D rustdoc::broken_intra_doc_links -D warnings" \
   cargo doc "${locked[@]}" --no-deps --workspace

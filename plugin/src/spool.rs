@@ -1,7 +1,7 @@
 //! The DEL spool: when dipamd cannot be reached, a DEL is written durably into the spool of
 //! the dipamd that serves the config's socket, and the runtime is told it succeeded. dipamd
 //! drains the spool at start, before it serves anything, and every few seconds while running
-//! (shim-server/src/spool/).
+//! (shim-server/src/l3_clients/spool/).
 //!
 //! Why: a runtime may not retry a failed DEL (kubelet gives up on a deleted pod), and a lost
 //! DEL is a leaked address (F3). But a DEL reported as success must be released for certain:

@@ -11,30 +11,36 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 
 use crate::{
-    access::Caller, core::Identity, delegate::Executor, error::ShimError, node::Node, rpc::add,
+    l1_leaves::access::Caller, l1_leaves::error::ShimError, l2_core::core::Identity,
+    l2_core::delegate::Executor, l5_node::node::Node, l5_node::rpc::add,
 };
 
 /// A shim on `store` whose only delegate is `script`, installed as `fake-ipam` in the returned
 /// temp dir (where the scripts keep their call logs).
 pub fn scripted_node(script: &str, store: Arc<MemStore>) -> (TempDir, Arc<Node>) {
-    scripted_node_with(script, store, crate::events::Events::default())
+    scripted_node_with(script, store, crate::l1_leaves::events::Events::default())
 }
 
 /// [`scripted_node`], reporting to `events`.
 pub fn scripted_node_with(
     script: &str,
     store: Arc<MemStore>,
-    events: crate::events::Events,
+    events: crate::l1_leaves::events::Events,
 ) -> (TempDir, Arc<Node>) {
-    scripted_node_policy(script, store, events, crate::gc::GcPolicy::default())
+    scripted_node_policy(
+        script,
+        store,
+        events,
+        crate::l3_clients::gc::GcPolicy::default(),
+    )
 }
 
 /// [`scripted_node_with`] with the GC's `policy`.
 pub fn scripted_node_policy(
     script: &str,
     store: Arc<MemStore>,
-    events: crate::events::Events,
-    policy: crate::gc::GcPolicy,
+    events: crate::l1_leaves::events::Events,
+    policy: crate::l3_clients::gc::GcPolicy,
 ) -> (TempDir, Arc<Node>) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fake-ipam");
@@ -48,14 +54,14 @@ pub fn scripted_node_policy(
 /// A node on `store` running delegates with `exec`: no socket, no agent, default GC and
 /// admission.
 pub fn node_on(store: Arc<MemStore>, exec: Executor) -> Arc<Node> {
-    node_on_with(store, exec, crate::gc::GcPolicy::default())
+    node_on_with(store, exec, crate::l3_clients::gc::GcPolicy::default())
 }
 
 /// [`node_on`] with the GC's `policy`.
 pub fn node_on_with(
     store: Arc<dyn dipam_state::Store>,
     exec: Executor,
-    policy: crate::gc::GcPolicy,
+    policy: crate::l3_clients::gc::GcPolicy,
 ) -> Arc<Node> {
     Node::new(
         store,
@@ -67,7 +73,7 @@ pub fn node_on_with(
         },
         None,
         policy,
-        crate::access::Admission::default(),
+        crate::l1_leaves::access::Admission::default(),
     )
 }
 
@@ -77,7 +83,7 @@ pub async fn add_as(node: &Node, caller: Caller, req: CniRequest) -> Result<Vec<
         node,
         caller,
         req,
-        &mut crate::core::attach::Early::default(),
+        &mut crate::l2_core::core::attach::Early::default(),
     )
     .await
     .map(|added| added.result)
@@ -104,8 +110,8 @@ pub fn request(cid: &str, version: &str, extra: Value) -> CniRequest {
         cni_path: String::new(),
         stdin: serde_json::to_vec(&conf).unwrap(),
         mode: Mode::Ipam as i32,
-        issued_at_ms: crate::clock::now_ms(),
-        issued_at: crate::order::now().map(|b| dipam_proto::v1::BootStamp {
+        issued_at_ms: crate::l1_leaves::clock::now_ms(),
+        issued_at: crate::l1_leaves::order::now().map(|b| dipam_proto::v1::BootStamp {
             boot_id: b.boot_id,
             ns: b.ns,
         }),
@@ -120,9 +126,10 @@ pub async fn add_early_replies(
 ) -> Vec<dipam_proto::v1::CniReply> {
     use dipam_proto::v1::cni_server::Cni;
     use tokio_stream::StreamExt;
-    let svc = crate::service::Service(Arc::clone(node));
+    let svc = crate::l6_transport::service::Service(Arc::clone(node));
     let mut req = tonic::Request::new(req);
-    req.extensions_mut().insert(crate::access::Caller::ROOT);
+    req.extensions_mut()
+        .insert(crate::l1_leaves::access::Caller::ROOT);
     let stream = svc.add_early(req).await.unwrap().into_inner();
     stream
         .collect::<Vec<_>>()
@@ -132,7 +139,7 @@ pub async fn add_early_replies(
         .collect()
 }
 
-// The GC's shared delegate and records (gc/collect.rs's tests, gc/runtime/pass/tests.rs).
+// The GC's shared delegate and records (gc/collect/mod.rs's tests, gc/runtime/pass/tests.rs).
 
 /// The delegate "fake-ipam": appends `COMMAND CONTAINERID` to `calls` beside itself for every
 /// call, answers VERSION, and runs `cases` (more `case` arms) for the other commands.

@@ -9,9 +9,9 @@ const VERSION: &str = concat!(
 );
 
 fn main() -> std::process::ExitCode {
-    let args: dipam_shim::daemon::Args = dipam_shim::parse_args(VERSION);
-    dipam_shim::daemon::tune_allocator();
-    dipam_shim::daemon::private_umask();
+    let args: dipam_shim::l7_daemon::daemon::Args = dipam_shim::parse_args(VERSION);
+    dipam_shim::l7_daemon::daemon::tune_allocator();
+    dipam_shim::l7_daemon::daemon::private_umask();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -24,10 +24,11 @@ fn main() -> std::process::ExitCode {
     };
     // On a worker, not on this thread: the server's accept loop then hands each connection to
     // the worker it runs on, instead of waking another thread (~0.15 ms per request, measured).
-    let served = rt.block_on(async { tokio::spawn(dipam_shim::daemon::run(args)).await });
+    let served =
+        rt.block_on(async { tokio::spawn(dipam_shim::l7_daemon::daemon::run(args)).await });
     // A plain drop would wait for every blocking task, such as a delegate exec the shutdown
     // drain cut short (up to --delegate-timeout): the exit after SIGTERM must stay bounded.
-    rt.shutdown_timeout(dipam_shim::daemon::EXIT_WAIT);
+    rt.shutdown_timeout(dipam_shim::l7_daemon::daemon::EXIT_WAIT);
     match served
         .map_err(|e| e.to_string())
         .and_then(|r| r.map_err(|e| e.to_string()))

@@ -55,7 +55,7 @@ pub fn dir() -> &'static Path {
 /// or `--target` all move them).
 pub fn build(release: bool, extra: &[&str]) -> Result<PathBuf, String> {
     let mut args = vec!["--bins"];
-    for p in ["dipam-plugin", "dipam-shim", "dipam-lifecycle"] {
+    for p in ["dipam-plugin", "dipam-shim", "dipam-ctl", "dipam-lifecycle"] {
         args.extend(["-p", p]);
     }
     args.extend_from_slice(extra);

@@ -244,3 +244,37 @@ fn a_cycle_through_an_attribute() {
     // A path in an attribute's string is an edge too.
     assert_eq!(root["codec"]["space"].line, 3);
 }
+
+/// shim-server's shape: each layer a folder, declared in lib.rs under its `// Layer` line, and
+/// paths that name the folder (`crate::l2_clients::gc`). An edge up between two folders fails,
+/// and a cycle among the files of one folder is found at that folder's level.
+#[test]
+fn layer_folders() {
+    let lib = "// Layer leaves: facts.\npub mod l1_leaves;\n\n\
+               // Layer clients: on the leaves.\npub mod l2_clients;\n";
+    let (_d, k) = crate_of(&[
+        ("lib.rs", lib),
+        ("l1_leaves/mod.rs", "pub mod clock;\npub mod keys;\n"),
+        (
+            "l1_leaves/clock.rs",
+            "pub fn now() { crate::l2_clients::gc::run() }\n",
+        ),
+        ("l1_leaves/keys.rs", "pub fn k() {}\n"),
+        ("l2_clients/mod.rs", "pub mod gc;\npub mod pool;\n"),
+        ("l2_clients/gc.rs", "pub fn run() { super::pool::take() }\n"),
+        (
+            "l2_clients/pool.rs",
+            "use crate::l2_clients::gc;\npub fn take() {}\n",
+        ),
+    ]);
+    assert_eq!(upward(&k), vec!["l1_leaves -> l2_clients line 1"]);
+    let u = &k.upward()[0];
+    assert_eq!((u.from.1.as_str(), u.to.1.as_str()), ("leaves", "clients"));
+    assert_eq!(
+        names(&k.cycles()),
+        vec![(
+            "crate::l2_clients".to_owned(),
+            vec!["gc".to_owned(), "pool".to_owned()]
+        )]
+    );
+}

@@ -64,7 +64,7 @@
 //!   rotation as the others, so one run measures both plugin generations.
 //!
 //! Binaries: by default a release build (`cargo build --release --bins -p dipam-plugin -p
-//! dipam-shim -p dipam-lifecycle`), from where cargo put them; `--bin-dir DIR` uses prebuilt
+//! dipam-shim -p dipam-ctl -p dipam-lifecycle`), from where cargo put them; `--bin-dir DIR` uses prebuilt
 //! ones.
 //! Everything it creates (namespaces, veths through them, dipamd processes, temp dirs, subnet
 //! claims) is owned by the harness's guards and goes away on return, on error, on panic, and
@@ -629,7 +629,7 @@ fn prepare_bins(opts: &Opts) -> Res<PathBuf> {
         Some(d) => d.clone(),
         None => {
             progress!(
-                "building release binaries (cargo build --release --bins -p dipam-plugin -p dipam-shim -p dipam-lifecycle)"
+                "building release binaries (cargo build --release --bins -p dipam-plugin -p dipam-shim -p dipam-ctl -p dipam-lifecycle)"
             );
             bins::build(true, &[])?
         }

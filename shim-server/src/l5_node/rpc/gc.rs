@@ -1,0 +1,107 @@
+//! CNI GC: the runtime's valid list, checked and made safe, then collected (gc/collect/mod.rs): through
+//! the delegate's own GC where it has one, emulated where it has none.
+//!
+//! - Every entry of the list must be exactly `{containerID, ifname}`; one that is not refuses
+//!   the whole GC with code 7, naming the entry (gc::valid_input).
+//! - A list that names nothing (empty, null, or absent) is refused with code 170 unless
+//!   dipamd runs with --gc-allow-empty: cnitool sends no list meaning "everything is stale",
+//!   libcni sends null for a runtime's empty GCArgs (CRI-O, for a network without pods), and
+//!   either would free every pod of the network. Where the ledger holds no pod attachment on
+//!   the network there is nothing it could free: such a GC succeeds and frees nothing.
+//! - Agent-owned, warm-pool, in-flight and young attachments, and those an ADD finished after
+//!   the runtime invoked the plugin (core/births.rs), are added to the valid set, and a
+//!   GC that would free more than the allowed share of the network's pods is refused (170).
+
+use dipam_proto::v1::CniRequest;
+
+use crate::{
+    l1_leaves::error::ShimError,
+    l2_core::core::Core,
+    l3_clients::gc::{self, Valid, ValidInput},
+    l5_node::node::Node,
+};
+
+pub async fn run(
+    node: &Node,
+    caller: crate::l1_leaves::access::Caller,
+    peer: Option<u32>,
+    req: CniRequest,
+) -> Result<Vec<u8>, ShimError> {
+    // When the runtime started the plugin, after it made the valid list: the plugin's
+    // process start (the kernel's, from its pid), else its own stamp. Nothing an ADD finished
+    // since then is freed, whatever the grace period and the wall clock (core/births.rs).
+    let started = peer.and_then(crate::l2_core::core::births::process_start_ns);
+    let p = node.prepare(req, false, caller)?;
+    let began = node.core.births.gc_began(p.issued.as_ref(), started);
+    // GC frees every attachment of the network that is not in the list: every caller's.
+    if !p.caller.is_root() {
+        return Err(ShimError::Forbidden {
+            msg: format!("uid {} may not send GC", p.caller.uid),
+            details: "GC frees the attachments of every caller on the network; only root may \
+                      send it. Nothing was freed"
+                .into(),
+        });
+    }
+    let admission = gc::admit::Admission::new(&node.gc, &node.core.events, &p.dc.network);
+    let input = admission.input(gc::valid_input(&p.dc.conf))?;
+    let names_nothing = !matches!(&input, ValidInput::List(l) if !l.is_empty());
+    if names_nothing && !node.gc.policy.allow_empty && !has_pods(&node.core, &p.dc.network).await? {
+        // Nothing a list could have named: freeing nothing is the only answer, and a success
+        // keeps a runtime's start-up GC of a network without pods (CRI-O sends null) from
+        // reporting a failure. The delegate's store is not swept: a list that names nothing
+        // vouches for nothing in it.
+        tracing::info!(
+            network = %p.dc.network,
+            list = input.describe(),
+            "GC with a list that names nothing, on a network with no pod attachments: nothing \
+             to free"
+        );
+        return Ok(Vec::new());
+    }
+    let names = format!("the valid-attachments list is {}", input.describe());
+    let list = match input {
+        ValidInput::List(l) => l,
+        ValidInput::Absent | ValidInput::Null => Vec::new(),
+    };
+    let list = admission.non_empty(
+        list,
+        &names,
+        " (start dipamd with --gc-allow-empty to accept that)",
+    )?;
+    let gc = gc::collect::Request {
+        dc: &p.dc,
+        cni_path: &p.req.cni_path,
+        valid: Valid::List(list),
+        began,
+        mode: gc::collect::Mode::Free,
+        by: crate::l1_leaves::events::FreedBy::CniGc,
+    };
+    let plan = gc::collect::collect(&node.collector(), gc).await?;
+    let failed: Vec<String> = plan
+        .items
+        .iter()
+        .filter(|i| i.outcome == "failed")
+        .map(|i| format!("{}/{}: {}", i.container_id, i.ifname, i.error))
+        .collect();
+    if failed.is_empty() {
+        Ok(Vec::new())
+    } else {
+        Err(ShimError::GcIncomplete {
+            network: p.dc.network.clone(),
+            freed: plan.items.iter().filter(|i| i.outcome == "freed").count(),
+            failed,
+        })
+    }
+}
+
+/// Whether the ledger holds a pod attachment (not the agent's, not the warm pool's) on
+/// `network`: what a GC whose list names nothing would free.
+async fn has_pods(core: &Core, network: &str) -> Result<bool, ShimError> {
+    let network = network.to_owned();
+    core.ledger(move |l| {
+        Ok(l.list(None)?
+            .iter()
+            .any(|r| r.key.network == network && matches!(r.owner, dipam_state::Owner::Pod)))
+    })
+    .await
+}
