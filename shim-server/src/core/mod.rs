@@ -159,32 +159,6 @@ impl Core {
         out
     }
 
-    /// [`Self::ledger`] for a short operation on the request's path that never waits for the
-    /// disk (reads, and a commit to the kernel only, `Durability::SurvivesProcessCrash`): run on
-    /// this worker's own thread, `block_in_place` handing the worker's other tasks to another
-    /// thread meanwhile, so that a blocking call still stalls no other request. What it saves
-    /// is the trip: the blocking pool's thread woken, then this task woken again, each a wait
-    /// in the run queue on a loaded node (~1 ms each at load 10 on 2 CPUs; docs/performance.md,
-    /// run 27). A current-thread runtime cannot hand its tasks over: there, the blocking pool.
-    pub async fn ledger_in_place<T, F>(&self, f: F) -> Result<T, ShimError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Ledger) -> Result<T, StoreError> + Send + 'static,
-    {
-        if tokio::runtime::Handle::current().runtime_flavor()
-            != tokio::runtime::RuntimeFlavor::MultiThread
-        {
-            return self.ledger(f).await;
-        }
-        let started = Instant::now();
-        let out = tokio::task::block_in_place(|| f(&self.ledger)).map_err(ShimError::from);
-        self.observe_ledger(started);
-        if out.is_err() {
-            self.report_writable();
-        }
-        out
-    }
-
     /// Ledger time (commits wait for fdatasync) is one of the parts of a request's latency
     /// that the logs alone cannot separate from lock waits and delegate execs.
     fn observe_ledger(&self, started: Instant) {

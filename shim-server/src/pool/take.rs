@@ -137,16 +137,14 @@ async fn take_entry(
         let parsed = serde_json::from_value(result.clone())
             .map_err(|e| ShimError::Internal(format!("recorded result of {}: {e}", entry.key)))?;
         let rendered = version::render(p.dc.version, parsed)?;
-        // On this worker's thread, with no trip to the blocking pool (the commit goes to the
-        // kernel only; Core::ledger_in_place): the pod's key must have no record (else the
-        // normal path answers), the entry must still be in the ledger exactly as the pool
-        // knows it, and then the one commit. A main-mode plugin (AddEarly) gets the result
-        // between the checks and the commit, to wire the pod while it runs (core/attach.rs,
-        // `Early`).
+        // One trip to the blocking pool: the pod's key must have no record (else the normal
+        // path answers), the entry must still be in the ledger exactly as the pool knows it,
+        // and then the one commit. A main-mode plugin (AddEarly) gets the result between the
+        // checks and the commit, to wire the pod while it runs (core/attach.rs, `Early`).
         let (commit, expected) = (rec.clone(), entry.clone());
         let (mut tx, answer) = (early.take(), rendered.clone());
         let outcome = core
-            .ledger_in_place(move |l| {
+            .ledger(move |l| {
                 if l.get(&commit.key)?.is_some() {
                     return Ok((Take::KeyTaken, tx));
                 }
