@@ -1,6 +1,6 @@
 //! A private rootful podman: its own containers.conf (CONTAINERS_CONF), storage (`--root`,
 //! `--runroot`, `--tmpdir`, the vfs driver) and no registry, all in one temp directory.
-//! tests/podman.rs runs containers on dipam conflists with it, tests/image.rs builds and runs
+//! tests/runtimes/podman.rs runs containers on dipam conflists with it, tests/deploy/image.rs builds and runs
 //! dipam's image. The choices every test machine needs are made here once: runc rather than
 //! podman's default crun (tests/deps.sh installs runc), cgroupfs (no systemd needed), no
 //! event log, and `default_ulimits` lowered to this process's hard limits (runc refuses to

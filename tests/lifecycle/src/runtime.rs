@@ -18,7 +18,7 @@
 //!   when one is given; STATUS ([`Runtime::status`]) runs on every plugin (>= 1.1.0) and stops
 //!   at the first error (libcni `GCNetworkList`, `GetStatusNetworkList`).
 //!
-//! tests/libcni.rs runs the same sequences through this emulation and through real libcni
+//! tests/runtimes/libcni.rs runs the same sequences through this emulation and through real libcni
 //! (docs/sources.md §13 says what differed before they agreed).
 
 use std::{
@@ -477,7 +477,7 @@ impl Runtime {
 /// not know are gone; a 1.0.0+ result drops an empty `dns` (types100 `MarshalJSON`), while a
 /// 0.3.x/0.4.0 one always has `dns`, `{}` when the plugin sent none (types040 has no such
 /// method). Debian's ptp 1.1.1 prints `"dns":{}` at 1.0.0, which libcni drops: found by
-/// tests/libcni.rs.
+/// tests/runtimes/libcni.rs.
 pub fn typed_result(mut result: Value) -> Value {
     let version = result["cniVersion"].as_str().unwrap_or_default().to_owned();
     if !version_at_least(&version, (0, 3)) {

@@ -1,6 +1,6 @@
 //! Races and ordering. DELs get through while ADDs fill their queue; a delegate's duplicate
 //! address is refused; two identical main-mode ADDs at once never undo each other's work (a
-//! wall-clock step is in tests/clock.rs, which must run alone). Real dipamd, real host-local, real
+//! wall-clock step is in tests/daemon/clock.rs, which must run alone). Real dipamd, real host-local, real
 //! netns, the real plugin; the ledger and host-local compared after each case.
 
 // Tests: a panic is the failure report.

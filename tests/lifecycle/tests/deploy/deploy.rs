@@ -18,7 +18,7 @@ use serde_json::Value;
 /// The host directories a dipam node needs, and nothing else: the CNI plugins, the CNI
 /// configs, the delegate's store (host-local), dipamd's socket and dipamd's ledger + spool,
 /// and the directory of containerd's CRI socket (`--cri-endpoint`, the runtime-aware GC;
-/// tests/manifests.rs checks that the flag and this mount agree).
+/// tests/deploy/manifests.rs checks that the flag and this mount agree).
 const HOST_DIRS: [&str; 6] = [
     "/opt/cni/bin",
     "/etc/cni/net.d",
@@ -208,7 +208,7 @@ fn manifest_parses_into_a_configmap_and_a_daemonset_in_kube_system() {
     }
     let spec = pod_spec(&docs);
     assert_eq!(spec["hostNetwork"], true);
-    // Not privileged: a bounded capability set, which tests/privileges.rs runs dipamd under.
+    // Not privileged: a bounded capability set, which tests/security/privileges.rs runs dipamd under.
     let sc = &container(&docs, "containers", "dipamd")["securityContext"];
     assert_eq!(sc["privileged"], false, "{sc:#}");
     assert_eq!(
@@ -299,7 +299,7 @@ fn host_paths_are_the_shared_directories_mounted_where_dipamd_uses_them() {
         assert!(cmd.contains(" status"), "{probe}: {cmd}");
     }
     // `dipamctl status` exits 0 even when not ready: readiness needs `--ready`, and runs
-    // without a shell (the image has none: deploy/Containerfile, tests/image.rs).
+    // without a shell (the image has none: deploy/Containerfile, tests/deploy/image.rs).
     let ready = strings(&d["readinessProbe"]["exec"]["command"]);
     assert_eq!(ready[0], "dipamctl", "{ready:?}");
     assert!(ready.iter().any(|w| w == "--ready"), "{ready:?}");
