@@ -470,6 +470,17 @@ impl Runtime {
         let bytes = serde_json::to_vec(&conf).unwrap_or_default();
         self.exec(&kind, command, att, &bytes).into_result(&kind)
     }
+
+    /// A CNI 1.1 GC of `list`'s network through the IPAM of its first plugin ([`Self::ipam`]),
+    /// with `valid` (a list of [`gc_entry`]s) as the runtime's list: under both keys a
+    /// runtime may send it, `cni.dev/valid-attachments` and the older `cni.dev/attachments`.
+    pub fn ipam_gc(&self, list: &Value, valid: Value) -> Result<Value, CniError> {
+        let mut l = list.clone();
+        l["cniVersion"] = json!("1.1.0");
+        l["plugins"][0]["cni.dev/valid-attachments"] = valid.clone();
+        l["plugins"][0]["cni.dev/attachments"] = valid;
+        self.ipam(&l, 0, "GC", &Attachment::new("", ""), None)
+    }
 }
 
 /// A plugin's result as libcni hands it on (as prevResult, to its cache and to the runtime):
@@ -523,6 +534,11 @@ pub fn result_ips(result: &Value) -> Vec<String> {
 /// A GC attachment entry, as libcni writes it.
 pub fn gc_entry(att: &Attachment) -> Value {
     json!({"containerID": att.container_id, "ifname": att.ifname})
+}
+
+/// A runtime's GC list naming `keep`.
+pub fn gc_list(keep: &[&Attachment]) -> Value {
+    keep.iter().map(|a| gc_entry(a)).collect()
 }
 
 /// Waits out the clock tick in which a CNI GC is about to begin, before a test sends a GC

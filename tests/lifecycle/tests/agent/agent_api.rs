@@ -29,7 +29,7 @@ use std::{
 };
 
 use dipam_lifecycle::{
-    AgentLab, Attachment, bins, deps, golang,
+    AgentLab, Attachment, bins, cmd, deps, golang,
     nobody::NOBODY,
     require_root,
     restrictions::shipped_unit,
@@ -213,18 +213,13 @@ fn python_stubs(python: &Path) -> tempfile::TempDir {
         .tempdir()
         .unwrap();
     let proto = bins::workspace().join("proto");
-    let protoc = Command::new(python)
-        .args(["-m", "grpc_tools.protoc", "-I"])
-        .arg(&proto)
-        .arg(format!("--python_out={}", out.path().display()))
-        .arg(format!("--grpc_python_out={}", out.path().display()))
-        .arg("dipam/v1/agent.proto")
-        .output()
-        .unwrap();
-    assert!(
-        protoc.status.success(),
-        "grpc_tools.protoc: {}",
-        String::from_utf8_lossy(&protoc.stderr)
+    cmd::run(
+        Command::new(python)
+            .args(["-m", "grpc_tools.protoc", "-I"])
+            .arg(&proto)
+            .arg(format!("--python_out={}", out.path().display()))
+            .arg(format!("--grpc_python_out={}", out.path().display()))
+            .arg("dipam/v1/agent.proto"),
     );
     assert!(out.path().join("dipam/v1/agent_pb2_grpc.py").is_file());
     out

@@ -221,12 +221,8 @@ fn claims_survive_10_sigkills_azure() {
 /// CNI 1.1 GC through the plugin, with `valid` as the runtime's list.
 fn gc(lab: &AgentLab, valid: Value) {
     dipam_lifecycle::runtime::settle_before_gc();
-    let mut l = lab.fx.list.clone();
-    l["cniVersion"] = json!("1.1.0");
-    l["plugins"][0]["cni.dev/valid-attachments"] = valid.clone();
-    l["plugins"][0]["cni.dev/attachments"] = valid;
     lab.rt
-        .ipam(&l, 0, "GC", &Attachment::new("", ""), None)
+        .ipam_gc(&lab.fx.list, valid)
         .unwrap_or_else(|e| panic!("GC: {e}"));
 }
 

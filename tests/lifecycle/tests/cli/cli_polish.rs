@@ -22,7 +22,7 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use dipam_lifecycle::{AgentLab, Dipamd, Fixture, bins, require_root};
+use dipam_lifecycle::{AgentLab, Dipamd, Fixture, bins, named, require_root};
 use serde_json::{Value, json};
 
 /// The commit build.rs finds: `git rev-parse` in the checkout the binaries were built from,
@@ -249,12 +249,7 @@ fn a_failure_under_json_is_one_json_document_on_stderr_with_the_same_status() {
     let out = dipamd.ctl(&["doctor", "--json"]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let checks: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let socket_check = checks
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "socket is private")
-        .unwrap();
+    let socket_check = named(&checks, "socket is private");
     assert_eq!(socket_check["ok"], false, "{checks}");
     let e = json_error(&out);
     assert_eq!(e["code"], "failed");

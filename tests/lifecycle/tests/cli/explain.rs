@@ -6,17 +6,11 @@
 // Tests: a panic is the failure report.
 #![allow(clippy::unwrap_used)]
 
-use dipam_lifecycle::{Attachment, Lab, NetNs, deployment::Deployment, require_root};
+use dipam_lifecycle::{Attachment, Lab, NetNs, cmd, deployment::Deployment, require_root};
 use serde_json::Value;
 
 fn explain(lab: &Lab, cid: &str) -> Value {
-    let out = lab.dipamd.ctl(&["explain", cid, "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    cmd::json(&lab.dipamd.ctl(&["explain", cid, "--json"]))
 }
 
 #[test]
@@ -180,12 +174,8 @@ fn explain_finds_a_container_by_ip_and_by_id_prefix_in(d: Deployment) {
 /// CNI 1.1 GC through the plugin, with `valid` as the runtime's list.
 fn cni_gc(lab: &Lab, valid: Value) {
     dipam_lifecycle::runtime::settle_before_gc();
-    let mut l = lab.list().clone();
-    l["cniVersion"] = serde_json::json!("1.1.0");
-    l["plugins"][0]["cni.dev/valid-attachments"] = valid.clone();
-    l["plugins"][0]["cni.dev/attachments"] = valid;
     lab.rt
-        .ipam(&l, 0, "GC", &Attachment::new("", ""), None)
+        .ipam_gc(lab.list(), valid)
         .unwrap_or_else(|e| panic!("GC: {e}"));
 }
 
@@ -237,14 +227,7 @@ fn explain_by_ip_says_who_freed_each_earlier_holding_in(d: Deployment) {
     std::fs::write(&conflist, serde_json::to_vec(lab.list()).unwrap()).unwrap();
     let nobody = serde_json::json!([{"containerID": "nobody", "ifname": "eth0"}]);
     std::fs::write(&valid, nobody.to_string()).unwrap();
-    let gc = lab.dipamd.ctl(&[
-        "gc",
-        "--conflist",
-        conflist.to_str().unwrap(),
-        "--valid",
-        valid.to_str().unwrap(),
-        "--json",
-    ]);
+    let gc = lab.dipamd.gc_valid(&conflist, &valid, &["--json"]);
     assert!(gc.status.success(), "{gc:?}");
 
     let c = same(&pods[2]);

@@ -17,7 +17,7 @@ use std::{
 use dipam_lifecycle::{
     Lab, bins,
     deployment::{Deployment, Started},
-    require_root,
+    named, require_root,
 };
 use serde_json::Value;
 
@@ -135,15 +135,7 @@ fn offline_doctor_after(how: &str) {
         .map(|f| f["name"].as_str().unwrap())
         .collect();
     assert!(listed.contains(&spooled[0].as_str()), "{r:#}");
-    let check = |name: &str| {
-        r["checks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["name"] == name)
-            .unwrap_or_else(|| panic!("no check {name}: {r:#}"))
-            .clone()
-    };
+    let check = |name: &str| named(&r["checks"], name).clone();
     assert_eq!(check("conflist 20-broken.conflist")["ok"], false);
     assert_eq!(check("conflist 10-dipam.conflist")["ok"], true, "{r:#}");
     assert_eq!(check("ledger is readable")["ok"], true, "{r:#}");
@@ -533,15 +525,7 @@ fn learn_from_the_record(d: Deployment) {
     let recorded = r["ledger"]["attachments"].to_string();
     assert!(ids.iter().all(|id| recorded.contains(id.as_str())), "{r:#}");
     assert_eq!(r["spool"]["files"].as_array().unwrap().len(), 1, "{r:#}");
-    let ok = |name: &str| {
-        r["checks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["name"] == name)
-            .unwrap_or_else(|| panic!("no check {name}: {r:#}"))["ok"]
-            == true
-    };
+    let ok = |name: &str| named(&r["checks"], name)["ok"] == true;
     assert!(ok("ledger is readable") && ok("conflist 10-dipam.conflist"));
     assert!(ok(&format!(
         "network {}: delegate host-local installed",

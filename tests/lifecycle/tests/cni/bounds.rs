@@ -9,7 +9,7 @@
 
 use std::process::Command;
 
-use dipam_lifecycle::{Attachment, Lab, Runtime, require_root};
+use dipam_lifecycle::{Attachment, Lab, Runtime, named, require_root};
 
 fn ip(args: &[&str]) -> std::process::Output {
     Command::new("ip").args(args).output().expect("run ip")
@@ -153,12 +153,7 @@ fn agent_records_left_when_agent_management_is_off_are_listed_then_released() {
     assert!(message.contains("--agent-roles"), "{listed}");
     let doctor: serde_json::Value =
         serde_json::from_slice(&lab.dipamd.ctl(&["doctor", "--json"]).stdout).unwrap();
-    let flagged = doctor
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "agent records without agent management")
-        .unwrap_or_else(|| panic!("{doctor}"));
+    let flagged = named(&doctor, "agent records without agent management");
     assert_eq!(flagged["ok"], false);
     assert!(
         flagged["detail"]

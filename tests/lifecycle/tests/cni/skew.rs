@@ -11,7 +11,7 @@
 // Tests: a panic is the failure report.
 #![allow(clippy::unwrap_used)]
 
-use dipam_lifecycle::{Attachment, Lab, Runtime, bins, require_root, runtime::result_ips};
+use dipam_lifecycle::{Attachment, Lab, Runtime, bins, cmd, require_root, runtime::result_ips};
 use dipam_proto::v1::{CniReply, CniRequest, Mode, cni_client::CniClient, cni_reply::Outcome};
 use serde_json::Value;
 
@@ -165,13 +165,7 @@ fn too_old_is_refused_and_newer_is_served() {
 fn status_shows_the_protocol_versions() {
     require_root!();
     let lab = Lab::new("ptp-dipam-host-local.conflist");
-    let out = lab.dipamd.ctl(&["status", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = cmd::json(&lab.dipamd.ctl(&["status", "--json"]));
     assert_eq!(
         v["protocol"]["daemon"],
         dipam_proto::PROTOCOL_VERSION,

@@ -281,15 +281,7 @@ fn sigkill_in_the_middle_of_a_large_parallel_gc_converges() {
     let list = lab.list().clone();
     let none = "/var/run/netns/none";
     let gc = |rt: &dipam_lifecycle::Runtime, valid: &[&Attachment]| {
-        let mut l = list.clone();
-        l["cniVersion"] = serde_json::json!("1.1.0");
-        let v: Vec<serde_json::Value> = valid
-            .iter()
-            .map(|a| dipam_lifecycle::runtime::gc_entry(a))
-            .collect();
-        l["plugins"][0]["cni.dev/valid-attachments"] = serde_json::json!(v);
-        l["plugins"][0]["cni.dev/attachments"] = serde_json::json!(v);
-        rt.ipam(&l, 0, "GC", &Attachment::new("", ""), None)
+        rt.ipam_gc(&list, dipam_lifecycle::runtime::gc_list(valid))
     };
     let add = |rt: &dipam_lifecycle::Runtime, a: &Attachment| {
         rt.ipam(&list, 0, "ADD", a, None)

@@ -6,7 +6,7 @@
 // Tests: a panic is the failure report.
 #![allow(clippy::unwrap_used)]
 
-use dipam_lifecycle::{Lab, Replay, require_root};
+use dipam_lifecycle::{Lab, Replay, require_root, runtime::gc_list};
 
 /// Prints, if the test fails, the crash point and every dipamd log (replay.rs); declared after
 /// the lab, so dropped while its log still exists.
@@ -158,18 +158,8 @@ fn every_gc_crash_point_converges() {
             Lab::with_flags("ptp-dipam-host-local.conflist", &flags).with_plugin_timeout(2);
         let _replay = replay(&lab, "every_gc_crash_point_converges", point);
         let list = lab.list().clone();
-        let gc = |lab: &Lab, keep: &[&dipam_lifecycle::Attachment]| {
-            let mut l = list.clone();
-            l["cniVersion"] = serde_json::json!("1.1.0");
-            let v: Vec<serde_json::Value> = keep
-                .iter()
-                .map(|a| dipam_lifecycle::runtime::gc_entry(a))
-                .collect();
-            l["plugins"][0]["cni.dev/valid-attachments"] = serde_json::json!(v);
-            l["plugins"][0]["cni.dev/attachments"] = serde_json::json!(v);
-            lab.rt
-                .ipam(&l, 0, "GC", &dipam_lifecycle::Attachment::new("", ""), None)
-        };
+        let gc =
+            |lab: &Lab, keep: &[&dipam_lifecycle::Attachment]| lab.rt.ipam_gc(&list, gc_list(keep));
         let none = "/var/run/netns/none";
         let atts: Vec<_> = (0..=STALE)
             .map(|_| dipam_lifecycle::Attachment::new(&dipam_lifecycle::unique("gc"), none))
@@ -248,18 +238,7 @@ fn an_add_finished_after_the_gc_began_is_never_freed() {
         let r = lab.rt.ipam(&list, 0, "ADD", a, None).unwrap();
         dipam_lifecycle::runtime::result_ips(&r).remove(0)
     };
-    let gc = |keep: &[&dipam_lifecycle::Attachment]| {
-        let mut l = list.clone();
-        l["cniVersion"] = serde_json::json!("1.1.0");
-        let v: Vec<serde_json::Value> = keep
-            .iter()
-            .map(|a| dipam_lifecycle::runtime::gc_entry(a))
-            .collect();
-        l["plugins"][0]["cni.dev/valid-attachments"] = serde_json::json!(v);
-        l["plugins"][0]["cni.dev/attachments"] = serde_json::json!(v);
-        lab.rt
-            .ipam(&l, 0, "GC", &dipam_lifecycle::Attachment::new("", ""), None)
-    };
+    let gc = |keep: &[&dipam_lifecycle::Attachment]| lab.rt.ipam_gc(&list, gc_list(keep));
     let paused = |n: usize| {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while lab.dipamd.log().matches("fault injection: pausing").count() < n {
@@ -322,15 +301,8 @@ fn an_add_finished_after_the_gc_began_is_never_freed() {
     .unwrap();
     let (plan, later) = std::thread::scope(|s| {
         let dry = s.spawn(|| {
-            lab.dipamd.ctl(&[
-                "gc",
-                "--conflist",
-                conflist.to_str().unwrap(),
-                "--valid",
-                valid.to_str().unwrap(),
-                "--dry-run",
-                "--json",
-            ])
+            lab.dipamd
+                .gc_valid(&conflist, &valid, &["--dry-run", "--json"])
         });
         paused(2);
         let later = pod("later");

@@ -22,7 +22,8 @@ use std::{
 };
 
 use dipam_lifecycle::{
-    Attachment, Dipamd, Fixture, Lab, NetNs, Runtime, Subnet, bins, hostlocal, require_root, unique,
+    Attachment, Dipamd, Fixture, Lab, NetNs, Runtime, Subnet, bins, cmd::run, hostlocal, named,
+    require_root, unique,
 };
 use serde_json::{Value, json};
 
@@ -88,15 +89,6 @@ impl Drop for SmallExt4 {
         // Lazy: a dipamd still holding files (the test failed) must not keep the mount.
         let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
     }
-}
-
-fn run(cmd: &mut Command) {
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 fn vm_rss_kib(pid: u32) -> u64 {
@@ -249,12 +241,7 @@ fn a_full_state_disk_is_reported_and_served_again_once_space_returns() {
     );
     let out = ctl(&dipamd, &["doctor", "--json"]);
     let checks: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let ledger = checks
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "ledger takes commits")
-        .unwrap_or_else(|| panic!("{checks}"));
+    let ledger = named(&checks, "ledger takes commits");
     assert_eq!(ledger["ok"], false, "{ledger}");
     assert!(
         says_disk_full(ledger["detail"].as_str().unwrap()),

@@ -7,7 +7,7 @@
 
 use std::process::Stdio;
 
-use dipam_lifecycle::{AgentLab, Attachment, bins, require_root};
+use dipam_lifecycle::{AgentLab, Attachment, daemon::recover, require_root};
 
 #[test]
 fn corrupt_ledger_is_refused_then_rebuilt_from_host_local() {
@@ -36,20 +36,11 @@ fn corrupt_ledger_is_refused_then_rebuilt_from_host_local() {
         "{why}"
     );
 
-    let out = std::process::Command::new(bins::bin("dipamctl"))
-        .args(["recover", "--state-dir"])
-        .arg(lab.dipamd.state_dir())
-        .arg("--conflist")
-        .arg(lab.conflist_path())
-        .args(["--cni-path", "/usr/lib/cni", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let report = recover(
+        &lab.dipamd.state_dir(),
+        &lab.conflist_path(),
+        "/usr/lib/cni",
     );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["pods"], 3, "{report}");
     assert_eq!(report["agent"], 1, "{report}");
     assert!(report["movedAside"].as_str().unwrap().contains(".corrupt-"));

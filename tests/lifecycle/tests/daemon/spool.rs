@@ -10,32 +10,20 @@
 
 use std::{os::unix::fs::PermissionsExt, path::Path, process::Stdio};
 
-use dipam_lifecycle::{Lab, bins, require_root};
+use dipam_lifecycle::{Lab, bins, cmd, daemon::recover, named, require_root};
 use serde_json::Value;
 
 const CONFLIST: &str = "ptp-dipam-host-local.conflist";
 
 fn status(lab: &Lab) -> Value {
-    let out = lab.dipamd.ctl(&["status", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    cmd::json(&lab.dipamd.ctl(&["status", "--json"]))
 }
 
 /// doctor's check `name`: (ok, detail and fix).
 fn doctor(lab: &Lab, name: &str) -> (bool, String) {
     let out = lab.dipamd.ctl(&["doctor", "--json"]);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let c = v
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == name)
-        .unwrap_or_else(|| panic!("doctor has no check {name:?}: {v:#}"))
-        .clone();
+    let c = named(&v, name).clone();
     (c["ok"] == true, format!("{} / {}", c["detail"], c["fix"]))
 }
 
@@ -317,22 +305,7 @@ fn a_fresh_or_recovered_ledger_still_releases_spooled_dels() {
     );
     let conflist = lab.dipamd.dir.path().join("net.conflist");
     std::fs::write(&conflist, lab.list().to_string()).unwrap();
-    let out = std::process::Command::new(bins::bin("dipamctl"))
-        .args(["recover", "--state-dir"])
-        .arg(&state)
-        .arg("--conflist")
-        .arg(&conflist)
-        .arg("--cni-path")
-        .arg(bins::cni_path())
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = recover(&state, &conflist, &bins::cni_path());
     assert_eq!(report["spoolKept"], true, "{report}");
     assert_eq!(
         lab.spooled(),

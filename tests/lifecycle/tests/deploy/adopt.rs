@@ -23,7 +23,10 @@ use std::{
 };
 
 use dipam_lifecycle::{
-    Containerd, Dipamd, Fixture, Lab, NetNs, Subnet, bins, hostlocal,
+    Containerd, Dipamd, Fixture, Lab, NetNs, Subnet, bins,
+    cmd::{self, ok},
+    daemon::ctl_at,
+    hostlocal,
     links::ipv4_addresses as addresses,
     podman::{self, Podman},
     require, require_root,
@@ -53,36 +56,9 @@ fn plain_chain(version: &str, store: &Path, subnet: &Subnet) -> Value {
     list
 }
 
-/// `dipamctl --socket S ARGS`, for a dipamd that may not be running.
-fn ctl(socket: &Path, args: &[&str]) -> Output {
-    Command::new(bins::bin("dipamctl"))
-        .arg("--socket")
-        .arg(socket)
-        .args(args)
-        .output()
-        .expect("run dipamctl")
-}
-
-#[track_caller]
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "dipamctl failed ({}): {}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
-}
-
-#[track_caller]
-fn json_of(out: &Output) -> Value {
-    serde_json::from_str(&ok(out)).unwrap()
-}
-
 /// `install --wrap FILE --in-place`, as the README tells a node to run it.
 fn wrap_in_place(socket: &Path, file: &Path, bin: &Path) -> Output {
-    ctl(
+    ctl_at(
         socket,
         &[
             "install",
@@ -169,7 +145,7 @@ fn assert_adopted_and_kept(
     // A reservation nothing uses beside them: doctor names it an orphan, and only it.
     let dead = dead_reservation(store, network, subnet);
     let doctor: Value =
-        serde_json::from_slice(&ctl(&dipamd.socket(), &["doctor", "--json"]).stdout)
+        serde_json::from_slice(&ctl_at(&dipamd.socket(), &["doctor", "--json"]).stdout)
             .expect("doctor --json");
     let check = |name: &str| {
         doctor
@@ -218,27 +194,18 @@ fn assert_adopted_and_kept(
 
     // The operator's GC, as doctor used to advise it: nothing to free.
     let c = conflist.to_str().unwrap();
-    let gc = json_of(&ctl(
+    let gc = cmd::json(&ctl_at(
         &dipamd.socket(),
         &["gc", "--conflist", c, "--use-ledger", "--json"],
     ));
     assert_eq!(gc["items"], json!([]), "{gc:#}");
     assert_eq!(dipamd.ledger_ips(network), expected);
 
-    let status = json_of(&ctl(&dipamd.socket(), &["status", "--json"]));
+    let status = cmd::json(&ctl_at(&dipamd.socket(), &["status", "--json"]));
     assert_eq!(status["divergence"]["orphans"], 0, "{status:#}");
     for (_, ip) in pods {
         assert_reachable(ip);
     }
-}
-
-/// Why podman cannot run here, if it cannot.
-fn podman_unavailable() -> Option<String> {
-    podman::unavailable(
-        "podman tests need root (rootful podman with CNI networks)",
-        &["podman", "runc", "busybox", "timeout"],
-        "tests/deps.sh installs podman, runc and busybox-static",
-    )
 }
 
 /// A private podman whose CNI backend loads the conflists in `netd`, finding plugins in
@@ -283,7 +250,7 @@ fn podman_pod(p: &Podman, net: &str) -> (String, String) {
 /// the exact step, and dipamd, started on the wrapped conflist, adopts them at start.
 #[test]
 fn a_podman_node_with_20_running_pods_is_adopted_and_no_pod_loses_its_address() {
-    require!(podman_unavailable());
+    require!(podman::containers_unavailable());
     let dir = TempDir::with_prefix("adopt-podman-node-").unwrap();
     let (netd, bin, store) = (
         dir.path().join("net.d"),
@@ -435,7 +402,7 @@ fn a_containerd_node_with_20_running_pods_is_adopted_and_no_pod_loses_its_addres
     // Reviewed first: the wrapped copy beside the file, which no runtime loads. dipamd does
     // not record these pods yet, and still neither its GC nor a dry adoption would free one.
     let socket = node.dipamd.socket();
-    ok(&ctl(
+    ok(&ctl_at(
         &socket,
         &[
             "install",
@@ -449,7 +416,7 @@ fn a_containerd_node_with_20_running_pods_is_adopted_and_no_pod_loses_its_addres
     ));
     let copy = PathBuf::from(format!("{}.dipam", conflist.display()));
     let c = copy.to_str().unwrap();
-    let gc = json_of(&ctl(
+    let gc = cmd::json(&ctl_at(
         &socket,
         &["gc", "--conflist", c, "--use-ledger", "--json"],
     ));
@@ -460,7 +427,7 @@ fn a_containerd_node_with_20_running_pods_is_adopted_and_no_pod_loses_its_addres
         assert_eq!(k["keep"], json!(["alive"]), "{k}");
     }
     assert_eq!(hostlocal::reservations(&store, &net).len(), PODS);
-    let plan = json_of(&ctl(
+    let plan = cmd::json(&ctl_at(
         &socket,
         &["adopt", "--conflist", c, "--dry-run", "--json"],
     ));
@@ -484,7 +451,7 @@ fn a_containerd_node_with_20_running_pods_is_adopted_and_no_pod_loses_its_addres
 
     // The runtime-aware GC lists every sandbox; two passes free nothing either.
     for _ in 0..2 {
-        let pass = json_of(&ctl(&socket, &["gc", "--from-runtime", "--json"]));
+        let pass = cmd::json(&ctl_at(&socket, &["gc", "--from-runtime", "--json"]));
         assert_eq!(pass["items"], json!([]), "{pass:#}");
     }
     assert_eq!(hostlocal::reservations(&store, &net).len(), PODS);
@@ -638,14 +605,7 @@ fn a_main_mode_attachment_freed_by_gc_loses_its_veth_and_route() {
         json!([{"containerID": keep.container_id, "ifname": "eth0"}]).to_string(),
     )
     .unwrap();
-    let gc = json_of(&lab.dipamd.ctl(&[
-        "gc",
-        "--conflist",
-        conflist.to_str().unwrap(),
-        "--valid",
-        valid.to_str().unwrap(),
-        "--json",
-    ]));
+    let gc = cmd::json(&lab.dipamd.gc_valid(&conflist, &valid, &["--json"]));
     let items = gc["items"].as_array().unwrap();
     assert_eq!(items.len(), 1, "{gc:#}");
     assert_eq!(items[0]["outcome"], "freed", "{gc:#}");

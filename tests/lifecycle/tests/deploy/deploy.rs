@@ -12,7 +12,7 @@ use std::{
     process::Command,
 };
 
-use dipam_lifecycle::{bins, unit_file, yaml};
+use dipam_lifecycle::{bins, cmd, unit_file, yaml};
 use serde_json::Value;
 
 /// The host directories a dipam node needs, and nothing else: the CNI plugins, the CNI
@@ -379,17 +379,7 @@ fn init_container_installs_the_conflist_dipamd_reads_and_the_plugin_it_serves() 
 
 /// `<bin> --help`, which must succeed.
 fn help(bin: &str, args: &[&str]) -> String {
-    let out = Command::new(bins::bin(bin))
-        .args(args)
-        .arg("--help")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{bin} {} --help: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = cmd::run(Command::new(bins::bin(bin)).args(args).arg("--help"));
     String::from_utf8(out.stdout).unwrap()
 }
 

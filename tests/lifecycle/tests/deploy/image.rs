@@ -19,12 +19,11 @@
 use std::{
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
-    process::Command,
     time::{Duration, Instant},
 };
 
 use dipam_lifecycle::{
-    KubeApi, bins,
+    KubeApi, bins, named,
     podman::{self, Podman},
     unique, yaml,
 };
@@ -104,22 +103,7 @@ fn mode(p: &Path) -> u32 {
 
 /// The build context: exactly the three binaries, without their debug info.
 fn context(dir: &Path) {
-    std::fs::create_dir_all(dir).unwrap();
-    for name in ["dipam", "dipamd", "dipamctl"] {
-        strip(&bins::dir().join(name), &dir.join(name));
-    }
-}
-
-/// Copies `from` to `to` without debug info.
-fn strip(from: &Path, to: &Path) {
-    let st = Command::new("strip")
-        .arg("--strip-debug")
-        .arg("-o")
-        .arg(to)
-        .arg(from)
-        .status()
-        .unwrap();
-    assert!(st.success(), "strip {}", from.display());
+    bins::copy_stripped(dir);
 }
 
 #[test]
@@ -169,12 +153,7 @@ fn the_image_builds_offline_and_runs_as_the_daemonset_runs_it() {
     let hostpath = |volume: &str| -> PathBuf {
         let spec =
             &docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap()["spec"]["template"]["spec"];
-        let vol = spec["volumes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|v| v["name"] == volume)
-            .unwrap_or_else(|| panic!("no volume {volume}"));
+        let vol = named(&spec["volumes"], volume);
         match vol["hostPath"]["path"].as_str() {
             Some(p) => podman.path("host").join(p.trim_start_matches('/')),
             None => podman.path("configmap").join(volume),

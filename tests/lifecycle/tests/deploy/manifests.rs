@@ -20,7 +20,7 @@ use std::{
     process::Command,
 };
 
-use dipam_lifecycle::{bins, deps, yaml};
+use dipam_lifecycle::{bins, deps, named, yaml};
 use serde_json::Value;
 
 /// The Kubernetes releases the manifests are validated against: 1.30, the oldest the
@@ -291,12 +291,7 @@ fn rbac_is_exactly_get_on_nodes_for_the_daemonsets_service_account() {
 fn the_init_container_reads_its_own_nodes_ranges_and_waits_for_them() {
     let docs = all_documents();
     let pod = &one(&docs, "DaemonSet")["spec"]["template"]["spec"];
-    let init = pod["initContainers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "install")
-        .expect("the install init container");
+    let init = named(&pod["initContainers"], "install");
     let argv: Vec<&str> = init["command"]
         .as_array()
         .unwrap()
@@ -452,12 +447,7 @@ fn the_cri_endpoint_and_the_runtime_socket_mount_agree() {
     let docs = all_documents();
     cri_endpoint_and_mount_agree(&docs).unwrap();
     let d = &one(&docs, "DaemonSet")["spec"]["template"]["spec"]["containers"];
-    let d = d
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "dipamd")
-        .unwrap();
+    let d = named(d, "dipamd");
     assert_eq!(
         flag_value(d, "--cri-endpoint").as_deref(),
         Some(format!("unix://{CONTAINERD_SOCKET}").as_str())

@@ -31,9 +31,11 @@ use std::{
 };
 
 use dipam_lifecycle::{
-    Attachment, Dipamd, Fixture, KubeApi, Runtime, Subnet, bins, hostlocal,
+    Attachment, Dipamd, Fixture, KubeApi, Runtime, Subnet, bins,
+    cmd::ok,
+    hostlocal,
     kubeapi::{Access, Request},
-    require_root,
+    named, require_root,
     runtime::result_ips,
     unique, yaml,
 };
@@ -123,17 +125,6 @@ impl Node {
 }
 
 #[track_caller]
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "dipamctl failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
-}
-
-#[track_caller]
 fn refused(out: &Output, why: &[&str]) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
@@ -170,12 +161,7 @@ fn the_daemonsets_init_container_installs_its_nodes_own_ranges() {
     let docs = manifest();
     let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
     let pod = &ds["spec"]["template"]["spec"];
-    let init = pod["initContainers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "install")
-        .unwrap();
+    let init = named(&pod["initContainers"], "install");
     let root = tempfile::Builder::new().prefix("pod-").tempdir().unwrap();
     // Each mount of the init container, rooted under `root`; the ConfigMap's files in its.
     let mut mounts: Vec<(String, PathBuf)> = Vec::new();

@@ -18,7 +18,9 @@ use std::{
 use dipam_lifecycle::{
     Attachment, Dipamd, Fixture, NetNs, Runtime, Subnet,
     azure::{self, AzureNode},
-    bins, require_root,
+    bins,
+    cmd::ok,
+    daemon, require_root,
     runtime::result_ips,
     unique,
 };
@@ -29,24 +31,7 @@ const PODMAN: &str = "podman-4.3.1-bridge.conflist";
 
 /// `dipamctl --socket S install ARGS`.
 fn ctl(socket: &Path, args: &[&str]) -> Output {
-    Command::new(bins::bin("dipamctl"))
-        .arg("--socket")
-        .arg(socket)
-        .arg("install")
-        .args(args)
-        .output()
-        .expect("run dipamctl")
-}
-
-#[track_caller]
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "dipamctl failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
+    daemon::ctl_at(socket, &[&["install"][..], args].concat())
 }
 
 #[track_caller]

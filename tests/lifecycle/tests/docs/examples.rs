@@ -101,11 +101,7 @@ fn assert_freed(lab: &Lab, e: &Example) {
 
 #[test]
 fn podman_4_3_runs_every_example_below_1_1_0() {
-    require!(podman::unavailable(
-        "podman tests need root (rootful podman with CNI networks)",
-        &["podman", "runc", "busybox"],
-        "tests/deps.sh installs podman, runc and busybox-static",
-    ));
+    require!(podman::containers_unavailable());
     let list = examples(false);
     assert!(!list.is_empty());
     for e in &list {

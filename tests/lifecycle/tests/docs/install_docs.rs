@@ -121,13 +121,8 @@ impl Fresh {
         }
         let release = co.join("target").join(host_triple()).join("release");
         let musl = co.join("target").join(MUSL).join("release");
-        for d in [&release, &musl] {
-            std::fs::create_dir_all(d).unwrap();
-        }
-        // Without debug info: a tenth of the bytes to copy around (a debug build is ~400 MB).
-        for name in ["dipam", "dipamd", "dipamctl"] {
-            strip(&bins::dir().join(name), &release.join(name));
-        }
+        bins::copy_stripped(&release);
+        std::fs::create_dir_all(&musl).unwrap();
         std::fs::copy(release.join("dipam"), musl.join("dipam")).unwrap();
 
         // cargo and rustup record their arguments; rustc is the real one (also when it
@@ -216,18 +211,6 @@ impl Fresh {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-}
-
-/// Copies `from` to `to` without debug info.
-fn strip(from: &Path, to: &Path) {
-    let st = Command::new("strip")
-        .arg("--strip-debug")
-        .arg("-o")
-        .arg(to)
-        .arg(from)
-        .status()
-        .unwrap();
-    assert!(st.success(), "strip {}", from.display());
 }
 
 #[track_caller]

@@ -13,7 +13,7 @@ use std::{
 };
 
 use dipam_lifecycle::{
-    AgentLab, Attachment, CniError, Dipamd, Lab, NetNs, require_root, runtime::gc_entry,
+    AgentLab, Attachment, CniError, Dipamd, Lab, NetNs, cmd, require_root, runtime::gc_entry,
 };
 use serde_json::{Value, json};
 
@@ -233,17 +233,8 @@ fn dipamctl_refuses_malformed_files_and_frees_nothing() {
     let conflist = conflist_file(&lab);
     let file = lab.dipamd.dir.path().join("valid.json");
     let ctl = |dry: bool| {
-        let mut args = vec![
-            "gc",
-            "--conflist",
-            conflist.to_str().unwrap(),
-            "--valid",
-            file.to_str().unwrap(),
-        ];
-        if dry {
-            args.push("--dry-run");
-        }
-        lab.dipamd.ctl(&args)
+        let extra: &[&str] = if dry { &["--dry-run"] } else { &[] };
+        lab.dipamd.gc_valid(&conflist, &file, extra)
     };
     let good = [gc_entry(&pods[0].1), gc_entry(&pods[1].1)];
     let mut cases: Vec<(String, Value, String)> = bad_entries(&pods[2].1.container_id)
@@ -300,17 +291,7 @@ fn freeing_all_of_a_small_network_takes_force() {
     // A list that names only a pod this network does not hold.
     let elsewhere = json!([{"containerID": "running-elsewhere", "ifname": "eth0"}]);
     std::fs::write(&file, serde_json::to_vec(&elsewhere).unwrap()).unwrap();
-    let ctl = |extra: &[&str]| {
-        let mut args = vec![
-            "gc",
-            "--conflist",
-            conflist.to_str().unwrap(),
-            "--valid",
-            file.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        lab.dipamd.ctl(&args)
-    };
+    let ctl = |extra: &[&str]| lab.dipamd.gc_valid(&conflist, &file, extra);
 
     let (_a, only) = lab.pod();
     lab.rt.ipam(lab.list(), 0, "ADD", &only, None).unwrap();
@@ -332,13 +313,7 @@ fn freeing_all_of_a_small_network_takes_force() {
         1,
         "1 of 1 freed without --force"
     );
-    let out = ctl(&["--force", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = cmd::json(&ctl(&["--force", "--json"]));
     assert_eq!(
         v["items"][0]["containerID"],
         only.container_id.as_str(),

@@ -237,15 +237,8 @@ fn pods_take_from_the_pool_and_del_check_use_its_key() {
 
 fn gc(lab: &Lab, valid: &[&Attachment]) -> Result<Value, dipam_lifecycle::CniError> {
     dipam_lifecycle::runtime::settle_before_gc();
-    let mut l = lab.list().clone();
-    l["cniVersion"] = json!("1.1.0");
-    let v: Vec<Value> = valid
-        .iter()
-        .map(|a| json!({"containerID": a.container_id, "ifname": a.ifname}))
-        .collect();
-    l["plugins"][0]["cni.dev/valid-attachments"] = json!(v);
-    l["plugins"][0]["cni.dev/attachments"] = json!(v);
-    lab.rt.ipam(&l, 0, "GC", &Attachment::new("", ""), None)
+    lab.rt
+        .ipam_gc(lab.list(), dipam_lifecycle::runtime::gc_list(valid))
 }
 
 /// (3): a GC whose valid list names the live pods (never the pool's keys, which a runtime does

@@ -22,15 +22,6 @@ use serde_json::Value;
 
 const IMAGE: &str = "localhost/dipam-busybox:test";
 
-/// Why podman cannot run here, if it cannot.
-fn unavailable() -> Option<String> {
-    podman::unavailable(
-        "podman tests need root (rootful podman with CNI networks)",
-        &["podman", "runc", "busybox", "timeout"],
-        "tests/deps.sh installs podman, runc and busybox-static",
-    )
-}
-
 /// A private podman whose CNI backend loads `conflist` alone, with the busybox image.
 fn podman_on(conflist: &Value) -> Podman {
     let p = Podman::new("podman-", |dir| {
@@ -127,12 +118,12 @@ fn run_on(conflist: &str) {
 
 #[test]
 fn podman_runs_a_container_on_dipam_as_the_main_plugin() {
-    require!(unavailable());
+    require!(podman::containers_unavailable());
     run_on("dipam-host-local-1.1.0.conflist");
 }
 
 #[test]
 fn podman_runs_a_container_on_ptp_with_dipam_as_ipam() {
-    require!(unavailable());
+    require!(podman::containers_unavailable());
     run_on("ptp-dipam-host-local.conflist");
 }

@@ -19,6 +19,7 @@ use dipam_lifecycle::{
     Lab, Runtime,
     deployment::{CONTAINER_NOFILE, Deployment},
     flood::{self, Flood},
+    named,
     nobody::{self, NOBODY},
     peers::Plugins,
     require_root,
@@ -141,8 +142,7 @@ fn idle_metrics_connections_never_blind_the_scrapes() {
         attacker.held, attacker.took
     );
     assert!(took.iter().all(|t| *t < Duration::from_secs(3)), "{took:?}");
-    let failed = lab.add_and_del(5);
-    assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
+    lab.assert_serves(5);
     drop(attacker);
     lab.assert_agree();
 }
@@ -151,13 +151,7 @@ fn idle_metrics_connections_never_blind_the_scrapes() {
 fn metrics_check(lab: &Lab) -> serde_json::Value {
     let doctor: serde_json::Value =
         serde_json::from_slice(&lab.dipamd.ctl(&["doctor", "--json"]).stdout).unwrap();
-    doctor
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "metrics listener bound (tcp)")
-        .unwrap_or_else(|| panic!("no metrics check: {doctor}"))
-        .clone()
+    named(&doctor, "metrics listener bound (tcp)").clone()
 }
 
 /// Issue 38 §3. nobody listens on the `--metrics-address` port before dipamd starts (any local
@@ -192,8 +186,7 @@ fn held_metrics_port(d: Deployment) {
         d.name(),
         started.elapsed()
     );
-    let failed = lab.add_and_del(5);
-    assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
+    lab.assert_serves(5);
     let check = metrics_check(&lab);
     assert_eq!(check["ok"], false, "{check}");
     assert!(check["detail"].as_str().unwrap().contains(&addr), "{check}");
@@ -228,8 +221,7 @@ fn held_metrics_port(d: Deployment) {
         "{body}"
     );
     assert_eq!(metrics_check(&lab)["ok"], true);
-    let failed = lab.add_and_del(5);
-    assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
+    lab.assert_serves(5);
     lab.assert_agree();
 }
 
@@ -285,8 +277,7 @@ fn unfinished_bodies(d: Deployment) {
         "RSS {before} -> {during} KiB"
     );
     drop(attacker);
-    let failed = lab.add_and_del(3);
-    assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
+    lab.assert_serves(3);
     lab.assert_agree();
 }
 
@@ -749,7 +740,6 @@ fn status_flood(d: Deployment) {
         execs <= exec_bound,
         "host-local ran STATUS {execs} times for {served} served calls in {flood_took:?}"
     );
-    let failed = lab.add_and_del(3);
-    assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
+    lab.assert_serves(3);
     lab.assert_agree();
 }

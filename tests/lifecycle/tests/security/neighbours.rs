@@ -111,8 +111,7 @@ fn never_decide(d: Deployment) {
         assert!(answer.get("code").is_none(), "{cid}: {answer}");
     }
     std::thread::sleep(Duration::from_secs(3));
-    let failed = lab.add_and_del(5);
-    assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
+    lab.assert_serves(5);
     let status = status_json(&lab);
     let ranges = status["ranges"].to_string();
     eprintln!("root's ranges with nobody on its network: {ranges}");
@@ -143,8 +142,7 @@ fn never_decide(d: Deployment) {
     assert_eq!(health(&lab), ServingStatus::Serving as i32);
     assert_eq!(status["ready"], true, "{status}");
     assert_eq!(status["divergence"]["missing"], 0, "{status}");
-    let failed = lab.add_and_del(5);
-    assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
+    lab.assert_serves(5);
 
     for cid in ["0", "nobody-2"] {
         let answer = nobody::ipam("DEL", cid, &conf);
@@ -315,8 +313,7 @@ fn runtime_gc_and_doctor(d: Deployment) {
     );
     assert!(!lab.ledger().iter().any(|(c, _)| c == "0"));
     lab.assert_agree();
-    let failed = lab.add_and_del(3);
-    assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
+    lab.assert_serves(3);
 
     // containerd's own DELs, while dipamd serves.
     cd.stop_pod(&stays.id).unwrap();
@@ -396,8 +393,7 @@ fn future_del(d: Deployment) {
     assert!(answer.get("code").is_none(), "nobody's own ADD: {answer}");
     assert!(nobody::ipam("DEL", &own, &conf).get("code").is_none());
     lab.rt.del(lab.list(), &pod).unwrap();
-    let failed = lab.add_and_del(5);
-    assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
+    lab.assert_serves(5);
     lab.assert_agree();
     eprintln!(
         "a DEL a day ahead ({}): root's ADD of its key served, nobody's own ADD served",

@@ -105,8 +105,7 @@ impl Planted {
 /// Root's pods are served, nobody's own pod in the store dipamd allows still works, and the
 /// ledger and host-local agree throughout.
 fn assert_served(lab: &Lab) {
-    let failed = lab.add_and_del(5);
-    assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
+    lab.assert_serves(5);
     let conf = Runtime::plugin_config(lab.list(), 0, None);
     let cid = dipam_lifecycle::unique("nobody-ok");
     let answer = nobody::ipam("ADD", &cid, &conf);
@@ -304,8 +303,7 @@ fn removed_store(d: Deployment) {
     assert_eq!(std::fs::read_to_string(&secret).unwrap(), "root's\n");
     assert!(!chosen.exists(), "host-local created {}", chosen.display());
     assert_eq!(std::fs::symlink_metadata(&store).unwrap().uid(), 65534);
-    let failed = lab.add_and_del(5);
-    assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
+    lab.assert_serves(5);
     lab.assert_agree();
 }
 
@@ -379,8 +377,7 @@ fn planted_entries(d: Deployment) {
     for last in [250, 251, 252] {
         std::fs::remove_file(name(last)).unwrap();
     }
-    let failed = lab.add_and_del(5);
-    assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
+    lab.assert_serves(5);
     lab.rt.del(lab.list(), &pod).unwrap();
     lab.assert_agree();
 }
