@@ -362,6 +362,18 @@ impl Dipamd {
         self.spawn_unready();
     }
 
+    /// Leaves in the (stopped) dipamd's state what it notes for a delegate it runs, as a
+    /// dipamd killed mid-exec leaves it: one 64-byte slot (shim-server's
+    /// delegate/survivors.rs), "<pid> <first tick> <last tick>" of the delegate's start.
+    pub fn plant_exec_slot(&self, pid: u32, first_tick: u64, last_tick: u64) {
+        let mut slot = format!("{pid} {first_tick} {last_tick}").into_bytes();
+        slot.resize(63, b' ');
+        slot.push(b'\n');
+        let exec = self.state_dir().join("exec");
+        std::fs::create_dir_all(&exec).expect("create the exec directory");
+        std::fs::write(exec.join("slots"), &slot).expect("write the exec slot");
+    }
+
     /// `dipamctl --socket S <args>`.
     pub fn ctl(&self, args: &[&str]) -> Output {
         ctl_at(&self.socket(), args)

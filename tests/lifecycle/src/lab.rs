@@ -143,9 +143,7 @@ impl Lab {
 
     /// A fresh netns and the attachment a runtime would create in it.
     pub fn pod(&self) -> (NetNs, Attachment) {
-        let ns = NetNs::new();
-        let att = Attachment::new(&crate::unique("pod"), &ns.path());
-        (ns, att)
+        crate::netns::pod()
     }
 
     /// DELs waiting in the spool.

@@ -85,3 +85,14 @@ pub fn named<'a>(list: &'a serde_json::Value, name: &str) -> &'a serde_json::Val
         .and_then(|l| l.iter().find(|e| e["name"] == name))
         .unwrap_or_else(|| panic!("no entry named {name:?} in {list:#}"))
 }
+
+/// The permission bits of the file `p` (as `chmod` takes them).
+#[track_caller]
+pub fn mode(p: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .permissions()
+        .mode()
+        & 0o7777
+}

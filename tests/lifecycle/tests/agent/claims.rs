@@ -113,35 +113,22 @@ fn claims_survive_sigkills(conflist: &str) {
         .map(|n| host(&lab, n))
         .find(|ip| !held.contains(ip))
         .unwrap();
-    let a = claim_ready(
-        &lab,
-        &[
-            "egress-a",
-            "--ip",
-            &want,
-            "--label",
-            "purpose=egress",
-            "--label",
-            "policy=ns-a/p1",
-        ],
-    );
+    let egress_a = [
+        "egress-a",
+        "--ip",
+        &want,
+        "--label",
+        "purpose=egress",
+        "--label",
+        "policy=ns-a/p1",
+    ];
+    let a = claim_ready(&lab, &egress_a);
     assert_eq!(bare(&a["ip"]), want, "{a:#}");
     assert_eq!(a["requestedIP"], want.as_str());
     let b = claim_ready(&lab, &["egress-b", "--family", "ipv4"]);
     assert_ne!(b["ip"], a["ip"]);
     // The same claim again: the same address (an agent restarting re-claims).
-    let again = claim_ready(
-        &lab,
-        &[
-            "egress-a",
-            "--ip",
-            &want,
-            "--label",
-            "purpose=egress",
-            "--label",
-            "policy=ns-a/p1",
-        ],
-    );
+    let again = claim_ready(&lab, &egress_a);
     assert_eq!(again["ip"], a["ip"]);
     let (first, by) = claims(&lab);
     assert_eq!(by.len(), 3, "{first:#}");

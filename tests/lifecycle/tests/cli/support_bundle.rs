@@ -16,14 +16,15 @@ use serde_json::Value;
 
 const CONFLIST: &str = "ptp-dipam-host-local.conflist";
 
-/// Runs `dipamctl --socket S support-bundle -o OUT --log-file LOG --conf-dir CONF EXTRA`,
-/// under `timeout` so that a hang fails the test instead of stalling the suite.
-fn bundle(socket: &Path, out: &Path, log: &Path, conf: &Path, extra: &[&str]) -> Output {
+/// Runs `dipamctl --socket S support-bundle -o OUT --log-file LOG --conf-dir CONF EXTRA`
+/// against `lab`'s dipamd, under `timeout` so that a hang fails the test instead of stalling
+/// the suite.
+fn bundle(lab: &Lab, out: &Path, log: &Path, conf: &Path, extra: &[&str]) -> Output {
     Command::new("timeout")
         .arg("120")
         .arg(bins::bin("dipamctl"))
         .arg("--socket")
-        .arg(socket)
+        .arg(lab.dipamd.socket())
         .arg("support-bundle")
         .arg("-o")
         .arg(out)
@@ -83,13 +84,7 @@ fn a_bundle_of_a_working_node_holds_what_a_bug_report_needs() {
     let work = tempfile::tempdir().unwrap();
     let out_file = work.path().join("bundle.tar.gz");
     let log = lab.dipamd.log_path();
-    let out = bundle(
-        &lab.dipamd.socket(),
-        &out_file,
-        &log,
-        conf.path(),
-        &["--json"],
-    );
+    let out = bundle(&lab, &out_file, &log, conf.path(), &["--json"]);
     assert!(out.status.success(), "{out:?}");
     let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(printed["bundle"], out_file.to_str().unwrap());
@@ -163,7 +158,7 @@ fn a_broken_node_still_gets_a_bundle_with_each_failure_noted() {
     );
     let out_file = work.path().join("broken.tar.gz");
     let out = bundle(
-        &lab.dipamd.socket(),
+        &lab,
         &out_file,
         &fifo,
         &work.path().join("no-such-dir"),
@@ -231,13 +226,7 @@ fn a_bundle_never_writes_through_a_planted_link() {
     }
     let conf = tempfile::tempdir().unwrap();
     let log = lab.dipamd.log_path();
-    let out = bundle(
-        &lab.dipamd.socket(),
-        &out_file,
-        &log,
-        conf.path(),
-        &["--part-timeout", "5"],
-    );
+    let out = bundle(&lab, &out_file, &log, conf.path(), &["--part-timeout", "5"]);
     assert!(out.status.success(), "{out:?}");
     let kept = std::fs::read(&victim).unwrap();
     assert!(

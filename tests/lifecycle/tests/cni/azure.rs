@@ -20,7 +20,7 @@ use std::{
 use dipam_lifecycle::{
     AgentLab, Attachment, NetNs, Runtime,
     azure::AzureNode,
-    require_peers, require_root,
+    netns, require_peers, require_root,
     runtime::{gc_entry, result_ips},
     shapes::{Seeded, protect_system_strict, shipped_unit_setpriv, unit_read_write_paths},
 };
@@ -186,13 +186,7 @@ fn pods_roles_claims(conflist: &str, version: &str) {
     assert_eq!(bare(&egress["ip"]), want);
     b.assert_agree();
 
-    let pods: Vec<(NetNs, Attachment)> = (0..3)
-        .map(|_| {
-            let ns = NetNs::new();
-            let att = Attachment::new(&dipam_lifecycle::unique("pod"), &ns.path());
-            (ns, att)
-        })
-        .collect();
+    let pods: Vec<(NetNs, Attachment)> = (0..3).map(|_| netns::pod()).collect();
     let mut pod_ips = Vec::new();
     for (_, att) in &pods {
         let r = b

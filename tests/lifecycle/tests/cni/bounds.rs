@@ -9,7 +9,7 @@
 
 use std::process::Command;
 
-use dipam_lifecycle::{Attachment, Lab, Runtime, named, require_root};
+use dipam_lifecycle::{Attachment, Lab, Runtime, flood, named, require_root};
 
 fn ip(args: &[&str]) -> std::process::Output {
     Command::new("ip").args(args).output().expect("run ip")
@@ -52,16 +52,6 @@ fn a_container_id_as_long_as_the_spec_allows_works_in_main_mode() {
     lab.assert_agree();
 }
 
-/// Peak resident memory of a process (VmHWM), in KiB.
-fn peak_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
 /// A delegate that allocates for real (host-local) and then prints 100 MB instead of its
 /// result: four such ADDs at once are cut off at dipamd's stdout limit and answered 154,
 /// dipamd's peak memory stays bounded (it reached 114 MB for one and 319 MB for four when
@@ -96,7 +86,7 @@ fn a_delegate_flooding_its_stdout_is_cut_off_and_released() {
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     assert_eq!(codes, vec![154; 4]);
-    let peak = peak_kib(lab.dipamd.pid().unwrap());
+    let peak = flood::peak_kib(lab.dipamd.pid().unwrap());
     eprintln!("dipamd peak RSS after 4 floods: {peak} KiB");
     assert!(peak < 64 * 1024, "dipamd peak RSS {peak} KiB");
     assert!(lab.ledger().is_empty(), "{:?}", lab.ledger());

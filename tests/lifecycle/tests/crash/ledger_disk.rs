@@ -22,8 +22,8 @@ use std::{
 };
 
 use dipam_lifecycle::{
-    Attachment, Dipamd, Fixture, Lab, NetNs, Runtime, Subnet, bins, cmd::run, hostlocal, named,
-    require_root, unique,
+    Attachment, Dipamd, Fixture, Lab, NetNs, Runtime, Subnet, bins, cmd::run, flood::rss_kib,
+    hostlocal, named, require_root, unique,
 };
 use serde_json::{Value, json};
 
@@ -89,15 +89,6 @@ impl Drop for SmallExt4 {
         // Lazy: a dipamd still holding files (the test failed) must not keep the mount.
         let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
     }
-}
-
-fn vm_rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
 }
 
 /// `dipamctl <args>`, guarded against a hang (the failure this file's first test is about:
@@ -227,14 +218,14 @@ fn a_full_state_disk_is_reported_and_served_again_once_space_returns() {
     // Memory stays bounded across status calls (one used to spin at 100% CPU, growing until
     // the OOM killer ended it), and status says why dipamd is not ready.
     let pid = dipamd.pid().unwrap();
-    let rss = vm_rss_kib(pid);
+    let rss = rss_kib(pid);
     for _ in 0..5 {
         let s = status(&dipamd);
         assert_eq!(s["ready"], false, "{s}");
         let why = s["notReady"][0].as_str().unwrap_or_default();
         assert!(says_disk_full(why), "{s}");
     }
-    let rss_after = vm_rss_kib(pid);
+    let rss_after = rss_kib(pid);
     assert!(
         rss_after < rss + 64 * 1024,
         "dipamd's RSS grew from {rss} to {rss_after} KiB across 5 status calls"
@@ -272,7 +263,7 @@ fn a_full_state_disk_is_reported_and_served_again_once_space_returns() {
     }
     // The same process: it was never restarted.
     assert_eq!(pid, dipamd.pid().unwrap());
-    vm_rss_kib(pid);
+    assert!(rss_kib(pid) > 0, "dipamd (pid {pid}) is gone");
     let ledger = dipamd.ledger_pairs(&network);
     for p in &acked {
         assert!(

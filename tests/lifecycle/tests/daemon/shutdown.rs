@@ -484,15 +484,9 @@ fn a_zombie_delegate_left_by_a_killed_dipamd_does_not_hold_the_next_start() {
     );
     lab.dipamd.kill9();
     let (_parent, zombie) = unreaped_zombie();
-    // What dipamd notes for a running delegate (delegate/survivors.rs: one 64-byte slot,
-    // "<pid> <first tick> <last tick>"), as a dipamd killed mid-exec leaves it.
     let ticks = start_ticks(zombie);
-    let mut slot = format!("{zombie} {} {}", ticks.saturating_sub(1), ticks + 1).into_bytes();
-    slot.resize(63, b' ');
-    slot.push(b'\n');
-    let exec = lab.dipamd.state_dir().join("exec");
-    std::fs::create_dir_all(&exec).unwrap();
-    std::fs::write(exec.join("slots"), &slot).unwrap();
+    lab.dipamd
+        .plant_exec_slot(zombie, ticks.saturating_sub(1), ticks + 1);
 
     // Dipamd::start_again panics unless dipamd serves within 20 s.
     lab.dipamd.start_again();

@@ -7,16 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use dipam_lifecycle::{Attachment, Lab, require_root};
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
+use dipam_lifecycle::{Attachment, Lab, flood::rss_kib, require_root};
 
 #[test]
 fn burst_of_200_is_bounded_and_accounted_for() {

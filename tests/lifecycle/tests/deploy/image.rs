@@ -17,13 +17,12 @@
 #![allow(clippy::unwrap_used)]
 
 use std::{
-    os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
 use dipam_lifecycle::{
-    KubeApi, bins, named,
+    KubeApi, bins, mode, named,
     podman::{self, Podman},
     unique, yaml,
 };
@@ -91,14 +90,6 @@ fn capabilities(c: &Value) -> Vec<String> {
         out.push("--security-opt=no-new-privileges".into());
     }
     out
-}
-
-fn mode(p: &Path) -> u32 {
-    std::fs::metadata(p)
-        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-        .permissions()
-        .mode()
-        & 0o7777
 }
 
 /// The build context: exactly the three binaries, without their debug info.

@@ -28,7 +28,7 @@ use std::{
     process::{Command, Output},
 };
 
-use dipam_lifecycle::{bins, require_root};
+use dipam_lifecycle::{bins, mode, require_root};
 use tempfile::TempDir;
 
 const MARK: &str = "<!-- install-test:";
@@ -72,14 +72,6 @@ fn which(tool: &str) -> PathBuf {
         .map(|d| d.join(tool))
         .find(|p| p.is_file())
         .unwrap_or_else(|| panic!("{tool} not in PATH"))
-}
-
-fn mode(p: &Path) -> u32 {
-    std::fs::metadata(p)
-        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-        .permissions()
-        .mode()
-        & 0o7777
 }
 
 /// A fresh machine's system directories (under `root`), a stand-in checkout, and the build

@@ -23,7 +23,7 @@ use std::{
 };
 
 use dipam_lifecycle::{
-    AgentLab, Attachment, NetNs, require_root,
+    AgentLab, Attachment, NetNs, netns, require_root,
     restrictions::{Restrictions, daemonset_restrictions, shipped_unit, unit_restrictions},
 };
 use serde_json::{Value, json};
@@ -162,13 +162,7 @@ fn exercise(conflist: &str, r: &Restrictions, extra: &[&str]) -> AgentLab {
     let agent = lab.addresses();
     let main = lab.fx.is_main_mode();
 
-    let pods: Vec<(NetNs, Attachment)> = (0..3)
-        .map(|_| {
-            let ns = NetNs::new();
-            let att = Attachment::new(&dipam_lifecycle::unique("pod"), &ns.path());
-            (ns, att)
-        })
-        .collect();
+    let pods: Vec<(NetNs, Attachment)> = (0..3).map(|_| netns::pod()).collect();
     let mut hosts = Vec::new();
     for (_, att) in &pods {
         let result = lab
@@ -426,12 +420,7 @@ fn a_delegate_it_may_not_kill_is_reported_and_does_not_hold_the_start() {
         .unwrap();
     let until = boot_ticks() + 1;
     let reap = Reap(&mut other);
-    let mut slot = format!("{} {since} {until}", reap.0.id()).into_bytes();
-    slot.resize(63, b' ');
-    slot.push(b'\n');
-    let exec = lab.dipamd.state_dir().join("exec");
-    std::fs::create_dir_all(&exec).unwrap();
-    std::fs::write(exec.join("slots"), &slot).unwrap();
+    lab.dipamd.plant_exec_slot(reap.0.id(), since, until);
 
     lab.dipamd.start_again();
     lab.wait_ready(1);
