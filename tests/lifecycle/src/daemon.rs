@@ -374,6 +374,15 @@ impl Dipamd {
         std::fs::write(exec.join("slots"), &slot).expect("write the exec slot");
     }
 
+    /// The check `name` of `dipamctl doctor --json` (which exits 1 when a check fails).
+    #[track_caller]
+    pub fn doctor_check(&self, name: &str) -> Value {
+        let out = self.ctl(&["doctor", "--json"]);
+        let checks: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("doctor --json: {e}: {out:?}"));
+        crate::named(&checks, name).clone()
+    }
+
     /// `dipamctl --socket S <args>`.
     pub fn ctl(&self, args: &[&str]) -> Output {
         ctl_at(&self.socket(), args)

@@ -81,9 +81,16 @@ pub fn unique(prefix: &str) -> String {
 /// is none.
 #[track_caller]
 pub fn named<'a>(list: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    entry(list, "name", name)
+}
+
+/// The entry of the JSON array `list` whose `key` is `value` (a support bundle's part by its
+/// `part`, ...). The test fails, showing the list, when there is none.
+#[track_caller]
+pub fn entry<'a>(list: &'a serde_json::Value, key: &str, value: &str) -> &'a serde_json::Value {
     list.as_array()
-        .and_then(|l| l.iter().find(|e| e["name"] == name))
-        .unwrap_or_else(|| panic!("no entry named {name:?} in {list:#}"))
+        .and_then(|l| l.iter().find(|e| e[key] == value))
+        .unwrap_or_else(|| panic!("no entry with {key} {value:?} in {list:#}"))
 }
 
 /// The permission bits of the file `p` (as `chmod` takes them).

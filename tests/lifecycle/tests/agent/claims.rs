@@ -26,6 +26,19 @@ use dipam_proto::v1::{
 };
 use serde_json::{Value, json};
 
+/// A ready agent lab holding the router, whose periodic check is an hour away: what happens
+/// is the call under test's doing.
+fn quiet_router_lab() -> AgentLab {
+    let lab = lab(
+        "ptp-dipam-host-local.conflist",
+        "router",
+        &["--agent-check-interval", "3600"],
+        None,
+    );
+    lab.wait_ready(1);
+    lab
+}
+
 /// An agent lab whose dipamd runs under the unit's restrictions, with `roles`, and the
 /// delegate's ranges made by `ranges` from the lab's subnet (host-local), then started.
 fn lab(
@@ -551,13 +564,7 @@ fn bad_requests_get_the_right_code_and_no_echo() {
 #[test]
 fn an_expired_deadline_is_one_code_and_the_work_still_finishes() {
     require_root!();
-    let lab = lab(
-        "ptp-dipam-host-local.conflist",
-        "router",
-        &["--agent-check-interval", "3600"],
-        None,
-    );
-    lab.wait_ready(1);
+    let lab = quiet_router_lab();
     let socket = lab.dipamd.socket();
     block_on(async {
         let mut agent = raw_agent(&socket).await;
@@ -879,13 +886,7 @@ fn a_changed_address_stays_marked_until_read() {
 #[test]
 fn concurrent_claims_each_get_their_own_outcome() {
     require_root!();
-    let lab = lab(
-        "ptp-dipam-host-local.conflist",
-        "router",
-        &["--agent-check-interval", "3600"],
-        None,
-    );
-    lab.wait_ready(1);
+    let lab = quiet_router_lab();
     let socket = lab.dipamd.socket();
     let replies = block_on(async move {
         let agent = AgentClient::new(dipam_proto::connect(&socket).await.unwrap());

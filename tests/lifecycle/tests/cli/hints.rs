@@ -8,7 +8,7 @@
 
 use std::{os::unix::fs::PermissionsExt, process::Output};
 
-use dipam_lifecycle::{Dipamd, Fixture, bins, named, nobody, require_root};
+use dipam_lifecycle::{Dipamd, Fixture, bins, nobody, require_root};
 use serde_json::Value;
 
 fn stderr(o: &Output) -> String {
@@ -91,9 +91,7 @@ fn doctor_says_install_wrap_for_a_conflist_without_dipam() {
         "router",
     ]);
     d.start_again();
-    let out = d.ctl(&["doctor", "--json"]);
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let check = named(&v, "agent conflist").clone();
+    let check = d.doctor_check("agent conflist");
     assert_eq!(check["ok"], false, "{check}");
     let fix = check["fix"].as_str().unwrap();
     assert!(

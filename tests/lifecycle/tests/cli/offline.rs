@@ -17,7 +17,7 @@ use std::{
 use dipam_lifecycle::{
     Lab, bins,
     deployment::{Deployment, Started},
-    named, require_root,
+    entry, named, require_root,
 };
 use serde_json::Value;
 
@@ -223,12 +223,7 @@ fn bundle(args: &[&str], out_file: &Path) -> Value {
 }
 
 fn part<'a>(m: &'a Value, name: &str) -> &'a Value {
-    m["parts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["part"] == name)
-        .unwrap_or_else(|| panic!("no part {name} in {m:#}"))
+    entry(&m["parts"], "part", name)
 }
 
 /// The one root directory of an extracted bundle.

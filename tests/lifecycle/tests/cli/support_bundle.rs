@@ -11,7 +11,7 @@ use std::{
     process::{Command, Output},
 };
 
-use dipam_lifecycle::{Lab, bins, require_root, runtime::result_ips};
+use dipam_lifecycle::{Lab, bins, entry, require_root, runtime::result_ips};
 use serde_json::Value;
 
 const CONFLIST: &str = "ptp-dipam-host-local.conflist";
@@ -58,12 +58,7 @@ fn read_json(p: &Path) -> Value {
 }
 
 fn part<'a>(manifest: &'a Value, name: &str) -> &'a Value {
-    manifest["parts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["part"] == name)
-        .unwrap_or_else(|| panic!("no part {name} in {manifest:#}"))
+    entry(&manifest["parts"], "part", name)
 }
 
 #[test]

@@ -9,7 +9,7 @@
 
 use std::process::Command;
 
-use dipam_lifecycle::{Attachment, Lab, Runtime, flood, named, require_root};
+use dipam_lifecycle::{Attachment, Lab, Runtime, flood, require_root};
 
 fn ip(args: &[&str]) -> std::process::Output {
     Command::new("ip").args(args).output().expect("run ip")
@@ -141,9 +141,9 @@ fn agent_records_left_when_agent_management_is_off_are_listed_then_released() {
         .unwrap_or_default();
     assert!(message.contains("agent management is off"), "{listed}");
     assert!(message.contains("--agent-roles"), "{listed}");
-    let doctor: serde_json::Value =
-        serde_json::from_slice(&lab.dipamd.ctl(&["doctor", "--json"]).stdout).unwrap();
-    let flagged = named(&doctor, "agent records without agent management");
+    let flagged = lab
+        .dipamd
+        .doctor_check("agent records without agent management");
     assert_eq!(flagged["ok"], false);
     assert!(
         flagged["detail"]

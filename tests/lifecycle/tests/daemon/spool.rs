@@ -10,7 +10,7 @@
 
 use std::{os::unix::fs::PermissionsExt, path::Path, process::Stdio};
 
-use dipam_lifecycle::{Lab, bins, cmd, daemon::recover, named, require_root};
+use dipam_lifecycle::{Lab, bins, cmd, daemon::recover, require_root};
 use serde_json::Value;
 
 const CONFLIST: &str = "ptp-dipam-host-local.conflist";
@@ -21,9 +21,7 @@ fn status(lab: &Lab) -> Value {
 
 /// doctor's check `name`: (ok, detail and fix).
 fn doctor(lab: &Lab, name: &str) -> (bool, String) {
-    let out = lab.dipamd.ctl(&["doctor", "--json"]);
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let c = named(&v, name).clone();
+    let c = lab.dipamd.doctor_check(name);
     (c["ok"] == true, format!("{} / {}", c["detail"], c["fix"]))
 }
 

@@ -19,7 +19,6 @@ use dipam_lifecycle::{
     Lab, Runtime,
     deployment::{CONTAINER_NOFILE, Deployment},
     flood::{self, Flood},
-    named,
     nobody::{self, NOBODY},
     peers::Plugins,
     require_root,
@@ -149,9 +148,7 @@ fn idle_metrics_connections_never_blind_the_scrapes() {
 
 /// The doctor check of the TCP metrics listener.
 fn metrics_check(lab: &Lab) -> serde_json::Value {
-    let doctor: serde_json::Value =
-        serde_json::from_slice(&lab.dipamd.ctl(&["doctor", "--json"]).stdout).unwrap();
-    named(&doctor, "metrics listener bound (tcp)").clone()
+    lab.dipamd.doctor_check("metrics listener bound (tcp)")
 }
 
 /// Issue 38 §3. nobody listens on the `--metrics-address` port before dipamd starts (any local

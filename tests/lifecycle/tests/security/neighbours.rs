@@ -158,19 +158,6 @@ fn never_decide(d: Deployment) {
     assert!(left.is_empty(), "nobody's store still holds {left:?}");
 }
 
-/// `dipamctl doctor --json`'s check named `name`.
-fn doctor_check(lab: &Lab, name: &str) -> Value {
-    let out = lab.dipamd.ctl(&["doctor", "--json"]);
-    let v: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("doctor --json: {e}: {out:?}"));
-    v.as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["name"] == name)
-        .cloned()
-        .unwrap_or_else(|| panic!("no doctor check {name:?} in {v:#}"))
-}
-
 /// One runtime-aware GC pass now (`dipamctl gc --from-runtime --json`): each item's and
 /// kept entry's (containerID, outcome, keep codes).
 fn runtime_pass(lab: &Lab) -> Vec<(String, String, String)> {
@@ -258,14 +245,12 @@ fn runtime_gc_and_doctor(d: Deployment) {
     assert_eq!(held(theirs.path()).len(), 1, "nobody's reservation");
 
     // doctor: root's scope and nobody's, each with its own store.
-    let root = doctor_check(
-        &lab,
-        &format!("network {net}: delegate store agrees with the ledger"),
-    );
-    let mine = doctor_check(
-        &lab,
-        &format!("network {net} (uid 65534): delegate store agrees with the ledger"),
-    );
+    let root = lab.dipamd.doctor_check(&format!(
+        "network {net}: delegate store agrees with the ledger"
+    ));
+    let mine = lab.dipamd.doctor_check(&format!(
+        "network {net} (uid 65534): delegate store agrees with the ledger"
+    ));
     eprintln!("doctor ({}): root's {root}\nnobody's {mine}", d.name());
     assert_eq!(root["ok"], true, "{root:#}");
     assert_eq!(mine["ok"], true, "{mine:#}");

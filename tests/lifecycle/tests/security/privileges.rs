@@ -61,19 +61,6 @@ fn status(lab: &AgentLab) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// doctor's check named `name`.
-fn doctor_check(lab: &AgentLab, name: &str) -> Value {
-    let out = lab.dipamd.ctl(&["doctor", "--json"]);
-    let v: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("doctor --json: {e}: {out:?}"));
-    v.as_array()
-        .cloned()
-        .unwrap_or_default()
-        .into_iter()
-        .find(|c| c["name"] == name)
-        .unwrap_or_else(|| panic!("no doctor check {name:?} in {v:#}"))
-}
-
 fn link_exists(name: &str) -> bool {
     Command::new("ip")
         .args(["link", "show", "dev", name])
@@ -226,7 +213,7 @@ fn assert_nothing_refused(lab: &AgentLab) {
         "no operation lacked a privilege",
         "retired veths are deleted",
     ] {
-        let c = doctor_check(lab, name);
+        let c = lab.dipamd.doctor_check(name);
         assert_eq!(c["ok"], true, "{c:#}");
     }
 }
@@ -321,7 +308,7 @@ fn one_capability_short_the_veths_still_go_and_doctor_says_why() {
         s["teardown"]["by"].as_str().unwrap().starts_with("off"),
         "{s:#}"
     );
-    let c = doctor_check(&lab, "no operation lacked a privilege");
+    let c = lab.dipamd.doctor_check("no operation lacked a privilege");
     assert_eq!(c["ok"], false, "{c:#}");
     assert!(
         c["detail"].as_str().unwrap().contains("CAP_NET_ADMIN"),
@@ -378,7 +365,7 @@ fn every_capability_in_a_user_namespace_is_still_refused_and_said() {
         .unwrap_or_else(|e| panic!("DEL: {e}"));
     assert_gone(&lab, &host);
     lab.assert_agree();
-    let c = doctor_check(&lab, "no operation lacked a privilege");
+    let c = lab.dipamd.doctor_check("no operation lacked a privilege");
     assert_eq!(c["ok"], false, "{c:#}");
     assert!(
         c["detail"].as_str().unwrap().contains("CAP_NET_ADMIN"),
@@ -429,7 +416,7 @@ fn a_delegate_it_may_not_kill_is_reported_and_does_not_hold_the_start() {
     let last = s["privilegeFailures"]["lastError"].as_str().unwrap();
     assert!(last.contains("killing delegate pid"), "{last}");
     assert_eq!(
-        doctor_check(&lab, "no operation lacked a privilege")["ok"],
+        lab.dipamd.doctor_check("no operation lacked a privilege")["ok"],
         false
     );
     assert!(
