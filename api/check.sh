@@ -5,7 +5,7 @@
 #    renumbered, retyped or removed by accident;
 # 3. the committed Go code is what the pinned generators make of proto/ now;
 # 4. gofmt, go vet, `go mod tidy -diff` and the unit tests of api/ and examples/go-agent
-#    (the example's tests against a real dipamd run in tests/lifecycle/tests/agent_api.rs).
+#    (the example's tests against a real dipamd run in tests/lifecycle/tests/agent/agent_api.rs).
 #
 # The previous commit: $DIPAM_BREAKING_AGAINST if set (a commit, or "none" to skip the check
 # on purpose); else, on a branch other than main, where it forks from main (merge-base), and

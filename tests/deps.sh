@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # Installs what dipam's demo and test suite need on Debian: the reference CNI plugins
 # (host-local, ptp, bridge, portmap in /usr/lib/cni; portmap pulls in iptables), iproute2
-# (ip netns), and a real container runtime for tests/lifecycle/tests/podman.rs: podman 4.3
+# (ip netns), and a real container runtime for tests/lifecycle/tests/runtimes/podman.rs: podman 4.3
 # with its CNI backend, runc (podman's own default here, crun, is not used by the tests) and
 # busybox-static (the tests build their image offline from it: there is no registry).
-# Also containerd (tests/lifecycle/tests/containerd.rs runs a private instance of it, with its
+# Also containerd (tests/lifecycle/tests/runtimes/containerd.rs runs a private instance of it, with its
 # own sockets and directories, through CRI), and protoc (protobuf-compiler), which the test
 # crate's CRI client (the k8s-cri crate) needs at build time; the product's crates do not.
 # Also kubernetes-validate from PyPI, which bundles the Kubernetes API's JSON schemas
-# (tests/lifecycle/tests/manifests.rs validates deploy/kubernetes against them), in a venv of
+# (tests/lifecycle/tests/deploy/manifests.rs validates deploy/kubernetes against them), in a venv of
 # Debian's python3 (python3-venv) under $DIPAM_TEST_CACHE (default /var/cache/dipam-tests);
 # when it cannot be installed (no route to PyPI) the reason is recorded there and that test
 # skips, saying why.
 # Also Python grpcio with grpcio-tools, grpcio-health-checking and grpcio-reflection from
-# PyPI, in a second venv there (grpcio): tests/lifecycle/tests/agent_api.rs generates Python
+# PyPI, in a second venv there (grpcio): tests/lifecycle/tests/agent/agent_api.rs generates Python
 # stubs from proto/ with them and runs an agent written in Python against a real dipamd,
 # recording why in grpcio.unavailable when they cannot be installed, as above.
 # Also the Rust standard library for musl, which the plugin is built against
@@ -38,26 +38,26 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v iptables >/dev/null 2>&1 || need+=(iptables)
 # The demo is built from the test crate, so it needs protoc too.
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
-# mkfs.ext4 (tests/lifecycle/tests/ledger_disk.rs: a small ext4 state directory to fill up).
+# mkfs.ext4 (tests/lifecycle/tests/crash/ledger_disk.rs: a small ext4 state directory to fill up).
 PATH=$PATH:/usr/sbin:/sbin command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
 # The demo needs only the reference plugins (`deps.sh demo`); the test suite also a runtime.
 if [ "${1:-}" != "demo" ]; then
   command -v podman >/dev/null 2>&1 || need+=(podman)
   command -v runc >/dev/null 2>&1 || need+=(runc)
-  # CRI-O's container monitor (tests/lifecycle/tests/crio.rs runs CRI-O built from its Go
+  # CRI-O's container monitor (tests/lifecycle/tests/runtimes/crio.rs runs CRI-O built from its Go
   # module with Debian's conmon and runc).
   command -v conmon >/dev/null 2>&1 || need+=(conmon)
   dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
   command -v containerd >/dev/null 2>&1 || need+=(containerd)
-  # etcd for the single-node Kubernetes cluster (tests/lifecycle/tests/kubernetes.rs; its
+  # etcd for the single-node Kubernetes cluster (tests/lifecycle/tests/runtimes/kubernetes.rs; its
   # other components are built from Go by tests/peers/build.sh). 3.4.23 serves Kubernetes up
   # to 1.30 (1.31 wants 3.4.29+).
   command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
   dpkg -s python3-venv >/dev/null 2>&1 || need+=(python3-venv)
   # systemd-socket-activate passes dipamd its socket as systemd does
-  # (tests/lifecycle/tests/activation.rs).
+  # (tests/lifecycle/tests/deploy/activation.rs).
   command -v systemd-socket-activate >/dev/null 2>&1 || need+=(systemd)
-  # man -l renders the man pages `dipamctl install` writes (tests/lifecycle/tests/install_docs.rs).
+  # man -l renders the man pages `dipamctl install` writes (tests/lifecycle/tests/docs/install_docs.rs).
   command -v man >/dev/null 2>&1 || need+=(man-db)
   # The real peers (tests/peers/build.sh, below): CRI-O runs containers through Debian's
   # conmon (above) and runc, and its C helper pinns is built with gcc and make, linked
@@ -112,14 +112,14 @@ if [ "${1:-}" != "demo" ]; then
     else
       why="kubernetes-validate $kv_version could not be installed into $venv: $(printf '%s' "$out" | tail -n 5)"
       echo "note: $why" >&2
-      # Read by tests/lifecycle/tests/manifests.rs, which then skips and prints it.
+      # Read by tests/lifecycle/tests/deploy/manifests.rs, which then skips and prints it.
       { mkdir -p "$cache" && printf '%s\n' "$why" >"$unavailable"; } 2>/dev/null ||
         echo "note: could not record that in $unavailable either" >&2
     fi
   fi
 fi
 
-# promtool, from Debian's prometheus package, for tests/lifecycle/tests/alerts.rs (`promtool
+# promtool, from Debian's prometheus package, for tests/lifecycle/tests/observability/alerts.rs (`promtool
 # check rules` and `promtool test rules` on deploy/prometheus/alerts.yaml). Only the one
 # binary is taken out of the package (apt-get download + dpkg-deb), into $DIPAM_TEST_CACHE:
 # installing the package would also start a Prometheus server on the machine. Redone when
@@ -147,7 +147,7 @@ if [ "${1:-}" != "demo" ]; then
     else
       why="promtool (Debian's prometheus $want) could not be installed into $prom: $(printf '%s' "$out" | tail -n 5)"
       echo "note: $why" >&2
-      # Read by tests/lifecycle/tests/alerts.rs, which then skips and prints it.
+      # Read by tests/lifecycle/tests/observability/alerts.rs, which then skips and prints it.
       { mkdir -p "$cache" && printf '%s\n' "$why" >"$unavailable"; } 2>/dev/null ||
         echo "note: could not record that in $unavailable either" >&2
     fi
@@ -178,7 +178,7 @@ if [ "${1:-}" != "demo" ]; then
     else
       why="grpcio $grpcio_version could not be installed into $venv: $(printf '%s' "$out" | tail -n 5)"
       echo "note: $why" >&2
-      # Read by tests/lifecycle/tests/agent_api.rs, which then skips and prints it.
+      # Read by tests/lifecycle/tests/agent/agent_api.rs, which then skips and prints it.
       { mkdir -p "$cache" && printf '%s\n' "$why" >"$unavailable"; } 2>/dev/null ||
         echo "note: could not record that in $unavailable either" >&2
     fi

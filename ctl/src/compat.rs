@@ -16,7 +16,7 @@
 //! (bridge, ptp, macvlan, ...) after dipam as the main plugin. Such a plugin ignores the
 //! prevResult on ADD and creates the pod's interface, named CNI_IFNAME, itself, which dipam
 //! already made: the reference bridge fails every ADD with "container veth name (\"eth0\")
-//! ... already exists" (docs/compatibility.md; tests/lifecycle/tests/libcni.rs).
+//! ... already exists" (docs/compatibility.md; tests/lifecycle/tests/runtimes/libcni.rs).
 
 use std::{
     ffi::OsStr,

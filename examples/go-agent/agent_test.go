@@ -1,6 +1,6 @@
 package main
 
-// The Go client against a real dipamd, run by tests/lifecycle/tests/agent_api.rs (which
+// The Go client against a real dipamd, run by tests/lifecycle/tests/agent/agent_api.rs (which
 // starts dipamd with the roles router and health, builds this test with `go test -c` and
 // runs it as root under the shipped unit's capabilities, and as a non-root --admin-uid):
 //
@@ -43,7 +43,7 @@ func env(t *testing.T, name string) string {
 	t.Helper()
 	v := os.Getenv(name)
 	if v == "" {
-		t.Fatalf("%s is not set: tests/lifecycle/tests/agent_api.rs runs this test and sets it", name)
+		t.Fatalf("%s is not set: tests/lifecycle/tests/agent/agent_api.rs runs this test and sets it", name)
 	}
 	return v
 }

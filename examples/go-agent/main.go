@@ -8,7 +8,7 @@
 //     until SIGTERM or SIGINT.
 //
 // It is run by the test suite against a real dipamd that is SIGKILLed under it
-// (agent_test.go, driven by tests/lifecycle/tests/agent_api.rs).
+// (agent_test.go, driven by tests/lifecycle/tests/agent/agent_api.rs).
 //
 //	go-agent --socket /run/dipam/dipam.sock --egress-ip 10.77.3.200 --label policy=web
 package main

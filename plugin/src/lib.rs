@@ -151,7 +151,7 @@ fn dispatch(
 }
 
 /// The wall-clock stamp a request carries (Unix ms): for logs and the spool's file names only;
-/// nothing is ordered by it, since the wall clock steps (tests/lifecycle/tests/clock.rs steps
+/// nothing is ordered by it, since the wall clock steps (tests/lifecycle/tests/daemon/clock.rs steps
 /// the machine's clock to prove it).
 fn wall_clock_ms() -> u64 {
     std::time::SystemTime::now()

@@ -1,5 +1,5 @@
 """An agent written against dipam.v1 with nothing but Python grpcio and stubs generated from
-proto/ (tests/lifecycle/tests/agent_api.rs generates them with grpcio-tools and runs this).
+proto/ (tests/lifecycle/tests/agent/agent_api.rs generates them with grpcio-tools and runs this).
 
 It connects as the grpcio documentation shows for a unix socket, with no channel option:
 in particular no `grpc.default_authority`, so C-core sends the percent-encoded socket path as

@@ -29,7 +29,7 @@ use std::{
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
-use crate::{Dipamd, Subnet, bins, peers::Peer};
+use crate::{Dipamd, Subnet, bins, cmd::run, peers::Peer};
 
 /// The subnets the azure nodes take theirs from ([`Subnet::claim`]): one prefix, so that the
 /// index in each node's link name is unique.
@@ -325,13 +325,4 @@ mount --move "$d/stage" /run/netns
 exec "$@"
 "#
     )
-}
-
-fn run(cmd: &mut Command) {
-    let out = cmd.output().expect("spawn");
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }

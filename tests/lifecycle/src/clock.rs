@@ -3,7 +3,7 @@
 //! binaries are static, so a per-process fake clock (libfaketime) cannot reach them, and only
 //! the real step proves that no outcome depends on the wall clock.
 //!
-//! The test that holds one must run alone in its test binary (`tests/clock.rs`): a test
+//! The test that holds one must run alone in its test binary (`tests/daemon/clock.rs`): a test
 //! binary's tests run in parallel, and cargo runs the binaries one after another.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

@@ -37,7 +37,7 @@ use serde_json::Value;
 use tempfile::TempDir;
 use tonic::{Status, transport::Channel};
 
-use crate::{bins, cri::Cri};
+use crate::{bins, cmd::run, cri::Cri};
 
 mod config;
 mod process;
@@ -778,15 +778,6 @@ pub(crate) fn image_tar() -> PathBuf {
     // Renamed into place: a concurrent test never reads half a tar.
     std::fs::rename(&partial, &tar).expect("rename the image into the cache");
     tar
-}
-
-fn run(cmd: &mut Command) {
-    let out = cmd.output().expect("spawn");
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 fn sha256(path: &Path) -> String {

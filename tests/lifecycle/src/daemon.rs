@@ -362,25 +362,50 @@ impl Dipamd {
         self.spawn_unready();
     }
 
+    /// Leaves in the (stopped) dipamd's state what it notes for a delegate it runs, as a
+    /// dipamd killed mid-exec leaves it: one 64-byte slot (shim-server's
+    /// delegate/survivors.rs), "<pid> <first tick> <last tick>" of the delegate's start.
+    pub fn plant_exec_slot(&self, pid: u32, first_tick: u64, last_tick: u64) {
+        let mut slot = format!("{pid} {first_tick} {last_tick}").into_bytes();
+        slot.resize(63, b' ');
+        slot.push(b'\n');
+        let exec = self.state_dir().join("exec");
+        std::fs::create_dir_all(&exec).expect("create the exec directory");
+        std::fs::write(exec.join("slots"), &slot).expect("write the exec slot");
+    }
+
+    /// The check `name` of `dipamctl doctor --json` (which exits 1 when a check fails).
+    #[track_caller]
+    pub fn doctor_check(&self, name: &str) -> Value {
+        let out = self.ctl(&["doctor", "--json"]);
+        let checks: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("doctor --json: {e}: {out:?}"));
+        crate::named(&checks, name).clone()
+    }
+
     /// `dipamctl --socket S <args>`.
     pub fn ctl(&self, args: &[&str]) -> Output {
-        Command::new(bins::bin("dipamctl"))
-            .arg("--socket")
-            .arg(self.socket())
-            .args(args)
-            .output()
-            .expect("run dipamctl")
+        ctl_at(&self.socket(), args)
+    }
+
+    /// `dipamctl gc --conflist CONFLIST --valid VALID <extra>`: an operator's GC against the
+    /// list of attachments in the file `valid`.
+    pub fn gc_valid(&self, conflist: &Path, valid: &Path, extra: &[&str]) -> Output {
+        let (conflist, valid) = (conflist.display().to_string(), valid.display().to_string());
+        let mut args = vec![
+            "gc",
+            "--conflist",
+            conflist.as_str(),
+            "--valid",
+            valid.as_str(),
+        ];
+        args.extend_from_slice(extra);
+        self.ctl(&args)
     }
 
     /// The ledger, through `dipamctl attachments --json`.
     pub fn ledger(&self) -> Vec<Value> {
-        let out = self.ctl(&["attachments", "--json"]);
-        assert!(
-            out.status.success(),
-            "dipamctl attachments: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: Value = serde_json::from_slice(&out.stdout).expect("dipamctl --json is JSON");
+        let v = crate::cmd::json(&self.ctl(&["attachments", "--json"]));
         v.as_array().cloned().unwrap_or_default()
     }
 
@@ -434,20 +459,20 @@ impl Dipamd {
             .flat_map(|a| {
                 let cid = a["containerID"].as_str().unwrap_or_default().to_owned();
                 let ifname = a["ifname"].as_str().unwrap_or_default().to_owned();
-                a["ips"]
-                    .as_array()
-                    .cloned()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter_map(move |ip| {
-                        let ip = ip.as_str()?.split('/').next()?.to_owned();
-                        Some((cid.clone(), ifname.clone(), ip))
-                    })
+                bare_ips(a).map(move |ip| (cid.clone(), ifname.clone(), ip))
             })
             .collect();
         out.sort();
         out
     }
+}
+
+/// The addresses of a ledger record (`dipamctl attachments --json`), without their prefix
+/// length.
+fn bare_ips(record: &Value) -> impl Iterator<Item = String> + use<> {
+    let ips = record["ips"].as_array().cloned().unwrap_or_default();
+    ips.into_iter()
+        .filter_map(|ip| Some(ip.as_str()?.split('/').next()?.to_owned()))
 }
 
 impl Drop for Dipamd {
@@ -466,6 +491,33 @@ impl Drop for Dipamd {
 fn tail(s: &str, lines: usize) -> String {
     let all: Vec<&str> = s.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// `dipamctl --socket SOCKET <args>`, whether or not a dipamd serves there.
+pub fn ctl_at(socket: &Path, args: &[&str]) -> Output {
+    Command::new(bins::bin("dipamctl"))
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .output()
+        .expect("run dipamctl")
+}
+
+/// `dipamctl recover` of the ledger in `state_dir` (dipamd down), rebuilt from the delegate
+/// store of `conflist`'s network with the plugins in `cni_path`: its `--json` report, the
+/// command having succeeded.
+pub fn recover(state_dir: &Path, conflist: &Path, cni_path: &str) -> Value {
+    crate::cmd::json(
+        &Command::new(bins::bin("dipamctl"))
+            .arg("recover")
+            .arg("--state-dir")
+            .arg(state_dir)
+            .arg("--conflist")
+            .arg(conflist)
+            .args(["--cni-path", cni_path, "--json"])
+            .output()
+            .expect("run dipamctl recover"),
+    )
 }
 
 /// True when nothing listens on `path` any more (and the file is gone).
@@ -508,12 +560,7 @@ pub fn delegate_pairs_in(entries: &[serde_json::Value], network: &str) -> Vec<(S
                 .or(a["containerID"].as_str())
                 .unwrap_or_default()
                 .to_owned();
-            a["ips"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-                .into_iter()
-                .filter_map(move |ip| Some((id.clone(), ip.as_str()?.split('/').next()?.into())))
+            bare_ips(a).map(move |ip| (id.clone(), ip))
         })
         .collect();
     out.sort();

@@ -167,12 +167,22 @@ pub fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
 }
 
-/// `pid`'s resident set in KiB.
+/// `pid`'s resident set in KiB (0 once it is gone).
 pub fn rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS:")
+}
+
+/// `pid`'s peak resident set in KiB (0 once it is gone).
+pub fn peak_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmHWM:")
+}
+
+/// The `field` line of /proc/`pid`/status, in KiB.
+fn status_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
 }

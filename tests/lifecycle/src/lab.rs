@@ -38,6 +38,14 @@ impl Lab {
         failed
     }
 
+    /// `n` root pods added and deleted, none failing: when one fails, the test fails with
+    /// the failures and dipamd's log.
+    #[track_caller]
+    pub fn assert_serves(&self, n: usize) {
+        let failed = self.add_and_del(n);
+        assert!(failed.is_empty(), "{failed:#?}\n{}", self.dipamd.log());
+    }
+
     /// Loads `conflist/<conflist>` and starts a dipamd for it.
     pub fn new(conflist: &str) -> Self {
         Self::with_flags(conflist, &[])
@@ -135,9 +143,7 @@ impl Lab {
 
     /// A fresh netns and the attachment a runtime would create in it.
     pub fn pod(&self) -> (NetNs, Attachment) {
-        let ns = NetNs::new();
-        let att = Attachment::new(&crate::unique("pod"), &ns.path());
-        (ns, att)
+        crate::netns::pod()
     }
 
     /// DELs waiting in the spool.

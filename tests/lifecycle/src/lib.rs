@@ -10,6 +10,7 @@ pub mod bins;
 pub mod bodies;
 pub mod clock;
 pub mod cluster;
+pub mod cmd;
 pub mod containerd;
 pub mod cri;
 pub mod crio;
@@ -73,4 +74,32 @@ pub fn unique(prefix: &str) -> String {
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     )
+}
+
+/// The entry of the JSON array `list` whose `name` is `name`: a check of `dipamctl doctor
+/// --json`, a container or volume of a manifest. The test fails, showing the list, when there
+/// is none.
+#[track_caller]
+pub fn named<'a>(list: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    entry(list, "name", name)
+}
+
+/// The entry of the JSON array `list` whose `key` is `value` (a support bundle's part by its
+/// `part`, ...). The test fails, showing the list, when there is none.
+#[track_caller]
+pub fn entry<'a>(list: &'a serde_json::Value, key: &str, value: &str) -> &'a serde_json::Value {
+    list.as_array()
+        .and_then(|l| l.iter().find(|e| e[key] == value))
+        .unwrap_or_else(|| panic!("no entry with {key} {value:?} in {list:#}"))
+}
+
+/// The permission bits of the file `p` (as `chmod` takes them).
+#[track_caller]
+pub fn mode(p: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .permissions()
+        .mode()
+        & 0o7777
 }

@@ -6,7 +6,7 @@
 //!   `GetStatusNetworkList`, with its own result cache directory;
 //! - [`CniTool`]: libcni's own command-line client, `cnitool`, which GCs with no valid list.
 //!
-//! [`crate::Runtime`] is the project's emulation of the same library; tests/libcni.rs runs
+//! [`crate::Runtime`] is the project's emulation of the same library; tests/runtimes/libcni.rs runs
 //! one sequence through both and compares them.
 
 use std::{

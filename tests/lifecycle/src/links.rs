@@ -1,4 +1,4 @@
-//! What the runtime tests (tests/containerd.rs, tests/podman.rs) check after a real runtime
+//! What the runtime tests (tests/runtimes/containerd.rs, tests/runtimes/podman.rs) check after a real runtime
 //! ran dipam: the addresses a container sees, and that no host veth of the network is left.
 
 use std::{

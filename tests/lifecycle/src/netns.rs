@@ -2,6 +2,14 @@
 
 use std::{path::PathBuf, process::Command};
 
+/// A pod as a runtime makes one: a new network namespace, and an attachment of a unique
+/// container ID (`eth0`) in it.
+pub fn pod() -> (NetNs, crate::Attachment) {
+    let ns = NetNs::new();
+    let att = crate::Attachment::new(&crate::unique("pod"), &ns.path());
+    (ns, att)
+}
+
 pub struct NetNs {
     pub name: String,
     deleted: bool,

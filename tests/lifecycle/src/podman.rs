@@ -1,6 +1,6 @@
 //! A private rootful podman: its own containers.conf (CONTAINERS_CONF), storage (`--root`,
 //! `--runroot`, `--tmpdir`, the vfs driver) and no registry, all in one temp directory.
-//! tests/podman.rs runs containers on dipam conflists with it, tests/image.rs builds and runs
+//! tests/runtimes/podman.rs runs containers on dipam conflists with it, tests/deploy/image.rs builds and runs
 //! dipam's image. The choices every test machine needs are made here once: runc rather than
 //! podman's default crun (tests/deps.sh installs runc), cgroupfs (no systemd needed), no
 //! event log, and `default_ulimits` lowered to this process's hard limits (runc refuses to
@@ -21,15 +21,19 @@ pub fn unavailable(root: &str, tools: &[&str], install: &str) -> Option<String> 
     if !is_root() {
         return Some(root.into());
     }
-    for tool in tools {
-        let found = std::env::var_os("PATH")
-            .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-            .unwrap_or(false);
-        if !found {
-            return Some(format!("{tool} is not installed ({install})"));
-        }
-    }
-    None
+    tools
+        .iter()
+        .find_map(|tool| crate::require::tool(tool, install).err())
+}
+
+/// Why rootful podman cannot run containers of the busybox image here ([`Podman::import_busybox`]),
+/// if it cannot.
+pub fn containers_unavailable() -> Option<String> {
+    unavailable(
+        "podman tests need root (rootful podman with CNI networks)",
+        &["podman", "runc", "busybox", "timeout"],
+        "tests/deps.sh installs podman, runc and busybox-static",
+    )
 }
 
 /// The hard limit of `resource`, capped at `cap`.
@@ -87,9 +91,9 @@ impl Podman {
     }
 
     /// `podman <args>` against this private setup, bounded by a timeout.
-    pub fn run(&self, args: &[&str]) -> Output {
-        Command::new("timeout")
-            .arg("180")
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new("timeout");
+        cmd.arg("180")
             .arg("podman")
             .arg("--root")
             .arg(self.path("root"))
@@ -99,22 +103,19 @@ impl Podman {
             .arg(self.path("tmp"))
             .args(["--storage-driver", "vfs"])
             .args(args)
-            .env("CONTAINERS_CONF", self.path("containers.conf"))
-            .output()
-            .expect("run podman")
+            .env("CONTAINERS_CONF", self.path("containers.conf"));
+        cmd
+    }
+
+    /// `podman <args>` against this private setup, bounded by a timeout.
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("run podman")
     }
 
     /// `podman <args>`, which must succeed; its stdout.
     #[track_caller]
     pub fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "podman {args:?} failed ({}):\nstdout: {}\nstderr: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = crate::cmd::run(&mut self.command(args));
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 }

@@ -18,7 +18,7 @@
 //!   when one is given; STATUS ([`Runtime::status`]) runs on every plugin (>= 1.1.0) and stops
 //!   at the first error (libcni `GCNetworkList`, `GetStatusNetworkList`).
 //!
-//! tests/libcni.rs runs the same sequences through this emulation and through real libcni
+//! tests/runtimes/libcni.rs runs the same sequences through this emulation and through real libcni
 //! (docs/sources.md §13 says what differed before they agreed).
 
 use std::{
@@ -470,6 +470,17 @@ impl Runtime {
         let bytes = serde_json::to_vec(&conf).unwrap_or_default();
         self.exec(&kind, command, att, &bytes).into_result(&kind)
     }
+
+    /// A CNI 1.1 GC of `list`'s network through the IPAM of its first plugin ([`Self::ipam`]),
+    /// with `valid` (a list of [`gc_entry`]s) as the runtime's list: under both keys a
+    /// runtime may send it, `cni.dev/valid-attachments` and the older `cni.dev/attachments`.
+    pub fn ipam_gc(&self, list: &Value, valid: Value) -> Result<Value, CniError> {
+        let mut l = list.clone();
+        l["cniVersion"] = json!("1.1.0");
+        l["plugins"][0]["cni.dev/valid-attachments"] = valid.clone();
+        l["plugins"][0]["cni.dev/attachments"] = valid;
+        self.ipam(&l, 0, "GC", &Attachment::new("", ""), None)
+    }
 }
 
 /// A plugin's result as libcni hands it on (as prevResult, to its cache and to the runtime):
@@ -477,7 +488,7 @@ impl Runtime {
 /// not know are gone; a 1.0.0+ result drops an empty `dns` (types100 `MarshalJSON`), while a
 /// 0.3.x/0.4.0 one always has `dns`, `{}` when the plugin sent none (types040 has no such
 /// method). Debian's ptp 1.1.1 prints `"dns":{}` at 1.0.0, which libcni drops: found by
-/// tests/libcni.rs.
+/// tests/runtimes/libcni.rs.
 pub fn typed_result(mut result: Value) -> Value {
     let version = result["cniVersion"].as_str().unwrap_or_default().to_owned();
     if !version_at_least(&version, (0, 3)) {
@@ -523,6 +534,11 @@ pub fn result_ips(result: &Value) -> Vec<String> {
 /// A GC attachment entry, as libcni writes it.
 pub fn gc_entry(att: &Attachment) -> Value {
     json!({"containerID": att.container_id, "ifname": att.ifname})
+}
+
+/// A runtime's GC list naming `keep`.
+pub fn gc_list(keep: &[&Attachment]) -> Value {
+    keep.iter().map(|a| gc_entry(a)).collect()
 }
 
 /// Waits out the clock tick in which a CNI GC is about to begin, before a test sends a GC

@@ -5,7 +5,7 @@
 //! error rather than a guess, so "it parses here" means "every YAML parser reads it the
 //! same way". It saves the workspace a YAML dependency for two test files.
 //!
-//! Used by tests/deploy.rs and tests/privileges.rs to read deploy/kubernetes/dipam.yaml.
+//! Used by tests/deploy/deploy.rs and tests/security/privileges.rs to read deploy/kubernetes/dipam.yaml.
 
 use serde_json::{Map, Value};
 

@@ -10,7 +10,7 @@
 //! 5. a DEL made while dipamd is down is spooled and released at the next start.
 //!
 //! Each step checks what it shows and stops the demo with a non-zero exit if it does not hold
-//! (the suite runs the demo: tests/lifecycle/tests/demo.rs). Everything is cleaned up on exit.
+//! (the suite runs the demo: tests/lifecycle/tests/docs/demo.rs). Everything is cleaned up on exit.
 //! Run it with `bash tests/demo.sh` (it needs root).
 
 use std::process::ExitCode;
