@@ -1,7 +1,7 @@
 //! Paths that would fail an operator later are said at start: a ledger on tmpfs, a socket in a
 //! world-writable directory. dipamd starts with a WARN in its log and is not ready, with the
 //! reason, in `dipamctl status` and in gRPC health, until the flag that accepts the risk is
-//! given (shim-server/src/startup_checks.rs). dipamd runs under the shipped unit's capability
+//! given (shim-server/src/l7_daemon/startup_checks.rs). dipamd runs under the shipped unit's capability
 //! set, as an operator's would.
 
 // Tests: a panic is the failure report.

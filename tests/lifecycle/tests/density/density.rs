@@ -1,5 +1,5 @@
 //! A dense node: the shipped DaemonSet on a real single-node cluster (src/cluster, the peers
-//! tests/kubernetes.rs runs) whose kubelet takes more pods than the upstream default, with a
+//! tests/runtimes/kubernetes.rs runs) whose kubelet takes more pods than the upstream default, with a
 //! pod range sized for them. A Deployment of N pods (DIPAM_DENSITY_PODS, 110 unless set; 250
 //! for the figures of docs/performance.md) is created at once and becomes Ready, then a burst
 //! of 110 more; no sandbox may fail on the way, every pod gets its own address in the node's

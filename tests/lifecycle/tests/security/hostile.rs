@@ -584,7 +584,7 @@ fn a_non_root_status_flood_costs_no_exec_per_call_and_never_slows_root_daemonset
 const STATUS_FLOODERS: usize = 256;
 /// How long they run.
 const STATUS_FLOOD: Duration = Duration::from_secs(12);
-/// How long dipamd keeps a delegate's STATUS answer (shim-server/src/rpc/status.rs).
+/// How long dipamd keeps a delegate's STATUS answer (shim-server/src/l5_node/rpc/status.rs).
 const STATUS_TTL_SECS: u64 = 5;
 /// A non-root uid's running operations (`--non-root-max-slots`' default): at most that many
 /// of its STATUS calls can find the cache empty at once.
