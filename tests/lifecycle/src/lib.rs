@@ -103,3 +103,44 @@ pub fn mode(p: &std::path::Path) -> u32 {
         .mode()
         & 0o7777
 }
+
+/// Cargo finds test binaries by itself only at `tests/*.rs` and `tests/*/main.rs`: a file put
+/// in a feature folder without its `[[test]]` entry in Cargo.toml is never built and never
+/// run, and nothing says so. This fails instead, naming the file and the entry to add.
+#[cfg(test)]
+mod every_test_file_is_built {
+    use std::path::Path;
+
+    fn rust_files(dir: &Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let p = e.expect("a directory entry").path();
+            if p.is_dir() {
+                rust_files(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p.display().to_string());
+            }
+        }
+    }
+
+    #[test]
+    fn each_file_under_tests_is_a_test_binary_of_cargo_toml() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("Cargo.toml");
+        let mut files = Vec::new();
+        rust_files(&root.join("tests"), &mut files);
+        assert!(files.len() > 50, "only {} test files found", files.len());
+        let missing: Vec<String> = files
+            .iter()
+            .map(|f| {
+                f.trim_start_matches(&format!("{}/", root.display()))
+                    .to_owned()
+            })
+            .filter(|rel| !manifest.contains(&format!("path = \"{rel}\"")))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "never built: add to tests/lifecycle/Cargo.toml, for each,\n[[test]]\nname = \"<file \
+             stem>\"\npath = \"<the path below>\"\n\n{missing:#?}"
+        );
+    }
+}
