@@ -15,6 +15,8 @@
 //! All calls block on disk I/O: call them from `spawn_blocking`, not directly on a tokio worker.
 
 mod census;
+#[cfg(test)]
+mod churn;
 mod chunks;
 mod error;
 mod journal;
