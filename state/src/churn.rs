@@ -42,7 +42,8 @@ fn the_ledger_on_disk_stops_growing_under_churn() {
     const LIVE: usize = 1_000;
     const CYCLES: usize = 10_000;
     for i in 0..LIVE {
-        l.put_with(&rec(i), Durability::SurvivesProcessCrash).unwrap();
+        l.put_with(&rec(i), Durability::SurvivesProcessCrash)
+            .unwrap();
     }
     let mut sizes = Vec::new();
     for c in 0..CYCLES {

@@ -15,9 +15,9 @@
 //! All calls block on disk I/O: call them from `spawn_blocking`, not directly on a tokio worker.
 
 mod census;
+mod chunks;
 #[cfg(test)]
 mod churn;
-mod chunks;
 mod error;
 mod journal;
 mod ledger;
