@@ -68,6 +68,7 @@ async fn online(channel: Channel, json: bool, out: &mut dyn Write) -> Result<(),
     let reply = AdminClient::new(channel)
         .doctor(DoctorRequest {
             protocol_version: dipam_proto::PROTOCOL_VERSION,
+            skip_stores: false,
         })
         .await
         .map_err(CtlError::Rpc)?

@@ -17,7 +17,107 @@ use std::{
     sync::Mutex,
 };
 
-use crate::record::{AttachmentKey, AttachmentRecord};
+use crate::record::{AttachmentKey, AttachmentRecord, Owner};
+
+/// Who holds a recorded address, for the per-network counts (`dipamctl status`'s ranges).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder {
+    Pod,
+    Agent,
+    Pool,
+}
+
+/// The addresses one group of records holds, per holder, in one family.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Held {
+    pub pods: u64,
+    pub agent: u64,
+    pub pool: u64,
+}
+
+impl Held {
+    fn slot(&mut self, h: Holder) -> &mut u64 {
+        match h {
+            Holder::Pod => &mut self.pods,
+            Holder::Agent => &mut self.agent,
+            Holder::Pool => &mut self.pool,
+        }
+    }
+}
+
+/// Records that share a network, a creator and a delegate config (less its per-pod parts):
+/// the same delegate store, so one of them stands for all when dipamd needs the config.
+/// `dipamctl status` counted its ranges by reading every record of every network (and
+/// decoding every record's config to find the networks): 1.3 s at 2,500 attachments.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GroupKey {
+    pub network: String,
+    pub creator_uid: Option<u32>,
+    /// A digest of the delegate's type and config without `runtimeConfig`, `args` and
+    /// `prevResult` (what differs from pod to pod and never moves the store).
+    pub config: u64,
+}
+
+/// One group's addresses and members.
+#[derive(Debug, Default)]
+pub struct Group {
+    /// Recorded addresses per family.
+    pub v4: Held,
+    pub v6: Held,
+    members: HashSet<AttachmentKey>,
+}
+
+impl Group {
+    /// A member whose record carries the group's config.
+    pub fn sample(&self) -> Option<&AttachmentKey> {
+        self.members.iter().next()
+    }
+
+    /// How many records the group holds.
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+}
+
+/// The digest a record's group is keyed by (see [`GroupKey::config`]).
+fn config_digest(delegate_type: &str, config: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    delegate_type.hash(&mut h);
+    match serde_json::from_str::<serde_json::Value>(config) {
+        Ok(serde_json::Value::Object(mut m)) => {
+            for per_pod in ["runtimeConfig", "args", "prevResult"] {
+                m.remove(per_pod);
+            }
+            serde_json::Value::Object(m).to_string().hash(&mut h);
+        }
+        _ => config.hash(&mut h),
+    }
+    h.finish()
+}
+
+/// The families of a normalized result's addresses (`ips[].address`, `10.0.0.5/24`).
+fn families(result: Option<&serde_json::Value>) -> (u64, u64) {
+    let mut out = (0, 0);
+    let ips = result
+        .and_then(|r| r.get("ips"))
+        .and_then(serde_json::Value::as_array);
+    for ip in ips.into_iter().flatten() {
+        let Some(addr) = ip.get("address").and_then(serde_json::Value::as_str) else {
+            continue;
+        };
+        match addr.split('/').next().unwrap_or_default().parse() {
+            Ok(std::net::IpAddr::V4(_)) => out.0 += 1,
+            Ok(std::net::IpAddr::V6(_)) => out.1 += 1,
+            Err(_) => {}
+        }
+    }
+    out
+}
 
 /// What the census keeps of one record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +128,10 @@ pub struct Entry {
     pub bytes: u64,
     /// The container ID the delegate holds it under, when not the key's.
     pub delegate_cid: Option<String>,
+    /// The group it belongs to, who holds its addresses and how many of each family.
+    pub group: GroupKey,
+    pub holder: Holder,
+    pub addrs: (u64, u64),
 }
 
 impl Entry {
@@ -41,6 +145,17 @@ impl Entry {
             creator_uid: rec.creator_uid,
             bytes,
             delegate_cid,
+            group: GroupKey {
+                network: rec.key.network.clone(),
+                creator_uid: rec.creator_uid,
+                config: config_digest(&rec.delegate_type, &rec.delegate_config),
+            },
+            holder: match rec.owner {
+                Owner::Pod => Holder::Pod,
+                Owner::Agent { .. } => Holder::Agent,
+                Owner::Pool => Holder::Pool,
+            },
+            addrs: families(rec.result.as_ref()),
         }
     }
 }
@@ -53,6 +168,8 @@ pub struct Counts {
     by_uid: HashMap<u32, (usize, u64)>,
     /// container ID (the key's or the delegate's) -> the attachments using it.
     by_cid: HashMap<String, HashSet<AttachmentKey>>,
+    /// The records' groups (same network, creator and store), with their addresses.
+    groups: HashMap<GroupKey, Group>,
 }
 
 impl Counts {
@@ -88,8 +205,22 @@ impl Counts {
             .filter_map(|k| self.entries.get(k).map(|e| (k, e.creator_uid)))
     }
 
+    /// Every group of records, with its addresses per family and holder.
+    pub fn groups(&self) -> impl Iterator<Item = (&GroupKey, &Group)> {
+        self.groups.iter()
+    }
+
+    /// The group `key`, if it has members.
+    pub fn group(&self, key: &GroupKey) -> Option<&Group> {
+        self.groups.get(key)
+    }
+
     fn insert(&mut self, key: AttachmentKey, entry: Entry) {
         self.remove(&key);
+        let g = self.groups.entry(entry.group.clone()).or_default();
+        *g.v4.slot(entry.holder) += entry.addrs.0;
+        *g.v6.slot(entry.holder) += entry.addrs.1;
+        g.members.insert(key.clone());
         if let Some(uid) = entry.creator_uid {
             let t = self.by_uid.entry(uid).or_default();
             t.0 += 1;
@@ -108,6 +239,14 @@ impl Counts {
         let Some(old) = self.entries.remove(key) else {
             return;
         };
+        if let Some(g) = self.groups.get_mut(&old.group) {
+            *g.v4.slot(old.holder) -= old.addrs.0;
+            *g.v6.slot(old.holder) -= old.addrs.1;
+            g.members.remove(key);
+            if g.members.is_empty() {
+                self.groups.remove(&old.group);
+            }
+        }
         if let Some(uid) = old.creator_uid
             && let Some(t) = self.by_uid.get_mut(&uid)
         {
@@ -276,5 +415,193 @@ mod tests {
         assert_eq!(l.census(|c| c.using_container_id("a").count()).unwrap(), 0);
         assert_eq!(l.census_scans(), 1, "a commit made the census scan again");
         assert_eq!(store.len(Tree::Attachments).unwrap(), l.count().unwrap());
+    }
+
+    /// The groups as a comparable list: (group, v4, v6, members).
+    type Groups = Vec<(crate::GroupKey, crate::Held, crate::Held, usize)>;
+
+    fn groups<S: Store + ?Sized>(l: &Ledger<S>) -> Groups {
+        let mut out: Groups = l
+            .census(|c| {
+                c.groups()
+                    .map(|(k, g)| (k.clone(), g.v4, g.v6, g.len()))
+                    .collect()
+            })
+            .unwrap();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Records of two networks, a second config, a non-root creator, the agent and the pool,
+    /// IPv4 and IPv6: what `dipamctl status`'s ranges are counted from.
+    fn mixed() -> Vec<crate::AttachmentRecord> {
+        let mut out = Vec::new();
+        for i in 0..6 {
+            let mut r = crate::suite::record("n", &format!("p{i}"), "eth0");
+            // Per-pod parts of the config do not split a group.
+            r.delegate_config = format!(
+                r#"{{"cniVersion":"1.0.0","name":"n","type":"host-local","args":{{"i":{i}}},"runtimeConfig":{{"x":{i}}}}}"#
+            );
+            out.push(r);
+        }
+        let mut dual = crate::suite::record("n", "dual", "eth0");
+        dual.result =
+            Some(serde_json::json!({"ips":[{"address":"10.1.0.9/24"},{"address":"fd00::9/64"}]}));
+        out.push(dual);
+        let mut agent = crate::suite::record("n", "agent", "eth0");
+        agent.owner = crate::Owner::Agent {
+            role: "router".into(),
+        };
+        out.push(agent);
+        let mut pool = crate::suite::record("n", "dipam-pool-x-1", "eth0");
+        pool.owner = crate::Owner::Pool;
+        out.push(pool);
+        let mut other = crate::suite::record("n", "other-store", "eth0");
+        other.delegate_config =
+            r#"{"cniVersion":"1.0.0","name":"n","type":"host-local","ipam":{"dataDir":"/x"}}"#
+                .into();
+        out.push(other);
+        let mut uid = crate::suite::record("n", "mine", "eth0");
+        uid.creator_uid = Some(1000);
+        out.push(uid);
+        let mut adding = crate::suite::record("m", "adding", "eth0");
+        adding.result = None;
+        adding.state = crate::AttachmentState::Adding;
+        out.push(adding);
+        out
+    }
+
+    /// The per-group address counts follow every commit (put, replace, batch, the pool's
+    /// take, delete) and always equal a rebuild from the records; per-pod parts of the config
+    /// do not split a group.
+    #[test]
+    fn the_groups_follow_every_commit_and_equal_a_rebuild() {
+        let store = std::sync::Arc::new(MemStore::new());
+        let l = Ledger::from_arc(store.clone());
+        assert!(groups(&l).is_empty());
+        let recs = mixed();
+        l.put_all(&recs, Durability::SurvivesPowerCut).unwrap();
+        let g = groups(&l);
+        assert_eq!(g, groups(&Ledger::from_arc(store.clone())));
+        let n: Vec<_> = g.iter().filter(|x| x.0.network == "n").collect();
+        // Root's default config, the other store, uid 1000.
+        assert_eq!(n.len(), 3, "{g:#?}");
+        let main = n.iter().find(|x| x.3 == 9).expect("one group of 9");
+        assert_eq!(
+            (main.1, main.2),
+            (
+                crate::Held {
+                    pods: 7,
+                    agent: 1,
+                    pool: 1
+                },
+                crate::Held {
+                    pods: 1,
+                    agent: 0,
+                    pool: 0
+                }
+            ),
+            "{g:#?}"
+        );
+        // An ADD not yet answered holds no address, but belongs to its group.
+        let m = g.iter().find(|x| x.0.network == "m").unwrap();
+        assert_eq!((m.1, m.3), (crate::Held::default(), 1));
+        // The pool's take: the pool's record leaves, a pod's arrives, in one commit.
+        let mut taken = crate::suite::record("n", "taker", "eth0");
+        taken.delegate_key = Some(DelegateKey {
+            container_id: "dipam-pool-x-1".into(),
+            ifname: "eth0".into(),
+            netns: String::new(),
+            cni_args: String::new(),
+        });
+        l.put_removing(&taken, &recs[8].key, Durability::SurvivesPowerCut)
+            .unwrap();
+        // A result replaced (an ADD answered), a record removed, a batch removed.
+        let mut answered = recs[11].clone();
+        answered.result = Some(serde_json::json!({"ips":[{"address":"10.2.0.1/24"}]}));
+        l.put(&answered).unwrap();
+        l.remove(&recs[0].key).unwrap();
+        l.remove_all(
+            &[recs[1].key.clone(), recs[10].key.clone()],
+            Durability::SurvivesPowerCut,
+        )
+        .unwrap();
+        let g = groups(&l);
+        assert_eq!(g, groups(&Ledger::from_arc(store.clone())));
+        let main = g
+            .iter()
+            .find(|x| x.0.network == "n" && x.0.creator_uid.is_none() && x.3 == 7);
+        assert_eq!(
+            main.map(|x| x.1),
+            Some(crate::Held {
+                pods: 6,
+                agent: 1,
+                pool: 0
+            }),
+            "{g:#?}"
+        );
+        assert_eq!(g.iter().filter(|x| x.0.network == "n").count(), 2, "{g:#?}");
+        assert_eq!(l.census_scans(), 1, "a commit made the census scan again");
+    }
+
+    /// After a restart the counts are rebuilt from the records sled and the journal hold:
+    /// commits that reached only the journal (a kill before sled wrote them) are replayed
+    /// before the census is built, so the counts cannot drift from the records.
+    #[test]
+    fn the_groups_after_a_restart_are_the_records_with_the_journal_replayed() {
+        let dir = tempfile::tempdir().unwrap();
+        let recs = mixed();
+        let before = {
+            let l = Ledger::new(crate::sled_store::SledStore::open(dir.path()).unwrap());
+            l.put_all(&recs, Durability::SurvivesProcessCrash).unwrap();
+            l.remove(&recs[3].key).unwrap();
+            groups(&l)
+        };
+        let l = Ledger::new(crate::sled_store::SledStore::open(dir.path()).unwrap());
+        assert_eq!(groups(&l), before);
+        // Two commits that only the journal holds, as a kill leaves them.
+        drop(l);
+        let text =
+            std::fs::read_to_string(dir.path().join(crate::sled_store::WITNESS_FILE)).unwrap();
+        let seq: u64 = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+        let (mut journal, _, _) = crate::journal::Journal::open(dir.path()).unwrap();
+        let mut put = crate::Batch::new();
+        let mut dual = recs[6].clone();
+        dual.key.container_id = "dual-2".into();
+        put.put(
+            Tree::Attachments,
+            dual.key.encode().unwrap(),
+            serde_json::to_vec(&dual).unwrap(),
+        );
+        journal.append(seq + 1, &put).unwrap();
+        let mut gone = crate::Batch::new();
+        gone.delete(Tree::Attachments, recs[7].key.encode().unwrap());
+        journal.append(seq + 2, &gone).unwrap();
+        drop(journal);
+        let l = Ledger::new(crate::sled_store::SledStore::open(dir.path()).unwrap());
+        let after = groups(&l);
+        let main = |g: &Groups| {
+            g.iter()
+                .find(|x| x.0.network == "n" && x.0.creator_uid.is_none() && x.3 >= 8)
+                .map(|x| (x.1, x.2, x.3))
+        };
+        let (v4, v6, n) = main(&before).unwrap();
+        assert_eq!(
+            main(&after),
+            Some((
+                crate::Held {
+                    pods: v4.pods + 1,
+                    agent: v4.agent - 1,
+                    pool: v4.pool
+                },
+                crate::Held {
+                    pods: v6.pods + 1,
+                    ..v6
+                },
+                n
+            )),
+            "{before:#?}\n{after:#?}"
+        );
+        assert_eq!(l.count().unwrap(), recs.len() - 1);
     }
 }

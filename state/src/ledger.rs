@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::{
     Batch, Durability, Store, StoreError, Tree,
-    census::{Census, Change, Counts},
+    census::{Census, Change, Counts, GroupKey, Held},
     record::{AttachmentKey, AttachmentRecord},
 };
 
@@ -214,6 +214,37 @@ impl<S: Store + ?Sized> Ledger<S> {
             },
             f,
         )
+    }
+
+    /// Each group of records the census keeps (same network, creator and delegate config,
+    /// census.rs) with its addresses per family (IPv4, IPv6) and one of its records, in the
+    /// order of those records' keys: what dipamd needs of every network and config (`dipamctl
+    /// status`, doctor, the reconcile's scopes) for one read per group instead of every
+    /// record. A sample deleted meanwhile is replaced by another member; a group emptied
+    /// meanwhile is left out.
+    pub fn groups(&self) -> Result<Vec<(GroupKey, [Held; 2], AttachmentRecord)>, StoreError> {
+        let sample = |k: &GroupKey| {
+            self.census(|c| {
+                c.group(k)
+                    .and_then(|g| Some((g.sample()?.clone(), [g.v4, g.v6])))
+            })
+        };
+        let keys: Vec<GroupKey> = self.census(|c| c.groups().map(|(k, _)| k.clone()).collect())?;
+        let mut out = Vec::new();
+        for key in keys {
+            // A few tries: each miss is a member deleted between the census and the read.
+            for _ in 0..3 {
+                let Some((member, held)) = sample(&key)? else {
+                    break;
+                };
+                if let Some(rec) = self.get(&member)? {
+                    out.push((key, held, rec));
+                    break;
+                }
+            }
+        }
+        out.sort_by(|a, b| a.2.key.cmp(&b.2.key));
+        Ok(out)
     }
 
     /// How many full scans the census made (tests: no request may cause one).

@@ -16,6 +16,8 @@
 
 mod census;
 mod chunks;
+#[cfg(test)]
+mod churn;
 mod error;
 mod journal;
 mod ledger;
@@ -31,7 +33,9 @@ mod store;
 #[cfg(test)]
 mod suite;
 
-pub use census::{Counts as CensusCounts, Entry as CensusEntry};
+pub use census::{
+    Counts as CensusCounts, Entry as CensusEntry, Group as CensusGroup, GroupKey, Held, Holder,
+};
 pub use error::StoreError;
 pub use ledger::Ledger;
 pub use mem::MemStore;

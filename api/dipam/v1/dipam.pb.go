@@ -1160,9 +1160,13 @@ func (x *ExplainReply) GetEarlierHolders() []string {
 
 type DoctorRequest struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
-	ProtocolVersion uint32                 `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"` // next field: 2
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	ProtocolVersion uint32                 `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
+	// Leave out the checks that compare each delegate's store with the ledger (they read every
+	// reservation and every record of the network: slower as the node fills). `dipamctl
+	// status` sets it unless asked for --stores; `dipamctl doctor` never does.
+	SkipStores    bool `protobuf:"varint,2,opt,name=skip_stores,json=skipStores,proto3" json:"skip_stores,omitempty"` // next field: 3
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DoctorRequest) Reset() {
@@ -1200,6 +1204,13 @@ func (x *DoctorRequest) GetProtocolVersion() uint32 {
 		return x.ProtocolVersion
 	}
 	return 0
+}
+
+func (x *DoctorRequest) GetSkipStores() bool {
+	if x != nil {
+		return x.SkipStores
+	}
+	return false
 }
 
 type DoctorReply struct {
@@ -1663,9 +1674,12 @@ func (x *GcItem) GetKeep() []string {
 
 type StatusRequest struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
-	ProtocolVersion uint32                 `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"` // next field: 2
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	ProtocolVersion uint32                 `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
+	// Count the ranges from the delegates' stores, read now (every reservation: slower as the
+	// node fills, and the only way to count orphans), instead of the ledger's census.
+	Stores        bool `protobuf:"varint,2,opt,name=stores,proto3" json:"stores,omitempty"` // next field: 3
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusRequest) Reset() {
@@ -1703,6 +1717,13 @@ func (x *StatusRequest) GetProtocolVersion() uint32 {
 		return x.ProtocolVersion
 	}
 	return 0
+}
+
+func (x *StatusRequest) GetStores() bool {
+	if x != nil {
+		return x.Stores
+	}
+	return false
 }
 
 type StatusReply struct {
@@ -2083,7 +2104,10 @@ type RangeStatus struct {
 	// The ranges as people write them: "10.1.0.2-10.1.0.254".
 	Ranges []string `protobuf:"bytes,9,rep,name=ranges,proto3" json:"ranges,omitempty"`
 	// Why `size` is not known, when it is not.
-	Unknown       string `protobuf:"bytes,10,opt,name=unknown,proto3" json:"unknown,omitempty"` // next field: 11
+	Unknown string `protobuf:"bytes,10,opt,name=unknown,proto3" json:"unknown,omitempty"`
+	// Where the counts come from: "ledger" (the ledger's census: `orphans` absent, `free` is
+	// `size` less what the ledger records) or "store" (the delegate's store, read now).
+	Counted       string `protobuf:"bytes,11,opt,name=counted,proto3" json:"counted,omitempty"` // next field: 12
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2184,6 +2208,13 @@ func (x *RangeStatus) GetRanges() []string {
 func (x *RangeStatus) GetUnknown() string {
 	if x != nil {
 		return x.Unknown
+	}
+	return ""
+}
+
+func (x *RangeStatus) GetCounted() string {
+	if x != nil {
+		return x.Counted
 	}
 	return ""
 }
@@ -3077,9 +3108,11 @@ const file_dipam_v1_dipam_proto_rawDesc = "" +
 	"\x06events\x18\x03 \x03(\tR\x06events\x12%\n" +
 	"\x0eevents_dropped\x18\x04 \x01(\x04R\reventsDropped\x12!\n" +
 	"\fcontainer_id\x18\x05 \x01(\tR\vcontainerId\x12'\n" +
-	"\x0fearlier_holders\x18\x06 \x03(\tR\x0eearlierHolders\":\n" +
+	"\x0fearlier_holders\x18\x06 \x03(\tR\x0eearlierHolders\"[\n" +
 	"\rDoctorRequest\x12)\n" +
-	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\"g\n" +
+	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x1f\n" +
+	"\vskip_stores\x18\x02 \x01(\bR\n" +
+	"skipStores\"g\n" +
 	"\vDoctorReply\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12-\n" +
 	"\x06checks\x18\x02 \x03(\v2\x15.dipam.v1.DoctorCheckR\x06checks\"[\n" +
@@ -3114,9 +3147,10 @@ const file_dipam_v1_dipam_proto_rawDesc = "" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\x12\x18\n" +
 	"\aoutcome\x18\x06 \x01(\tR\aoutcome\x12\x14\n" +
 	"\x05error\x18\a \x01(\tR\x05error\x12\x12\n" +
-	"\x04keep\x18\b \x03(\tR\x04keep\":\n" +
+	"\x04keep\x18\b \x03(\tR\x04keep\"R\n" +
 	"\rStatusRequest\x12)\n" +
-	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\"\xba\v\n" +
+	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x16\n" +
+	"\x06stores\x18\x02 \x01(\bR\x06stores\"\xba\v\n" +
 	"\vStatusReply\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x120\n" +
 	"\x14min_protocol_version\x18\x02 \x01(\rR\x12minProtocolVersion\x12%\n" +
@@ -3157,7 +3191,7 @@ const file_dipam_v1_dipam_proto_rawDesc = "" +
 	"\x1bdivergence_unrecorded_alive\x18\x1f \x01(\x04R\x19divergenceUnrecordedAlive\x12!\n" +
 	"\fpool_minimum\x18  \x01(\rR\vpoolMinimum\x12$\n" +
 	"\x0epool_max_above\x18! \x01(\rR\fpoolMaxAbove\x121\n" +
-	"\x15pool_release_after_ms\x18\" \x01(\x04R\x12poolReleaseAfterMs\"\x9e\x02\n" +
+	"\x15pool_release_after_ms\x18\" \x01(\x04R\x12poolReleaseAfterMs\"\xb8\x02\n" +
 	"\vRangeStatus\x12\x18\n" +
 	"\anetwork\x18\x01 \x01(\tR\anetwork\x12\x16\n" +
 	"\x06family\x18\x02 \x01(\tR\x06family\x12\x17\n" +
@@ -3169,7 +3203,8 @@ const file_dipam_v1_dipam_proto_rawDesc = "" +
 	"\x04free\x18\b \x01(\x04H\x02R\x04free\x88\x01\x01\x12\x16\n" +
 	"\x06ranges\x18\t \x03(\tR\x06ranges\x12\x18\n" +
 	"\aunknown\x18\n" +
-	" \x01(\tR\aunknownB\a\n" +
+	" \x01(\tR\aunknown\x12\x18\n" +
+	"\acounted\x18\v \x01(\tR\acountedB\a\n" +
 	"\x05_sizeB\n" +
 	"\n" +
 	"\b_orphansB\a\n" +

@@ -467,8 +467,8 @@ where
 #[tonic::async_trait]
 impl Admin for Service {
     async fn get_status(&self, r: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
-        guarded(r, Access::Admin("dipamd's status"), |_, _| {
-            rpc::admin::status::run(&self.0)
+        guarded(r, Access::Admin("dipamd's status"), |_, req| {
+            rpc::admin::status::run(&self.0, req.stores)
         })
         .await
     }
@@ -480,8 +480,8 @@ impl Admin for Service {
     }
 
     async fn doctor(&self, r: Request<DoctorRequest>) -> Result<Response<DoctorReply>, Status> {
-        guarded(r, Access::Admin("doctor"), |_, _| {
-            rpc::admin::doctor::run(&self.0)
+        guarded(r, Access::Admin("doctor"), |_, req| {
+            rpc::admin::doctor::run(&self.0, req.skip_stores)
         })
         .await
     }

@@ -141,7 +141,11 @@ pub async fn scopes(
     {
         out.push((dc, None));
     }
-    for rec in core.ledger(|l| l.list(None)).await? {
+    // One record per group of the ledger's census (same network, creator and config less
+    // its per-pod parts), not every record: every scope is a union of groups, and reading
+    // and decoding every record's config made `dipamctl status` and doctor grow with the
+    // node (docs/performance.md, "Density").
+    for (_, _, rec) in core.ledger(|l| l.groups()).await? {
         let Some(dc) = recorded_conf(&rec) else {
             continue;
         };

@@ -545,6 +545,7 @@ fn bad_requests_get_the_right_code_and_no_echo() {
         let e = admin
             .get_status(StatusRequest {
                 protocol_version: 0,
+                stores: false,
             })
             .await
             .unwrap_err();
@@ -552,6 +553,7 @@ fn bad_requests_get_the_right_code_and_no_echo() {
         admin
             .get_status(StatusRequest {
                 protocol_version: dipam_proto::PROTOCOL_VERSION + 3,
+                stores: false,
             })
             .await
             .unwrap();

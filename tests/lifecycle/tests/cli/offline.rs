@@ -348,7 +348,8 @@ fn status_counts_the_doctor_checks_that_fail() {
             .iter()
             .filter(|c| c["ok"] == false)
             .count();
-        let st = dipamctl(&["status", "--socket", s(&socket), "--json"]);
+        // With --stores, status counts every check doctor makes.
+        let st = dipamctl(&["status", "--socket", s(&socket), "--json", "--stores"]);
         assert!(st.status.success(), "{st:?}");
         let st: Value = serde_json::from_slice(&st.stdout).unwrap();
         assert_eq!(
@@ -358,17 +359,52 @@ fn status_counts_the_doctor_checks_that_fail() {
             lab.dipamd.log()
         );
         assert_eq!(st["doctor"]["checks"], checks.as_array().unwrap().len());
-        let table = dipamctl(&["status", "--socket", s(&socket)]);
+        // Without it, all but the comparisons of each store with the ledger (they read every
+        // reservation), and the output says they were left out.
+        let quick = dipamctl(&["status", "--socket", s(&socket), "--json"]);
+        let quick: Value = serde_json::from_slice(&quick.stdout).unwrap();
+        let compared = checks
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| {
+                let name = c["name"].as_str().unwrap_or_default();
+                name.starts_with("network ")
+                    && [
+                        ": delegate store agrees with the ledger",
+                        ": no orphaned reservations",
+                        ": running pods are recorded",
+                        ": serving ADD",
+                    ]
+                    .iter()
+                    .any(|end| name.ends_with(end))
+            })
+            .count();
+        assert!(compared > 0, "{checks:#}");
+        assert_eq!(quick["doctor"]["storesCompared"], false, "{quick:#}");
+        assert_eq!(
+            quick["doctor"]["checks"],
+            checks.as_array().unwrap().len() - compared,
+            "{quick:#} {checks:#}"
+        );
+        let table = dipamctl(&["status", "--socket", s(&socket), "--stores"]);
         let t = String::from_utf8_lossy(&table.stdout).into_owned();
-        (failed, t)
+        let quick_table = dipamctl(&["status", "--socket", s(&socket)]);
+        let qt = String::from_utf8_lossy(&quick_table.stdout).into_owned();
+        assert!(
+            qt.contains("(stores not compared with the ledger: --stores)"),
+            "{qt}"
+        );
+        (failed, t, quick["doctor"]["failed"].as_u64().unwrap())
     };
-    let (before, t) = count(&lab);
+    let (before, t, quick_before) = count(&lab);
     // A state directory others can read fails one more check.
     let state = lab.dipamd.state_dir();
     std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let (after, t2) = count(&lab);
+    let (after, t2, quick_after) = count(&lab);
     std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
     assert_eq!(after, before + 1, "{t}\n{t2}");
+    assert_eq!(quick_after, quick_before + 1, "{t}\n{t2}");
     assert!(t2.contains(&format!("doctor:       {after} of ")), "{t2}");
     if before == 0 {
         assert!(t.contains("doctor:       all "), "{t}");

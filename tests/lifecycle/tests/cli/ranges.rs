@@ -35,9 +35,19 @@ fn gauge(body: &str, name: &str, network: &str, family: &str, state: Option<&str
         .map(|v| v.parse().unwrap())
 }
 
-/// `dipamctl status` as a table and as JSON: (the table, this network's ranges).
+/// `dipamctl status --stores` (the ranges read from the delegate's store) as a table and as
+/// JSON: (the table, this network's ranges).
 fn status(dipamd: &dipam_lifecycle::Dipamd, network: &str) -> (String, Vec<Value>) {
-    let out = dipamd.ctl(&["status", "--json"]);
+    status_with(dipamd, network, &["--stores"])
+}
+
+/// `dipamctl status` with `extra` as a table and as JSON: (the table, this network's ranges).
+fn status_with(
+    dipamd: &dipam_lifecycle::Dipamd,
+    network: &str,
+    extra: &[&str],
+) -> (String, Vec<Value>) {
+    let out = dipamd.ctl(&[&["status", "--json"], extra].concat());
     assert!(out.status.success(), "{out:?}");
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let ranges = v["ranges"]
@@ -47,7 +57,7 @@ fn status(dipamd: &dipam_lifecycle::Dipamd, network: &str) -> (String, Vec<Value
         .filter(|r| r["network"] == network)
         .cloned()
         .collect();
-    let out = dipamd.ctl(&["status"]);
+    let out = dipamd.ctl(&[&["status"], extra].concat());
     assert!(out.status.success(), "{out:?}");
     (String::from_utf8(out.stdout).unwrap(), ranges)
 }
@@ -179,6 +189,43 @@ fn status_and_metrics_count_host_locals_range_until_it_is_full() {
             "{state}: {body}"
         );
     }
+
+    // Without --stores the same counts come from the ledger's census, at a cost that does
+    // not grow with the node: the orphan is not known there, and the table says so.
+    let (table, ranges) = status_with(&lab.dipamd, &net, &[]);
+    let r = &ranges[0];
+    assert_eq!(
+        (
+            &r["size"],
+            &r["pods"],
+            &r["agent"],
+            &r["pool"],
+            &r["orphans"],
+            &r["free"],
+            &r["counted"]
+        ),
+        (
+            &json!(7),
+            &json!(2),
+            &json!(2),
+            &json!(0),
+            &Value::Null,
+            &json!(3),
+            &json!("ledger")
+        ),
+        "{r:#}\n{table}"
+    );
+    let line = format!(
+        "range:        {net} ipv4: 4/7 allocated (2 pod, 2 agent, 0 pool), 3 free; \
+         {}-{} (gateway {} excluded) (as the ledger records them; orphans: --stores)",
+        host(&lab, 10),
+        host(&lab, 17),
+        host(&lab, 12)
+    );
+    assert!(
+        table.lines().any(|l| l == line),
+        "want {line:?} in:\n{table}"
+    );
 
     assert_units_in_json(&lab.dipamd, &pods[0].container_id);
 

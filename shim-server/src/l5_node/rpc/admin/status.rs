@@ -7,8 +7,9 @@ use dipam_proto::v1::{DelegateInfo, RangeStatus, StatusReply};
 
 use crate::{l1_leaves::error::ShimError, l1_leaves::events::RangeCount, l5_node::node::Node};
 
-fn range_status(c: RangeCount) -> RangeStatus {
+fn range_status(c: RangeCount, counted: &str) -> RangeStatus {
     RangeStatus {
+        counted: counted.to_owned(),
         network: c.network,
         family: c.family.to_owned(),
         size: c.size,
@@ -22,8 +23,10 @@ fn range_status(c: RangeCount) -> RangeStatus {
     }
 }
 
-/// The status as dipamd sees it now: readiness first, then every counter.
-pub async fn run(node: &Node) -> Result<StatusReply, ShimError> {
+/// The status as dipamd sees it now: readiness first, then every counter. `stores`: count the
+/// ranges from the delegates' stores, read now (every reservation file), instead of the
+/// ledger's census.
+pub async fn run(node: &Node, stores: bool) -> Result<StatusReply, ShimError> {
     let mut not_ready = node.agent.not_ready();
     not_ready.extend(node.startup.get().into_iter().flatten().cloned());
     // A ledger that cannot take commits (a full disk) fails every ADD and DEL: that is the
@@ -38,10 +41,21 @@ pub async fn run(node: &Node) -> Result<StatusReply, ShimError> {
             0
         }
     };
-    // Looked at now, not at the last reconcile: what the operator asks about is the node as it
-    // is. A network whose store cannot be read is left out, and the log says why.
-    let ranges = match crate::l3_clients::divergence::ranges(&node.watch()).await {
-        Ok(r) => r.into_iter().map(range_status).collect(),
+    // Counted now, never from the last reconcile: what the operator asks about is the node as
+    // it is. By default from the ledger's census (kept at every commit: a status call costs the
+    // same at 10 attachments as at 10,000); with `stores`, from the delegates' stores, which
+    // also finds the orphans, at the price of reading every reservation (1.3 s at 2,500
+    // attachments, docs/performance.md). A network whose store cannot be read is left out,
+    // and the log says why.
+    let counted = if stores {
+        crate::l3_clients::divergence::ranges(&node.watch())
+            .await
+            .map(|r| (r, "store"))
+    } else {
+        ledger_ranges(node).await.map(|r| (r, "ledger"))
+    };
+    let ranges = match counted {
+        Ok((r, how)) => r.into_iter().map(|c| range_status(c, how)).collect(),
         Err(e) => {
             tracing::warn!(error = %e, "cannot count the ranges for status");
             Vec::new()
@@ -125,4 +139,105 @@ fn delegate_info(p: crate::l2_core::delegate::Probe) -> DelegateInfo {
         path: p.path.display().to_string(),
         supported_versions: p.supported.iter().map(ToString::to_string).collect(),
     }
+}
+
+/// Every root network's ranges counted from the ledger's census: per group of records (same
+/// network, creator and delegate config), the addresses recorded for pods, the agent and the
+/// pool; the size and the ranges from one member's config. Reads one record per group, never
+/// the network's records nor the delegate's store. The store's orphans are not known here
+/// (`orphans` is None) and `free` is the size less what the ledger records: the delegate
+/// hands out no address outside its ranges, so it is `--stores`'s free plus the orphans.
+async fn ledger_ranges(node: &Node) -> Result<Vec<RangeCount>, ShimError> {
+    use std::collections::BTreeMap;
+
+    use crate::l2_core::delegate::{config::DelegateConf, ranges::Family, store::readable_dir};
+
+    let confs: Vec<(DelegateConf, [dipam_state::Held; 2], bool)> = node
+        .core
+        .ledger(|l| l.groups())
+        .await?
+        .into_iter()
+        .filter_map(|(key, held, rec)| {
+            Some((
+                crate::l3_clients::gc::recorded_conf(&rec)?,
+                held,
+                key.creator_uid.is_none(),
+            ))
+        })
+        .collect();
+    let agent_conf = node.agent.config.as_ref().and_then(|cfg| {
+        let base = cfg.source.load().ok()?;
+        let bytes = serde_json::to_vec(&base.request).ok()?;
+        DelegateConf::from_request(&bytes, base.mode).ok()
+    });
+    // One row set per root network and store: (network, store dir or the delegate's type).
+    let scope = |dc: &DelegateConf| {
+        let dir = readable_dir(&dc.kind, &dc.conf, &dc.network);
+        (
+            dc.network.clone(),
+            dir.is_some(),
+            dir.map_or(dc.kind.clone(), |d| d.display().to_string()),
+        )
+    };
+    let mut rows: BTreeMap<(String, bool, String), (DelegateConf, [dipam_state::Held; 2])> =
+        BTreeMap::new();
+    for dc in agent_conf.into_iter() {
+        rows.entry(scope(&dc)).or_insert((dc, Default::default()));
+    }
+    for (dc, _, root) in &confs {
+        if *root {
+            rows.entry(scope(dc))
+                .or_insert((dc.clone(), Default::default()));
+        }
+    }
+    // A readable store counts every record in it, whoever created it (as the store's
+    // reservations are counted); otherwise root's records alone.
+    for (dc, held, root) in confs {
+        let key = scope(&dc);
+        if let Some((_, sum)) = rows.get_mut(&key)
+            && (key.1 || root)
+        {
+            for (s, h) in sum.iter_mut().zip(held) {
+                s.pods += h.pods;
+                s.agent += h.agent;
+                s.pool += h.pool;
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for ((_, readable, _), (dc, held)) in rows {
+        let ranges = readable.then(|| crate::l2_core::delegate::ranges::host_local(&dc.conf["ipam"]));
+        for (f, h) in [Family::V4, Family::V6].into_iter().zip(held) {
+            let covered = matches!(&ranges, Some(Ok(r)) if r.families().contains(&f));
+            if !covered && h == dipam_state::Held::default() {
+                continue;
+            }
+            let mut row = RangeCount {
+                network: dc.network.clone(),
+                family: f.as_str(),
+                pods: h.pods,
+                agent: h.agent,
+                pool: h.pool,
+                ..RangeCount::default()
+            };
+            match &ranges {
+                Some(Ok(r)) => {
+                    let size = u64::try_from(r.size(f)).unwrap_or(u64::MAX);
+                    row.size = Some(size);
+                    row.free = Some(size.saturating_sub(h.pods + h.agent + h.pool));
+                    row.ranges = r.describe(f);
+                }
+                Some(Err(why)) => row.unknown = why.to_string(),
+                None => {
+                    row.unknown = format!(
+                        "{} keeps its ranges and reservations to itself: dipamd counts only \
+                         the addresses its ledger records",
+                        dc.kind
+                    );
+                }
+            }
+            out.push(row);
+        }
+    }
+    Ok(out)
 }

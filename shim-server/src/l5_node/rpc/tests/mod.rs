@@ -348,10 +348,10 @@ async fn a_ledger_that_cannot_commit_is_reported_everywhere() {
         other => panic!("expected NotReady, got {other:?}"),
     }
     assert_eq!(e.code_and_details().0, 50);
-    let st = super::admin::status::run(&b.node).await.unwrap();
+    let st = super::admin::status::run(&b.node, false).await.unwrap();
     assert!(!st.ready);
     assert_eq!(st.not_ready.first().map(String::as_str), Some(full));
-    let doctor = super::admin::doctor::run(&b.node).await.unwrap();
+    let doctor = super::admin::doctor::run(&b.node, false).await.unwrap();
     let check = doctor
         .checks
         .iter()
@@ -361,13 +361,13 @@ async fn a_ledger_that_cannot_commit_is_reported_everywhere() {
     assert!(scrape().contains("\ndipam_ledger_writable 0\n"));
 
     b.store.set_fault(None);
-    let st = super::admin::status::run(&b.node).await.unwrap();
+    let st = super::admin::status::run(&b.node, false).await.unwrap();
     assert!(
         !st.not_ready.iter().any(|l| l.contains("ledger")),
         "{:?}",
         st.not_ready
     );
-    let doctor = super::admin::doctor::run(&b.node).await.unwrap();
+    let doctor = super::admin::doctor::run(&b.node, false).await.unwrap();
     assert!(
         doctor
             .checks
