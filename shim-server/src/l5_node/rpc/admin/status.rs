@@ -206,7 +206,8 @@ async fn ledger_ranges(node: &Node) -> Result<Vec<RangeCount>, ShimError> {
     }
     let mut out = Vec::new();
     for ((_, readable, _), (dc, held)) in rows {
-        let ranges = readable.then(|| crate::l2_core::delegate::ranges::host_local(&dc.conf["ipam"]));
+        let ranges =
+            readable.then(|| crate::l2_core::delegate::ranges::host_local(&dc.conf["ipam"]));
         for (f, h) in [Family::V4, Family::V6].into_iter().zip(held) {
             let covered = matches!(&ranges, Some(Ok(r)) if r.families().contains(&f));
             if !covered && h == dipam_state::Held::default() {
