@@ -364,7 +364,7 @@ impl Dipamd {
 
     /// Leaves in the (stopped) dipamd's state what it notes for a delegate it runs, as a
     /// dipamd killed mid-exec leaves it: one 64-byte slot (shim-server's
-    /// delegate/survivors.rs), "<pid> <first tick> <last tick>" of the delegate's start.
+    /// delegate/survivors.rs), `<pid> <first tick> <last tick>` of the delegate's start.
     pub fn plant_exec_slot(&self, pid: u32, first_tick: u64, last_tick: u64) {
         let mut slot = format!("{pid} {first_tick} {last_tick}").into_bytes();
         slot.resize(63, b' ');
