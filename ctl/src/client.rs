@@ -33,8 +33,8 @@ pub async fn connect(socket: &Path) -> Result<Channel, CtlError> {
         .await
         .map_err(|e| CtlError::Unreachable {
             socket: socket.to_owned(),
-            reason: root_cause(&e),
-            denied: io_kind(&e) == Some(std::io::ErrorKind::PermissionDenied),
+            reason: dipam_proto::root_cause(&e),
+            denied: dipam_proto::io_kind(&e) == Some(std::io::ErrorKind::PermissionDenied),
         })
 }
 
@@ -50,24 +50,4 @@ fn refused_reason(uid: u32, why: dipam_proto::Refused) -> String {
              --max-connections-per-uid connections already"
         ),
     }
-}
-
-/// The kind of the first `io::Error` in `e`'s chain, if any.
-fn io_kind(e: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
-    let mut cur = Some(e);
-    while let Some(err) = cur {
-        if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            return Some(io.kind());
-        }
-        cur = err.source();
-    }
-    None
-}
-
-fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut cur = e;
-    while let Some(next) = cur.source() {
-        cur = next;
-    }
-    cur.to_string()
 }

@@ -226,8 +226,8 @@ async fn connect(socket: &Path) -> Result<CniClient<tonic::transport::Channel>, 
         .await
         .map_err(|e| PluginError::Unreachable {
             socket: socket.to_owned(),
-            reason: root_cause(&e),
-            kind: io_kind(&e),
+            reason: dipam_proto::root_cause(&e),
+            kind: dipam_proto::io_kind(&e),
             waited: None,
         })?;
     Ok(CniClient::new(channel))
@@ -248,27 +248,4 @@ async fn exchange(socket: &Path, cmd: Cmd, req: CniRequest) -> Result<CniReply, 
             socket: socket.to_owned(),
             status,
         })
-}
-
-/// The kind of the OS error under a connect's error (ENOENT, ECONNREFUSED, EAGAIN...): what
-/// says whether a dipamd may serve later (PluginError::dipamd_may_serve_again).
-fn io_kind(e: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
-    let mut cur = Some(e);
-    while let Some(e) = cur {
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            return Some(io.kind());
-        }
-        cur = e.source();
-    }
-    None
-}
-
-/// The innermost error text ("No such file or directory (os error 2)"): what an operator
-/// needs, without tonic's "transport error" wrapping.
-fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut cur = e;
-    while let Some(next) = cur.source() {
-        cur = next;
-    }
-    cur.to_string()
 }

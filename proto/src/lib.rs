@@ -86,6 +86,21 @@ pub enum Refused {
     TooManyConnections,
 }
 
+/// The kind of the OS error under a connect's error (ENOENT, ECONNREFUSED, EACCES, EAGAIN...):
+/// what says whether dipamd may serve later, or the caller lacks access to its socket.
+pub fn io_kind(err: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
+    std::iter::successors(Some(err), |e| e.source())
+        .find_map(|e| e.downcast_ref::<std::io::Error>().map(std::io::Error::kind))
+}
+
+/// The innermost error text ("No such file or directory (os error 2)"): what an operator can
+/// act on, without tonic's "transport error" wrapping.
+pub fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
+    std::iter::successors(Some(err), |e| e.source())
+        .last()
+        .map_or_else(String::new, ToString::to_string)
+}
+
 /// Whether `err` (a connect error or a call's `tonic::Status`, whose source chain holds the
 /// transport's error) is dipamd's refusal at accept: a GOAWAY sent by dipamd with one of the
 /// codes of [`Refused`]. A connection that merely broke (dipamd killed) is not.

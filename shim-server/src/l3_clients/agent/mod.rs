@@ -254,6 +254,15 @@ impl Agent {
         }
     }
 
+    /// The delegate config the agent's conflist names now (None: no conflist, or one that
+    /// cannot be read yet): the scope the node-level checks and status count the agent's
+    /// addresses under.
+    pub fn delegate_conf(&self) -> Option<crate::l2_core::delegate::config::DelegateConf> {
+        let base = self.config.as_ref()?.source.load().ok()?;
+        let bytes = serde_json::to_vec(&base.request).ok()?;
+        crate::l2_core::delegate::config::DelegateConf::from_request(&bytes, base.mode).ok()
+    }
+
     /// Ends every watch, now and for any that starts later (dipamd is stopping).
     pub fn close_watches(&self) {
         self.closing.send_replace(true);

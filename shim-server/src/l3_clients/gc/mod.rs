@@ -133,12 +133,7 @@ pub async fn scopes(
     crate::l1_leaves::error::ShimError,
 > {
     let mut out: Vec<(crate::l2_core::delegate::config::DelegateConf, Option<u32>)> = Vec::new();
-    if let Some(cfg) = &agent.config
-        && let Ok(base) = cfg.source.load()
-        && let Ok(bytes) = serde_json::to_vec(&base.request)
-        && let Ok(dc) =
-            crate::l2_core::delegate::config::DelegateConf::from_request(&bytes, base.mode)
-    {
+    if let Some(dc) = agent.delegate_conf() {
         out.push((dc, None));
     }
     // One record per group of the ledger's census (same network, creator and config less

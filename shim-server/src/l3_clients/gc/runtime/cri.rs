@@ -139,11 +139,7 @@ impl Sandboxes for CriClient {
 /// The innermost cause ("No such file or directory", "Connection refused"): what an operator
 /// can act on.
 fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut cur = e;
-    while let Some(next) = cur.source() {
-        cur = next;
-    }
-    crate::l1_leaves::validate::clip(&cur.to_string(), 200)
+    crate::l1_leaves::validate::clip(&dipam_proto::root_cause(e), 200)
 }
 
 #[cfg(test)]

@@ -165,11 +165,7 @@ async fn ledger_ranges(node: &Node) -> Result<Vec<RangeCount>, ShimError> {
             ))
         })
         .collect();
-    let agent_conf = node.agent.config.as_ref().and_then(|cfg| {
-        let base = cfg.source.load().ok()?;
-        let bytes = serde_json::to_vec(&base.request).ok()?;
-        DelegateConf::from_request(&bytes, base.mode).ok()
-    });
+    let agent_conf = node.agent.delegate_conf();
     // One row set per root network and store: (network, store dir or the delegate's type).
     let scope = |dc: &DelegateConf| {
         let dir = readable_dir(&dc.kind, &dc.conf, &dc.network);
