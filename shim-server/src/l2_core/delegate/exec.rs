@@ -90,6 +90,9 @@ pub fn find(kind: &str, dirs: &[PathBuf]) -> Result<PathBuf, ShimError> {
         })
 }
 
+/// How long a delegate killed for its timeout or its output is waited for, to reap it.
+const REAP_AFTER_KILL: Duration = Duration::from_secs(1);
+
 /// Execs `binary` with `inv`, killing it after `timeout`.
 pub async fn run(
     kind: &str,
@@ -215,6 +218,9 @@ pub async fn run_gated(
         // one, and a blank reservation left anyway is reported and freed by the reconcile
         // (divergence.rs).
         let _ = child.start_kill();
+        // Reaped here, not left a zombie until tokio's orphan queue runs on some later
+        // SIGCHLD; bounded, since a process in uninterruptible sleep dies only when it wakes.
+        let _ = tokio::time::timeout(REAP_AFTER_KILL, child.wait()).await;
     }
     if let Some(n) = noted {
         n.finish();
@@ -756,18 +762,22 @@ mod tests {
             &format!("echo $$ > {}; exec sleep 30", pid_file.display()),
         );
         for command in ["VERSION", "ADD"] {
+            // The previous command's pid must not pass for this one's.
+            let _ = std::fs::remove_file(&pid_file);
             let started = Instant::now();
             let inv = Invocation {
                 command: command.into(),
                 ..Invocation::default()
             };
-            let e = run("hang", &p, &inv, Duration::from_millis(300), None)
+            // 2 s, not less: on a loaded 2-core machine the shell can take longer than a
+            // short timeout to write its pid, and the test then has no pid to check.
+            let e = run("hang", &p, &inv, Duration::from_secs(2), None)
                 .await
                 .unwrap_err();
             assert!(matches!(e, ShimError::DelegateTimeout { .. }), "{e}");
-            assert!(started.elapsed() < Duration::from_secs(5));
+            assert!(started.elapsed() < Duration::from_secs(15));
             let pid: i32 = std::fs::read_to_string(&pid_file)
-                .unwrap()
+                .unwrap_or_else(|e| panic!("{command}: the delegate wrote no pid within 2 s: {e}"))
                 .trim()
                 .parse()
                 .unwrap();
