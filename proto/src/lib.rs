@@ -2,7 +2,7 @@
 //! (one proto package), and the few constants the plugin and dipamd must agree on outside the
 //! messages: the CNI facts (`cni`: versions, name rules, error codes) and the DEL spool's
 //! contract (`spool`), and how the clients dial dipamd and read its refusal at accept
-//! (`connect`, `refused_at_accept`). Nothing else lives here.
+//! (`connect` and its `coalesce`d writes, `refused_at_accept`). Nothing else lives here.
 
 /// The protocol version this build speaks. Bump it when a request or reply gains meaning
 /// that an older peer must know about; never remove support for an older version silently.
@@ -20,6 +20,7 @@ pub mod retired {
 }
 
 pub mod cni;
+pub mod coalesce;
 pub mod spool;
 
 // The generated code's doc comments are the .proto's comments, plain text: `<role>` there
@@ -69,6 +70,8 @@ pub async fn connect(
             let path = path.clone();
             async move {
                 let stream = tokio::net::UnixStream::connect(path).await?;
+                // A call's frames in one write, not five wake-ups of dipamd (coalesce.rs).
+                let stream = coalesce::Coalesce::new(stream);
                 Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
             }
         }))
