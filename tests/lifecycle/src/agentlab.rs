@@ -41,10 +41,7 @@ impl AgentLab {
         let raw = Fixture::load(conflist);
         let subnet = Subnet::claim(lab::subnet_prefix(&raw));
         let mut dipamd = Dipamd::unstarted(&[]);
-        let data = tempfile::Builder::new()
-            .prefix("delegate-store-")
-            .tempdir()
-            .expect("temp dir");
+        let data = crate::temp_dir("delegate-store-");
         let (fx, azure, rt) =
             lab::isolate_with_pool(raw, &subnet, &mut dipamd, data.path(), azure_pool);
         let node = format!("node-{}", subnet.index);

@@ -175,10 +175,7 @@ impl Containerd {
 
     /// Starts `build` the same way.
     pub fn start_build(build: Build) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("containerd-")
-            .tempdir()
-            .expect("temp dir for containerd");
+        let dir = crate::temp_dir("containerd-");
         let d = dir.path();
         for sub in ["root", "state", "net.d", "bin", "logs"] {
             std::fs::create_dir_all(d.join(sub)).expect("containerd's directories");

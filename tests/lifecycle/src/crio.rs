@@ -64,10 +64,7 @@ impl Crio {
     /// Prepares CRI-O's directories, config and image; `crio` and `pinns` are the built
     /// peers. Not started: write the conflist first, then [`Self::start`].
     pub fn new(crio: &Peer, pinns: &Peer) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("crio-")
-            .tempdir()
-            .expect("temp dir for CRI-O");
+        let dir = crate::temp_dir("crio-");
         let d = dir.path();
         for sub in [
             "root", "runroot", "net.d", "bin", "logs", "conf.d", "ns", "exits", "attach", "runc",

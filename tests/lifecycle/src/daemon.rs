@@ -56,10 +56,7 @@ impl Dipamd {
     /// A dipamd whose directory exists (to write a conflist into) but which is not running
     /// yet: call `start_again`.
     pub fn unstarted(extra: &[&str]) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("dipamd-")
-            .tempdir()
-            .expect("temp dir for dipamd");
+        let dir = crate::temp_dir("dipamd-");
         Self {
             dir,
             child: None,

@@ -88,10 +88,7 @@ impl KubeApi {
     /// Starts the server on 127.0.0.1 with a fresh CA, and a token (in `token_file()`) that
     /// may get nodes.
     pub fn start() -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("kubeapi-")
-            .tempdir()
-            .expect("temp dir");
+        let dir = crate::temp_dir("kubeapi-");
         let (ca_pem, issuer) = new_ca("kubernetes");
         let (other_pem, _) = new_ca("another-cluster");
         std::fs::write(dir.path().join("ca.crt"), &ca_pem).expect("write ca.crt");

@@ -65,6 +65,16 @@ macro_rules! require_root {
     };
 }
 
+/// A temp directory named `prefix...`, removed on drop: the prefix says, in a listing of /tmp
+/// after a failure, which part of the harness left it.
+#[track_caller]
+pub fn temp_dir(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .unwrap_or_else(|e| panic!("a temp dir {prefix}*: {e}"))
+}
+
 /// A unique-enough suffix for names in this process (netns, container IDs).
 pub fn unique(prefix: &str) -> String {
     use std::sync::atomic::{AtomicU32, Ordering};

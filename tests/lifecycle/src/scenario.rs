@@ -37,10 +37,7 @@ impl Scenario {
     /// lowest free addresses first).
     pub fn new(lab: &AgentLab, claim: &str) -> Self {
         let base = lab.subnet.cidr.trim_end_matches(".0/24").to_owned();
-        let dir = tempfile::Builder::new()
-            .prefix("dipam-scenario-")
-            .tempdir()
-            .expect("temp dir");
+        let dir = crate::temp_dir("dipam-scenario-");
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
             .expect("open the scenario's directory");
         std::fs::copy(

@@ -134,10 +134,7 @@ impl Cluster {
 
     /// [`Cluster::start`] with a node of `sizing`.
     pub fn start_sized(peers: Vec<Peer>, sizing: Sizing) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("cluster-")
-            .tempdir()
-            .expect("cluster dir");
+        let dir = crate::temp_dir("cluster-");
         std::fs::create_dir_all(dir.path().join("logs")).expect("logs dir");
         let t = Instant::now();
         let images = [

@@ -37,10 +37,7 @@ impl SmallExt4 {
     /// Makes a `mib` MiB ext4 image (no blocks reserved for root, so that free space is
     /// what `df` shows) and mounts it on `mnt`, creating it.
     fn mount(mnt: &Path, mib: u64) -> Self {
-        let image = tempfile::Builder::new()
-            .prefix("dipam-ext4-")
-            .tempdir()
-            .unwrap();
+        let image = dipam_lifecycle::temp_dir("dipam-ext4-");
         let img = image.path().join("fs.img");
         std::fs::File::create(&img)
             .unwrap()
@@ -147,10 +144,7 @@ impl OnSmallDisk {
         let fs = SmallExt4::mount(&dipamd.state_dir(), mib);
         dipamd.start_again();
         let subnet = Subnet::claim("10.77");
-        let data = tempfile::Builder::new()
-            .prefix("delegate-store-")
-            .tempdir()
-            .unwrap();
+        let data = dipam_lifecycle::temp_dir("delegate-store-");
         let fx = Fixture::load("ptp-dipam-host-local.conflist")
             .unique_name()
             .with_socket(&dipamd.socket())

@@ -33,10 +33,7 @@ struct Boot {
 
 impl Boot {
     fn new() -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("boot-id-")
-            .tempdir()
-            .unwrap();
+        let dir = dipam_lifecycle::temp_dir("boot-id-");
         let path = dir.path().join("boot_id");
         let b = Self { _dir: dir, path };
         b.next();

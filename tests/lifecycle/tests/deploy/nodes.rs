@@ -64,7 +64,7 @@ struct Node {
 impl Node {
     fn new() -> Self {
         Self {
-            dir: tempfile::Builder::new().prefix("node-").tempdir().unwrap(),
+            dir: dipam_lifecycle::temp_dir("node-"),
         }
     }
 
@@ -162,7 +162,7 @@ fn the_daemonsets_init_container_installs_its_nodes_own_ranges() {
     let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
     let pod = &ds["spec"]["template"]["spec"];
     let init = named(&pod["initContainers"], "install");
-    let root = tempfile::Builder::new().prefix("pod-").tempdir().unwrap();
+    let root = dipam_lifecycle::temp_dir("pod-");
     // Each mount of the init container, rooted under `root`; the ConfigMap's files in its.
     let mut mounts: Vec<(String, PathBuf)> = Vec::new();
     for m in init["volumeMounts"].as_array().unwrap() {

@@ -73,7 +73,7 @@ impl Node {
 
     /// A node whose dipamd runs `azure`'s real azure-vnet-ipam, when given.
     fn serving(azure: Option<&AzureNode>) -> Self {
-        let dir = tempfile::Builder::new().prefix("wrap-").tempdir().unwrap();
+        let dir = dipam_lifecycle::temp_dir("wrap-");
         fs::create_dir_all(dir.path().join("net.d")).unwrap();
         fs::create_dir_all(dir.path().join("store")).unwrap();
         let bin = dir.path().join("bin");

@@ -82,10 +82,7 @@ struct Fresh {
 
 impl Fresh {
     fn new() -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("fresh-root-")
-            .tempdir()
-            .unwrap();
+        let dir = dipam_lifecycle::temp_dir("fresh-root-");
         let f = Self { dir };
         // Debian 12 ships an empty /opt and /usr/local/bin, and no /etc/cni.
         std::fs::create_dir_all(f.root("opt")).unwrap();

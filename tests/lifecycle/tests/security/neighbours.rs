@@ -61,10 +61,7 @@ fn status_json(lab: &Lab) -> Value {
 
 /// A store dipamd allows nobody (`--non-root-data-dir`): root-owned, 0755.
 fn their_store() -> tempfile::TempDir {
-    let theirs = tempfile::Builder::new()
-        .prefix("nobodys-allowed-store-")
-        .tempdir()
-        .unwrap();
+    let theirs = dipam_lifecycle::temp_dir("nobodys-allowed-store-");
     std::fs::set_permissions(theirs.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     theirs
 }
