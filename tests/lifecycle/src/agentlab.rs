@@ -102,13 +102,7 @@ impl AgentLab {
         let mut all = vec!["agent"];
         all.extend_from_slice(args);
         all.push("--json");
-        let out = self.dipamd.ctl(&all);
-        assert!(
-            out.status.success(),
-            "dipamctl agent {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("dipamctl --json")
+        crate::cmd::json(&self.dipamd.ctl(&all))
     }
 
     /// (role, family, ip, state) for every agent address, sorted.

@@ -388,21 +388,14 @@ exec {runc} "$@"
 /// Loads the test image into CRI-O's storage with podman (same containers/storage layout).
 fn load_image(d: &Path) {
     let tar = crate::containerd::image_tar();
-    let out = Command::new("podman")
-        .arg("--root")
-        .arg(d.join("root"))
-        .arg("--runroot")
-        .arg(d.join("runroot"))
-        .args(["--storage-driver", "overlay", "load", "-i"])
-        .arg(&tar)
-        .output()
-        .expect("run podman load");
-    assert!(
-        out.status.success(),
-        "podman load {}: {}{}",
-        tar.display(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    crate::cmd::run(
+        Command::new("podman")
+            .arg("--root")
+            .arg(d.join("root"))
+            .arg("--runroot")
+            .arg(d.join("runroot"))
+            .args(["--storage-driver", "overlay", "load", "-i"])
+            .arg(&tar),
     );
 }
 

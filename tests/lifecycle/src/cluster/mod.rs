@@ -364,18 +364,11 @@ impl Cluster {
 
     /// `ctr -n k8s.io images import ARCHIVE` in the node.
     fn import(&self, archive: &Path) {
-        let out = self
-            .node
-            .command(true, &self.peer("ctr"))
-            .args(["--address", CRI_SOCKET, "-n", "k8s.io", "images", "import"])
-            .arg(archive)
-            .output()
-            .expect("ctr");
-        assert!(
-            out.status.success(),
-            "import {}: {}",
-            archive.display(),
-            String::from_utf8_lossy(&out.stderr)
+        crate::cmd::run(
+            self.node
+                .command(true, &self.peer("ctr"))
+                .args(["--address", CRI_SOCKET, "-n", "k8s.io", "images", "import"])
+                .arg(archive),
         );
     }
 
@@ -473,14 +466,7 @@ maxPods: {max_pods}
     /// `kubectl ARGS`, which must succeed; its stdout.
     #[track_caller]
     pub fn kubectl_ok(&self, args: &[&str]) -> String {
-        let out = self.kubectl(args);
-        assert!(
-            out.status.success(),
-            "kubectl {args:?}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        crate::cmd::ok_named(&format!("kubectl {args:?}"), &self.kubectl(args))
     }
 
     /// `kubectl get ARGS -o json`, parsed.

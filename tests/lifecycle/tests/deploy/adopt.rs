@@ -76,16 +76,11 @@ fn wrap_in_place(socket: &Path, file: &Path, bin: &Path) -> Output {
 /// The host reaches `ip` (ptp routes each pod's address to its veth).
 #[track_caller]
 fn assert_reachable(ip: &str) {
-    let out = Command::new(busybox())
+    let ping = Command::new(busybox())
         .args(["ping", "-c", "1", "-W", "2", ip])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "the host cannot reach pod {ip}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    cmd::ok_named(&format!("the host's ping of pod {ip}"), &ping);
 }
 
 fn busybox() -> PathBuf {

@@ -191,14 +191,8 @@ impl Fresh {
 
     #[track_caller]
     fn ok(&self, what: &str, script: &str) {
-        let out = self.run(script);
-        assert!(
-            out.status.success(),
-            "{what} failed on a fresh root ({}):\n{script}\nstdout: {}\nstderr: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let what = format!("{what} on a fresh root:\n{script}\n");
+        dipam_lifecycle::cmd::ok_named(&what, &self.run(script));
     }
 }
 

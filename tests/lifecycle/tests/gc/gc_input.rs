@@ -414,18 +414,12 @@ fn dry_run_lists_what_it_keeps_and_why() {
         if json {
             args.push("--json");
         }
-        let out = lab.dipamd.ctl(&args);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out.stdout
+        dipam_lifecycle::cmd::ok_named("dipamctl gc --dry-run", &lab.dipamd.ctl(&args))
     };
     let before = ips(lab.delegate_store());
     assert_eq!(ips(lab.ledger()), before);
 
-    let (kept, freed) = plan(&serde_json::from_slice(&dry(&lab, true)).unwrap());
+    let (kept, freed) = plan(&serde_json::from_str(&dry(&lab, true)).unwrap());
     let g = |r: &[&str]| r.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
     let mut want = vec![
         (router.clone(), g(&["agent", "grace"])),
@@ -440,7 +434,7 @@ fn dry_run_lists_what_it_keeps_and_why() {
     lab.set_roles("router", &flags("0"));
     lab.dipamd.restart();
     lab.wait_ready(1);
-    let (kept, freed) = plan(&serde_json::from_slice(&dry(&lab, true)).unwrap());
+    let (kept, freed) = plan(&serde_json::from_str(&dry(&lab, true)).unwrap());
     let mut want = vec![
         (router.clone(), g(&["agent"])),
         (listed.container_id.clone(), g(&["valid-list"])),
@@ -449,7 +443,7 @@ fn dry_run_lists_what_it_keeps_and_why() {
     want.sort();
     assert_eq!(kept, want);
     assert_eq!(freed, vec![stale.container_id.clone()]);
-    let table = String::from_utf8(dry(&lab, false)).unwrap();
+    let table = dry(&lab, false);
     assert!(table.contains("the agent's router address"), "{table}");
     assert!(table.contains("a warm-pool entry"), "{table}");
     assert!(table.contains("in the valid list"), "{table}");

@@ -233,14 +233,7 @@ fn runtime_aware_gc_frees_what_containerd_2_leaked() {
         "the swap leaks {ip_leaks}"
     );
     let pass = || -> Value {
-        let out = b.lab.dipamd.ctl(&["gc", "--from-runtime", "--json"]);
-        assert!(
-            out.status.success(),
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
+        dipam_lifecycle::cmd::json(&b.lab.dipamd.ctl(&["gc", "--from-runtime", "--json"]))
     };
     let mut freed = false;
     for _ in 0..4 {
