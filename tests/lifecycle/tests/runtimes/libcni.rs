@@ -35,7 +35,7 @@ use dipam_lifecycle::{
     peers::{self, Plugins},
     require_root,
     runtime::{list_version, result_ips},
-    shapes::shipped_unit_setpriv,
+    shapes::{Seeded, shipped_unit_setpriv},
 };
 use serde_json::{Value, json};
 
@@ -701,29 +701,6 @@ fn bridge_after_main_mode_fails_at_bridges_add_and_the_del_releases_everything()
     }
 }
 
-/// A seed from the clock, or DIPAM_SEED to replay one.
-fn seed() -> u64 {
-    let seed = std::env::var("DIPAM_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    eprintln!("seed {seed} (replay with DIPAM_SEED={seed})");
-    seed
-}
-
-fn next(state: &mut u64) -> u64 {
-    // xorshift64*: enough to place a kill, and replayable from the printed seed.
-    *state ^= *state >> 12;
-    *state ^= *state << 25;
-    *state ^= *state >> 27;
-    state.wrapping_mul(0x2545_f491_4f6c_dd1d)
-}
-
 /// libcni ADDs and DELs pods in main mode at 1.1.0 while dipamd is SIGKILLed at a random
 /// moment and started again: every ADD either succeeded (and its pod holds one address) or
 /// failed and was DELed, every DEL of a pod eventually succeeds, and once all are DELed the
@@ -731,7 +708,8 @@ fn next(state: &mut u64) -> u64 {
 #[test]
 fn sigkill_of_dipamd_at_a_random_moment_under_libcni_converges() {
     require_root!();
-    let mut state = seed() | 1;
+    // The kill points are drawn from a seed it prints: DIPAM_SEED replays them.
+    let mut rng = Seeded::new("sigkill_of_dipamd_at_a_random_moment_under_libcni_converges");
     let mut lab = Lab::with_flags("dipam-host-local-1.1.0.conflist", &[]);
     lab.fx = lab.fx.clone().with_version("1.1.0");
     let libcni = Arc::new(LibCni::new(peers::cni_path(Plugins::Current)));
@@ -741,7 +719,7 @@ fn sigkill_of_dipamd_at_a_random_moment_under_libcni_converges() {
         .iter()
         .map(|ns| Attachment::new(&dipam_lifecycle::unique("pod"), &ns.path()))
         .collect();
-    let kill_after = Duration::from_millis(next(&mut state) % 1500);
+    let kill_after = Duration::from_millis(rng.below(1500));
     eprintln!("SIGKILL after {kill_after:?}");
     let worker = {
         let (libcni, list, pods) = (libcni.clone(), list.clone(), pods.clone());
@@ -756,7 +734,7 @@ fn sigkill_of_dipamd_at_a_random_moment_under_libcni_converges() {
     lab.dipamd.kill9();
     let e = libcni.status(&list).unwrap_err();
     assert_eq!(e.code, 50, "{e}");
-    std::thread::sleep(Duration::from_millis(next(&mut state) % 300));
+    std::thread::sleep(Duration::from_millis(rng.below(300)));
     lab.dipamd.start_again();
     let outcomes = worker.join().unwrap();
     eprintln!("ADD outcomes (container ID, ok): {outcomes:?}");
