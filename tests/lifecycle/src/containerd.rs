@@ -39,7 +39,7 @@ use tonic::{Status, transport::Channel};
 
 use crate::{bins, cmd::run, cri::Cri};
 
-mod config;
+pub(crate) mod config;
 mod process;
 pub use process::delete_netns;
 

@@ -123,23 +123,16 @@ impl Crio {
     pub fn start(&mut self) {
         assert!(self.child.is_none(), "CRI-O is running");
         let d = self.dir.path();
-        let log = File::options()
-            .create(true)
-            .append(true)
-            .open(d.join("crio.log"))
-            .expect("CRI-O log");
-        let child = Command::new(&self.crio)
-            .arg("--config")
-            .arg(d.join("crio.conf"))
-            .arg("--config-dir")
-            .arg(d.join("conf.d"))
-            .args(["--log-level", "debug"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn crio");
-        self.child = Some(child);
+        let log = crate::cmd::append_log(&d.join("crio.log"));
+        self.child = Some(crate::cmd::spawn_daemon(
+            Command::new(&self.crio)
+                .arg("--config")
+                .arg(d.join("crio.conf"))
+                .arg("--config-dir")
+                .arg(d.join("conf.d"))
+                .args(["--log-level", "debug"]),
+            log,
+        ));
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut last = String::new();
         while Instant::now() < deadline {

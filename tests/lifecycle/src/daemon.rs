@@ -211,11 +211,7 @@ impl Dipamd {
     }
 
     fn spawn_unready(&mut self) {
-        let mut log = File::options()
-            .create(true)
-            .append(true)
-            .open(self.log_path())
-            .expect("dipamd log file");
+        let mut log = crate::cmd::append_log(&self.log_path());
         // Every start is marked in the one log file, so that a crash test's failure shows
         // which dipamd wrote what, before and after each restart (replay.rs).
         self.starts += 1;
@@ -228,14 +224,7 @@ impl Dipamd {
                 .map(|d| d.as_millis())
                 .unwrap_or_default()
         );
-        let child = self
-            .command()
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn dipamd");
-        self.child = Some(child);
+        self.child = Some(crate::cmd::spawn_daemon(&mut self.command(), log));
     }
 
     fn wait_ready(&mut self) {

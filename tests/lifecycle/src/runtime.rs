@@ -251,12 +251,7 @@ impl Runtime {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("exec {kind}: {e}"));
+        let mut child = crate::cmd::spawn_piped(&mut cmd);
         if let Some(mut stdin) = child.stdin.take() {
             let _ = stdin.write_all(config);
         }

@@ -63,12 +63,7 @@ impl Scenario {
 /// `lab`'s dipamd whenever it asks; returns its summaries merged. Panics with the client's
 /// output and dipamd's log when the client fails.
 pub fn drive(lab: &mut AgentLab, mut cmd: Command, who: &str) -> Value {
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("run {who}: {e}"));
+    let mut child = crate::cmd::spawn_piped(&mut cmd);
     let mut stdin = child.stdin.take().expect("piped stdin");
     let stderr = child.stderr.take().expect("piped stderr");
     let errors = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());

@@ -545,48 +545,14 @@ fn strings(args: &[&str]) -> Vec<String> {
 /// across a node restart, as /var/lib/containerd is), the CNI directories at the host's
 /// usual paths, which the DaemonSet writes.
 fn containerd_config(d: &Path) -> String {
-    format!(
-        r#"version = 3
-root = "{root}"
-state = "/run/containerd"
-disabled_plugins = [
-  "io.containerd.internal.v1.opt",
-  "io.containerd.nri.v1.nri",
-  "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.erofs",
-  "io.containerd.tracing.processor.v1.otlp",
-]
-
-[grpc]
-  address = "{CRI_SOCKET}"
-
-[ttrpc]
-  address = "{CRI_SOCKET}.ttrpc"
-
-[metrics]
-  address = ""
-
-[plugins.'io.containerd.cri.v1.images']
-  snapshotter = "overlayfs"
-  [plugins.'io.containerd.cri.v1.images'.pinned_images]
-    sandbox = "{PAUSE_IMAGE}"
-
-[plugins.'io.containerd.cri.v1.runtime']
-  # Root here lacks CAP_SYS_RESOURCE: runc fails "can't get final child's PID from pipe"
-  # without it (docs/sources.md §10.2).
-  restrict_oom_score_adj = true
-  [plugins.'io.containerd.cri.v1.runtime'.cni]
-    bin_dirs = ["/opt/cni/bin"]
-    conf_dir = "/etc/cni/net.d"
-    max_conf_num = 1
-
-[plugins.'io.containerd.grpc.v1.cri']
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-"#,
-        root = d.join("containerd-root").display(),
+    let root = d.join("containerd-root").display().to_string();
+    crate::containerd::config::config_v3_at(
+        &root,
+        "/run/containerd",
+        CRI_SOCKET,
+        PAUSE_IMAGE,
+        "/opt/cni/bin",
+        "/etc/cni/net.d",
     )
 }
 
