@@ -261,19 +261,18 @@ impl Drop for Crio {
 /// CRI-O's configuration: everything it can move is under `d` (crio.conf(5); cri-o
 /// `pkg/config/config.go`).
 fn config(d: &Path, pinns: &Path, runc: &Path) -> String {
-    let p = |s: &str| d.join(s).to_string_lossy().into_owned();
     format!(
         r#"[crio]
-root = "{root}"
-runroot = "{runroot}"
+root = "{d}/root"
+runroot = "{d}/runroot"
 storage_driver = "overlay"
-log_dir = "{logs}"
-version_file = "{version}"
-version_file_persist = "{version_persist}"
-clean_shutdown_file = "{clean}"
+log_dir = "{d}/logs"
+version_file = "{d}/version"
+version_file_persist = "{d}/version-persist"
+clean_shutdown_file = "{d}/clean.shutdown"
 
 [crio.api]
-listen = "{sock}"
+listen = "{d}/crio.sock"
 stream_address = "127.0.0.1"
 stream_port = "0"
 
@@ -281,10 +280,10 @@ stream_port = "0"
 default_runtime = "runc"
 cgroup_manager = "cgroupfs"
 conmon_cgroup = "pod"
-namespaces_dir = "{ns}"
+namespaces_dir = "{d}/ns"
 pinns_path = "{pinns}"
-container_exits_dir = "{exits}"
-container_attach_socket_dir = "{attach}"
+container_exits_dir = "{d}/exits"
+container_attach_socket_dir = "{d}/attach"
 selinux = false
 hooks_dir = []
 irqbalance_config_file = ""
@@ -293,18 +292,18 @@ irqbalance_config_restore_file = "disable"
 [crio.runtime.runtimes.runc]
 runtime_path = "{runc}"
 runtime_type = "oci"
-runtime_root = "{runc_root}"
+runtime_root = "{d}/runc"
 monitor_path = "/usr/bin/conmon"
 
 [crio.image]
 pause_image = "{IMAGE}"
 # The image's own command (busybox sleeping), not the default /pause.
 pause_command = ""
-signature_policy = "{policy}"
+signature_policy = "{d}/policy.json"
 
 [crio.network]
-network_dir = "{netd}"
-plugin_dirs = ["{bin}"]
+network_dir = "{d}/net.d"
+plugin_dirs = ["{d}/bin"]
 
 [crio.metrics]
 enable_metrics = false
@@ -312,22 +311,9 @@ enable_metrics = false
 [crio.nri]
 enable_nri = false
 "#,
-        root = p("root"),
-        runroot = p("runroot"),
-        logs = p("logs"),
-        version = p("version"),
-        version_persist = p("version-persist"),
-        clean = p("clean.shutdown"),
-        sock = p("crio.sock"),
-        ns = p("ns"),
+        d = d.display(),
         pinns = pinns.display(),
         runc = runc.display(),
-        exits = p("exits"),
-        attach = p("attach"),
-        runc_root = p("runc"),
-        policy = p("policy.json"),
-        netd = p("net.d"),
-        bin = p("bin"),
     )
 }
 
