@@ -26,7 +26,7 @@ use std::{
 
 use dipam_lifecycle::{
     Lab, Replay, Runtime, bins,
-    nobody::NOBODY,
+    nobody::{self, NOBODY},
     replay::{self, Rng},
     require_root, unique,
 };
@@ -144,18 +144,11 @@ fn blank_files(dir: &Path) -> Vec<String> {
 fn lab(caller: Caller, metrics: &Path) -> (Lab, Value, PathBuf) {
     let msock = metrics.join("metrics.sock");
     let msock = msock.to_str().unwrap();
-    let flags: &[&str] = match caller {
-        Caller::Root => &["--metrics-socket", msock],
-        Caller::Nobody => &[
-            "--socket-group",
-            NOBODY,
-            "--allow-uid",
-            NOBODY,
-            "--metrics-socket",
-            msock,
-        ],
+    let flags = match caller {
+        Caller::Root => vec!["--metrics-socket", msock],
+        Caller::Nobody => nobody::allowed_and(&["--metrics-socket", msock]),
     };
-    let lab = Lab::with_flags("ptp-dipam-host-local.conflist", flags);
+    let lab = Lab::with_flags("ptp-dipam-host-local.conflist", &flags);
     let mut conf = Runtime::plugin_config(lab.list(), 0, None);
     if caller == Caller::Nobody {
         conf["name"] = json!(format!("{}-nobody", lab.network()));

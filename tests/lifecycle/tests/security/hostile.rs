@@ -242,10 +242,7 @@ fn unfinished_request_bodies_are_bounded_per_uid_daemonset() {
 
 fn unfinished_bodies(d: Deployment) {
     require_root!();
-    let mut lab = Lab::with_flags(
-        "ptp-dipam-host-local.conflist",
-        &["--socket-group", NOBODY, "--allow-uid", NOBODY],
-    );
+    let mut lab = Lab::with_flags("ptp-dipam-host-local.conflist", &nobody::ALLOWED);
     d.start(&mut lab, None, &[]);
     let pid = lab.dipamd.pid().unwrap();
     let before = flood::rss_kib(pid);
@@ -462,14 +459,7 @@ fn allowed_uid(d: Deployment) {
     require_root!();
     let mut lab = Lab::with_flags(
         "ptp-dipam-host-local.conflist",
-        &[
-            "--socket-group",
-            NOBODY,
-            "--allow-uid",
-            NOBODY,
-            "--max-connections-per-uid",
-            "8",
-        ],
+        &nobody::allowed_and(&["--max-connections-per-uid", "8"]),
     );
     d.start(&mut lab, None, &[]);
     let pid = lab.dipamd.pid().unwrap();
@@ -514,14 +504,8 @@ fn allowed_uid(d: Deployment) {
 
     // The header flood, with the per-uid cap opened up so that every connection gets in.
     lab.dipamd.kill9();
-    lab.dipamd.set_flags(&[
-        "--socket-group",
-        NOBODY,
-        "--allow-uid",
-        NOBODY,
-        "--max-connections-per-uid",
-        "1000",
-    ]);
+    lab.dipamd
+        .set_flags(&nobody::allowed_and(&["--max-connections-per-uid", "1000"]));
     lab.dipamd.start_again();
     let pid = lab.dipamd.pid().unwrap();
     assert!(lab.add_and_del(3).is_empty());
@@ -629,7 +613,7 @@ fn status_flood(d: Deployment) {
     );
     let mut lab = Lab::with_plugins(
         "ptp-dipam-host-local.conflist",
-        &["--socket-group", NOBODY, "--allow-uid", NOBODY],
+        &nobody::ALLOWED,
         Plugins::Current,
     )
     .with_version("1.1.0");

@@ -15,11 +15,8 @@
 use std::{os::unix::fs::PermissionsExt, time::Duration};
 
 use dipam_lifecycle::{
-    Attachment, Containerd, Lab, Runtime,
-    deployment::Deployment,
-    hostlocal,
-    nobody::{self, NOBODY},
-    require, require_root,
+    Attachment, Containerd, Lab, Runtime, deployment::Deployment, hostlocal, nobody, require,
+    require_root,
 };
 use serde_json::{Value, json};
 use tonic_health::pb::{
@@ -71,8 +68,7 @@ fn their_store() -> tempfile::TempDir {
 fn nobodys_lab(d: Deployment, extra: &[&str]) -> (Lab, tempfile::TempDir) {
     let theirs = their_store();
     let dir = theirs.path().display().to_string();
-    let mut flags = vec!["--socket-group", NOBODY, "--allow-uid", NOBODY];
-    flags.extend_from_slice(extra);
+    let mut flags = nobody::allowed_and(extra);
     flags.extend(["--non-root-data-dir", dir.as_str()]);
     let mut lab = Lab::with_flags("ptp-dipam-host-local.conflist", &flags);
     d.start(&mut lab, None, &[theirs.path()]);
@@ -207,13 +203,12 @@ fn runtime_gc_and_doctor(d: Deployment) {
             "0",
             "--gc-max-free-share",
             "1",
-            "--socket-group",
-            NOBODY,
-            "--allow-uid",
-            NOBODY,
             "--non-root-data-dir",
             &dir,
-        ],
+        ]
+        .into_iter()
+        .chain(nobody::ALLOWED)
+        .collect::<Vec<_>>(),
     )
     .with_version("1.0.0");
     d.start(&mut lab, None, &[theirs.path()]);

@@ -14,20 +14,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dipam_lifecycle::{
-    Lab, Runtime,
-    deployment::Deployment,
-    nobody::{self, NOBODY},
-    require_root,
-};
+use dipam_lifecycle::{Lab, Runtime, deployment::Deployment, nobody, require_root};
 use serde_json::json;
 
 /// A lab whose dipamd admits nobody, restarted as `d` starts it.
 fn lab(d: Deployment) -> Lab {
-    let mut lab = Lab::with_flags(
-        "ptp-dipam-host-local.conflist",
-        &["--socket-group", NOBODY, "--allow-uid", NOBODY],
-    );
+    let mut lab = Lab::with_flags("ptp-dipam-host-local.conflist", &nobody::ALLOWED);
     d.start(&mut lab, None, &[]);
     lab
 }
@@ -232,14 +224,7 @@ fn removed_store(d: Deployment) {
     let dir = store.display().to_string();
     let mut lab = Lab::with_flags(
         "ptp-dipam-host-local.conflist",
-        &[
-            "--socket-group",
-            NOBODY,
-            "--allow-uid",
-            NOBODY,
-            "--non-root-data-dir",
-            &dir,
-        ],
+        &nobody::allowed_and(&["--non-root-data-dir", &dir]),
     );
     d.start(&mut lab, None, &[open.path()]);
     let net = lab.network();
