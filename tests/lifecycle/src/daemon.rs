@@ -489,6 +489,18 @@ pub fn ctl_at(socket: &Path, args: &[&str]) -> Output {
         .expect("run dipamctl")
 }
 
+/// `dipamctl install --wrap FILE --in-place --cni-bin-dir BIN --plugin <the built dipam>`
+/// and `extra`: adopting a conflist where it lies, as the README tells a node to.
+pub fn wrap_in_place(socket: &Path, file: &Path, bin: &Path, extra: &[&str]) -> Output {
+    let plugin = bins::bin("dipam");
+    let path = |p: &'_ Path| p.to_str().expect("a UTF-8 path").to_owned();
+    let (file, bin, plugin) = (path(file), path(bin), path(&plugin));
+    let mut args = vec!["install", "--wrap", &file, "--in-place"];
+    args.extend(["--cni-bin-dir", &bin, "--plugin", &plugin]);
+    args.extend(extra);
+    ctl_at(socket, &args)
+}
+
 /// `dipamctl recover` of the ledger in `state_dir` (dipamd down), rebuilt from the delegate
 /// store of `conflist`'s network with the plugins in `cni_path`: its `--json` report, the
 /// command having succeeded.

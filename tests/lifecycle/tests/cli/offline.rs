@@ -64,6 +64,21 @@ fn dipamctl(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// The flags that point dipamctl at `lab`'s dipamd and its files, none at its defaults: as
+/// an operator passes them on a node with non-default paths.
+fn paths(lab: &Lab, conf: &Path) -> Vec<String> {
+    let (socket, state) = (lab.dipamd.socket(), lab.dipamd.state_dir());
+    let flags = [
+        ("--socket", &*socket),
+        ("--state-dir", &*state),
+        ("--conf-dir", conf),
+    ];
+    flags
+        .into_iter()
+        .flat_map(|(f, v)| [f.to_owned(), s(v).to_owned()])
+        .collect()
+}
+
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
@@ -92,20 +107,13 @@ fn offline_doctor_after(how: &str) {
     let spooled = spool_files(&sp);
     assert_eq!(spooled.len(), 1, "{how}: {spooled:?}");
     let conf = conf_dir(&lab);
-    let state = lab.dipamd.state_dir();
-    let socket = lab.dipamd.socket();
     let cni = bins::cni_path();
-    let args = [
-        "doctor",
-        "--socket",
-        s(&socket),
-        "--state-dir",
-        s(&state),
-        "--conf-dir",
-        s(conf.path()),
-        "--cni-path",
-        &cni,
-    ];
+    let paths = paths(&lab, conf.path());
+    let args: Vec<&str> = ["doctor"]
+        .into_iter()
+        .chain(paths.iter().map(String::as_str))
+        .chain(["--cni-path", &cni])
+        .collect();
     let out = dipamctl(&[&args[..], &["--json"]].concat());
     assert_eq!(out.status.code(), Some(1), "{how}: {out:?}");
     let r: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
@@ -241,19 +249,13 @@ fn a_bundle_with_dipamd_down_fails_what_it_cannot_take_and_finds_the_log() {
     require_root!();
     let (mut lab, _spool, ids, _ra, _a) = lab_with_pods();
     let conf = conf_dir(&lab);
-    let state = lab.dipamd.state_dir();
-    let socket = lab.dipamd.socket();
     let work = tempfile::tempdir().unwrap();
-    let common = [
-        "--socket",
-        s(&socket),
-        "--state-dir",
-        s(&state),
-        "--conf-dir",
-        s(conf.path()),
-        "--journal-unit",
-        "dipamd-offline-test-no-such-unit",
-    ];
+    let paths = paths(&lab, conf.path());
+    let common: Vec<&str> = paths
+        .iter()
+        .map(String::as_str)
+        .chain(["--journal-unit", "dipamd-offline-test-no-such-unit"])
+        .collect();
 
     // Stopped (SIGSTOP): it holds its socket and its ledger but answers nothing. Its log is
     // found through its stderr, a file.

@@ -18,14 +18,14 @@
 use std::{
     fs,
     path::{Path, PathBuf},
-    process::{Command, Output},
+    process::Command,
     time::{Duration, Instant},
 };
 
 use dipam_lifecycle::{
     Containerd, Dipamd, Fixture, Lab, NetNs, Subnet, bins,
     cmd::{self, ok},
-    daemon::ctl_at,
+    daemon::{ctl_at, wrap_in_place as ctl_wrap},
     hostlocal,
     links::ipv4_addresses as addresses,
     podman::{self, Podman},
@@ -54,23 +54,6 @@ fn plain_chain(version: &str, store: &Path, subnet: &Subnet) -> Value {
     }
     assert!(!list.to_string().contains("dipam\""), "{list:#}");
     list
-}
-
-/// `install --wrap FILE --in-place`, as the README tells a node to run it.
-fn wrap_in_place(socket: &Path, file: &Path, bin: &Path) -> Output {
-    ctl_at(
-        socket,
-        &[
-            "install",
-            "--wrap",
-            file.to_str().unwrap(),
-            "--in-place",
-            "--cni-bin-dir",
-            bin.to_str().unwrap(),
-            "--plugin",
-            bins::bin("dipam").to_str().unwrap(),
-        ],
-    )
 }
 
 /// The host reaches `ip` (ptp routes each pod's address to its veth).
@@ -268,7 +251,7 @@ fn a_podman_node_with_20_running_pods_is_adopted_and_no_pod_loses_its_address() 
     assert_eq!(hostlocal::reservations(&store, &net).len(), PODS);
 
     // dipamd is not running yet: the rewrite happens, and the exact step is printed.
-    let out = wrap_in_place(&dipamd.socket(), &conflist, &bin);
+    let out = ctl_wrap(&dipamd.socket(), &conflist, &bin, &[]);
     let text = ok(&out);
     assert!(text.contains("wrapped:"), "{text}");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -433,7 +416,7 @@ fn a_containerd_node_with_20_running_pods_is_adopted_and_no_pod_loses_its_addres
     );
 
     // As the README says: in place, with dipamd up. The running pods are recorded at once.
-    let text = ok(&wrap_in_place(&socket, &conflist, &bin));
+    let text = ok(&ctl_wrap(&socket, &conflist, &bin, &[]));
     assert!(
         text.contains(&format!(
             "adopted:   {PODS} running attachment(s) of network {net}"

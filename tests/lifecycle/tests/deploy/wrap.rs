@@ -100,17 +100,12 @@ impl Node {
     /// `install --wrap FILE --in-place`, as the README tells a node to run it.
     fn wrap_in_place(&self, file: &Path, extra: &[&str]) -> String {
         let bin = self.dir.path().join("bin");
-        let mut args = vec![
-            "--wrap",
-            file.to_str().unwrap(),
-            "--in-place",
-            "--cni-bin-dir",
-            bin.to_str().unwrap(),
-        ];
-        let plugin = bins::bin("dipam");
-        args.extend(["--plugin", plugin.to_str().unwrap()]);
-        args.extend(extra);
-        ok(&ctl(&self.dipamd.socket(), &args))
+        ok(&daemon::wrap_in_place(
+            &self.dipamd.socket(),
+            file,
+            &bin,
+            extra,
+        ))
     }
 
     /// A pod through `list`: ADD, CHECK, DEL; returns the address it got.
@@ -356,21 +351,10 @@ fn refusals_exit_1_with_the_reason_and_write_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let sock = Path::new("/run/dipam/dipam.sock");
     let bin = dir.path().join("bin");
-    let plugin = bins::bin("dipam");
     let wrap = |name: &str, text: &str, extra: &[&str]| {
         let file = dir.path().join(name);
         fs::write(&file, text).unwrap();
-        let mut args = vec![
-            "--wrap",
-            file.to_str().unwrap(),
-            "--in-place",
-            "--cni-bin-dir",
-            bin.to_str().unwrap(),
-            "--plugin",
-            plugin.to_str().unwrap(),
-        ];
-        args.extend(extra);
-        let out = ctl(sock, &args);
+        let out = daemon::wrap_in_place(sock, &file, &bin, extra);
         assert_eq!(fs::read_to_string(&file).unwrap(), text, "{name} changed");
         out
     };
