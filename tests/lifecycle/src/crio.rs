@@ -17,9 +17,8 @@
 //! (`podman --root --runroot load`), which shares the containers/storage format.
 
 use std::{
-    fs::File,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Child, Command},
     time::{Duration, Instant},
 };
 

@@ -2,11 +2,10 @@
 //! log is printed when the test that owns it fails.
 
 use std::{
-    fs::File,
     io::Write,
     os::unix::net::UnixStream,
     path::{Path, PathBuf},
-    process::{Child, Command, Output, Stdio},
+    process::{Child, Command, Output},
     time::{Duration, Instant},
 };
 

@@ -23,7 +23,7 @@ use std::{
 
 use serde_json::Value;
 
-use crate::{Lab, bins, flood, restrictions, shapes, yaml};
+use crate::{Lab, bins, flood, restrictions, shapes};
 
 /// How a node starts dipamd.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -25,7 +25,7 @@ use std::{
     collections::HashMap,
     io::Write,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Command,
     sync::Mutex,
 };
 

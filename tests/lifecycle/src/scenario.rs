@@ -13,7 +13,7 @@ use std::{
     io::{BufRead, BufReader, Write},
     os::unix::fs::PermissionsExt,
     path::PathBuf,
-    process::{Command, Stdio},
+    process::Command,
 };
 
 use serde_json::Value;

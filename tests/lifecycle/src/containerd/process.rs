@@ -7,9 +7,8 @@
 //! the namespace is gone).
 
 use std::{
-    fs::File,
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Child, Command},
     time::Duration,
 };
 
