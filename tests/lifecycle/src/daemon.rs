@@ -488,14 +488,14 @@ pub fn ctl_at(socket: &Path, args: &[&str]) -> Output {
         .expect("run dipamctl")
 }
 
-/// `dipamctl install --wrap FILE --in-place --cni-bin-dir BIN --plugin <the built dipam>`
-/// and `extra`: adopting a conflist where it lies, as the README tells a node to.
-pub fn wrap_in_place(socket: &Path, file: &Path, bin: &Path, extra: &[&str]) -> Output {
+/// `dipamctl install --wrap FILE --cni-bin-dir BIN --plugin <the built dipam>` and `extra`
+/// (`--in-place` adopts the conflist where it lies, as the README tells a node to).
+pub fn install_wrap(socket: &Path, file: &Path, bin: &Path, extra: &[&str]) -> Output {
     let plugin = bins::bin("dipam");
     let path = |p: &'_ Path| p.to_str().expect("a UTF-8 path").to_owned();
     let (file, bin, plugin) = (path(file), path(bin), path(&plugin));
-    let mut args = vec!["install", "--wrap", &file, "--in-place"];
-    args.extend(["--cni-bin-dir", &bin, "--plugin", &plugin]);
+    let mut args = vec!["install", "--wrap", &file, "--cni-bin-dir", &bin];
+    args.extend(["--plugin", &plugin]);
     args.extend(extra);
     ctl_at(socket, &args)
 }

@@ -15,7 +15,7 @@ use std::{
 };
 
 use dipam_lifecycle::{
-    Lab, bins,
+    Lab, bins, cmd,
     deployment::{Deployment, Started},
     entry, named, require_root,
 };
@@ -260,22 +260,10 @@ fn a_bundle_with_dipamd_down_fails_what_it_cannot_take_and_finds_the_log() {
     // Stopped (SIGSTOP): it holds its socket and its ledger but answers nothing. Its log is
     // found through its stderr, a file.
     let pid = lab.dipamd.pid().unwrap().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-STOP", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    cmd::run(Command::new("kill").args(["-STOP", &pid]));
     let f = work.path().join("stopped.tar.gz");
     let m = bundle(&common, &f);
-    assert!(
-        Command::new("kill")
-            .args(["-CONT", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    cmd::run(Command::new("kill").args(["-CONT", &pid]));
     for name in ["status", "doctor", "attachments", "explain"] {
         assert_eq!(part(&m, name)["ok"], false, "{name}: {m:#}");
     }

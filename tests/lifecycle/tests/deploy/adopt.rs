@@ -25,7 +25,7 @@ use std::{
 use dipam_lifecycle::{
     Containerd, Dipamd, Fixture, Lab, NetNs, Subnet, bins,
     cmd::{self, ok},
-    daemon::{ctl_at, wrap_in_place as ctl_wrap},
+    daemon::{ctl_at, install_wrap},
     hostlocal,
     links::ipv4_addresses as addresses,
     podman::{self, Podman},
@@ -251,7 +251,7 @@ fn a_podman_node_with_20_running_pods_is_adopted_and_no_pod_loses_its_address() 
     assert_eq!(hostlocal::reservations(&store, &net).len(), PODS);
 
     // dipamd is not running yet: the rewrite happens, and the exact step is printed.
-    let out = ctl_wrap(&dipamd.socket(), &conflist, &bin, &[]);
+    let out = install_wrap(&dipamd.socket(), &conflist, &bin, &["--in-place"]);
     let text = ok(&out);
     assert!(text.contains("wrapped:"), "{text}");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -380,18 +380,7 @@ fn a_containerd_node_with_20_running_pods_is_adopted_and_no_pod_loses_its_addres
     // Reviewed first: the wrapped copy beside the file, which no runtime loads. dipamd does
     // not record these pods yet, and still neither its GC nor a dry adoption would free one.
     let socket = node.dipamd.socket();
-    ok(&ctl_at(
-        &socket,
-        &[
-            "install",
-            "--wrap",
-            conflist.to_str().unwrap(),
-            "--cni-bin-dir",
-            bin.to_str().unwrap(),
-            "--plugin",
-            bins::bin("dipam").to_str().unwrap(),
-        ],
-    ));
+    ok(&install_wrap(&socket, &conflist, &bin, &[]));
     let copy = PathBuf::from(format!("{}.dipam", conflist.display()));
     let c = copy.to_str().unwrap();
     let gc = cmd::json(&ctl_at(
@@ -416,7 +405,7 @@ fn a_containerd_node_with_20_running_pods_is_adopted_and_no_pod_loses_its_addres
     );
 
     // As the README says: in place, with dipamd up. The running pods are recorded at once.
-    let text = ok(&ctl_wrap(&socket, &conflist, &bin, &[]));
+    let text = ok(&install_wrap(&socket, &conflist, &bin, &["--in-place"]));
     assert!(
         text.contains(&format!(
             "adopted:   {PODS} running attachment(s) of network {net}"

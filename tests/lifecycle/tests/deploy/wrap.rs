@@ -100,11 +100,12 @@ impl Node {
     /// `install --wrap FILE --in-place`, as the README tells a node to run it.
     fn wrap_in_place(&self, file: &Path, extra: &[&str]) -> String {
         let bin = self.dir.path().join("bin");
-        ok(&daemon::wrap_in_place(
+        let args = [&["--in-place"][..], extra].concat();
+        ok(&daemon::install_wrap(
             &self.dipamd.socket(),
             file,
             &bin,
-            extra,
+            &args,
         ))
     }
 
@@ -307,16 +308,12 @@ fn podman_bytes_survive_a_round_trip() {
     .unwrap();
     fs::write(&file, &original).unwrap();
     let plugin_dir = dir.path().join("bin");
-    ok(&ctl(
-        Path::new("/run/dipam/dipam.sock"),
-        &[
-            "--wrap",
-            file.to_str().unwrap(),
-            "--cni-bin-dir",
-            plugin_dir.to_str().unwrap(),
-            "--plugin",
-            bins::bin("dipam").to_str().unwrap(),
-        ],
+    let default_socket = Path::new("/run/dipam/dipam.sock");
+    ok(&daemon::install_wrap(
+        default_socket,
+        &file,
+        &plugin_dir,
+        &[],
     ));
     assert_eq!(
         fs::read(&file).unwrap(),
@@ -354,7 +351,8 @@ fn refusals_exit_1_with_the_reason_and_write_nothing() {
     let wrap = |name: &str, text: &str, extra: &[&str]| {
         let file = dir.path().join(name);
         fs::write(&file, text).unwrap();
-        let out = daemon::wrap_in_place(sock, &file, &bin, extra);
+        let args = [&["--in-place"][..], extra].concat();
+        let out = daemon::install_wrap(sock, &file, &bin, &args);
         assert_eq!(fs::read_to_string(&file).unwrap(), text, "{name} changed");
         out
     };
