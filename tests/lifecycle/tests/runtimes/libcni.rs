@@ -351,6 +351,7 @@ fn agent_lab(conflist: &str, plugins: Plugins) -> (AgentLab, String) {
 /// stale pod libcni cached is DELed by libcni, the one it never cached (its cache lost) is
 /// freed by dipam's GC, and the agent's roles and claim, which no runtime lists, stay.
 fn gc_keeps_agent_and_frees_stale(plugins: Plugins) {
+    require_root!();
     let (lab, claimed) = agent_lab("dipam-host-local-1.1.0.conflist", plugins);
     let agent_before = lab.addresses();
     let watch = Watcher::start(&lab);
@@ -424,14 +425,12 @@ fn gc_keeps_agent_and_frees_stale(plugins: Plugins) {
 /// dipamd runs it with the agent's attachments added to the runtime's list.
 #[test]
 fn libcni_gc_with_a_valid_list_keeps_the_agent_and_frees_stale_pods_current_host_local() {
-    require_root!();
     gc_keeps_agent_and_frees_stale(Plugins::Current);
 }
 
 /// Debian's host-local 1.1.1 has no GC: dipamd frees the stale pod with its DEL.
 #[test]
 fn libcni_gc_with_a_valid_list_keeps_the_agent_and_frees_stale_pods_debian_host_local() {
-    require_root!();
     gc_keeps_agent_and_frees_stale(Plugins::Debian);
 }
 
