@@ -22,7 +22,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_cri::v1::{PodSandbox, PodSandboxConfig};
+use k8s_cri::v1::PodSandboxConfig;
 use serde_json::Value;
 use tempfile::TempDir;
 use tonic::Status;
@@ -187,22 +187,7 @@ impl Crio {
         self.cri.run_pod_sandbox(self.pod_config(name))
     }
 
-    pub fn stop_pod(&self, id: &str) -> Result<(), Status> {
-        self.cri.stop_pod(id)
-    }
-
-    pub fn remove_pod(&self, id: &str) -> Result<(), Status> {
-        self.cri.remove_pod(id)
-    }
-
-    pub fn list_pods(&self) -> Result<Vec<PodSandbox>, Status> {
-        self.cri.list_pods()
-    }
-
-    /// The pod's IPv4 address as CRI reports it.
-    pub fn pod_ip(&self, id: &str) -> Option<String> {
-        self.cri.pod_ip(id)
-    }
+    crate::cri::sandbox_calls!();
 
     /// Processes whose command line names this guard's directory (conmon, the pods' runc
     /// children): what outlives a killed CRI-O.

@@ -53,6 +53,19 @@ fn at_version(list: &Value, v: &str) -> Value {
     l
 }
 
+/// After a GC: the ledger holds `kept`'s pod and nothing else, and agrees with the store.
+#[track_caller]
+fn assert_only_pod_left(lab: &Lab, kept: &Attachment, what: &str) -> Vec<(String, String)> {
+    let ledger = lab.ledger();
+    assert_eq!(ledger.len(), 1, "{what} left {ledger:?}");
+    assert_eq!(
+        ledger[0].0, kept.container_id,
+        "{what} freed the pod it had to keep"
+    );
+    lab.assert_agree();
+    ledger
+}
+
 /// One client of the CNI API: the emulation or real libcni.
 trait Client {
     fn add(&self, list: &Value, att: &Attachment) -> Result<Value, CniError>;
@@ -62,19 +75,27 @@ trait Client {
     fn gc(&self, list: &Value, valid: &[&Attachment]) -> Result<(), CniError>;
 }
 
+/// Both clients' ADD, CHECK, DEL and STATUS are their own inherent methods of the same
+/// signatures: one impl of them, only GC's list differs.
+macro_rules! client_verbs {
+    ($ty:ty) => {
+        fn add(&self, list: &Value, att: &Attachment) -> Result<Value, CniError> {
+            <$ty>::add(self, list, att)
+        }
+        fn check(&self, list: &Value, att: &Attachment) -> Result<(), CniError> {
+            <$ty>::check(self, list, att)
+        }
+        fn del(&self, list: &Value, att: &Attachment) -> Result<(), CniError> {
+            <$ty>::del(self, list, att)
+        }
+        fn status(&self, list: &Value) -> Result<(), CniError> {
+            <$ty>::status(self, list)
+        }
+    };
+}
+
 impl Client for Runtime {
-    fn add(&self, list: &Value, att: &Attachment) -> Result<Value, CniError> {
-        Runtime::add(self, list, att)
-    }
-    fn check(&self, list: &Value, att: &Attachment) -> Result<(), CniError> {
-        Runtime::check(self, list, att)
-    }
-    fn del(&self, list: &Value, att: &Attachment) -> Result<(), CniError> {
-        Runtime::del(self, list, att)
-    }
-    fn status(&self, list: &Value) -> Result<(), CniError> {
-        Runtime::status(self, list)
-    }
+    client_verbs!(Runtime);
     fn gc(&self, list: &Value, valid: &[&Attachment]) -> Result<(), CniError> {
         let v: Value = valid
             .iter()
@@ -85,18 +106,7 @@ impl Client for Runtime {
 }
 
 impl Client for LibCni {
-    fn add(&self, list: &Value, att: &Attachment) -> Result<Value, CniError> {
-        LibCni::add(self, list, att)
-    }
-    fn check(&self, list: &Value, att: &Attachment) -> Result<(), CniError> {
-        LibCni::check(self, list, att)
-    }
-    fn del(&self, list: &Value, att: &Attachment) -> Result<(), CniError> {
-        LibCni::del(self, list, att)
-    }
-    fn status(&self, list: &Value) -> Result<(), CniError> {
-        LibCni::status(self, list)
-    }
+    client_verbs!(LibCni);
     fn gc(&self, list: &Value, valid: &[&Attachment]) -> Result<(), CniError> {
         LibCni::gc(
             self,
@@ -171,13 +181,7 @@ fn sequence(lab: &Lab, client: &dyn Client, list: &Value, what: &str) -> Vec<Val
     out.push(outcome("STATUS", client.status(list), |()| json!(true)));
     dipam_lifecycle::runtime::settle_before_gc();
     out.push(outcome("GC [a]", client.gc(list, &[&a]), |()| json!(true)));
-    let after_gc = lab.ledger();
-    assert_eq!(after_gc.len(), 1, "{what}: GC [a] left {after_gc:?}");
-    assert_eq!(
-        after_gc[0].0, a.container_id,
-        "{what}: GC freed the valid pod"
-    );
-    lab.assert_agree();
+    let after_gc = assert_only_pod_left(lab, &a, &format!("{what}: GC [a]"));
     out.push(json!({"op": "ledger after GC", "pods": after_gc.len()}));
     out.push(outcome("DEL a", client.del(list, &a), |()| json!(true)));
     out.push(outcome("DEL a again", client.del(list, &a), |()| {
@@ -519,13 +523,7 @@ fn cnitool_drives_dipam_and_its_gc_without_a_list_frees_only_what_it_cached() {
         stderr.contains("refused") && stderr.contains("list is absent"),
         "cnitool gc: {stderr}"
     );
-    let ledger = lab.ledger();
-    assert_eq!(ledger.len(), 1, "{ledger:?}");
-    assert_eq!(
-        ledger[0].0, other.container_id,
-        "the other runtime's pod was freed"
-    );
-    lab.assert_agree();
+    assert_only_pod_left(&lab, &other, "cnitool gc");
     let status: Value =
         serde_json::from_slice(&lab.dipamd.ctl(&["status", "--json"]).stdout).unwrap();
     assert_eq!(status["gc"]["refused"], 1, "{status}");
