@@ -135,12 +135,7 @@ fn refused(out: &Output, why: &[&str]) {
 
 /// The dipam plugin's host-local ranges in an installed conflist (IPAM or main mode).
 fn ranges(list: &Value) -> Value {
-    let p = list["plugins"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["type"] == "dipam" || p["ipam"]["type"] == "dipam")
-        .unwrap();
+    let p = &list["plugins"][dipam_lifecycle::fixture::dipam_plugin_index(list)];
     if p["type"] == "dipam" {
         p["ipam"]["ranges"].clone()
     } else {

@@ -39,6 +39,16 @@ fn scrape(port: u16) -> String {
 /// dipamd raises its soft limit, accepts at most --metrics-max-connections metrics
 /// connections and keeps its descriptors for root's pods while nobody holds 1,500
 /// connections to the port. (The shipped unit exposes no metrics port.)
+/// One line for the log of a descriptor flood: what the attacker held and how fast, dipamd's
+/// descriptors before and under it, and how many of root's 10 pods failed meanwhile.
+fn say_flood(what: &str, attacker: &Flood, (before, during): (usize, usize), failed: usize) {
+    let (held, took) = (attacker.held, attacker.took);
+    eprintln!(
+        "{what}: attacker held {held} connections (opened in {took:?}); dipamd fds {before} -> \
+         {during}; root pods failed: {failed}/10"
+    );
+}
+
 #[test]
 fn a_metrics_port_flood_never_starves_root_pods() {
     require_root!();
@@ -55,14 +65,11 @@ fn a_metrics_port_flood_never_starves_root_pods() {
     let attacker = Flood::start(&["tcp", "1500", "127.0.0.1", &port.to_string()]);
     let fds_during = flood::open_fds(pid);
     let failed = lab.add_and_del(10);
-    eprintln!(
-        "metrics flood: attacker held {} connections (opened in {:?}); dipamd fds {} -> {}; \
-         root pods failed: {}/10",
-        attacker.held,
-        attacker.took,
-        fds_before,
-        fds_during,
-        failed.len()
+    say_flood(
+        "metrics flood",
+        &attacker,
+        (fds_before, fds_during),
+        failed.len(),
     );
     assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
     assert!(
@@ -402,16 +409,8 @@ fn refused_peer(d: Deployment) {
     // connection closed at once, and the plugin still reads it.
     assert_told_it_is_refused(&lab);
     let failed = lab.add_and_del(10);
-    eprintln!(
-        "refused peer flood ({}): {} connections in {:?}; dipamd fds {} -> {}; root pods \
-         failed: {}/10",
-        d.name(),
-        attacker.held,
-        attacker.took,
-        fds_before,
-        fds_during,
-        failed.len()
-    );
+    let what = format!("refused peer flood ({})", d.name());
+    say_flood(&what, &attacker, (fds_before, fds_during), failed.len());
     assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
     assert!(
         fds_during <= fds_before + 8,
