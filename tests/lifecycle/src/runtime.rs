@@ -263,6 +263,17 @@ impl Runtime {
         }
     }
 
+    /// An ADD of `container_id` straight through host-local, the delegate of `list`'s
+    /// (IPAM-mode) dipam, as a second runtime sharing the store would make it: a reservation
+    /// no attachment in dipamd's ledger owns.
+    pub fn add_behind_dipams_back(&self, list: &Value, container_id: &str) -> Exec {
+        let mut direct = Self::plugin_config(list, 0, None);
+        direct["ipam"] = direct["ipam"]["delegate"].clone();
+        let att = Attachment::new(container_id, "/var/run/netns/none");
+        let config = serde_json::to_vec(&direct).expect("a config serialises");
+        self.exec("host-local", "ADD", &att, &config)
+    }
+
     /// The request config libcni derives for plugin `i` of `list` (spec §3): the plugin object
     /// plus the list's name and cniVersion, and prevResult when given.
     pub fn plugin_config(list: &Value, i: usize, prev: Option<&Value>) -> Value {
