@@ -303,10 +303,7 @@ fn a_full_state_disk_is_reported_and_served_again_once_space_returns() {
 /// How many full-disk rounds [`a_full_state_disk_during_roots_traffic_recovers_within_5s`]
 /// makes per config size (`DIPAM_DISK_ROUNDS`, default 3).
 fn disk_rounds() -> usize {
-    std::env::var("DIPAM_DISK_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3)
+    dipam_lifecycle::env_or("DIPAM_DISK_ROUNDS", 3)
 }
 
 /// Root's own traffic (4 runtimes adding and deleting pods at once) while the state disk is

@@ -41,10 +41,7 @@ const MAX_DELAY_US: u64 = 15_000;
 
 /// How many runs one test makes.
 fn runs() -> usize {
-    std::env::var("DIPAM_KILL_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5)
+    dipam_lifecycle::env_or("DIPAM_KILL_RUNS", 5)
 }
 
 /// Who the plugin runs as.

@@ -708,10 +708,7 @@ fn cpu_ticks(pid: u32) -> u64 {
 fn idle_cpu_with_110_pods_and_every_look_on() {
     require!(dipam_lifecycle::containerd::unavailable());
     let peers = require_peers!("containerd", "ctr", "containerd-shim-runc-v2");
-    let n: usize = std::env::var("DIPAM_IDLE_PODS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(110);
+    let n: usize = dipam_lifecycle::env_or("DIPAM_IDLE_PODS", 110);
     let b = Bench::with_gc(&peers, "dipam-host-local-1.1.0.conflist", &[], Gc::Shipped);
     let started = Instant::now();
     let pods: Vec<Pod> = (0..n)
