@@ -64,6 +64,12 @@ fn dipamctl(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// How many of doctor's `checks` (its `--json` list) `which` picks.
+fn count_checks(checks: &Value, which: impl Fn(&Value) -> bool) -> usize {
+    let all = checks.as_array().unwrap_or_else(|| panic!("{checks:#}"));
+    all.iter().filter(|c| which(c)).count()
+}
+
 /// The flags that point dipamctl at `lab`'s dipamd and its files, none at its defaults: as
 /// an operator passes them on a node with non-default paths.
 fn paths(lab: &Lab, conf: &Path) -> Vec<String> {
@@ -332,12 +338,7 @@ fn status_counts_the_doctor_checks_that_fail() {
     let count = |lab: &Lab| {
         let d = dipamctl(&["doctor", "--socket", s(&socket), "--json"]);
         let checks: Value = serde_json::from_slice(&d.stdout).unwrap();
-        let failed = checks
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|c| c["ok"] == false)
-            .count();
+        let failed = count_checks(&checks, |c| c["ok"] == false);
         // With --stores, status counts every check doctor makes.
         let st = dipamctl(&["status", "--socket", s(&socket), "--json", "--stores"]);
         assert!(st.status.success(), "{st:?}");
@@ -353,23 +354,18 @@ fn status_counts_the_doctor_checks_that_fail() {
         // reservation), and the output says they were left out.
         let quick = dipamctl(&["status", "--socket", s(&socket), "--json"]);
         let quick: Value = serde_json::from_slice(&quick.stdout).unwrap();
-        let compared = checks
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|c| {
-                let name = c["name"].as_str().unwrap_or_default();
-                name.starts_with("network ")
-                    && [
-                        ": delegate store agrees with the ledger",
-                        ": no orphaned reservations",
-                        ": running pods are recorded",
-                        ": serving ADD",
-                    ]
-                    .iter()
-                    .any(|end| name.ends_with(end))
-            })
-            .count();
+        let compared = count_checks(&checks, |c| {
+            let name = c["name"].as_str().unwrap_or_default();
+            name.starts_with("network ")
+                && [
+                    ": delegate store agrees with the ledger",
+                    ": no orphaned reservations",
+                    ": running pods are recorded",
+                    ": serving ADD",
+                ]
+                .iter()
+                .any(|end| name.ends_with(end))
+        });
         assert!(compared > 0, "{checks:#}");
         assert_eq!(quick["doctor"]["storesCompared"], false, "{quick:#}");
         assert_eq!(

@@ -292,15 +292,18 @@ fn freeing_all_of_a_small_network_takes_force() {
     let elsewhere = json!([{"containerID": "running-elsewhere", "ifname": "eth0"}]);
     std::fs::write(&file, serde_json::to_vec(&elsewhere).unwrap()).unwrap();
     let ctl = |extra: &[&str]| lab.dipamd.gc_valid(&conflist, &file, extra);
+    // The runtime's GC, both keys naming only that pod.
+    let gc_elsewhere = || {
+        gc(
+            &lab.rt,
+            lab.list(),
+            &[(VALID, &elsewhere), (LEGACY, &elsewhere)],
+        )
+    };
 
     let (_a, only) = lab.pod();
     lab.rt.ipam(lab.list(), 0, "ADD", &only, None).unwrap();
-    let e = gc(
-        &lab.rt,
-        lab.list(),
-        &[(VALID, &elsewhere), (LEGACY, &elsewhere)],
-    )
-    .unwrap_err();
+    let e = gc_elsewhere().unwrap_err();
     assert_eq!(e.code, 170, "1 of 1: {e}");
     assert!(e.details.contains("1 of the network's 1"), "{e}");
     for extra in [&["--dry-run"][..], &[]] {
@@ -327,12 +330,7 @@ fn freeing_all_of_a_small_network_takes_force() {
     let (_c, b) = lab.pod();
     lab.rt.ipam(lab.list(), 0, "ADD", &a, None).unwrap();
     lab.rt.ipam(lab.list(), 0, "ADD", &b, None).unwrap();
-    let e = gc(
-        &lab.rt,
-        lab.list(),
-        &[(VALID, &elsewhere), (LEGACY, &elsewhere)],
-    )
-    .unwrap_err();
+    let e = gc_elsewhere().unwrap_err();
     assert_eq!(e.code, 170, "2 of 2: {e}");
     assert_eq!(lab.delegate_store().len(), 2, "2 of 2 freed");
     let one = json!([gc_entry(&a)]);
