@@ -41,10 +41,7 @@ impl AgentLab {
         let raw = Fixture::load(conflist);
         let subnet = Subnet::claim(lab::subnet_prefix(&raw));
         let mut dipamd = Dipamd::unstarted(&[]);
-        let data = tempfile::Builder::new()
-            .prefix("delegate-store-")
-            .tempdir()
-            .expect("temp dir");
+        let data = crate::temp_dir("delegate-store-");
         let (fx, azure, rt) =
             lab::isolate_with_pool(raw, &subnet, &mut dipamd, data.path(), azure_pool);
         let node = format!("node-{}", subnet.index);
@@ -105,13 +102,7 @@ impl AgentLab {
         let mut all = vec!["agent"];
         all.extend_from_slice(args);
         all.push("--json");
-        let out = self.dipamd.ctl(&all);
-        assert!(
-            out.status.success(),
-            "dipamctl agent {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("dipamctl --json")
+        crate::cmd::json(&self.dipamd.ctl(&all))
     }
 
     /// (role, family, ip, state) for every agent address, sorted.

@@ -82,10 +82,7 @@ impl AzureNode {
 
     fn on(peer: &Peer, count: u8, cidr: &str, index: u32) -> Self {
         assert!((1..=240).contains(&count), "a pool of 1 to 240 addresses");
-        let dir = tempfile::Builder::new()
-            .prefix("azure-node-")
-            .tempdir()
-            .expect("temp dir for the azure node");
+        let dir = crate::temp_dir("azure-node-");
         let d = dir.path();
         for sub in [
             "bin", "kube", "stage", "etc", "etc.work", "run", "run.work", "log", "log.work",

@@ -28,10 +28,10 @@ use std::{
 
 use k8s_cri::v1::{
     ContainerConfig, ContainerMetadata, CreateContainerRequest, ExecSyncRequest, ImageSpec,
-    ImageStatusRequest, ListPodSandboxRequest, PodSandbox, PodSandboxConfig,
-    PodSandboxStatusRequest, PodSandboxStatusResponse, PortMapping, RemovePodSandboxRequest,
-    StartContainerRequest, StatusRequest, StopPodSandboxRequest,
-    image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
+    ImageStatusRequest, ListPodSandboxRequest, PodSandboxConfig, PodSandboxStatusRequest,
+    PodSandboxStatusResponse, PortMapping, RemovePodSandboxRequest, StartContainerRequest,
+    StatusRequest, StopPodSandboxRequest, image_service_client::ImageServiceClient,
+    runtime_service_client::RuntimeServiceClient,
 };
 use serde_json::Value;
 use tempfile::TempDir;
@@ -39,7 +39,7 @@ use tonic::{Status, transport::Channel};
 
 use crate::{bins, cmd::run, cri::Cri};
 
-mod config;
+pub(crate) mod config;
 mod process;
 pub use process::delete_netns;
 
@@ -175,10 +175,7 @@ impl Containerd {
 
     /// Starts `build` the same way.
     pub fn start_build(build: Build) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("containerd-")
-            .tempdir()
-            .expect("temp dir for containerd");
+        let dir = crate::temp_dir("containerd-");
         let d = dir.path();
         for sub in ["root", "state", "net.d", "bin", "logs"] {
             std::fs::create_dir_all(d.join(sub)).expect("containerd's directories");
@@ -489,30 +486,12 @@ impl Containerd {
         ))
     }
 
-    /// StopPodSandbox: containerd sends a DEL with the netns and prevResult.
-    pub fn stop_pod(&self, id: &str) -> Result<(), Status> {
-        self.cri.stop_pod(id)
-    }
-
-    /// RemovePodSandbox: containerd sends a second DEL, without netns or prevResult.
-    pub fn remove_pod(&self, id: &str) -> Result<(), Status> {
-        self.cri.remove_pod(id)
-    }
-
-    /// ListPodSandbox, every state.
-    pub fn list_pods(&self) -> Result<Vec<PodSandbox>, Status> {
-        self.cri.list_pods()
-    }
+    crate::cri::sandbox_calls!();
 
     /// PodSandboxStatus, verbose (its `info` holds containerd's view, with the netns path
     /// and the pause process's pid).
     pub fn pod_status(&self, id: &str) -> Result<PodSandboxStatusResponse, Status> {
         self.cri.pod_status(id, true)
-    }
-
-    /// The pod's IPv4 address as CRI reports it.
-    pub fn pod_ip(&self, id: &str) -> Option<String> {
-        self.cri.pod_ip(id)
     }
 
     /// The pid of the pod's sandbox (pause) process, from containerd's verbose status.

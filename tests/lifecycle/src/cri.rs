@@ -166,3 +166,32 @@ pub fn pod_config(name: &str, log_dir: &std::path::Path) -> PodSandboxConfig {
         ..Default::default()
     }
 }
+
+/// The sandbox calls a runtime's guard (containerd's, CRI-O's) passes to its `cri` client
+/// unchanged, as inherent methods: one definition for both runtimes. The runtime sends its
+/// CNI DEL inside StopPodSandbox (with the netns and prevResult) and again inside
+/// RemovePodSandbox (without them).
+macro_rules! sandbox_calls {
+    () => {
+        /// StopPodSandbox: the runtime sends a DEL with the netns and prevResult.
+        pub fn stop_pod(&self, id: &str) -> Result<(), tonic::Status> {
+            self.cri.stop_pod(id)
+        }
+
+        /// RemovePodSandbox: the runtime sends a second DEL, without netns or prevResult.
+        pub fn remove_pod(&self, id: &str) -> Result<(), tonic::Status> {
+            self.cri.remove_pod(id)
+        }
+
+        /// ListPodSandbox, every state.
+        pub fn list_pods(&self) -> Result<Vec<k8s_cri::v1::PodSandbox>, tonic::Status> {
+            self.cri.list_pods()
+        }
+
+        /// The pod's IPv4 address as CRI reports it.
+        pub fn pod_ip(&self, id: &str) -> Option<String> {
+            self.cri.pod_ip(id)
+        }
+    };
+}
+pub(crate) use sandbox_calls;

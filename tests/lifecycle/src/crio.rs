@@ -17,13 +17,12 @@
 //! (`podman --root --runroot load`), which shares the containers/storage format.
 
 use std::{
-    fs::File,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Child, Command},
     time::{Duration, Instant},
 };
 
-use k8s_cri::v1::{PodSandbox, PodSandboxConfig};
+use k8s_cri::v1::PodSandboxConfig;
 use serde_json::Value;
 use tempfile::TempDir;
 use tonic::Status;
@@ -64,10 +63,7 @@ impl Crio {
     /// Prepares CRI-O's directories, config and image; `crio` and `pinns` are the built
     /// peers. Not started: write the conflist first, then [`Self::start`].
     pub fn new(crio: &Peer, pinns: &Peer) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("crio-")
-            .tempdir()
-            .expect("temp dir for CRI-O");
+        let dir = crate::temp_dir("crio-");
         let d = dir.path();
         for sub in [
             "root", "runroot", "net.d", "bin", "logs", "conf.d", "ns", "exits", "attach", "runc",
@@ -126,23 +122,16 @@ impl Crio {
     pub fn start(&mut self) {
         assert!(self.child.is_none(), "CRI-O is running");
         let d = self.dir.path();
-        let log = File::options()
-            .create(true)
-            .append(true)
-            .open(d.join("crio.log"))
-            .expect("CRI-O log");
-        let child = Command::new(&self.crio)
-            .arg("--config")
-            .arg(d.join("crio.conf"))
-            .arg("--config-dir")
-            .arg(d.join("conf.d"))
-            .args(["--log-level", "debug"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn crio");
-        self.child = Some(child);
+        let log = crate::cmd::append_log(&d.join("crio.log"));
+        self.child = Some(crate::cmd::spawn_daemon(
+            Command::new(&self.crio)
+                .arg("--config")
+                .arg(d.join("crio.conf"))
+                .arg("--config-dir")
+                .arg(d.join("conf.d"))
+                .args(["--log-level", "debug"]),
+            log,
+        ));
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut last = String::new();
         while Instant::now() < deadline {
@@ -198,22 +187,7 @@ impl Crio {
         self.cri.run_pod_sandbox(self.pod_config(name))
     }
 
-    pub fn stop_pod(&self, id: &str) -> Result<(), Status> {
-        self.cri.stop_pod(id)
-    }
-
-    pub fn remove_pod(&self, id: &str) -> Result<(), Status> {
-        self.cri.remove_pod(id)
-    }
-
-    pub fn list_pods(&self) -> Result<Vec<PodSandbox>, Status> {
-        self.cri.list_pods()
-    }
-
-    /// The pod's IPv4 address as CRI reports it.
-    pub fn pod_ip(&self, id: &str) -> Option<String> {
-        self.cri.pod_ip(id)
-    }
+    crate::cri::sandbox_calls!();
 
     /// Processes whose command line names this guard's directory (conmon, the pods' runc
     /// children): what outlives a killed CRI-O.
@@ -271,19 +245,18 @@ impl Drop for Crio {
 /// CRI-O's configuration: everything it can move is under `d` (crio.conf(5); cri-o
 /// `pkg/config/config.go`).
 fn config(d: &Path, pinns: &Path, runc: &Path) -> String {
-    let p = |s: &str| d.join(s).to_string_lossy().into_owned();
     format!(
         r#"[crio]
-root = "{root}"
-runroot = "{runroot}"
+root = "{d}/root"
+runroot = "{d}/runroot"
 storage_driver = "overlay"
-log_dir = "{logs}"
-version_file = "{version}"
-version_file_persist = "{version_persist}"
-clean_shutdown_file = "{clean}"
+log_dir = "{d}/logs"
+version_file = "{d}/version"
+version_file_persist = "{d}/version-persist"
+clean_shutdown_file = "{d}/clean.shutdown"
 
 [crio.api]
-listen = "{sock}"
+listen = "{d}/crio.sock"
 stream_address = "127.0.0.1"
 stream_port = "0"
 
@@ -291,10 +264,10 @@ stream_port = "0"
 default_runtime = "runc"
 cgroup_manager = "cgroupfs"
 conmon_cgroup = "pod"
-namespaces_dir = "{ns}"
+namespaces_dir = "{d}/ns"
 pinns_path = "{pinns}"
-container_exits_dir = "{exits}"
-container_attach_socket_dir = "{attach}"
+container_exits_dir = "{d}/exits"
+container_attach_socket_dir = "{d}/attach"
 selinux = false
 hooks_dir = []
 irqbalance_config_file = ""
@@ -303,18 +276,18 @@ irqbalance_config_restore_file = "disable"
 [crio.runtime.runtimes.runc]
 runtime_path = "{runc}"
 runtime_type = "oci"
-runtime_root = "{runc_root}"
+runtime_root = "{d}/runc"
 monitor_path = "/usr/bin/conmon"
 
 [crio.image]
 pause_image = "{IMAGE}"
 # The image's own command (busybox sleeping), not the default /pause.
 pause_command = ""
-signature_policy = "{policy}"
+signature_policy = "{d}/policy.json"
 
 [crio.network]
-network_dir = "{netd}"
-plugin_dirs = ["{bin}"]
+network_dir = "{d}/net.d"
+plugin_dirs = ["{d}/bin"]
 
 [crio.metrics]
 enable_metrics = false
@@ -322,22 +295,9 @@ enable_metrics = false
 [crio.nri]
 enable_nri = false
 "#,
-        root = p("root"),
-        runroot = p("runroot"),
-        logs = p("logs"),
-        version = p("version"),
-        version_persist = p("version-persist"),
-        clean = p("clean.shutdown"),
-        sock = p("crio.sock"),
-        ns = p("ns"),
+        d = d.display(),
         pinns = pinns.display(),
         runc = runc.display(),
-        exits = p("exits"),
-        attach = p("attach"),
-        runc_root = p("runc"),
-        policy = p("policy.json"),
-        netd = p("net.d"),
-        bin = p("bin"),
     )
 }
 
@@ -391,21 +351,14 @@ exec {runc} "$@"
 /// Loads the test image into CRI-O's storage with podman (same containers/storage layout).
 fn load_image(d: &Path) {
     let tar = crate::containerd::image_tar();
-    let out = Command::new("podman")
-        .arg("--root")
-        .arg(d.join("root"))
-        .arg("--runroot")
-        .arg(d.join("runroot"))
-        .args(["--storage-driver", "overlay", "load", "-i"])
-        .arg(&tar)
-        .output()
-        .expect("run podman load");
-    assert!(
-        out.status.success(),
-        "podman load {}: {}{}",
-        tar.display(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    crate::cmd::run(
+        Command::new("podman")
+            .arg("--root")
+            .arg(d.join("root"))
+            .arg("--runroot")
+            .arg(d.join("runroot"))
+            .args(["--storage-driver", "overlay", "load", "-i"])
+            .arg(&tar),
     );
 }
 

@@ -2,11 +2,10 @@
 //! log is printed when the test that owns it fails.
 
 use std::{
-    fs::File,
     io::Write,
     os::unix::net::UnixStream,
     path::{Path, PathBuf},
-    process::{Child, Command, Output, Stdio},
+    process::{Child, Command, Output},
     time::{Duration, Instant},
 };
 
@@ -56,10 +55,7 @@ impl Dipamd {
     /// A dipamd whose directory exists (to write a conflist into) but which is not running
     /// yet: call `start_again`.
     pub fn unstarted(extra: &[&str]) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("dipamd-")
-            .tempdir()
-            .expect("temp dir for dipamd");
+        let dir = crate::temp_dir("dipamd-");
         Self {
             dir,
             child: None,
@@ -214,11 +210,7 @@ impl Dipamd {
     }
 
     fn spawn_unready(&mut self) {
-        let mut log = File::options()
-            .create(true)
-            .append(true)
-            .open(self.log_path())
-            .expect("dipamd log file");
+        let mut log = crate::cmd::append_log(&self.log_path());
         // Every start is marked in the one log file, so that a crash test's failure shows
         // which dipamd wrote what, before and after each restart (replay.rs).
         self.starts += 1;
@@ -231,14 +223,7 @@ impl Dipamd {
                 .map(|d| d.as_millis())
                 .unwrap_or_default()
         );
-        let child = self
-            .command()
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn dipamd");
-        self.child = Some(child);
+        self.child = Some(crate::cmd::spawn_daemon(&mut self.command(), log));
     }
 
     fn wait_ready(&mut self) {
@@ -501,6 +486,18 @@ pub fn ctl_at(socket: &Path, args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("run dipamctl")
+}
+
+/// `dipamctl install --wrap FILE --cni-bin-dir BIN --plugin <the built dipam>` and `extra`
+/// (`--in-place` adopts the conflist where it lies, as the README tells a node to).
+pub fn install_wrap(socket: &Path, file: &Path, bin: &Path, extra: &[&str]) -> Output {
+    let plugin = bins::bin("dipam");
+    let path = |p: &'_ Path| p.to_str().expect("a UTF-8 path").to_owned();
+    let (file, bin, plugin) = (path(file), path(bin), path(&plugin));
+    let mut args = vec!["install", "--wrap", &file, "--cni-bin-dir", &bin];
+    args.extend(["--plugin", &plugin]);
+    args.extend(extra);
+    ctl_at(socket, &args)
 }
 
 /// `dipamctl recover` of the ledger in `state_dir` (dipamd down), rebuilt from the delegate

@@ -23,7 +23,7 @@ use std::{
 
 use serde_json::Value;
 
-use crate::{Lab, bins, flood, restrictions, shapes, yaml};
+use crate::{Lab, bins, flood, restrictions, shapes};
 
 /// How a node starts dipamd.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,13 +178,7 @@ pub fn shipped_nofile() -> String {
 
 /// The DaemonSet's dipamd container.
 fn container() -> Value {
-    let path = bins::workspace().join("deploy/kubernetes/dipam.yaml");
-    let docs = yaml::parse(&std::fs::read_to_string(&path).expect("read the manifest"))
-        .expect("the manifest parses");
-    let ds = docs
-        .into_iter()
-        .find(|d| d["kind"] == "DaemonSet")
-        .expect("a DaemonSet");
+    let ds = crate::restrictions::shipped_daemonset();
     let pod = &ds["spec"]["template"]["spec"];
     assert_eq!(
         pod["hostNetwork"], true,

@@ -60,20 +60,26 @@ pub fn json_blocks(markdown: &str) -> Vec<(usize, String)> {
     blocks
 }
 
+/// The files `*.ext` in `dir`, by name: a stable order, so a failure names the same example
+/// on every run.
+fn sorted_files(dir: &std::path::Path, ext: &str) -> Vec<std::path::PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == ext))
+        .collect();
+    files.sort();
+    files
+}
+
 /// Every example, in a stable order: README.md, docs/*.md (by name), conflist/*.conflist.
 /// Panics on a json block that mentions `"plugins"` and does not parse: it is an example a
 /// user would copy.
 pub fn all() -> Vec<Example> {
     let root = bins::workspace();
     let mut docs = vec![root.join("README.md")];
-    let mut in_docs: Vec<_> = std::fs::read_dir(root.join("docs"))
-        .expect("docs/")
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "md"))
-        .collect();
-    in_docs.sort();
-    docs.extend(in_docs);
+    docs.extend(sorted_files(&root.join("docs"), "md"));
     let mut out = Vec::new();
     for doc in &docs {
         let text = std::fs::read_to_string(doc).expect("read doc");
@@ -90,14 +96,7 @@ pub fn all() -> Vec<Example> {
             });
         }
     }
-    let mut files: Vec<_> = std::fs::read_dir(root.join("conflist"))
-        .expect("conflist/")
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "conflist"))
-        .collect();
-    files.sort();
-    for f in files {
+    for f in sorted_files(&root.join("conflist"), "conflist") {
         let text = std::fs::read_to_string(&f).expect("read conflist");
         out.push(Example {
             source: rel(&root, &f),

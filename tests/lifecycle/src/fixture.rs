@@ -220,3 +220,14 @@ impl Drop for Subnet {
         let _ = std::fs::remove_file(&self.claim);
     }
 }
+
+/// The index in `list` of the plugin dipam serves: dipam itself in main mode, the plugin whose
+/// IPAM it is in IPAM mode. Panics, showing the list, when there is none.
+pub fn dipam_plugin_index(list: &Value) -> usize {
+    list["plugins"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .position(|p| p["type"] == "dipam" || p["ipam"]["type"] == "dipam")
+        .unwrap_or_else(|| panic!("no plugin uses dipam in {list:#}"))
+}

@@ -69,8 +69,8 @@ pub struct KubeApi {
     thread: Option<JoinHandle<()>>,
 }
 
-/// A CA: its certificate (PEM) and what signs with it.
-fn new_ca(name: &str) -> (String, Issuer<'static, KeyPair>) {
+/// A CA: its certificate and key (PEM) and what signs with it.
+pub(crate) fn new_ca(name: &str) -> (String, String, Issuer<'static, KeyPair>) {
     let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params.distinguished_name.push(DnType::CommonName, name);
@@ -81,19 +81,16 @@ fn new_ca(name: &str) -> (String, Issuer<'static, KeyPair>) {
     ];
     let key = KeyPair::generate().expect("CA key");
     let cert = params.self_signed(&key).expect("CA certificate");
-    (cert.pem(), Issuer::new(params, key))
+    (cert.pem(), key.serialize_pem(), Issuer::new(params, key))
 }
 
 impl KubeApi {
     /// Starts the server on 127.0.0.1 with a fresh CA, and a token (in `token_file()`) that
     /// may get nodes.
     pub fn start() -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("kubeapi-")
-            .tempdir()
-            .expect("temp dir");
-        let (ca_pem, issuer) = new_ca("kubernetes");
-        let (other_pem, _) = new_ca("another-cluster");
+        let dir = crate::temp_dir("kubeapi-");
+        let (ca_pem, _, issuer) = new_ca("kubernetes");
+        let (other_pem, _, _) = new_ca("another-cluster");
         std::fs::write(dir.path().join("ca.crt"), &ca_pem).expect("write ca.crt");
         std::fs::write(dir.path().join("other-ca.crt"), &other_pem).expect("write other-ca.crt");
 

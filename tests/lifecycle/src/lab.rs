@@ -74,10 +74,7 @@ impl Lab {
         if let Some(p) = plugins {
             dipamd.set_cni_path(&crate::peers::cni_path(p));
         }
-        let data = tempfile::Builder::new()
-            .prefix("delegate-store-")
-            .tempdir()
-            .expect("temp dir");
+        let data = crate::temp_dir("delegate-store-");
         let (fx, azure, mut rt) = isolate(raw, &subnet, &mut dipamd, data.path());
         if let Some(p) = plugins {
             // dipamd execs a pod's delegate from the CNI_PATH the runtime gave the plugin.

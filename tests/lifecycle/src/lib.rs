@@ -65,6 +65,25 @@ macro_rules! require_root {
     };
 }
 
+/// A temp directory named `prefix...`, removed on drop: the prefix says, in a listing of /tmp
+/// after a failure, which part of the harness left it.
+#[track_caller]
+pub fn temp_dir(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .unwrap_or_else(|e| panic!("a temp dir {prefix}*: {e}"))
+}
+
+/// The number in the environment variable `name` (a test's `DIPAM_*_RUNS`, `DIPAM_*_PODS`:
+/// run it longer or larger to hunt a race or a limit), else `default`.
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// A unique-enough suffix for names in this process (netns, container IDs).
 pub fn unique(prefix: &str) -> String {
     use std::sync::atomic::{AtomicU32, Ordering};

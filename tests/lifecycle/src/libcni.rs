@@ -48,10 +48,7 @@ impl LibCni {
         Self {
             driver: PeerPath(peers::require("libcni-driver").path),
             cni_path,
-            cache: tempfile::Builder::new()
-                .prefix("libcni-cache-")
-                .tempdir()
-                .expect("temp dir for libcni's cache"),
+            cache: crate::temp_dir("libcni-cache-"),
         }
     }
 
@@ -185,10 +182,7 @@ pub struct CniTool {
 impl CniTool {
     #[track_caller]
     pub fn new(cni_path: String, list: &Value) -> Self {
-        let netdir = tempfile::Builder::new()
-            .prefix("cnitool-net-")
-            .tempdir()
-            .expect("temp dir");
+        let netdir = crate::temp_dir("cnitool-net-");
         std::fs::write(
             netdir.path().join("10-net.conflist"),
             serde_json::to_vec_pretty(list).expect("json"),

@@ -48,3 +48,23 @@ pub fn assert_no_host_veths(network: &str, retired: &str) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// The NAT rules portmap made for container `id`, in main mode and under a real runtime alike:
+/// the rules that jump to its per-container chain carry the ID in a comment, the chain's own
+/// rules the DNAT target.
+pub fn nat_rules_for(id: &str) -> Vec<String> {
+    let out = Command::new("iptables")
+        .args(["-t", "nat", "-S"])
+        .output()
+        .expect("run iptables (a dependency of containernetworking-plugins)");
+    let all = String::from_utf8_lossy(&out.stdout).into_owned();
+    let chains: Vec<String> = all
+        .lines()
+        .filter(|l| l.contains(id))
+        .filter_map(|l| l.split(" -j ").nth(1).map(|c| c.trim().to_owned()))
+        .collect();
+    all.lines()
+        .filter(|l| l.contains(id) || chains.iter().any(|c| l.contains(c)))
+        .map(str::to_owned)
+        .collect()
+}

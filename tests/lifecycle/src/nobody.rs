@@ -9,6 +9,17 @@ use std::process::{Command, Output, Stdio};
 /// uid and gid of the non-root caller.
 pub const NOBODY: &str = "65534";
 
+/// dipamd's flags that let nobody in: the socket's group and an allowed uid. Each test of a
+/// non-root caller starts from this one set and adds the limit or store it is about.
+pub const ALLOWED: [&str; 4] = ["--socket-group", NOBODY, "--allow-uid", NOBODY];
+
+/// [`ALLOWED`] followed by `extra`: one flag list for [`crate::Lab::with_flags`].
+pub fn allowed_and<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut flags = ALLOWED.to_vec();
+    flags.extend_from_slice(extra);
+    flags
+}
+
 /// Runs `cmd` as nobody with `env`, writing `stdin` to it, and returns its output.
 pub fn run(cmd: &[&str], env: &[(&str, &str)], stdin: &str) -> Output {
     let mut child = Command::new("setpriv")

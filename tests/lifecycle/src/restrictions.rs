@@ -170,16 +170,21 @@ pub fn shipped_unit() -> Restrictions {
     unit_restrictions(&std::fs::read_to_string(path).expect("read the shipped unit"))
 }
 
-/// The restrictions of the DaemonSet's dipamd container: the runtime's default set minus
-/// `drop` (ALL: everything) plus `add`; `allowPrivilegeEscalation: false` is no_new_privs.
-pub fn daemonset_restrictions() -> Restrictions {
+/// The DaemonSet of the shipped manifest (deploy/kubernetes/dipam.yaml), as tests read it:
+/// the restrictions and the flags they run dipamd with are the ones users deploy.
+pub fn shipped_daemonset() -> Value {
     let path = bins::workspace().join("deploy/kubernetes/dipam.yaml");
     let docs = yaml::parse(&std::fs::read_to_string(&path).expect("read the manifest"))
         .expect("the manifest parses");
-    let ds = docs
-        .iter()
+    docs.into_iter()
         .find(|d| d["kind"] == "DaemonSet")
-        .expect("a DaemonSet");
+        .expect("a DaemonSet")
+}
+
+/// The restrictions of the DaemonSet's dipamd container: the runtime's default set minus
+/// `drop` (ALL: everything) plus `add`; `allowPrivilegeEscalation: false` is no_new_privs.
+pub fn daemonset_restrictions() -> Restrictions {
+    let ds = shipped_daemonset();
     let c = ds["spec"]["template"]["spec"]["containers"]
         .as_array()
         .expect("the DaemonSet's containers")

@@ -25,7 +25,7 @@ use std::{
     collections::HashMap,
     io::Write,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Command,
     sync::Mutex,
 };
 
@@ -251,12 +251,7 @@ impl Runtime {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("exec {kind}: {e}"));
+        let mut child = crate::cmd::spawn_piped(&mut cmd);
         if let Some(mut stdin) = child.stdin.take() {
             let _ = stdin.write_all(config);
         }
@@ -266,6 +261,17 @@ impl Runtime {
             stdout: out.stdout,
             stderr: out.stderr,
         }
+    }
+
+    /// An ADD of `container_id` straight through host-local, the delegate of `list`'s
+    /// (IPAM-mode) dipam, as a second runtime sharing the store would make it: a reservation
+    /// no attachment in dipamd's ledger owns.
+    pub fn add_behind_dipams_back(&self, list: &Value, container_id: &str) -> Exec {
+        let mut direct = Self::plugin_config(list, 0, None);
+        direct["ipam"] = direct["ipam"]["delegate"].clone();
+        let att = Attachment::new(container_id, "/var/run/netns/none");
+        let config = serde_json::to_vec(&direct).expect("a config serialises");
+        self.exec("host-local", "ADD", &att, &config)
     }
 
     /// The request config libcni derives for plugin `i` of `list` (spec §3): the plugin object

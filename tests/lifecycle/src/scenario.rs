@@ -13,7 +13,7 @@ use std::{
     io::{BufRead, BufReader, Write},
     os::unix::fs::PermissionsExt,
     path::PathBuf,
-    process::{Command, Stdio},
+    process::Command,
 };
 
 use serde_json::Value;
@@ -37,10 +37,7 @@ impl Scenario {
     /// lowest free addresses first).
     pub fn new(lab: &AgentLab, claim: &str) -> Self {
         let base = lab.subnet.cidr.trim_end_matches(".0/24").to_owned();
-        let dir = tempfile::Builder::new()
-            .prefix("dipam-scenario-")
-            .tempdir()
-            .expect("temp dir");
+        let dir = crate::temp_dir("dipam-scenario-");
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
             .expect("open the scenario's directory");
         std::fs::copy(
@@ -66,12 +63,7 @@ impl Scenario {
 /// `lab`'s dipamd whenever it asks; returns its summaries merged. Panics with the client's
 /// output and dipamd's log when the client fails.
 pub fn drive(lab: &mut AgentLab, mut cmd: Command, who: &str) -> Value {
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("run {who}: {e}"));
+    let mut child = crate::cmd::spawn_piped(&mut cmd);
     let mut stdin = child.stdin.take().expect("piped stdin");
     let stderr = child.stderr.take().expect("piped stderr");
     let errors = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());

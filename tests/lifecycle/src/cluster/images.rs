@@ -28,14 +28,7 @@ pub const BUSYBOX_IMAGE: &str = crate::containerd::IMAGE;
 
 #[track_caller]
 fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    crate::cmd::ok(&crate::cmd::run(cmd))
 }
 
 fn sha256(path: &Path) -> String {

@@ -134,10 +134,7 @@ impl Cluster {
 
     /// [`Cluster::start`] with a node of `sizing`.
     pub fn start_sized(peers: Vec<Peer>, sizing: Sizing) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("cluster-")
-            .tempdir()
-            .expect("cluster dir");
+        let dir = crate::temp_dir("cluster-");
         std::fs::create_dir_all(dir.path().join("logs")).expect("logs dir");
         let t = Instant::now();
         let images = [
@@ -367,18 +364,11 @@ impl Cluster {
 
     /// `ctr -n k8s.io images import ARCHIVE` in the node.
     fn import(&self, archive: &Path) {
-        let out = self
-            .node
-            .command(true, &self.peer("ctr"))
-            .args(["--address", CRI_SOCKET, "-n", "k8s.io", "images", "import"])
-            .arg(archive)
-            .output()
-            .expect("ctr");
-        assert!(
-            out.status.success(),
-            "import {}: {}",
-            archive.display(),
-            String::from_utf8_lossy(&out.stderr)
+        crate::cmd::run(
+            self.node
+                .command(true, &self.peer("ctr"))
+                .args(["--address", CRI_SOCKET, "-n", "k8s.io", "images", "import"])
+                .arg(archive),
         );
     }
 
@@ -476,14 +466,7 @@ maxPods: {max_pods}
     /// `kubectl ARGS`, which must succeed; its stdout.
     #[track_caller]
     pub fn kubectl_ok(&self, args: &[&str]) -> String {
-        let out = self.kubectl(args);
-        assert!(
-            out.status.success(),
-            "kubectl {args:?}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        crate::cmd::ok_named(&format!("kubectl {args:?}"), &self.kubectl(args))
     }
 
     /// `kubectl get ARGS -o json`, parsed.
@@ -562,48 +545,14 @@ fn strings(args: &[&str]) -> Vec<String> {
 /// across a node restart, as /var/lib/containerd is), the CNI directories at the host's
 /// usual paths, which the DaemonSet writes.
 fn containerd_config(d: &Path) -> String {
-    format!(
-        r#"version = 3
-root = "{root}"
-state = "/run/containerd"
-disabled_plugins = [
-  "io.containerd.internal.v1.opt",
-  "io.containerd.nri.v1.nri",
-  "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.erofs",
-  "io.containerd.tracing.processor.v1.otlp",
-]
-
-[grpc]
-  address = "{CRI_SOCKET}"
-
-[ttrpc]
-  address = "{CRI_SOCKET}.ttrpc"
-
-[metrics]
-  address = ""
-
-[plugins.'io.containerd.cri.v1.images']
-  snapshotter = "overlayfs"
-  [plugins.'io.containerd.cri.v1.images'.pinned_images]
-    sandbox = "{PAUSE_IMAGE}"
-
-[plugins.'io.containerd.cri.v1.runtime']
-  # Root here lacks CAP_SYS_RESOURCE: runc fails "can't get final child's PID from pipe"
-  # without it (docs/sources.md §10.2).
-  restrict_oom_score_adj = true
-  [plugins.'io.containerd.cri.v1.runtime'.cni]
-    bin_dirs = ["/opt/cni/bin"]
-    conf_dir = "/etc/cni/net.d"
-    max_conf_num = 1
-
-[plugins.'io.containerd.grpc.v1.cri']
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-"#,
-        root = d.join("containerd-root").display(),
+    let root = d.join("containerd-root").display().to_string();
+    crate::containerd::config::config_v3_at(
+        &root,
+        "/run/containerd",
+        CRI_SOCKET,
+        PAUSE_IMAGE,
+        "/opt/cni/bin",
+        "/etc/cni/net.d",
     )
 }
 

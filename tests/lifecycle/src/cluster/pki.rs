@@ -8,8 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, SanType,
+    CertificateParams, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
 
 /// The in-cluster address of the `kubernetes` Service: the first of the service range.
@@ -18,6 +17,28 @@ pub const KUBERNETES_SERVICE_IP: &str = "10.96.0.1";
 
 pub struct Pki {
     pub dir: PathBuf,
+}
+
+/// Signs `p` as a TLS leaf (server or client, by `usage`) with a fresh key and writes
+/// `FILE.crt` and `FILE.key`: the API server's and every component's certificate alike.
+fn sign_leaf(
+    dir: &Path,
+    file: &str,
+    mut p: CertificateParams,
+    usage: ExtendedKeyUsagePurpose,
+    issuer: &Issuer<'static, KeyPair>,
+) {
+    p.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    p.extended_key_usages = vec![usage];
+    let key = KeyPair::generate().expect("a leaf key");
+    let cert = p
+        .signed_by(&key, issuer)
+        .unwrap_or_else(|e| panic!("{file} certificate: {e}"));
+    write(dir, &format!("{file}.crt"), &cert.pem());
+    write(dir, &format!("{file}.key"), &key.serialize_pem());
 }
 
 fn write(dir: &Path, name: &str, text: &str) {
@@ -29,20 +50,9 @@ impl Pki {
     /// `server_ip`.
     pub fn create(dir: &Path, node: &str, server_ip: &str) -> Self {
         std::fs::create_dir_all(dir).expect("pki dir");
-        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca.distinguished_name
-            .push(DnType::CommonName, "dipam-test-cluster-ca");
-        ca.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-        ];
-        let ca_key = KeyPair::generate().expect("CA key");
-        let ca_cert = ca.self_signed(&ca_key).expect("CA certificate");
-        write(dir, "ca.crt", &ca_cert.pem());
-        write(dir, "ca.key", &ca_key.serialize_pem());
-        let issuer = Issuer::new(ca, ca_key);
+        let (ca_pem, ca_key, issuer) = crate::kubeapi::new_ca("dipam-test-cluster-ca");
+        write(dir, "ca.crt", &ca_pem);
+        write(dir, "ca.key", &ca_key);
 
         let mut names: Vec<String> = [
             "kubernetes",
@@ -63,15 +73,13 @@ impl Pki {
         server
             .distinguished_name
             .push(DnType::CommonName, "kube-apiserver");
-        server.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        let key = KeyPair::generate().expect("server key");
-        let cert = server.signed_by(&key, &issuer).expect("server certificate");
-        write(dir, "apiserver.crt", &cert.pem());
-        write(dir, "apiserver.key", &key.serialize_pem());
+        sign_leaf(
+            dir,
+            "apiserver",
+            server,
+            ExtendedKeyUsagePurpose::ServerAuth,
+            &issuer,
+        );
 
         let node_user = format!("system:node:{node}");
         for (file, cn, org) in [
@@ -86,15 +94,7 @@ impl Pki {
             if let Some(o) = org {
                 p.distinguished_name.push(DnType::OrganizationName, o);
             }
-            p.key_usages = vec![
-                KeyUsagePurpose::DigitalSignature,
-                KeyUsagePurpose::KeyEncipherment,
-            ];
-            p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-            let key = KeyPair::generate().expect("client key");
-            let cert = p.signed_by(&key, &issuer).expect("client certificate");
-            write(dir, &format!("{file}.crt"), &cert.pem());
-            write(dir, &format!("{file}.key"), &key.serialize_pem());
+            sign_leaf(dir, file, p, ExtendedKeyUsagePurpose::ClientAuth, &issuer);
             write(
                 dir,
                 &format!("{file}.kubeconfig"),

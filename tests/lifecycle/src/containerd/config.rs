@@ -14,23 +14,12 @@ pub(super) fn config(d: &Path) -> String {
 root = "{root}"
 state = "{state}"
 disabled_plugins = [
-  "io.containerd.internal.v1.opt",
-  "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.internal.v1.opt", "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.tracing.processor.v1.otlp",
 ]
 
-[grpc]
-  address = "{grpc}"
-
-[ttrpc]
-  address = "{ttrpc}"
-
-[metrics]
-  address = ""
-
+{sockets}
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{IMAGE}"
   # Without it runc fails with "can't get final child's PID from pipe" where root lacks
@@ -47,10 +36,16 @@ disabled_plugins = [
 "#,
         root = p("root"),
         state = p("state"),
-        grpc = p("containerd.sock"),
-        ttrpc = p("containerd.sock.ttrpc"),
+        sockets = sockets(&p("containerd.sock")),
         bin = p("bin"),
         netd = p("net.d"),
+    )
+}
+
+/// The sockets' part of either format: gRPC at `grpc`, ttrpc beside it, metrics off.
+fn sockets(grpc: &str) -> String {
+    format!(
+        "[grpc]\n  address = \"{grpc}\"\n\n[ttrpc]\n  address = \"{grpc}.ttrpc\"\n\n[metrics]\n  address = \"\"\n"
     )
 }
 
@@ -59,33 +54,44 @@ disabled_plugins = [
 /// socket under /var/run/nri) is disabled with the rest that would touch the host's paths.
 pub(super) fn config_v3(d: &Path) -> String {
     let p = |s: &str| d.join(s).to_string_lossy().into_owned();
+    let (bin, netd) = (p("bin"), p("net.d"));
+    config_v3_at(
+        &p("root"),
+        &p("state"),
+        &p("containerd.sock"),
+        IMAGE,
+        &bin,
+        &netd,
+    )
+}
+
+/// [`config_v3`] with every path given: the test cluster's node runs the same containerd
+/// at the host's usual paths (crate::cluster).
+pub(crate) fn config_v3_at(
+    root: &str,
+    state: &str,
+    grpc: &str,
+    sandbox: &str,
+    bin: &str,
+    netd: &str,
+) -> String {
+    let sockets = sockets(grpc);
     format!(
         r#"version = 3
 root = "{root}"
 state = "{state}"
 disabled_plugins = [
-  "io.containerd.internal.v1.opt",
-  "io.containerd.nri.v1.nri",
-  "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.erofs",
+  "io.containerd.internal.v1.opt", "io.containerd.nri.v1.nri",
+  "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.erofs",
   "io.containerd.tracing.processor.v1.otlp",
 ]
 
-[grpc]
-  address = "{grpc}"
-
-[ttrpc]
-  address = "{ttrpc}"
-
-[metrics]
-  address = ""
-
+{sockets}
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "overlayfs"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
-    sandbox = "{IMAGE}"
+    sandbox = "{sandbox}"
 
 [plugins.'io.containerd.cri.v1.runtime']
   # As in config(): runc fails where root lacks CAP_SYS_RESOURCE otherwise.
@@ -98,12 +104,6 @@ disabled_plugins = [
 [plugins.'io.containerd.grpc.v1.cri']
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
-"#,
-        root = p("root"),
-        state = p("state"),
-        grpc = p("containerd.sock"),
-        ttrpc = p("containerd.sock.ttrpc"),
-        bin = p("bin"),
-        netd = p("net.d"),
+"#
     )
 }

@@ -7,9 +7,8 @@
 //! the namespace is gone).
 
 use std::{
-    fs::File,
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Child, Command},
     time::Duration,
 };
 
@@ -68,11 +67,7 @@ impl Containerd {
 /// Starts `build` on the configuration under `d`, logging to `d`/containerd.log (appended: a
 /// restart keeps the earlier run's lines).
 pub(super) fn spawn(d: &Path, build: &Build) -> Child {
-    let log = File::options()
-        .create(true)
-        .append(true)
-        .open(d.join("containerd.log"))
-        .expect("containerd log");
+    let log = crate::cmd::append_log(&d.join("containerd.log"));
     let mut cmd = Command::new(&build.containerd);
     if let Some(shims) = &build.shim_dir {
         // The shim is looked up in PATH: this build's first, then Debian's runc.
@@ -85,12 +80,8 @@ pub(super) fn spawn(d: &Path, build: &Build) -> Child {
     }
     cmd.arg("--config")
         .arg(d.join("config.toml"))
-        .args(["--log-level", "info"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("spawn containerd")
+        .args(["--log-level", "info"]);
+    crate::cmd::spawn_daemon(&mut cmd, log)
 }
 
 /// Deletes a pod's network namespace (unmounts and removes its file), as a reboot or a

@@ -240,13 +240,7 @@ fn allocate_release_and_watch_at_runtime() {
         .spawn()
         .unwrap();
     let reply = lab.agent(&["allocate", "health"]);
-    let health = reply["addresses"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["role"] == "health")
-        .cloned()
-        .unwrap();
+    let health = dipam_lifecycle::entry(&reply["addresses"], "role", "health").clone();
     assert_eq!(health["state"], "ready", "{reply}");
     assert_eq!(lab.delegate_store().len(), 2);
 

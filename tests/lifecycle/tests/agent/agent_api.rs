@@ -208,10 +208,7 @@ fn python() -> Option<PathBuf> {
 /// Python stubs for dipam.v1, generated from proto/ now, as an agent author would: the Agent
 /// service's file alone is all an agent needs.
 fn python_stubs(python: &Path) -> tempfile::TempDir {
-    let out = tempfile::Builder::new()
-        .prefix("dipam-pystubs-")
-        .tempdir()
-        .unwrap();
+    let out = dipam_lifecycle::temp_dir("dipam-pystubs-");
     let proto = bins::workspace().join("proto");
     cmd::run(
         Command::new(python)

@@ -9,6 +9,11 @@
 use dipam_lifecycle::{Attachment, Lab, NetNs, cmd, deployment::Deployment, require_root};
 use serde_json::Value;
 
+/// `dipamctl explain WHAT` as people read it.
+fn explain_text(lab: &Lab, what: &str) -> String {
+    cmd::ok_named("dipamctl explain", &lab.dipamd.ctl(&["explain", what]))
+}
+
 fn explain(lab: &Lab, cid: &str) -> Value {
     cmd::json(&lab.dipamd.ctl(&["explain", cid, "--json"]))
 }
@@ -153,8 +158,7 @@ fn explain_finds_a_container_by_ip_and_by_id_prefix_in(d: Deployment) {
         serde_json::json!([one.container_id]),
         "{v:#}"
     );
-    let text = lab.dipamd.ctl(&["explain", &ip1]);
-    let text = String::from_utf8_lossy(&text.stdout);
+    let text = explain_text(&lab, &ip1);
     assert!(
         text.contains("the history shows the address given to"),
         "{text}"
@@ -278,8 +282,7 @@ fn explain_by_ip_says_who_freed_each_earlier_holding_in(d: Deployment) {
     }
 
     // For people: one line per holding, the freeing's author on it.
-    let text = lab.dipamd.ctl(&["explain", &ip]);
-    let text = String::from_utf8_lossy(&text.stdout);
+    let text = explain_text(&lab, &ip);
     assert!(
         text.contains("the history shows the address given to"),
         "{text}"

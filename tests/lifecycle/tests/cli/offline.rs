@@ -15,7 +15,7 @@ use std::{
 };
 
 use dipam_lifecycle::{
-    Lab, bins,
+    Lab, bins, cmd,
     deployment::{Deployment, Started},
     entry, named, require_root,
 };
@@ -64,6 +64,27 @@ fn dipamctl(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// How many of doctor's `checks` (its `--json` list) `which` picks.
+fn count_checks(checks: &Value, which: impl Fn(&Value) -> bool) -> usize {
+    let all = checks.as_array().unwrap_or_else(|| panic!("{checks:#}"));
+    all.iter().filter(|c| which(c)).count()
+}
+
+/// The flags that point dipamctl at `lab`'s dipamd and its files, none at its defaults: as
+/// an operator passes them on a node with non-default paths.
+fn paths(lab: &Lab, conf: &Path) -> Vec<String> {
+    let (socket, state) = (lab.dipamd.socket(), lab.dipamd.state_dir());
+    let flags = [
+        ("--socket", &*socket),
+        ("--state-dir", &*state),
+        ("--conf-dir", conf),
+    ];
+    flags
+        .into_iter()
+        .flat_map(|(f, v)| [f.to_owned(), s(v).to_owned()])
+        .collect()
+}
+
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
@@ -92,20 +113,13 @@ fn offline_doctor_after(how: &str) {
     let spooled = spool_files(&sp);
     assert_eq!(spooled.len(), 1, "{how}: {spooled:?}");
     let conf = conf_dir(&lab);
-    let state = lab.dipamd.state_dir();
-    let socket = lab.dipamd.socket();
     let cni = bins::cni_path();
-    let args = [
-        "doctor",
-        "--socket",
-        s(&socket),
-        "--state-dir",
-        s(&state),
-        "--conf-dir",
-        s(conf.path()),
-        "--cni-path",
-        &cni,
-    ];
+    let paths = paths(&lab, conf.path());
+    let args: Vec<&str> = ["doctor"]
+        .into_iter()
+        .chain(paths.iter().map(String::as_str))
+        .chain(["--cni-path", &cni])
+        .collect();
     let out = dipamctl(&[&args[..], &["--json"]].concat());
     assert_eq!(out.status.code(), Some(1), "{how}: {out:?}");
     let r: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
@@ -241,39 +255,21 @@ fn a_bundle_with_dipamd_down_fails_what_it_cannot_take_and_finds_the_log() {
     require_root!();
     let (mut lab, _spool, ids, _ra, _a) = lab_with_pods();
     let conf = conf_dir(&lab);
-    let state = lab.dipamd.state_dir();
-    let socket = lab.dipamd.socket();
     let work = tempfile::tempdir().unwrap();
-    let common = [
-        "--socket",
-        s(&socket),
-        "--state-dir",
-        s(&state),
-        "--conf-dir",
-        s(conf.path()),
-        "--journal-unit",
-        "dipamd-offline-test-no-such-unit",
-    ];
+    let paths = paths(&lab, conf.path());
+    let common: Vec<&str> = paths
+        .iter()
+        .map(String::as_str)
+        .chain(["--journal-unit", "dipamd-offline-test-no-such-unit"])
+        .collect();
 
     // Stopped (SIGSTOP): it holds its socket and its ledger but answers nothing. Its log is
     // found through its stderr, a file.
     let pid = lab.dipamd.pid().unwrap().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-STOP", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    cmd::run(Command::new("kill").args(["-STOP", &pid]));
     let f = work.path().join("stopped.tar.gz");
     let m = bundle(&common, &f);
-    assert!(
-        Command::new("kill")
-            .args(["-CONT", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    cmd::run(Command::new("kill").args(["-CONT", &pid]));
     for name in ["status", "doctor", "attachments", "explain"] {
         assert_eq!(part(&m, name)["ok"], false, "{name}: {m:#}");
     }
@@ -342,12 +338,7 @@ fn status_counts_the_doctor_checks_that_fail() {
     let count = |lab: &Lab| {
         let d = dipamctl(&["doctor", "--socket", s(&socket), "--json"]);
         let checks: Value = serde_json::from_slice(&d.stdout).unwrap();
-        let failed = checks
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|c| c["ok"] == false)
-            .count();
+        let failed = count_checks(&checks, |c| c["ok"] == false);
         // With --stores, status counts every check doctor makes.
         let st = dipamctl(&["status", "--socket", s(&socket), "--json", "--stores"]);
         assert!(st.status.success(), "{st:?}");
@@ -363,23 +354,18 @@ fn status_counts_the_doctor_checks_that_fail() {
         // reservation), and the output says they were left out.
         let quick = dipamctl(&["status", "--socket", s(&socket), "--json"]);
         let quick: Value = serde_json::from_slice(&quick.stdout).unwrap();
-        let compared = checks
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|c| {
-                let name = c["name"].as_str().unwrap_or_default();
-                name.starts_with("network ")
-                    && [
-                        ": delegate store agrees with the ledger",
-                        ": no orphaned reservations",
-                        ": running pods are recorded",
-                        ": serving ADD",
-                    ]
-                    .iter()
-                    .any(|end| name.ends_with(end))
-            })
-            .count();
+        let compared = count_checks(&checks, |c| {
+            let name = c["name"].as_str().unwrap_or_default();
+            name.starts_with("network ")
+                && [
+                    ": delegate store agrees with the ledger",
+                    ": no orphaned reservations",
+                    ": running pods are recorded",
+                    ": serving ADD",
+                ]
+                .iter()
+                .any(|end| name.ends_with(end))
+        });
         assert!(compared > 0, "{checks:#}");
         assert_eq!(quick["doctor"]["storesCompared"], false, "{quick:#}");
         assert_eq!(

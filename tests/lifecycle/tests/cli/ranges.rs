@@ -66,6 +66,19 @@ fn host(lab: &AgentLab, n: u8) -> String {
     format!("{}.{n}", lab.subnet.cidr.trim_end_matches(".0/24"))
 }
 
+/// `table` (status's text) holds, whole, the line of `lab`'s ipv4 range: .10 to .17 with the
+/// gateway .12 excluded, `counts`, and `tail` after the range.
+#[track_caller]
+fn assert_range_line(table: &str, lab: &AgentLab, counts: &str, tail: &str) {
+    let (net, first, last, gw) = (lab.network(), host(lab, 10), host(lab, 17), host(lab, 12));
+    let line =
+        format!("range:        {net} ipv4: {counts}; {first}-{last} (gateway {gw} excluded){tail}");
+    assert!(
+        table.lines().any(|l| l == line),
+        "want {line:?} in:\n{table}"
+    );
+}
+
 #[test]
 fn status_and_metrics_count_host_locals_range_until_it_is_full() {
     require_root!();
@@ -161,17 +174,8 @@ fn status_and_metrics_count_host_locals_range_until_it_is_full() {
         r["orphans"].as_u64().unwrap(),
         "{store:?} {ledger:?}"
     );
-    let line = format!(
-        "range:        {net} ipv4: 5/7 allocated (2 pod, 2 agent, 0 pool, 1 orphan), 2 free; \
-         {}-{} (gateway {} excluded)",
-        host(&lab, 10),
-        host(&lab, 17),
-        host(&lab, 12)
-    );
-    assert!(
-        table.lines().any(|l| l == line),
-        "want {line:?} in:\n{table}"
-    );
+    let counts = "5/7 allocated (2 pod, 2 agent, 0 pool, 1 orphan), 2 free";
+    assert_range_line(&table, &lab, counts, "");
     // The scrape says what status said.
     let body = scrape(&msock);
     let g = |name: &str, state: Option<&str>| gauge(&body, name, &net, "ipv4", state);
@@ -215,17 +219,9 @@ fn status_and_metrics_count_host_locals_range_until_it_is_full() {
         ),
         "{r:#}\n{table}"
     );
-    let line = format!(
-        "range:        {net} ipv4: 4/7 allocated (2 pod, 2 agent, 0 pool), 3 free; \
-         {}-{} (gateway {} excluded) (as the ledger records them; orphans: --stores)",
-        host(&lab, 10),
-        host(&lab, 17),
-        host(&lab, 12)
-    );
-    assert!(
-        table.lines().any(|l| l == line),
-        "want {line:?} in:\n{table}"
-    );
+    let counts = "4/7 allocated (2 pod, 2 agent, 0 pool), 3 free";
+    let tail = " (as the ledger records them; orphans: --stores)";
+    assert_range_line(&table, &lab, counts, tail);
 
     assert_units_in_json(&lab.dipamd, &pods[0].container_id);
 

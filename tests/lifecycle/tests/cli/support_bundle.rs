@@ -168,20 +168,10 @@ fn a_broken_node_still_gets_a_bundle_with_each_failure_noted() {
     for name in ["status", "doctor", "attachments", "conflists", "metrics"] {
         assert_eq!(part(&m, name)["ok"], false, "{name}: {m:#}");
     }
-    assert!(
-        part(&m, "status")["error"]
-            .as_str()
-            .unwrap()
-            .contains("cannot reach dipamd"),
-        "{m:#}"
-    );
-    assert!(
-        part(&m, "log")["error"]
-            .as_str()
-            .unwrap()
-            .contains("timed out"),
-        "{m:#}"
-    );
+    for (name, why) in [("status", "cannot reach dipamd"), ("log", "timed out")] {
+        let error = part(&m, name)["error"].as_str().unwrap_or_default();
+        assert!(error.contains(why), "{name}: {m:#}");
+    }
     // What could be taken was taken.
     let versions = read_json(&root.join("versions.json"));
     assert!(versions["dipamctl"].is_string(), "{versions}");

@@ -12,7 +12,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dipam_lifecycle::{Attachment, Lab, NetNs, Runtime, require_root, runtime::result_ips};
+use dipam_lifecycle::{
+    Attachment, Lab, NetNs, Runtime, links::nat_rules_for, require_root, runtime::result_ips,
+};
 use serde_json::{Value, json};
 
 /// The layout rule of spec §4.1 (as in ipam_mode.rs).
@@ -655,26 +657,6 @@ fn one_pod_several_interfaces_at_once() {
     });
     assert!(lab.delegate_store().is_empty());
     lab.assert_agree();
-}
-
-/// The NAT rules portmap made for this container (it tags them with the container ID).
-fn nat_rules_for(container_id: &str) -> Vec<String> {
-    let out = Command::new("iptables")
-        .args(["-t", "nat", "-S"])
-        .output()
-        .expect("run iptables (a dependency of containernetworking-plugins)");
-    let all = text(&out);
-    // portmap's per-container chain: rules that jump to it carry the ID in a comment; the
-    // chain's own rules carry the DNAT target.
-    let chains: Vec<String> = all
-        .lines()
-        .filter(|l| l.contains(container_id))
-        .filter_map(|l| l.split(" -j ").nth(1).map(|c| c.trim().to_owned()))
-        .collect();
-    all.lines()
-        .filter(|l| l.contains(container_id) || chains.iter().any(|c| l.contains(c)))
-        .map(str::to_owned)
-        .collect()
 }
 
 /// portmap chained after dipam, with runtimeConfig.portMappings as podman sends it (lowercase

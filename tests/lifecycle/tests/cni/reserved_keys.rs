@@ -46,13 +46,7 @@ fn pod_calls_under_agent_and_pool_keys_are_refused() {
     );
     lab.wait_ready(2);
     let list = lab.agent(&["list"]);
-    let router = list["addresses"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["role"] == "router")
-        .unwrap()
-        .clone();
+    let router = dipam_lifecycle::entry(&list["addresses"], "role", "router").clone();
     let router_id = router["containerID"].as_str().unwrap().to_owned();
     assert!(router_id.starts_with("dipam-router-ipv4-"), "{router}");
     let entry = wait_pool_entry(&lab);

@@ -37,10 +37,7 @@ impl SmallExt4 {
     /// Makes a `mib` MiB ext4 image (no blocks reserved for root, so that free space is
     /// what `df` shows) and mounts it on `mnt`, creating it.
     fn mount(mnt: &Path, mib: u64) -> Self {
-        let image = tempfile::Builder::new()
-            .prefix("dipam-ext4-")
-            .tempdir()
-            .unwrap();
+        let image = dipam_lifecycle::temp_dir("dipam-ext4-");
         let img = image.path().join("fs.img");
         std::fs::File::create(&img)
             .unwrap()
@@ -147,10 +144,7 @@ impl OnSmallDisk {
         let fs = SmallExt4::mount(&dipamd.state_dir(), mib);
         dipamd.start_again();
         let subnet = Subnet::claim("10.77");
-        let data = tempfile::Builder::new()
-            .prefix("delegate-store-")
-            .tempdir()
-            .unwrap();
+        let data = dipam_lifecycle::temp_dir("delegate-store-");
         let fx = Fixture::load("ptp-dipam-host-local.conflist")
             .unique_name()
             .with_socket(&dipamd.socket())
@@ -309,10 +303,7 @@ fn a_full_state_disk_is_reported_and_served_again_once_space_returns() {
 /// How many full-disk rounds [`a_full_state_disk_during_roots_traffic_recovers_within_5s`]
 /// makes per config size (`DIPAM_DISK_ROUNDS`, default 3).
 fn disk_rounds() -> usize {
-    std::env::var("DIPAM_DISK_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3)
+    dipam_lifecycle::env_or("DIPAM_DISK_ROUNDS", 3)
 }
 
 /// Root's own traffic (4 runtimes adding and deleting pods at once) while the state disk is

@@ -26,7 +26,7 @@ use std::{
 
 use dipam_lifecycle::{
     Lab, Replay, Runtime, bins,
-    nobody::NOBODY,
+    nobody::{self, NOBODY},
     replay::{self, Rng},
     require_root, unique,
 };
@@ -41,10 +41,7 @@ const MAX_DELAY_US: u64 = 15_000;
 
 /// How many runs one test makes.
 fn runs() -> usize {
-    std::env::var("DIPAM_KILL_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5)
+    dipam_lifecycle::env_or("DIPAM_KILL_RUNS", 5)
 }
 
 /// Who the plugin runs as.
@@ -144,18 +141,11 @@ fn blank_files(dir: &Path) -> Vec<String> {
 fn lab(caller: Caller, metrics: &Path) -> (Lab, Value, PathBuf) {
     let msock = metrics.join("metrics.sock");
     let msock = msock.to_str().unwrap();
-    let flags: &[&str] = match caller {
-        Caller::Root => &["--metrics-socket", msock],
-        Caller::Nobody => &[
-            "--socket-group",
-            NOBODY,
-            "--allow-uid",
-            NOBODY,
-            "--metrics-socket",
-            msock,
-        ],
+    let flags = match caller {
+        Caller::Root => vec!["--metrics-socket", msock],
+        Caller::Nobody => nobody::allowed_and(&["--metrics-socket", msock]),
     };
-    let lab = Lab::with_flags("ptp-dipam-host-local.conflist", flags);
+    let lab = Lab::with_flags("ptp-dipam-host-local.conflist", &flags);
     let mut conf = Runtime::plugin_config(lab.list(), 0, None);
     if caller == Caller::Nobody {
         conf["name"] = json!(format!("{}-nobody", lab.network()));

@@ -33,10 +33,7 @@ struct Boot {
 
 impl Boot {
     fn new() -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("boot-id-")
-            .tempdir()
-            .unwrap();
+        let dir = dipam_lifecycle::temp_dir("boot-id-");
         let path = dir.path().join("boot_id");
         let b = Self { _dir: dir, path };
         b.next();
@@ -320,10 +317,7 @@ fn pods_dead_without_a_del_are_freed_by_evidence_unit() {
 #[test]
 fn a_crash_while_freeing_the_earlier_boot_converges() {
     require_root!();
-    let runs: u32 = std::env::var("DIPAM_REBOOT_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1);
+    let runs: u32 = dipam_lifecycle::env_or("DIPAM_REBOOT_RUNS", 1);
     for run in 1..=runs {
         eprintln!("run {run} of {runs}: kill point reboot-after-release");
         crash_while_freeing_the_earlier_boot();

@@ -122,12 +122,7 @@ fn socket_hygiene() {
         "SIGKILL cannot unlink; the next start must cope"
     );
     lab.dipamd.start_again();
-    let out = lab.dipamd.ctl(&["status"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    dipam_lifecycle::cmd::ok_named("dipamctl status", &lab.dipamd.ctl(&["status"]));
 }
 
 /// Only one dipamd per state directory: a second one exits with a message naming the

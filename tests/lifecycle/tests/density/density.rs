@@ -37,10 +37,7 @@ fn a_dense_node_starts_every_pod() {
         return;
     };
     dipam_lifecycle::require!(cluster::etcd_missing());
-    let pods: u32 = std::env::var("DIPAM_DENSITY_PODS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(110);
+    let pods: u32 = dipam_lifecycle::env_or("DIPAM_DENSITY_PODS", 110);
     // The DaemonSet's own pod counts against maxPods too; the range must hold the pods, the
     // agent's two addresses, and the reference's pods in its top half (a /24 up to 110 pods,
     // a /23 up to 250).

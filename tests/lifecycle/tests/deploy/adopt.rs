@@ -18,14 +18,14 @@
 use std::{
     fs,
     path::{Path, PathBuf},
-    process::{Command, Output},
+    process::Command,
     time::{Duration, Instant},
 };
 
 use dipam_lifecycle::{
     Containerd, Dipamd, Fixture, Lab, NetNs, Subnet, bins,
     cmd::{self, ok},
-    daemon::ctl_at,
+    daemon::{ctl_at, install_wrap},
     hostlocal,
     links::ipv4_addresses as addresses,
     podman::{self, Podman},
@@ -56,36 +56,14 @@ fn plain_chain(version: &str, store: &Path, subnet: &Subnet) -> Value {
     list
 }
 
-/// `install --wrap FILE --in-place`, as the README tells a node to run it.
-fn wrap_in_place(socket: &Path, file: &Path, bin: &Path) -> Output {
-    ctl_at(
-        socket,
-        &[
-            "install",
-            "--wrap",
-            file.to_str().unwrap(),
-            "--in-place",
-            "--cni-bin-dir",
-            bin.to_str().unwrap(),
-            "--plugin",
-            bins::bin("dipam").to_str().unwrap(),
-        ],
-    )
-}
-
 /// The host reaches `ip` (ptp routes each pod's address to its veth).
 #[track_caller]
 fn assert_reachable(ip: &str) {
-    let out = Command::new(busybox())
+    let ping = Command::new(busybox())
         .args(["ping", "-c", "1", "-W", "2", ip])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "the host cannot reach pod {ip}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    cmd::ok_named(&format!("the host's ping of pod {ip}"), &ping);
 }
 
 fn busybox() -> PathBuf {
@@ -273,7 +251,7 @@ fn a_podman_node_with_20_running_pods_is_adopted_and_no_pod_loses_its_address() 
     assert_eq!(hostlocal::reservations(&store, &net).len(), PODS);
 
     // dipamd is not running yet: the rewrite happens, and the exact step is printed.
-    let out = wrap_in_place(&dipamd.socket(), &conflist, &bin);
+    let out = install_wrap(&dipamd.socket(), &conflist, &bin, &["--in-place"]);
     let text = ok(&out);
     assert!(text.contains("wrapped:"), "{text}");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -402,18 +380,7 @@ fn a_containerd_node_with_20_running_pods_is_adopted_and_no_pod_loses_its_addres
     // Reviewed first: the wrapped copy beside the file, which no runtime loads. dipamd does
     // not record these pods yet, and still neither its GC nor a dry adoption would free one.
     let socket = node.dipamd.socket();
-    ok(&ctl_at(
-        &socket,
-        &[
-            "install",
-            "--wrap",
-            conflist.to_str().unwrap(),
-            "--cni-bin-dir",
-            bin.to_str().unwrap(),
-            "--plugin",
-            bins::bin("dipam").to_str().unwrap(),
-        ],
-    ));
+    ok(&install_wrap(&socket, &conflist, &bin, &[]));
     let copy = PathBuf::from(format!("{}.dipam", conflist.display()));
     let c = copy.to_str().unwrap();
     let gc = cmd::json(&ctl_at(
@@ -438,7 +405,7 @@ fn a_containerd_node_with_20_running_pods_is_adopted_and_no_pod_loses_its_addres
     );
 
     // As the README says: in place, with dipamd up. The running pods are recorded at once.
-    let text = ok(&wrap_in_place(&socket, &conflist, &bin));
+    let text = ok(&install_wrap(&socket, &conflist, &bin, &["--in-place"]));
     assert!(
         text.contains(&format!(
             "adopted:   {PODS} running attachment(s) of network {net}"

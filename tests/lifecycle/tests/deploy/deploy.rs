@@ -165,12 +165,7 @@ fn assert_same_path_on_host(docs: &[Value], c: &Value, path: &Path, rw: bool, wh
 
 /// The dipam plugin object of a conflist, and where its own keys live (IPAM or main mode).
 fn dipam_keys(list: &Value) -> (&Value, &Value) {
-    let p = list["plugins"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["type"] == "dipam" || p["ipam"]["type"] == "dipam")
-        .expect("a plugin that uses dipam");
+    let p = &list["plugins"][dipam_lifecycle::fixture::dipam_plugin_index(list)];
     if p["type"] == "dipam" {
         (p, &p["ipam"])
     } else {

@@ -92,6 +92,15 @@ fn capabilities(c: &Value) -> Vec<String> {
     out
 }
 
+/// Container `c`'s command as the kubelet runs it on node-1: it expands `$(NODE_NAME)`,
+/// which the downward API sets in a cluster.
+fn command_on_node_1(c: &Value) -> Vec<String> {
+    strings(&c["command"])
+        .into_iter()
+        .map(|a| a.replace("$(NODE_NAME)", "node-1"))
+        .collect()
+}
+
 /// The build context: exactly the three binaries, without their debug info.
 fn context(dir: &Path) {
     bins::copy_stripped(dir);
@@ -196,11 +205,7 @@ fn the_image_builds_offline_and_runs_as_the_daemonset_runs_it() {
         args.push(format!("{k}={v}"));
     }
     args.push(image.clone());
-    args.extend(
-        strings(&init["command"])
-            .into_iter()
-            .map(|a| a.replace("$(NODE_NAME)", "node-1")),
-    );
+    args.extend(command_on_node_1(init));
     podman.ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(
         api.requests().len(),
@@ -238,11 +243,7 @@ fn the_image_builds_offline_and_runs_as_the_daemonset_runs_it() {
     args.extend(capabilities(d));
     args.extend(mounts(d, hostpath));
     args.push(image.clone());
-    args.extend(
-        strings(&d["command"])
-            .into_iter()
-            .map(|a| a.replace("$(NODE_NAME)", "node-1")),
-    );
+    args.extend(command_on_node_1(d));
     podman.ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
 
     // The readiness probe's exec command, run in the container as the kubelet runs it.

@@ -25,10 +25,7 @@ struct Node {
 
 impl Node {
     fn new(conflist: &Value) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("install-checks-")
-            .tempdir()
-            .unwrap();
+        let dir = dipam_lifecycle::temp_dir("install-checks-");
         for d in ["bin", "net.d", "empty", "path"] {
             std::fs::create_dir_all(dir.path().join(d)).unwrap();
         }

@@ -396,23 +396,8 @@ fn cri_endpoint_and_mount_agree(docs: &[Value]) -> Result<(), String> {
         ));
     }
     let mounts = d["volumeMounts"].as_array().ok_or("no volumeMounts")?;
-    // The innermost mount holding the socket, as in the kernel.
-    let mount = mounts
-        .iter()
-        .filter(|m| {
-            m["mountPath"]
-                .as_str()
-                .is_some_and(|p| Path::new(socket).starts_with(p))
-        })
-        .max_by_key(|m| m["mountPath"].as_str().map_or(0, str::len))
-        .ok_or_else(|| format!("no volume mount holds {socket}"))?;
+    let (mount, volume) = mount_of(pod, mounts, Path::new(socket))?;
     let path = mount["mountPath"].as_str().unwrap_or_default();
-    let volume = pod["volumes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|v| v["name"] == mount["name"])
-        .ok_or_else(|| format!("no volume {} for {path}", mount["name"]))?;
     let host = &volume["hostPath"];
     if host["path"].as_str() != Some(path) {
         return Err(format!(
@@ -569,24 +554,31 @@ fn azure_paths_reach_the_host(docs: &[Value], paths: &[PathBuf]) -> Result<(), S
     }
 }
 
-fn path_reaches_the_host(pod: &Value, mounts: &[Value], p: &Path) -> Result<(), String> {
+/// The innermost of `mounts` holding `p`, as the kernel resolves it, and the pod's volume it
+/// mounts.
+fn mount_of<'a>(
+    pod: &'a Value,
+    mounts: &'a [Value],
+    p: &Path,
+) -> Result<(&'a Value, &'a Value), String> {
     let mount = mounts
         .iter()
         .filter(|m| m["mountPath"].as_str().is_some_and(|m| p.starts_with(m)))
         .max_by_key(|m| m["mountPath"].as_str().map_or(0, str::len))
-        .ok_or_else(|| {
-            format!(
-                "no volume mount holds {}: the plugin's file stays in the container",
-                p.display()
-            )
-        })?;
-    let at = mount["mountPath"].as_str().unwrap_or_default();
+        .ok_or_else(|| format!("no volume mount holds {}", p.display()))?;
     let volume = pod["volumes"]
         .as_array()
         .into_iter()
         .flatten()
         .find(|v| v["name"] == mount["name"])
-        .ok_or_else(|| format!("no volume {} for {at}", mount["name"]))?;
+        .ok_or_else(|| format!("no volume {} for {}", mount["name"], mount["mountPath"]))?;
+    Ok((mount, volume))
+}
+
+fn path_reaches_the_host(pod: &Value, mounts: &[Value], p: &Path) -> Result<(), String> {
+    let (mount, volume) = mount_of(pod, mounts, p)
+        .map_err(|e| format!("{e}: the plugin's file stays in the container"))?;
+    let at = mount["mountPath"].as_str().unwrap_or_default();
     let host = volume["hostPath"]["path"]
         .as_str()
         .ok_or_else(|| format!("{} is in {volume}, not a hostPath", p.display()))?;

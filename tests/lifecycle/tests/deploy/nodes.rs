@@ -64,7 +64,7 @@ struct Node {
 impl Node {
     fn new() -> Self {
         Self {
-            dir: tempfile::Builder::new().prefix("node-").tempdir().unwrap(),
+            dir: dipam_lifecycle::temp_dir("node-"),
         }
     }
 
@@ -135,12 +135,7 @@ fn refused(out: &Output, why: &[&str]) {
 
 /// The dipam plugin's host-local ranges in an installed conflist (IPAM or main mode).
 fn ranges(list: &Value) -> Value {
-    let p = list["plugins"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["type"] == "dipam" || p["ipam"]["type"] == "dipam")
-        .unwrap();
+    let p = &list["plugins"][dipam_lifecycle::fixture::dipam_plugin_index(list)];
     if p["type"] == "dipam" {
         p["ipam"]["ranges"].clone()
     } else {
@@ -162,7 +157,7 @@ fn the_daemonsets_init_container_installs_its_nodes_own_ranges() {
     let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
     let pod = &ds["spec"]["template"]["spec"];
     let init = named(&pod["initContainers"], "install");
-    let root = tempfile::Builder::new().prefix("pod-").tempdir().unwrap();
+    let root = dipam_lifecycle::temp_dir("pod-");
     // Each mount of the init container, rooted under `root`; the ConfigMap's files in its.
     let mut mounts: Vec<(String, PathBuf)> = Vec::new();
     for m in init["volumeMounts"].as_array().unwrap() {

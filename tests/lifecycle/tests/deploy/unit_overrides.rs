@@ -44,10 +44,7 @@ struct Node {
 
 impl Node {
     fn new() -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("dipam-unit-")
-            .tempdir()
-            .expect("temp dir");
+        let dir = dipam_lifecycle::temp_dir("dipam-unit-");
         Self { dir }
     }
 

@@ -73,7 +73,7 @@ impl Node {
 
     /// A node whose dipamd runs `azure`'s real azure-vnet-ipam, when given.
     fn serving(azure: Option<&AzureNode>) -> Self {
-        let dir = tempfile::Builder::new().prefix("wrap-").tempdir().unwrap();
+        let dir = dipam_lifecycle::temp_dir("wrap-");
         fs::create_dir_all(dir.path().join("net.d")).unwrap();
         fs::create_dir_all(dir.path().join("store")).unwrap();
         let bin = dir.path().join("bin");
@@ -100,17 +100,13 @@ impl Node {
     /// `install --wrap FILE --in-place`, as the README tells a node to run it.
     fn wrap_in_place(&self, file: &Path, extra: &[&str]) -> String {
         let bin = self.dir.path().join("bin");
-        let mut args = vec![
-            "--wrap",
-            file.to_str().unwrap(),
-            "--in-place",
-            "--cni-bin-dir",
-            bin.to_str().unwrap(),
-        ];
-        let plugin = bins::bin("dipam");
-        args.extend(["--plugin", plugin.to_str().unwrap()]);
-        args.extend(extra);
-        ok(&ctl(&self.dipamd.socket(), &args))
+        let args = [&["--in-place"][..], extra].concat();
+        ok(&daemon::install_wrap(
+            &self.dipamd.socket(),
+            file,
+            &bin,
+            &args,
+        ))
     }
 
     /// A pod through `list`: ADD, CHECK, DEL; returns the address it got.
@@ -312,16 +308,12 @@ fn podman_bytes_survive_a_round_trip() {
     .unwrap();
     fs::write(&file, &original).unwrap();
     let plugin_dir = dir.path().join("bin");
-    ok(&ctl(
-        Path::new("/run/dipam/dipam.sock"),
-        &[
-            "--wrap",
-            file.to_str().unwrap(),
-            "--cni-bin-dir",
-            plugin_dir.to_str().unwrap(),
-            "--plugin",
-            bins::bin("dipam").to_str().unwrap(),
-        ],
+    let default_socket = Path::new("/run/dipam/dipam.sock");
+    ok(&daemon::install_wrap(
+        default_socket,
+        &file,
+        &plugin_dir,
+        &[],
     ));
     assert_eq!(
         fs::read(&file).unwrap(),
@@ -356,21 +348,11 @@ fn refusals_exit_1_with_the_reason_and_write_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let sock = Path::new("/run/dipam/dipam.sock");
     let bin = dir.path().join("bin");
-    let plugin = bins::bin("dipam");
     let wrap = |name: &str, text: &str, extra: &[&str]| {
         let file = dir.path().join(name);
         fs::write(&file, text).unwrap();
-        let mut args = vec![
-            "--wrap",
-            file.to_str().unwrap(),
-            "--in-place",
-            "--cni-bin-dir",
-            bin.to_str().unwrap(),
-            "--plugin",
-            plugin.to_str().unwrap(),
-        ];
-        args.extend(extra);
-        let out = ctl(sock, &args);
+        let args = [&["--in-place"][..], extra].concat();
+        let out = daemon::install_wrap(sock, &file, &bin, &args);
         assert_eq!(fs::read_to_string(&file).unwrap(), text, "{name} changed");
         out
     };

@@ -82,10 +82,7 @@ struct Fresh {
 
 impl Fresh {
     fn new() -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("fresh-root-")
-            .tempdir()
-            .unwrap();
+        let dir = dipam_lifecycle::temp_dir("fresh-root-");
         let f = Self { dir };
         // Debian 12 ships an empty /opt and /usr/local/bin, and no /etc/cni.
         std::fs::create_dir_all(f.root("opt")).unwrap();
@@ -194,14 +191,8 @@ impl Fresh {
 
     #[track_caller]
     fn ok(&self, what: &str, script: &str) {
-        let out = self.run(script);
-        assert!(
-            out.status.success(),
-            "{what} failed on a fresh root ({}):\n{script}\nstdout: {}\nstderr: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let what = format!("{what} on a fresh root:\n{script}\n");
+        dipam_lifecycle::cmd::ok_named(&what, &self.run(script));
     }
 }
 

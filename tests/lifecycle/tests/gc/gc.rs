@@ -82,15 +82,9 @@ fn emulated_gc_frees_host_local_orphans_and_dry_run_frees_nothing() {
     let (_ns, pod) = lab.pod();
     lab.rt.ipam(lab.list(), 0, "ADD", &pod, None).unwrap();
     // An allocation straight through host-local, as a second runtime would make it.
-    let mut direct = dipam_lifecycle::Runtime::plugin_config(lab.list(), 0, None);
-    direct["ipam"] = direct["ipam"]["delegate"].clone();
-    let orphan = Attachment::new("orphan-behind-dipams-back", "/var/run/netns/none");
-    let out = lab.rt.exec(
-        "host-local",
-        "ADD",
-        &orphan,
-        &serde_json::to_vec(&direct).unwrap(),
-    );
+    let out = lab
+        .rt
+        .add_behind_dipams_back(lab.list(), "orphan-behind-dipams-back");
     assert!(out.status.success());
     assert_eq!(lab.delegate_store().len(), 2);
 
@@ -147,15 +141,8 @@ fn native_gc_delegate_frees_stale_pods() {
     lab.rt.ipam(lab.list(), 0, "ADD", &stale, None).unwrap();
     // A reservation made straight through host-local, unknown to dipamd: only the delegate's
     // own GC can know to free it (dipamd reads no store of a delegate that has GC).
-    let mut direct = dipam_lifecycle::Runtime::plugin_config(lab.list(), 0, None);
-    direct["ipam"] = direct["ipam"]["delegate"].clone();
-    let orphan = Attachment::new("orphan-in-host-local", "/var/run/netns/none");
-    let out = dipam_lifecycle::Runtime::new(peers::cni_path(plugins)).exec(
-        "host-local",
-        "ADD",
-        &orphan,
-        &serde_json::to_vec(&direct).unwrap(),
-    );
+    let out = dipam_lifecycle::Runtime::new(peers::cni_path(plugins))
+        .add_behind_dipams_back(lab.list(), "orphan-in-host-local");
     let orphan_ip = result_ips(&serde_json::from_slice(&out.stdout).unwrap()).remove(0);
     assert_eq!(lab.delegate_store().len(), 3);
 

@@ -292,15 +292,18 @@ fn freeing_all_of_a_small_network_takes_force() {
     let elsewhere = json!([{"containerID": "running-elsewhere", "ifname": "eth0"}]);
     std::fs::write(&file, serde_json::to_vec(&elsewhere).unwrap()).unwrap();
     let ctl = |extra: &[&str]| lab.dipamd.gc_valid(&conflist, &file, extra);
+    // The runtime's GC, both keys naming only that pod.
+    let gc_elsewhere = || {
+        gc(
+            &lab.rt,
+            lab.list(),
+            &[(VALID, &elsewhere), (LEGACY, &elsewhere)],
+        )
+    };
 
     let (_a, only) = lab.pod();
     lab.rt.ipam(lab.list(), 0, "ADD", &only, None).unwrap();
-    let e = gc(
-        &lab.rt,
-        lab.list(),
-        &[(VALID, &elsewhere), (LEGACY, &elsewhere)],
-    )
-    .unwrap_err();
+    let e = gc_elsewhere().unwrap_err();
     assert_eq!(e.code, 170, "1 of 1: {e}");
     assert!(e.details.contains("1 of the network's 1"), "{e}");
     for extra in [&["--dry-run"][..], &[]] {
@@ -327,12 +330,7 @@ fn freeing_all_of_a_small_network_takes_force() {
     let (_c, b) = lab.pod();
     lab.rt.ipam(lab.list(), 0, "ADD", &a, None).unwrap();
     lab.rt.ipam(lab.list(), 0, "ADD", &b, None).unwrap();
-    let e = gc(
-        &lab.rt,
-        lab.list(),
-        &[(VALID, &elsewhere), (LEGACY, &elsewhere)],
-    )
-    .unwrap_err();
+    let e = gc_elsewhere().unwrap_err();
     assert_eq!(e.code, 170, "2 of 2: {e}");
     assert_eq!(lab.delegate_store().len(), 2, "2 of 2 freed");
     let one = json!([gc_entry(&a)]);
@@ -414,18 +412,12 @@ fn dry_run_lists_what_it_keeps_and_why() {
         if json {
             args.push("--json");
         }
-        let out = lab.dipamd.ctl(&args);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out.stdout
+        dipam_lifecycle::cmd::ok_named("dipamctl gc --dry-run", &lab.dipamd.ctl(&args))
     };
     let before = ips(lab.delegate_store());
     assert_eq!(ips(lab.ledger()), before);
 
-    let (kept, freed) = plan(&serde_json::from_slice(&dry(&lab, true)).unwrap());
+    let (kept, freed) = plan(&serde_json::from_str(&dry(&lab, true)).unwrap());
     let g = |r: &[&str]| r.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
     let mut want = vec![
         (router.clone(), g(&["agent", "grace"])),
@@ -440,7 +432,7 @@ fn dry_run_lists_what_it_keeps_and_why() {
     lab.set_roles("router", &flags("0"));
     lab.dipamd.restart();
     lab.wait_ready(1);
-    let (kept, freed) = plan(&serde_json::from_slice(&dry(&lab, true)).unwrap());
+    let (kept, freed) = plan(&serde_json::from_str(&dry(&lab, true)).unwrap());
     let mut want = vec![
         (router.clone(), g(&["agent"])),
         (listed.container_id.clone(), g(&["valid-list"])),
@@ -449,7 +441,7 @@ fn dry_run_lists_what_it_keeps_and_why() {
     want.sort();
     assert_eq!(kept, want);
     assert_eq!(freed, vec![stale.container_id.clone()]);
-    let table = String::from_utf8(dry(&lab, false)).unwrap();
+    let table = dry(&lab, false);
     assert!(table.contains("the agent's router address"), "{table}");
     assert!(table.contains("a warm-pool entry"), "{table}");
     assert!(table.contains("in the valid list"), "{table}");

@@ -65,6 +65,14 @@ fn runtime_status(lab: &Lab) -> Value {
     json(&lab.dipamd.ctl(&["status", "--json"]))["runtimeGc"].clone()
 }
 
+/// Status once the runtime-aware GC refuses for `reason` ("unreachable", "empty") and its
+/// refusal count has reached five: a refusal that holds over passes, not one pass's.
+fn after_five_refusals(lab: &Lab, reason: &str) -> Value {
+    wait_status(lab, &format!("refusing ({reason}) five times"), |s| {
+        s["refusing"] == reason && s["refusals"].as_u64().unwrap_or(0) >= 5
+    })
+}
+
 /// Waits until the runtime-aware GC's status satisfies `done` (its passes run on their own).
 #[track_caller]
 fn wait_status(lab: &Lab, what: &str, done: impl Fn(&Value) -> bool) -> Value {
@@ -333,16 +341,9 @@ fn an_unreachable_endpoint_frees_nothing_and_shows_the_refusal() {
     let endpoint = format!("unix://{}", dir.path().join("containerd.sock").display());
     let lab = lab(&endpoint, "0.2", "0");
     let (_ns, att) = cri_shaped(&lab);
-    let s = wait_status(&lab, "refusing, then five more passes", |s| {
-        s["refusing"] == "unreachable" && s["refusals"].as_u64().unwrap_or(0) >= 5
-    });
-    assert!(
-        s["refusingDetail"]
-            .as_str()
-            .unwrap()
-            .contains("No such file or directory"),
-        "{s:#}"
-    );
+    let s = after_five_refusals(&lab, "unreachable");
+    let detail = s["refusingDetail"].as_str().unwrap_or_default();
+    assert!(detail.contains("No such file or directory"), "{s:#}");
     assert_eq!(s["freed"], 0);
     assert_eq!(lab.ledger().len(), 1, "{:?}", lab.ledger());
     lab.assert_agree();
@@ -384,16 +385,9 @@ fn an_empty_sandbox_list_with_cri_attachments_frees_nothing() {
     let (cd, lab) = (&bench.cd, &bench.lab);
     assert!(cd.list_pods().unwrap().is_empty());
     let (_ns, att) = cri_shaped(lab);
-    let s = wait_status(lab, "refusing an empty list five times", |s| {
-        s["refusing"] == "empty" && s["refusals"].as_u64().unwrap_or(0) >= 5
-    });
-    assert!(
-        s["refusingDetail"]
-            .as_str()
-            .unwrap()
-            .contains("1 attachment(s) made through CRI"),
-        "{s:#}"
-    );
+    let s = after_five_refusals(lab, "empty");
+    let detail = s["refusingDetail"].as_str().unwrap_or_default();
+    assert!(detail.contains("1 attachment(s) made through CRI"), "{s:#}");
     assert_eq!(s["freed"], 0);
     assert_eq!(lab.ledger().len(), 1);
     lab.assert_agree();

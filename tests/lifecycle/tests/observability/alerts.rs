@@ -22,7 +22,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dipam_lifecycle::{AgentLab, Attachment, NetNs, Runtime, bins, deps, require_root, yaml};
+use dipam_lifecycle::{AgentLab, Attachment, NetNs, bins, deps, require_root, yaml};
 use serde_json::{Value, json};
 
 const JOB: &str = "dipam";
@@ -251,15 +251,9 @@ fn alerts_fire_on_real_scrapes_exactly_when_they_should() {
 
     // An orphan: an address reserved straight through host-local, as a second runtime
     // sharing the store would, which no attachment in the ledger owns.
-    let mut direct = Runtime::plugin_config(&list, 0, None);
-    direct["ipam"] = direct["ipam"]["delegate"].clone();
-    let stranger = Attachment::new("reserved-behind-dipams-back", "/var/run/netns/none");
-    let out = lab.rt.exec(
-        "host-local",
-        "ADD",
-        &stranger,
-        &serde_json::to_vec(&direct).unwrap(),
-    );
+    let out = lab
+        .rt
+        .add_behind_dipams_back(&list, "reserved-behind-dipams-back");
     assert!(out.status.success(), "{out:?}");
     // Divergence: the pod's reservation vanishes from host-local's store (a wrong mount).
     let (_, _, ip) = dipam_lifecycle::hostlocal::reservations(lab.data.path(), &lab.network())
@@ -525,15 +519,5 @@ fn promtool_test_rules(promtool: &std::path::Path, tests: &serde_json::Value) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("tests.yaml");
     std::fs::write(&file, serde_json::to_vec_pretty(tests).unwrap()).unwrap();
-    let out = Command::new(promtool)
-        .args(["test", "rules"])
-        .arg(&file)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "promtool test rules failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    dipam_lifecycle::cmd::run(Command::new(promtool).args(["test", "rules"]).arg(&file));
 }

@@ -28,10 +28,7 @@ const WORKERS: usize = 8;
 const CHURNS: usize = 1000;
 
 fn churns() -> usize {
-    std::env::var("DIPAM_POOL_CHURNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(CHURNS)
+    dipam_lifecycle::env_or("DIPAM_POOL_CHURNS", CHURNS)
 }
 
 fn status(lab: &AgentLab) -> Value {

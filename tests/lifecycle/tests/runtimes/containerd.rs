@@ -20,7 +20,7 @@ use std::{
 use dipam_lifecycle::{
     Containerd, Lab,
     containerd::Pod,
-    links::{assert_no_host_veths, ipv4_addresses as addresses},
+    links::{assert_no_host_veths, ipv4_addresses as addresses, nat_rules_for},
     require,
 };
 use serde_json::json;
@@ -117,25 +117,6 @@ impl Bench {
         }
         assert_no_host_veths(&self.net(), dipam_proto::retired::ALIAS_PREFIX);
     }
-}
-
-/// The NAT rules portmap made for this sandbox: rules that jump to its per-container chain
-/// carry the ID in a comment, the chain's own rules the DNAT target.
-fn nat_rules_for(id: &str) -> Vec<String> {
-    let out = Command::new("iptables")
-        .args(["-t", "nat", "-S"])
-        .output()
-        .expect("run iptables (a dependency of containernetworking-plugins)");
-    let all = String::from_utf8_lossy(&out.stdout).into_owned();
-    let chains: Vec<String> = all
-        .lines()
-        .filter(|l| l.contains(id))
-        .filter_map(|l| l.split(" -j ").nth(1).map(|c| c.trim().to_owned()))
-        .collect();
-    all.lines()
-        .filter(|l| l.contains(id) || chains.iter().any(|c| l.contains(c)))
-        .map(str::to_owned)
-        .collect()
 }
 
 fn lifecycle(mode: Mode) {

@@ -233,14 +233,7 @@ fn runtime_aware_gc_frees_what_containerd_2_leaked() {
         "the swap leaks {ip_leaks}"
     );
     let pass = || -> Value {
-        let out = b.lab.dipamd.ctl(&["gc", "--from-runtime", "--json"]);
-        assert!(
-            out.status.success(),
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
+        dipam_lifecycle::cmd::json(&b.lab.dipamd.ctl(&["gc", "--from-runtime", "--json"]))
     };
     let mut freed = false;
     for _ in 0..4 {
@@ -715,10 +708,7 @@ fn cpu_ticks(pid: u32) -> u64 {
 fn idle_cpu_with_110_pods_and_every_look_on() {
     require!(dipam_lifecycle::containerd::unavailable());
     let peers = require_peers!("containerd", "ctr", "containerd-shim-runc-v2");
-    let n: usize = std::env::var("DIPAM_IDLE_PODS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(110);
+    let n: usize = dipam_lifecycle::env_or("DIPAM_IDLE_PODS", 110);
     let b = Bench::with_gc(&peers, "dipam-host-local-1.1.0.conflist", &[], Gc::Shipped);
     let started = Instant::now();
     let pods: Vec<Pod> = (0..n)

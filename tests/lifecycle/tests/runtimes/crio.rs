@@ -37,6 +37,13 @@ impl Bench {
         Self::with(dipamd_up, |_| Vec::new(), false)
     }
 
+    /// dipamd up and CRI-O started on it: where a test with nothing to set first begins.
+    fn running() -> Option<Self> {
+        let mut b = Self::new(true)?;
+        b.start_crio();
+        Some(b)
+    }
+
     /// As [`Self::new`], with dipamd's further flags from `flags` (given CRI-O's socket), and
     /// in its own PID namespace when `own_pid_ns` (the DaemonSet without hostPID: it sees
     /// none of the pods' processes, nor, in its private mounts, their pinned namespaces).
@@ -129,10 +136,9 @@ fn wait_for(secs: u64, what: &str, mut done: impl FnMut() -> bool) {
 #[test]
 fn the_start_up_gc_frees_exactly_the_lost_dels() {
     require!(dipam_lifecycle::crio::unavailable());
-    let Some(mut b) = Bench::new(true) else {
+    let Some(mut b) = Bench::running() else {
         return;
     };
-    b.start_crio();
     b.claim("egress");
     let agent = b.lab.addresses();
     assert_eq!(agent.len(), 2);
@@ -474,10 +480,9 @@ fn pods_wait_while_dipamd_is_down_and_run_once_it_is_back() {
 #[test]
 fn sigkill_mid_traffic_converges_and_leaks_nothing() {
     require!(dipam_lifecycle::crio::unavailable());
-    let Some(mut b) = Bench::new(true) else {
+    let Some(mut b) = Bench::running() else {
         return;
     };
-    b.start_crio();
     let mut rng = Seeded::new("crio sigkill_mid_traffic_converges_and_leaks_nothing");
     let router = b.lab.addresses();
     let watch = b.lab.watch();

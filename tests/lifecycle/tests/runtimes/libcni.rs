@@ -35,7 +35,7 @@ use dipam_lifecycle::{
     peers::{self, Plugins},
     require_root,
     runtime::{list_version, result_ips},
-    shapes::shipped_unit_setpriv,
+    shapes::{Seeded, shipped_unit_setpriv},
 };
 use serde_json::{Value, json};
 
@@ -53,6 +53,19 @@ fn at_version(list: &Value, v: &str) -> Value {
     l
 }
 
+/// After a GC: the ledger holds `kept`'s pod and nothing else, and agrees with the store.
+#[track_caller]
+fn assert_only_pod_left(lab: &Lab, kept: &Attachment, what: &str) -> Vec<(String, String)> {
+    let ledger = lab.ledger();
+    assert_eq!(ledger.len(), 1, "{what} left {ledger:?}");
+    assert_eq!(
+        ledger[0].0, kept.container_id,
+        "{what} freed the pod it had to keep"
+    );
+    lab.assert_agree();
+    ledger
+}
+
 /// One client of the CNI API: the emulation or real libcni.
 trait Client {
     fn add(&self, list: &Value, att: &Attachment) -> Result<Value, CniError>;
@@ -62,19 +75,27 @@ trait Client {
     fn gc(&self, list: &Value, valid: &[&Attachment]) -> Result<(), CniError>;
 }
 
+/// Both clients' ADD, CHECK, DEL and STATUS are their own inherent methods of the same
+/// signatures: one impl of them, only GC's list differs.
+macro_rules! client_verbs {
+    ($ty:ty) => {
+        fn add(&self, list: &Value, att: &Attachment) -> Result<Value, CniError> {
+            <$ty>::add(self, list, att)
+        }
+        fn check(&self, list: &Value, att: &Attachment) -> Result<(), CniError> {
+            <$ty>::check(self, list, att)
+        }
+        fn del(&self, list: &Value, att: &Attachment) -> Result<(), CniError> {
+            <$ty>::del(self, list, att)
+        }
+        fn status(&self, list: &Value) -> Result<(), CniError> {
+            <$ty>::status(self, list)
+        }
+    };
+}
+
 impl Client for Runtime {
-    fn add(&self, list: &Value, att: &Attachment) -> Result<Value, CniError> {
-        Runtime::add(self, list, att)
-    }
-    fn check(&self, list: &Value, att: &Attachment) -> Result<(), CniError> {
-        Runtime::check(self, list, att)
-    }
-    fn del(&self, list: &Value, att: &Attachment) -> Result<(), CniError> {
-        Runtime::del(self, list, att)
-    }
-    fn status(&self, list: &Value) -> Result<(), CniError> {
-        Runtime::status(self, list)
-    }
+    client_verbs!(Runtime);
     fn gc(&self, list: &Value, valid: &[&Attachment]) -> Result<(), CniError> {
         let v: Value = valid
             .iter()
@@ -85,18 +106,7 @@ impl Client for Runtime {
 }
 
 impl Client for LibCni {
-    fn add(&self, list: &Value, att: &Attachment) -> Result<Value, CniError> {
-        LibCni::add(self, list, att)
-    }
-    fn check(&self, list: &Value, att: &Attachment) -> Result<(), CniError> {
-        LibCni::check(self, list, att)
-    }
-    fn del(&self, list: &Value, att: &Attachment) -> Result<(), CniError> {
-        LibCni::del(self, list, att)
-    }
-    fn status(&self, list: &Value) -> Result<(), CniError> {
-        LibCni::status(self, list)
-    }
+    client_verbs!(LibCni);
     fn gc(&self, list: &Value, valid: &[&Attachment]) -> Result<(), CniError> {
         LibCni::gc(
             self,
@@ -171,13 +181,7 @@ fn sequence(lab: &Lab, client: &dyn Client, list: &Value, what: &str) -> Vec<Val
     out.push(outcome("STATUS", client.status(list), |()| json!(true)));
     dipam_lifecycle::runtime::settle_before_gc();
     out.push(outcome("GC [a]", client.gc(list, &[&a]), |()| json!(true)));
-    let after_gc = lab.ledger();
-    assert_eq!(after_gc.len(), 1, "{what}: GC [a] left {after_gc:?}");
-    assert_eq!(
-        after_gc[0].0, a.container_id,
-        "{what}: GC freed the valid pod"
-    );
-    lab.assert_agree();
+    let after_gc = assert_only_pod_left(lab, &a, &format!("{what}: GC [a]"));
     out.push(json!({"op": "ledger after GC", "pods": after_gc.len()}));
     out.push(outcome("DEL a", client.del(list, &a), |()| json!(true)));
     out.push(outcome("DEL a again", client.del(list, &a), |()| {
@@ -351,6 +355,7 @@ fn agent_lab(conflist: &str, plugins: Plugins) -> (AgentLab, String) {
 /// stale pod libcni cached is DELed by libcni, the one it never cached (its cache lost) is
 /// freed by dipam's GC, and the agent's roles and claim, which no runtime lists, stay.
 fn gc_keeps_agent_and_frees_stale(plugins: Plugins) {
+    require_root!();
     let (lab, claimed) = agent_lab("dipam-host-local-1.1.0.conflist", plugins);
     let agent_before = lab.addresses();
     let watch = Watcher::start(&lab);
@@ -424,14 +429,12 @@ fn gc_keeps_agent_and_frees_stale(plugins: Plugins) {
 /// dipamd runs it with the agent's attachments added to the runtime's list.
 #[test]
 fn libcni_gc_with_a_valid_list_keeps_the_agent_and_frees_stale_pods_current_host_local() {
-    require_root!();
     gc_keeps_agent_and_frees_stale(Plugins::Current);
 }
 
 /// Debian's host-local 1.1.1 has no GC: dipamd frees the stale pod with its DEL.
 #[test]
 fn libcni_gc_with_a_valid_list_keeps_the_agent_and_frees_stale_pods_debian_host_local() {
-    require_root!();
     gc_keeps_agent_and_frees_stale(Plugins::Debian);
 }
 
@@ -520,13 +523,7 @@ fn cnitool_drives_dipam_and_its_gc_without_a_list_frees_only_what_it_cached() {
         stderr.contains("refused") && stderr.contains("list is absent"),
         "cnitool gc: {stderr}"
     );
-    let ledger = lab.ledger();
-    assert_eq!(ledger.len(), 1, "{ledger:?}");
-    assert_eq!(
-        ledger[0].0, other.container_id,
-        "the other runtime's pod was freed"
-    );
-    lab.assert_agree();
+    assert_only_pod_left(&lab, &other, "cnitool gc");
     let status: Value =
         serde_json::from_slice(&lab.dipamd.ctl(&["status", "--json"]).stdout).unwrap();
     assert_eq!(status["gc"]["refused"], 1, "{status}");
@@ -701,29 +698,6 @@ fn bridge_after_main_mode_fails_at_bridges_add_and_the_del_releases_everything()
     }
 }
 
-/// A seed from the clock, or DIPAM_SEED to replay one.
-fn seed() -> u64 {
-    let seed = std::env::var("DIPAM_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    eprintln!("seed {seed} (replay with DIPAM_SEED={seed})");
-    seed
-}
-
-fn next(state: &mut u64) -> u64 {
-    // xorshift64*: enough to place a kill, and replayable from the printed seed.
-    *state ^= *state >> 12;
-    *state ^= *state << 25;
-    *state ^= *state >> 27;
-    state.wrapping_mul(0x2545_f491_4f6c_dd1d)
-}
-
 /// libcni ADDs and DELs pods in main mode at 1.1.0 while dipamd is SIGKILLed at a random
 /// moment and started again: every ADD either succeeded (and its pod holds one address) or
 /// failed and was DELed, every DEL of a pod eventually succeeds, and once all are DELed the
@@ -731,7 +705,8 @@ fn next(state: &mut u64) -> u64 {
 #[test]
 fn sigkill_of_dipamd_at_a_random_moment_under_libcni_converges() {
     require_root!();
-    let mut state = seed() | 1;
+    // The kill points are drawn from a seed it prints: DIPAM_SEED replays them.
+    let mut rng = Seeded::new("sigkill_of_dipamd_at_a_random_moment_under_libcni_converges");
     let mut lab = Lab::with_flags("dipam-host-local-1.1.0.conflist", &[]);
     lab.fx = lab.fx.clone().with_version("1.1.0");
     let libcni = Arc::new(LibCni::new(peers::cni_path(Plugins::Current)));
@@ -741,7 +716,7 @@ fn sigkill_of_dipamd_at_a_random_moment_under_libcni_converges() {
         .iter()
         .map(|ns| Attachment::new(&dipam_lifecycle::unique("pod"), &ns.path()))
         .collect();
-    let kill_after = Duration::from_millis(next(&mut state) % 1500);
+    let kill_after = Duration::from_millis(rng.below(1500));
     eprintln!("SIGKILL after {kill_after:?}");
     let worker = {
         let (libcni, list, pods) = (libcni.clone(), list.clone(), pods.clone());
@@ -756,7 +731,7 @@ fn sigkill_of_dipamd_at_a_random_moment_under_libcni_converges() {
     lab.dipamd.kill9();
     let e = libcni.status(&list).unwrap_err();
     assert_eq!(e.code, 50, "{e}");
-    std::thread::sleep(Duration::from_millis(next(&mut state) % 300));
+    std::thread::sleep(Duration::from_millis(rng.below(300)));
     lab.dipamd.start_again();
     let outcomes = worker.join().unwrap();
     eprintln!("ADD outcomes (container ID, ok): {outcomes:?}");

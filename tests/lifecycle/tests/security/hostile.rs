@@ -39,6 +39,16 @@ fn scrape(port: u16) -> String {
 /// dipamd raises its soft limit, accepts at most --metrics-max-connections metrics
 /// connections and keeps its descriptors for root's pods while nobody holds 1,500
 /// connections to the port. (The shipped unit exposes no metrics port.)
+/// One line for the log of a descriptor flood: what the attacker held and how fast, dipamd's
+/// descriptors before and under it, and how many of root's 10 pods failed meanwhile.
+fn say_flood(what: &str, attacker: &Flood, (before, during): (usize, usize), failed: usize) {
+    let (held, took) = (attacker.held, attacker.took);
+    eprintln!(
+        "{what}: attacker held {held} connections (opened in {took:?}); dipamd fds {before} -> \
+         {during}; root pods failed: {failed}/10"
+    );
+}
+
 #[test]
 fn a_metrics_port_flood_never_starves_root_pods() {
     require_root!();
@@ -55,14 +65,11 @@ fn a_metrics_port_flood_never_starves_root_pods() {
     let attacker = Flood::start(&["tcp", "1500", "127.0.0.1", &port.to_string()]);
     let fds_during = flood::open_fds(pid);
     let failed = lab.add_and_del(10);
-    eprintln!(
-        "metrics flood: attacker held {} connections (opened in {:?}); dipamd fds {} -> {}; \
-         root pods failed: {}/10",
-        attacker.held,
-        attacker.took,
-        fds_before,
-        fds_during,
-        failed.len()
+    say_flood(
+        "metrics flood",
+        &attacker,
+        (fds_before, fds_during),
+        failed.len(),
     );
     assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
     assert!(
@@ -242,10 +249,7 @@ fn unfinished_request_bodies_are_bounded_per_uid_daemonset() {
 
 fn unfinished_bodies(d: Deployment) {
     require_root!();
-    let mut lab = Lab::with_flags(
-        "ptp-dipam-host-local.conflist",
-        &["--socket-group", NOBODY, "--allow-uid", NOBODY],
-    );
+    let mut lab = Lab::with_flags("ptp-dipam-host-local.conflist", &nobody::ALLOWED);
     d.start(&mut lab, None, &[]);
     let pid = lab.dipamd.pid().unwrap();
     let before = flood::rss_kib(pid);
@@ -405,16 +409,8 @@ fn refused_peer(d: Deployment) {
     // connection closed at once, and the plugin still reads it.
     assert_told_it_is_refused(&lab);
     let failed = lab.add_and_del(10);
-    eprintln!(
-        "refused peer flood ({}): {} connections in {:?}; dipamd fds {} -> {}; root pods \
-         failed: {}/10",
-        d.name(),
-        attacker.held,
-        attacker.took,
-        fds_before,
-        fds_during,
-        failed.len()
-    );
+    let what = format!("refused peer flood ({})", d.name());
+    say_flood(&what, &attacker, (fds_before, fds_during), failed.len());
     assert!(failed.is_empty(), "{failed:#?}\n{}", lab.dipamd.log());
     assert!(
         fds_during <= fds_before + 8,
@@ -462,14 +458,7 @@ fn allowed_uid(d: Deployment) {
     require_root!();
     let mut lab = Lab::with_flags(
         "ptp-dipam-host-local.conflist",
-        &[
-            "--socket-group",
-            NOBODY,
-            "--allow-uid",
-            NOBODY,
-            "--max-connections-per-uid",
-            "8",
-        ],
+        &nobody::allowed_and(&["--max-connections-per-uid", "8"]),
     );
     d.start(&mut lab, None, &[]);
     let pid = lab.dipamd.pid().unwrap();
@@ -514,14 +503,8 @@ fn allowed_uid(d: Deployment) {
 
     // The header flood, with the per-uid cap opened up so that every connection gets in.
     lab.dipamd.kill9();
-    lab.dipamd.set_flags(&[
-        "--socket-group",
-        NOBODY,
-        "--allow-uid",
-        NOBODY,
-        "--max-connections-per-uid",
-        "1000",
-    ]);
+    lab.dipamd
+        .set_flags(&nobody::allowed_and(&["--max-connections-per-uid", "1000"]));
     lab.dipamd.start_again();
     let pid = lab.dipamd.pid().unwrap();
     assert!(lab.add_and_del(3).is_empty());
@@ -629,7 +612,7 @@ fn status_flood(d: Deployment) {
     );
     let mut lab = Lab::with_plugins(
         "ptp-dipam-host-local.conflist",
-        &["--socket-group", NOBODY, "--allow-uid", NOBODY],
+        &nobody::ALLOWED,
         Plugins::Current,
     )
     .with_version("1.1.0");

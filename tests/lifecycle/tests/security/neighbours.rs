@@ -15,11 +15,8 @@
 use std::{os::unix::fs::PermissionsExt, time::Duration};
 
 use dipam_lifecycle::{
-    Attachment, Containerd, Lab, Runtime,
-    deployment::Deployment,
-    hostlocal,
-    nobody::{self, NOBODY},
-    require, require_root,
+    Attachment, Containerd, Lab, Runtime, deployment::Deployment, hostlocal, nobody, require,
+    require_root,
 };
 use serde_json::{Value, json};
 use tonic_health::pb::{
@@ -61,10 +58,7 @@ fn status_json(lab: &Lab) -> Value {
 
 /// A store dipamd allows nobody (`--non-root-data-dir`): root-owned, 0755.
 fn their_store() -> tempfile::TempDir {
-    let theirs = tempfile::Builder::new()
-        .prefix("nobodys-allowed-store-")
-        .tempdir()
-        .unwrap();
+    let theirs = dipam_lifecycle::temp_dir("nobodys-allowed-store-");
     std::fs::set_permissions(theirs.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     theirs
 }
@@ -74,8 +68,7 @@ fn their_store() -> tempfile::TempDir {
 fn nobodys_lab(d: Deployment, extra: &[&str]) -> (Lab, tempfile::TempDir) {
     let theirs = their_store();
     let dir = theirs.path().display().to_string();
-    let mut flags = vec!["--socket-group", NOBODY, "--allow-uid", NOBODY];
-    flags.extend_from_slice(extra);
+    let mut flags = nobody::allowed_and(extra);
     flags.extend(["--non-root-data-dir", dir.as_str()]);
     let mut lab = Lab::with_flags("ptp-dipam-host-local.conflist", &flags);
     d.start(&mut lab, None, &[theirs.path()]);
@@ -210,13 +203,12 @@ fn runtime_gc_and_doctor(d: Deployment) {
             "0",
             "--gc-max-free-share",
             "1",
-            "--socket-group",
-            NOBODY,
-            "--allow-uid",
-            NOBODY,
             "--non-root-data-dir",
             &dir,
-        ],
+        ]
+        .into_iter()
+        .chain(nobody::ALLOWED)
+        .collect::<Vec<_>>(),
     )
     .with_version("1.0.0");
     d.start(&mut lab, None, &[theirs.path()]);

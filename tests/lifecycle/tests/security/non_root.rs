@@ -113,10 +113,7 @@ fn ctl_as_nobody(lab: &Lab, args: &[&str]) -> std::process::Output {
 /// A directory nobody owns with its own `host-local` (and `evil-ipam`): each records the
 /// euid it ran as in `ran`, and answers with an address outside every test subnet.
 fn attackers_dir() -> tempfile::TempDir {
-    let dir = tempfile::Builder::new()
-        .prefix("nobodys-")
-        .tempdir()
-        .unwrap();
+    let dir = dipam_lifecycle::temp_dir("nobodys-");
     let ran = dir.path().join("ran");
     let script = format!(
         "#!/bin/sh\necho \"euid=$(id -u) $CNI_COMMAND\" >> {}\n\

@@ -91,12 +91,7 @@ fn gc(lab: &AgentLab, keep: &[&Attachment]) {
         .iter()
         .map(|a| json!({"containerID": a.container_id, "ifname": a.ifname}))
         .collect();
-    let i = l["plugins"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .position(|p| p["type"] == "dipam" || p["ipam"]["type"] == "dipam")
-        .unwrap();
+    let i = dipam_lifecycle::fixture::dipam_plugin_index(&l);
     l["plugins"][i]["cni.dev/valid-attachments"] = json!(valid);
     l["plugins"][i]["cni.dev/attachments"] = json!(valid);
     let plugin = dipam_lifecycle::Runtime::plugin_config(&l, i, None);

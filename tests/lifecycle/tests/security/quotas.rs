@@ -170,6 +170,7 @@ fn dir_bytes(dir: &Path) -> u64 {
 /// them once delayed a start by 40 s) and replays nobody's records while serving; root's
 /// pods are served within seconds.
 fn stuck_intents_never_hold_the_socket_closed(d: Deployment) {
+    require_root!();
     let name = d.name();
     let mut lab = lab(d, &[]);
     let lock = hold_lock(&lab);
@@ -218,13 +219,11 @@ fn stuck_intents_never_hold_the_socket_closed(d: Deployment) {
 
 #[test]
 fn stuck_intents_never_hold_the_socket_closed_under_the_unit() {
-    require_root!();
     stuck_intents_never_hold_the_socket_closed(Deployment::ShippedUnit);
 }
 
 #[test]
 fn stuck_intents_never_hold_the_socket_closed_like_the_daemonset() {
-    require_root!();
     stuck_intents_never_hold_the_socket_closed(Deployment::DaemonSet);
 }
 
@@ -234,6 +233,7 @@ fn stuck_intents_never_hold_the_socket_closed_like_the_daemonset() {
 /// flag, and at most `--non-root-max-slots` (4) running; root's pods are served meanwhile,
 /// each within 5 s.
 fn stuck_adds_never_take_roots_slots(d: Deployment) {
+    require_root!();
     let name = d.name();
     let lab = lab(d, &[]);
     let lock = hold_lock(&lab);
@@ -273,13 +273,11 @@ fn stuck_adds_never_take_roots_slots(d: Deployment) {
 
 #[test]
 fn stuck_adds_never_take_roots_slots_under_the_unit() {
-    require_root!();
     stuck_adds_never_take_roots_slots(Deployment::ShippedUnit);
 }
 
 #[test]
 fn stuck_adds_never_take_roots_slots_like_the_daemonset() {
-    require_root!();
     stuck_adds_never_take_roots_slots(Deployment::DaemonSet);
 }
 
@@ -291,6 +289,7 @@ fn stuck_adds_never_take_roots_slots_like_the_daemonset() {
 /// the count holds across a restart. Root's pods are served, the state directory and RSS stay
 /// small, nothing is lost.
 fn a_caller_can_never_fault_the_ledger(d: Deployment) {
+    require_root!();
     let name = d.name();
     let mut lab = lab(d, &["--non-root-max-records", "12"]);
     let big = nobodys_conf(&lab, 950_000);
@@ -367,13 +366,11 @@ fn a_caller_can_never_fault_the_ledger(d: Deployment) {
 
 #[test]
 fn a_caller_can_never_fault_the_ledger_under_the_unit() {
-    require_root!();
     a_caller_can_never_fault_the_ledger(Deployment::ShippedUnit);
 }
 
 #[test]
 fn a_caller_can_never_fault_the_ledger_like_the_daemonset() {
-    require_root!();
     a_caller_can_never_fault_the_ledger(Deployment::DaemonSet);
 }
 
@@ -385,6 +382,7 @@ fn a_caller_can_never_fault_the_ledger_like_the_daemonset() {
 /// 1.8 MB). Now each answer, the log's growth, the state directory's growth and `explain`
 /// stay small; root's pods are served and nothing is lost.
 fn echoed_errors_are_bounded(d: Deployment) {
+    require_root!();
     let name = d.name();
     let lab = lab(d, &[]);
     let mut conf = nobodys_conf(&lab, 0);
@@ -448,12 +446,10 @@ fn echoed_errors_are_bounded(d: Deployment) {
 
 #[test]
 fn echoed_errors_are_bounded_under_the_unit() {
-    require_root!();
     echoed_errors_are_bounded(Deployment::ShippedUnit);
 }
 
 #[test]
 fn echoed_errors_are_bounded_like_the_daemonset() {
-    require_root!();
     echoed_errors_are_bounded(Deployment::DaemonSet);
 }

@@ -63,7 +63,7 @@ fn non_root_peers_are_refused_unless_allowed() {
     assert!(d.ledger().is_empty());
 
     // Allowed explicitly: served (its own attachments; status is for --admin-uid, non_root.rs).
-    let allowed = Dipamd::start_with(&["--socket-group", NOBODY, "--allow-uid", NOBODY]);
+    let allowed = Dipamd::start_with(&nobody::ALLOWED);
     open_dir(&allowed);
     let sock = allowed.socket().display().to_string();
     let out = nobody::run(&[&ctl, "--socket", &sock, "attachments"], &[], "");

@@ -14,20 +14,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dipam_lifecycle::{
-    Lab, Runtime,
-    deployment::Deployment,
-    nobody::{self, NOBODY},
-    require_root,
-};
+use dipam_lifecycle::{Lab, Runtime, deployment::Deployment, nobody, require_root};
 use serde_json::json;
 
 /// A lab whose dipamd admits nobody, restarted as `d` starts it.
 fn lab(d: Deployment) -> Lab {
-    let mut lab = Lab::with_flags(
-        "ptp-dipam-host-local.conflist",
-        &["--socket-group", NOBODY, "--allow-uid", NOBODY],
-    );
+    let mut lab = Lab::with_flags("ptp-dipam-host-local.conflist", &nobody::ALLOWED);
     d.start(&mut lab, None, &[]);
     lab
 }
@@ -60,14 +52,8 @@ struct Planted {
 
 impl Planted {
     fn new(net: &str) -> Self {
-        let mine = tempfile::Builder::new()
-            .prefix("nobodys-store-")
-            .tempdir()
-            .unwrap();
-        let victim = tempfile::Builder::new()
-            .prefix("root-only-")
-            .tempdir()
-            .unwrap();
+        let mine = dipam_lifecycle::temp_dir("nobodys-store-");
+        let victim = dipam_lifecycle::temp_dir("root-only-");
         let secret = victim.path().join("secret");
         std::fs::write(&secret, "root's\n").unwrap();
         std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -230,10 +216,7 @@ fn as_nobody(cmd: &[&str]) {
 fn removed_store(d: Deployment) {
     use std::os::unix::fs::MetadataExt;
     require_root!();
-    let open = tempfile::Builder::new()
-        .prefix("open-to-all-")
-        .tempdir()
-        .unwrap();
+    let open = dipam_lifecycle::temp_dir("open-to-all-");
     std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
     let store = open.path().join("nobodys-store");
     std::fs::create_dir(&store).unwrap();
@@ -241,14 +224,7 @@ fn removed_store(d: Deployment) {
     let dir = store.display().to_string();
     let mut lab = Lab::with_flags(
         "ptp-dipam-host-local.conflist",
-        &[
-            "--socket-group",
-            NOBODY,
-            "--allow-uid",
-            NOBODY,
-            "--non-root-data-dir",
-            &dir,
-        ],
+        &nobody::allowed_and(&["--non-root-data-dir", &dir]),
     );
     d.start(&mut lab, None, &[open.path()]);
     let net = lab.network();
