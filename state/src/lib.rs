@@ -29,6 +29,8 @@ mod sled_store;
 mod snapshot;
 mod space;
 mod store;
+#[cfg(test)]
+mod streamed;
 
 #[cfg(test)]
 mod suite;

@@ -168,6 +168,23 @@ pub trait Store: Send + Sync + 'static {
             .collect())
     }
 
+    /// Hands every entry whose key starts with `prefix` to `visit`, in key order, without
+    /// holding them all at once: a pass over the whole ledger (dipamd's start) then holds a
+    /// page of raw entries, not the tree. Not a snapshot: a commit made during the visit may
+    /// or may not be seen, as with two [`Store::scan_prefix`] calls. The default reads the
+    /// whole prefix first.
+    fn visit_prefix(
+        &self,
+        tree: Tree,
+        prefix: &[u8],
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        for (k, v) in self.scan_prefix(tree, prefix)? {
+            visit(&k, &v)?;
+        }
+        Ok(())
+    }
+
     /// Number of entries in `tree`.
     fn len(&self, tree: Tree) -> Result<usize, StoreError>;
 
