@@ -16,6 +16,7 @@ use tracing::{error, info};
 
 mod phase;
 mod pool_args;
+mod warm;
 
 use flags::check_flags;
 
@@ -645,7 +646,7 @@ async fn replay_before_serving(
     // Each phase's time at debug level: what a start with many records spends where
     // (docs/performance.md, "Density").
     let phase = phase::Phase::new();
-    census(node).await?;
+    warm::census(node).await?;
     phase.done("census");
     // First: what died in a reboot goes before anything else may meet its addresses.
     let boot = crate::l5_node::replay::reboot::boot_id(&args.boot_id_file);
@@ -683,6 +684,8 @@ async fn replay_before_serving(
         tracing::warn!(error = %e, "first ledger/store reconcile failed");
     }
     phase.done("store reconcile");
+    warm::probe_delegates(node).await;
+    phase.done("delegates probed");
     // What the start's passes freed goes back to the system now, not after the first idle
     // spell of requests (trim.rs): at 10,000 attachments the start left ~N MiB free in the
     // heap (docs/performance.md, run 29).
@@ -780,27 +783,6 @@ pub fn tune_allocator() {
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 1);
     }
-}
-
-/// Reads the whole ledger once before anything changes it, so that no request has to: the
-/// ledger's census (record counts, quotas and container IDs, kept by every commit from here
-/// on) and the address index are built from it, and the metrics' gauge gets the attachments
-/// by owner and network (from here on every record and release reports its own change).
-async fn census(node: &Node) -> Result<(), DaemonError> {
-    let by = node.core.index_ledger().await?;
-    if !node.core.events.listened() {
-        return Ok(());
-    }
-    for ((owner, network), count) in &by {
-        node.core
-            .events
-            .emit(crate::l1_leaves::events::Event::Attachments {
-                network,
-                owner,
-                count: *count,
-            });
-    }
-    Ok(())
 }
 
 fn spool_dir_of(args: &Args) -> PathBuf {
