@@ -19,6 +19,7 @@ impl Phase {
         tracing::debug!(
             phase = name,
             elapsed_ms = at.elapsed().as_secs_f64() * 1e3,
+            cpu_ms = cpu_ms(),
             rss_kib,
             heap_kib,
             "start-up phase done"
@@ -39,4 +40,17 @@ pub fn memory() -> (u64, u64) {
     // SAFETY: mallinfo2 only reads the allocator's counters.
     let info = unsafe { libc::mallinfo2() };
     (rss, ((info.uordblks + info.hblkhd) / 1024) as u64)
+}
+
+/// The CPU time dipamd has used since it started (user and system, every thread), in ms:
+/// on a loaded machine the wall-clock time of a phase measures the scheduler, its CPU time
+/// what the phase costs.
+pub fn cpu_ms() -> f64 {
+    // SAFETY: getrusage writes only the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0.0;
+    }
+    let ms = |t: libc::timeval| t.tv_sec as f64 * 1e3 + t.tv_usec as f64 / 1e3;
+    ms(u.ru_utime) + ms(u.ru_stime)
 }
