@@ -687,10 +687,13 @@ async fn replay_before_serving(
     warm::probe_delegates(node).await;
     phase.done("delegates probed");
     // What the start's passes freed goes back to the system now, not after the first idle
-    // spell of requests (trim.rs): at 10,000 attachments the start left ~N MiB free in the
-    // heap (docs/performance.md, run 29).
-    // SAFETY: malloc_trim only releases free memory to the OS; it is thread-safe.
-    let _ = tokio::task::spawn_blocking(|| unsafe { libc::malloc_trim(0) }).await;
+    // spell (trim.rs: 10 s without a request, which a runtime polling STATUS more often
+    // never has; docs/performance.md, run 29).
+    let _ = tokio::task::spawn_blocking(|| {
+        // SAFETY: malloc_trim only releases free memory to the OS; it is thread-safe.
+        unsafe { libc::malloc_trim(0) }
+    })
+    .await;
     phase.done("heap trimmed");
     Ok(())
 }

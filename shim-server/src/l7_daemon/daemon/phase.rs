@@ -46,9 +46,11 @@ pub fn memory() -> (u64, u64) {
 /// on a loaded machine the wall-clock time of a phase measures the scheduler, its CPU time
 /// what the phase costs.
 pub fn cpu_ms() -> f64 {
-    // SAFETY: getrusage writes only the struct it is given.
+    // SAFETY: rusage is plain integers, for which all zeroes is a valid value.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+    // SAFETY: getrusage writes only the struct it is given.
+    let failed = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0;
+    if failed {
         return 0.0;
     }
     let ms = |t: libc::timeval| t.tv_sec as f64 * 1e3 + t.tv_usec as f64 / 1e3;
