@@ -5,6 +5,9 @@ use crate::StoreError;
 /// One `(key, value)` entry, as returned by [`Store::scan_prefix`].
 pub type KeyValue = (Vec<u8>, Vec<u8>);
 
+/// What [`Store::visit_prefix`] hands each entry (key, value) to; an error ends the visit.
+pub type Visit<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError> + 'a;
+
 /// A named keyspace inside a store. Each variant is one sled tree (or one map in
 /// [`crate::MemStore`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -177,7 +180,7 @@ pub trait Store: Send + Sync + 'static {
         &self,
         tree: Tree,
         prefix: &[u8],
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError>,
+        visit: &mut Visit<'_>,
     ) -> Result<(), StoreError> {
         for (k, v) in self.scan_prefix(tree, prefix)? {
             visit(&k, &v)?;

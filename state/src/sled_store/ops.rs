@@ -44,7 +44,7 @@ impl Inner {
         &self,
         tree: Tree,
         prefix: &[u8],
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError>,
+        visit: &mut Visit<'_>,
     ) -> Result<(), StoreError> {
         let mut from = Bound::Included(prefix.to_vec());
         loop {
@@ -295,7 +295,7 @@ impl Store for SledStore {
         &self,
         tree: Tree,
         prefix: &[u8],
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError>,
+        visit: &mut Visit<'_>,
     ) -> Result<(), StoreError> {
         self.inner.visit_prefix(tree, prefix, visit)
     }
