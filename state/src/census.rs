@@ -17,7 +17,7 @@ use std::{
     sync::Mutex,
 };
 
-use crate::record::{AttachmentKey, AttachmentRecord, Owner};
+use crate::record::{AttachmentKey, AttachmentRecord, AttachmentState, Owner};
 
 /// Who holds a recorded address, for the per-network counts (`dipamctl status`'s ranges).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,6 +132,9 @@ pub struct Entry {
     pub group: GroupKey,
     pub holder: Holder,
     pub addrs: (u64, u64),
+    /// Where its operation stands: the start's replay looks for those not committed
+    /// without reading every record.
+    pub state: AttachmentState,
 }
 
 impl Entry {
@@ -156,6 +159,7 @@ impl Entry {
                 Owner::Pool => Holder::Pool,
             },
             addrs: families(rec.result.as_ref()),
+            state: rec.state,
         }
     }
 }
@@ -203,6 +207,25 @@ impl Counts {
             .into_iter()
             .flatten()
             .filter_map(|k| self.entries.get(k).map(|e| (k, e.creator_uid)))
+    }
+
+    /// The keys of the records whose entry `pred` accepts, sorted: what a pass over a few
+    /// kinds of record (those not committed, the pool's, the agent's) reads instead of every
+    /// record ([`Ledger::select`](crate::Ledger::select)).
+    pub fn keys_where(&self, mut pred: impl FnMut(&Entry) -> bool) -> Vec<AttachmentKey> {
+        let mut keys: Vec<AttachmentKey> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| pred(e))
+            .map(|(k, _)| k.clone())
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    /// Every container ID a record uses (its key's, or the delegate's when that differs).
+    pub fn container_ids(&self) -> impl Iterator<Item = &str> {
+        self.by_cid.keys().map(String::as_str)
     }
 
     /// Every group of records, with its addresses per family and holder.
@@ -292,26 +315,29 @@ impl Census {
         self.counts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs `f` on the counts, building them first with `scan` (every record and its encoded
-    /// size) if they were never built.
+    /// Runs `f` on the counts, building them first with `scan` if they were never built:
+    /// `scan` hands every record and its encoded size, one at a time, to the function it is
+    /// given, so no more than one record is decoded at once (at 10,000 attachments the start
+    /// once held every record decoded, twice: docs/performance.md, run 29). Whether the
+    /// counts were built by this call is returned beside `f`'s answer.
     pub(crate) fn with<R, E>(
         &self,
-        scan: impl FnOnce() -> Result<Vec<(AttachmentRecord, usize)>, E>,
+        scan: impl FnOnce(&mut dyn FnMut(&AttachmentRecord, usize)) -> Result<(), E>,
         f: impl FnOnce(&Counts) -> R,
-    ) -> Result<R, E> {
+    ) -> Result<(R, bool), E> {
         let mut counts = self.lock();
+        let mut built_now = false;
         if counts.is_none() {
             // Built under the lock: a commit that lands during the scan applies its change
             // after it (it waits for the lock), and a change is idempotent.
             let mut built = Counts::default();
-            for (rec, bytes) in scan()? {
-                built.insert(rec.key.clone(), Entry::of(&rec, bytes as u64));
-            }
+            scan(&mut |rec, bytes| built.insert(rec.key.clone(), Entry::of(rec, bytes as u64)))?;
             self.scans
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             *counts = Some(built);
+            built_now = true;
         }
-        Ok(f(counts.as_ref().expect("built above")))
+        Ok((f(counts.as_ref().expect("built above")), built_now))
     }
 
     /// Applies what a successful commit changed; nothing while the census is not built (its

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::{
     Batch, Durability, Store, StoreError, Tree,
-    census::{Census, Change, Counts, GroupKey, Held},
+    census::{Census, Change, Counts, Entry as CensusEntry, GroupKey, Held},
     record::{AttachmentKey, AttachmentRecord},
 };
 
@@ -185,15 +185,86 @@ impl<S: Store + ?Sized> Ledger<S> {
 
     /// Every record, or only those of `network`, sorted by key.
     pub fn list(&self, network: Option<&str>) -> Result<Vec<AttachmentRecord>, StoreError> {
+        self.list_where(network, |_| true)
+    }
+
+    /// The records (of `network`, or all) that `keep` accepts, sorted by key, decoded one at
+    /// a time: the others are never held, so a pass that wants a few kinds of record holds
+    /// those, not the ledger.
+    pub fn list_where(
+        &self,
+        network: Option<&str>,
+        mut keep: impl FnMut(&AttachmentRecord) -> bool,
+    ) -> Result<Vec<AttachmentRecord>, StoreError> {
+        let mut out = Vec::new();
+        self.for_each(network, |rec, _| {
+            if keep(&rec) {
+                out.push(rec);
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Hands every record (of `network`, or all) and its encoded size to `visit`, in key
+    /// order, decoding one at a time and reading the store a page at a time
+    /// ([`Store::visit_prefix`]).
+    pub fn for_each(
+        &self,
+        network: Option<&str>,
+        mut visit: impl FnMut(AttachmentRecord, usize) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
         let prefix = match network {
             Some(n) => AttachmentKey::network_prefix(n)?,
             None => Vec::new(),
         };
         self.store
-            .scan_prefix(Tree::Attachments, &prefix)?
-            .iter()
-            .map(|(k, v)| decode_record(k, v))
-            .collect()
+            .visit_prefix(Tree::Attachments, &prefix, &mut |k, v| {
+                visit(decode_record(k, v)?, v.len())
+            })
+    }
+
+    /// The records whose census entry `pred` accepts, sorted by key: one point read each,
+    /// no scan (the census is built by one if it never was). A record removed since the
+    /// census named it is left out. The start's passes over the records not committed, the
+    /// pool's and the agent's read these instead of the whole ledger (docs/performance.md,
+    /// run 29).
+    pub fn select(
+        &self,
+        pred: impl FnMut(&CensusEntry) -> bool,
+    ) -> Result<Vec<AttachmentRecord>, StoreError> {
+        let keys = self.census(|c| c.keys_where(pred))?;
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            if let Some(rec) = self.get(&key)? {
+                out.push(rec);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Builds the census (if it never was) and hands every record to `visit`, in one pass
+    /// over the store that decodes one record at a time: dipamd's start builds its address
+    /// index and metrics from the same read as the census, instead of reading the ledger
+    /// again and holding it whole.
+    pub fn index(&self, mut visit: impl FnMut(&AttachmentRecord)) -> Result<(), StoreError> {
+        let (_, built_now) = self.census.with(
+            |add| {
+                self.for_each(None, |rec, bytes| {
+                    visit(&rec);
+                    add(&rec, bytes);
+                    Ok(())
+                })
+            },
+            |_| (),
+        )?;
+        if !built_now {
+            self.for_each(None, |rec, _| {
+                visit(&rec);
+                Ok(())
+            })?;
+        }
+        Ok(())
     }
 
     /// Number of records, from the census (built by one scan if it never was).
@@ -204,16 +275,17 @@ impl<S: Store + ?Sized> Ledger<S> {
     /// Runs `f` on the census (census.rs): the counts dipamd needs of every record without
     /// reading them. The first call builds it from one scan; dipamd makes that call at start.
     pub fn census<R>(&self, f: impl FnOnce(&Counts) -> R) -> Result<R, StoreError> {
-        self.census.with(
-            || {
-                self.store
-                    .scan_prefix(Tree::Attachments, &[])?
-                    .iter()
-                    .map(|(k, v)| Ok((decode_record(k, v)?, v.len())))
-                    .collect()
-            },
-            f,
-        )
+        self.census
+            .with(
+                |add| {
+                    self.for_each(None, |rec, bytes| {
+                        add(&rec, bytes);
+                        Ok(())
+                    })
+                },
+                f,
+            )
+            .map(|(r, _)| r)
     }
 
     /// Each group of records the census keeps (same network, creator and delegate config,

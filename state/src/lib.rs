@@ -29,6 +29,8 @@ mod sled_store;
 mod snapshot;
 mod space;
 mod store;
+#[cfg(test)]
+mod streamed;
 
 #[cfg(test)]
 mod suite;
@@ -45,7 +47,7 @@ pub use record::{
 pub use schema::{SCHEMA_KEY, SCHEMA_VERSION, ensure_schema};
 pub use snapshot::read_copy;
 pub use space::{OPEN_MARGIN, needed_to_open};
-pub use store::{Batch, Durability, KeyValue, Store, Tree};
+pub use store::{Batch, Durability, KeyValue, Store, Tree, Visit};
 
 /// Opens (creating if needed) the ledger's store in `dir`, on disk: checks its integrity and
 /// schema version and migrates an older one. The one way dipamd and `dipamctl recover` get a

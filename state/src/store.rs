@@ -5,6 +5,9 @@ use crate::StoreError;
 /// One `(key, value)` entry, as returned by [`Store::scan_prefix`].
 pub type KeyValue = (Vec<u8>, Vec<u8>);
 
+/// What [`Store::visit_prefix`] hands each entry (key, value) to; an error ends the visit.
+pub type Visit<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError> + 'a;
+
 /// A named keyspace inside a store. Each variant is one sled tree (or one map in
 /// [`crate::MemStore`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -166,6 +169,23 @@ pub trait Store: Send + Sync + 'static {
             .into_iter()
             .map(|(k, _)| k)
             .collect())
+    }
+
+    /// Hands every entry whose key starts with `prefix` to `visit`, in key order, without
+    /// holding them all at once: a pass over the whole ledger (dipamd's start) then holds a
+    /// page of raw entries, not the tree. Not a snapshot: a commit made during the visit may
+    /// or may not be seen, as with two [`Store::scan_prefix`] calls. The default reads the
+    /// whole prefix first.
+    fn visit_prefix(
+        &self,
+        tree: Tree,
+        prefix: &[u8],
+        visit: &mut Visit<'_>,
+    ) -> Result<(), StoreError> {
+        for (k, v) in self.scan_prefix(tree, prefix)? {
+            visit(&k, &v)?;
+        }
+        Ok(())
     }
 
     /// Number of entries in `tree`.

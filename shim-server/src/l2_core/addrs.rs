@@ -146,6 +146,25 @@ fn holds(holder: &AttachmentRecord, ip: &IpAddr) -> bool {
             .is_some_and(|r| result_addrs(r).contains(ip))
 }
 
+/// Every network's part of the index, built from the ledger one record at a time (the
+/// start's single read, `Core::index_ledger`), so that the records are never all held.
+#[derive(Debug, Default)]
+pub struct Loaded(HashMap<String, HashMap<IpAddr, Holder>>);
+
+impl Loaded {
+    /// Adds what `rec` holds; its network counts as loaded even when it holds nothing.
+    pub fn add(&mut self, rec: &AttachmentRecord) {
+        let ips = rec.result.as_ref().map(result_addrs).unwrap_or_default();
+        let map = match self.0.get_mut(&rec.key.network) {
+            Some(map) => map,
+            None => self.0.entry(rec.key.network.clone()).or_default(),
+        };
+        for ip in ips {
+            map.insert(ip, Holder::of(rec));
+        }
+    }
+}
+
 impl AddrIndex {
     /// Replaces `network`'s part with what `records` hold.
     fn load<'a>(&self, network: &str, records: impl IntoIterator<Item = &'a AttachmentRecord>) {
@@ -160,18 +179,16 @@ impl AddrIndex {
         inner.loaded.insert(network.to_owned());
     }
 
-    /// Loads every network's part from `records` (the whole ledger), as dipamd does at start
-    /// before it serves: the first ADD of a network after a start then claims through the
-    /// index, instead of reading every record of its network (437 ms at 2,500 attachments,
-    /// docs/performance.md). A network with no record yet is loaded when first needed, from
-    /// an empty read.
-    pub fn load_all(&self, records: &[AttachmentRecord]) {
-        let mut by: HashMap<&str, Vec<&AttachmentRecord>> = HashMap::new();
-        for rec in records {
-            by.entry(&rec.key.network).or_default().push(rec);
-        }
-        for (network, recs) in by {
-            self.load(network, recs);
+    /// Installs every network's part, built from the whole ledger one record at a time
+    /// ([`Loaded`]), as dipamd does at start before it serves: the first ADD of a network
+    /// after a start then claims through the index, instead of reading every record of its
+    /// network (437 ms at 2,500 attachments, docs/performance.md). A network with no record
+    /// yet is loaded when first needed, from an empty read.
+    pub fn install(&self, loaded: Loaded) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        for (network, map) in loaded.0 {
+            inner.loaded.insert(network.clone());
+            inner.nets.insert(network, map);
         }
     }
 

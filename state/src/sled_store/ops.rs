@@ -1,7 +1,12 @@
 //! The store's reads and commits (the [`Store`] methods): from sled, with the commits the
 //! applier has not written there yet laid over them, and each commit journaled first.
 
+use std::ops::Bound;
+
 use super::*;
+
+/// Entries per page of [`Store::visit_prefix`]: a few hundred KiB of records at most.
+const VISIT_PAGE: usize = 256;
 
 impl Inner {
     fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
@@ -29,6 +34,74 @@ impl Inner {
             if let Ok(entries) = self.scan_under(tree, prefix, overlay)? {
                 return Ok(entries);
             }
+        }
+        Err(kept_changing(&self.dir))
+    }
+
+    /// [`Store::visit_prefix`]: a page of [`VISIT_PAGE`] entries at a time, each read as
+    /// [`Inner::scan_prefix`] reads the whole prefix (the overlay first, then sled).
+    fn visit_prefix(
+        &self,
+        tree: Tree,
+        prefix: &[u8],
+        visit: &mut Visit<'_>,
+    ) -> Result<(), StoreError> {
+        let mut from = Bound::Included(prefix.to_vec());
+        loop {
+            let (page, next) = self.page(tree, prefix, &from)?;
+            for (k, v) in &page {
+                visit(k, v)?;
+            }
+            match next {
+                Some(last) => from = Bound::Excluded(last),
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// Up to [`VISIT_PAGE`] of sled's entries under `prefix` from `from` on, with the pending
+    /// ops of the same span laid over them; and sled's last key read when there are more.
+    fn page(
+        &self,
+        tree: Tree,
+        prefix: &[u8],
+        from: &Bound<Vec<u8>>,
+    ) -> Result<(Vec<KeyValue>, Option<Vec<u8>>), StoreError> {
+        let after_from = |k: &[u8]| match from {
+            Bound::Included(f) => k >= f.as_slice(),
+            Bound::Excluded(f) => k > f.as_slice(),
+            Bound::Unbounded => true,
+        };
+        'again: for _ in 0..TORN_RETRIES {
+            let overlay = lock(&self.pending)?.overlay(tree, prefix);
+            let engine = self.engine()?;
+            let engine = engine.as_ref().expect("checked by engine()");
+            let mut base = Vec::new();
+            let mut more = false;
+            for kv in engine
+                .tree(tree)
+                .range::<Vec<u8>, _>((from.clone(), Bound::Unbounded))
+            {
+                let (k, v) = kv.map_err(self.sled_err())?;
+                if !k.starts_with(prefix) {
+                    break;
+                }
+                if base.len() == VISIT_PAGE {
+                    more = true;
+                    break;
+                }
+                match engine.resolve(&self.dir, v)? {
+                    Ok(v) => base.push((k.to_vec(), v)),
+                    Err(_torn) => continue 'again,
+                }
+            }
+            let last = more.then(|| base.last().map(|(k, _)| k.clone())).flatten();
+            // The overlay's keys of this page's span; later ones belong to a later page.
+            let overlay = overlay
+                .into_iter()
+                .filter(|(k, _)| after_from(k) && last.as_ref().is_none_or(|l| k <= l))
+                .collect();
+            return Ok((merge(base, overlay), last));
         }
         Err(kept_changing(&self.dir))
     }
@@ -216,6 +289,15 @@ impl Store for SledStore {
 
     fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<KeyValue>, StoreError> {
         self.inner.scan_prefix(tree, prefix)
+    }
+
+    fn visit_prefix(
+        &self,
+        tree: Tree,
+        prefix: &[u8],
+        visit: &mut Visit<'_>,
+    ) -> Result<(), StoreError> {
+        self.inner.visit_prefix(tree, prefix, visit)
     }
 
     /// Applies every op atomically (all or none, across trees) and returns only once durable:

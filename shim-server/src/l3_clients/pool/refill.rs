@@ -9,7 +9,7 @@ use std::{
 };
 
 use dipam_proto::v1::CniRequest;
-use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, Owner};
+use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, Holder, Owner};
 use rscni_types::version::SpecVersion;
 use tracing::{info, warn};
 
@@ -43,23 +43,30 @@ pub async fn init(r: &Refiller) -> Result<(), ShimError> {
         .get()
         .map(|c| c.node.clone())
         .unwrap_or_default();
-    let records = r.core.ledger(|l| l.list(None)).await?;
+    // From the census: every container ID a record uses (key's or delegate's) for the next
+    // entry's number, and the pool's records, without reading every record (census.rs).
+    let node = node_name.clone();
+    let (max_id, records) = r
+        .core
+        .ledger(move |l| {
+            let max_id = l.census(|c| {
+                c.container_ids()
+                    .filter_map(|id| entry_number(id, &node))
+                    .map(|n| n + 1)
+                    .max()
+                    .unwrap_or(0)
+            })?;
+            Ok((max_id, l.select(|e| e.holder == Holder::Pool)?))
+        })
+        .await?;
     let settings = r.core.ledger(|l| l.settings(TEMPLATE_SETTING)).await?;
-    let mut max_id = 0;
     let mut entries: Vec<AttachmentRecord> = Vec::new();
     let mut doomed = Vec::new();
-    for r in &records {
-        for id in [r.key.container_id.as_str(), r.delegate_ids().0] {
-            if let Some(n) = entry_number(id, &node_name) {
-                max_id = max_id.max(n + 1);
-            }
-        }
-        if r.owner == Owner::Pool {
-            if r.state == AttachmentState::Committed && on {
-                entries.push(r.clone());
-            } else {
-                doomed.push(r.key.clone());
-            }
+    for r in records {
+        if r.state == AttachmentState::Committed && on {
+            entries.push(r);
+        } else {
+            doomed.push(r.key);
         }
     }
     entries.sort_by_key(|r| {

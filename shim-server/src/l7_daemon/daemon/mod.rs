@@ -14,7 +14,9 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 use clap::Parser;
 use tracing::{error, info};
 
+mod phase;
 mod pool_args;
+mod warm;
 
 use flags::check_flags;
 
@@ -641,11 +643,17 @@ async fn replay_before_serving(
     args: &Args,
     spool_dir: &std::path::Path,
 ) -> Result<(), DaemonError> {
-    census(node).await?;
+    // Each phase's time at debug level: what a start with many records spends where
+    // (docs/performance.md, "Density").
+    let phase = phase::Phase::new();
+    warm::census(node).await?;
+    phase.done("census");
     // First: what died in a reboot goes before anything else may meet its addresses.
     let boot = crate::l5_node::replay::reboot::boot_id(&args.boot_id_file);
     crate::l5_node::replay::reboot::release_earlier_boot(node, boot.as_deref()).await?;
+    phase.done("earlier boot");
     let replay = crate::l5_node::replay::interrupted::replay(node).await?;
+    phase.done("interrupted operations");
     // Releases the plugin could not deliver while dipamd was down, before any ADD can take
     // their addresses' place (F3).
     let drained = crate::l5_node::replay::spool::drain_all(node, spool_dir).await;
@@ -664,15 +672,29 @@ async fn replay_before_serving(
     // After the replay: entries it could not release, and every entry when the pool is off,
     // are released by the refiller; the rest are ready to hand out.
     crate::l3_clients::pool::refill::init(&node.refiller()).await?;
+    phase.done("warm pool");
     // The agent's addresses before the first pod, when the conflist is there: otherwise a pod
     // could take the address the agent held before this restart.
     let reconciler = node.reconciler();
     agent::reconcile::init(&reconciler).await?;
     agent::reconcile::pass(&reconciler).await?;
+    phase.done("agent");
     // Before the first ADD: a delegate store that cannot be trusted must refuse it.
     if let Err(e) = divergence::round(&node.watch(), false).await {
         tracing::warn!(error = %e, "first ledger/store reconcile failed");
     }
+    phase.done("store reconcile");
+    warm::probe_delegates(node).await;
+    phase.done("delegates probed");
+    // What the start's passes freed goes back to the system now, not after the first idle
+    // spell (trim.rs: 10 s without a request, which a runtime polling STATUS more often
+    // never has; docs/performance.md, run 29).
+    let _ = tokio::task::spawn_blocking(|| {
+        // SAFETY: malloc_trim only releases free memory to the OS; it is thread-safe.
+        unsafe { libc::malloc_trim(0) }
+    })
+    .await;
+    phase.done("heap trimmed");
     Ok(())
 }
 
@@ -764,35 +786,6 @@ pub fn tune_allocator() {
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 1);
     }
-}
-
-/// Reads the whole ledger once before anything changes it, so that no request has to: the
-/// ledger's census (record counts, quotas and container IDs, kept by every commit from here
-/// on) and the address index are built from it, and the metrics' gauge gets the attachments
-/// by owner and network (from here on every record and release reports its own change).
-async fn census(node: &Node) -> Result<(), DaemonError> {
-    let records = node.core.index_ledger().await?;
-    if !node.core.events.listened() {
-        return Ok(());
-    }
-    let mut by: std::collections::BTreeMap<(String, String), u64> = Default::default();
-    for r in &records {
-        *by.entry((
-            crate::l1_leaves::metric_labels::owner(&r.owner),
-            r.key.network.clone(),
-        ))
-        .or_default() += 1;
-    }
-    for ((owner, network), count) in &by {
-        node.core
-            .events
-            .emit(crate::l1_leaves::events::Event::Attachments {
-                network,
-                owner,
-                count: *count,
-            });
-    }
-    Ok(())
 }
 
 fn spool_dir_of(args: &Args) -> PathBuf {

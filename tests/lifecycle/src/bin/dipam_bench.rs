@@ -136,6 +136,8 @@ struct Opts {
     /// `--warm-pool` of the curve's pooled run.
     density_pool: usize,
     density_svg: Option<PathBuf>,
+    /// Where to keep dipamd's log of the density section (its start phases, every STATUS).
+    density_log: Option<PathBuf>,
     /// The churn section: ADD/DEL cycles, and the live attachments they run beside.
     churn_cycles: usize,
     churn_live: usize,
@@ -209,6 +211,7 @@ Options:
   --density-stale N      stale attachments per N: a tenth of N, at most this (default 250)
   --density-pool N       --warm-pool of the curve's pooled run (default 16)
   --density-svg FILE     write the density curve as an SVG
+  --density-log FILE     keep the density section's dipamd log (JSON lines, debug level)
   --churn-cycles N       ADD/DEL cycles of the churn section (default 10000)
   --churn-live N         live attachments beside the churn (default 2500)
   --sections LIST        comma-separated subset of latency,concurrency,cold,scale,gc,
@@ -241,6 +244,7 @@ fn parse_args(args: &[String]) -> Res<Opts> {
         density_stale: 250,
         density_pool: 16,
         density_svg: None,
+        density_log: None,
         churn_cycles: 10_000,
         churn_live: 2_500,
     };
@@ -300,6 +304,7 @@ fn parse_args(args: &[String]) -> Res<Opts> {
             "--density-stale" => o.density_stale = number(a, value(a)?)?,
             "--density-pool" => o.density_pool = number(a, value(a)?)?,
             "--density-svg" => o.density_svg = Some(PathBuf::from(value(a)?)),
+            "--density-log" => o.density_log = Some(PathBuf::from(value(a)?)),
             "--churn-cycles" => {
                 o.churn_cycles = number(a, value(a)?)?;
                 explicit.push("churn-cycles");
@@ -2386,6 +2391,10 @@ fn run(opts: &Opts) -> Res<()> {
     // networks are not even started when only these were asked for.
     if opts.runs("density") {
         let d = density::run(&rt, opts)?;
+        if let Some(path) = &opts.density_log {
+            std::fs::write(path, &d.log_text)
+                .map_err(|e| format!("--density-log {}: {e}", path.display()))?;
+        }
         rep.density(&d, opts.density_svg.as_deref())?;
     }
     if opts.runs("churn") {

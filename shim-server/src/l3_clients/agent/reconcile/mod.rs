@@ -115,9 +115,17 @@ pub async fn init(r: &Reconciler) -> Result<(), ShimError> {
             Ok(())
         })
         .await?;
-    let records = r.core.ledger(|l| l.list(None)).await?;
+    let records = agent_records(r).await?;
     r.agent.reindex(&records);
     Ok(())
+}
+
+/// The agent's records, from the census (census.rs): a pass runs at start and every few
+/// seconds, and once read (and held) every record of the ledger to find the agent's few.
+async fn agent_records(r: &Reconciler) -> Result<Vec<AttachmentRecord>, ShimError> {
+    r.core
+        .ledger(|l| l.select(|e| e.holder == dipam_state::Holder::Agent))
+        .await
 }
 
 /// Why an agent record stays while dipamd runs without agent management.
@@ -132,7 +140,7 @@ pub const KEPT_UNMANAGED: &str = "kept: agent management is off (dipamd has no -
 /// indexed (no pod gets one) and listed by `dipamctl agent list`, status and doctor with the
 /// reason and what releases them.
 async fn keep_unmanaged(r: &Reconciler) -> Result<(), ShimError> {
-    let records = r.core.ledger(|l| l.list(None)).await?;
+    let records = agent_records(r).await?;
     r.agent.reindex(&records);
     let specs = claim_specs(r).await?;
     let kept: Vec<AgentAddress> = records
@@ -333,13 +341,7 @@ pub async fn pass(r: &Reconciler) -> Result<(), ShimError> {
         }
     };
 
-    let records: Vec<AttachmentRecord> = r
-        .core
-        .ledger(|l| l.list(None))
-        .await?
-        .into_iter()
-        .filter(|r| matches!(r.owner, Owner::Agent { .. }))
-        .collect();
+    let records: Vec<AttachmentRecord> = agent_records(r).await?;
     let mut addresses = Vec::new();
     let mut wanted = Vec::new();
     for slot in &slots {
@@ -357,7 +359,7 @@ pub async fn pass(r: &Reconciler) -> Result<(), ShimError> {
     }
     let releasing = release_unwanted(r, &records, &wanted).await;
     addresses.extend(releasing);
-    let records = r.core.ledger(|l| l.list(None)).await?;
+    let records = agent_records(r).await?;
     r.agent.reindex(&records);
     publish(r, addresses, String::new()).await;
     Ok(())

@@ -24,7 +24,7 @@
 
 use std::path::Path;
 
-use dipam_state::{AttachmentRecord, Owner};
+use dipam_state::AttachmentRecord;
 use tracing::{info, warn};
 
 use crate::{
@@ -92,11 +92,8 @@ pub async fn release_earlier_boot(
 async fn release_all(node: &Node, previous: &str, current: &str) -> Result<Rebooted, ShimError> {
     let pods: Vec<AttachmentRecord> = node
         .core
-        .ledger(|l| l.list(None))
-        .await?
-        .into_iter()
-        .filter(|r| r.owner == Owner::Pod)
-        .collect();
+        .ledger(|l| l.select(|e| e.holder == dipam_state::Holder::Pod))
+        .await?;
     let mut done = Rebooted::default();
     if pods.is_empty() {
         info!(

@@ -839,6 +839,8 @@ pub struct Density {
     /// dipamd's log, for the split of each request.
     pub log: std::collections::HashMap<(String, String), super::ServerSide>,
     pub status_handler: Vec<Vec<f64>>,
+    /// dipamd's whole log (`--density-log`).
+    pub log_text: String,
 }
 
 pub fn run(rt: &Runtime, opts: &Opts) -> Res<Density> {
@@ -855,6 +857,7 @@ pub fn run(rt: &Runtime, opts: &Opts) -> Res<Density> {
         points,
         log,
         status_handler,
+        log_text: text,
     })
 }
 

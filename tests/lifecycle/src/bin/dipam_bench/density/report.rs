@@ -190,6 +190,9 @@ fn point_json(d: &Density, k: usize, p: &Point) -> Value {
                        "del": summarize(&p.floor_del).json()},
         "status_exec": summarize(&p.status_exec).json(),
         "status_handler": summarize(&d.status_handler.get(k).cloned().unwrap_or_default()).json(),
+        // In the order served: the first is the first STATUS after the start, which shows
+        // whether a p99 is one slow call (the start's) or a tail.
+        "status_handler_samples_ms": d.status_handler.get(k).cloned().unwrap_or_default(),
         "first_add_after_start_ms": r3(p.first_add_ms),
         "stop_ms": r3(p.stop_ms), "start_ms": r3(p.start_ms),
         "start_after_sigkill_ms": r3(p.crash_start_ms),
