@@ -84,6 +84,40 @@ impl Caller {
         self.is_root() || creator == Some(self.uid)
     }
 
+    /// Refuses this caller's ADD of `key` under a container ID that another caller's
+    /// attachment uses, in any network (`census`: the ledger's census, which indexes records
+    /// by container ID). Delegates release by container ID (host-local frees every
+    /// reservation of that ID and ifname in its directory, azure-vnet-ipam keys by the ID
+    /// alone), and the caller chooses the delegate's config: its own attachment under a root
+    /// pod's ID, DELed with a config pointing at that pod's store, would free the pod's
+    /// address. Container IDs are not secret (`ps` shows them), so this is checked, not
+    /// assumed.
+    pub fn refuse_foreign_container_id(
+        &self,
+        container_id: &str,
+        key: &dipam_state::AttachmentKey,
+        census: &dipam_state::CensusCounts,
+    ) -> Result<(), ShimError> {
+        let mut others = census.using_container_id(container_id);
+        match others.find(|(_, creator)| !self.owns(*creator)) {
+            None => Ok(()),
+            Some((other, _)) => {
+                tracing::warn!(uid = self.uid, %key, %other, "refused: container ID in use by another caller");
+                Err(ShimError::Forbidden {
+                    msg: format!(
+                        "uid {} may not ADD under container ID {}: another caller's attachment \
+                         uses it",
+                        self.uid,
+                        crate::l1_leaves::validate::shown(container_id)
+                    ),
+                    details: "a non-root caller's container IDs must not be another caller's; \
+                              nothing was allocated"
+                        .into(),
+                })
+            }
+        }
+    }
+
     /// Refuses the Admin and Agent services to callers that are neither root nor
     /// --admin-uid: they expose and change every attachment and the agent's addresses.
     pub fn require_admin(&self, what: &str) -> Result<(), Status> {

@@ -187,6 +187,18 @@ impl Quotas {
         }
     }
 
+    /// About what the record of an ADD of `req` will hold, for [`Self::reserve`]: the config
+    /// and the CNI values it keeps.
+    pub fn record_estimate(req: &dipam_proto::v1::CniRequest) -> u64 {
+        (req.stdin.len()
+            + req.netns.len()
+            + req.cni_args.len()
+            + req.cni_path.len()
+            + req.container_id.len()
+            + req.ifname.len()
+            + 1024) as u64
+    }
+
     /// Checks an ADD of `key` by `uid`, estimated at `estimate` bytes, against the record
     /// and byte quotas, counting the uid's records from the ledger's census (kept with every
     /// commit, rebuilt from the ledger at start: the counts survive restarts and crashes,

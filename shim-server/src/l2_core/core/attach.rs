@@ -220,14 +220,7 @@ async fn exec_and_commit(
     // (exec::run_gated): write-ahead without paying the commit and the exec in sequence.
     let gate = async {
         core.ledger(move |l| l.put(&intent)).await?;
-        if core.events.listened() {
-            core.events
-                .emit(crate::l1_leaves::events::Event::AttachmentDelta {
-                    network: &p.key.network,
-                    owner: &crate::l1_leaves::metric_labels::owner(&rec.owner),
-                    delta: 1,
-                });
-        }
+        core.attachment_delta(&rec, 1);
         crate::l1_leaves::fault::hit("add-after-intent");
         Ok(())
     };
@@ -397,4 +390,33 @@ async fn rollback(core: &Core, rec: &AttachmentRecord, release: bool) {
     if let Err(e) = core.forget(rec).await {
         warn!(key = %rec.key, error = %e, "could not drop the record of a failed ADD");
     }
+}
+
+/// Releases what a fresh ADD committed for a requester that left before its answer (its
+/// plugin killed mid-ADD, or its runtime's timeout passed). No one got the result, so no pod
+/// uses it, and a runtime that never DELs (its own caller gone too) would leak it. Under the
+/// key's lock, through [`Core::release`]: marked `deleting` durably, released by
+/// the delegate, forgotten, so that a dipamd killed at any point finishes it at its next
+/// start, and a runtime's DEL meanwhile finds the record. An AddEarly result already offered
+/// is left for the runtime's DEL: the plugin may have wired the pod with it.
+pub async fn roll_back_unanswered(core: &Core, p: &Prepared) -> ShimError {
+    let key = p.key.to_string();
+    let released = match core.lookup(&p.key) {
+        Ok(Some(rec)) => match core.release(&rec).await {
+            Ok(()) => true,
+            Err(e) => {
+                warn!(%key, error = %e, "could not release the ADD of a plugin that left; its record stays for the runtime's DEL, GC or the next start");
+                false
+            }
+        },
+        Ok(None) => true,
+        Err(e) => {
+            warn!(%key, error = %e, "could not read the ADD of a plugin that left");
+            false
+        }
+    };
+    if released {
+        warn!(%key, "the plugin left before its ADD was answered; released what the ADD allocated");
+    }
+    ShimError::RequesterLeft { key, released }
 }

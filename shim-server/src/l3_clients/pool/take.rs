@@ -179,13 +179,14 @@ async fn take_entry(
             }
         }
         crate::l1_leaves::fault::hit("pool-after-take");
-        pool.hits.fetch_add(1, Ordering::Relaxed);
-        pool.count(&p.key.network, digest, true);
-        core.events
-            .emit(crate::l1_leaves::events::Event::PoolRequest { outcome: "hit" });
-        // The pod's record replaced the entry's: one pool attachment fewer, one pod's more.
+        // The books, the ledger's first and then the pool's: the pod's record replaced the
+        // entry's (one pool attachment fewer, one pod's more), and the pool served a hit.
         core.attachment_delta(&entry, -1);
         core.attachment_delta(&rec, 1);
+        core.events
+            .emit(crate::l1_leaves::events::Event::PoolRequest { outcome: "hit" });
+        pool.hits.fetch_add(1, Ordering::Relaxed);
+        pool.count(&p.key.network, digest, true);
         super::refill::report_levels(core, pool);
         pool.wake.notify_one();
         info!(

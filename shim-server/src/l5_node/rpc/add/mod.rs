@@ -1,19 +1,19 @@
 //! ADD, top to bottom: its admission (admit.rs: every check of the caller and its request,
 //! ending under the key's lock with the caller's quota share), then serve it from the warm
-//! pool or run the core's ADD flow (core/attach.rs: intent, delegate, commit, rollback).
+//! pool or run the core's ADD flow (core/attach.rs: intent, delegate, commit, rollback),
+//! and roll it back when its requester left before the answer (core/attach.rs too).
 
 mod admit;
 
 use dipam_proto::v1::CniRequest;
 use dipam_state::Owner;
-use tracing::warn;
 
 use crate::{
     l1_leaves::access::Caller,
     l1_leaves::error::ShimError,
     l2_core::core::{
         Prepared,
-        attach::{Added, Early, attach},
+        attach::{Added, Early, attach, roll_back_unanswered},
     },
     l5_node::node::Node,
 };
@@ -37,38 +37,9 @@ pub async fn run(
         None => attach_or_rescue(node, p, early).await?,
     };
     if !added.replayed && early.requester_left() && !early.offered() {
-        return Err(roll_back_unanswered(node, p).await);
+        return Err(roll_back_unanswered(&node.core, p).await);
     }
     Ok(added)
-}
-
-/// Releases what a fresh ADD committed for a requester that left before its answer (its
-/// plugin killed mid-ADD, or its runtime's timeout passed). No one got the result, so no pod
-/// uses it, and a runtime that never DELs (its own caller gone too) would leak it. Under the
-/// key's lock, through [`crate::l2_core::core::Core::release`]: marked `deleting` durably, released by
-/// the delegate, forgotten, so that a dipamd killed at any point finishes it at its next
-/// start, and a runtime's DEL meanwhile finds the record. An AddEarly result already offered
-/// is left for the runtime's DEL: the plugin may have wired the pod with it.
-async fn roll_back_unanswered(node: &Node, p: &Prepared) -> ShimError {
-    let key = p.key.to_string();
-    let released = match node.core.lookup(&p.key) {
-        Ok(Some(rec)) => match node.core.release(&rec).await {
-            Ok(()) => true,
-            Err(e) => {
-                warn!(%key, error = %e, "could not release the ADD of a plugin that left; its record stays for the runtime's DEL, GC or the next start");
-                false
-            }
-        },
-        Ok(None) => true,
-        Err(e) => {
-            warn!(%key, error = %e, "could not read the ADD of a plugin that left");
-            false
-        }
-    };
-    if released {
-        warn!(%key, "the plugin left before its ADD was answered; released what the ADD allocated");
-    }
-    ShimError::RequesterLeft { key, released }
 }
 
 /// How often an ADD the delegate refused is tried again while the warm pool is on.
