@@ -15,7 +15,7 @@
 //!
 //! What keeps it safe: a flush always asks for the task to be polled again, so held bytes
 //! never wait on the peer; a flush that finds them held across several polls without a read
-//! writes them anyway; more than [`HOLD_LIMIT`] bytes are written at once; a shutdown writes
+//! writes them anyway; more than `HOLD_LIMIT` bytes are written at once; a shutdown writes
 //! them first. Reads are never delayed.
 
 use std::{
