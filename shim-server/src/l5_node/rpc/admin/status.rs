@@ -23,10 +23,8 @@ fn range_status(c: RangeCount, counted: &str) -> RangeStatus {
     }
 }
 
-/// The status as dipamd sees it now: readiness first, then every counter. `stores`: count the
-/// ranges from the delegates' stores, read now (every reservation file), instead of the
-/// ledger's census.
-pub async fn run(node: &Node, stores: bool) -> Result<StatusReply, ShimError> {
+/// What keeps dipamd from being ready, the ledger's fault first.
+fn not_ready(node: &Node) -> Vec<String> {
     let mut not_ready = node.agent.not_ready();
     not_ready.extend(node.startup.get().into_iter().flatten().cloned());
     // A ledger that cannot take commits (a full disk) fails every ADD and DEL: that is the
@@ -34,6 +32,14 @@ pub async fn run(node: &Node, stores: bool) -> Result<StatusReply, ShimError> {
     if let Some(fault) = node.core.ledger.store().fault() {
         not_ready.insert(0, fault);
     }
+    not_ready
+}
+
+/// The status as dipamd sees it now: readiness first, then every counter. `stores`: count the
+/// ranges from the delegates' stores, read now (every reservation file), instead of the
+/// ledger's census.
+pub async fn run(node: &Node, stores: bool) -> Result<StatusReply, ShimError> {
+    let mut not_ready = not_ready(node);
     let attachments = match node.core.ledger(|l| l.count()).await {
         Ok(n) => n as u64,
         Err(e) => {
