@@ -743,6 +743,17 @@ mod tests {
             let p = d.path().join(name);
             std::fs::write(&p, format!("#!/bin/sh\necho '{line}'\n")).unwrap();
             std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+            // Another test thread may have forked while the script was open for writing, and
+            // its child holds it until it execs: find_runtimes would then meet ETXTBSY and
+            // skip the runtime. Wait until the script runs; later forks cannot inherit it.
+            let runs = (0..100).any(|_| match Command::new(&p).output() {
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    false
+                }
+                other => other.is_ok(),
+            });
+            assert!(runs, "{}: text file busy for a second", p.display());
         }
         let found = find_runtimes(d.path().as_os_str());
         let short: Vec<_> = found
