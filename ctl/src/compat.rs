@@ -595,6 +595,22 @@ pub fn check(conflist: &[u8], dirs: &[PathBuf], runtimes: &[Runtime]) -> Result<
     })
 }
 
+/// Waits until a script a test just wrote can be exec'd. Another test thread may have forked
+/// while the script was open for writing, and its child holds it until it execs: an exec
+/// meanwhile fails with ETXTBSY, and a probe would skip the script (seen once in CI). Forks
+/// after the write cannot inherit it, so once it runs it stays runnable.
+#[cfg(test)]
+pub(crate) fn wait_until_runnable(p: &Path) {
+    let runs = (0..100).any(|_| match Command::new(p).stdin(Stdio::null()).output() {
+        Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            false
+        }
+        other => other.is_ok(),
+    });
+    assert!(runs, "{}: text file busy for a second", p.display());
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -615,6 +631,7 @@ mod tests {
         )
         .unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        wait_until_runnable(&p);
     }
 
     const OLD: &[&str] = &["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0"];
@@ -743,17 +760,7 @@ mod tests {
             let p = d.path().join(name);
             std::fs::write(&p, format!("#!/bin/sh\necho '{line}'\n")).unwrap();
             std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-            // Another test thread may have forked while the script was open for writing, and
-            // its child holds it until it execs: find_runtimes would then meet ETXTBSY and
-            // skip the runtime. Wait until the script runs; later forks cannot inherit it.
-            let runs = (0..100).any(|_| match Command::new(&p).output() {
-                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                    false
-                }
-                other => other.is_ok(),
-            });
-            assert!(runs, "{}: text file busy for a second", p.display());
+            wait_until_runnable(&p);
         }
         let found = find_runtimes(d.path().as_os_str());
         let short: Vec<_> = found

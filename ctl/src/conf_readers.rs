@@ -357,6 +357,7 @@ mod tests {
             let p = self.dir.path().join("bin").join(name);
             std::fs::write(&p, format!("#!/bin/sh\necho \"{name} {version}\"\n")).unwrap();
             std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+            crate::compat::wait_until_runnable(&p);
             p
         }
         fn running(&self, pid: u32, exe: &Path, args: &[&str]) {
