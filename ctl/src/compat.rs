@@ -595,20 +595,10 @@ pub fn check(conflist: &[u8], dirs: &[PathBuf], runtimes: &[Runtime]) -> Result<
     })
 }
 
-/// Waits until a script a test just wrote can be exec'd. Another test thread may have forked
-/// while the script was open for writing, and its child holds it until it execs: an exec
-/// meanwhile fails with ETXTBSY, and a probe would skip the script (seen once in CI). Forks
-/// after the write cannot inherit it, so once it runs it stays runnable.
+/// Waits until a script a test just wrote can be exec'd (it ran once; see `text_busy`).
 #[cfg(test)]
 pub(crate) fn wait_until_runnable(p: &Path) {
-    let runs = (0..100).any(|_| match Command::new(p).stdin(Stdio::null()).output() {
-        Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-            false
-        }
-        other => other.is_ok(),
-    });
-    assert!(runs, "{}: text file busy for a second", p.display());
+    crate::text_busy::retry(&p, || Command::new(p).stdin(Stdio::null()).output());
 }
 
 #[cfg(test)]

@@ -40,6 +40,8 @@ pub mod recover;
 pub mod runtime_gc;
 pub mod status;
 pub mod support_bundle;
+#[cfg(test)]
+mod text_busy;
 pub mod wrap;
 
 pub use error::CtlError;

@@ -8,8 +8,6 @@ use std::{
     process::Command,
 };
 
-use std::time::Duration;
-
 use serde_json::{Value, json};
 
 use super::*;
@@ -135,18 +133,9 @@ fn a_second_install_changes_nothing_and_a_new_plugin_replaces_the_old() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "dipam 2.0.0");
 }
 
-/// Spawns `cmd`, retrying ETXTBSY: another test thread may have forked while a file
-/// this test just wrote was still open (the child holds it until it execs).
+/// Spawns `cmd`, retrying ETXTBSY (`text_busy`).
 fn spawn(cmd: &mut Command) -> std::process::Child {
-    for _ in 0..50 {
-        match cmd.spawn() {
-            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            other => return other.unwrap(),
-        }
-    }
-    panic!("{cmd:?}: text file busy for a second");
+    crate::text_busy::retry(&format!("{cmd:?}"), || cmd.spawn())
 }
 
 #[test]
