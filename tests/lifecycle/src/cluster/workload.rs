@@ -244,6 +244,10 @@ pub struct Burst {
     /// `FailedCreatePodSandBox` events of the burst's pods (each a failed CNI ADD or a
     /// runtime error the kubelet retried).
     pub failures: u64,
+    /// dipamd's handler time of each ADD of the burst's pods, sorted, from its log in the
+    /// node's /var/log/pods (empty when the pods went through another network): the part of
+    /// RunPodSandbox that is dipam's.
+    pub dipamd_add: Vec<Duration>,
 }
 
 /// `kubectl get pods -w` of one app's pods, each line sent with the instant it arrived.
@@ -346,7 +350,70 @@ pub fn start_burst(c: &Cluster, app: &str, n: u32, secs: u64) -> Burst {
         ready,
         sandbox: run_pod_sandbox_times(&c.log_of("containerd.err"), app),
         failures,
+        dipamd_add: dipamd_add_times(&dipamd_logs(c), app),
     }
+}
+
+/// Every log file of the DaemonSet's dipam pods on the node (the kubelet's CRI log format,
+/// one line per dipamd line), read after a burst; a rollout's earlier pods are included while
+/// their files remain.
+fn dipamd_logs(c: &Cluster) -> String {
+    let mut text = String::new();
+    let pods = c.node.path("/var/log/pods");
+    for dir in std::fs::read_dir(&pods).into_iter().flatten().flatten() {
+        if !dir
+            .file_name()
+            .to_string_lossy()
+            .starts_with("kube-system_dipam-")
+        {
+            continue;
+        }
+        for container in std::fs::read_dir(dir.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            for file in std::fs::read_dir(container.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                text.push_str(&std::fs::read_to_string(file.path()).unwrap_or_default());
+            }
+        }
+    }
+    text
+}
+
+/// dipamd's handler time of each ADD of `app`'s pods: its `ok` lines (JSON, as the DaemonSet
+/// logs) whose span is an ADD and whose `pod` is one of `app`'s, each behind the
+/// kubelet's `<time> <stream> <tag> ` prefix. Sorted.
+pub fn dipamd_add_times(log: &str, app: &str) -> Vec<Duration> {
+    // A Deployment's pod is `<app>-<replica set hash>-<pod hash>`: the app is what is left
+    // without the two hashes (`dense-again-...` is not `dense`'s).
+    let of_app = |pod: &str| {
+        let name = pod.split_once('/').map_or(pod, |(_, n)| n);
+        name.rsplitn(3, '-').nth(2) == Some(app)
+    };
+    let mut out: Vec<Duration> = log
+        .lines()
+        .filter_map(|line| {
+            let json = &line[line.find('{')?..];
+            let v: Value = serde_json::from_str(json).ok()?;
+            let fields = &v["fields"];
+            let ours = fields["message"] == "ok"
+                && v["span"]["command"] == "ADD"
+                && of_app(fields["pod"].as_str()?);
+            if !ours {
+                return None;
+            }
+            Some(Duration::from_secs_f64(
+                fields["elapsed_ms"].as_f64()? / 1000.0,
+            ))
+        })
+        .collect();
+    out.sort();
+    out
 }
 
 /// The `FailedCreatePodSandBox` events of `app`'s pods, each counted as often as it recurred.
@@ -469,6 +536,30 @@ pub fn burst_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Lines as the kubelet writes a container's stderr: an ADD of the app's pod, its DEL,
+    /// another app's ADD, a STATUS, and a line that is not JSON.
+    #[test]
+    fn dipamd_add_times_are_the_apps_adds() {
+        let line = |verb: &str, pod: &str, ms: f64| {
+            format!(
+                r#"2026-11-29T14:00:00.1Z stderr F {{"timestamp":"x","level":"INFO","fields":{{"message":"ok","pod":"{pod}","elapsed_ms":{ms}}},"span":{{"command":"{verb}"}}}}"#
+            )
+        };
+        let log = [
+            line("ADD", "default/dense-7c9-abc", 4.5),
+            line("DEL", "default/dense-7c9-abc", 9.0),
+            line("ADD", "default/dense-again-7c9-x", 7.0),
+            line("ADD", "default/dense-7c9-def", 2.5),
+            line("STATUS", "-", 0.1),
+            "2026-11-29T14:00:00.1Z stderr F starting".to_owned(),
+        ]
+        .join("\n");
+        assert_eq!(
+            dipamd_add_times(&log, "dense"),
+            [Duration::from_micros(2500), Duration::from_micros(4500)]
+        );
+    }
 
     /// Lines as containerd 2.4.2 writes them: a failed start, its retry, another pod's start
     /// that never returned, and another app's pod.
