@@ -469,6 +469,8 @@ pub struct GcPoint {
     pub runtime_first_ms: f64,
     pub runtime_second_ms: f64,
     pub runtime_floor_ms: f64,
+    /// dipamd's own runtime-aware passes that began during the CNI GC.
+    pub runtime_passes_beside: u64,
 }
 
 /// The stale attachments at `n`: a tenth, at most `--density-stale`, at least one.
@@ -728,10 +730,14 @@ fn gc(rt: &Runtime, node: &mut Node, n: usize, opts: &Opts) -> Res<GcPoint> {
     // delegate's floor alone passed the plugin's default 55 s.
     l["plugins"][0]["ipam"]["timeoutSeconds"] = json!(GC_TIMEOUT_S);
     dipam_lifecycle::runtime::settle_before_gc();
+    let lists = node.cri.lists();
     let t = Instant::now();
     rt.ipam(&l, 0, "GC", &Attachment::new("", ""), None)
         .map_err(|e| format!("N={n}: CNI GC: {e}"))?;
     g.cni_gc_ms = ms(t.elapsed());
+    // dipamd's own runtime-aware passes (every 10 s, each reading every record) that ran
+    // beside the CNI GC: CPU it shared with them.
+    g.runtime_passes_beside = node.cri.lists() - lists;
     if g.cni_gc_ms > PLUGIN_DEFAULT_TIMEOUT_S as f64 * 1e3 {
         super::progress!(
             "density N={n}: the CNI GC took {:.1} s, past the plugin's default timeoutSeconds \

@@ -99,7 +99,7 @@ impl Report {
     /// The GC table: each GC against its floor, and the CNI GC split by dipamd's log.
     fn density_gc(&mut self, d: &Density) {
         self.line(format!(
-            "{:>6} {:>6} {:>9} {:>9} {:>6} {:>11} {:>11} {:>6}   {:>9} {:>8} {:>9} {:>7} {:>9}",
+            "{:>6} {:>6} {:>9} {:>9} {:>6} {:>11} {:>11} {:>6}   {:>9} {:>8} {:>9} {:>7} {:>9} {:>6}",
             "N",
             "stale",
             "floor",
@@ -112,13 +112,14 @@ impl Report {
             "before",
             "DELs",
             "after",
-            "DEL sum"
+            "DEL sum",
+            "passes"
         ));
         for (k, p) in d.points.iter().enumerate() {
             let g = &p.gc;
             let s = d.gc_split.get(k).cloned().unwrap_or_default();
             self.line(format!(
-                "{:>6} {:>6} {:>9.0} {:>9.0} {:>6.2} {:>11.0} {:>11.0} {:>6.2}   {:>9.0} {:>8.0} {:>9.0} {:>7.0} {:>9.0}",
+                "{:>6} {:>6} {:>9.0} {:>9.0} {:>6.2} {:>11.0} {:>11.0} {:>6.2}   {:>9.0} {:>8.0} {:>9.0} {:>7.0} {:>9.0} {:>6}",
                 p.n,
                 g.stale,
                 g.floor_ms,
@@ -131,13 +132,15 @@ impl Report {
                 s.before_ms,
                 s.dels_ms,
                 s.after_ms,
-                s.del_sum_ms
+                s.del_sum_ms,
+                g.runtime_passes_beside
             ));
         }
         self.line(
             "  (CNI GC split by dipamd's log: `handler` its GC handler; `before` the read and plan \
              up to the first DEL; `DELs` first DEL's start to last DEL's end; `after` the last \
-             forget; `DEL sum` the DELs' own times, 2 at a time)",
+             forget; `DEL sum` the DELs' own times, 2 at a time; `passes` dipamd's own \
+             runtime-aware passes that began during the CNI GC)",
         );
     }
 
@@ -292,7 +295,8 @@ fn point_json(d: &Density, k: usize, p: &Point) -> Value {
                "cni_gc_ms": r3(p.gc.cni_gc_ms),
                "runtime_floor_ms": r3(p.gc.runtime_floor_ms),
                "runtime_first_pass_ms": r3(p.gc.runtime_first_ms),
-               "runtime_second_pass_ms": r3(p.gc.runtime_second_ms)},
+               "runtime_second_pass_ms": r3(p.gc.runtime_second_ms),
+               "runtime_passes_beside_cni_gc": p.gc.runtime_passes_beside},
         "gc_split": d.gc_split.get(k).map(|s| json!({
             "handler_ms": r3(s.handler_ms), "before_first_del_ms": r3(s.before_ms),
             "dels_ms": r3(s.dels_ms), "after_last_del_ms": r3(s.after_ms),
