@@ -799,7 +799,10 @@ pub fn run(rt: &Runtime, opts: &Opts) -> Res<Density> {
     let text = node.d.log();
     let log = super::parse_log(&text);
     let status_handler = status_handler_times(&text, points.len());
-    let gc_split = gc_split::gc_splits(&text, points.len());
+    let gc_split = at_samples_start(&text, points.len(), |v| v["span"]["command"] == "GC")
+        .iter()
+        .map(|lines| gc_split::split(lines))
+        .collect();
     Ok(Density {
         points,
         log,
@@ -810,10 +813,11 @@ pub fn run(rt: &Runtime, opts: &Opts) -> Res<Density> {
     })
 }
 
-/// dipamd's handler time of every STATUS, split by dipamd start: the samples of point k run
-/// on its third start of that point (clean restart, SIGKILL restart, then the samples).
-fn status_handler_times(log: &str, points: usize) -> Vec<Vec<f64>> {
-    let mut by_start: Vec<Vec<f64>> = Vec::new();
+/// The log lines `keep` picks, of the start of each point on which its samples and GCs run:
+/// starts are #1 the first, then per point: clean, SIGKILL (the samples, the GCs), the pool,
+/// without the pool.
+fn at_samples_start(log: &str, points: usize, keep: impl Fn(&Value) -> bool) -> Vec<Vec<Value>> {
+    let mut by_start: Vec<Vec<Value>> = Vec::new();
     for line in log.lines() {
         if line.starts_with("===== dipamd start") {
             by_start.push(Vec::new());
@@ -822,17 +826,30 @@ fn status_handler_times(log: &str, points: usize) -> Vec<Vec<f64>> {
         let Ok(v) = serde_json::from_str::<Value>(line) else {
             continue;
         };
-        if v["span"]["command"] == "STATUS"
-            && v["fields"]["message"] == "ok"
-            && let (Some(ms), Some(cur)) = (v["fields"]["elapsed_ms"].as_f64(), by_start.last_mut())
+        if keep(&v)
+            && let Some(cur) = by_start.last_mut()
         {
-            cur.push(ms);
+            cur.push(v);
         }
     }
-    // Starts: #1 the first; per point: clean, SIGKILL (samples), pool, without the pool.
     (0..points)
         .map(|k| by_start.get(1 + 4 * k + 1).cloned().unwrap_or_default())
         .collect()
+}
+
+/// dipamd's handler time of every STATUS of each point's samples, in the order served.
+fn status_handler_times(log: &str, points: usize) -> Vec<Vec<f64>> {
+    at_samples_start(log, points, |v| {
+        v["span"]["command"] == "STATUS" && v["fields"]["message"] == "ok"
+    })
+    .into_iter()
+    .map(|lines| {
+        lines
+            .iter()
+            .filter_map(|v| v["fields"]["elapsed_ms"].as_f64())
+            .collect()
+    })
+    .collect()
 }
 
 impl Density {

@@ -26,34 +26,6 @@ pub struct GcSplit {
     pub del_sum_ms: f64,
 }
 
-/// The CNI GC of each point (the third start of point k runs its samples and GCs, as
-/// `status_handler_times` says), split.
-pub fn gc_splits(log: &str, points: usize) -> Vec<GcSplit> {
-    let mut by_start: Vec<Vec<Value>> = Vec::new();
-    for line in log.lines() {
-        if line.starts_with("===== dipamd start") {
-            by_start.push(Vec::new());
-            continue;
-        }
-        let Ok(v) = serde_json::from_str::<Value>(line) else {
-            continue;
-        };
-        if v["span"]["command"] == "GC"
-            && let Some(cur) = by_start.last_mut()
-        {
-            cur.push(v);
-        }
-    }
-    (0..points)
-        .map(|k| {
-            by_start
-                .get(1 + 4 * k + 1)
-                .map(|lines| split(lines))
-                .unwrap_or_default()
-        })
-        .collect()
-}
-
 /// (end in ns since the epoch, duration in ms) of a log line with `elapsed_ms`.
 fn timed(v: &Value) -> Option<(f64, f64)> {
     let end = v["timestamp"]
@@ -63,7 +35,8 @@ fn timed(v: &Value) -> Option<(f64, f64)> {
     Some((end, v["fields"]["elapsed_ms"].as_f64()?))
 }
 
-fn split(lines: &[Value]) -> GcSplit {
+/// One point's CNI GC from its log lines (those of the GC's span).
+pub fn split(lines: &[Value]) -> GcSplit {
     let mut s = GcSplit::default();
     let (mut first, mut last) = (f64::INFINITY, f64::NEG_INFINITY);
     let mut handler = None;
