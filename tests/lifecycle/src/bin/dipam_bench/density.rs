@@ -749,17 +749,38 @@ fn gc(rt: &Runtime, node: &mut Node, n: usize, opts: &Opts) -> Res<GcPoint> {
     expect_live(node, "CNI GC")?;
     node.unlisted(&node.stale);
     node.stale.clear();
+    say_gc(node, n, &g);
+    Ok(g)
+}
+
+/// The GC's figures, said as soon as they are known as well as in the report: a later point
+/// may not end (run 29's 10,000 did not).
+fn say_gc(node: &Node, n: usize, g: &GcPoint) {
+    let log = node.d.log();
+    let start = log.rfind("===== dipamd start").unwrap_or(0);
+    let lines: Vec<Value> = log[start..]
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["span"]["command"] == "GC")
+        .collect();
+    let s = gc_split::split(&lines);
     super::progress!(
-        "density N={n}: GC of {} stale: CNI GC {:.0} ms, runtime-aware {:.0} + {:.0} ms; \
-         floor {:.0} / {:.0} ms",
+        "density N={n}: GC of {} stale: CNI GC {:.0} ms (dipamd's handler {:.0}: {:.0} before \
+         the first DEL, DELs {:.0} (their sum {:.0}), {:.0} after; {} runtime-aware passes \
+         beside), runtime-aware {:.0} + {:.0} ms; floor {:.0} / {:.0} ms",
         g.stale,
         g.cni_gc_ms,
+        s.handler_ms,
+        s.before_ms,
+        s.dels_ms,
+        s.del_sum_ms,
+        s.after_ms,
+        g.runtime_passes_beside,
         g.runtime_first_ms,
         g.runtime_second_ms,
         g.floor_ms,
         g.runtime_floor_ms
     );
-    Ok(g)
 }
 
 // ---------------------------------------------------------------------------------------
