@@ -139,6 +139,7 @@ struct Opts {
     density_pool_max_above: usize,
     density_pool_burst: usize,
     density_pool_period_ms: u64,
+    density_pool_pods: usize,
     density_svg: Option<PathBuf>,
     /// Where to keep dipamd's log of the density section (its start phases, every STATUS).
     density_log: Option<PathBuf>,
@@ -221,6 +222,7 @@ Options:
                          another, never waiting for the pool
   --density-pool-period-ms MS
                          a burst every MS, start to start (default 1000)
+  --density-pool-pods N  pods of the pooled run (default 40)
   --density-svg FILE     write the density curve as an SVG
   --density-log FILE     keep the density section's dipamd log (JSON lines, debug level)
   --churn-cycles N       ADD/DEL cycles of the churn section (default 10000)
@@ -257,6 +259,7 @@ fn parse_args(args: &[String]) -> Res<Opts> {
         density_pool_max_above: 64,
         density_pool_burst: 10,
         density_pool_period_ms: 1000,
+        density_pool_pods: 40,
         density_svg: None,
         density_log: None,
         churn_cycles: 10_000,
@@ -319,6 +322,7 @@ fn parse_args(args: &[String]) -> Res<Opts> {
             "--density-pool" => o.density_pool = number(a, value(a)?)?,
             "--density-pool-max-above" => o.density_pool_max_above = number(a, value(a)?)?,
             "--density-pool-burst" => o.density_pool_burst = number(a, value(a)?)?,
+            "--density-pool-pods" => o.density_pool_pods = number(a, value(a)?)?,
             "--density-pool-period-ms" => {
                 o.density_pool_period_ms = number(a, value(a)?)? as u64;
             }

@@ -174,7 +174,7 @@ pub fn pooled(rt: &Runtime, node: &mut Node, n: usize, opts: &Opts) -> Res<PoolP
     Ok(pp)
 }
 
-/// The paced run: `--density-samples` ADDs in bursts, each burst on its schedule whatever the
+/// The paced run: `--density-pool-pods` ADDs in bursts, each burst on its schedule whatever the
 /// pool holds. Returns the pods added, with their results (for their DELs).
 fn paced(
     rt: &Runtime,
@@ -184,9 +184,9 @@ fn paced(
     pp: &mut PoolPoint,
 ) -> Res<Vec<(dipam_lifecycle::Attachment, Value)>> {
     let period = Duration::from_millis(pp.period_ms);
-    let mut added = Vec::with_capacity(opts.density_samples);
+    let mut added = Vec::with_capacity(opts.density_pool_pods);
     let t0 = Instant::now();
-    for (b, chunk) in (0..opts.density_samples)
+    for (b, chunk) in (0..opts.density_pool_pods)
         .collect::<Vec<_>>()
         .chunks(pp.burst)
         .enumerate()
