@@ -874,6 +874,22 @@ fn status_handler_times(log: &str, points: usize) -> Vec<Vec<f64>> {
 }
 
 impl Density {
+    /// The pooled ADDs of point `k` that dipamd served from the pool: no delegate exec in
+    /// their span (dipamd's log). A miss execs the delegate.
+    pub fn pool_hits(&self, k: usize) -> Vec<f64> {
+        let q = &self.points[k].pool;
+        q.add
+            .iter()
+            .zip(&q.add_cids)
+            .filter(|(_, cid)| {
+                self.log
+                    .get(&((*cid).clone(), "ADD".to_owned()))
+                    .is_some_and(|s| s.delegate_execs == 0 && s.server_ms.is_some())
+            })
+            .map(|(ms, _)| *ms)
+            .collect()
+    }
+
     /// dipam's samples at point `k` for `verb`: (total, delegate in dipamd, dipam's own).
     pub fn split(&self, k: usize, verb: &str) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
         let (mut total, mut delegate, mut own) = (Vec::new(), Vec::new(), Vec::new());

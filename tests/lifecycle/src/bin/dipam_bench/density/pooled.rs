@@ -47,8 +47,9 @@ pub struct PoolPoint {
     pub period_ms: u64,
     /// Start to serving of the dipamd with the pool (its entries are filled after).
     pub start_ms: f64,
-    /// Every ADD of the paced run, in order, spawn to reap.
+    /// Every ADD of the paced run, in order, spawn to reap, and its container ID.
     pub add: Vec<f64>,
+    pub add_cids: Vec<String>,
     pub del: Vec<f64>,
     pub hits: u64,
     pub misses: u64,
@@ -208,6 +209,7 @@ fn paced(
                 .ipam(node.list(), 0, "ADD", &a, None)
                 .map_err(|e| format!("pooled ADD: {e}"))?;
             pp.add.push(ms(t.elapsed()));
+            pp.add_cids.push(a.container_id.clone());
             // Alive for dipamd's runtime-aware passes until its DEL.
             node.listed(std::slice::from_ref(&a));
             added.push((a, r));

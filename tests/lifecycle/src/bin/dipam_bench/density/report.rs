@@ -157,28 +157,30 @@ impl Report {
             q.target, q.max_above, q.burst, q.period_ms
         ));
         self.line(format!(
-            "{:>6} {:>10}  {:^15}  {:>10} {:>7}  {:>12} {:>9} {:>8}  {:^15}",
+            "{:>6} {:>10}  {:^15}  {:>10} {:>7}  {:>8}  {:>12} {:>9} {:>8}  {:^15}",
             "N",
             "hits/miss",
             "pooled p50/p99",
             "h-l p99",
             "ratio",
+            "hits p99",
             "fewest ready",
             "target to",
             "kept up",
             "pooled DEL"
         ));
-        for p in &d.points {
+        for (k, p) in d.points.iter().enumerate() {
             let q = &p.pool;
             let (a, f) = (summarize(&q.add), summarize(&p.floor_add));
             self.line(format!(
-                "{:>6} {:>5}/{:<4}  {}  {:>10.2} {:>7.2}  {:>12} {:>9} {:>8}  {}",
+                "{:>6} {:>5}/{:<4}  {}  {:>10.2} {:>7.2}  {:>8.2}  {:>12} {:>9} {:>8}  {}",
                 p.n,
                 q.hits,
                 q.misses,
                 pp(&a),
                 f.p99,
                 ratio(a.p99, f.p99),
+                summarize(&d.pool_hits(k)).p99,
                 q.fewest_ready(),
                 q.raised_target,
                 if q.kept_up() { "yes" } else { "NO" },
@@ -301,18 +303,20 @@ fn point_json(d: &Density, k: usize, p: &Point) -> Value {
             "handler_ms": r3(s.handler_ms), "before_first_del_ms": r3(s.before_ms),
             "dels_ms": r3(s.dels_ms), "after_last_del_ms": r3(s.after_ms),
             "dels": s.dels, "del_sum_ms": r3(s.del_sum_ms)})),
-        "pool": pool_json(p),
+        "pool": pool_json(p, &d.pool_hits(k)),
     })
 }
 
 /// The pooled step (pooled.rs) of one point.
-fn pool_json(p: &Point) -> Value {
+fn pool_json(p: &Point, hits: &[f64]) -> Value {
     let q = &p.pool;
     let (a, f) = (summarize(&q.add), summarize(&p.floor_add));
     json!({
         "target": q.target, "max_above": q.max_above, "burst": q.burst,
         "period_ms": q.period_ms, "start_ms": r3(q.start_ms),
         "add": a.json(), "del": summarize(&q.del).json(),
+        // The ADDs dipamd served from the pool (no delegate exec in its log).
+        "add_from_pool": summarize(hits).json(),
         "add_samples_ms": q.add.iter().map(|x| r3(*x)).collect::<Vec<_>>(),
         "hits": q.hits, "misses": q.misses, "kept_up": q.kept_up(),
         "ready_before_each_burst": q.ready_before, "raised_target": q.raised_target,
