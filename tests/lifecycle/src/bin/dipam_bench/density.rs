@@ -48,6 +48,8 @@
 mod churn;
 #[path = "density/cri.rs"]
 mod cri;
+#[path = "density/gc.rs"]
+mod gc;
 #[path = "density/gc_split.rs"]
 mod gc_split;
 #[path = "density/plot.rs"]
@@ -70,7 +72,7 @@ use dipam_lifecycle::{Attachment, Dipamd, Fixture, Runtime, bins, unique};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
-use super::{DIPAMD_GC_PARALLEL, Opts, Res, check_stop, fan_out, loadavg, ms, rss_kib};
+use super::{Opts, Res, check_stop, fan_out, loadavg, ms, rss_kib};
 
 /// The density network's one range. IPAM-mode calls install nothing in any namespace, so the
 /// addresses live only in `host-local`'s files and the ledger: no other run can collide.
@@ -457,20 +459,8 @@ pub struct Point {
     pub journal: (u64, u64),
     pub ctl_status: Vec<f64>,
     pub ctl_attachments: Vec<f64>,
-    pub gc: GcPoint,
+    pub gc: gc::GcPoint,
     pub pool: pooled::PoolPoint,
-}
-
-#[derive(Default)]
-pub struct GcPoint {
-    pub stale: usize,
-    pub floor_ms: f64,
-    pub cni_gc_ms: f64,
-    pub runtime_first_ms: f64,
-    pub runtime_second_ms: f64,
-    pub runtime_floor_ms: f64,
-    /// dipamd's own runtime-aware passes that began during the CNI GC.
-    pub runtime_passes_beside: u64,
 }
 
 /// The stale attachments at `n`: a tenth, at most `--density-stale`, at least one.
@@ -530,7 +520,7 @@ pub fn point(rt: &Runtime, node: &mut Node, n: usize, opts: &Opts) -> Res<Point>
             &["attachments", "--json"],
         ))?);
     }
-    p.gc = gc(rt, node, n, opts)?;
+    p.gc = gc::gc(rt, node, n, opts)?;
     p.pool = pooled::pooled(rt, node, n, opts)?;
     Ok(p)
 }
@@ -609,178 +599,6 @@ fn samples(rt: &Runtime, node: &Node, p: &mut Point, opts: &Opts) -> Res<()> {
         }
     }
     Ok(())
-}
-
-/// host-local's DEL of `stale`, exec'd directly on a copy of its directory, `parallel` at a
-/// time: what any GC of them pays at this N.
-fn gc_floor(rt: &Runtime, node: &Node, stale: &[Attachment], parallel: usize) -> Res<f64> {
-    let copy = super::data_dir("density-floor")?;
-    let to = copy.path().join(node.network());
-    let st = std::process::Command::new("cp")
-        .arg("-a")
-        .arg(node.dir())
-        .arg(&to)
-        .status()
-        .map_err(|e| format!("cp: {e}"))?;
-    if !st.success() {
-        return Err(format!("cp -a {} failed", node.dir().display()));
-    }
-    let conf = node.delegate_conf(Some(copy.path()));
-    let (wall, _) = fan_out(stale, parallel, |a| {
-        let out = rt.exec("host-local", "DEL", a, &conf);
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "host-local DEL: {}",
-                String::from_utf8_lossy(&out.stdout)
-            ))
-        }
-    })?;
-    let left = count_reservations(&to);
-    if left != node.live.len() {
-        return Err(format!(
-            "the floor's DELs left {left} reservations, expected {}",
-            node.live.len()
-        ));
-    }
-    Ok(wall)
-}
-
-/// The runtime-aware GC's two passes, then (after the stale ones are added again) a CNI GC,
-/// each with its floor.
-fn gc(rt: &Runtime, node: &mut Node, n: usize, opts: &Opts) -> Res<GcPoint> {
-    let parallel = opts.gc_parallel.unwrap_or(DIPAMD_GC_PARALLEL);
-    let mut g = GcPoint {
-        stale: node.stale.len(),
-        ..GcPoint::default()
-    };
-    // The live pods themselves, not only as many: a live pod freed and a stale one kept
-    // would leave the counts right.
-    let expect_live = |node: &Node, what: &str| {
-        let held = node.reservations();
-        let pairs = node.d.ledger_pairs(&node.network());
-        let recorded: std::collections::HashSet<&str> =
-            pairs.iter().map(|(id, _)| id.as_str()).collect();
-        let lost = node
-            .live
-            .iter()
-            .filter(|a| !recorded.contains(a.container_id.as_str()))
-            .count();
-        if held != node.live.len() || pairs.len() != node.live.len() || lost > 0 {
-            return Err(format!(
-                "N={n}: after the {what}, host-local holds {held} and the ledger {} ({lost} \
-                 live pods missing); expected the {} live",
-                pairs.len(),
-                node.live.len()
-            ));
-        }
-        Ok(())
-    };
-    // The runtime-aware GC: the runtime loses the stale pods (the stand-in lists them no
-    // more) just after one of dipamd's own passes, then the first timed pass marks what the
-    // runtime does not list and the second frees it (gc/runtime/mod.rs, "Two passes").
-    g.runtime_floor_ms = gc_floor(rt, node, &node.stale, parallel)?;
-    node.after_a_background_pass()?;
-    node.unlisted(&node.stale);
-    let mut freed = 0;
-    for took in [&mut g.runtime_first_ms, &mut g.runtime_second_ms] {
-        let (ms, out) = time_output(&mut dipamctl(
-            &node.d.socket(),
-            &["gc", "--from-runtime", "--json"],
-        ))?;
-        *took = ms;
-        let v: Value = serde_json::from_slice(&out).map_err(|e| format!("gc --json: {e}"))?;
-        freed += v["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|i| i["outcome"] == "freed")
-            .count();
-    }
-    if freed != g.stale {
-        return Err(format!(
-            "N={n}: the two timed runtime-aware passes freed {freed} of {} stale; a pass of \
-             dipamd's own freed the rest, and the times would not be the GC's",
-            g.stale
-        ));
-    }
-    expect_live(node, "runtime-aware GC")?;
-
-    // The stale ones again, then a CNI GC naming every live pod (libcni 1.2.3 and later send
-    // the list under both keys).
-    let again: Vec<Attachment> = (0..g.stale)
-        .map(|i| node.att(Kind::Stale, n + 1, i))
-        .collect();
-    // The fill lists them, and they stay listed through the CNI GC: only the CNI GC's valid
-    // list, which names the live ones alone, frees them, never a runtime-aware pass.
-    node.fill(rt, &again)?;
-    node.stale = again;
-    g.floor_ms = gc_floor(rt, node, &node.stale, parallel)?;
-    let mut l = node.list().clone();
-    l["cniVersion"] = json!("1.1.0");
-    let valid: Vec<Value> = node
-        .live
-        .iter()
-        .map(|a| json!({"containerID": a.container_id, "ifname": a.ifname}))
-        .collect();
-    l["plugins"][0]["cni.dev/valid-attachments"] = Value::Array(valid.clone());
-    l["plugins"][0]["cni.dev/attachments"] = Value::Array(valid);
-    // The GC's own bound (module doc, "GC's deadline"): at 10,000 on a loaded machine the
-    // delegate's floor alone passed the plugin's default 55 s.
-    l["plugins"][0]["ipam"]["timeoutSeconds"] = json!(GC_TIMEOUT_S);
-    dipam_lifecycle::runtime::settle_before_gc();
-    let lists = node.cri.lists();
-    let t = Instant::now();
-    rt.ipam(&l, 0, "GC", &Attachment::new("", ""), None)
-        .map_err(|e| format!("N={n}: CNI GC: {e}"))?;
-    g.cni_gc_ms = ms(t.elapsed());
-    // dipamd's own runtime-aware passes (every 10 s, each reading every record) that ran
-    // beside the CNI GC: CPU it shared with them.
-    g.runtime_passes_beside = node.cri.lists() - lists;
-    if g.cni_gc_ms > PLUGIN_DEFAULT_TIMEOUT_S as f64 * 1e3 {
-        super::progress!(
-            "density N={n}: the CNI GC took {:.1} s, past the plugin's default timeoutSeconds \
-             ({PLUGIN_DEFAULT_TIMEOUT_S} s); its floor took {:.1} s",
-            g.cni_gc_ms / 1e3,
-            g.floor_ms / 1e3
-        );
-    }
-    expect_live(node, "CNI GC")?;
-    node.unlisted(&node.stale);
-    node.stale.clear();
-    say_gc(node, n, &g);
-    Ok(g)
-}
-
-/// The GC's figures, said as soon as they are known as well as in the report: a later point
-/// may not end (run 29's 10,000 did not).
-fn say_gc(node: &Node, n: usize, g: &GcPoint) {
-    let log = node.d.log();
-    let start = log.rfind("===== dipamd start").unwrap_or(0);
-    let lines: Vec<Value> = log[start..]
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v["span"]["command"] == "GC")
-        .collect();
-    let s = gc_split::split(&lines);
-    super::progress!(
-        "density N={n}: GC of {} stale: CNI GC {:.0} ms (dipamd's handler {:.0}: {:.0} before \
-         the first DEL, DELs {:.0} (their sum {:.0}), {:.0} after; {} runtime-aware passes \
-         beside), runtime-aware {:.0} + {:.0} ms; floor {:.0} / {:.0} ms",
-        g.stale,
-        g.cni_gc_ms,
-        s.handler_ms,
-        s.before_ms,
-        s.dels_ms,
-        s.del_sum_ms,
-        s.after_ms,
-        g.runtime_passes_beside,
-        g.runtime_first_ms,
-        g.runtime_second_ms,
-        g.floor_ms,
-        g.runtime_floor_ms
-    );
 }
 
 // ---------------------------------------------------------------------------------------

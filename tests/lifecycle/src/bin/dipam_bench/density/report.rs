@@ -137,7 +137,8 @@ impl Report {
             ));
         }
         self.line(
-            "  (CNI GC split by dipamd's log: `handler` its GC handler; `before` the read and plan \
+            "  (the CNI GC's floor: the mean of host-local's DELs just before and just after it, \
+             each on a copy of the directory made before it; CNI GC split by dipamd's log: `handler` its GC handler; `before` the read and plan \
              up to the first DEL; `DELs` first DEL's start to last DEL's end; `after` the last \
              forget; `DEL sum` the DELs' own times, 2 at a time; `passes` dipamd's own \
              runtime-aware passes that began during the CNI GC)",
@@ -255,10 +256,12 @@ impl Report {
             self.target(
                 format!("CNI GC of {} stale at N={} / the floor", g.stale, p.n),
                 format!(
-                    "{:.2}x ({:.0} vs {:.0} ms)",
+                    "{:.2}x ({:.0} vs {:.0} ms; floor before {:.0}, after {:.0})",
                     ratio(g.cni_gc_ms, g.floor_ms),
                     g.cni_gc_ms,
-                    g.floor_ms
+                    g.floor_ms,
+                    g.floor_before_ms,
+                    g.floor_after_ms
                 ),
                 "<= 1.1x",
                 g.cni_gc_ms <= 1.1 * g.floor_ms,
@@ -294,6 +297,8 @@ fn point_json(d: &Density, k: usize, p: &Point) -> Value {
         "dipamctl_status_ms": summarize(&p.ctl_status).json(),
         "dipamctl_attachments_ms": summarize(&p.ctl_attachments).json(),
         "gc": {"stale": p.gc.stale, "floor_ms": r3(p.gc.floor_ms),
+               "floor_before_ms": r3(p.gc.floor_before_ms),
+               "floor_after_ms": r3(p.gc.floor_after_ms),
                "cni_gc_ms": r3(p.gc.cni_gc_ms),
                "runtime_floor_ms": r3(p.gc.runtime_floor_ms),
                "runtime_first_pass_ms": r3(p.gc.runtime_first_ms),
