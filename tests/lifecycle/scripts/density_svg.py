@@ -9,7 +9,8 @@ latency p99 (and p50, thinner) of:
   - host-local exec'd directly on the same directory (the delegate's floor),
   - dipam's ADD, spawn to reap of the plugin,
   - dipam's own cost (the plugin's ADD less the delegate's exec inside dipamd),
-  - an ADD served from the warm pool.
+  - an ADD with the warm pool at a dense node's watermarks, pods arriving in paced bursts
+    that never wait for the pool (misses included: what the pods paid).
 Several files are drawn side by side, one dash pattern each (e.g. two runs, or a run with a
 larger --density-pool). Python's standard library only.
 """
@@ -26,7 +27,7 @@ SERIES = [
     ("host-local ADD, direct", "#7f7f7f", ("host_local", "add")),
     ("dipam ADD, spawn to reap", "#1f77b4", ("add", "total")),
     ("dipam's own ADD cost", "#2ca02c", ("add", "dipam_own")),
-    ("ADD from the warm pool", "#d62728", ("pool", "add")),
+    ("pooled ADD (watermarks, paced)", "#d62728", ("pool", "add")),
 ]
 DASHES = ["", "7,4", "2,3", "10,3,2,3"]
 

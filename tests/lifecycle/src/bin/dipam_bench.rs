@@ -133,8 +133,13 @@ struct Opts {
     density_samples: usize,
     /// The most stale attachments at one N (a tenth of N, at most this).
     density_stale: usize,
-    /// `--warm-pool` of the curve's pooled run.
+    /// The curve's pooled run (density/pooled.rs): `--pool-target`, `--pool-max-above`, and
+    /// the pace (bursts of this many pods, one burst per period).
     density_pool: usize,
+    density_pool_max_above: usize,
+    density_pool_burst: usize,
+    density_pool_period_ms: u64,
+    density_pool_pods: usize,
     density_svg: Option<PathBuf>,
     /// Where to keep dipamd's log of the density section (its start phases, every STATUS).
     density_log: Option<PathBuf>,
@@ -209,7 +214,15 @@ Options:
                          (default 10000)
   --density-samples N    timed samples of each kind per N (default 40)
   --density-stale N      stale attachments per N: a tenth of N, at most this (default 250)
-  --density-pool N       --warm-pool of the curve's pooled run (default 16)
+  --density-pool N       --pool-target of the curve's pooled run (default 16, the
+                         250-pod row of docs/configuration.md)
+  --density-pool-max-above N
+                         its --pool-max-above (default 64, the same row)
+  --density-pool-burst N its pods arrive in bursts of N (default 10), one ADD after
+                         another, never waiting for the pool
+  --density-pool-period-ms MS
+                         a burst every MS, start to start (default 1000)
+  --density-pool-pods N  pods of the pooled run (default 40)
   --density-svg FILE     write the density curve as an SVG
   --density-log FILE     keep the density section's dipamd log (JSON lines, debug level)
   --churn-cycles N       ADD/DEL cycles of the churn section (default 10000)
@@ -243,6 +256,10 @@ fn parse_args(args: &[String]) -> Res<Opts> {
         density_samples: 40,
         density_stale: 250,
         density_pool: 16,
+        density_pool_max_above: 64,
+        density_pool_burst: 10,
+        density_pool_period_ms: 1000,
+        density_pool_pods: 40,
         density_svg: None,
         density_log: None,
         churn_cycles: 10_000,
@@ -303,6 +320,12 @@ fn parse_args(args: &[String]) -> Res<Opts> {
             }
             "--density-stale" => o.density_stale = number(a, value(a)?)?,
             "--density-pool" => o.density_pool = number(a, value(a)?)?,
+            "--density-pool-max-above" => o.density_pool_max_above = number(a, value(a)?)?,
+            "--density-pool-burst" => o.density_pool_burst = number(a, value(a)?)?,
+            "--density-pool-pods" => o.density_pool_pods = number(a, value(a)?)?,
+            "--density-pool-period-ms" => {
+                o.density_pool_period_ms = number(a, value(a)?)? as u64;
+            }
             "--density-svg" => o.density_svg = Some(PathBuf::from(value(a)?)),
             "--density-log" => o.density_log = Some(PathBuf::from(value(a)?)),
             "--churn-cycles" => {

@@ -47,8 +47,14 @@ fn series(d: &Density) -> Vec<Series> {
     push("dipam's own ADD cost (p99)", "#2ca02c", "6,4", &|k| {
         summarize(&d.split(k, "ADD").2).p99
     });
-    push("ADD from the warm pool (p50)", "#d62728", "", &|k| {
+    push("pooled ADD, watermarks (p50)", "#d62728", "", &|k| {
         summarize(&d.points[k].pool.add).p50
+    });
+    push("pooled ADD, watermarks (p99)", "#d62728", "6,4", &|k| {
+        summarize(&d.points[k].pool.add).p99
+    });
+    push("host-local ADD, direct (p99)", "#7f7f7f", "6,4", &|k| {
+        summarize(&d.points[k].floor_add).p99
     });
     push("dipamd STATUS handler (p99)", "#9467bd", "2,3", &|k| {
         summarize(&d.status_handler.get(k).cloned().unwrap_or_default()).p99

@@ -77,8 +77,29 @@ impl Report {
                 super::super::median(&p.ctl_attachments),
             ));
         }
+        self.density_gc(d);
+        self.density_pool(d);
+        if let Some(why) = &d.failed {
+            self.line(format!("the curve stopped early: {why}"));
+        }
+        for (k, p) in d.points.iter().enumerate() {
+            json_points.push(point_json(d, k, p));
+        }
+        self.density_targets(d);
+        self.json.insert(
+            "density".into(),
+            json!({"range": RANGE, "points": json_points, "failed": d.failed}),
+        );
+        if let Some(path) = svg {
+            std::fs::write(path, plot::svg(d)).map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+        Ok(())
+    }
+
+    /// The GC table: each GC against its floor, and the CNI GC split by dipamd's log.
+    fn density_gc(&mut self, d: &Density) {
         self.line(format!(
-            "{:>6} {:>6} {:>9} {:>9} {:>6} {:>11} {:>11} {:>6}   {:^15} {:>9}",
+            "{:>6} {:>6} {:>9} {:>9} {:>6} {:>11} {:>11} {:>6}   {:>9} {:>8} {:>9} {:>7} {:>9} {:>6}",
             "N",
             "stale",
             "floor",
@@ -87,13 +108,18 @@ impl Report {
             "runtime 1st",
             "runtime 2nd",
             "ratio",
-            "pooled ADD",
-            "hits/miss"
+            "handler",
+            "before",
+            "DELs",
+            "after",
+            "DEL sum",
+            "passes"
         ));
-        for p in &d.points {
+        for (k, p) in d.points.iter().enumerate() {
             let g = &p.gc;
+            let s = d.gc_split.get(k).cloned().unwrap_or_default();
             self.line(format!(
-                "{:>6} {:>6} {:>9.0} {:>9.0} {:>6.2} {:>11.0} {:>11.0} {:>6.2}   {} {:>4}/{:<4}",
+                "{:>6} {:>6} {:>9.0} {:>9.0} {:>6.2} {:>11.0} {:>11.0} {:>6.2}   {:>9.0} {:>8.0} {:>9.0} {:>7.0} {:>9.0} {:>6}",
                 p.n,
                 g.stale,
                 g.floor_ms,
@@ -102,23 +128,66 @@ impl Report {
                 g.runtime_first_ms,
                 g.runtime_second_ms,
                 ratio(g.runtime_first_ms + g.runtime_second_ms, g.runtime_floor_ms),
-                pp(&summarize(&p.pool.add)),
-                p.pool.hits,
-                p.pool.misses
+                s.handler_ms,
+                s.before_ms,
+                s.dels_ms,
+                s.after_ms,
+                s.del_sum_ms,
+                g.runtime_passes_beside
             ));
         }
-        for (k, p) in d.points.iter().enumerate() {
-            json_points.push(point_json(d, k, p));
-        }
-        self.density_targets(d);
-        self.json.insert(
-            "density".into(),
-            json!({"range": RANGE, "points": json_points}),
+        self.line(
+            "  (the CNI GC's floor: the mean of host-local's DELs just before and just after it, \
+             each on a copy of the directory made before it; CNI GC split by dipamd's log: `handler` its GC handler; `before` the read and plan \
+             up to the first DEL; `DELs` first DEL's start to last DEL's end; `after` the last \
+             forget; `DEL sum` the DELs' own times, 2 at a time; `passes` dipamd's own \
+             runtime-aware passes that began during the CNI GC)",
         );
-        if let Some(path) = svg {
-            std::fs::write(path, plot::svg(d)).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+
+    /// The pooled step (pooled.rs): watermarks, paced ADDs, against host-local's ADD.
+    fn density_pool(&mut self, d: &Density) {
+        let Some(first) = d.points.first() else {
+            return;
+        };
+        let q = &first.pool;
+        self.line(format!(
+            "Pooled ADD: --pool-target {} --pool-max-above {}, bursts of {} pods every {} ms \
+             (one ADD after another, never waiting for the pool); against host-local's own \
+             ADD exec'd directly (ptp + host-local costs more: the ratio is conservative)",
+            q.target, q.max_above, q.burst, q.period_ms
+        ));
+        self.line(format!(
+            "{:>6} {:>10}  {:^15}  {:>10} {:>7}  {:>8}  {:>12} {:>9} {:>8}  {:^15}",
+            "N",
+            "hits/miss",
+            "pooled p50/p99",
+            "h-l p99",
+            "ratio",
+            "hits p99",
+            "fewest ready",
+            "target to",
+            "kept up",
+            "pooled DEL"
+        ));
+        for (k, p) in d.points.iter().enumerate() {
+            let q = &p.pool;
+            let (a, f) = (summarize(&q.add), summarize(&p.floor_add));
+            self.line(format!(
+                "{:>6} {:>5}/{:<4}  {}  {:>10.2} {:>7.2}  {:>8.2}  {:>12} {:>9} {:>8}  {}",
+                p.n,
+                q.hits,
+                q.misses,
+                pp(&a),
+                f.p99,
+                ratio(a.p99, f.p99),
+                summarize(&d.pool_hits(k)).p99,
+                q.fewest_ready(),
+                q.raised_target,
+                if q.kept_up() { "yes" } else { "NO" },
+                pp(&summarize(&q.del)),
+            ));
         }
-        Ok(())
     }
 
     fn density_targets(&mut self, d: &Density) {
@@ -159,14 +228,40 @@ impl Report {
                 "<= 64 MiB",
                 p.hwm_kib <= 64 * 1024,
             );
+            let q = &p.pool;
+            let (a, f) = (summarize(&q.add).p99, summarize(&p.floor_add).p99);
+            self.target(
+                format!("pooled ADD p99 at N={} / host-local ADD p99", p.n),
+                format!(
+                    "{:.2}x ({a:.2} vs {f:.2} ms; {} hits, {} misses)",
+                    ratio(a, f),
+                    q.hits,
+                    q.misses
+                ),
+                "<= 0.20x",
+                !q.add.is_empty() && a <= 0.2 * f,
+            );
+            self.target(
+                format!("refills keep up at N={} (ADDs that missed the pool)", p.n),
+                format!(
+                    "{} of {} (fewest ready before a burst: {})",
+                    q.misses,
+                    q.add.len(),
+                    q.fewest_ready()
+                ),
+                "0",
+                q.kept_up(),
+            );
             let g = &p.gc;
             self.target(
                 format!("CNI GC of {} stale at N={} / the floor", g.stale, p.n),
                 format!(
-                    "{:.2}x ({:.0} vs {:.0} ms)",
+                    "{:.2}x ({:.0} vs {:.0} ms; floor before {:.0}, after {:.0})",
                     ratio(g.cni_gc_ms, g.floor_ms),
                     g.cni_gc_ms,
-                    g.floor_ms
+                    g.floor_ms,
+                    g.floor_before_ms,
+                    g.floor_after_ms
                 ),
                 "<= 1.1x",
                 g.cni_gc_ms <= 1.1 * g.floor_ms,
@@ -202,12 +297,38 @@ fn point_json(d: &Density, k: usize, p: &Point) -> Value {
         "dipamctl_status_ms": summarize(&p.ctl_status).json(),
         "dipamctl_attachments_ms": summarize(&p.ctl_attachments).json(),
         "gc": {"stale": p.gc.stale, "floor_ms": r3(p.gc.floor_ms),
+               "floor_before_ms": r3(p.gc.floor_before_ms),
+               "floor_after_ms": r3(p.gc.floor_after_ms),
                "cni_gc_ms": r3(p.gc.cni_gc_ms),
                "runtime_floor_ms": r3(p.gc.runtime_floor_ms),
                "runtime_first_pass_ms": r3(p.gc.runtime_first_ms),
-               "runtime_second_pass_ms": r3(p.gc.runtime_second_ms)},
-        "pool": {"size": p.pool.size, "start_ms": r3(p.pool.start_ms),
-                 "add": summarize(&p.pool.add).json(), "del": summarize(&p.pool.del).json(),
-                 "hits": p.pool.hits, "misses": p.pool.misses},
+               "runtime_second_pass_ms": r3(p.gc.runtime_second_ms),
+               "runtime_passes_beside_cni_gc": p.gc.runtime_passes_beside},
+        "gc_split": d.gc_split.get(k).map(|s| json!({
+            "handler_ms": r3(s.handler_ms), "before_first_del_ms": r3(s.before_ms),
+            "dels_ms": r3(s.dels_ms), "after_last_del_ms": r3(s.after_ms),
+            "dels": s.dels, "del_sum_ms": r3(s.del_sum_ms)})),
+        "pool": pool_json(p, &d.pool_hits(k)),
+    })
+}
+
+/// The pooled step (pooled.rs) of one point.
+fn pool_json(p: &Point, hits: &[f64]) -> Value {
+    let q = &p.pool;
+    let (a, f) = (summarize(&q.add), summarize(&p.floor_add));
+    json!({
+        "target": q.target, "max_above": q.max_above, "burst": q.burst,
+        "period_ms": q.period_ms, "start_ms": r3(q.start_ms),
+        "add": a.json(), "del": summarize(&q.del).json(),
+        // The ADDs dipamd served from the pool (no delegate exec in its log).
+        "add_from_pool": summarize(hits).json(),
+        "add_samples_ms": q.add.iter().map(|x| r3(*x)).collect::<Vec<_>>(),
+        "hits": q.hits, "misses": q.misses, "kept_up": q.kept_up(),
+        "ready_before_each_burst": q.ready_before, "raised_target": q.raised_target,
+        "late_ms": r3(q.late_ms), "run_ms": r3(q.run_ms),
+        // Against host-local's ADD exec'd directly at the same N (ptp + host-local costs at
+        // least that: this ratio is the conservative one).
+        "p99_vs_host_local_p99": r3(ratio(a.p99, f.p99)),
+        "p50_vs_host_local_p50": r3(ratio(a.p50, f.p50)),
     })
 }
