@@ -42,7 +42,9 @@ pub struct Invocation {
 /// node whose CPUs the burst's plugins already fill, at equal priority it took as much CPU as
 /// it saved the pod it serves (docs/performance.md, "IPAM mode: where a pooled ADD's time
 /// goes"). Niced, it runs in the gaps the pods leave and keeps the pool filled at rest, the
-/// way the ENI IPAMs fill theirs off the pods' path.
+/// way the ENI IPAMs fill theirs off the pods' path. Since a niced exec holding `host-local`'s
+/// store lock would hold up a pod's DEL behind it, it starts only once its network has no
+/// pod exec in flight, or unniced past a bound (yielding.rs).
 pub const BACKGROUND_NICE: libc::c_int = 10;
 
 /// What the process did.
