@@ -529,12 +529,13 @@ pub fn check(kind: &str, command: &str, out: &Output) -> Result<(), ShimError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     use super::*;
 
-    fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    /// An executable shell script `name` in `dir` running `body`: a delegate stand-in.
+    pub(in crate::l2_core::delegate) fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
         let p = dir.join(name);
         std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();

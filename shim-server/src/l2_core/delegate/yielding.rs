@@ -150,12 +150,8 @@ mod tests {
     }
 
     fn script(dir: &std::path::Path, name: &str, body: &str) -> super::super::Probe {
-        use std::os::unix::fs::PermissionsExt;
-        let path = dir.join(name);
-        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
         super::super::Probe {
-            path,
+            path: super::super::exec::tests::script(dir, name, body),
             supported: Vec::new(),
         }
     }
