@@ -4,9 +4,9 @@
 //! ([`super::exec::BACKGROUND_NICE`]) so that a burst of pods served from the pool is not
 //! slowed by the refills behind it. But `host-local` holds its store's lock (one per network:
 //! `<dataDir>/<network>/lock`) for the whole of an exec, so a pod's DEL (or an ADD the pool
-//! could not serve) that arrives while a niced refill holds that lock waits for a process
-//! that gets a tenth of a CPU on a busy node: a priority inversion, which cost the pool's
-//! 8-way throughput 18-22 % (docs/performance.md, runs 28 and 33).
+//! could not serve) that arrives while a refill holds that lock waits for it, and longer when
+//! the refill is niced on a busy node. It cost the pool's 8-way throughput 18-22 %; un-nicing
+//! the refills alone made it worse, this rule won it back (docs/performance.md, runs 28, 33).
 //!
 //! The rule: a pool exec does not start while a pod's ADD, CHECK or DEL exec is in flight on
 //! its network; it waits until there is none, at most [`BACKGROUND_YIELD`], and one that has
