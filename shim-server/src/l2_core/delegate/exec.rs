@@ -42,7 +42,9 @@ pub struct Invocation {
 /// node whose CPUs the burst's plugins already fill, at equal priority it took as much CPU as
 /// it saved the pod it serves (docs/performance.md, "IPAM mode: where a pooled ADD's time
 /// goes"). Niced, it runs in the gaps the pods leave and keeps the pool filled at rest, the
-/// way the ENI IPAMs fill theirs off the pods' path.
+/// way the ENI IPAMs fill theirs off the pods' path. Since a niced exec holding `host-local`'s
+/// store lock would hold up a pod's DEL behind it, it starts only once its network has no
+/// pod exec in flight, or unniced past a bound (yielding.rs).
 pub const BACKGROUND_NICE: libc::c_int = 10;
 
 /// What the process did.
@@ -527,12 +529,13 @@ pub fn check(kind: &str, command: &str, out: &Output) -> Result<(), ShimError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     use super::*;
 
-    fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    /// An executable shell script `name` in `dir` running `body`: a delegate stand-in.
+    pub(in crate::l2_core::delegate) fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
         let p = dir.join(name);
         std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();

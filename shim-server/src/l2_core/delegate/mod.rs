@@ -8,6 +8,7 @@ pub mod ranges;
 pub mod store;
 pub mod survivors;
 pub mod version;
+pub mod yielding;
 
 use std::{
     collections::HashMap,
@@ -54,6 +55,10 @@ pub struct Executor {
     /// and without it each would exec its own VERSION (measured: 1.25 execs per request on a
     /// fresh dipamd under 8-way ADDs).
     probing: tokio::sync::Mutex<()>,
+    /// The pods' execs in flight per network, which the pool's wait for (yielding.rs).
+    pub yielding: yielding::Yielding,
+    /// How long a pool exec waits for them ([`yielding::BACKGROUND_YIELD`]; tests shorten it).
+    pub background_yield: Duration,
 }
 
 impl Executor {
@@ -67,6 +72,8 @@ impl Executor {
             events: crate::l1_leaves::events::Events::default(),
             probes: Mutex::new(HashMap::new()),
             probing: tokio::sync::Mutex::new(()),
+            yielding: yielding::Yielding::default(),
+            background_yield: yielding::BACKGROUND_YIELD,
         }
     }
 
@@ -326,6 +333,31 @@ impl Executor {
         gate: impl std::future::Future<Output = Result<(), ShimError>>,
         peek: Option<exec::Peek>,
     ) -> Gated {
+        let unniced;
+        let mut _pod = None;
+        let inv = if inv.background {
+            // The pool's exec yields to the pods' on its network (yielding.rs): once they
+            // are done it runs niced; past the bound it runs now, at dipamd's priority, so
+            // that a pod's exec never waits on a niced holder of the delegate's store lock.
+            if self
+                .yielding
+                .wait_quiet(&inv.network, self.background_yield)
+                .await
+            {
+                inv
+            } else {
+                unniced = Invocation {
+                    background: false,
+                    ..inv.clone()
+                };
+                &unniced
+            }
+        } else {
+            if matches!(inv.command.as_str(), "ADD" | "CHECK" | "DEL") {
+                _pod = Some(self.yielding.foreground(&inv.network));
+            }
+            inv
+        };
         let started = std::time::Instant::now();
         let outcome = match exec::run_gated(
             kind,

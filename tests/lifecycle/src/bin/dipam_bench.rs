@@ -6,18 +6,20 @@
 //!   driven through the harness's runtime emulation (libcni semantics, [`Runtime`]) for
 //!   (a) Debian's `ptp` + `host-local`, (b) dipam as the main plugin + `host-local`, and
 //!   (c) `ptp` + dipam in IPAM mode + `host-local`, and (d) dipam as the main plugin with its
-//!   own dipamd running a warm pool (`--warm-pool N`), on (b)'s conflist. The four alternate
+//!   own dipamd running a warm pool (`--warm-pool N`), on (b)'s conflist, and (e) (c)'s
+//!   conflist (IPAM mode) on another dipamd with the same pool. The five alternate
 //!   round-robin per pod, in a rotating order, so that whatever the machine does meanwhile
 //!   (other builds, the kernel tearing down the previous namespace) hits all alike. After each
-//!   of (d)'s ADDs, and after its pod, the bench waits (untimed) until the refiller has
+//!   of (d)'s and (e)'s ADDs, and after their pods, the bench waits (untimed) until the refiller has
 //!   brought the pool back to N, so no timed ADD finds it empty and no refill runs into
 //!   another configuration's timing; the hits and misses are reported. Sequential pods/s is
 //!   `pods / Σ(ADD + DEL)`.
 //! - **Throughput at N-way concurrency** (default 8): per round and configuration, `N`
 //!   threads take pods from a shared queue, first all ADDs, then all DELs; pods/s is
 //!   `pods / (ADD wall time + DEL wall time)`. Rounds rotate the configurations too. (d)'s
-//!   pool holds at least a round's pods, is full when its round starts, and refills (untimed)
-//!   before the next configuration runs; its refiller does run during (d)'s own ADDs and DELs.
+//!   and (e)'s pools hold at least a round's pods, are full when their round starts, and
+//!   refill (untimed) before the next configuration runs; a refiller does run during its own
+//!   configuration's ADDs and DELs.
 //! - **Cold start**: `/bin/true`, dipam VERSION (answered by the plugin alone), `host-local`
 //!   ADD/DEL called directly (the delegate's floor), and dipam ADD/DEL in IPAM mode called
 //!   directly (the way ptp calls it) with dipamd warm; medians of many round-robin iterations,
@@ -25,9 +27,9 @@
 //!   dipam binary to the same rotation, to compare two builds (say, a build-profile change)
 //!   under the same machine noise.
 //! - **Another build of dipamd** (`--alt-dipamd FILE`, or `--alt-bin-dir DIR` for DIR's
-//!   `dipam` and `dipamd`; dipamctl stays the current one): (b), (c) and
-//!   (d) run a second time as (b'), (c') and (d'), on that dipamd (two instances, as for (b),
-//!   (c) and (d)) and with the alternative plugin when one is given, in the same rotation as
+//!   `dipam` and `dipamd`; dipamctl stays the current one): (b), (c), (d) and
+//!   (e) run a second time as (b'), (c'), (d') and (e'), on that dipamd (three instances, as
+//!   for (b) and (c), (d), and (e)) and with the alternative plugin when one is given, in the same rotation as
 //!   the others in the latency and throughput sections. The report adds the ratios
 //!   alternative / current per configuration (p50 ADD, CHECK, DEL, pods/s; 8-way pods/s and
 //!   ADD/s), so that a restructure is measured against the build before it under the same
@@ -193,7 +195,7 @@ Options:
                          --release, and the binaries it built)
   --alt-plugin FILE      also time this dipam binary in the cold-start section, interleaved
                          with the one under test (to compare two builds in one run)
-  --alt-dipamd FILE      also run (b), (c) and (d) on this dipamd (with --alt-plugin's
+  --alt-dipamd FILE      also run (b), (c), (d) and (e) on this dipamd (with --alt-plugin's
                          plugin when given) in the latency and throughput sections,
                          interleaved with the build under test, and report the ratios
   --alt-bin-dir DIR      --alt-plugin DIR/dipam and --alt-dipamd DIR/dipamd (explicit
@@ -1772,7 +1774,7 @@ impl Report {
             );
         }
         let r = |x: &[f64], y: &[f64]| ratio(median(x), median(y));
-        for (k, name) in [(1, "b/a"), (2, "c/a"), (3, "d/a")] {
+        for (k, name) in [(1, "b/a"), (2, "c/a"), (3, "d/a"), (4, "e/a")] {
             if k >= lat.len() {
                 continue;
             }
@@ -1817,12 +1819,19 @@ impl Report {
             );
             if net.pool.is_some() {
                 out.insert(
-                    "warm_pool_alt".into(),
+                    if of == 3 {
+                        "warm_pool_alt".to_owned()
+                    } else {
+                        format!("warm_pool_alt_{}", nets[of].key)
+                    },
                     json!({"hits": l.pool_hits, "misses": l.pool_misses}),
                 );
             }
         }
-        if let (Some(net), Some(d)) = (nets.get(3), lat.get(3)) {
+        for (k, key) in [(3, "warm_pool"), (4, "warm_pool_e")] {
+            let (Some(net), Some(d)) = (nets.get(k), lat.get(k)) else {
+                continue;
+            };
             self.line(format!(
                 "{}: {} of {} timed ADDs served from the warm pool, {} found it empty",
                 net.label,
@@ -1831,15 +1840,22 @@ impl Report {
                 d.pool_misses
             ));
             out.insert(
-                "warm_pool".into(),
+                key.into(),
                 json!({"hits": d.pool_hits, "misses": d.pool_misses}),
             );
-            let (x, y) = (median(&d.add), median(&lat[0].add));
+        }
+        // Issue 40 §5's pooled ADD targets: main mode, and IPAM mode.
+        for (k, name, goal) in [
+            (3, "dipam main + warm pool (d)", 0.4),
+            (4, "ptp + dipam + warm pool (e)", 0.8),
+        ] {
+            let Some(l) = lat.get(k) else { continue };
+            let (x, y) = (median(&l.add), median(&lat[0].add));
             self.target(
-                "ADD p50, dipam main + warm pool (d) / (a)",
+                format!("ADD p50, {name} / (a)"),
                 format!("{:.2}x ({x:.2} vs {y:.2} ms)", x / y),
-                "<= 0.40x",
-                x <= 0.4 * y,
+                &format!("<= {goal:.2}x"),
+                x <= goal * y,
             );
         }
         self.json.insert("latency".into(), Value::Object(out));
@@ -1898,24 +1914,39 @@ impl Report {
                 x >= y,
             );
         }
-        if let (Some(net), Some(d)) = (nets.get(3), thr.get(3)) {
+        for (k, name, pool) in [(3, "d/a", "warm_pool"), (4, "e/a", "warm_pool_e")] {
+            let (Some(net), Some(d)) = (nets.get(k), thr.get(k)) else {
+                continue;
+            };
             let (x, y) = (d.pods_per_s(), thr[0].pods_per_s());
             let add_ratio = ratio(thr[0].add_wall, d.add_wall);
             self.line(format!(
                 "{:<31} {:>8.2}   (ADD/s {add_ratio:.2}x)",
-                "ratio d/a",
+                format!("ratio {name}"),
                 x / y
             ));
             self.line(format!(
                 "{}: {} of {} ADDs served from the warm pool, {} found it empty",
                 net.label, d.pool_hits, d.pods, d.pool_misses
             ));
-            out.insert("ratio_d_a".into(), json!(r3(x / y)));
-            out.insert("ratio_d_a_add_per_s".into(), json!(r3(add_ratio)));
+            let name = name.replace('/', "_");
+            out.insert(format!("ratio_{name}"), json!(r3(x / y)));
+            out.insert(format!("ratio_{name}_add_per_s"), json!(r3(add_ratio)));
             out.insert(
-                "warm_pool".into(),
+                pool.into(),
                 json!({"hits": d.pool_hits, "misses": d.pool_misses}),
             );
+            if k == 4 {
+                self.target(
+                    format!(
+                        "{}-way pods/s, ptp + dipam + pool (e) / (a)",
+                        opts.concurrency
+                    ),
+                    format!("{:.2}x ({x:.1} vs {y:.1})", x / y),
+                    ">= 1.00x",
+                    x >= y,
+                );
+            }
         }
         // --alt-dipamd: each alternative configuration against its current twin.
         for (net, t) in nets.iter().zip(thr) {
@@ -1954,6 +1985,14 @@ impl Report {
             ("caltmain", "b_alt_concurrent", "(b') alt main, concurrent"),
             ("caltipam", "c_alt_concurrent", "(c') alt IPAM, concurrent"),
             ("caltpool", "d_alt_concurrent", "(d') alt pool, concurrent"),
+            ("ipool", "e", "(e) IPAM pool, sequential"),
+            ("cipool", "e_concurrent", "(e) IPAM pool, concurrent"),
+            ("altipool", "e_alt", "(e') alt IPAM pool, sequential"),
+            (
+                "caltipool",
+                "e_alt_concurrent",
+                "(e') alt IPAM pool, concurrent",
+            ),
         ] {
             let mut per = serde_json::Map::new();
             for verb in ["ADD", "CHECK", "DEL"] {
@@ -2465,14 +2504,15 @@ fn run(opts: &Opts) -> Res<()> {
         .div_ceil(opts.rounds)
         .max(opts.concurrency);
     let pool_arg = pool_size.to_string();
-    let pool_dipamd = Dipamd::start_with(&[
+    let pool_args = [
         "--log-format",
         "json",
         "--warm-pool",
         &pool_arg,
         "--node-name",
         "bench",
-    ]);
+    ];
+    let pool_dipamd = Dipamd::start_with(&pool_args);
     // The pool's entries and a round's pods hold addresses at the same time.
     let pool_subnets = (2 * pool_size + 16).div_ceil(250);
     let mut pooled = dipam_net(
@@ -2487,9 +2527,25 @@ fn run(opts: &Opts) -> Res<()> {
     // One untimed pod shows dipamd the network (the pool fills for the config it brings).
     pod_cycle(&rt, &pooled, true, &mut Spans::new())?;
     nets.push(pooled);
+    // (e): (c)'s conflist (ptp + dipam in IPAM mode) on a dipamd of its own with the same
+    // pool: IPAM mode served from the pool (issue 39 §3). Its own dipamd, because the pool's
+    // hits and misses are counted per dipamd.
+    let ipool_dipamd = Dipamd::start_with(&pool_args);
+    let mut ipool = dipam_net(
+        "ptp-dipam-host-local.conflist",
+        &ipool_dipamd.socket(),
+        "e",
+        "(e) ptp + dipam + warm pool",
+        "ipool",
+        pool_subnets,
+    )?;
+    ipool.pool = Some((ipool_dipamd.socket(), pool_size as u64));
+    pod_cycle(&rt, &ipool, true, &mut Spans::new())?;
+    nets.push(ipool);
     rep.json.insert(
         "warm_pool".into(),
-        json!({"size": pool_size, "dipamd": "its own, with --warm-pool", "subnets": pool_subnets}),
+        json!({"size": pool_size, "dipamd": "its own, with --warm-pool, one for (d), one for (e)",
+               "subnets": pool_subnets}),
     );
 
     // --alt-dipamd: (b), (c) and (d) again as (b'), (c'), (d') on the other build's dipamd
@@ -2515,14 +2571,8 @@ fn run(opts: &Opts) -> Res<()> {
             d
         };
         let shared = start(&["--log-format", "json"]);
-        let pool = start(&[
-            "--log-format",
-            "json",
-            "--warm-pool",
-            &pool_arg,
-            "--node-name",
-            "bench",
-        ]);
+        let pool = start(&pool_args);
+        let ipool = start(&pool_args);
         for (file, socket, key, label, prefix, subnets, of) in [
             (
                 "dipam-host-local-1.1.0.conflist",
@@ -2551,11 +2601,20 @@ fn run(opts: &Opts) -> Res<()> {
                 pool_subnets,
                 3,
             ),
+            (
+                "ptp-dipam-host-local.conflist",
+                ipool.socket(),
+                "e_alt",
+                "(e') alt: ptp + dipam + pool",
+                "altipool",
+                pool_subnets,
+                4,
+            ),
         ] {
             let mut net = dipam_net(file, &socket, key, label, prefix, subnets)?;
             net.rt.clone_from(&alt_rt);
             net.alt_of = Some(of);
-            if of == 3 {
+            if of >= 3 {
                 net.pool = Some((socket.clone(), pool_size as u64));
                 pod_cycle(&rt, &net, true, &mut Spans::new())?;
             }
@@ -2569,6 +2628,7 @@ fn run(opts: &Opts) -> Res<()> {
         );
         alt_dipamds.push(shared);
         alt_dipamds.push(pool);
+        alt_dipamds.push(ipool);
     }
 
     // (a) and (c) again with today's reference plugins (ptp and host-local of the pinned
@@ -2651,6 +2711,8 @@ fn run(opts: &Opts) -> Res<()> {
     // (d)'s dipamd logs its own pods (prefixes pool-, cpool-): one map for the breakdown.
     log.extend(parse_log(&pool_dipamd.log()));
     drop(pool_dipamd);
+    log.extend(parse_log(&ipool_dipamd.log()));
+    drop(ipool_dipamd);
     for d in alt_dipamds {
         log.extend(parse_log(&d.log()));
     }
