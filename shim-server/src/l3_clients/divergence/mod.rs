@@ -28,6 +28,9 @@ use crate::{
 mod seen;
 use seen::Seen;
 
+#[cfg(test)]
+use crate::l2_core::delegate::import;
+
 /// One network's divergence.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Divergence {
@@ -683,6 +686,9 @@ pub async fn run(w: Watch, every: Duration, free: bool) {
         }
     }
 }
+
+#[cfg(test)]
+mod dense_tests;
 
 #[cfg(test)]
 mod tests {
