@@ -224,8 +224,8 @@ impl Counts {
     }
 
     /// Whether any record's entry `pred` accepts (no keys gathered).
-    pub fn any(&self, mut pred: impl FnMut(&Entry) -> bool) -> bool {
-        self.entries.values().any(|e| pred(e))
+    pub fn any(&self, pred: impl FnMut(&Entry) -> bool) -> bool {
+        self.entries.values().any(pred)
     }
 
     /// Every container ID a record uses (its key's, or the delegate's when that differs).

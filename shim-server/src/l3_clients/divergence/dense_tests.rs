@@ -49,7 +49,7 @@ fn the_reconcile_finds_every_divergence_and_holds_no_record() {
     let ((div, ranges), peak) =
         held::measure(&rt, async { look(&node.watch(), &dc, None).await.unwrap() });
     let div = div.expect("host-local's store is read");
-    let key = |i: usize| AttachmentKey::new(NET, &dense::cid(i), "eth0");
+    let key = |i: usize| AttachmentKey::new(NET, dense::cid(i), "eth0");
     let mut want: Vec<String> = missing
         .iter()
         .map(|&i| format!("{} ({})", dense::ip(i), key(i)))
