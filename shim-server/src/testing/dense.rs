@@ -99,7 +99,28 @@ pub fn node(records: &[AttachmentRecord], dir: TempDir) -> Dense {
     Dense { dir, node, data }
 }
 
+/// `n` pods (`record(0..n)`) on a fresh node, and their records.
+pub fn pods(n: usize) -> (Dense, Vec<AttachmentRecord>) {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let data = dir.path().join("data");
+    let records: Vec<AttachmentRecord> = (0..n).map(|i| record(i, &data)).collect();
+    (node(&records, dir), records)
+}
+
+/// The container IDs of pods `0..n` but `gone`: what a runtime that lost those lists.
+pub fn listed_but(n: usize, gone: &[usize]) -> Vec<String> {
+    (0..n).filter(|i| !gone.contains(i)).map(cid).collect()
+}
+
 impl Dense {
+    /// What every record of the ledger takes decoded, held at once (`list(None)`), on `rt`
+    /// (held.rs), after one read that fills sled's cache so that no measure counts its pages.
+    pub fn whole(&self, rt: &tokio::runtime::Runtime) -> usize {
+        rt.block_on(self.node.core.ledger(|l| l.list(None)))
+            .expect("the ledger reads");
+        super::held::measure(rt, self.node.core.ledger(|l| l.list(None))).1
+    }
+
     /// Writes host-local's file for `ip` naming `owner` (`<containerID>\r\n<ifname>`, or as
     /// given), an hour old: past every grace period.
     pub fn reserve(&self, ip: IpAddr, owner: &str) {

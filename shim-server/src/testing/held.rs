@@ -7,7 +7,7 @@
 use std::{
     alloc::{GlobalAlloc, Layout, System},
     cell::Cell,
-    sync::atomic::{AtomicIsize, Ordering},
+    sync::atomic::{AtomicIsize, AtomicU64, Ordering},
 };
 
 /// The unit tests' allocator: the system's, counting the bytes the measured threads hold.
@@ -19,55 +19,69 @@ thread_local! {
     static COUNTED: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Bytes the counted threads allocated and have not freed since [`measure`] began (frees of
-/// older memory make it lower: the peak is a floor of what was held, never inflated).
+/// Bytes the counted threads allocated since [`measure`] began and that are not freed yet
+/// (by any thread); memory from before is never counted, so frees of it (sled's cache
+/// evicting pages, say) cannot hide what the measured code holds. Each block carries the
+/// measure it was allocated in, in a header before it.
 static IN_USE: AtomicIsize = AtomicIsize::new(0);
 static PEAK: AtomicIsize = AtomicIsize::new(0);
+/// The measure under way (0: none).
+static EPOCH: AtomicU64 = AtomicU64::new(0);
 
 fn counted() -> bool {
     COUNTED.try_with(Cell::get).unwrap_or(false)
 }
 
-fn grow(by: isize) {
-    let now = IN_USE.fetch_add(by, Ordering::Relaxed) + by;
-    PEAK.fetch_max(now, Ordering::Relaxed);
+/// The header's size for `layout`: room for the epoch, keeping the block's alignment.
+fn header(layout: Layout) -> usize {
+    layout.align().max(16)
 }
 
-// SAFETY: every call is passed to the system allocator unchanged; only counters move.
+// SAFETY: each block is the system's, `header` bytes larger and as aligned, with the epoch
+// written just before the caller's part; `dealloc` finds it with the same layout.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller's contract, passed on.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() && counted() {
-            grow(layout.size() as isize);
+        let h = header(layout);
+        let Ok(full) = Layout::from_size_align(layout.size() + h, layout.align().max(16)) else {
+            return std::ptr::null_mut();
+        };
+        // SAFETY: `full` has a non-zero size.
+        let base = unsafe { System.alloc(full) };
+        if base.is_null() {
+            return base;
         }
-        p
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller's contract, passed on.
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if !p.is_null() && counted() {
-            grow(layout.size() as isize);
+        let epoch = if counted() {
+            EPOCH.load(Ordering::Relaxed)
+        } else {
+            0
+        };
+        if epoch != 0 {
+            let now = IN_USE.fetch_add(layout.size() as isize, Ordering::Relaxed)
+                + layout.size() as isize;
+            PEAK.fetch_max(now, Ordering::Relaxed);
         }
-        p
+        // SAFETY: `base + h` is inside the block, and the 8 bytes before it too (h >= 16).
+        unsafe {
+            let user = base.add(h);
+            user.cast::<u64>().sub(1).write_unaligned(epoch);
+            user
+        }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.dealloc(ptr, layout) };
-        if counted() {
+        let h = header(layout);
+        // SAFETY: `ptr` came from `alloc` with this layout: its header is just before it.
+        let epoch = unsafe { ptr.cast::<u64>().sub(1).read_unaligned() };
+        if epoch != 0 && epoch == EPOCH.load(Ordering::Relaxed) {
             IN_USE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
         }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: the caller's contract, passed on.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() && counted() {
-            grow(new_size as isize - layout.size() as isize);
-        }
-        p
+        // SAFETY: the block `alloc` made, with the layout it made it with.
+        unsafe {
+            System.dealloc(
+                ptr.sub(h),
+                Layout::from_size_align_unchecked(layout.size() + h, layout.align().max(16)),
+            )
+        };
     }
 }
 
@@ -88,13 +102,14 @@ pub fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// Runs `fut` on `rt` and returns its output and the most bytes its threads held at once
-/// beyond what they held when it began.
+/// of what they allocated while it ran, not freed yet.
 pub fn measure<T>(
     rt: &tokio::runtime::Runtime,
     fut: impl std::future::Future<Output = T>,
 ) -> (T, usize) {
     IN_USE.store(0, Ordering::SeqCst);
     PEAK.store(0, Ordering::SeqCst);
+    EPOCH.fetch_add(1, Ordering::SeqCst);
     COUNTED.with(|c| c.set(true));
     let out = rt.block_on(fut);
     COUNTED.with(|c| c.set(false));

@@ -367,20 +367,13 @@ fn a_look_on_a_dense_node_holds_the_dead_not_the_ledger() {
     const N: usize = 3_000;
     let _one = held::one_at_a_time();
     let rt = held::runtime();
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let records: Vec<AttachmentRecord> = (0..N).map(|i| dense::record(i, &data)).collect();
-    let d = dense::node(&records, dir);
+    let (d, _) = dense::pods(N);
     let gone = [0, 1_234, 2_998];
-    let listed: Vec<String> = (0..N)
-        .filter(|i| !gone.contains(i))
-        .map(dense::cid)
-        .collect();
+    let listed = dense::listed_but(N, &gone);
     let listed: Vec<&str> = listed.iter().map(String::as_str).collect();
     let scan = fixed_with(&[], &[], Some(&listed), &[]);
     let node = d.node.clone();
-    rt.block_on(node.core.ledger(|l| l.list(None))).unwrap();
-    let (_, whole) = held::measure(&rt, node.core.ledger(|l| l.list(None)));
+    let whole = d.whole(&rt);
 
     let c = node.collector();
     let (freed, peak) = held::measure(&rt, async {

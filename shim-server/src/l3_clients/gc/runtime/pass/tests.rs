@@ -433,10 +433,7 @@ fn a_pass_on_a_dense_node_holds_what_it_frees_not_the_ledger() {
     const N: usize = 3_000;
     let _one = held::one_at_a_time();
     let rt = held::runtime();
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let records: Vec<AttachmentRecord> = (0..N).map(|i| dense::record(i, &data)).collect();
-    let d = dense::node(&records, dir);
+    let (d, _) = dense::pods(N);
     let twin = Arc::new(Twin(Mutex::new(Ok(Vec::new()))));
     d.node
         .gc
@@ -444,15 +441,11 @@ fn a_pass_on_a_dense_node_holds_what_it_frees_not_the_ledger() {
         .set(RuntimeGc::new(twin.clone() as Arc<dyn Sandboxes>))
         .unwrap();
     let gone = [3, 1_500, 2_999];
-    let listed: Vec<String> = (0..N)
-        .filter(|i| !gone.contains(i))
-        .map(dense::cid)
-        .collect();
+    let listed = dense::listed_but(N, &gone);
     twin.lists(&listed.iter().map(String::as_str).collect::<Vec<_>>());
     let node = d.node.clone();
     let rt_gc = node.gc.runtime.get().unwrap();
-    rt.block_on(node.core.ledger(|l| l.list(None))).unwrap();
-    let (_, whole) = held::measure(&rt, node.core.ledger(|l| l.list(None)));
+    let whole = d.whole(&rt);
 
     // The timer's first pass: each unlisted one missed once, nothing freed, nothing listed.
     let (first, first_peak) = held::measure(&rt, async {
