@@ -10,6 +10,14 @@ use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, MemStore, Ow
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
+pub mod dense;
+pub mod held;
+
+/// The unit tests' allocator: the system's, counting what a measured runtime holds
+/// (held.rs).
+#[global_allocator]
+static COUNTING: held::Counting = held::Counting;
+
 use crate::{
     l1_leaves::access::Caller, l1_leaves::error::ShimError, l2_core::core::Identity,
     l2_core::delegate::Executor, l5_node::node::Node, l5_node::rpc::add,

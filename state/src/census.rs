@@ -223,6 +223,11 @@ impl Counts {
         keys
     }
 
+    /// Whether any record's entry `pred` accepts (no keys gathered).
+    pub fn any(&self, pred: impl FnMut(&Entry) -> bool) -> bool {
+        self.entries.values().any(pred)
+    }
+
     /// Every container ID a record uses (its key's, or the delegate's when that differs).
     pub fn container_ids(&self) -> impl Iterator<Item = &str> {
         self.by_cid.keys().map(String::as_str)

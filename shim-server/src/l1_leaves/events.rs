@@ -111,7 +111,7 @@ pub enum Event<'a> {
         alive: u64,
     },
     /// Every network's range, whole, per family, as the last look at the ledger and the
-    /// delegate's store found it (divergence.rs: each reconcile, and each `dipamctl status`).
+    /// delegate's store found it (divergence/: each reconcile, and each `dipamctl status`).
     /// A network or family absent from the list has gone.
     Ranges(&'a [RangeCount]),
     /// A history event dropped because its writer fell behind.

@@ -90,27 +90,30 @@ async fn watch(crossed: Arc<Crossed>, core: Arc<Core>, mut rx: mpsc::Receiver<At
     let mut batch = Vec::with_capacity(QUEUE);
     while rx.recv_many(&mut batch, QUEUE).await > 0 {
         let keys = std::mem::take(&mut batch);
+        // The census names every attachment using a container ID: no read of the records
+        // (this read every record per batch, docs/performance.md, run 32).
         let found = core
             .ledger(move |l| {
-                let records = l.list(None)?;
-                Ok(keys
-                    .into_iter()
-                    .filter_map(|k| {
-                        let mut held_on: Vec<String> = records
-                            .iter()
-                            .filter(|r| {
-                                r.key.container_id == k.container_id && r.key.network != k.network
+                l.census(|c| {
+                    keys.into_iter()
+                        .filter_map(|k| {
+                            let mut held_on: Vec<String> = c
+                                .using_container_id(&k.container_id)
+                                .filter(|(o, _)| {
+                                    o.container_id == k.container_id && o.network != k.network
+                                })
+                                .map(|(o, _)| o.network.clone())
+                                .collect();
+                            held_on.sort();
+                            held_on.dedup();
+                            (!held_on.is_empty()).then_some(Sighting {
+                                container_id: k.container_id,
+                                del_network: k.network,
+                                held_on,
                             })
-                            .map(|r| r.key.network.clone())
-                            .collect();
-                        held_on.dedup();
-                        (!held_on.is_empty()).then_some(Sighting {
-                            container_id: k.container_id,
-                            del_network: k.network,
-                            held_on,
                         })
-                    })
-                    .collect::<Vec<_>>())
+                        .collect::<Vec<_>>()
+                })
             })
             .await;
         match found {

@@ -35,7 +35,7 @@ pub struct Node {
     pub admission: Admission,
     /// The warm pool (pool/): off unless dipamd configures it.
     pub pool: Arc<Pool>,
-    /// Networks whose delegate store dipamd must not trust (divergence.rs).
+    /// Networks whose delegate store dipamd must not trust (divergence/).
     pub misconfigured: Arc<Misconfigured>,
     /// The delegate's own STATUS answers, briefly remembered: containerd 2.x calls STATUS on
     /// every kubelet status poll, and each answer costs a delegate exec.
@@ -147,7 +147,7 @@ impl Node {
         }
     }
 
-    /// Why pod ADDs on `network` are refused, if they are (divergence.rs).
+    /// Why pod ADDs on `network` are refused, if they are (divergence/).
     pub fn misconfigured(&self, network: &str, creator: Option<u32>) -> Option<String> {
         self.misconfigured.of(network, creator)
     }

@@ -418,8 +418,20 @@ impl Core {
                 .find_map(|ip| self.owners.owner_of(ip).map(|h| (*ip, h))),
             Owner::Agent { .. } => {
                 let key = rec.key.clone();
-                let others = self.ledger(|l| l.list(None)).await?;
-                others.into_iter().filter(|o| o.key != key).find_map(|o| {
+                let mine = ips.clone();
+                // Streamed, keeping only the records that share an address: this read held
+                // every record of the ledger (docs/performance.md, run 32).
+                let others = self
+                    .ledger(move |l| {
+                        l.list_where(None, |o| {
+                            o.key != key
+                                && o.result.as_ref().is_some_and(|r| {
+                                    result_addrs(r).iter().any(|ip| mine.contains(ip))
+                                })
+                        })
+                    })
+                    .await?;
+                others.into_iter().find_map(|o| {
                     let theirs = o.result.as_ref().map(result_addrs).unwrap_or_default();
                     ips.iter()
                         .find(|ip| theirs.contains(ip))

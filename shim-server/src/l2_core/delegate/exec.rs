@@ -218,7 +218,7 @@ pub async fn run_gated(
         // writes more than a result is broken. Left running, either would hold its key's lock
         // and a process for good. An ADD it interrupts is rolled back by DEL like any failed
         // one, and a blank reservation left anyway is reported and freed by the reconcile
-        // (divergence.rs).
+        // (divergence/).
         let _ = child.start_kill();
         // Reaped here, not left a zombie until tokio's orphan queue runs on some later
         // SIGCHLD; bounded, since a process in uninterruptible sleep dies only when it wakes.

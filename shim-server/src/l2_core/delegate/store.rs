@@ -34,12 +34,14 @@ pub struct Known {
 
 impl Known {
     pub fn of(records: &[dipam_state::AttachmentRecord]) -> Self {
-        let pairs: std::collections::HashSet<(String, String)> = records
-            .iter()
-            .map(|r| {
-                let (c, i) = r.delegate_ids();
-                (c.to_owned(), i.to_owned())
-            })
+        Self::of_ids(records.iter().map(|r| r.delegate_ids()))
+    }
+
+    /// The same, from each record's (container ID, ifname) as the delegate holds it.
+    pub fn of_ids<'a>(ids: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        let pairs: std::collections::HashSet<(String, String)> = ids
+            .into_iter()
+            .map(|(c, i)| (c.to_owned(), i.to_owned()))
             .collect();
         let ids = pairs.iter().map(|(c, _)| c.clone()).collect();
         Self { pairs, ids }

@@ -1,5 +1,5 @@
 //! Delegates that outlive a killed dipamd (the survivors; not to be confused with orphaned
-//! reservations, which are addresses no ledger record accounts for, divergence.rs).
+//! reservations, which are addresses no ledger record accounts for, divergence/).
 //!
 //! When dipamd is SIGKILLed mid-exec, the delegate keeps running. If it finished after the
 //! next start's replay DEL, it would hold an address nobody records (F1). Killing it with

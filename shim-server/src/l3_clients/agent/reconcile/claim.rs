@@ -52,27 +52,29 @@ pub(super) async fn holder_of(
     ip: IpAddr,
     key: &AttachmentKey,
 ) -> Result<Option<String>, ShimError> {
-    let records = r.core.ledger(|l| l.list(None)).await?;
-    Ok(records.into_iter().find_map(|r| {
-        if &r.key == key
-            || !r
-                .result
-                .as_ref()
-                .map(result_addrs)
-                .unwrap_or_default()
-                .contains(&ip)
-        {
-            return None;
-        }
+    // Streamed, keeping only the holders: this read held every record of the ledger.
+    let not = key.clone();
+    let records = r
+        .core
+        .ledger(move |l| {
+            l.list_where(None, |r| {
+                r.key != not
+                    && r.result
+                        .as_ref()
+                        .is_some_and(|res| result_addrs(res).contains(&ip))
+            })
+        })
+        .await?;
+    Ok(records.into_iter().next().map(|r| {
         let id = crate::l1_leaves::validate::clip(&r.key.container_id, 64);
-        Some(match &r.owner {
+        match &r.owner {
             Owner::Pod => format!("pod {id}/{} on network {}", r.key.ifname, r.key.network),
             Owner::Pool => format!("the warm pool's entry {id}"),
             Owner::Agent { role } => match role.strip_prefix("claim:") {
                 Some(name) => format!("agent claim {name:?}"),
                 None => format!("the agent's {role} address"),
             },
-        })
+        }
     }))
 }
 
@@ -194,7 +196,7 @@ pub async fn claim(r: &Reconciler, c: Claim) -> Result<Outcome, ShimError> {
             address(&slot, &base.network, None, "failed", &error_text(&e))
         }
     };
-    let records = r.core.ledger(|l| l.list(None)).await?;
+    let records = agent_records(r).await?;
     r.agent.reindex(&records);
     replace_published(r, &slot.container_id, Some(a.clone())).await;
     let out = published(r, &slot.container_id, a);
@@ -224,19 +226,17 @@ pub async fn unclaim(r: &Reconciler, name: &str) -> Result<Outcome, ShimError> {
     r.core
         .ledger(move |l| l.set_setting(&setting, None))
         .await?;
+    let cid = slot.container_id.clone();
     let records: Vec<AttachmentRecord> = r
         .core
-        .ledger(|l| l.list(None))
-        .await?
-        .into_iter()
-        .filter(|r| r.key.container_id == slot.container_id)
-        .collect();
+        .ledger(move |l| l.list_where(None, |r| r.key.container_id == cid))
+        .await?;
     let network = records
         .first()
         .map(|r| r.key.network.clone())
         .unwrap_or_default();
     let left = release_unwanted(r, &records, &[]).await;
-    let records = r.core.ledger(|l| l.list(None)).await?;
+    let records = agent_records(r).await?;
     r.agent.reindex(&records);
     let outcome = match left.into_iter().next() {
         Some(releasing) => {

@@ -122,7 +122,7 @@ pub async fn init(r: &Reconciler) -> Result<(), ShimError> {
 
 /// The agent's records, from the census (census.rs): a pass runs at start and every few
 /// seconds, and once read (and held) every record of the ledger to find the agent's few.
-async fn agent_records(r: &Reconciler) -> Result<Vec<AttachmentRecord>, ShimError> {
+pub(super) async fn agent_records(r: &Reconciler) -> Result<Vec<AttachmentRecord>, ShimError> {
     r.core
         .ledger(|l| l.select(|e| e.holder == dipam_state::Holder::Agent))
         .await

@@ -150,11 +150,44 @@ pub fn rule_keeps(
     None
 }
 
-/// Sorts `records` by this look: the dead whose first dead look is at least `apart` old, to
-/// free; every other record leaves the chain. Returns the records to free.
+/// One streamed read of the ledger (a page and one decoded record at a time): how many
+/// records were made through CRI, and the few this look may free (a committed pod's, not
+/// busy, that the look finds dead; [`plan`] applies every rule to them). The pass once held
+/// every record, every minute (docs/performance.md, run 32). The look is judged on a
+/// blocking thread: [`verdict`] asks the kernel about each pod's namespace (`statfs`).
+async fn candidates(
+    c: &Collector,
+    scan: &Scan,
+    busy: HashSet<AttachmentKey>,
+) -> Result<(usize, Vec<AttachmentRecord>, HashSet<AttachmentKey>), ShimError> {
+    let scan = scan.clone();
+    c.core
+        .ledger(move |l| {
+            let runtime_only = scan.runtime_only();
+            let (mut cri, mut out) = (0, Vec::new());
+            l.for_each(None, |r, _| {
+                cri += usize::from(r.cri_pod.is_some());
+                let may = r.owner == Owner::Pod
+                    && r.state == AttachmentState::Committed
+                    && !busy.contains(&r.key)
+                    && (!runtime_only || r.cri_pod.is_some());
+                if may && verdict(&scan, &r) == Verdict::Dead {
+                    out.push(r);
+                }
+                Ok(())
+            })?;
+            Ok((cri, out, busy))
+        })
+        .await
+}
+
+/// Sorts `records` (the candidates, [`candidates`]) by this look: the dead whose first dead
+/// look is at least `apart` old, to free; every other record leaves the chain. `cri`: how
+/// many records of the whole ledger were made through CRI. Returns the records to free.
 fn plan<'a>(
     c: &Collector,
     ev: &Evidence,
+    cri: usize,
     records: &'a [AttachmentRecord],
     scan: &Scan,
     busy: &HashSet<AttachmentKey>,
@@ -165,7 +198,6 @@ fn plan<'a>(
         return Vec::new();
     };
     let mut first = ev.first_dead.lock().unwrap_or_else(|p| p.into_inner());
-    let cri = records.iter().filter(|r| r.cri_pod.is_some()).count();
     if let Some(why) = scan.incomplete_for_records(cri) {
         // Nothing is proven dead, and every chain of looks starts again.
         if !first.is_empty() {
@@ -215,8 +247,12 @@ fn plan<'a>(
 /// One look, and the records it and an earlier look at least `apart` before found dead,
 /// freed. Returns how many were freed.
 pub async fn pass(c: &Collector, apart: Duration) -> Result<u64, ShimError> {
-    let records = c.core.ledger(|l| l.list(None)).await?;
-    if !records.iter().any(|r| r.owner == Owner::Pod) {
+    // From the census, not a read of every record: a node without pods has nothing to judge.
+    let pods = c
+        .core
+        .ledger(|l| l.census(|n| n.any(|e| e.holder == dipam_state::Holder::Pod)))
+        .await?;
+    if !pods {
         return Ok(0);
     }
     // Before the look: a record whose ADD finishes after it is never freed (births.rs).
@@ -233,10 +269,10 @@ pub async fn judge(
     apart: Duration,
 ) -> Result<u64, ShimError> {
     // The ledger again, after the look: a record added meanwhile is judged by the next one.
-    let records = c.core.ledger(|l| l.list(None)).await?;
     let busy: HashSet<AttachmentKey> = c.core.locks.in_flight().into_iter().collect();
+    let (cri, records, busy) = candidates(c, scan, busy).await?;
     let ev = &c.gc.evidence;
-    let dead: Vec<AttachmentRecord> = plan(c, ev, &records, scan, &busy, apart)
+    let dead: Vec<AttachmentRecord> = plan(c, ev, cri, &records, scan, &busy, apart)
         .into_iter()
         .cloned()
         .collect();

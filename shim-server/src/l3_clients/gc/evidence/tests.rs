@@ -356,3 +356,48 @@ async fn a_conflict_with_a_dead_holder_serves_the_add_again() {
     );
     assert_eq!(b.ledger().await, ["agent-router"]);
 }
+
+/// On a dense node (real sled on disk, 3,000 pods made through CRI, the runtime listing all
+/// but three): a look holds the few records it finds dead, not the ledger (it once held
+/// every record, twice per look: docs/performance.md, run 32), and starts the chain of
+/// exactly those three.
+#[test]
+fn a_look_on_a_dense_node_holds_the_dead_not_the_ledger() {
+    use crate::testing::{dense, held};
+    const N: usize = 3_000;
+    let _one = held::one_at_a_time();
+    let rt = held::runtime();
+    let (d, _) = dense::pods(N);
+    let gone = [0, 1_234, 2_998];
+    let listed = dense::listed_but(N, &gone);
+    let listed: Vec<&str> = listed.iter().map(String::as_str).collect();
+    let scan = fixed_with(&[], &[], Some(&listed), &[]);
+    let node = d.node.clone();
+    let whole = d.whole(&rt);
+
+    let c = node.collector();
+    let (freed, peak) = held::measure(&rt, async {
+        let began = c.core.births.gc_began(None, None);
+        judge(&c, &scan, began, Duration::from_secs(3600))
+            .await
+            .unwrap()
+    });
+    assert_eq!(freed, 0, "a first look proves nothing");
+    let mut chain: Vec<String> =
+        c.gc.evidence
+            .first_dead
+            .lock()
+            .unwrap()
+            .keys()
+            .map(|k| k.container_id.clone())
+            .collect();
+    chain.sort();
+    let mut want: Vec<String> = gone.iter().map(|&i| dense::cid(i)).collect();
+    want.sort();
+    assert_eq!(chain, want);
+    eprintln!("ledger decoded: {whole} B; the look's peak: {peak} B");
+    assert!(
+        peak * 10 < whole,
+        "a look held {peak} B at its peak; the ledger takes {whole} B decoded"
+    );
+}

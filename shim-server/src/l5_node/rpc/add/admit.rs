@@ -2,7 +2,7 @@
 //! refuse, before the ADD takes anything. The rules themselves stay where they are shared
 //! (validation in core's `prepare`, the reserved container IDs in keys/, another caller's
 //! container ID in access.rs, the quotas in quota.rs, the refused networks in
-//! divergence.rs); this module is the only place the ADD meets them, as gc/admit.rs is for a GC. It ends holding what the ADD holds until it
+//! divergence/); this module is the only place the ADD meets them, as gc/admit.rs is for a GC. It ends holding what the ADD holds until it
 //! answers: the key's lock, the birth stamp, and a non-root caller's quota share.
 
 use dipam_proto::v1::CniRequest;

@@ -228,7 +228,7 @@ fn scope_name(dc: &DelegateConf, creator: Option<u32>) -> String {
 }
 
 /// One scope: its delegate answers VERSION, its store is persistent and agrees with the
-/// scope's records (divergence.rs).
+/// scope's records (divergence/).
 async fn network_checks(
     node: &Node,
     dc: &DelegateConf,

@@ -48,33 +48,51 @@ fn made_through_cri(r: &AttachmentRecord) -> bool {
     r.owner == Owner::Pod && r.cri_pod.is_some()
 }
 
-/// What one pass decides, before anything is freed.
+/// What one pass decides, before anything is freed: built one record at a time from one
+/// streamed read of the ledger ([`read`]), holding only the records it frees. It once held
+/// every record (`list(None)`) and a kept line for each, every 10 s: at 10,000 attachments
+/// those passes, not the requests, set dipamd's high-water mark (docs/performance.md, run 32).
 #[derive(Debug, Default)]
-struct Plan<'a> {
+struct Plan {
     /// Missed by this pass and the one before: to free.
-    free: Vec<&'a AttachmentRecord>,
-    /// Kept, with every (code, reason).
-    kept: Vec<(&'a AttachmentRecord, Vec<(&'static str, String)>)>,
+    free: Vec<AttachmentRecord>,
+    /// Kept, each with every reason (only when the caller lists them: `dipamctl gc
+    /// --from-runtime`; the timer's passes count them).
+    kept: Vec<RuntimeGcItem>,
     /// Every eligible attachment this pass missed (what the next pass compares with).
     missed: HashSet<AttachmentKey>,
     /// Attachments made through CRI, unlisted, kept only by --gc-grace (or also by it).
     kept_grace: u64,
     /// Missed for the first time.
     pending: u64,
+    /// Attachments made through CRI, and of those the committed ones (the share
+    /// interlock's base).
+    cri: usize,
+    cri_committed: usize,
 }
 
-/// The valid set and the two-pass rule, applied to the ledger's `records`.
-fn plan<'a>(
-    records: &'a [AttachmentRecord],
-    listed: &HashSet<String>,
-    missed_before: &HashSet<AttachmentKey>,
+/// What a pass compares the ledger with: the runtime's list, the pass before's misses and
+/// the clock.
+struct Against {
+    listed: HashSet<String>,
+    missed_before: HashSet<AttachmentKey>,
     grace: u64,
     t: u64,
-) -> Plan<'a> {
-    let mut p = Plan::default();
-    for r in records {
+    list_kept: bool,
+}
+
+impl Plan {
+    /// The valid set and the two-pass rule, applied to one record of the ledger.
+    fn judge(&mut self, r: AttachmentRecord, a: &Against) {
+        if made_through_cri(&r) {
+            self.cri += 1;
+            if r.state == AttachmentState::Committed {
+                self.cri_committed += 1;
+            }
+        }
+        let (grace, t) = (a.grace, a.t);
         let mut why: Vec<(&'static str, String)> = Vec::new();
-        let is_listed = listed.contains(&r.key.container_id);
+        let is_listed = a.listed.contains(&r.key.container_id);
         if is_listed {
             why.push(("listed", "the runtime lists its pod sandbox".into()));
         }
@@ -90,7 +108,7 @@ fn plan<'a>(
             Owner::Pod => {}
         }
         if r.state != AttachmentState::Committed {
-            why.push(crate::l3_clients::gc::interrupted(r));
+            why.push(crate::l3_clients::gc::interrupted(&r));
         }
         let age = t.saturating_sub(r.created_at);
         if age < grace {
@@ -98,31 +116,44 @@ fn plan<'a>(
                 "grace",
                 format!("added {age}s ago, inside the grace period (--gc-grace {grace}s)"),
             ));
-            if made_through_cri(r) && !is_listed {
-                p.kept_grace += 1;
+            if made_through_cri(&r) && !is_listed {
+                self.kept_grace += 1;
             }
         }
         if !why.is_empty() {
-            p.kept.push((r, why));
-            continue;
+            return self.keep(&r, &why, a);
         }
-        p.missed.insert(r.key.clone());
-        if missed_before.contains(&r.key) {
-            p.free.push(r);
+        self.missed.insert(r.key.clone());
+        if a.missed_before.contains(&r.key) {
+            self.free.push(r);
         } else {
-            p.pending += 1;
-            p.kept.push((
-                r,
-                vec![(
-                    "first-miss",
-                    "the runtime lists no sandbox with this ID; the next pass frees it if it \
-                     does not list it either"
-                        .into(),
-                )],
-            ));
+            self.pending += 1;
+            let why = [(
+                "first-miss",
+                "the runtime lists no sandbox with this ID; the next pass frees it if it does \
+                 not list it either"
+                    .into(),
+            )];
+            self.keep(&r, &why, a);
         }
     }
-    p
+
+    fn keep(&mut self, r: &AttachmentRecord, why: &[(&'static str, String)], a: &Against) {
+        if a.list_kept {
+            self.kept.push(kept_item(r, why));
+        }
+    }
+}
+
+/// One streamed read of the ledger (`Ledger::for_each`: a page of the store and one decoded
+/// record at a time), planned as it goes.
+fn read(l: &dipam_state::Ledger, a: &Against) -> Result<Plan, dipam_state::StoreError> {
+    let mut p = Plan::default();
+    l.for_each(None, |r, _| {
+        p.judge(r, a);
+        Ok(())
+    })?;
+    Ok(p)
 }
 
 fn item(r: &AttachmentRecord, outcome: &str, keep: Vec<String>, reason: String) -> RuntimeGcItem {
@@ -158,11 +189,24 @@ fn kept_item(r: &AttachmentRecord, why: &[(&'static str, String)]) -> RuntimeGcI
 /// Runs one pass (or, with `dry_run`, says what the next pass would do, changing nothing).
 /// `force` lets this one pass free more than --gc-max-free-share of the node's CRI
 /// attachments; nothing overrides the two-pass rule or a refusal of the runtime's answer.
+/// The report lists every attachment kept, with its reasons (`dipamctl gc --from-runtime`).
 pub async fn pass(
     c: &Collector,
     rt: &RuntimeGc,
     dry_run: bool,
     force: bool,
+) -> Result<Report, ShimError> {
+    pass_with(c, rt, dry_run, force, true).await
+}
+
+/// [`pass`]; `list_kept`: whether the report lists what is kept (the timer's passes only
+/// count it: at 10,000 attachments the list was a line per record every 10 s).
+async fn pass_with(
+    c: &Collector,
+    rt: &RuntimeGc,
+    dry_run: bool,
+    force: bool,
+    list_kept: bool,
 ) -> Result<Report, ShimError> {
     let _one = rt.running.lock().await;
     let endpoint = rt.client.endpoint().to_owned();
@@ -171,8 +215,6 @@ pub async fn pass(
     // ADD finished after this instant, when the list was asked for (core/births.rs).
     let began = c.core.births.gc_began(None, None);
     let listing = rt.client.list().await;
-    let records = c.core.ledger(|l| l.list(None)).await?;
-    let cri = records.iter().filter(|r| made_through_cri(r)).count();
     let mut report = Report {
         endpoint: endpoint.clone(),
         ..Report::default()
@@ -192,38 +234,43 @@ pub async fn pass(
         }
     };
     report.sandboxes = listed.len();
-    if listed.is_empty() && cri > 0 {
+    let against = Against {
+        listed,
+        missed_before: rt
+            .state
+            .lock()
+            .map(|s| s.missed.clone())
+            .unwrap_or_default(),
+        grace: c.gc.policy.grace.as_secs(),
+        t: now(),
+        list_kept,
+    };
+    let t = against.t;
+    let (mut p, against) = c
+        .core
+        .ledger(move |l| read(l, &against).map(|p| (p, against)))
+        .await?;
+    if against.listed.is_empty() && p.cri > 0 {
         report.refused = Some(Refusal {
             code: "empty",
             detail: format!(
-                "the runtime at {endpoint} lists no pod sandbox while the ledger holds {cri} \
+                "the runtime at {endpoint} lists no pod sandbox while the ledger holds {} \
                  attachment(s) made through CRI: a runtime still restoring its state, or \
-                 --cri-endpoint is not the runtime that made them; nothing is freed"
+                 --cri-endpoint is not the runtime that made them; nothing is freed",
+                p.cri
             ),
         });
         return Ok(refused(c, rt, dry_run, report, true));
     }
-    let missed_before = rt
-        .state
-        .lock()
-        .map(|s| s.missed.clone())
-        .unwrap_or_default();
-    let t = now();
-    let p = plan(
-        &records,
-        &listed,
-        &missed_before,
-        c.gc.policy.grace.as_secs(),
-        t,
-    );
-    report.kept = p.kept.iter().map(|(r, why)| kept_item(r, why)).collect();
+    drop(against);
+    report.kept = std::mem::take(&mut p.kept);
     report.items = p.free.iter().map(|r| planned_item(r, t)).collect();
-    if let Some(refusal) = interlock(c, &records, p.free.len(), force) {
+    if let Some(refusal) = interlock(c, p.cri_committed, p.free.len(), force) {
         report.refused = Some(refusal);
         // The chain is kept: the list did not fail, it is only too short to trust alone.
         if !dry_run && let Ok(mut s) = rt.state.lock() {
             s.missed = p.missed.clone();
-            s.sandboxes = listed.len() as u64;
+            s.sandboxes = report.sandboxes as u64;
             s.pending = p.pending;
             s.kept_grace = p.kept_grace;
         }
@@ -232,8 +279,9 @@ pub async fn pass(
     if dry_run {
         return Ok(report);
     }
-    let freed = free(c, &records, &p.free, began, &mut report).await;
-    remember(c, rt, &report, p, listed.len(), t, freed);
+    let freed = free(c, &p.free, began, &mut report).await;
+    let sandboxes = report.sandboxes;
+    remember(c, rt, &report, p, sandboxes, t, freed);
     Ok(report)
 }
 
@@ -259,16 +307,7 @@ fn planned_item(r: &AttachmentRecord, t: u64) -> RuntimeGcItem {
 /// The share interlock, node-wide: after a conflist change every attachment of the old
 /// network is stale, so a per-network share would never let its last one go; a truncated
 /// list (calico#5044) still shows as a large share of the node's CRI attachments.
-fn interlock(
-    c: &Collector,
-    records: &[AttachmentRecord],
-    free: usize,
-    force: bool,
-) -> Option<Refusal> {
-    let committed = records
-        .iter()
-        .filter(|r| made_through_cri(r) && r.state == AttachmentState::Committed)
-        .count();
+fn interlock(c: &Collector, committed: usize, free: usize, force: bool) -> Option<Refusal> {
     let share = c.gc.policy.max_free_share;
     (!force && free > 0 && free as f64 > share * committed as f64).then(|| Refusal {
         code: "share",
@@ -288,7 +327,7 @@ fn remember(
     c: &Collector,
     rt: &RuntimeGc,
     report: &Report,
-    p: Plan<'_>,
+    p: Plan,
     sandboxes: usize,
     t: u64,
     freed: u64,
@@ -376,8 +415,7 @@ fn refused(
 /// §8.3).
 async fn free(
     c: &Collector,
-    records: &[AttachmentRecord],
-    stale: &[&AttachmentRecord],
+    stale: &[AttachmentRecord],
     began: GcStart,
     report: &mut Report,
 ) -> u64 {
@@ -399,7 +437,7 @@ async fn free(
         }
     }
     for (i, gone) in by_scope {
-        free_scope(c, records, &scopes[i].0, &gone, began, report).await;
+        free_scope(c, &scopes[i].0, &gone, began, report).await;
     }
     report.items.iter().filter(|i| i.outcome == "freed").count() as u64
 }
@@ -407,14 +445,13 @@ async fn free(
 /// Frees `gone` (one scope's stale records) with the scope's config `dc`.
 async fn free_scope(
     c: &Collector,
-    records: &[AttachmentRecord],
     dc: &DelegateConf,
     gone: &[&AttachmentRecord],
     began: GcStart,
     report: &mut Report,
 ) {
     let network = dc.network.as_str();
-    let valid = match scope_valid(records, dc, gone).await {
+    let valid = match scope_valid(c, dc, gone).await {
         Ok(v) => v,
         Err(e) => return fail(report, Some(gone), &e.to_string()),
     };
@@ -473,40 +510,57 @@ async fn free_scope(
     }
 }
 
-/// The delegate's store a scope's valid list needs could not be read: its GC is not run.
+/// The delegate's store a scope's valid list needs could not be read, or the ledger.
 #[derive(Debug, thiserror::Error)]
-#[error("reading {}: {source}", dir.display())]
-struct UnreadStore {
-    dir: std::path::PathBuf,
-    source: std::io::Error,
+enum UnreadValid {
+    #[error("reading {}: {source}", dir.display())]
+    Store {
+        dir: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Ledger(#[from] ShimError),
 }
 
 /// The valid list a scope's GC gets: every record of its network but `gone`, and the
 /// reservations its store holds that dipamd never recorded (the reconcile's business,
-/// --reconcile-free, not the runtime's: valid here, so the GC keeps them).
+/// --reconcile-free, not the runtime's: valid here, so the GC keeps them). The network's
+/// records are read now, after the plan, one at a time, keeping their names: a record added
+/// since the plan is valid too.
 async fn scope_valid(
-    records: &[AttachmentRecord],
+    c: &Collector,
     dc: &DelegateConf,
     gone: &[&AttachmentRecord],
-) -> Result<Vec<(String, String)>, UnreadStore> {
-    let gone_keys: HashSet<&AttachmentKey> = gone.iter().map(|r| &r.key).collect();
-    let mine: Vec<&AttachmentRecord> = records
-        .iter()
-        .filter(|r| r.key.network == dc.network)
-        .collect();
-    let mut valid: Vec<(String, String)> = mine
-        .iter()
-        .filter(|r| !gone_keys.contains(&r.key))
-        .map(|r| (r.key.container_id.clone(), r.key.ifname.clone()))
-        .collect();
+) -> Result<Vec<(String, String)>, UnreadValid> {
+    let gone_keys: HashSet<AttachmentKey> = gone.iter().map(|r| r.key.clone()).collect();
+    let net = dc.network.clone();
+    // Each record's key names and the names its delegate holds it under.
+    let (mut valid, known) = c
+        .core
+        .ledger(move |l| {
+            let (mut valid, mut known) = (Vec::new(), Vec::new());
+            l.for_each(Some(&net), |r, _| {
+                let (cid, ifname) = r.delegate_ids();
+                known.push((cid.to_owned(), ifname.to_owned()));
+                if !gone_keys.contains(&r.key) {
+                    valid.push((r.key.container_id, r.key.ifname));
+                }
+                Ok(())
+            })?;
+            Ok((valid, known))
+        })
+        .await?;
     let Some(dir) = store::readable_dir(&dc.kind, &dc.conf, &dc.network) else {
         return Ok(valid);
     };
-    let known: HashSet<(&str, &str)> = mine.iter().map(|r| r.delegate_ids()).collect();
-    let known_ids: HashSet<&str> = known.iter().map(|(c, _)| *c).collect();
+    let known_ids: HashSet<&str> = known.iter().map(|(c, _)| c.as_str()).collect();
+    let known: HashSet<(&str, &str)> = known
+        .iter()
+        .map(|(c, i)| (c.as_str(), i.as_str()))
+        .collect();
     let held = store::read(dir.clone())
         .await
-        .map_err(|source| UnreadStore { dir, source })?;
+        .map_err(|source| UnreadValid::Store { dir, source })?;
     valid.extend(
         held.into_iter()
             .filter(|h| {
@@ -552,7 +606,7 @@ pub async fn run(c: Collector, every: Duration) {
         return;
     };
     loop {
-        if let Err(e) = pass(&c, rt, false, false).await {
+        if let Err(e) = pass_with(&c, rt, false, false, false).await {
             warn!(error = %e, "runtime-aware GC pass failed");
         }
         tokio::time::sleep(every).await;

@@ -422,3 +422,62 @@ async fn without_cri_endpoint_the_rpc_says_how_to_turn_it_on() {
     assert!(matches!(e, ShimError::Config { .. }), "{e:?}");
     assert!(e.to_string().contains("--cri-endpoint"), "{e}");
 }
+
+/// On a dense node (real sled on disk, 3,000 pods made through CRI): a pass holds the few
+/// records it frees and the keys it missed, not the ledger, and the timer's passes keep no
+/// line per record kept. They once held every record and a kept line for each, every 10 s:
+/// at 10,000 attachments they set dipamd's high-water mark (docs/performance.md, run 32).
+#[test]
+fn a_pass_on_a_dense_node_holds_what_it_frees_not_the_ledger() {
+    use crate::testing::{dense, held};
+    const N: usize = 3_000;
+    let _one = held::one_at_a_time();
+    let rt = held::runtime();
+    let (d, _) = dense::pods(N);
+    let twin = Arc::new(Twin(Mutex::new(Ok(Vec::new()))));
+    d.node
+        .gc
+        .runtime
+        .set(RuntimeGc::new(twin.clone() as Arc<dyn Sandboxes>))
+        .unwrap();
+    let gone = [3, 1_500, 2_999];
+    let listed = dense::listed_but(N, &gone);
+    twin.lists(&listed.iter().map(String::as_str).collect::<Vec<_>>());
+    let node = d.node.clone();
+    let rt_gc = node.gc.runtime.get().unwrap();
+    let whole = d.whole(&rt);
+
+    // The timer's first pass: each unlisted one missed once, nothing freed, nothing listed.
+    let (first, first_peak) = held::measure(&rt, async {
+        pass_with(&node.collector(), rt_gc, false, false, false)
+            .await
+            .unwrap()
+    });
+    assert!(first.refused.is_none(), "{:?}", first.refused);
+    assert!(first.items.is_empty() && first.kept.is_empty(), "{first:?}");
+    assert_eq!(rt_gc.state.lock().unwrap().pending, gone.len() as u64);
+    // What the next pass would free: exactly those the runtime no longer lists.
+    let (next, next_peak) = held::measure(&rt, async {
+        pass_with(&node.collector(), rt_gc, true, false, false)
+            .await
+            .unwrap()
+    });
+    let mut planned: Vec<String> = next.items.iter().map(|i| i.container_id.clone()).collect();
+    planned.sort();
+    let mut want: Vec<String> = gone.iter().map(|&i| dense::cid(i)).collect();
+    want.sort();
+    assert_eq!(planned, want);
+    assert!(next.items.iter().all(|i| i.outcome == "planned"));
+    eprintln!("ledger decoded: {whole} B; the passes' peaks: {first_peak} B, {next_peak} B");
+    for peak in [first_peak, next_peak] {
+        assert!(
+            peak * 10 < whole,
+            "a pass held {peak} B at its peak; the ledger takes {whole} B decoded"
+        );
+    }
+    // `dipamctl gc --from-runtime --dry-run` still lists every attachment kept, with why.
+    let listed_kept = rt
+        .block_on(pass(&node.collector(), rt_gc, true, false))
+        .unwrap();
+    assert_eq!(listed_kept.kept.len(), N - gone.len());
+}

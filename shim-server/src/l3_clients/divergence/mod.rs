@@ -9,7 +9,7 @@ use std::{collections::HashSet, sync::Arc, sync::atomic::Ordering, time::Duratio
 
 use std::net::IpAddr;
 
-use dipam_state::{AttachmentRecord, AttachmentState, Owner};
+use dipam_state::{AttachmentRecord, AttachmentState};
 use tracing::{info, warn};
 
 use crate::{
@@ -18,13 +18,18 @@ use crate::{
     l2_core::core::Core,
     l2_core::delegate::{
         config::{DelegateConf, result_addrs},
-        import,
         ranges::{self, Family},
         store,
     },
     l3_clients::gc::{self, Valid},
     l3_clients::liveness::{Scan, Verdict},
 };
+
+mod seen;
+use seen::Seen;
+
+#[cfg(test)]
+use crate::l2_core::delegate::import;
 
 /// One network's divergence.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -170,67 +175,90 @@ pub fn classify(d: &mut Divergence, scan: &Scan) {
 /// One look at a network's scope (gc::scopes): the records `creator` (None: root) added in
 /// the store of `dc`; its divergence (where the delegate's store can be read) and its range
 /// per family, from the same reading of the ledger and the store. Every record of the network
-/// counts as known, so one caller's reservations are never another's orphans.
+/// counts as known, so one caller's reservations are never another's orphans. The ledger is
+/// read before the store, as before: an ADD committed in between is in both, and a
+/// reservation made after the read is young (the grace period) for [`unrecorded`].
 pub async fn look(
     w: &Watch,
     dc: &DelegateConf,
     creator: Option<u32>,
 ) -> Result<(Option<Divergence>, Vec<RangeCount>), ShimError> {
     let net = dc.network.clone();
-    let all = w.core.ledger(move |l| l.list(Some(&net))).await?;
-    let Some(dir) = store::readable_dir(&dc.kind, &dc.conf, &dc.network) else {
-        let mine: Vec<AttachmentRecord> = all
-            .into_iter()
-            .filter(|r| r.creator_uid == creator)
-            .collect();
+    let dir = store::readable_dir(&dc.kind, &dc.conf, &dc.network);
+    let of_store = dir.clone();
+    // One streamed pass: the compact view of each record, never the records (seen.rs).
+    let all: Vec<Seen> = w
+        .core
+        .ledger(move |l| seen::read(l, &net, of_store.as_deref()))
+        .await?;
+    let Some(dir) = dir else {
+        let mine: Vec<&Seen> = all.iter().filter(|r| r.creator == creator).collect();
         return Ok((None, census(dc, &mine, None)));
     };
-    let same_store: Vec<AttachmentRecord> = all
+    let same_store: Vec<&Seen> = all.iter().filter(|r| r.same_store).collect();
+    let records: Vec<&Seen> = same_store
         .iter()
-        .filter(|r| gc::record_store(r).as_deref() == Some(dir.as_path()))
-        .cloned()
-        .collect();
-    let records: Vec<AttachmentRecord> = same_store
-        .iter()
-        .filter(|r| r.creator_uid == creator)
-        .cloned()
+        .copied()
+        .filter(|r| r.creator == creator)
         .collect();
     let store::Contents { mut held, blank } = store::read_contents(dir.clone())
         .await
         .map_err(|e| ShimError::Internal(format!("reading {}: {e}", dir.display())))?;
     // A blank file at an address a record holds is that record's (reported missing below);
     // any other is an orphan once older than store::BLANK_MIN_AGE.
-    let recorded_ips: HashSet<IpAddr> = all
-        .iter()
-        .flat_map(|r| r.result.as_ref().map(result_addrs).unwrap_or_default())
-        .collect();
+    let recorded_ips: HashSet<IpAddr> = all.iter().flat_map(|r| r.ips.iter().copied()).collect();
     held.extend(blank.into_iter().filter(|r| !recorded_ips.contains(&r.ip)));
-    let held_pairs: HashSet<(String, std::net::IpAddr)> = held
+    drop(recorded_ips);
+    let held_pairs: HashSet<(&str, IpAddr)> = held
         .iter()
-        .map(|r| (r.container_id.clone(), r.ip))
+        .map(|r| (r.container_id.as_str(), r.ip))
         .collect();
     let mut d = Divergence::default();
+    let mut gone_adopted = Vec::new();
     for r in records
         .iter()
         .filter(|r| r.state == AttachmentState::Committed)
     {
-        let ips = r.result.as_ref().map(result_addrs).unwrap_or_default();
-        let mut all_gone = !ips.is_empty();
-        for ip in ips {
-            if !held_pairs.contains(&(r.delegate_ids().0.to_owned(), ip)) {
+        let mut all_gone = !r.ips.is_empty();
+        for ip in &r.ips {
+            if !held_pairs.contains(&(r.delegate_ids().0, *ip)) {
                 d.missing.push(format!("{ip} ({})", r.key));
             } else {
                 all_gone = false;
             }
         }
-        if all_gone && r.request_id == import::ADOPTED {
-            d.gone_adopted.push(r.clone());
+        if all_gone && r.adopted {
+            gone_adopted.push((*r).clone());
         }
     }
     d.misconfigured = misconfigured(w, dc, &dir, &records, &held_pairs);
     d.unrecorded = unrecorded(w, &all, &held);
     let ranges = census(dc, &same_store, Some(&held));
+    drop(held_pairs);
+    d.gone_adopted = adopted_records(w, gone_adopted).await?;
     Ok((Some(d), ranges))
+}
+
+/// The whole records of the adopted attachments whose every address the store lacks (read
+/// one by one: there are few), those still as they were seen: [`forget_gone_adopted`]
+/// forgets a record only if it is still the one judged.
+async fn adopted_records(w: &Watch, gone: Vec<Seen>) -> Result<Vec<AttachmentRecord>, ShimError> {
+    if gone.is_empty() {
+        return Ok(Vec::new());
+    }
+    w.core
+        .ledger(move |l| {
+            let mut out = Vec::new();
+            for s in gone {
+                if let Some(rec) = l.get(&s.key)?
+                    && Seen::of(&rec, s.same_store) == s
+                {
+                    out.push(rec);
+                }
+            }
+            Ok(out)
+        })
+        .await
 }
 
 /// Why pod ADDs on the network must stop, if they must: the delegate's store holds none of the
@@ -239,8 +267,8 @@ fn misconfigured(
     w: &Watch,
     dc: &DelegateConf,
     dir: &std::path::Path,
-    records: &[AttachmentRecord],
-    held_pairs: &HashSet<(String, IpAddr)>,
+    records: &[&Seen],
+    held_pairs: &HashSet<(&str, IpAddr)>,
 ) -> Option<String> {
     // The CFP's worst case (F22, F7): dipamd's view of the delegate's state directory is not
     // the runtime's, or it does not survive a reboot. Every pod address the ledger records is
@@ -248,22 +276,14 @@ fn misconfigured(
     // addresses running pods hold.
     // Adopted records are left out: they were read from this very directory, and one whose
     // pod a runtime deleted around dipamd is missing for that reason alone.
-    let counted = |r: &&AttachmentRecord| {
-        r.state == AttachmentState::Committed
-            && r.owner == dipam_state::Owner::Pod
-            && r.request_id != import::ADOPTED
-    };
-    let pod_ips = records.iter().filter(counted).count();
+    let pod_ips = records.iter().filter(|r| r.counted_pod()).count();
     let pod_missing = records
         .iter()
-        .filter(counted)
+        .filter(|r| r.counted_pod())
         .filter(|r| {
-            r.result
-                .as_ref()
-                .map(result_addrs)
-                .unwrap_or_default()
+            r.ips
                 .iter()
-                .any(|ip| !held_pairs.contains(&(r.delegate_ids().0.to_owned(), *ip)))
+                .any(|ip| !held_pairs.contains(&(r.delegate_ids().0, *ip)))
         })
         .count();
     if pod_ips > 0 && pod_missing == pod_ips {
@@ -291,12 +311,8 @@ fn misconfigured(
 
 /// The reservations of the delegate's store that no record of the network (`all`) accounts
 /// for, past the grace period.
-fn unrecorded(
-    w: &Watch,
-    all: &[AttachmentRecord],
-    held: &[store::Reservation],
-) -> Vec<store::Reservation> {
-    let known = store::Known::of(all);
+fn unrecorded(w: &Watch, all: &[Seen], held: &[store::Reservation]) -> Vec<store::Reservation> {
+    let known = store::Known::of_ids(all.iter().map(Seen::delegate_ids));
     let mut out = Vec::new();
     for r in held {
         let blank = r.container_id.is_empty();
@@ -332,7 +348,7 @@ fn unrecorded(
 /// cannot read), the ledger's recorded addresses are all there is: no size, orphans or free.
 pub fn census(
     dc: &DelegateConf,
-    records: &[AttachmentRecord],
+    records: &[&Seen],
     held: Option<&[store::Reservation]>,
 ) -> Vec<RangeCount> {
     use std::collections::{BTreeMap, HashMap};
@@ -412,26 +428,26 @@ enum Holder {
 /// (`held` None) the ledger's recorded addresses alone.
 fn holders(
     dc: &DelegateConf,
-    records: &[AttachmentRecord],
+    records: &[&Seen],
     held: Option<&[store::Reservation]>,
 ) -> (Vec<(IpAddr, Holder)>, RangesRead) {
     use std::collections::HashMap;
 
-    let holder = |o: &Owner| match o {
-        Owner::Pod => Holder::Pod,
-        Owner::Agent { .. } => Holder::Agent,
-        Owner::Pool => Holder::Pool,
+    let holder = |h: seen::Holder| match h {
+        seen::Holder::Pod => Holder::Pod,
+        seen::Holder::Agent => Holder::Agent,
+        seen::Holder::Pool => Holder::Pool,
     };
     let mut held_by: Vec<(IpAddr, Holder)> = Vec::new();
     let ranges = match held {
         Some(held) => {
             let by_pair: HashMap<(&str, &str), Holder> = records
                 .iter()
-                .map(|r| (r.delegate_ids(), holder(&r.owner)))
+                .map(|r| (r.delegate_ids(), holder(r.holder)))
                 .collect();
             let by_id: HashMap<&str, Holder> = records
                 .iter()
-                .map(|r| (r.delegate_ids().0, holder(&r.owner)))
+                .map(|r| (r.delegate_ids().0, holder(r.holder)))
                 .collect();
             for r in held {
                 let h = if r.ifname.is_empty() {
@@ -445,8 +461,8 @@ fn holders(
         }
         None => {
             for r in records {
-                for ip in r.result.as_ref().map(result_addrs).unwrap_or_default() {
-                    held_by.push((ip, holder(&r.owner)));
+                for ip in &r.ips {
+                    held_by.push((*ip, holder(r.holder)));
                 }
             }
             None
@@ -672,6 +688,9 @@ pub async fn run(w: Watch, every: Duration, free: bool) {
 }
 
 #[cfg(test)]
+mod dense_tests;
+
+#[cfg(test)]
 mod tests {
     use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, Owner};
     use serde_json::json;
@@ -703,6 +722,11 @@ mod tests {
             creator_uid: None,
             cri_pod: None,
         }
+    }
+
+    /// The records as the reconcile compares them (seen.rs), for [`census`].
+    fn seen(records: &[AttachmentRecord]) -> Vec<Seen> {
+        records.iter().map(|r| Seen::of(r, true)).collect()
     }
 
     fn held(ip: &str, cid: &str, ifname: &str) -> store::Reservation {
@@ -755,7 +779,11 @@ mod tests {
             // Outside the ranges (a config that shrank): counted, but not against free.
             held("10.1.0.7", "stranger2", "eth0"),
         ];
-        let got = census(&conf, &records, Some(&store));
+        let got = census(
+            &conf,
+            &seen(&records).iter().collect::<Vec<_>>(),
+            Some(&store),
+        );
         let v4 = RangeCount {
             network: "net".into(),
             family: "ipv4",
@@ -786,7 +814,11 @@ mod tests {
     #[test]
     fn unknown_sizes_are_unknown_not_zero() {
         let records = vec![rec("pod-a", Owner::Pod, &["10.2.0.9/24"])];
-        let got = census(&dc("azure-vnet-ipam", json!({})), &records, None);
+        let got = census(
+            &dc("azure-vnet-ipam", json!({})),
+            &seen(&records).iter().collect::<Vec<_>>(),
+            None,
+        );
         assert_eq!(got.len(), 1);
         assert_eq!(
             (got[0].size, got[0].pods, got[0].orphans, got[0].free),
@@ -798,7 +830,11 @@ mod tests {
             "host-local",
             json!({"ranges": [[{"subnet": "10.2.0.5/24"}]]}),
         );
-        let got = census(&bad, &records, Some(&[held("10.2.0.9", "pod-a", "eth0")]));
+        let got = census(
+            &bad,
+            &seen(&records).iter().collect::<Vec<_>>(),
+            Some(&[held("10.2.0.9", "pod-a", "eth0")]),
+        );
         assert_eq!(
             (got[0].size, got[0].pods, got[0].orphans, got[0].free),
             (None, 1, Some(0), None)
