@@ -177,7 +177,7 @@ pub fn classify(d: &mut Divergence, scan: &Scan) {
 /// per family, from the same reading of the ledger and the store. Every record of the network
 /// counts as known, so one caller's reservations are never another's orphans. The ledger is
 /// read before the store, as before: an ADD committed in between is in both, and a
-/// reservation made after the read is young (the grace period) for [`unrecorded`].
+/// reservation made after the read is young (the grace period) for `unrecorded`.
 pub async fn look(
     w: &Watch,
     dc: &DelegateConf,
