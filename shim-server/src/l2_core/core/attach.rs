@@ -273,6 +273,10 @@ async fn exec_and_commit(
         TakenUp::Committed(rec, rendered) => Ok((rec, rendered, out)),
         TakenUp::Refused(e) => {
             rollback(core, &rec, true).await;
+            if matches!(e, ShimError::Conflict { .. }) {
+                // Only now is the address free again for the owner that lost it.
+                core.recheck_owners();
+            }
             Err(e)
         }
         TakenUp::Unparsable(detail) => {

@@ -51,9 +51,12 @@ pub trait AddressOwners: Send + Sync {
     fn owner_of(&self, ip: &IpAddr) -> Option<String>;
     /// `rec` was committed: its addresses are indexed if they are this owner's.
     fn committed(&self, rec: &AttachmentRecord);
-    /// A delegate result was refused for an address conflict; with `recheck`, the owner's
-    /// own addresses should be checked again now (the delegate may have lost one).
-    fn conflict(&self, recheck: bool);
+    /// A delegate result was refused for an address conflict (counted).
+    fn conflict(&self);
+    /// The owner's own addresses should be checked again now: a refused result showed the
+    /// delegate may have lost one. Called once the refused allocation is rolled back, so
+    /// that the address is free again for its owner to take back.
+    fn recheck(&self);
 }
 
 pub struct Core {
@@ -442,8 +445,11 @@ impl Core {
         match holder {
             None => Ok(()),
             Some((ip, holder)) => {
-                // The agent's own address may be what the delegate lost: re-check it now.
-                self.owners.conflict(true);
+                // The agent's own address may be what the delegate lost: the caller has the
+                // owners re-check it (`recheck_owners`) once it has rolled this result back.
+                // Woken here, before the rollback, the agent asked for its address while the
+                // refused pod still held it and took another (seen in CI).
+                self.owners.conflict();
                 self.events.emit(crate::l1_leaves::events::Event::Conflict);
                 tracing::error!(%ip, key = %rec.key, %holder, "address conflict: refusing the delegate's result");
                 Err(ShimError::Conflict {
@@ -453,6 +459,12 @@ impl Core {
                 })
             }
         }
+    }
+
+    /// Has the address owners (the agent) check their own addresses again: after a result
+    /// refused for a conflict is rolled back, or a pooled entry holding one is set aside.
+    pub fn recheck_owners(&self) {
+        self.owners.recheck();
     }
 
     /// Reads the whole ledger once, at start before serving, so that no request has to: the
@@ -490,7 +502,7 @@ impl Core {
         let crate::l2_core::addrs::Claimed::Held(ip, holder) = held else {
             return Ok(());
         };
-        self.owners.conflict(false);
+        self.owners.conflict();
         self.events.emit(crate::l1_leaves::events::Event::Conflict);
         let holder = format!("{} ({})", holder.owner.label(), holder.key);
         tracing::error!(%ip, key = %rec.key, %holder, "address conflict: the delegate handed out an address another attachment holds; refusing its result");

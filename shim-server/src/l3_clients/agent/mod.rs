@@ -396,11 +396,12 @@ impl crate::l2_core::core::AddressOwners for Agent {
         self.note_committed(rec);
     }
 
-    fn conflict(&self, recheck: bool) {
+    fn conflict(&self) {
         self.note_conflict();
-        if recheck {
-            self.wake.notify_one();
-        }
+    }
+
+    fn recheck(&self) {
+        self.wake.notify_one();
     }
 }
 

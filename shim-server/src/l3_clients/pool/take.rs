@@ -132,6 +132,7 @@ async fn take_entry(
         if core.check_conflict(&rec).await.is_err() {
             pool.lock().doomed.push(entry.key);
             pool.wake.notify_one();
+            core.recheck_owners();
             continue;
         }
         let parsed = serde_json::from_value(result.clone())
