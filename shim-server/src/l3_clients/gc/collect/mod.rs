@@ -154,10 +154,10 @@ struct Seen {
     dir: Option<std::path::PathBuf>,
 }
 
-/// Reads the delegate's store BEFORE the ledger (plan.rs reads it next). Every reservation is made after its
-/// attachment's intent is durable (core/attach.rs), so a reservation read here belongs to a
-/// record the list below contains (kept while in flight), and one made after this read is
-/// not looked at: an ADD running beside this GC is never taken for an orphan.
+/// Reads the delegate's store BEFORE the ledger (plan.rs reads it next). Every reservation
+/// is made after its attachment's intent is durable (core/attach.rs), so a reservation read
+/// here belongs to a record the plan's read finds (kept while in flight), and one made after
+/// this read is not looked at: an ADD running beside this GC is never taken for an orphan.
 async fn read(c: &Collector, dc: &DelegateConf, cni_path: &str) -> Result<Read, ShimError> {
     let network = dc.network.clone();
     let resolved = c.core.resolve(dc, cni_path).await;
@@ -244,8 +244,12 @@ async fn release(
         stale,
         mut items,
         mut kept,
+        delegate_keep,
+        known,
         ..
     } = planned;
+    // The store comparison is done: its name sets go before the DELs start.
+    drop((delegate_keep, known));
     let parallel = c.gc.policy.parallel.max(1);
     let n = stale.len();
     // The keys the delegate's own GC is told are gone; the records themselves go to the
