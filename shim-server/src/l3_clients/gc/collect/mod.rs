@@ -43,6 +43,7 @@ use crate::{
     l3_clients::liveness::Verdict,
 };
 use orphans::{plan_orphans, release_orphans};
+use plan::{Planned, delegate_pair, plan};
 
 /// Stale records marked `deleting` per ledger commit. Bounds what a crash leaves for the next
 /// start to release again (at most about a chunk and a half plus the DELs running), while
@@ -117,8 +118,8 @@ pub async fn collect(c: &Collector, req: Request<'_>) -> Result<Plan, ShimError>
         reservations,
         resolved,
     } = read(c, dc, cni_path).await?;
-    let mut planned = plan(c, &seen, &valid, began);
-    interlock(c, &dc.network, &seen.records, &planned.stale, mode.forced())?;
+    let mut planned = plan(c, &dc.network, valid, began, seen.dir.is_some()).await?;
+    interlock(c, &dc.network, &planned, mode.forced())?;
     let (probe, send) = resolved?;
     let orphans = plan_orphans(c, dc, &seen, reservations, &mut planned).await;
     if mode.plans_only() {
@@ -146,19 +147,17 @@ struct Read {
     resolved: Result<(crate::l2_core::delegate::Probe, Option<SpecVersion>), ShimError>,
 }
 
-/// The network as the plan sees it.
+/// The network's delegate as the plan sees it.
 struct Seen {
     /// The delegate has its own GC (CNI 1.1): no store to read, its GC runs instead.
     native_gc: bool,
     dir: Option<std::path::PathBuf>,
-    records: Vec<AttachmentRecord>,
-    busy: HashSet<AttachmentKey>,
 }
 
-/// Reads the delegate's store BEFORE the ledger. Every reservation is made after its
-/// attachment's intent is durable (core/attach.rs), so a reservation read here belongs to a
-/// record the list below contains (kept while in flight), and one made after this read is
-/// not looked at: an ADD running beside this GC is never taken for an orphan.
+/// Reads the delegate's store BEFORE the ledger (plan.rs reads it next). Every reservation
+/// is made after its attachment's intent is durable (core/attach.rs), so a reservation read
+/// here belongs to a record the plan's read finds (kept while in flight), and one made after
+/// this read is not looked at: an ADD running beside this GC is never taken for an orphan.
 async fn read(c: &Collector, dc: &DelegateConf, cni_path: &str) -> Result<Read, ShimError> {
     let network = dc.network.clone();
     let resolved = c.core.resolve(dc, cni_path).await;
@@ -185,166 +184,11 @@ async fn read(c: &Collector, dc: &DelegateConf, cni_path: &str) -> Result<Read, 
     // Test builds: hold the GC here, after it began and before it reads the ledger, for an
     // ADD to finish in between (the window in which one was freed, chaos.rs).
     crate::l1_leaves::fault::pause("gc-before-read").await;
-    let net = network.clone();
-    let records: Vec<AttachmentRecord> = c.core.ledger(move |l| l.list(Some(&net))).await?;
-    // Keys with an operation in flight (held or awaited): kept, like `adding`/`deleting`.
-    let busy: HashSet<AttachmentKey> = c
-        .core
-        .locks
-        .in_flight()
-        .into_iter()
-        .filter(|k| k.network == network)
-        .collect();
     Ok(Read {
-        seen: Seen {
-            native_gc,
-            dir,
-            records,
-            busy,
-        },
+        seen: Seen { native_gc, dir },
         reservations,
         resolved,
     })
-}
-
-/// The plan over the ledger: what is kept and why, and what is stale.
-struct Planned<'a> {
-    /// The valid set: the runtime's list, or every record (`--use-ledger`).
-    listed: HashSet<(String, String)>,
-    /// What the delegate is told to keep, and its store compared with: the valid set, every
-    /// kept record, and the delegate's key of each (a pod served from the warm pool).
-    delegate_keep: HashSet<(String, String)>,
-    stale: Vec<&'a AttachmentRecord>,
-    /// One per stale record, in `stale`'s order, then one per orphan.
-    items: Vec<GcItem>,
-    kept: Vec<GcItem>,
-}
-
-/// The delegate's key of a record: what its store holds the reservation under.
-fn delegate_pair(r: &AttachmentRecord) -> (String, String) {
-    let (c, i) = r.delegate_ids();
-    (c.to_owned(), i.to_owned())
-}
-
-/// Every reason a record is kept, as (code, text) for `dipamctl gc --dry-run`; none: stale.
-fn reasons(
-    c: &Collector,
-    r: &AttachmentRecord,
-    listed: &HashSet<(String, String)>,
-    valid: &Valid,
-    busy: &HashSet<AttachmentKey>,
-    began: GcStart,
-    t: u64,
-) -> Vec<(&'static str, String)> {
-    let grace = c.gc.policy.grace.as_secs();
-    let mut why: Vec<(&str, String)> = Vec::new();
-    if listed.contains(&(r.key.container_id.clone(), r.key.ifname.clone())) {
-        why.push((
-            "valid-list",
-            match valid {
-                Valid::List(_) => "in the valid list".into(),
-                Valid::Ledger => "in the ledger (--use-ledger)".into(),
-            },
-        ));
-    }
-    match &r.owner {
-        Owner::Agent { role } => why.push(("agent", format!("the agent's {role} address"))),
-        Owner::Pool => why.push(("pool", "a warm-pool entry".into())),
-        Owner::Pod => {}
-    }
-    if r.state != AttachmentState::Committed {
-        why.push(interrupted(r));
-    } else if busy.contains(&r.key) {
-        why.push((
-            "in-flight",
-            "an operation on it is in flight (its key is locked)".into(),
-        ));
-    }
-    if let Some(text) = born_after(c, &r.key, began) {
-        why.push((BORN_AFTER_GC, text.into()));
-    }
-    let old = t.saturating_sub(r.created_at);
-    if old < grace {
-        why.push((
-            "grace",
-            format!(
-                "added {} ago, inside the grace period (--gc-grace {grace}s)",
-                age(old)
-            ),
-        ));
-    }
-    why
-}
-
-/// Sorts the ledger's records of the network into kept (with every reason) and stale.
-fn plan<'a>(c: &Collector, seen: &'a Seen, valid: &Valid, began: GcStart) -> Planned<'a> {
-    let records = &seen.records;
-    let t = now();
-    let listed: HashSet<(String, String)> = match valid {
-        Valid::List(l) => l.iter().cloned().collect(),
-        Valid::Ledger => records
-            .iter()
-            .map(|r| (r.key.container_id.clone(), r.key.ifname.clone()))
-            .collect(),
-    };
-    let mut keep: HashSet<(String, String)> = HashSet::new();
-    let mut kept_items = Vec::new();
-    let mut stale: Vec<&AttachmentRecord> = Vec::new();
-    for r in records {
-        let why = reasons(c, r, &listed, valid, &seen.busy, began, t);
-        if why.is_empty() {
-            stale.push(r);
-            continue;
-        }
-        keep.insert((r.key.container_id.clone(), r.key.ifname.clone()));
-        kept_items.push(kept(
-            "ledger",
-            &r.key.container_id,
-            &r.key.ifname,
-            r.result.as_ref().map(result_ips).unwrap_or_default(),
-            why,
-        ));
-    }
-    keep.extend(listed.iter().cloned());
-    let delegate_keep: HashSet<(String, String)> = keep
-        .iter()
-        .cloned()
-        .chain(
-            records
-                .iter()
-                .filter(|r| keep.contains(&(r.key.container_id.clone(), r.key.ifname.clone())))
-                .map(delegate_pair),
-        )
-        .collect();
-    let items = stale.iter().map(|r| stale_item(r, t)).collect();
-    Planned {
-        listed,
-        delegate_keep,
-        stale,
-        items,
-        kept: kept_items,
-    }
-}
-
-/// The plan's line for a stale record.
-fn stale_item(r: &AttachmentRecord, t: u64) -> GcItem {
-    item(
-        "ledger",
-        &r.key.container_id,
-        &r.key.ifname,
-        r.result.as_ref().map(result_ips).unwrap_or_default(),
-        format!(
-            "not in the valid list; added {} ago{}",
-            age(t.saturating_sub(r.created_at)),
-            r.delegate_key
-                .as_ref()
-                .map(|d| format!(
-                    "; {} holds it as {}/{}",
-                    r.delegate_type, d.container_id, d.ifname
-                ))
-                .unwrap_or_default()
-        ),
-    )
 }
 
 /// The share interlock (calico#5044: a bad list once freed every healthy pod). It holds at
@@ -353,14 +197,10 @@ fn stale_item(r: &AttachmentRecord, t: u64) -> GcItem {
 fn interlock(
     c: &Collector,
     network: &str,
-    records: &[AttachmentRecord],
-    stale: &[&AttachmentRecord],
+    planned: &Planned,
     force: bool,
 ) -> Result<(), ShimError> {
-    let pods = records
-        .iter()
-        .filter(|r| r.owner == Owner::Pod && r.state == AttachmentState::Committed)
-        .count();
+    let (pods, stale) = (planned.pods, &planned.stale);
     if !force && !stale.is_empty() && stale.len() as f64 > c.gc.policy.max_free_share * pods as f64
     {
         let admission = super::admit::Admission::new(&c.gc, &c.core.events, network);
@@ -395,7 +235,7 @@ async fn release(
     c: &Collector,
     d: &Delegate<'_>,
     seen: &Seen,
-    planned: Planned<'_>,
+    planned: Planned,
     orphans: Vec<store::Reservation>,
     began: GcStart,
 ) -> Result<Plan, ShimError> {
@@ -404,14 +244,23 @@ async fn release(
         stale,
         mut items,
         mut kept,
+        delegate_keep,
+        known,
         ..
     } = planned;
+    // The store comparison is done: its name sets go before the DELs start.
+    drop((delegate_keep, known));
     let parallel = c.gc.policy.parallel.max(1);
     let n = stale.len();
-    let chosen: Vec<AttachmentRecord> = stale.iter().map(|r| (*r).clone()).collect();
-    let mut busy_now = release_stale(c, d, chosen, began, parallel, &mut items[..n]).await;
+    // The keys the delegate's own GC is told are gone; the records themselves go to the
+    // release, which frees each once its DEL is done.
+    let stale_keys: Vec<AttachmentKey> = match seen.native_gc {
+        true => stale.iter().map(|r| r.key.clone()).collect(),
+        false => Vec::new(),
+    };
+    let mut busy_now = release_stale(c, d, stale, began, parallel, &mut items[..n]).await;
     if seen.native_gc {
-        native_gc(c, d, &listed, &stale, &busy_now).await?;
+        native_gc(c, d, listed, stale_keys, &busy_now).await?;
     }
     let outcomes = release_orphans(c, d, &orphans, parallel).await;
     for (i, outcome) in outcomes.into_iter().enumerate() {
@@ -443,35 +292,36 @@ async fn release(
 async fn native_gc(
     c: &Collector,
     d: &Delegate<'_>,
-    listed: &HashSet<(String, String)>,
-    stale: &[&AttachmentRecord],
+    listed: HashSet<(String, String)>,
+    stale: Vec<AttachmentKey>,
     busy_now: &[(usize, &'static str, &'static str)],
 ) -> Result<(), ShimError> {
     let network = d.dc.network.clone();
     let _exclusive = c.core.locks.exclusive(&network).await;
-    let net = network.clone();
-    let now_records: Vec<AttachmentRecord> = c.core.ledger(move |l| l.list(Some(&net))).await?;
-    let chosen: HashSet<&AttachmentKey> = stale
-        .iter()
+    let chosen: HashSet<AttachmentKey> = stale
+        .into_iter()
         .enumerate()
         .filter(|(i, _)| !busy_now.iter().any(|(b, _, _)| b == i))
-        .map(|(_, r)| &r.key)
+        .map(|(_, k)| k)
         .collect();
-    let delegate_keep: HashSet<(String, String)> = listed
-        .iter()
-        .cloned()
-        .chain(
-            now_records
-                .iter()
-                .filter(|r| !chosen.contains(&r.key))
-                .flat_map(|r| {
-                    [
-                        (r.key.container_id.clone(), r.key.ifname.clone()),
-                        delegate_pair(r),
-                    ]
-                }),
-        )
-        .collect();
+    // Read one record at a time, keeping only the names of those not chosen (run 32's
+    // streaming, docs/cfp.md §7.4): the network is held exclusively meanwhile.
+    let net = network.clone();
+    let mut delegate_keep: HashSet<(String, String)> = c
+        .core
+        .ledger(move |l| {
+            let mut keep = HashSet::new();
+            l.for_each(Some(&net), |r, _| {
+                if !chosen.contains(&r.key) {
+                    keep.insert(delegate_pair(&r));
+                    keep.insert((r.key.container_id, r.key.ifname));
+                }
+                Ok(())
+            })?;
+            Ok(keep)
+        })
+        .await?;
+    delegate_keep.extend(listed);
     let mut conf = d.dc.conf.clone();
     let list: Vec<Value> = delegate_keep
         .iter()
@@ -805,5 +655,6 @@ fn gc_reason(by: crate::l1_leaves::events::FreedBy) -> &'static str {
 }
 
 mod orphans;
+mod plan;
 #[cfg(test)]
 mod tests;

@@ -12,12 +12,12 @@ pub(super) async fn plan_orphans(
     dc: &DelegateConf,
     seen: &Seen,
     reservations: Option<Vec<store::Reservation>>,
-    planned: &mut Planned<'_>,
+    planned: &mut Planned,
 ) -> Vec<store::Reservation> {
     let (Some(dir), Some(reservations)) = (&seen.dir, reservations) else {
         return Vec::new();
     };
-    let candidates = unrecorded(c, dc, seen, reservations, planned);
+    let candidates = unrecorded(c, dc, reservations, planned);
     // An unrecorded reservation is freed only when nothing on the node uses its address
     // (liveness.rs): a running pod dipamd never saw (a node adopted with pods running)
     // lost its address to the next pod when this freed it.
@@ -64,13 +64,12 @@ pub(super) async fn plan_orphans(
 fn unrecorded(
     c: &Collector,
     dc: &DelegateConf,
-    seen: &Seen,
     reservations: Vec<store::Reservation>,
-    planned: &mut Planned<'_>,
+    planned: &mut Planned,
 ) -> Vec<store::Reservation> {
     let grace = c.gc.policy.grace.as_secs();
     let delegate_keep = &planned.delegate_keep;
-    let known: HashSet<(String, String)> = seen.records.iter().map(delegate_pair).collect();
+    let known = &planned.known;
     let known_ids: HashSet<&str> = known.iter().map(|(c, _)| c.as_str()).collect();
     let keep_ids: HashSet<&str> = delegate_keep.iter().map(|(c, _)| c.as_str()).collect();
     let mut candidates = Vec::new();
