@@ -174,14 +174,28 @@ fn musl_twin(host: &str) -> Option<String> {
 /// Hard-links `exe` as `to` (a copy across file systems), replacing what was there: cargo
 /// writes a rebuilt binary as a new file, so an old link would keep the old one.
 fn link(exe: &Path, to: &Path) -> Result<(), String> {
-    match std::fs::remove_file(to) {
+    // Linked under a name of this process's, then renamed over `to` in one step: two test
+    // processes starting at once (a developer's parallel runs) each replace the links, and
+    // a remove-then-link let the loser of the race fall back to `copy`, which rewrote the
+    // winner's link, the built binary itself, while the other process ran it ("Exec format
+    // error" from dipamctl).
+    let tmp = to.with_file_name(format!(
+        ".{}.{}",
+        to.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default(),
+        std::process::id()
+    ));
+    match std::fs::remove_file(&tmp) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(format!("remove {}: {e}", to.display())),
+        Err(e) => return Err(format!("remove {}: {e}", tmp.display())),
     }
-    std::fs::hard_link(exe, to)
-        .or_else(|_| std::fs::copy(exe, to).map(drop))
-        .map_err(|e| format!("link {} as {}: {e}", exe.display(), to.display()))
+    std::fs::hard_link(exe, &tmp)
+        .or_else(|_| std::fs::copy(exe, &tmp).map(drop))
+        .map_err(|e| format!("link {} as {}: {e}", exe.display(), tmp.display()))?;
+    std::fs::rename(&tmp, to)
+        .map_err(|e| format!("rename {} to {}: {e}", tmp.display(), to.display()))
 }
 
 pub fn bin(name: &str) -> PathBuf {
