@@ -195,7 +195,11 @@ fn link(exe: &Path, to: &Path) -> Result<(), String> {
         .or_else(|_| std::fs::copy(exe, &tmp).map(drop))
         .map_err(|e| format!("link {} as {}: {e}", exe.display(), tmp.display()))?;
     std::fs::rename(&tmp, to)
-        .map_err(|e| format!("rename {} to {}: {e}", tmp.display(), to.display()))
+        .map_err(|e| format!("rename {} to {}: {e}", tmp.display(), to.display()))?;
+    // rename(2) does nothing when both names are links to one file already (the binary did
+    // not change): the temporary name is then still there.
+    let _ = std::fs::remove_file(&tmp);
+    Ok(())
 }
 
 pub fn bin(name: &str) -> PathBuf {
