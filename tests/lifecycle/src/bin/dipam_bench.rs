@@ -711,6 +711,18 @@ fn rss_kib(pid: Option<u32>) -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
+/// Resets `pid`'s VmHWM to its RSS now (`/proc/<pid>/clear_refs` "5", Linux 4.0 and later),
+/// so that the next VmHWM read is the peak of what ran since: one phase's own peak, not the
+/// start's or an earlier phase's. At 10,000 attachments a GC's or a listing's peak, not the
+/// RSS between them, is what the node has to hold room for.
+fn reset_peak(pid: Option<u32>) {
+    if let Some(pid) = pid {
+        // Best effort: where the kernel refuses, the next read is the peak since the start,
+        // which overstates a phase's peak and never hides one.
+        let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
+    }
+}
+
 fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }

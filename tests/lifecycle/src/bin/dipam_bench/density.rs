@@ -72,7 +72,7 @@ use dipam_lifecycle::{Attachment, Dipamd, Fixture, Runtime, bins, unique};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
-use super::{Opts, Res, check_stop, fan_out, loadavg, ms, rss_kib};
+use super::{Opts, Res, check_stop, fan_out, loadavg, ms, reset_peak, rss_kib};
 
 /// The density network's one range. IPAM-mode calls install nothing in any namespace, so the
 /// addresses live only in `host-local`'s files and the ledger: no other run can collide.
@@ -455,6 +455,12 @@ pub struct Point {
     pub crash_start_ms: f64,
     pub rss_kib: u64,
     pub hwm_kib: u64,
+    /// dipamd's peak RSS during each later phase, from its own reset of VmHWM: the
+    /// `dipamctl status` and `attachments` calls, the two GCs (with the bench's checks of
+    /// the ledger between them), and the pooled run (its dipamd's, from that start).
+    pub peak_ctl_kib: u64,
+    pub peak_gc_kib: u64,
+    pub peak_pool_kib: u64,
     pub ledger: (u64, u64),
     pub journal: (u64, u64),
     pub ctl_status: Vec<f64>,
@@ -510,6 +516,7 @@ pub fn point(rt: &Runtime, node: &mut Node, n: usize, opts: &Opts) -> Res<Point>
     samples(rt, node, &mut p, opts)?;
     (p.rss_kib, p.hwm_kib) = rss_kib(node.d.pid());
     (p.ledger, p.journal) = disk_bytes(&node.d.state_dir());
+    reset_peak(node.d.pid());
     for _ in 0..3 {
         p.ctl_status.push(time_cmd(&mut dipamctl(
             &node.d.socket(),
@@ -520,8 +527,12 @@ pub fn point(rt: &Runtime, node: &mut Node, n: usize, opts: &Opts) -> Res<Point>
             &["attachments", "--json"],
         ))?);
     }
+    p.peak_ctl_kib = rss_kib(node.d.pid()).1;
+    reset_peak(node.d.pid());
     p.gc = gc::gc(rt, node, n, opts)?;
+    p.peak_gc_kib = rss_kib(node.d.pid()).1;
     p.pool = pooled::pooled(rt, node, n, opts)?;
+    p.peak_pool_kib = p.pool.peak_kib;
     Ok(p)
 }
 

@@ -61,6 +61,9 @@ pub struct PoolPoint {
     pub late_ms: f64,
     /// The paced run's wall-clock, first ADD to last reply, ms.
     pub run_ms: f64,
+    /// The pooled dipamd's VmHWM after the run and its DELs: its start, the refills and the
+    /// paced pods.
+    pub peak_kib: u64,
 }
 
 impl PoolPoint {
@@ -147,6 +150,7 @@ pub fn pooled(rt: &Runtime, node: &mut Node, n: usize, opts: &Opts) -> Res<PoolP
     }
     let atts: Vec<_> = added.into_iter().map(|(a, _)| a).collect();
     node.unlisted(&atts);
+    pp.peak_kib = super::super::rss_kib(node.d.pid()).1;
     // Without the pool again: its entries are released after that start, in the background.
     node.restart(rt, false, &[])?;
     let deadline = Instant::now() + Duration::from_secs(300);

@@ -77,6 +77,24 @@ impl Report {
                 super::super::median(&p.ctl_attachments),
             ));
         }
+        self.line(
+            "dipamd's RSS peak by phase, MiB (VmHWM reset at each phase's start; `start and \
+             samples` is since the start):",
+        );
+        self.line(format!(
+            "{:>6} {:>18} {:>18} {:>10} {:>12}",
+            "N", "start and samples", "status, attach.", "the GCs", "pooled run"
+        ));
+        for p in &d.points {
+            self.line(format!(
+                "{:>6} {:>18.1} {:>18.1} {:>10.1} {:>12.1}",
+                p.n,
+                mib(p.hwm_kib),
+                mib(p.peak_ctl_kib),
+                mib(p.peak_gc_kib),
+                mib(p.peak_pool_kib)
+            ));
+        }
         self.density_gc(d);
         self.density_pool(d);
         if let Some(why) = &d.failed {
@@ -228,6 +246,18 @@ impl Report {
                 "<= 64 MiB",
                 p.hwm_kib <= 64 * 1024,
             );
+            for (phase, kib) in [
+                ("dipamctl status and attachments", p.peak_ctl_kib),
+                ("the GCs", p.peak_gc_kib),
+                ("the pooled run", p.peak_pool_kib),
+            ] {
+                self.target(
+                    format!("dipamd's peak RSS at N={} during {phase}", p.n),
+                    format!("{:.1} MiB", mib(kib)),
+                    "<= 64 MiB",
+                    kib <= 64 * 1024,
+                );
+            }
             let q = &p.pool;
             let (a, f) = (summarize(&q.add).p99, summarize(&p.floor_add).p99);
             self.target(
@@ -292,6 +322,7 @@ fn point_json(d: &Density, k: usize, p: &Point) -> Value {
         "stop_ms": r3(p.stop_ms), "start_ms": r3(p.start_ms),
         "start_after_sigkill_ms": r3(p.crash_start_ms),
         "rss_kib": p.rss_kib, "hwm_kib": p.hwm_kib,
+        "peak_kib": {"ctl": p.peak_ctl_kib, "gc": p.peak_gc_kib, "pooled": p.peak_pool_kib},
         "ledger_bytes": p.ledger.0, "ledger_allocated_bytes": p.ledger.1,
         "journal_bytes": p.journal.0, "journal_allocated_bytes": p.journal.1,
         "dipamctl_status_ms": summarize(&p.ctl_status).json(),
