@@ -16,24 +16,14 @@ bounded by CPU per pod, so CPU(reference) / CPU(IPAM mode) is the most IPAM mode
 throughput can reach against the reference, whatever its latency (docs/performance.md,
 issue 39 §3). Prints CPU ms per pod (ADD + DEL) per configuration and that bound.
 """
-import json, os, subprocess, sys, tempfile, time
+import os, sys, tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cni_calls import DEBIAN_CNI, cni, host_local, netns, plugin_dir, ptp_conf, start_dipamd
 
 PODS, BIN = int(sys.argv[1]), sys.argv[2]
 HZ = os.sysconf("SC_CLK_TCK")
 W = tempfile.mkdtemp(prefix="cpu-per-pod-")
-
-
-def host_local(name, subnet):
-    return {"type": "host-local", "dataDir": f"{W}/hl-{name}", "ranges": [[{"subnet": subnet}]],
-            "routes": [{"dst": "0.0.0.0/0"}]}
-
-
-def conf(name, ipam):
-    path = f"{W}/{name}.json"
-    with open(path, "w") as f:
-        json.dump({"cniVersion": "1.0.0", "name": name, "type": "ptp", "ipMasq": False,
-                   "mtu": 1500, "ipam": ipam}, f)
-    return path
 
 
 def dipamd_cpu(pid):
@@ -51,36 +41,23 @@ def children_cpu():
     return t.children_user + t.children_system
 
 
-def cni(cmd, cid, confp, cni_path):
-    env = dict(os.environ, CNI_COMMAND=cmd, CNI_CONTAINERID=cid, CNI_NETNS=f"/var/run/netns/{cid}",
-               CNI_IFNAME="eth0", CNI_PATH=cni_path)
-    with open(confp) as stdin:
-        p = subprocess.run(["/usr/lib/cni/ptp"], stdin=stdin, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, env=env)
-    if p.returncode:
-        sys.exit(f"{cmd} {cid} failed: {p.stderr[:300]!r}")
+def call(cmd, cid, confp, cni_path):
+    """One CNI call through ptp, as a runtime makes it; a failure ends the run."""
+    if cni(f"{DEBIAN_CNI}/ptp", cmd, cid, confp, cni_path) is None:
+        sys.exit(f"{cmd} {cid} failed")
 
 
 def main():
-    bindir = f"{W}/bin"
-    os.makedirs(bindir)
-    for name, src in [("dipam", f"{BIN}/dipam"), ("host-local", "/usr/lib/cni/host-local"),
-                      ("ptp", "/usr/lib/cni/ptp")]:
-        os.symlink(src, f"{bindir}/{name}")
-    sock = f"{W}/dipamd.sock"
-    log = open(f"{W}/dipamd.log", "w")
-    daemon = subprocess.Popen([f"{BIN}/dipamd", "--socket", sock, "--state-dir", f"{W}/state",
-                               "--cni-path", bindir, "--node-name", "cpu-per-pod"],
-                              stdout=log, stderr=log)
+    bindir = plugin_dir(f"{W}/bin", BIN)
+    daemon, sock = start_dipamd(BIN, f"{W}/d", bindir, "cpu-per-pod")
     cfgs = {
-        "ptp + host-local": (conf("cpuref", host_local("cpuref", "10.248.0.0/20")), "/usr/lib/cni", None),
-        "ptp + dipam": (conf("cpuipam", {"type": "dipam", "socketPath": sock,
-                                         "delegate": host_local("cpuipam", "10.249.0.0/20")}),
+        "ptp + host-local": (ptp_conf(W, "cpuref", host_local(W, "cpuref", "10.248.0.0/20")),
+                             DEBIAN_CNI, None),
+        "ptp + dipam": (ptp_conf(W, "cpuipam", {"type": "dipam", "socketPath": sock,
+                                                "delegate": host_local(W, "cpuipam", "10.249.0.0/20")}),
                         bindir, daemon.pid),
     }
     try:
-        while not os.path.exists(sock):
-            time.sleep(0.05)
         # Per configuration: the runtime's execs (ptp and what it reaped), dipamd itself, the
         # delegates dipamd reaped; and the pods.
         spent = {k: [0.0, 0.0, 0.0, 0] for k in cfgs}
@@ -90,15 +67,15 @@ def main():
                 confp, cni_path, pid = cfgs[name]
                 ids = [f"cpp{turn}x{name[-5:].strip().replace(' ', '')}{i}" for i in range(PODS)]
                 for cid in ids:
-                    subprocess.run(["ip", "netns", "add", cid], check=True)
+                    netns("add", cid)
                 before = (children_cpu(), *dipamd_cpu(pid))
                 # ip netns add is timed outside: only the CNI calls are between the reads.
                 for cid in ids:
-                    cni("ADD", cid, confp, cni_path)
-                    cni("DEL", cid, confp, cni_path)
+                    call("ADD", cid, confp, cni_path)
+                    call("DEL", cid, confp, cni_path)
                 after = (children_cpu(), *dipamd_cpu(pid))
                 for cid in ids:
-                    subprocess.run(["ip", "netns", "delete", cid], check=True)
+                    netns("delete", cid)
                 for i in range(3):
                     spent[name][i] += after[i] - before[i]
                 spent[name][3] += len(ids)
