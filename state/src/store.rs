@@ -8,6 +8,11 @@ pub type KeyValue = (Vec<u8>, Vec<u8>);
 /// What [`Store::visit_prefix`] hands each entry (key, value) to; an error ends the visit.
 pub type Visit<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError> + 'a;
 
+/// What [`Store::visit_after`] hands each entry (key, value) to: `Break` ends the visit
+/// there (a page is full), as an error does.
+pub type VisitUntil<'a> =
+    dyn FnMut(&[u8], &[u8]) -> Result<std::ops::ControlFlow<()>, StoreError> + 'a;
+
 /// A named keyspace inside a store. Each variant is one sled tree (or one map in
 /// [`crate::MemStore`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -184,6 +189,29 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<(), StoreError> {
         for (k, v) in self.scan_prefix(tree, prefix)? {
             visit(&k, &v)?;
+        }
+        Ok(())
+    }
+
+    /// Hands the entries under `prefix` whose key is after `after` (all of them when `None`)
+    /// to `visit`, in key order, until it says `Break`: a page of a listing (`dipamctl
+    /// attachments`) reads from where the previous page ended and stops when it is full,
+    /// instead of reading the tree. As [`Store::visit_prefix`], without holding the entries
+    /// at once and not a snapshot. The default reads the whole prefix first.
+    fn visit_after(
+        &self,
+        tree: Tree,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        visit: &mut VisitUntil<'_>,
+    ) -> Result<(), StoreError> {
+        for (k, v) in self.scan_prefix(tree, prefix)? {
+            if after.is_some_and(|a| k.as_slice() <= a) {
+                continue;
+            }
+            if visit(&k, &v)?.is_break() {
+                break;
+            }
         }
         Ok(())
     }
