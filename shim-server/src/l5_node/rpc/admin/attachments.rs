@@ -115,7 +115,19 @@ mod tests {
             peak * 4 < whole,
             "a page of 100 held {peak} B at its peak; the ledger takes {whole} B decoded"
         );
-        let first = rt.block_on(run(&d.node, Caller::ROOT, req(0))).unwrap();
+        // The same page of a ledger a third as large holds as much: the cost is the page's.
+        let (small, _) = dense::pods(N / 3);
+        let _ = small.whole(&rt);
+        let (_, small_peak) = held::measure(&rt, run(&small.node, Caller::ROOT, req(100)));
+        eprintln!("a page of 100 of {}: {small_peak} B at its peak", N / 3);
+        assert!(
+            peak < small_peak + small_peak / 2,
+            "a page of 100 held {peak} B at N = {N}, {small_peak} B at N = {}",
+            N / 3
+        );
+        let (first, default_peak) = held::measure(&rt, run(&d.node, Caller::ROOT, req(0)));
+        eprintln!("the default page ({DEFAULT_PAGE}): {default_peak} B at its peak");
+        let first = first.unwrap();
         assert_eq!(first.attachments.len(), DEFAULT_PAGE);
         assert!(!first.next_page_token.is_empty());
         let big = rt
