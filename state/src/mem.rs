@@ -115,10 +115,7 @@ impl Store for MemStore {
         visit: &mut VisitUntil<'_>,
     ) -> Result<(), StoreError> {
         const PAGE: usize = 64;
-        let mut from = match after {
-            Some(a) if a >= prefix => Bound::Excluded(a.to_vec()),
-            _ => Bound::Included(prefix.to_vec()),
-        };
+        let mut from = crate::store::start_after(prefix, after);
         loop {
             let page: Vec<KeyValue> = match self.lock()?.get(&tree) {
                 Some(map) => map

@@ -169,3 +169,78 @@ fn records_that_come_and_go_between_pages_move_no_other() {
     // The added ones ahead sort after every net2 record listed before they came.
     assert!(added.iter().all(|k| keys.contains(k)), "ahead");
 }
+
+/// [`Store::visit_after`] on `store`: it starts just after the key given (at the prefix's
+/// start for none, or for a key sorting before the prefix), stays inside the prefix and the
+/// tree, and stops where the visitor breaks.
+fn visit_after_starts_after_and_stops<S: Store>(store: &S) {
+    use std::ops::ControlFlow;
+
+    use crate::{Batch, Tree};
+    let mut batch = Batch::new();
+    for k in ["a\0x", "b\0a", "b\0b", "b\0c", "b\0d", "bb\0a", "c\0a"] {
+        batch.put(Tree::Attachments, k, k.to_uppercase());
+    }
+    batch.put(Tree::History, "b\0bb", "other tree");
+    store.commit(batch).unwrap();
+    let visit = |after: Option<&[u8]>, stop: usize| {
+        let mut seen: Vec<String> = Vec::new();
+        store
+            .visit_after(Tree::Attachments, b"b\0", after, &mut |k, v| {
+                assert_eq!(v, k.to_ascii_uppercase());
+                seen.push(String::from_utf8(k.to_vec()).unwrap());
+                Ok(if seen.len() == stop {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                })
+            })
+            .unwrap();
+        seen
+    };
+    assert_eq!(visit(None, 9), ["b\0a", "b\0b", "b\0c", "b\0d"]);
+    assert_eq!(visit(Some(b"b\0b"), 9), ["b\0c", "b\0d"]);
+    assert_eq!(
+        visit(Some(b"b\0bb"), 9),
+        ["b\0c", "b\0d"],
+        "a key no record has"
+    );
+    assert_eq!(visit(Some(b"a\0x"), 9), ["b\0a", "b\0b", "b\0c", "b\0d"]);
+    assert!(visit(Some(b"b\0d"), 9).is_empty());
+    assert!(visit(Some(b"c"), 9).is_empty());
+    assert_eq!(
+        visit(None, 2),
+        ["b\0a", "b\0b"],
+        "stopped where the visitor broke"
+    );
+}
+
+/// A store that keeps the trait's default [`Store::visit_after`] (a whole scan, filtered).
+struct Defaults(MemStore);
+
+impl Store for Defaults {
+    fn get(&self, tree: crate::Tree, key: &[u8]) -> Result<Option<Vec<u8>>, crate::StoreError> {
+        self.0.get(tree, key)
+    }
+    fn scan_prefix(
+        &self,
+        tree: crate::Tree,
+        prefix: &[u8],
+    ) -> Result<Vec<crate::KeyValue>, crate::StoreError> {
+        self.0.scan_prefix(tree, prefix)
+    }
+    fn commit_with(&self, batch: crate::Batch, d: Durability) -> Result<(), crate::StoreError> {
+        self.0.commit_with(batch, d)
+    }
+    fn len(&self, tree: crate::Tree) -> Result<usize, crate::StoreError> {
+        self.0.len(tree)
+    }
+}
+
+#[test]
+fn visit_after_is_the_same_on_every_store() {
+    let dir = tempfile::tempdir().unwrap();
+    visit_after_starts_after_and_stops(&SledStore::open(dir.path()).unwrap());
+    visit_after_starts_after_and_stops(&MemStore::new());
+    visit_after_starts_after_and_stops(&Defaults(MemStore::new()));
+}

@@ -13,6 +13,15 @@ pub type Visit<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError> + 'a;
 pub type VisitUntil<'a> =
     dyn FnMut(&[u8], &[u8]) -> Result<std::ops::ControlFlow<()>, StoreError> + 'a;
 
+/// Where [`Store::visit_after`] starts: just after `after`, or at the prefix's first key when
+/// `after` sorts before the prefix (the whole prefix is after it) or is `None`.
+pub(crate) fn start_after(prefix: &[u8], after: Option<&[u8]>) -> std::ops::Bound<Vec<u8>> {
+    match after {
+        Some(a) if a >= prefix => std::ops::Bound::Excluded(a.to_vec()),
+        _ => std::ops::Bound::Included(prefix.to_vec()),
+    }
+}
+
 /// A named keyspace inside a store. Each variant is one sled tree (or one map in
 /// [`crate::MemStore`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

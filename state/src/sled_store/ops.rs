@@ -60,11 +60,7 @@ impl Inner {
         after: Option<&[u8]>,
         visit: &mut VisitUntil<'_>,
     ) -> Result<(), StoreError> {
-        // A key before the prefix starts nowhere in it: the whole prefix is after it.
-        let mut from = match after {
-            Some(a) if a >= prefix => Bound::Excluded(a.to_vec()),
-            _ => Bound::Included(prefix.to_vec()),
-        };
+        let mut from = crate::store::start_after(prefix, after);
         loop {
             let (page, next) = self.page(tree, prefix, &from)?;
             for (k, v) in &page {
