@@ -3,7 +3,7 @@
 
 use std::io::Write;
 
-use dipam_proto::v1::{ListAttachmentsRequest, admin_client::AdminClient};
+use dipam_proto::v1::{Attachment, ListAttachmentsRequest, admin_client::AdminClient};
 use serde_json::json;
 use tonic::transport::Channel;
 
@@ -23,6 +23,37 @@ pub struct Args {
     /// Only this owner: "pod", "agent", "agent:<role>", or "pool" (the warm pool's entries).
     #[arg(long)]
     owner: Option<String>,
+    /// Attachments asked of dipamd per request (it sends at most 1000 a reply). The listing
+    /// is read a page at a time and printed whole at the end; it is not a snapshot: an
+    /// attachment present for the whole listing appears exactly once, one added or removed
+    /// meanwhile may or may not.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    page_size: u32,
+}
+
+/// Every page of the listing `args` asks for, in key order.
+async fn list(args: Args, channel: Channel) -> Result<Vec<Attachment>, CtlError> {
+    let mut client = AdminClient::new(channel);
+    let mut all = Vec::new();
+    let mut page_token = Vec::new();
+    loop {
+        let page = client
+            .list_attachments(ListAttachmentsRequest {
+                protocol_version: dipam_proto::PROTOCOL_VERSION,
+                network: args.network.clone().unwrap_or_default(),
+                owner: args.owner.clone().unwrap_or_default(),
+                page_size: args.page_size,
+                page_token,
+            })
+            .await
+            .map_err(CtlError::Rpc)?
+            .into_inner();
+        all.extend(page.attachments);
+        if page.next_page_token.is_empty() {
+            return Ok(all);
+        }
+        page_token = page.next_page_token;
+    }
 }
 
 pub async fn run(
@@ -31,18 +62,9 @@ pub async fn run(
     json: bool,
     out: &mut dyn Write,
 ) -> Result<(), CtlError> {
-    let list = AdminClient::new(channel)
-        .list_attachments(ListAttachmentsRequest {
-            protocol_version: dipam_proto::PROTOCOL_VERSION,
-            network: args.network.unwrap_or_default(),
-            owner: args.owner.unwrap_or_default(),
-        })
-        .await
-        .map_err(CtlError::Rpc)?
-        .into_inner();
+    let list = list(args, channel).await?;
     if json {
         let v: Vec<_> = list
-            .attachments
             .iter()
             .map(|a| {
                 let (created, created_ms) =
@@ -69,7 +91,6 @@ pub async fn run(
         output::json(out, &serde_json::Value::Array(v))?;
     } else {
         let rows: Vec<[String; 8]> = list
-            .attachments
             .iter()
             .map(|a| {
                 [

@@ -4,6 +4,7 @@
 //! (network name, container id, ifname), stored as JSON in [`Tree::Attachments`].
 
 use std::fmt;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use crate::{
@@ -204,6 +205,46 @@ impl<S: Store + ?Sized> Ledger<S> {
             Ok(())
         })?;
         Ok(out)
+    }
+
+    /// One page of a listing (`dipamctl attachments`): the first `limit` (at least 1)
+    /// records (of `network`, or all) after the key `after` that `keep` accepts, in key
+    /// order, decoding one at a time and stopping once the page is full and one more
+    /// accepted record shows there are more; with the key the next page starts after
+    /// (`None`: this page is the last). A listing thus holds a page, never the ledger, and
+    /// a record present throughout it is listed once whatever is added or removed between
+    /// pages (not a snapshot: those may or may not be).
+    pub fn page(
+        &self,
+        network: Option<&str>,
+        after: Option<&[u8]>,
+        limit: usize,
+        mut keep: impl FnMut(&AttachmentRecord) -> bool,
+    ) -> Result<(Vec<AttachmentRecord>, Option<Vec<u8>>), StoreError> {
+        let limit = limit.max(1);
+        let prefix = match network {
+            Some(n) => AttachmentKey::network_prefix(n)?,
+            None => Vec::new(),
+        };
+        let mut out = Vec::new();
+        let mut next = None;
+        self.store
+            .visit_after(Tree::Attachments, &prefix, after, &mut |k, v| {
+                let rec = decode_record(k, v)?;
+                if !keep(&rec) {
+                    return Ok(ControlFlow::Continue(()));
+                }
+                if out.len() == limit {
+                    next = out
+                        .last()
+                        .map(|r: &AttachmentRecord| r.key.encode())
+                        .transpose()?;
+                    return Ok(ControlFlow::Break(()));
+                }
+                out.push(rec);
+                Ok(ControlFlow::Continue(()))
+            })?;
+        Ok((out, next))
     }
 
     /// Hands every record (of `network`, or all) and its encoded size to `visit`, in key

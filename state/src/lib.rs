@@ -22,6 +22,8 @@ mod error;
 mod journal;
 mod ledger;
 mod mem;
+#[cfg(test)]
+mod paged;
 mod pending;
 mod record;
 mod schema;
@@ -47,7 +49,7 @@ pub use record::{
 pub use schema::{SCHEMA_KEY, SCHEMA_VERSION, ensure_schema};
 pub use snapshot::read_copy;
 pub use space::{OPEN_MARGIN, needed_to_open};
-pub use store::{Batch, Durability, KeyValue, Store, Tree, Visit};
+pub use store::{Batch, Durability, KeyValue, Store, Tree, Visit, VisitUntil};
 
 /// Opens (creating if needed) the ledger's store in `dir`, on disk: checks its integrity and
 /// schema version and migrates an older one. The one way dipamd and `dipamctl recover` get a

@@ -2,12 +2,13 @@
 //! code above the store (the ledger, the daemon's handlers).
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::schema::{SCHEMA_KEY, SCHEMA_VERSION};
 use crate::store::Op;
-use crate::{Batch, Durability, KeyValue, Store, StoreError, Tree};
+use crate::{Batch, Durability, KeyValue, Store, StoreError, Tree, VisitUntil};
 
 type Map = BTreeMap<Vec<u8>, Vec<u8>>;
 
@@ -102,6 +103,39 @@ impl Store for MemStore {
             .take_while(|(k, _)| k.starts_with(prefix))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect())
+    }
+
+    /// As on sled: a few entries at a time, the lock let go between them (so a commit may
+    /// land between two, as on sled), until `visit` breaks.
+    fn visit_after(
+        &self,
+        tree: Tree,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        visit: &mut VisitUntil<'_>,
+    ) -> Result<(), StoreError> {
+        const PAGE: usize = 64;
+        let mut from = crate::store::start_after(prefix, after);
+        loop {
+            let page: Vec<KeyValue> = match self.lock()?.get(&tree) {
+                Some(map) => map
+                    .range::<Vec<u8>, _>((from.clone(), Bound::Unbounded))
+                    .take_while(|(k, _)| k.starts_with(prefix))
+                    .take(PAGE)
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+                None => Vec::new(),
+            };
+            for (k, v) in &page {
+                if visit(k, v)?.is_break() {
+                    return Ok(());
+                }
+            }
+            match page.last() {
+                Some((last, _)) if page.len() == PAGE => from = Bound::Excluded(last.clone()),
+                _ => return Ok(()),
+            }
+        }
     }
 
     /// In memory every commit is as durable as it gets, so `durability` is only counted

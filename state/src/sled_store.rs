@@ -63,7 +63,7 @@ use crate::chunks;
 use crate::journal::{CHECKPOINT_BYTES, JOURNAL_FILE, Journal, Tail};
 use crate::pending::{Pending, merge};
 use crate::schema::ensure_schema;
-use crate::{Batch, Durability, KeyValue, Store, StoreError, Tree, Visit};
+use crate::{Batch, Durability, KeyValue, Store, StoreError, Tree, Visit, VisitUntil};
 
 mod engine;
 mod ops;

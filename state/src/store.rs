@@ -8,6 +8,20 @@ pub type KeyValue = (Vec<u8>, Vec<u8>);
 /// What [`Store::visit_prefix`] hands each entry (key, value) to; an error ends the visit.
 pub type Visit<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError> + 'a;
 
+/// What [`Store::visit_after`] hands each entry (key, value) to: `Break` ends the visit
+/// there (a page is full), as an error does.
+pub type VisitUntil<'a> =
+    dyn FnMut(&[u8], &[u8]) -> Result<std::ops::ControlFlow<()>, StoreError> + 'a;
+
+/// Where [`Store::visit_after`] starts: just after `after`, or at the prefix's first key when
+/// `after` sorts before the prefix (the whole prefix is after it) or is `None`.
+pub(crate) fn start_after(prefix: &[u8], after: Option<&[u8]>) -> std::ops::Bound<Vec<u8>> {
+    match after {
+        Some(a) if a >= prefix => std::ops::Bound::Excluded(a.to_vec()),
+        _ => std::ops::Bound::Included(prefix.to_vec()),
+    }
+}
+
 /// A named keyspace inside a store. Each variant is one sled tree (or one map in
 /// [`crate::MemStore`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -184,6 +198,29 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<(), StoreError> {
         for (k, v) in self.scan_prefix(tree, prefix)? {
             visit(&k, &v)?;
+        }
+        Ok(())
+    }
+
+    /// Hands the entries under `prefix` whose key is after `after` (all of them when `None`)
+    /// to `visit`, in key order, until it says `Break`: a page of a listing (`dipamctl
+    /// attachments`) reads from where the previous page ended and stops when it is full,
+    /// instead of reading the tree. As [`Store::visit_prefix`], without holding the entries
+    /// at once and not a snapshot. The default reads the whole prefix first.
+    fn visit_after(
+        &self,
+        tree: Tree,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        visit: &mut VisitUntil<'_>,
+    ) -> Result<(), StoreError> {
+        for (k, v) in self.scan_prefix(tree, prefix)? {
+            if after.is_some_and(|a| k.as_slice() <= a) {
+                continue;
+            }
+            if visit(&k, &v)?.is_break() {
+                break;
+            }
         }
         Ok(())
     }

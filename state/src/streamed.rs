@@ -11,7 +11,7 @@ use crate::{
 
 /// Records over three networks, several pages of [`Store::visit_prefix`] (256 a page on
 /// sled), with every owner, a non-root creator and records not committed.
-fn records(n: usize) -> Vec<AttachmentRecord> {
+pub(crate) fn records(n: usize) -> Vec<AttachmentRecord> {
     (0..n)
         .map(|i| {
             let mut r = crate::suite::record(&format!("net{}", i % 3), &format!("c{i:05}"), "eth0");

@@ -2694,7 +2694,16 @@ type ListAttachmentsRequest struct {
 	// Empty means every network.
 	Network string `protobuf:"bytes,2,opt,name=network,proto3" json:"network,omitempty"`
 	// Empty means every owner.
-	Owner         string `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"` // next field: 4
+	Owner string `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	// Records per reply, at most 1,000: dipamd clamps a larger size to 1,000, and reads 500
+	// when it is 0 (a dipamctl older than paging sends none, and then lists the first 500
+	// only). A reply holds one page, so a caller never makes dipamd hold the whole ledger
+	// (docs/cfp.md, "Listing attachments a page at a time").
+	PageSize uint32 `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// Where to start: the previous reply's next_page_token (the key of its last record);
+	// empty for the first page. The page starts after that key, so a record deleted meanwhile
+	// moves nothing. At most 4 KiB.
+	PageToken     []byte `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"` // next field: 6
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2750,12 +2759,32 @@ func (x *ListAttachmentsRequest) GetOwner() string {
 	return ""
 }
 
+func (x *ListAttachmentsRequest) GetPageSize() uint32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListAttachmentsRequest) GetPageToken() []byte {
+	if x != nil {
+		return x.PageToken
+	}
+	return nil
+}
+
 type ListAttachmentsReply struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	ProtocolVersion uint32                 `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
-	Attachments     []*Attachment          `protobuf:"bytes,2,rep,name=attachments,proto3" json:"attachments,omitempty"` // next field: 3
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// In key order (network, container ID, interface), the network, owner and caller filters
+	// applied while reading: a page holds page_size records unless it is the last.
+	Attachments []*Attachment `protobuf:"bytes,2,rep,name=attachments,proto3" json:"attachments,omitempty"`
+	// The page_token of the next page; empty when this page is the last. Not a snapshot: a
+	// record present for the whole listing appears exactly once; one added or removed between
+	// pages may or may not appear.
+	NextPageToken []byte `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"` // next field: 4
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListAttachmentsReply) Reset() {
@@ -2798,6 +2827,13 @@ func (x *ListAttachmentsReply) GetProtocolVersion() uint32 {
 func (x *ListAttachmentsReply) GetAttachments() []*Attachment {
 	if x != nil {
 		return x.Attachments
+	}
+	return nil
+}
+
+func (x *ListAttachmentsReply) GetNextPageToken() []byte {
+	if x != nil {
+		return x.NextPageToken
 	}
 	return nil
 }
@@ -3259,14 +3295,18 @@ const file_dipam_v1_dipam_proto_rawDesc = "" +
 	"\fDelegateInfo\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12-\n" +
-	"\x12supported_versions\x18\x03 \x03(\tR\x11supportedVersions\"s\n" +
+	"\x12supported_versions\x18\x03 \x03(\tR\x11supportedVersions\"\xaf\x01\n" +
 	"\x16ListAttachmentsRequest\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x18\n" +
 	"\anetwork\x18\x02 \x01(\tR\anetwork\x12\x14\n" +
-	"\x05owner\x18\x03 \x01(\tR\x05owner\"y\n" +
+	"\x05owner\x18\x03 \x01(\tR\x05owner\x12\x1b\n" +
+	"\tpage_size\x18\x04 \x01(\rR\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x05 \x01(\fR\tpageToken\"\xa1\x01\n" +
 	"\x14ListAttachmentsReply\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x126\n" +
-	"\vattachments\x18\x02 \x03(\v2\x14.dipam.v1.AttachmentR\vattachments\"\x92\x05\n" +
+	"\vattachments\x18\x02 \x03(\v2\x14.dipam.v1.AttachmentR\vattachments\x12&\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\fR\rnextPageToken\"\x92\x05\n" +
 	"\n" +
 	"Attachment\x12\x18\n" +
 	"\anetwork\x18\x01 \x01(\tR\anetwork\x12!\n" +

@@ -369,6 +369,7 @@ const (
 // The operator's service (dipamctl).
 type AdminClient interface {
 	GetStatus(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusReply, error)
+	// The ledger's attachments a page at a time (ListAttachmentsRequest.page_size).
 	ListAttachments(ctx context.Context, in *ListAttachmentsRequest, opts ...grpc.CallOption) (*ListAttachmentsReply, error)
 	// Garbage-collects one network on an operator's request (dipamctl gc), or plans it.
 	Gc(ctx context.Context, in *GcRequest, opts ...grpc.CallOption) (*GcReply, error)
@@ -471,6 +472,7 @@ func (c *adminClient) Adopt(ctx context.Context, in *AdoptRequest, opts ...grpc.
 // The operator's service (dipamctl).
 type AdminServer interface {
 	GetStatus(context.Context, *StatusRequest) (*StatusReply, error)
+	// The ledger's attachments a page at a time (ListAttachmentsRequest.page_size).
 	ListAttachments(context.Context, *ListAttachmentsRequest) (*ListAttachmentsReply, error)
 	// Garbage-collects one network on an operator's request (dipamctl gc), or plans it.
 	Gc(context.Context, *GcRequest) (*GcReply, error)

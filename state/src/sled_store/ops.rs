@@ -1,7 +1,7 @@
 //! The store's reads and commits (the [`Store`] methods): from sled, with the commits the
 //! applier has not written there yet laid over them, and each commit journaled first.
 
-use std::ops::Bound;
+use std::ops::{Bound, ControlFlow};
 
 use super::*;
 
@@ -38,19 +38,35 @@ impl Inner {
         Err(kept_changing(&self.dir))
     }
 
-    /// [`Store::visit_prefix`]: a page of [`VISIT_PAGE`] entries at a time, each read as
-    /// [`Inner::scan_prefix`] reads the whole prefix (the overlay first, then sled).
+    /// [`Store::visit_prefix`]: [`Inner::visit_after`] from the prefix's start to its end.
     fn visit_prefix(
         &self,
         tree: Tree,
         prefix: &[u8],
         visit: &mut Visit<'_>,
     ) -> Result<(), StoreError> {
-        let mut from = Bound::Included(prefix.to_vec());
+        self.visit_after(tree, prefix, None, &mut |k, v| {
+            visit(k, v).map(|()| ControlFlow::Continue(()))
+        })
+    }
+
+    /// [`Store::visit_after`]: a page of [`VISIT_PAGE`] entries at a time, each read as
+    /// [`Inner::scan_prefix`] reads the whole prefix (the overlay first, then sled), until
+    /// `visit` breaks.
+    fn visit_after(
+        &self,
+        tree: Tree,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        visit: &mut VisitUntil<'_>,
+    ) -> Result<(), StoreError> {
+        let mut from = crate::store::start_after(prefix, after);
         loop {
             let (page, next) = self.page(tree, prefix, &from)?;
             for (k, v) in &page {
-                visit(k, v)?;
+                if visit(k, v)?.is_break() {
+                    return Ok(());
+                }
             }
             match next {
                 Some(last) => from = Bound::Excluded(last),
@@ -298,6 +314,16 @@ impl Store for SledStore {
         visit: &mut Visit<'_>,
     ) -> Result<(), StoreError> {
         self.inner.visit_prefix(tree, prefix, visit)
+    }
+
+    fn visit_after(
+        &self,
+        tree: Tree,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        visit: &mut VisitUntil<'_>,
+    ) -> Result<(), StoreError> {
+        self.inner.visit_after(tree, prefix, after, visit)
     }
 
     /// Applies every op atomically (all or none, across trees) and returns only once durable:

@@ -95,13 +95,13 @@ pub async fn run(
 }
 
 /// Whether the ledger holds a pod attachment (not the agent's, not the warm pool's) on
-/// `network`: what a GC whose list names nothing would free.
+/// `network`: what a GC whose list names nothing would free. From the census, which keeps
+/// each record's network and holder: no record is read, where reading the ledger made every
+/// such GC (a runtime's start-up GC of each network) hold all of it.
 async fn has_pods(core: &Core, network: &str) -> Result<bool, ShimError> {
     let network = network.to_owned();
     core.ledger(move |l| {
-        Ok(l.list(None)?
-            .iter()
-            .any(|r| r.key.network == network && matches!(r.owner, dipam_state::Owner::Pod)))
+        l.census(|c| c.any(|e| e.holder == dipam_state::Holder::Pod && e.group.network == network))
     })
     .await
 }

@@ -271,7 +271,8 @@ fn a_non_root_caller_cannot_release_or_see_roots_pods() {
 }
 
 /// Admin and Agent: refused to an --allow-uid caller (PERMISSION_DENIED, which dipamctl
-/// reports), served once --admin-uid names it; an admin sees every attachment.
+/// reports), served once --admin-uid names it; an admin sees every attachment, listed a
+/// page at a time.
 #[test]
 fn admin_and_agent_services_need_admin_uid() {
     require_root!();
@@ -309,6 +310,67 @@ fn admin_and_agent_services_need_admin_uid() {
     let out = ctl_as_nobody(&lab, &["attachments", "--json"]);
     let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(listed.as_array().unwrap().len(), 1, "{listed:#}");
+
+    // Five pods listed two a page (dipamd answers one page a request): every one exactly
+    // once, the JSON and the table as one listing in one request.
+    let more: Vec<_> = (0..4).map(|_| lab.pod()).collect();
+    for (_, att) in &more {
+        lab.rt.add(lab.list(), att).unwrap();
+    }
+    let ids = |args: &[&str]| -> Vec<String> {
+        let out = ctl_as_nobody(&lab, args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let ids: Vec<String> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["containerID"].as_str().unwrap().to_owned())
+            .collect();
+        ids
+    };
+    let whole = ids(&["attachments", "--json"]);
+    assert_eq!(whole.len(), 5, "{whole:?}");
+    let mut distinct = whole.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(
+        distinct, whole,
+        "one listing is in key order, each attachment once"
+    );
+    assert_eq!(ids(&["attachments", "--json", "--page-size", "2"]), whole);
+    assert_eq!(
+        ids(&[
+            "attachments",
+            "--json",
+            "--page-size",
+            "1",
+            "--owner",
+            "pod",
+            "--network",
+            &lab.network()
+        ]),
+        whole
+    );
+    let table = ctl_as_nobody(&lab, &["attachments", "--page-size", "2"]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(text.contains("5 attachment(s)"), "{text}");
+    // The table shortens a hex container ID to its first 16 digits (output.rs).
+    let shown = |id: &String| {
+        let hex = id.len() > 16 && id.chars().all(|c| c.is_ascii_hexdigit());
+        if hex { id[..16].to_owned() } else { id.clone() }
+    };
+    assert!(whole.iter().all(|id| text.contains(&shown(id))), "{text}");
+    let refused = ctl_as_nobody(&lab, &["attachments", "--page-size", "0"]);
+    assert!(!refused.status.success(), "a page size of 0 is refused");
+
+    for (_, att) in &more {
+        lab.rt.del(lab.list(), att).unwrap();
+    }
     lab.rt.del(lab.list(), &pod).unwrap();
     lab.assert_agree();
 }

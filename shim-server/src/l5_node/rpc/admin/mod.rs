@@ -12,16 +12,22 @@ use dipam_proto::v1::Attachment;
 
 use crate::l2_core::delegate::config::result_ips;
 
-/// Ledger records as wire attachments, filtered by owner ("" for all; "agent" for every role;
-/// "pool" for the warm pool's entries).
+/// Whether `r` passes the owner filter `owner` ("" for all; "agent" for every role; "pool"
+/// for the warm pool's entries).
+fn owned_by(r: &dipam_state::AttachmentRecord, owner: &str) -> bool {
+    let label = r.owner.label();
+    owner.is_empty()
+        || label == owner
+        || label
+            .strip_prefix(owner)
+            .is_some_and(|role| role.starts_with(':'))
+}
+
+/// Ledger records as wire attachments, filtered by owner (as [`owned_by`]).
 fn list_from(records: Vec<dipam_state::AttachmentRecord>, owner: &str) -> Vec<Attachment> {
     records
         .into_iter()
-        .filter(|r| {
-            owner.is_empty()
-                || r.owner.label() == owner
-                || r.owner.label().starts_with(&format!("{owner}:"))
-        })
+        .filter(|r| owned_by(r, owner))
         .map(|r| Attachment {
             delegate_container_id: r
                 .delegate_key

@@ -366,6 +366,55 @@ async fn gc_is_roots_and_the_listing_shows_a_caller_its_own() {
     assert_eq!(listed(Caller::ROOT).await.len(), 2);
 }
 
+/// A GC whose list names nothing asks whether the network has a pod from the census: no
+/// record is read (it read every network's records, the whole ledger, per such GC), and
+/// only a pod on that network counts, not the warm pool's or the agent's entries there, nor
+/// a pod on another network.
+#[tokio::test]
+async fn a_gc_that_names_nothing_reads_no_record() {
+    use dipam_state::{AttachmentState as S, Owner};
+    let store = Arc::new(crate::testing::CountingStore::default());
+    let b = bench_on(store.clone());
+    let mut elsewhere = crate::testing::record("p-other", Owner::Pod, S::Committed, 1);
+    elsewhere.key.network = "other".into();
+    let recs = [
+        crate::testing::record("dipam-pool-x-1", Owner::Pool, S::Committed, 1),
+        crate::testing::record(
+            "agent",
+            Owner::Agent {
+                role: "router".into(),
+            },
+            S::Committed,
+            1,
+        ),
+        elsewhere,
+    ];
+    b.node
+        .core
+        .ledger
+        .put_all(&recs, dipam_state::Durability::SurvivesPowerCut)
+        .unwrap();
+    b.node.core.index_ledger().await.unwrap();
+    let scans = || store.scans.load(std::sync::atomic::Ordering::SeqCst);
+    let before = scans();
+    let names_nothing = || {
+        let mut r = request("", "1.1.0", json!({"cni.dev/valid-attachments": []}));
+        r.container_id.clear();
+        r
+    };
+    gc::run(&b.node, Caller::ROOT, None, names_nothing())
+        .await
+        .expect("no pod on the network: nothing to free, a success");
+    assert_eq!(scans(), before, "the GC read the ledger");
+    let pod = crate::testing::record("p1", Owner::Pod, S::Committed, 1);
+    b.node.core.ledger.put(&pod).unwrap();
+    let e = gc::run(&b.node, Caller::ROOT, None, names_nothing())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ShimError::GcRefused { .. }), "{e:?}");
+    assert_eq!(scans(), before, "the GC read the ledger");
+}
+
 /// The services: Admin and Agent for root and --admin-uid only; a request that carries no
 /// peer credentials is the least trusted caller, never root.
 #[tokio::test]
