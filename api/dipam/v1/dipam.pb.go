@@ -2695,9 +2695,10 @@ type ListAttachmentsRequest struct {
 	Network string `protobuf:"bytes,2,opt,name=network,proto3" json:"network,omitempty"`
 	// Empty means every owner.
 	Owner string `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
-	// Records per reply, at most 1,000: dipamd clamps a larger size to 1,000, and reads 500
-	// when it is 0 (a dipamctl older than paging sends none, and then lists the first 500
-	// only). A reply holds one page, so a caller never makes dipamd hold the whole ledger
+	// Records per reply, at most 1,000: dipamd clamps a larger size to 1,000. 0 (a client
+	// older than paging sends none) gets every match when there are at most 500, and
+	// INVALID_ARGUMENT past that, never a first page such a client would take for the whole
+	// ledger. A reply holds one page, so a caller never makes dipamd hold the whole ledger
 	// (docs/cfp.md, "Listing attachments a page at a time").
 	PageSize uint32 `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// Where to start: the previous reply's next_page_token (the key of its last record);

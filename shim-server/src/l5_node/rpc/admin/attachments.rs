@@ -10,8 +10,10 @@ use crate::{l1_leaves::error::ShimError, l5_node::node::Node};
 /// is a few MiB at most however large the ledger (docs/performance.md, run 38).
 pub const MAX_PAGE: usize = 1_000;
 
-/// The page size when the request names none (0): a dipamctl older than paging, which reads
-/// this first page only.
+/// The most a request that names no page size (0) is answered with: a client older than
+/// paging (dipamctl, or an agent built on an older copy of the API), which reads one reply as
+/// the whole ledger. Up to this many it gets them all, as before paging; past it, a refusal
+/// (see [`run`]).
 pub const DEFAULT_PAGE: usize = 500;
 
 /// The longest page token taken: a key (network, container ID, ifname) is shorter.
@@ -35,6 +37,7 @@ pub async fn run(
     )?;
     bounded("the owner filter", req.owner.as_bytes(), limits::NAME, 7)?;
     bounded("the page token", &req.page_token, TOKEN, 7)?;
+    let unpaged = req.page_size == 0;
     let size = match req.page_size as usize {
         0 => DEFAULT_PAGE,
         n => n.min(MAX_PAGE),
@@ -52,6 +55,21 @@ pub async fn run(
             )
         })
         .await?;
+    if unpaged && next.is_some() {
+        // A client that knows no pages would take the first page for the whole ledger: an
+        // operator would miss attachments, and an agent reconciling its addresses against
+        // the list could release one it holds. Refused, so the partial list is never used.
+        return Err(ShimError::Invalid {
+            msg: format!(
+                "more than {DEFAULT_PAGE} attachments match and the request names no page_size"
+            ),
+            details: "this client predates paged listing: use the dipamctl shipped with this \
+                      dipamd (it pages), or set page_size (1-1000) and follow next_page_token \
+                      until it is empty. A narrower --network or --owner may fit one reply. \
+                      Nothing was listed"
+                .into(),
+        });
+    }
     Ok(ListAttachmentsReply {
         protocol_version: dipam_proto::PROTOCOL_VERSION,
         attachments: super::list_from(records, ""),
@@ -126,10 +144,21 @@ mod tests {
             N / 3
         );
         let (first, default_peak) = held::measure(&rt, run(&d.node, Caller::ROOT, req(0)));
-        eprintln!("the default page ({DEFAULT_PAGE}): {default_peak} B at its peak");
-        let first = first.unwrap();
-        assert_eq!(first.attachments.len(), DEFAULT_PAGE);
-        assert!(!first.next_page_token.is_empty());
+        eprintln!("no page size, past {DEFAULT_PAGE}: {default_peak} B at its peak");
+        // A client older than paging is refused rather than handed a first page it would
+        // take for the ledger; a list that fits one reply is its whole, as before paging.
+        match first {
+            Err(ShimError::Invalid { msg, details }) => {
+                assert!(msg.contains("names no page_size"), "{msg}");
+                assert!(details.contains("next_page_token"), "{details}");
+            }
+            other => panic!("an unpaged request past {DEFAULT_PAGE} got {other:?}"),
+        }
+        let (few, _) = dense::pods(DEFAULT_PAGE);
+        let _ = few.whole(&rt);
+        let all = rt.block_on(run(&few.node, Caller::ROOT, req(0))).unwrap();
+        assert_eq!(all.attachments.len(), DEFAULT_PAGE);
+        assert!(all.next_page_token.is_empty());
         let big = rt
             .block_on(run(&d.node, Caller::ROOT, req(u32::MAX)))
             .unwrap();
