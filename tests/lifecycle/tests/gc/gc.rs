@@ -405,8 +405,9 @@ fn status_down_starting_ready_and_limited() {
     assert!(e.details.contains("may be handed out twice"), "{e}");
 }
 
-/// A lab whose host-local sleeps `secs` before each DEL (and logs the container ID of each
-/// DEL to the returned file), dipamd freeing up to every pod (`--gc-max-free-share 1`), and
+/// A lab whose host-local sleeps `secs` before the first DEL of each container (and logs the
+/// container ID of every DEL to the returned file; a DEL run again, by the next start's
+/// replay, does not sleep), dipamd freeing up to every pod (`--gc-max-free-share 1`), and
 /// the plugin waiting 2 s for dipamd. The stand-in is a real host-local behind a script: the
 /// slow delegate of a loaded node at 10,000 attachments (docs/performance.md run 29), where a
 /// GC outran the plugin's timeoutSeconds, cannot be made on demand, and the sleep before the
@@ -423,10 +424,15 @@ fn slow_del_lab(secs: u32) -> (Lab, [tempfile::TempDir; 2], std::path::PathBuf) 
     let (standins, rt) = dipam_lifecycle::Runtime::with_standins(&[(
         "host-local",
         &format!(
-            "[ \"$CNI_COMMAND\" = DEL ] && {{ echo \"$CNI_CONTAINERID\" >> {}; sleep {secs}; }}\n\
+            "if [ \"$CNI_COMMAND\" = DEL ]; then\n\
+               echo \"$CNI_CONTAINERID\" >> {log}\n\
+               seen={dir}/seen-$CNI_CONTAINERID\n\
+               [ -e \"$seen\" ] || {{ : > \"$seen\"; sleep {secs}; }}\n\
+             fi\n\
              exec {}/host-local \"$@\"",
-            log.display(),
-            dipam_lifecycle::bins::REFERENCE_PLUGINS
+            dipam_lifecycle::bins::REFERENCE_PLUGINS,
+            log = log.display(),
+            dir = log_dir.path().display(),
         ),
     )]);
     let mut lab = lab;
@@ -568,5 +574,70 @@ fn gcs_whose_callers_hang_up_while_one_runs_do_not_pile_up() {
         1,
         "not exactly one GC ran without its caller:\n{log}"
     );
+    lab.assert_agree();
+}
+
+/// dipamd stopped (SIGTERM) while a GC whose caller left is mid-release: the GC does not hold
+/// its exit up (dipamd exits within its shutdown bound, `--shutdown-timeout` 5 s plus 1 s for
+/// blocking work, long before the GC's 30 s DELs would end), the records the GC marked stay
+/// `deleting`, and the next start releases them before it serves (its replay runs their DELs
+/// again: each stale container is DELed twice).
+#[test]
+fn sigterm_during_a_gc_whose_caller_left_exits_in_time_and_the_next_start_finishes_it() {
+    require_root!();
+    let (mut lab, _dirs, dels) = slow_del_lab(30);
+    let list = lab.list().clone();
+    let none = "/var/run/netns/none";
+    let keep = Attachment::new(&dipam_lifecycle::unique("gckeep"), none);
+    let stale: Vec<Attachment> = (0..2)
+        .map(|_| Attachment::new(&dipam_lifecycle::unique("gcstale"), none))
+        .collect();
+    for a in std::iter::once(&keep).chain(&stale) {
+        add(&lab.rt, &list, a);
+    }
+    dipam_lifecycle::runtime::settle_before_gc();
+    let e = gc(&lab.rt, &list, Some(json!([entry(&keep)]))).unwrap_err();
+    assert_eq!(e.code, 11, "the plugin did not give up on its timeout: {e}");
+    let started = |id: &str| {
+        std::fs::read_to_string(&dels)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| *l == id)
+            .count()
+    };
+    // Both DELs run (two at a time): both records are marked `deleting` by now.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while stale.iter().any(|a| started(&a.container_id) == 0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the GC's DELs never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let t = std::time::Instant::now();
+    let status = lab
+        .dipamd
+        .terminate_within(std::time::Duration::from_secs(8));
+    let took = t.elapsed();
+    assert!(status.success(), "dipamd exited with {status}");
+    assert!(
+        lab.dipamd
+            .log()
+            .matches("GC finished after its caller left")
+            .count()
+            == 0,
+        "the GC ended before the stop: the test did not test"
+    );
+    eprintln!("dipamd exited {took:?} after SIGTERM, mid-GC");
+    lab.dipamd.start_again();
+    wait_for_only(&lab, &[&keep], 30);
+    for a in &stale {
+        assert_eq!(
+            started(&a.container_id),
+            2,
+            "{}: not DELed once by the GC and once by the next start's replay",
+            a.container_id
+        );
+    }
     lab.assert_agree();
 }
