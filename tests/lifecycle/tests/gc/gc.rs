@@ -2,13 +2,16 @@
 //! are freed through a delegate with native GC and by emulation against the real host-local,
 //! a concurrent ADD keeps its address, ADDs beside a large GC never get an address whose
 //! release is still in flight, unsafe lists are refused, and STATUS tells down, starting and
-//! ready apart.
+//! ready apart. A GC whose caller gave up (the plugin's timeoutSeconds) still frees all it
+//! planned, GCs whose callers hang up while one runs do not pile up, and a dipamd stopped
+//! mid-GC exits within its bound and its next start finishes the GC's marked records.
 
 // Tests: a panic is the failure report.
 #![allow(clippy::unwrap_used)]
 
 use dipam_lifecycle::{
     AgentLab, Attachment, CniError, Lab,
+    deployment::Deployment,
     peers::{self, Plugins},
     require_root,
     runtime::result_ips,
@@ -440,21 +443,29 @@ fn slow_del_lab(secs: u32) -> (Lab, [tempfile::TempDir; 2], std::path::PathBuf) 
     (lab, [standins, log_dir], log)
 }
 
+/// The container IDs of this test process's pods among `pairs` (not the agent's addresses a
+/// deployed dipamd allocates), sorted, once each.
+fn ours(pairs: Vec<(String, String)>) -> Vec<String> {
+    let mine = format!("-{}-", std::process::id());
+    let mut v: Vec<String> = pairs
+        .into_iter()
+        .map(|(id, _)| id)
+        .filter(|id| id.contains(&mine))
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
 /// Waits up to `secs` for the ledger and host-local's directory of `lab` to hold exactly
-/// `want` (container IDs); panics naming what is left.
+/// `want` of this test's pods (container IDs); panics naming what is left.
 #[track_caller]
 fn wait_for_only(lab: &Lab, want: &[&Attachment], secs: u64) {
     let mut want: Vec<String> = want.iter().map(|a| a.container_id.clone()).collect();
     want.sort();
-    let ids = |pairs: Vec<(String, String)>| -> Vec<String> {
-        let mut v: Vec<String> = pairs.into_iter().map(|(id, _)| id).collect();
-        v.sort();
-        v.dedup();
-        v
-    };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
     loop {
-        let (ledger, store) = (ids(lab.ledger()), ids(lab.delegate_store()));
+        let (ledger, store) = (ours(lab.ledger()), ours(lab.delegate_store()));
         if ledger == want && store == want {
             return;
         }
@@ -476,8 +487,29 @@ fn wait_for_only(lab: &Lab, want: &[&Attachment], secs: u64) {
 #[test]
 fn a_gc_whose_caller_gave_up_still_frees_every_stale_attachment() {
     require_root!();
-    const STALE: usize = 4;
     let (lab, _dirs, dels) = slow_del_lab(4);
+    caller_gives_up_and_the_gc_frees(&lab, &dels);
+}
+
+/// The same under the shipped unit's restrictions and started like the DaemonSet (its
+/// capabilities, read-only root, the manifest's flags): the GC's task needs nothing the
+/// request's handler did not have.
+#[test]
+fn a_gc_whose_caller_gave_up_still_frees_every_stale_attachment_deployed() {
+    require_root!();
+    for d in Deployment::BOTH {
+        eprintln!("{}", d.name());
+        let (mut lab, dirs, dels) = slow_del_lab(4);
+        // The DEL log is the stand-in's, written from dipamd's mount namespace.
+        d.start(&mut lab, None, &[dirs[1].path()]);
+        caller_gives_up_and_the_gc_frees(&lab, &dels);
+    }
+}
+
+/// Four stale attachments and two valid ones; the GC with the valid list times out in the
+/// plugin (code 11), and then frees the stale ones, each DELed once, with nobody waiting.
+fn caller_gives_up_and_the_gc_frees(lab: &Lab, dels: &std::path::Path) {
+    const STALE: usize = 4;
     let list = lab.list().clone();
     let none = "/var/run/netns/none";
     let keep: Vec<Attachment> = (0..2)
@@ -495,7 +527,7 @@ fn a_gc_whose_caller_gave_up_still_frees_every_stale_attachment() {
     assert_eq!(e.code, 11, "the plugin did not give up on its timeout: {e}");
     // Each DEL sleeps 4 s, two at a time: nothing was released when the plugin left.
     assert_eq!(
-        lab.ledger().len(),
+        ours(lab.ledger()).len(),
         keep.len() + STALE,
         "freed before the timeout"
     );
@@ -505,7 +537,7 @@ fn a_gc_whose_caller_gave_up_still_frees_every_stale_attachment() {
         log.contains("GC finished after its caller left"),
         "dipamd did not say the GC finished without its caller:\n{log}"
     );
-    let deleted = std::fs::read_to_string(&dels).unwrap();
+    let deleted = std::fs::read_to_string(dels).unwrap();
     for a in &stale {
         assert_eq!(
             deleted.lines().filter(|l| *l == a.container_id).count(),
