@@ -531,7 +531,7 @@ fn caller_gives_up_and_the_gc_frees(lab: &Lab, dels: &std::path::Path) {
         keep.len() + STALE,
         "freed before the timeout"
     );
-    wait_for_only(&lab, &keep.iter().collect::<Vec<_>>(), 30);
+    wait_for_only(lab, &keep.iter().collect::<Vec<_>>(), 30);
     let log = lab.dipamd.log();
     assert!(
         log.contains("GC finished after its caller left"),
