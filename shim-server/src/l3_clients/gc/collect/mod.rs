@@ -110,7 +110,9 @@ pub struct Request<'a> {
 /// `deleting` waiting for dipamd's next start, and the runtime's next GC redoing the plan from
 /// the start. The waits before it (the lock, a [`Gc::running`] slot) are the caller's own:
 /// one that hangs up while another GC of the network runs leaves nothing behind, so calling
-/// and hanging up again and again holds at most one GC per network (docs/cfp.md §7.4).
+/// and hanging up again and again holds at most one GC per network and [`RUNNING`] in all
+/// (docs/cfp.md §7.4). The same shape as an ADD's (l6_transport/service.rs): the work in a
+/// task, the caller's presence an `Arc` the task can see go.
 pub async fn collect(c: &Collector, req: Request<'_>) -> Result<Plan, ShimError> {
     // One GC of a network at a time; ADD, DEL and CHECK are not held up (keylock.rs).
     let collection = c.core.locks.collection(&req.dc.network).await;
