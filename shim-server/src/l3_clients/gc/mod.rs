@@ -48,7 +48,17 @@ pub struct Gc {
     pub runtime: std::sync::OnceLock<runtime::RuntimeGc>,
     /// The evidence pass's looks (evidence.rs).
     pub evidence: evidence::Evidence,
+    /// Slots of the GCs freeing now, on any network ([`RUNNING`]); each holds one to its end
+    /// (collect/mod.rs).
+    pub running: std::sync::Arc<tokio::sync::Semaphore>,
 }
+
+/// How many GCs may free at once, across networks. A freeing GC runs to its end after its
+/// caller leaves (collect/mod.rs), so without a bound a root caller naming one network after
+/// another, and hanging up on each, would leave dipamd running that many GCs, each with its
+/// delegate DELs. One per network already; a node has a handful of networks, and a GC past
+/// these waits for a slot with its caller, and leaves nothing behind if that caller gives up.
+pub const RUNNING: usize = 4;
 
 impl Gc {
     /// Looks at the node for the evidence that an address is in use (liveness.rs), with the
@@ -64,6 +74,7 @@ impl Gc {
             stats: GcStats::default(),
             runtime: std::sync::OnceLock::new(),
             evidence: evidence::Evidence::default(),
+            running: std::sync::Arc::new(tokio::sync::Semaphore::new(RUNNING)),
         }
     }
 }

@@ -2,13 +2,16 @@
 //! are freed through a delegate with native GC and by emulation against the real host-local,
 //! a concurrent ADD keeps its address, ADDs beside a large GC never get an address whose
 //! release is still in flight, unsafe lists are refused, and STATUS tells down, starting and
-//! ready apart.
+//! ready apart. A GC whose caller gave up (the plugin's timeoutSeconds) still frees all it
+//! planned, GCs whose callers hang up while one runs do not pile up, and a dipamd stopped
+//! mid-GC exits within its bound and its next start finishes the GC's marked records.
 
 // Tests: a panic is the failure report.
 #![allow(clippy::unwrap_used)]
 
 use dipam_lifecycle::{
     AgentLab, Attachment, CniError, Lab,
+    deployment::Deployment,
     peers::{self, Plugins},
     require_root,
     runtime::result_ips,
@@ -403,4 +406,270 @@ fn status_down_starting_ready_and_limited() {
         }
     };
     assert!(e.details.contains("may be handed out twice"), "{e}");
+}
+
+/// A lab whose host-local sleeps `secs` before the first DEL of each container (and logs the
+/// container ID of every DEL to the returned file; a DEL run again, by the next start's
+/// replay, does not sleep), dipamd freeing up to every pod (`--gc-max-free-share 1`), and
+/// the plugin waiting 2 s for dipamd. The stand-in is a real host-local behind a script: the
+/// slow delegate of a loaded node at 10,000 attachments (docs/performance.md run 29), where a
+/// GC outran the plugin's timeoutSeconds, cannot be made on demand, and the sleep before the
+/// real DEL makes every release happen after the plugin gave up.
+/// The two directories (stand-ins, DEL log) live as long as the returned guards.
+fn slow_del_lab(secs: u32) -> (Lab, [tempfile::TempDir; 2], std::path::PathBuf) {
+    let lab = Lab::with_flags(
+        "ptp-dipam-host-local.conflist",
+        &["--gc-grace", "0", "--gc-max-free-share", "1"],
+    )
+    .with_plugin_timeout(2);
+    let log_dir = tempfile::tempdir().unwrap();
+    let log = log_dir.path().join("dels");
+    let (standins, rt) = dipam_lifecycle::Runtime::with_standins(&[(
+        "host-local",
+        &format!(
+            "if [ \"$CNI_COMMAND\" = DEL ]; then\n\
+               echo \"$CNI_CONTAINERID\" >> {log}\n\
+               seen={dir}/seen-$CNI_CONTAINERID\n\
+               [ -e \"$seen\" ] || {{ : > \"$seen\"; sleep {secs}; }}\n\
+             fi\n\
+             exec {}/host-local \"$@\"",
+            dipam_lifecycle::bins::REFERENCE_PLUGINS,
+            log = log.display(),
+            dir = log_dir.path().display(),
+        ),
+    )]);
+    let mut lab = lab;
+    lab.rt = rt;
+    (lab, [standins, log_dir], log)
+}
+
+/// The container IDs of this test process's pods among `pairs` (not the agent's addresses a
+/// deployed dipamd allocates), sorted, once each.
+fn ours(pairs: Vec<(String, String)>) -> Vec<String> {
+    let mine = format!("-{}-", std::process::id());
+    let mut v: Vec<String> = pairs
+        .into_iter()
+        .map(|(id, _)| id)
+        .filter(|id| id.contains(&mine))
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// Waits up to `secs` for the ledger and host-local's directory of `lab` to hold exactly
+/// `want` of this test's pods (container IDs); panics naming what is left.
+#[track_caller]
+fn wait_for_only(lab: &Lab, want: &[&Attachment], secs: u64) {
+    let mut want: Vec<String> = want.iter().map(|a| a.container_id.clone()).collect();
+    want.sort();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        let (ledger, store) = (ours(lab.ledger()), ours(lab.delegate_store()));
+        if ledger == want && store == want {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "after {secs} s the ledger holds {ledger:?} and host-local {store:?}, not only \
+             {want:?}\ndipamd's log:\n{}",
+            lab.dipamd.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// A GC whose plugin gives up (code 11: its timeoutSeconds, 2 s here, passed while host-local
+/// was still releasing) runs to its end anyway: with no restart of dipamd and no other
+/// operation on those keys, every stale attachment ends freed in the ledger and in
+/// host-local's directory, and the valid ones are kept. Before, the GC was dropped with the
+/// call: what it had marked stayed `deleting` until dipamd's next start.
+#[test]
+fn a_gc_whose_caller_gave_up_still_frees_every_stale_attachment() {
+    require_root!();
+    let (lab, _dirs, dels) = slow_del_lab(4);
+    caller_gives_up_and_the_gc_frees(&lab, &dels);
+}
+
+/// The same under the shipped unit's restrictions and started like the DaemonSet (its
+/// capabilities, read-only root, the manifest's flags): the GC's task needs nothing the
+/// request's handler did not have.
+#[test]
+fn a_gc_whose_caller_gave_up_still_frees_every_stale_attachment_deployed() {
+    require_root!();
+    for d in Deployment::BOTH {
+        eprintln!("{}", d.name());
+        let (mut lab, dirs, dels) = slow_del_lab(4);
+        // The DEL log is the stand-in's, written from dipamd's mount namespace.
+        d.start(&mut lab, None, &[dirs[1].path()]);
+        caller_gives_up_and_the_gc_frees(&lab, &dels);
+    }
+}
+
+/// Four stale attachments and two valid ones; the GC with the valid list times out in the
+/// plugin (code 11), and then frees the stale ones, each DELed once, with nobody waiting.
+fn caller_gives_up_and_the_gc_frees(lab: &Lab, dels: &std::path::Path) {
+    const STALE: usize = 4;
+    let list = lab.list().clone();
+    let none = "/var/run/netns/none";
+    let keep: Vec<Attachment> = (0..2)
+        .map(|_| Attachment::new(&dipam_lifecycle::unique("gckeep"), none))
+        .collect();
+    let stale: Vec<Attachment> = (0..STALE)
+        .map(|_| Attachment::new(&dipam_lifecycle::unique("gcstale"), none))
+        .collect();
+    for a in keep.iter().chain(&stale) {
+        add(&lab.rt, &list, a);
+    }
+    dipam_lifecycle::runtime::settle_before_gc();
+    let valid = Value::Array(keep.iter().map(entry).collect());
+    let e = gc(&lab.rt, &list, Some(valid)).unwrap_err();
+    assert_eq!(e.code, 11, "the plugin did not give up on its timeout: {e}");
+    // Each DEL sleeps 4 s, two at a time: nothing was released when the plugin left.
+    assert_eq!(
+        ours(lab.ledger()).len(),
+        keep.len() + STALE,
+        "freed before the timeout"
+    );
+    wait_for_only(lab, &keep.iter().collect::<Vec<_>>(), 30);
+    let log = lab.dipamd.log();
+    assert!(
+        log.contains("GC finished after its caller left"),
+        "dipamd did not say the GC finished without its caller:\n{log}"
+    );
+    let deleted = std::fs::read_to_string(dels).unwrap();
+    for a in &stale {
+        assert_eq!(
+            deleted.lines().filter(|l| *l == a.container_id).count(),
+            1,
+            "{} was not DELed exactly once: {deleted}",
+            a.container_id
+        );
+    }
+    lab.assert_agree();
+}
+
+/// Calling GC and hanging up again and again does not pile up GCs: while one runs (its own
+/// caller gone), the GCs arriving on the same network wait for it with their callers, and
+/// those callers giving up leaves nothing behind. Each later GC's list omits two pods the
+/// first one keeps: had any of them been left waiting in dipamd, it would have run after the
+/// first and freed them.
+#[test]
+fn gcs_whose_callers_hang_up_while_one_runs_do_not_pile_up() {
+    require_root!();
+    let (lab, _dirs, dels) = slow_del_lab(3);
+    let list = lab.list().clone();
+    let none = "/var/run/netns/none";
+    let mk = |p: &str, n: usize| -> Vec<Attachment> {
+        (0..n)
+            .map(|_| Attachment::new(&dipam_lifecycle::unique(p), none))
+            .collect()
+    };
+    let (keep, extra, stale) = (mk("gckeep", 1), mk("gcextra", 2), mk("gcstale", 3));
+    for a in keep.iter().chain(&extra).chain(&stale) {
+        add(&lab.rt, &list, a);
+    }
+    dipam_lifecycle::runtime::settle_before_gc();
+    let first = Value::Array(keep.iter().chain(&extra).map(entry).collect());
+    let later = Value::Array(keep.iter().map(entry).collect());
+    std::thread::scope(|s| {
+        let g = s.spawn(|| gc(&lab.rt, &list, Some(first)));
+        // The first GC holds the network's GC lock by now (its plan takes milliseconds; its
+        // DELs take 3 s each, two at a time: about 6 s).
+        std::thread::sleep(std::time::Duration::from_millis(700));
+        let later: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| gc(&lab.rt, &list, Some(later.clone()))))
+            .collect();
+        for h in later {
+            let e = h.join().unwrap().unwrap_err();
+            assert_eq!(e.code, 11, "a later GC did not time out waiting: {e}");
+        }
+        assert_eq!(g.join().unwrap().unwrap_err().code, 11);
+    });
+    let kept: Vec<&Attachment> = keep.iter().chain(&extra).collect();
+    wait_for_only(&lab, &kept, 30);
+    // Long enough for a GC left waiting to have run after the first and DELed the extras
+    // (it would start at once; its first DEL is logged before its 3 s sleep).
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    wait_for_only(&lab, &kept, 0);
+    let deleted = std::fs::read_to_string(&dels).unwrap();
+    for a in &extra {
+        assert!(
+            !deleted.contains(&a.container_id),
+            "a GC whose caller left while it waited ran later and DELed {}",
+            a.container_id
+        );
+    }
+    let log = lab.dipamd.log();
+    assert_eq!(
+        log.matches("GC finished after its caller left").count(),
+        1,
+        "not exactly one GC ran without its caller:\n{log}"
+    );
+    lab.assert_agree();
+}
+
+/// dipamd stopped (SIGTERM) while a GC whose caller left is mid-release: the GC does not hold
+/// its exit up (dipamd exits within its shutdown bound, `--shutdown-timeout` 5 s plus 1 s for
+/// blocking work, long before the GC's 30 s DELs would end), the records the GC marked stay
+/// `deleting`, and the next start releases them before it serves (its replay runs their DELs
+/// again: each stale container is DELed twice).
+#[test]
+fn sigterm_during_a_gc_whose_caller_left_exits_in_time_and_the_next_start_finishes_it() {
+    require_root!();
+    let (mut lab, _dirs, dels) = slow_del_lab(30);
+    let list = lab.list().clone();
+    let none = "/var/run/netns/none";
+    let keep = Attachment::new(&dipam_lifecycle::unique("gckeep"), none);
+    let stale: Vec<Attachment> = (0..2)
+        .map(|_| Attachment::new(&dipam_lifecycle::unique("gcstale"), none))
+        .collect();
+    for a in std::iter::once(&keep).chain(&stale) {
+        add(&lab.rt, &list, a);
+    }
+    dipam_lifecycle::runtime::settle_before_gc();
+    let e = gc(&lab.rt, &list, Some(json!([entry(&keep)]))).unwrap_err();
+    assert_eq!(e.code, 11, "the plugin did not give up on its timeout: {e}");
+    let started = |id: &str| {
+        std::fs::read_to_string(&dels)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| *l == id)
+            .count()
+    };
+    // Both DELs run (two at a time): both records are marked `deleting` by now.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while stale.iter().any(|a| started(&a.container_id) == 0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the GC's DELs never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let t = std::time::Instant::now();
+    let status = lab
+        .dipamd
+        .terminate_within(std::time::Duration::from_secs(8));
+    let took = t.elapsed();
+    assert!(status.success(), "dipamd exited with {status}");
+    assert!(
+        lab.dipamd
+            .log()
+            .matches("GC finished after its caller left")
+            .count()
+            == 0,
+        "the GC ended before the stop: the test did not test"
+    );
+    eprintln!("dipamd exited {took:?} after SIGTERM, mid-GC");
+    lab.dipamd.start_again();
+    wait_for_only(&lab, &[&keep], 30);
+    for a in &stale {
+        assert_eq!(
+            started(&a.container_id),
+            2,
+            "{}: not DELed once by the GC and once by the next start's replay",
+            a.container_id
+        );
+    }
+    lab.assert_agree();
 }

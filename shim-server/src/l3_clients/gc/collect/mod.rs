@@ -102,7 +102,85 @@ pub struct Request<'a> {
 /// The steps, in order: read what the delegate and the ledger hold (`read`), plan what to
 /// keep and what is stale (`plan`), refuse what the share interlock forbids (`interlock`),
 /// tell the orphans apart (`plan_orphans`), and release the rest (`release`).
+///
+/// A GC that frees runs in a task of its own once it holds the network's GC lock, and the
+/// caller only awaits it: the plugin gives up after its `timeoutSeconds` (55 s; a GC of
+/// thousands of stale attachments on a loaded node took longer, docs/performance.md run 29),
+/// tonic then drops this future, and a GC dropped mid-release left the records it had marked
+/// `deleting` waiting for dipamd's next start, and the runtime's next GC redoing the plan from
+/// the start. The waits before it (the lock, a [`Gc::running`] slot) are the caller's own:
+/// one that hangs up while another GC of the network runs leaves nothing behind, so calling
+/// and hanging up again and again holds at most one GC per network and [`RUNNING`] in all
+/// (docs/cfp.md §7.4). The same shape as an ADD's (l6_transport/service.rs): the work in a
+/// task, the caller's presence an `Arc` the task can see go.
 pub async fn collect(c: &Collector, req: Request<'_>) -> Result<Plan, ShimError> {
+    // One GC of a network at a time; ADD, DEL and CHECK are not held up (keylock.rs).
+    let collection = c.core.locks.collection(&req.dc.network).await;
+    if req.mode.plans_only() {
+        // Changes nothing: nothing to finish if its caller leaves.
+        return collect_locked(c, req).await;
+    }
+    let slot = std::sync::Arc::clone(&c.gc.running)
+        .acquire_owned()
+        .await
+        .map_err(|e| ShimError::Internal(format!("GC slots: {e}")))?;
+    let owned = Owned {
+        dc: req.dc.clone(),
+        cni_path: req.cni_path.to_owned(),
+        valid: req.valid,
+        began: req.began,
+        mode: req.mode,
+        by: req.by,
+    };
+    let c = c.clone();
+    // Lives as long as the caller's wait: the task tells by it whether anyone heard its end.
+    let waiting = std::sync::Arc::new(());
+    let heard = std::sync::Arc::downgrade(&waiting);
+    let task = tokio::spawn(async move {
+        // Both held to the GC's end, whether or not its caller is still there.
+        let _held = (collection, slot);
+        let req = Request {
+            dc: &owned.dc,
+            cni_path: &owned.cni_path,
+            valid: owned.valid,
+            began: owned.began,
+            mode: owned.mode,
+            by: owned.by,
+        };
+        let out = collect_locked(&c, req).await;
+        if heard.strong_count() == 0 {
+            // Nobody reads the reply: this line is what tells the operator the GC finished.
+            match &out {
+                Ok(plan) => info!(
+                    network = %owned.dc.network,
+                    freed = plan.items.iter().filter(|i| i.outcome == "freed").count(),
+                    failed = plan.items.iter().filter(|i| i.outcome == "failed").count(),
+                    "GC finished after its caller left"
+                ),
+                Err(e) => {
+                    warn!(network = %owned.dc.network, error = %e, "GC failed after its caller left")
+                }
+            }
+        }
+        out
+    });
+    let out = task.await;
+    drop(waiting);
+    out.map_err(|e| ShimError::Internal(format!("GC task: {e}")))?
+}
+
+/// A freeing GC's request, owned by its task (see [`collect`]).
+struct Owned {
+    dc: DelegateConf,
+    cni_path: String,
+    valid: Valid,
+    began: GcStart,
+    mode: Mode,
+    by: crate::l1_leaves::events::FreedBy,
+}
+
+/// [`collect`]'s work, with the network's GC lock held.
+async fn collect_locked(c: &Collector, req: Request<'_>) -> Result<Plan, ShimError> {
     let Request {
         dc,
         cni_path,
@@ -111,8 +189,6 @@ pub async fn collect(c: &Collector, req: Request<'_>) -> Result<Plan, ShimError>
         mode,
         by,
     } = req;
-    // One GC of a network at a time; ADD, DEL and CHECK are not held up (keylock.rs).
-    let _collection = c.core.locks.collection(&dc.network).await;
     let Read {
         seen,
         reservations,

@@ -233,6 +233,48 @@ async fn an_add_finished_after_the_gc_began_is_kept_whatever_the_wall_clock_says
     }
 }
 
+/// A freeing GC past the [`RUNNING`] slots (every slot held, as by GCs running on other
+/// networks) waits for one with its caller; a caller that gives up meanwhile leaves nothing
+/// behind: nothing marked or freed then, and no GC run on its behalf once a slot is free.
+/// The same GC sent again with a slot free frees.
+#[tokio::test]
+async fn a_gc_waiting_for_a_slot_leaves_nothing_when_its_caller_gives_up() {
+    let old = now() - 1000;
+    let (_d, node, dc) = bench(vec![
+        rec("keep", Owner::Pod, AttachmentState::Committed, old),
+        rec("stale", Owner::Pod, AttachmentState::Committed, old),
+    ])
+    .await;
+    let c = node.collector();
+    let stale = AttachmentKey::new("net", "stale", "eth0");
+    let state =
+        |node: &crate::l5_node::node::Node| node.core.lookup(&stale).unwrap().map(|r| r.state);
+    let slots = std::sync::Arc::clone(&c.gc.running)
+        .acquire_many_owned(u32::try_from(RUNNING).unwrap())
+        .await
+        .unwrap();
+    let began = node.core.births.gc_began(None, None);
+    let waiting = collect(&c, run(&dc, "", list(&["keep"]), began, false, true));
+    let gave_up = tokio::time::timeout(std::time::Duration::from_millis(300), waiting).await;
+    assert!(gave_up.is_err(), "a GC ran with every slot held");
+    assert_eq!(state(&node), Some(AttachmentState::Committed));
+    drop(slots);
+    // Time for a GC left behind to run, had the caller's wait been handed to dipamd.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(
+        state(&node),
+        Some(AttachmentState::Committed),
+        "a GC ran for a caller that left"
+    );
+    assert_eq!(c.gc.running.available_permits(), RUNNING);
+    let plan = collect(&c, run(&dc, "", list(&["keep"]), began, false, true))
+        .await
+        .unwrap();
+    assert_eq!(plan.items.len(), 1);
+    assert_eq!(plan.items[0].outcome, "freed", "{:?}", plan.items[0]);
+    assert_eq!(state(&node), None);
+}
+
 #[tokio::test]
 async fn freeing_all_of_a_small_network_takes_force() {
     let old = now() - 1000;
