@@ -24,6 +24,41 @@ pub struct Reservation {
     pub modified: Option<SystemTime>,
 }
 
+/// The (container ID, ifname) a delegate's store names a record's reservation by, as the
+/// streamed passes over the ledger keep it (the reconcile's `Seen`, the GC plan's kept
+/// entries): nothing when it is the record's own key's, the common case, else the pair (a
+/// pod served from the warm pool: the pool entry's, `AttachmentRecord::delegate_ids`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeldAs(Option<(String, String)>);
+
+impl HeldAs {
+    pub fn of(rec: &dipam_state::AttachmentRecord) -> Self {
+        let (cid, ifname) = rec.delegate_ids();
+        Self(
+            (cid != rec.key.container_id || ifname != rec.key.ifname)
+                .then(|| (cid.to_owned(), ifname.to_owned())),
+        )
+    }
+
+    /// The pair the store names, given the record key's (container ID, ifname).
+    pub fn ids<'a>(&'a self, cid: &'a str, ifname: &'a str) -> (&'a str, &'a str) {
+        match &self.0 {
+            Some((c, i)) => (c, i),
+            None => (cid, ifname),
+        }
+    }
+
+    /// The pair, where it is not the record key's.
+    pub fn differs(&self) -> Option<&(String, String)> {
+        self.0.as_ref()
+    }
+
+    /// The same, owned.
+    pub fn into_differs(self) -> Option<(String, String)> {
+        self.0
+    }
+}
+
 /// The delegate keys of a network's ledger records: which reservations of the store they
 /// account for. The delegate holds each attachment under its delegate key (a pod served from
 /// the warm pool: the pool entry's), which is what its store names.
