@@ -503,6 +503,19 @@ mod tests {
         out
     }
 
+    /// `Counts::records_of` equals a count of the records in every network (one absent),
+    /// and is `n` in network "n".
+    fn records_per_holder<S: Store + ?Sized>(l: &Ledger<S>, n: crate::Held) {
+        for net in ["n", "m", "absent"] {
+            assert_eq!(
+                l.census(|c| c.records_of(net)).unwrap(),
+                records_scanned(l, net),
+                "{net}"
+            );
+        }
+        assert_eq!(l.census(|c| c.records_of("n")).unwrap(), n);
+    }
+
     /// Records of two networks, a second config, a non-root creator, the agent and the pool,
     /// IPv4 and IPv6: what `dipamctl status`'s ranges are counted from.
     fn mixed() -> Vec<crate::AttachmentRecord> {
@@ -592,20 +605,13 @@ mod tests {
             },
         );
         assert_eq!((m.1, m.3, m.4), (one, 2, two), "{g:#?}");
-        for net in ["n", "m", "absent"] {
-            assert_eq!(
-                l.census(|c| c.records_of(net)).unwrap(),
-                records_scanned(&l, net),
-                "{net}"
-            );
-        }
-        assert_eq!(
-            l.census(|c| c.records_of("n")).unwrap(),
+        records_per_holder(
+            &l,
             crate::Held {
                 pods: 9,
                 agent: 1,
-                pool: 1
-            }
+                pool: 1,
+            },
         );
         // The pool's take: the pool's record leaves, a pod's arrives, in one commit.
         let mut taken = crate::suite::record("n", "taker", "eth0");
@@ -644,20 +650,13 @@ mod tests {
         assert_eq!(g.iter().filter(|x| x.0.network == "n").count(), 2, "{g:#?}");
         // The records per holder followed the take (a pool record became a pod's), the
         // answer (still `adding`) and the removals, and equal a count of the records.
-        for net in ["n", "m"] {
-            assert_eq!(
-                l.census(|c| c.records_of(net)).unwrap(),
-                records_scanned(&l, net),
-                "{net}"
-            );
-        }
-        assert_eq!(
-            l.census(|c| c.records_of("n")).unwrap(),
+        records_per_holder(
+            &l,
             crate::Held {
                 pods: 7,
                 agent: 1,
-                pool: 0
-            }
+                pool: 0,
+            },
         );
         assert_eq!(l.census(|c| c.records_of("m")).unwrap().pods, 2);
         assert_eq!(l.census_scans(), 1, "a commit made the census scan again");

@@ -298,7 +298,7 @@ mod tests {
     //! Adoption on a dense node: real sled on disk, 3,000 records shaped as a runtime's pods
     //! leave them, host-local's real directory layout with one file per pod.
 
-    use dipam_state::{AttachmentRecord, DelegateKey};
+    use dipam_state::DelegateKey;
 
     use super::*;
     use crate::testing::{
@@ -315,9 +315,7 @@ mod tests {
     fn adoption_on_a_dense_node_finds_the_unrecorded_and_holds_no_record() {
         let _one = held::one_at_a_time();
         let rt = held::runtime();
-        let dir = tempfile::tempdir().unwrap();
-        let data = dir.path().join("data");
-        let mut records: Vec<AttachmentRecord> = (0..N).map(|i| dense::record(i, &data)).collect();
+        let (dir, data, mut records) = dense::unsaved(N);
         // A pod served from the warm pool: the store names the pool entry's ID.
         let pool_id = "dipam-pool-n1-5";
         records[5].delegate_key = Some(DelegateKey {

@@ -129,9 +129,7 @@ mod tests {
     fn a_refill_count_on_a_dense_node_is_exact_and_reads_no_record() {
         let _one = held::one_at_a_time();
         let rt = held::runtime();
-        let dir = tempfile::tempdir().unwrap();
-        let data = dir.path().join("data");
-        let mut records: Vec<AttachmentRecord> = (0..N).map(|i| dense::record(i, &data)).collect();
+        let (dir, data, mut records) = dense::unsaved(N);
         let mut agent = other(&data, NET, "agent-1");
         agent.owner = Owner::Agent {
             role: "router".into(),
