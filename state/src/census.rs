@@ -27,7 +27,8 @@ pub enum Holder {
     Pool,
 }
 
-/// The addresses one group of records holds, per holder, in one family.
+/// A count per holder: the addresses one group of records holds in one family, or its
+/// records.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Held {
     pub pods: u64,
@@ -64,6 +65,11 @@ pub struct Group {
     /// Recorded addresses per family.
     pub v4: Held,
     pub v6: Held,
+    /// Its records per holder, in any state: an ADD not yet answered (`adding`) holds no
+    /// address yet but will, and a `deleting` one still does until its DEL is done. The warm
+    /// pool sizes itself by these (pool/census.rs), which once decoded every record of the
+    /// network per refill round to count them.
+    pub records: Held,
     members: HashSet<AttachmentKey>,
 }
 
@@ -243,11 +249,24 @@ impl Counts {
         self.groups.get(key)
     }
 
+    /// The records of `network` per holder, in any state, over all its groups (creators and
+    /// configs): one visit per group, never per record.
+    pub fn records_of(&self, network: &str) -> Held {
+        let mut out = Held::default();
+        for g in self.groups.iter().filter(|(k, _)| k.network == network) {
+            out.pods += g.1.records.pods;
+            out.agent += g.1.records.agent;
+            out.pool += g.1.records.pool;
+        }
+        out
+    }
+
     fn insert(&mut self, key: AttachmentKey, entry: Entry) {
         self.remove(&key);
         let g = self.groups.entry(entry.group.clone()).or_default();
         *g.v4.slot(entry.holder) += entry.addrs.0;
         *g.v6.slot(entry.holder) += entry.addrs.1;
+        *g.records.slot(entry.holder) += 1;
         g.members.insert(key.clone());
         if let Some(uid) = entry.creator_uid {
             let t = self.by_uid.entry(uid).or_default();
@@ -270,6 +289,7 @@ impl Counts {
         if let Some(g) = self.groups.get_mut(&old.group) {
             *g.v4.slot(old.holder) -= old.addrs.0;
             *g.v6.slot(old.holder) -= old.addrs.1;
+            *g.records.slot(old.holder) -= 1;
             g.members.remove(key);
             if g.members.is_empty() {
                 self.groups.remove(&old.group);
@@ -448,19 +468,52 @@ mod tests {
         assert_eq!(store.len(Tree::Attachments).unwrap(), l.count().unwrap());
     }
 
-    /// The groups as a comparable list: (group, v4, v6, members).
-    type Groups = Vec<(crate::GroupKey, crate::Held, crate::Held, usize)>;
+    /// The groups as a comparable list: (group, v4, v6, members, records per holder).
+    type Groups = Vec<(
+        crate::GroupKey,
+        crate::Held,
+        crate::Held,
+        usize,
+        crate::Held,
+    )>;
 
     fn groups<S: Store + ?Sized>(l: &Ledger<S>) -> Groups {
         let mut out: Groups = l
             .census(|c| {
                 c.groups()
-                    .map(|(k, g)| (k.clone(), g.v4, g.v6, g.len()))
+                    .map(|(k, g)| (k.clone(), g.v4, g.v6, g.len(), g.records))
                     .collect()
             })
             .unwrap();
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
+    }
+
+    /// A network's records per holder, in any state, counted from the records themselves:
+    /// what `Counts::records_of` must always equal.
+    fn records_scanned<S: Store + ?Sized>(l: &Ledger<S>, network: &str) -> crate::Held {
+        let mut out = crate::Held::default();
+        for r in l.list(Some(network)).unwrap() {
+            match r.owner {
+                crate::Owner::Pod => out.pods += 1,
+                crate::Owner::Agent { .. } => out.agent += 1,
+                crate::Owner::Pool => out.pool += 1,
+            }
+        }
+        out
+    }
+
+    /// `Counts::records_of` equals a count of the records in every network (one absent),
+    /// and is `n` in network "n".
+    fn records_per_holder<S: Store + ?Sized>(l: &Ledger<S>, n: crate::Held) {
+        for net in ["n", "m", "absent"] {
+            assert_eq!(
+                l.census(|c| c.records_of(net)).unwrap(),
+                records_scanned(l, net),
+                "{net}"
+            );
+        }
+        assert_eq!(l.census(|c| c.records_of("n")).unwrap(), n);
     }
 
     /// Records of two networks, a second config, a non-root creator, the agent and the pool,
@@ -499,6 +552,10 @@ mod tests {
         adding.result = None;
         adding.state = crate::AttachmentState::Adding;
         out.push(adding);
+        // A DEL under way: its address is still held until the delegate's DEL is done.
+        let mut deleting = crate::suite::record("m", "deleting", "eth0");
+        deleting.state = crate::AttachmentState::Deleting;
+        out.push(deleting);
         out
     }
 
@@ -534,9 +591,28 @@ mod tests {
             ),
             "{g:#?}"
         );
-        // An ADD not yet answered holds no address, but belongs to its group.
+        // An ADD not yet answered holds no address, but belongs to its group and counts as a
+        // record (the warm pool counts it as in use); a DEL under way still holds its own.
         let m = g.iter().find(|x| x.0.network == "m").unwrap();
-        assert_eq!((m.1, m.3), (crate::Held::default(), 1));
+        let (one, two) = (
+            crate::Held {
+                pods: 1,
+                ..Default::default()
+            },
+            crate::Held {
+                pods: 2,
+                ..Default::default()
+            },
+        );
+        assert_eq!((m.1, m.3, m.4), (one, 2, two), "{g:#?}");
+        records_per_holder(
+            &l,
+            crate::Held {
+                pods: 9,
+                agent: 1,
+                pool: 1,
+            },
+        );
         // The pool's take: the pool's record leaves, a pod's arrives, in one commit.
         let mut taken = crate::suite::record("n", "taker", "eth0");
         taken.delegate_key = Some(DelegateKey {
@@ -572,6 +648,17 @@ mod tests {
             "{g:#?}"
         );
         assert_eq!(g.iter().filter(|x| x.0.network == "n").count(), 2, "{g:#?}");
+        // The records per holder followed the take (a pool record became a pod's), the
+        // answer (still `adding`) and the removals, and equal a count of the records.
+        records_per_holder(
+            &l,
+            crate::Held {
+                pods: 7,
+                agent: 1,
+                pool: 0,
+            },
+        );
+        assert_eq!(l.census(|c| c.records_of("m")).unwrap().pods, 2);
         assert_eq!(l.census_scans(), 1, "a commit made the census scan again");
     }
 

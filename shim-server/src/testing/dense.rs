@@ -99,11 +99,18 @@ pub fn node(records: &[AttachmentRecord], dir: TempDir) -> Dense {
     Dense { dir, node, data }
 }
 
-/// `n` pods (`record(0..n)`) on a fresh node, and their records.
-pub fn pods(n: usize) -> (Dense, Vec<AttachmentRecord>) {
+/// A fresh directory, host-local's `dataDir` in it, and `n` pods' records (`record(0..n)`)
+/// for a test to edit before [`node`] takes them.
+pub fn unsaved(n: usize) -> (TempDir, PathBuf, Vec<AttachmentRecord>) {
     let dir = tempfile::tempdir().expect("a temp dir");
     let data = dir.path().join("data");
     let records: Vec<AttachmentRecord> = (0..n).map(|i| record(i, &data)).collect();
+    (dir, data, records)
+}
+
+/// `n` pods (`record(0..n)`) on a fresh node, and their records.
+pub fn pods(n: usize) -> (Dense, Vec<AttachmentRecord>) {
+    let (dir, _, records) = unsaved(n);
     (node(&records, dir), records)
 }
 

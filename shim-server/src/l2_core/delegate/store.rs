@@ -24,6 +24,41 @@ pub struct Reservation {
     pub modified: Option<SystemTime>,
 }
 
+/// The (container ID, ifname) a delegate's store names a record's reservation by, as the
+/// streamed passes over the ledger keep it (the reconcile's `Seen`, the GC plan's kept
+/// entries): nothing when it is the record's own key's, the common case, else the pair (a
+/// pod served from the warm pool: the pool entry's, `AttachmentRecord::delegate_ids`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeldAs(Option<(String, String)>);
+
+impl HeldAs {
+    pub fn of(rec: &dipam_state::AttachmentRecord) -> Self {
+        let (cid, ifname) = rec.delegate_ids();
+        Self(
+            (cid != rec.key.container_id || ifname != rec.key.ifname)
+                .then(|| (cid.to_owned(), ifname.to_owned())),
+        )
+    }
+
+    /// The pair the store names, given the record key's (container ID, ifname).
+    pub fn ids<'a>(&'a self, cid: &'a str, ifname: &'a str) -> (&'a str, &'a str) {
+        match &self.0 {
+            Some((c, i)) => (c, i),
+            None => (cid, ifname),
+        }
+    }
+
+    /// The pair, where it is not the record key's.
+    pub fn differs(&self) -> Option<&(String, String)> {
+        self.0.as_ref()
+    }
+
+    /// The same, owned.
+    pub fn into_differs(self) -> Option<(String, String)> {
+        self.0
+    }
+}
+
 /// The delegate keys of a network's ledger records: which reservations of the store they
 /// account for. The delegate holds each attachment under its delegate key (a pod served from
 /// the warm pool: the pool entry's), which is what its store names.
@@ -33,16 +68,17 @@ pub struct Known {
 }
 
 impl Known {
-    pub fn of(records: &[dipam_state::AttachmentRecord]) -> Self {
-        Self::of_ids(records.iter().map(|r| r.delegate_ids()))
+    /// From each record's (container ID, ifname) as the delegate holds it.
+    pub fn of_ids<'a>(ids: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        Self::of_pairs(
+            ids.into_iter()
+                .map(|(c, i)| (c.to_owned(), i.to_owned()))
+                .collect(),
+        )
     }
 
-    /// The same, from each record's (container ID, ifname) as the delegate holds it.
-    pub fn of_ids<'a>(ids: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
-        let pairs: std::collections::HashSet<(String, String)> = ids
-            .into_iter()
-            .map(|(c, i)| (c.to_owned(), i.to_owned()))
-            .collect();
+    /// The same, from pairs already owned (no copy of them is made).
+    pub fn of_pairs(pairs: std::collections::HashSet<(String, String)>) -> Self {
         let ids = pairs.iter().map(|(c, _)| c.clone()).collect();
         Self { pairs, ids }
     }
@@ -234,8 +270,44 @@ pub async fn read(dir: PathBuf) -> std::io::Result<Vec<Reservation>> {
 
 /// [`contents`] on a blocking thread, under [`READ_TIMEOUT`] (see [`read`]).
 pub async fn read_contents(dir: PathBuf) -> std::io::Result<Contents> {
+    off_thread(dir, contents).await
+}
+
+/// Folds every address host-local has taken in `dir` into `acc` with `add`, on a blocking
+/// thread under [`READ_TIMEOUT`]: each directory entry named by an address, whatever it is
+/// or holds. host-local takes an address by creating that name exclusively, so a name that
+/// exists (a reservation, a blank one, anything else) is an address it will not hand out;
+/// only the names are read, never the files, and nothing is kept per entry. What the warm
+/// pool's range guard counts each refill round (pool/census.rs).
+pub async fn fold_taken<A: Send + 'static>(
+    dir: PathBuf,
+    acc: A,
+    add: fn(&mut A, IpAddr),
+) -> std::io::Result<A> {
+    off_thread(dir, move |d| {
+        let mut acc = acc;
+        let entries = match std::fs::read_dir(d) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(acc),
+            Err(e) => return Err(e),
+        };
+        for entry in entries {
+            if let Some(ip) = entry?.file_name().to_str().and_then(|n| n.parse().ok()) {
+                add(&mut acc, ip);
+            }
+        }
+        Ok(acc)
+    })
+    .await
+}
+
+/// Runs `job` on `dir` on a blocking thread, under [`READ_TIMEOUT`] (see [`read`]).
+async fn off_thread<T: Send + 'static>(
+    dir: PathBuf,
+    job: impl FnOnce(&Path) -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
     let shown = dir.display().to_string();
-    let task = tokio::task::spawn_blocking(move || contents(&dir));
+    let task = tokio::task::spawn_blocking(move || job(&dir));
     match tokio::time::timeout(READ_TIMEOUT, task).await {
         Ok(Ok(out)) => out,
         Ok(Err(e)) => Err(std::io::Error::other(format!("store task: {e}"))),

@@ -19,9 +19,7 @@ const N: usize = 3_000;
 fn the_reconcile_finds_every_divergence_and_holds_no_record() {
     let _one = held::one_at_a_time();
     let rt = held::runtime();
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let mut records: Vec<AttachmentRecord> = (0..N).map(|i| dense::record(i, &data)).collect();
+    let (dir, data, mut records) = dense::unsaved(N);
     // An adopted record (read from the store once) whose file is gone: its pod was deleted
     // around dipamd.
     records[7].request_id = import::ADOPTED.into();

@@ -13,7 +13,7 @@ use std::{
 
 use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, Ledger, Owner, StoreError};
 
-use crate::l2_core::delegate::{config::result_addrs, import};
+use crate::l2_core::delegate::{config::result_addrs, import, store::HeldAs};
 
 /// Who holds a record's addresses, for the range counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,7 +29,7 @@ pub struct Seen {
     pub key: AttachmentKey,
     /// The (container ID, ifname) the delegate holds it under, when not the key's (a pod
     /// served from the warm pool holds the pool entry's).
-    delegate: Option<(String, String)>,
+    delegate: HeldAs,
     /// Its result's addresses.
     pub ips: Vec<IpAddr>,
     pub state: AttachmentState,
@@ -46,12 +46,9 @@ impl Seen {
     /// What the reconcile keeps of `rec`; `same_store`: whether its config names the store
     /// being compared.
     pub fn of(rec: &AttachmentRecord, same_store: bool) -> Self {
-        let (cid, ifname) = rec.delegate_ids();
-        let delegate = (cid != rec.key.container_id || ifname != rec.key.ifname)
-            .then(|| (cid.to_owned(), ifname.to_owned()));
         Self {
             key: rec.key.clone(),
-            delegate,
+            delegate: HeldAs::of(rec),
             ips: rec.result.as_ref().map(result_addrs).unwrap_or_default(),
             state: rec.state,
             holder: match rec.owner {
@@ -67,10 +64,7 @@ impl Seen {
 
     /// The (container ID, ifname) the delegate holds it under (`AttachmentRecord::delegate_ids`).
     pub fn delegate_ids(&self) -> (&str, &str) {
-        match &self.delegate {
-            Some((c, i)) => (c, i),
-            None => (&self.key.container_id, &self.key.ifname),
-        }
+        self.delegate.ids(&self.key.container_id, &self.key.ifname)
     }
 
     /// Whether it counts toward the "store holds none of the pod addresses" refusal: a

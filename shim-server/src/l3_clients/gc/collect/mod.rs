@@ -43,7 +43,7 @@ use crate::{
     l3_clients::liveness::Verdict,
 };
 use orphans::{plan_orphans, release_orphans};
-use plan::{Planned, delegate_pair, plan};
+use plan::{Planned, plan};
 
 /// Stale records marked `deleting` per ledger commit. Bounds what a crash leaves for the next
 /// start to release again (at most about a chunk and a half plus the DELs running), while
@@ -389,7 +389,7 @@ async fn native_gc(
             let mut keep = HashSet::new();
             l.for_each(Some(&net), |r, _| {
                 if !chosen.contains(&r.key) {
-                    keep.insert(delegate_pair(&r));
+                    keep.extend(store::HeldAs::of(&r).into_differs());
                     keep.insert((r.key.container_id, r.key.ifname));
                 }
                 Ok(())

@@ -6,6 +6,7 @@
 //! (docs/performance.md, run 32).
 
 use super::*;
+use crate::l2_core::delegate::store::HeldAs;
 
 /// The plan over the ledger: what is kept and why, and what is stale.
 pub(super) struct Planned {
@@ -25,12 +26,6 @@ pub(super) struct Planned {
     pub kept: Vec<GcItem>,
 }
 
-/// The delegate's key of a record: what its store holds the reservation under.
-pub(super) fn delegate_pair(r: &AttachmentRecord) -> (String, String) {
-    let (c, i) = r.delegate_ids();
-    (c.to_owned(), i.to_owned())
-}
-
 /// A record as the pass keeps it: a stale candidate whole (it is freed unless an operation
 /// holds it or its ADD finished after the GC began), any other as the little the plan needs.
 /// (A candidate is boxed: a record is several times a compact entry's size, and every entry
@@ -45,7 +40,7 @@ struct Compact {
     container_id: String,
     ifname: String,
     /// The delegate's key, where it is not the record's (a pod served from the warm pool).
-    delegate: Option<(String, String)>,
+    delegate: HeldAs,
     ips: Vec<String>,
     listed: bool,
     /// The owner's reason and an interrupted operation's, in that order (none for a pod's
@@ -59,6 +54,12 @@ struct Compact {
 impl Compact {
     fn pair(&self) -> (String, String) {
         (self.container_id.clone(), self.ifname.clone())
+    }
+
+    /// What the delegate's store names it by.
+    fn held_as(&self) -> (String, String) {
+        let (c, i) = self.delegate.ids(&self.container_id, &self.ifname);
+        (c.to_owned(), i.to_owned())
     }
 }
 
@@ -145,7 +146,7 @@ fn sort(r: AttachmentRecord, listed: bool, grace: u64, t: u64) -> Entry {
     if !listed && other.is_empty() && old >= grace {
         return Entry::Candidate(Box::new(r));
     }
-    let delegate = r.delegate_key.as_ref().map(|_| delegate_pair(&r));
+    let delegate = HeldAs::of(&r);
     Entry::Kept(Compact {
         ips: r.result.as_ref().map(result_ips).unwrap_or_default(),
         container_id: r.key.container_id,
@@ -226,14 +227,14 @@ impl Judge<'_> {
                         ips: Vec::new(),
                         container_id: r.key.container_id.clone(),
                         ifname: r.key.ifname.clone(),
-                        delegate: r.delegate_key.as_ref().map(|_| delegate_pair(&r)),
+                        delegate: HeldAs::of(&r),
                         listed: false,
                         other: Vec::new(),
                         committed: true,
                         old: t.saturating_sub(r.created_at),
                     };
                     if want_known {
-                        known.insert(k.delegate.clone().unwrap_or_else(|| k.pair()));
+                        known.insert(k.held_as());
                     }
                     let why = self.reasons(&k);
                     if why.is_empty() {
@@ -245,14 +246,14 @@ impl Judge<'_> {
                 }
                 Entry::Kept(k) => {
                     if want_known {
-                        known.insert(k.delegate.clone().unwrap_or_else(|| k.pair()));
+                        known.insert(k.held_as());
                     }
                     let why = self.reasons(&k);
                     (k, why)
                 }
             };
             keep.insert(k.pair());
-            if let Some(d) = &k.delegate {
+            if let Some(d) = k.delegate.differs() {
                 keep.insert(d.clone());
             }
             kept_items.push(kept("ledger", &k.container_id, &k.ifname, k.ips, why));
