@@ -537,6 +537,14 @@ fn caller_gives_up_and_the_gc_frees(lab: &Lab, dels: &std::path::Path) {
         log.contains("GC finished after its caller left"),
         "dipamd did not say the GC finished without its caller:\n{log}"
     );
+    // Its task logs in the CNI call's span: an operator finds its lines by that call.
+    for line in log.lines().filter(|l| l.contains("GC freed")) {
+        assert!(
+            // The text format's `cni{...}`, the JSON format's `"name":"cni"`.
+            (line.contains("cni{") || line.contains(r#""name":"cni""#)) && line.contains("GC"),
+            "a line of the GC outside its CNI call's span: {line}"
+        );
+    }
     let deleted = std::fs::read_to_string(dels).unwrap();
     for a in &stale {
         assert_eq!(

@@ -26,7 +26,7 @@ use dipam_state::{AttachmentKey, AttachmentRecord, AttachmentState, Durability, 
 use futures_util::{StreamExt, stream::FuturesUnordered};
 use rscni_types::version::SpecVersion;
 use serde_json::{Value, json};
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 
 use super::*;
 use crate::{
@@ -163,7 +163,10 @@ pub async fn collect(c: &Collector, req: Request<'_>) -> Result<Plan, ShimError>
             }
         }
         out
-    });
+    }
+    // In the request's span: every line the GC logs ("GC freed", the DELs) still names the
+    // command or RPC that asked for it, as it did before the GC ran in a task of its own.
+    .in_current_span());
     let out = task.await;
     drop(waiting);
     out.map_err(|e| ShimError::Internal(format!("GC task: {e}")))?
