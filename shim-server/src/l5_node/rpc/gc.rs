@@ -31,7 +31,7 @@ pub async fn run(
     // process start (the kernel's, from its pid), else its own stamp. Nothing an ADD finished
     // since then is freed, whatever the grace period and the wall clock (core/births.rs).
     let started = peer.and_then(crate::l2_core::core::births::process_start_ns);
-    let p = node.prepare(req, false, caller)?;
+    let mut p = node.prepare(req, false, caller)?;
     let began = node.core.births.gc_began(p.issued.as_ref(), started);
     // GC frees every attachment of the network that is not in the list: every caller's.
     if !p.caller.is_root() {
@@ -44,6 +44,15 @@ pub async fn run(
     }
     let admission = gc::admit::Admission::new(&node.gc, &node.core.events, &p.dc.network);
     let input = admission.input(gc::valid_input(&p.dc.conf))?;
+    // From here the list lives in `input` alone. The GC holds its config for its whole run
+    // (and its task owns a copy); at 10,000 pods the runtime's lists, parsed and raw, were
+    // megabytes of it (docs/performance.md, run 39). A delegate's own GC is sent the
+    // augmented list it is given (collect/mod.rs), never the runtime's.
+    if let Some(conf) = p.dc.conf.as_object_mut() {
+        conf.remove(gc::VALID_KEY);
+        conf.remove(gc::LEGACY_KEY);
+    }
+    drop(std::mem::take(&mut p.req.stdin));
     let names_nothing = !matches!(&input, ValidInput::List(l) if !l.is_empty());
     if names_nothing && !node.gc.policy.allow_empty && !has_pods(&node.core, &p.dc.network).await? {
         // Nothing a list could have named: freeing nothing is the only answer, and a success

@@ -197,7 +197,9 @@ async fn collect_locked(c: &Collector, req: Request<'_>) -> Result<Plan, ShimErr
         reservations,
         resolved,
     } = read(c, dc, cni_path).await?;
-    let mut planned = plan(c, &dc.network, valid, began, seen.dir.is_some()).await?;
+    // Only the operator's `dipamctl gc` prints every record it keeps, and why.
+    let list_kept = matches!(by, crate::l1_leaves::events::FreedBy::Operator);
+    let mut planned = plan(c, &dc.network, valid, began, seen.dir.is_some(), list_kept).await?;
     interlock(c, &dc.network, &planned, mode.forced())?;
     let (probe, send) = resolved?;
     let orphans = plan_orphans(c, dc, &seen, reservations, &mut planned).await;

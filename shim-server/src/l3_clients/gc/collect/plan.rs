@@ -79,6 +79,7 @@ pub(super) async fn plan(
     valid: Valid,
     began: GcStart,
     known: bool,
+    list_kept: bool,
 ) -> Result<Planned, ShimError> {
     let grace = c.gc.policy.grace.as_secs();
     let from_ledger = matches!(valid, Valid::Ledger);
@@ -126,7 +127,7 @@ pub(super) async fn plan(
         from_ledger,
         began,
     };
-    Ok(judge.decide(pass, t, known))
+    Ok(judge.decide(pass, t, known, list_kept))
 }
 
 /// A record's reasons that its own fields give (listed, owner, state, grace): none, a stale
@@ -210,7 +211,9 @@ impl Judge<'_> {
 
     /// Turns the pass's entries into the plan, in the ledger's order: a candidate an
     /// operation holds, or whose ADD finished after the GC began, is kept after all.
-    fn decide(&self, pass: Pass, t: u64, want_known: bool) -> Planned {
+    /// `list_kept`: a line (with its reasons) for every kept record, as `dipamctl gc` prints;
+    /// otherwise only for the candidates kept after all, which the runtime-aware pass reports.
+    fn decide(&self, pass: Pass, t: u64, want_known: bool, list_kept: bool) -> Planned {
         let Pass {
             entries,
             listed,
@@ -248,14 +251,18 @@ impl Judge<'_> {
                     if want_known {
                         known.insert(k.held_as());
                     }
+                    if !list_kept {
+                        // No line: a CNI GC's reply and the passes' reports carry none, and
+                        // at 10,000 attachments a line with its reasons for each of the
+                        // runtime's pods was megabytes per GC (docs/performance.md, run 39).
+                        keep_names(&mut keep, &k);
+                        continue;
+                    }
                     let why = self.reasons(&k);
                     (k, why)
                 }
             };
-            keep.insert(k.pair());
-            if let Some(d) = k.delegate.differs() {
-                keep.insert(d.clone());
-            }
+            keep_names(&mut keep, &k);
             kept_items.push(kept("ledger", &k.container_id, &k.ifname, k.ips, why));
         }
         let mut delegate_keep = keep;
@@ -270,6 +277,15 @@ impl Judge<'_> {
             items,
             kept: kept_items,
         }
+    }
+}
+
+/// Keeps `k` under its own name and, for a pod served from the warm pool, the name its
+/// delegate holds it by.
+fn keep_names(keep: &mut HashSet<(String, String)>, k: &Compact) {
+    keep.insert(k.pair());
+    if let Some(d) = k.delegate.differs() {
+        keep.insert(d.clone());
     }
 }
 

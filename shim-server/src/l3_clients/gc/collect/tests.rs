@@ -641,8 +641,9 @@ fn a_gc_on_a_dense_node_holds_what_it_frees_not_the_ledger() {
     let mut want: Vec<String> = gone.iter().map(|&i| dense::cid(i)).collect();
     want.sort();
     assert_eq!(freed, want);
-    assert_eq!(plan.kept.len(), N - gone.len());
-    assert!(plan.kept.iter().all(|k| k.keep == ["valid-list"]));
+    // A CNI GC's reply carries no line per kept record: it makes none (only `dipamctl gc`
+    // prints them), and what it keeps is all still there.
+    assert!(plan.kept.is_empty(), "{} kept lines", plan.kept.len());
     let left = rt.block_on(crate::testing::ledger_ids(&d.node));
     assert_eq!(left.len(), N - gone.len());
     for &i in &gone {
