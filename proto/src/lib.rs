@@ -60,15 +60,31 @@ pub mod v1 {
 
 /// Connects to dipamd's unix socket. Shared by the plugin and dipamctl so that both dial the
 /// daemon the same way.
+///
+/// The channel dials once. tonic's channel otherwise dials again whenever it finds its
+/// connection closed before a call is sent, and a connection dipamd turned away at accept
+/// (its GOAWAY read before the call went out) is found closed that way every time: the call
+/// then waited, dialling and being turned away over and over, for as long as the GOAWAY kept
+/// winning that race (seen for 20 s on a loaded node), never learning why. A call on a
+/// connection that ended fails instead, and the caller decides: the plugin retries within its
+/// budget or asks dipamd whether it refuses it (`probe_refusal`), dipamctl says so.
 pub async fn connect(
     socket: &std::path::Path,
 ) -> Result<tonic::transport::Channel, tonic::transport::Error> {
     let path = socket.to_owned();
+    let dialled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     // The URI is required by the API but never used: the connector dials the unix socket.
     tonic::transport::Endpoint::from_static("http://dipamd.invalid")
         .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
             let path = path.clone();
+            let again = dialled.swap(true, std::sync::atomic::Ordering::SeqCst);
             async move {
+                if again {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::ConnectionAborted,
+                        NOT_DIALLED_AGAIN,
+                    ));
+                }
                 let stream = tokio::net::UnixStream::connect(path).await?;
                 // A call's frames in one write, not five wake-ups of dipamd (coalesce.rs).
                 let stream = coalesce::Coalesce::new(stream);
@@ -77,6 +93,10 @@ pub async fn connect(
         }))
         .await
 }
+
+/// The error of a call made after its channel's connection ended (see [`connect`]).
+pub const NOT_DIALLED_AGAIN: &str =
+    "the connection to dipamd ended before the call was sent (a channel dials once)";
 
 /// Why dipamd dropped this client's connection at accept, read from its answer (the GOAWAY
 /// of `listen::Refusal::frames` in dipamd, docs/cfp.md §8.3) by its HTTP/2 error code, never

@@ -718,17 +718,27 @@ mod tests {
     /// whether the call's own error told.
     async fn ask(path: &std::path::Path) -> (Option<dipam_proto::Refused>, bool) {
         // A refusal is read within a second or two; a hang here is the defect under test
-        // (a client left waiting on a turned-away connection), so it fails, never stalls.
-        tokio::time::timeout(Duration::from_secs(20), ask_once(path))
-            .await
-            .expect("a turned-away client waited 20 s without learning why")
+        // (a client left waiting on a turned-away connection), so it fails, never stalls,
+        // naming the step that hung.
+        let step = std::sync::Mutex::new("connect");
+        match tokio::time::timeout(Duration::from_secs(20), ask_once(path, &step)).await {
+            Ok(seen) => seen,
+            Err(_) => panic!(
+                "a turned-away client waited 20 s without learning why, in its {}",
+                step.lock().unwrap()
+            ),
+        }
     }
 
-    async fn ask_once(path: &std::path::Path) -> (Option<dipam_proto::Refused>, bool) {
+    async fn ask_once(
+        path: &std::path::Path,
+        step: &std::sync::Mutex<&'static str>,
+    ) -> (Option<dipam_proto::Refused>, bool) {
         use dipam_proto::{refused_at_accept, v1::cni_client::CniClient};
         let seen = match dipam_proto::connect(path).await {
             Err(e) => refused_at_accept(&e),
             Ok(ch) => {
+                *step.lock().unwrap() = "call";
                 let e = CniClient::new(ch)
                     .status(dipam_proto::v1::CniRequest::default())
                     .await
@@ -739,6 +749,7 @@ mod tests {
         if seen.is_some() {
             return (seen, true);
         }
+        *step.lock().unwrap() = "probe";
         let path = path.to_owned();
         let probed = tokio::task::spawn_blocking(move || {
             dipam_proto::probe_refusal(&path, dipam_proto::PROBE_TIMEOUT)
@@ -783,25 +794,44 @@ mod tests {
         let listener = tokio::net::UnixListener::bind(&path).unwrap();
         let gate = Arc::new(Gate::new("grpc", Budget::new(4096), None));
         let refusal = Arc::new(Mutex::new(Refusal::NotAllowed));
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let server = {
             let (gate, refusal) = (Arc::clone(&gate), Arc::clone(&refusal));
+            let accepted = Arc::clone(&accepted);
             tokio::spawn(async move {
                 loop {
                     let (stream, _) = listener.accept().await.unwrap();
+                    accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     let r = *refusal.lock().unwrap();
                     gate.turn_away(stream, r);
                 }
             })
         };
+        // A client dials twice at most: its channel's one connection, then the probe's. A
+        // channel that dialled again on finding its connection closed kept a refused client
+        // dialling and waiting (dipam_proto::connect says why).
+        let ask = |label: String| {
+            let (path, accepted) = (&path, Arc::clone(&accepted));
+            async move {
+                let before = accepted.load(std::sync::atomic::Ordering::SeqCst);
+                let seen = ask(path).await;
+                let dialled = accepted.load(std::sync::atomic::Ordering::SeqCst) - before;
+                assert!(dialled <= 2, "{label}: the client dialled {dialled} times");
+                seen
+            }
+        };
         let mut told = 0;
         for i in 0..100 {
-            let (got, by_call) = ask(&path).await;
+            let (got, by_call) = ask(format!("connection {i}")).await;
             assert_eq!(got, Some(Refused::NotAllowed), "connection {i}");
             told += usize::from(by_call);
         }
         eprintln!("the call's own error told the refusal {told} times of 100; the probe the rest");
         *refusal.lock().unwrap() = Refusal::PerUidCap;
-        assert_eq!(ask(&path).await.0, Some(Refused::TooManyConnections));
+        assert_eq!(
+            ask("per-uid cap".into()).await.0,
+            Some(Refused::TooManyConnections)
+        );
         // Silent peers that never close take every lingering place: the next ones are
         // answered and closed at once.
         *refusal.lock().unwrap() = Refusal::NotAllowed;
@@ -818,7 +848,7 @@ mod tests {
         eprintln!("silent peers took every lingering place: {all_taken}");
         for i in 0..100 {
             assert_eq!(
-                ask(&path).await.0,
+                ask(format!("unlingered {i}")).await.0,
                 Some(Refused::NotAllowed),
                 "unlingered {i}"
             );
