@@ -211,6 +211,13 @@ impl Inner {
         if let Some(t) = newest_dropped {
             self.forgotten = self.forgotten.max(t);
         }
+        // The stamps number the ADDs of the last RETAIN, so the table follows the rate of
+        // ADDs: give back the room a faster churn left, rather than keep the size of the
+        // fastest ten minutes ever seen (docs/performance.md run 42). A sweep runs every
+        // SWEEP_EVERY stamps, so this rehash is amortised.
+        if self.stamps.capacity() > 4 * self.stamps.len().max(SWEEP_EVERY as usize) {
+            self.stamps.shrink_to_fit();
+        }
     }
 }
 
@@ -345,6 +352,25 @@ mod tests {
             b.born(&key(&format!("k{}", MAX as u64 + 9)), gc),
             Born::After
         );
+    }
+
+    #[test]
+    fn the_table_shrinks_when_the_churn_slows() {
+        let (b, t) = clocked(S);
+        // A fast churn: 20,000 ADDs within RETAIN.
+        for i in 0..20_000u64 {
+            t.store(S + i, Ordering::SeqCst);
+            b.stamp(&key(&format!("fast{i}")));
+        }
+        let capacity = || b.inner.lock().unwrap().stamps.capacity();
+        assert!(capacity() >= 20_000);
+        // Then a slow one: the fast churn's stamps expire, and the table follows.
+        t.store(2 * S + RETAIN.as_nanos() as u64, Ordering::SeqCst);
+        for i in 0..SWEEP_EVERY {
+            b.stamp(&key(&format!("slow{i}")));
+        }
+        assert_eq!(b.len(), SWEEP_EVERY as usize);
+        assert!(capacity() <= 8 * SWEEP_EVERY as usize, "{}", capacity());
     }
 
     #[test]

@@ -47,6 +47,7 @@ impl<K: Hash + Eq + Clone> Tombstones<K> {
     /// Remembers a DEL of `key` issued at `issued`, at `now`.
     pub fn bury(&mut self, key: &K, issued: BootStamp, now: Instant) {
         self.expire(now);
+        self.shrink();
         if !self.by_key.contains_key(key) {
             while self.by_key.len() >= TOMBSTONE_MAX && self.pop_front() {}
         }
@@ -81,6 +82,20 @@ impl<K: Hash + Eq + Clone> Tombstones<K> {
     #[cfg(test)]
     fn len(&self) -> usize {
         self.by_key.len()
+    }
+
+    /// Gives back the room a faster churn left once a quarter of it is in use: the tombstones
+    /// number the DELs of the last [`TOMBSTONE_TTL`], so the tables follow the rate of DELs,
+    /// and without this they kept the size of the fastest ten minutes ever seen (~300 bytes a
+    /// DEL, docs/performance.md run 42). A shrink follows at least three quarters of the
+    /// entries' expiry, so it stays amortised constant time per DEL.
+    fn shrink(&mut self) {
+        if self.by_key.capacity() > 4 * self.by_key.len().max(1024) {
+            self.by_key.shrink_to_fit();
+        }
+        if self.order.capacity() > 4 * self.order.len().max(1024) {
+            self.order.shrink_to_fit();
+        }
     }
 
     /// Drops every tombstone whose time has passed at `now`.
@@ -159,5 +174,32 @@ mod tests {
         }
         assert_eq!(one.len(), 1);
         assert!(one.order.len() <= 2 * 1024 + 1, "{}", one.order.len());
+    }
+
+    #[test]
+    fn the_tables_shrink_when_the_churn_slows() {
+        let mut t = Tombstones::<AttachmentKey>::default();
+        let t0 = Instant::now();
+        // A fast churn: 20,000 DELs within the TTL.
+        for i in 0..20_000 {
+            t.bury(
+                &key(i),
+                stamp(i as u64),
+                t0 + Duration::from_micros(i as u64),
+            );
+        }
+        assert!(t.by_key.capacity() >= 20_000);
+        // Then a slow one: the fast churn's tombstones expire, and the tables follow.
+        let slow = t0 + TOMBSTONE_TTL + Duration::from_secs(1);
+        for i in 0..100 {
+            t.bury(
+                &key(100_000 + i),
+                stamp(0),
+                slow + Duration::from_millis(i as u64),
+            );
+        }
+        assert_eq!(t.len(), 100);
+        assert!(t.by_key.capacity() <= 4 * 1024, "{}", t.by_key.capacity());
+        assert!(t.order.capacity() <= 4 * 1024, "{}", t.order.capacity());
     }
 }

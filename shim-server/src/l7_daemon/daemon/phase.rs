@@ -15,7 +15,7 @@ impl Phase {
     /// Logs `name`'s time since the previous phase ended, and the memory now.
     pub fn done(&self, name: &str) {
         let Ok(mut at) = self.0.lock() else { return };
-        let (rss_kib, heap_kib) = memory();
+        let (rss_kib, heap_kib) = crate::l1_leaves::trim::memory();
         tracing::debug!(
             phase = name,
             elapsed_ms = at.elapsed().as_secs_f64() * 1e3,
@@ -26,20 +26,6 @@ impl Phase {
         );
         *at = Instant::now();
     }
-}
-
-/// dipamd's resident memory and the heap's bytes in use (KiB): their difference is what the
-/// allocator holds free (fragmentation, or freed but not returned), the rest what dipamd keeps.
-pub fn memory() -> (u64, u64) {
-    // SAFETY: sysconf only reads a system setting.
-    let page_kib = (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).max(4096) as u64 / 1024;
-    let rss = std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .map_or(0, |pages| pages * page_kib);
-    // SAFETY: mallinfo2 only reads the allocator's counters.
-    let info = unsafe { libc::mallinfo2() };
-    (rss, ((info.uordblks + info.hblkhd) / 1024) as u64)
 }
 
 /// The CPU time dipamd has used since it started (user and system, every thread), in ms:
