@@ -41,6 +41,18 @@ pub struct Args {
     /// only what the pass before it missed too, so a first run may free nothing.
     #[arg(long, conflicts_with_all = ["conflist", "valid", "use_ledger"])]
     from_runtime: bool,
+    /// With --from-runtime: also list up to N of the attachments the pass keeps, with their
+    /// pod and reasons (N defaults to 100; dipamd lists at most 1000), those kept for a
+    /// reason other than "listed" first, then "and M more". Without it only how many are
+    /// kept, by reason, is shown.
+    #[arg(
+        long,
+        value_name = "N",
+        requires = "from_runtime",
+        num_args = 0..=1,
+        default_missing_value = "100"
+    )]
+    kept: Option<u32>,
 }
 
 /// `progress`: show a spinner on stderr while dipamd works (`output::progress_wanted`).
@@ -52,8 +64,12 @@ pub async fn run(
     out: &mut dyn Write,
 ) -> Result<(), CtlError> {
     if args.from_runtime {
-        return super::runtime_gc::run(channel, args.dry_run, args.force, json, progress, out)
-            .await;
+        let ask = super::runtime_gc::Ask {
+            dry_run: args.dry_run,
+            force: args.force,
+            kept: args.kept.unwrap_or(0),
+        };
+        return super::runtime_gc::run(channel, ask, json, progress, out).await;
     }
     let (config, mode) = match &args.conflist {
         Some(path) => network_config(path)?,

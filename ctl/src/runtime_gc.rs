@@ -1,5 +1,7 @@
-//! `dipamctl gc --from-runtime [--dry-run] [--force]`: the runtime-aware GC's next pass, planned
-//! (what it would free and keep, and why) or run now.
+//! `dipamctl gc --from-runtime [--dry-run] [--force] [--kept [N]]`: the runtime-aware GC's
+//! next pass, planned (what it would free, and how many it keeps and why) or run now. The
+//! kept attachments themselves only with `--kept`, at most N of them: at 10,000 attachments
+//! a line for each was megabytes of dipamd's reply (docs/performance.md, run 41).
 
 use std::io::Write;
 
@@ -12,14 +14,27 @@ use super::{
     output::{self, GcRow, Progress, table},
 };
 
+/// What the operator asks of the pass.
+#[derive(Debug, Clone, Copy)]
+pub struct Ask {
+    pub dry_run: bool,
+    pub force: bool,
+    /// How many kept attachments to list (0: the counts only).
+    pub kept: u32,
+}
+
 pub async fn run(
     channel: Channel,
-    dry_run: bool,
-    force: bool,
+    ask: Ask,
     json: bool,
     progress: bool,
     out: &mut dyn Write,
 ) -> Result<(), CtlError> {
+    let Ask {
+        dry_run,
+        force,
+        kept,
+    } = ask;
     // A pass lists the runtime's sandboxes and frees item by item before dipamd answers.
     let spinner = Progress::spinner(
         progress,
@@ -34,6 +49,7 @@ pub async fn run(
             protocol_version: dipam_proto::PROTOCOL_VERSION,
             dry_run,
             force,
+            kept_limit: kept,
         })
         .await
         .map_err(CtlError::Rpc)?
@@ -57,6 +73,27 @@ fn pod(i: &RuntimeGcItem) -> String {
     }
 }
 
+/// How many the pass keeps: every one of them, listed or not (a dipamd older than the
+/// counts sends none, and every kept line).
+fn kept_total(reply: &RuntimeGcReply) -> u64 {
+    reply.kept_total.max(reply.kept.len() as u64)
+}
+
+/// "listed 9740, first-miss 5": the reasons, most common first.
+fn by_reason(reply: &RuntimeGcReply) -> String {
+    let mut counts: Vec<(&str, u64)> = reply
+        .kept_by_reason
+        .iter()
+        .map(|k| (k.reason.as_str(), k.count))
+        .collect();
+    counts.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    counts
+        .iter()
+        .map(|(reason, n)| format!("{reason} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn print(
     reply: &RuntimeGcReply,
     dry_run: bool,
@@ -75,7 +112,13 @@ fn print(
         );
         serde_json::Value::Object(v)
     };
+    let more = kept_total(reply) - reply.kept.len() as u64;
     if json {
+        let by_reason: serde_json::Map<String, serde_json::Value> = reply
+            .kept_by_reason
+            .iter()
+            .map(|k| (k.reason.clone(), json!(k.count)))
+            .collect();
         let v = json!({
             "endpoint": reply.endpoint,
             "dryRun": dry_run,
@@ -84,6 +127,9 @@ fn print(
             "sandboxes": reply.sandboxes,
             "items": reply.items.iter().map(fields).collect::<Vec<_>>(),
             "kept": reply.kept.iter().map(fields).collect::<Vec<_>>(),
+            "keptTotal": kept_total(reply),
+            "keptByReason": by_reason,
+            "keptNotListed": more,
         });
         return output::json(out, &v);
     }
@@ -95,8 +141,8 @@ fn print(
         )?;
         return Ok(());
     }
-    // What goes first, then what stays: an operator looking for why a pod's attachment is
-    // not freed (or is) finds it with its reason.
+    // What goes first, then what stays (as many as --kept asked): an operator looking for
+    // why a pod's attachment is not freed (or is) finds it with its reason.
     let rows: Vec<[String; 7]> = reply
         .items
         .iter()
@@ -114,23 +160,33 @@ fn print(
             ]
         })
         .collect();
-    table(
-        out,
-        [
-            "NETWORK",
-            "CONTAINER",
-            "IFNAME",
-            "POD",
-            "IPS",
-            "OUTCOME",
-            "REASON",
-        ],
-        &rows,
-    )?;
-    let gone = reply.items.iter().filter(|i| i.outcome != "kept").count();
+    if !rows.is_empty() {
+        table(
+            out,
+            [
+                "NETWORK",
+                "CONTAINER",
+                "IFNAME",
+                "POD",
+                "IPS",
+                "OUTCOME",
+                "REASON",
+            ],
+            &rows,
+        )?;
+    }
+    if !reply.kept.is_empty() && more > 0 {
+        writeln!(
+            out,
+            "and {more} more kept, not listed (--kept N lists up to N)"
+        )?;
+    }
+    let gone = reply.items.iter().filter(|i| i.outcome != "kept").count() as u64;
+    let kept = kept_total(reply) + reply.items.len() as u64 - gone;
+    let reasons = by_reason(reply);
     writeln!(
         out,
-        "runtime {}: {} sandbox(es) listed; {gone} {}, {} kept",
+        "runtime {}: {} sandbox(es) listed; {gone} {}, {kept} kept{}",
         reply.endpoint,
         reply.sandboxes,
         if dry_run {
@@ -138,8 +194,18 @@ fn print(
         } else {
             "collected"
         },
-        reply.kept.len() + reply.items.len() - gone,
+        if reasons.is_empty() {
+            String::new()
+        } else {
+            format!(" ({reasons})")
+        },
     )?;
+    if reply.kept.is_empty() && kept > 0 {
+        writeln!(
+            out,
+            "(--kept lists the kept attachments, with their pod and reasons)"
+        )?;
+    }
     if !reply.refused.is_empty() {
         writeln!(out, "refused ({}): {}", reply.refused, reply.refused_detail)?;
     }
@@ -148,6 +214,8 @@ fn print(
 
 #[cfg(test)]
 mod tests {
+    use dipam_proto::v1::KeepCount;
+
     use super::*;
 
     fn reply() -> RuntimeGcReply {
@@ -181,6 +249,17 @@ mod tests {
                 ),
                 it("new", "kept", &["first-miss"], "missed once"),
             ],
+            kept_total: 5,
+            kept_by_reason: vec![
+                KeepCount {
+                    reason: "first-miss".into(),
+                    count: 1,
+                },
+                KeepCount {
+                    reason: "listed".into(),
+                    count: 4,
+                },
+            ],
         }
     }
 
@@ -202,8 +281,12 @@ mod tests {
             lines[2].contains("live") && lines[2].contains("lists its pod sandbox"),
             "{text}"
         );
+        assert!(text.contains("and 3 more kept, not listed"), "{text}");
         assert!(
-            text.contains("3 sandbox(es) listed; 1 would be freed by the next pass, 2 kept"),
+            text.contains(
+                "3 sandbox(es) listed; 1 would be freed by the next pass, 5 kept (listed 4, \
+                 first-miss 1)"
+            ),
             "{text}"
         );
 
@@ -213,6 +296,23 @@ mod tests {
         assert_eq!(v["dryRun"], true);
         assert_eq!(v["items"][0]["pod"]["uid"], "uid-gone");
         assert_eq!(v["kept"][1]["keep"][0], "first-miss");
+        assert_eq!(v["keptTotal"], 5);
+        assert_eq!(v["keptByReason"]["listed"], 4);
+        assert_eq!(v["keptNotListed"], 3);
+
+        // Without --kept: the plan and the counts, no line per kept attachment.
+        let mut counts = reply();
+        counts.kept.clear();
+        let mut out = Vec::new();
+        print(&counts, true, false, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.lines().count(), 4, "{text}");
+        assert!(
+            !text.contains("pod-live") && text.contains("pod-gone"),
+            "{text}"
+        );
+        assert!(text.contains("5 kept (listed 4, first-miss 1)"), "{text}");
+        assert!(text.contains("--kept lists the kept attachments"), "{text}");
 
         let mut refused = reply();
         refused.items.clear();

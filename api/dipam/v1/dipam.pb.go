@@ -720,7 +720,12 @@ type RuntimeGcRequest struct {
 	DryRun bool `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
 	// Run this pass even if it would free more than --gc-max-free-share of the node's CRI
 	// attachments. Never overrides the two-pass rule or a refusal.
-	Force         bool `protobuf:"varint,3,opt,name=force,proto3" json:"force,omitempty"` // next field: 4
+	Force bool `protobuf:"varint,3,opt,name=force,proto3" json:"force,omitempty"`
+	// List at most this many of the attachments the pass keeps in `RuntimeGcReply.kept`
+	// (0: none, the counts only; dipamd lists at most 1000). Those kept for a reason other
+	// than "listed" come first. At 10,000 attachments the whole list was megabytes of the
+	// reply that an operator rarely reads (docs/performance.md, run 41).
+	KeptLimit     uint32 `protobuf:"varint,4,opt,name=kept_limit,json=keptLimit,proto3" json:"kept_limit,omitempty"` // next field: 5
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -776,6 +781,13 @@ func (x *RuntimeGcRequest) GetForce() bool {
 	return false
 }
 
+func (x *RuntimeGcRequest) GetKeptLimit() uint32 {
+	if x != nil {
+		return x.KeptLimit
+	}
+	return 0
+}
+
 type RuntimeGcReply struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	ProtocolVersion uint32                 `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
@@ -789,8 +801,14 @@ type RuntimeGcReply struct {
 	Sandboxes uint64 `protobuf:"varint,5,opt,name=sandboxes,proto3" json:"sandboxes,omitempty"`
 	// What the pass frees (outcome planned, freed or failed).
 	Items []*RuntimeGcItem `protobuf:"bytes,6,rep,name=items,proto3" json:"items,omitempty"`
-	// What it keeps, each with every reason (RuntimeGcItem.keep).
-	Kept          []*RuntimeGcItem `protobuf:"bytes,7,rep,name=kept,proto3" json:"kept,omitempty"` // next field: 8
+	// What it keeps, each with every reason (RuntimeGcItem.keep): at most
+	// `RuntimeGcRequest.kept_limit` of them; `kept_total` counts them all.
+	Kept []*RuntimeGcItem `protobuf:"bytes,7,rep,name=kept,proto3" json:"kept,omitempty"`
+	// How many attachments the pass keeps, listed in `kept` or not.
+	KeptTotal uint64 `protobuf:"varint,8,opt,name=kept_total,json=keptTotal,proto3" json:"kept_total,omitempty"`
+	// How many it keeps for each reason (the codes of RuntimeGcItem.keep), by reason; an
+	// attachment kept for several reasons counts under each.
+	KeptByReason  []*KeepCount `protobuf:"bytes,9,rep,name=kept_by_reason,json=keptByReason,proto3" json:"kept_by_reason,omitempty"` // next field: 10
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -874,6 +892,74 @@ func (x *RuntimeGcReply) GetKept() []*RuntimeGcItem {
 	return nil
 }
 
+func (x *RuntimeGcReply) GetKeptTotal() uint64 {
+	if x != nil {
+		return x.KeptTotal
+	}
+	return 0
+}
+
+func (x *RuntimeGcReply) GetKeptByReason() []*KeepCount {
+	if x != nil {
+		return x.KeptByReason
+	}
+	return nil
+}
+
+// How many attachments a GC keeps for one reason.
+type KeepCount struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A code of RuntimeGcItem.keep ("listed", "first-miss", ...).
+	Reason        string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	Count         uint64 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"` // next field: 3
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeepCount) Reset() {
+	*x = KeepCount{}
+	mi := &file_dipam_v1_dipam_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeepCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeepCount) ProtoMessage() {}
+
+func (x *KeepCount) ProtoReflect() protoreflect.Message {
+	mi := &file_dipam_v1_dipam_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeepCount.ProtoReflect.Descriptor instead.
+func (*KeepCount) Descriptor() ([]byte, []int) {
+	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *KeepCount) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *KeepCount) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
 type RuntimeGcItem struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Network     string                 `protobuf:"bytes,1,opt,name=network,proto3" json:"network,omitempty"`
@@ -901,7 +987,7 @@ type RuntimeGcItem struct {
 
 func (x *RuntimeGcItem) Reset() {
 	*x = RuntimeGcItem{}
-	mi := &file_dipam_v1_dipam_proto_msgTypes[9]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -913,7 +999,7 @@ func (x *RuntimeGcItem) String() string {
 func (*RuntimeGcItem) ProtoMessage() {}
 
 func (x *RuntimeGcItem) ProtoReflect() protoreflect.Message {
-	mi := &file_dipam_v1_dipam_proto_msgTypes[9]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -926,7 +1012,7 @@ func (x *RuntimeGcItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuntimeGcItem.ProtoReflect.Descriptor instead.
 func (*RuntimeGcItem) Descriptor() ([]byte, []int) {
-	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{9}
+	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RuntimeGcItem) GetNetwork() string {
@@ -1025,7 +1111,7 @@ type ExplainRequest struct {
 
 func (x *ExplainRequest) Reset() {
 	*x = ExplainRequest{}
-	mi := &file_dipam_v1_dipam_proto_msgTypes[10]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1037,7 +1123,7 @@ func (x *ExplainRequest) String() string {
 func (*ExplainRequest) ProtoMessage() {}
 
 func (x *ExplainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dipam_v1_dipam_proto_msgTypes[10]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1050,7 +1136,7 @@ func (x *ExplainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainRequest.ProtoReflect.Descriptor instead.
 func (*ExplainRequest) Descriptor() ([]byte, []int) {
-	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{10}
+	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExplainRequest) GetProtocolVersion() uint32 {
@@ -1088,7 +1174,7 @@ type ExplainReply struct {
 
 func (x *ExplainReply) Reset() {
 	*x = ExplainReply{}
-	mi := &file_dipam_v1_dipam_proto_msgTypes[11]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1100,7 +1186,7 @@ func (x *ExplainReply) String() string {
 func (*ExplainReply) ProtoMessage() {}
 
 func (x *ExplainReply) ProtoReflect() protoreflect.Message {
-	mi := &file_dipam_v1_dipam_proto_msgTypes[11]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1113,7 +1199,7 @@ func (x *ExplainReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainReply.ProtoReflect.Descriptor instead.
 func (*ExplainReply) Descriptor() ([]byte, []int) {
-	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{11}
+	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ExplainReply) GetProtocolVersion() uint32 {
@@ -1171,7 +1257,7 @@ type DoctorRequest struct {
 
 func (x *DoctorRequest) Reset() {
 	*x = DoctorRequest{}
-	mi := &file_dipam_v1_dipam_proto_msgTypes[12]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1183,7 +1269,7 @@ func (x *DoctorRequest) String() string {
 func (*DoctorRequest) ProtoMessage() {}
 
 func (x *DoctorRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dipam_v1_dipam_proto_msgTypes[12]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1196,7 +1282,7 @@ func (x *DoctorRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DoctorRequest.ProtoReflect.Descriptor instead.
 func (*DoctorRequest) Descriptor() ([]byte, []int) {
-	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{12}
+	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DoctorRequest) GetProtocolVersion() uint32 {
@@ -1223,7 +1309,7 @@ type DoctorReply struct {
 
 func (x *DoctorReply) Reset() {
 	*x = DoctorReply{}
-	mi := &file_dipam_v1_dipam_proto_msgTypes[13]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1235,7 +1321,7 @@ func (x *DoctorReply) String() string {
 func (*DoctorReply) ProtoMessage() {}
 
 func (x *DoctorReply) ProtoReflect() protoreflect.Message {
-	mi := &file_dipam_v1_dipam_proto_msgTypes[13]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1248,7 +1334,7 @@ func (x *DoctorReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DoctorReply.ProtoReflect.Descriptor instead.
 func (*DoctorReply) Descriptor() ([]byte, []int) {
-	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{13}
+	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DoctorReply) GetProtocolVersion() uint32 {
@@ -1279,7 +1365,7 @@ type DoctorCheck struct {
 
 func (x *DoctorCheck) Reset() {
 	*x = DoctorCheck{}
-	mi := &file_dipam_v1_dipam_proto_msgTypes[14]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1291,7 +1377,7 @@ func (x *DoctorCheck) String() string {
 func (*DoctorCheck) ProtoMessage() {}
 
 func (x *DoctorCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_dipam_v1_dipam_proto_msgTypes[14]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1304,7 +1390,7 @@ func (x *DoctorCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DoctorCheck.ProtoReflect.Descriptor instead.
 func (*DoctorCheck) Descriptor() ([]byte, []int) {
-	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{14}
+	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DoctorCheck) GetName() string {
@@ -1358,7 +1444,7 @@ type GcRequest struct {
 
 func (x *GcRequest) Reset() {
 	*x = GcRequest{}
-	mi := &file_dipam_v1_dipam_proto_msgTypes[15]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1370,7 +1456,7 @@ func (x *GcRequest) String() string {
 func (*GcRequest) ProtoMessage() {}
 
 func (x *GcRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dipam_v1_dipam_proto_msgTypes[15]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1383,7 +1469,7 @@ func (x *GcRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GcRequest.ProtoReflect.Descriptor instead.
 func (*GcRequest) Descriptor() ([]byte, []int) {
-	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{15}
+	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GcRequest) GetProtocolVersion() uint32 {
@@ -1445,7 +1531,7 @@ type GcAttachment struct {
 
 func (x *GcAttachment) Reset() {
 	*x = GcAttachment{}
-	mi := &file_dipam_v1_dipam_proto_msgTypes[16]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1457,7 +1543,7 @@ func (x *GcAttachment) String() string {
 func (*GcAttachment) ProtoMessage() {}
 
 func (x *GcAttachment) ProtoReflect() protoreflect.Message {
-	mi := &file_dipam_v1_dipam_proto_msgTypes[16]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1470,7 +1556,7 @@ func (x *GcAttachment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GcAttachment.ProtoReflect.Descriptor instead.
 func (*GcAttachment) Descriptor() ([]byte, []int) {
-	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{16}
+	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GcAttachment) GetContainerId() string {
@@ -1503,7 +1589,7 @@ type GcReply struct {
 
 func (x *GcReply) Reset() {
 	*x = GcReply{}
-	mi := &file_dipam_v1_dipam_proto_msgTypes[17]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1515,7 +1601,7 @@ func (x *GcReply) String() string {
 func (*GcReply) ProtoMessage() {}
 
 func (x *GcReply) ProtoReflect() protoreflect.Message {
-	mi := &file_dipam_v1_dipam_proto_msgTypes[17]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1528,7 +1614,7 @@ func (x *GcReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GcReply.ProtoReflect.Descriptor instead.
 func (*GcReply) Descriptor() ([]byte, []int) {
-	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{17}
+	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GcReply) GetProtocolVersion() uint32 {
@@ -1588,7 +1674,7 @@ type GcItem struct {
 
 func (x *GcItem) Reset() {
 	*x = GcItem{}
-	mi := &file_dipam_v1_dipam_proto_msgTypes[18]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1600,7 +1686,7 @@ func (x *GcItem) String() string {
 func (*GcItem) ProtoMessage() {}
 
 func (x *GcItem) ProtoReflect() protoreflect.Message {
-	mi := &file_dipam_v1_dipam_proto_msgTypes[18]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1613,7 +1699,7 @@ func (x *GcItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GcItem.ProtoReflect.Descriptor instead.
 func (*GcItem) Descriptor() ([]byte, []int) {
-	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{18}
+	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GcItem) GetKind() string {
@@ -1684,7 +1770,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_dipam_v1_dipam_proto_msgTypes[19]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1696,7 +1782,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dipam_v1_dipam_proto_msgTypes[19]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1709,7 +1795,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{19}
+	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StatusRequest) GetProtocolVersion() uint32 {
@@ -1799,7 +1885,7 @@ type StatusReply struct {
 
 func (x *StatusReply) Reset() {
 	*x = StatusReply{}
-	mi := &file_dipam_v1_dipam_proto_msgTypes[20]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1811,7 +1897,7 @@ func (x *StatusReply) String() string {
 func (*StatusReply) ProtoMessage() {}
 
 func (x *StatusReply) ProtoReflect() protoreflect.Message {
-	mi := &file_dipam_v1_dipam_proto_msgTypes[20]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1824,7 +1910,7 @@ func (x *StatusReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusReply.ProtoReflect.Descriptor instead.
 func (*StatusReply) Descriptor() ([]byte, []int) {
-	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{20}
+	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StatusReply) GetProtocolVersion() uint32 {
@@ -2114,7 +2200,7 @@ type RangeStatus struct {
 
 func (x *RangeStatus) Reset() {
 	*x = RangeStatus{}
-	mi := &file_dipam_v1_dipam_proto_msgTypes[21]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2126,7 +2212,7 @@ func (x *RangeStatus) String() string {
 func (*RangeStatus) ProtoMessage() {}
 
 func (x *RangeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_dipam_v1_dipam_proto_msgTypes[21]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2139,7 +2225,7 @@ func (x *RangeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeStatus.ProtoReflect.Descriptor instead.
 func (*RangeStatus) Descriptor() ([]byte, []int) {
-	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{21}
+	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RangeStatus) GetNetwork() string {
@@ -2247,7 +2333,7 @@ type RuntimeGcStatus struct {
 
 func (x *RuntimeGcStatus) Reset() {
 	*x = RuntimeGcStatus{}
-	mi := &file_dipam_v1_dipam_proto_msgTypes[22]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2259,7 +2345,7 @@ func (x *RuntimeGcStatus) String() string {
 func (*RuntimeGcStatus) ProtoMessage() {}
 
 func (x *RuntimeGcStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_dipam_v1_dipam_proto_msgTypes[22]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2272,7 +2358,7 @@ func (x *RuntimeGcStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuntimeGcStatus.ProtoReflect.Descriptor instead.
 func (*RuntimeGcStatus) Descriptor() ([]byte, []int) {
-	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{22}
+	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RuntimeGcStatus) GetEndpoint() string {
@@ -2376,7 +2462,7 @@ type SpoolStatus struct {
 
 func (x *SpoolStatus) Reset() {
 	*x = SpoolStatus{}
-	mi := &file_dipam_v1_dipam_proto_msgTypes[23]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2388,7 +2474,7 @@ func (x *SpoolStatus) String() string {
 func (*SpoolStatus) ProtoMessage() {}
 
 func (x *SpoolStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_dipam_v1_dipam_proto_msgTypes[23]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2401,7 +2487,7 @@ func (x *SpoolStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpoolStatus.ProtoReflect.Descriptor instead.
 func (*SpoolStatus) Descriptor() ([]byte, []int) {
-	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{23}
+	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SpoolStatus) GetDir() string {
@@ -2495,7 +2581,7 @@ type PoolStatus struct {
 
 func (x *PoolStatus) Reset() {
 	*x = PoolStatus{}
-	mi := &file_dipam_v1_dipam_proto_msgTypes[24]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2507,7 +2593,7 @@ func (x *PoolStatus) String() string {
 func (*PoolStatus) ProtoMessage() {}
 
 func (x *PoolStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_dipam_v1_dipam_proto_msgTypes[24]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2520,7 +2606,7 @@ func (x *PoolStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolStatus.ProtoReflect.Descriptor instead.
 func (*PoolStatus) Descriptor() ([]byte, []int) {
-	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{24}
+	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PoolStatus) GetNetwork() string {
@@ -2639,7 +2725,7 @@ type DelegateInfo struct {
 
 func (x *DelegateInfo) Reset() {
 	*x = DelegateInfo{}
-	mi := &file_dipam_v1_dipam_proto_msgTypes[25]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2651,7 +2737,7 @@ func (x *DelegateInfo) String() string {
 func (*DelegateInfo) ProtoMessage() {}
 
 func (x *DelegateInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dipam_v1_dipam_proto_msgTypes[25]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2664,7 +2750,7 @@ func (x *DelegateInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DelegateInfo.ProtoReflect.Descriptor instead.
 func (*DelegateInfo) Descriptor() ([]byte, []int) {
-	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{25}
+	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DelegateInfo) GetType() string {
@@ -2711,7 +2797,7 @@ type ListAttachmentsRequest struct {
 
 func (x *ListAttachmentsRequest) Reset() {
 	*x = ListAttachmentsRequest{}
-	mi := &file_dipam_v1_dipam_proto_msgTypes[26]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2723,7 +2809,7 @@ func (x *ListAttachmentsRequest) String() string {
 func (*ListAttachmentsRequest) ProtoMessage() {}
 
 func (x *ListAttachmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dipam_v1_dipam_proto_msgTypes[26]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2736,7 +2822,7 @@ func (x *ListAttachmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAttachmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListAttachmentsRequest) Descriptor() ([]byte, []int) {
-	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{26}
+	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListAttachmentsRequest) GetProtocolVersion() uint32 {
@@ -2790,7 +2876,7 @@ type ListAttachmentsReply struct {
 
 func (x *ListAttachmentsReply) Reset() {
 	*x = ListAttachmentsReply{}
-	mi := &file_dipam_v1_dipam_proto_msgTypes[27]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2802,7 +2888,7 @@ func (x *ListAttachmentsReply) String() string {
 func (*ListAttachmentsReply) ProtoMessage() {}
 
 func (x *ListAttachmentsReply) ProtoReflect() protoreflect.Message {
-	mi := &file_dipam_v1_dipam_proto_msgTypes[27]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2815,7 +2901,7 @@ func (x *ListAttachmentsReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAttachmentsReply.ProtoReflect.Descriptor instead.
 func (*ListAttachmentsReply) Descriptor() ([]byte, []int) {
-	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{27}
+	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListAttachmentsReply) GetProtocolVersion() uint32 {
@@ -2883,7 +2969,7 @@ type Attachment struct {
 
 func (x *Attachment) Reset() {
 	*x = Attachment{}
-	mi := &file_dipam_v1_dipam_proto_msgTypes[28]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2895,7 +2981,7 @@ func (x *Attachment) String() string {
 func (*Attachment) ProtoMessage() {}
 
 func (x *Attachment) ProtoReflect() protoreflect.Message {
-	mi := &file_dipam_v1_dipam_proto_msgTypes[28]
+	mi := &file_dipam_v1_dipam_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2908,7 +2994,7 @@ func (x *Attachment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attachment.ProtoReflect.Descriptor instead.
 func (*Attachment) Descriptor() ([]byte, []int) {
-	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{28}
+	return file_dipam_v1_dipam_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Attachment) GetNetwork() string {
@@ -3109,11 +3195,13 @@ const file_dipam_v1_dipam_proto_rawDesc = "" +
 	"\n" +
 	"unverified\x18\x05 \x03(\v2\x10.dipam.v1.GcItemR\n" +
 	"unverified\x12*\n" +
-	"\askipped\x18\x06 \x03(\v2\x10.dipam.v1.GcItemR\askipped\"l\n" +
+	"\askipped\x18\x06 \x03(\v2\x10.dipam.v1.GcItemR\askipped\"\x8b\x01\n" +
 	"\x10RuntimeGcRequest\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x17\n" +
 	"\adry_run\x18\x02 \x01(\bR\x06dryRun\x12\x14\n" +
-	"\x05force\x18\x03 \x01(\bR\x05force\"\x92\x02\n" +
+	"\x05force\x18\x03 \x01(\bR\x05force\x12\x1d\n" +
+	"\n" +
+	"kept_limit\x18\x04 \x01(\rR\tkeptLimit\"\xec\x02\n" +
 	"\x0eRuntimeGcReply\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x1a\n" +
 	"\bendpoint\x18\x02 \x01(\tR\bendpoint\x12\x18\n" +
@@ -3121,7 +3209,13 @@ const file_dipam_v1_dipam_proto_rawDesc = "" +
 	"\x0erefused_detail\x18\x04 \x01(\tR\rrefusedDetail\x12\x1c\n" +
 	"\tsandboxes\x18\x05 \x01(\x04R\tsandboxes\x12-\n" +
 	"\x05items\x18\x06 \x03(\v2\x17.dipam.v1.RuntimeGcItemR\x05items\x12+\n" +
-	"\x04kept\x18\a \x03(\v2\x17.dipam.v1.RuntimeGcItemR\x04kept\"\xc1\x02\n" +
+	"\x04kept\x18\a \x03(\v2\x17.dipam.v1.RuntimeGcItemR\x04kept\x12\x1d\n" +
+	"\n" +
+	"kept_total\x18\b \x01(\x04R\tkeptTotal\x129\n" +
+	"\x0ekept_by_reason\x18\t \x03(\v2\x13.dipam.v1.KeepCountR\fkeptByReason\"9\n" +
+	"\tKeepCount\x12\x16\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x04R\x05count\"\xc1\x02\n" +
 	"\rRuntimeGcItem\x12\x18\n" +
 	"\anetwork\x18\x01 \x01(\tR\anetwork\x12!\n" +
 	"\fcontainer_id\x18\x02 \x01(\tR\vcontainerId\x12\x16\n" +
@@ -3371,7 +3465,7 @@ func file_dipam_v1_dipam_proto_rawDescGZIP() []byte {
 }
 
 var file_dipam_v1_dipam_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_dipam_v1_dipam_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_dipam_v1_dipam_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_dipam_v1_dipam_proto_goTypes = []any{
 	(Mode)(0),                      // 0: dipam.v1.Mode
 	(*CniRequest)(nil),             // 1: dipam.v1.CniRequest
@@ -3383,26 +3477,27 @@ var file_dipam_v1_dipam_proto_goTypes = []any{
 	(*AdoptReply)(nil),             // 7: dipam.v1.AdoptReply
 	(*RuntimeGcRequest)(nil),       // 8: dipam.v1.RuntimeGcRequest
 	(*RuntimeGcReply)(nil),         // 9: dipam.v1.RuntimeGcReply
-	(*RuntimeGcItem)(nil),          // 10: dipam.v1.RuntimeGcItem
-	(*ExplainRequest)(nil),         // 11: dipam.v1.ExplainRequest
-	(*ExplainReply)(nil),           // 12: dipam.v1.ExplainReply
-	(*DoctorRequest)(nil),          // 13: dipam.v1.DoctorRequest
-	(*DoctorReply)(nil),            // 14: dipam.v1.DoctorReply
-	(*DoctorCheck)(nil),            // 15: dipam.v1.DoctorCheck
-	(*GcRequest)(nil),              // 16: dipam.v1.GcRequest
-	(*GcAttachment)(nil),           // 17: dipam.v1.GcAttachment
-	(*GcReply)(nil),                // 18: dipam.v1.GcReply
-	(*GcItem)(nil),                 // 19: dipam.v1.GcItem
-	(*StatusRequest)(nil),          // 20: dipam.v1.StatusRequest
-	(*StatusReply)(nil),            // 21: dipam.v1.StatusReply
-	(*RangeStatus)(nil),            // 22: dipam.v1.RangeStatus
-	(*RuntimeGcStatus)(nil),        // 23: dipam.v1.RuntimeGcStatus
-	(*SpoolStatus)(nil),            // 24: dipam.v1.SpoolStatus
-	(*PoolStatus)(nil),             // 25: dipam.v1.PoolStatus
-	(*DelegateInfo)(nil),           // 26: dipam.v1.DelegateInfo
-	(*ListAttachmentsRequest)(nil), // 27: dipam.v1.ListAttachmentsRequest
-	(*ListAttachmentsReply)(nil),   // 28: dipam.v1.ListAttachmentsReply
-	(*Attachment)(nil),             // 29: dipam.v1.Attachment
+	(*KeepCount)(nil),              // 10: dipam.v1.KeepCount
+	(*RuntimeGcItem)(nil),          // 11: dipam.v1.RuntimeGcItem
+	(*ExplainRequest)(nil),         // 12: dipam.v1.ExplainRequest
+	(*ExplainReply)(nil),           // 13: dipam.v1.ExplainReply
+	(*DoctorRequest)(nil),          // 14: dipam.v1.DoctorRequest
+	(*DoctorReply)(nil),            // 15: dipam.v1.DoctorReply
+	(*DoctorCheck)(nil),            // 16: dipam.v1.DoctorCheck
+	(*GcRequest)(nil),              // 17: dipam.v1.GcRequest
+	(*GcAttachment)(nil),           // 18: dipam.v1.GcAttachment
+	(*GcReply)(nil),                // 19: dipam.v1.GcReply
+	(*GcItem)(nil),                 // 20: dipam.v1.GcItem
+	(*StatusRequest)(nil),          // 21: dipam.v1.StatusRequest
+	(*StatusReply)(nil),            // 22: dipam.v1.StatusReply
+	(*RangeStatus)(nil),            // 23: dipam.v1.RangeStatus
+	(*RuntimeGcStatus)(nil),        // 24: dipam.v1.RuntimeGcStatus
+	(*SpoolStatus)(nil),            // 25: dipam.v1.SpoolStatus
+	(*PoolStatus)(nil),             // 26: dipam.v1.PoolStatus
+	(*DelegateInfo)(nil),           // 27: dipam.v1.DelegateInfo
+	(*ListAttachmentsRequest)(nil), // 28: dipam.v1.ListAttachmentsRequest
+	(*ListAttachmentsReply)(nil),   // 29: dipam.v1.ListAttachmentsReply
+	(*Attachment)(nil),             // 30: dipam.v1.Attachment
 }
 var file_dipam_v1_dipam_proto_depIdxs = []int32{
 	0,  // 0: dipam.v1.CniRequest.mode:type_name -> dipam.v1.Mode
@@ -3410,55 +3505,56 @@ var file_dipam_v1_dipam_proto_depIdxs = []int32{
 	2,  // 2: dipam.v1.CniRequest.issued_at:type_name -> dipam.v1.BootStamp
 	5,  // 3: dipam.v1.CniReply.error:type_name -> dipam.v1.CniError
 	0,  // 4: dipam.v1.AdoptRequest.mode:type_name -> dipam.v1.Mode
-	19, // 5: dipam.v1.AdoptReply.adopted:type_name -> dipam.v1.GcItem
-	19, // 6: dipam.v1.AdoptReply.dead:type_name -> dipam.v1.GcItem
-	19, // 7: dipam.v1.AdoptReply.unverified:type_name -> dipam.v1.GcItem
-	19, // 8: dipam.v1.AdoptReply.skipped:type_name -> dipam.v1.GcItem
-	10, // 9: dipam.v1.RuntimeGcReply.items:type_name -> dipam.v1.RuntimeGcItem
-	10, // 10: dipam.v1.RuntimeGcReply.kept:type_name -> dipam.v1.RuntimeGcItem
-	29, // 11: dipam.v1.ExplainReply.attachments:type_name -> dipam.v1.Attachment
-	15, // 12: dipam.v1.DoctorReply.checks:type_name -> dipam.v1.DoctorCheck
-	0,  // 13: dipam.v1.GcRequest.mode:type_name -> dipam.v1.Mode
-	17, // 14: dipam.v1.GcRequest.valid:type_name -> dipam.v1.GcAttachment
-	19, // 15: dipam.v1.GcReply.items:type_name -> dipam.v1.GcItem
-	19, // 16: dipam.v1.GcReply.kept:type_name -> dipam.v1.GcItem
-	26, // 17: dipam.v1.StatusReply.delegates:type_name -> dipam.v1.DelegateInfo
-	25, // 18: dipam.v1.StatusReply.pools:type_name -> dipam.v1.PoolStatus
-	24, // 19: dipam.v1.StatusReply.spool:type_name -> dipam.v1.SpoolStatus
-	23, // 20: dipam.v1.StatusReply.runtime_gc:type_name -> dipam.v1.RuntimeGcStatus
-	22, // 21: dipam.v1.StatusReply.ranges:type_name -> dipam.v1.RangeStatus
-	29, // 22: dipam.v1.ListAttachmentsReply.attachments:type_name -> dipam.v1.Attachment
-	1,  // 23: dipam.v1.Cni.Add:input_type -> dipam.v1.CniRequest
-	1,  // 24: dipam.v1.Cni.AddEarly:input_type -> dipam.v1.CniRequest
-	1,  // 25: dipam.v1.Cni.Del:input_type -> dipam.v1.CniRequest
-	1,  // 26: dipam.v1.Cni.Check:input_type -> dipam.v1.CniRequest
-	1,  // 27: dipam.v1.Cni.Gc:input_type -> dipam.v1.CniRequest
-	1,  // 28: dipam.v1.Cni.Status:input_type -> dipam.v1.CniRequest
-	20, // 29: dipam.v1.Admin.GetStatus:input_type -> dipam.v1.StatusRequest
-	27, // 30: dipam.v1.Admin.ListAttachments:input_type -> dipam.v1.ListAttachmentsRequest
-	16, // 31: dipam.v1.Admin.Gc:input_type -> dipam.v1.GcRequest
-	13, // 32: dipam.v1.Admin.Doctor:input_type -> dipam.v1.DoctorRequest
-	11, // 33: dipam.v1.Admin.Explain:input_type -> dipam.v1.ExplainRequest
-	8,  // 34: dipam.v1.Admin.RuntimeGc:input_type -> dipam.v1.RuntimeGcRequest
-	6,  // 35: dipam.v1.Admin.Adopt:input_type -> dipam.v1.AdoptRequest
-	4,  // 36: dipam.v1.Cni.Add:output_type -> dipam.v1.CniReply
-	4,  // 37: dipam.v1.Cni.AddEarly:output_type -> dipam.v1.CniReply
-	4,  // 38: dipam.v1.Cni.Del:output_type -> dipam.v1.CniReply
-	4,  // 39: dipam.v1.Cni.Check:output_type -> dipam.v1.CniReply
-	4,  // 40: dipam.v1.Cni.Gc:output_type -> dipam.v1.CniReply
-	4,  // 41: dipam.v1.Cni.Status:output_type -> dipam.v1.CniReply
-	21, // 42: dipam.v1.Admin.GetStatus:output_type -> dipam.v1.StatusReply
-	28, // 43: dipam.v1.Admin.ListAttachments:output_type -> dipam.v1.ListAttachmentsReply
-	18, // 44: dipam.v1.Admin.Gc:output_type -> dipam.v1.GcReply
-	14, // 45: dipam.v1.Admin.Doctor:output_type -> dipam.v1.DoctorReply
-	12, // 46: dipam.v1.Admin.Explain:output_type -> dipam.v1.ExplainReply
-	9,  // 47: dipam.v1.Admin.RuntimeGc:output_type -> dipam.v1.RuntimeGcReply
-	7,  // 48: dipam.v1.Admin.Adopt:output_type -> dipam.v1.AdoptReply
-	36, // [36:49] is the sub-list for method output_type
-	23, // [23:36] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	20, // 5: dipam.v1.AdoptReply.adopted:type_name -> dipam.v1.GcItem
+	20, // 6: dipam.v1.AdoptReply.dead:type_name -> dipam.v1.GcItem
+	20, // 7: dipam.v1.AdoptReply.unverified:type_name -> dipam.v1.GcItem
+	20, // 8: dipam.v1.AdoptReply.skipped:type_name -> dipam.v1.GcItem
+	11, // 9: dipam.v1.RuntimeGcReply.items:type_name -> dipam.v1.RuntimeGcItem
+	11, // 10: dipam.v1.RuntimeGcReply.kept:type_name -> dipam.v1.RuntimeGcItem
+	10, // 11: dipam.v1.RuntimeGcReply.kept_by_reason:type_name -> dipam.v1.KeepCount
+	30, // 12: dipam.v1.ExplainReply.attachments:type_name -> dipam.v1.Attachment
+	16, // 13: dipam.v1.DoctorReply.checks:type_name -> dipam.v1.DoctorCheck
+	0,  // 14: dipam.v1.GcRequest.mode:type_name -> dipam.v1.Mode
+	18, // 15: dipam.v1.GcRequest.valid:type_name -> dipam.v1.GcAttachment
+	20, // 16: dipam.v1.GcReply.items:type_name -> dipam.v1.GcItem
+	20, // 17: dipam.v1.GcReply.kept:type_name -> dipam.v1.GcItem
+	27, // 18: dipam.v1.StatusReply.delegates:type_name -> dipam.v1.DelegateInfo
+	26, // 19: dipam.v1.StatusReply.pools:type_name -> dipam.v1.PoolStatus
+	25, // 20: dipam.v1.StatusReply.spool:type_name -> dipam.v1.SpoolStatus
+	24, // 21: dipam.v1.StatusReply.runtime_gc:type_name -> dipam.v1.RuntimeGcStatus
+	23, // 22: dipam.v1.StatusReply.ranges:type_name -> dipam.v1.RangeStatus
+	30, // 23: dipam.v1.ListAttachmentsReply.attachments:type_name -> dipam.v1.Attachment
+	1,  // 24: dipam.v1.Cni.Add:input_type -> dipam.v1.CniRequest
+	1,  // 25: dipam.v1.Cni.AddEarly:input_type -> dipam.v1.CniRequest
+	1,  // 26: dipam.v1.Cni.Del:input_type -> dipam.v1.CniRequest
+	1,  // 27: dipam.v1.Cni.Check:input_type -> dipam.v1.CniRequest
+	1,  // 28: dipam.v1.Cni.Gc:input_type -> dipam.v1.CniRequest
+	1,  // 29: dipam.v1.Cni.Status:input_type -> dipam.v1.CniRequest
+	21, // 30: dipam.v1.Admin.GetStatus:input_type -> dipam.v1.StatusRequest
+	28, // 31: dipam.v1.Admin.ListAttachments:input_type -> dipam.v1.ListAttachmentsRequest
+	17, // 32: dipam.v1.Admin.Gc:input_type -> dipam.v1.GcRequest
+	14, // 33: dipam.v1.Admin.Doctor:input_type -> dipam.v1.DoctorRequest
+	12, // 34: dipam.v1.Admin.Explain:input_type -> dipam.v1.ExplainRequest
+	8,  // 35: dipam.v1.Admin.RuntimeGc:input_type -> dipam.v1.RuntimeGcRequest
+	6,  // 36: dipam.v1.Admin.Adopt:input_type -> dipam.v1.AdoptRequest
+	4,  // 37: dipam.v1.Cni.Add:output_type -> dipam.v1.CniReply
+	4,  // 38: dipam.v1.Cni.AddEarly:output_type -> dipam.v1.CniReply
+	4,  // 39: dipam.v1.Cni.Del:output_type -> dipam.v1.CniReply
+	4,  // 40: dipam.v1.Cni.Check:output_type -> dipam.v1.CniReply
+	4,  // 41: dipam.v1.Cni.Gc:output_type -> dipam.v1.CniReply
+	4,  // 42: dipam.v1.Cni.Status:output_type -> dipam.v1.CniReply
+	22, // 43: dipam.v1.Admin.GetStatus:output_type -> dipam.v1.StatusReply
+	29, // 44: dipam.v1.Admin.ListAttachments:output_type -> dipam.v1.ListAttachmentsReply
+	19, // 45: dipam.v1.Admin.Gc:output_type -> dipam.v1.GcReply
+	15, // 46: dipam.v1.Admin.Doctor:output_type -> dipam.v1.DoctorReply
+	13, // 47: dipam.v1.Admin.Explain:output_type -> dipam.v1.ExplainReply
+	9,  // 48: dipam.v1.Admin.RuntimeGc:output_type -> dipam.v1.RuntimeGcReply
+	7,  // 49: dipam.v1.Admin.Adopt:output_type -> dipam.v1.AdoptReply
+	37, // [37:50] is the sub-list for method output_type
+	24, // [24:37] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_dipam_v1_dipam_proto_init() }
@@ -3470,15 +3566,15 @@ func file_dipam_v1_dipam_proto_init() {
 		(*CniReply_Result)(nil),
 		(*CniReply_Error)(nil),
 	}
-	file_dipam_v1_dipam_proto_msgTypes[21].OneofWrappers = []any{}
-	file_dipam_v1_dipam_proto_msgTypes[28].OneofWrappers = []any{}
+	file_dipam_v1_dipam_proto_msgTypes[22].OneofWrappers = []any{}
+	file_dipam_v1_dipam_proto_msgTypes[29].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dipam_v1_dipam_proto_rawDesc), len(file_dipam_v1_dipam_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   29,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -550,6 +550,7 @@ pub async fn round(w: &Watch, free: bool) -> Result<(), ShimError> {
                     began: w.core.births.gc_began(None, None),
                     mode: gc::collect::Mode::Free,
                     by: crate::l1_leaves::events::FreedBy::Reconcile,
+                    list_kept: false,
                 };
                 let plan = gc::collect::collect(&w.collector(), gc).await?;
                 let freed = plan.items.iter().filter(|i| i.outcome == "freed").count();

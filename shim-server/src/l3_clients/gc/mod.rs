@@ -30,6 +30,7 @@
 pub mod admit;
 pub mod collect;
 pub mod evidence;
+pub mod input;
 pub mod runtime;
 
 use std::time::Duration;
@@ -310,17 +311,20 @@ pub fn parse_list(v: &Value, source: &str) -> Result<Vec<(String, String)>, Inpu
     })?;
     list.iter()
         .enumerate()
-        .map(|(i, e)| {
-            entry(e).map_err(|why| InputError {
-                msg: format!("{source}[{i}] is not a valid attachment: {}", quote(e)),
-                details: format!(
-                    "{why}; each entry must be exactly {{\"containerID\": \"<id>\", \
-                     \"ifname\": \"<name>\"}} (keys are case-sensitive); the whole GC is \
-                     refused and nothing was freed"
-                ),
-            })
-        })
+        .map(|(i, e)| checked_entry(e, source, i))
         .collect()
+}
+
+/// Entry `i` of the list at `source`, checked: the pair, or the error that names it.
+fn checked_entry(e: &Value, source: &str, i: usize) -> Result<(String, String), InputError> {
+    entry(e).map_err(|why| InputError {
+        msg: format!("{source}[{i}] is not a valid attachment: {}", quote(e)),
+        details: format!(
+            "{why}; each entry must be exactly {{\"containerID\": \"<id>\", \
+             \"ifname\": \"<name>\"}} (keys are case-sensitive); the whole GC is \
+             refused and nothing was freed"
+        ),
+    })
 }
 
 /// Why one entry of a valid list is not an attachment (the `why` of [`parse_list`]'s error).

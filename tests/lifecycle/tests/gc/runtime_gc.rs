@@ -87,9 +87,10 @@ fn wait_status(lab: &Lab, what: &str, done: impl Fn(&Value) -> bool) -> Value {
     }
 }
 
-/// One pass now (`dipamctl gc --from-runtime [--dry-run]`), as JSON.
+/// One pass now (`dipamctl gc --from-runtime [--dry-run]`), as JSON, with every kept
+/// attachment listed (`--kept 1000`: the lab's are a handful).
 fn pass(lab: &Lab, dry_run: bool) -> Value {
-    let mut args = vec!["gc", "--from-runtime", "--json"];
+    let mut args = vec!["gc", "--from-runtime", "--json", "--kept", "1000"];
     if dry_run {
         args.push("--dry-run");
     }
@@ -241,6 +242,18 @@ fn a_conflist_swapped_under_a_sandbox_leaks_its_address_and_two_passes_free_it()
     );
     assert_eq!(verdict(&first, &stays.id), ("kept".into(), "listed".into()));
     assert_eq!(verdict(&first, &new.id), ("kept".into(), "listed".into()));
+    // The counts by reason cover them all, and a reply without --kept lists none of them.
+    assert_eq!(first["keptByReason"]["first-miss"], 1, "{first:#}");
+    assert_eq!(first["keptByReason"]["listed"], 2, "{first:#}");
+    // (The next pass frees `leaks`: what it keeps are the two listed.)
+    let counts = json(
+        &lab.dipamd
+            .ctl(&["gc", "--from-runtime", "--json", "--dry-run"]),
+    );
+    assert_eq!(counts["kept"], serde_json::json!([]), "{counts:#}");
+    assert_eq!(counts["keptTotal"], 2, "{counts:#}");
+    assert_eq!(counts["keptByReason"]["listed"], 2, "{counts:#}");
+    assert_eq!(counts["keptNotListed"], 2, "{counts:#}");
     assert!(
         lab.dipamd
             .ledger_pairs(&a)

@@ -151,10 +151,12 @@ fn never_decide(d: Deployment) {
     assert!(left.is_empty(), "nobody's store still holds {left:?}");
 }
 
-/// One runtime-aware GC pass now (`dipamctl gc --from-runtime --json`): each item's and
-/// kept entry's (containerID, outcome, keep codes).
+/// One runtime-aware GC pass now (`dipamctl gc --from-runtime --json --kept 1000`): each
+/// item's and kept entry's (containerID, outcome, keep codes).
 fn runtime_pass(lab: &Lab) -> Vec<(String, String, String)> {
-    let out = lab.dipamd.ctl(&["gc", "--from-runtime", "--json"]);
+    let out = lab
+        .dipamd
+        .ctl(&["gc", "--from-runtime", "--json", "--kept", "1000"]);
     let v: Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("gc --from-runtime: {e}: {out:?}"));
     assert!(out.status.success(), "{v:#}");

@@ -95,6 +95,10 @@ pub struct Request<'a> {
     pub began: GcStart,
     pub mode: Mode,
     pub by: crate::l1_leaves::events::FreedBy,
+    /// Whether the plan lists every record it keeps, with its reasons (`Plan::kept`): only
+    /// the operator's `dipamctl gc` prints them; at 10,000 attachments the lines were
+    /// megabytes that every other caller dropped (docs/performance.md, run 39).
+    pub list_kept: bool,
 }
 
 /// Plans and (unless the mode only plans) runs the GC `req` asks for.
@@ -131,6 +135,7 @@ pub async fn collect(c: &Collector, req: Request<'_>) -> Result<Plan, ShimError>
         began: req.began,
         mode: req.mode,
         by: req.by,
+        list_kept: req.list_kept,
     };
     let c = c.clone();
     // Lives as long as the caller's wait: the task tells by it whether anyone heard its end.
@@ -146,6 +151,7 @@ pub async fn collect(c: &Collector, req: Request<'_>) -> Result<Plan, ShimError>
             began: owned.began,
             mode: owned.mode,
             by: owned.by,
+            list_kept: owned.list_kept,
         };
         let out = collect_locked(&c, req).await;
         if heard.strong_count() == 0 {
@@ -180,6 +186,7 @@ struct Owned {
     began: GcStart,
     mode: Mode,
     by: crate::l1_leaves::events::FreedBy,
+    list_kept: bool,
 }
 
 /// [`collect`]'s work, with the network's GC lock held.
@@ -191,14 +198,13 @@ async fn collect_locked(c: &Collector, req: Request<'_>) -> Result<Plan, ShimErr
         began,
         mode,
         by,
+        list_kept,
     } = req;
     let Read {
         seen,
         reservations,
         resolved,
     } = read(c, dc, cni_path).await?;
-    // Only the operator's `dipamctl gc` prints every record it keeps, and why.
-    let list_kept = matches!(by, crate::l1_leaves::events::FreedBy::Operator);
     let mut planned = plan(c, &dc.network, valid, began, seen.dir.is_some(), list_kept).await?;
     interlock(c, &dc.network, &planned, mode.forced())?;
     let (probe, send) = resolved?;

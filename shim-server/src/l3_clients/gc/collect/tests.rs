@@ -19,6 +19,7 @@ fn run<'a>(
         began,
         mode: Mode::of(dry_run, force),
         by: crate::l1_leaves::events::FreedBy::Operator,
+        list_kept: true,
     }
 }
 
@@ -622,6 +623,7 @@ fn a_gc_on_a_dense_node_holds_what_it_frees_not_the_ledger() {
         began,
         mode: Mode::Free,
         by: crate::l1_leaves::events::FreedBy::CniGc,
+        list_kept: false,
     };
     let (plan, peak) = held::measure(&rt, collect(&c, gc));
     let plan = plan.unwrap();

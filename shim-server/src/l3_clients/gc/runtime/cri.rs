@@ -162,6 +162,130 @@ mod tests {
         }
     }
 
+    /// A pod sandbox as a runtime sends it (cri-api's fields 1-6).
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct Sent {
+        #[prost(string, tag = "1")]
+        id: String,
+        #[prost(message, optional, tag = "2")]
+        metadata: Option<Meta>,
+        #[prost(int32, tag = "3")]
+        state: i32,
+        #[prost(int64, tag = "4")]
+        created_at: i64,
+        #[prost(map = "string, string", tag = "5")]
+        labels: std::collections::HashMap<String, String>,
+        #[prost(map = "string, string", tag = "6")]
+        annotations: std::collections::HashMap<String, String>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct Meta {
+        #[prost(string, tag = "1")]
+        name: String,
+        #[prost(string, tag = "2")]
+        uid: String,
+        #[prost(string, tag = "3")]
+        namespace: String,
+        #[prost(uint32, tag = "4")]
+        attempt: u32,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct SentList {
+        #[prost(message, repeated, tag = "1")]
+        items: Vec<Sent>,
+    }
+
+    /// What dipamd decoded of each sandbox before run 41: fields 1-4.
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct Before {
+        #[prost(string, tag = "1")]
+        id: String,
+        #[prost(message, optional, tag = "2")]
+        metadata: Option<Meta>,
+        #[prost(int32, tag = "3")]
+        state: i32,
+        #[prost(int64, tag = "4")]
+        created_at: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct BeforeList {
+        #[prost(message, repeated, tag = "1")]
+        items: Vec<Before>,
+    }
+
+    /// A runtime's reply for 10,000 sandboxes, with kubelet's labels and annotations: dipamd
+    /// decodes their ids only, and holds a fraction of what decoding each sandbox's
+    /// metadata held (what a pass keeps is the set of ids either way).
+    #[test]
+    fn a_reply_of_10000_sandboxes_decodes_into_their_ids_only() {
+        use std::collections::HashSet;
+
+        use prost::Message;
+
+        use crate::testing::held;
+        const N: usize = 10_000;
+        let _one = held::one_at_a_time();
+        let rt = held::runtime();
+        let kv = |pairs: &[(&str, String)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), v.clone()))
+                .collect()
+        };
+        let sent = SentList {
+            items: (0..N)
+                .map(|i| {
+                    let (name, uid) = (
+                        format!("pod-{i}"),
+                        format!("{i:08x}-1111-2222-3333-444455556666"),
+                    );
+                    Sent {
+                        id: format!("{i:064x}"),
+                        metadata: Some(Meta {
+                            name: name.clone(),
+                            uid: uid.clone(),
+                            namespace: "default".into(),
+                            attempt: 0,
+                        }),
+                        state: 0,
+                        created_at: 1_700_000_000_000_000_000,
+                        labels: kv(&[
+                            ("io.kubernetes.pod.name", name),
+                            ("io.kubernetes.pod.namespace", "default".into()),
+                            ("io.kubernetes.pod.uid", uid),
+                            ("app", "density".into()),
+                        ]),
+                        annotations: kv(&[
+                            ("kubernetes.io/config.seen", "2026-11-29T18:00:00Z".into()),
+                            ("kubernetes.io/config.source", "api".into()),
+                        ]),
+                    }
+                })
+                .collect(),
+        }
+        .encode_to_vec();
+        let ids = |items: Vec<String>| items.into_iter().collect::<HashSet<String>>();
+        let (before, before_peak) = held::measure(&rt, async {
+            let r = BeforeList::decode(sent.as_slice()).unwrap();
+            ids(r.items.into_iter().map(|s| s.id).collect())
+        });
+        let (now, now_peak) = held::measure(&rt, async {
+            let r = v1::ListPodSandboxResponse::decode(sent.as_slice()).unwrap();
+            ids(r.items.into_iter().map(|s| s.id).collect())
+        });
+        assert_eq!(before, now);
+        assert_eq!(now.len(), N);
+        eprintln!(
+            "ListPodSandbox of {N} ({} B on the wire): decoded with the metadata (before) \
+             {before_peak} B at the peak, the ids only {now_peak} B",
+            sent.len()
+        );
+        assert!(now_peak < before_peak, "{now_peak} B vs {before_peak} B");
+    }
+
     #[tokio::test]
     async fn a_missing_socket_and_a_socket_that_is_not_cri_are_unreachable() {
         let dir = tempfile::tempdir().unwrap();

@@ -41,6 +41,8 @@ pub async fn run(node: &Node, req: GcRequest) -> Result<GcReply, ShimError> {
         began,
         mode: gc::collect::Mode::of(req.dry_run, req.force),
         by: crate::l1_leaves::events::FreedBy::Operator,
+        // `dipamctl gc` prints every record kept, and why.
+        list_kept: true,
     };
     match gc::collect::collect(&node.collector(), gc).await {
         Ok(plan) => Ok(GcReply {

@@ -1,7 +1,7 @@
 //! `Admin.RuntimeGc` (`dipamctl gc --from-runtime`): the runtime-aware GC's next pass planned
 //! now (`--dry-run`), or one pass run now, under the same rules as the timer's.
 
-use dipam_proto::v1::{RuntimeGcReply, RuntimeGcRequest};
+use dipam_proto::v1::{KeepCount, RuntimeGcReply, RuntimeGcRequest};
 
 use crate::{l1_leaves::error::ShimError, l3_clients::gc::runtime::pass, l5_node::node::Node};
 
@@ -16,7 +16,14 @@ pub async fn run(node: &Node, req: RuntimeGcRequest) -> Result<RuntimeGcReply, S
                   `dipamctl gc --valid FILE` collects one network by a list you give"
             .into(),
     })?;
-    let report = pass::pass(&node.collector(), rt, req.dry_run, req.force).await?;
+    let report = pass::pass(
+        &node.collector(),
+        rt,
+        req.dry_run,
+        req.force,
+        req.kept_limit as usize,
+    )
+    .await?;
     let (refused, refused_detail) = report
         .refused
         .map(|r| (r.code.to_owned(), r.detail))
@@ -29,5 +36,14 @@ pub async fn run(node: &Node, req: RuntimeGcRequest) -> Result<RuntimeGcReply, S
         sandboxes: report.sandboxes as u64,
         items: report.items,
         kept: report.kept,
+        kept_total: report.kept_total,
+        kept_by_reason: report
+            .kept_by_reason
+            .into_iter()
+            .map(|(reason, count)| KeepCount {
+                reason: reason.into(),
+                count,
+            })
+            .collect(),
     })
 }

@@ -456,8 +456,9 @@ pub struct Point {
     pub rss_kib: u64,
     pub hwm_kib: u64,
     /// dipamd's peak RSS during each later phase, from its own reset of VmHWM: the
-    /// `dipamctl status` and `attachments` calls, the two GCs (with the bench's checks of
-    /// the ledger between them), and the pooled run (its dipamd's, from that start).
+    /// `dipamctl status` and `attachments` calls, the GCs (the runtime-aware passes' in
+    /// `gc.peak_runtime_kib`, then the CNI GC's with the stale pods added again before it,
+    /// here), and the pooled run (its dipamd's, from that start).
     pub peak_ctl_kib: u64,
     pub peak_gc_kib: u64,
     pub peak_pool_kib: u64,

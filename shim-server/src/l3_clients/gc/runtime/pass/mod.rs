@@ -39,9 +39,19 @@ pub struct Report {
     pub sandboxes: usize,
     /// Freed, failed, or (dry run) planned.
     pub items: Vec<RuntimeGcItem>,
-    /// Kept, each with every reason.
+    /// Kept, each with every reason: at most the caller's limit of them, those kept for a
+    /// reason other than "listed" first.
     pub kept: Vec<RuntimeGcItem>,
+    /// How many are kept, listed in `kept` or not.
+    pub kept_total: u64,
+    /// How many are kept for each reason (one kept for several counts under each).
+    pub kept_by_reason: BTreeMap<&'static str, u64>,
 }
+
+/// The most kept attachments a report lists, whatever the caller asks: each is a few hundred
+/// bytes of the reply (pod, owner, addresses, reasons), and at 10,000 attachments the whole
+/// list took dipamd's RSS from 57 to 72 MiB (docs/performance.md, run 39).
+pub const KEPT_LIMIT: usize = 1_000;
 
 /// Whether the runtime-aware GC may ever free `r`: a pod's attachment made through CRI.
 fn made_through_cri(r: &AttachmentRecord) -> bool {
@@ -56,9 +66,13 @@ fn made_through_cri(r: &AttachmentRecord) -> bool {
 struct Plan {
     /// Missed by this pass and the one before: to free.
     free: Vec<AttachmentRecord>,
-    /// Kept, each with every reason (only when the caller lists them: `dipamctl gc
-    /// --from-runtime`; the timer's passes count them).
+    /// Kept for a reason other than "listed", each with every reason, then those the
+    /// runtime lists and nothing else keeps: each at most `Against::list_kept` long (only
+    /// `dipamctl gc --from-runtime --kept` lists them; every pass counts them).
     kept: Vec<RuntimeGcItem>,
+    kept_listed: Vec<RuntimeGcItem>,
+    kept_total: u64,
+    kept_by_reason: BTreeMap<&'static str, u64>,
     /// Every eligible attachment this pass missed (what the next pass compares with).
     missed: HashSet<AttachmentKey>,
     /// Attachments made through CRI, unlisted, kept only by --gc-grace (or also by it).
@@ -78,7 +92,8 @@ struct Against {
     missed_before: HashSet<AttachmentKey>,
     grace: u64,
     t: u64,
-    list_kept: bool,
+    /// How many kept attachments the report lists (0: none, the counts only).
+    list_kept: usize,
 }
 
 impl Plan {
@@ -139,9 +154,28 @@ impl Plan {
     }
 
     fn keep(&mut self, r: &AttachmentRecord, why: &[(&'static str, String)], a: &Against) {
-        if a.list_kept {
-            self.kept.push(kept_item(r, why));
+        self.kept_total += 1;
+        for (code, _) in why {
+            *self.kept_by_reason.entry(code).or_default() += 1;
         }
+        // What an operator looks for is mostly why one is not freed yet: those the runtime
+        // does not list (or that something else keeps) go before the thousands it lists.
+        let to = if why.iter().all(|(code, _)| *code == "listed") {
+            &mut self.kept_listed
+        } else {
+            &mut self.kept
+        };
+        if to.len() < a.list_kept {
+            to.push(kept_item(r, why));
+        }
+    }
+
+    /// The kept lines the report carries: at most `limit`, the unlisted ones first.
+    fn kept_lines(&mut self, limit: usize) -> Vec<RuntimeGcItem> {
+        let mut out = std::mem::take(&mut self.kept);
+        out.append(&mut self.kept_listed);
+        out.truncate(limit);
+        out
     }
 }
 
@@ -189,24 +223,26 @@ fn kept_item(r: &AttachmentRecord, why: &[(&'static str, String)]) -> RuntimeGcI
 /// Runs one pass (or, with `dry_run`, says what the next pass would do, changing nothing).
 /// `force` lets this one pass free more than --gc-max-free-share of the node's CRI
 /// attachments; nothing overrides the two-pass rule or a refusal of the runtime's answer.
-/// The report lists every attachment kept, with its reasons (`dipamctl gc --from-runtime`).
+/// The report counts what is kept by reason, and lists up to `kept` of them (at most
+/// [`KEPT_LIMIT`]) with their reasons (`dipamctl gc --from-runtime --kept N`).
 pub async fn pass(
     c: &Collector,
     rt: &RuntimeGc,
     dry_run: bool,
     force: bool,
+    kept: usize,
 ) -> Result<Report, ShimError> {
-    pass_with(c, rt, dry_run, force, true).await
+    pass_with(c, rt, dry_run, force, kept.min(KEPT_LIMIT)).await
 }
 
-/// [`pass`]; `list_kept`: whether the report lists what is kept (the timer's passes only
-/// count it: at 10,000 attachments the list was a line per record every 10 s).
+/// [`pass`]; `list_kept`: how many kept attachments the report lists (the timer's passes
+/// none: at 10,000 attachments the list was a line per record every 10 s).
 async fn pass_with(
     c: &Collector,
     rt: &RuntimeGc,
     dry_run: bool,
     force: bool,
-    list_kept: bool,
+    list_kept: usize,
 ) -> Result<Report, ShimError> {
     let _one = rt.running.lock().await;
     let endpoint = rt.client.endpoint().to_owned();
@@ -263,7 +299,9 @@ async fn pass_with(
         return Ok(refused(c, rt, dry_run, report, true));
     }
     drop(against);
-    report.kept = std::mem::take(&mut p.kept);
+    report.kept = p.kept_lines(list_kept);
+    report.kept_total = p.kept_total;
+    report.kept_by_reason = std::mem::take(&mut p.kept_by_reason);
     report.items = p.free.iter().map(|r| planned_item(r, t)).collect();
     if let Some(refusal) = interlock(c, p.cri_committed, p.free.len(), force) {
         report.refused = Some(refusal);
@@ -470,6 +508,7 @@ async fn free_scope(
         began,
         mode: Mode::FreeForced,
         by: FreedBy::RuntimeGc,
+        list_kept: false,
     };
     let plan = match collect(c, gc).await {
         Ok(plan) => plan,
@@ -606,7 +645,7 @@ pub async fn run(c: Collector, every: Duration) {
         return;
     };
     loop {
-        if let Err(e) = pass_with(&c, rt, false, false, false).await {
+        if let Err(e) = pass_with(&c, rt, false, false, 0).await {
             warn!(error = %e, "runtime-aware GC pass failed");
         }
         tokio::time::sleep(every).await;

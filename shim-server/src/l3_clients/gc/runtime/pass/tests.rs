@@ -60,13 +60,13 @@ impl Bench {
     }
 
     async fn pass(&self) -> Report {
-        pass(&self.node.collector(), self.rt(), false, false)
+        pass(&self.node.collector(), self.rt(), false, false, KEPT_LIMIT)
             .await
             .unwrap()
     }
 
     async fn dry_run(&self) -> Report {
-        pass(&self.node.collector(), self.rt(), true, false)
+        pass(&self.node.collector(), self.rt(), true, false, KEPT_LIMIT)
             .await
             .unwrap()
     }
@@ -328,7 +328,7 @@ async fn freeing_too_large_a_share_of_the_node_takes_force_and_keeps_the_chain()
     assert!(b.has("b") && b.has("c") && b.dels().is_empty());
     assert_eq!(b.rt().status().refusing, "share");
     // The operator's forced pass frees them: the chain survived the share refusal.
-    let r = pass(&b.node.collector(), b.rt(), false, true)
+    let r = pass(&b.node.collector(), b.rt(), false, true, KEPT_LIMIT)
         .await
         .unwrap();
     assert!(r.refused.is_none());
@@ -449,7 +449,7 @@ fn a_pass_on_a_dense_node_holds_what_it_frees_not_the_ledger() {
 
     // The timer's first pass: each unlisted one missed once, nothing freed, nothing listed.
     let (first, first_peak) = held::measure(&rt, async {
-        pass_with(&node.collector(), rt_gc, false, false, false)
+        pass_with(&node.collector(), rt_gc, false, false, 0)
             .await
             .unwrap()
     });
@@ -458,7 +458,7 @@ fn a_pass_on_a_dense_node_holds_what_it_frees_not_the_ledger() {
     assert_eq!(rt_gc.state.lock().unwrap().pending, gone.len() as u64);
     // What the next pass would free: exactly those the runtime no longer lists.
     let (next, next_peak) = held::measure(&rt, async {
-        pass_with(&node.collector(), rt_gc, true, false, false)
+        pass_with(&node.collector(), rt_gc, true, false, 0)
             .await
             .unwrap()
     });
@@ -475,9 +475,57 @@ fn a_pass_on_a_dense_node_holds_what_it_frees_not_the_ledger() {
             "a pass held {peak} B at its peak; the ledger takes {whole} B decoded"
         );
     }
-    // `dipamctl gc --from-runtime --dry-run` still lists every attachment kept, with why.
-    let listed_kept = rt
-        .block_on(pass(&node.collector(), rt_gc, true, false))
+    // `dipamctl gc --from-runtime --dry-run` counts every attachment kept, by reason, and
+    // lists none unless asked; asked, at most its limit, the unlisted ones first.
+    let (counted, counted_peak) =
+        held::measure(&rt, pass(&node.collector(), rt_gc, true, false, 0));
+    let counted = counted.unwrap();
+    assert!(counted.kept.is_empty(), "{} kept lines", counted.kept.len());
+    assert_eq!(counted.kept_total, (N - gone.len()) as u64);
+    assert_eq!(
+        counted.kept_by_reason.get("listed"),
+        Some(&((N - gone.len()) as u64))
+    );
+    let (listed_kept, listed_peak) =
+        held::measure(&rt, pass(&node.collector(), rt_gc, true, false, usize::MAX));
+    let listed_kept = listed_kept.unwrap();
+    assert_eq!(listed_kept.kept.len(), KEPT_LIMIT);
+    assert_eq!(listed_kept.kept_total, (N - gone.len()) as u64);
+    // What the reply held before: a line for every attachment kept.
+    let (every, every_peak) = held::measure(&rt, async {
+        pass_with(&node.collector(), rt_gc, true, false, usize::MAX)
+            .await
+            .unwrap()
+    });
+    assert_eq!(every.kept.len(), N - gone.len());
+    drop(every);
+    eprintln!(
+        "dry runs at {N}: every kept line (before) {every_peak} B; counts only (the default \
+         now) {counted_peak} B; {KEPT_LIMIT} kept lines (the cap) {listed_peak} B"
+    );
+    assert!(counted_peak < listed_peak && listed_peak < every_peak);
+    assert!(
+        counted_peak * 3 < every_peak,
+        "{counted_peak} B vs {every_peak} B"
+    );
+}
+
+/// The counts cover every attachment kept, under each of its reasons; the lines, at most the
+/// limit asked, put those the runtime does not list (or that something else keeps) first.
+#[tokio::test]
+async fn the_report_counts_every_kept_attachment_and_lists_the_unusual_first() {
+    let b = Bench::new(vec![pod("s1"), pod("s2"), pod("s3"), pod("gone")]).await;
+    b.twin.lists(&["s1", "s2", "s3"]);
+    let r = pass(&b.node.collector(), b.rt(), true, false, 2)
+        .await
         .unwrap();
-    assert_eq!(listed_kept.kept.len(), N - gone.len());
+    assert_eq!(r.kept_total, 4, "{r:?}");
+    assert_eq!(r.kept_by_reason.get("listed"), Some(&3), "{r:?}");
+    assert_eq!(r.kept_by_reason.get("first-miss"), Some(&1), "{r:?}");
+    let lines: Vec<&str> = r.kept.iter().map(|i| i.container_id.as_str()).collect();
+    assert_eq!(lines, ["gone", "s1"], "{r:?}");
+    let none = pass(&b.node.collector(), b.rt(), true, false, 0)
+        .await
+        .unwrap();
+    assert!(none.kept.is_empty() && none.kept_total == 4, "{none:?}");
 }

@@ -27,6 +27,10 @@ pub struct GcPoint {
     pub runtime_floor_ms: f64,
     /// dipamd's own runtime-aware passes that began during the CNI GC.
     pub runtime_passes_beside: u64,
+    /// dipamd's RSS peak from the GC phase's start to the runtime-aware passes' end (KiB);
+    /// the phase's peak from then on is the CNI GC's (its stale pods added again, its
+    /// floors, the GC).
+    pub peak_runtime_kib: u64,
 }
 
 /// A copy of host-local's directory, for a floor to run on.
@@ -139,6 +143,9 @@ pub fn gc(rt: &Runtime, node: &mut Node, n: usize, opts: &Opts) -> Res<GcPoint> 
         ));
     }
     expect_live(node, "runtime-aware GC")?;
+    // Each GC's transient apart (performance.md run 41): the phase's VmHWM is reset here.
+    g.peak_runtime_kib = super::super::rss_kib(node.d.pid()).1;
+    super::super::reset_peak(node.d.pid());
 
     // The stale ones again, then a CNI GC naming every live pod (libcni 1.2.3 and later send
     // the list under both keys).

@@ -82,15 +82,16 @@ impl Report {
              samples` is since the start):",
         );
         self.line(format!(
-            "{:>6} {:>18} {:>18} {:>10} {:>12}",
-            "N", "start and samples", "status, attach.", "the GCs", "pooled run"
+            "{:>6} {:>18} {:>18} {:>10} {:>12} {:>12}",
+            "N", "start and samples", "status, attach.", "runtime GC", "CNI GC", "pooled run"
         ));
         for p in &d.points {
             self.line(format!(
-                "{:>6} {:>18.1} {:>18.1} {:>10.1} {:>12.1}",
+                "{:>6} {:>18.1} {:>18.1} {:>10.1} {:>12.1} {:>12.1}",
                 p.n,
                 mib(p.hwm_kib),
                 mib(p.peak_ctl_kib),
+                mib(p.gc.peak_runtime_kib),
                 mib(p.peak_gc_kib),
                 mib(p.peak_pool_kib)
             ));
@@ -248,7 +249,8 @@ impl Report {
             );
             for (phase, kib) in [
                 ("dipamctl status and attachments", p.peak_ctl_kib),
-                ("the GCs", p.peak_gc_kib),
+                ("the runtime-aware GC", p.gc.peak_runtime_kib),
+                ("the CNI GC", p.peak_gc_kib),
                 ("the pooled run", p.peak_pool_kib),
             ] {
                 self.target(
@@ -322,7 +324,8 @@ fn point_json(d: &Density, k: usize, p: &Point) -> Value {
         "stop_ms": r3(p.stop_ms), "start_ms": r3(p.start_ms),
         "start_after_sigkill_ms": r3(p.crash_start_ms),
         "rss_kib": p.rss_kib, "hwm_kib": p.hwm_kib,
-        "peak_kib": {"ctl": p.peak_ctl_kib, "gc": p.peak_gc_kib, "pooled": p.peak_pool_kib},
+        "peak_kib": {"ctl": p.peak_ctl_kib, "runtime_gc": p.gc.peak_runtime_kib,
+                     "gc": p.peak_gc_kib, "pooled": p.peak_pool_kib},
         "ledger_bytes": p.ledger.0, "ledger_allocated_bytes": p.ledger.1,
         "journal_bytes": p.journal.0, "journal_allocated_bytes": p.journal.1,
         "dipamctl_status_ms": summarize(&p.ctl_status).json(),
