@@ -24,9 +24,20 @@ fn allocated(dir: &std::path::Path) -> u64 {
 
 /// 1,000 live records of ~1.2 KiB (a host-local config and result, as dipamd records them),
 /// then 30,000 ADD/DEL cycles, each a new key put and an old one deleted, with the journal's
-/// checkpoints as dipamd makes them: the files never reach twice their size after the first
-/// 1,000 cycles (sled's size moves in 512 KiB segments, both ways; measured 1.33-1.67x at
-/// most, and back down).
+/// checkpoints as dipamd makes them: the files stay in sled's band and never reach
+/// [`BAND_CAP_KIB`]. A log whose segments were never reused would pass it within ~10,000
+/// cycles (each cycle appends ~2.5 KiB: ~75 MB over the run).
+///
+/// The band, not a ratio to an early sample: sled's size moves in 512 KiB segments, both
+/// ways, and how soon it reaches its band depends on how many cycles fall between its flushes,
+/// that is on the machine's speed. Measured on a 2-core machine (debug build, 2026-11-29,
+/// quiet and with two more runs beside it): 7.5-9.6 MiB at 1,000 cycles, then 11-20.5 MiB
+/// with no trend over 30,000-40,000 cycles in nine runs, the top reached early in some runs
+/// and only in the last few thousand cycles in others. The old bound (twice the first
+/// sample) failed 3 runs of 6 there while the files moved inside that band.
+/// The top of sled's band for this test's ledger (20.5 MiB measured), with a fifth more.
+const BAND_CAP_KIB: u64 = 24 << 10;
+
 #[test]
 fn the_ledger_on_disk_stops_growing_under_churn() {
     let dir = tempfile::tempdir().unwrap();
@@ -40,7 +51,7 @@ fn the_ledger_on_disk_stops_growing_under_churn() {
         r
     };
     const LIVE: usize = 1_000;
-    const CYCLES: usize = 10_000;
+    const CYCLES: usize = 30_000;
     for i in 0..LIVE {
         l.put_with(&rec(i), Durability::SurvivesProcessCrash)
             .unwrap();
@@ -58,14 +69,10 @@ fn the_ledger_on_disk_stops_growing_under_churn() {
         }
     }
     eprintln!("ledger KiB per 1,000 cycles: {sizes:?}");
-    // Measured (debug build, 1,000 live): 7.2-10.3 MiB over 30,000 cycles, in 512 KiB steps,
-    // up and down, against ~1.3 MiB of records: sled's segments in use, not the records, set
-    // the size, and they are reused.
-    let start = sizes[0];
     let most = *sizes.iter().max().unwrap();
     assert!(
-        most <= 2 * start,
-        "the ledger grew from {start} KiB to {most} KiB: {sizes:?}"
+        most <= BAND_CAP_KIB,
+        "the ledger reached {most} KiB, past sled's band (at most {BAND_CAP_KIB} KiB): {sizes:?}"
     );
     assert_eq!(l.count().unwrap(), LIVE);
 }
