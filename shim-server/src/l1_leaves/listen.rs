@@ -810,7 +810,7 @@ mod tests {
         // A client dials twice at most: its channel's one connection, then the probe's. A
         // channel that dialled again on finding its connection closed kept a refused client
         // dialling and waiting (dipam_proto::connect says why).
-        let ask = |label: String| {
+        let ask_counted = |label: String| {
             let (path, accepted) = (&path, Arc::clone(&accepted));
             async move {
                 let before = accepted.load(std::sync::atomic::Ordering::SeqCst);
@@ -822,14 +822,14 @@ mod tests {
         };
         let mut told = 0;
         for i in 0..100 {
-            let (got, by_call) = ask(format!("connection {i}")).await;
+            let (got, by_call) = ask_counted(format!("connection {i}")).await;
             assert_eq!(got, Some(Refused::NotAllowed), "connection {i}");
             told += usize::from(by_call);
         }
         eprintln!("the call's own error told the refusal {told} times of 100; the probe the rest");
         *refusal.lock().unwrap() = Refusal::PerUidCap;
         assert_eq!(
-            ask("per-uid cap".into()).await.0,
+            ask_counted("per-uid cap".into()).await.0,
             Some(Refused::TooManyConnections)
         );
         // Silent peers that never close take every lingering place: the next ones are
@@ -848,7 +848,7 @@ mod tests {
         eprintln!("silent peers took every lingering place: {all_taken}");
         for i in 0..100 {
             assert_eq!(
-                ask(format!("unlingered {i}")).await.0,
+                ask_counted(format!("unlingered {i}")).await.0,
                 Some(Refused::NotAllowed),
                 "unlingered {i}"
             );
