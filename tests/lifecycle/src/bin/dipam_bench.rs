@@ -148,6 +148,10 @@ struct Opts {
     /// The churn section: ADD/DEL cycles, and the live attachments they run beside.
     churn_cycles: usize,
     churn_live: usize,
+    /// Cycles a second the churn is held to (0: as fast as the node goes). dipamd's memory
+    /// of recent ADDs and DELs follows the rate (docs/performance.md run 42), so a run whose
+    /// rate wanders reads the wander, not growth with the cycles.
+    churn_rate: usize,
 }
 
 const SECTIONS: [&str; 8] = [
@@ -229,6 +233,8 @@ Options:
   --density-log FILE     keep the density section's dipamd log (JSON lines, debug level)
   --churn-cycles N       ADD/DEL cycles of the churn section (default 10000)
   --churn-live N         live attachments beside the churn (default 2500)
+  --churn-rate N         hold the churn to N cycles a second, so that its memory is read
+                         at one rate (default 0: as fast as the node goes)
   --sections LIST        comma-separated subset of latency,concurrency,cold,scale,gc,
                          pool-bursts,density,churn (default: all but density and churn)
   --json FILE            write every number as JSON
@@ -266,6 +272,7 @@ fn parse_args(args: &[String]) -> Res<Opts> {
         density_log: None,
         churn_cycles: 10_000,
         churn_live: 2_500,
+        churn_rate: 0,
     };
     // Explicit numbers win over --quick, whatever the order.
     let mut explicit: Vec<&str> = Vec::new();
@@ -338,6 +345,7 @@ fn parse_args(args: &[String]) -> Res<Opts> {
                 o.churn_live = number(a, value(a)?)?;
                 explicit.push("churn-live");
             }
+            "--churn-rate" => o.churn_rate = number(a, value(a)?)?,
             "--attachments" => {
                 o.attachments = number(a, value(a)?)?;
                 explicit.push("attachments");

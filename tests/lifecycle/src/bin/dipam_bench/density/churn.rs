@@ -1,8 +1,15 @@
 //! Churn (`--sections churn`): ADD/DEL cycles beside a ledger of live attachments, with
 //! dipamd's RSS and the ledger's and journal's bytes read every tenth of the run (issue 39:
-//! memory and disk stay bounded, the journal compacts).
+//! memory and disk stay bounded, the journal compacts). `--churn-rate` holds the cycles to
+//! one rate: dipamd's tables of the last ten minutes' ADDs and DELs are as large as the rate
+//! makes them, so only a run at one rate tells growth with the cycles from a rate that moved
+//! (docs/performance.md run 43: a run whose rate doubled read 1.22x).
 
-use std::{collections::HashSet, time::Instant};
+use std::{
+    collections::HashSet,
+    sync::Mutex,
+    time::{Duration, Instant},
+};
 
 use dipam_lifecycle::{Attachment, Runtime};
 use serde_json::{Value, json};
@@ -23,9 +30,21 @@ pub struct ChurnSample {
     pub secs: f64,
 }
 
+impl ChurnSample {
+    /// Cycles a second since the sample before (0 for the first).
+    fn rate_since(&self, before: Option<&ChurnSample>) -> f64 {
+        match before {
+            Some(b) if self.secs > b.secs => (self.cycles - b.cycles) as f64 / (self.secs - b.secs),
+            _ => 0.0,
+        }
+    }
+}
+
 pub struct Churn {
     pub live: usize,
     pub cycles: usize,
+    /// The rate asked for (0: none).
+    pub rate: usize,
     pub samples: Vec<ChurnSample>,
     pub load: Vec<f64>,
 }
@@ -55,11 +74,30 @@ pub fn churn(rt: &Runtime, opts: &Opts) -> Res<Churn> {
     let step = (opts.churn_cycles / 10).max(1);
     let mut done = 0;
     let list = node.list().clone();
+    // With a rate, each cycle starts no sooner than 1 / rate after the one before, whichever
+    // worker takes it; one that falls behind is not made up for by a burst above the rate.
+    let gap = match opts.churn_rate {
+        0 => Duration::ZERO,
+        r => Duration::from_secs_f64(1.0 / r as f64),
+    };
+    let next = Mutex::new(Instant::now());
+    let pace = || {
+        let slot = match next.lock() {
+            Ok(mut n) => {
+                let slot = (*n).max(Instant::now());
+                *n = slot + gap;
+                slot
+            }
+            Err(_) => return,
+        };
+        std::thread::sleep(slot.saturating_duration_since(Instant::now()));
+    };
     while done < opts.churn_cycles {
         let batch: Vec<Attachment> = (done..(done + step).min(opts.churn_cycles))
             .map(|i| node.att(Kind::Churn, 0, i))
             .collect();
         fan_out(&batch, 2, |a| {
+            pace();
             let r = rt
                 .ipam(&list, 0, "ADD", a, None)
                 .map_err(|e| format!("churn ADD: {e}"))?;
@@ -70,9 +108,10 @@ pub fn churn(rt: &Runtime, opts: &Opts) -> Res<Churn> {
         done += batch.len();
         let s = read(&node, done, &t);
         super::super::progress!(
-            "churn: {done}/{} cycles in {:.0} s: RSS {:.1} MiB, ledger {} KiB, journal {} KiB",
+            "churn: {done}/{} cycles in {:.0} s ({:.1}/s): RSS {:.1} MiB, ledger {} KiB, journal {} KiB",
             opts.churn_cycles,
             s.secs,
+            s.rate_since(samples.last()),
             mib(s.rss_kib),
             s.ledger / 1024,
             s.journal / 1024
@@ -95,6 +134,7 @@ pub fn churn(rt: &Runtime, opts: &Opts) -> Res<Churn> {
     Ok(Churn {
         live: opts.churn_live,
         cycles: opts.churn_cycles,
+        rate: opts.churn_rate,
         samples,
         load: loadavg(),
     })
@@ -102,23 +142,30 @@ pub fn churn(rt: &Runtime, opts: &Opts) -> Res<Churn> {
 
 impl Report {
     pub fn churn(&mut self, c: &Churn) {
+        let paced = match c.rate {
+            0 => "as fast as the node goes".to_owned(),
+            r => format!("held to {r} a second"),
+        };
         self.line(format!(
-            "\nChurn: {} ADD/DEL cycles on {} live attachments (2 at a time; load at the end {:?})",
+            "\nChurn: {} ADD/DEL cycles on {} live attachments (2 at a time, {paced}; load at the end {:?})",
             c.cycles, c.live, c.load
         ));
         self.line(format!(
-            "{:>8} {:>8} {:>8} {:>11} {:>11}",
-            "cycles", "s", "RSS MiB", "ledger KiB", "journal KiB"
+            "{:>8} {:>8} {:>6} {:>8} {:>11} {:>11}",
+            "cycles", "s", "/s", "RSS MiB", "ledger KiB", "journal KiB"
         ));
+        let mut before: Option<&ChurnSample> = None;
         for s in &c.samples {
             self.line(format!(
-                "{:>8} {:>8.0} {:>8.1} {:>11} {:>11}",
+                "{:>8} {:>8.0} {:>6.1} {:>8.1} {:>11} {:>11}",
                 s.cycles,
                 s.secs,
+                s.rate_since(before),
                 mib(s.rss_kib),
                 s.ledger / 1024,
                 s.journal / 1024
             ));
+            before = Some(s);
         }
         let Some(last) = c.samples.last() else {
             return;
@@ -181,15 +228,18 @@ impl Report {
         let samples: Vec<Value> = c
             .samples
             .iter()
-            .map(|s| {
+            .enumerate()
+            .map(|(i, s)| {
+                let rate = s.rate_since(i.checked_sub(1).map(|b| &c.samples[b]));
                 json!({"cycles": s.cycles, "secs": r3(s.secs), "rss_kib": s.rss_kib,
-                       "ledger_allocated_bytes": s.ledger, "journal_bytes": s.journal})
+                       "ledger_allocated_bytes": s.ledger, "journal_bytes": s.journal,
+                       "cycles_per_sec": r3(rate)})
             })
             .collect();
         self.json.insert(
             "churn".into(),
-            json!({"live": c.live, "cycles": c.cycles, "loadavg_end": c.load,
-                   "samples": samples}),
+            json!({"live": c.live, "cycles": c.cycles, "rate_asked": c.rate,
+                   "loadavg_end": c.load, "samples": samples}),
         );
     }
 }
