@@ -25,5 +25,7 @@ pub mod perms;
 pub mod privilege;
 // What one non-root caller may take of dipamd (access.rs's admission uses it).
 pub mod quota;
+// What the memories of recent ADDs and DELs hold for a key (core/births.rs, tombstones.rs).
+pub mod tag;
 pub mod trim;
 pub mod validate;

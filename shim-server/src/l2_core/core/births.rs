@@ -24,10 +24,18 @@
 //! at start it is the instant the tracker was made, since it knows nothing of the ADDs an
 //! earlier dipamd ran. A key without a stamp, for a GC that began at or before the watermark,
 //! may have been born after the GC: [`Born::Unknown`], and the GC keeps it.
+//!
+//! A stamp is held under the key's 128-bit tag (l1_leaves/tag.rs), not the key: a full table
+//! holds 75 bytes a stamp at its peak, where the key's three strings made it 308 (the
+//! counting allocator, `a_full_table_holds_a_tag_per_stamp_not_the_key`; docs/performance.md
+//! run 42, lever 13). Two keys sharing a tag (about 2^-97 at the bound, and no caller can aim
+//! at it) would only make one look born when the other was: kept, never freed.
 
 use std::{collections::HashMap, sync::Mutex, time::Duration};
 
 use dipam_state::{AttachmentKey, BootStamp};
+
+use crate::l1_leaves::tag::{Tag, Tagger};
 
 /// How long an ADD's stamp is kept: far longer than a GC's plan and releases take (a GC of
 /// 1,000 attachments runs for seconds, docs/performance.md run 15).
@@ -81,11 +89,13 @@ pub enum Born {
 
 pub struct Births {
     clock: Clock,
+    tagger: Tagger,
     inner: Mutex<Inner>,
 }
 
 struct Inner {
-    stamps: HashMap<AttachmentKey, u64>,
+    /// A key's tag -> its last ADD's end.
+    stamps: HashMap<Tag, u64>,
     /// The newest stamp dropped, or the tracker's creation.
     forgotten: u64,
     since_sweep: u32,
@@ -111,6 +121,7 @@ impl Births {
         let made = clock().unwrap_or(u64::MAX);
         Self {
             clock,
+            tagger: Tagger::default(),
             inner: Mutex::new(Inner {
                 stamps: HashMap::new(),
                 forgotten: made,
@@ -121,10 +132,14 @@ impl Births {
 
     /// Stamps `key` now: an ADD on it finished (or is finishing) under its lock.
     pub fn stamp(&self, key: &AttachmentKey) {
+        self.stamp_tag(self.tagger.tag(key));
+    }
+
+    fn stamp_tag(&self, tag: Tag) {
         // Unreadable: the latest possible, which every GC keeps.
         let now = (self.clock)().unwrap_or(u64::MAX);
         let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let at = g.stamps.entry(key.clone()).or_insert(now);
+        let at = g.stamps.entry(tag).or_insert(now);
         *at = (*at).max(now);
         g.since_sweep += 1;
         if g.stamps.len() > MAX || g.since_sweep >= SWEEP_EVERY {
@@ -135,11 +150,9 @@ impl Births {
     /// Stamps `key` now and again when the returned guard is dropped: hold it for the whole
     /// of a runtime's ADD, dropped before the key's lock is.
     pub fn stamp_on_drop<'a>(&'a self, key: &AttachmentKey) -> StampOnDrop<'a> {
-        self.stamp(key);
-        StampOnDrop {
-            births: self,
-            key: key.clone(),
-        }
+        let tag = self.tagger.tag(key);
+        self.stamp_tag(tag);
+        StampOnDrop { births: self, tag }
     }
 
     /// A GC's start: the earliest of now, the instant its plugin says it started (`issued`,
@@ -166,8 +179,9 @@ impl Births {
 
     /// Whether `key` was born at or after `start`.
     pub fn born(&self, key: &AttachmentKey, start: GcStart) -> Born {
+        let tag = self.tagger.tag(key);
         let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        match g.stamps.get(key) {
+        match g.stamps.get(&tag) {
             Some(&at) if at >= start.0 => Born::After,
             _ if g.forgotten >= start.0 => Born::Unknown,
             _ => Born::Before,
@@ -224,12 +238,12 @@ impl Inner {
 /// [`Births::stamp_on_drop`]'s guard.
 pub struct StampOnDrop<'a> {
     births: &'a Births,
-    key: AttachmentKey,
+    tag: Tag,
 }
 
 impl Drop for StampOnDrop<'_> {
     fn drop(&mut self) {
-        self.births.stamp(&self.key);
+        self.births.stamp_tag(self.tag);
     }
 }
 
@@ -371,6 +385,28 @@ mod tests {
         }
         assert_eq!(b.len(), SWEEP_EVERY as usize);
         assert!(capacity() <= 8 * SWEEP_EVERY as usize, "{}", capacity());
+    }
+
+    /// A full table, of keys as runtimes make them (a 64-digit container ID): what it holds
+    /// per stamp at its peak, by the counting allocator: 75 bytes. Held under the keys
+    /// themselves, the stamps took 308.
+    #[test]
+    fn a_full_table_holds_a_tag_per_stamp_not_the_key() {
+        use crate::testing::held;
+        let _one = held::one_at_a_time();
+        let rt = held::runtime();
+        let (b, t) = clocked(S);
+        let (b, peak) = held::measure(&rt, async move {
+            for i in 0..MAX as u64 {
+                t.store(S + i, Ordering::SeqCst);
+                b.stamp(&AttachmentKey::new("density", format!("{i:064x}"), "eth0"));
+            }
+            b
+        });
+        assert_eq!(b.len(), MAX);
+        let per = peak / MAX;
+        eprintln!("{MAX} stamps: peak {peak} B, {per} B a stamp");
+        assert!(per <= 100, "{per} B a stamp at the peak ({peak} B in all)");
     }
 
     #[test]

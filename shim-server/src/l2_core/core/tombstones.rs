@@ -9,29 +9,51 @@
 //! minutes. The expiries are kept in the order they were set (one TTL for all, on a
 //! monotonic clock, so that order is expiry order): expired and surplus ones leave from the
 //! front, in amortised constant time per DEL.
+//!
+//! A tombstone holds the key's 128-bit tag (l1_leaves/tag.rs), not the key, and the issue's
+//! boot id shared with the tombstone before it: a full set holds 203 bytes a tombstone at its
+//! peak, where the key and the stamp copied into the table and the queue made it 621 (the
+//! counting allocator, `a_full_set_holds_a_tag_per_tombstone_not_the_key`;
+//! docs/performance.md run 42, lever 13). Two
+//! keys sharing a tag (about 2^-97 at the bound, and no caller can aim at it) would let one
+//! key's DEL refuse the other's ADD issued before it, with code 3, which the runtime retries.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{HashMap, VecDeque, hash_map::Entry},
     hash::Hash,
+    marker::PhantomData,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use dipam_state::BootStamp;
+
+use crate::l1_leaves::tag::{Tag, Tagger};
 
 /// How long a DEL is remembered against stale ADDs; longer than any runtime's CNI timeout.
 pub const TOMBSTONE_TTL: Duration = Duration::from_secs(600);
 /// The most tombstones kept: bounds memory under churn.
 pub const TOMBSTONE_MAX: usize = 65_536;
 
+/// A DEL's issue time as a tombstone keeps it: the boot id is shared with the tombstones
+/// before it (one boot's DELs, nearly always).
+#[derive(Debug, Clone)]
+struct Issued {
+    boot_id: Arc<str>,
+    ns: u64,
+}
+
 /// Keyed by `K`: the attachment's key for root's DELs, which bind every caller's ADDs, and
 /// (uid, key) for a non-root caller's, which bind only that caller's (Core::bury says why).
 #[derive(Debug)]
 pub struct Tombstones<K> {
-    /// key -> (issue time of its last DEL, when to forget it).
-    by_key: HashMap<K, (BootStamp, Instant)>,
-    /// (expiry, key) in the order they were set. A key buried again has an older entry here
-    /// too, which no longer matches `by_key` and is skipped when it comes up.
-    order: VecDeque<(Instant, K)>,
+    /// key's tag -> (issue time of its last DEL, when to forget it).
+    by_key: HashMap<Tag, (Issued, Instant)>,
+    /// (expiry, key's tag) in the order they were set. A key buried again has an older entry
+    /// here too, which no longer matches `by_key` and is skipped when it comes up.
+    order: VecDeque<(Instant, Tag)>,
+    tagger: Tagger,
+    _key: PhantomData<fn(&K)>,
 }
 
 impl<K> Default for Tombstones<K> {
@@ -39,44 +61,69 @@ impl<K> Default for Tombstones<K> {
         Self {
             by_key: HashMap::new(),
             order: VecDeque::new(),
+            tagger: Tagger::default(),
+            _key: PhantomData,
         }
     }
 }
 
-impl<K: Hash + Eq + Clone> Tombstones<K> {
+impl<K: Hash> Tombstones<K> {
     /// Remembers a DEL of `key` issued at `issued`, at `now`.
     pub fn bury(&mut self, key: &K, issued: BootStamp, now: Instant) {
         self.expire(now);
         self.shrink();
-        if !self.by_key.contains_key(key) {
+        let tag = self.tagger.tag(key);
+        if !self.by_key.contains_key(&tag) {
             while self.by_key.len() >= TOMBSTONE_MAX && self.pop_front() {}
         }
         let until = now + TOMBSTONE_TTL;
-        let entry = self
-            .by_key
-            .entry(key.clone())
-            .or_insert((issued.clone(), now));
-        // The latest DEL is the one an ADD must postdate.
-        if crate::l1_leaves::order::before(Some(&entry.0), Some(&issued)) == Some(true) {
-            entry.0 = issued;
+        let issued = self.issued(issued);
+        match self.by_key.entry(tag) {
+            Entry::Vacant(v) => {
+                v.insert((issued, until));
+            }
+            Entry::Occupied(mut o) => {
+                let (last, at) = o.get_mut();
+                // The latest DEL is the one an ADD must postdate.
+                if crate::l1_leaves::order::before(Some(&last.stamp()), Some(&issued.stamp()))
+                    == Some(true)
+                {
+                    *last = issued;
+                }
+                *at = until;
+            }
         }
-        entry.1 = until;
-        self.order.push_back((until, key.clone()));
+        self.order.push_back((until, tag));
         // Keys buried again and again leave their old entries behind: compact once they are
         // as many as the live ones, which keeps this amortised constant time too.
         if self.order.len() > 2 * self.by_key.len().max(1024) {
             let by_key = &self.by_key;
             self.order
-                .retain(|(until, k)| by_key.get(k).is_some_and(|(_, u)| u == until));
+                .retain(|(until, t)| by_key.get(t).is_some_and(|(_, u)| u == until));
         }
     }
 
     /// The issue time of the last DEL of `key`, if still remembered at `now`.
     pub fn get(&self, key: &K, now: Instant) -> Option<BootStamp> {
         self.by_key
-            .get(key)
+            .get(&self.tagger.tag(key))
             .filter(|(_, until)| *until > now)
-            .map(|(issued, _)| issued.clone())
+            .map(|(issued, _)| issued.stamp())
+    }
+
+    /// `issued` as a tombstone keeps it: its boot id shared with the newest tombstone's when
+    /// they are the same boot's.
+    fn issued(&self, issued: BootStamp) -> Issued {
+        let newest = self
+            .order
+            .back()
+            .and_then(|(_, t)| self.by_key.get(t))
+            .map(|(i, _)| &i.boot_id)
+            .filter(|b| ***b == *issued.boot_id);
+        Issued {
+            boot_id: newest.map_or_else(|| Arc::from(issued.boot_id), Arc::clone),
+            ns: issued.ns,
+        }
     }
 
     #[cfg(test)]
@@ -108,13 +155,22 @@ impl<K: Hash + Eq + Clone> Tombstones<K> {
     /// Drops the oldest entry of `order`, and its tombstone if the entry is its current one;
     /// false when there is nothing left.
     fn pop_front(&mut self) -> bool {
-        let Some((until, key)) = self.order.pop_front() else {
+        let Some((until, tag)) = self.order.pop_front() else {
             return false;
         };
-        if self.by_key.get(&key).is_some_and(|(_, u)| *u == until) {
-            self.by_key.remove(&key);
+        if self.by_key.get(&tag).is_some_and(|(_, u)| *u == until) {
+            self.by_key.remove(&tag);
         }
         true
+    }
+}
+
+impl Issued {
+    fn stamp(&self) -> BootStamp {
+        BootStamp {
+            boot_id: self.boot_id.to_string(),
+            ns: self.ns,
+        }
     }
 }
 
@@ -174,6 +230,37 @@ mod tests {
         }
         assert_eq!(one.len(), 1);
         assert!(one.order.len() <= 2 * 1024 + 1, "{}", one.order.len());
+    }
+
+    /// A full set of tombstones, of keys as runtimes make them (a 64-digit container ID) and
+    /// DELs of one boot: what it holds per tombstone at its peak, by the counting allocator:
+    /// 203 bytes. Holding the keys and the stamps themselves, it took 621.
+    #[test]
+    fn a_full_set_holds_a_tag_per_tombstone_not_the_key() {
+        use crate::testing::held;
+        let _one = held::one_at_a_time();
+        let rt = held::runtime();
+        let t0 = Instant::now();
+        let boot = "4f2c9b1e-8d3a-4c57-9e61-0b7a2d5f3c88";
+        let (t, peak) = held::measure(&rt, async move {
+            let mut t = Tombstones::<AttachmentKey>::default();
+            for i in 0..TOMBSTONE_MAX {
+                let key = AttachmentKey::new("density", format!("{i:064x}"), "eth0");
+                let at = BootStamp {
+                    boot_id: boot.into(),
+                    ns: i as u64,
+                };
+                t.bury(&key, at, t0 + Duration::from_micros(i as u64));
+            }
+            t
+        });
+        assert_eq!(t.len(), TOMBSTONE_MAX);
+        let per = peak / TOMBSTONE_MAX;
+        eprintln!("{TOMBSTONE_MAX} tombstones: peak {peak} B, {per} B a tombstone");
+        assert!(
+            per <= 260,
+            "{per} B a tombstone at the peak ({peak} B in all)"
+        );
     }
 
     #[test]
