@@ -68,21 +68,30 @@ fn unrecorded(
     planned: &mut Planned,
 ) -> Vec<store::Reservation> {
     let grace = c.gc.policy.grace.as_secs();
-    let delegate_keep = &planned.delegate_keep;
-    let known = &planned.known;
-    let known_ids: HashSet<&str> = known.iter().map(|(c, _)| c.as_str()).collect();
-    let keep_ids: HashSet<&str> = delegate_keep.iter().map(|(c, _)| c.as_str()).collect();
+    let (listed_set, also_kept, known) = (&planned.listed, &planned.also_kept, &planned.known);
+    // Legacy id-only files (empty ifname) match by container ID: the sets' ids, made only
+    // when the store has such a file (at 10,000 pods each was a table of 10,000 ids).
+    let (known_ids, keep_ids): (HashSet<&str>, HashSet<&str>) =
+        match reservations.iter().any(|r| r.ifname.is_empty()) {
+            true => (
+                known.iter().map(|(c, _)| &**c).collect(),
+                listed_set.iter().chain(also_kept).map(|(c, _)| &**c).collect(),
+            ),
+            false => Default::default(),
+        };
     let mut candidates = Vec::new();
     for r in reservations {
-        let pair = (r.container_id.clone(), r.ifname.clone());
-        // Legacy id-only files (empty ifname) match by container ID.
         let (recorded, listed) = if r.ifname.is_empty() {
             (
                 known_ids.contains(r.container_id.as_str()),
                 keep_ids.contains(r.container_id.as_str()),
             )
         } else {
-            (known.contains(&pair), delegate_keep.contains(&pair))
+            let pair: Pair = (r.container_id.as_str().into(), r.ifname.as_str().into());
+            (
+                known.contains(&pair),
+                listed_set.contains(&pair) || also_kept.contains(&pair),
+            )
         };
         if recorded {
             // The ledger's record stands for it (kept or collected above).
