@@ -42,8 +42,8 @@ use crate::{
     },
     l3_clients::liveness::Verdict,
 };
-use orphans::{plan_orphans, release_orphans};
-use plan::{Pair, Planned, plan};
+use orphans::{Reserved, plan_orphans, release_orphans};
+use plan::{Names, Pair, Planned, plan};
 
 /// Stale records marked `deleting` per ledger commit. Bounds what a crash leaves for the next
 /// start to release again (at most about a chunk and a half plus the DELs running), while
@@ -203,9 +203,11 @@ async fn collect_locked(c: &Collector, req: Request<'_>) -> Result<Plan, ShimErr
     let Read {
         seen,
         reservations,
+        names,
         resolved,
     } = read(c, dc, cni_path).await?;
-    let mut planned = plan(c, &dc.network, valid, began, seen.dir.is_some(), list_kept).await?;
+    let known = seen.dir.is_some();
+    let mut planned = plan(c, &dc.network, names, valid, began, known, list_kept).await?;
     interlock(c, &dc.network, &planned, mode.forced())?;
     let (probe, send) = resolved?;
     let orphans = plan_orphans(c, dc, &seen, reservations, &mut planned).await;
@@ -230,7 +232,9 @@ async fn collect_locked(c: &Collector, req: Request<'_>) -> Result<Plan, ShimErr
 struct Read {
     seen: Seen,
     /// The delegate's store, where dipamd reads it (host-local's directory).
-    reservations: Option<Vec<store::Reservation>>,
+    reservations: Option<Vec<Reserved>>,
+    /// The reservations' names, which the plan's share.
+    names: Names,
     resolved: Result<(crate::l2_core::delegate::Probe, Option<SpecVersion>), ShimError>,
 }
 
@@ -256,15 +260,15 @@ async fn read(c: &Collector, dc: &DelegateConf, cni_path: &str) -> Result<Read, 
     } else {
         store::readable_dir(&dc.kind, &dc.conf, &network)
     };
+    let mut names = Names::default();
     let reservations = match &dir {
         // A file read per address: off the async workers that serve the pods' ADDs.
         Some(d) => {
             let d = d.clone();
-            Some(
-                store::read(d.clone())
-                    .await
-                    .map_err(|e| ShimError::Internal(format!("reading {}: {e}", d.display())))?,
-            )
+            let read = store::read(d.clone())
+                .await
+                .map_err(|e| ShimError::Internal(format!("reading {}: {e}", d.display())))?;
+            Some(Reserved::all(read, &mut names))
         }
         None => None,
     };
@@ -274,6 +278,7 @@ async fn read(c: &Collector, dc: &DelegateConf, cni_path: &str) -> Result<Read, 
     Ok(Read {
         seen: Seen { native_gc, dir },
         reservations,
+        names,
         resolved,
     })
 }
@@ -323,7 +328,7 @@ async fn release(
     d: &Delegate<'_>,
     seen: &Seen,
     planned: Planned,
-    orphans: Vec<store::Reservation>,
+    orphans: Vec<Reserved>,
     began: GcStart,
 ) -> Result<Plan, ShimError> {
     let Planned {

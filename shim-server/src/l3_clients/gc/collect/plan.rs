@@ -34,11 +34,12 @@ pub(super) struct Planned {
     pub kept: Vec<GcItem>,
 }
 
-/// One copy of each name the pass meets: the valid list's ids first, then each record's, so a
-/// listed record's id, its entry's and the sets' are one allocation, and every "eth0" is one.
-/// At 10,000 pods each set held its own copy of every id (docs/performance.md, run 44).
+/// One copy of each name a GC meets: the delegate's store's (orphans.rs), the valid list's,
+/// then each record's, so a listed record's id, its reservation's, its entry's and the sets'
+/// are one allocation, and every "eth0" is one. At 10,000 pods each set, and each
+/// reservation, held its own copy of every id (docs/performance.md, run 44).
 #[derive(Default)]
-struct Names(HashSet<Arc<str>>);
+pub(super) struct Names(HashSet<Arc<str>>);
 
 impl Names {
     fn name(&mut self, s: &str) -> Arc<str> {
@@ -50,7 +51,7 @@ impl Names {
         n
     }
 
-    fn pair(&mut self, container_id: &str, ifname: &str) -> Pair {
+    pub(super) fn pair(&mut self, container_id: &str, ifname: &str) -> Pair {
         (self.name(container_id), self.name(ifname))
     }
 }
@@ -119,12 +120,14 @@ impl Pass {
     }
 }
 
-/// Reads the network's records one at a time and plans over them. `busy` (the keys with an
-/// operation in flight) is taken after the read, as it always was: an operation that started
-/// while the ledger was read keeps its record.
+/// Reads the network's records one at a time and plans over them, their names and the valid
+/// list's taken up into `names`. `busy` (the keys with an operation in flight) is taken after
+/// the read, as it always was: an operation that started while the ledger was read keeps its
+/// record.
 pub(super) async fn plan(
     c: &Collector,
     network: &str,
+    mut names: Names,
     valid: Valid,
     began: GcStart,
     known: bool,
@@ -132,7 +135,6 @@ pub(super) async fn plan(
 ) -> Result<Planned, ShimError> {
     let grace = c.gc.policy.grace.as_secs();
     let from_ledger = matches!(valid, Valid::Ledger);
-    let mut names = Names::default();
     // The request's list goes pair by pair as its names are taken up.
     let listed: HashSet<Pair> = match valid {
         Valid::List(l) => l.into_iter().map(|(c, i)| names.pair(&c, &i)).collect(),
