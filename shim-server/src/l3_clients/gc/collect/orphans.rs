@@ -101,7 +101,11 @@ fn unrecorded(
         match reservations.iter().any(|r| r.pair.1.is_empty()) {
             true => (
                 known.iter().map(|(c, _)| &**c).collect(),
-                listed_set.iter().chain(also_kept).map(|(c, _)| &**c).collect(),
+                listed_set
+                    .iter()
+                    .chain(also_kept)
+                    .map(|(c, _)| &**c)
+                    .collect(),
             ),
             false => Default::default(),
         };
