@@ -572,7 +572,7 @@ async fn an_add_on_the_network_does_not_wait_for_the_gc() {
 /// at 10,000 during a CNI GC of 250). And it holds each name once: with the valid set, the
 /// delegate's keep set, the records' delegate keys and the store's reservations each owning
 /// every id, and an entry per kept record, it held ~900 B per attachment at its peak (2.70
-/// MB at 3,000; 10.7 MB at 10,000); with one shared copy of each name ~420 B (1.27 MB; 4.5
+/// MB at 3,000; 10.7 MB at 10,000); with one shared copy of each name 420-440 B (1.27-1.33 MB; 4.5
 /// MB at 10,000), against a bound of 640 (run 44).
 #[test]
 fn a_gc_on_a_dense_node_holds_what_it_frees_not_the_ledger() {
