@@ -42,8 +42,8 @@ use crate::{
     },
     l3_clients::liveness::Verdict,
 };
-use orphans::{plan_orphans, release_orphans};
-use plan::{Planned, plan};
+use orphans::{Reserved, plan_orphans, release_orphans};
+use plan::{Names, Pair, Planned, plan};
 
 /// Stale records marked `deleting` per ledger commit. Bounds what a crash leaves for the next
 /// start to release again (at most about a chunk and a half plus the DELs running), while
@@ -203,9 +203,11 @@ async fn collect_locked(c: &Collector, req: Request<'_>) -> Result<Plan, ShimErr
     let Read {
         seen,
         reservations,
+        names,
         resolved,
     } = read(c, dc, cni_path).await?;
-    let mut planned = plan(c, &dc.network, valid, began, seen.dir.is_some(), list_kept).await?;
+    let known = seen.dir.is_some();
+    let mut planned = plan(c, &dc.network, names, valid, began, known, list_kept).await?;
     interlock(c, &dc.network, &planned, mode.forced())?;
     let (probe, send) = resolved?;
     let orphans = plan_orphans(c, dc, &seen, reservations, &mut planned).await;
@@ -230,7 +232,9 @@ async fn collect_locked(c: &Collector, req: Request<'_>) -> Result<Plan, ShimErr
 struct Read {
     seen: Seen,
     /// The delegate's store, where dipamd reads it (host-local's directory).
-    reservations: Option<Vec<store::Reservation>>,
+    reservations: Option<Vec<Reserved>>,
+    /// The reservations' names, which the plan's share.
+    names: Names,
     resolved: Result<(crate::l2_core::delegate::Probe, Option<SpecVersion>), ShimError>,
 }
 
@@ -256,15 +260,15 @@ async fn read(c: &Collector, dc: &DelegateConf, cni_path: &str) -> Result<Read, 
     } else {
         store::readable_dir(&dc.kind, &dc.conf, &network)
     };
+    let mut names = Names::default();
     let reservations = match &dir {
         // A file read per address: off the async workers that serve the pods' ADDs.
         Some(d) => {
             let d = d.clone();
-            Some(
-                store::read(d.clone())
-                    .await
-                    .map_err(|e| ShimError::Internal(format!("reading {}: {e}", d.display())))?,
-            )
+            let read = store::read(d.clone())
+                .await
+                .map_err(|e| ShimError::Internal(format!("reading {}: {e}", d.display())))?;
+            Some(Reserved::all(read, &mut names))
         }
         None => None,
     };
@@ -274,6 +278,7 @@ async fn read(c: &Collector, dc: &DelegateConf, cni_path: &str) -> Result<Read, 
     Ok(Read {
         seen: Seen { native_gc, dir },
         reservations,
+        names,
         resolved,
     })
 }
@@ -323,7 +328,7 @@ async fn release(
     d: &Delegate<'_>,
     seen: &Seen,
     planned: Planned,
-    orphans: Vec<store::Reservation>,
+    orphans: Vec<Reserved>,
     began: GcStart,
 ) -> Result<Plan, ShimError> {
     let Planned {
@@ -331,12 +336,14 @@ async fn release(
         stale,
         mut items,
         mut kept,
-        delegate_keep,
+        also_kept,
         known,
         ..
     } = planned;
-    // The store comparison is done: its name sets go before the DELs start.
-    drop((delegate_keep, known));
+    // The store comparison is done: its name sets go before the DELs start, and the valid
+    // set with them unless the delegate's own GC is told it.
+    drop((also_kept, known));
+    let listed = seen.native_gc.then_some(listed);
     let parallel = c.gc.policy.parallel.max(1);
     let n = stale.len();
     // The keys the delegate's own GC is told are gone; the records themselves go to the
@@ -346,7 +353,7 @@ async fn release(
         false => Vec::new(),
     };
     let mut busy_now = release_stale(c, d, stale, began, parallel, &mut items[..n]).await;
-    if seen.native_gc {
+    if let Some(listed) = listed {
         native_gc(c, d, listed, stale_keys, &busy_now).await?;
     }
     let outcomes = release_orphans(c, d, &orphans, parallel).await;
@@ -379,7 +386,7 @@ async fn release(
 async fn native_gc(
     c: &Collector,
     d: &Delegate<'_>,
-    listed: HashSet<(String, String)>,
+    listed: HashSet<Pair>,
     stale: Vec<AttachmentKey>,
     busy_now: &[(usize, &'static str, &'static str)],
 ) -> Result<(), ShimError> {
@@ -393,26 +400,27 @@ async fn native_gc(
         .collect();
     // Read one record at a time, keeping only the names of those not chosen (run 32's
     // streaming, docs/cfp.md §7.4): the network is held exclusively meanwhile.
+    // The valid set's names are the set's own; a record's pair already in it is not held twice.
     let net = network.clone();
-    let mut delegate_keep: HashSet<(String, String)> = c
+    let delegate_keep: HashSet<Pair> = c
         .core
         .ledger(move |l| {
-            let mut keep = HashSet::new();
+            let mut keep = listed;
+            let pair = |(c, i): (String, String)| -> Pair { (c.into(), i.into()) };
             l.for_each(Some(&net), |r, _| {
                 if !chosen.contains(&r.key) {
-                    keep.extend(store::HeldAs::of(&r).into_differs());
-                    keep.insert((r.key.container_id, r.key.ifname));
+                    keep.extend(store::HeldAs::of(&r).into_differs().map(pair));
+                    keep.insert(pair((r.key.container_id, r.key.ifname)));
                 }
                 Ok(())
             })?;
             Ok(keep)
         })
         .await?;
-    delegate_keep.extend(listed);
     let mut conf = d.dc.conf.clone();
     let list: Vec<Value> = delegate_keep
         .iter()
-        .map(|(c, i)| json!({"containerID": c, "ifname": i}))
+        .map(|(c, i)| json!({"containerID": &**c, "ifname": &**i}))
         .collect();
     conf["cni.dev/valid-attachments"] = Value::Array(list.clone());
     conf["cni.dev/attachments"] = Value::Array(list);

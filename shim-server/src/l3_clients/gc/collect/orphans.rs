@@ -4,6 +4,32 @@
 
 use super::*;
 
+/// A reservation of the delegate's store as the GC holds it, its names shared with the plan's
+/// ([`Names`]). At 10,000 pods the store's reservations, each with its own id, were 2.1 MB of
+/// what a GC held at its peak (docs/performance.md, run 44).
+pub(super) struct Reserved {
+    pub ip: std::net::IpAddr,
+    /// (container ID, ifname); the ifname empty for host-local's legacy id-only files.
+    pub pair: Pair,
+    pub modified: Option<SystemTime>,
+}
+
+impl Reserved {
+    /// The store's reservations, each as it is taken up (a `Vec` of exactly their number: the
+    /// store's, grown as it was read, goes).
+    pub fn all(read: Vec<store::Reservation>, names: &mut Names) -> Vec<Self> {
+        let mut out = Vec::with_capacity(read.len());
+        for r in read {
+            out.push(Self {
+                ip: r.ip,
+                pair: names.pair(&r.container_id, &r.ifname),
+                modified: r.modified,
+            });
+        }
+        out
+    }
+}
+
 /// Orphans: reservations in the delegate's own store, unknown to the ledger and to the valid
 /// set. Kept when listed, young, or not shown unused; the rest are planned for release
 /// (their items appended after the stale records') and returned.
@@ -11,9 +37,9 @@ pub(super) async fn plan_orphans(
     c: &Collector,
     dc: &DelegateConf,
     seen: &Seen,
-    reservations: Option<Vec<store::Reservation>>,
+    reservations: Option<Vec<Reserved>>,
     planned: &mut Planned,
-) -> Vec<store::Reservation> {
+) -> Vec<Reserved> {
     let (Some(dir), Some(reservations)) = (&seen.dir, reservations) else {
         return Vec::new();
     };
@@ -27,7 +53,7 @@ pub(super) async fn plan_orphans(
     };
     let mut orphans = Vec::new();
     for r in candidates {
-        let kept_why = match scan.verdict(r.ip, &r.container_id) {
+        let kept_why = match scan.verdict(r.ip, &r.pair.0) {
             Verdict::Dead => None,
             Verdict::Alive(why) => Some(("alive", format!("{why}: adopt it, never free it"))),
             Verdict::Unknown(why) => Some(("unverified", format!("not shown unused: {why}"))),
@@ -35,8 +61,8 @@ pub(super) async fn plan_orphans(
         if let Some(why) = kept_why {
             planned.kept.push(kept(
                 "orphan",
-                &r.container_id,
-                &r.ifname,
+                &r.pair.0,
+                &r.pair.1,
                 vec![r.ip.to_string()],
                 vec![why],
             ));
@@ -44,8 +70,8 @@ pub(super) async fn plan_orphans(
         }
         planned.items.push(item(
             "orphan",
-            &r.container_id,
-            &r.ifname,
+            &r.pair.0,
+            &r.pair.1,
             vec![r.ip.to_string()],
             format!(
                 "held by {} in {} but unknown to dipamd and not in the valid list; nothing \
@@ -64,25 +90,37 @@ pub(super) async fn plan_orphans(
 fn unrecorded(
     c: &Collector,
     dc: &DelegateConf,
-    reservations: Vec<store::Reservation>,
+    reservations: Vec<Reserved>,
     planned: &mut Planned,
-) -> Vec<store::Reservation> {
+) -> Vec<Reserved> {
     let grace = c.gc.policy.grace.as_secs();
-    let delegate_keep = &planned.delegate_keep;
-    let known = &planned.known;
-    let known_ids: HashSet<&str> = known.iter().map(|(c, _)| c.as_str()).collect();
-    let keep_ids: HashSet<&str> = delegate_keep.iter().map(|(c, _)| c.as_str()).collect();
+    let (listed_set, also_kept, known) = (&planned.listed, &planned.also_kept, &planned.known);
+    // Legacy id-only files (empty ifname) match by container ID: the sets' ids, made only
+    // when the store has such a file (at 10,000 pods each was a table of 10,000 ids).
+    let (known_ids, keep_ids): (HashSet<&str>, HashSet<&str>) =
+        match reservations.iter().any(|r| r.pair.1.is_empty()) {
+            true => (
+                known.iter().map(|(c, _)| &**c).collect(),
+                listed_set
+                    .iter()
+                    .chain(also_kept)
+                    .map(|(c, _)| &**c)
+                    .collect(),
+            ),
+            false => Default::default(),
+        };
     let mut candidates = Vec::new();
     for r in reservations {
-        let pair = (r.container_id.clone(), r.ifname.clone());
-        // Legacy id-only files (empty ifname) match by container ID.
-        let (recorded, listed) = if r.ifname.is_empty() {
+        let (recorded, listed) = if r.pair.1.is_empty() {
             (
-                known_ids.contains(r.container_id.as_str()),
-                keep_ids.contains(r.container_id.as_str()),
+                known_ids.contains(&*r.pair.0),
+                keep_ids.contains(&*r.pair.0),
             )
         } else {
-            (known.contains(&pair), delegate_keep.contains(&pair))
+            (
+                known.contains(&r.pair),
+                listed_set.contains(&r.pair) || also_kept.contains(&r.pair),
+            )
         };
         if recorded {
             // The ledger's record stands for it (kept or collected above).
@@ -114,8 +152,8 @@ fn unrecorded(
             }
             planned.kept.push(kept(
                 "orphan",
-                &r.container_id,
-                &r.ifname,
+                &r.pair.0,
+                &r.pair.1,
                 vec![r.ip.to_string()],
                 why,
             ));
@@ -131,7 +169,7 @@ fn unrecorded(
 pub(super) async fn release_orphans(
     c: &Collector,
     d: &Delegate<'_>,
-    orphans: &[store::Reservation],
+    orphans: &[Reserved],
     parallel: usize,
 ) -> Vec<Released> {
     let network = &d.dc.network;
@@ -186,7 +224,7 @@ pub(super) async fn release_orphans(
 async fn release_orphan(
     c: &Collector,
     network: &str,
-    r: &store::Reservation,
+    r: &Reserved,
     probe: &crate::l2_core::delegate::Probe,
     cni_path: &str,
     kind: &str,
@@ -194,12 +232,12 @@ async fn release_orphan(
 ) -> Released {
     // host-local releases `<id>\r\n<ifname>`, and falls back to legacy id-only files when
     // nothing matches: any valid ifname reaches those.
-    let ifname = if r.ifname.is_empty() {
+    let ifname = if r.pair.1.is_empty() {
         "eth0".to_owned()
     } else {
-        r.ifname.clone()
+        r.pair.1.to_string()
     };
-    let key = AttachmentKey::new(network, &r.container_id, &ifname);
+    let key = AttachmentKey::new(network, &*r.pair.0, &ifname);
     let Some(_guard) = c.core.locks.try_lock(&key) else {
         return Released::Busy(IN_FLIGHT, "an operation on its key started after the plan");
     };
@@ -213,7 +251,7 @@ async fn release_orphan(
     let _releasing = c.core.addrs.releasing_ips(&key, vec![r.ip]);
     let inv = Invocation {
         command: "DEL".into(),
-        container_id: r.container_id.clone(),
+        container_id: r.pair.0.to_string(),
         ifname,
         path: c.core.exec.delegate_cni_path(cni_path),
         stdin: stdin.to_vec(),

@@ -5,19 +5,27 @@
 //! attachments on a node of 10,000 held every decoded record (config, result) at once
 //! (docs/performance.md, run 32).
 
+use std::sync::Arc;
+
 use super::*;
 use crate::l2_core::delegate::store::HeldAs;
+
+/// A (container ID, ifname) as the plan holds it: each name one copy shared by every set and
+/// entry of the plan that names it ([`Names`]).
+pub(super) type Pair = (Arc<str>, Arc<str>);
 
 /// The plan over the ledger: what is kept and why, and what is stale.
 pub(super) struct Planned {
     /// The valid set: the runtime's list, or every record (`--use-ledger`).
-    pub listed: HashSet<(String, String)>,
-    /// What the delegate is told to keep, and its store compared with: the valid set, every
-    /// kept record, and the delegate's key of each (a pod served from the warm pool).
-    pub delegate_keep: HashSet<(String, String)>,
+    pub listed: HashSet<Pair>,
+    /// What the delegate is told to keep beside the valid set: every kept record that is not
+    /// in it, and the delegate's key of each kept record where that differs (a pod served from
+    /// the warm pool). At 10,000 pods nearly every kept record is listed: a set of the valid
+    /// set and these together was a third set of ~10,000 pairs (docs/performance.md, run 44).
+    pub also_kept: HashSet<Pair>,
     /// The delegate's key of every record of the network (kept or stale), when its store is
     /// read (orphans.rs): a reservation one of them stands for is no orphan.
-    pub known: HashSet<(String, String)>,
+    pub known: HashSet<Pair>,
     /// The network's pods' committed records, for the share interlock.
     pub pods: usize,
     pub stale: Vec<AttachmentRecord>,
@@ -26,19 +34,41 @@ pub(super) struct Planned {
     pub kept: Vec<GcItem>,
 }
 
+/// One copy of each name a GC meets: the delegate's store's (orphans.rs), the valid list's,
+/// then each record's, so a listed record's id, its reservation's, its entry's and the sets'
+/// are one allocation, and every "eth0" is one. At 10,000 pods each set, and each
+/// reservation, held its own copy of every id (docs/performance.md, run 44).
+#[derive(Default)]
+pub(super) struct Names(HashSet<Arc<str>>);
+
+impl Names {
+    fn name(&mut self, s: &str) -> Arc<str> {
+        if let Some(n) = self.0.get(s) {
+            return Arc::clone(n);
+        }
+        let n: Arc<str> = Arc::from(s);
+        self.0.insert(Arc::clone(&n));
+        n
+    }
+
+    pub(super) fn pair(&mut self, container_id: &str, ifname: &str) -> Pair {
+        (self.name(container_id), self.name(ifname))
+    }
+}
+
 /// A record as the pass keeps it: a stale candidate whole (it is freed unless an operation
 /// holds it or its ADD finished after the GC began), any other as the little the plan needs.
 /// (A candidate is boxed: a record is several times a compact entry's size, and every entry
 /// of the pass is as large as its largest kind.)
 enum Entry {
-    Candidate(Box<AttachmentRecord>),
+    Candidate(Box<AttachmentRecord>, Pair),
     Kept(Compact),
 }
 
 /// What the plan holds of a record it keeps.
 struct Compact {
-    container_id: String,
-    ifname: String,
+    /// The record's (container ID, ifname).
+    pair: Pair,
     /// The delegate's key, where it is not the record's (a pod served from the warm pool).
     delegate: HeldAs,
     ips: Vec<String>,
@@ -51,31 +81,53 @@ struct Compact {
     old: u64,
 }
 
-impl Compact {
-    fn pair(&self) -> (String, String) {
-        (self.container_id.clone(), self.ifname.clone())
-    }
-
-    /// What the delegate's store names it by.
-    fn held_as(&self) -> (String, String) {
-        let (c, i) = self.delegate.ids(&self.container_id, &self.ifname);
-        (c.to_owned(), i.to_owned())
-    }
-}
-
-/// What the pass over the ledger returns.
+/// What the pass over the ledger returns, and the sets it fills as it reads.
 struct Pass {
+    names: Names,
+    /// The records whose reasons are decided after the read: every stale candidate, and
+    /// every kept record when the plan lists them (`list_kept`).
     entries: Vec<Entry>,
-    listed: HashSet<(String, String)>,
+    listed: HashSet<Pair>,
+    also_kept: HashSet<Pair>,
+    known: HashSet<Pair>,
+    /// Whether `known` is made: the delegate's store is read.
+    want_known: bool,
     pods: usize,
 }
 
-/// Reads the network's records one at a time and plans over them. `busy` (the keys with an
-/// operation in flight) is taken after the read, as it always was: an operation that started
-/// while the ledger was read keeps its record.
+impl Pass {
+    /// Notes the delegate's key of a record, kept or stale (see [`Planned::known`]).
+    fn know(&mut self, k: &Compact) {
+        if !self.want_known {
+            return;
+        }
+        let held = match k.delegate.differs() {
+            Some((c, i)) => self.names.pair(c, i),
+            None => k.pair.clone(),
+        };
+        self.known.insert(held);
+    }
+
+    /// Keeps `k` under its own name and, for a pod served from the warm pool, the name its
+    /// delegate holds it by (those not in the valid set, [`Planned::also_kept`]).
+    fn keep(&mut self, k: &Compact) {
+        let held = k.delegate.differs().map(|(c, i)| self.names.pair(c, i));
+        for pair in std::iter::once(k.pair.clone()).chain(held) {
+            if !self.listed.contains(&pair) {
+                self.also_kept.insert(pair);
+            }
+        }
+    }
+}
+
+/// Reads the network's records one at a time and plans over them, their names and the valid
+/// list's taken up into `names`. `busy` (the keys with an operation in flight) is taken after
+/// the read, as it always was: an operation that started while the ledger was read keeps its
+/// record.
 pub(super) async fn plan(
     c: &Collector,
     network: &str,
+    mut names: Names,
     valid: Valid,
     began: GcStart,
     known: bool,
@@ -83,8 +135,9 @@ pub(super) async fn plan(
 ) -> Result<Planned, ShimError> {
     let grace = c.gc.policy.grace.as_secs();
     let from_ledger = matches!(valid, Valid::Ledger);
-    let listed: HashSet<(String, String)> = match valid {
-        Valid::List(l) => l.into_iter().collect(),
+    // The request's list goes pair by pair as its names are taken up.
+    let listed: HashSet<Pair> = match valid {
+        Valid::List(l) => l.into_iter().map(|(c, i)| names.pair(&c, &i)).collect(),
         Valid::Ledger => HashSet::new(),
     };
     let net = network.to_owned();
@@ -93,12 +146,16 @@ pub(super) async fn plan(
         .core
         .ledger(move |l| {
             let mut pass = Pass {
+                names,
                 entries: Vec::new(),
                 listed,
+                also_kept: HashSet::new(),
+                known: HashSet::new(),
+                want_known: known,
                 pods: 0,
             };
             l.for_each(Some(&net), |r, _| {
-                let pair = (r.key.container_id.clone(), r.key.ifname.clone());
+                let pair = pass.names.pair(&r.key.container_id, &r.key.ifname);
                 if from_ledger {
                     pass.listed.insert(pair.clone());
                 }
@@ -106,7 +163,17 @@ pub(super) async fn plan(
                     pass.pods += 1;
                 }
                 let listed = pass.listed.contains(&pair);
-                pass.entries.push(sort(r, listed, grace, t));
+                match sort(r, pair, listed, grace, t, list_kept) {
+                    // No line for it: its names are all the plan holds of it. A CNI GC's
+                    // reply and the passes' reports carry no line per kept record, and at
+                    // 10,000 attachments a line with its reasons for each of the runtime's
+                    // pods was megabytes per GC (docs/performance.md, run 39).
+                    Entry::Kept(k) if !list_kept => {
+                        pass.know(&k);
+                        pass.keep(&k);
+                    }
+                    e => pass.entries.push(e),
+                }
                 Ok(())
             })?;
             Ok(pass)
@@ -127,12 +194,20 @@ pub(super) async fn plan(
         from_ledger,
         began,
     };
-    Ok(judge.decide(pass, t, known, list_kept))
+    Ok(judge.decide(pass, t))
 }
 
 /// A record's reasons that its own fields give (listed, owner, state, grace): none, a stale
-/// candidate, kept whole; else what its kept line needs.
-fn sort(r: AttachmentRecord, listed: bool, grace: u64, t: u64) -> Entry {
+/// candidate, kept whole; else what its kept line needs (its addresses only if the plan
+/// lists what it keeps, `with_ips`).
+fn sort(
+    r: AttachmentRecord,
+    pair: Pair,
+    listed: bool,
+    grace: u64,
+    t: u64,
+    with_ips: bool,
+) -> Entry {
     let old = t.saturating_sub(r.created_at);
     let mut other: Vec<(&'static str, String)> = Vec::new();
     match &r.owner {
@@ -145,14 +220,16 @@ fn sort(r: AttachmentRecord, listed: bool, grace: u64, t: u64) -> Entry {
         other.push(interrupted(&r));
     }
     if !listed && other.is_empty() && old >= grace {
-        return Entry::Candidate(Box::new(r));
+        return Entry::Candidate(Box::new(r), pair);
     }
-    let delegate = HeldAs::of(&r);
+    let ips = match (with_ips, &r.result) {
+        (true, Some(result)) => result_ips(result),
+        _ => Vec::new(),
+    };
     Entry::Kept(Compact {
-        ips: r.result.as_ref().map(result_ips).unwrap_or_default(),
-        container_id: r.key.container_id,
-        ifname: r.key.ifname,
-        delegate,
+        pair,
+        delegate: HeldAs::of(&r),
+        ips,
         listed,
         other,
         committed,
@@ -176,7 +253,7 @@ impl Judge<'_> {
     /// the GC began, grace. None: stale.
     fn reasons(&self, k: &Compact) -> Vec<(&'static str, String)> {
         let grace = self.c.gc.policy.grace.as_secs();
-        let key = AttachmentKey::new(self.network, k.container_id.as_str(), k.ifname.as_str());
+        let key = AttachmentKey::new(self.network, &*k.pair.0, &*k.pair.1);
         let mut why: Vec<(&'static str, String)> = Vec::new();
         if k.listed {
             why.push((
@@ -210,35 +287,25 @@ impl Judge<'_> {
     }
 
     /// Turns the pass's entries into the plan, in the ledger's order: a candidate an
-    /// operation holds, or whose ADD finished after the GC began, is kept after all.
-    /// `list_kept`: a line (with its reasons) for every kept record, as `dipamctl gc` prints;
-    /// otherwise only for the candidates kept after all, which the runtime-aware pass reports.
-    fn decide(&self, pass: Pass, t: u64, want_known: bool, list_kept: bool) -> Planned {
-        let Pass {
-            entries,
-            listed,
-            pods,
-        } = pass;
-        let mut keep: HashSet<(String, String)> = HashSet::new();
-        let mut known: HashSet<(String, String)> = HashSet::new();
+    /// operation holds, or whose ADD finished after the GC began, is kept after all, with a
+    /// line (the runtime-aware pass reports them). Every other kept record has a line only
+    /// when the pass kept its entry (`list_kept`, as `dipamctl gc` prints them).
+    fn decide(&self, mut pass: Pass, t: u64) -> Planned {
         let mut kept_items = Vec::new();
         let mut stale: Vec<AttachmentRecord> = Vec::new();
-        for e in entries {
+        for e in std::mem::take(&mut pass.entries) {
             let (k, why) = match e {
-                Entry::Candidate(r) => {
+                Entry::Candidate(r, pair) => {
                     let k = Compact {
-                        ips: Vec::new(),
-                        container_id: r.key.container_id.clone(),
-                        ifname: r.key.ifname.clone(),
+                        pair,
                         delegate: HeldAs::of(&r),
+                        ips: Vec::new(),
                         listed: false,
                         other: Vec::new(),
                         committed: true,
                         old: t.saturating_sub(r.created_at),
                     };
-                    if want_known {
-                        known.insert(k.held_as());
-                    }
+                    pass.know(&k);
                     let why = self.reasons(&k);
                     if why.is_empty() {
                         stale.push(*r);
@@ -248,44 +315,24 @@ impl Judge<'_> {
                     (Compact { ips, ..k }, why)
                 }
                 Entry::Kept(k) => {
-                    if want_known {
-                        known.insert(k.held_as());
-                    }
-                    if !list_kept {
-                        // No line: a CNI GC's reply and the passes' reports carry none, and
-                        // at 10,000 attachments a line with its reasons for each of the
-                        // runtime's pods was megabytes per GC (docs/performance.md, run 39).
-                        keep_names(&mut keep, &k);
-                        continue;
-                    }
+                    pass.know(&k);
                     let why = self.reasons(&k);
                     (k, why)
                 }
             };
-            keep_names(&mut keep, &k);
-            kept_items.push(kept("ledger", &k.container_id, &k.ifname, k.ips, why));
+            pass.keep(&k);
+            kept_items.push(kept("ledger", &k.pair.0, &k.pair.1, k.ips, why));
         }
-        let mut delegate_keep = keep;
-        delegate_keep.extend(listed.iter().cloned());
         let items = stale.iter().map(|r| stale_item(r, t)).collect();
         Planned {
-            listed,
-            delegate_keep,
-            known,
-            pods,
+            listed: pass.listed,
+            also_kept: pass.also_kept,
+            known: pass.known,
+            pods: pass.pods,
             stale,
             items,
             kept: kept_items,
         }
-    }
-}
-
-/// Keeps `k` under its own name and, for a pod served from the warm pool, the name its
-/// delegate holds it by.
-fn keep_names(keep: &mut HashSet<(String, String)>, k: &Compact) {
-    keep.insert(k.pair());
-    if let Some(d) = k.delegate.differs() {
-        keep.insert(d.clone());
     }
 }
 
