@@ -578,30 +578,9 @@ async fn an_add_on_the_network_does_not_wait_for_the_gc() {
 fn a_gc_on_a_dense_node_holds_what_it_frees_not_the_ledger() {
     use crate::testing::{dense, held};
     const N: usize = 3_000;
-    const HOST_LOCAL: &str = "/usr/lib/cni/host-local";
-    assert!(
-        std::path::Path::new(HOST_LOCAL).exists(),
-        "{HOST_LOCAL} is missing: tests/deps.sh installs it"
-    );
     let _one = held::one_at_a_time();
     let rt = held::runtime();
-    // Debian's host-local (1.1.1) speaks CNI up to 1.0.0: the records were added at that
-    // version, and the GC compares its store (it has no GC of its own).
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let data = dir.path().join("data");
-    let mut conf = dense::config(&data);
-    conf["cniVersion"] = json!("1.0.0");
-    let records: Vec<AttachmentRecord> = (0..N)
-        .map(|i| AttachmentRecord {
-            delegate_config: conf.to_string(),
-            delegate_version: "1.0.0".into(),
-            ..dense::record(i, &data)
-        })
-        .collect();
-    let d = dense::node(&records, dir);
-    let bin = d.dir.path().join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    std::os::unix::fs::symlink(HOST_LOCAL, bin.join("host-local")).unwrap();
+    let (d, records, conf) = host_local_node(N);
     for (i, r) in records.iter().enumerate() {
         d.reserve(dense::ip(i), &format!("{}\r\neth0", r.key.container_id));
     }
@@ -689,27 +668,8 @@ fn a_gc_on_a_dense_node_holds_what_it_frees_not_the_ledger() {
 #[test]
 fn legacy_id_only_reservations_match_by_container_id() {
     use crate::testing::dense;
-    const HOST_LOCAL: &str = "/usr/lib/cni/host-local";
-    assert!(
-        std::path::Path::new(HOST_LOCAL).exists(),
-        "{HOST_LOCAL} is missing: tests/deps.sh installs it"
-    );
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let data = dir.path().join("data");
-    let mut conf = dense::config(&data);
-    conf["cniVersion"] = json!("1.0.0");
-    let records: Vec<AttachmentRecord> = (0..2)
-        .map(|i| AttachmentRecord {
-            delegate_config: conf.to_string(),
-            delegate_version: "1.0.0".into(),
-            ..dense::record(i, &data)
-        })
-        .collect();
-    let d = dense::node(&records, dir);
-    let bin = d.dir.path().join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    std::os::unix::fs::symlink(HOST_LOCAL, bin.join("host-local")).unwrap();
+    let (d, _records, conf) = host_local_node(2);
     let (recorded, listed, unknown) = (dense::cid(0), dense::cid(7), dense::cid(8));
     d.reserve(dense::ip(0), &recorded);
     d.reserve(dense::ip(1), &format!("{}\r\neth0", dense::cid(1)));
@@ -751,4 +711,38 @@ fn legacy_id_only_reservations_match_by_container_id() {
         plan.items.iter().all(|i| i.outcome == "planned"),
         "{plan:?}"
     );
+}
+
+/// A dense node of `n` records with Debian's `host-local` on its CNI path, and the records and
+/// their delegate config. Debian's host-local (1.1.1) speaks CNI up to 1.0.0: the records were
+/// added at that version, and a GC compares its store (it has no GC of its own).
+fn host_local_node(
+    n: usize,
+) -> (
+    crate::testing::dense::Dense,
+    Vec<AttachmentRecord>,
+    serde_json::Value,
+) {
+    use crate::testing::dense;
+    const HOST_LOCAL: &str = "/usr/lib/cni/host-local";
+    assert!(
+        std::path::Path::new(HOST_LOCAL).exists(),
+        "{HOST_LOCAL} is missing: tests/deps.sh installs it"
+    );
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let data = dir.path().join("data");
+    let mut conf = dense::config(&data);
+    conf["cniVersion"] = json!("1.0.0");
+    let records: Vec<AttachmentRecord> = (0..n)
+        .map(|i| AttachmentRecord {
+            delegate_config: conf.to_string(),
+            delegate_version: "1.0.0".into(),
+            ..dense::record(i, &data)
+        })
+        .collect();
+    let d = dense::node(&records, dir);
+    let bin = d.dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(HOST_LOCAL, bin.join("host-local")).unwrap();
+    (d, records, conf)
 }
