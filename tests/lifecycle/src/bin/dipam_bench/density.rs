@@ -41,8 +41,9 @@
 //! from dipamd's log ([`gc_split`]).
 //!
 //! **Churn** (`--sections churn`): `--churn-cycles` ADD/DEL cycles on a ledger of
-//! `--churn-live` live attachments, with dipamd's RSS and the ledger's and the journal's
-//! bytes read every tenth of the run.
+//! `--churn-live` live attachments (`--churn-rate` a second, if given), with dipamd's RSS and
+//! the ledger's and the journal's bytes sampled every tenth of the run, and each interval's
+//! medians of a reading every 5 s.
 
 #[path = "density/churn.rs"]
 mod churn;

@@ -1,6 +1,7 @@
 //! Churn (`--sections churn`): ADD/DEL cycles beside a ledger of live attachments, with
-//! dipamd's RSS and the ledger's and journal's bytes read every tenth of the run (issue 39:
-//! memory and disk stay bounded, the journal compacts). `--churn-rate` holds the cycles to
+//! dipamd's RSS and the ledger's and journal's bytes sampled every tenth of the run, RSS and
+//! the ledger's bytes also read every [`POLL`] for each interval's medians (issue 39: memory
+//! and disk stay bounded, the journal compacts). `--churn-rate` holds the cycles to
 //! one rate: dipamd's tables of the last ten minutes' ADDs and DELs are as large as the rate
 //! makes them, so only a run at one rate tells growth with the cycles from a rate that moved
 //! (docs/performance.md run 43: a run whose rate doubled read 1.22x).
@@ -25,7 +26,7 @@ use super::{Kind, Node, disk_bytes};
 /// How long dipamd remembers a DEL and an ADD (shim-server `core/tombstones.rs`
 /// `TOMBSTONE_TTL`, `core/births.rs` `RETAIN`): its tables of them fill for this long under a
 /// steady churn, then hold the last ten minutes' cycles.
-const REMEMBERED: std::time::Duration = std::time::Duration::from_secs(600);
+const REMEMBERED: Duration = Duration::from_secs(600);
 
 /// How often RSS and the ledger's bytes are read between two samples. One reading lands on
 /// whatever transient it meets: at 18 cycles a second dipamd's heap in use moved by 4–6 MB
@@ -157,6 +158,18 @@ struct Poll {
     ledger: u64,
 }
 
+impl Poll {
+    /// A reading now, and the journal's bytes in use read with it.
+    fn read(pid: Option<u32>, state: &std::path::Path) -> (Self, u64) {
+        let (l, j) = disk_bytes(state);
+        let poll = Self {
+            rss_kib: rss_kib(pid).0,
+            ledger: l.1,
+        };
+        (poll, j.0)
+    }
+}
+
 /// Reads [`Poll`]s every [`POLL`] on a thread of its own, until dropped.
 struct Poller {
     polls: Arc<Mutex<Vec<Poll>>>,
@@ -173,11 +186,7 @@ impl Poller {
             let mut next = t;
             while !s.load(Ordering::SeqCst) {
                 if Instant::now() >= next {
-                    let (l, _) = disk_bytes(&state);
-                    let poll = Poll {
-                        rss_kib: rss_kib(pid).0,
-                        ledger: l.1,
-                    };
+                    let (poll, _) = Poll::read(pid, &state);
                     if let Ok(mut v) = p.lock() {
                         v.push(poll);
                     }
@@ -220,11 +229,7 @@ fn sample(
     t: Instant,
     mut polls: Vec<Poll>,
 ) -> ChurnSample {
-    let (l, j) = disk_bytes(state);
-    let now = Poll {
-        rss_kib: rss_kib(pid).0,
-        ledger: l.1,
-    };
+    let (now, journal) = Poll::read(pid, state);
     let (rss_kib, ledger) = (now.rss_kib, now.ledger);
     polls.push(now);
     let median = |mut v: Vec<u64>| {
@@ -235,7 +240,7 @@ fn sample(
         cycles,
         rss_kib,
         ledger,
-        journal: j.0,
+        journal,
         secs: t.elapsed().as_secs_f64(),
         rss_median_kib: median(polls.iter().map(|p| p.rss_kib).collect()),
         ledger_median: median(polls.iter().map(|p| p.ledger).collect()),
