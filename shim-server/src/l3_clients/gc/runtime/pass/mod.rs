@@ -639,17 +639,60 @@ fn fail(report: &mut Report, gone: Option<&[&AttachmentRecord]>, error: &str) {
 }
 
 /// The loop: a pass at once (so that status shows the runtime's state from the start), then
-/// one every `every`. Off when dipamd runs without --cri-endpoint.
+/// one every `every`, each after the GCs freeing at its tick have finished (at most
+/// [`SETTLE_MOST`] later). Off when dipamd runs without --cri-endpoint.
 pub async fn run(c: Collector, every: Duration) {
     let Some(rt) = c.gc.runtime.get() else {
         return;
     };
     loop {
+        settle(&c.gc.running, SETTLE_POLL, SETTLE_MOST).await;
         if let Err(e) = pass_with(&c, rt, false, false, 0).await {
             warn!(error = %e, "runtime-aware GC pass failed");
         }
         tokio::time::sleep(every).await;
     }
+}
+
+/// How often a timer's pass looks whether the GCs under way have finished.
+const SETTLE_POLL: Duration = Duration::from_millis(200);
+/// The longest a timer's pass waits for them: GCs that follow one another without end
+/// (a runtime retrying a GC, an operator's loop) must not stop the runtime-aware GC.
+const SETTLE_MOST: Duration = Duration::from_secs(120);
+
+/// Waits until no GC is freeing (every [`crate::l3_clients::gc::Gc::running`] slot free),
+/// looking every `poll`, for at most `most`; returns how long it waited.
+///
+/// Why: a pass reads the whole ledger and holds the runtime's sandbox list while it plans,
+/// and so does a GC (its plan, the delegate's store, the valid list). At 10,000 attachments
+/// a CNI GC takes ~18 s, and the timer's passes that began beside it set dipamd's
+/// high-water mark for the GC (docs/performance.md, run 44). A pass that waits frees the
+/// same attachments a few seconds later (the two-pass rule counts passes, not ticks).
+/// Polling, not a wait on the semaphore: the semaphore is fair, so a waiter for every slot
+/// would hold up each new GC, of any network, behind the longest one under way.
+async fn settle(running: &tokio::sync::Semaphore, poll: Duration, most: Duration) -> Duration {
+    let idle = || running.available_permits() >= crate::l3_clients::gc::RUNNING;
+    if idle() {
+        return Duration::ZERO;
+    }
+    let began = tokio::time::Instant::now();
+    while !idle() {
+        let waited = began.elapsed();
+        if waited >= most {
+            debug!(
+                waited_ms = waited.as_millis() as u64,
+                "runtime-aware GC pass: GCs still freeing; the pass runs beside them"
+            );
+            return waited;
+        }
+        tokio::time::sleep(poll).await;
+    }
+    let waited = began.elapsed();
+    debug!(
+        waited_ms = waited.as_millis() as u64,
+        "runtime-aware GC pass waited for the GCs under way"
+    );
+    waited
 }
 
 #[cfg(test)]

@@ -529,3 +529,62 @@ async fn the_report_counts_every_kept_attachment_and_lists_the_unusual_first() {
         .unwrap();
     assert!(none.kept.is_empty() && none.kept_total == 4, "{none:?}");
 }
+
+/// The timer's pass waits for a GC that is freeing (it holds a slot of `Gc::running` from
+/// its read to its end), so that the two never hold the ledger's worth of plans at once;
+/// it runs once the GC ends. A real clock: the pass reads the ledger on the blocking pool.
+#[tokio::test]
+async fn the_timers_pass_waits_for_a_freeing_gc() {
+    let b = Bench::new(vec![pod("c1")]).await;
+    b.twin.lists(&["c1"]);
+    let passes = || b.rt().state.lock().unwrap().passes;
+    let gc = Arc::clone(&b.node.gc.running)
+        .acquire_owned()
+        .await
+        .unwrap();
+    let timer = tokio::spawn(run(b.node.collector(), Duration::from_secs(3600)));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(passes(), 0, "a pass ran while a GC was freeing");
+    drop(gc);
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while passes() == 0 {
+        assert!(
+            std::time::Instant::now() < until,
+            "no pass 20 s after the GC ended"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(passes(), 1);
+    timer.abort();
+}
+
+/// The wait is bounded: GCs that never stop do not stop the runtime-aware GC; with none
+/// under way it does not wait at all; one that ends is followed within a poll or so (the
+/// upper bounds are loose for a loaded machine, far below the bound they tell apart).
+#[tokio::test]
+async fn the_wait_for_gcs_is_bounded_and_none_without_them() {
+    let running = Arc::new(tokio::sync::Semaphore::new(crate::l3_clients::gc::RUNNING));
+    let poll = Duration::from_millis(10);
+    assert_eq!(
+        settle(&running, poll, Duration::from_secs(60)).await,
+        Duration::ZERO
+    );
+    let held = Arc::clone(&running).acquire_many_owned(2).await.unwrap();
+    let most = Duration::from_millis(300);
+    let waited = settle(&running, poll, most).await;
+    assert!(
+        waited >= most && waited < Duration::from_secs(10),
+        "{waited:?}"
+    );
+    // One that ends after 300 ms, with a bound of a minute: the pass follows it.
+    let ends = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drop(held);
+    });
+    let waited = settle(&running, poll, Duration::from_secs(60)).await;
+    ends.await.unwrap();
+    assert!(
+        waited >= Duration::from_millis(300) && waited < Duration::from_secs(10),
+        "{waited:?}"
+    );
+}
