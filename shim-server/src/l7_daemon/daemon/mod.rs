@@ -777,16 +777,29 @@ pub fn private_umask() {
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
 }
 
-/// One malloc arena instead of glibc's one per core-thread: dipamd's work is small and bursty,
-/// and per-thread arenas let its RSS creep from ~17 to ~27 MiB over thousands of attachments
-/// (measured in docs/performance.md). Call before any thread starts.
+/// glibc's allocator, tuned for a small, bursty daemon. Call before any thread starts.
+///
+/// - One malloc arena instead of glibc's one per core-thread: per-thread arenas let dipamd's
+///   RSS creep from ~17 to ~27 MiB over thousands of attachments (docs/performance.md).
+/// - A fixed mmap threshold of [`MMAP_THRESHOLD`]: every block that large is mapped on its
+///   own and unmapped when freed. glibc's default threshold moves up to the size of each
+///   mapped block freed (to 32 MiB), after which a GC's sets, a listing's reply and the
+///   ledger's reads came from the heap and left their pages there: at 10,000 attachments
+///   dipamd's RSS in every phase of the density bench was 5-7 MiB above what it held, and
+///   the CNI GC's phase peaked at 69.4 MiB (docs/performance.md, run 48). Fixing it also
+///   fixes the trim threshold at glibc's 128 KiB, so a freed top of the heap goes back too.
 pub fn tune_allocator() {
     // SAFETY: mallopt only changes glibc's allocator tuning; it is called before any other
     // thread exists, so nothing allocates concurrently.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 1);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD as libc::c_int);
     }
 }
+
+/// The size from which a block gets a mapping of its own ([`tune_allocator`]): glibc's
+/// default starting point, kept there.
+pub const MMAP_THRESHOLD: usize = 128 * 1024;
 
 fn spool_dir_of(args: &Args) -> PathBuf {
     args.spool_dir
