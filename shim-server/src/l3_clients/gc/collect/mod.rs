@@ -260,17 +260,15 @@ async fn read(c: &Collector, dc: &DelegateConf, cni_path: &str) -> Result<Read, 
     } else {
         store::readable_dir(&dc.kind, &dc.conf, &network)
     };
-    let mut names = Names::default();
-    let reservations = match &dir {
+    let (names, reservations) = match &dir {
         // A file read per address: off the async workers that serve the pods' ADDs.
         Some(d) => {
-            let d = d.clone();
-            let read = store::read(d.clone())
+            let (names, read) = Reserved::read(d.clone())
                 .await
                 .map_err(|e| ShimError::Internal(format!("reading {}: {e}", d.display())))?;
-            Some(Reserved::all(read, &mut names))
+            (names, Some(read))
         }
-        None => None,
+        None => (Names::default(), None),
     };
     // Test builds: hold the GC here, after it began and before it reads the ledger, for an
     // ADD to finish in between (the window in which one was freed, chaos.rs).

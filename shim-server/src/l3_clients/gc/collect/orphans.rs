@@ -15,18 +15,23 @@ pub(super) struct Reserved {
 }
 
 impl Reserved {
-    /// The store's reservations, each as it is taken up (a `Vec` of exactly their number: the
-    /// store's, grown as it was read, goes).
-    pub fn all(read: Vec<store::Reservation>, names: &mut Names) -> Vec<Self> {
-        let mut out = Vec::with_capacity(read.len());
-        for r in read {
-            out.push(Self {
-                ip: r.ip,
-                pair: names.pair(&r.container_id, &r.ifname),
-                modified: r.modified,
-            });
-        }
-        out
+    /// The store's reservations with an owner, each taken up as the store's reader meets it
+    /// ([`store::fold_held`]): no `Vec` of the store's own form and two strings per address
+    /// first, and by address, as the store's reader lists them.
+    pub async fn read(dir: std::path::PathBuf) -> std::io::Result<(Names, Vec<Self>)> {
+        let (names, mut out) =
+            store::fold_held(dir, (Names::default(), Vec::new()), Self::add).await?;
+        out.sort_unstable_by_key(|r| r.ip);
+        out.shrink_to_fit();
+        Ok((names, out))
+    }
+
+    fn add((names, out): &mut (Names, Vec<Self>), r: store::Held<'_>) {
+        out.push(Self {
+            ip: r.ip,
+            pair: names.pair(r.container_id, r.ifname),
+            modified: r.modified,
+        });
     }
 }
 
