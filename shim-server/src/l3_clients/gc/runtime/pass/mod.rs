@@ -640,7 +640,7 @@ fn fail(report: &mut Report, gone: Option<&[&AttachmentRecord]>, error: &str) {
 
 /// The loop: a pass at once (so that status shows the runtime's state from the start), then
 /// one every `every`, each after the GCs freeing at its tick have finished (at most
-/// [`SETTLE_MOST`] later). Off when dipamd runs without --cri-endpoint.
+/// 120 s later). Off when dipamd runs without --cri-endpoint.
 pub async fn run(c: Collector, every: Duration) {
     let Some(rt) = c.gc.runtime.get() else {
         return;
