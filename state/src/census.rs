@@ -14,7 +14,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    sync::Mutex,
+    sync::{Arc, Mutex},
 };
 
 use crate::record::{AttachmentKey, AttachmentRecord, AttachmentState, Owner};
@@ -70,13 +70,13 @@ pub struct Group {
     /// pool sizes itself by these (pool/census.rs), which once decoded every record of the
     /// network per refill round to count them.
     pub records: Held,
-    members: HashSet<AttachmentKey>,
+    members: HashSet<Arc<AttachmentKey>>,
 }
 
 impl Group {
     /// A member whose record carries the group's config.
     pub fn sample(&self) -> Option<&AttachmentKey> {
-        self.members.iter().next()
+        self.members.iter().next().map(|k| &**k)
     }
 
     /// How many records the group holds.
@@ -134,8 +134,9 @@ pub struct Entry {
     pub bytes: u64,
     /// The container ID the delegate holds it under, when not the key's.
     pub delegate_cid: Option<String>,
-    /// The group it belongs to, who holds its addresses and how many of each family.
-    pub group: GroupKey,
+    /// The group it belongs to (one allocation its members share), who holds its addresses
+    /// and how many of each family.
+    pub group: Arc<GroupKey>,
     pub holder: Holder,
     pub addrs: (u64, u64),
     /// Where its operation stands: the start's replay looks for those not committed
@@ -154,11 +155,11 @@ impl Entry {
             creator_uid: rec.creator_uid,
             bytes,
             delegate_cid,
-            group: GroupKey {
+            group: Arc::new(GroupKey {
                 network: rec.key.network.clone(),
                 creator_uid: rec.creator_uid,
                 config: config_digest(&rec.delegate_type, &rec.delegate_config),
-            },
+            }),
             holder: match rec.owner {
                 Owner::Pod => Holder::Pod,
                 Owner::Agent { .. } => Holder::Agent,
@@ -171,15 +172,21 @@ impl Entry {
 }
 
 /// The counts, as one view under the census's lock.
+///
+/// Each record's key is one allocation that the entries, its group's members and the
+/// container-ID index share, and a container ID used by one attachment (nearly every one)
+/// holds a one-element list: they held three copies of every key and a hash set per
+/// container ID, ~1.1 KB per record, 11.3 MB at 10,000 attachments, for the life of dipamd
+/// (docs/performance.md, run 48).
 #[derive(Debug, Default)]
 pub struct Counts {
-    entries: HashMap<AttachmentKey, Entry>,
+    entries: HashMap<Arc<AttachmentKey>, Entry>,
     /// uid -> (records, bytes) of the records it created.
     by_uid: HashMap<u32, (usize, u64)>,
     /// container ID (the key's or the delegate's) -> the attachments using it.
-    by_cid: HashMap<String, HashSet<AttachmentKey>>,
+    by_cid: HashMap<Box<str>, Vec<Arc<AttachmentKey>>>,
     /// The records' groups (same network, creator and store), with their addresses.
-    groups: HashMap<GroupKey, Group>,
+    groups: HashMap<Arc<GroupKey>, Group>,
 }
 
 impl Counts {
@@ -212,7 +219,7 @@ impl Counts {
             .get(cid)
             .into_iter()
             .flatten()
-            .filter_map(|k| self.entries.get(k).map(|e| (k, e.creator_uid)))
+            .filter_map(|k| self.entries.get(k).map(|e| (&**k, e.creator_uid)))
     }
 
     /// The keys of the records whose entry `pred` accepts, sorted: what a pass over a few
@@ -223,7 +230,7 @@ impl Counts {
             .entries
             .iter()
             .filter(|(_, e)| pred(e))
-            .map(|(k, _)| k.clone())
+            .map(|(k, _)| AttachmentKey::clone(k))
             .collect();
         keys.sort();
         keys
@@ -236,12 +243,12 @@ impl Counts {
 
     /// Every container ID a record uses (its key's, or the delegate's when that differs).
     pub fn container_ids(&self) -> impl Iterator<Item = &str> {
-        self.by_cid.keys().map(String::as_str)
+        self.by_cid.keys().map(|c| &**c)
     }
 
     /// Every group of records, with its addresses per family and holder.
     pub fn groups(&self) -> impl Iterator<Item = (&GroupKey, &Group)> {
-        self.groups.iter()
+        self.groups.iter().map(|(k, g)| (&**k, g))
     }
 
     /// The group `key`, if it has members.
@@ -261,23 +268,37 @@ impl Counts {
         out
     }
 
-    fn insert(&mut self, key: AttachmentKey, entry: Entry) {
+    fn insert(&mut self, key: AttachmentKey, mut entry: Entry) {
         self.remove(&key);
-        let g = self.groups.entry(entry.group.clone()).or_default();
+        let key = Arc::new(key);
+        // The group's key, shared by its members' entries.
+        match self.groups.get_key_value(&*entry.group) {
+            Some((k, _)) => entry.group = Arc::clone(k),
+            None => {
+                self.groups
+                    .insert(Arc::clone(&entry.group), Group::default());
+            }
+        }
+        let g = self
+            .groups
+            .get_mut(&*entry.group)
+            .expect("the group, inserted above");
         *g.v4.slot(entry.holder) += entry.addrs.0;
         *g.v6.slot(entry.holder) += entry.addrs.1;
         *g.records.slot(entry.holder) += 1;
-        g.members.insert(key.clone());
+        g.members.insert(Arc::clone(&key));
         if let Some(uid) = entry.creator_uid {
             let t = self.by_uid.entry(uid).or_default();
             t.0 += 1;
             t.1 += entry.bytes;
         }
         for cid in std::iter::once(&key.container_id).chain(entry.delegate_cid.as_ref()) {
-            self.by_cid
-                .entry(cid.clone())
-                .or_default()
-                .insert(key.clone());
+            let using = self.by_cid.entry(cid.as_str().into()).or_default();
+            // The key's own ID and its delegate's may be the same text: listed once.
+            if !using.iter().any(|k| Arc::ptr_eq(k, &key)) {
+                using.push(Arc::clone(&key));
+                using.shrink_to_fit();
+            }
         }
         self.entries.insert(key, entry);
     }
@@ -286,13 +307,13 @@ impl Counts {
         let Some(old) = self.entries.remove(key) else {
             return;
         };
-        if let Some(g) = self.groups.get_mut(&old.group) {
+        if let Some(g) = self.groups.get_mut(&*old.group) {
             *g.v4.slot(old.holder) -= old.addrs.0;
             *g.v6.slot(old.holder) -= old.addrs.1;
             *g.records.slot(old.holder) -= 1;
             g.members.remove(key);
             if g.members.is_empty() {
-                self.groups.remove(&old.group);
+                self.groups.remove(&*old.group);
             }
         }
         if let Some(uid) = old.creator_uid
@@ -305,10 +326,10 @@ impl Counts {
             }
         }
         for cid in std::iter::once(&key.container_id).chain(old.delegate_cid.as_ref()) {
-            if let Some(set) = self.by_cid.get_mut(cid) {
-                set.remove(key);
-                if set.is_empty() {
-                    self.by_cid.remove(cid);
+            if let Some(using) = self.by_cid.get_mut(cid.as_str()) {
+                using.retain(|k| **k != *key);
+                if using.is_empty() {
+                    self.by_cid.remove(cid.as_str());
                 }
             }
         }

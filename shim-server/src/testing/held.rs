@@ -117,6 +117,17 @@ pub fn measure<T>(
     (out, peak)
 }
 
+/// [`measure`], and the bytes its threads allocated while it ran that are still held when it
+/// ends (what the measured code keeps).
+pub fn measure_kept<T>(
+    rt: &tokio::runtime::Runtime,
+    fut: impl std::future::Future<Output = T>,
+) -> (T, usize, usize) {
+    let (out, peak) = measure(rt, fut);
+    let kept = IN_USE.load(Ordering::SeqCst).max(0) as usize;
+    (out, peak, kept)
+}
+
 /// The least of `times` measures of the future `make` returns, with the last one's output.
 ///
 /// For a test that compares two peaks: sled's background flusher and its page cache run on

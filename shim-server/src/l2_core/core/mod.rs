@@ -15,6 +15,8 @@
 
 pub mod attach;
 pub mod births;
+#[cfg(test)]
+mod census_tests;
 pub mod tombstones;
 
 use std::{collections::BTreeMap, net::IpAddr, path::PathBuf, sync::Arc, time::Instant};
