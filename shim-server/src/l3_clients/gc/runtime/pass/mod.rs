@@ -665,9 +665,9 @@ const SETTLE_MOST: Duration = Duration::from_secs(120);
 ///
 /// Why: a pass reads the whole ledger and holds the runtime's sandbox list while it plans,
 /// and so does a GC (its plan, the delegate's store, the valid list). At 10,000 attachments
-/// a CNI GC takes ~18 s, and the timer's passes that began beside it set dipamd's
-/// high-water mark for the GC (docs/performance.md, run 44). A pass that waits frees the
-/// same attachments a few seconds later (the two-pass rule counts passes, not ticks).
+/// a CNI GC takes ~18 s, and two of the timer's passes began beside one (docs/performance.md,
+/// run 44): both held their reads at once. A pass that waits frees the same attachments a
+/// few seconds later (the two-pass rule counts passes, not ticks).
 /// Polling, not a wait on the semaphore: the semaphore is fair, so a waiter for every slot
 /// would hold up each new GC, of any network, behind the longest one under way.
 async fn settle(running: &tokio::sync::Semaphore, poll: Duration, most: Duration) -> Duration {
