@@ -272,17 +272,10 @@ impl Counts {
         self.remove(&key);
         let key = Arc::new(key);
         // The group's key, shared by its members' entries.
-        match self.groups.get_key_value(&*entry.group) {
-            Some((k, _)) => entry.group = Arc::clone(k),
-            None => {
-                self.groups
-                    .insert(Arc::clone(&entry.group), Group::default());
-            }
+        if let Some((k, _)) = self.groups.get_key_value(&*entry.group) {
+            entry.group = Arc::clone(k);
         }
-        let g = self
-            .groups
-            .get_mut(&*entry.group)
-            .expect("the group, inserted above");
+        let g = self.groups.entry(Arc::clone(&entry.group)).or_default();
         *g.v4.slot(entry.holder) += entry.addrs.0;
         *g.v6.slot(entry.holder) += entry.addrs.1;
         *g.records.slot(entry.holder) += 1;

@@ -333,7 +333,7 @@ pub fn contents(dir: &Path) -> std::io::Result<Contents> {
     let mut out = Contents::default();
     visit(dir, &mut |e, blank| {
         let to = if blank { &mut out.blank } else { &mut out.held };
-        to.push(e.to_owned());
+        to.push(e.into_reservation());
     })?;
     out.held.sort_by_key(|r| r.ip);
     out.blank.sort_by_key(|r| r.ip);
@@ -351,7 +351,7 @@ pub struct Held<'a> {
 }
 
 impl Held<'_> {
-    pub fn to_owned(self) -> Reservation {
+    pub fn into_reservation(self) -> Reservation {
         Reservation {
             ip: self.ip,
             container_id: self.container_id.to_owned(),
@@ -627,7 +627,7 @@ mod tests {
         let mut want: Vec<Reservation> = contents(d.path()).unwrap().held;
         assert_eq!(want.len(), 3);
         let mut met = fold_held(d.path().to_path_buf(), Vec::new(), |v, h| {
-            v.push(h.to_owned())
+            v.push(h.into_reservation())
         })
         .await
         .unwrap();
