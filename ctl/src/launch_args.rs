@@ -182,7 +182,7 @@ pub fn find(sources: &Sources, wanted: Wanted<'_>) -> Found {
             // It ended between the listing and the reading: not a running dipamd, and
             // nothing to warn of (a warning here broke a quiet `recover` while another
             // dipamd on the node was stopping).
-            Err(e) if vanished(&e) => {}
+            Err(e) if vanished(&e) || only_prints(&e) => {}
             Err(e) => found
                 .refused
                 .push(format!("refused the arguments of a running dipamd: {e}")),
@@ -220,6 +220,18 @@ fn vanished(e: &LaunchError) -> bool {
     matches!(e, LaunchError::Read { source, .. }
         if source.kind() == std::io::ErrorKind::NotFound
             || source.raw_os_error() == Some(libc::ESRCH))
+}
+
+/// Whether `e` says the process is `dipamd --version` or `--help`: it prints and exits, and
+/// serves no socket. A warning here broke a quiet `recover` while an operator (or a script)
+/// asked dipamd its version.
+fn only_prints(e: &LaunchError) -> bool {
+    use clap::error::ErrorKind;
+    matches!(e, LaunchError::Args { source, .. }
+        if matches!(source.kind(),
+            ErrorKind::DisplayVersion
+                | ErrorKind::DisplayHelp
+                | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand))
 }
 
 /// The pids whose binary (or, unreadable, whose name) is dipamd.

@@ -258,6 +258,30 @@ fn a_dipamd_that_ends_while_it_is_read_is_passed_over_in_silence() {
     assert_eq!(f.passed_over, Vec::<String>::new());
 }
 
+/// `dipamd --version` and `dipamd --help` print and exit: no running dipamd, and no
+/// warning. A `recover` printed "refused the arguments of a running dipamd" while another
+/// process on the node asked dipamd its version.
+#[test]
+fn a_dipamd_asked_its_version_or_help_is_passed_over_in_silence() {
+    let t = tempfile::tempdir().unwrap();
+    let (proc, units, exe) = fake_node(t.path());
+    process(&proc, 50, 0, &exe, &["dipamd", "--version"], &[]);
+    process(&proc, 51, 0, &exe, &["dipamd", "-h"], &[]);
+    process(&proc, 52, 0, &exe, &["dipamd", "--help"], &[]);
+    let sources = Sources {
+        proc,
+        unit_dirs: vec![units],
+    };
+    let wanted = Wanted {
+        socket: Path::new("/run/a.sock"),
+        state_dir: None,
+    };
+    let f = find(&sources, wanted);
+    assert!(f.launch.is_none());
+    assert_eq!(f.refused, Vec::<String>::new());
+    assert_eq!(f.passed_over, Vec::<String>::new());
+}
+
 #[test]
 fn an_installed_unit_is_read_when_trusted_and_refused_when_loose() {
     if !nix::unistd::geteuid().is_root() {
