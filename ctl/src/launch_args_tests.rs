@@ -192,15 +192,8 @@ fn the_running_dipamd_of_the_socket_is_read_and_a_non_roots_refused() {
         &["dipamd", "--socket", "/run/a.sock"],
         &[],
     );
-    let sources = Sources {
-        proc,
-        unit_dirs: vec![units],
-    };
-    let wanted = Wanted {
-        socket: Path::new("/run/a.sock"),
-        state_dir: None,
-    };
-    let f = find(&sources, wanted);
+    let sources = sources(proc, units);
+    let f = find(&sources, for_socket("/run/a.sock"));
     let l = f.launch.unwrap();
     assert_eq!(l.record.state_dir, PathBuf::from("/srv/a"));
     assert_eq!(l.record.pid, 20);
@@ -211,11 +204,7 @@ fn the_running_dipamd_of_the_socket_is_read_and_a_non_roots_refused() {
     assert!(!l.spool_named);
     // pid 10 comes first, serving another socket; pid 30 is not reached.
     assert_eq!(f.passed_over, Vec::<String>::new());
-    let wanted = Wanted {
-        socket: Path::new("/run/c.sock"),
-        state_dir: None,
-    };
-    let f = find(&sources, wanted);
+    let f = find(&sources, for_socket("/run/c.sock"));
     assert!(f.launch.is_none());
     assert!(
         f.refused[0].contains("pid 30 runs as uid 1000"),
@@ -227,6 +216,30 @@ fn the_running_dipamd_of_the_socket_is_read_and_a_non_roots_refused() {
         "{:?}",
         f.passed_over
     );
+}
+
+/// The fake node's sources: its /proc and unit directory.
+fn sources(proc: PathBuf, units: PathBuf) -> Sources {
+    Sources {
+        proc,
+        unit_dirs: vec![units],
+    }
+}
+
+/// The dipamd serving `socket`.
+fn for_socket(socket: &str) -> Wanted<'_> {
+    Wanted {
+        socket: Path::new(socket),
+        state_dir: None,
+    }
+}
+
+/// `find` for /run/a.sock on the fake node finds no dipamd, and says nothing of it.
+fn finds_nothing_in_silence(proc: PathBuf, units: PathBuf) {
+    let f = find(&sources(proc, units), for_socket("/run/a.sock"));
+    assert!(f.launch.is_none());
+    assert_eq!(f.refused, Vec::<String>::new());
+    assert_eq!(f.passed_over, Vec::<String>::new());
 }
 
 /// A dipamd that ends while it is read (its /proc files gone, as when another dipamd on the
@@ -244,18 +257,7 @@ fn a_dipamd_that_ends_while_it_is_read_is_passed_over_in_silence() {
         &[],
     );
     std::fs::remove_file(proc.join("40/environ")).unwrap();
-    let sources = Sources {
-        proc,
-        unit_dirs: vec![units],
-    };
-    let wanted = Wanted {
-        socket: Path::new("/run/a.sock"),
-        state_dir: None,
-    };
-    let f = find(&sources, wanted);
-    assert!(f.launch.is_none());
-    assert_eq!(f.refused, Vec::<String>::new());
-    assert_eq!(f.passed_over, Vec::<String>::new());
+    finds_nothing_in_silence(proc, units);
 }
 
 /// `dipamd --version` and `dipamd --help` print and exit: no running dipamd, and no
@@ -268,18 +270,7 @@ fn a_dipamd_asked_its_version_or_help_is_passed_over_in_silence() {
     process(&proc, 50, 0, &exe, &["dipamd", "--version"], &[]);
     process(&proc, 51, 0, &exe, &["dipamd", "-h"], &[]);
     process(&proc, 52, 0, &exe, &["dipamd", "--help"], &[]);
-    let sources = Sources {
-        proc,
-        unit_dirs: vec![units],
-    };
-    let wanted = Wanted {
-        socket: Path::new("/run/a.sock"),
-        state_dir: None,
-    };
-    let f = find(&sources, wanted);
-    assert!(f.launch.is_none());
-    assert_eq!(f.refused, Vec::<String>::new());
-    assert_eq!(f.passed_over, Vec::<String>::new());
+    finds_nothing_in_silence(proc, units);
 }
 
 #[test]
